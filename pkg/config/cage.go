@@ -1,0 +1,87 @@
+package config
+
+import (
+	"fmt"
+	"path/filepath"
+)
+
+// Cage is the container every turn runs in.
+type Cage struct {
+	// Image is the agent image; it must already be in podman's store.
+	Image string `toml:"image"`
+	// Memory is the memory limit (swap is not added on top).
+	Memory Size `toml:"memory"`
+	// Pids caps the number of processes and threads in the cage.
+	Pids int64 `toml:"pids"`
+	// CPUs is the CPU quota, in cores.
+	CPUs float64 `toml:"cpus"`
+	// Nofile and Nproc are RLIMIT_NOFILE and RLIMIT_NPROC (soft = hard).
+	Nofile int64 `toml:"nofile"`
+	Nproc  int64 `toml:"nproc"`
+	// Timeout is a turn's default deadline (run --timeout overrides it).
+	Timeout Duration `toml:"timeout"`
+	// StopGrace is how long the agent gets after SIGTERM before SIGKILL.
+	StopGrace Duration `toml:"stop_grace"`
+	// TmpSize and RunSize cap the tmpfs at /tmp and /run.
+	TmpSize Size `toml:"tmp_size"`
+	RunSize Size `toml:"run_size"`
+	// TmpExec allows executing files from /tmp (noexec otherwise).
+	TmpExec bool `toml:"tmp_exec"`
+	// SubIDUser names the /etc/subuid and /etc/subgid entry whose range
+	// shrooms carves into one 65536-id user namespace per task.
+	SubIDUser string `toml:"subid_user"`
+	// User is the uid (and gid) the agent runs as inside the cage.
+	User int64 `toml:"user"`
+	// Seccomp is a seccomp profile path; "" means podman's default profile.
+	Seccomp string `toml:"seccomp"`
+	// HostnameFmt formats the cage hostname from the task id.
+	HostnameFmt string `toml:"hostname_format"`
+}
+
+func (c *Cage) validate() error {
+	switch {
+	case c.Image == "":
+		return &Error{Key: "cage.image", Msg: "must name an image (e.g. localhost/shrooms-agent:latest)"}
+	case c.Memory < 64<<20:
+		return &Error{Key: "cage.memory", Msg: fmt.Sprintf("%s is below the 64m minimum", c.Memory)}
+	case c.Pids < 16 || c.Pids > 1<<22:
+		return &Error{Key: "cage.pids", Msg: fmt.Sprintf("%d is out of range 16..4194304", c.Pids)}
+	case c.CPUs <= 0 || c.CPUs > 1024:
+		return &Error{Key: "cage.cpus", Msg: fmt.Sprintf("%g is out of range (0, 1024]", c.CPUs)}
+	case c.Nofile < 64 || c.Nofile > 1<<20:
+		return &Error{Key: "cage.nofile", Msg: fmt.Sprintf("%d is out of range 64..1048576", c.Nofile)}
+	case c.Nproc < 16 || c.Nproc > 1<<22:
+		return &Error{Key: "cage.nproc", Msg: fmt.Sprintf("%d is out of range 16..4194304", c.Nproc)}
+	case c.Timeout.Std() <= 0:
+		return &Error{Key: "cage.timeout", Msg: "must be positive"}
+	case c.StopGrace.Std() < 0:
+		return &Error{Key: "cage.stop_grace", Msg: "must not be negative"}
+	case c.TmpSize < 1<<20:
+		return &Error{Key: "cage.tmp_size", Msg: "must be at least 1m"}
+	case c.RunSize < 1<<20:
+		return &Error{Key: "cage.run_size", Msg: "must be at least 1m"}
+	case !validName(c.SubIDUser):
+		return &Error{Key: "cage.subid_user", Msg: fmt.Sprintf("%q is not a user name", c.SubIDUser)}
+	case c.User < 1 || c.User > 65535:
+		return &Error{Key: "cage.user", Msg: "must be a non-root uid in 1..65535 (the cage's user namespace has 65536 ids)"}
+	case c.Seccomp != "" && !filepath.IsAbs(c.Seccomp):
+		return &Error{Key: "cage.seccomp", Msg: "must be an absolute path or empty"}
+	}
+	if n := len(fmt.Sprintf(c.HostnameFmt, "x")); n == 0 || n > 40 {
+		return &Error{Key: "cage.hostname_format", Msg: "must format a short hostname with one %s"}
+	}
+	return nil
+}
+
+func validName(s string) bool {
+	if s == "" || len(s) > 32 {
+		return false
+	}
+	for i, r := range s {
+		ok := r >= 'a' && r <= 'z' || r == '_' || (i > 0 && (r >= '0' && r <= '9' || r == '-'))
+		if !ok {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,165 @@
+// Package config is shrooms' TOML schema: built-in defaults, strict decoding
+// (an unknown key or a wrong type is an error), and validation whose errors
+// name the key path and the line it stands on.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Config is the whole of shrooms' configuration. Load fills every field that
+// has a safe default, so a config file is optional.
+type Config struct {
+	Podman  Podman            `toml:"podman"`
+	State   State             `toml:"state"`
+	Cage    Cage              `toml:"cage"`
+	Network Network           `toml:"network"`
+	Home    Home              `toml:"home"`
+	Outbox  Outbox            `toml:"outbox"`
+	Tokens  map[string]string `toml:"tokens"`
+	Agents  map[string]Agent  `toml:"agents"`
+
+	// Source is the file the config was read from, "" for built-in defaults.
+	Source string `toml:"-"`
+}
+
+// Podman says how to reach the podman service.
+type Podman struct {
+	// Socket is the podman API URL, unix:///path.
+	Socket string `toml:"socket"`
+}
+
+// State is where shrooms keeps its own host-side state.
+type State struct {
+	// Dir holds task locks, uid-range allocations and turn counters.
+	Dir string `toml:"dir"`
+}
+
+// Agent is one agent CLI that a turn can run.
+type Agent struct {
+	// Command is the argv run in the cage; run's trailing ARGS are appended.
+	Command []string `toml:"command"`
+	// Env is extra environment for the cage (not secrets: see TokenEnv).
+	Env map[string]string `toml:"env"`
+	// Home lists the HOME profiles (claude, opencode, shell) the turn's HOME
+	// reset applies.
+	Home []string `toml:"home"`
+	// TokenEnv maps an environment variable to a token name of [tokens]; the
+	// cage gets the token file's contents in that variable.
+	TokenEnv map[string]string `toml:"token_env"`
+	// Image overrides cage.image for this agent.
+	Image string `toml:"image"`
+}
+
+// HomeProfiles are the profile names an agent's home list may use.
+var HomeProfiles = []string{"claude", "opencode", "shell"}
+
+// Error is a configuration error tied to a key path and, where known, a line.
+type Error struct {
+	File string
+	Line int
+	Key  string
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("config")
+	if e.File != "" {
+		b.WriteString(" " + e.File)
+		if e.Line > 0 {
+			fmt.Fprintf(&b, ":%d", e.Line)
+		}
+	}
+	b.WriteString(": ")
+	if e.Key != "" {
+		b.WriteString(e.Key + ": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// IsConfigError reports whether err is (or wraps) a configuration error.
+func IsConfigError(err error) bool {
+	var ce *Error
+	return errors.As(err, &ce)
+}
+
+// Load reads path over the built-in defaults and validates the result. An
+// empty path means defaults only.
+func Load(path string) (*Config, error) {
+	c := Default()
+	if path == "" {
+		return c, c.Validate()
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, &Error{File: path, Msg: fmt.Sprintf("cannot read: %v", errors.Unwrap(err))}
+	}
+	return parse(path, data, c)
+}
+
+// Parse decodes TOML text over the defaults; name is used in errors.
+func Parse(name string, data []byte) (*Config, error) {
+	return parse(name, data, Default())
+}
+
+func parse(name string, data []byte, c *Config) (*Config, error) {
+	c.Source = name
+	md, err := toml.Decode(string(data), c)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return nil, &Error{File: name, Line: pe.Position.Line, Key: pe.LastKey, Msg: pe.Message}
+		}
+		// Type mismatches come as "toml: line N (last key "k"): msg".
+		return nil, &Error{File: name, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		sort.Strings(keys)
+		return nil, &Error{File: name, Line: lineOf(data, keys[0]), Key: keys[0], Msg: "unknown key"}
+	}
+	if err := c.Validate(); err != nil {
+		var ce *Error
+		if errors.As(err, &ce) {
+			ce.File = name
+			if ce.Line == 0 {
+				ce.Line = lineOf(data, ce.Key)
+			}
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// Agent returns the named agent or an error listing the known ones.
+func (c *Config) Agent(name string) (Agent, error) {
+	a, ok := c.Agents[name]
+	if !ok {
+		names := make([]string, 0, len(c.Agents))
+		for n := range c.Agents {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return Agent{}, fmt.Errorf("unknown agent %q (configured: %s)", name, strings.Join(names, ", "))
+	}
+	return a, nil
+}
+
+// ImageFor returns the image an agent's turns run.
+func (c *Config) ImageFor(a Agent) string {
+	if a.Image != "" {
+		return a.Image
+	}
+	return c.Cage.Image
+}

@@ -1,0 +1,187 @@
+package config
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+)
+
+var (
+	envName   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	tokenName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+	agentName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+)
+
+// reservedEnv are variables the cage sets itself; an agent may not override them.
+var reservedEnv = map[string]bool{"HOME": true, "USER": true, "LOGNAME": true, "HOSTNAME": true, "container": true}
+
+// Validate checks every value; the first problem is returned as *Error.
+func (c *Config) Validate() error {
+	if !strings.HasPrefix(c.Podman.Socket, "unix:///") {
+		return &Error{Key: "podman.socket", Msg: fmt.Sprintf("%q must be a unix:///absolute/path URL", c.Podman.Socket)}
+	}
+	if !filepath.IsAbs(c.State.Dir) || filepath.Clean(c.State.Dir) == "/" {
+		return &Error{Key: "state.dir", Msg: "must be an absolute path other than /"}
+	}
+	for _, v := range []interface{ validate() error }{&c.Cage, &c.Network, &c.Home, &c.Outbox} {
+		if err := v.validate(); err != nil {
+			return err
+		}
+	}
+	for _, name := range sortedKeys(c.Tokens) {
+		path := c.Tokens[name]
+		if !tokenName.MatchString(name) {
+			return &Error{Key: "tokens." + name, Msg: "token names are 1-63 of a-z 0-9 _ -"}
+		}
+		if !filepath.IsAbs(path) {
+			return &Error{Key: "tokens." + name, Msg: fmt.Sprintf("%q must be an absolute path", path)}
+		}
+	}
+	if len(c.Agents) == 0 {
+		return &Error{Key: "agents", Msg: "no agent configured"}
+	}
+	for _, name := range sortedKeys(c.Agents) {
+		if err := c.validateAgent(name, c.Agents[name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Config) validateAgent(name string, a Agent) error {
+	key := "agents." + name
+	if !agentName.MatchString(name) {
+		return &Error{Key: key, Msg: "agent names are 1-63 of a-z 0-9 _ -"}
+	}
+	if len(a.Command) == 0 || a.Command[0] == "" {
+		return &Error{Key: key + ".command", Msg: "must be a non-empty argv list"}
+	}
+	for i, arg := range a.Command {
+		if strings.ContainsRune(arg, 0) {
+			return &Error{Key: fmt.Sprintf("%s.command[%d]", key, i), Msg: "contains a NUL byte"}
+		}
+	}
+	if len(a.Home) == 0 {
+		return &Error{Key: key + ".home", Msg: fmt.Sprintf("must list at least one HOME profile (%s)", strings.Join(HomeProfiles, ", "))}
+	}
+	seen := map[string]bool{}
+	for i, p := range a.Home {
+		if !contains(HomeProfiles, p) {
+			return &Error{Key: fmt.Sprintf("%s.home[%d]", key, i), Msg: fmt.Sprintf("unknown HOME profile %q (use %s)", p, strings.Join(HomeProfiles, ", "))}
+		}
+		if seen[p] {
+			return &Error{Key: fmt.Sprintf("%s.home[%d]", key, i), Msg: fmt.Sprintf("profile %q listed twice", p)}
+		}
+		seen[p] = true
+	}
+	for _, k := range sortedKeys(a.Env) {
+		if !envName.MatchString(k) || reservedEnv[k] {
+			return &Error{Key: key + ".env." + k, Msg: "not a settable environment variable name"}
+		}
+		if strings.ContainsRune(a.Env[k], 0) {
+			return &Error{Key: key + ".env." + k, Msg: "value contains a NUL byte"}
+		}
+	}
+	for _, k := range sortedKeys(a.TokenEnv) {
+		tok := a.TokenEnv[k]
+		if !envName.MatchString(k) || reservedEnv[k] {
+			return &Error{Key: key + ".token_env." + k, Msg: "not a settable environment variable name"}
+		}
+		if _, dup := a.Env[k]; dup {
+			return &Error{Key: key + ".token_env." + k, Msg: "also set in env; a variable has one source"}
+		}
+		if _, ok := c.Tokens[tok]; !ok {
+			return &Error{Key: key + ".token_env." + k, Msg: fmt.Sprintf("names token %q, which [tokens] does not define", tok)}
+		}
+	}
+	if a.Image != "" && strings.ContainsAny(a.Image, " \t\n") {
+		return &Error{Key: key + ".image", Msg: "is not an image reference"}
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// lineOf finds the line that sets a dotted key path (e.g. "cage.memory" or
+// "agents.claude.env.FOO"), tracking [table] headers; 0 when not found.
+// Index suffixes such as "[2]" are ignored.
+func lineOf(data []byte, key string) int {
+	if key == "" {
+		return 0
+	}
+	if i := strings.IndexByte(key, '['); i >= 0 {
+		key = key[:i]
+	}
+	want := strings.Split(key, ".")
+	table := []string{}
+	best := 0
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if line[0] == '[' {
+			h := strings.Trim(strings.SplitN(line, "]", 2)[0], "[ ")
+			table = splitKey(h)
+			if hasPrefix(want, table) && len(table) == len(want) && best == 0 {
+				best = n
+			}
+			continue
+		}
+		eq := strings.IndexByte(line, '=')
+		if eq < 0 {
+			continue
+		}
+		full := append(append([]string{}, table...), splitKey(line[:eq])...)
+		if hasPrefix(want, full) {
+			return n
+		}
+		if best == 0 && hasPrefix(full, want) {
+			best = n
+		}
+	}
+	return best
+}
+
+func splitKey(s string) []string {
+	parts := strings.Split(s, ".")
+	for i, p := range parts {
+		parts[i] = strings.Trim(strings.TrimSpace(p), `"'`)
+	}
+	return parts
+}
+
+// hasPrefix reports whether prefix is a prefix of full.
+func hasPrefix(full, prefix []string) bool {
+	if len(prefix) > len(full) {
+		return false
+	}
+	for i := range prefix {
+		if full[i] != prefix[i] {
+			return false
+		}
+	}
+	return true
+}
