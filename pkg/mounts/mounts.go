@@ -1,0 +1,114 @@
+// Package mounts decides what a cage sees of the host: the worktree at /work,
+// the task HOME volume at /home/agent, the outbox at /outbox, and nothing
+// else. It validates every host path before it is used, so that a bad or
+// planted path is an error that names it rather than a mount.
+package mounts
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+)
+
+// Where things appear inside the cage.
+const (
+	WorkDir   = "/work"
+	HomeDir   = "/home/agent"
+	OutboxDir = "/outbox"
+)
+
+// Kind is what backs a mount.
+type Kind string
+
+const (
+	Bind   Kind = "bind"   // a host path
+	Volume Kind = "volume" // a named podman volume
+	Tmpfs  Kind = "tmpfs"  // memory, size-capped
+)
+
+// Mount is one thing mounted into the cage. Source is a host path (Bind) or a
+// volume name (Volume); Options are extra mount options (e.g. "size=64m").
+type Mount struct {
+	Kind     Kind     `json:"kind"`
+	Source   string   `json:"source,omitempty"`
+	Dest     string   `json:"dest"`
+	ReadOnly bool     `json:"readOnly"`
+	Options  []string `json:"options,omitempty"`
+}
+
+// Plan is the full set of mounts of one turn's cage.
+type Plan struct {
+	Mounts []Mount `json:"mounts"`
+	// HomeVolume is the task HOME volume's name.
+	HomeVolume string `json:"homeVolume"`
+}
+
+var taskIDPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+// ValidateTaskID checks a task id: [a-z0-9][a-z0-9_.-]{0,62}, and not "." or
+// ".." shaped, so it is safe as a volume name suffix and a directory name.
+func ValidateTaskID(id string) error {
+	if !taskIDPattern.MatchString(id) {
+		return fmt.Errorf("invalid task id %q: use 1-63 of a-z 0-9 _ . - starting with a letter or digit", truncate(id, 80))
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// Input is what a turn asks to mount.
+type Input struct {
+	Task         string
+	Worktree     string // host path; "" means no worktree (an empty tmpfs /work)
+	VolumePrefix string
+	OutboxDir    string // host path of this task's outbox; "" means none
+	TmpSize      int64
+	RunSize      int64
+	TmpExec      bool
+	// Forbidden are extra host paths nothing may be mounted at, inside or over
+	// (shrooms' state directory, the podman socket's directory).
+	Forbidden []string
+}
+
+// Build validates the host paths of in and returns the cage's mount plan.
+func Build(in Input) (*Plan, error) {
+	if err := ValidateTaskID(in.Task); err != nil {
+		return nil, err
+	}
+	p := &Plan{HomeVolume: in.VolumePrefix + in.Task}
+	tmpOpts := []string{"rw", "nosuid", "nodev", fmt.Sprintf("size=%d", in.TmpSize), "mode=1777"}
+	if !in.TmpExec {
+		tmpOpts = append(tmpOpts, "noexec")
+	}
+	p.Mounts = append(p.Mounts,
+		Mount{Kind: Tmpfs, Dest: "/tmp", Options: tmpOpts},
+		Mount{Kind: Tmpfs, Dest: "/run", Options: []string{"rw", "nosuid", "nodev", "noexec", fmt.Sprintf("size=%d", in.RunSize), "mode=0755"}},
+		Mount{Kind: Volume, Source: p.HomeVolume, Dest: HomeDir, Options: []string{"nosuid", "nodev"}},
+	)
+	if in.Worktree != "" {
+		wt, err := CheckHostDir(in.Worktree, "worktree", in.Forbidden)
+		if err != nil {
+			return nil, err
+		}
+		p.Mounts = append(p.Mounts, Mount{Kind: Bind, Source: wt, Dest: WorkDir, Options: []string{"rbind", "nosuid", "nodev"}})
+	} else {
+		p.Mounts = append(p.Mounts, Mount{Kind: Tmpfs, Dest: WorkDir, Options: []string{"rw", "nosuid", "nodev", fmt.Sprintf("size=%d", in.TmpSize), "mode=0777"}})
+	}
+	if in.OutboxDir != "" {
+		ob, err := CheckHostDir(in.OutboxDir, "outbox", in.Forbidden)
+		if err != nil {
+			return nil, err
+		}
+		p.Mounts = append(p.Mounts, Mount{Kind: Bind, Source: ob, Dest: OutboxDir, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
+	}
+	return p, nil
+}
+
+// Clean is filepath.Clean for absolute paths, exported for callers that
+// compare paths with the forbidden list.
+func Clean(p string) string { return filepath.Clean(p) }
