@@ -13,4 +13,3 @@ import (
 	_ "golang.org/x/sys/unix"
 	_ "gotest.tools/v3/assert"
 )
-
