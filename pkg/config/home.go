@@ -1,20 +1,182 @@
 package config
 
-// Home is the task HOME: a podman volume per task, reset every turn.
+import (
+	"encoding/json"
+	"fmt"
+	"path"
+	"path/filepath"
+	"strings"
+)
+
+// Home is the task HOME: a podman volume per task, reset every turn to the
+// profiles' keep-lists plus the baseline declared here.
 type Home struct {
 	// VolumePrefix names the per-task volume: prefix + task id.
 	VolumePrefix string `toml:"volume_prefix"`
+	// MaxFileSize caps each kept credential or JSON state file.
+	MaxFileSize Size `toml:"max_file_size"`
+	// MaxSessionFile caps each kept session file (transcript, database).
+	MaxSessionFile Size `toml:"max_session_file"`
+	// MaxKeepSize caps the total bytes kept from one turn to the next.
+	MaxKeepSize Size `toml:"max_keep_size"`
+	// MaxKeepFiles caps the number of files kept from one turn to the next.
+	MaxKeepFiles int64 `toml:"max_keep_files"`
+	// Claude, Opencode and Shell are the per-profile baselines.
+	Claude   HomeProfile `toml:"claude"`
+	Opencode HomeProfile `toml:"opencode"`
+	Shell    HomeProfile `toml:"shell"`
+}
+
+// HomeProfile is the owner-declared baseline of one HOME profile, laid down
+// fresh at the start of every turn. Settings and Instructions apply to the
+// claude and opencode profiles only.
+type HomeProfile struct {
+	// Settings is the agent's user settings file as an inline table
+	// (claude: ~/.claude/settings.json, opencode:
+	// ~/.config/opencode/opencode.json), written as JSON.
+	Settings map[string]any `toml:"settings"`
+	// SettingsFile is a host JSON file used instead of Settings.
+	SettingsFile string `toml:"settings_file"`
+	// Instructions is the agent's global instructions (claude:
+	// ~/.claude/CLAUDE.md, opencode: ~/.config/opencode/AGENTS.md).
+	Instructions string `toml:"instructions"`
+	// InstructionsFile is a host file used instead of Instructions.
+	InstructionsFile string `toml:"instructions_file"`
+	// Managed holds extra managed-policy keys, merged into the read-only
+	// policy file (claude: /etc/claude-code/managed-settings.json, opencode:
+	// /etc/opencode/opencode.json). Keys shrooms enforces cannot be changed.
+	Managed map[string]any `toml:"managed"`
+	// Files maps a HOME-relative path to a host file copied there verbatim
+	// every turn (e.g. ".gitconfig" = "/etc/shrooms/gitconfig").
+	Files map[string]string `toml:"files"`
+	// Bootstrap maps a keep-list credential path to a [tokens] name whose
+	// file seeds it once per task (see HomeBootstrapTargets). That the token
+	// exists is checked at bootstrap, against [tokens].
+	Bootstrap map[string]string `toml:"bootstrap"`
+}
+
+// HomeBootstrapTargets are, per profile, the keep-list files a token may
+// seed at bootstrap.
+var HomeBootstrapTargets = map[string][]string{
+	"claude":   {".claude/.credentials.json", ".claude.json"},
+	"opencode": {".local/share/opencode/auth.json", ".local/share/opencode/mcp-auth.json"},
+	"shell":    {},
+}
+
+// Profile returns the baseline of the named profile (claude, opencode, shell).
+func (h *Home) Profile(name string) *HomeProfile {
+	switch name {
+	case "claude":
+		return &h.Claude
+	case "opencode":
+		return &h.Opencode
+	case "shell":
+		return &h.Shell
+	}
+	return nil
 }
 
 func defaultHome() Home {
-	return Home{VolumePrefix: "shrooms-home-"}
+	return Home{
+		VolumePrefix:   "shrooms-home-",
+		MaxFileSize:    16 << 20,
+		MaxSessionFile: 1 << 30,
+		MaxKeepSize:    8 << 30,
+		MaxKeepFiles:   100000,
+	}
 }
 
 func (h *Home) validate() error {
 	if !validVolumePrefix(h.VolumePrefix) {
 		return &Error{Key: "home.volume_prefix", Msg: "must be 1-32 of a-z 0-9 _ . - and start with a letter"}
 	}
+	switch {
+	case h.MaxFileSize < 4<<10:
+		return &Error{Key: "home.max_file_size", Msg: "must be at least 4k"}
+	case h.MaxSessionFile < h.MaxFileSize:
+		return &Error{Key: "home.max_session_file", Msg: "must be at least home.max_file_size"}
+	case h.MaxKeepSize < h.MaxSessionFile:
+		return &Error{Key: "home.max_keep_size", Msg: "must be at least home.max_session_file"}
+	case h.MaxKeepFiles < 1 || h.MaxKeepFiles > 10_000_000:
+		return &Error{Key: "home.max_keep_files", Msg: fmt.Sprintf("%d is out of range 1..10000000", h.MaxKeepFiles)}
+	}
+	for _, name := range HomeProfiles {
+		if err := h.Profile(name).validate("home."+name, name); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+func (p *HomeProfile) validate(key, profile string) error {
+	agent := profile != "shell"
+	if !agent {
+		switch {
+		case p.Settings != nil || p.SettingsFile != "":
+			return &Error{Key: key + ".settings", Msg: "the shell profile has no settings file; use files"}
+		case p.Instructions != "" || p.InstructionsFile != "":
+			return &Error{Key: key + ".instructions", Msg: "the shell profile has no instructions; use files"}
+		case p.Managed != nil:
+			return &Error{Key: key + ".managed", Msg: "the shell profile has no managed policy"}
+		}
+	}
+	if p.Settings != nil && p.SettingsFile != "" {
+		return &Error{Key: key + ".settings_file", Msg: "set settings or settings_file, not both"}
+	}
+	if p.Instructions != "" && p.InstructionsFile != "" {
+		return &Error{Key: key + ".instructions_file", Msg: "set instructions or instructions_file, not both"}
+	}
+	for _, k := range []struct {
+		key string
+		v   map[string]any
+	}{{key + ".settings", p.Settings}, {key + ".managed", p.Managed}} {
+		if k.v == nil {
+			continue
+		}
+		if _, err := json.Marshal(k.v); err != nil {
+			return &Error{Key: k.key, Msg: fmt.Sprintf("cannot be written as JSON: %v", err)}
+		}
+	}
+	for _, f := range []struct{ key, path string }{{key + ".settings_file", p.SettingsFile}, {key + ".instructions_file", p.InstructionsFile}} {
+		if f.path != "" && !filepath.IsAbs(f.path) {
+			return &Error{Key: f.key, Msg: fmt.Sprintf("%q must be an absolute path", f.path)}
+		}
+	}
+	if strings.ContainsRune(p.Instructions, 0) {
+		return &Error{Key: key + ".instructions", Msg: "contains a NUL byte"}
+	}
+	for _, rel := range sortedKeys(p.Files) {
+		fk := fmt.Sprintf("%s.files.%q", key, rel)
+		if !ValidHomeRel(rel) {
+			return &Error{Key: fk, Msg: "must be a clean HOME-relative path (no /, .., or empty parts)"}
+		}
+		if !filepath.IsAbs(p.Files[rel]) {
+			return &Error{Key: fk, Msg: fmt.Sprintf("%q must be an absolute host path", p.Files[rel])}
+		}
+	}
+	for _, rel := range sortedKeys(p.Bootstrap) {
+		bk := fmt.Sprintf("%s.bootstrap.%q", key, rel)
+		if !contains(HomeBootstrapTargets[profile], rel) {
+			return &Error{Key: bk, Msg: fmt.Sprintf("not a credential file of the %s profile (use %s)", profile, strings.Join(HomeBootstrapTargets[profile], ", "))}
+		}
+		if !tokenName.MatchString(p.Bootstrap[rel]) {
+			return &Error{Key: bk, Msg: fmt.Sprintf("%q is not a token name", p.Bootstrap[rel])}
+		}
+	}
+	return nil
+}
+
+// ValidHomeRel reports whether rel is a clean, relative path inside HOME.
+func ValidHomeRel(rel string) bool {
+	if rel == "" || len(rel) > 1024 || strings.ContainsRune(rel, 0) || strings.HasPrefix(rel, "/") || path.Clean(rel) != rel || rel == "." {
+		return false
+	}
+	for _, part := range strings.Split(rel, "/") {
+		if part == ".." || part == "." || part == "" {
+			return false
+		}
+	}
+	return true
 }
 
 func validVolumePrefix(s string) bool {
