@@ -1,0 +1,491 @@
+package firewall
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"sort"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+)
+
+// Blocked4 and Blocked6 are the destinations no cage packet may reach under
+// any policy: private, loopback, link-local, CGNAT, benchmarking, multicast,
+// reserved and IPv4-embedding ranges (IANA special-purpose registries).
+// Documentation ranges (TEST-NET, 2001:db8::/32) are not in them: they are
+// not routed on the internet, and the testbed's "internet" lives there.
+var (
+	Blocked4 = []string{
+		"0.0.0.0/8",      // "this network"
+		"10.0.0.0/8",     // RFC 1918
+		"100.64.0.0/10",  // CGNAT (also Alibaba/UCloud metadata)
+		"127.0.0.0/8",    // loopback
+		"169.254.0.0/16", // link-local, cloud metadata
+		"172.16.0.0/12",  // RFC 1918
+		"192.0.0.0/24",   // IETF protocol assignments
+		"192.88.99.0/24", // 6to4 relay anycast
+		"192.168.0.0/16", // RFC 1918
+		"198.18.0.0/15",  // benchmarking
+		"224.0.0.0/4",    // multicast
+		"240.0.0.0/4",    // reserved, broadcast
+	}
+	Blocked6 = []string{
+		"::/127",         // unspecified, loopback
+		"::ffff:0:0/96",  // IPv4-mapped
+		"64:ff9b::/96",   // NAT64
+		"64:ff9b:1::/48", // local NAT64
+		"100::/64",       // discard
+		"2001::/32",      // Teredo (embeds IPv4)
+		"2001:2::/48",    // benchmarking
+		"2002::/16",      // 6to4 (embeds IPv4)
+		"fc00::/7",       // ULA (incl. fd00:ec2::254 metadata)
+		"fe80::/10",      // link-local
+		"fec0::/10",      // deprecated site-local
+		"ff00::/8",       // multicast
+	}
+)
+
+// dnsPorts are the DNS-ish ports a cage may not reach anywhere but its own
+// resolver: DNS, DoT, mDNS, LLMNR, NetBIOS name/datagram.
+var dnsPorts = []uint16{53, 137, 138, 853, 5353, 5355}
+
+const (
+	chainPriority = -10 // before netavark/firewalld (0); drops are final anyway
+)
+
+// setSpec, chainSpec and tableSpec describe the seal as plain values: built
+// from config, installed in one batch, and rendered for the digest.
+type setSpec struct {
+	name     string
+	keyType  nftables.SetDatatype
+	interval bool
+	elems    []nftables.SetElement
+	// resolved marks a set filled from DNS answers: Verify checks its
+	// elements are public addresses rather than an exact list.
+	resolved bool
+}
+
+type chainSpec struct {
+	name  string
+	hook  *nftables.ChainHook
+	rules [][]expr.Any
+}
+
+type tableSpec struct {
+	family nftables.TableFamily
+	name   string
+	sets   []setSpec
+	chains []chainSpec
+}
+
+// plan is everything the seal installs for one config.
+type plan struct {
+	tables []tableSpec
+}
+
+// tableName is the name of both seal tables (inet and bridge) of network n.
+func tableName(n string) string { return "shrooms_" + n }
+
+// gateways returns the first host address of each subnet: the address
+// podman gives the bridge (and aardvark-dns listens on).
+func gateways(cfg config.Network) (g4, g6 netip.Addr, err error) {
+	p4, err := netip.ParsePrefix(cfg.Subnet4)
+	if err != nil || !p4.Addr().Is4() || p4.Masked() != p4 {
+		return g4, g6, fmt.Errorf("network.subnet4 %q is not an IPv4 network CIDR", cfg.Subnet4)
+	}
+	g4 = p4.Addr().Next()
+	if cfg.Subnet6 != "" {
+		p6, err := netip.ParsePrefix(cfg.Subnet6)
+		if err != nil || !p6.Addr().Is6() || p6.Addr().Is4In6() || p6.Masked() != p6 {
+			return g4, g6, fmt.Errorf("network.subnet6 %q is not an IPv6 network CIDR", cfg.Subnet6)
+		}
+		g6 = p6.Addr().Next()
+	}
+	return g4, g6, nil
+}
+
+// Gateways returns the bridge addresses the seal expects on the cage
+// network: podman must create the network with exactly these gateways.
+func Gateways(cfg config.Network) (gw4, gw6 netip.Addr, err error) { return gateways(cfg) }
+
+// build computes the seal for cfg. names holds the resolved addresses of
+// the allowlist's host names (nil outside the allowlist policy).
+func build(cfg config.Network, names []netip.Addr) (*plan, error) {
+	if err := checkCfg(cfg); err != nil {
+		return nil, err
+	}
+	if cfg.Policy == "none" {
+		return &plan{}, nil
+	}
+	g4, g6, err := gateways(cfg)
+	if err != nil {
+		return nil, err
+	}
+	no4, err := prefixSet("no4", Blocked4, false)
+	if err != nil {
+		return nil, err
+	}
+	no6, err := prefixSet("no6", Blocked6, true)
+	if err != nil {
+		return nil, err
+	}
+	ports := setSpec{name: "dnsports", keyType: nftables.TypeInetService}
+	for _, p := range dnsPorts {
+		ports.elems = append(ports.elems, nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(p)})
+	}
+	nd := setSpec{name: "nd6", keyType: nftables.TypeICMP6Type, elems: []nftables.SetElement{
+		{Key: []byte{135}}, {Key: []byte{136}}, // neighbour solicitation, advertisement
+	}}
+	sets := []setSpec{no4, no6, ports, nd}
+
+	br := cfg.Bridge
+	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
+	ret := []expr.Any{&expr.Verdict{Kind: expr.VerdictReturn}}
+	cat := func(parts ...[]expr.Any) []expr.Any {
+		var out []expr.Any
+		for _, p := range parts {
+			out = append(out, p...)
+		}
+		return out
+	}
+
+	fwd := chainSpec{name: "forward", hook: nftables.ChainHookForward}
+	fwd.rules = append(fwd.rules,
+		// No private, local, multicast or embedding destination, ever.
+		cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), lookup("no4", false), drop),
+		cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), lookup("no6", false), drop),
+		// No resolver but the one the cage is given (input chain).
+		cat(iif(br), l4proto(unix.IPPROTO_TCP), dport(), lookup("dnsports", false), drop),
+		cat(iif(br), l4proto(unix.IPPROTO_UDP), dport(), lookup("dnsports", false), drop),
+		// Nothing hairpins back onto the bridge (cage to cage, routed).
+		cat(iif(br), oif(br), drop),
+	)
+	if cfg.Policy == "allowlist" {
+		allow4, allow6, err := allowSets(cfg.Allow)
+		if err != nil {
+			return nil, err
+		}
+		n4, n6 := addrSets(names)
+		sets = append(sets, allow4, allow6, n4, n6)
+		fwd.rules = append(fwd.rules,
+			cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), lookup("allow4", true), lookup("names4", true), drop),
+			cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), lookup("allow6", true), lookup("names6", true), drop),
+		)
+	}
+	// Nothing opens a connection into a cage, from anywhere.
+	fwd.rules = append(fwd.rules, cat(oif(br), ctNew(), drop))
+
+	in := chainSpec{name: "input", hook: nftables.ChainHookInput}
+	if cfg.Policy == "internet" {
+		// DNS to the resolver on the gateway (aardvark-dns). Under the
+		// allowlist the cage resolves from /etc/hosts only (see Resolve).
+		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+			in.rules = append(in.rules, cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), eq(g4.AsSlice()), l4proto(proto), dport(), eq(binaryutil.BigEndian.PutUint16(53)), ret))
+			if g6.IsValid() {
+				in.rules = append(in.rules, cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), eq(g6.AsSlice()), l4proto(proto), dport(), eq(binaryutil.BigEndian.PutUint16(53)), ret))
+			}
+		}
+	}
+	in.rules = append(in.rules,
+		// Neighbour discovery, or IPv6 does not work at all; RAs stay out.
+		cat(iif(br), nfproto(unix.NFPROTO_IPV6), l4proto(unix.IPPROTO_ICMPV6), icmp6Type(), lookup("nd6", false), ret),
+		// Everything else addressed to the host: gateway, other host
+		// addresses, link-local, multicast, router advertisements.
+		cat(iif(br), drop),
+	)
+	out := chainSpec{name: "output", hook: nftables.ChainHookOutput, rules: [][]expr.Any{
+		cat(oif(br), ctNew(), drop), // the host opens nothing into a cage
+	}}
+
+	// Frames bridged port to port never reach the inet hooks unless
+	// br_netfilter passes them there (Apply requires it: that catches all
+	// IP between cages on the bridge, link-local included, via the
+	// iif=oif=bridge rule above). This bridge-family layer does not depend
+	// on br_netfilter: no frame from or to a cage address (IP or ARP) is
+	// bridged. (meta ibrname would be simpler, but needs
+	// CONFIG_NFT_BRIDGE_META, which Debian cloud kernels lack.)
+	p4 := netip.MustParsePrefix(cfg.Subnet4)
+	cage4, err := prefixesSet("cage4", []netip.Prefix{p4}, false)
+	if err != nil {
+		return nil, err
+	}
+	l2sets := []setSpec{cage4}
+	l2 := chainSpec{name: "forward", hook: nftables.ChainHookForward, rules: [][]expr.Any{
+		cat(etherType(0x0800), saddr4(), lookup("cage4", false), drop),
+		cat(etherType(0x0800), daddr4(), lookup("cage4", false), drop),
+		cat(etherType(0x0806), arpAddr(14), lookup("cage4", false), drop),
+		cat(etherType(0x0806), arpAddr(24), lookup("cage4", false), drop),
+	}}
+	if cfg.Subnet6 != "" {
+		cage6, err := prefixesSet("cage6", []netip.Prefix{netip.MustParsePrefix(cfg.Subnet6)}, true)
+		if err != nil {
+			return nil, err
+		}
+		l2sets = append(l2sets, cage6)
+		l2.rules = append(l2.rules,
+			cat(etherType(0x86dd), saddr6(), lookup("cage6", false), drop),
+			cat(etherType(0x86dd), daddr6(), lookup("cage6", false), drop),
+		)
+	}
+	return &plan{tables: []tableSpec{
+		{family: nftables.TableFamilyINet, name: tableName(cfg.Name), sets: sets, chains: []chainSpec{fwd, in, out}},
+		{family: nftables.TableFamilyBridge, name: tableName(cfg.Name), sets: l2sets, chains: []chainSpec{l2}},
+	}}, nil
+}
+
+// checkCfg re-validates what the seal depends on, so a Network value that
+// did not come through config.Load is refused just the same.
+func checkCfg(cfg config.Network) error {
+	switch cfg.Policy {
+	case "internet", "allowlist", "none":
+	default:
+		return fmt.Errorf("network.policy: unknown policy %q (use internet, allowlist or none)", cfg.Policy)
+	}
+	if !validIfName(cfg.Bridge) {
+		return fmt.Errorf("network.bridge: %q is not an interface name", cfg.Bridge)
+	}
+	if !validIfName(cfg.Name) {
+		return fmt.Errorf("network.name: %q is not a network name", cfg.Name)
+	}
+	if _, _, err := gateways(cfg); err != nil {
+		return err
+	}
+	if cfg.Policy == "allowlist" {
+		if _, _, err := allowSets(cfg.Allow); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validIfName(s string) bool {
+	if s == "" || len(s) > 15 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// allowSets splits the allowlist's CIDRs and addresses into v4 and v6 sets.
+// An entry inside a blocked range is refused: the seal never opens the LAN,
+// the host or metadata, whatever the allowlist says.
+func allowSets(allow []string) (setSpec, setSpec, error) {
+	var p4, p6 []netip.Prefix
+	for i, a := range allow {
+		p, err := netip.ParsePrefix(a)
+		if err != nil {
+			addr, aerr := netip.ParseAddr(a)
+			if aerr != nil {
+				continue // a host name: resolved into names4/names6
+			}
+			p = netip.PrefixFrom(addr, addr.BitLen())
+		}
+		if p.Masked() != p {
+			return setSpec{}, setSpec{}, fmt.Errorf("network.allow[%d]: %q has host bits set (did you mean %s?)", i, a, p.Masked())
+		}
+		if b := blockedOverlap(p); b != "" {
+			return setSpec{}, setSpec{}, fmt.Errorf("network.allow[%d]: %q overlaps blocked range %s; the seal never opens private, local or metadata ranges", i, a, b)
+		}
+		if p.Addr().Is4() {
+			p4 = append(p4, p)
+		} else {
+			p6 = append(p6, p)
+		}
+	}
+	s4, err := prefixesSet("allow4", p4, false)
+	if err != nil {
+		return setSpec{}, setSpec{}, err
+	}
+	s6, err := prefixesSet("allow6", p6, true)
+	return s4, s6, err
+}
+
+// addrSets holds resolved host-name addresses (blocked ones already removed).
+func addrSets(addrs []netip.Addr) (setSpec, setSpec) {
+	var p4, p6 []netip.Prefix
+	for _, a := range addrs {
+		if a.Is4() {
+			p4 = append(p4, netip.PrefixFrom(a, 32))
+		} else {
+			p6 = append(p6, netip.PrefixFrom(a, 128))
+		}
+	}
+	s4, _ := prefixesSet("names4", p4, false)
+	s6, _ := prefixesSet("names6", p6, true)
+	s4.resolved, s6.resolved = true, true
+	return s4, s6
+}
+
+func blockedOverlap(p netip.Prefix) string {
+	list := Blocked4
+	if p.Addr().Is6() {
+		list = Blocked6
+	}
+	for _, b := range list {
+		if netip.MustParsePrefix(b).Overlaps(p) {
+			return b
+		}
+	}
+	return ""
+}
+
+// isBlocked reports whether a lies in a blocked range.
+func isBlocked(a netip.Addr) bool {
+	a = a.Unmap()
+	return blockedOverlap(netip.PrefixFrom(a, a.BitLen())) != ""
+}
+
+func prefixSet(name string, cidrs []string, v6 bool) (setSpec, error) {
+	ps := make([]netip.Prefix, 0, len(cidrs))
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return setSpec{}, fmt.Errorf("set %s: %w", name, err)
+		}
+		ps = append(ps, p)
+	}
+	return prefixesSet(name, ps, v6)
+}
+
+// prefixesSet builds an interval set the way nft does: ranges merged, a
+// start element and an interval-end element one past the last address (none
+// when the range reaches the top of the address space), and a leading
+// interval-end at the zero address when the first range does not start there.
+func prefixesSet(name string, ps []netip.Prefix, v6 bool) (setSpec, error) {
+	s := setSpec{name: name, keyType: nftables.TypeIPAddr, interval: true}
+	size := 4
+	if v6 {
+		s.keyType, size = nftables.TypeIP6Addr, 16
+	}
+	type rng struct{ lo, hi netip.Addr }
+	var rs []rng
+	for _, p := range ps {
+		if p.Addr().Is6() != v6 {
+			return s, fmt.Errorf("set %s: %s has the wrong address family", name, p)
+		}
+		p = p.Masked()
+		rs = append(rs, rng{p.Addr(), lastAddr(p)})
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i].lo.Less(rs[j].lo) })
+	var merged []rng
+	for _, r := range rs {
+		if n := len(merged); n > 0 {
+			last := &merged[n-1]
+			if next := last.hi.Next(); !next.IsValid() || !next.Less(r.lo) {
+				if last.hi.Less(r.hi) {
+					last.hi = r.hi
+				}
+				continue
+			}
+		}
+		merged = append(merged, r)
+	}
+	zero := make([]byte, size)
+	if len(merged) > 0 && !merged[0].lo.IsUnspecified() {
+		s.elems = append(s.elems, nftables.SetElement{Key: zero, IntervalEnd: true})
+	}
+	for _, r := range merged {
+		s.elems = append(s.elems, nftables.SetElement{Key: r.lo.AsSlice()})
+		if end := r.hi.Next(); end.IsValid() {
+			s.elems = append(s.elems, nftables.SetElement{Key: end.AsSlice(), IntervalEnd: true})
+		}
+	}
+	return s, nil
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// Expression helpers; each loads into register 1 and compares.
+
+func ifname(s string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, s)
+	return b
+}
+
+func iif(name string) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1}, eq(ifname(name))[0]}
+}
+
+func oif(name string) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1}, eq(ifname(name))[0]}
+}
+
+func etherType(t uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseLLHeader, Offset: 12, Len: 2},
+		eq(binaryutil.BigEndian.PutUint16(t))[0],
+	}
+}
+
+func saddr4() []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}}
+}
+
+func saddr6() []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 8, Len: 16}}
+}
+
+// arpAddr loads the sender (offset 14) or target (24) IPv4 address of an
+// Ethernet/IPv4 ARP packet.
+func arpAddr(off uint32) []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: 4}}
+}
+
+func eq(data []byte) []expr.Any {
+	return []expr.Any{&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: data}}
+}
+
+func nfproto(p byte) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1}, eq([]byte{p})[0]}
+}
+
+func l4proto(p byte) []expr.Any {
+	return []expr.Any{&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, eq([]byte{p})[0]}
+}
+
+func daddr4() []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4}}
+}
+
+func daddr6() []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 24, Len: 16}}
+}
+
+func dport() []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2}}
+}
+
+func icmp6Type() []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 0, Len: 1}}
+}
+
+func lookup(set string, invert bool) []expr.Any {
+	return []expr.Any{&expr.Lookup{SourceRegister: 1, SetName: set, Invert: invert}}
+}
+
+func ctNew() []expr.Any {
+	mask := make([]byte, 4)
+	binary.NativeEndian.PutUint32(mask, expr.CtStateBitNEW)
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}
