@@ -1,0 +1,359 @@
+// Package podman is shrooms' only door to podman: a thin client over podman's
+// REST bindings for the few calls a turn needs (images, volumes, secrets,
+// networks, and a container's create → attach/start → wait → remove).
+// Nothing else in shrooms talks to podman.
+package podman
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/containers/podman/v5/libpod/define"
+	"github.com/containers/podman/v5/pkg/bindings"
+	"github.com/containers/podman/v5/pkg/bindings/containers"
+	"github.com/containers/podman/v5/pkg/bindings/images"
+	"github.com/containers/podman/v5/pkg/bindings/secrets"
+	"github.com/containers/podman/v5/pkg/bindings/system"
+	"github.com/containers/podman/v5/pkg/bindings/volumes"
+	"github.com/containers/podman/v5/pkg/domain/entities/types"
+	"github.com/containers/podman/v5/pkg/errorhandling"
+	"github.com/containers/podman/v5/pkg/specgen"
+)
+
+// Client is a connection to one podman service.
+type Client struct {
+	// conn is the bindings' connection context; every call derives from it.
+	conn context.Context
+	uri  string
+}
+
+// ErrUnreachable marks a podman service that does not answer.
+var ErrUnreachable = errors.New("podman API unreachable")
+
+// Connect opens a connection to the podman service at uri (unix:///path) and
+// checks that it answers within the context's deadline (10 s by default).
+func Connect(ctx context.Context, uri string) (*Client, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+	}
+	// The bindings keep the connection in the context they return, and they
+	// ping the service while connecting.
+	conn, err := bindings.NewConnection(context.WithoutCancel(ctx), uri)
+	if err != nil {
+		return nil, fmt.Errorf("%w at %s: %v", ErrUnreachable, uri, oneLine(err))
+	}
+	return &Client{conn: conn, uri: uri}, nil
+}
+
+// URI is the service address this client talks to.
+func (c *Client) URI() string { return c.uri }
+
+// scope returns a bindings context that is cancelled with ctx.
+func (c *Client) scope(ctx context.Context) (context.Context, context.CancelFunc) {
+	cctx, cancel := context.WithCancel(c.conn)
+	if d, ok := ctx.Deadline(); ok {
+		cctx, cancel = context.WithDeadline(c.conn, d)
+	}
+	stop := context.AfterFunc(ctx, cancel)
+	return cctx, func() { stop(); cancel() }
+}
+
+// Version returns the service's podman version and its API version.
+func (c *Client) Version(ctx context.Context) (server, api string, err error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	v, err := system.Version(cctx, nil)
+	if err != nil {
+		return "", "", fmt.Errorf("podman version: %w", err)
+	}
+	if v.Server == nil {
+		return "", "", errors.New("podman version: the service reported no server version")
+	}
+	return v.Server.Version, v.Server.APIVersion, nil
+}
+
+// HostInfo is what doctor needs from `podman info`.
+type HostInfo struct {
+	OCIRuntime    string
+	CgroupVersion string
+	CgroupManager string
+	Rootless      bool
+	GraphRoot     string
+}
+
+// Info returns facts about the podman host.
+func (c *Client) Info(ctx context.Context) (*HostInfo, error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	info, err := system.Info(cctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("podman info: %w", err)
+	}
+	h := &HostInfo{
+		CgroupVersion: info.Host.CgroupsVersion,
+		CgroupManager: info.Host.CgroupManager,
+		Rootless:      info.Host.Security.Rootless,
+		GraphRoot:     info.Store.GraphRoot,
+	}
+	if info.Host.OCIRuntime != nil {
+		h.OCIRuntime = info.Host.OCIRuntime.Name
+	}
+	return h, nil
+}
+
+// ImageExists reports whether ref is in the local store. Nothing is pulled.
+func (c *Client) ImageExists(ctx context.Context, ref string) (bool, error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	ok, err := images.Exists(cctx, ref, nil)
+	if err != nil {
+		return false, fmt.Errorf("image %s: %w", ref, err)
+	}
+	return ok, nil
+}
+
+// VolumeExists reports whether the named volume exists.
+func (c *Client) VolumeExists(ctx context.Context, name string) (bool, error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	ok, err := volumes.Exists(cctx, name, nil)
+	if err != nil {
+		return false, fmt.Errorf("volume %s: %w", name, err)
+	}
+	return ok, nil
+}
+
+// CreateVolume creates a named local volume with labels. It fails if the
+// volume exists.
+func (c *Client) CreateVolume(ctx context.Context, name string, labels map[string]string) (mountpoint string, err error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	r, err := volumes.Create(cctx, types.VolumeCreateOptions{Name: name, Driver: "local", Label: labels}, nil)
+	if err != nil {
+		return "", fmt.Errorf("create volume %s: %w", name, err)
+	}
+	return r.Mountpoint, nil
+}
+
+// Volume is what shrooms needs of an existing volume.
+type Volume struct {
+	Name       string
+	Mountpoint string
+	Labels     map[string]string
+}
+
+// InspectVolume returns a volume's host mountpoint and labels.
+func (c *Client) InspectVolume(ctx context.Context, name string) (*Volume, error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	r, err := volumes.Inspect(cctx, name, nil)
+	if err != nil {
+		return nil, fmt.Errorf("inspect volume %s: %w", name, err)
+	}
+	return &Volume{Name: r.Name, Mountpoint: r.Mountpoint, Labels: r.Labels}, nil
+}
+
+// RemoveVolume removes a volume (force: also if a container uses it).
+func (c *Client) RemoveVolume(ctx context.Context, name string) error {
+	cctx, done := c.scope(ctx)
+	defer done()
+	if err := volumes.Remove(cctx, name, new(volumes.RemoveOptions).WithForce(true)); err != nil {
+		return fmt.Errorf("remove volume %s: %w", name, err)
+	}
+	return nil
+}
+
+// PutSecret stores data as the named podman secret, replacing an older one.
+// Secrets carry tokens into a cage's environment so that the spec names them
+// and never holds their value.
+func (c *Client) PutSecret(ctx context.Context, name string, data []byte, labels map[string]string) error {
+	cctx, done := c.scope(ctx)
+	defer done()
+	if ok, err := secrets.Exists(cctx, name); err != nil {
+		return fmt.Errorf("secret %s: %w", name, err)
+	} else if ok {
+		if err := secrets.Remove(cctx, name); err != nil {
+			return fmt.Errorf("replace secret %s: %w", name, err)
+		}
+	}
+	opts := new(secrets.CreateOptions).WithName(name).WithLabels(labels)
+	if _, err := secrets.Create(cctx, strings.NewReader(string(data)), opts); err != nil {
+		// The error may quote the request, never the data: only name it.
+		return fmt.Errorf("create secret %s failed", name)
+	}
+	return nil
+}
+
+// RemoveSecret deletes a secret; a missing one is not an error.
+func (c *Client) RemoveSecret(ctx context.Context, name string) error {
+	cctx, done := c.scope(ctx)
+	defer done()
+	if err := secrets.Remove(cctx, name); err != nil && !isNotFound(err) {
+		return fmt.Errorf("remove secret %s: %w", name, err)
+	}
+	return nil
+}
+
+// Create creates (does not start) a container from a spec.
+func (c *Client) Create(ctx context.Context, s *specgen.SpecGenerator) (string, error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	r, err := containers.CreateWithSpec(cctx, s, nil)
+	if err != nil {
+		return "", fmt.Errorf("create cage: %s", oneLine(err))
+	}
+	return r.ID, nil
+}
+
+// Streams are the process's standard streams wired to a cage. A nil Stdin
+// means the cage's stdin is not attached.
+type Streams struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+}
+
+// Start attaches the streams to a created container, then starts it. It
+// returns once the container runs; the returned channel yields the attach
+// stream's end (nil when the output was fully copied).
+func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error, error) {
+	// Attach replaces the transport of the connection it is given, so it
+	// gets a connection of its own; the shared one stays usable.
+	attachConn, err := bindings.NewConnection(context.WithoutCancel(ctx), c.uri)
+	if err != nil {
+		return nil, fmt.Errorf("%w at %s: %v", ErrUnreachable, c.uri, oneLine(err))
+	}
+	actx, cancel := context.WithCancel(attachConn)
+	stopAttach := context.AfterFunc(ctx, cancel)
+	ready := make(chan bool, 1)
+	ended := make(chan error, 1)
+	go func() {
+		defer stopAttach()
+		var in io.Reader
+		if st.Stdin != nil {
+			in = st.Stdin
+		}
+		err := containers.Attach(actx, id, in, st.Stdout, st.Stderr, ready, new(containers.AttachOptions).WithStream(true))
+		ended <- err
+	}()
+	select {
+	case <-ready:
+	case err := <-ended:
+		cancel()
+		return nil, fmt.Errorf("attach to cage: %s", oneLine(err))
+	case <-ctx.Done():
+		cancel()
+		return nil, ctx.Err()
+	}
+	cctx, done := c.scope(ctx)
+	defer done()
+	if err := containers.Start(cctx, id, nil); err != nil {
+		cancel()
+		return nil, fmt.Errorf("start cage: %s", oneLine(err))
+	}
+	return ended, nil
+}
+
+// Wait blocks until the container exits and returns its exit code.
+func (c *Client) Wait(ctx context.Context, id string) (int32, error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	code, err := containers.Wait(cctx, id, new(containers.WaitOptions).WithCondition([]define.ContainerStatus{define.ContainerStateExited, define.ContainerStateStopped}))
+	if err != nil {
+		if ctx.Err() != nil {
+			return -1, ctx.Err()
+		}
+		return -1, fmt.Errorf("wait for cage: %s", oneLine(err))
+	}
+	return code, nil
+}
+
+// Stop sends the stop signal, then SIGKILL after grace.
+func (c *Client) Stop(ctx context.Context, id string, grace time.Duration) error {
+	cctx, done := c.scope(ctx)
+	defer done()
+	secs := uint(grace.Round(time.Second) / time.Second)
+	err := containers.Stop(cctx, id, new(containers.StopOptions).WithTimeout(secs).WithIgnore(true))
+	if err != nil && !isNotFound(err) {
+		return fmt.Errorf("stop cage %s: %s", short(id), oneLine(err))
+	}
+	return nil
+}
+
+// Remove force-removes a container (killing it if it runs) and its
+// anonymous volumes. A container that is already gone is not an error.
+func (c *Client) Remove(ctx context.Context, id string) error {
+	cctx, done := c.scope(ctx)
+	defer done()
+	opts := new(containers.RemoveOptions).WithForce(true).WithVolumes(true).WithIgnore(true).WithTimeout(0)
+	reports, err := containers.Remove(cctx, id, opts)
+	if err != nil && !isNotFound(err) {
+		return fmt.Errorf("remove cage %s: %s", short(id), oneLine(err))
+	}
+	for _, r := range reports {
+		if r.Err != nil && !isNotFound(r.Err) {
+			return fmt.Errorf("remove cage %s: %s", short(id), oneLine(r.Err))
+		}
+	}
+	return nil
+}
+
+// Cage is a container shrooms created, as listed by its labels.
+type Cage struct {
+	ID     string
+	Name   string
+	State  string
+	Labels map[string]string
+}
+
+// ListByLabel lists all containers (running or not) carrying label=value.
+func (c *Client) ListByLabel(ctx context.Context, label, value string) ([]Cage, error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	filter := label
+	if value != "" {
+		filter += "=" + value
+	}
+	list, err := containers.List(cctx, new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{"label": {filter}}))
+	if err != nil {
+		return nil, fmt.Errorf("list cages: %s", oneLine(err))
+	}
+	out := make([]Cage, 0, len(list))
+	for _, l := range list {
+		name := ""
+		if len(l.Names) > 0 {
+			name = l.Names[0]
+		}
+		out = append(out, Cage{ID: l.ID, Name: name, State: l.State, Labels: l.Labels})
+	}
+	return out, nil
+}
+
+func isNotFound(err error) bool {
+	var ee *errorhandling.ErrorModel
+	if errors.As(err, &ee) {
+		return ee.ResponseCode == http.StatusNotFound
+	}
+	return strings.Contains(err.Error(), "no such")
+}
+
+func short(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+// oneLine flattens an error message so that shrooms' errors stay one line.
+func oneLine(err error) string {
+	if err == nil {
+		return ""
+	}
+	return strings.Join(strings.Fields(err.Error()), " ")
+}

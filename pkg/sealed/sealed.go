@@ -1,0 +1,202 @@
+// Package sealed turns a configuration, a mount plan and one turn into the
+// podman spec of that turn's cage. It only computes: the spec is a plain
+// value that `shrooms spec` prints and `shrooms run` sends unchanged.
+//
+// Every cage is sealed the same way: all capabilities dropped,
+// no-new-privileges, seccomp, a read-only root with size-capped tmpfs, a
+// private user namespace of the task's own host ids, a non-root user,
+// resource limits, private namespaces, no devices and no sockets of the host.
+package sealed
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"syscall"
+
+	nettypes "github.com/containers/common/libnetwork/types"
+	"github.com/containers/podman/v5/pkg/specgen"
+	"github.com/containers/storage/pkg/idtools"
+	storagetypes "github.com/containers/storage/types"
+	spec "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+)
+
+// Labels every cage carries, so that gc can find cages a crash left behind.
+const (
+	LabelManaged = "io.shrooms.managed"
+	LabelTask    = "io.shrooms.task"
+	LabelTurn    = "io.shrooms.turn"
+	LabelAgent   = "io.shrooms.agent"
+)
+
+// IDRange is the slice of host uids and gids a task's user namespace maps
+// container ids 0..Size-1 onto.
+type IDRange struct {
+	UID, GID uint32
+	Size     uint32
+}
+
+// Turn is everything about one turn that the spec depends on.
+type Turn struct {
+	Task   string
+	Number int
+	Agent  string
+	// Args are appended to the agent's command.
+	Args []string
+	// Stdin keeps the cage's stdin open for attaching.
+	Stdin bool
+	// IDs is the task's user-namespace range.
+	IDs IDRange
+	// Plan is the cage's mounts.
+	Plan *mounts.Plan
+	// SecretEnv maps an environment variable to the podman secret holding
+	// its value (tokens never appear in the spec itself).
+	SecretEnv map[string]string
+	// DeadlineSeconds bounds the cage's life even if shrooms dies: podman
+	// kills it after this long.
+	DeadlineSeconds uint
+}
+
+// Name is the cage's container name for a task's turn.
+func Name(task string, turn int) string {
+	return fmt.Sprintf("shrooms-%s-%d", task, turn)
+}
+
+// Spec builds the sealed spec of one turn.
+func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
+	agent, err := cfg.Agent(t.Agent)
+	if err != nil {
+		return nil, err
+	}
+	if t.Plan == nil {
+		return nil, fmt.Errorf("sealed spec: no mount plan")
+	}
+	if t.IDs.Size < 65536 || t.IDs.UID == 0 || t.IDs.GID == 0 {
+		return nil, fmt.Errorf("sealed spec: user namespace range %+v is not a 65536-id range of non-root host ids", t.IDs)
+	}
+	if uint64(cfg.Cage.User) >= uint64(t.IDs.Size) {
+		return nil, fmt.Errorf("sealed spec: cage.user %d is outside the task's %d-id user namespace", cfg.Cage.User, t.IDs.Size)
+	}
+	yes, no := true, false
+	s := specgen.NewSpecGenerator(cfg.ImageFor(agent), false)
+
+	// Basic: what runs, as whom, where.
+	s.Name = Name(t.Task, t.Number)
+	s.Command = append(append([]string{}, agent.Command...), t.Args...)
+	s.Env = environment(agent)
+	s.EnvSecrets = copyMap(t.SecretEnv)
+	s.Terminal = &no
+	s.Stdin = &t.Stdin
+	s.Labels = map[string]string{
+		LabelManaged: "1",
+		LabelTask:    t.Task,
+		LabelTurn:    strconv.Itoa(t.Number),
+		LabelAgent:   t.Agent,
+	}
+	stopSignal := syscall.SIGTERM
+	s.StopSignal = &stopSignal
+	grace := uint(math.Ceil(cfg.Cage.StopGrace.Std().Seconds()))
+	s.StopTimeout = &grace
+	s.Timeout = t.DeadlineSeconds
+	s.Remove = &no
+	s.Systemd = "false"
+	s.Hostname = fmt.Sprintf(cfg.Cage.HostnameFmt, t.Task)
+	s.WorkDir = mounts.WorkDir
+	s.User = fmt.Sprintf("%d:%d", cfg.Cage.User, cfg.Cage.User)
+	s.Umask = "0022"
+
+	// Namespaces: all private; the network only as policy says.
+	s.PidNS = specgen.Namespace{NSMode: specgen.Private}
+	s.IpcNS = specgen.Namespace{NSMode: specgen.Private}
+	s.UtsNS = specgen.Namespace{NSMode: specgen.Private}
+	s.CgroupNS = specgen.Namespace{NSMode: specgen.Private}
+	if cfg.Network.Networked() {
+		s.NetNS = specgen.Namespace{NSMode: specgen.Bridge}
+		s.Networks = map[string]nettypes.PerNetworkOptions{cfg.Network.Name: {}}
+	} else {
+		s.NetNS = specgen.Namespace{NSMode: specgen.NoNetwork}
+	}
+	s.UserNS = specgen.Namespace{NSMode: specgen.Private}
+	s.IDMappings = &storagetypes.IDMappingOptions{
+		UIDMap: []idtools.IDMap{{ContainerID: 0, HostID: int(t.IDs.UID), Size: int(t.IDs.Size)}},
+		GIDMap: []idtools.IDMap{{ContainerID: 0, HostID: int(t.IDs.GID), Size: int(t.IDs.Size)}},
+	}
+
+	// Security: nothing granted.
+	s.Privileged = &no
+	s.CapDrop = []string{"ALL"}
+	s.NoNewPrivileges = &yes
+	s.SeccompProfilePath = cfg.Cage.Seccomp
+	s.ReadOnlyFilesystem = &yes
+	s.ReadWriteTmpfs = &no // only the tmpfs mounts of the plan, size-capped
+	shm := int64(64 << 20)
+	s.ShmSize = &shm
+
+	// Limits.
+	mem := int64(cfg.Cage.Memory)
+	period := uint64(100000)
+	quota := int64(cfg.Cage.CPUs * float64(period))
+	s.ResourceLimits = &spec.LinuxResources{
+		Memory: &spec.LinuxMemory{Limit: &mem, Swap: &mem},
+		Pids:   &spec.LinuxPids{Limit: cfg.Cage.Pids},
+		CPU:    &spec.LinuxCPU{Quota: &quota, Period: &period},
+	}
+	s.Rlimits = []spec.POSIXRlimit{
+		{Type: "RLIMIT_NOFILE", Soft: uint64(cfg.Cage.Nofile), Hard: uint64(cfg.Cage.Nofile)},
+		{Type: "RLIMIT_NPROC", Soft: uint64(cfg.Cage.Nproc), Hard: uint64(cfg.Cage.Nproc)},
+	}
+
+	// Mounts.
+	for _, m := range t.Plan.Mounts {
+		switch m.Kind {
+		case mounts.Tmpfs:
+			s.Mounts = append(s.Mounts, spec.Mount{Destination: m.Dest, Type: "tmpfs", Source: "tmpfs", Options: m.Options})
+		case mounts.Bind:
+			opts := append([]string{}, m.Options...)
+			if m.ReadOnly {
+				opts = append(opts, "ro")
+			} else {
+				opts = append(opts, "rw")
+			}
+			s.Mounts = append(s.Mounts, spec.Mount{Destination: m.Dest, Type: "bind", Source: m.Source, Options: opts})
+		case mounts.Volume:
+			opts := append([]string{}, m.Options...)
+			if m.ReadOnly {
+				opts = append(opts, "ro")
+			}
+			s.Volumes = append(s.Volumes, &specgen.NamedVolume{Name: m.Source, Dest: m.Dest, Options: opts})
+		default:
+			return nil, fmt.Errorf("sealed spec: mount %s has unknown kind %q", m.Dest, m.Kind)
+		}
+	}
+	return s, nil
+}
+
+// environment is the agent's plain environment plus what every cage sets.
+func environment(a config.Agent) map[string]string {
+	env := map[string]string{
+		"HOME":    mounts.HomeDir,
+		"USER":    "agent",
+		"LOGNAME": "agent",
+		// No directory of HOME is on PATH: HOME is the agent's to write.
+		"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+	}
+	for k, v := range a.Env {
+		env[k] = v
+	}
+	return env
+}
+
+func copyMap(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,168 @@
+// Package taskstate keeps shrooms' host-side state of a task under the state
+// directory: the lock that keeps two turns of a task from overlapping, the
+// task's stable user-namespace range, and its turn counter.
+//
+// Locks are flock(2) locks, so the kernel releases them when a shrooms
+// process dies: a crash can never leave a task stuck.
+package taskstate
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+)
+
+// ErrBusy means another turn of the task holds its lock.
+var ErrBusy = errors.New("task is busy")
+
+// Store is the state directory.
+type Store struct {
+	Dir string
+}
+
+// taskDir returns (and creates, 0700) the task's state directory.
+func (s Store) taskDir(task string) (string, error) {
+	dir, err := s.taskPath(task)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", fmt.Errorf("state directory: %w", err)
+	}
+	return dir, nil
+}
+
+// taskPath returns the task's state directory without creating it.
+func (s Store) taskPath(task string) (string, error) {
+	if err := mounts.ValidateTaskID(task); err != nil {
+		return "", err
+	}
+	return filepath.Join(s.Dir, "tasks", task), nil
+}
+
+// Lock is a held task lock.
+type Lock struct{ f *os.File }
+
+// Release drops the lock.
+func (l *Lock) Release() error {
+	if l == nil || l.f == nil {
+		return nil
+	}
+	err := l.f.Close()
+	l.f = nil
+	return err
+}
+
+// LockTask takes the task's lock without waiting; ErrBusy if it is held.
+func (s Store) LockTask(task string) (*Lock, error) {
+	dir, err := s.taskDir(task)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("task lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: task %q has a turn running (turns of one task never overlap)", ErrBusy, task)
+		}
+		return nil, fmt.Errorf("task lock: %w", err)
+	}
+	return &Lock{f: f}, nil
+}
+
+// NextTurn increments and returns the task's turn number (1 for the first).
+// Call it with the task lock held.
+func (s Store) NextTurn(task string) (int, error) {
+	n, err := s.LastTurn(task)
+	if err != nil {
+		return 0, err
+	}
+	n++
+	dir, _ := s.taskDir(task)
+	if err := writeAtomic(filepath.Join(dir, "turn"), []byte(strconv.Itoa(n)+"\n")); err != nil {
+		return 0, fmt.Errorf("turn counter: %w", err)
+	}
+	return n, nil
+}
+
+// LastTurn returns the number of the task's last turn (0 if none).
+func (s Store) LastTurn(task string) (int, error) {
+	dir, err := s.taskPath(task)
+	if err != nil {
+		return 0, err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "turn"))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("turn counter: %w", err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("turn counter %s is corrupt: %q", filepath.Join(dir, "turn"), string(b))
+	}
+	return n, nil
+}
+
+func writeAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// SubIDRange is one /etc/subuid or /etc/subgid entry.
+type SubIDRange struct {
+	Start, Count uint64
+}
+
+// ReadSubIDs finds user's range in a subuid/subgid file.
+func ReadSubIDs(path, user string) (SubIDRange, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return SubIDRange{}, fmt.Errorf("%s: %w", path, err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		parts := strings.Split(strings.TrimSpace(sc.Text()), ":")
+		if len(parts) != 3 || parts[0] != user {
+			continue
+		}
+		start, err1 := strconv.ParseUint(parts[1], 10, 32)
+		count, err2 := strconv.ParseUint(parts[2], 10, 32)
+		if err1 != nil || err2 != nil || start == 0 || start+count > 1<<32-1 {
+			return SubIDRange{}, fmt.Errorf("%s: malformed entry for %q: %q", path, user, sc.Text())
+		}
+		return SubIDRange{Start: start, Count: count}, nil
+	}
+	if err := sc.Err(); err != nil {
+		return SubIDRange{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return SubIDRange{}, fmt.Errorf("%s has no range for %q (add e.g. `%s:1879048192:268435456`)", path, user, user)
+}
