@@ -1,0 +1,190 @@
+// Command tbprobe runs inside a test cage and sends one tagged packet per
+// argument, so the testbed's canaries can tell which probe reached them.
+// Each argument is PROTO,ADDR,PORT,NONCE with PROTO one of tcp, udp, icmp
+// (unprivileged ICMP echo; PORT ignored) or dns (a query for NONCE.canary.test
+// sent to ADDR:PORT). With the single argument "listen" it is a canary
+// instead: it logs every TCP (8080) and UDP (5000) payload to stdout. All probes run at once; one JSON line per probe is
+// printed with what the prober saw. Verdicts come from the canaries.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+type result struct {
+	Probe  string `json:"probe"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+const timeout = 2 * time.Second
+
+func main() {
+	if len(os.Args) == 2 && os.Args[1] == "listen" {
+		listen()
+		return
+	}
+	results := make([]result, len(os.Args)-1)
+	var wg sync.WaitGroup
+	for i, arg := range os.Args[1:] {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok, detail := run(arg)
+			results[i] = result{Probe: arg, OK: ok, Detail: detail}
+		}()
+	}
+	wg.Wait()
+	enc := json.NewEncoder(os.Stdout)
+	for _, r := range results {
+		enc.Encode(r)
+	}
+}
+
+func run(arg string) (bool, string) {
+	f := strings.Split(arg, ",")
+	if len(f) != 4 {
+		return false, "bad probe " + arg
+	}
+	proto, addr, port, nonce := f[0], f[1], f[2], f[3]
+	hp := net.JoinHostPort(addr, port)
+	switch proto {
+	case "tcp":
+		c, err := net.DialTimeout("tcp", hp, timeout)
+		if err != nil {
+			return false, err.Error()
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(timeout))
+		if _, err := c.Write([]byte(nonce + "\n")); err != nil {
+			return false, err.Error()
+		}
+		b := make([]byte, 64)
+		n, err := c.Read(b)
+		if n > 0 {
+			return true, strings.TrimSpace(string(b[:n]))
+		}
+		return false, fmt.Sprint("no reply: ", err)
+	case "udp":
+		c, err := net.Dial("udp", hp)
+		if err != nil {
+			return false, err.Error()
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(timeout))
+		if _, err := c.Write([]byte(nonce + "\n")); err != nil {
+			return false, err.Error()
+		}
+		b := make([]byte, 64)
+		n, err := c.Read(b)
+		if n > 0 {
+			return true, strings.TrimSpace(string(b[:n]))
+		}
+		return false, fmt.Sprint("no reply: ", err)
+	case "icmp":
+		return ping(addr, nonce)
+	case "dns":
+		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, hp)
+		}}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		as, err := r.LookupHost(ctx, nonce+".canary.test")
+		if err != nil {
+			return false, err.Error()
+		}
+		return true, strings.Join(as, " ")
+	}
+	return false, "unknown proto " + proto
+}
+
+// ping sends one ICMP echo over an unprivileged ICMP socket (no NET_RAW;
+// needs net.ipv4.ping_group_range to include our gid) with nonce as data.
+func ping(addr, nonce string) (bool, string) {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return false, err.Error()
+	}
+	var fd int
+	var sa unix.Sockaddr
+	var typ byte = 8
+	if a.Is4() {
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_DGRAM, unix.IPPROTO_ICMP)
+		sa = &unix.SockaddrInet4{Addr: a.As4()}
+	} else {
+		fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_DGRAM, unix.IPPROTO_ICMPV6)
+		sa = &unix.SockaddrInet6{Addr: a.As16()}
+		typ = 128
+	}
+	if err != nil {
+		return false, "icmp socket: " + err.Error()
+	}
+	defer unix.Close(fd)
+	tv := unix.NsecToTimeval(timeout.Nanoseconds())
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	msg := append([]byte{typ, 0, 0, 0, 0, 0, 0, 1}, []byte(nonce)...)
+	if err := unix.Sendto(fd, msg, 0, sa); err != nil {
+		return false, "send: " + err.Error()
+	}
+	b := make([]byte, 256)
+	n, _, err := unix.Recvfrom(fd, b, 0)
+	if err != nil {
+		return false, "no reply: " + err.Error()
+	}
+	return n > 8 && strings.Contains(string(b[8:n]), nonce), "echo reply"
+}
+
+// listen is the canary of a target cage: one stdout line per payload.
+func listen() {
+	ln, err := net.Listen("tcp", ":8080")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	pc, err := net.ListenPacket("udp", ":5000")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	var mu sync.Mutex
+	logLine := func(proto, s string) {
+		mu.Lock()
+		fmt.Printf("hit %s %s\n", proto, strings.TrimSpace(s))
+		mu.Unlock()
+	}
+	go func() {
+		b := make([]byte, 256)
+		for {
+			n, from, err := pc.ReadFrom(b)
+			if err != nil {
+				return
+			}
+			logLine("udp", string(b[:n]))
+			pc.WriteTo([]byte("canary cage\n"), from)
+		}
+	}()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(3 * time.Second))
+			b := make([]byte, 256)
+			n, _ := c.Read(b)
+			logLine("tcp", string(b[:n]))
+			c.Write([]byte("canary cage\n"))
+		}()
+	}
+}

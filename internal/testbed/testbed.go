@@ -1,0 +1,428 @@
+// Package testbed builds the DESIGN.md network topology for integration
+// tests out of network namespaces the test itself creates: an "internet"
+// namespace (TEST-NET addresses, HTTP/UDP/DNS/ICMP canaries), a LAN "router"
+// (admin canary, fake metadata service on 169.254.169.254 and fd00:ec2::254,
+// sample private/CGNAT addresses), and a "host" namespace that runs a private
+// podman service (cages live there) with canaries on every host address.
+// Canaries log each hit with the probe's nonce, so verdicts come from the
+// receiving side. The testbed has no route to the machine's real network
+// (New proves it before returning) and tears itself down in t.Cleanup.
+package testbed
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+)
+
+// Testbed addresses. The "internet" uses documentation prefixes, which the
+// seal does not block; everything else is LAN, metadata or private space.
+var (
+	InternetAddr4  = netip.MustParseAddr("203.0.113.10")
+	InternetAddr6  = netip.MustParseAddr("2001:db8:203::10")
+	Internet2Addr4 = netip.MustParseAddr("203.0.113.20") // second internet canary (not allowlisted)
+	Internet2Addr6 = netip.MustParseAddr("2001:db8:203::20")
+	RouterAddr4    = netip.MustParseAddr("192.168.1.1")
+	RouterAddr6    = netip.MustParseAddr("fd00:1::1")
+	HostAddr4      = netip.MustParseAddr("192.168.1.2")
+	HostAddr6      = netip.MustParseAddr("fd00:1::2")
+	Metadata4      = netip.MustParseAddr("169.254.169.254")
+	Metadata6      = netip.MustParseAddr("fd00:ec2::254")
+	// Private are sample private-range addresses served by the router.
+	Private = []netip.Addr{
+		netip.MustParseAddr("10.123.45.67"), netip.MustParseAddr("172.16.5.5"),
+		netip.MustParseAddr("100.64.1.1"), netip.MustParseAddr("198.18.0.1"),
+		netip.MustParseAddr("fd12:3456::1"),
+	}
+)
+
+// Canary ports: every namespace listens on these TCP and UDP ports (the
+// internet also on 53 with a DNS canary).
+var (
+	TCPPorts = []int{22, 80, 2375, 8080}
+	UDPPorts = []int{123, 1900, 5000}
+	// LoopbackPort is a host service bound to 127.0.0.1 and ::1 only.
+	LoopbackPort = 9999
+)
+
+// Testbed is one running topology.
+type Testbed struct {
+	ID string
+	// NS maps a role (host, router, internet) to its namespace name.
+	NS map[string]string
+	// PodmanURL is the private podman service running in the host namespace.
+	PodmanURL string
+	// Dir holds the service socket, its resolv.conf and logs.
+	Dir string
+
+	t        testing.TB
+	log      log
+	canaries []*canaries
+	svc      *exec.Cmd
+}
+
+// NSPath is the bind-mount path of role's namespace (for nsenter, setns).
+func (tb *Testbed) NSPath(role string) string { return "/run/netns/" + tb.NS[role] }
+
+// New builds a testbed, or fails t. Everything is removed in t.Cleanup.
+func New(t testing.TB) *Testbed {
+	t.Helper()
+	itest.Require(t, itest.Root, itest.Netns, itest.Nftables)
+	id := itest.UniqueName("")
+	tb := &Testbed{ID: id, t: t, NS: map[string]string{
+		"host": "stb-h-" + id, "router": "stb-r-" + id, "internet": "stb-i-" + id,
+	}}
+	tb.Dir = filepath.Join("/run", "shrooms-tb-"+id)
+	t.Cleanup(tb.teardown)
+	if err := os.MkdirAll(tb.Dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, role := range []string{"host", "router", "internet"} {
+		tb.ip("netns", "add", tb.NS[role])
+		tb.in(role, "ip", "link", "set", "lo", "up")
+	}
+	h, r, i := tb.NS["host"], tb.NS["router"], tb.NS["internet"]
+	// host <-> router: the LAN.
+	tb.ip("link", "add", "lan0", "netns", h, "type", "veth", "peer", "name", "lan0", "netns", r)
+	// router <-> internet.
+	tb.ip("link", "add", "wan0", "netns", r, "type", "veth", "peer", "name", "wan0", "netns", i)
+	tb.in("host", "ip", "addr", "add", "192.168.1.2/24", "dev", "lan0")
+	tb.in("host", "ip", "addr", "add", "fd00:1::2/64", "dev", "lan0", "nodad")
+	tb.in("router", "ip", "addr", "add", "192.168.1.1/24", "dev", "lan0")
+	tb.in("router", "ip", "addr", "add", "fd00:1::1/64", "dev", "lan0", "nodad")
+	tb.in("router", "ip", "addr", "add", "203.0.113.1/24", "dev", "wan0")
+	tb.in("router", "ip", "addr", "add", "2001:db8:203::1/64", "dev", "wan0", "nodad")
+	tb.in("internet", "ip", "addr", "add", "203.0.113.10/24", "dev", "wan0")
+	tb.in("internet", "ip", "addr", "add", "203.0.113.20/24", "dev", "wan0")
+	tb.in("internet", "ip", "addr", "add", "2001:db8:203::10/64", "dev", "wan0", "nodad")
+	tb.in("internet", "ip", "addr", "add", "2001:db8:203::20/64", "dev", "wan0", "nodad")
+	for _, a := range append([]netip.Addr{Metadata4, Metadata6}, Private...) {
+		tb.in("router", "ip", "addr", "add", netip.PrefixFrom(a, a.BitLen()).String(), "dev", "lo")
+	}
+	for _, role := range []string{"host", "router", "internet"} {
+		for _, l := range []string{"lan0", "wan0"} {
+			if role == "router" || (role == "host" && l == "lan0") || (role == "internet" && l == "wan0") {
+				tb.in(role, "ip", "link", "set", l, "up")
+			}
+		}
+	}
+	tb.in("router", "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+	tb.in("host", "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
+	// Routes: specific prefixes only, no default route anywhere, so an
+	// address outside the testbed is unreachable from every namespace.
+	tb.in("host", "ip", "route", "add", "203.0.113.0/24", "via", "192.168.1.1")
+	tb.in("host", "ip", "-6", "route", "add", "2001:db8:203::/64", "via", "fd00:1::1")
+	for _, a := range append([]netip.Addr{Metadata4, Metadata6}, Private...) {
+		via := "192.168.1.1"
+		if a.Is6() {
+			via = "fd00:1::1"
+		}
+		tb.in("host", "ip", "route", "add", netip.PrefixFrom(a, a.BitLen()).String(), "via", via)
+	}
+	tb.in("internet", "ip", "route", "add", "192.168.1.0/24", "via", "203.0.113.1")
+	tb.in("internet", "ip", "-6", "route", "add", "fd00:1::/64", "via", "2001:db8:203::1")
+
+	if err := tb.CheckIsolated(); err != nil {
+		t.Fatalf("testbed is not isolated, refusing to probe: %v", err)
+	}
+	var err error
+	for _, c := range []struct {
+		role string
+		bind string
+		tcp  []int
+		udp  []int
+		icmp bool
+		dns  bool
+	}{
+		{"internet", "", append([]int{53}, TCPPorts...), append([]int{53}, UDPPorts...), true, true},
+		{"router", "", TCPPorts, append([]int{53}, UDPPorts...), true, false},
+		{"host", "", TCPPorts, UDPPorts, true, false},
+		{"host", "127.0.0.1", []int{LoopbackPort}, []int{LoopbackPort}, false, false},
+		{"host", "::1", []int{LoopbackPort}, []int{LoopbackPort}, false, false},
+	} {
+		cn, cerr := startCanaries(tb.NSPath(c.role), c.role, &tb.log, c.bind, c.tcp, c.udp, c.icmp, c.dns)
+		if cerr != nil {
+			err = cerr
+			break
+		}
+		tb.canaries = append(tb.canaries, cn)
+	}
+	if err != nil {
+		t.Fatalf("testbed canaries: %v", err)
+	}
+	return tb
+}
+
+func (tb *Testbed) ip(args ...string) {
+	tb.t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		tb.t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+// in runs a command inside role's namespace (nsenter, so mounts stay).
+func (tb *Testbed) in(role string, args ...string) {
+	tb.t.Helper()
+	if out, err := tb.Exec(role, args...); err != nil {
+		tb.t.Fatalf("%s: %s: %v: %s", role, strings.Join(args, " "), err, out)
+	}
+}
+
+// Exec runs a command in role's namespace and returns its combined output.
+func (tb *Testbed) Exec(role string, args ...string) ([]byte, error) {
+	return exec.Command("nsenter", append([]string{"--net=" + tb.NSPath(role), "--"}, args...)...).CombinedOutput()
+}
+
+// testbedPrefixes are the only destinations a testbed route may cover.
+var testbedPrefixes = []netip.Prefix{
+	netip.MustParsePrefix("192.168.1.0/24"), netip.MustParsePrefix("203.0.113.0/24"),
+	netip.MustParsePrefix("fd00:1::/64"), netip.MustParsePrefix("2001:db8:203::/64"),
+	netip.MustParsePrefix("169.254.169.254/32"), netip.MustParsePrefix("fd00:ec2::254/128"),
+	netip.MustParsePrefix("fe80::/64"), netip.MustParsePrefix("fd12:3456::1/128"),
+	netip.MustParsePrefix("10.123.45.67/32"), netip.MustParsePrefix("172.16.5.5/32"),
+	netip.MustParsePrefix("100.64.1.1/32"), netip.MustParsePrefix("198.18.0.1/32"),
+}
+
+// CheckIsolated proves the testbed cannot reach the machine's network:
+// every route in every namespace is a testbed prefix (cage networks podman
+// adds to the host are allowed via extra), and the kernel answers "network
+// unreachable" for the machine's own addresses, gateway and resolvers and
+// for public resolvers — `ip route get` sends nothing.
+func (tb *Testbed) CheckIsolated(extra ...netip.Prefix) error {
+	allowed := append(append([]netip.Prefix(nil), testbedPrefixes...), extra...)
+	for role := range tb.NS {
+		for _, fam := range []string{"-4", "-6"} {
+			out, err := tb.Exec(role, "ip", fam, "route", "show", "table", "all")
+			if err != nil {
+				return fmt.Errorf("%s: ip route: %v: %s", role, err, out)
+			}
+			sc := bufio.NewScanner(strings.NewReader(string(out)))
+			for sc.Scan() {
+				f := strings.Fields(sc.Text())
+				if len(f) == 0 {
+					continue
+				}
+				dst := f[0]
+				if dst == "local" || dst == "broadcast" || dst == "multicast" || dst == "anycast" {
+					if len(f) < 2 {
+						continue
+					}
+					dst = f[1]
+				}
+				if dst == "default" {
+					return fmt.Errorf("%s has a default route: %s", role, sc.Text())
+				}
+				p, err := netip.ParsePrefix(dst)
+				if err != nil {
+					a, aerr := netip.ParseAddr(dst)
+					if aerr != nil {
+						return fmt.Errorf("%s: unparsable route %q", role, sc.Text())
+					}
+					p = netip.PrefixFrom(a, a.BitLen())
+				}
+				if p.Addr().IsLoopback() || p.Addr().IsMulticast() || p.Addr().IsLinkLocalUnicast() && p.Bits() >= 64 {
+					continue
+				}
+				if !within(p, allowed) {
+					return fmt.Errorf("%s routes %s, which is not a testbed prefix", role, sc.Text())
+				}
+			}
+		}
+		for _, a := range realAddrs() {
+			out, err := tb.Exec(role, "ip", "route", "get", a.String())
+			if err == nil || !strings.Contains(string(out), "unreachable") {
+				return fmt.Errorf("%s: %s is not unreachable (ip route get: %s)", role, a, strings.TrimSpace(string(out)))
+			}
+		}
+	}
+	return nil
+}
+
+func within(p netip.Prefix, list []netip.Prefix) bool {
+	for _, l := range list {
+		if l.Bits() <= p.Bits() && l.Contains(p.Addr()) {
+			return true
+		}
+	}
+	return false
+}
+
+// realAddrs are addresses of the machine's real network (its own addresses
+// and their subnets' first hosts, its resolvers) plus public resolvers.
+func realAddrs() []netip.Addr {
+	out := []netip.Addr{netip.MustParseAddr("8.8.8.8"), netip.MustParseAddr("1.1.1.1"), netip.MustParseAddr("2001:4860:4860::8888")}
+	ifs, _ := net.InterfaceAddrs()
+	for _, a := range ifs {
+		if ipn, ok := a.(*net.IPNet); ok {
+			addr, _ := netip.AddrFromSlice(ipn.IP)
+			addr = addr.Unmap()
+			if addr.IsLoopback() || addr.IsLinkLocalUnicast() {
+				continue
+			}
+			ones, _ := ipn.Mask.Size()
+			out = append(out, addr, netip.PrefixFrom(addr, ones).Masked().Addr().Next())
+		}
+	}
+	if b, err := os.ReadFile("/etc/resolv.conf"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Fields(l)
+			if len(f) == 2 && f[0] == "nameserver" {
+				if a, err := netip.ParseAddr(f[1]); err == nil && !a.IsLoopback() {
+					out = append(out, a)
+				}
+			}
+		}
+	}
+	var keep []netip.Addr
+	for _, a := range out {
+		if !within(netip.PrefixFrom(a, a.BitLen()), testbedPrefixes) {
+			keep = append(keep, a)
+		}
+	}
+	return keep
+}
+
+// StartPodman starts the private podman service in the host namespace. It
+// runs in its own mount namespace where /run/containers/networks (netavark's
+// state and aardvark-dns) is private, so it never signals the machine's
+// aardvark, and /etc/resolv.conf names the internet DNS canary, so
+// aardvark forwards there. Storage is the machine's.
+func (tb *Testbed) StartPodman() {
+	tb.t.Helper()
+	itest.Require(tb.t, itest.Podman)
+	resolv := filepath.Join(tb.Dir, "resolv.conf")
+	if err := os.WriteFile(resolv, []byte("nameserver 203.0.113.10\n"), 0o644); err != nil {
+		tb.t.Fatal(err)
+	}
+	if err := os.MkdirAll("/run/containers/networks", 0o755); err != nil {
+		tb.t.Fatal(err)
+	}
+	sock := filepath.Join(tb.Dir, "podman.sock")
+	logf, err := os.Create(filepath.Join(tb.Dir, "podman.log"))
+	if err != nil {
+		tb.t.Fatal(err)
+	}
+	script := fmt.Sprintf("mount -t tmpfs tmpfs /run/containers/networks && mount --bind %s /etc/resolv.conf && exec podman system service --time=0 unix://%s", resolv, sock)
+	cmd := exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "unshare", "--mount", "--propagation", "private", "sh", "-c", script)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		tb.t.Fatalf("start podman service: %v", err)
+	}
+	tb.svc = cmd
+	tb.PodmanURL = "unix://" + sock
+	c := http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	for i := 0; i < 100; i++ {
+		if resp, err := c.Get("http://d/_ping"); err == nil {
+			resp.Body.Close()
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	b, _ := os.ReadFile(logf.Name())
+	tb.t.Fatalf("podman service in the testbed did not come up: %s", b)
+}
+
+// Podman runs the podman CLI against the testbed's service.
+func (tb *Testbed) Podman(args ...string) (string, error) {
+	out, err := exec.Command("podman", append([]string{"--url", tb.PodmanURL}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// MustPodman is Podman that fails the test on error.
+func (tb *Testbed) MustPodman(args ...string) string {
+	tb.t.Helper()
+	out, err := tb.Podman(args...)
+	if err != nil {
+		tb.t.Fatalf("podman %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// Label marks every container and network a test creates in the testbed,
+// so teardown removes exactly those.
+func (tb *Testbed) Label() string { return "shrooms-tb=" + tb.ID }
+
+// RestartPodman stops and restarts the private podman service.
+func (tb *Testbed) RestartPodman() {
+	tb.t.Helper()
+	tb.stopService()
+	tb.StartPodman()
+}
+
+func (tb *Testbed) stopService() {
+	if tb.svc == nil || tb.svc.Process == nil {
+		return
+	}
+	tb.svc.Process.Signal(os.Interrupt)
+	done := make(chan struct{})
+	go func() { tb.svc.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		tb.svc.Process.Kill()
+		<-done
+	}
+	tb.svc = nil
+}
+
+func (tb *Testbed) teardown() {
+	if tb.svc != nil {
+		if out, err := tb.Podman("ps", "-aq", "--filter", "label="+tb.Label()); err == nil {
+			for _, id := range strings.Fields(out) {
+				tb.Podman("rm", "-f", "-t", "0", id)
+			}
+		}
+		if out, err := tb.Podman("network", "ls", "-q", "--filter", "label="+tb.Label()); err == nil {
+			for _, n := range strings.Fields(out) {
+				tb.Podman("network", "rm", "-f", n)
+			}
+		}
+	}
+	tb.stopService()
+	for _, c := range tb.canaries {
+		c.close()
+	}
+	for _, ns := range tb.NS {
+		exec.Command("ip", "netns", "del", ns).Run()
+	}
+	os.RemoveAll(tb.Dir)
+}
+
+// BuildProbe compiles tbprobe (static) into the testbed dir and returns its
+// path, for bind-mounting into cages.
+func (tb *Testbed) BuildProbe() string {
+	tb.t.Helper()
+	out := filepath.Join(tb.Dir, "tbprobe")
+	cmd := exec.Command("go", "build", "-o", out, "github.com/shrooms-cage/shrooms/internal/testbed/tbprobe")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		tb.t.Fatalf("build tbprobe: %v: %s", err, b)
+	}
+	return out
+}
+
+// Route adds a return route for a cage subnet to the router and the
+// internet namespaces (used when NAT does not cover it).
+func (tb *Testbed) Route(p netip.Prefix) {
+	tb.t.Helper()
+	if p.Addr().Is4() {
+		tb.in("router", "ip", "route", "replace", p.String(), "via", HostAddr4.String())
+		tb.in("internet", "ip", "route", "replace", p.String(), "via", "203.0.113.1")
+	} else {
+		tb.in("router", "ip", "-6", "route", "replace", p.String(), "via", HostAddr6.String())
+		tb.in("internet", "ip", "-6", "route", "replace", p.String(), "via", "2001:db8:203::1")
+	}
+}
