@@ -1,0 +1,152 @@
+package homereset
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"golang.org/x/sys/unix"
+)
+
+// baseFile is one file of the baseline, laid down fresh every turn.
+type baseFile struct {
+	rel  string
+	data []byte
+	mode uint32
+}
+
+// agentPaths are where the claude and opencode profiles' settings and
+// instructions go.
+var agentPaths = map[string][2]string{
+	"claude":   {".claude/settings.json", ".claude/CLAUDE.md"},
+	"opencode": {".config/opencode/opencode.json", ".config/opencode/AGENTS.md"},
+}
+
+// baseline computes the profiles' baseline from config, reading the host
+// files it names, and checks that no baseline path collides with a keep-list
+// entry or another baseline file.
+func baseline(home *config.Home, profiles []string, rules []rule) ([]baseFile, error) {
+	var files []baseFile
+	for _, name := range profiles {
+		p := home.Profile(name)
+		if p == nil {
+			return nil, fmt.Errorf("unknown HOME profile %q", name)
+		}
+		key := "home." + name
+		if paths, ok := agentPaths[name]; ok {
+			switch {
+			case p.Settings != nil:
+				data, err := json.MarshalIndent(p.Settings, "", "  ")
+				if err != nil {
+					return nil, &config.Error{Key: key + ".settings", Msg: fmt.Sprintf("cannot be written as JSON: %v", err)}
+				}
+				files = append(files, baseFile{paths[0], append(data, '\n'), 0o644})
+			case p.SettingsFile != "":
+				data, err := readHostFile(p.SettingsFile, int64(home.MaxFileSize))
+				if err != nil {
+					return nil, &config.Error{Key: key + ".settings_file", Msg: err.Error()}
+				}
+				var obj map[string]any
+				if err := json.Unmarshal(data, &obj); err != nil {
+					return nil, &config.Error{Key: key + ".settings_file", Msg: fmt.Sprintf("%s is not a JSON object: %v", p.SettingsFile, err)}
+				}
+				files = append(files, baseFile{paths[0], data, 0o644})
+			}
+			switch {
+			case p.Instructions != "":
+				files = append(files, baseFile{paths[1], []byte(p.Instructions), 0o644})
+			case p.InstructionsFile != "":
+				data, err := readHostFile(p.InstructionsFile, int64(home.MaxFileSize))
+				if err != nil {
+					return nil, &config.Error{Key: key + ".instructions_file", Msg: err.Error()}
+				}
+				files = append(files, baseFile{paths[1], data, 0o644})
+			}
+		}
+		for _, rel := range sortedKeys(p.Files) {
+			data, err := readHostFile(p.Files[rel], int64(home.MaxFileSize))
+			if err != nil {
+				return nil, &config.Error{Key: fmt.Sprintf("%s.files.%q", key, rel), Msg: err.Error()}
+			}
+			files = append(files, baseFile{rel, data, 0o644})
+		}
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].rel < files[j].rel })
+	for i, f := range files {
+		if !config.ValidHomeRel(f.rel) {
+			return nil, fmt.Errorf("baseline path %q is not a clean HOME-relative path", f.rel)
+		}
+		segs := strings.Split(f.rel, "/")
+		if matchFile(rules, segs) != nil || mayContain(rules, segs) {
+			return nil, fmt.Errorf("baseline path %q overlaps the keep-list; the baseline cannot replace kept state", f.rel)
+		}
+		for j := 0; j < i; j++ {
+			if files[j].rel == f.rel || strings.HasPrefix(f.rel, files[j].rel+"/") {
+				return nil, fmt.Errorf("baseline paths %q and %q collide", files[j].rel, f.rel)
+			}
+		}
+		// A baseline file inside a kept directory's parent chain is fine; one
+		// whose parent is a kept file is not.
+		for k := 1; k < len(segs); k++ {
+			if matchFile(rules, segs[:k]) != nil {
+				return nil, fmt.Errorf("baseline path %q lies under kept file %q", f.rel, strings.Join(segs[:k], "/"))
+			}
+		}
+	}
+	return files, nil
+}
+
+// digest is the baseline's identity: sha256 over every path, mode and
+// content, in path order. It is the same for every turn of a task as long as
+// the config and the host files it names are unchanged.
+func digest(files []baseFile) string {
+	h := sha256.New()
+	for _, f := range files {
+		fmt.Fprintf(h, "%s\x00%o\x00%d\x00", f.rel, f.mode, len(f.data))
+		h.Write(f.data)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+// readHostFile reads an owner-named host file (config is trusted, so links
+// in its path are followed, e.g. into /nix/store), refusing anything but a
+// regular file of at most max bytes. O_NONBLOCK: a FIFO cannot hang us.
+func readHostFile(path string, max int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read %s: %v", path, unwrapPath(err))
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("cannot stat %s: %v", path, err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	if st.Size() > max {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, max)
+	}
+	var buf bytes.Buffer
+	if _, err := io.Copy(&buf, io.LimitReader(f, max+1)); err != nil {
+		return nil, fmt.Errorf("cannot read %s: %v", path, err)
+	}
+	if int64(buf.Len()) > max {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, max)
+	}
+	return buf.Bytes(), nil
+}
+
+func unwrapPath(err error) error {
+	if pe, ok := err.(*os.PathError); ok {
+		return pe.Err
+	}
+	return err
+}

@@ -1,0 +1,384 @@
+// Package homereset owns the task HOME: it bootstraps credentials once per
+// task, and before every turn rebuilds HOME from the agent profiles'
+// keep-lists (credentials, sessions; validated, mixed files rebuilt from key
+// allowlists) plus the owner's baseline, so that configuration a turn plants
+// in HOME is gone before the next turn starts. It also writes the managed
+// policy the cage mounts read-only outside HOME.
+//
+// Layout inside the task's volume directory (Root, e.g. the podman volume's
+// _data): Root/home is the live HOME, bind-mounted at /home/agent; Root/.shrooms
+// (root-only, never mounted) holds the lock, the bootstrap marker, the reset
+// journal, the stage of the next HOME and the trash of old ones. A reset
+// renames HOME into the trash, builds the next HOME beside it from the keep-
+// list and the baseline, and renames it into place: its cost does not grow
+// with the junk the last turn left, which Cleanup deletes off the critical
+// path. Every access below Root is fd-relative (openat2 with
+// RESOLVE_BENEATH|NO_SYMLINKS|NO_MAGICLINKS|NO_XDEV): no link the cage made is
+// followed, no FIFO or device is opened, no other filesystem is entered.
+package homereset
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"golang.org/x/sys/unix"
+)
+
+// Names inside Root.
+const (
+	homeName   = "home"
+	metaName   = ".shrooms"
+	lockName   = "lock"
+	markerName = "bootstrapped"
+	journal    = "journal"
+	trashName  = "trash"
+	stagePfx   = "stage-"
+	oldPfx     = "old-"
+)
+
+// Bootstrap results.
+const (
+	Bootstrapped        = "bootstrapped"
+	AlreadyBootstrapped = "already-bootstrapped"
+)
+
+// Task names one task's HOME storage and owner.
+type Task struct {
+	// Root is the host directory of the task's HOME volume (the podman
+	// volume <home.volume_prefix><task>'s mountpoint). It must be an
+	// existing directory; shrooms' layout lives inside it.
+	Root string
+	// UID and GID are the host ids that own the agent's files (the task's
+	// user namespace base + cage.user).
+	UID, GID int
+	// Config supplies [home] and [tokens]; Profiles are the agent's HOME
+	// profiles (config agents.<name>.home).
+	Config   *config.Config
+	Profiles []string
+}
+
+// BootstrapResult says what Bootstrap did.
+type BootstrapResult struct {
+	// Result is Bootstrapped or AlreadyBootstrapped.
+	Result string `json:"result"`
+	// Seeded are the HOME-relative credential paths written (empty when
+	// already bootstrapped).
+	Seeded []string `json:"seeded"`
+	// Home is the host path of the live HOME.
+	Home string `json:"home"`
+}
+
+// Report says what a reset kept, rebuilt, removed and laid down. It is the
+// "reset" object of `run --json` and `shrooms reset --json`.
+type Report struct {
+	// Home is the host directory to bind-mount read-write at /home/agent.
+	Home   string `json:"home"`
+	DryRun bool   `json:"dryRun"`
+	// Recovered names an interrupted reset that was completed first (or, in
+	// a dry run, would be).
+	Recovered string `json:"recovered,omitempty"`
+	Profiles  []string `json:"profiles"`
+	// Kept are the keep-list files carried over unchanged (hard-linked or
+	// copied byte for byte); KeptBytes their total size.
+	Kept      []string `json:"kept"`
+	KeptCount int      `json:"keptCount"`
+	KeptBytes int64    `json:"keptBytes"`
+	// Rebuilt are mixed files rewritten from a key allowlist.
+	Rebuilt []string `json:"rebuilt"`
+	// Removed are the outermost HOME paths not carried over (at most
+	// maxListed are listed; RemovedCount counts them all).
+	Removed          []string `json:"removed"`
+	RemovedCount     int      `json:"removedCount"`
+	RemovedTruncated bool     `json:"removedTruncated,omitempty"`
+	// Baseline are the files laid down fresh; BaselineDigest identifies them
+	// and is the same for every turn of a task under the same config.
+	Baseline       []string `json:"baseline"`
+	BaselineDigest string   `json:"baselineDigest"`
+	// Warnings name keep-list entries dropped (wrong type, too big,
+	// unparseable) and keys dropped from mixed files. Values never appear.
+	Warnings []string `json:"warnings"`
+	// Trash is the old tree left for Cleanup ("" in a dry run).
+	Trash    string        `json:"trash,omitempty"`
+	Duration time.Duration `json:"durationNs"`
+}
+
+// maxListed bounds the paths a report lists per category.
+const maxListed = 200
+
+// HomeDir returns the live HOME directory inside root.
+func HomeDir(root string) string { return filepath.Join(root, homeName) }
+
+// volume is an open task root.
+type volume struct {
+	root, meta *os.File
+	dev        uint64
+	lock       *os.File
+}
+
+func (v *volume) close() {
+	for _, f := range []*os.File{v.lock, v.meta, v.root} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// openVolume opens root and its metadata directory and takes the task's
+// HOME lock (exclusive unless shared). It refuses a root whose entries are
+// not shrooms' layout, so a volume used some other way is never reset.
+func openVolume(root string, shared bool) (*volume, error) {
+	if !filepath.IsAbs(root) {
+		return nil, fmt.Errorf("task HOME root %q must be an absolute path", root)
+	}
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open task HOME root %s: %w", root, err)
+	}
+	v := &volume{root: os.NewFile(uintptr(fd), root)}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		v.close()
+		return nil, fmt.Errorf("stat %s: %w", root, err)
+	}
+	if st.Uid != 0 || st.Mode&0o022 != 0 {
+		v.close()
+		return nil, fmt.Errorf("task HOME root %s must be owned by root and not group/world-writable", root)
+	}
+	v.dev = uint64(st.Dev)
+	names, err := v.root.Readdirnames(16)
+	if err != nil && len(names) > 0 {
+		v.close()
+		return nil, fmt.Errorf("read %s: %w", root, err)
+	}
+	for _, n := range names {
+		if n != homeName && n != metaName {
+			v.close()
+			return nil, fmt.Errorf("%s holds %q, which is not shrooms' HOME layout (home/, .shrooms/); refusing to touch it", root, n)
+		}
+	}
+	if err := unix.Mkdirat(fd, metaName, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		v.close()
+		return nil, fmt.Errorf("create %s/%s: %w", root, metaName, err)
+	}
+	if v.meta, err = openDir(v.root, metaName, v.dev); err != nil {
+		v.close()
+		return nil, err
+	}
+	if err := unix.Fstat(int(v.meta.Fd()), &st); err != nil || st.Uid != 0 {
+		v.close()
+		return nil, fmt.Errorf("%s/%s must be owned by root", root, metaName)
+	}
+	lfd, err := openat2(v.meta, lockName, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW)
+	if err != nil {
+		v.close()
+		return nil, fmt.Errorf("open HOME lock: %w", err)
+	}
+	v.lock = os.NewFile(uintptr(lfd), lockName)
+	how := unix.LOCK_EX
+	if shared {
+		how = unix.LOCK_SH
+	}
+	if err := unix.Flock(lfd, how); err != nil {
+		v.close()
+		return nil, fmt.Errorf("lock task HOME: %w", err)
+	}
+	return v, nil
+}
+
+func checkTask(t Task) error {
+	if t.Config == nil {
+		return errors.New("homereset: no config")
+	}
+	if t.UID <= 0 || t.GID <= 0 {
+		return fmt.Errorf("homereset: agent uid/gid %d:%d must be non-root", t.UID, t.GID)
+	}
+	if len(t.Profiles) == 0 {
+		return errors.New("homereset: no HOME profile")
+	}
+	_, err := rulesFor(t.Profiles)
+	return err
+}
+
+// Bootstrap seeds the task HOME once: it creates the layout and writes the
+// credentials that config home.<profile>.bootstrap names (token files,
+// validated like keep-list entries). If the HOME is already bootstrapped it
+// returns AlreadyBootstrapped and touches nothing, so credentials the agent
+// refreshed in turn N are what turn N+1 sees.
+func Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
+	if err := checkTask(t); err != nil {
+		return nil, err
+	}
+	v, err := openVolume(t.Root, false)
+	if err != nil {
+		return nil, err
+	}
+	defer v.close()
+	res := &BootstrapResult{Home: HomeDir(t.Root), Seeded: []string{}}
+	done, err := exists(v.meta, markerName)
+	if err != nil {
+		return nil, err
+	}
+	if done {
+		res.Result = AlreadyBootstrapped
+		return res, nil
+	}
+	rules, _ := rulesFor(t.Profiles)
+	type seed struct {
+		rel  string
+		data []byte
+		rule *rule
+	}
+	var seeds []seed
+	for _, p := range t.Profiles {
+		prof := t.Config.Home.Profile(p)
+		for _, rel := range sortedKeys(prof.Bootstrap) {
+			key := fmt.Sprintf("home.%s.bootstrap.%q", p, rel)
+			tok := prof.Bootstrap[rel]
+			path, ok := t.Config.Tokens[tok]
+			if !ok {
+				return nil, &config.Error{Key: key, Msg: fmt.Sprintf("names token %q, which [tokens] does not define", tok)}
+			}
+			ru := matchFile(rules, strings.Split(rel, "/"))
+			if ru == nil || ru.kind == kindBlob {
+				return nil, &config.Error{Key: key, Msg: "is not a credential file of the profile's keep-list"}
+			}
+			data, err := readHostFile(path, int64(t.Config.Home.MaxFileSize))
+			if err != nil {
+				return nil, fmt.Errorf("bootstrap %s from token %q: %w", rel, tok, err)
+			}
+			out, _, err := validateJSON(data, ru)
+			if err != nil {
+				return nil, fmt.Errorf("bootstrap %s from token %q: %v", rel, tok, err)
+			}
+			seeds = append(seeds, seed{rel, out, ru})
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := unix.Mkdirat(int(v.root.Fd()), homeName, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return nil, fmt.Errorf("create HOME: %w", err)
+	}
+	home, err := mkdirOwned(v.root, homeName, 0o700, t.UID, t.GID, v.dev)
+	if err != nil {
+		return nil, err
+	}
+	defer home.Close()
+	for _, s := range seeds {
+		dir, base := filepath.Split(s.rel)
+		d, err := mkdirAll(home, strings.TrimSuffix(dir, "/"), t.UID, t.GID, v.dev)
+		if err != nil {
+			return nil, fmt.Errorf("bootstrap %s: %w", s.rel, err)
+		}
+		err = writeFileAt(d, base, s.data, s.rule.mode, t.UID, t.GID)
+		if d != home {
+			d.Close()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("bootstrap %s: %w", s.rel, err)
+		}
+		res.Seeded = append(res.Seeded, s.rel)
+	}
+	marker, _ := json.Marshal(map[string]any{"time": time.Now().UTC().Format(time.RFC3339), "seeded": res.Seeded})
+	if err := writeFileAt(v.meta, markerName, marker, 0o600, 0, 0); err != nil {
+		return nil, err
+	}
+	if err := v.meta.Sync(); err != nil {
+		return nil, err
+	}
+	res.Result = Bootstrapped
+	return res, nil
+}
+
+// mkdirAll opens (creating as needed, owned by uid:gid) the directory rel
+// below dir; "" returns dir itself.
+func mkdirAll(dir *os.File, rel string, uid, gid int, dev uint64) (*os.File, error) {
+	if rel == "" {
+		return dir, nil
+	}
+	cur := dir
+	for _, part := range strings.Split(rel, "/") {
+		next, err := openDir(cur, part, dev)
+		if err != nil {
+			if !errors.Is(err, unix.ENOENT) {
+				if cur != dir {
+					cur.Close()
+				}
+				return nil, err
+			}
+			next, err = mkdirOwned(cur, part, 0o700, uid, gid, dev)
+			if err != nil {
+				if cur != dir {
+					cur.Close()
+				}
+				return nil, err
+			}
+		}
+		if cur != dir {
+			cur.Close()
+		}
+		cur = next
+	}
+	return cur, nil
+}
+
+// validateJSON checks a small keep-list file: a JSON object, rebuilt through
+// the rule's filter if it has one. It returns the bytes to write and the
+// dropped keys.
+func validateJSON(data []byte, ru *rule) ([]byte, []string, error) {
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.UseNumber()
+	var obj map[string]any
+	if err := dec.Decode(&obj); err != nil || obj == nil {
+		return nil, nil, errors.New("not a JSON object")
+	}
+	if dec.More() {
+		return nil, nil, errors.New("trailing data after the JSON object")
+	}
+	if ru.filter == nil {
+		return data, nil, nil
+	}
+	out, dropped := ru.filter(obj)
+	b, err := json.MarshalIndent(out, "", "  ")
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(b, '\n'), dropped, nil
+}
+
+// readJournal returns the id of an interrupted reset, or "".
+func readJournal(meta *os.File) (string, error) {
+	fd, st, err := openNode(meta, journal)
+	if errors.Is(err, unix.ENOENT) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("open reset journal: %w", err)
+	}
+	defer unix.Close(fd)
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return "", errors.New("reset journal is not a regular file")
+	}
+	data, err := readNode(fd, 4096)
+	if err != nil {
+		return "", fmt.Errorf("read reset journal: %w", err)
+	}
+	var j struct{ ID string }
+	if err := json.Unmarshal(data, &j); err != nil || !validID(j.ID) {
+		return "", fmt.Errorf("reset journal is corrupt (%q); refusing to guess", data)
+	}
+	return j.ID, nil
+}
+
+func validID(id string) bool {
+	_, err := strconv.ParseUint(id, 10, 64)
+	return err == nil && id != ""
+}

@@ -1,0 +1,604 @@
+package homereset
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ResetInput is a Task plus reset options.
+type ResetInput struct {
+	Task
+	// DryRun reports what a reset would do and changes nothing.
+	DryRun bool
+}
+
+// Reset runs before every turn. It first completes any reset that was
+// interrupted (kill -9, power loss), then replaces HOME with a fresh tree
+// holding only the keep-list (validated; mixed files rebuilt) and the
+// baseline, owned by UID:GID. On success Report.Home is the directory to
+// bind-mount at /home/agent; on error no turn may start. The old tree is left
+// in the trash for Cleanup. The HOME must have been bootstrapped.
+func Reset(ctx context.Context, in ResetInput) (*Report, error) {
+	start := time.Now()
+	if err := checkTask(in.Task); err != nil {
+		return nil, err
+	}
+	rules, _ := rulesFor(in.Profiles)
+	base, err := baseline(&in.Config.Home, in.Profiles, rules)
+	if err != nil {
+		return nil, fmt.Errorf("HOME baseline: %w", err)
+	}
+	v, err := openVolume(in.Root, in.DryRun)
+	if err != nil {
+		return nil, err
+	}
+	defer v.close()
+	if ok, err := exists(v.meta, markerName); err != nil {
+		return nil, err
+	} else if !ok {
+		return nil, fmt.Errorf("task HOME %s is not bootstrapped; run bootstrap first", in.Root)
+	}
+	rep := &Report{Home: HomeDir(in.Root), DryRun: in.DryRun, Profiles: in.Profiles,
+		Kept: []string{}, Rebuilt: []string{}, Removed: []string{}, Warnings: []string{}, Baseline: []string{}}
+	for _, f := range base {
+		rep.Baseline = append(rep.Baseline, f.rel)
+	}
+	rep.BaselineDigest = digest(base)
+	if err := unix.Mkdirat(int(v.meta.Fd()), trashName, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return nil, fmt.Errorf("create trash: %w", err)
+	}
+	trash, err := openDir(v.meta, trashName, v.dev)
+	if err != nil {
+		return nil, err
+	}
+	defer trash.Close()
+	s := &resetter{in: in, v: v, trash: trash, rules: rules, base: base}
+
+	id, err := readJournal(v.meta)
+	if err != nil {
+		return nil, err
+	}
+	if in.DryRun {
+		src := homeName
+		dir := v.root
+		if id != "" {
+			rep.Recovered = "would complete interrupted reset " + id
+			if ok, _ := exists(trash, oldPfx+id); ok {
+				if hok, _ := exists(v.root, homeName); !hok {
+					src, dir = oldPfx+id, trash
+				}
+			}
+		}
+		if err := s.build(ctx, dir, src, nil, rep); err != nil {
+			return nil, err
+		}
+		rep.Duration = time.Since(start)
+		return rep, nil
+	}
+	if id != "" {
+		what, err := s.recover(ctx, id)
+		if err != nil {
+			return nil, fmt.Errorf("complete interrupted reset %s: %w", id, err)
+		}
+		rep.Recovered = what
+	}
+	id = strconv.FormatInt(time.Now().UnixNano(), 10)
+	if err := s.run(ctx, id, rep); err != nil {
+		return nil, err
+	}
+	rep.Duration = time.Since(start)
+	return rep, nil
+}
+
+type resetter struct {
+	in    ResetInput
+	v     *volume
+	trash *os.File
+	rules []rule
+	base  []baseFile
+}
+
+// Crash protocol for reset <id>:
+//  1. write journal {id}            (durable before anything moves)
+//  2. rename home → trash/old-<id>  (if home exists)
+//  3. build stage-<id> from trash/old-<id> + baseline
+//  4. rename stage-<id> → home
+//  5. remove journal
+// Recovery reads the journal: old-<id> absent → step 2 never happened (home
+// is untouched): drop stage and journal. old-<id> and home present → step 4
+// happened: drop the journal. old-<id> present, home absent → redo 3-5 from
+// a fresh stage (the stage holds only links and copies; old-<id> is intact).
+func (s *resetter) run(ctx context.Context, id string, rep *Report) error {
+	j, _ := json.Marshal(map[string]string{"id": id})
+	if err := writeFileAt(s.v.meta, journal, j, 0o600, 0, 0); err != nil {
+		return fmt.Errorf("write reset journal: %w", err)
+	}
+	if err := s.v.meta.Sync(); err != nil {
+		return err
+	}
+	hasHome, err := exists(s.v.root, homeName)
+	if err != nil {
+		return err
+	}
+	if hasHome {
+		if err := unix.Renameat(int(s.v.root.Fd()), homeName, int(s.trash.Fd()), oldPfx+id); err != nil {
+			return fmt.Errorf("move old HOME aside: %w", err)
+		}
+		rep.Trash = oldPfx + id
+	}
+	return s.finish(ctx, id, rep)
+}
+
+// finish does steps 3-5.
+func (s *resetter) finish(ctx context.Context, id string, rep *Report) error {
+	stage := stagePfx + id
+	if _, err := removeAll(ctx, s.v.meta, stage, s.v.dev); err != nil {
+		return fmt.Errorf("clear stale stage: %w", err)
+	}
+	if err := unix.Mkdirat(int(s.v.meta.Fd()), stage, 0o700); err != nil {
+		return fmt.Errorf("create stage: %w", err)
+	}
+	sd, err := mkdirOwned(s.v.meta, stage, 0o700, s.in.UID, s.in.GID, s.v.dev)
+	if err != nil {
+		return err
+	}
+	defer sd.Close()
+	hasOld, err := exists(s.trash, oldPfx+id)
+	if err != nil {
+		return err
+	}
+	if hasOld {
+		if err := s.build(ctx, s.trash, oldPfx+id, sd, rep); err != nil {
+			return err
+		}
+	}
+	if err := s.layBaseline(sd); err != nil {
+		return err
+	}
+	if err := sd.Sync(); err != nil {
+		return err
+	}
+	if err := unix.Renameat(int(s.v.meta.Fd()), stage, int(s.v.root.Fd()), homeName); err != nil {
+		return fmt.Errorf("move new HOME into place: %w", err)
+	}
+	if err := s.v.root.Sync(); err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(int(s.v.meta.Fd()), journal, 0); err != nil {
+		return fmt.Errorf("remove reset journal: %w", err)
+	}
+	return s.v.meta.Sync()
+}
+
+func (s *resetter) recover(ctx context.Context, id string) (string, error) {
+	hasOld, err := exists(s.trash, oldPfx+id)
+	if err != nil {
+		return "", err
+	}
+	hasHome, err := exists(s.v.root, homeName)
+	if err != nil {
+		return "", err
+	}
+	switch {
+	case hasOld && !hasHome:
+		scratch := &Report{}
+		if err := s.finish(ctx, id, scratch); err != nil {
+			return "", err
+		}
+		return "completed interrupted reset " + id + " (rebuilt HOME from the old tree)", nil
+	default:
+		if _, err := removeAll(ctx, s.v.meta, stagePfx+id, s.v.dev); err != nil {
+			return "", err
+		}
+		if err := unix.Unlinkat(int(s.v.meta.Fd()), journal, 0); err != nil {
+			return "", fmt.Errorf("remove reset journal: %w", err)
+		}
+		if hasOld {
+			return "completed interrupted reset " + id + " (new HOME was already in place)", nil
+		}
+		return "discarded interrupted reset " + id + " (HOME had not been moved)", nil
+	}
+}
+
+func (s *resetter) layBaseline(stage *os.File) error {
+	for _, f := range s.base {
+		dir, name := "", f.rel
+		if i := strings.LastIndexByte(f.rel, '/'); i >= 0 {
+			dir, name = f.rel[:i], f.rel[i+1:]
+		}
+		d, err := mkdirAll(stage, dir, s.in.UID, s.in.GID, s.v.dev)
+		if err != nil {
+			return fmt.Errorf("baseline %s: %w", f.rel, err)
+		}
+		err = writeFileAt(d, name, f.data, f.mode, s.in.UID, s.in.GID)
+		if d != stage {
+			d.Close()
+		}
+		if err != nil {
+			return fmt.Errorf("baseline %s: %w", f.rel, err)
+		}
+	}
+	return nil
+}
+
+// walkFrame is one directory of the old HOME being walked, and its
+// counterpart in the stage (created only when something is kept below it).
+type walkFrame struct {
+	dir     *os.File
+	segs    []string
+	pending []string
+	stage   *os.File
+	parent  *walkFrame
+}
+
+// build walks the old HOME (srcParent/srcName) along the keep-list and, unless
+// stage is nil (dry run), carries kept entries into stage. Only directories
+// that may hold kept files are listed; everything else is counted as removed
+// by name, never opened.
+func (s *resetter) build(ctx context.Context, srcParent *os.File, srcName string, stage *os.File, rep *Report) error {
+	root, err := openDir(srcParent, srcName, s.v.dev)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("open old HOME: %w", err)
+	}
+	b := &builder{s: s, rep: rep, dry: stage == nil}
+	top := &walkFrame{dir: root, stage: stage}
+	stack := []*walkFrame{top}
+	defer func() {
+		for _, f := range stack {
+			f.close(stage)
+		}
+	}()
+	if err := b.list(top); err != nil {
+		return err
+	}
+	n := 0
+	for len(stack) > 0 {
+		if n++; n%256 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
+		fr := stack[len(stack)-1]
+		if len(fr.pending) == 0 {
+			if fr.stage != nil && fr.stage != stage {
+				if err := fr.stage.Sync(); err != nil {
+					return err
+				}
+			}
+			fr.close(stage)
+			stack = stack[:len(stack)-1]
+			continue
+		}
+		name := fr.pending[0]
+		fr.pending = fr.pending[1:]
+		segs := append(append([]string{}, fr.segs...), name)
+		rel := strings.Join(segs, "/")
+		ru := matchFile(s.rules, segs)
+		descend := mayContain(s.rules, segs)
+		if ru == nil && !descend {
+			b.removed(rel)
+			continue
+		}
+		fd, st, err := openNode(fr.dir, name)
+		if err != nil {
+			b.drop(rel, fmt.Sprintf("cannot be opened safely (%v)", errors.Unwrap(err)))
+			continue
+		}
+		typ := st.Mode & unix.S_IFMT
+		switch {
+		case typ == unix.S_IFDIR && descend:
+			unix.Close(fd)
+			if len(stack) >= maxDepth {
+				b.drop(rel, "nested too deep")
+				continue
+			}
+			d, err := openDir(fr.dir, name, s.v.dev)
+			if err != nil {
+				b.drop(rel, fmt.Sprintf("cannot be opened safely (%v)", errors.Unwrap(err)))
+				continue
+			}
+			child := &walkFrame{dir: d, segs: segs, parent: fr}
+			if err := b.list(child); err != nil {
+				d.Close()
+				return err
+			}
+			stack = append(stack, child)
+		case typ == unix.S_IFREG && ru != nil:
+			err := b.keep(fd, st, fr, name, rel, ru)
+			unix.Close(fd)
+			if err != nil {
+				return err
+			}
+		default:
+			unix.Close(fd)
+			b.drop(rel, "is a "+typeName(typ)+", not what the keep-list expects")
+		}
+	}
+	return nil
+}
+
+func (f *walkFrame) close(stage *os.File) {
+	if f.dir != nil {
+		f.dir.Close()
+		f.dir = nil
+	}
+	if f.stage != nil && f.stage != stage {
+		f.stage.Close()
+	}
+	f.stage = nil
+}
+
+type builder struct {
+	s     *resetter
+	rep   *Report
+	dry   bool
+	files int64
+}
+
+func (b *builder) list(fr *walkFrame) error {
+	var names []string
+	for {
+		batch, err := fr.dir.Readdirnames(4096)
+		names = append(names, batch...)
+		if err == io.EOF || len(batch) == 0 {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read directory %s: %w", strings.Join(fr.segs, "/"), err)
+		}
+	}
+	sort.Strings(names)
+	fr.pending = names
+	return nil
+}
+
+func (b *builder) removed(rel string) {
+	b.rep.RemovedCount++
+	if len(b.rep.Removed) < maxListed {
+		b.rep.Removed = append(b.rep.Removed, rel)
+	} else {
+		b.rep.RemovedTruncated = true
+	}
+}
+
+func (b *builder) drop(rel, why string) {
+	b.removed(rel)
+	if len(b.rep.Warnings) < maxListed {
+		b.rep.Warnings = append(b.rep.Warnings, "dropped "+rel+": "+why)
+	}
+}
+
+// stageDir returns fr's directory in the stage, creating the chain.
+func (b *builder) stageDir(fr *walkFrame) (*os.File, error) {
+	if fr.stage != nil {
+		return fr.stage, nil
+	}
+	parent, err := b.stageDir(fr.parent)
+	if err != nil {
+		return nil, err
+	}
+	d, err := mkdirOwned(parent, fr.segs[len(fr.segs)-1], 0o700, b.s.in.UID, b.s.in.GID, b.s.v.dev)
+	if err != nil {
+		return nil, err
+	}
+	fr.stage = d
+	return d, nil
+}
+
+// keep validates one kept regular file (fd is its O_PATH descriptor) and
+// carries it into the stage. Validation failures drop the entry with a
+// warning; only failures to write the stage are errors.
+func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, ru *rule) error {
+	h := &b.s.in.Config.Home
+	limit := int64(h.MaxFileSize)
+	if ru.kind == kindBlob {
+		limit = int64(h.MaxSessionFile)
+	}
+	switch {
+	case uint64(st.Dev) != b.s.v.dev:
+		b.drop(rel, "is on another filesystem")
+		return nil
+	case st.Size > limit:
+		b.drop(rel, fmt.Sprintf("is %d bytes, over the %d-byte cap", st.Size, limit))
+		return nil
+	case b.rep.KeptBytes+st.Size > int64(h.MaxKeepSize):
+		b.drop(rel, "would exceed home.max_keep_size")
+		return nil
+	case b.files+1 > h.MaxKeepFiles:
+		b.drop(rel, "would exceed home.max_keep_files")
+		return nil
+	}
+	var data []byte
+	var dropped []string
+	if ru.kind != kindBlob || ru.magic != "" {
+		max := limit
+		if ru.kind == kindBlob {
+			max = int64(len(ru.magic))
+		}
+		raw, err := readHead(fd, max, ru.kind == kindBlob)
+		if err != nil {
+			b.drop(rel, fmt.Sprintf("cannot be read (%v)", err))
+			return nil
+		}
+		if ru.kind == kindBlob {
+			if st.Size > 0 && string(raw) != ru.magic {
+				b.drop(rel, "does not start with the expected file signature")
+				return nil
+			}
+		} else {
+			data, dropped, err = validateJSON(raw, ru)
+			if err != nil {
+				b.drop(rel, err.Error())
+				return nil
+			}
+		}
+	}
+	b.files++
+	b.rep.KeptBytes += st.Size
+	if ru.kind == kindFilter {
+		b.rep.Rebuilt = appendCapped(b.rep.Rebuilt, rel)
+		for _, k := range dropped {
+			if len(b.rep.Warnings) < maxListed {
+				b.rep.Warnings = append(b.rep.Warnings, fmt.Sprintf("rebuilt %s without key %q", rel, k))
+			}
+		}
+	} else {
+		b.rep.KeptCount++
+		b.rep.Kept = appendCapped(b.rep.Kept, rel)
+	}
+	if b.dry {
+		return nil
+	}
+	dir, err := b.stageDir(fr)
+	if err != nil {
+		return fmt.Errorf("stage %s: %w", rel, err)
+	}
+	if ru.kind != kindBlob {
+		return writeFileAt(dir, name, data, ru.mode, b.s.in.UID, b.s.in.GID)
+	}
+	// Link exactly the inode that was checked (AT_EMPTY_PATH on its O_PATH
+	// fd), then give it to the agent with the keep-list's mode.
+	if err := unix.Linkat(fd, "", int(dir.Fd()), name, unix.AT_EMPTY_PATH); err != nil {
+		return fmt.Errorf("stage %s: link: %w", rel, err)
+	}
+	if err := unix.Fchownat(fd, "", b.s.in.UID, b.s.in.GID, unix.AT_EMPTY_PATH); err != nil {
+		return fmt.Errorf("stage %s: chown: %w", rel, err)
+	}
+	if err := unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), ru.mode); err != nil {
+		return fmt.Errorf("stage %s: chmod: %w", rel, err)
+	}
+	return nil
+}
+
+// readHead reads a whole small file, or (head) just its first max bytes.
+func readHead(fd int, max int64, head bool) ([]byte, error) {
+	if !head {
+		return readNode(fd, max)
+	}
+	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, errors.New("not a regular file")
+	}
+	buf := make([]byte, max)
+	n, err := io.ReadFull(f, buf)
+	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
+		return nil, err
+	}
+	return buf[:n], nil
+}
+
+func appendCapped(list []string, s string) []string {
+	if len(list) < maxListed {
+		return append(list, s)
+	}
+	return list
+}
+
+func typeName(t uint32) string {
+	switch t {
+	case unix.S_IFDIR:
+		return "directory"
+	case unix.S_IFLNK:
+		return "symlink"
+	case unix.S_IFIFO:
+		return "FIFO"
+	case unix.S_IFSOCK:
+		return "socket"
+	case unix.S_IFCHR, unix.S_IFBLK:
+		return "device"
+	case unix.S_IFREG:
+		return "regular file"
+	}
+	return "special file"
+}
+
+// CleanupReport says what Cleanup deleted.
+type CleanupReport struct {
+	Trees  []string `json:"trees"`
+	Files  int64    `json:"files"`
+	Dirs   int64    `json:"dirs"`
+	Errors []string `json:"errors"`
+}
+
+// Cleanup deletes the old HOME trees that resets left in the trash (and any
+// stale stage), off the turn's critical path: call it after the cage has
+// started, or from `shrooms gc`. It never touches the tree of a reset in
+// progress or interrupted, and is safe to run concurrently with Reset.
+func Cleanup(ctx context.Context, root string) (*CleanupReport, error) {
+	v, err := openVolume(root, false)
+	if err != nil {
+		return nil, err
+	}
+	rep := &CleanupReport{Trees: []string{}, Errors: []string{}}
+	// Under the lock: what may go. The lock is released before deleting, so
+	// a Reset never waits for the deletion.
+	id, err := readJournal(v.meta)
+	if err != nil {
+		v.close()
+		return nil, err
+	}
+	var victims [][2]string // {dir, name}
+	trash, err := openDir(v.meta, trashName, v.dev)
+	if err == nil {
+		names, _ := trash.Readdirnames(-1)
+		for _, n := range names {
+			if id == "" || n != oldPfx+id {
+				victims = append(victims, [2]string{trashName, n})
+			}
+		}
+		trash.Close()
+	} else if !errors.Is(err, unix.ENOENT) {
+		v.close()
+		return nil, err
+	}
+	metaNames, _ := v.meta.Readdirnames(-1)
+	for _, n := range metaNames {
+		if strings.HasPrefix(n, stagePfx) && (id == "" || n != stagePfx+id) {
+			victims = append(victims, [2]string{"", n})
+		}
+	}
+	unix.Flock(int(v.lock.Fd()), unix.LOCK_UN)
+	defer v.close()
+	for _, vic := range victims {
+		dir := v.meta
+		if vic[0] != "" {
+			d, err := openDir(v.meta, vic[0], v.dev)
+			if err != nil {
+				rep.Errors = append(rep.Errors, err.Error())
+				continue
+			}
+			defer d.Close()
+			dir = d
+		}
+		st, err := removeAll(ctx, dir, vic[1], v.dev)
+		rep.Files += st.Files
+		rep.Dirs += st.Dirs
+		if err != nil {
+			if ctx.Err() != nil {
+				return rep, ctx.Err()
+			}
+			rep.Errors = append(rep.Errors, fmt.Sprintf("%s: %v", vic[1], err))
+			continue
+		}
+		rep.Trees = append(rep.Trees, vic[1])
+	}
+	return rep, nil
+}
