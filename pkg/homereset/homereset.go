@@ -84,7 +84,7 @@ type Report struct {
 	DryRun bool   `json:"dryRun"`
 	// Recovered names an interrupted reset that was completed first (or, in
 	// a dry run, would be).
-	Recovered string `json:"recovered,omitempty"`
+	Recovered string   `json:"recovered,omitempty"`
 	Profiles  []string `json:"profiles"`
 	// Kept are the keep-list files carried over unchanged (hard-linked or
 	// copied byte for byte); KeptBytes their total size.

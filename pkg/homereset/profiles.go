@@ -3,6 +3,7 @@ package homereset
 import (
 	"encoding/json"
 	"fmt"
+	"path"
 	"sort"
 	"strings"
 )
@@ -21,7 +22,8 @@ const (
 )
 
 // rule is one keep-list entry: a HOME-relative pattern whose segments are
-// literal names, "*" (any one name) or a final "**" (any path below).
+// path.Match patterns of one name (e.g. "*.jsonl") or a final "**" (any
+// path below).
 type rule struct {
 	pattern []string
 	kind    kind
@@ -119,7 +121,7 @@ func globMatch(pattern, segs []string, prefix bool) bool {
 		if i == len(segs) {
 			return prefix
 		}
-		if p != "*" && p != segs[i] {
+		if ok, _ := path.Match(p, segs[i]); !ok {
 			return false
 		}
 	}

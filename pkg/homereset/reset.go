@@ -54,10 +54,15 @@ func Reset(ctx context.Context, in ResetInput) (*Report, error) {
 		rep.Baseline = append(rep.Baseline, f.rel)
 	}
 	rep.BaselineDigest = digest(base)
-	if err := unix.Mkdirat(int(v.meta.Fd()), trashName, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-		return nil, fmt.Errorf("create trash: %w", err)
+	if !in.DryRun {
+		if err := unix.Mkdirat(int(v.meta.Fd()), trashName, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("create trash: %w", err)
+		}
 	}
 	trash, err := openDir(v.meta, trashName, v.dev)
+	if errors.Is(err, unix.ENOENT) && in.DryRun {
+		trash, err = openDir(v.meta, ".", v.dev)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -114,6 +119,7 @@ type resetter struct {
 //  3. build stage-<id> from trash/old-<id> + baseline
 //  4. rename stage-<id> → home
 //  5. remove journal
+//
 // Recovery reads the journal: old-<id> absent → step 2 never happened (home
 // is untouched): drop stage and journal. old-<id> and home present → step 4
 // happened: drop the journal. old-<id> present, home absent → redo 3-5 from
