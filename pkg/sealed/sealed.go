@@ -145,8 +145,8 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 		CPU:    &spec.LinuxCPU{Quota: &quota, Period: &period},
 	}
 	s.Rlimits = []spec.POSIXRlimit{
-		{Type: "RLIMIT_NOFILE", Soft: uint64(cfg.Cage.Nofile), Hard: uint64(cfg.Cage.Nofile)},
-		{Type: "RLIMIT_NPROC", Soft: uint64(cfg.Cage.Nproc), Hard: uint64(cfg.Cage.Nproc)},
+		{Type: "nofile", Soft: uint64(cfg.Cage.Nofile), Hard: uint64(cfg.Cage.Nofile)},
+		{Type: "nproc", Soft: uint64(cfg.Cage.Nproc), Hard: uint64(cfg.Cage.Nproc)},
 	}
 
 	// Mounts.

@@ -1,0 +1,40 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shrooms-cage/shrooms/pkg/turn"
+)
+
+func gcCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "gc",
+		Usage: "remove cages that a crashed shrooms left behind (turns that are running are kept)",
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			ctx := context.Background()
+			client, err := connect(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			rep, err := turn.NewRunner(cfg, client, sealChecker).GC(ctx)
+			if err != nil {
+				return fail(codeFor(err), err)
+			}
+			if c.Bool("json") {
+				return printJSON(c.App.Writer, rep)
+			}
+			fmt.Fprintf(c.App.Writer, "removed %d leftover cage(s); %d task(s) busy\n", len(rep.Removed), len(rep.Busy))
+			for _, n := range rep.Removed {
+				fmt.Fprintln(c.App.Writer, "  removed "+n)
+			}
+			return nil
+		},
+	}
+}

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
+)
+
+func turnFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "task", Required: true, Usage: "task `ID` ([a-z0-9][a-z0-9_.-]{0,62})"},
+		&cli.StringFlag{Name: "agent", Required: true, Usage: "agent `NAME` from the config ([agents.NAME])"},
+		&cli.StringFlag{Name: "worktree", Usage: "host `DIR` mounted read-write at /work (default: an empty tmpfs)"},
+		&cli.DurationFlag{Name: "timeout", Usage: "turn deadline `DUR` (default cage.timeout)"},
+		&cli.BoolFlag{Name: "no-stdin", Usage: "do not attach shrooms' stdin to the agent"},
+	}
+}
+
+func turnRequest(c *cli.Context) turn.Request {
+	req := turn.Request{
+		Task:     c.String("task"),
+		Agent:    c.String("agent"),
+		Worktree: c.String("worktree"),
+		Args:     c.Args().Slice(),
+		Timeout:  c.Duration("timeout"),
+		Streams:  podman.Streams{Stdout: c.App.Writer, Stderr: c.App.ErrWriter},
+	}
+	if !c.Bool("no-stdin") {
+		req.Streams.Stdin = c.App.Reader
+	}
+	return req
+}
+
+func runCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "run",
+		Usage:     "run one turn of an agent in a fresh sealed cage",
+		ArgsUsage: "[-- ARGS...]",
+		Description: `Runs the agent's command (plus ARGS) in a new cage, streams its output,
+waits for it with a deadline and removes the cage on every path out.
+The exit status is the agent's. With --json the last line of stdout is one
+JSON object: task, turn, cage id, exit code, status and phase durations.`,
+		Flags: turnFlags(),
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(c.Context)
+			defer stop()
+			client, err := connect(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			runner := turn.NewRunner(cfg, client, sealChecker)
+			res, err := runner.Run(ctx, turnRequest(c))
+			if c.Bool("json") {
+				if res != nil && err != nil && res.Error == "" {
+					res.Error = oneLine(err.Error())
+				}
+				line, _ := json.Marshal(res)
+				fmt.Fprintln(c.App.Writer, string(line))
+			}
+			if err != nil {
+				return fail(codeFor(err), err)
+			}
+			if res.ExitCode != 0 {
+				return fail(res.ExitCode, nil)
+			}
+			return nil
+		},
+	}
+}
+
+func specCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "spec",
+		Usage:     "print the podman spec (specgen JSON) the next `run` would send, changing nothing",
+		ArgsUsage: "[-- ARGS...]",
+		Flags:     turnFlags(),
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			ctx := context.Background()
+			client, err := connect(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			spec, err := turn.NewRunner(cfg, client, sealChecker).Spec(ctx, turnRequest(c))
+			if err != nil {
+				return fail(codeFor(err), err)
+			}
+			out, err := turn.SpecJSON(spec)
+			if err != nil {
+				return fail(ExitInternal, err)
+			}
+			_, err = c.App.Writer.Write(out)
+			return err
+		},
+	}
+}
+
+func bootstrapCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "bootstrap",
+		Usage: "create the task HOME volume once (an existing one is left as it is)",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "task", Required: true, Usage: "task `ID`"},
+		},
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			ctx := context.Background()
+			client, err := connect(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			runner := turn.NewRunner(cfg, client, sealChecker)
+			outcome, err := runner.Bootstrap(ctx, c.String("task"))
+			if err != nil {
+				return fail(codeFor(err), err)
+			}
+			if c.Bool("json") {
+				return printJSON(c.App.Writer, map[string]string{"task": c.String("task"), "volume": cfg.Home.VolumePrefix + c.String("task"), "result": outcome})
+			}
+			fmt.Fprintln(c.App.Writer, outcome)
+			return nil
+		},
+	}
+}
+
+func versionCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "version",
+		Usage: "print shrooms' version",
+		Action: func(c *cli.Context) error {
+			if c.Bool("json") {
+				return printJSON(c.App.Writer, map[string]string{"version": version})
+			}
+			fmt.Fprintln(c.App.Writer, "shrooms "+version)
+			return nil
+		},
+	}
+}

@@ -1,0 +1,101 @@
+package turn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+)
+
+// cleanupTimeout bounds the removal of a cage after the turn's context ended.
+const cleanupTimeout = 30 * time.Second
+
+// execute creates, starts, waits for and always removes the turn's cage.
+func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock) (*Result, error) {
+	res := c.res
+	res.CageName = sealed.Name(req.Task, p.turn)
+	// Removal must outlive ctx: Ctrl-C and deadlines are exactly when it matters.
+	cleanupCtx := context.WithoutCancel(ctx)
+
+	id, err := r.Podman.Create(ctx, p.spec)
+	if err != nil {
+		// A create that failed half-way may still have left a container.
+		r.remove(cleanupCtx, res.CageName, res)
+		if ctx.Err() != nil {
+			res.Status = "interrupted"
+		}
+		res.Error = err.Error()
+		return res, r.interrupted(ctx, err)
+	}
+	res.Cage = id
+	defer r.remove(cleanupCtx, id, res)
+	c.lap("create")
+
+	deadline := r.timeout(req)
+	waitCtx, cancel := context.WithTimeout(ctx, deadline)
+	defer cancel()
+	attachEnded, err := r.Podman.Start(waitCtx, id, req.Streams)
+	if err != nil {
+		return res, r.stopped(ctx, waitCtx, id, res, err, deadline)
+	}
+	c.lap("start")
+
+	code, err := r.Podman.Wait(waitCtx, id)
+	if err != nil {
+		return res, r.stopped(ctx, waitCtx, id, res, err, deadline)
+	}
+	c.lap("wait")
+	// Let the attach stream deliver the cage's last output before returning.
+	select {
+	case <-attachEnded:
+	case <-time.After(5 * time.Second):
+	}
+	res.ExitCode = int(code)
+	res.Status = "exited"
+	return res, nil
+}
+
+// stopped handles a turn whose start or wait ended early: by its deadline,
+// by interruption or by an error. The cage is stopped before it is removed so
+// the agent gets its grace period.
+func (r *Runner) stopped(ctx, waitCtx context.Context, id string, res *Result, cause error, deadline time.Duration) error {
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_ = r.Podman.Stop(stopCtx, id, r.Cfg.Cage.StopGrace.Std())
+	switch {
+	case ctx.Err() != nil:
+		res.Status = "interrupted"
+		res.Error = "interrupted; cage stopped and removed"
+		return ErrInterrupted
+	case errors.Is(waitCtx.Err(), context.DeadlineExceeded):
+		res.Status = "deadline"
+		res.Error = fmt.Sprintf("turn exceeded its %s deadline; cage stopped and removed", deadline)
+		return ErrDeadline
+	}
+	res.Error = cause.Error()
+	return fmt.Errorf("%w: %v", ErrHostNotReady, cause)
+}
+
+func (r *Runner) interrupted(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ErrInterrupted
+	}
+	return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+}
+
+// remove removes the cage; a failure is recorded, never silent.
+func (r *Runner) remove(ctx context.Context, id string, res *Result) {
+	rctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+	defer cancel()
+	start := time.Now()
+	if err := r.Podman.Remove(rctx, id); err != nil {
+		if res.Error == "" {
+			res.Error = err.Error()
+		}
+		return
+	}
+	res.Removed = true
+	res.Phases = append(res.Phases, Phase{Name: "remove", Ms: ms(time.Since(start))})
+}

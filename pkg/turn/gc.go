@@ -1,0 +1,68 @@
+package turn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+)
+
+// removeLeftovers removes cages of task that a crashed shrooms left behind.
+// Call it with the task lock held: no turn of the task can be running.
+func (r *Runner) removeLeftovers(ctx context.Context, task string) ([]string, error) {
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task)
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	for _, c := range cages {
+		if c.Labels[sealed.LabelManaged] != "1" {
+			continue
+		}
+		if err := r.Podman.Remove(ctx, c.ID); err != nil {
+			return removed, err
+		}
+		removed = append(removed, c.Name)
+	}
+	return removed, nil
+}
+
+// GCReport lists what gc did.
+type GCReport struct {
+	Removed []string `json:"removed"`
+	Busy    []string `json:"busy"`
+}
+
+// GC removes every shrooms cage whose task has no turn running (the cages a
+// crash left behind). Cages of running turns are left alone.
+func (r *Runner) GC(ctx context.Context) (*GCReport, error) {
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	rep := &GCReport{Removed: []string{}, Busy: []string{}}
+	tasks := map[string]bool{}
+	for _, c := range cages {
+		tasks[c.Labels[sealed.LabelTask]] = true
+	}
+	for task := range tasks {
+		lock, err := r.Store.LockTask(task)
+		if errors.Is(err, taskstate.ErrBusy) {
+			rep.Busy = append(rep.Busy, task)
+			continue
+		}
+		if err != nil {
+			// A label that is no valid task id is not ours to trust: leave it.
+			continue
+		}
+		removed, err := r.removeLeftovers(ctx, task)
+		lock.Release()
+		rep.Removed = append(rep.Removed, removed...)
+		if err != nil {
+			return rep, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+	}
+	return rep, nil
+}

@@ -1,0 +1,330 @@
+// Package turn runs one agent turn end to end, in the order of DESIGN.md's
+// data flow: lock the task, check the seal, prepare HOME, plan the mounts,
+// build the sealed spec, then create → start/attach → wait (with a deadline)
+// → remove. Each step is one call into one package; the cage is removed on
+// every path out, including errors, deadlines and interruption.
+package turn
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/containers/podman/v5/pkg/specgen"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+)
+
+// Kinds of failure, so the CLI can map them to distinct exit codes.
+var (
+	ErrInput        = errors.New("bad input")
+	ErrHostNotReady = errors.New("host not ready")
+	ErrBusy         = taskstate.ErrBusy
+	ErrDeadline     = errors.New("deadline exceeded")
+	ErrInterrupted  = errors.New("interrupted")
+)
+
+// Request is one turn as the caller asks for it.
+type Request struct {
+	Task     string
+	Agent    string
+	Worktree string
+	Args     []string
+	// Timeout overrides cage.timeout when positive.
+	Timeout time.Duration
+	// Streams are attached to the cage; a nil Stdin leaves stdin closed.
+	Streams podman.Streams
+}
+
+// SealChecker verifies the network seal is in place before a networked cage
+// starts. It returns nil only when the installed policy matches cfg.
+type SealChecker func(ctx context.Context, cfg *config.Config) error
+
+// Runner runs turns against one podman service.
+type Runner struct {
+	Cfg     *config.Config
+	Podman  *podman.Client
+	Store   taskstate.Store
+	IDFiles taskstate.IDFiles
+	// Seal verifies the nftables seal; required when the policy is networked.
+	Seal SealChecker
+	// OnSpec, when set, sees the exact spec sent to podman (tests use it).
+	OnSpec func(*specgen.SpecGenerator)
+}
+
+// NewRunner returns a runner for cfg with the system's state and id files.
+func NewRunner(cfg *config.Config, client *podman.Client, seal SealChecker) *Runner {
+	return &Runner{
+		Cfg:     cfg,
+		Podman:  client,
+		Store:   taskstate.Store{Dir: cfg.State.Dir},
+		IDFiles: taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
+		Seal:    seal,
+	}
+}
+
+// Phase is the duration of one step of the turn.
+type Phase struct {
+	Name string  `json:"name"`
+	Ms   float64 `json:"ms"`
+}
+
+// Result is what a turn did, for people and orchestrators (run --json).
+type Result struct {
+	Task     string  `json:"task"`
+	Agent    string  `json:"agent"`
+	Turn     int     `json:"turn"`
+	Cage     string  `json:"cage,omitempty"`
+	CageName string  `json:"cageName,omitempty"`
+	ExitCode int     `json:"exitCode"`
+	Status   string  `json:"status"` // exited, deadline, interrupted, error
+	Error    string  `json:"error,omitempty"`
+	Phases   []Phase `json:"phases"`
+	TotalMs  float64 `json:"totalMs"`
+	Removed  bool    `json:"removed"`
+}
+
+type clock struct {
+	start, last time.Time
+	res         *Result
+}
+
+func (c *clock) lap(name string) {
+	now := time.Now()
+	c.res.Phases = append(c.res.Phases, Phase{Name: name, Ms: ms(now.Sub(c.last))})
+	c.last = now
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// Run runs one turn. The error is nil when the agent ran to its own exit,
+// whatever its exit code (in Result.ExitCode).
+func (r *Runner) Run(ctx context.Context, req Request) (*Result, error) {
+	res := &Result{Task: req.Task, Agent: req.Agent, Status: "error", ExitCode: -1}
+	c := &clock{start: time.Now(), last: time.Now(), res: res}
+	defer func() { res.TotalMs = ms(time.Since(c.start)) }()
+
+	lock, err := r.Store.LockTask(req.Task)
+	if err != nil {
+		return res, classify(err)
+	}
+	defer lock.Release()
+	c.lap("lock")
+
+	// A crashed shrooms may have left this task's cage behind; with the lock
+	// held no turn of the task runs, so any cage of it is a leftover.
+	if _, err := r.removeLeftovers(ctx, req.Task); err != nil {
+		return res, fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
+	}
+
+	prep, err := r.prepare(ctx, req, true)
+	if err != nil {
+		return res, err
+	}
+	res.Turn = prep.turn
+	c.lap("prepare")
+
+	if r.OnSpec != nil {
+		r.OnSpec(prep.spec)
+	}
+	return r.execute(ctx, req, prep, c)
+}
+
+// Spec returns the spec the next turn of req would run, with no side effects:
+// nothing is locked, allocated, created or written.
+func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator, error) {
+	prep, err := r.prepare(ctx, req, false)
+	if err != nil {
+		return nil, err
+	}
+	return prep.spec, nil
+}
+
+type prepared struct {
+	turn    int
+	spec    *specgen.SpecGenerator
+	ids     taskstate.IDs
+	secrets map[string][]byte // podman secret name → value
+}
+
+// prepare runs every check and computes the spec. With commit false it
+// changes nothing (for `spec`); with commit true it allocates the task's ids,
+// bootstraps HOME on a first turn, stores token secrets and counts the turn.
+func (r *Runner) prepare(ctx context.Context, req Request, commit bool) (*prepared, error) {
+	cfg := r.Cfg
+	if err := mounts.ValidateTaskID(req.Task); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	agent, err := cfg.Agent(req.Agent)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	if req.Timeout < 0 {
+		return nil, fmt.Errorf("%w: timeout must be positive", ErrInput)
+	}
+	if cfg.Network.Networked() {
+		if r.Seal == nil {
+			return nil, fmt.Errorf("%w: network policy %q needs the nftables seal and this build cannot verify one; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
+		}
+		if err := r.Seal(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %v", ErrHostNotReady, err)
+		}
+	}
+	tokens, err := readTokens(cfg, agent)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	ids, err := r.Store.TaskIDs(req.Task, r.IDFiles, commit)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	plan, err := mounts.Build(mounts.Input{
+		Task:         req.Task,
+		Worktree:     req.Worktree,
+		VolumePrefix: cfg.Home.VolumePrefix,
+		TmpSize:      int64(cfg.Cage.TmpSize),
+		RunSize:      int64(cfg.Cage.RunSize),
+		TmpExec:      cfg.Cage.TmpExec,
+		Forbidden:    []string{cfg.State.Dir, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://")), cfg.Outbox.Root},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	image := cfg.ImageFor(agent)
+	if ok, err := r.Podman.ImageExists(ctx, image); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	} else if !ok {
+		return nil, fmt.Errorf("%w: image %s is not in podman's store (nothing is pulled; build or load it first)", ErrHostNotReady, image)
+	}
+
+	turn, err := r.Store.LastTurn(req.Task)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	turn++
+	timeout := r.timeout(req)
+	secretEnv := map[string]string{}
+	secrets := map[string][]byte{}
+	for env, tok := range agent.TokenEnv {
+		name := SecretName(req.Task, tok)
+		secretEnv[env] = name
+		secrets[name] = tokens[tok]
+	}
+	spec, err := sealed.Spec(cfg, sealed.Turn{
+		Task:            req.Task,
+		Number:          turn,
+		Agent:           req.Agent,
+		Args:            req.Args,
+		Stdin:           req.Streams.Stdin != nil,
+		IDs:             sealed.IDRange{UID: ids.UID, GID: ids.GID, Size: taskstate.SlotSize},
+		Plan:            plan,
+		SecretEnv:       secretEnv,
+		DeadlineSeconds: uint(timeout.Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
+	})
+	if err != nil {
+		return nil, err
+	}
+	p := &prepared{turn: turn, spec: spec, ids: ids, secrets: secrets}
+	if !commit {
+		return p, nil
+	}
+
+	if _, err := Bootstrap(ctx, r.Cfg, r.Podman, req.Task, ids); err != nil {
+		return nil, err
+	}
+	if req.Worktree != "" {
+		agentUID, agentGID := int(ids.UID)+int(cfg.Cage.User), int(ids.GID)+int(cfg.Cage.User)
+		if _, err := mounts.OwnWorktree(mounts.Clean(req.Worktree), agentUID, agentGID); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+	}
+	for name, value := range secrets {
+		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: req.Task}); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+	}
+	if _, err := r.Store.NextTurn(req.Task); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	return p, nil
+}
+
+func (r *Runner) timeout(req Request) time.Duration {
+	if req.Timeout > 0 {
+		return req.Timeout
+	}
+	return r.Cfg.Cage.Timeout.Std()
+}
+
+// SecretName is the podman secret that carries a task's token.
+func SecretName(task, token string) string { return "shrooms-" + task + "-" + token }
+
+// readTokens reads the tokens an agent uses; a missing or unreadable file is
+// named, its contents never are.
+func readTokens(cfg *config.Config, agent config.Agent) (map[string][]byte, error) {
+	out := map[string][]byte{}
+	names := make([]string, 0, len(agent.TokenEnv))
+	for _, tok := range agent.TokenEnv {
+		names = append(names, tok)
+	}
+	sort.Strings(names)
+	for _, tok := range names {
+		path := cfg.Tokens[tok]
+		if err := mounts.CheckHostFile(path, "token "+tok); err != nil {
+			return nil, err
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("token %s: cannot read %s", tok, path)
+		}
+		v := strings.TrimRight(string(b), "\r\n")
+		if v == "" || len(v) > 64<<10 || strings.ContainsRune(v, 0) {
+			return nil, fmt.Errorf("token %s: %s is empty, over 64 KiB or binary", tok, path)
+		}
+		out[tok] = []byte(v)
+	}
+	return out, nil
+}
+
+func classify(err error) error {
+	if errors.Is(err, taskstate.ErrBusy) {
+		return err
+	}
+	if strings.Contains(err.Error(), "invalid task id") {
+		return fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+}
+
+// SpecJSON renders a spec as `shrooms spec` prints it: indented, stable.
+func SpecJSON(s *specgen.SpecGenerator) ([]byte, error) {
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("render spec: %w", err)
+	}
+	return append(b, '\n'), nil
+}
+
+// Bootstrap creates the task HOME once, under the task lock.
+func (r *Runner) Bootstrap(ctx context.Context, task string) (string, error) {
+	lock, err := r.Store.LockTask(task)
+	if err != nil {
+		return "", classify(err)
+	}
+	defer lock.Release()
+	ids, err := r.Store.TaskIDs(task, r.IDFiles, true)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	return Bootstrap(ctx, r.Cfg, r.Podman, task, ids)
+}
