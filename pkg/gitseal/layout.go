@@ -1,0 +1,206 @@
+// Package gitseal is the commit path of invariant 6 (sanctioned exits): it lays out a task's
+// git metadata read-only for the cage, and commits the worktree on the host
+// in a sealed git environment, so that nothing a hostile turn wrote (hooks,
+// config, attributes naming filters, a rewritten gitdir pointer, files named
+// like git internals) is executed or followed by the host.
+package gitseal
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+)
+
+// CageCommonDir is where a linked worktree's (or separate git dir's) common
+// git directory appears, read-only, in the cage.
+const CageCommonDir = "/git-common"
+
+// Layout is where a worktree's git metadata lives on the host.
+type Layout struct {
+	Worktree  string `json:"worktree"`
+	GitDir    string `json:"gitDir"`    // the worktree's own git dir (HEAD, index)
+	CommonDir string `json:"commonDir"` // objects, refs, config, hooks
+	// DotGitFile is true when <worktree>/.git is a "gitdir:" file (a linked
+	// worktree or a separate git dir) rather than the git directory itself.
+	DotGitFile bool `json:"dotGitFile"`
+}
+
+// Resolve finds the git metadata of worktree, refusing every layout in which
+// the cage could have redirected it: a symbolic link at .git, a gitdir or
+// common dir inside the worktree (for a .git file), a gitdir whose back
+// pointer names another worktree, a gitdir outside its common dir.
+func Resolve(worktree string) (*Layout, error) {
+	if !filepath.IsAbs(worktree) {
+		return nil, fmt.Errorf("worktree %q must be an absolute path", worktree)
+	}
+	wt := filepath.Clean(worktree)
+	if real, err := filepath.EvalSymlinks(wt); err != nil {
+		return nil, fmt.Errorf("worktree %s: %w", wt, err)
+	} else if real != wt {
+		return nil, fmt.Errorf("worktree %s is reached through a symbolic link (use %s)", wt, real)
+	}
+	dotgit := filepath.Join(wt, ".git")
+	fi, err := os.Lstat(dotgit)
+	if err != nil {
+		return nil, fmt.Errorf("worktree %s is not a git worktree: %w", wt, err)
+	}
+	switch {
+	case fi.IsDir():
+		if _, err := os.Lstat(filepath.Join(dotgit, "commondir")); err == nil {
+			return nil, fmt.Errorf("%s is a git directory with a commondir file; unsupported layout", dotgit)
+		}
+		return &Layout{Worktree: wt, GitDir: dotgit, CommonDir: dotgit}, nil
+	case !fi.Mode().IsRegular():
+		return nil, fmt.Errorf("%s is neither a directory nor a regular file (refused)", dotgit)
+	}
+	target, err := readPointer(dotgit, "gitdir: ")
+	if err != nil {
+		return nil, err
+	}
+	if !filepath.IsAbs(target) {
+		target = filepath.Join(wt, target)
+	}
+	gitDir, err := realDir(target, "gitdir named by "+dotgit)
+	if err != nil {
+		return nil, err
+	}
+	if within(gitDir, wt) {
+		return nil, fmt.Errorf("%s points into the worktree (%s), which the cage can write (refused)", dotgit, gitDir)
+	}
+	l := &Layout{Worktree: wt, GitDir: gitDir, CommonDir: gitDir, DotGitFile: true}
+	if c, err := readPointer(filepath.Join(gitDir, "commondir"), ""); err == nil {
+		if !filepath.IsAbs(c) {
+			c = filepath.Join(gitDir, c)
+		}
+		if l.CommonDir, err = realDir(c, "commondir of "+gitDir); err != nil {
+			return nil, err
+		}
+		// git keeps <gitdir>/gitdir pointing back at <worktree>/.git; a .git
+		// file naming another worktree's gitdir fails this.
+		back, err := readPointer(filepath.Join(gitDir, "gitdir"), "")
+		if err != nil {
+			return nil, err
+		}
+		if filepath.Clean(back) != dotgit {
+			return nil, fmt.Errorf("%s points at %s, whose back pointer names %s (refused: rewritten gitdir pointer?)", dotgit, gitDir, back)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	for _, d := range []string{l.GitDir, l.CommonDir} {
+		if within(d, wt) {
+			return nil, fmt.Errorf("%s points into the worktree (%s), which the cage can write (refused)", dotgit, d)
+		}
+	}
+	if rel, err := filepath.Rel(l.CommonDir, l.GitDir); err != nil || strings.HasPrefix(rel, "..") {
+		return nil, fmt.Errorf("gitdir %s is outside its common dir %s; unsupported layout", l.GitDir, l.CommonDir)
+	}
+	return l, nil
+}
+
+// readPointer reads a small one-line pointer file without following a
+// symbolic link at its last component, and strips prefix.
+func readPointer(path, prefix string) (string, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", path, &os.PathError{Op: "open", Path: path, Err: err})
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return "", fmt.Errorf("%s is not a regular file (refused)", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 4097))
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(b) > 4096 || bytes.IndexByte(b, 0) >= 0 {
+		return "", fmt.Errorf("%s is not a git pointer file", path)
+	}
+	s := strings.TrimRight(string(b), "\r\n")
+	if strings.ContainsAny(s, "\r\n") || !strings.HasPrefix(s, prefix) || len(s) == len(prefix) {
+		return "", fmt.Errorf("%s is not a git pointer file (want one line %q<path>)", path, prefix)
+	}
+	return strings.TrimPrefix(s, prefix), nil
+}
+
+func realDir(p, what string) (string, error) {
+	real, err := filepath.EvalSymlinks(filepath.Clean(p))
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", what, err)
+	}
+	fi, err := os.Stat(real)
+	if err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("%s: %s is not a directory", what, real)
+	}
+	return real, nil
+}
+
+func within(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
+
+// CageMounts returns the read-only git-metadata mounts of a turn whose
+// worktree is bind-mounted at /work; the caller appends them after that
+// bind. A plain clone gets its .git directory read-only over /work/.git. A
+// linked worktree (or separate git dir) gets its common dir read-only at
+// CageCommonDir and, read-only over /work/.git, a generated .git file
+// (kept under stateDir/gitseal/) that points there. The cage can run git
+// status, diff and log; it cannot write config, hooks, refs, the index,
+// info/attributes or the gitdir pointer.
+func CageMounts(worktree, stateDir string) ([]mounts.Mount, error) {
+	l, err := Resolve(worktree)
+	if err != nil {
+		return nil, err
+	}
+	ro := []string{"bind", "nosuid", "nodev", "noexec"}
+	if !l.DotGitFile {
+		return []mounts.Mount{{Kind: mounts.Bind, Source: l.GitDir, Dest: mounts.WorkDir + "/.git", ReadOnly: true, Options: ro}}, nil
+	}
+	rel, err := filepath.Rel(l.CommonDir, l.GitDir)
+	if err != nil {
+		return nil, err
+	}
+	cageGitDir := filepath.Join(CageCommonDir, rel)
+	if !filepath.IsAbs(stateDir) {
+		return nil, fmt.Errorf("state directory %q must be an absolute path", stateDir)
+	}
+	sum := sha256.Sum256([]byte(l.Worktree))
+	dir := filepath.Join(stateDir, "gitseal", hex.EncodeToString(sum[:8]))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("git pointer for the cage: %w", err)
+	}
+	file := filepath.Join(dir, "dotgit")
+	tmp, err := os.CreateTemp(dir, ".dotgit-*")
+	if err != nil {
+		return nil, fmt.Errorf("git pointer for the cage: %w", err)
+	}
+	_, err = tmp.WriteString("gitdir: " + cageGitDir + "\n")
+	if err == nil {
+		err = tmp.Chmod(0o644)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), file)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return nil, fmt.Errorf("git pointer for the cage: %w", err)
+	}
+	return []mounts.Mount{
+		{Kind: mounts.Bind, Source: l.CommonDir, Dest: CageCommonDir, ReadOnly: true, Options: ro},
+		{Kind: mounts.Bind, Source: file, Dest: mounts.WorkDir + "/.git", ReadOnly: true, Options: ro},
+	}, nil
+}
