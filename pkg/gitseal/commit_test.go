@@ -9,10 +9,13 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
 )
 
 // hostGit runs git for the test's own setup and checks, with no user or
@@ -395,4 +398,38 @@ func TestCommitBadInput(t *testing.T) {
 	}
 	sort.Strings(keys)
 	assert.DeepEqual(t, keys, []string{"a"})
+}
+
+// TestCommitRunsAsRepoOwner: as root, git runs as the owner of the
+// repository, so the commit leaves no root-owned file in it.
+func TestCommitRunsAsRepoOwner(t *testing.T) {
+	itest.Require(t, itest.Root)
+	wt := newRepo(t)
+	for d := filepath.Dir(wt); d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		assert.NilError(t, os.Chmod(d, 0o755))
+	}
+	const owner = 4242
+	assert.NilError(t, filepath.WalkDir(wt, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, owner, owner)
+	}))
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "new.txt"), []byte("n\n"), 0o644))
+	id, err := Commit(context.Background(), wt, "as owner", author)
+	assert.NilError(t, err)
+	assert.Equal(t, hostGit(t, wt, "rev-parse", "HEAD"), id)
+	assert.NilError(t, filepath.WalkDir(filepath.Join(wt, ".git"), func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != owner {
+			t.Errorf("%s is owned by uid %d, not the repository owner", p, st.Uid)
+		}
+		return nil
+	}))
 }
