@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
@@ -257,8 +258,8 @@ func qname(q []byte) string {
 }
 
 // dnsAnswer answers an A or AAAA question with the internet canary's
-// address (203.0.113.10 / 2001:db8:203::10); anything else gets an empty
-// NOERROR answer.
+// address (203.0.113.10 / 2001:db8:203::10), except AAAA for names under
+// "v4only."; anything else gets an empty NOERROR answer.
 func dnsAnswer(q []byte) []byte {
 	if len(q) < 12 {
 		return nil
@@ -279,6 +280,10 @@ func dnsAnswer(q []byte) []byte {
 	binary.BigEndian.PutUint16(r[8:], 0)
 	binary.BigEndian.PutUint16(r[10:], 0)
 	var rdata []byte
+	name := strings.ToLower(qname(q))
+	if strings.HasPrefix(name, "v4only.") && qtype == 28 {
+		qtype = 0 // v4only.* names have no AAAA record
+	}
 	switch qtype {
 	case 1:
 		rdata = InternetAddr4.AsSlice()
@@ -295,4 +300,18 @@ func dnsAnswer(q []byte) []byte {
 		r = append(r, rdata...)
 	}
 	return r
+}
+
+// DialContext dials from inside role's namespace (for a net.Resolver that
+// must reach the testbed's DNS canary from the test process).
+func (tb *Testbed) DialContext(role string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := inNS(tb.NSPath(role), func() error {
+			var err error
+			c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}
 }

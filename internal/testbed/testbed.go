@@ -70,6 +70,7 @@ type Testbed struct {
 	log      log
 	canaries []*canaries
 	svc      *exec.Cmd
+	holder   *exec.Cmd // holds the service's mount namespace
 }
 
 // NSPath is the bind-mount path of role's namespace (for nsenter, setns).
@@ -313,8 +314,29 @@ func (tb *Testbed) StartPodman() {
 	if err != nil {
 		tb.t.Fatal(err)
 	}
-	script := fmt.Sprintf("mount -t tmpfs tmpfs /run/containers/networks && mount --bind %s /etc/resolv.conf && exec podman system service --time=0 unix://%s", resolv, sock)
-	cmd := exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "unshare", "--mount", "--propagation", "private", "sh", "-c", script)
+	if tb.holder == nil {
+		// The mount namespace must outlive service restarts: the cages'
+		// netns bind mounts live in it. A bounded sleep holds it, longer
+		// than any cage lives (cages are --rm and end on their own).
+		ready := filepath.Join(tb.Dir, "ready")
+		script := fmt.Sprintf("mount -t tmpfs tmpfs /run/containers/networks && mount --bind %s /etc/resolv.conf && touch %s && exec sleep 1800", resolv, ready)
+		h := exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "unshare", "--mount", "--propagation", "private", "sh", "-c", script)
+		h.Stdout, h.Stderr = logf, logf
+		if err := h.Start(); err != nil {
+			tb.t.Fatalf("start testbed mount namespace: %v", err)
+		}
+		tb.holder = h
+		for i := 0; ; i++ {
+			if _, err := os.Stat(ready); err == nil {
+				break
+			}
+			if i > 100 {
+				tb.t.Fatal("testbed mount namespace not ready")
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	cmd := exec.Command("nsenter", "-t", fmt.Sprint(tb.holder.Process.Pid), "-m", "-n", "--", "podman", "system", "service", "--time=0", "unix://"+sock)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		tb.t.Fatalf("start podman service: %v", err)
@@ -392,6 +414,10 @@ func (tb *Testbed) teardown() {
 		}
 	}
 	tb.stopService()
+	if tb.holder != nil {
+		tb.holder.Process.Kill()
+		tb.holder.Wait()
+	}
 	for _, c := range tb.canaries {
 		c.close()
 	}
@@ -425,4 +451,14 @@ func (tb *Testbed) Route(p netip.Prefix) {
 		tb.in("router", "ip", "-6", "route", "replace", p.String(), "via", HostAddr6.String())
 		tb.in("internet", "ip", "-6", "route", "replace", p.String(), "via", "2001:db8:203::1")
 	}
+}
+
+// PodmanLocal runs the local podman CLI inside the service's network and
+// mount namespaces, for commands the remote client lacks (network reload).
+func (tb *Testbed) PodmanLocal(args ...string) (string, error) {
+	if tb.svc == nil || tb.svc.Process == nil {
+		return "", fmt.Errorf("podman service not running")
+	}
+	out, err := exec.Command("nsenter", append([]string{"-t", fmt.Sprint(tb.holder.Process.Pid), "-m", "-n", "--", "podman"}, args...)...).CombinedOutput()
+	return string(out), err
 }

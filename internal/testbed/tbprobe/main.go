@@ -1,8 +1,8 @@
 // Command tbprobe runs inside a test cage and sends one tagged packet per
 // argument, so the testbed's canaries can tell which probe reached them.
 // Each argument is PROTO,ADDR,PORT,NONCE with PROTO one of tcp, udp, icmp
-// (unprivileged ICMP echo; PORT ignored) or dns (a query for NONCE.canary.test
-// sent to ADDR:PORT). With the single argument "listen" it is a canary
+// (unprivileged ICMP echo; PORT ignored), dns or dnstcp (a query for
+// NONCE.canary.test sent to ADDR:PORT over UDP or TCP). With the single argument "listen" it is a canary
 // instead: it logs every TCP (8080) and UDP (5000) payload to stdout. All probes run at once; one JSON line per probe is
 // printed with what the prober saw. Verdicts come from the canaries.
 package main
@@ -93,8 +93,11 @@ func run(arg string) (bool, string) {
 		return false, fmt.Sprint("no reply: ", err)
 	case "icmp":
 		return ping(addr, nonce)
-	case "dns":
+	case "dns", "dnstcp":
 		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			if proto == "dnstcp" {
+				network = "tcp" // the resolver frames by connection type
+			}
 			return (&net.Dialer{}).DialContext(ctx, network, hp)
 		}}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)

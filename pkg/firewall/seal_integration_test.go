@@ -1,0 +1,429 @@
+package firewall
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/pkg/config"
+)
+
+// env is a testbed with a cage network, a second podman network, a prober
+// cage and target cages (on the same bridge and on the other network).
+type env struct {
+	tb       *testbed.Testbed
+	cfg      config.Network
+	opts     Options
+	probe    string
+	gw4, gw6 netip.Addr
+	peer     []netip.Addr // cage on the same bridge (v4, v6)
+	other    netip.Addr   // cage on another podman network
+	run      int
+}
+
+func newEnv(t *testing.T) *env {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	tb := testbed.New(t)
+	tb.StartPodman()
+	n, _ := strconv.Atoi(tb.ID)
+	// Unique subnets and names: podman's network configs are shared with
+	// the machine's podman, so they must not collide with anyone's.
+	cfg := config.Network{
+		Policy:  "internet",
+		Name:    "stb" + tb.ID,
+		Bridge:  "stb" + tb.ID,
+		Subnet4: fmt.Sprintf("10.%d.%d.0/24", 200+n%50, (n/50)%250),
+		Subnet6: fmt.Sprintf("fd89:%x::/64", n%65536),
+		Allow:   []string{},
+	}
+	e := &env{tb: tb, cfg: cfg, opts: Options{NetNS: tb.NSPath("host")}}
+	var err error
+	e.gw4, e.gw6, err = Gateways(cfg)
+	assert.NilError(t, err)
+	// The cage network as the lead's podman client creates it: bridge
+	// named by config, explicit gateways (the seal's DNS exception), IPv6
+	// on, DNS (aardvark) on, not internal. podman 4.3's CLI cannot name
+	// the bridge, its API can.
+	e.createNetwork(t, cfg.Name, cfg.Bridge, true, [2]string{cfg.Subnet4, e.gw4.String()}, [2]string{cfg.Subnet6, e.gw6.String()})
+	other4 := fmt.Sprintf("10.%d.%d.0/24", 200+n%50, (n/50)%250+1)
+	e.createNetwork(t, cfg.Name+"o", "stbo"+tb.ID, false, [2]string{other4, ""})
+	e.probe = tb.BuildProbe()
+
+	e.peer = e.cage(t, "peer", cfg.Name, "timeout", "600", "/tbprobe", "listen")
+	e.other = e.cage(t, "other", cfg.Name+"o", "timeout", "600", "/tbprobe", "listen")[0]
+	e.cage(t, "a", cfg.Name, "sleep", "600")
+	assert.NilError(t, tb.CheckIsolated(netip.MustParsePrefix(cfg.Subnet4), netip.MustParsePrefix(cfg.Subnet6), netip.MustParsePrefix(other4)))
+	return e
+}
+
+// cage starts a cage like shrooms' (no capabilities, no new privileges) with
+// tbprobe mounted, and returns its addresses.
+func (e *env) cage(t *testing.T, name, network string, cmd ...string) []netip.Addr {
+	t.Helper()
+	full := "stb" + e.tb.ID + "-" + name
+	args := []string{"run", "-d", "--rm", "--name", full, "--label", e.tb.Label(), "--network", network,
+		"--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--user", "0",
+		"-v", e.probe + ":/tbprobe:ro", itest.TestImage}
+	e.tb.MustPodman(append(args, cmd...)...)
+	out := e.tb.MustPodman("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{.GlobalIPv6Address}}{{end}}", full)
+	var addrs []netip.Addr
+	for _, f := range strings.Fields(out) {
+		addrs = append(addrs, netip.MustParseAddr(f))
+	}
+	assert.Assert(t, len(addrs) > 0, "cage %s has no address: %q", full, out)
+	return addrs
+}
+
+// probe is one packet: proto, target, port; want says whether the seal
+// lets it through (it always gets through with the seal flushed).
+type probe struct {
+	name  string
+	proto string
+	addr  netip.Addr
+	port  int
+	open  bool   // reaches its canary with the seal applied
+	where string // "tb" (testbed canaries) or a cage name (its stdout log)
+}
+
+func (e *env) battery() []probe {
+	in4, in6 := testbed.InternetAddr4, testbed.InternetAddr6
+	ps := []probe{
+		// D2 positive controls: the internet, over TCP, UDP, ICMP, v4 and v6.
+		{"internet tcp v4", "tcp", in4, 80, true, "tb"},
+		{"internet tcp v6", "tcp", in6, 80, true, "tb"},
+		{"internet udp v4", "udp", in4, 5000, true, "tb"},
+		{"internet udp v6", "udp", in6, 5000, true, "tb"},
+		{"internet icmp v4", "icmp", in4, 0, true, "tb"},
+		{"internet icmp v6", "icmp", in6, 0, true, "tb"},
+		// D9a: DNS through the resolver the cage is given (aardvark on the
+		// gateway, forwarding to the internet's DNS canary) v4 and v6.
+		{"dns via gateway v4", "dns", e.gw4, 53, true, "tb"},
+		{"dns via gateway v6", "dns", e.gw6, 53, true, "tb"},
+		// D9b/c: direct resolvers, UDP and TCP, and DoT.
+		{"dns direct udp v4", "dns", in4, 53, false, "tb"},
+		{"dns direct udp v6", "dns", in6, 53, false, "tb"},
+		{"dns direct tcp v4", "dnstcp", in4, 53, false, "tb"},
+		{"dns direct tcp v6", "dnstcp", in6, 53, false, "tb"},
+		// D6: the LAN router, TCP/UDP/ICMP, v4 and v6 (ULA).
+		{"router tcp v4", "tcp", testbed.RouterAddr4, 80, false, "tb"},
+		{"router tcp v6", "tcp", testbed.RouterAddr6, 80, false, "tb"},
+		{"router udp v4", "udp", testbed.RouterAddr4, 5000, false, "tb"},
+		{"router udp v6", "udp", testbed.RouterAddr6, 5000, false, "tb"},
+		{"router icmp v4", "icmp", testbed.RouterAddr4, 0, false, "tb"},
+		{"router icmp v6", "icmp", testbed.RouterAddr6, 0, false, "tb"},
+		// D7: metadata, both addresses.
+		{"metadata v4", "tcp", testbed.Metadata4, 80, false, "tb"},
+		{"metadata v6", "tcp", testbed.Metadata6, 80, false, "tb"},
+		{"metadata udp v4", "udp", testbed.Metadata4, 5000, false, "tb"},
+		// D3/D4: the host through the gateway and its LAN addresses.
+		{"host lan tcp v4", "tcp", testbed.HostAddr4, 80, false, "tb"},
+		{"host lan tcp v6", "tcp", testbed.HostAddr6, 80, false, "tb"},
+		{"host lan udp v4", "udp", testbed.HostAddr4, 5000, false, "tb"},
+		{"host lan icmp v4", "icmp", testbed.HostAddr4, 0, false, "tb"},
+		{"gateway icmp v4", "icmp", e.gw4, 0, false, "tb"},
+		{"gateway icmp v6", "icmp", e.gw6, 0, false, "tb"},
+		// D8: another cage on the same bridge, and one on another network.
+		{"peer cage tcp v4", "tcp", e.peer[0], 8080, false, "peer"},
+		{"peer cage udp v4", "udp", e.peer[0], 5000, false, "peer"},
+		{"other network cage tcp", "tcp", e.other, 8080, false, "other"},
+	}
+	for _, port := range testbed.TCPPorts {
+		ps = append(ps,
+			probe{fmt.Sprintf("gateway tcp/%d v4", port), "tcp", e.gw4, port, false, "tb"},
+			probe{fmt.Sprintf("gateway tcp/%d v6", port), "tcp", e.gw6, port, false, "tb"})
+	}
+	for _, port := range testbed.UDPPorts {
+		ps = append(ps,
+			probe{fmt.Sprintf("gateway udp/%d v4", port), "udp", e.gw4, port, false, "tb"},
+			probe{fmt.Sprintf("gateway udp/%d v6", port), "udp", e.gw6, port, false, "tb"})
+	}
+	for _, a := range testbed.Private {
+		ps = append(ps, probe{"private tcp " + a.String(), "tcp", a, 80, false, "tb"})
+	}
+	if len(e.peer) > 1 {
+		ps = append(ps, probe{"peer cage tcp v6", "tcp", e.peer[1], 8080, false, "peer"},
+			probe{"peer cage udp v6", "udp", e.peer[1], 5000, false, "peer"})
+	}
+	return ps
+}
+
+// fire runs the probes from cage `from` at once and returns, per probe,
+// whether its canary logged the probe's nonce.
+func (e *env) fire(t *testing.T, from string, ps []probe) map[string]bool {
+	t.Helper()
+	e.run++
+	nonces := map[string]string{}
+	args := []string{"exec", "stb" + e.tb.ID + "-" + from, "/tbprobe"}
+	for i, p := range ps {
+		nonce := fmt.Sprintf("n%s-%d-%d", e.tb.ID, e.run, i)
+		nonces[p.name] = nonce
+		args = append(args, fmt.Sprintf("%s,%s,%d,%s", p.proto, p.addr, p.port, nonce))
+	}
+	out := e.tb.MustPodman(args...)
+	time.Sleep(300 * time.Millisecond) // let canaries log the last packets
+	logs := map[string]string{}
+	hit := map[string]bool{}
+	for _, p := range ps {
+		if p.where == "tb" {
+			hit[p.name] = len(e.tb.Hits(nonces[p.name])) > 0
+			continue
+		}
+		if _, ok := logs[p.where]; !ok {
+			logs[p.where] = e.tb.MustPodman("logs", "stb"+e.tb.ID+"-"+p.where)
+		}
+		hit[p.name] = strings.Contains(logs[p.where], nonces[p.name])
+	}
+	if t.Failed() || testing.Verbose() {
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			var r struct {
+				Probe, Detail string
+				OK            bool
+			}
+			if json.Unmarshal([]byte(l), &r) == nil {
+				t.Logf("prober: %s ok=%v %s", r.Probe, r.OK, r.Detail)
+			}
+		}
+	}
+	return hit
+}
+
+// expectSealed checks every probe against the seal's verdict.
+func (e *env) expectSealed(t *testing.T, from string) {
+	t.Helper()
+	ps := e.battery()
+	hit := e.fire(t, from, ps)
+	for _, p := range ps {
+		if p.open {
+			assert.Check(t, hit[p.name], "%s: allowed probe did not reach its canary", p.name)
+		} else {
+			assert.Check(t, !hit[p.name], "%s: SEAL BREACHED, canary logged the probe", p.name)
+		}
+	}
+}
+
+func TestSealInTestbed(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+
+	t.Run("positive control: with the seal flushed every probe reaches its canary", func(t *testing.T) {
+		assert.NilError(t, Flush(ctx, e.cfg, e.opts))
+		st, err := Verify(ctx, e.cfg, e.opts)
+		assert.NilError(t, err)
+		assert.Assert(t, !st.OK)
+		ps := e.battery()
+		hit := e.fire(t, "a", ps)
+		for _, p := range ps {
+			assert.Check(t, hit[p.name], "%s: probe does not reach its canary even without the seal: the test could not see a hole", p.name)
+		}
+	})
+
+	t.Run("sealed: only the internet and the given resolver", func(t *testing.T) {
+		start := time.Now()
+		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		t.Logf("apply took %v", time.Since(start))
+		st, err := Verify(ctx, e.cfg, e.opts)
+		assert.NilError(t, err)
+		assert.Assert(t, st.OK, st.Reason)
+		assert.Equal(t, st.Expected, st.Installed)
+		e.expectSealed(t, "a")
+	})
+
+	t.Run("apply is idempotent", func(t *testing.T) {
+		before, err := Verify(ctx, e.cfg, e.opts)
+		assert.NilError(t, err)
+		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		nft1 := e.nft(t)
+		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		after, err := Verify(ctx, e.cfg, e.opts)
+		assert.NilError(t, err)
+		assert.Assert(t, after.OK, after.Reason)
+		assert.Equal(t, before.Installed, after.Installed)
+		assert.Equal(t, nft1, e.nft(t))
+	})
+
+	t.Run("survives podman network reload", func(t *testing.T) {
+		// Only this testbed's cages: the container database is shared with
+		// the machine's podman, and --all would touch other tests' cages.
+		pre := "stb" + e.tb.ID + "-"
+		out, err := e.tb.PodmanLocal("network", "reload", pre+"a", pre+"peer", pre+"other")
+		assert.NilError(t, err, out)
+		st, err := Verify(ctx, e.cfg, e.opts)
+		assert.NilError(t, err)
+		assert.Assert(t, st.OK, st.Reason)
+		e.expectSealed(t, "a")
+	})
+
+	t.Run("holds for a new cage", func(t *testing.T) {
+		e.cage(t, "b", e.cfg.Name, "sleep", "600")
+		e.expectSealed(t, "b")
+	})
+
+	t.Run("survives a podman service restart", func(t *testing.T) {
+		e.tb.RestartPodman()
+		st, err := Verify(ctx, e.cfg, e.opts)
+		assert.NilError(t, err)
+		assert.Assert(t, st.OK, st.Reason)
+		e.expectSealed(t, "a")
+	})
+
+	t.Run("verify detects tampering", func(t *testing.T) {
+		table := tableName(e.cfg.Name)
+		for _, tc := range []struct {
+			name   string
+			nft    string
+			reason string
+		}{
+			{"rule deleted", "flush chain inet " + table + " input", "differs"},
+			{"set element removed", "delete element inet " + table + " no4 { 169.254.0.0/16 }", "differs"},
+			{"rule added", "insert rule inet " + table + " forward iifname \"lo\" accept", "differs"},
+			{"table dormant", "add table inet " + table + " { flags dormant; }", "differs"},
+			{"inet table deleted", "delete table inet " + table, "missing"},
+			{"bridge table deleted", "delete table bridge " + table, "missing"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+				out, err := e.tb.Exec("host", "nft", tc.nft)
+				assert.NilError(t, err, string(out))
+				st, err := Verify(ctx, e.cfg, e.opts)
+				assert.NilError(t, err)
+				assert.Assert(t, !st.OK)
+				assert.Assert(t, strings.Contains(st.Reason, tc.reason), st.Reason)
+				assert.Assert(t, !strings.Contains(st.Reason, "\n"), "reason is one line: %q", st.Reason)
+				t.Log(st.Reason)
+			})
+		}
+		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+	})
+
+	t.Run("bad input installs nothing", func(t *testing.T) {
+		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		before := e.nft(t)
+		for _, tc := range []struct {
+			name string
+			mod  func(*config.Network)
+			msg  string
+		}{
+			{"invalid CIDR", func(c *config.Network) { c.Policy = "allowlist"; c.Allow = []string{"203.0.113.0/33"} }, "network.allow[0]"},
+			{"unknown policy", func(c *config.Network) { c.Policy = "open" }, "unknown policy"},
+			{"bridge of another network", func(c *config.Network) { c.Bridge = "lan0" }, "not the bridge of network"},
+			{"bad subnet", func(c *config.Network) { c.Subnet4 = "10.0.0.1/24" }, "network.subnet4"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				cfg := e.cfg
+				cfg.Allow = append([]string(nil), e.cfg.Allow...)
+				tc.mod(&cfg)
+				err := Apply(ctx, cfg, e.opts)
+				assert.ErrorContains(t, err, tc.msg)
+				assert.Equal(t, before, e.nft(t), "a refused apply changed the ruleset")
+			})
+		}
+		st, err := Verify(ctx, e.cfg, e.opts)
+		assert.NilError(t, err)
+		assert.Assert(t, st.OK, st.Reason)
+	})
+
+	t.Run("allowlist", func(t *testing.T) {
+		cfg := e.cfg
+		cfg.Policy = "allowlist"
+		cfg.Allow = []string{"2001:db8:203::10/128", "v4only.allowed.test"}
+		opts := e.opts
+		opts.Resolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return e.tb.DialContext("host")(ctx, network, net.JoinHostPort(testbed.InternetAddr4.String(), "53"))
+		}}
+		res, err := Resolve(ctx, cfg, opts)
+		assert.NilError(t, err)
+		assert.DeepEqual(t, res.HostEntries(), []string{"v4only.allowed.test:203.0.113.10"})
+		assert.NilError(t, Apply(ctx, cfg, opts))
+		st, err := Verify(ctx, cfg, opts)
+		assert.NilError(t, err)
+		assert.Assert(t, st.OK, st.Reason)
+
+		i2v4, i2v6 := testbed.Internet2Addr4, testbed.Internet2Addr6
+		ps := []probe{
+			{"allowed name (v4)", "tcp", testbed.InternetAddr4, 80, true, "tb"},
+			{"allowed CIDR (v6)", "tcp", testbed.InternetAddr6, 80, true, "tb"},
+			{"allowed name udp", "udp", testbed.InternetAddr4, 5000, true, "tb"},
+			{"unlisted internet v4", "tcp", i2v4, 80, false, "tb"},
+			{"unlisted internet v6", "tcp", i2v6, 80, false, "tb"},
+			{"unlisted internet udp", "udp", i2v4, 5000, false, "tb"},
+			{"dns via gateway", "dns", e.gw4, 53, false, "tb"},
+			{"dns direct to allowed address", "dns", testbed.InternetAddr4, 53, false, "tb"},
+			{"router", "tcp", testbed.RouterAddr4, 80, false, "tb"},
+			{"metadata", "tcp", testbed.Metadata4, 80, false, "tb"},
+		}
+		// Positive control: the same probes all land without the seal.
+		assert.NilError(t, Flush(ctx, cfg, opts))
+		hit := e.fire(t, "a", ps)
+		for _, p := range ps {
+			assert.Check(t, hit[p.name], "%s: no hit even without the seal", p.name)
+		}
+		assert.NilError(t, Apply(ctx, cfg, opts))
+		hit = e.fire(t, "a", ps)
+		for _, p := range ps {
+			if p.open {
+				assert.Check(t, hit[p.name], "%s: allowed probe did not reach its canary", p.name)
+			} else {
+				assert.Check(t, !hit[p.name], "%s: SEAL BREACHED under allowlist", p.name)
+			}
+		}
+		// Back to the internet policy: Apply swaps the whole seal.
+		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+	})
+}
+
+func (e *env) nft(t *testing.T) string {
+	t.Helper()
+	out, err := e.tb.Exec("host", "nft", "list", "ruleset")
+	assert.NilError(t, err, string(out))
+	// Counters move with traffic; the rules are what matters.
+	var keep []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if i := strings.Index(l, "counter packets"); i >= 0 {
+			l = l[:i] + "counter" + l[strings.Index(l[i:], " bytes ")+i+len(" bytes "):]
+			if j := strings.Index(l, "counter"); j >= 0 {
+				f := strings.Fields(l[j+len("counter"):])
+				if len(f) > 0 {
+					l = l[:j+len("counter")] + " " + strings.Join(f[1:], " ")
+				}
+			}
+		}
+		keep = append(keep, l)
+	}
+	return strings.Join(keep, "\n")
+}
+
+// createNetwork creates a podman network through the API (libpod
+// networks/create).
+func (e *env) createNetwork(t *testing.T, name, bridge string, v6 bool, subnets ...[2]string) {
+	t.Helper()
+	type subnet struct {
+		Subnet  string `json:"subnet"`
+		Gateway string `json:"gateway,omitempty"`
+	}
+	body := map[string]any{
+		"name": name, "driver": "bridge", "network_interface": bridge,
+		"ipv6_enabled": v6, "dns_enabled": true, "internal": false,
+		"labels": map[string]string{"shrooms-tb": e.tb.ID},
+	}
+	var sn []subnet
+	for _, s := range subnets {
+		sn = append(sn, subnet{s[0], s[1]})
+	}
+	body["subnets"] = sn
+	b, err := json.Marshal(body)
+	assert.NilError(t, err)
+	out, err := exec.Command("curl", "-sS", "-f", "--unix-socket", strings.TrimPrefix(e.tb.PodmanURL, "unix://"),
+		"-H", "Content-Type: application/json", "-d", string(b), "http://d/v4.0.0/libpod/networks/create").CombinedOutput()
+	assert.NilError(t, err, "create network %s: %s", name, out)
+}
