@@ -288,7 +288,24 @@ func (c *Client) Stop(ctx context.Context, id string, grace time.Duration) error
 
 // Remove force-removes a container (killing it if it runs) and its
 // anonymous volumes. A container that is already gone is not an error.
+// Podman's own exit cleanup can hold the cage's mounts for a moment after it
+// exits ("device or resource busy"), so a failed removal is retried briefly.
 func (c *Client) Remove(ctx context.Context, id string) error {
+	var err error
+	for attempt := 0; attempt < 6; attempt++ {
+		if err = c.removeOnce(ctx, id); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt+1) * 150 * time.Millisecond):
+		}
+	}
+	return err
+}
+
+func (c *Client) removeOnce(ctx context.Context, id string) error {
 	cctx, done := c.scope(ctx)
 	defer done()
 	opts := new(containers.RemoveOptions).WithForce(true).WithVolumes(true).WithIgnore(true).WithTimeout(0)

@@ -11,6 +11,8 @@ package sealed
 import (
 	"fmt"
 	"math"
+	"net"
+	"net/netip"
 	"strconv"
 	"syscall"
 
@@ -113,11 +115,21 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	s.IpcNS = specgen.Namespace{NSMode: specgen.Private}
 	s.UtsNS = specgen.Namespace{NSMode: specgen.Private}
 	s.CgroupNS = specgen.Namespace{NSMode: specgen.Private}
+	// /etc/hosts and resolv.conf would otherwise copy the host's own lines
+	// (its names, host.containers.internal, its resolvers) into the cage.
+	s.UseImageHosts = &yes
 	if cfg.Network.Networked() {
 		s.NetNS = specgen.Namespace{NSMode: specgen.Bridge}
 		s.Networks = map[string]nettypes.PerNetworkOptions{cfg.Network.Name: {}}
+		gw, err := Gateway4(cfg.Network)
+		if err != nil {
+			return nil, err
+		}
+		// The only resolver the seal lets a cage reach: the network's own.
+		s.DNSServers = []net.IP{net.IP(gw.AsSlice())}
 	} else {
 		s.NetNS = specgen.Namespace{NSMode: specgen.NoNetwork}
+		s.UseImageResolvConf = &yes
 	}
 	s.UserNS = specgen.Namespace{NSMode: specgen.Private}
 	s.IDMappings = &storagetypes.IDMappingOptions{
@@ -173,6 +185,16 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 		}
 	}
 	return s, nil
+}
+
+// Gateway4 is the cage network's IPv4 gateway: the first address of
+// network.subnet4, where netavark puts the bridge and its DNS server.
+func Gateway4(n config.Network) (netip.Addr, error) {
+	p, err := netip.ParsePrefix(n.Subnet4)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("network.subnet4: %w", err)
+	}
+	return p.Masked().Addr().Next(), nil
 }
 
 // environment is the agent's plain environment plus what every cage sets.

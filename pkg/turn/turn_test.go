@@ -1,0 +1,436 @@
+package turn
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containers/podman/v5/pkg/specgen"
+	"gotest.tools/v3/assert"
+	is "gotest.tools/v3/assert/cmp"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+)
+
+// harness is a runner on the test podman service with a private state dir.
+type harness struct {
+	t      *testing.T
+	cfg    *config.Config
+	runner *Runner
+	client *podman.Client
+	prefix string
+}
+
+func newHarness(t *testing.T, extra string) *harness {
+	t.Helper()
+	itest.Require(t, itest.Root, itest.Podman)
+	dir := t.TempDir()
+	prefix := itest.UniqueName("tt")
+	cfg, err := config.Parse("test.toml", []byte(fmt.Sprintf(`
+[podman]
+socket = %q
+[state]
+dir = %q
+[cage]
+image = %q
+memory = "256m"
+pids = 128
+cpus = 1.0
+nofile = 512
+nproc = 256
+tmp_size = "16m"
+run_size = "4m"
+timeout = "60s"
+stop_grace = "2s"
+[network]
+policy = "none"
+[home]
+volume_prefix = "shrooms-home-%s-"
+[outbox]
+root = %q
+%s`, itest.Socket(), filepath.Join(dir, "state"), itest.TestImage, prefix, filepath.Join(dir, "outbox"), extra)))
+	assert.NilError(t, err)
+	ctx := context.Background()
+	client, err := podman.Connect(ctx, cfg.Podman.Socket)
+	assert.NilError(t, err)
+	h := &harness{t: t, cfg: cfg, client: client, runner: NewRunner(cfg, client, nil), prefix: prefix}
+	t.Cleanup(h.cleanup)
+	return h
+}
+
+// task returns a task id unique to this run.
+func (h *harness) task(name string) string { return h.prefix + "-" + name }
+
+func (h *harness) cleanup() {
+	ctx := context.Background()
+	cages, err := h.client.ListByLabel(ctx, sealed.LabelManaged, "1")
+	assert.NilError(h.t, err)
+	for _, c := range cages {
+		if strings.HasPrefix(c.Labels[sealed.LabelTask], h.prefix) {
+			h.t.Errorf("cage %s of this test was left behind", c.Name)
+			_ = h.client.Remove(ctx, c.ID)
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(h.cfg.State.Dir, "tasks"))
+	for _, e := range entries {
+		_ = h.client.RemoveVolume(ctx, h.cfg.Home.VolumePrefix+e.Name())
+	}
+}
+
+// sh runs one turn of the shell agent and returns its stdout and stderr.
+func (h *harness) sh(task, worktree, script string) (*Result, string, string, error) {
+	var out, errb bytes.Buffer
+	res, err := h.runner.Run(context.Background(), Request{
+		Task: task, Agent: "shell", Worktree: worktree, Args: []string{"-c", script},
+		Streams: podman.Streams{Stdout: &out, Stderr: &errb},
+	})
+	return res, out.String(), errb.String(), err
+}
+
+func field(t *testing.T, status, name string) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + name + `:\s*(.*)$`).FindStringSubmatch(status)
+	assert.Assert(t, m != nil, "no %s in /proc/self/status", name)
+	return strings.TrimSpace(m[1])
+}
+
+// TestCageIsSealedFromInside observes every property of the sealed spec from
+// inside a real cage.
+func TestCageIsSealedFromInside(t *testing.T) {
+	h := newHarness(t, "")
+	wt := t.TempDir()
+	res, out, errOut, err := h.sh(h.task("seal"), wt, `
+echo "==status"; cat /proc/self/status
+echo "==uidmap"; cat /proc/self/uid_map
+echo "==gidmap"; cat /proc/self/gid_map
+echo "==mountinfo"; cat /proc/self/mountinfo
+echo "==writes"
+for d in / /etc /usr /bin /var; do if touch $d/.probe 2>/dev/null; then echo "wrote $d"; else echo "denied $d"; fi; done
+if touch /work/.probe && touch /tmp/.probe && touch /home/agent/.probe; then echo "wrote work tmp home"; fi
+cp /bin/busybox /tmp/bb 2>/dev/null && chmod +x /tmp/bb && if /tmp/bb true 2>/dev/null; then echo "exec tmp allowed"; else echo "exec tmp denied"; fi
+echo "==id $(id -u):$(id -g) home=$HOME pwd=$(pwd) host=$(hostname)"
+echo "==limits nofile=$(ulimit -n) nproc=$(ulimit -u)"
+echo "==pids $(cat /sys/fs/cgroup/pids.max 2>/dev/null || cat /sys/fs/cgroup/pids/pids.max)"
+echo "==mem $(cat /sys/fs/cgroup/memory.max 2>/dev/null || cat /sys/fs/cgroup/memory/memory.limit_in_bytes)"
+echo "==dev $(ls /dev | tr '\n' ' ')"
+echo "==sockets"; find / -type s 2>/dev/null | grep -v '^/proc/' 
+echo "==ns"; ls -l /proc/1/ns/ | tail -n +2 | sed 's/.*-> //'
+echo "==ps $(ls -d /proc/[0-9]* | wc -l)"
+echo "==hosts"; cat /etc/hosts /etc/resolv.conf
+`)
+	assert.NilError(t, err, errOut)
+	assert.Equal(t, res.ExitCode, 0, errOut)
+	assert.Equal(t, res.Status, "exited")
+	assert.Assert(t, res.Removed, "cage not removed: %s", res.Error)
+
+	status := section(out, "status")
+	for _, capName := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"} {
+		assert.Equal(t, field(t, status, capName), "0000000000000000", capName)
+	}
+	assert.Equal(t, field(t, status, "NoNewPrivs"), "1")
+	assert.Equal(t, field(t, status, "Seccomp"), "2")
+
+	uidmap := strings.Fields(section(out, "uidmap"))
+	assert.Equal(t, len(uidmap), 3, "one uid_map line: %v", uidmap)
+	assert.Equal(t, uidmap[0], "0")
+	assert.Assert(t, uidmap[1] != "0", "the cage's root is not host root: %v", uidmap)
+	assert.Equal(t, uidmap[2], "65536")
+	ids, err := h.runner.Store.TaskIDs(h.task("seal"), h.runner.IDFiles, false)
+	assert.NilError(t, err)
+	assert.Equal(t, uidmap[1], strconv.Itoa(int(ids.UID)))
+	assert.DeepEqual(t, strings.Fields(section(out, "gidmap")), []string{"0", strconv.Itoa(int(ids.GID)), "65536"})
+
+	// Read-only root: every mount point that is writable is one we asked for.
+	mi := section(out, "mountinfo")
+	root := mountLine(t, mi, "/")
+	assert.Assert(t, hasOpt(root, "ro"), "root is not read-only: %s", root)
+	for _, dest := range []string{"/tmp", "/run"} {
+		line := mountLine(t, mi, dest)
+		assert.Assert(t, strings.Contains(line, " - tmpfs "), "%s is not tmpfs: %s", dest, line)
+		assert.Assert(t, hasOpt(line, "nosuid") && hasOpt(line, "nodev") && hasOpt(line, "noexec"), "%s: %s", dest, line)
+	}
+	assert.Assert(t, strings.Contains(mountLine(t, mi, "/tmp"), "size=16384k"), "tmp size cap")
+	writes := section(out, "writes")
+	for _, d := range []string{"/", "/etc", "/usr", "/bin", "/var"} {
+		assert.Assert(t, is.Contains(writes, "denied "+d))
+	}
+	assert.Assert(t, is.Contains(writes, "wrote work tmp home"), "positive control: the sanctioned places are writable")
+	assert.Assert(t, is.Contains(writes, "exec tmp denied"))
+
+	assert.Assert(t, is.Contains(out, fmt.Sprintf("==id 1000:1000 home=/home/agent pwd=/work host=cage-%s", h.task("seal"))))
+	assert.Assert(t, is.Contains(out, "==limits nofile=512 nproc=256"))
+	assert.Assert(t, is.Contains(out, "==pids 128"))
+	assert.Assert(t, is.Contains(out, "==mem 268435456"))
+	devs := strings.Fields(strings.TrimPrefix(lineWith(out, "==dev"), "==dev"))
+	for _, d := range devs {
+		assert.Assert(t, contains([]string{"console", "core", "fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty", "urandom", "zero"}, d), "unexpected device /dev/%s", d)
+	}
+	assert.Equal(t, strings.TrimSpace(section(out, "sockets")), "", "no sockets visible in the cage")
+	assert.Assert(t, is.Contains(out, "==ps "), out)
+	hostsFile, err := os.ReadFile("/etc/hosts")
+	assert.NilError(t, err)
+	for _, l := range strings.Split(string(hostsFile), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && !strings.HasPrefix(f[0], "#") && f[1] != "localhost" && !strings.HasPrefix(f[1], "ip6-") {
+			assert.Assert(t, !strings.Contains(section(out, "hosts"), f[1]), "the host's /etc/hosts line %q leaked into the cage", l)
+		}
+	}
+	assert.Assert(t, !strings.Contains(section(out, "hosts"), "host.containers.internal"))
+
+	// Namespaces: none shared with the host (compare with our own).
+	for _, ns := range []string{"pid", "ipc", "uts", "mnt", "net", "user", "cgroup"} {
+		mine, err := os.Readlink("/proc/self/ns/" + ns)
+		assert.NilError(t, err)
+		assert.Assert(t, !strings.Contains(section(out, "ns"), mine), "cage shares the host's %s namespace (%s)", ns, mine)
+	}
+}
+
+func TestTwoTasksHaveDisjointIDRanges(t *testing.T) {
+	h := newHarness(t, "")
+	var starts []int
+	for _, name := range []string{"a", "b"} {
+		_, out, errOut, err := h.sh(h.task(name), "", "cat /proc/self/uid_map")
+		assert.NilError(t, err, errOut)
+		f := strings.Fields(out)
+		assert.Equal(t, len(f), 3, out)
+		n, _ := strconv.Atoi(f[1])
+		size, _ := strconv.Atoi(f[2])
+		assert.Equal(t, size, 65536)
+		starts = append(starts, n)
+	}
+	gap := starts[1] - starts[0]
+	if gap < 0 {
+		gap = -gap
+	}
+	assert.Assert(t, gap >= 65536, "ranges overlap: %v", starts)
+	// The same task keeps its range on its next turn.
+	_, out, _, err := h.sh(h.task("a"), "", "cat /proc/self/uid_map")
+	assert.NilError(t, err)
+	assert.Equal(t, strings.Fields(out)[1], strconv.Itoa(starts[0]))
+}
+
+func TestExitCodeAndPersistentHome(t *testing.T) {
+	h := newHarness(t, "")
+	task := h.task("exit")
+	res, _, _, err := h.sh(task, "", "echo kept > /home/agent/state; exit 7")
+	assert.NilError(t, err)
+	assert.Equal(t, res.ExitCode, 7)
+	assert.Equal(t, res.Turn, 1)
+	res, out, _, err := h.sh(task, "", "cat /home/agent/state")
+	assert.NilError(t, err)
+	assert.Equal(t, res.Turn, 2)
+	assert.Equal(t, out, "kept\n")
+}
+
+func TestDeadlineStopsAndRemovesTheCage(t *testing.T) {
+	h := newHarness(t, "")
+	var out bytes.Buffer
+	start := time.Now()
+	res, err := h.runner.Run(context.Background(), Request{
+		Task: h.task("deadline"), Agent: "shell", Timeout: 2 * time.Second,
+		Args:    []string{"-c", "echo started; sleep 600"},
+		Streams: podman.Streams{Stdout: &out, Stderr: &out},
+	})
+	assert.ErrorIs(t, err, ErrDeadline)
+	assert.Equal(t, res.Status, "deadline")
+	assert.Assert(t, res.Removed)
+	assert.Assert(t, time.Since(start) < 30*time.Second, "took %s", time.Since(start))
+	assert.Assert(t, is.Contains(out.String(), "started"))
+	h.assertNoCage(h.task("deadline"))
+}
+
+func TestInterruptStopsAndRemovesTheCage(t *testing.T) {
+	h := newHarness(t, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	r, w, _ := os.Pipe()
+	defer r.Close()
+	go func() {
+		// Cancel once the agent has printed: the cage is running.
+		buf := make([]byte, 16)
+		_, _ = r.Read(buf)
+		cancel()
+	}()
+	res, err := h.runner.Run(ctx, Request{
+		Task: h.task("intr"), Agent: "shell", Args: []string{"-c", "echo up; sleep 600"},
+		Streams: podman.Streams{Stdout: w, Stderr: os.Stderr},
+	})
+	w.Close()
+	assert.ErrorIs(t, err, ErrInterrupted)
+	assert.Equal(t, res.Status, "interrupted")
+	assert.Assert(t, res.Removed)
+	h.assertNoCage(h.task("intr"))
+}
+
+func TestBusyTaskFailsAtOnce(t *testing.T) {
+	h := newHarness(t, "")
+	task := h.task("busy")
+	lock, err := h.runner.Store.LockTask(task)
+	assert.NilError(t, err)
+	_, _, _, err = h.sh(task, "", "true")
+	assert.ErrorIs(t, err, ErrBusy)
+	assert.Assert(t, is.Contains(err.Error(), "has a turn running"))
+	assert.NilError(t, lock.Release())
+	res, _, _, err := h.sh(task, "", "true")
+	assert.NilError(t, err, "positive control: the task runs once free")
+	assert.Equal(t, res.ExitCode, 0)
+}
+
+func TestSpecIsWhatRunSends(t *testing.T) {
+	h := newHarness(t, "")
+	task := h.task("spec")
+	req := Request{Task: task, Agent: "shell", Args: []string{"-c", "true"}}
+	spec, err := h.runner.Spec(context.Background(), req)
+	assert.NilError(t, err)
+	want, err := SpecJSON(spec)
+	assert.NilError(t, err)
+	_, err = os.Stat(filepath.Join(h.cfg.State.Dir, "tasks", task))
+	assert.Assert(t, os.IsNotExist(err), "spec wrote task state")
+	exists, err := h.client.VolumeExists(context.Background(), h.cfg.Home.VolumePrefix+task)
+	assert.NilError(t, err)
+	assert.Assert(t, !exists, "spec created the HOME volume")
+
+	var sent []byte
+	h.runner.OnSpec = func(s *specgen.SpecGenerator) { sent, _ = SpecJSON(s) }
+	req.Streams = podman.Streams{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}
+	_, err = h.runner.Run(context.Background(), req)
+	assert.NilError(t, err)
+	assert.Equal(t, string(sent), string(want))
+}
+
+func TestLeftoverCageIsRemovedByNextRunAndGC(t *testing.T) {
+	h := newHarness(t, "")
+	task := h.task("left")
+	// A cage as a crashed shrooms would leave it: created and running.
+	_, err := h.runner.Bootstrap(context.Background(), task)
+	assert.NilError(t, err)
+	prep, err := h.runner.prepare(context.Background(), Request{Task: task, Agent: "shell", Args: []string{"-c", "sleep 600"}}, true)
+	assert.NilError(t, err)
+	id, err := h.client.Create(context.Background(), prep.spec)
+	assert.NilError(t, err)
+	_, err = h.client.Start(context.Background(), id, podman.Streams{})
+	assert.NilError(t, err)
+
+	rep, err := h.runner.GC(context.Background())
+	assert.NilError(t, err)
+	assert.Assert(t, is.Contains(rep.Removed, sealed.Name(task, prep.turn)))
+	h.assertNoCage(task)
+}
+
+func TestBootstrapOnce(t *testing.T) {
+	h := newHarness(t, "")
+	task := h.task("boot")
+	out, err := h.runner.Bootstrap(context.Background(), task)
+	assert.NilError(t, err)
+	assert.Equal(t, out, Bootstrapped)
+	_, _, _, err = h.sh(task, "", "echo cred > /home/agent/cred")
+	assert.NilError(t, err)
+	out, err = h.runner.Bootstrap(context.Background(), task)
+	assert.NilError(t, err)
+	assert.Equal(t, out, AlreadyBootstrapped)
+	_, got, _, err := h.sh(task, "", "cat /home/agent/cred")
+	assert.NilError(t, err)
+	assert.Equal(t, got, "cred\n", "a second bootstrap changed nothing")
+}
+
+func TestTokenReachesTheCageOnlyAsEnv(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "tok")
+	assert.NilError(t, os.WriteFile(tok, []byte("s3cr3t-value\n"), 0o600))
+	h := newHarness(t, fmt.Sprintf(`
+[tokens]
+api = %q
+[agents.tok]
+command = ["/bin/sh"]
+home = ["shell"]
+token_env = { API_KEY = "api" }
+`, tok))
+	task := h.task("tok")
+	req := Request{Task: task, Agent: "tok", Args: []string{"-c", `echo "key=$API_KEY"; grep -rl "s3""cr3t" /home/agent /work /tmp 2>/dev/null | wc -l`}}
+	spec, err := h.runner.Spec(context.Background(), req)
+	assert.NilError(t, err)
+	js, _ := json.Marshal(spec)
+	assert.Assert(t, !strings.Contains(string(js), "s3cr3t"), "the token value is in the spec")
+	var out, errb bytes.Buffer
+	req.Streams = podman.Streams{Stdout: &out, Stderr: &errb}
+	res, err := h.runner.Run(context.Background(), req)
+	assert.NilError(t, err, errb.String())
+	assert.Equal(t, res.ExitCode, 0)
+	assert.Equal(t, out.String(), "key=s3cr3t-value\n0\n")
+	defer h.client.RemoveSecret(context.Background(), SecretName(task, "api"))
+}
+
+func (h *harness) assertNoCage(task string) {
+	h.t.Helper()
+	cages, err := h.client.ListByLabel(context.Background(), sealed.LabelTask, task)
+	assert.NilError(h.t, err)
+	assert.Equal(h.t, len(cages), 0, "cages left: %+v", cages)
+}
+
+func section(out, name string) string {
+	i := strings.Index(out, "=="+name+"\n")
+	if i < 0 {
+		return ""
+	}
+	rest := out[i+len(name)+3:]
+	if strings.HasPrefix(rest, "==") {
+		return ""
+	}
+	if j := strings.Index(rest, "\n=="); j >= 0 {
+		return rest[:j+1]
+	}
+	return rest
+}
+
+func lineWith(out, prefix string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			return l
+		}
+	}
+	return ""
+}
+
+// mountLine finds the mountinfo line whose mount point is dest.
+func mountLine(t *testing.T, mi, dest string) string {
+	t.Helper()
+	for _, l := range strings.Split(mi, "\n") {
+		f := strings.Fields(l)
+		if len(f) > 5 && f[4] == dest {
+			return l
+		}
+	}
+	t.Fatalf("no mount at %s in:\n%s", dest, mi)
+	return ""
+}
+
+func hasOpt(line, opt string) bool {
+	f := strings.Fields(line)
+	if len(f) < 6 {
+		return false
+	}
+	for _, o := range strings.Split(f[5], ",") {
+		if o == opt {
+			return true
+		}
+	}
+	return false
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
