@@ -1,0 +1,97 @@
+package homereset
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+)
+
+// benchTask is newTask for benchmarks.
+func benchTask(b *testing.B) Task {
+	b.Helper()
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	dir := b.TempDir()
+	root := filepath.Join(dir, "vol")
+	if err := os.Mkdir(root, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	cfgTask := Task{Root: root, UID: testBase + agentUID, GID: testBase + agentUID, Profiles: []string{"claude", "shell"}}
+	cfgTask.Config = benchConfig()
+	if _, err := Bootstrap(context.Background(), cfgTask); err != nil {
+		b.Fatal(err)
+	}
+	return cfgTask
+}
+
+// BenchmarkReset measures the critical path (Reset) against the junk the last
+// turn left and the size of kept session transcripts; Cleanup, which deletes
+// the old tree off the critical path, is reported as cleanup-ms/op.
+func BenchmarkReset(b *testing.B) {
+	for _, bc := range []struct {
+		name       string
+		junk       int
+		transcript int64
+	}{
+		{"junk=0", 0, 0},
+		{"junk=10000", 10000, 0},
+		{"junk=100000", 100000, 0},
+		{"transcript=1MiB", 0, 1 << 20},
+		{"transcript=100MiB", 0, 100 << 20},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			task := benchTask(b)
+			ctx := context.Background()
+			var cleanup time.Duration
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				home := HomeDir(task.Root)
+				for j := 0; j < bc.junk; j++ {
+					if j%1000 == 0 {
+						must(b, os.MkdirAll(filepath.Join(home, fmt.Sprintf("junk/d%d", j/1000)), 0o755))
+					}
+					must(b, os.WriteFile(filepath.Join(home, fmt.Sprintf("junk/d%d/f%d", j/1000, j)), nil, 0o644))
+				}
+				if bc.transcript > 0 {
+					p := filepath.Join(home, ".claude/projects/-work/s.jsonl")
+					if _, err := os.Stat(p); err != nil {
+						must(b, os.MkdirAll(filepath.Dir(p), 0o755))
+						must(b, os.WriteFile(p, make([]byte, bc.transcript), 0o600))
+					}
+				}
+				b.StartTimer()
+				if _, err := Reset(ctx, ResetInput{Task: task}); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				t0 := time.Now()
+				if _, err := Cleanup(ctx, task.Root); err != nil {
+					b.Fatal(err)
+				}
+				cleanup += time.Since(t0)
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(cleanup.Milliseconds())/float64(b.N), "cleanup-ms/op")
+		})
+	}
+}
+
+func must(b *testing.B, err error) {
+	b.Helper()
+	if err != nil {
+		b.Fatal(err)
+	}
+}
+
+func benchConfig() *config.Config {
+	cfg := config.Default()
+	cfg.Home.Claude.Settings = map[string]any{"model": "opus"}
+	cfg.Home.Claude.Instructions = "Work in /work.\n"
+	return cfg
+}
