@@ -114,6 +114,12 @@ func (r *Runner) Run(ctx context.Context, req Request) (*Result, error) {
 	c := &clock{start: time.Now(), last: time.Now(), res: res}
 	defer func() { res.TotalMs = ms(time.Since(c.start)) }()
 
+	in, err := r.check(ctx, req)
+	if err != nil {
+		return res, err
+	}
+	c.lap("check")
+
 	lock, err := r.Store.LockTask(req.Task)
 	if err != nil {
 		return res, classify(err)
@@ -127,7 +133,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (*Result, error) {
 		return res, fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
 	}
 
-	prep, err := r.prepare(ctx, req, true)
+	prep, err := r.prepare(ctx, req, in, true)
 	if err != nil {
 		return res, err
 	}
@@ -143,24 +149,28 @@ func (r *Runner) Run(ctx context.Context, req Request) (*Result, error) {
 // Spec returns the spec the next turn of req would run, with no side effects:
 // nothing is locked, allocated, created or written.
 func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator, error) {
-	prep, err := r.prepare(ctx, req, false)
+	in, err := r.check(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	prep, err := r.prepare(ctx, req, in, false)
 	if err != nil {
 		return nil, err
 	}
 	return prep.spec, nil
 }
 
-type prepared struct {
-	turn    int
-	spec    *specgen.SpecGenerator
-	ids     taskstate.IDs
-	secrets map[string][]byte // podman secret name → value
+// checked is what check learnt about a request.
+type checked struct {
+	agent  config.Agent
+	tokens map[string][]byte
+	plan   *mounts.Plan
 }
 
-// prepare runs every check and computes the spec. With commit false it
-// changes nothing (for `spec`); with commit true it allocates the task's ids,
-// bootstraps HOME on a first turn, stores token secrets and counts the turn.
-func (r *Runner) prepare(ctx context.Context, req Request, commit bool) (*prepared, error) {
+// check validates the request and the host without changing anything: input
+// (task id, agent, paths, tokens), the network seal and the image. Bad input
+// is refused before any lock, state or volume exists.
+func (r *Runner) check(ctx context.Context, req Request) (*checked, error) {
 	cfg := r.Cfg
 	if err := mounts.ValidateTaskID(req.Task); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInput, err)
@@ -172,21 +182,9 @@ func (r *Runner) prepare(ctx context.Context, req Request, commit bool) (*prepar
 	if req.Timeout < 0 {
 		return nil, fmt.Errorf("%w: timeout must be positive", ErrInput)
 	}
-	if cfg.Network.Networked() {
-		if r.Seal == nil {
-			return nil, fmt.Errorf("%w: network policy %q needs the nftables seal and this build cannot verify one; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
-		}
-		if err := r.Seal(ctx, cfg); err != nil {
-			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %v", ErrHostNotReady, err)
-		}
-	}
 	tokens, err := readTokens(cfg, agent)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInput, err)
-	}
-	ids, err := r.Store.TaskIDs(req.Task, r.IDFiles, commit)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	plan, err := mounts.Build(mounts.Input{
 		Task:         req.Task,
@@ -200,13 +198,39 @@ func (r *Runner) prepare(ctx context.Context, req Request, commit bool) (*prepar
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInput, err)
 	}
+	if cfg.Network.Networked() {
+		if r.Seal == nil {
+			return nil, fmt.Errorf("%w: network policy %q needs the nftables seal and this runner cannot verify one; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
+		}
+		if err := r.Seal(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %v", ErrHostNotReady, err)
+		}
+	}
 	image := cfg.ImageFor(agent)
 	if ok, err := r.Podman.ImageExists(ctx, image); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	} else if !ok {
 		return nil, fmt.Errorf("%w: image %s is not in podman's store (nothing is pulled; build or load it first)", ErrHostNotReady, image)
 	}
+	return &checked{agent: agent, tokens: tokens, plan: plan}, nil
+}
 
+type prepared struct {
+	turn int
+	spec *specgen.SpecGenerator
+	ids  taskstate.IDs
+}
+
+// prepare computes the spec of a checked request. With commit false it
+// changes nothing (for `spec`); with commit true it allocates the task's ids,
+// bootstraps HOME on a first turn, hands the worktree to the task's user,
+// stores token secrets and counts the turn.
+func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit bool) (*prepared, error) {
+	cfg := r.Cfg
+	ids, err := r.Store.TaskIDs(req.Task, r.IDFiles, commit)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
 	turn, err := r.Store.LastTurn(req.Task)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
@@ -215,10 +239,10 @@ func (r *Runner) prepare(ctx context.Context, req Request, commit bool) (*prepar
 	timeout := r.timeout(req)
 	secretEnv := map[string]string{}
 	secrets := map[string][]byte{}
-	for env, tok := range agent.TokenEnv {
+	for env, tok := range in.agent.TokenEnv {
 		name := SecretName(req.Task, tok)
 		secretEnv[env] = name
-		secrets[name] = tokens[tok]
+		secrets[name] = in.tokens[tok]
 	}
 	spec, err := sealed.Spec(cfg, sealed.Turn{
 		Task:            req.Task,
@@ -227,14 +251,14 @@ func (r *Runner) prepare(ctx context.Context, req Request, commit bool) (*prepar
 		Args:            req.Args,
 		Stdin:           req.Streams.Stdin != nil,
 		IDs:             sealed.IDRange{UID: ids.UID, GID: ids.GID, Size: taskstate.SlotSize},
-		Plan:            plan,
+		Plan:            in.plan,
 		SecretEnv:       secretEnv,
 		DeadlineSeconds: uint(timeout.Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
 	})
 	if err != nil {
 		return nil, err
 	}
-	p := &prepared{turn: turn, spec: spec, ids: ids, secrets: secrets}
+	p := &prepared{turn: turn, spec: spec, ids: ids}
 	if !commit {
 		return p, nil
 	}

@@ -313,7 +313,10 @@ func TestLeftoverCageIsRemovedByNextRunAndGC(t *testing.T) {
 	// A cage as a crashed shrooms would leave it: created and running.
 	_, err := h.runner.Bootstrap(context.Background(), task)
 	assert.NilError(t, err)
-	prep, err := h.runner.prepare(context.Background(), Request{Task: task, Agent: "shell", Args: []string{"-c", "sleep 600"}}, true)
+	req := Request{Task: task, Agent: "shell", Args: []string{"-c", "sleep 600"}}
+	in, err := h.runner.check(context.Background(), req)
+	assert.NilError(t, err)
+	prep, err := h.runner.prepare(context.Background(), req, in, true)
 	assert.NilError(t, err)
 	id, err := h.client.Create(context.Background(), prep.spec)
 	assert.NilError(t, err)

@@ -1,0 +1,384 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"gotest.tools/v3/assert"
+	is "gotest.tools/v3/assert/cmp"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+)
+
+// The test binary doubles as shrooms: with SHROOMS_TEST_MAIN=1 it runs main,
+// so the tests can send real signals to a real shrooms process.
+func TestMain(m *testing.M) {
+	if os.Getenv("SHROOMS_TEST_MAIN") == "1" {
+		main()
+		return
+	}
+	os.Exit(m.Run())
+}
+
+type env struct {
+	t      *testing.T
+	dir    string
+	config string
+	prefix string
+}
+
+func newEnv(t *testing.T, extra string) *env {
+	t.Helper()
+	dir := t.TempDir()
+	e := &env{t: t, dir: dir, prefix: itest.UniqueName("ct")}
+	e.config = filepath.Join(dir, "config.toml")
+	assert.NilError(t, os.WriteFile(e.config, []byte(fmt.Sprintf(`
+[podman]
+socket = %q
+[state]
+dir = %q
+[cage]
+image = %q
+memory = "256m"
+timeout = "60s"
+stop_grace = "2s"
+[network]
+policy = "none"
+[home]
+volume_prefix = "shrooms-home-%s-"
+[outbox]
+root = %q
+%s`, itest.Socket(), filepath.Join(dir, "state"), itest.TestImage, e.prefix, filepath.Join(dir, "outbox"), extra)), 0o600))
+	return e
+}
+
+func (e *env) task(name string) string { return e.prefix + "-" + name }
+
+// shrooms runs the CLI in-process.
+func (e *env) shrooms(args ...string) (code int, stdout, stderr string) {
+	var out, errb bytes.Buffer
+	code = run(append([]string{"shrooms", "--config", e.config}, args...), strings.NewReader(""), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// command returns the CLI as a separate process.
+func (e *env) command(args ...string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], append([]string{"--config", e.config}, args...)...)
+	cmd.Env = append(os.Environ(), "SHROOMS_TEST_MAIN=1")
+	return cmd
+}
+
+func (e *env) cleanup(client *podman.Client) {
+	ctx := context.Background()
+	cages, _ := client.ListByLabel(ctx, sealed.LabelManaged, "1")
+	for _, c := range cages {
+		if strings.HasPrefix(c.Labels[sealed.LabelTask], e.prefix) {
+			e.t.Errorf("cage %s left behind", c.Name)
+			_ = client.Remove(ctx, c.ID)
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(e.dir, "state", "tasks"))
+	for _, d := range entries {
+		_ = client.RemoveVolume(ctx, "shrooms-home-"+e.prefix+"-"+d.Name())
+	}
+}
+
+func integration(t *testing.T, extra string) (*env, *podman.Client) {
+	itest.Require(t, itest.Root, itest.Podman)
+	e := newEnv(t, extra)
+	client, err := podman.Connect(context.Background(), itest.Socket())
+	assert.NilError(t, err)
+	t.Cleanup(func() { e.cleanup(client) })
+	return e, client
+}
+
+func (e *env) cagesOf(client *podman.Client, task string) int {
+	cages, err := client.ListByLabel(context.Background(), sealed.LabelTask, task)
+	assert.NilError(e.t, err)
+	return len(cages)
+}
+
+func TestExitCodePassesThrough(t *testing.T) {
+	e, client := integration(t, "")
+	for _, want := range []int{0, 1, 7, 42} {
+		code, _, stderr := e.shrooms("run", "--task", e.task("exit"), "--agent", "shell", "--", "-c", fmt.Sprintf("exit %d", want))
+		assert.Equal(t, code, want, stderr)
+	}
+	assert.Equal(t, e.cagesOf(client, e.task("exit")), 0)
+}
+
+func TestRunJSONResult(t *testing.T) {
+	e, _ := integration(t, "")
+	code, stdout, stderr := e.shrooms("--json", "run", "--task", e.task("json"), "--agent", "shell", "--", "-c", "echo out; exit 3")
+	assert.Equal(t, code, 3, stderr)
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	assert.Equal(t, lines[0], "out")
+	var res struct {
+		Task     string `json:"task"`
+		Turn     int    `json:"turn"`
+		Cage     string `json:"cage"`
+		ExitCode int    `json:"exitCode"`
+		Status   string `json:"status"`
+		Removed  bool   `json:"removed"`
+		Phases   []struct {
+			Name string  `json:"name"`
+			Ms   float64 `json:"ms"`
+		} `json:"phases"`
+	}
+	assert.NilError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &res))
+	assert.Equal(t, res.Task, e.task("json"))
+	assert.Equal(t, res.Turn, 1)
+	assert.Equal(t, res.ExitCode, 3)
+	assert.Equal(t, res.Status, "exited")
+	assert.Assert(t, res.Removed)
+	assert.Assert(t, len(res.Cage) == 64, res.Cage)
+	var names []string
+	for _, p := range res.Phases {
+		names = append(names, p.Name)
+	}
+	assert.DeepEqual(t, names, []string{"check", "lock", "prepare", "create", "start", "wait", "remove"})
+}
+
+func TestDeadlineExitCode(t *testing.T) {
+	e, client := integration(t, "")
+	start := time.Now()
+	code, _, stderr := e.shrooms("run", "--task", e.task("dl"), "--agent", "shell", "--timeout", "2s", "--", "-c", "sleep 600")
+	assert.Equal(t, code, ExitDeadline, stderr)
+	assert.Assert(t, is.Contains(stderr, "deadline"))
+	assert.Assert(t, time.Since(start) < 30*time.Second)
+	assert.Equal(t, e.cagesOf(client, e.task("dl")), 0)
+}
+
+// TestSignalsStopAndRemoveTheCage sends real SIGINT and SIGTERM to a real
+// shrooms process while its cage runs.
+func TestSignalsStopAndRemoveTheCage(t *testing.T) {
+	e, client := integration(t, "")
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
+		task := e.task(strings.ToLower(sig.String()[:3]) + "sig")
+		cmd := e.command("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "echo up; sleep 600")
+		stdout, err := cmd.StdoutPipe()
+		assert.NilError(t, err)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		assert.NilError(t, cmd.Start())
+		buf := make([]byte, 3)
+		_, err = stdout.Read(buf) // the cage runs once it has printed
+		assert.NilError(t, err, stderr.String())
+		assert.Equal(t, e.cagesOf(client, task), 1, "positive control: the cage is there while it runs")
+		assert.NilError(t, cmd.Process.Signal(sig))
+		err = cmd.Wait()
+		assert.Equal(t, cmd.ProcessState.ExitCode(), ExitInterrupted, "%v: %s", err, stderr.String())
+		assert.Equal(t, e.cagesOf(client, task), 0, "cage left after %s", sig)
+	}
+}
+
+// TestKilledShroomsLeavesNothingAfterNextRun: kill -9 of shrooms mid-turn;
+// the next run of the task (and gc) removes the orphaned cage.
+func TestKilledShroomsLeavesNothingAfterNextRun(t *testing.T) {
+	e, client := integration(t, "")
+	task := e.task("kill")
+	for _, cleaner := range []string{"run", "gc"} {
+		cmd := e.command("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "echo up; sleep 600")
+		stdout, err := cmd.StdoutPipe()
+		assert.NilError(t, err)
+		assert.NilError(t, cmd.Start())
+		_, err = stdout.Read(make([]byte, 3))
+		assert.NilError(t, err)
+		assert.NilError(t, cmd.Process.Kill())
+		_ = cmd.Wait()
+		assert.Equal(t, e.cagesOf(client, task), 1, "positive control: kill -9 leaves the cage running")
+		if cleaner == "run" {
+			code, _, stderr := e.shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "true")
+			assert.Equal(t, code, 0, stderr)
+		} else {
+			code, stdout, stderr := e.shrooms("gc")
+			assert.Equal(t, code, 0, stderr)
+			assert.Assert(t, is.Contains(stdout, "removed 1 leftover cage"))
+		}
+		assert.Equal(t, e.cagesOf(client, task), 0, "after %s", cleaner)
+	}
+}
+
+func TestBusyTaskExitCode(t *testing.T) {
+	e, client := integration(t, "")
+	task := e.task("busy")
+	cmd := e.command("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "echo up; sleep 600")
+	stdout, err := cmd.StdoutPipe()
+	assert.NilError(t, err)
+	assert.NilError(t, cmd.Start())
+	_, err = stdout.Read(make([]byte, 3))
+	assert.NilError(t, err)
+	start := time.Now()
+	code, _, stderr := e.shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "true")
+	assert.Equal(t, code, ExitBusy, stderr)
+	assert.Assert(t, time.Since(start) < 5*time.Second, "a busy task fails at once")
+	assert.Assert(t, is.Contains(stderr, "has a turn running"))
+	assert.NilError(t, cmd.Process.Signal(syscall.SIGTERM))
+	_ = cmd.Wait()
+	assert.Equal(t, e.cagesOf(client, task), 0)
+}
+
+func TestStdinAndStreams(t *testing.T) {
+	e, _ := integration(t, "")
+	var out, errb bytes.Buffer
+	code := run([]string{"shrooms", "--config", e.config, "run", "--task", e.task("io"), "--agent", "shell", "--", "-c", "tr a-z A-Z; echo err >&2"},
+		strings.NewReader("hello cage\n"), &out, &errb)
+	assert.Equal(t, code, 0, errb.String())
+	assert.Equal(t, out.String(), "HELLO CAGE\n")
+	assert.Equal(t, errb.String(), "err\n")
+}
+
+// TestBadInputIsOneClearLineAndChangesNothing covers config, task ids,
+// paths, tokens, images and the podman socket.
+func TestBadInputIsOneClearLineAndChangesNothing(t *testing.T) {
+	e, client := integration(t, "")
+	link := filepath.Join(e.dir, "link")
+	realWT := filepath.Join(e.dir, "wt")
+	assert.NilError(t, os.Mkdir(realWT, 0o755))
+	assert.NilError(t, os.Symlink(realWT, link))
+	file := filepath.Join(e.dir, "file")
+	assert.NilError(t, os.WriteFile(file, nil, 0o644))
+
+	badConfig := filepath.Join(e.dir, "bad.toml")
+	assert.NilError(t, os.WriteFile(badConfig, []byte("[cage]\nmemroy = \"1g\"\n"), 0o600))
+	noToken := newEnv(t, "[tokens]\nk = \"/nonexistent/token\"\n[agents.t]\ncommand = [\"sh\"]\nhome = [\"shell\"]\ntoken_env = { K = \"k\" }\n")
+	noImage := newEnv(t, "[agents.x]\ncommand = [\"sh\"]\nhome = [\"shell\"]\nimage = \"localhost/shrooms-no-such-image:latest\"\n")
+	noSocket := newEnv(t, "")
+	data, _ := os.ReadFile(noSocket.config)
+	assert.NilError(t, os.WriteFile(noSocket.config, bytes.Replace(data, []byte(itest.Socket()), []byte("unix:///run/shrooms-test-nonexistent/podman.sock"), 1), 0o600))
+	networked := newEnv(t, "")
+	data, _ = os.ReadFile(networked.config)
+	assert.NilError(t, os.WriteFile(networked.config, bytes.Replace(data, []byte(`policy = "none"`), []byte(`policy = "internet"`+"\nbridge = \"shrtest0\"\nname = \"shrtest0\""), 1), 0o600))
+
+	cases := []struct {
+		name string
+		env  *env
+		args []string
+		code int
+		want string
+	}{
+		{"unknown config key", e, []string{"--config", badConfig, "run", "--task", e.task("a"), "--agent", "shell"}, ExitUsage, "bad.toml:2: cage.memroy: unknown key"},
+		{"task ../x", e, []string{"run", "--task", "../x", "--agent", "shell"}, ExitUsage, `invalid task id "../x"`},
+		{"empty task", e, []string{"run", "--task", "", "--agent", "shell"}, ExitUsage, "invalid task id"},
+		{"200-char task", e, []string{"run", "--task", strings.Repeat("a", 200), "--agent", "shell"}, ExitUsage, "invalid task id"},
+		{"unknown agent", e, []string{"run", "--task", e.task("a"), "--agent", "nope"}, ExitUsage, `unknown agent "nope"`},
+		{"missing worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", filepath.Join(e.dir, "nope")}, ExitUsage, "no such file or directory"},
+		{"symlinked worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", link}, ExitUsage, "is a symbolic link"},
+		{"file worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", file}, ExitUsage, "is not a directory"},
+		{"etc worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", "/etc"}, ExitUsage, "protected host directory /etc"},
+		{"root worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", "/"}, ExitUsage, "root directory"},
+		{"relative worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", "wt"}, ExitUsage, "must be an absolute path"},
+		{"token missing", noToken, []string{"run", "--task", noToken.task("a"), "--agent", "t"}, ExitUsage, `token k "/nonexistent/token"`},
+		{"image missing", noImage, []string{"run", "--task", noImage.task("a"), "--agent", "x"}, ExitHostNotReady, "image localhost/shrooms-no-such-image:latest is not in podman's store"},
+		{"socket absent", noSocket, []string{"run", "--task", noSocket.task("a"), "--agent", "shell"}, ExitHostNotReady, "podman API unreachable"},
+		{"seal absent", networked, []string{"run", "--task", networked.task("a"), "--agent", "shell"}, ExitHostNotReady, "network seal not verified, refusing to start a networked cage"},
+		{"missing flag", e, []string{"run", "--agent", "shell"}, ExitUsage, `Required flag "task" not set`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			code, stdout, stderr := tc.env.shrooms(tc.args...)
+			assert.Equal(t, code, tc.code, "stdout=%q stderr=%q", stdout, stderr)
+			assert.Assert(t, is.Contains(stderr, tc.want))
+			msg := strings.TrimSpace(stderr)
+			if tc.name != "missing flag" { // urfave prints usage there
+				assert.Assert(t, !strings.Contains(msg, "\n"), "not one line: %q", msg)
+				assert.Assert(t, strings.HasPrefix(msg, "shrooms: "), msg)
+			}
+		})
+	}
+	// Nothing was created: no cage, no HOME volume, no task state.
+	for _, x := range []*env{e, noToken, noImage, noSocket, networked} {
+		cages, err := client.ListByLabel(context.Background(), sealed.LabelManaged, "1")
+		assert.NilError(t, err)
+		for _, c := range cages {
+			assert.Assert(t, !strings.HasPrefix(c.Labels[sealed.LabelTask], x.prefix), "cage %s created", c.Name)
+		}
+		ok, err := client.VolumeExists(context.Background(), "shrooms-home-"+x.prefix+"-"+x.task("a"))
+		assert.NilError(t, err)
+		assert.Assert(t, !ok)
+		_, err = os.Stat(filepath.Join(x.dir, "state", "tasks", x.task("a")))
+		assert.Assert(t, os.IsNotExist(err), "task state written for bad input")
+	}
+	fi, err := os.Lstat(realWT)
+	assert.NilError(t, err)
+	assert.Equal(t, fi.Sys().(*syscall.Stat_t).Uid, uint32(0), "the worktree behind the symlink was not touched")
+}
+
+func TestBootstrapCommand(t *testing.T) {
+	e, _ := integration(t, "")
+	task := e.task("boot")
+	code, stdout, stderr := e.shrooms("bootstrap", "--task", task)
+	assert.Equal(t, code, 0, stderr)
+	assert.Equal(t, stdout, "bootstrapped\n")
+	code, stdout, _ = e.shrooms("--json", "bootstrap", "--task", task)
+	assert.Equal(t, code, 0)
+	assert.Assert(t, is.Contains(stdout, `"result": "already-bootstrapped"`))
+}
+
+func TestSpecCommandPrintsStableJSON(t *testing.T) {
+	e, client := integration(t, "")
+	task := e.task("spec")
+	args := []string{"spec", "--task", task, "--agent", "shell", "--", "-c", "true"}
+	code, first, stderr := e.shrooms(args...)
+	assert.Equal(t, code, 0, stderr)
+	_, second, _ := e.shrooms(args...)
+	assert.Equal(t, first, second, "spec output is stable")
+	var spec map[string]any
+	assert.NilError(t, json.Unmarshal([]byte(first), &spec))
+	assert.Equal(t, spec["name"], "shrooms-"+task+"-1")
+	assert.Equal(t, e.cagesOf(client, task), 0)
+}
+
+func TestDoctor(t *testing.T) {
+	e, _ := integration(t, "")
+	code, stdout, stderr := e.shrooms("doctor")
+	assert.Assert(t, is.Contains(stdout, "ok   podman"), stdout+stderr)
+	assert.Assert(t, is.Contains(stdout, "ok   image"), stdout)
+	assert.Assert(t, is.Contains(stdout, "ok   subids"), stdout)
+	assert.Assert(t, is.Contains(stdout, "ok   seal           network.policy = none"), stdout)
+	assert.Equal(t, code, 0, stdout+stderr)
+
+	bad := newEnv(t, "[tokens]\nk = \"/nonexistent/token\"\n")
+	data, _ := os.ReadFile(bad.config)
+	assert.NilError(t, os.WriteFile(bad.config, bytes.Replace(data, []byte(itest.Socket()), []byte("unix:///run/shrooms-test-nonexistent/podman.sock"), 1), 0o600))
+	code, stdout, _ = bad.shrooms("--json", "doctor")
+	assert.Equal(t, code, ExitHostNotReady)
+	var rep struct {
+		OK       bool `json:"ok"`
+		Findings []struct{ Check, Status, Fix string }
+	}
+	assert.NilError(t, json.Unmarshal([]byte(stdout), &rep))
+	assert.Assert(t, !rep.OK)
+	failed := map[string]bool{}
+	for _, f := range rep.Findings {
+		if f.Status == "fail" {
+			failed[f.Check] = true
+			assert.Assert(t, f.Fix != "", "finding %s has no fix", f.Check)
+		}
+	}
+	assert.Assert(t, failed["podman"] && failed["tokens"], "%+v", rep.Findings)
+}
+
+func TestVersionAndHelp(t *testing.T) {
+	e := newEnv(t, "")
+	code, stdout, _ := e.shrooms("version")
+	assert.Equal(t, code, 0)
+	assert.Assert(t, strings.HasPrefix(stdout, "shrooms "))
+	code, stdout, _ = e.shrooms("--help")
+	assert.Equal(t, code, 0)
+	for _, cmd := range []string{"run", "spec", "bootstrap", "doctor", "gc", "version"} {
+		assert.Assert(t, is.Contains(stdout, "   "+cmd), "help lacks %s", cmd)
+	}
+	assert.Assert(t, is.Contains(stdout, "123 task busy"))
+}
