@@ -46,7 +46,9 @@ type Turn struct {
 	Task   string
 	Number int
 	Agent  string
-	// Args are appended to the agent's command.
+	// Command replaces the agent's command when set.
+	Command []string
+	// Args are appended to the command.
 	Args []string
 	// Stdin keeps the cage's stdin open for attaching.
 	Stdin bool
@@ -87,7 +89,11 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 
 	// Basic: what runs, as whom, where.
 	s.Name = Name(t.Task, t.Number)
-	s.Command = append(append([]string{}, agent.Command...), t.Args...)
+	command := agent.Command
+	if len(t.Command) > 0 {
+		command = t.Command
+	}
+	s.Command = append(append([]string{}, command...), t.Args...)
 	s.Env = environment(agent)
 	s.EnvSecrets = copyMap(t.SecretEnv)
 	s.Terminal = &no

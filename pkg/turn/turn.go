@@ -40,6 +40,12 @@ type Request struct {
 	Agent    string
 	Worktree string
 	Args     []string
+	// Command, when set, replaces the agent's command (shrooms' own tools,
+	// such as the probe, run this way); Args are still appended.
+	Command []string
+	// ExtraMounts are added to the plan after its own mounts (validated by
+	// the caller; e.g. shrooms' own binary, read-only, for the probe).
+	ExtraMounts []mounts.Mount
 	// Timeout overrides cage.timeout when positive.
 	Timeout time.Duration
 	// Streams are attached to the cage; a nil Stdin leaves stdin closed.
@@ -58,7 +64,8 @@ type Runner struct {
 	IDFiles taskstate.IDFiles
 	// Seal verifies the nftables seal; required when the policy is networked.
 	Seal SealChecker
-	// OnSpec, when set, sees the exact spec sent to podman (tests use it).
+	// OnSpec, when set, sees the exact spec sent to podman. Tests use it to
+	// record the spec, and to weaken a cage on purpose for negative controls.
 	OnSpec func(*specgen.SpecGenerator)
 }
 
@@ -198,6 +205,7 @@ func (r *Runner) check(ctx context.Context, req Request) (*checked, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInput, err)
 	}
+	plan.Mounts = append(plan.Mounts, req.ExtraMounts...)
 	if cfg.Network.Networked() {
 		if r.Seal == nil {
 			return nil, fmt.Errorf("%w: network policy %q needs the nftables seal and this runner cannot verify one; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
@@ -248,6 +256,7 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 		Task:            req.Task,
 		Number:          turn,
 		Agent:           req.Agent,
+		Command:         req.Command,
 		Args:            req.Args,
 		Stdin:           req.Streams.Stdin != nil,
 		IDs:             sealed.IDRange{UID: ids.UID, GID: ids.GID, Size: taskstate.SlotSize},
