@@ -17,6 +17,7 @@ import (
 	is "gotest.tools/v3/assert/cmp"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
@@ -91,6 +92,12 @@ func (e *env) cleanup(client *podman.Client) {
 	entries, _ := os.ReadDir(filepath.Join(e.dir, "state", "tasks"))
 	for _, d := range entries {
 		_ = client.RemoveVolume(ctx, "shrooms-home-"+e.prefix+"-"+d.Name())
+		if _, err := os.Stat(filepath.Join(e.dir, "outbox")); err != nil {
+			continue
+		}
+		if err := outbox.Release(filepath.Join(e.dir, "outbox"), d.Name()); err != nil && !os.IsNotExist(err) {
+			e.t.Errorf("release outbox: %v", err)
+		}
 	}
 }
 

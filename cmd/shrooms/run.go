@@ -110,9 +110,10 @@ func specCommand() *cli.Command {
 func bootstrapCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bootstrap",
-		Usage: "create the task HOME volume once (an existing one is left as it is)",
+		Usage: "create the task HOME once and seed its credentials (an existing one is left as it is)",
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "task", Required: true, Usage: "task `ID`"},
+			&cli.StringFlag{Name: "agent", Usage: "seed only the HOME profiles of agent `NAME` (default: every profile)"},
 		},
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c)
@@ -124,15 +125,23 @@ func bootstrapCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			var profiles []string
+			if name := c.String("agent"); name != "" {
+				agent, err := cfg.Agent(name)
+				if err != nil {
+					return fail(ExitUsage, err)
+				}
+				profiles = agent.Home
+			}
 			runner := turn.NewRunner(cfg, client, sealChecker)
-			outcome, err := runner.Bootstrap(ctx, c.String("task"))
+			res, err := runner.Bootstrap(ctx, c.String("task"), profiles)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
 			if c.Bool("json") {
-				return printJSON(c.App.Writer, map[string]string{"task": c.String("task"), "volume": cfg.Home.VolumePrefix + c.String("task"), "result": outcome})
+				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "volume": runner.VolumeName(c.String("task")), "result": res.Result, "seeded": res.Seeded})
 			}
-			fmt.Fprintln(c.App.Writer, outcome)
+			fmt.Fprintln(c.App.Writer, res.Result)
 			return nil
 		},
 	}

@@ -159,6 +159,16 @@ func within(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/
 // status, diff and log; it cannot write config, hooks, refs, the index,
 // info/attributes or the gitdir pointer.
 func CageMounts(worktree, stateDir string) ([]mounts.Mount, error) {
+	return cageMounts(worktree, stateDir, true)
+}
+
+// PlanCageMounts is CageMounts without writing the generated .git file (for
+// `spec`, which changes nothing).
+func PlanCageMounts(worktree, stateDir string) ([]mounts.Mount, error) {
+	return cageMounts(worktree, stateDir, false)
+}
+
+func cageMounts(worktree, stateDir string, write bool) ([]mounts.Mount, error) {
 	l, err := Resolve(worktree)
 	if err != nil {
 		return nil, err
@@ -177,10 +187,17 @@ func CageMounts(worktree, stateDir string) ([]mounts.Mount, error) {
 	}
 	sum := sha256.Sum256([]byte(l.Worktree))
 	dir := filepath.Join(stateDir, "gitseal", hex.EncodeToString(sum[:8]))
+	file := filepath.Join(dir, "dotgit")
+	result := []mounts.Mount{
+		{Kind: mounts.Bind, Source: l.CommonDir, Dest: CageCommonDir, ReadOnly: true, Options: ro},
+		{Kind: mounts.Bind, Source: file, Dest: mounts.WorkDir + "/.git", ReadOnly: true, Options: ro},
+	}
+	if !write {
+		return result, nil
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("git pointer for the cage: %w", err)
 	}
-	file := filepath.Join(dir, "dotgit")
 	tmp, err := os.CreateTemp(dir, ".dotgit-*")
 	if err != nil {
 		return nil, fmt.Errorf("git pointer for the cage: %w", err)
@@ -199,8 +216,5 @@ func CageMounts(worktree, stateDir string) ([]mounts.Mount, error) {
 		os.Remove(tmp.Name())
 		return nil, fmt.Errorf("git pointer for the cage: %w", err)
 	}
-	return []mounts.Mount{
-		{Kind: mounts.Bind, Source: l.CommonDir, Dest: CageCommonDir, ReadOnly: true, Options: ro},
-		{Kind: mounts.Bind, Source: file, Dest: mounts.WorkDir + "/.git", ReadOnly: true, Options: ro},
-	}, nil
+	return result, nil
 }

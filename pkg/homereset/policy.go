@@ -118,6 +118,21 @@ func WritePolicy(dir string, cfg *config.Config, profiles []string) ([]PolicyMou
 	return mounts, nil
 }
 
+// PolicyMounts returns the mounts WritePolicy would return for profiles,
+// without writing anything and without the file digests (for `spec`).
+func PolicyMounts(dir string, profiles []string) []PolicyMount {
+	var out []PolicyMount
+	for _, p := range profiles {
+		switch p {
+		case "claude":
+			out = append(out, PolicyMount{Source: filepath.Join(dir, "claude-code"), Dest: "/etc/claude-code"})
+		case "opencode":
+			out = append(out, PolicyMount{Source: filepath.Join(dir, "opencode"), Dest: "/etc/opencode"})
+		}
+	}
+	return out
+}
+
 // merge returns enforced plus the owner's extra keys; an owner key that
 // would change an enforced one is a config error.
 func merge(enforced, extra map[string]any, key string) (map[string]any, error) {

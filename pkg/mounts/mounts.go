@@ -39,8 +39,6 @@ type Mount struct {
 // Plan is the full set of mounts of one turn's cage.
 type Plan struct {
 	Mounts []Mount `json:"mounts"`
-	// HomeVolume is the task HOME volume's name.
-	HomeVolume string `json:"homeVolume"`
 }
 
 var taskIDPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
@@ -63,15 +61,20 @@ func truncate(s string, n int) string {
 
 // Input is what a turn asks to mount.
 type Input struct {
-	Task         string
-	Worktree     string // host path; "" means no worktree (an empty tmpfs /work)
-	VolumePrefix string
-	OutboxDir    string // host path of this task's outbox; "" means none
-	TmpSize      int64
-	RunSize      int64
-	TmpExec      bool
-	// Forbidden are extra host paths nothing may be mounted at, inside or over
-	// (shrooms' state directory, the podman socket's directory).
+	Task     string
+	Worktree string // host path; "" means no worktree (an empty tmpfs /work)
+	// HomeDir is the host directory of the task's live HOME (inside its
+	// volume, laid out by the HOME reset); OutboxDir the task's outbox ("" for
+	// none). shrooms computes and prepares both itself, refusing planted
+	// links, so they are not checked again here.
+	HomeDir   string
+	OutboxDir string
+	TmpSize   int64
+	RunSize   int64
+	TmpExec   bool
+	// Forbidden are extra host paths a worktree may not be at, inside or over
+	// (shrooms' state directory, the outbox root, the podman socket's
+	// directory).
 	Forbidden []string
 }
 
@@ -80,7 +83,10 @@ func Build(in Input) (*Plan, error) {
 	if err := ValidateTaskID(in.Task); err != nil {
 		return nil, err
 	}
-	p := &Plan{HomeVolume: in.VolumePrefix + in.Task}
+	if !filepath.IsAbs(in.HomeDir) {
+		return nil, fmt.Errorf("task HOME %q is not an absolute host path", in.HomeDir)
+	}
+	p := &Plan{}
 	tmpOpts := []string{"rw", "nosuid", "nodev", fmt.Sprintf("size=%d", in.TmpSize), "mode=1777"}
 	if !in.TmpExec {
 		tmpOpts = append(tmpOpts, "noexec")
@@ -88,7 +94,7 @@ func Build(in Input) (*Plan, error) {
 	p.Mounts = append(p.Mounts,
 		Mount{Kind: Tmpfs, Dest: "/tmp", Options: tmpOpts},
 		Mount{Kind: Tmpfs, Dest: "/run", Options: []string{"rw", "nosuid", "nodev", "noexec", fmt.Sprintf("size=%d", in.RunSize), "mode=0755"}},
-		Mount{Kind: Volume, Source: p.HomeVolume, Dest: HomeDir, Options: []string{"nosuid", "nodev"}},
+		Mount{Kind: Bind, Source: in.HomeDir, Dest: HomeDir, Options: []string{"rbind", "nosuid", "nodev"}},
 	)
 	if in.Worktree != "" {
 		wt, err := CheckHostDir(in.Worktree, "worktree", in.Forbidden)
@@ -100,11 +106,10 @@ func Build(in Input) (*Plan, error) {
 		p.Mounts = append(p.Mounts, Mount{Kind: Tmpfs, Dest: WorkDir, Options: []string{"rw", "nosuid", "nodev", fmt.Sprintf("size=%d", in.TmpSize), "mode=0777"}})
 	}
 	if in.OutboxDir != "" {
-		ob, err := CheckHostDir(in.OutboxDir, "outbox", in.Forbidden)
-		if err != nil {
-			return nil, err
+		if !filepath.IsAbs(in.OutboxDir) {
+			return nil, fmt.Errorf("outbox %q is not an absolute host path", in.OutboxDir)
 		}
-		p.Mounts = append(p.Mounts, Mount{Kind: Bind, Source: ob, Dest: OutboxDir, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
+		p.Mounts = append(p.Mounts, Mount{Kind: Bind, Source: filepath.Clean(in.OutboxDir), Dest: OutboxDir, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
 	}
 	return p, nil
 }

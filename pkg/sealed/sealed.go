@@ -9,10 +9,13 @@
 package sealed
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"math"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"syscall"
 
@@ -32,7 +35,16 @@ const (
 	LabelTask    = "io.shrooms.task"
 	LabelTurn    = "io.shrooms.turn"
 	LabelAgent   = "io.shrooms.agent"
+	// LabelState names the state directory of the shrooms that made the
+	// cage, so that gc and leftover removal only touch their own cages.
+	LabelState = "io.shrooms.state"
 )
+
+// StateLabel is the value of LabelState for a state directory.
+func StateLabel(stateDir string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(stateDir)))
+	return hex.EncodeToString(sum[:8])
+}
 
 // IDRange is the slice of host uids and gids a task's user namespace maps
 // container ids 0..Size-1 onto.
@@ -103,6 +115,7 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 		LabelTask:    t.Task,
 		LabelTurn:    strconv.Itoa(t.Number),
 		LabelAgent:   t.Agent,
+		LabelState:   StateLabel(cfg.State.Dir),
 	}
 	stopSignal := syscall.SIGTERM
 	s.StopSignal = &stopSignal

@@ -3,47 +3,92 @@ package turn
 import (
 	"context"
 	"fmt"
-	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
-// Bootstrap outcomes.
+// Bootstrap outcomes, as homereset reports them.
 const (
 	Bootstrapped        = "bootstrapped"
 	AlreadyBootstrapped = "already-bootstrapped"
 )
 
-// Bootstrap creates the task HOME volume once, owned by the agent's host ids.
-// On a volume that exists it returns AlreadyBootstrapped and changes nothing.
-func Bootstrap(ctx context.Context, cfg *config.Config, client *podman.Client, task string, ids taskstate.IDs) (string, error) {
-	name := cfg.Home.VolumePrefix + task
-	exists, err := client.VolumeExists(ctx, name)
+// VolumeName is the task HOME volume's name.
+func (r *Runner) VolumeName(task string) string { return r.Cfg.Home.VolumePrefix + task }
+
+// homeTask describes the task HOME to the reset.
+func (r *Runner) homeTask(root string, ids taskstate.IDs, profiles []string) homereset.Task {
+	return homereset.Task{
+		Root:     root,
+		UID:      int(ids.UID) + int(r.Cfg.Cage.User),
+		GID:      int(ids.GID) + int(r.Cfg.Cage.User),
+		Config:   r.Cfg,
+		Profiles: profiles,
+	}
+}
+
+// bootstrap creates the task HOME volume if it is missing and seeds its
+// credentials once; an existing, bootstrapped HOME is left as it is. It
+// returns the volume's host directory.
+func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, profiles []string) (string, *homereset.BootstrapResult, error) {
+	name := r.VolumeName(task)
+	exists, err := r.Podman.VolumeExists(ctx, name)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	var root string
+	if exists {
+		v, err := r.Podman.InspectVolume(ctx, name)
+		if err != nil {
+			return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+		if v.Labels[sealed.LabelTask] != task {
+			return "", nil, fmt.Errorf("%w: volume %s exists but is not task %s's HOME (label %s=%q); remove or rename it", ErrHostNotReady, name, task, sealed.LabelTask, v.Labels[sealed.LabelTask])
+		}
+		root = v.Mountpoint
+	} else {
+		if root, err = r.Podman.CreateVolume(ctx, name, map[string]string{sealed.LabelManaged: "1", sealed.LabelTask: task}); err != nil {
+			return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+		// The volume root stays root's and private; HOME lives inside it.
+		if err := unix.Fchmodat(unix.AT_FDCWD, root, 0o700, 0); err != nil {
+			_ = r.Podman.RemoveVolume(ctx, name)
+			return "", nil, fmt.Errorf("%w: HOME volume %s mode: %v", ErrHostNotReady, name, err)
+		}
+	}
+	res, err := homereset.Bootstrap(ctx, r.homeTask(root, ids, profiles))
+	if err != nil {
+		if !exists {
+			_ = r.Podman.RemoveVolume(ctx, name)
+		}
+		return "", nil, fmt.Errorf("%w: bootstrap HOME: %v", ErrHostNotReady, err)
+	}
+	return root, res, nil
+}
+
+// volumeRoot is the host directory the task HOME volume has, or will have
+// once created (for `spec`, which creates nothing).
+func (r *Runner) volumeRoot(ctx context.Context, task string) (string, error) {
+	name := r.VolumeName(task)
+	exists, err := r.Podman.VolumeExists(ctx, name)
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	if exists {
-		return AlreadyBootstrapped, nil
+		v, err := r.Podman.InspectVolume(ctx, name)
+		if err != nil {
+			return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+		return v.Mountpoint, nil
 	}
-	mountpoint, err := client.CreateVolume(ctx, name, map[string]string{sealed.LabelManaged: "1", sealed.LabelTask: task})
+	info, err := r.Podman.Info(ctx)
 	if err != nil {
 		return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
-	// A fresh volume is root's; hand its root to the agent's host ids. Nothing
-	// of the cage's is in it yet, so a plain path is safe, but never follow.
-	uid, gid := int(ids.UID)+int(cfg.Cage.User), int(ids.GID)+int(cfg.Cage.User)
-	if err := unix.Fchownat(unix.AT_FDCWD, mountpoint, uid, gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		_ = client.RemoveVolume(ctx, name)
-		return "", fmt.Errorf("%w: own HOME volume %s: %v", ErrHostNotReady, name, err)
-	}
-	if err := os.Chmod(mountpoint, 0o700); err != nil {
-		_ = client.RemoveVolume(ctx, name)
-		return "", fmt.Errorf("%w: HOME volume %s mode: %v", ErrHostNotReady, name, err)
-	}
-	return Bootstrapped, nil
+	return filepath.Join(info.GraphRoot, "volumes", name, "_data"), nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
@@ -41,6 +42,16 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		return res, r.stopped(ctx, waitCtx, id, res, err, deadline)
 	}
 	c.lap("start")
+
+	// The old HOME tree goes while the agent works, off the critical path.
+	if p.root != "" {
+		cleaned := make(chan struct{})
+		go func() {
+			defer close(cleaned)
+			_, _ = homereset.Cleanup(cleanupCtx, p.root)
+		}()
+		defer func() { <-cleaned }()
+	}
 
 	code, err := r.Podman.Wait(waitCtx, id)
 	if err != nil {

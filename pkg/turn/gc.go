@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
@@ -18,7 +19,7 @@ func (r *Runner) removeLeftovers(ctx context.Context, task string) ([]string, er
 	}
 	var removed []string
 	for _, c := range cages {
-		if c.Labels[sealed.LabelManaged] != "1" {
+		if !r.ours(c) {
 			continue
 		}
 		if err := r.Podman.Remove(ctx, c.ID); err != nil {
@@ -27,6 +28,11 @@ func (r *Runner) removeLeftovers(ctx context.Context, task string) ([]string, er
 		removed = append(removed, c.Name)
 	}
 	return removed, nil
+}
+
+// ours reports whether a cage was made by a shrooms with this state dir.
+func (r *Runner) ours(c podman.Cage) bool {
+	return c.Labels[sealed.LabelManaged] == "1" && c.Labels[sealed.LabelState] == sealed.StateLabel(r.Cfg.State.Dir)
 }
 
 // GCReport lists what gc did.
@@ -45,7 +51,9 @@ func (r *Runner) GC(ctx context.Context) (*GCReport, error) {
 	rep := &GCReport{Removed: []string{}, Busy: []string{}}
 	tasks := map[string]bool{}
 	for _, c := range cages {
-		tasks[c.Labels[sealed.LabelTask]] = true
+		if r.ours(c) {
+			tasks[c.Labels[sealed.LabelTask]] = true
+		}
 	}
 	for task := range tasks {
 		lock, err := r.Store.LockTask(task)

@@ -19,7 +19,10 @@ import (
 	"github.com/containers/podman/v5/pkg/specgen"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/gitseal"
+	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -99,6 +102,8 @@ type Result struct {
 	Phases   []Phase `json:"phases"`
 	TotalMs  float64 `json:"totalMs"`
 	Removed  bool    `json:"removed"`
+	// Reset is the HOME reset's report for this turn.
+	Reset *homereset.Report `json:"reset,omitempty"`
 }
 
 type clock struct {
@@ -145,6 +150,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (*Result, error) {
 		return res, err
 	}
 	res.Turn = prep.turn
+	res.Reset = prep.reset
 	c.lap("prepare")
 
 	if r.OnSpec != nil {
@@ -169,9 +175,9 @@ func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator,
 
 // checked is what check learnt about a request.
 type checked struct {
-	agent  config.Agent
-	tokens map[string][]byte
-	plan   *mounts.Plan
+	agent    config.Agent
+	tokens   map[string][]byte
+	worktree string // cleaned; "" for none
 }
 
 // check validates the request and the host without changing anything: input
@@ -193,19 +199,13 @@ func (r *Runner) check(ctx context.Context, req Request) (*checked, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInput, err)
 	}
-	plan, err := mounts.Build(mounts.Input{
-		Task:         req.Task,
-		Worktree:     req.Worktree,
-		VolumePrefix: cfg.Home.VolumePrefix,
-		TmpSize:      int64(cfg.Cage.TmpSize),
-		RunSize:      int64(cfg.Cage.RunSize),
-		TmpExec:      cfg.Cage.TmpExec,
-		Forbidden:    []string{cfg.State.Dir, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://")), cfg.Outbox.Root},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	in := &checked{agent: agent, tokens: tokens}
+	if req.Worktree != "" {
+		forbidden := []string{cfg.State.Dir, cfg.Outbox.Root, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://"))}
+		if in.worktree, err = mounts.CheckHostDir(req.Worktree, "worktree", forbidden); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		}
 	}
-	plan.Mounts = append(plan.Mounts, req.ExtraMounts...)
 	if cfg.Network.Networked() {
 		if r.Seal == nil {
 			return nil, fmt.Errorf("%w: network policy %q needs the nftables seal and this runner cannot verify one; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
@@ -220,19 +220,22 @@ func (r *Runner) check(ctx context.Context, req Request) (*checked, error) {
 	} else if !ok {
 		return nil, fmt.Errorf("%w: image %s is not in podman's store (nothing is pulled; build or load it first)", ErrHostNotReady, image)
 	}
-	return &checked{agent: agent, tokens: tokens, plan: plan}, nil
+	return in, nil
 }
 
 type prepared struct {
-	turn int
-	spec *specgen.SpecGenerator
-	ids  taskstate.IDs
+	turn  int
+	spec  *specgen.SpecGenerator
+	ids   taskstate.IDs
+	root  string // the HOME volume's host directory
+	reset *homereset.Report
 }
 
-// prepare computes the spec of a checked request. With commit false it
-// changes nothing (for `spec`); with commit true it allocates the task's ids,
-// bootstraps HOME on a first turn, hands the worktree to the task's user,
-// stores token secrets and counts the turn.
+// prepare lays out the cage's host side and computes its spec. With commit
+// false it changes nothing (for `spec`). With commit true it allocates the
+// task's ids, bootstraps HOME on a first turn, resets HOME to the baseline
+// and keep-list, writes the managed policy, mounts the outbox, hands the
+// worktree to the task's user, stores token secrets and counts the turn.
 func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit bool) (*prepared, error) {
 	cfg := r.Cfg
 	ids, err := r.Store.TaskIDs(req.Task, r.IDFiles, commit)
@@ -244,6 +247,62 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	turn++
+	p := &prepared{turn: turn, ids: ids}
+	agentUID, agentGID := int(ids.UID)+int(cfg.Cage.User), int(ids.GID)+int(cfg.Cage.User)
+	taskDir := filepath.Join(cfg.State.Dir, "tasks", req.Task)
+
+	// HOME: bootstrap once, then reset to baseline + keep-list every turn.
+	var policy []homereset.PolicyMount
+	outboxDir := filepath.Join(cfg.Outbox.Root, req.Task)
+	var gitMounts []mounts.Mount
+	if commit {
+		if p.root, _, err = r.bootstrap(ctx, req.Task, ids, in.agent.Home); err != nil {
+			return nil, err
+		}
+		if p.reset, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.homeTask(p.root, ids, in.agent.Home)}); err != nil {
+			return nil, fmt.Errorf("%w: HOME reset failed, the turn does not start: %v", ErrHostNotReady, err)
+		}
+		if policy, err = homereset.WritePolicy(filepath.Join(taskDir, "policy"), cfg, in.agent.Home); err != nil {
+			return nil, fmt.Errorf("%w: managed policy: %v", ErrHostNotReady, err)
+		}
+		if outboxDir, err = outbox.Prepare(cfg.Outbox.Root, req.Task, agentUID, agentGID, outbox.LimitsFrom(cfg.Outbox)); err != nil {
+			return nil, fmt.Errorf("%w: outbox: %v", ErrHostNotReady, err)
+		}
+		if in.worktree != "" && hasGit(in.worktree) {
+			if gitMounts, err = gitseal.CageMounts(in.worktree, cfg.State.Dir); err != nil {
+				return nil, fmt.Errorf("%w: git metadata: %v", ErrInput, err)
+			}
+		}
+	} else {
+		if p.root, err = r.volumeRoot(ctx, req.Task); err != nil {
+			return nil, err
+		}
+		policy = homereset.PolicyMounts(filepath.Join(taskDir, "policy"), in.agent.Home)
+		if in.worktree != "" && hasGit(in.worktree) {
+			if gitMounts, err = gitseal.PlanCageMounts(in.worktree, cfg.State.Dir); err != nil {
+				return nil, fmt.Errorf("%w: git metadata: %v", ErrInput, err)
+			}
+		}
+	}
+
+	plan, err := mounts.Build(mounts.Input{
+		Task:      req.Task,
+		Worktree:  in.worktree,
+		HomeDir:   homereset.HomeDir(p.root),
+		OutboxDir: outboxDir,
+		TmpSize:   int64(cfg.Cage.TmpSize),
+		RunSize:   int64(cfg.Cage.RunSize),
+		TmpExec:   cfg.Cage.TmpExec,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	for _, m := range policy {
+		plan.Mounts = append(plan.Mounts, mounts.Mount{Kind: mounts.Bind, Source: m.Source, Dest: m.Dest, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
+	}
+	plan.Mounts = append(plan.Mounts, gitMounts...)
+	plan.Mounts = append(plan.Mounts, req.ExtraMounts...)
+
 	timeout := r.timeout(req)
 	secretEnv := map[string]string{}
 	secrets := map[string][]byte{}
@@ -252,7 +311,7 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 		secretEnv[env] = name
 		secrets[name] = in.tokens[tok]
 	}
-	spec, err := sealed.Spec(cfg, sealed.Turn{
+	p.spec, err = sealed.Spec(cfg, sealed.Turn{
 		Task:            req.Task,
 		Number:          turn,
 		Agent:           req.Agent,
@@ -260,24 +319,19 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 		Args:            req.Args,
 		Stdin:           req.Streams.Stdin != nil,
 		IDs:             sealed.IDRange{UID: ids.UID, GID: ids.GID, Size: taskstate.SlotSize},
-		Plan:            in.plan,
+		Plan:            plan,
 		SecretEnv:       secretEnv,
 		DeadlineSeconds: uint(timeout.Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
 	})
 	if err != nil {
 		return nil, err
 	}
-	p := &prepared{turn: turn, spec: spec, ids: ids}
 	if !commit {
 		return p, nil
 	}
 
-	if _, err := Bootstrap(ctx, r.Cfg, r.Podman, req.Task, ids); err != nil {
-		return nil, err
-	}
-	if req.Worktree != "" {
-		agentUID, agentGID := int(ids.UID)+int(cfg.Cage.User), int(ids.GID)+int(cfg.Cage.User)
-		if _, err := mounts.OwnWorktree(mounts.Clean(req.Worktree), agentUID, agentGID); err != nil {
+	if in.worktree != "" {
+		if _, err := mounts.OwnWorktree(in.worktree, agentUID, agentGID); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 		}
 	}
@@ -290,6 +344,12 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	return p, nil
+}
+
+// hasGit reports whether a worktree has git metadata (.git of any type).
+func hasGit(worktree string) bool {
+	_, err := os.Lstat(filepath.Join(worktree, ".git"))
+	return err == nil
 }
 
 func (r *Runner) timeout(req Request) time.Duration {
@@ -348,16 +408,24 @@ func SpecJSON(s *specgen.SpecGenerator) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
-// Bootstrap creates the task HOME once, under the task lock.
-func (r *Runner) Bootstrap(ctx context.Context, task string) (string, error) {
+// Bootstrap creates the task HOME once, under the task lock, seeding the
+// credentials of the given HOME profiles (all profiles when none are given).
+func (r *Runner) Bootstrap(ctx context.Context, task string, profiles []string) (*homereset.BootstrapResult, error) {
+	if err := mounts.ValidateTaskID(task); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	if len(profiles) == 0 {
+		profiles = config.HomeProfiles
+	}
 	lock, err := r.Store.LockTask(task)
 	if err != nil {
-		return "", classify(err)
+		return nil, classify(err)
 	}
 	defer lock.Release()
 	ids, err := r.Store.TaskIDs(task, r.IDFiles, true)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
-	return Bootstrap(ctx, r.Cfg, r.Podman, task, ids)
+	_, res, err := r.bootstrap(ctx, task, ids, profiles)
+	return res, err
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
@@ -85,6 +86,12 @@ func (h *harness) cleanup() {
 	entries, _ := os.ReadDir(filepath.Join(h.cfg.State.Dir, "tasks"))
 	for _, e := range entries {
 		_ = h.client.RemoveVolume(ctx, h.cfg.Home.VolumePrefix+e.Name())
+		if _, err := os.Stat(h.cfg.Outbox.Root); err != nil {
+			continue
+		}
+		if err := outbox.Release(h.cfg.Outbox.Root, e.Name()); err != nil && !os.IsNotExist(err) {
+			h.t.Errorf("release outbox: %v", err)
+		}
 	}
 }
 
@@ -219,17 +226,24 @@ func TestTwoTasksHaveDisjointIDRanges(t *testing.T) {
 	assert.Equal(t, strings.Fields(out)[1], strconv.Itoa(starts[0]))
 }
 
-func TestExitCodeAndPersistentHome(t *testing.T) {
+// TestExitCodeAndHomeReset: the agent's exit code is the turn's, and what a
+// turn leaves in HOME outside the keep-list is gone at the next turn, while
+// the outbox keeps its files until they are collected.
+func TestExitCodeAndHomeReset(t *testing.T) {
 	h := newHarness(t, "")
 	task := h.task("exit")
-	res, _, _, err := h.sh(task, "", "echo kept > /home/agent/state; exit 7")
-	assert.NilError(t, err)
+	res, _, errOut, err := h.sh(task, "", "echo planted > /home/agent/.profile; echo report > /outbox/r.txt; exit 7")
+	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 7)
 	assert.Equal(t, res.Turn, 1)
-	res, out, _, err := h.sh(task, "", "cat /home/agent/state")
+	res, out, _, err := h.sh(task, "", "cat /home/agent/.profile 2>&1; cat /outbox/r.txt")
 	assert.NilError(t, err)
 	assert.Equal(t, res.Turn, 2)
-	assert.Equal(t, out, "kept\n")
+	assert.Assert(t, is.Contains(out, "No such file"), out)
+	assert.Assert(t, is.Contains(out, "report"), "positive control: the outbox kept its file")
+	assert.Assert(t, res.Reset != nil)
+	assert.Assert(t, is.Contains(res.Reset.Removed, ".profile"))
+	assert.Assert(t, res.Reset.BaselineDigest != "")
 }
 
 func TestDeadlineStopsAndRemovesTheCage(t *testing.T) {
@@ -311,7 +325,7 @@ func TestLeftoverCageIsRemovedByNextRunAndGC(t *testing.T) {
 	h := newHarness(t, "")
 	task := h.task("left")
 	// A cage as a crashed shrooms would leave it: created and running.
-	_, err := h.runner.Bootstrap(context.Background(), task)
+	_, err := h.runner.Bootstrap(context.Background(), task, nil)
 	assert.NilError(t, err)
 	req := Request{Task: task, Agent: "shell", Args: []string{"-c", "sleep 600"}}
 	in, err := h.runner.check(context.Background(), req)
@@ -332,17 +346,12 @@ func TestLeftoverCageIsRemovedByNextRunAndGC(t *testing.T) {
 func TestBootstrapOnce(t *testing.T) {
 	h := newHarness(t, "")
 	task := h.task("boot")
-	out, err := h.runner.Bootstrap(context.Background(), task)
+	out, err := h.runner.Bootstrap(context.Background(), task, nil)
 	assert.NilError(t, err)
-	assert.Equal(t, out, Bootstrapped)
-	_, _, _, err = h.sh(task, "", "echo cred > /home/agent/cred")
+	assert.Equal(t, out.Result, Bootstrapped)
+	out, err = h.runner.Bootstrap(context.Background(), task, nil)
 	assert.NilError(t, err)
-	out, err = h.runner.Bootstrap(context.Background(), task)
-	assert.NilError(t, err)
-	assert.Equal(t, out, AlreadyBootstrapped)
-	_, got, _, err := h.sh(task, "", "cat /home/agent/cred")
-	assert.NilError(t, err)
-	assert.Equal(t, got, "cred\n", "a second bootstrap changed nothing")
+	assert.Equal(t, out.Result, AlreadyBootstrapped)
 }
 
 func TestTokenReachesTheCageOnlyAsEnv(t *testing.T) {
