@@ -23,7 +23,7 @@ func gcCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			rep, err := turn.NewRunner(cfg, client, sealChecker).GC(ctx)
+			rep, err := turn.NewRunner(cfg, client, sealChecker(client)).GC(ctx)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}

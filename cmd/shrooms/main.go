@@ -102,6 +102,7 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			bootstrapCommand(),
 			doctorCommand(),
 			gcCommand(),
+			netCommand(),
 			versionCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run() maps errors to codes
@@ -135,16 +136,37 @@ func connect(ctx context.Context, cfg *config.Config) (*podman.Client, error) {
 	return client, nil
 }
 
-// sealChecker verifies the nftables seal in shrooms' own network namespace.
-func sealChecker(ctx context.Context, cfg *config.Config) error {
-	st, err := firewall.Verify(ctx, cfg.Network, firewall.Options{})
-	if err != nil {
-		return err
+// sealChecker verifies the cage network and its nftables seal in shrooms'
+// own network namespace before a networked turn. Under the allowlist policy
+// it re-applies the seal (refreshing the resolved names) unless dry.
+func sealChecker(client *podman.Client) turn.SealChecker {
+	return func(ctx context.Context, cfg *config.Config, dry bool) ([]string, error) {
+		if err := turn.CheckNetwork(ctx, cfg, client); err != nil {
+			return nil, err
+		}
+		var hosts []string
+		if cfg.Network.Policy == "allowlist" {
+			var r firewall.Resolved
+			var err error
+			if dry {
+				r, err = firewall.Resolve(ctx, cfg.Network, firewall.Options{})
+			} else {
+				r, err = firewall.ApplyResolved(ctx, cfg.Network, firewall.Options{})
+			}
+			if err != nil {
+				return nil, err
+			}
+			hosts = r.HostEntries()
+		}
+		st, err := firewall.Verify(ctx, cfg.Network, firewall.Options{})
+		if err != nil {
+			return nil, err
+		}
+		if !st.OK {
+			return nil, errors.New(st.Reason)
+		}
+		return hosts, nil
 	}
-	if !st.OK {
-		return errors.New(st.Reason)
-	}
-	return nil
 }
 
 // signalContext is cancelled by SIGINT or SIGTERM.

@@ -57,7 +57,7 @@ JSON object: task, turn, cage id, exit code, status and phase durations.`,
 			if err != nil {
 				return err
 			}
-			runner := turn.NewRunner(cfg, client, sealChecker)
+			runner := turn.NewRunner(cfg, client, sealChecker(client))
 			res, err := runner.Run(ctx, turnRequest(c))
 			if c.Bool("json") {
 				if res != nil && err != nil && res.Error == "" {
@@ -93,7 +93,7 @@ func specCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			spec, err := turn.NewRunner(cfg, client, sealChecker).Spec(ctx, turnRequest(c))
+			spec, err := turn.NewRunner(cfg, client, sealChecker(client)).Spec(ctx, turnRequest(c))
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
@@ -133,7 +133,7 @@ func bootstrapCommand() *cli.Command {
 				}
 				profiles = agent.Home
 			}
-			runner := turn.NewRunner(cfg, client, sealChecker)
+			runner := turn.NewRunner(cfg, client, sealChecker(client))
 			res, err := runner.Bootstrap(ctx, c.String("task"), profiles)
 			if err != nil {
 				return fail(codeFor(err), err)

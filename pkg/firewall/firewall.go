@@ -57,34 +57,45 @@ type Status struct {
 // verified; an error means it is not known to be in place.
 // Under policy "none" Apply removes any seal tables (cages have no network).
 func Apply(ctx context.Context, cfg config.Network, opts Options) error {
+	_, err := ApplyResolved(ctx, cfg, opts)
+	return err
+}
+
+// ApplyResolved is Apply that also returns the allowlist's host names as it
+// resolved them into the seal, so that the cage's /etc/hosts can name
+// exactly the addresses the seal lets through.
+func ApplyResolved(ctx context.Context, cfg config.Network, opts Options) (Resolved, error) {
+	var resolved Resolved
+	fail := func(err error) (Resolved, error) { return Resolved{}, err }
 	if err := checkCfg(cfg); err != nil {
-		return fmt.Errorf("seal not applied: %w", err)
+		return fail(fmt.Errorf("seal not applied: %w", err))
 	}
 	var names []netip.Addr
 	if cfg.Policy == "allowlist" {
 		r, err := Resolve(ctx, cfg, opts)
 		if err != nil {
-			return fmt.Errorf("seal not applied: %w", err)
+			return fail(fmt.Errorf("seal not applied: %w", err))
 		}
+		resolved = r
 		names = r.Addrs()
 	}
 	p, err := build(cfg, names)
 	if err != nil {
-		return fmt.Errorf("seal not applied: %w", err)
+		return fail(fmt.Errorf("seal not applied: %w", err))
 	}
 	c, done, err := conn(opts)
 	if err != nil {
-		return err
+		return fail(err)
 	}
 	defer done()
 	if err := checkBridge(cfg, opts); err != nil {
-		return fmt.Errorf("seal not applied: %w", err)
+		return fail(fmt.Errorf("seal not applied: %w", err))
 	}
 	if err := checkBrNetfilter(opts); err != nil {
-		return fmt.Errorf("seal not applied: %w", err)
+		return fail(fmt.Errorf("seal not applied: %w", err))
 	}
 	if err := ctx.Err(); err != nil {
-		return err
+		return fail(err)
 	}
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyBridge} {
 		// Adding an existing table is a no-op, deleting a missing one an
@@ -95,20 +106,20 @@ func Apply(ctx context.Context, cfg config.Network, opts Options) error {
 	}
 	for _, ts := range p.tables {
 		if err := queue(c, ts); err != nil {
-			return fmt.Errorf("seal not applied: %w", err)
+			return fail(fmt.Errorf("seal not applied: %w", err))
 		}
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("seal not applied (netlink batch refused, nothing changed): %w", err)
+		return fail(fmt.Errorf("seal not applied (netlink batch refused, nothing changed): %w", err))
 	}
 	st, err := verify(cfg, p, opts)
 	if err != nil {
-		return err
+		return fail(err)
 	}
 	if !st.OK {
-		return fmt.Errorf("seal applied but does not verify: %s", st.Reason)
+		return fail(fmt.Errorf("seal applied but does not verify: %s", st.Reason))
 	}
-	return nil
+	return resolved, nil
 }
 
 // Flush removes the seal tables of cfg's network, if any, in one batch.

@@ -71,6 +71,9 @@ type Turn struct {
 	// SecretEnv maps an environment variable to the podman secret holding
 	// its value (tokens never appear in the spec itself).
 	SecretEnv map[string]string
+	// HostEntries ("name:address") are the allowlisted names the cage's
+	// /etc/hosts must resolve (the allowlist policy gives the cage no DNS).
+	HostEntries []string
 	// DeadlineSeconds bounds the cage's life even if shrooms dies: podman
 	// kills it after this long.
 	DeadlineSeconds uint
@@ -137,6 +140,10 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	// /etc/hosts and resolv.conf would otherwise copy the host's own lines
 	// (its names, host.containers.internal, its resolvers) into the cage.
 	s.UseImageHosts = &yes
+	if len(t.HostEntries) > 0 {
+		s.UseImageHosts = &no
+		s.HostAdd = append([]string{}, t.HostEntries...)
+	}
 	if cfg.Network.Networked() {
 		s.NetNS = specgen.Namespace{NSMode: specgen.Bridge}
 		s.Networks = map[string]nettypes.PerNetworkOptions{cfg.Network.Name: {}}

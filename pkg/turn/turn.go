@@ -56,8 +56,10 @@ type Request struct {
 }
 
 // SealChecker verifies the network seal is in place before a networked cage
-// starts. It returns nil only when the installed policy matches cfg.
-type SealChecker func(ctx context.Context, cfg *config.Config) error
+// starts; it returns an error unless the installed policy matches cfg. Under
+// the allowlist policy it refreshes the seal's resolved host names (unless
+// dry) and returns them as "name:address" entries for the cage's /etc/hosts.
+type SealChecker func(ctx context.Context, cfg *config.Config, dry bool) (hosts []string, err error)
 
 // Runner runs turns against one podman service.
 type Runner struct {
@@ -126,7 +128,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (*Result, error) {
 	c := &clock{start: time.Now(), last: time.Now(), res: res}
 	defer func() { res.TotalMs = ms(time.Since(c.start)) }()
 
-	in, err := r.check(ctx, req)
+	in, err := r.check(ctx, req, false)
 	if err != nil {
 		return res, err
 	}
@@ -162,7 +164,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (*Result, error) {
 // Spec returns the spec the next turn of req would run, with no side effects:
 // nothing is locked, allocated, created or written.
 func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator, error) {
-	in, err := r.check(ctx, req)
+	in, err := r.check(ctx, req, true)
 	if err != nil {
 		return nil, err
 	}
@@ -177,13 +179,14 @@ func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator,
 type checked struct {
 	agent    config.Agent
 	tokens   map[string][]byte
-	worktree string // cleaned; "" for none
+	worktree string   // cleaned; "" for none
+	hosts    []string // allowlisted "name:address" entries for /etc/hosts
 }
 
 // check validates the request and the host without changing anything: input
 // (task id, agent, paths, tokens), the network seal and the image. Bad input
 // is refused before any lock, state or volume exists.
-func (r *Runner) check(ctx context.Context, req Request) (*checked, error) {
+func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, error) {
 	cfg := r.Cfg
 	if err := mounts.ValidateTaskID(req.Task); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInput, err)
@@ -210,7 +213,7 @@ func (r *Runner) check(ctx context.Context, req Request) (*checked, error) {
 		if r.Seal == nil {
 			return nil, fmt.Errorf("%w: network policy %q needs the nftables seal and this runner cannot verify one; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
 		}
-		if err := r.Seal(ctx, cfg); err != nil {
+		if in.hosts, err = r.Seal(ctx, cfg, dry); err != nil {
 			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %v", ErrHostNotReady, err)
 		}
 	}
@@ -321,6 +324,7 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 		IDs:             sealed.IDRange{UID: ids.UID, GID: ids.GID, Size: taskstate.SlotSize},
 		Plan:            plan,
 		SecretEnv:       secretEnv,
+		HostEntries:     in.hosts,
 		DeadlineSeconds: uint(timeout.Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
 	})
 	if err != nil {

@@ -328,7 +328,7 @@ func TestLeftoverCageIsRemovedByNextRunAndGC(t *testing.T) {
 	_, err := h.runner.Bootstrap(context.Background(), task, nil)
 	assert.NilError(t, err)
 	req := Request{Task: task, Agent: "shell", Args: []string{"-c", "sleep 600"}}
-	in, err := h.runner.check(context.Background(), req)
+	in, err := h.runner.check(context.Background(), req, false)
 	assert.NilError(t, err)
 	prep, err := h.runner.prepare(context.Background(), req, in, true)
 	assert.NilError(t, err)

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"gotest.tools/v3/assert"
+	is "gotest.tools/v3/assert/cmp"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
+)
+
+// TestNetworkedTurnInTestbed runs shrooms itself inside the testbed's host
+// namespace: run refuses a networked cage until `net apply`; after it, a
+// turn reaches the internet canary (positive control) and not the LAN
+// router; after `net flush`, run refuses again.
+func TestNetworkedTurnInTestbed(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	tb := testbed.New(t)
+	tb.StartPodman()
+	name := itest.UniqueName("sn")
+	dir := t.TempDir()
+	config := filepath.Join(dir, "config.toml")
+	assert.NilError(t, os.WriteFile(config, []byte(fmt.Sprintf(`
+[podman]
+socket = %q
+[state]
+dir = %q
+[cage]
+image = %q
+memory = "256m"
+timeout = "60s"
+stop_grace = "1s"
+[network]
+policy = "internet"
+name = %q
+bridge = %q
+subnet4 = "10.89.0.0/24"
+subnet6 = "fd89:5eed:cafe::/64"
+[home]
+volume_prefix = "shrooms-home-%s-"
+[outbox]
+root = %q
+`, tb.PodmanURL, filepath.Join(dir, "state"), itest.TestImage, name, name, name, filepath.Join(dir, "outbox"))), 0o600))
+	task := name + "-t"
+	t.Cleanup(func() {
+		if err := outbox.Release(filepath.Join(dir, "outbox"), task); err != nil {
+			t.Errorf("release outbox: %v", err)
+		}
+		_, _ = tb.Podman("volume", "rm", "-f", "shrooms-home-"+name+"-"+task)
+		_, _ = tb.Podman("network", "rm", "-f", name)
+		_ = exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "nft", "delete", "table", "inet", "shrooms_"+name).Run()
+		_ = exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "nft", "delete", "table", "bridge", "shrooms_"+name).Run()
+	})
+	// shrooms, as a process inside the testbed's host network namespace.
+	shrooms := func(args ...string) (int, string, string) {
+		cmd := exec.Command("nsenter", append([]string{"--net=" + tb.NSPath("host"), "--", os.Args[0], "--config", config}, args...)...)
+		cmd.Env = append(os.Environ(), "SHROOMS_TEST_MAIN=1")
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		_ = cmd.Run()
+		return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+	}
+	probe := func(nonceNet, nonceLAN string) string {
+		return fmt.Sprintf("echo %s | nc -w 3 %s 80; echo %s | nc -w 3 %s 80; true", nonceNet, testbed.InternetAddr4, nonceLAN, testbed.RouterAddr4)
+	}
+
+	code, _, stderr := shrooms("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "true")
+	assert.Equal(t, code, ExitHostNotReady, stderr)
+	assert.Assert(t, is.Contains(stderr, "does not exist (run `shrooms net apply`)"))
+
+	code, stdout, stderr := shrooms("net", "apply")
+	assert.Equal(t, code, 0, stderr)
+	assert.Assert(t, is.Contains(stdout, "sealed: policy internet"))
+	code, stdout, stderr = shrooms("--json", "net", "status")
+	assert.Equal(t, code, 0, stderr)
+	assert.Assert(t, is.Contains(stdout, `"ok": true`))
+
+	net1, lan1 := "n1"+name, "l1"+name
+	code, _, stderr = shrooms("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", probe(net1, lan1))
+	assert.Equal(t, code, 0, stderr)
+	time.Sleep(300 * time.Millisecond) // canaries log asynchronously
+	assert.Assert(t, len(tb.Hits(net1)) > 0, "positive control: the internet canary was not reached")
+	assert.Equal(t, len(tb.Hits(lan1)), 0, "the LAN router was reached through the seal: %+v", tb.Hits(lan1))
+
+	code, _, stderr = shrooms("net", "flush")
+	assert.Equal(t, code, 0, stderr)
+	code, _, stderr = shrooms("net", "status")
+	assert.Equal(t, code, ExitHostNotReady, stderr)
+	assert.Assert(t, is.Contains(stderr, "missing"))
+	net2, lan2 := "n2"+name, "l2"+name
+	code, _, stderr = shrooms("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", probe(net2, lan2))
+	assert.Equal(t, code, ExitHostNotReady, stderr)
+	assert.Assert(t, is.Contains(stderr, "refusing to start a networked cage"))
+	assert.Assert(t, !strings.Contains(stderr, "\n"+"shrooms:"), "one line: %q", stderr)
+	time.Sleep(300 * time.Millisecond)
+	assert.Equal(t, len(tb.Hits(net2))+len(tb.Hits(lan2)), 0, "a refused turn sent packets")
+}

@@ -1,0 +1,82 @@
+package turn
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+)
+
+// networkSpec is the podman network cfg asks for.
+func networkSpec(n config.Network) (podman.NetworkSpec, error) {
+	s := podman.NetworkSpec{Name: n.Name, Bridge: n.Bridge, Labels: map[string]string{sealed.LabelManaged: "1"}}
+	var err error
+	if s.Subnet4, err = netip.ParsePrefix(n.Subnet4); err != nil {
+		return s, fmt.Errorf("network.subnet4: %w", err)
+	}
+	s.Gateway4 = s.Subnet4.Masked().Addr().Next()
+	if n.Subnet6 != "" {
+		if s.Subnet6, err = netip.ParsePrefix(n.Subnet6); err != nil {
+			return s, fmt.Errorf("network.subnet6: %w", err)
+		}
+		s.Gateway6 = s.Subnet6.Masked().Addr().Next()
+	}
+	return s, nil
+}
+
+// EnsureNetwork creates the cage network if it is missing and checks an
+// existing one against the config. It reports whether it created it.
+func EnsureNetwork(ctx context.Context, cfg *config.Config, client *podman.Client) (bool, error) {
+	if !cfg.Network.Networked() {
+		return false, nil
+	}
+	have, err := client.InspectNetwork(ctx, cfg.Network.Name)
+	if err != nil {
+		return false, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	if have != nil {
+		return false, CheckNetwork(ctx, cfg, client)
+	}
+	spec, err := networkSpec(cfg.Network)
+	if err != nil {
+		return false, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	if err := client.CreateNetwork(ctx, spec); err != nil {
+		return false, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	return true, CheckNetwork(ctx, cfg, client)
+}
+
+// CheckNetwork verifies that the cage network exists exactly as configured:
+// its bridge interface (the one the seal filters) and its subnets.
+func CheckNetwork(ctx context.Context, cfg *config.Config, client *podman.Client) error {
+	have, err := client.InspectNetwork(ctx, cfg.Network.Name)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	if have == nil {
+		return fmt.Errorf("%w: podman network %q does not exist (run `shrooms net apply`)", ErrHostNotReady, cfg.Network.Name)
+	}
+	if have.Bridge != cfg.Network.Bridge {
+		return fmt.Errorf("%w: podman network %q uses bridge %q, but the seal guards %q (network.bridge); remove the network or fix the config", ErrHostNotReady, have.Name, have.Bridge, cfg.Network.Bridge)
+	}
+	want := []string{cfg.Network.Subnet4}
+	if cfg.Network.Subnet6 != "" {
+		want = append(want, cfg.Network.Subnet6)
+	}
+	got := append([]string{}, have.Subnets...)
+	sort.Strings(want)
+	sort.Strings(got)
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		return fmt.Errorf("%w: podman network %q has subnets %v, the config %v; remove the network or fix the config", ErrHostNotReady, have.Name, got, want)
+	}
+	if have.Internal {
+		return fmt.Errorf("%w: podman network %q is internal; shrooms' seal expects a routed bridge", ErrHostNotReady, have.Name)
+	}
+	return nil
+}
