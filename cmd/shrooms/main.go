@@ -103,6 +103,9 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			doctorCommand(),
 			gcCommand(),
 			netCommand(),
+			outboxCommand(),
+			commitCommand(),
+			resetCommand(),
 			versionCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run() maps errors to codes

@@ -166,3 +166,50 @@ func ReadSubIDs(path, user string) (SubIDRange, error) {
 	}
 	return SubIDRange{}, fmt.Errorf("%s has no range for %q (add e.g. `%s:1879048192:268435456`)", path, user, user)
 }
+
+// Facts a task remembers between commands (for commit, collect and reset).
+const (
+	FactWorktree = "worktree"
+	FactAgent    = "agent"
+)
+
+// Remember stores a fact of the task (a single line).
+func (s Store) Remember(task, fact, value string) error {
+	dir, err := s.taskDir(task)
+	if err != nil {
+		return err
+	}
+	if strings.ContainsAny(value, "\n\x00") {
+		return fmt.Errorf("task fact %s: value is not a single line", fact)
+	}
+	return writeAtomic(filepath.Join(dir, "fact-"+fact), []byte(value+"\n"))
+}
+
+// Recall returns a remembered fact, "" if there is none.
+func (s Store) Recall(task, fact string) (string, error) {
+	dir, err := s.taskPath(task)
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "fact-"+fact))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("task fact %s: %w", fact, err)
+	}
+	return strings.TrimSuffix(string(b), "\n"), nil
+}
+
+// Exists reports whether the task has any state (has been bootstrapped or run).
+func (s Store) Exists(task string) (bool, error) {
+	dir, err := s.taskPath(task)
+	if err != nil {
+		return false, err
+	}
+	_, err = os.Stat(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	return err == nil, err
+}

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
+	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -39,6 +42,8 @@ func (r *Runner) ours(c podman.Cage) bool {
 type GCReport struct {
 	Removed []string `json:"removed"`
 	Busy    []string `json:"busy"`
+	// HomeTrees counts old HOME trees deleted (left by interrupted cleanups).
+	HomeTrees int `json:"homeTrees"`
 }
 
 // GC removes every shrooms cage whose task has no turn running (the cages a
@@ -71,6 +76,22 @@ func (r *Runner) GC(ctx context.Context) (*GCReport, error) {
 		if err != nil {
 			return rep, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 		}
+	}
+	// Old HOME trees whose cleanup a crash interrupted.
+	entries, err := os.ReadDir(filepath.Join(r.Cfg.State.Dir, "tasks"))
+	if err != nil && !os.IsNotExist(err) {
+		return rep, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	for _, e := range entries {
+		v, err := r.Podman.InspectVolume(ctx, r.VolumeName(e.Name()))
+		if err != nil {
+			continue // no HOME volume (yet): nothing to clean
+		}
+		cr, err := homereset.Cleanup(ctx, v.Mountpoint)
+		if err != nil {
+			return rep, fmt.Errorf("%w: HOME cleanup of %s: %v", ErrHostNotReady, e.Name(), err)
+		}
+		rep.HomeTrees += len(cr.Trees)
 	}
 	return rep, nil
 }

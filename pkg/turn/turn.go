@@ -347,6 +347,14 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 	if _, err := r.Store.NextTurn(req.Task); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
+	if err := r.Store.Remember(req.Task, taskstate.FactAgent, req.Agent); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	if in.worktree != "" {
+		if err := r.Store.Remember(req.Task, taskstate.FactWorktree, in.worktree); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+	}
 	return p, nil
 }
 

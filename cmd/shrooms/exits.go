@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/mail"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shrooms-cage/shrooms/pkg/gitseal"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
+)
+
+// runner loads the config, connects to podman and returns a turn runner.
+func runner(c *cli.Context) (*turn.Runner, context.Context, error) {
+	cfg, err := loadConfig(c)
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx := c.Context
+	client, err := connect(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return turn.NewRunner(cfg, client, sealChecker(client)), ctx, nil
+}
+
+func taskFlag() cli.Flag {
+	return &cli.StringFlag{Name: "task", Required: true, Usage: "task `ID`"}
+}
+
+func outboxCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "outbox",
+		Usage: "the task's outbox (/outbox in the cage): list, collect, release",
+		Subcommands: []*cli.Command{
+			{
+				Name:  "list",
+				Usage: "show what collect would deliver and refuse, changing nothing",
+				Flags: []cli.Flag{taskFlag()},
+				Action: func(c *cli.Context) error {
+					r, ctx, err := runner(c)
+					if err != nil {
+						return err
+					}
+					rep, err := r.ListOutbox(ctx, c.String("task"))
+					if err != nil {
+						return fail(codeFor(err), err)
+					}
+					return printOutbox(c, rep, false)
+				},
+			},
+			{
+				Name:  "collect",
+				Usage: "move the outbox's valid regular files into a delivery directory with a manifest",
+				Description: `Copies regular files only, through pinned file descriptors (openat2,
+no symlinks, no magic links), with normalised modes and no xattrs, within the
+[outbox] limits; writes manifest.json (name, size, sha256) last. Refused
+entries stay in the outbox and are listed with the reason.`,
+				Flags: []cli.Flag{taskFlag(), &cli.StringFlag{Name: "to", Usage: "delivery `DIR` (new or empty; default <state.dir>/deliveries/<task>/<time>)"}},
+				Action: func(c *cli.Context) error {
+					r, ctx, err := runner(c)
+					if err != nil {
+						return err
+					}
+					rep, err := r.Collect(ctx, c.String("task"), c.String("to"))
+					if err != nil {
+						return fail(codeFor(err), err)
+					}
+					return printOutbox(c, rep, true)
+				},
+			},
+			{
+				Name:  "release",
+				Usage: "unmount the task's outbox, discarding what is left in it",
+				Flags: []cli.Flag{taskFlag()},
+				Action: func(c *cli.Context) error {
+					r, _, err := runner(c)
+					if err != nil {
+						return err
+					}
+					if err := r.ReleaseOutbox(c.String("task")); err != nil {
+						return fail(codeFor(err), err)
+					}
+					return nil
+				},
+			},
+		},
+	}
+}
+
+func printOutbox(c *cli.Context, rep *outbox.Report, delivered bool) error {
+	if c.Bool("json") {
+		return printJSON(c.App.Writer, rep)
+	}
+	w := c.App.Writer
+	verb := "would deliver"
+	if delivered {
+		verb = "delivered"
+		fmt.Fprintf(w, "delivery %s (manifest %s)\n", rep.Delivery, rep.Manifest)
+	}
+	for _, f := range rep.Files {
+		fmt.Fprintf(w, "  %s %s  %d bytes  %s\n", verb, f.Name, f.Size, f.SHA256)
+	}
+	for _, r := range rep.Rejected {
+		fmt.Fprintf(w, "  refused %q: %s\n", r.Name, r.Reason)
+	}
+	if rep.MoreRejected > 0 {
+		fmt.Fprintf(w, "  … and %d more refused\n", rep.MoreRejected)
+	}
+	for _, l := range rep.Left {
+		fmt.Fprintf(w, "  delivered but left in the outbox %q: %s\n", l.Name, l.Reason)
+	}
+	return nil
+}
+
+func commitCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "commit",
+		Usage: "commit the task's worktree on the host in a sealed git environment",
+		Description: `Runs git with no system or global config, hooks, fsmonitor, filters, diff or
+merge drivers, pager, editor, ssh command or credential helper, and no GIT_*
+variables from the caller; refuses a repository whose .git/config names
+anything executable. Whatever the worktree contains, the host runs nothing
+from it.`,
+		Flags: []cli.Flag{
+			taskFlag(),
+			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Required: true, Usage: "commit `MESSAGE`"},
+			&cli.StringFlag{Name: "author", Value: "shrooms <shrooms@localhost>", Usage: "`\"NAME <EMAIL>\"`"},
+		},
+		Action: func(c *cli.Context) error {
+			addr, err := mail.ParseAddress(c.String("author"))
+			if err != nil || addr.Name == "" {
+				return fail(ExitUsage, fmt.Errorf("--author %q is not \"Name <email>\"", c.String("author")))
+			}
+			r, ctx, err := runner(c)
+			if err != nil {
+				return err
+			}
+			id, err := r.Commit(ctx, c.String("task"), c.String("message"), gitseal.Author{Name: addr.Name, Email: addr.Address})
+			if errors.Is(err, gitseal.ErrNothingToCommit) {
+				if c.Bool("json") {
+					return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "commit": nil, "nothingToCommit": true})
+				}
+				fmt.Fprintln(c.App.Writer, "nothing to commit")
+				return nil
+			}
+			if err != nil {
+				return fail(codeFor(err), err)
+			}
+			if c.Bool("json") {
+				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "commit": id})
+			}
+			fmt.Fprintln(c.App.Writer, id)
+			return nil
+		},
+	}
+}
+
+func resetCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "reset",
+		Usage: "reset the task HOME to the baseline and keep-list now (run does it before every turn)",
+		Flags: []cli.Flag{
+			taskFlag(),
+			&cli.StringFlag{Name: "agent", Usage: "agent `NAME` whose HOME profiles apply (default: the task's last agent)"},
+			&cli.BoolFlag{Name: "dry-run", Usage: "report what would be kept, rebuilt and removed; change nothing"},
+		},
+		Action: func(c *cli.Context) error {
+			r, ctx, err := runner(c)
+			if err != nil {
+				return err
+			}
+			rep, err := r.Reset(ctx, c.String("task"), c.String("agent"), c.Bool("dry-run"))
+			if err != nil {
+				return fail(codeFor(err), err)
+			}
+			if c.Bool("json") {
+				return printJSON(c.App.Writer, rep)
+			}
+			verb := "reset"
+			if rep.DryRun {
+				verb = "would reset"
+			}
+			fmt.Fprintf(c.App.Writer, "%s %s: kept %d, rebuilt %d, removed %d; baseline %s\n", verb, c.String("task"), rep.KeptCount, len(rep.Rebuilt), rep.RemovedCount, rep.BaselineDigest)
+			for _, w := range rep.Warnings {
+				fmt.Fprintln(c.App.Writer, "  warning: "+w)
+			}
+			for _, p := range rep.Removed {
+				fmt.Fprintln(c.App.Writer, "  removed "+p)
+			}
+			return nil
+		},
+	}
+}
