@@ -1,0 +1,590 @@
+# services.shrooms: the shrooms CLI on a NixOS host, with everything a sealed
+# turn needs in place before the first one runs: rootful podman with its API
+# socket, the cage image loaded, the nftables seal applied at boot (before
+# podman may start a cage), br_netfilter, the subuid/subgid range the
+# per-task user namespaces are carved from, /etc/shrooms/config.toml, the
+# state and outbox directories, and a group whose members may run turns.
+#
+# Imported by the flake as nixosModules.default with `flake` set (the
+# package and image default to the flake's); `flake = null` makes
+# services.shrooms.package default to pkgs.shrooms (an overlay's).
+{
+  flake ? null,
+}:
+{
+  config,
+  lib,
+  pkgs,
+  ...
+}:
+
+let
+  inherit (lib)
+    literalExpression
+    mkDefault
+    mkEnableOption
+    mkIf
+    mkOption
+    mkPackageOption
+    types
+    ;
+
+  cfg = config.services.shrooms;
+  settingsFormat = pkgs.formats.toml { };
+  system = pkgs.stdenv.hostPlatform.system;
+
+  # Where services.shrooms.package's default comes from.
+  shroomsPackages = if flake != null then flake.packages.${system} or { } else pkgs;
+  shroomsPackagesText =
+    if flake != null then "shrooms.packages.\${pkgs.stdenv.hostPlatform.system}" else "pkgs";
+
+  configFile = settingsFormat.generate "shrooms-config.toml" cfg.settings;
+  exe = lib.getExe cfg.package;
+  # Every unit passes the same file, which is also /etc/shrooms/config.toml
+  # (the CLI's default), so a hand-run `shrooms` sees what the units see.
+  shrooms = "${exe} --config ${configFile}";
+
+  storeDir = builtins.storeDir;
+  isStorePath = p: p == storeDir || lib.hasPrefix "${storeDir}/" p;
+  badTokenPaths = lib.filterAttrs (_: p: !(lib.hasPrefix "/" p) || isStorePath p) cfg.settings.tokens;
+
+  profiles = [
+    "claude"
+    "opencode"
+    "shell"
+  ];
+  agentProblems = lib.concatLists (
+    lib.mapAttrsToList (
+      name: a:
+      let
+        where = "services.shrooms.settings.agents.${name}";
+        tokenNames = lib.attrValues (a.token_env or { });
+      in
+      lib.optional (a ? command && !(builtins.isList a.command && a.command != [ ])) "${where}.command must be a non-empty list of strings (the argv run in /work)"
+      ++ lib.optional (
+        a ? home && !(builtins.isList a.home && lib.all (p: builtins.elem p profiles) a.home)
+      ) "${where}.home may only list the HOME profiles ${lib.concatStringsSep ", " profiles}"
+      ++ map (
+        t: "${where}.token_env names the token \"${t}\", which services.shrooms.tokens does not define"
+      ) (lib.filter (t: !(cfg.settings.tokens ? ${t})) tokenNames)
+    ) cfg.settings.agents
+  );
+
+  # Hardening shared by the oneshot units (as harmonia and headscale do);
+  # each unit widens only what it needs.
+  hardening = {
+    NoNewPrivileges = true;
+    ProtectHome = true;
+    PrivateTmp = true;
+    ProtectKernelLogs = true;
+    ProtectKernelModules = true;
+    ProtectClock = true;
+    ProtectHostname = true;
+    RestrictRealtime = true;
+    LockPersonality = true;
+    SystemCallArchitectures = "native";
+    RemoveIPC = true;
+  };
+in
+{
+  options.services.shrooms = {
+    enable = mkEnableOption "shrooms, which runs each turn of an AI coding agent in a sealed rootful podman cage";
+
+    package = mkPackageOption shroomsPackages "shrooms" {
+      default = if flake != null then [ "default" ] else [ "shrooms" ];
+      pkgsText = shroomsPackagesText;
+    };
+
+    group = mkOption {
+      type = types.str;
+      default = "shrooms";
+      description = ''
+        Members of this group may run shrooms (every subcommand, turns
+        included) as root through sudo without a password: `sudo shrooms run …`.
+        shrooms needs root for rootful podman, the nftables seal and the task
+        state, and it mounts the worktree a caller names into a cage, so
+        membership is as trusted as root. The group is created when it is the
+        default.
+      '';
+    };
+
+    sudo = mkOption {
+      type = types.bool;
+      default = true;
+      description = ''
+        Whether to add the sudo (and sudo-rs) rule that lets members of
+        {option}`services.shrooms.group` run the shrooms binary as root
+        without a password.
+      '';
+    };
+
+    subIdRange = {
+      start = mkOption {
+        type = types.ints.unsigned;
+        default = 1879048192;
+        description = ''
+          First host uid/gid of the range shrooms carves into one 65536-id user
+          namespace per task (stable for a task, disjoint between tasks). It
+          must not overlap any other user's range: NixOS gives normal users
+          ranges from 100000 up.
+        '';
+      };
+      count = mkOption {
+        type = types.ints.positive;
+        default = 268435456;
+        description = "Number of ids in the range (a multiple of 65536; 268435456 gives 4096 task slots).";
+      };
+    };
+
+    tokens = mkOption {
+      type = types.attrsOf types.str;
+      default = { };
+      example = literalExpression ''
+        {
+          anthropic = "/run/secrets/anthropic-api-key";
+          claude-credentials = "/run/agenix/claude-credentials.json";
+        }
+      '';
+      description = ''
+        Secrets: token name → absolute path of a file outside the Nix store
+        (which is world-readable), e.g. one managed by agenix or sops-nix.
+        Only the path is written to the configuration; shrooms reads the file
+        at the start of each turn and hands it to the cage only as the
+        environment variable an agent's `token_env` names, or seeds it once
+        into a task HOME (`home.<profile>.bootstrap`). Give paths as strings,
+        never as Nix path literals (those would be copied into the store).
+        Becomes `[tokens]` of the configuration.
+      '';
+    };
+
+    outbox = {
+      root = mkOption {
+        type = types.str;
+        default = "/var/lib/shrooms/outbox";
+        description = ''
+          Directory under which each task's outbox (`<root>/<task>`, mounted at
+          /outbox in the cage as a size-capped tmpfs while a turn runs) lives.
+          Created at boot by systemd-tmpfiles with the owner and mode below. It
+          must not contain symbolic links. Becomes `outbox.root`.
+        '';
+      };
+      user = mkOption {
+        type = types.str;
+        default = "root";
+        description = "Owner of the outbox root.";
+      };
+      group = mkOption {
+        type = types.str;
+        default = cfg.group;
+        defaultText = literalExpression "config.services.shrooms.group";
+        description = "Group of the outbox root.";
+      };
+      mode = mkOption {
+        type = types.strMatching "0?[0-7]{3}";
+        default = "0750";
+        description = "Mode of the outbox root (never writable by others).";
+      };
+    };
+
+    image = {
+      package = mkOption {
+        type = types.package;
+        default = pkgs.callPackage ./image.nix { };
+        defaultText = literalExpression "pkgs.callPackage \"\${shrooms}/nix/image.nix\" { }";
+        description = ''
+          The cage image as a `dockerTools.streamLayeredImage` (an executable
+          that writes the image) or a `buildLayeredImage`/`buildImage` tarball.
+          The default holds Claude Code, opencode, bash, coreutils, git and CA
+          certificates and is tagged `localhost/shrooms-agent:latest`.
+          Claude Code is unfree: allow it with
+          `nixpkgs.config.allowUnfreePredicate = pkg: builtins.elem (lib.getName pkg) [ "claude-code" ];`
+          (or `nixpkgs.config.allowUnfree = true`), or build the image
+          without it: `pkgs.callPackage "''${shrooms}/nix/image.nix" { withClaudeCode = false; }`.
+        '';
+      };
+      load = mkOption {
+        type = types.bool;
+        default = true;
+        description = ''
+          Whether the shrooms-image unit loads {option}`services.shrooms.image.package`
+          into rootful podman's store at boot (and again whenever the image
+          changes). shrooms never pulls; without this, load the image yourself
+          (`podman load`) under the name `settings.cage.image` gives.
+        '';
+      };
+    };
+
+    settings = mkOption {
+      default = { };
+      description = ''
+        shrooms' configuration (config.toml; see config.example.toml for every
+        key), written to /etc/shrooms/config.toml. Unknown keys are errors at
+        run time. The keys below are typed here; everything else is passed
+        through as given.
+      '';
+      example = literalExpression ''
+        {
+          network.policy = "allowlist";
+          network.allow = [ "api.anthropic.com" "opencode.ai" ];
+          cage.memory = "8g";
+          agents.claude.token_env = { ANTHROPIC_API_KEY = "anthropic"; };
+        }
+      '';
+      type = types.submodule {
+        freeformType = settingsFormat.type;
+        options = {
+          podman.socket = mkOption {
+            type = types.str;
+            default = "unix:///run/podman/podman.sock";
+            description = "The rootful podman API service (podman.socket on NixOS).";
+          };
+          state.dir = mkOption {
+            type = types.str;
+            default = "/var/lib/shrooms";
+            description = "Host-side state: task locks, per-task uid ranges, turn counters.";
+          };
+          cage.image = mkOption {
+            type = types.str;
+            default = "localhost/shrooms-agent:latest";
+            description = "The image turns run (never pulled; the shrooms-image unit loads it).";
+          };
+          cage.subid_user = mkOption {
+            type = types.str;
+            default = "shrooms";
+            description = ''
+              The /etc/subuid and /etc/subgid entry whose range shrooms carves
+              into per-task user namespaces. When it is "shrooms" the module
+              creates that system user with {option}`services.shrooms.subIdRange`.
+            '';
+          };
+          network.policy = mkOption {
+            type = types.str;
+            default = "internet";
+            description = ''
+              `internet`: public internet only (no LAN, host, metadata or other
+              cages); `allowlist`: only `network.allow`; `none`: no network
+              interface at all. For `internet` and `allowlist` the shrooms-seal
+              unit installs the nftables seal at boot.
+            '';
+          };
+          network.allow = mkOption {
+            type = types.listOf types.str;
+            default = [ ];
+            example = [
+              "api.anthropic.com"
+              "203.0.113.0/24"
+            ];
+            description = "CIDRs, addresses and host names reachable under the `allowlist` policy.";
+          };
+          outbox.root = mkOption {
+            type = types.str;
+            default = cfg.outbox.root;
+            defaultText = literalExpression "config.services.shrooms.outbox.root";
+            description = "See {option}`services.shrooms.outbox.root`.";
+          };
+          tokens = mkOption {
+            type = types.attrsOf types.str;
+            default = cfg.tokens;
+            defaultText = literalExpression "config.services.shrooms.tokens";
+            description = "See {option}`services.shrooms.tokens`.";
+          };
+          agents = mkOption {
+            type = types.attrsOf settingsFormat.type;
+            default = { };
+            example = literalExpression ''
+              {
+                claude = {
+                  command = [ "claude" "--dangerously-skip-permissions" ];
+                  env = { DISABLE_AUTOUPDATER = "1"; };
+                  home = [ "claude" "shell" ];
+                  token_env = { ANTHROPIC_API_KEY = "anthropic"; };
+                };
+              }
+            '';
+            description = ''
+              Agents (`[agents.NAME]`: `command`, `env`, `home`, `token_env`,
+              `image`). A table here replaces the built-in agent of the same
+              name (claude, opencode, shell).
+            '';
+          };
+        };
+      };
+    };
+  };
+
+  config = mkIf cfg.enable {
+    assertions = [
+      {
+        assertion = config.virtualisation.podman.enable;
+        message = "services.shrooms needs rootful podman: set virtualisation.podman.enable = true (shrooms talks to its API socket, /run/podman/podman.sock).";
+      }
+      {
+        assertion = badTokenPaths == { };
+        message = "services.shrooms.tokens: ${lib.concatStringsSep ", " (lib.mapAttrsToList (n: p: "${n} = \"${p}\"") badTokenPaths)}: a token must be an absolute path outside ${storeDir} (the store is world-readable); point it at a file from agenix/sops-nix or under /run/secrets, given as a string.";
+      }
+      {
+        assertion = builtins.elem cfg.settings.network.policy [
+          "internet"
+          "allowlist"
+          "none"
+        ];
+        message = "services.shrooms.settings.network.policy = \"${toString cfg.settings.network.policy}\" is not a policy: use \"internet\", \"allowlist\" or \"none\".";
+      }
+      {
+        assertion = cfg.settings.network.policy != "allowlist" || cfg.settings.network.allow != [ ];
+        message = "services.shrooms.settings.network.policy = \"allowlist\" with an empty network.allow lets cages reach nothing: list the hosts/CIDRs they may reach, or use policy \"none\".";
+      }
+      {
+        assertion =
+          lib.hasPrefix "/" cfg.outbox.root
+          && cfg.outbox.root != "/"
+          && !(isStorePath cfg.outbox.root)
+          && cfg.settings.outbox.root == cfg.outbox.root;
+        message = "services.shrooms.outbox.root = \"${cfg.outbox.root}\" must be an absolute directory other than / and outside ${storeDir}, and settings.outbox.root must not differ from it (set services.shrooms.outbox.root only).";
+      }
+      {
+        assertion = builtins.match "0?[0-7][0-7][0145]" cfg.outbox.mode != null;
+        message = "services.shrooms.outbox.mode = \"${cfg.outbox.mode}\" lets other users write the outbox root; use e.g. \"0750\".";
+      }
+      {
+        assertion = lib.hasPrefix "/" cfg.settings.state.dir && !(isStorePath cfg.settings.state.dir);
+        message = "services.shrooms.settings.state.dir = \"${cfg.settings.state.dir}\" must be an absolute path outside ${storeDir}.";
+      }
+      {
+        assertion = lib.hasPrefix "unix:///" cfg.settings.podman.socket;
+        message = "services.shrooms.settings.podman.socket = \"${cfg.settings.podman.socket}\" must be a unix:///path URL of the rootful podman service (on NixOS unix:///run/podman/podman.sock).";
+      }
+      {
+        assertion = lib.mod cfg.subIdRange.count 65536 == 0;
+        message = "services.shrooms.subIdRange.count = ${toString cfg.subIdRange.count} must be a multiple of 65536 (one user namespace per task).";
+      }
+      {
+        assertion = cfg.subIdRange.start >= 65536 && cfg.subIdRange.start + cfg.subIdRange.count <= 4294967295;
+        message = "services.shrooms.subIdRange must lie within 65536..4294967294 (start ${toString cfg.subIdRange.start}, count ${toString cfg.subIdRange.count}).";
+      }
+    ]
+    ++ map (m: {
+      assertion = false;
+      message = m;
+    }) agentProblems;
+
+    # Rootful podman with its API socket (root:podman 0660 at
+    # /run/podman/podman.sock); the docker-compatible socket is not needed.
+    virtualisation.podman.enable = mkDefault true;
+    virtualisation.podman.dockerSocket.enable = mkDefault false;
+
+    # The seal's rules for bridged cage traffic (IPv6 link-local between
+    # cages) only see packets that pass the IP hooks: `shrooms net apply`
+    # refuses to run without these.
+    boot.kernelModules = [ "br_netfilter" ];
+    boot.kernel.sysctl = {
+      "net.bridge.bridge-nf-call-iptables" = 1;
+      "net.bridge.bridge-nf-call-ip6tables" = 1;
+    };
+
+    environment.systemPackages = [ cfg.package ];
+    environment.etc."shrooms/config.toml".source = configFile;
+
+    users.groups = mkIf (cfg.group == "shrooms") { shrooms = { }; };
+    # The subid owner: /etc/subuid and /etc/subgid get `shrooms:START:COUNT`.
+    # A system user without a login, so nothing ever runs as it.
+    users.users = mkIf (cfg.settings.cage.subid_user == "shrooms") {
+      shrooms = {
+        isSystemUser = true;
+        group = if cfg.group == "shrooms" then "shrooms" else "nogroup";
+        description = "shrooms cage uid/gid ranges (never logs in)";
+        subUidRanges = [
+          {
+            startUid = cfg.subIdRange.start;
+            count = cfg.subIdRange.count;
+          }
+        ];
+        subGidRanges = [
+          {
+            startGid = cfg.subIdRange.start;
+            count = cfg.subIdRange.count;
+          }
+        ];
+      };
+    };
+
+    security.sudo.extraRules = mkIf (cfg.sudo && config.security.sudo.enable) [
+      {
+        groups = [ cfg.group ];
+        commands = [
+          {
+            command = exe;
+            options = [ "NOPASSWD" ];
+          }
+        ];
+      }
+    ];
+    security.sudo-rs.extraRules = mkIf (cfg.sudo && config.security.sudo-rs.enable) [
+      {
+        groups = [ cfg.group ];
+        commands = [
+          {
+            command = exe;
+            options = [ "NOPASSWD" ];
+          }
+        ];
+      }
+    ];
+
+    systemd.tmpfiles.settings."10-shrooms" = {
+      ${cfg.settings.state.dir}.d = {
+        mode = "0750";
+        user = "root";
+        group = cfg.group;
+      };
+      ${cfg.outbox.root}.d = {
+        inherit (cfg.outbox) mode user group;
+      };
+    };
+
+    # The seal: shrooms' drop-only nftables tables around the cage network.
+    # `shrooms net apply` creates the podman network through the API socket
+    # (socket activation starts podman.service) and installs the seal; it
+    # runs after nftables.service (whose ruleset load could flush it) and is
+    # applied again whenever the config, the binary or the nftables ruleset
+    # is reloaded: the tables are replaced in one atomic batch, so a reload
+    # never opens a gap. Nothing starts a cage before this: shrooms' cages
+    # are started only by `shrooms run`, which verifies the seal before every
+    # turn and refuses a networked cage without it. Stopping the unit removes
+    # the seal (and so stops networked turns).
+    systemd.services.shrooms-seal = mkIf (cfg.settings.network.policy != "none") {
+      description = "shrooms nftables seal around the cage network";
+      documentation = [ "https://github.com/shrooms-cage/shrooms/blob/main/docs/nixos.md" ];
+      wantedBy = [ "multi-user.target" ];
+      wants = [ "podman.socket" ];
+      after = [
+        "systemd-modules-load.service"
+        "systemd-sysctl.service"
+        "nftables.service"
+        "firewall.service"
+        "podman.socket"
+        "network.target"
+      ];
+      partOf = [ "nftables.service" ];
+      reloadIfChanged = true;
+      reloadTriggers = [
+        configFile
+        cfg.package
+      ];
+      unitConfig.ReloadPropagatedFrom = [ "nftables.service" ];
+      serviceConfig = hardening // {
+        Type = "oneshot";
+        RemainAfterExit = true;
+        ExecStart = "${shrooms} net apply";
+        ExecReload = "${shrooms} net apply";
+        ExecStop = "${shrooms} net flush";
+        # Root with CAP_NET_ADMIN only, in the host's network namespace.
+        CapabilityBoundingSet = [ "CAP_NET_ADMIN" ];
+        PrivateNetwork = false;
+        PrivateUsers = false;
+        ProtectSystem = "strict";
+        # The podman API socket (connect needs no write access to the
+        # filesystem, but keep the directory reachable either way).
+        ReadWritePaths = [ "-/run/podman" ];
+        PrivateDevices = true;
+        ProtectKernelTunables = true;
+        ProtectControlGroups = true;
+        ProtectProc = "invisible";
+        # `net apply` reads /proc/sys/net/bridge/* (br_netfilter on?).
+        ProcSubset = "all";
+        RestrictNamespaces = true;
+        RestrictSUIDSGID = true;
+        PrivateMounts = true;
+        MemoryDenyWriteExecute = true;
+        DevicePolicy = "closed";
+        UMask = "0077";
+        # Netlink for nftables; inet for resolving allowlist host names.
+        RestrictAddressFamilies = [
+          "AF_NETLINK"
+          "AF_UNIX"
+          "AF_INET"
+          "AF_INET6"
+        ];
+        SystemCallFilter = [
+          "@system-service"
+          "~@privileged"
+        ];
+        SystemCallErrorNumber = "EPERM";
+        # Allowlist host names may not resolve this early in boot.
+        Restart = "on-failure";
+        RestartSec = "5s";
+      };
+      startLimitIntervalSec = 120;
+      startLimitBurst = 10;
+    };
+
+    # Loads the cage image into rootful podman's store (podman never pulls
+    # for shrooms). Skipped when this exact image was loaded before and is
+    # still there; a changed image changes the unit, so switching to a new
+    # configuration loads it again.
+    systemd.services.shrooms-image = mkIf cfg.image.load {
+      description = "Load the shrooms cage image into podman";
+      wantedBy = [ "multi-user.target" ];
+      after = [ "local-fs.target" ];
+      before = [ "podman.service" ];
+      path = [
+        config.virtualisation.podman.package
+        pkgs.coreutils
+      ];
+      environment.IMAGE = cfg.image.package;
+      environment.IMAGE_NAME = cfg.settings.cage.image;
+      script = ''
+        set -euo pipefail
+        stamp=/var/lib/shrooms-image/loaded
+        if [ "$(cat "$stamp" 2>/dev/null || true)" = "$IMAGE" ] && podman image exists "$IMAGE_NAME"; then
+          echo "shrooms-image: $IMAGE_NAME already loaded from $IMAGE"
+          exit 0
+        fi
+        if [ -d "$IMAGE" ]; then
+          echo "shrooms-image: $IMAGE is a directory, not an image (use dockerTools.streamLayeredImage or buildLayeredImage)" >&2
+          exit 1
+        elif [ -x "$IMAGE" ]; then
+          "$IMAGE" | podman load
+        else
+          podman load --input "$IMAGE"
+        fi
+        if ! podman image exists "$IMAGE_NAME"; then
+          echo "shrooms-image: $IMAGE loaded but $IMAGE_NAME is not in podman's store: the image's name:tag must equal settings.cage.image" >&2
+          exit 1
+        fi
+        echo "$IMAGE" > "$stamp.tmp"
+        mv "$stamp.tmp" "$stamp"
+      '';
+      serviceConfig = hardening // {
+        Type = "oneshot";
+        RemainAfterExit = true;
+        StateDirectory = "shrooms-image";
+        # podman writes its store (layers with their owners, modes and
+        # whiteout devices): root with the file capabilities that takes.
+        # Loading needs no network at all.
+        PrivateNetwork = true;
+        ProtectSystem = "full";
+        ProtectControlGroups = true;
+        ProtectKernelTunables = true;
+        RestrictAddressFamilies = [
+          "AF_UNIX"
+          "AF_NETLINK"
+        ];
+        CapabilityBoundingSet = [
+          "CAP_CHOWN"
+          "CAP_DAC_OVERRIDE"
+          "CAP_DAC_READ_SEARCH"
+          "CAP_FOWNER"
+          "CAP_FSETID"
+          "CAP_MKNOD"
+          "CAP_SETFCAP"
+          "CAP_SYS_ADMIN"
+          "CAP_SYS_CHROOT"
+          "CAP_SETUID"
+          "CAP_SETGID"
+        ];
+        UMask = "0022";
+      };
+    };
+  };
+}
