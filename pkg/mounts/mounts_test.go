@@ -1,0 +1,104 @@
+package mounts
+
+import (
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+)
+
+func TestCheckHostDir(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "real")
+	assert.NilError(t, os.Mkdir(real, 0o755))
+	assert.NilError(t, os.Symlink(real, filepath.Join(dir, "link")))
+	assert.NilError(t, os.WriteFile(filepath.Join(dir, "file"), nil, 0o644))
+	assert.NilError(t, os.Mkdir(filepath.Join(real, "sub"), 0o755))
+
+	got, err := CheckHostDir(real+"/", "worktree", nil)
+	assert.NilError(t, err, "positive control")
+	assert.Equal(t, got, real)
+
+	for _, tc := range []struct{ path, want string }{
+		{"", "empty"},
+		{"rel", "must be an absolute path"},
+		{"/", "root directory"},
+		{filepath.Join(dir, "nope"), "no such file or directory"},
+		{filepath.Join(dir, "link"), "is a symbolic link"},
+		{filepath.Join(dir, "link", "sub"), "is a symbolic link"},
+		{filepath.Join(dir, "file"), "is not a directory"},
+		{"/etc", "protected host directory /etc"},
+		{"/etc/ssl", "protected host directory /etc"},
+		{"/usr/share", "protected host directory /usr"},
+		{"/var", "protected host directory /var/lib/containers"},
+		{"/proc/sys", "protected host directory /proc"},
+		{"/root", "contains /root"},
+		{"/home", "contains /home"},
+	} {
+		_, err := CheckHostDir(tc.path, "worktree", nil)
+		assert.ErrorContains(t, err, tc.want, tc.path)
+	}
+	_, err = CheckHostDir(real, "worktree", []string{filepath.Join(real, "sub")})
+	assert.ErrorContains(t, err, "overlaps the protected host directory", "a worktree above shrooms' own state")
+	_, err = CheckHostDir(filepath.Join(real, "sub"), "worktree", []string{real})
+	assert.ErrorContains(t, err, "overlaps the protected host directory", "a worktree inside shrooms' own state")
+}
+
+func TestValidateTaskID(t *testing.T) {
+	for _, ok := range []string{"a", "fix-42", "t.1_x", "0"} {
+		assert.NilError(t, ValidateTaskID(ok), ok)
+	}
+	for _, bad := range []string{"", "../x", "..", ".x", "-x", "A", "a/b", "a b", string(make([]byte, 64)), "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"} {
+		assert.ErrorContains(t, ValidateTaskID(bad), "invalid task id", bad)
+	}
+}
+
+func TestBuildPlan(t *testing.T) {
+	p, err := Build(Input{Task: "t", HomeDir: "/h", OutboxDir: "/o/t", TmpSize: 1 << 20, RunSize: 1 << 20})
+	assert.NilError(t, err)
+	var dests []string
+	for _, m := range p.Mounts {
+		dests = append(dests, m.Dest)
+	}
+	assert.DeepEqual(t, dests, []string{"/tmp", "/run", "/home/agent", "/work", "/outbox"})
+	assert.Equal(t, p.Mounts[3].Kind, Tmpfs, "no worktree: an empty tmpfs at /work")
+	_, err = Build(Input{Task: "t", HomeDir: "rel"})
+	assert.ErrorContains(t, err, "not an absolute host path")
+}
+
+func TestOwnWorktreeSkipsGitAndFollowsNoLink(t *testing.T) {
+	itest.Require(t, itest.Root) // chown needs root
+	dir := t.TempDir()
+	wt := filepath.Join(dir, "wt")
+	outside := filepath.Join(dir, "outside")
+	for _, d := range []string{wt, filepath.Join(wt, ".git"), filepath.Join(wt, "src"), outside} {
+		assert.NilError(t, os.Mkdir(d, 0o755))
+	}
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "src", "f"), nil, 0o644))
+	assert.NilError(t, os.Symlink(outside, filepath.Join(wt, "out")))
+	changed, err := OwnWorktree(wt, 4242, 4343)
+	assert.NilError(t, err)
+	assert.Assert(t, changed)
+	owner := func(p string) (uint32, uint32) {
+		fi, err := os.Lstat(p)
+		assert.NilError(t, err)
+		st := fi.Sys().(*syscall.Stat_t)
+		return st.Uid, st.Gid
+	}
+	for _, p := range []string{wt, filepath.Join(wt, "src"), filepath.Join(wt, "src", "f"), filepath.Join(wt, "out")} {
+		u, g := owner(p)
+		assert.Equal(t, u, uint32(4242), p)
+		assert.Equal(t, g, uint32(4343), p)
+	}
+	u, _ := owner(filepath.Join(wt, ".git"))
+	assert.Equal(t, u, uint32(0), ".git stays root's")
+	u, _ = owner(outside)
+	assert.Equal(t, u, uint32(0), "the link's target was not followed")
+	changed, err = OwnWorktree(wt, 4242, 4343)
+	assert.NilError(t, err)
+	assert.Assert(t, !changed, "an owned worktree is not walked again")
+}

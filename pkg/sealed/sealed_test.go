@@ -1,0 +1,104 @@
+package sealed
+
+import (
+	"encoding/json"
+	"testing"
+
+	"gotest.tools/v3/assert"
+	is "gotest.tools/v3/assert/cmp"
+	"gotest.tools/v3/golden"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+)
+
+func testTurn(t *testing.T, cfg *config.Config) Turn {
+	plan, err := mounts.Build(mounts.Input{
+		Task: "golden", HomeDir: "/var/lib/containers/storage/volumes/shrooms-home-golden/_data/home",
+		OutboxDir: "/var/lib/shrooms/outbox/golden", TmpSize: 1 << 30, RunSize: 64 << 20,
+	})
+	assert.NilError(t, err)
+	return Turn{
+		Task: "golden", Number: 3, Agent: "claude", Args: []string{"-p", "fix it"}, Stdin: true,
+		IDs: IDRange{UID: 1879048192, GID: 1879048192, Size: 65536}, Plan: plan,
+		SecretEnv: map[string]string{"ANTHROPIC_API_KEY": "shrooms-golden-anthropic"}, DeadlineSeconds: 7235,
+	}
+}
+
+// TestSpecGolden pins the whole spec: any change to what a cage gets must
+// show up in testdata/ (go test ./pkg/sealed -update accepts it).
+func TestSpecGolden(t *testing.T) {
+	for _, policy := range []string{"internet", "none"} {
+		t.Run(policy, func(t *testing.T) {
+			cfg := config.Default()
+			cfg.Network.Policy = policy
+			s, err := Spec(cfg, testTurn(t, cfg))
+			assert.NilError(t, err)
+			got, err := json.MarshalIndent(s, "", "  ")
+			assert.NilError(t, err)
+			golden.Assert(t, string(got), "spec-"+policy+".json")
+		})
+	}
+}
+
+// TestSpecIsSealed asserts each sealing property on the generated spec.
+func TestSpecIsSealed(t *testing.T) {
+	cfg := config.Default()
+	s, err := Spec(cfg, testTurn(t, cfg))
+	assert.NilError(t, err)
+	assert.DeepEqual(t, s.CapDrop, []string{"ALL"})
+	assert.Equal(t, len(s.CapAdd), 0)
+	assert.Assert(t, *s.NoNewPrivileges)
+	assert.Assert(t, !*s.Privileged)
+	assert.Equal(t, s.SeccompProfilePath, "", "podman's default seccomp profile")
+	assert.Assert(t, *s.ReadOnlyFilesystem)
+	assert.Assert(t, !*s.ReadWriteTmpfs)
+	assert.Equal(t, string(s.UserNS.NSMode), "private")
+	assert.Equal(t, s.IDMappings.UIDMap[0].HostID, 1879048192)
+	assert.Equal(t, s.IDMappings.UIDMap[0].ContainerID, 0)
+	assert.Equal(t, s.IDMappings.UIDMap[0].Size, 65536)
+	assert.Equal(t, s.User, "1000:1000")
+	for _, ns := range []string{string(s.PidNS.NSMode), string(s.IpcNS.NSMode), string(s.UtsNS.NSMode), string(s.CgroupNS.NSMode)} {
+		assert.Equal(t, ns, "private")
+	}
+	assert.Equal(t, string(s.NetNS.NSMode), "bridge")
+	assert.Equal(t, len(s.Devices), 0)
+	assert.Equal(t, *s.ResourceLimits.Memory.Limit, int64(4<<30))
+	assert.Equal(t, *s.ResourceLimits.Memory.Swap, int64(4<<30), "no swap on top of memory")
+	assert.Equal(t, s.ResourceLimits.Pids.Limit, int64(1024))
+	assert.Equal(t, *s.ResourceLimits.CPU.Quota, int64(200000))
+	assert.Equal(t, len(s.Rlimits), 2)
+	assert.Equal(t, s.Hostname, "cage-golden")
+	assert.Equal(t, s.WorkDir, "/work")
+	assert.Equal(t, s.Env["HOME"], "/home/agent")
+	assert.Equal(t, s.Labels[LabelTask], "golden")
+	assert.Equal(t, s.Labels[LabelTurn], "3")
+	assert.DeepEqual(t, s.Command, []string{"claude", "--dangerously-skip-permissions", "-p", "fix it"})
+	assert.Equal(t, s.EnvSecrets["ANTHROPIC_API_KEY"], "shrooms-golden-anthropic")
+	for k, v := range s.Env {
+		assert.Assert(t, v != "shrooms-golden-anthropic", "secret name leaked into env %s", k)
+	}
+	var dests []string
+	for _, m := range s.Mounts {
+		dests = append(dests, m.Destination)
+		assert.Assert(t, m.Source != "/run/podman" && m.Source != "/var/run/docker.sock", "engine socket mounted")
+		if m.Type == "bind" {
+			assert.Assert(t, is.Contains(m.Options, "nosuid"))
+			assert.Assert(t, is.Contains(m.Options, "nodev"))
+		}
+	}
+	assert.DeepEqual(t, dests, []string{"/tmp", "/run", "/home/agent", "/work", "/outbox"})
+	assert.Assert(t, *s.UseImageHosts, "the host's /etc/hosts stays out")
+	assert.Equal(t, s.DNSServers[0].String(), "10.89.0.1", "the network's own resolver only")
+}
+
+func TestSpecRefusesUnsafeIDs(t *testing.T) {
+	cfg := config.Default()
+	tt := testTurn(t, cfg)
+	tt.IDs = IDRange{UID: 0, GID: 0, Size: 65536}
+	_, err := Spec(cfg, tt)
+	assert.ErrorContains(t, err, "non-root host ids")
+	tt.IDs = IDRange{UID: 100000, GID: 100000, Size: 1000}
+	_, err = Spec(cfg, tt)
+	assert.ErrorContains(t, err, "65536-id range")
+}
