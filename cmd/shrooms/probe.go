@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/probe"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
+)
+
+// probeCommand is `shrooms probe` (the battery, run in a cage) with its
+// hidden `probe inside` subcommand, which is what the cage runs.
+func probeCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "probe",
+		Usage: "run the breakout battery inside a cage and report every check",
+		Description: `Runs shrooms itself (mounted read-only) in a fresh cage of the task, as the
+agent user, and tries every way out: capabilities, seccomp, namespaces,
+mounts, devices, sockets, secrets, and the network seal. One line per
+check with its verdict: sealed, escaped, residual (a documented limitation)
+or error. Exit status 1 when any check escaped or could not decide.
+--targets names a JSON file of network targets (see docs/probe-schema.md).`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "task", Value: "probe", Usage: "task `ID` whose cage is probed"},
+			&cli.StringFlag{Name: "agent", Value: "shell", Usage: "agent `NAME` whose image and settings are used"},
+			&cli.StringFlag{Name: "targets", Usage: "network targets `FILE` (JSON: probe.Params)"},
+			&cli.DurationFlag{Name: "timeout", Usage: "deadline `DUR` of the probe turn (default 2m)"},
+		},
+		Subcommands: []*cli.Command{probeInsideCommand()},
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			params, err := probeParams(c.String("targets"), cfg, c.String("agent"))
+			if err != nil {
+				return fail(ExitUsage, err)
+			}
+			ctx, stop := signalContext(c.Context)
+			defer stop()
+			client, err := connect(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			runner := turn.NewRunner(cfg, client, sealChecker(client))
+			rep, _, err := probe.Run(ctx, runner, probe.Options{
+				Task: c.String("task"), Agent: c.String("agent"), Params: params,
+				Timeout: c.Duration("timeout"), Stderr: c.App.ErrWriter,
+			})
+			if err != nil {
+				return fail(codeFor(err), err)
+			}
+			if c.Bool("json") {
+				if err := printJSON(c.App.Writer, rep); err != nil {
+					return err
+				}
+			} else {
+				f, isFile := c.App.Writer.(*os.File)
+				if err := probe.WriteTable(c.App.Writer, rep, isFile && isTerminal(f)); err != nil {
+					return err
+				}
+			}
+			if rep.Failed() {
+				return fail(1, fmt.Errorf("breakout battery: %d escaped, %d error (%s)", rep.Summary.Escaped, rep.Summary.Error, strings.Join(append(rep.IDs(probe.Escaped), rep.IDs(probe.Error)...), " ")))
+			}
+			return nil
+		},
+	}
+}
+
+// probeInsideCommand is what the cage runs; hidden from help.
+func probeInsideCommand() *cli.Command {
+	return &cli.Command{
+		Name:   probe.InsideArgs[1],
+		Hidden: true,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: strings.TrimPrefix(probe.ParamsFlag, "--")},
+			&cli.BoolFlag{Name: strings.TrimPrefix(probe.NestedChildArg, "--")},
+		},
+		Action: func(c *cli.Context) error {
+			if c.Bool(strings.TrimPrefix(probe.NestedChildArg, "--")) {
+				if code := probe.NestedChild(); code != 0 {
+					return fail(code, nil)
+				}
+				return nil
+			}
+			var p probe.Params
+			if s := c.String(strings.TrimPrefix(probe.ParamsFlag, "--")); s != "" {
+				if err := json.Unmarshal([]byte(s), &p); err != nil {
+					return fail(ExitUsage, fmt.Errorf("probe params: %w", err))
+				}
+			}
+			rep := probe.Inside(context.Background(), p)
+			b, err := json.Marshal(rep)
+			if err != nil {
+				return fail(ExitInternal, err)
+			}
+			fmt.Fprintln(c.App.Writer, string(b))
+			return nil
+		},
+	}
+}
+
+// probeParams reads --targets (if any) and fills in what the host side
+// knows from the config: policy, seccomp strictness, injected secrets and
+// the gateway.
+func probeParams(path string, cfg *config.Config, agent string) (probe.Params, error) {
+	var p probe.Params
+	if path != "" {
+		b, err := os.ReadFile(filepath.Clean(path))
+		if err != nil {
+			return p, fmt.Errorf("--targets: %w", err)
+		}
+		dec := json.NewDecoder(strings.NewReader(string(b)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&p); err != nil {
+			return p, fmt.Errorf("--targets %s: %w", path, err)
+		}
+	}
+	p.Policy = cfg.Network.Policy
+	p.StrictSeccomp = cfg.Cage.Seccomp != ""
+	if a, err := cfg.Agent(agent); err == nil {
+		for env := range a.TokenEnv {
+			p.SecretEnv = append(p.SecretEnv, env)
+		}
+	}
+	if cfg.Network.Networked() && len(p.Gateway) == 0 {
+		if gw, err := sealed.Gateway4(cfg.Network); err == nil {
+			p.Gateway = []string{gw.String()}
+		}
+	}
+	if p.Nonce == "" {
+		p.Nonce = fmt.Sprintf("sp%d", os.Getpid())
+	}
+	return p, nil
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}

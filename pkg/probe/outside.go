@@ -1,0 +1,215 @@
+package probe
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
+)
+
+// Options is one run of the battery in a cage.
+type Options struct {
+	// Task and Agent name the turn (the agent's image and HOME are used;
+	// its command is replaced by the probe).
+	Task, Agent string
+	// Params go to the inside as they are.
+	Params Params
+	// Binary is the static shrooms executable to mount (default: this one).
+	Binary string
+	// Timeout bounds the turn (default 2 minutes).
+	Timeout time.Duration
+	// Stderr receives the cage's stderr (may be nil).
+	Stderr io.Writer
+	// OnInbound, when set, is called (in its own goroutine) with each
+	// address the inside listens on for D15, so the caller can try to
+	// connect to the cage while the battery runs.
+	OnInbound func(addr string, port int)
+}
+
+// ParamsFlag is the `probe inside` flag that carries Params as JSON.
+const ParamsFlag = "--params-json"
+
+// Run runs the battery in a fresh cage of r and returns its report. The
+// turn result is returned too (cage id, exit code, phases) when there is one.
+func Run(ctx context.Context, r *turn.Runner, o Options) (*Report, *turn.Result, error) {
+	bin := o.Binary
+	if bin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, nil, fmt.Errorf("probe: find own executable: %w", err)
+		}
+		bin = exe
+	}
+	bin, err := filepath.EvalSymlinks(bin)
+	if err != nil {
+		return nil, nil, fmt.Errorf("probe: binary: %w", err)
+	}
+	if fi, err := os.Stat(bin); err != nil || !fi.Mode().IsRegular() {
+		return nil, nil, fmt.Errorf("probe: %s is not a regular file", bin)
+	}
+	params, err := json.Marshal(o.Params)
+	if err != nil {
+		return nil, nil, fmt.Errorf("probe: params: %w", err)
+	}
+	timeout := o.Timeout
+	if timeout <= 0 {
+		timeout = 2 * time.Minute
+	}
+	var stdout bytes.Buffer
+	stderr := &announceWriter{next: o.Stderr, on: o.OnInbound}
+	res, err := r.Run(ctx, turn.Request{
+		Task:    o.Task,
+		Agent:   o.Agent,
+		Command: append(append([]string{BinaryPath}, InsideArgs...), ParamsFlag, string(params)),
+		ExtraMounts: []mounts.Mount{{
+			Kind: mounts.Bind, Source: bin, Dest: BinaryPath, ReadOnly: true,
+			Options: []string{"rbind", "nosuid", "nodev"},
+		}},
+		Timeout: timeout,
+		Streams: podman.Streams{Stdout: &stdout, Stderr: stderr},
+	})
+	stderr.wait()
+	if err != nil {
+		return nil, res, fmt.Errorf("probe: turn: %w", err)
+	}
+	rep, perr := Parse(lastJSON(stdout.Bytes()))
+	if perr != nil {
+		return nil, res, fmt.Errorf("probe: cage exited %d without a report: %w (stderr: %s)", res.ExitCode, perr, oneLine(stderr.tail()))
+	}
+	return rep, res, nil
+}
+
+// lastJSON is the last line of out that looks like a JSON object.
+func lastJSON(out []byte) []byte {
+	lines := bytes.Split(bytes.TrimSpace(out), []byte("\n"))
+	for i := len(lines) - 1; i >= 0; i-- {
+		if bytes.HasPrefix(bytes.TrimSpace(lines[i]), []byte("{")) {
+			return lines[i]
+		}
+	}
+	return out
+}
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// announceWriter passes the cage's stderr on and reacts to D15 announces.
+type announceWriter struct {
+	next io.Writer
+	on   func(string, int)
+	mu   sync.Mutex
+	buf  []byte
+	last []byte
+	wg   sync.WaitGroup
+}
+
+func (a *announceWriter) Write(p []byte) (int, error) {
+	a.mu.Lock()
+	a.buf = append(a.buf, p...)
+	a.last = append(a.last, p...)
+	if len(a.last) > 4096 {
+		a.last = a.last[len(a.last)-4096:]
+	}
+	for {
+		i := bytes.IndexByte(a.buf, '\n')
+		if i < 0 {
+			break
+		}
+		line := string(a.buf[:i])
+		a.buf = a.buf[i+1:]
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == InboundAnnounce && a.on != nil {
+			port, _ := strconv.Atoi(f[2])
+			a.wg.Add(1)
+			go func() { defer a.wg.Done(); a.on(f[1], port) }()
+		}
+	}
+	a.mu.Unlock()
+	if a.next != nil {
+		return a.next.Write(p)
+	}
+	return len(p), nil
+}
+
+func (a *announceWriter) wait() { a.wg.Wait() }
+
+func (a *announceWriter) tail() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return string(a.last)
+}
+
+// Join marks every network attempt with what the canaries saw (hit reports
+// whether a canary logged the nonce) and re-judges the checks: an attempt
+// the policy forbids that a canary logged is an escape, whatever the
+// prober itself saw.
+func Join(r *Report, hit func(nonce string) bool) {
+	for i := range r.Checks {
+		c := &r.Checks[i]
+		for j := range c.Nonces {
+			a := &c.Nonces[j]
+			h := hit(a.Nonce)
+			a.Canary = &h
+			if h && !a.Allowed && c.Verdict != Residual {
+				c.escape("canary logged %s (%s)", a.Nonce, a.Target)
+			}
+		}
+	}
+	r.Summarize()
+}
+
+// WriteTable prints one line per check; color adds ANSI colours to the
+// verdicts (for terminals).
+func WriteTable(w io.Writer, r *Report, color bool) error {
+	bw := bufio.NewWriter(w)
+	fmt.Fprintf(bw, "%-5s %-9s %-38s %s\n", "ID", "VERDICT", "CHECK", "OBSERVED")
+	for _, c := range r.Checks {
+		v := fmt.Sprintf("%-9s", c.Verdict)
+		if color {
+			v = colorOf(c.Verdict) + v + "\x1b[0m"
+		}
+		obs := c.Observed
+		if c.Reason != "" {
+			obs += " — " + c.Reason
+		}
+		fmt.Fprintf(bw, "%-5s %s %-38s %s\n", c.ID, v, trunc(c.Name, 38), trunc(oneLine(obs), 160))
+		if c.Verdict == Escaped {
+			for _, e := range c.Evidence {
+				if strings.HasPrefix(e, "ESCAPED: ") {
+					fmt.Fprintf(bw, "%-5s %-9s   %s\n", "", "", e)
+				}
+			}
+		}
+	}
+	s := r.Summary
+	fmt.Fprintf(bw, "%d checks: %d sealed, %d escaped, %d residual, %d error\n", len(r.Checks), s.Sealed, s.Escaped, s.Residual, s.Error)
+	return bw.Flush()
+}
+
+func colorOf(v Verdict) string {
+	switch v {
+	case Sealed:
+		return "\x1b[32m"
+	case Residual:
+		return "\x1b[33m"
+	}
+	return "\x1b[1;31m"
+}
+
+func trunc(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}
