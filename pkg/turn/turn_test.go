@@ -26,14 +26,16 @@ import (
 
 // harness is a runner on the test podman service with a private state dir.
 type harness struct {
-	t      *testing.T
+	t      testing.TB
 	cfg    *config.Config
 	runner *Runner
 	client *podman.Client
 	prefix string
 }
 
-func newHarness(t *testing.T, extra string) *harness {
+func newHarness(t *testing.T, extra string) *harness { return newHarnessTB(t, extra) }
+
+func newHarnessTB(t testing.TB, extra string) *harness {
 	t.Helper()
 	itest.Require(t, itest.Root, itest.Podman)
 	dir := t.TempDir()
