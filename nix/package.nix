@@ -39,7 +39,7 @@ buildGoModule {
 
   # The NAR hash of `go mod vendor` (vendor/ with modules.txt). Recompute
   # with nix/update-vendor-hash.sh; internal/nixcheck fails when it is stale.
-  vendorHash = "sha256-h8/b6rVmvUwJ8PAv0bC18hKA0YLDFve15X49KxlDUxM=";
+  vendorHash = "sha256-EMVhrUbEsWPFhF2v9dbjycF+trPcjVL/uLAfYbzKoRs=";
 
   env.CGO_ENABLED = 0;
   subPackages = [ "cmd/shrooms" ];
