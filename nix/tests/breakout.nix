@@ -121,7 +121,7 @@ in
     with subtest("sealed: shrooms probe finds no escape and its positive control passes"):
         host.succeed("jq '.nonce = \"vmsealed\"' /etc/shrooms-test/targets.json > /tmp/targets-sealed.json")
         rc, out = host.execute(
-            "timeout 600 shrooms probe --task probe-sealed --targets /tmp/targets-sealed.json --json > /tmp/probe-sealed.json"
+            "timeout 600 shrooms --json probe --task probe-sealed --targets /tmp/targets-sealed.json > /tmp/probe-sealed.json"
         )
         report = json.loads(host.succeed("cat /tmp/probe-sealed.json"))
         print(json.dumps(report["summary"]))
@@ -143,12 +143,12 @@ in
         # The same cage image, network and battery, started by podman itself
         # (shrooms would refuse): now the LAN answers.
         params = json.loads(host.succeed("cat /etc/shrooms-test/targets.json"))
-        params.update({"policy": "internet", "nonce": "vmunsealed"})
+        params.update({"policy": "internet", "nonce": "vmunsealed", "gateway": [CAGE_GW4]})
         shrooms_bin = host.succeed("readlink -f $(command -v shrooms)").strip()
         host.succeed(
             "podman run --rm --network shrooms --user 1000:1000 --cap-drop all "
             f"-v {shrooms_bin}:/.shrooms/shrooms:ro "
-            "localhost/shrooms-agent:latest /.shrooms/shrooms probe-inside --params-json "
+            "localhost/shrooms-agent:latest /.shrooms/shrooms probe inside --params-json "
             f"{shlex.quote(json.dumps(params))} > /tmp/probe-unsealed.json || true"
         )
         report = json.loads(host.succeed("cat /tmp/probe-unsealed.json"))
