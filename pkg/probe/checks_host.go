@@ -51,9 +51,14 @@ func checkSockets(ctx context.Context, _ Params, c *Check) {
 	}
 	c.Observed = fmt.Sprintf("%d unix sockets on the filesystem", len(socks))
 	for _, s := range socks {
+		engine := strings.Contains(s, "podman") || strings.Contains(s, "docker") || strings.Contains(s, "containerd")
 		conn, err := net.DialTimeout("unix", s, time.Second)
 		if err != nil {
-			c.ev("%s: connect %s", s, errnoName(err))
+			if engine {
+				c.escape("container engine socket %s is in the cage (connect: %s)", s, errnoName(err))
+			} else {
+				c.ev("%s: connect %s", s, errnoName(err))
+			}
 			continue
 		}
 		conn.Close()

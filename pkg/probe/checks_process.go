@@ -86,7 +86,7 @@ type badCall struct {
 	must bool
 	// tty: harmless while no terminal is reachable (seccomp cannot filter
 	// ioctl numbers by their low 32 bits once ioctl is allowed at all).
-	tty bool
+	tty  bool
 	call func() error
 }
 

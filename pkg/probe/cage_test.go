@@ -1,0 +1,238 @@
+package probe
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/containers/podman/v5/pkg/specgen"
+	spec "github.com/opencontainers/runtime-spec/specs-go"
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
+)
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// shroomsBinary builds the real static shrooms binary once per test run.
+// Until main.go registers probeCommand() it builds with a go -overlay that
+// adds exactly that one line, so these tests never depend on the order in
+// which the CLI is wired.
+func shroomsBinary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "shrooms-probe-bin")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "shrooms")
+		args := []string{"build", "-tags", "remote exclude_graphdriver_btrfs containers_image_openpgp exclude_graphdriver_devicemapper", "-o", binPath}
+		mainGo, _ := filepath.Abs("../../cmd/shrooms/main.go")
+		src, err := os.ReadFile(mainGo)
+		if err != nil {
+			binErr = err
+			return
+		}
+		if !strings.Contains(string(src), "probeCommand()") {
+			patched := strings.Replace(string(src), "\t\t\trunCommand(),\n", "\t\t\trunCommand(),\n\t\t\tprobeCommand(),\n", 1)
+			if patched == string(src) {
+				binErr = fmt.Errorf("cannot register probeCommand in %s", mainGo)
+				return
+			}
+			over := filepath.Join(dir, "main.go")
+			os.WriteFile(over, []byte(patched), 0o644)
+			ov := filepath.Join(dir, "overlay.json")
+			os.WriteFile(ov, []byte(fmt.Sprintf(`{"Replace":{%q:%q}}`, mainGo, over)), 0o644)
+			args = append(args, "-overlay", ov)
+		}
+		cmd := exec.Command("go", append(args, "github.com/shrooms-cage/shrooms/cmd/shrooms")...)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binErr = fmt.Errorf("build shrooms: %v: %s", err, out)
+		}
+	})
+	assert.NilError(t, binErr)
+	return binPath
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
+type cageEnv struct {
+	t      *testing.T
+	cfg    *config.Config
+	client *podman.Client
+	prefix string
+	bin    string
+	n      int
+}
+
+func newCageEnv(t *testing.T, seccomp string) *cageEnv {
+	t.Helper()
+	itest.Require(t, itest.Root, itest.Podman)
+	dir := t.TempDir()
+	prefix := itest.UniqueName("pr")
+	cfg, err := config.Parse("probe.toml", []byte(fmt.Sprintf(`
+[podman]
+socket = %q
+[state]
+dir = %q
+[cage]
+image = %q
+memory = "256m"
+pids = 128
+nofile = 512
+nproc = 256
+timeout = "60s"
+stop_grace = "2s"
+seccomp = %q
+[network]
+policy = "none"
+[home]
+volume_prefix = "shrooms-home-%s-"
+[outbox]
+root = %q
+`, itest.Socket(), filepath.Join(dir, "state"), itest.TestImage, seccomp, prefix, filepath.Join(dir, "outbox"))))
+	assert.NilError(t, err)
+	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
+	assert.NilError(t, err)
+	e := &cageEnv{t: t, cfg: cfg, client: client, prefix: prefix, bin: shroomsBinary(t)}
+	t.Cleanup(func() {
+		entries, _ := os.ReadDir(filepath.Join(cfg.State.Dir, "tasks"))
+		for _, en := range entries {
+			_ = client.RemoveVolume(context.Background(), cfg.Home.VolumePrefix+en.Name())
+		}
+		outs, _ := os.ReadDir(cfg.Outbox.Root)
+		for _, en := range outs {
+			if err := outbox.Release(cfg.Outbox.Root, en.Name()); err != nil && !os.IsNotExist(err) {
+				t.Errorf("release outbox: %v", err)
+			}
+		}
+	})
+	return e
+}
+
+// run probes one cage; weaken, when set, mutates its spec first.
+func (e *cageEnv) run(t *testing.T, weaken func(*specgen.SpecGenerator)) *Report {
+	t.Helper()
+	e.n++
+	r := turn.NewRunner(e.cfg, e.client, nil)
+	r.OnSpec = weaken
+	var stderr strings.Builder
+	rep, res, err := Run(context.Background(), r, Options{
+		Task: fmt.Sprintf("%s-%d", e.prefix, e.n), Agent: "shell", Binary: e.bin,
+		Params: Params{Policy: e.cfg.Network.Policy, StrictSeccomp: e.cfg.Cage.Seccomp != "", Nonce: e.prefix},
+		Stderr: &stderr,
+	})
+	assert.NilError(t, err, stderr.String())
+	assert.Assert(t, res.Removed, "cage not removed: %s", res.Error)
+	if t.Failed() || testing.Verbose() {
+		for _, c := range rep.Checks {
+			if c.Verdict != Sealed {
+				t.Logf("%s %s: %s %s %v", c.ID, c.Verdict, c.Observed, c.Reason, c.Evidence)
+			}
+		}
+	}
+	return rep
+}
+
+func profilePath(t *testing.T) string {
+	p, err := filepath.Abs("../../seccomp/shrooms.json")
+	assert.NilError(t, err)
+	return p
+}
+
+func sorted(s ...string) []string {
+	sort.Strings(s)
+	return s
+}
+
+// TestBatteryInSealedCages: under podman's default profile and under
+// shrooms' profile every check runs, nothing escapes, nothing errs, and the
+// residual rows are exactly the documented ones; A3 and B4 flip between the
+// two profiles, which proves the profile is loaded and applied.
+func TestBatteryInSealedCages(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		seccomp  func(t *testing.T) string
+		residual []string
+	}{
+		{"podman default seccomp", func(*testing.T) string { return "" }, sorted("A3", "A4", "B4", "B10")},
+		{"shrooms seccomp", profilePath, sorted("A4", "B10")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newCageEnv(t, tc.seccomp(t))
+			rep := e.run(t, nil)
+			assert.Assert(t, len(rep.Checks) >= 40, "%d checks", len(rep.Checks))
+			assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))
+			assert.DeepEqual(t, rep.IDs(Error), []string(nil))
+			assert.DeepEqual(t, rep.IDs(Residual), tc.residual)
+		})
+	}
+}
+
+// TestNegativeControls weakens one property of the cage at a time and
+// checks that exactly the rows that test it flip to escaped.
+func TestNegativeControls(t *testing.T) {
+	hostDir := t.TempDir()
+	assert.NilError(t, os.MkdirAll(filepath.Join(hostDir, ".ssh"), 0o755))
+	assert.NilError(t, os.WriteFile(filepath.Join(hostDir, ".ssh", "id_ed25519"), []byte("not a key\n"), 0o644))
+	assert.NilError(t, os.Chmod(hostDir, 0o755))
+	for _, tc := range []struct {
+		name    string
+		strict  bool
+		weaken  func(*specgen.SpecGenerator)
+		escaped []string
+		errors  bool // rows without targets err once the cage has interfaces
+	}{
+		{"NET_RAW added", false, func(s *specgen.SpecGenerator) { s.CapAdd = append(s.CapAdd, "NET_RAW") }, sorted("A1", "D10", "D11", "D12"), false},
+		{"seccomp unconfined", true, func(s *specgen.SpecGenerator) { s.SeccompProfilePath = "unconfined" }, sorted("A3", "B4"), false},
+		{"podman socket bind-mounted", false, func(s *specgen.SpecGenerator) {
+			s.Mounts = append(s.Mounts, spec.Mount{Destination: "/run/podman/podman.sock", Type: "bind", Source: itest.SocketPath(), Options: []string{"rbind", "rw"}})
+		}, sorted("C1", "C3"), false},
+		{"host directory mounted", false, func(s *specgen.SpecGenerator) {
+			s.Mounts = append(s.Mounts, spec.Mount{Destination: "/mnt/host", Type: "bind", Source: hostDir, Options: []string{"rbind", "ro"}})
+		}, sorted("C3", "C4"), false},
+		// Observed with runc on hybrid cgroups: with the host's network
+		// namespace the cgroup v1 hierarchies come up read-write (A7, C3).
+		{"host network namespace", false, func(s *specgen.SpecGenerator) { s.NetNS = specgen.Namespace{NSMode: specgen.Host} }, sorted("A6", "A7", "C3", "D1"), true},
+		{"root user without user namespace", false, func(s *specgen.SpecGenerator) {
+			s.UserNS = specgen.Namespace{NSMode: specgen.Host}
+			s.IDMappings = nil
+			s.User = "0:0"
+		}, sorted("A5", "A6"), false}, // A6: the user namespace is the host's
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			seccomp := ""
+			if tc.strict {
+				seccomp = profilePath(t)
+			}
+			e := newCageEnv(t, seccomp)
+			rep := e.run(t, tc.weaken)
+			assert.DeepEqual(t, rep.IDs(Escaped), tc.escaped)
+			if !tc.errors {
+				assert.DeepEqual(t, rep.IDs(Error), []string(nil))
+			}
+		})
+	}
+}
