@@ -48,6 +48,9 @@ else
 	ok "packages: all ${#packages[@]} present"
 fi
 
+# A Go toolchain new enough for go.mod (Debian 12 ships only 1.19).
+ok "$(bash "$here/go-toolchain.sh")"
+
 # ------------------------------------------------------- 2. containers.conf
 # Podman 4.3 reads /etc/containers/containers.conf.d/*.conf after
 # containers.conf (verified below with `podman info`).

@@ -104,6 +104,7 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			gcCommand(),
 			netCommand(),
 			outboxCommand(),
+			probeCommand(),
 			commitCommand(),
 			resetCommand(),
 			versionCommand(),
@@ -139,14 +140,13 @@ func connect(ctx context.Context, cfg *config.Config) (*podman.Client, error) {
 	return client, nil
 }
 
-// sealChecker verifies the cage network and its nftables seal in shrooms'
-// own network namespace before a networked turn. Under the allowlist policy
-// it re-applies the seal (refreshing the resolved names) unless dry.
+// sealChecker verifies the nftables seal in shrooms' own network namespace
+// before a networked turn, then makes sure the cage network exists as
+// configured (creating it if missing, unless dry). Under the allowlist
+// policy it re-applies the seal first (refreshing the resolved names),
+// unless dry.
 func sealChecker(client *podman.Client) turn.SealChecker {
 	return func(ctx context.Context, cfg *config.Config, dry bool) ([]string, error) {
-		if err := turn.CheckNetwork(ctx, cfg, client); err != nil {
-			return nil, err
-		}
 		var hosts []string
 		if cfg.Network.Policy == "allowlist" {
 			var r firewall.Resolved
@@ -167,6 +167,15 @@ func sealChecker(client *podman.Client) turn.SealChecker {
 		}
 		if !st.OK {
 			return nil, errors.New(st.Reason)
+		}
+		if dry {
+			if n, err := client.InspectNetwork(ctx, cfg.Network.Name); err != nil || n == nil {
+				return hosts, err // a missing network is created by the turn itself
+			}
+			return hosts, turn.CheckNetwork(ctx, cfg, client)
+		}
+		if _, err := turn.EnsureNetwork(ctx, cfg, client); err != nil {
+			return nil, err
 		}
 		return hosts, nil
 	}

@@ -19,13 +19,17 @@ func netCommand() *cli.Command {
 		Subcommands: []*cli.Command{
 			{
 				Name:  "apply",
-				Usage: "create the cage network if missing and install the seal (atomic, idempotent)",
+				Usage: "install the seal (atomic, idempotent) and create the cage network if missing",
 				Description: `Run as root at boot before podman starts cages (the NixOS module's
-shrooms-seal unit does), and after changing [network]. Under the allowlist
-policy each turn re-applies it to refresh resolved host names.`,
+shrooms-seal unit does, with --seal-only, before podman is up), and after
+changing [network]. The seal matches the bridge by name, so it can be in
+place before the network exists; a networked turn creates a missing network
+itself once it has verified the seal. Under the allowlist policy each turn
+re-applies the seal to refresh resolved host names.`,
+				Flags: []cli.Flag{&cli.BoolFlag{Name: "seal-only", Usage: "install the seal only; do not contact podman"}},
 				Action: func(c *cli.Context) error {
 					return withNet(c, func(ctx context.Context, cfg *config.Config) error {
-						if cfg.Network.Networked() {
+						if cfg.Network.Networked() && !c.Bool("seal-only") {
 							client, err := connect(ctx, cfg)
 							if err != nil {
 								return err

@@ -75,11 +75,16 @@ root = %q
 
 	code, _, stderr := shrooms("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "true")
 	assert.Equal(t, code, ExitHostNotReady, stderr)
-	assert.Assert(t, is.Contains(stderr, "does not exist (run `shrooms net apply`)"))
+	assert.Assert(t, is.Contains(stderr, "refusing to start a networked cage"))
+	assert.Assert(t, is.Contains(stderr, "is missing: run `shrooms net apply`"))
 
-	code, stdout, stderr := shrooms("net", "apply")
+	// As at boot: the seal first, before podman is asked for anything; the
+	// first networked turn then creates the network.
+	code, stdout, stderr := shrooms("net", "apply", "--seal-only")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, "sealed: policy internet"))
+	out, err := tb.Podman("network", "exists", name)
+	assert.Assert(t, err != nil, "--seal-only created the network: %s", out)
 	code, stdout, stderr = shrooms("--json", "net", "status")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, `"ok": true`))
@@ -90,6 +95,13 @@ root = %q
 	time.Sleep(300 * time.Millisecond) // canaries log asynchronously
 	assert.Assert(t, len(tb.Hits(net1)) > 0, "positive control: the internet canary was not reached")
 	assert.Equal(t, len(tb.Hits(lan1)), 0, "the LAN router was reached through the seal: %+v", tb.Hits(lan1))
+
+	// Applying again (now with the network) is idempotent and keeps it.
+	code, _, stderr = shrooms("net", "apply")
+	assert.Equal(t, code, 0, stderr)
+	out, err = tb.Podman("network", "inspect", "--format", "{{.NetworkInterface}}", name)
+	assert.NilError(t, err, out)
+	assert.Equal(t, strings.TrimSpace(out), name, "the cage network uses the sealed bridge")
 
 	code, _, stderr = shrooms("net", "flush")
 	assert.Equal(t, code, 0, stderr)

@@ -32,7 +32,8 @@ type Cage struct {
 	SubIDUser string `toml:"subid_user"`
 	// User is the uid (and gid) the agent runs as inside the cage.
 	User int64 `toml:"user"`
-	// Seccomp is a seccomp profile path; "" means podman's default profile.
+	// Seccomp is "shrooms" (the built-in strict profile), "podman" (podman's
+	// default profile) or the absolute path of a profile.
 	Seccomp string `toml:"seccomp"`
 	// HostnameFmt formats the cage hostname from the task id.
 	HostnameFmt string `toml:"hostname_format"`
@@ -64,14 +65,18 @@ func (c *Cage) validate() error {
 		return &Error{Key: "cage.subid_user", Msg: fmt.Sprintf("%q is not a user name", c.SubIDUser)}
 	case c.User < 1 || c.User > 65535:
 		return &Error{Key: "cage.user", Msg: "must be a non-root uid in 1..65535 (the cage's user namespace has 65536 ids)"}
-	case c.Seccomp != "" && !filepath.IsAbs(c.Seccomp):
-		return &Error{Key: "cage.seccomp", Msg: "must be an absolute path or empty"}
+	case c.Seccomp != "shrooms" && c.Seccomp != "podman" && !filepath.IsAbs(c.Seccomp):
+		return &Error{Key: "cage.seccomp", Msg: fmt.Sprintf("%q: use \"shrooms\", \"podman\" or an absolute path", c.Seccomp)}
 	}
 	if n := len(fmt.Sprintf(c.HostnameFmt, "x")); n == 0 || n > 40 {
 		return &Error{Key: "cage.hostname_format", Msg: "must format a short hostname with one %s"}
 	}
 	return nil
 }
+
+// StrictSeccomp reports whether cages run under a profile stricter than
+// podman's default (shrooms' own, or the owner's file).
+func (c *Cage) StrictSeccomp() bool { return c.Seccomp != "podman" }
 
 func validName(s string) bool {
 	if s == "" || len(s) > 32 {

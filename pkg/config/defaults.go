@@ -21,7 +21,7 @@ func Default() *Config {
 			RunSize:     64 << 20,
 			SubIDUser:   "shrooms",
 			User:        1000,
-			Seccomp:     "",
+			Seccomp:     "shrooms",
 			HostnameFmt: "cage-%s",
 		},
 		Network: defaultNetwork(),

@@ -141,7 +141,7 @@ func (e *cageEnv) run(t *testing.T, weaken func(*specgen.SpecGenerator)) *Report
 	var stderr strings.Builder
 	rep, res, err := Run(context.Background(), r, Options{
 		Task: fmt.Sprintf("%s-%d", e.prefix, e.n), Agent: "shell", Binary: e.bin,
-		Params: Params{Policy: e.cfg.Network.Policy, StrictSeccomp: e.cfg.Cage.Seccomp != "", Nonce: e.prefix},
+		Params: Params{Policy: e.cfg.Network.Policy, StrictSeccomp: e.cfg.Cage.StrictSeccomp(), Nonce: e.prefix},
 		Stderr: &stderr,
 	})
 	assert.NilError(t, err, stderr.String())
@@ -157,7 +157,7 @@ func (e *cageEnv) run(t *testing.T, weaken func(*specgen.SpecGenerator)) *Report
 }
 
 func profilePath(t *testing.T) string {
-	p, err := filepath.Abs("../../seccomp/shrooms.json")
+	p, err := filepath.Abs("../seccomp/shrooms.json")
 	assert.NilError(t, err)
 	return p
 }
@@ -174,14 +174,15 @@ func sorted(s ...string) []string {
 func TestBatteryInSealedCages(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		seccomp  func(t *testing.T) string
+		seccomp  string
 		residual []string
 	}{
-		{"podman default seccomp", func(*testing.T) string { return "" }, sorted("A3", "A4", "B4", "B10")},
-		{"shrooms seccomp", profilePath, sorted("A4", "B10")},
+		{"podman default seccomp", "podman", sorted("A3", "A4", "B4", "B10")},
+		{"shrooms seccomp (built in)", "shrooms", sorted("A4", "B10")},
+		{"shrooms seccomp (as a file)", profilePath(t), sorted("A4", "B10")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newCageEnv(t, tc.seccomp(t))
+			e := newCageEnv(t, tc.seccomp)
 			rep := e.run(t, nil)
 			assert.Assert(t, len(rep.Checks) >= 40, "%d checks", len(rep.Checks))
 			assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))
@@ -223,9 +224,9 @@ func TestNegativeControls(t *testing.T) {
 		}, sorted("A5", "A6"), false}, // A6: the user namespace is the host's
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			seccomp := ""
+			seccomp := "podman"
 			if tc.strict {
-				seccomp = profilePath(t)
+				seccomp = "shrooms"
 			}
 			e := newCageEnv(t, seccomp)
 			rep := e.run(t, tc.weaken)

@@ -96,7 +96,7 @@ func TestBatteryCoversTheTable(t *testing.T) {
 // The shipped profile keeps podman's structure and denies what agents do
 // not need.
 func TestSeccompProfile(t *testing.T) {
-	b, err := os.ReadFile("../../seccomp/shrooms.json")
+	b, err := os.ReadFile("../seccomp/shrooms.json")
 	assert.NilError(t, err)
 	var prof struct {
 		DefaultAction string `json:"defaultAction"`

@@ -74,6 +74,8 @@ type Turn struct {
 	// HostEntries ("name:address") are the allowlisted names the cage's
 	// /etc/hosts must resolve (the allowlist policy gives the cage no DNS).
 	HostEntries []string
+	// SeccompPath is the profile file ("" for podman's default profile).
+	SeccompPath string
 	// DeadlineSeconds bounds the cage's life even if shrooms dies: podman
 	// kills it after this long.
 	DeadlineSeconds uint
@@ -167,7 +169,7 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	s.Privileged = &no
 	s.CapDrop = []string{"ALL"}
 	s.NoNewPrivileges = &yes
-	s.SeccompProfilePath = cfg.Cage.Seccomp
+	s.SeccompProfilePath = t.SeccompPath
 	s.ReadOnlyFilesystem = &yes
 	s.ReadWriteTmpfs = &no // only the tmpfs mounts of the plan, size-capped
 	shm := int64(64 << 20)

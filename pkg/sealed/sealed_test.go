@@ -22,6 +22,7 @@ func testTurn(t *testing.T, cfg *config.Config) Turn {
 		Task: "golden", Number: 3, Agent: "claude", Args: []string{"-p", "fix it"}, Stdin: true,
 		IDs: IDRange{UID: 1879048192, GID: 1879048192, Size: 65536}, Plan: plan,
 		SecretEnv: map[string]string{"ANTHROPIC_API_KEY": "shrooms-golden-anthropic"}, DeadlineSeconds: 7235,
+		SeccompPath: "/var/lib/shrooms/seccomp/shrooms-0123456789ab.json",
 	}
 }
 
@@ -50,7 +51,7 @@ func TestSpecIsSealed(t *testing.T) {
 	assert.Equal(t, len(s.CapAdd), 0)
 	assert.Assert(t, *s.NoNewPrivileges)
 	assert.Assert(t, !*s.Privileged)
-	assert.Equal(t, s.SeccompProfilePath, "", "podman's default seccomp profile")
+	assert.Equal(t, s.SeccompProfilePath, "/var/lib/shrooms/seccomp/shrooms-0123456789ab.json")
 	assert.Assert(t, *s.ReadOnlyFilesystem)
 	assert.Assert(t, !*s.ReadWriteTmpfs)
 	assert.Equal(t, string(s.UserNS.NSMode), "private")

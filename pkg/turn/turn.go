@@ -25,6 +25,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
@@ -306,6 +307,20 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 	plan.Mounts = append(plan.Mounts, gitMounts...)
 	plan.Mounts = append(plan.Mounts, req.ExtraMounts...)
 
+	seccompPath := ""
+	switch cfg.Cage.Seccomp {
+	case "podman":
+	case "shrooms":
+		seccompPath = seccomp.Path(cfg.State.Dir)
+		if commit {
+			if _, err := seccomp.Install(cfg.State.Dir); err != nil {
+				return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			}
+		}
+	default:
+		seccompPath = cfg.Cage.Seccomp
+	}
+
 	timeout := r.timeout(req)
 	secretEnv := map[string]string{}
 	secrets := map[string][]byte{}
@@ -325,6 +340,7 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 		Plan:            plan,
 		SecretEnv:       secretEnv,
 		HostEntries:     in.hosts,
+		SeccompPath:     seccompPath,
 		DeadlineSeconds: uint(timeout.Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
 	})
 	if err != nil {

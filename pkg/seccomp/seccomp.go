@@ -1,0 +1,59 @@
+// Package seccomp ships shrooms' seccomp profile: podman's default profile,
+// tightened to deny what coding agents do not need (nested namespaces,
+// keyrings, io_uring, bpf, perf events, userfaultfd, ptrace, mounts). The
+// profile is embedded in the binary and written, content-addressed, into
+// the state directory, so a turn never depends on a file installed apart.
+package seccomp
+
+import (
+	"bytes"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+//go:embed shrooms.json
+var profile []byte
+
+// Profile returns the embedded profile's JSON.
+func Profile() []byte { return append([]byte{}, profile...) }
+
+// Path is where Install puts the profile under stateDir.
+func Path(stateDir string) string {
+	sum := sha256.Sum256(profile)
+	return filepath.Join(stateDir, "seccomp", "shrooms-"+hex.EncodeToString(sum[:6])+".json")
+}
+
+// Install writes the profile to Path(stateDir) unless it is already there
+// with the same content, and returns the path.
+func Install(stateDir string) (string, error) {
+	path := Path(stateDir)
+	if b, err := os.ReadFile(path); err == nil && bytes.Equal(b, profile) {
+		return path, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return "", fmt.Errorf("seccomp profile: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".profile-*")
+	if err != nil {
+		return "", fmt.Errorf("seccomp profile: %w", err)
+	}
+	_, err = tmp.Write(profile)
+	if err == nil {
+		err = tmp.Chmod(0o644)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return "", fmt.Errorf("seccomp profile: %w", err)
+	}
+	return path, nil
+}
