@@ -127,7 +127,7 @@ func probeParams(path string, cfg *config.Config, agent string) (probe.Params, e
 		}
 	}
 	p.Policy = cfg.Network.Policy
-	p.StrictSeccomp = cfg.Cage.Seccomp != ""
+	p.StrictSeccomp = cfg.Cage.StrictSeccomp()
 	if a, err := cfg.Agent(agent); err == nil {
 		for env := range a.TokenEnv {
 			p.SecretEnv = append(p.SecretEnv, env)
