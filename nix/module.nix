@@ -443,27 +443,29 @@ in
     };
 
     # The seal: shrooms' drop-only nftables tables around the cage network.
-    # `shrooms net apply` creates the podman network through the API socket
-    # (socket activation starts podman.service) and installs the seal; it
-    # runs after nftables.service (whose ruleset load could flush it) and is
-    # applied again whenever the config, the binary or the nftables ruleset
-    # is reloaded: the tables are replaced in one atomic batch, so a reload
-    # never opens a gap. Nothing starts a cage before this: shrooms' cages
-    # are started only by `shrooms run`, which verifies the seal before every
-    # turn and refuses a networked cage without it. Stopping the unit removes
-    # the seal (and so stops networked turns).
+    # `shrooms net apply --seal-only` installs the seal without contacting
+    # podman (the rules match the bridge by name, so they can precede the
+    # network), so it runs before podman.service and podman.socket, after
+    # nftables.service (whose ruleset load could flush it), and is applied
+    # again whenever the config, the binary or the nftables ruleset is
+    # reloaded: the tables are replaced in one atomic batch, so a reload never
+    # opens a gap. The first networked `shrooms run` creates the podman
+    # network once it has verified the seal, and every turn refuses a
+    # networked cage without it. Stopping the unit removes the seal (and so
+    # stops networked turns).
     systemd.services.shrooms-seal = mkIf (cfg.settings.network.policy != "none") {
       description = "shrooms nftables seal around the cage network";
       documentation = [ "https://github.com/shrooms-cage/shrooms/blob/main/docs/nixos.md" ];
       wantedBy = [ "multi-user.target" ];
-      wants = [ "podman.socket" ];
+      before = [
+        "podman.service"
+        "podman.socket"
+      ];
       after = [
         "systemd-modules-load.service"
         "systemd-sysctl.service"
         "nftables.service"
         "firewall.service"
-        "podman.socket"
-        "network.target"
       ];
       partOf = [ "nftables.service" ];
       reloadIfChanged = true;
@@ -475,17 +477,14 @@ in
       serviceConfig = hardening // {
         Type = "oneshot";
         RemainAfterExit = true;
-        ExecStart = "${shrooms} net apply";
-        ExecReload = "${shrooms} net apply";
+        ExecStart = "${shrooms} net apply --seal-only";
+        ExecReload = "${shrooms} net apply --seal-only";
         ExecStop = "${shrooms} net flush";
         # Root with CAP_NET_ADMIN only, in the host's network namespace.
         CapabilityBoundingSet = [ "CAP_NET_ADMIN" ];
         PrivateNetwork = false;
         PrivateUsers = false;
         ProtectSystem = "strict";
-        # The podman API socket (connect needs no write access to the
-        # filesystem, but keep the directory reachable either way).
-        ReadWritePaths = [ "-/run/podman" ];
         PrivateDevices = true;
         ProtectKernelTunables = true;
         ProtectControlGroups = true;
