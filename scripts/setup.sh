@@ -161,6 +161,10 @@ ok "podman service: unix:///run/shrooms-test/podman.sock answers _ping"
 # ------------------------------------------------------- 5. test image
 ok "test image: $(bash "$here/build-test-image.sh" localhost/shrooms-test:latest | sed 's/^build-test-image: //')"
 
+# ------------------------------------------------------ 5b. agent image
+# Debian + Claude Code + opencode from npm (test/agents); cached, idempotent.
+ok "agent image: $(bash "$here/build-agent-image.sh" localhost/shrooms-agent:latest | sed 's/^build-agent-image: //')"
+
 # ------------------------------------------------------- 6. smoke test
 # One container through the service: proves the service, the image, runc and
 # the default ulimits together.
