@@ -19,6 +19,8 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 	res.CageName = sealed.Name(req.Task, p.turn)
 	// Removal must outlive ctx: Ctrl-C and deadlines are exactly when it matters.
 	cleanupCtx := context.WithoutCancel(ctx)
+	// Deferred first, so it runs last: after the cage is removed.
+	defer r.removeSecrets(p.secrets)
 
 	id, err := r.Podman.Create(ctx, p.spec)
 	if err != nil {
@@ -94,6 +96,16 @@ func (r *Runner) interrupted(ctx context.Context, err error) error {
 		return ErrInterrupted
 	}
 	return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+}
+
+// removeSecrets deletes a turn's token secrets (best effort: a leftover is
+// replaced at the task's next turn and only root can read it).
+func (r *Runner) removeSecrets(names []string) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	for _, n := range names {
+		_ = r.Podman.RemoveSecret(ctx, n)
+	}
 }
 
 // remove removes the cage; a failure is recorded, never silent.

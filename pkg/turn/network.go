@@ -47,6 +47,11 @@ func EnsureNetwork(ctx context.Context, cfg *config.Config, client *podman.Clien
 		return false, fmt.Errorf("%w: %v", ErrInput, err)
 	}
 	if err := client.CreateNetwork(ctx, spec); err != nil {
+		// Another task's turn may have created it meanwhile: then it only
+		// has to be right.
+		if again, ierr := client.InspectNetwork(ctx, cfg.Network.Name); ierr == nil && again != nil {
+			return false, CheckNetwork(ctx, cfg, client)
+		}
 		return false, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	return true, CheckNetwork(ctx, cfg, client)

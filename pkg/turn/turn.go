@@ -228,11 +228,14 @@ func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, er
 }
 
 type prepared struct {
-	turn  int
-	spec  *specgen.SpecGenerator
-	ids   taskstate.IDs
-	root  string // the HOME volume's host directory
-	reset *homereset.Report
+	// secrets are the podman secrets holding this turn's tokens, removed
+	// once the cage is gone so no copy outlives the turn.
+	secrets []string
+	turn    int
+	spec    *specgen.SpecGenerator
+	ids     taskstate.IDs
+	root    string // the HOME volume's host directory
+	reset   *homereset.Report
 }
 
 // prepare lays out the cage's host side and computes its spec. With commit
@@ -357,8 +360,10 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 	}
 	for name, value := range secrets {
 		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: req.Task}); err != nil {
+			r.removeSecrets(p.secrets)
 			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 		}
+		p.secrets = append(p.secrets, name)
 	}
 	if _, err := r.Store.NextTurn(req.Task); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -380,7 +381,9 @@ token_env = { API_KEY = "api" }
 	assert.NilError(t, err, errb.String())
 	assert.Equal(t, res.ExitCode, 0)
 	assert.Equal(t, out.String(), "key=s3cr3t-value\n0\n")
-	defer h.client.RemoveSecret(context.Background(), SecretName(task, "api"))
+	secrets, err := exec.Command("podman", "--url", itest.Socket(), "secret", "ls", "--format", "{{.Name}}").CombinedOutput()
+	assert.NilError(t, err, string(secrets))
+	assert.Assert(t, !strings.Contains(string(secrets), SecretName(task, "api")), "the token's secret outlived the turn")
 }
 
 func (h *harness) assertNoCage(task string) {
