@@ -1,0 +1,325 @@
+// Package agents_test runs the real agents (Claude Code, opencode, from the
+// image scripts/build-agent-image.sh builds) in sealed cages through the
+// shrooms CLI, against the scripted model API of internal/modelapi served on
+// the testbed's internet host, and checks that what one turn plants in HOME
+// never runs in the next turn while the session itself carries over.
+package agents_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/modelapi"
+	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
+)
+
+// agentImage is what scripts/build-agent-image.sh (make setup) imports.
+const agentImage = "localhost/shrooms-agent:latest"
+
+// apiKey is the fake Anthropic key the cage gets as a token.
+const apiKey = "sk-ant-shrooms-test-key"
+
+// opencodeModel is a model opencode knows without fetching its catalogue.
+const opencodeModel = "anthropic/claude-sonnet-4-5"
+
+// env is one testbed with a sealed shrooms config and a scripted model API.
+type env struct {
+	t        *testing.T
+	tb       *testbed.Testbed
+	name     string
+	dir      string
+	config   string
+	shrooms  string
+	worktree string
+	api      *modelapi.Server
+	apiURL   string // http://203.0.113.10:PORT
+}
+
+// newEnv builds the testbed, starts the model API on its internet host,
+// writes a config whose [agents.NAME] tables are config.example.toml's plus
+// ANTHROPIC_BASE_URL, seals the network and returns the environment.
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	if out, err := exec.Command("podman", "--url", itest.Socket(), "image", "exists", agentImage).CombinedOutput(); err != nil {
+		t.Fatalf("agent image %s is missing (run `make setup`, which runs scripts/build-agent-image.sh): %v %s", agentImage, err, out)
+	}
+	e := &env{t: t, name: itest.UniqueName("ag"), dir: t.TempDir()}
+	e.shrooms = buildShrooms(t, e.dir)
+	e.tb = testbed.New(t)
+	e.tb.StartPodman()
+	e.api, e.apiURL = e.startAPI()
+
+	example, err := config.Load(filepath.Join(repoRoot(t), "config.example.toml"))
+	assert.NilError(t, err)
+	token := filepath.Join(e.dir, "anthropic-key")
+	assert.NilError(t, os.WriteFile(token, []byte(apiKey+"\n"), 0o600))
+	var agents strings.Builder
+	for _, name := range []string{"claude", "opencode"} {
+		a, err := example.Agent(name)
+		assert.NilError(t, err)
+		env := map[string]string{}
+		for k, v := range a.Env {
+			env[k] = v
+		}
+		if name == "claude" {
+			env["ANTHROPIC_BASE_URL"] = e.apiURL
+		}
+		fmt.Fprintf(&agents, "[agents.%s]\ncommand = %s\nhome = %s\nenv = %s\ntoken_env = %s\n",
+			name, tomlList(a.Command), tomlList(a.Home), tomlTable(env), tomlTable(a.TokenEnv))
+	}
+	// opencode's provider address is its one host-specific setting: the
+	// baseline opencode.json points the anthropic provider at the model API.
+	// (A host file: inline settings tables nested three deep are refused by
+	// the config decoder as unknown keys.)
+	ocFile := filepath.Join(e.dir, "opencode.json")
+	ocJSON, err := json.Marshal(map[string]any{"model": opencodeModel, "provider": map[string]any{
+		"anthropic": map[string]any{"options": map[string]any{"baseURL": e.apiURL + "/v1"}}}})
+	assert.NilError(t, err)
+	assert.NilError(t, os.WriteFile(ocFile, ocJSON, 0o644))
+	ocSettings := fmt.Sprintf("[home.opencode]\nsettings_file = %q\n", ocFile)
+
+	e.config = filepath.Join(e.dir, "config.toml")
+	assert.NilError(t, os.WriteFile(e.config, []byte(fmt.Sprintf(`
+[podman]
+socket = %q
+[state]
+dir = %q
+[cage]
+image = %q
+memory = "2g"
+timeout = "120s"
+stop_grace = "2s"
+[network]
+policy = "internet"
+name = %q
+bridge = %q
+subnet4 = "10.89.0.0/24"
+subnet6 = "fd89:5eed:cafe::/64"
+[home]
+volume_prefix = "shrooms-home-%s-"
+%s
+[outbox]
+root = %q
+[tokens]
+anthropic = %q
+%s`, e.tb.PodmanURL, filepath.Join(e.dir, "state"), agentImage, e.name, e.name, e.name, ocSettings,
+		filepath.Join(e.dir, "outbox"), token, agents.String())), 0o600))
+
+	t.Cleanup(func() {
+		for _, task := range []string{e.task("claude"), e.task("opencode")} {
+			_ = outbox.Release(filepath.Join(e.dir, "outbox"), task)
+			_, _ = e.tb.Podman("volume", "rm", "-f", "shrooms-home-"+e.name+"-"+task)
+		}
+		_, _ = e.tb.Podman("network", "rm", "-f", e.name)
+		for _, fam := range []string{"inet", "bridge"} {
+			_ = exec.Command("nsenter", "--net="+e.tb.NSPath("host"), "--", "nft", "delete", "table", fam, "shrooms_"+e.name).Run()
+		}
+	})
+	code, out, errb := e.run("net", "apply", "--seal-only")
+	assert.Equal(t, code, 0, "net apply: %s %s", out, errb)
+
+	// A git worktree: the agents run git in it (and so would an fsmonitor).
+	e.worktree = filepath.Join(e.dir, "work")
+	assert.NilError(t, os.MkdirAll(e.worktree, 0o755))
+	assert.NilError(t, os.WriteFile(filepath.Join(e.worktree, "README"), []byte("hello\n"), 0o644))
+	git(t, e.worktree, "init", "-q")
+	git(t, e.worktree, "add", "README")
+	git(t, e.worktree, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "init")
+	return e
+}
+
+func (e *env) task(agent string) string { return e.name + "-" + agent }
+
+// startAPI serves a scripted model API on the internet host, on a port of
+// its own (the canaries hold the well-known ones).
+func (e *env) startAPI() (*modelapi.Server, string) {
+	e.t.Helper()
+	ln, err := listenIn(e.tb.NSPath("internet"), net.JoinHostPort(testbed.InternetAddr4.String(), "0"))
+	assert.NilError(e.t, err)
+	s := modelapi.New()
+	s.Serve(ln)
+	e.t.Cleanup(func() { s.Close() })
+	return s, "http://" + ln.Addr().String()
+}
+
+// run runs the shrooms CLI inside the testbed's host namespace.
+func (e *env) run(args ...string) (int, string, string) {
+	cmd := exec.Command("nsenter", append([]string{"--net=" + e.tb.NSPath("host"), "--", e.shrooms, "--config", e.config}, args...)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	_ = cmd.Run()
+	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+}
+
+// turn runs one agent turn on the worktree and returns its stdout and wall time.
+func (e *env) turn(agent string, args ...string) (string, time.Duration) {
+	e.t.Helper()
+	start := time.Now()
+	code, out, errb := e.run(append([]string{"run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	took := time.Since(start)
+	assert.Equal(e.t, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
+	return out, took
+}
+
+// home is the host directory of the task's HOME volume.
+func (e *env) home(agent string) string {
+	e.t.Helper()
+	out := e.tb.MustPodman("volume", "inspect", "--format", "{{.Mountpoint}}", "shrooms-home-"+e.name+"-"+e.task(agent))
+	return homereset.HomeDir(strings.TrimSpace(out))
+}
+
+// markers lists the payload markers present in the worktree.
+func markers(t *testing.T, dir string) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(dir, ".m"))
+	if os.IsNotExist(err) {
+		return nil
+	}
+	assert.NilError(t, err)
+	var names []string
+	for _, en := range entries {
+		names = append(names, en.Name())
+	}
+	return names
+}
+
+// control runs agentArgs in a bare `podman run` of the agent image — no
+// shrooms: no reset, no managed policy, no seal — on a copy of the task's
+// HOME after turn 1 and a copy of the worktree. It is the positive control
+// that the planted payloads are live; it returns the control worktree and
+// the wall time of the run.
+func (e *env) control(agent string, envs []string, agentArgs ...string) (string, time.Duration) {
+	e.t.Helper()
+	home := filepath.Join(e.dir, "control-home")
+	work := filepath.Join(e.dir, "control-work")
+	for _, c := range [][]string{
+		{"cp", "-a", e.home(agent) + "/.", home + "/"},
+		{"cp", "-a", e.worktree + "/.", work + "/"},
+		{"chown", "-R", "1000:1000", home, work},
+	} {
+		if c[0] == "cp" {
+			assert.NilError(e.t, os.MkdirAll(c[len(c)-1], 0o755))
+		}
+		out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
+		assert.NilError(e.t, err, "%v: %s", c, out)
+	}
+	args := []string{"run", "--rm", "--network", "host", "--user", "1000:1000", "--label", e.tb.Label(),
+		"-v", home + ":/home/agent", "-v", work + ":/work", "-w", "/work", "-e", "HOME=/home/agent"}
+	for _, kv := range envs {
+		args = append(args, "-e", kv)
+	}
+	args = append(append(args, agentImage), agentArgs...)
+	start := time.Now()
+	out, err := e.tb.Podman(args...)
+	took := time.Since(start)
+	assert.NilError(e.t, err, "control run: %s\nmodel API log:\n%s", out, e.api.Log())
+	return work, took
+}
+
+// requestsSince returns the scripted requests after the first n.
+func requestsSince(s *modelapi.Server, n int) []modelapi.Request {
+	all := s.Scripted()
+	if n > len(all) {
+		return nil
+	}
+	return all[n:]
+}
+
+// listenIn opens a TCP listener inside the network namespace at nsPath; the
+// socket stays there after the thread leaves the namespace.
+func listenIn(nsPath, addr string) (net.Listener, error) {
+	target, err := os.Open(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer target.Close()
+	type result struct {
+		ln  net.Listener
+		err error
+	}
+	c := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			runtime.UnlockOSThread()
+			c <- result{err: err}
+			return
+		}
+		defer self.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			c <- result{err: err}
+			return
+		}
+		ln, lerr := (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
+		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
+			// The thread stays locked and dies with its goroutine.
+			if ln != nil {
+				ln.Close()
+			}
+			c <- result{err: err}
+			return
+		}
+		runtime.UnlockOSThread()
+		c <- result{ln, lerr}
+	}()
+	r := <-c
+	return r.ln, r.err
+}
+
+// buildShrooms builds the CLI once per test into dir.
+func buildShrooms(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "shrooms")
+	cmd := exec.Command("go", "build", "-tags", "remote exclude_graphdriver_btrfs containers_image_openpgp exclude_graphdriver_devicemapper",
+		"-o", bin, "github.com/shrooms-cage/shrooms/cmd/shrooms")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.CombinedOutput()
+	assert.NilError(t, err, "go build shrooms: %s", out)
+	return bin
+}
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	assert.NilError(t, err)
+	return filepath.Join(wd, "..", "..")
+}
+
+func git(t *testing.T, dir string, args ...string) {
+	t.Helper()
+	out, err := exec.Command("git", append([]string{"-C", dir}, args...)...).CombinedOutput()
+	assert.NilError(t, err, "git %v: %s", args, out)
+}
+
+func tomlList(v []string) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func tomlTable(m map[string]string) string {
+	var parts []string
+	for k, v := range m {
+		parts = append(parts, fmt.Sprintf("%q = %q", k, v))
+	}
+	return "{ " + strings.Join(parts, ", ") + " }"
+}
