@@ -264,7 +264,10 @@ func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error
 func (c *Client) Wait(ctx context.Context, id string) (int32, error) {
 	cctx, done := c.scope(ctx)
 	defer done()
-	code, err := containers.Wait(cctx, id, new(containers.WaitOptions).WithCondition([]define.ContainerStatus{define.ContainerStateExited, define.ContainerStateStopped}))
+	// podman polls the state at this interval (250 ms by default, which
+	// would be most of a short turn's overhead).
+	opts := new(containers.WaitOptions).WithCondition([]define.ContainerStatus{define.ContainerStateExited, define.ContainerStateStopped}).WithInterval("10ms")
+	code, err := containers.Wait(cctx, id, opts)
 	if err != nil {
 		if ctx.Err() != nil {
 			return -1, ctx.Err()
