@@ -377,3 +377,34 @@ func oneLine(err error) string {
 	}
 	return strings.Join(strings.Fields(err.Error()), " ")
 }
+
+// Init prepares a created container to start (the OCI runtime's create:
+// namespaces, mounts, cgroups, network), so a later Start only runs it.
+func (c *Client) Init(ctx context.Context, id string) error {
+	cctx, done := c.scope(ctx)
+	defer done()
+	if err := containers.ContainerInit(cctx, id, nil); err != nil {
+		return fmt.Errorf("init cage: %s", oneLine(err))
+	}
+	return nil
+}
+
+// ExitCode returns the exit code of a container whose process has ended,
+// or ok false while it still runs. Inspecting makes podman read the
+// runtime's exit file at once, where Wait polls only every 250 ms.
+func (c *Client) ExitCode(ctx context.Context, id string) (code int32, ok bool, err error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	data, err := containers.Inspect(cctx, id, new(containers.InspectOptions).WithSize(false))
+	if err != nil {
+		return -1, false, fmt.Errorf("inspect cage: %s", oneLine(err))
+	}
+	if data.State == nil {
+		return -1, false, fmt.Errorf("inspect cage: no state")
+	}
+	switch data.State.Status {
+	case "exited", "stopped":
+		return data.State.ExitCode, true, nil
+	}
+	return -1, false, nil
+}
