@@ -13,6 +13,12 @@ import (
 type Home struct {
 	// VolumePrefix names the per-task volume: prefix + task id.
 	VolumePrefix string `toml:"volume_prefix"`
+	// Size caps the task HOME: the volume is an ext4 filesystem image of
+	// this size (sparse, under state.dir), loop-mounted while it is used, so
+	// a turn cannot fill the host's disk.
+	Size Size `toml:"size"`
+	// Inodes caps the number of files and directories that HOME holds.
+	Inodes int64 `toml:"inodes"`
 	// MaxFileSize caps each kept credential or JSON state file.
 	MaxFileSize Size `toml:"max_file_size"`
 	// MaxSessionFile caps each kept session file (transcript, database).
@@ -79,6 +85,8 @@ func (h *Home) Profile(name string) *HomeProfile {
 func defaultHome() Home {
 	return Home{
 		VolumePrefix:   "shrooms-home-",
+		Size:           8 << 30,
+		Inodes:         1 << 20,
 		MaxFileSize:    16 << 20,
 		MaxSessionFile: 1 << 30,
 		MaxKeepSize:    8 << 30,
@@ -91,6 +99,10 @@ func (h *Home) validate() error {
 		return &Error{Key: "home.volume_prefix", Msg: "must be 1-32 of a-z 0-9 _ . - and start with a letter"}
 	}
 	switch {
+	case h.Size < 64<<20 || h.Size > 16<<40:
+		return &Error{Key: "home.size", Msg: "must be between 64m and 16t"}
+	case h.Inodes < 1024 || h.Inodes > int64(h.Size)/4096:
+		return &Error{Key: "home.inodes", Msg: fmt.Sprintf("%d is out of range 1024..%d (at most one per 4 KiB of home.size)", h.Inodes, int64(h.Size)/4096)}
 	case h.MaxFileSize < 4<<10:
 		return &Error{Key: "home.max_file_size", Msg: "must be at least 4k"}
 	case h.MaxSessionFile < h.MaxFileSize:
