@@ -24,7 +24,7 @@ func runner(c *cli.Context) (*turn.Runner, context.Context, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	return turn.NewRunner(cfg, client, sealChecker(client)), ctx, nil
+	return newRunner(cfg, client), ctx, nil
 }
 
 func taskFlag() cli.Flag {

@@ -5,8 +5,6 @@ import (
 	"fmt"
 
 	"github.com/urfave/cli/v2"
-
-	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 func gcCommand() *cli.Command {
@@ -23,7 +21,7 @@ func gcCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			rep, err := turn.NewRunner(cfg, client, sealChecker(client)).GC(ctx)
+			rep, err := newRunner(cfg, client).GC(ctx)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}

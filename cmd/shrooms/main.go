@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -105,6 +106,8 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			netCommand(),
 			outboxCommand(),
 			probeCommand(),
+			prepareCommand(),
+			cageExecCommand(),
 			commitCommand(),
 			resetCommand(),
 			versionCommand(),
@@ -179,6 +182,18 @@ func sealChecker(client *podman.Client) turn.SealChecker {
 		}
 		return hosts, nil
 	}
+}
+
+// newRunner is the turn runner of the CLI: the seal checked in shrooms' own
+// network namespace, and its own executable for prepared cages.
+func newRunner(cfg *config.Config, client *podman.Client) *turn.Runner {
+	r := turn.NewRunner(cfg, client, sealChecker(client))
+	if exe, err := os.Executable(); err == nil {
+		if real, err := filepath.EvalSymlinks(exe); err == nil {
+			r.Binary = real
+		}
+	}
+	return r
 }
 
 // signalContext is cancelled by SIGINT or SIGTERM.

@@ -17,6 +17,7 @@ import (
 	is "gotest.tools/v3/assert/cmp"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/homestore"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
@@ -25,7 +26,8 @@ import (
 // The test binary doubles as shrooms: with SHROOMS_TEST_MAIN=1 it runs main,
 // so the tests can send real signals to a real shrooms process.
 func TestMain(m *testing.M) {
-	if os.Getenv("SHROOMS_TEST_MAIN") == "1" {
+	// Inside a prepared cage the test binary is mounted as shrooms itself.
+	if os.Getenv("SHROOMS_TEST_MAIN") == "1" || (len(os.Args) > 1 && os.Args[1] == "cage-exec") {
 		main()
 		return
 	}
@@ -91,7 +93,16 @@ func (e *env) cleanup(client *podman.Client) {
 	}
 	entries, _ := os.ReadDir(filepath.Join(e.dir, "state", "tasks"))
 	for _, d := range entries {
-		_ = client.RemoveVolume(ctx, "shrooms-home-"+e.prefix+"-"+d.Name())
+		// The HOME's capped filesystem is unmounted before its volume goes.
+		vol := "shrooms-home-" + e.prefix + "-" + d.Name()
+		mountpoint := ""
+		if v, err := client.InspectVolume(ctx, vol); err == nil {
+			mountpoint = v.Mountpoint
+		}
+		if err := homestore.Remove(homestore.ImagePath(filepath.Join(e.dir, "state"), vol), mountpoint); err != nil {
+			e.t.Errorf("remove HOME: %v", err)
+		}
+		_ = client.RemoveVolume(ctx, vol)
 		if _, err := os.Stat(filepath.Join(e.dir, "outbox")); err != nil {
 			continue
 		}

@@ -45,7 +45,7 @@ func runCommand() *cli.Command {
 waits for it with a deadline and removes the cage on every path out.
 The exit status is the agent's. With --json the last line of stdout is one
 JSON object: task, turn, cage id, exit code, status and phase durations.`,
-		Flags: turnFlags(),
+		Flags: append(turnFlags(), &cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see `shrooms prepare`)"}),
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c)
 			if err != nil {
@@ -57,8 +57,15 @@ JSON object: task, turn, cage id, exit code, status and phase durations.`,
 			if err != nil {
 				return err
 			}
-			runner := turn.NewRunner(cfg, client, sealChecker(client))
+			runner := newRunner(cfg, client)
 			res, err := runner.Run(ctx, turnRequest(c))
+			if err == nil && c.Bool("prepare-next") {
+				next := turnRequest(c)
+				next.Args = nil
+				if _, perr := runner.PrepareNext(ctx, next); perr != nil {
+					fmt.Fprintln(c.App.ErrWriter, "shrooms: next cage not prepared: "+oneLine(perr.Error()))
+				}
+			}
 			if c.Bool("json") {
 				if res != nil && err != nil && res.Error == "" {
 					res.Error = oneLine(err.Error())
@@ -72,6 +79,38 @@ JSON object: task, turn, cage id, exit code, status and phase durations.`,
 			if res.ExitCode != 0 {
 				return fail(res.ExitCode, nil)
 			}
+			return nil
+		},
+	}
+}
+
+func prepareCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "prepare",
+		Usage: "prepare the task's next turn now: HOME reset, cage created and initialised, not started",
+		Description: `The next ` + "`run`" + ` with the same task, agent, worktree, stdin and config then
+only hands the cage its argv and starts it. Anything different, or anything
+found in HOME since, discards the prepared cage and the turn runs as usual.`,
+		Flags: turnFlags(),
+		Action: func(c *cli.Context) error {
+			cfg, err := loadConfig(c)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext(c.Context)
+			defer stop()
+			client, err := connect(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			id, err := newRunner(cfg, client).PrepareNext(ctx, turnRequest(c))
+			if err != nil {
+				return fail(codeFor(err), err)
+			}
+			if c.Bool("json") {
+				return printJSON(c.App.Writer, map[string]string{"task": c.String("task"), "cage": id})
+			}
+			fmt.Fprintln(c.App.Writer, id)
 			return nil
 		},
 	}
@@ -93,7 +132,7 @@ func specCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			spec, err := turn.NewRunner(cfg, client, sealChecker(client)).Spec(ctx, turnRequest(c))
+			spec, err := newRunner(cfg, client).Spec(ctx, turnRequest(c))
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
@@ -133,7 +172,7 @@ func bootstrapCommand() *cli.Command {
 				}
 				profiles = agent.Home
 			}
-			runner := turn.NewRunner(cfg, client, sealChecker(client))
+			runner := newRunner(cfg, client)
 			res, err := runner.Bootstrap(ctx, c.String("task"), profiles)
 			if err != nil {
 				return fail(codeFor(err), err)

@@ -235,11 +235,20 @@ func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error
 	ended := make(chan error, 1)
 	go func() {
 		defer stopAttach()
+		// The bindings reflect on the streams and panic on non-pointer
+		// values (io.Discard), so each is passed behind a pointer.
 		var in io.Reader
+		var out, errOut io.Writer
 		if st.Stdin != nil {
-			in = st.Stdin
+			in = &reader{st.Stdin}
 		}
-		err := containers.Attach(actx, id, in, st.Stdout, st.Stderr, ready, new(containers.AttachOptions).WithStream(true))
+		if st.Stdout != nil {
+			out = &writer{st.Stdout}
+		}
+		if st.Stderr != nil {
+			errOut = &writer{st.Stderr}
+		}
+		err := containers.Attach(actx, id, in, out, errOut, ready, new(containers.AttachOptions).WithStream(true))
 		ended <- err
 	}()
 	select {
@@ -259,6 +268,14 @@ func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error
 	}
 	return ended, nil
 }
+
+type reader struct{ r io.Reader }
+
+func (r *reader) Read(p []byte) (int, error) { return r.r.Read(p) }
+
+type writer struct{ w io.Writer }
+
+func (w *writer) Write(p []byte) (int, error) { return w.w.Write(p) }
 
 // Wait blocks until the container exits and returns its exit code.
 func (c *Client) Wait(ctx context.Context, id string) (int32, error) {

@@ -3,6 +3,7 @@ package turn
 import (
 	"bytes"
 	"context"
+	"io"
 	"os/exec"
 	"sort"
 	"testing"
@@ -90,4 +91,92 @@ func median(d []time.Duration) time.Duration {
 func newBenchHarness(b *testing.B) *harness {
 	itest.Require(b, itest.Root, itest.Podman)
 	return newHarnessTB(b, "")
+}
+
+// firstByte records when the first byte of output arrives.
+type firstByte struct {
+	start time.Time
+	at    time.Duration
+}
+
+func (f *firstByte) Write(p []byte) (int, error) {
+	if f.at == 0 && len(p) > 0 {
+		f.at = time.Since(f.start)
+	}
+	return len(p), nil
+}
+
+// BenchmarkFirstByte measures, paired, the time from asking for a turn to
+// the agent's first output byte: a shrooms turn in a prepared cage, a
+// shrooms turn without one, the bare podman API sequence (create, attach,
+// start) and the podman CLI's `run --rm` (`make bench`).
+func BenchmarkFirstByte(b *testing.B) {
+	h := newBenchHarness(b)
+	h.runner.Binary = itest.ShroomsBinary(b)
+	ctx := context.Background()
+	task := h.task("fb")
+	req := func(out io.Writer) Request {
+		return Request{Task: task, Agent: "shell", Args: []string{"-c", "echo x"}, Streams: podman.Streams{Stdout: out, Stderr: out}}
+	}
+	if _, err := h.runner.Run(ctx, req(io.Discard)); err != nil {
+		b.Fatal(err)
+	}
+	var spec *specgen.SpecGenerator
+	h.runner.OnSpec = func(s *specgen.SpecGenerator) { spec = s }
+	var prepared, plain, api, cli []time.Duration
+	n := max(b.N, 10)
+	for i := 0; i < n; i++ {
+		if _, err := h.runner.PrepareNext(ctx, req(nil)); err != nil {
+			b.Fatal(err)
+		}
+		fb := &firstByte{start: time.Now()}
+		res, err := h.runner.Run(ctx, req(fb))
+		if err != nil || !res.Prepared || fb.at == 0 {
+			b.Fatalf("prepared turn: %v prepared=%v", err, res != nil && res.Prepared)
+		}
+		prepared = append(prepared, fb.at)
+
+		fb = &firstByte{start: time.Now()}
+		if res, err = h.runner.Run(ctx, req(fb)); err != nil || res.Prepared || fb.at == 0 {
+			b.Fatalf("plain turn: %v", err)
+		}
+		plain = append(plain, fb.at)
+
+		s := *spec
+		s.Name = itest.UniqueName("bench-fb-")
+		s.Command = []string{"/bin/sh", "-c", "echo x"}
+		fb = &firstByte{start: time.Now()}
+		id, err := h.client.Create(ctx, &s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		done, err := h.client.Start(ctx, id, podman.Streams{Stdout: fb, Stderr: fb})
+		if err != nil {
+			b.Fatal(err)
+		}
+		<-done
+		api = append(api, fb.at)
+		if err := h.client.Remove(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+
+		cmd := exec.Command("podman", "--url", itest.Socket(), "run", "--rm", "--network", "none",
+			"--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges", "--user", "1000:1000",
+			"--memory", "256m", "--pids-limit", "128", "--ulimit", "nofile=512:512", "--ulimit", "nproc=256:256",
+			itest.TestImage, "/bin/sh", "-c", "echo x")
+		fb = &firstByte{start: time.Now()}
+		cmd.Stdout = fb
+		if err := cmd.Run(); err != nil {
+			b.Fatalf("podman run: %v", err)
+		}
+		cli = append(cli, fb.at)
+	}
+	ms := func(d []time.Duration) float64 { return float64(median(d).Microseconds()) / 1000 }
+	b.ReportMetric(ms(prepared), "prepared-ms")
+	b.ReportMetric(ms(plain), "shrooms-ms")
+	b.ReportMetric(ms(api), "bare-api-ms")
+	b.ReportMetric(ms(cli), "podman-run-cli-ms")
+	b.ReportMetric(ms(prepared)/ms(cli), "prepared-vs-cli")
+	b.ReportMetric(ms(prepared)/ms(api), "prepared-vs-api")
+	b.ReportMetric(0, "ns/op")
 }

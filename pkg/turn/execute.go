@@ -14,7 +14,7 @@ import (
 const cleanupTimeout = 30 * time.Second
 
 // execute creates, starts, waits for and always removes the turn's cage.
-func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock) (*Result, error) {
+func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock, preparedID string) (*Result, error) {
 	res := c.res
 	res.CageName = sealed.Name(req.Task, p.turn)
 	// Removal must outlive ctx: Ctrl-C and deadlines are exactly when it matters.
@@ -22,7 +22,10 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 	// Deferred first, so it runs last: after the cage is removed.
 	defer r.removeSecrets(p.secrets)
 
-	id, err := r.Podman.Create(ctx, p.spec)
+	id, err := preparedID, error(nil)
+	if id == "" {
+		id, err = r.Podman.Create(ctx, p.spec)
+	}
 	if err != nil {
 		// A create that failed half-way may still have left a container.
 		r.remove(cleanupCtx, res.CageName, res)

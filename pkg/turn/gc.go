@@ -15,14 +15,14 @@ import (
 
 // removeLeftovers removes cages of task that a crashed shrooms left behind.
 // Call it with the task lock held: no turn of the task can be running.
-func (r *Runner) removeLeftovers(ctx context.Context, task string) ([]string, error) {
+func (r *Runner) removeLeftovers(ctx context.Context, task string, keep ...string) ([]string, error) {
 	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task)
 	if err != nil {
 		return nil, err
 	}
 	var removed []string
 	for _, c := range cages {
-		if !r.ours(c) {
+		if !r.ours(c) || contains(keep, c.ID) {
 			continue
 		}
 		if err := r.Podman.Remove(ctx, c.ID); err != nil {
@@ -56,7 +56,9 @@ func (r *Runner) GC(ctx context.Context) (*GCReport, error) {
 	rep := &GCReport{Removed: []string{}, Busy: []string{}}
 	tasks := map[string]bool{}
 	for _, c := range cages {
-		if r.ours(c) {
+		// A prepared cage that has not started waits for its turn.
+		waiting := c.Labels[labelPrepared] == "1" && (c.State == "initialized" || c.State == "created")
+		if r.ours(c) && !waiting {
 			tasks[c.Labels[sealed.LabelTask]] = true
 		}
 	}
@@ -70,7 +72,7 @@ func (r *Runner) GC(ctx context.Context) (*GCReport, error) {
 			// A label that is no valid task id is not ours to trust: leave it.
 			continue
 		}
-		removed, err := r.removeLeftovers(ctx, task)
+		removed, err := r.removeLeftovers(ctx, task, r.waitingPrepared(cages, task)...)
 		lock.Release()
 		rep.Removed = append(rep.Removed, removed...)
 		if err != nil {
@@ -94,4 +96,24 @@ func (r *Runner) GC(ctx context.Context) (*GCReport, error) {
 		rep.HomeTrees += len(cr.Trees)
 	}
 	return rep, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// waitingPrepared lists the task's prepared cages that have not started.
+func (r *Runner) waitingPrepared(cages []podman.Cage, task string) []string {
+	var ids []string
+	for _, c := range cages {
+		if c.Labels[sealed.LabelTask] == task && c.Labels[labelPrepared] == "1" && (c.State == "initialized" || c.State == "created") {
+			ids = append(ids, c.ID)
+		}
+	}
+	return ids
 }

@@ -70,6 +70,9 @@ type Runner struct {
 	IDFiles taskstate.IDFiles
 	// Seal verifies the nftables seal; required when the policy is networked.
 	Seal SealChecker
+	// Binary is shrooms' own static executable, mounted read-only into
+	// prepared cages to hand them their argv (PrepareNext); "" disables them.
+	Binary string
 	// OnSpec, when set, sees the exact spec sent to podman. Tests use it to
 	// record the spec, and to weaken a cage on purpose for negative controls.
 	OnSpec func(*specgen.SpecGenerator)
@@ -105,6 +108,8 @@ type Result struct {
 	Phases   []Phase `json:"phases"`
 	TotalMs  float64 `json:"totalMs"`
 	Removed  bool    `json:"removed"`
+	// Prepared is true when the turn ran in a cage prepared ahead.
+	Prepared bool `json:"prepared"`
 	// Reset is the HOME reset's report for this turn.
 	Reset *homereset.Report `json:"reset,omitempty"`
 }
@@ -142,24 +147,30 @@ func (r *Runner) Run(ctx context.Context, req Request) (*Result, error) {
 	defer lock.Release()
 	c.lap("lock")
 
-	// A crashed shrooms may have left this task's cage behind; with the lock
-	// held no turn of the task runs, so any cage of it is a leftover.
-	if _, err := r.removeLeftovers(ctx, req.Task); err != nil {
-		return res, fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
-	}
-
-	prep, err := r.prepare(ctx, req, in, true)
+	// A cage prepared ahead for exactly this turn only needs its argv.
+	preparedID, prep, err := r.takePrepared(ctx, req, in)
 	if err != nil {
 		return res, err
 	}
+	// A crashed shrooms may have left this task's cage behind; with the lock
+	// held no turn of the task runs, so any other cage of it is a leftover.
+	if _, err := r.removeLeftovers(ctx, req.Task, preparedID); err != nil {
+		return res, fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
+	}
+	if preparedID == "" {
+		if prep, err = r.prepare(ctx, req, in, true); err != nil {
+			return res, err
+		}
+	}
+	res.Prepared = preparedID != ""
 	res.Turn = prep.turn
 	res.Reset = prep.reset
 	c.lap("prepare")
 
-	if r.OnSpec != nil {
+	if r.OnSpec != nil && preparedID == "" {
 		r.OnSpec(prep.spec)
 	}
-	return r.execute(ctx, req, prep, c)
+	return r.execute(ctx, req, prep, c, preparedID)
 }
 
 // Spec returns the spec the next turn of req would run, with no side effects:
@@ -228,6 +239,8 @@ func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, er
 }
 
 type prepared struct {
+	// argv is a prepared cage's command line, handed over at its run.
+	argv []string
 	// secrets are the podman secrets holding this turn's tokens, removed
 	// once the cage is gone so no copy outlives the turn.
 	secrets []string
@@ -244,6 +257,13 @@ type prepared struct {
 // and keep-list, writes the managed policy, mounts the outbox, hands the
 // worktree to the task's user, stores token secrets and counts the turn.
 func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit bool) (*prepared, error) {
+	return r.prepareAs(ctx, req, in, commit, false)
+}
+
+// prepareAs is prepare; with ahead it computes the spec of a cage created
+// before its run (see PrepareNext): its argv comes from a file written when
+// the run starts, and the turn is counted only then.
+func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit, ahead bool) (*prepared, error) {
 	cfg := r.Cfg
 	ids, err := r.Store.TaskIDs(req.Task, r.IDFiles, commit)
 	if err != nil {
@@ -309,6 +329,21 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 	}
 	plan.Mounts = append(plan.Mounts, gitMounts...)
 	plan.Mounts = append(plan.Mounts, req.ExtraMounts...)
+	command, args := req.Command, req.Args
+	if ahead {
+		if r.Binary == "" {
+			return nil, fmt.Errorf("%w: prepared cages need shrooms' own binary (Runner.Binary)", ErrHostNotReady)
+		}
+		plan.Mounts = append(plan.Mounts,
+			mounts.Mount{Kind: mounts.Bind, Source: r.Binary, Dest: CageBinary, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev"}},
+			mounts.Mount{Kind: mounts.Bind, Source: filepath.Join(taskDir, "argv"), Dest: CageArgv, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
+		full := in.agent.Command
+		if len(req.Command) > 0 {
+			full = req.Command
+		}
+		p.argv = append(append([]string{}, full...), req.Args...)
+		command, args = []string{CageBinary, "cage-exec", CageArgv}, nil
+	}
 
 	seccompPath := ""
 	switch cfg.Cage.Seccomp {
@@ -336,8 +371,8 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 		Task:            req.Task,
 		Number:          turn,
 		Agent:           req.Agent,
-		Command:         req.Command,
-		Args:            req.Args,
+		Command:         command,
+		Args:            args,
 		Stdin:           req.Streams.Stdin != nil,
 		IDs:             sealed.IDRange{UID: ids.UID, GID: ids.GID, Size: taskstate.SlotSize},
 		Plan:            plan,
@@ -365,18 +400,32 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 		}
 		p.secrets = append(p.secrets, name)
 	}
+	if ahead {
+		if err := writeArgvFile(filepath.Join(taskDir, "argv"), nil); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+		return p, nil
+	}
+	if err := r.countTurn(req, in); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// countTurn records that the task's next turn starts now.
+func (r *Runner) countTurn(req Request, in *checked) error {
 	if _, err := r.Store.NextTurn(req.Task); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	if err := r.Store.Remember(req.Task, taskstate.FactAgent, req.Agent); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	if in.worktree != "" {
 		if err := r.Store.Remember(req.Task, taskstate.FactWorktree, in.worktree); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
 		}
 	}
-	return p, nil
+	return nil
 }
 
 // hasGit reports whether a worktree has git metadata (.git of any type).

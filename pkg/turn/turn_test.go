@@ -88,7 +88,10 @@ func (h *harness) cleanup() {
 	}
 	entries, _ := os.ReadDir(filepath.Join(h.cfg.State.Dir, "tasks"))
 	for _, e := range entries {
-		_ = h.client.RemoveVolume(ctx, h.cfg.Home.VolumePrefix+e.Name())
+		// The HOME's capped filesystem is unmounted before its volume goes.
+		if err := h.runner.RemoveHome(ctx, e.Name()); err != nil {
+			h.t.Errorf("remove HOME: %v", err)
+		}
 		if _, err := os.Stat(h.cfg.Outbox.Root); err != nil {
 			continue
 		}
@@ -437,15 +440,6 @@ func hasOpt(line, opt string) bool {
 	}
 	for _, o := range strings.Split(f[5], ",") {
 		if o == opt {
-			return true
-		}
-	}
-	return false
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
 			return true
 		}
 	}

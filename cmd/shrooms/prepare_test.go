@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"debug/elf"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"gotest.tools/v3/assert"
+	is "gotest.tools/v3/assert/cmp"
+
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+)
+
+// requireStatic: a prepared cage runs this test binary as shrooms inside a
+// busybox image, which has no C library.
+func requireStatic(t *testing.T) {
+	f, err := elf.Open(os.Args[0])
+	assert.NilError(t, err)
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Fatalf("the test binary is dynamically linked; run the tests with CGO_ENABLED=0 (make test does)")
+		}
+	}
+}
+
+type runResult struct {
+	Turn     int    `json:"turn"`
+	ExitCode int    `json:"exitCode"`
+	Prepared bool   `json:"prepared"`
+	Status   string `json:"status"`
+}
+
+func lastJSON(t *testing.T, stdout string) runResult {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	var r runResult
+	assert.NilError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &r), stdout)
+	return r
+}
+
+func cageStates(t *testing.T, client *podman.Client, task string) []string {
+	cages, err := client.ListByLabel(context.Background(), sealed.LabelTask, task)
+	assert.NilError(t, err)
+	var st []string
+	for _, c := range cages {
+		st = append(st, c.State)
+	}
+	return st
+}
+
+// TestPreparedCages: a prepared cage is created and initialised ahead, then
+// run with the argv of the run that takes it; the HOME it sees is reset;
+// anything different discards it, and nothing is left behind.
+func TestPreparedCages(t *testing.T) {
+	requireStatic(t)
+	e, client := integration(t, "")
+	task := e.task("prep")
+
+	code, stdout, stderr := e.shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
+	assert.Equal(t, code, 0, stderr)
+	assert.Equal(t, len(strings.TrimSpace(stdout)), 64, stdout)
+	assert.DeepEqual(t, cageStates(t, client, task), []string{"initialized"})
+	code, stdout, _ = e.shrooms("gc")
+	assert.Equal(t, code, 0)
+	assert.Assert(t, is.Contains(stdout, "removed 0"), "gc keeps a prepared cage that waits: %s", stdout)
+
+	code, stdout, stderr = e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--prepare-next", "--", "-c", `echo "argv: $0 $1"; echo planted > ~/.profile; exit 5`, "one")
+	assert.Equal(t, code, 5, stderr)
+	assert.Assert(t, is.Contains(stdout, "argv: one"), stdout)
+	r := lastJSON(t, stdout)
+	assert.Assert(t, r.Prepared, "the prepared cage was not used")
+	assert.Equal(t, r.Turn, 1)
+	assert.DeepEqual(t, cageStates(t, client, task), []string{"initialized"}) // run --prepare-next prepared turn 2
+
+	// Turn 2 takes the prepared cage: the HOME it sees was reset after turn 1.
+	code, stdout, stderr = e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", `cat ~/.profile 2>&1; echo turn2`)
+	assert.Equal(t, code, 0, stderr)
+	r = lastJSON(t, stdout)
+	assert.Assert(t, r.Prepared)
+	assert.Equal(t, r.Turn, 2)
+	assert.Assert(t, is.Contains(stdout, "No such file"), "turn 1's .profile survived into a prepared turn: %s", stdout)
+	assert.Equal(t, len(cageStates(t, client, task)), 0)
+
+	// A run that differs (stdin attached) discards the prepared cage.
+	code, _, stderr = e.shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
+	assert.Equal(t, code, 0, stderr)
+	code, stdout, stderr = e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--", "-c", "true")
+	assert.Equal(t, code, 0, stderr)
+	assert.Assert(t, !lastJSON(t, stdout).Prepared)
+	assert.Equal(t, len(cageStates(t, client, task)), 0, "the discarded cage was left")
+
+	// HOME touched after preparing: the prepared cage is discarded and the
+	// turn resets HOME as usual.
+	code, _, stderr = e.shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
+	assert.Equal(t, code, 0, stderr)
+	v, err := client.InspectVolume(context.Background(), "shrooms-home-"+e.prefix+"-"+task)
+	assert.NilError(t, err)
+	assert.NilError(t, os.WriteFile(filepath.Join(v.Mountpoint, "home", ".bashrc"), []byte("echo PWNED\n"), 0o644))
+	code, stdout, stderr = e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "cat ~/.bashrc 2>&1; true")
+	assert.Equal(t, code, 0, stderr)
+	r = lastJSON(t, stdout)
+	assert.Assert(t, !r.Prepared, "a prepared cage ran on a HOME changed after its reset")
+	assert.Assert(t, !strings.Contains(stdout, "PWNED"), stdout)
+	assert.Equal(t, len(cageStates(t, client, task)), 0)
+}

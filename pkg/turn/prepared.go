@@ -1,0 +1,166 @@
+package turn
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/containers/podman/v5/pkg/specgen"
+	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+)
+
+// Where a prepared cage finds shrooms and its argv.
+const (
+	CageBinary = "/.shrooms/shrooms"
+	CageArgv   = "/.shrooms/argv"
+)
+
+// Labels of prepared cages.
+const (
+	labelPrepared = "io.shrooms.prepared"
+	labelSpec     = "io.shrooms.spec"
+	labelBaseline = "io.shrooms.baseline"
+)
+
+// PrepareNext does everything of the task's next turn that can be done
+// before it is asked for: HOME reset, mounts, secrets, and the cage created
+// and initialised (namespaces, mounts, network) but not started. A later
+// Run with the same request (up to its argv) only hands over the argv and
+// starts it; any difference — config, worktree, agent, stdin, baseline, or
+// anything found in HOME — discards the prepared cage and runs as usual.
+//
+// No code of the cage runs before its Run: the HOME a prepared cage sees is
+// the one reset here, and Run verifies it is still exactly that.
+func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
+	in, err := r.check(ctx, req, false)
+	if err != nil {
+		return "", err
+	}
+	lock, err := r.Store.LockTask(req.Task)
+	if err != nil {
+		return "", classify(err)
+	}
+	defer lock.Release()
+	if _, err := r.removeLeftovers(ctx, req.Task); err != nil {
+		return "", fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
+	}
+	p, err := r.prepareAs(ctx, req, in, true, true)
+	if err != nil {
+		return "", err
+	}
+	hash, err := specHash(p.spec)
+	if err != nil {
+		return "", err
+	}
+	p.spec.Labels[labelPrepared] = "1"
+	p.spec.Labels[labelSpec] = hash
+	p.spec.Labels[labelBaseline] = p.reset.BaselineDigest
+	if r.OnSpec != nil {
+		r.OnSpec(p.spec)
+	}
+	id, err := r.Podman.Create(ctx, p.spec)
+	if err != nil {
+		_ = r.Podman.Remove(context.WithoutCancel(ctx), sealed.Name(req.Task, p.turn))
+		return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	if err := r.Podman.Init(ctx, id); err != nil {
+		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
+		return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	return id, nil
+}
+
+// takePrepared returns the id of a prepared cage that runs req exactly as a
+// fresh one would, with its argv handed over, or "" when there is none. A
+// prepared cage that does not match is left for removeLeftovers.
+func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (string, *prepared, error) {
+	if r.Binary == "" {
+		return "", nil, nil
+	}
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, req.Task)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	last, err := r.Store.LastTurn(req.Task)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	for _, c := range cages {
+		if !r.ours(c) || c.Labels[labelPrepared] != "1" || c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1) {
+			continue
+		}
+		if c.State != "initialized" && c.State != "created" {
+			continue
+		}
+		p, err := r.prepareAs(ctx, req, in, false, true)
+		if err != nil {
+			return "", nil, err
+		}
+		hash, err := specHash(p.spec)
+		if err != nil || hash != c.Labels[labelSpec] {
+			return "", nil, err
+		}
+		// Nothing may have changed HOME since it was reset for this cage.
+		rep, err := homereset.Reset(ctx, homereset.ResetInput{Task: r.homeTask(p.root, p.ids, in.agent.Home), DryRun: true})
+		if err != nil || rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0 || rep.BaselineDigest != c.Labels[labelBaseline] {
+			return "", nil, nil
+		}
+		p.reset = rep
+		taskDir := r.taskDir(req.Task)
+		if err := writeArgvFile(taskDir+"/argv", p.argv); err != nil {
+			return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+		if err := r.countTurn(req, in); err != nil {
+			return "", nil, err
+		}
+		return c.ID, p, nil
+	}
+	return "", nil, nil
+}
+
+func (r *Runner) taskDir(task string) string { return r.Cfg.State.Dir + "/tasks/" + task }
+
+// specHash identifies a prepared cage's spec, its own labels aside.
+func specHash(s *specgen.SpecGenerator) (string, error) {
+	c := *s
+	c.Labels = map[string]string{}
+	for k, v := range s.Labels {
+		if k != labelPrepared && k != labelSpec && k != labelBaseline {
+			c.Labels[k] = v
+		}
+	}
+	b, err := json.Marshal(&c)
+	if err != nil {
+		return "", fmt.Errorf("spec hash: %w", err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:16]), nil
+}
+
+// writeArgvFile rewrites the argv file in place: a prepared cage has the
+// file's inode bind-mounted, so it must stay the same file.
+func writeArgvFile(path string, argv []string) error {
+	if argv == nil {
+		argv = []string{}
+	}
+	b, err := json.Marshal(argv)
+	if err != nil {
+		return fmt.Errorf("argv file: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return fmt.Errorf("argv file: %w", err)
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return fmt.Errorf("argv file: %w", err)
+	}
+	return f.Close()
+}
