@@ -212,9 +212,10 @@ func format(ctx context.Context, dfd int, dir, name string, lim Limits) error {
 	}
 	// mkfs.ext4 writes through the open descriptor (fd 3 in the child), not
 	// a path anyone could swap. Lazy inode-table and journal init keep the
-	// image sparse; no reserved blocks (HOME has no root daemons); errors
-	// remount it read-only, which the next Ensure refuses.
-	cmd := exec.CommandContext(ctx, mkfsPath(), "-F", "-q", "-b", "4096", "-m", "0",
+	// image sparse; 1% of the blocks are reserved for host root, so the
+	// reset still has room when a turn filled HOME (the cage's uids cannot
+	// use them); errors remount it read-only, which the next Ensure refuses.
+	cmd := exec.CommandContext(ctx, mkfsPath(), "-F", "-q", "-b", "4096", "-m", "1",
 		"-N", strconv.FormatInt(lim.Inodes, 10), "-L", "shrooms-home", "-e", "remount-ro",
 		"-E", "root_owner=0:0,lazy_itable_init=1,lazy_journal_init=1", "/dev/fd/3")
 	cmd.ExtraFiles = []*os.File{f}
