@@ -108,7 +108,10 @@ func startCanaries(nsPath, role string, l *log, bind string, tcp, udp []int, icm
 			go c.serveTCP(ln, p == 53 && dns)
 		}
 		for _, p := range udp {
-			pc, err := net.ListenPacket("udp", net.JoinHostPort(bind, fmt.Sprint(p)))
+			// SO_REUSEADDR lets StartMulticast add an IPv4 socket on the
+			// same port: IPv4 multicast is not delivered to this dual-stack
+			// socket unless it joined the group itself.
+			pc, err := reuseAddr().ListenPacket(context.Background(), "udp", net.JoinHostPort(bind, fmt.Sprint(p)))
 			if err != nil {
 				return fmt.Errorf("%s udp/%d: %w", role, p, err)
 			}

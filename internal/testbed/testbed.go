@@ -310,7 +310,8 @@ func (tb *Testbed) StartPodman() {
 		tb.t.Fatal(err)
 	}
 	sock := filepath.Join(tb.Dir, "podman.sock")
-	logf, err := os.Create(filepath.Join(tb.Dir, "podman.log"))
+	// Appended to, so a restart keeps the earlier service's log.
+	logf, err := os.OpenFile(filepath.Join(tb.Dir, "podman.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		tb.t.Fatal(err)
 	}
@@ -401,6 +402,15 @@ func (tb *Testbed) stopService() {
 }
 
 func (tb *Testbed) teardown() {
+	if tb.t.Failed() {
+		// The service log dies with the testbed: keep its tail for the report.
+		if b, err := os.ReadFile(filepath.Join(tb.Dir, "podman.log")); err == nil {
+			if len(b) > 8192 {
+				b = b[len(b)-8192:]
+			}
+			tb.t.Logf("testbed podman service log (tail):\n%s", b)
+		}
+	}
 	if tb.svc != nil {
 		if out, err := tb.Podman("ps", "-aq", "--filter", "label="+tb.Label()); err == nil {
 			for _, id := range strings.Fields(out) {

@@ -1,7 +1,8 @@
 // Command tbprobe runs inside a test cage and sends one tagged packet per
 // argument, so the testbed's canaries can tell which probe reached them.
 // Each argument is PROTO,ADDR,PORT,NONCE with PROTO one of tcp, udp, icmp
-// (unprivileged ICMP echo; PORT ignored), dns or dnstcp (a query for
+// (unprivileged ICMP echo; PORT ignored), mcast (UDP to a multicast or
+// broadcast group out of every interface, any answer counts), dns or dnstcp (a query for
 // NONCE.canary.test sent to ADDR:PORT over UDP or TCP). With the single argument "listen" it is a canary
 // instead: it logs every TCP (8080) and UDP (5000) payload to stdout. All probes run at once; one JSON line per probe is
 // printed with what the prober saw. Verdicts come from the canaries.
@@ -93,6 +94,8 @@ func run(arg string) (bool, string) {
 		return false, fmt.Sprint("no reply: ", err)
 	case "icmp":
 		return ping(addr, nonce)
+	case "mcast":
+		return group(addr, port, nonce)
 	case "dns", "dnstcp":
 		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
 			if proto == "dnstcp" {
@@ -109,6 +112,51 @@ func run(arg string) (bool, string) {
 		return true, strings.Join(as, " ")
 	}
 	return false, "unknown proto " + proto
+}
+
+// group sends nonce to a multicast or broadcast address from an
+// unconnected socket (a connected one would drop the answer, which comes
+// from the responder's unicast address) out of every non-loopback
+// interface, and reports the first answer.
+func group(addr, port, nonce string) (bool, string) {
+	a, err := netip.ParseAddr(addr)
+	if err != nil {
+		return false, err.Error()
+	}
+	network := "udp4"
+	if a.Is6() {
+		network = "udp6"
+	}
+	pc, err := net.ListenPacket(network, ":0")
+	if err != nil {
+		return false, err.Error()
+	}
+	defer pc.Close()
+	ifs, _ := net.Interfaces()
+	var sent []string
+	for _, i := range ifs {
+		if i.Flags&net.FlagLoopback != 0 || i.Flags&net.FlagUp == 0 {
+			continue
+		}
+		dst, err := net.ResolveUDPAddr(network, net.JoinHostPort(addr+map[bool]string{true: "%" + i.Name}[a.Is6()], port))
+		if err != nil {
+			return false, err.Error()
+		}
+		if _, err := pc.WriteTo([]byte(nonce+"\n"), dst); err != nil {
+			return false, "send: " + err.Error()
+		}
+		sent = append(sent, i.Name)
+	}
+	if len(sent) == 0 {
+		return false, "no interface to send on"
+	}
+	pc.SetReadDeadline(time.Now().Add(timeout))
+	b := make([]byte, 256)
+	n, from, err := pc.ReadFrom(b)
+	if err != nil {
+		return false, fmt.Sprintf("sent on %v, no reply: %v", sent, err)
+	}
+	return true, fmt.Sprintf("%s from %s", strings.TrimSpace(string(b[:n])), from)
 }
 
 // ping sends one ICMP echo over an unprivileged ICMP socket (no NET_RAW;
