@@ -64,10 +64,13 @@ func TestClaudePersistenceDoesNotSurviveTurn(t *testing.T) {
 		bash(`git config --global core.fsmonitor 'mkdir -p /work/.m; touch /work/.m/fsmonitor; true'`),
 		// A token refresh: write beside, rename into HOME.
 		bash(`printf '{"refreshed":"R-%s"}' "$((1+1))` + nonce + `" > ~/.claude/.credentials.json.tmp && mv ~/.claude/.credentials.json.tmp ~/.claude/.credentials.json && ls -la ~ ~/.claude > /work/turn1-home.txt`),
+		// What the agent's own processes run under.
+		bash(`{ grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status; touch /usr/x 2>&1; id -u; } > /work/turn1-status.txt`),
 		// Last: Claude's Bash tool sources ~/.bashrc for every later command.
 		bash(`echo 'mkdir -p /work/.m; touch /work/.m/bashrc' >> ~/.bashrc`),
 		modelapi.Text("planted " + nonce),
 	}
+	e.checkSealed("claude")
 	e.api.Append(plant...)
 	out, took1 := e.turn("claude", "-p", "--output-format", "json", "plant things "+nonce)
 	r1 := parseClaude(t, out)
@@ -80,6 +83,12 @@ func TestClaudePersistenceDoesNotSurviveTurn(t *testing.T) {
 		assert.Equal(t, r.Header.Get("X-Api-Key"), apiKey, "the token reached Claude Code as ANTHROPIC_API_KEY")
 	}
 	assert.Equal(t, len(markers(t, e.worktree)), 0, "a payload ran in turn 1 already: %v", markers(t, e.worktree))
+
+	status, err := os.ReadFile(filepath.Join(e.worktree, "turn1-status.txt"))
+	assert.NilError(t, err)
+	for _, want := range []string{"Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "Read-only file system", "\n1000\n"} {
+		assert.Assert(t, is.Contains(string(status), want), "Bash tool processes: %s", status)
+	}
 
 	// Turn 1's writes landed in HOME (rename included).
 	home := e.home("claude")

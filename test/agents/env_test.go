@@ -179,6 +179,34 @@ func (e *env) turn(agent string, args ...string) (string, time.Duration) {
 	return out, took
 }
 
+// checkSealed asserts, from `shrooms spec`, that the agent's turn runs in
+// the sealed cage: read-only root, the built-in strict seccomp profile, no
+// capabilities, no-new-privileges, the cage user, the sealed network.
+func (e *env) checkSealed(agent string) {
+	e.t.Helper()
+	code, out, errb := e.run("spec", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin")
+	assert.Equal(e.t, code, 0, errb)
+	var spec struct {
+		ReadOnly bool           `json:"read_only_filesystem"`
+		Seccomp  string         `json:"seccomp_profile_path"`
+		User     string         `json:"user"`
+		NoNewPr  bool           `json:"no_new_privileges"`
+		CapDrop  []string       `json:"cap_drop"`
+		Image    string         `json:"image"`
+		Networks map[string]any `json:"Networks"`
+	}
+	assert.NilError(e.t, json.Unmarshal([]byte(out), &spec))
+	assert.Assert(e.t, spec.ReadOnly)
+	assert.Equal(e.t, filepath.Dir(spec.Seccomp), filepath.Join(e.dir, "state", "seccomp"))
+	assert.Assert(e.t, strings.HasPrefix(filepath.Base(spec.Seccomp), "shrooms-"), spec.Seccomp)
+	assert.Equal(e.t, spec.User, "1000:1000")
+	assert.Assert(e.t, spec.NoNewPr)
+	assert.DeepEqual(e.t, spec.CapDrop, []string{"ALL"})
+	assert.Equal(e.t, spec.Image, agentImage)
+	_, ok := spec.Networks[e.name]
+	assert.Assert(e.t, ok, "the cage joins the sealed network %s: %s", e.name, out)
+}
+
 // home is the host directory of the task's HOME volume.
 func (e *env) home(agent string) string {
 	e.t.Helper()
@@ -222,7 +250,10 @@ func (e *env) control(agent string, envs []string, agentArgs ...string) (string,
 		assert.NilError(e.t, err, "%v: %s", c, out)
 	}
 	args := []string{"run", "--rm", "--network", "host", "--user", "1000:1000", "--label", e.tb.Label(),
-		"-v", home + ":/home/agent", "-v", work + ":/work", "-w", "/work", "-e", "HOME=/home/agent"}
+		"-v", home + ":/home/agent", "-v", work + ":/work", "-w", "/work", "-e", "HOME=/home/agent",
+		// No registry in the testbed: fail npm fetches at once (opencode
+		// installs its plugin SDK before loading a plugin).
+		"--add-host", "registry.npmjs.org:127.0.0.1"}
 	for _, kv := range envs {
 		args = append(args, "-e", kv)
 	}
@@ -231,6 +262,9 @@ func (e *env) control(agent string, envs []string, agentArgs ...string) (string,
 	out, err := e.tb.Podman(args...)
 	took := time.Since(start)
 	assert.NilError(e.t, err, "control run: %s\nmodel API log:\n%s", out, e.api.Log())
+	if os.Getenv("AGENTS_DEBUG") != "" {
+		e.t.Logf("control output:\n%s", out)
+	}
 	return work, took
 }
 
