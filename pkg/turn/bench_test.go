@@ -3,9 +3,14 @@ package turn
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -178,5 +183,146 @@ func BenchmarkFirstByte(b *testing.B) {
 	b.ReportMetric(ms(cli), "podman-run-cli-ms")
 	b.ReportMetric(ms(prepared)/ms(cli), "prepared-vs-cli")
 	b.ReportMetric(ms(prepared)/ms(api), "prepared-vs-api")
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkConcurrentTasks runs turns of 1, 2, 4 and 8 tasks at once (each
+// task's turns in sequence, as turns of one task never overlap) and reports
+// turns per second and the p50 / p95 turn latency (`make bench`).
+func BenchmarkConcurrentTasks(b *testing.B) {
+	h := newBenchHarness(b)
+	ctx := context.Background()
+	const turnsEach = 3
+	for _, n := range []int{1, 2, 4, 8} {
+		b.Run(fmt.Sprintf("tasks=%d", n), func(b *testing.B) {
+			var mu sync.Mutex
+			var lat []time.Duration
+			start := time.Now()
+			var wg sync.WaitGroup
+			errs := make(chan error, n)
+			for i := 0; i < n; i++ {
+				wg.Add(1)
+				go func(i int) {
+					defer wg.Done()
+					task := h.task(fmt.Sprintf("c%d-%d", n, i))
+					for k := 0; k < turnsEach; k++ {
+						t0 := time.Now()
+						_, err := h.runner.Run(ctx, Request{Task: task, Agent: "shell", Args: []string{"-c", "true"},
+							Streams: podman.Streams{Stdout: io.Discard, Stderr: io.Discard}})
+						if err != nil {
+							errs <- err
+							return
+						}
+						mu.Lock()
+						lat = append(lat, time.Since(t0))
+						mu.Unlock()
+					}
+				}(i)
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				b.Fatal(err)
+			}
+			elapsed := time.Since(start)
+			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+			b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "turns/s")
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(lat[(len(lat)*95)/100].Microseconds())/1000, "p95-ms")
+			b.ReportMetric(0, "ns/op")
+		})
+	}
+}
+
+// BenchmarkPeakRSS runs one turn with the real shrooms binary and reports
+// its peak resident set size (`make bench`).
+func BenchmarkPeakRSS(b *testing.B) {
+	h := newBenchHarness(b)
+	bin := itest.ShroomsBinary(b)
+	cfgFile := filepath.Join(b.TempDir(), "config.toml")
+	if err := os.WriteFile(cfgFile, []byte(fmt.Sprintf(`
+[podman]
+socket = %q
+[state]
+dir = %q
+[cage]
+image = %q
+[network]
+policy = "none"
+[home]
+volume_prefix = %q
+[outbox]
+root = %q
+`, h.cfg.Podman.Socket, h.cfg.State.Dir, h.cfg.Cage.Image, h.cfg.Home.VolumePrefix, h.cfg.Outbox.Root)), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	var peak int64
+	for i := 0; i < max(b.N, 3); i++ {
+		cmd := exec.Command(bin, "--config", cfgFile, "run", "--task", h.task("rss"), "--agent", "shell", "--no-stdin", "--", "-c", "true")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("%v: %s", err, out)
+		}
+		if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok && ru.Maxrss > peak {
+			peak = ru.Maxrss
+		}
+	}
+	b.ReportMetric(float64(peak)/1024, "peak-rss-MiB")
+	b.ReportMetric(0, "ns/op")
+}
+
+// BenchmarkTurnStartWithJunk plants 0, 10 000 and 100 000 junk files in
+// HOME (as a hostile turn would leave them) and measures, paired, the time
+// to the next turn's first output byte: the reset swaps the tree out in
+// constant time and deletes it while the agent works (`make bench`).
+func BenchmarkTurnStartWithJunk(b *testing.B) {
+	h := newBenchHarness(b)
+	ctx := context.Background()
+	task := h.task("junk")
+	run := func() time.Duration {
+		fb := &firstByte{start: time.Now()}
+		if _, err := h.runner.Run(ctx, Request{Task: task, Agent: "shell", Args: []string{"-c", "echo x"}, Streams: podman.Streams{Stdout: fb, Stderr: io.Discard}}); err != nil {
+			b.Fatal(err)
+		}
+		return fb.at
+	}
+	run()
+	v, err := h.client.InspectVolume(ctx, h.cfg.Home.VolumePrefix+task)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ids, err := h.runner.Store.TaskIDs(task, h.runner.IDFiles, false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	plant := func(n int) {
+		home := filepath.Join(v.Mountpoint, "home")
+		for d := 0; d < n/1000+1 && n > 0; d++ {
+			dir := filepath.Join(home, fmt.Sprintf("junk%d", d))
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				b.Fatal(err)
+			}
+			for f := 0; f < 1000 && d*1000+f < n; f++ {
+				p := filepath.Join(dir, fmt.Sprintf("f%d", f))
+				if err := os.WriteFile(p, nil, 0o644); err != nil {
+					b.Fatal(err)
+				}
+				_ = os.Lchown(p, int(ids.UID)+1000, int(ids.GID)+1000)
+			}
+		}
+	}
+	sizes := []int{0, 10000, 100000}
+	got := map[int][]time.Duration{}
+	for i := 0; i < max(b.N, 5); i++ {
+		for _, n := range sizes {
+			plant(n)
+			got[n] = append(got[n], run())
+		}
+	}
+	base := float64(median(got[0]).Microseconds()) / 1000
+	for _, n := range sizes {
+		ms := float64(median(got[n]).Microseconds()) / 1000
+		b.ReportMetric(ms, fmt.Sprintf("junk%d-ms", n))
+		b.ReportMetric(ms/base, fmt.Sprintf("junk%d-ratio", n))
+	}
 	b.ReportMetric(0, "ns/op")
 }
