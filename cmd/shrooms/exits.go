@@ -13,18 +13,20 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
-// runner loads the config, connects to podman and returns a turn runner.
-func runner(c *cli.Context) (*turn.Runner, context.Context, error) {
+// runner loads the config, connects to podman and returns a turn runner
+// and a context that SIGINT or SIGTERM cancel (call stop when done).
+func runner(c *cli.Context) (r *turn.Runner, ctx context.Context, stop context.CancelFunc, err error) {
 	cfg, err := loadConfig(c)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	ctx := c.Context
+	ctx, stop = signalContext(c.Context)
 	client, err := connect(ctx, cfg)
 	if err != nil {
-		return nil, nil, err
+		stop()
+		return nil, nil, nil, err
 	}
-	return newRunner(cfg, client), ctx, nil
+	return newRunner(cfg, client), ctx, stop, nil
 }
 
 func taskFlag() cli.Flag {
@@ -41,10 +43,11 @@ func outboxCommand() *cli.Command {
 				Usage: "show what collect would deliver and refuse, changing nothing",
 				Flags: []cli.Flag{taskFlag()},
 				Action: func(c *cli.Context) error {
-					r, ctx, err := runner(c)
+					r, ctx, stop, err := runner(c)
 					if err != nil {
 						return err
 					}
+					defer stop()
 					rep, err := r.ListOutbox(ctx, c.String("task"))
 					if err != nil {
 						return fail(codeFor(err), err)
@@ -61,10 +64,11 @@ no symlinks, no magic links), with normalised modes and no xattrs, within the
 entries stay in the outbox and are listed with the reason.`,
 				Flags: []cli.Flag{taskFlag(), &cli.StringFlag{Name: "to", Usage: "delivery `DIR` (new or empty; default <state.dir>/deliveries/<task>/<time>)"}},
 				Action: func(c *cli.Context) error {
-					r, ctx, err := runner(c)
+					r, ctx, stop, err := runner(c)
 					if err != nil {
 						return err
 					}
+					defer stop()
 					rep, err := r.Collect(ctx, c.String("task"), c.String("to"))
 					if err != nil {
 						return fail(codeFor(err), err)
@@ -77,10 +81,11 @@ entries stay in the outbox and are listed with the reason.`,
 				Usage: "unmount the task's outbox, discarding what is left in it",
 				Flags: []cli.Flag{taskFlag()},
 				Action: func(c *cli.Context) error {
-					r, _, err := runner(c)
+					r, _, stop, err := runner(c)
 					if err != nil {
 						return err
 					}
+					defer stop()
 					if err := r.ReleaseOutbox(c.String("task")); err != nil {
 						return fail(codeFor(err), err)
 					}
@@ -135,10 +140,11 @@ from it.`,
 			if err != nil || addr.Name == "" {
 				return fail(ExitUsage, fmt.Errorf("--author %q is not \"Name <email>\"", c.String("author")))
 			}
-			r, ctx, err := runner(c)
+			r, ctx, stop, err := runner(c)
 			if err != nil {
 				return err
 			}
+			defer stop()
 			id, err := r.Commit(ctx, c.String("task"), c.String("message"), gitseal.Author{Name: addr.Name, Email: addr.Address})
 			if errors.Is(err, gitseal.ErrNothingToCommit) {
 				if c.Bool("json") {
@@ -169,10 +175,11 @@ func resetCommand() *cli.Command {
 			&cli.BoolFlag{Name: "dry-run", Usage: "report what would be kept, rebuilt and removed; change nothing"},
 		},
 		Action: func(c *cli.Context) error {
-			r, ctx, err := runner(c)
+			r, ctx, stop, err := runner(c)
 			if err != nil {
 				return err
 			}
+			defer stop()
 			rep, err := r.Reset(ctx, c.String("task"), c.String("agent"), c.Bool("dry-run"))
 			if err != nil {
 				return fail(codeFor(err), err)

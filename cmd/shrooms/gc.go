@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/urfave/cli/v2"
@@ -12,16 +11,12 @@ func gcCommand() *cli.Command {
 		Name:  "gc",
 		Usage: "remove cages that a crashed shrooms left behind (turns that are running are kept)",
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c)
+			r, ctx, stop, err := runner(c)
 			if err != nil {
 				return err
 			}
-			ctx := context.Background()
-			client, err := connect(ctx, cfg)
-			if err != nil {
-				return err
-			}
-			rep, err := newRunner(cfg, client).GC(ctx)
+			defer stop()
+			rep, err := r.GC(ctx)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}

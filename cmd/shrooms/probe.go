@@ -14,7 +14,6 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/probe"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
-	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // probeCommand is `shrooms probe` (the battery, run in a cage) with its
@@ -37,22 +36,16 @@ or error. Exit status 1 when any check escaped or could not decide.
 		},
 		Subcommands: []*cli.Command{probeInsideCommand()},
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c)
+			r, ctx, stop, err := runner(c)
 			if err != nil {
 				return err
 			}
-			params, err := probeParams(c.String("targets"), cfg, c.String("agent"))
+			defer stop()
+			params, err := probeParams(c.String("targets"), r.Cfg, c.String("agent"))
 			if err != nil {
 				return fail(ExitUsage, err)
 			}
-			ctx, stop := signalContext(c.Context)
-			defer stop()
-			client, err := connect(ctx, cfg)
-			if err != nil {
-				return err
-			}
-			runner := turn.NewRunner(cfg, client, sealChecker(client))
-			rep, _, err := probe.Run(ctx, runner, probe.Options{
+			rep, _, err := probe.Run(ctx, r, probe.Options{
 				Task: c.String("task"), Agent: c.String("agent"), Params: params,
 				Timeout: c.Duration("timeout"), Stderr: c.App.ErrWriter,
 			})

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 
@@ -47,22 +46,16 @@ The exit status is the agent's. With --json the last line of stdout is one
 JSON object: task, turn, cage id, exit code, status and phase durations.`,
 		Flags: append(turnFlags(), &cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see `shrooms prepare`)"}),
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c)
+			r, ctx, stop, err := runner(c)
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext(c.Context)
 			defer stop()
-			client, err := connect(ctx, cfg)
-			if err != nil {
-				return err
-			}
-			runner := newRunner(cfg, client)
-			res, err := runner.Run(ctx, turnRequest(c))
+			res, err := r.Run(ctx, turnRequest(c))
 			if err == nil && c.Bool("prepare-next") {
 				next := turnRequest(c)
 				next.Args = nil
-				if _, perr := runner.PrepareNext(ctx, next); perr != nil {
+				if _, perr := r.PrepareNext(ctx, next); perr != nil {
 					fmt.Fprintln(c.App.ErrWriter, "shrooms: next cage not prepared: "+oneLine(perr.Error()))
 				}
 			}
@@ -93,17 +86,12 @@ only hands the cage its argv and starts it. Anything different, or anything
 found in HOME since, discards the prepared cage and the turn runs as usual.`,
 		Flags: turnFlags(),
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c)
+			r, ctx, stop, err := runner(c)
 			if err != nil {
 				return err
 			}
-			ctx, stop := signalContext(c.Context)
 			defer stop()
-			client, err := connect(ctx, cfg)
-			if err != nil {
-				return err
-			}
-			id, err := newRunner(cfg, client).PrepareNext(ctx, turnRequest(c))
+			id, err := r.PrepareNext(ctx, turnRequest(c))
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
@@ -123,16 +111,12 @@ func specCommand() *cli.Command {
 		ArgsUsage: "[-- ARGS...]",
 		Flags:     turnFlags(),
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c)
+			r, ctx, stop, err := runner(c)
 			if err != nil {
 				return err
 			}
-			ctx := context.Background()
-			client, err := connect(ctx, cfg)
-			if err != nil {
-				return err
-			}
-			spec, err := newRunner(cfg, client).Spec(ctx, turnRequest(c))
+			defer stop()
+			spec, err := r.Spec(ctx, turnRequest(c))
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
@@ -155,30 +139,25 @@ func bootstrapCommand() *cli.Command {
 			&cli.StringFlag{Name: "agent", Usage: "seed only the HOME profiles of agent `NAME` (default: every profile)"},
 		},
 		Action: func(c *cli.Context) error {
-			cfg, err := loadConfig(c)
+			r, ctx, stop, err := runner(c)
 			if err != nil {
 				return err
 			}
-			ctx := context.Background()
-			client, err := connect(ctx, cfg)
-			if err != nil {
-				return err
-			}
+			defer stop()
 			var profiles []string
 			if name := c.String("agent"); name != "" {
-				agent, err := cfg.Agent(name)
+				agent, err := r.Cfg.Agent(name)
 				if err != nil {
 					return fail(ExitUsage, err)
 				}
 				profiles = agent.Home
 			}
-			runner := newRunner(cfg, client)
-			res, err := runner.Bootstrap(ctx, c.String("task"), profiles)
+			res, err := r.Bootstrap(ctx, c.String("task"), profiles)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
 			if c.Bool("json") {
-				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "volume": runner.VolumeName(c.String("task")), "result": res.Result, "seeded": res.Seeded})
+				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "volume": r.VolumeName(c.String("task")), "result": res.Result, "seeded": res.Seeded})
 			}
 			fmt.Fprintln(c.App.Writer, res.Result)
 			return nil
