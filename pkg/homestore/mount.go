@@ -15,10 +15,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-const (
-	mountinfoSelf   = "/proc/self/mountinfo"
-	mountinfoThread = "/proc/thread-self/mountinfo"
-)
+// The mount table of the calling thread: /proc/self would show the main
+// thread's, which need not be in the caller's namespace.
+const mountinfoSelf = "/proc/thread-self/mountinfo"
 
 // mountEntry is one line of mountinfo.
 type mountEntry struct {
@@ -322,17 +321,28 @@ func inNamespace(nsPath string, fn func(mountinfo string) error) error {
 	if err := unix.Fstat(fd, &peer); err != nil {
 		return fmt.Errorf("stat mount namespace %s: %w", nsPath, err)
 	}
-	if err := unix.Stat("/proc/self/ns/mnt", &self); err != nil {
+	if err := unix.Stat("/proc/thread-self/ns/mnt", &self); err != nil {
 		return fmt.Errorf("stat own mount namespace: %w", err)
 	}
 	if peer.Dev == self.Dev && peer.Ino == self.Ino {
 		return fn(mountinfoSelf)
 	}
-	errc := make(chan error, 1)
-	go func() {
+	var join func(errc chan<- error)
+	join = func(errc chan<- error) {
+		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// The main thread cannot exit, only be parked for good, and
+			// /proc/self would then show the other namespace. While this
+			// goroutine holds it, another one runs on another thread.
+			inner := make(chan error, 1)
+			go join(inner)
+			err := <-inner
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
 		// Never unlocked: the thread exits with this goroutine instead of
 		// serving other goroutines from another namespace.
-		runtime.LockOSThread()
 		if err := unix.Unshare(unix.CLONE_FS); err != nil {
 			errc <- fmt.Errorf("unshare fs: %w", err)
 			return
@@ -341,8 +351,10 @@ func inNamespace(nsPath string, fn func(mountinfo string) error) error {
 			errc <- fmt.Errorf("join mount namespace %s: %w", nsPath, err)
 			return
 		}
-		errc <- fn(mountinfoThread)
-	}()
+		errc <- fn(mountinfoSelf)
+	}
+	errc := make(chan error, 1)
+	go join(errc)
 	return <-errc
 }
 
