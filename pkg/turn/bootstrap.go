@@ -164,3 +164,28 @@ func (r *Runner) volumeRoot(ctx context.Context, task string) (string, error) {
 	}
 	return filepath.Join(info.GraphRoot, "volumes", name, "_data"), nil
 }
+
+// HomeRoot returns the host directory of task's existing HOME with its
+// size-capped filesystem mounted (mounting it, e.g. after a reboot). Code
+// that touches an existing HOME outside a turn (gc's homereset.Cleanup) must
+// use it: on the bare volume directory it would write where the capped
+// filesystem is later mounted, which Ensure then refuses.
+func (r *Runner) HomeRoot(ctx context.Context, task string) (string, error) {
+	name := r.VolumeName(task)
+	v, err := r.Podman.InspectVolume(ctx, name)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	if v.Labels[sealed.LabelTask] != task {
+		return "", fmt.Errorf("%w: volume %s is not task %s's HOME", ErrHostNotReady, name, task)
+	}
+	peers, err := r.podmanNamespace()
+	if err != nil {
+		return "", err
+	}
+	lim := homestore.Limits{Size: int64(r.Cfg.Home.Size), Inodes: r.Cfg.Home.Inodes}
+	if _, err := homestore.Ensure(ctx, homestore.ImagePath(r.Cfg.State.Dir, name), v.Mountpoint, lim, peers...); err != nil {
+		return "", fmt.Errorf("%w: size-capped HOME: %v", ErrHostNotReady, err)
+	}
+	return v.Mountpoint, nil
+}
