@@ -124,16 +124,16 @@ func (r *Runner) Reset(ctx context.Context, task, agent string, dryRun bool) (*h
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
 		}
-		v, err := r.Podman.InspectVolume(ctx, r.VolumeName(task))
+		root, err := r.HomeRoot(ctx, task)
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return err
 		}
-		rep, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.homeTask(v.Mountpoint, ids, a.Home), DryRun: dryRun})
+		rep, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.homeTask(root, ids, a.Home), DryRun: dryRun})
 		if err != nil {
 			return fmt.Errorf("%w: HOME reset: %v", ErrHostNotReady, err)
 		}
 		if !dryRun {
-			if _, err := homereset.Cleanup(ctx, v.Mountpoint); err != nil {
+			if _, err := homereset.Cleanup(ctx, root); err != nil {
 				return fmt.Errorf("%w: HOME cleanup: %v", ErrHostNotReady, err)
 			}
 		}

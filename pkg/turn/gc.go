@@ -85,11 +85,16 @@ func (r *Runner) GC(ctx context.Context) (*GCReport, error) {
 		return rep, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	for _, e := range entries {
-		v, err := r.Podman.InspectVolume(ctx, r.VolumeName(e.Name()))
-		if err != nil {
+		if ok, err := r.Podman.VolumeExists(ctx, r.VolumeName(e.Name())); err != nil || !ok {
 			continue // no HOME volume (yet): nothing to clean
 		}
-		cr, err := homereset.Cleanup(ctx, v.Mountpoint)
+		// Through its size-capped filesystem (mounted again after a reboot),
+		// never the bare volume directory underneath.
+		root, err := r.HomeRoot(ctx, e.Name())
+		if err != nil {
+			return rep, err
+		}
+		cr, err := homereset.Cleanup(ctx, root)
 		if err != nil {
 			return rep, fmt.Errorf("%w: HOME cleanup of %s: %v", ErrHostNotReady, e.Name(), err)
 		}

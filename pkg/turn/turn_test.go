@@ -78,8 +78,11 @@ func (h *harness) task(name string) string { return h.prefix + "-" + name }
 
 func (h *harness) cleanup() {
 	ctx := context.Background()
+	// Carry on when listing fails: the HOMEs and outboxes must go regardless.
 	cages, err := h.client.ListByLabel(ctx, sealed.LabelManaged, "1")
-	assert.NilError(h.t, err)
+	if err != nil {
+		h.t.Errorf("list cages: %v", err)
+	}
 	for _, c := range cages {
 		if strings.HasPrefix(c.Labels[sealed.LabelTask], h.prefix) {
 			h.t.Errorf("cage %s of this test was left behind", c.Name)
