@@ -41,7 +41,7 @@ const opencodeModel = "anthropic/claude-sonnet-4-5"
 
 // env is one testbed with a sealed shrooms config and a scripted model API.
 type env struct {
-	t        *testing.T
+	t        testing.TB
 	tb       *testbed.Testbed
 	name     string
 	dir      string
@@ -55,7 +55,7 @@ type env struct {
 // newEnv builds the testbed, starts the model API on its internet host,
 // writes a config whose [agents.NAME] tables are config.example.toml's plus
 // ANTHROPIC_BASE_URL, seals the network and returns the environment.
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	if out, err := exec.Command("podman", "--url", itest.Socket(), "image", "exists", agentImage).CombinedOutput(); err != nil {
@@ -215,7 +215,7 @@ func (e *env) home(agent string) string {
 }
 
 // markers lists the payload markers present in the worktree.
-func markers(t *testing.T, dir string) []string {
+func markers(t testing.TB, dir string) []string {
 	t.Helper()
 	entries, err := os.ReadDir(filepath.Join(dir, ".m"))
 	if os.IsNotExist(err) {
@@ -249,6 +249,14 @@ func (e *env) control(agent string, envs []string, agentArgs ...string) (string,
 		out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
 		assert.NilError(e.t, err, "%v: %s", c, out)
 	}
+	return work, e.bare(home, work, envs, agentArgs...)
+}
+
+// bare runs agentArgs as `podman run --rm` of the agent image, uid 1000,
+// with home and work bind-mounted and the testbed host's network (so the
+// model API is reachable): the agent as it runs without shrooms.
+func (e *env) bare(home, work string, envs []string, agentArgs ...string) time.Duration {
+	e.t.Helper()
 	args := []string{"run", "--rm", "--network", "host", "--user", "1000:1000", "--label", e.tb.Label(),
 		"-v", home + ":/home/agent", "-v", work + ":/work", "-w", "/work", "-e", "HOME=/home/agent",
 		// No registry in the testbed: fail npm fetches at once (opencode
@@ -261,11 +269,11 @@ func (e *env) control(agent string, envs []string, agentArgs ...string) (string,
 	start := time.Now()
 	out, err := e.tb.Podman(args...)
 	took := time.Since(start)
-	assert.NilError(e.t, err, "control run: %s\nmodel API log:\n%s", out, e.api.Log())
+	assert.NilError(e.t, err, "bare podman run: %s\nmodel API log:\n%s", out, e.api.Log())
 	if os.Getenv("AGENTS_DEBUG") != "" {
-		e.t.Logf("control output:\n%s", out)
+		e.t.Logf("bare podman run output:\n%s", out)
 	}
-	return work, took
+	return took
 }
 
 // requestsSince returns the scripted requests after the first n.
@@ -321,7 +329,7 @@ func listenIn(nsPath, addr string) (net.Listener, error) {
 }
 
 // buildShrooms builds the CLI once per test into dir.
-func buildShrooms(t *testing.T, dir string) string {
+func buildShrooms(t testing.TB, dir string) string {
 	t.Helper()
 	bin := filepath.Join(dir, "shrooms")
 	cmd := exec.Command("go", "build", "-tags", "remote exclude_graphdriver_btrfs containers_image_openpgp exclude_graphdriver_devicemapper",
@@ -332,14 +340,14 @@ func buildShrooms(t *testing.T, dir string) string {
 	return bin
 }
 
-func repoRoot(t *testing.T) string {
+func repoRoot(t testing.TB) string {
 	t.Helper()
 	wd, err := os.Getwd()
 	assert.NilError(t, err)
 	return filepath.Join(wd, "..", "..")
 }
 
-func git(t *testing.T, dir string, args ...string) {
+func git(t testing.TB, dir string, args ...string) {
 	t.Helper()
 	out, err := exec.Command("git", append([]string{"-C", dir}, args...)...).CombinedOutput()
 	assert.NilError(t, err, "git %v: %s", args, out)
