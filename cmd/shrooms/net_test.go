@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,7 +16,10 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // TestNetworkedTurnInTestbed runs shrooms itself inside the testbed's host
@@ -28,8 +32,8 @@ func TestNetworkedTurnInTestbed(t *testing.T) {
 	tb.StartPodman()
 	name := itest.UniqueName("sn")
 	dir := t.TempDir()
-	config := filepath.Join(dir, "config.toml")
-	assert.NilError(t, os.WriteFile(config, []byte(fmt.Sprintf(`
+	configFile := filepath.Join(dir, "config.toml")
+	assert.NilError(t, os.WriteFile(configFile, []byte(fmt.Sprintf(`
 [podman]
 socket = %q
 [state]
@@ -43,26 +47,42 @@ stop_grace = "1s"
 policy = "internet"
 name = %q
 bridge = %q
-subnet4 = "10.89.0.0/24"
-subnet6 = "fd89:5eed:cafe::/64"
+subnet4 = "10.%d.%d.0/24"
+subnet6 = "fd89:5eed:%x::/64"
 [home]
 volume_prefix = "shrooms-home-%s-"
 [outbox]
 root = %q
-`, tb.PodmanURL, filepath.Join(dir, "state"), itest.TestImage, name, name, name, filepath.Join(dir, "outbox"))), 0o600))
+`, tb.PodmanURL, filepath.Join(dir, "state"), itest.TestImage, name, name, 90+os.Getpid()%100, os.Getpid()%250, os.Getpid()%65000, name, filepath.Join(dir, "outbox"))), 0o600))
 	task := name + "-t"
 	t.Cleanup(func() {
-		if err := outbox.Release(filepath.Join(dir, "outbox"), task); err != nil {
-			t.Errorf("release outbox: %v", err)
+		if _, err := os.Stat(filepath.Join(dir, "outbox")); err == nil {
+			if err := outbox.Release(filepath.Join(dir, "outbox"), task); err != nil {
+				t.Errorf("release outbox: %v", err)
+			}
 		}
-		_, _ = tb.Podman("volume", "rm", "-f", "shrooms-home-"+name+"-"+task)
+		// The HOME's capped filesystem goes before its volume, in both
+		// mount namespaces (ours and the testbed podman's).
+		cfg, err := config.Load(configFile)
+		if err != nil {
+			t.Errorf("reload config: %v", err)
+			return
+		}
+		client, err := podman.Connect(context.Background(), tb.PodmanURL)
+		if err != nil {
+			t.Errorf("podman: %v", err)
+			return
+		}
+		if err := turn.NewRunner(cfg, client, nil).RemoveHome(context.Background(), task); err != nil {
+			t.Errorf("remove HOME: %v", err)
+		}
 		_, _ = tb.Podman("network", "rm", "-f", name)
 		_ = exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "nft", "delete", "table", "inet", "shrooms_"+name).Run()
 		_ = exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "nft", "delete", "table", "bridge", "shrooms_"+name).Run()
 	})
 	// shrooms, as a process inside the testbed's host network namespace.
 	shrooms := func(args ...string) (int, string, string) {
-		cmd := exec.Command("nsenter", append([]string{"--net=" + tb.NSPath("host"), "--", os.Args[0], "--config", config}, args...)...)
+		cmd := exec.Command("nsenter", append([]string{"--net=" + tb.NSPath("host"), "--", os.Args[0], "--config", configFile}, args...)...)
 		cmd.Env = append(os.Environ(), "SHROOMS_TEST_MAIN=1")
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
