@@ -107,7 +107,10 @@ func New(t testing.TB) *Testbed {
 	tb.in("internet", "ip", "addr", "add", "203.0.113.10/24", "dev", "wan0")
 	tb.in("internet", "ip", "addr", "add", "203.0.113.20/24", "dev", "wan0")
 	tb.in("internet", "ip", "addr", "add", "2001:db8:203::10/64", "dev", "wan0", "nodad")
-	tb.in("internet", "ip", "addr", "add", "2001:db8:203::20/64", "dev", "wan0", "nodad")
+	// Deprecated (preferred_lft 0): it still receives, but is never picked
+	// as the source of a reply, so a canary on the wildcard address answers
+	// a datagram to ::10 from ::10, as a connected client expects.
+	tb.in("internet", "ip", "addr", "add", "2001:db8:203::20/64", "dev", "wan0", "nodad", "preferred_lft", "0")
 	for _, a := range append([]netip.Addr{Metadata4, Metadata6}, Private...) {
 		tb.in("router", "ip", "addr", "add", netip.PrefixFrom(a, a.BitLen()).String(), "dev", "lo")
 	}

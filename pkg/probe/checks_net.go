@@ -101,7 +101,9 @@ func (s *netState) inventory(_ context.Context, p Params, c *Check) {
 func (s *netState) try(id, proto, addr string, port int, allowed bool, p Params) Attempt {
 	s.mu.Lock()
 	s.seq++
-	nonce := fmt.Sprintf("%s-%s-%d", p.Nonce, strings.ToLower(id), s.seq)
+	// Fixed width, so no nonce is a prefix of another ("-d3-1" of
+	// "-d3-12"): canary logs are matched by substring.
+	nonce := fmt.Sprintf("%s-%s-%04d", p.Nonce, strings.ToLower(id), s.seq)
 	s.mu.Unlock()
 	reached := send(proto, addr, port, nonce)
 	a := Attempt{Nonce: nonce, Target: fmt.Sprintf("%s:%s:%d", proto, addr, port), Reached: reached, Allowed: allowed}
@@ -115,15 +117,29 @@ func (s *netState) try(id, proto, addr string, port int, allowed bool, p Params)
 func (s *netState) fire(id string, p Params, targets [][3]string, allowed bool) []Attempt {
 	out := make([]Attempt, len(targets))
 	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var panicked any
 	for i, t := range targets {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// A panic here would kill the whole battery: hand it to the
+			// check's goroutine, where Inside turns it into an error row.
+			defer func() {
+				if v := recover(); v != nil {
+					mu.Lock()
+					panicked = fmt.Sprintf("%s %s: %v", t[0], t[1], v)
+					mu.Unlock()
+				}
+			}()
 			port, _ := strconv.Atoi(t[2])
 			out[i] = s.try(id, t[0], t[1], port, allowed, p)
 		}()
 	}
 	wg.Wait()
+	if panicked != nil {
+		panic(panicked)
+	}
 	return out
 }
 
@@ -193,7 +209,17 @@ func (s *netState) internet(_ context.Context, p Params, c *Check) {
 	open := p.Policy == "internet" || p.Policy == "allowlist"
 	var ts [][3]string
 	for _, a := range p.Internet {
-		ts = append(ts, [3]string{"tcp", a, strconv.Itoa(portsOr(p.TCPPorts, 80)[len(portsOr(p.TCPPorts, 80))/2])}, [3]string{"udp", a, strconv.Itoa(portsOr(p.UDPPorts, 5000)[len(portsOr(p.UDPPorts, 5000))-1])}, [3]string{"icmp", a, "0"})
+		ts = append(ts, [3]string{"tcp", a, strconv.Itoa(portsOr(p.TCPPorts, 80)[len(portsOr(p.TCPPorts, 80))/2])}, [3]string{"udp", a, strconv.Itoa(portsOr(p.UDPPorts, 5000)[len(portsOr(p.UDPPorts, 5000))-1])})
+		// ICMP echo needs an unprivileged ICMP socket, which the cage's
+		// net.ipv4.ping_group_range may deny the agent (podman's default
+		// is "0 0"): then there is no ICMP to expect an answer to.
+		if ip, err := netip.ParseAddr(a); err == nil {
+			if err := pingSocket(ip); err != nil {
+				c.ev("icmp to %s not attempted: echo socket: %s (ping_group_range)", a, errnoName(err))
+				continue
+			}
+		}
+		ts = append(ts, [3]string{"icmp", a, "0"})
 	}
 	as := s.fire(c.ID, p, ts, open)
 	c.Nonces = as
@@ -599,6 +625,9 @@ func send(proto, addr string, port int, nonce string) bool {
 		}
 		return true
 	case "udp":
+		if ip.IsMulticast() || ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+			return sendGroup(ip, port, nonce)
+		}
 		conn, err := net.Dial("udp", hp)
 		if err != nil {
 			return false
@@ -629,13 +658,64 @@ func send(proto, addr string, port int, nonce string) bool {
 	return false
 }
 
+// sendGroup sends to a multicast or broadcast address from an unconnected
+// socket, out of every interface (an IPv6 link-local group needs the zone),
+// and reports whether anyone answered. A connected socket would never see
+// the answer: responders reply from their own unicast address.
+func sendGroup(ip netip.Addr, port int, nonce string) bool {
+	network := "udp4"
+	if ip.Is6() {
+		network = "udp6"
+	}
+	pc, err := net.ListenPacket(network, ":0")
+	if err != nil {
+		return false
+	}
+	defer pc.Close()
+	sent := false
+	for _, i := range ifaces() {
+		dst := &net.UDPAddr{IP: ip.AsSlice(), Port: port}
+		if ip.Is6() {
+			dst.Zone = i.Name
+		}
+		if _, err := pc.WriteTo([]byte(nonce+"\n"), dst); err == nil {
+			sent = true
+		}
+	}
+	if !sent {
+		return false
+	}
+	pc.SetReadDeadline(time.Now().Add(attemptTimeout))
+	b := make([]byte, 512)
+	n, _, err := pc.ReadFrom(b)
+	return err == nil && n > 0
+}
+
+// pingSocket reports whether an unprivileged ICMP echo socket for a's
+// family can be opened here.
+func pingSocket(a netip.Addr) error {
+	fam, proto := unix.AF_INET6, unix.IPPROTO_ICMPV6
+	if a.Unmap().Is4() {
+		fam, proto = unix.AF_INET, unix.IPPROTO_ICMP
+	}
+	fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, proto)
+	if err != nil {
+		return err
+	}
+	unix.Close(fd)
+	return nil
+}
+
 // ping sends one ICMP echo over an unprivileged ICMP socket.
 func ping(a netip.Addr, nonce string) bool {
-	fam, proto, typ := unix.AF_INET, unix.IPPROTO_ICMP, byte(8)
-	var sa unix.Sockaddr = &unix.SockaddrInet4{Addr: a.Unmap().As4()}
-	if a.Is6() && !a.Is4In6() {
-		fam, proto, typ = unix.AF_INET6, unix.IPPROTO_ICMPV6, 128
-		sa = &unix.SockaddrInet6{Addr: a.As16()}
+	if !a.IsValid() {
+		return false
+	}
+	fam, proto, typ := unix.AF_INET6, unix.IPPROTO_ICMPV6, byte(128)
+	var sa unix.Sockaddr = &unix.SockaddrInet6{Addr: a.As16()}
+	if a.Unmap().Is4() {
+		fam, proto, typ = unix.AF_INET, unix.IPPROTO_ICMP, 8
+		sa = &unix.SockaddrInet4{Addr: a.Unmap().As4()}
 	}
 	fd, err := unix.Socket(fam, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, proto)
 	if err != nil {
