@@ -4,7 +4,7 @@
 #   scripts/build-agent-image.sh [IMAGE]    (default localhost/shrooms-agent:latest)
 #   SHROOMS_AGENT_IMAGE_FORCE=1 scripts/build-agent-image.sh   rebuild regardless
 #
-# The rootfs is Debian 12 (debootstrap --variant=minbase from the mirror this
+# The rootfs is Debian 12 (mmdebstrap --variant=minbase from the mirror this
 # machine's apt already uses) with bash, coreutils, git, ca-certificates,
 # python3 and nodejs, plus the agents from their npm packages at pinned
 # versions: @anthropic-ai/claude-code and opencode-ai. Both ship native
@@ -17,7 +17,7 @@
 #
 # The image is labelled io.shrooms.agent.inputs = sha256 of this script (the
 # versions are pinned in it) and the Debian package list; when an image with
-# that label exists, nothing is done. The debootstrap result is cached as a
+# that label exists, nothing is done. The Debian base is cached as a
 # tarball and npm's cache kept under /var/cache/shrooms-agent-image.
 set -euo pipefail
 
@@ -32,14 +32,16 @@ CACHE=${SHROOMS_AGENT_IMAGE_CACHE:-/var/cache/shrooms-agent-image}
 die() { echo "build-agent-image: $*" >&2; exit 1; }
 log() { echo "build-agent-image: $*" >&2; }
 
-[ "$(id -u)" = 0 ] || die "must run as root (debootstrap, chown)"
-if ! command -v debootstrap >/dev/null; then
-	log "installing debootstrap"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap >&2 ||
-		{ apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap >&2; } ||
-		die "cannot install debootstrap"
+[ "$(id -u)" = 0 ] || die "must run as root (mmdebstrap, chown)"
+# mmdebstrap (apt-based, parallel downloads) is about twice as fast as
+# debootstrap here and writes the tarball the cache keeps.
+if ! command -v mmdebstrap >/dev/null; then
+	log "installing mmdebstrap"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mmdebstrap >&2 ||
+		{ apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends mmdebstrap >&2; } ||
+		die "cannot install mmdebstrap"
 fi
-for tool in debootstrap npm podman tar sha256sum; do
+for tool in mmdebstrap npm podman tar sha256sum; do
 	command -v "$tool" >/dev/null || die "no $tool on PATH (apt-get install $tool)"
 done
 [ "$(uname -m)" = x86_64 ] || die "only x86-64 hosts are supported (the agents' native binaries are linux-x64)"
@@ -77,8 +79,8 @@ MIRROR=${SHROOMS_DEBIAN_MIRROR:-$(mirror | head -n1)}
 mkdir -p "$CACHE"
 chmod 0700 "$CACHE"
 work=$(mktemp -d /var/tmp/shrooms-agent-image.XXXXXX)
-# debootstrap mounts /proc and /sys in the rootfs while it runs: unmount
-# whatever is left before removing, and never cross a mount when removing.
+# Never cross a mount when removing (nothing should be mounted below $work;
+# unmount whatever is, in case a tool left something behind).
 cleanup() {
 	awk -v w="$work/" 'index($2, w) == 1 { print $2 }' /proc/self/mounts | sort -r |
 		while read -r m; do umount -l "$m" 2>/dev/null || true; done
@@ -90,17 +92,19 @@ mkdir -p "$root"
 
 # ------------------------------------------------------------- 1. Debian base
 debkey=$(printf '%s\n' "$SUITE" "$DEBS" "$MIRROR" | sha256sum | cut -c1-16)
-base=$CACHE/debootstrap-$SUITE-$debkey.tar
+base=$CACHE/base-$SUITE-$debkey.tar
 if [ -f "$base" ]; then
 	log "Debian base from cache ($base)"
 	tar -C "$root" -xpf "$base"
 else
-	log "debootstrap $SUITE from $MIRROR ($DEBS)"
-	debootstrap --variant=minbase --include="$DEBS" "$SUITE" "$root" "$MIRROR" \
-		>"$work/debootstrap.log" 2>&1 || {
-		tail -n 30 "$work/debootstrap.log" >&2
-		die "debootstrap failed (log above)"
+	log "mmdebstrap $SUITE from $MIRROR ($DEBS)"
+	mmdebstrap --quiet --mode=root --variant=minbase --include="$DEBS" "$SUITE" "$work/base.tar" "$MIRROR" \
+		>"$work/mmdebstrap.log" 2>&1 || {
+		tail -n 30 "$work/mmdebstrap.log" >&2
+		die "mmdebstrap failed (log above)"
 	}
+	tar -C "$root" -xpf "$work/base.tar"
+	rm -f "$work/base.tar"
 	# What a container never needs: apt's lists and archives, docs, man pages.
 	rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* \
 		"$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
@@ -108,7 +112,7 @@ else
 	tar --numeric-owner -C "$root" -cf "$base.tmp" .
 	mv -f "$base.tmp" "$base"
 	# Older bases (other package lists) are dead weight.
-	find "$CACHE" -maxdepth 1 -name "debootstrap-*.tar" ! -name "$(basename "$base")" -delete
+	find "$CACHE" -maxdepth 1 -name "*.tar" ! -name "$(basename "$base")" -delete
 fi
 
 # ------------------------------------------------------------------ 2. agents
