@@ -180,6 +180,11 @@ func sealChecker(client *podman.Client) turn.SealChecker {
 		if _, err := turn.EnsureNetwork(ctx, cfg, client); err != nil {
 			return nil, err
 		}
+		// Before this turn's cage joins the bridge, so that it cannot change
+		// the gateway's address under the cages already running.
+		if err := firewall.PinBridgeMAC(cfg.Network.Bridge, firewall.Options{}); err != nil {
+			return nil, err
+		}
 		return hosts, nil
 	}
 }
