@@ -44,3 +44,11 @@ func ShroomsBinary(t testing.TB) string {
 	}
 	return built.path
 }
+
+// RemoveShroomsBinary deletes what ShroomsBinary built (call it from
+// TestMain after m.Run).
+func RemoveShroomsBinary() {
+	if built.path != "" {
+		os.RemoveAll(filepath.Dir(built.path))
+	}
+}

@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/containers/podman/v5/pkg/specgen"
@@ -22,59 +20,12 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
-var (
-	binOnce sync.Once
-	binPath string
-	binErr  error
-)
-
-// shroomsBinary builds the real static shrooms binary once per test run.
-// Until main.go registers probeCommand() it builds with a go -overlay that
-// adds exactly that one line, so these tests never depend on the order in
-// which the CLI is wired.
-func shroomsBinary(t *testing.T) string {
-	t.Helper()
-	binOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "shrooms-probe-bin")
-		if err != nil {
-			binErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "shrooms")
-		args := []string{"build", "-tags", "remote exclude_graphdriver_btrfs containers_image_openpgp exclude_graphdriver_devicemapper", "-o", binPath}
-		mainGo, _ := filepath.Abs("../../cmd/shrooms/main.go")
-		src, err := os.ReadFile(mainGo)
-		if err != nil {
-			binErr = err
-			return
-		}
-		if !strings.Contains(string(src), "probeCommand()") {
-			patched := strings.Replace(string(src), "\t\t\trunCommand(),\n", "\t\t\trunCommand(),\n\t\t\tprobeCommand(),\n", 1)
-			if patched == string(src) {
-				binErr = fmt.Errorf("cannot register probeCommand in %s", mainGo)
-				return
-			}
-			over := filepath.Join(dir, "main.go")
-			os.WriteFile(over, []byte(patched), 0o644)
-			ov := filepath.Join(dir, "overlay.json")
-			os.WriteFile(ov, []byte(fmt.Sprintf(`{"Replace":{%q:%q}}`, mainGo, over)), 0o644)
-			args = append(args, "-overlay", ov)
-		}
-		cmd := exec.Command("go", append(args, "github.com/shrooms-cage/shrooms/cmd/shrooms")...)
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("build shrooms: %v: %s", err, out)
-		}
-	})
-	assert.NilError(t, binErr)
-	return binPath
-}
+// shroomsBinary is the real static shrooms binary, built once per test run.
+func shroomsBinary(t *testing.T) string { return itest.ShroomsBinary(t) }
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binPath != "" {
-		os.RemoveAll(filepath.Dir(binPath))
-	}
+	itest.RemoveShroomsBinary()
 	os.Exit(code)
 }
 
@@ -118,9 +69,13 @@ root = %q
 	assert.NilError(t, err)
 	e := &cageEnv{t: t, cfg: cfg, client: client, prefix: prefix, bin: shroomsBinary(t)}
 	t.Cleanup(func() {
+		// Each HOME's capped filesystem goes with its volume (in podman's
+		// mount namespace too).
 		entries, _ := os.ReadDir(filepath.Join(cfg.State.Dir, "tasks"))
 		for _, en := range entries {
-			_ = client.RemoveVolume(context.Background(), cfg.Home.VolumePrefix+en.Name())
+			if err := turn.NewRunner(cfg, client, nil).RemoveHome(context.Background(), en.Name()); err != nil {
+				t.Errorf("remove HOME: %v", err)
+			}
 		}
 		outs, _ := os.ReadDir(cfg.Outbox.Root)
 		for _, en := range outs {

@@ -84,9 +84,13 @@ root = %q
 	assert.NilError(t, err)
 	e := &tbEnv{tb: tb, cfg: cfg, client: client, fw: firewall.Options{NetNS: tb.NSPath("host")}, prefix: prefix, bin: shroomsBinary(t)}
 	t.Cleanup(func() {
+		// Each HOME's capped filesystem goes with its volume (in podman's
+		// mount namespace too).
 		entries, _ := os.ReadDir(filepath.Join(cfg.State.Dir, "tasks"))
 		for _, en := range entries {
-			_ = client.RemoveVolume(context.Background(), cfg.Home.VolumePrefix+en.Name())
+			if err := turn.NewRunner(cfg, client, nil).RemoveHome(context.Background(), en.Name()); err != nil {
+				t.Errorf("remove HOME: %v", err)
+			}
 		}
 		outs, _ := os.ReadDir(cfg.Outbox.Root)
 		for _, en := range outs {

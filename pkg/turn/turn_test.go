@@ -448,3 +448,9 @@ func hasOpt(line, opt string) bool {
 	}
 	return false
 }
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	itest.RemoveShroomsBinary()
+	os.Exit(code)
+}
