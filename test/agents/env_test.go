@@ -28,6 +28,8 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // agentImage is what scripts/build-agent-image.sh (make setup) imports.
@@ -111,8 +113,8 @@ stop_grace = "2s"
 policy = "internet"
 name = %q
 bridge = %q
-subnet4 = "10.89.0.0/24"
-subnet6 = "fd89:5eed:cafe::/64"
+subnet4 = "10.%d.%d.0/24"
+subnet6 = "fd89:5eed:%x::/64"
 [home]
 volume_prefix = "shrooms-home-%s-"
 %s
@@ -120,13 +122,33 @@ volume_prefix = "shrooms-home-%s-"
 root = %q
 [tokens]
 anthropic = %q
-%s`, e.tb.PodmanURL, filepath.Join(e.dir, "state"), agentImage, e.name, e.name, e.name, ocSettings,
+%s`, e.tb.PodmanURL, filepath.Join(e.dir, "state"), agentImage, e.name, e.name,
+		// A subnet of its own: other suites may run cages at the same time.
+		90+os.Getpid()%100, os.Getpid()%250, os.Getpid()%65000, e.name, ocSettings,
 		filepath.Join(e.dir, "outbox"), token, agents.String())), 0o600))
 
 	t.Cleanup(func() {
+		// A HOME's capped filesystem goes before its volume, in both mount
+		// namespaces (ours and the testbed podman's): RemoveHome does both.
+		cfg, err := config.Load(e.config)
+		if err != nil {
+			t.Errorf("reload config: %v", err)
+			return
+		}
+		client, err := podman.Connect(context.Background(), e.tb.PodmanURL)
+		if err != nil {
+			t.Errorf("podman: %v", err)
+			return
+		}
 		for _, task := range []string{e.task("claude"), e.task("opencode")} {
-			_ = outbox.Release(filepath.Join(e.dir, "outbox"), task)
-			_, _ = e.tb.Podman("volume", "rm", "-f", "shrooms-home-"+e.name+"-"+task)
+			if _, err := os.Stat(filepath.Join(e.dir, "outbox", task)); err == nil {
+				if err := outbox.Release(filepath.Join(e.dir, "outbox"), task); err != nil {
+					t.Errorf("release outbox: %v", err)
+				}
+			}
+			if err := turn.NewRunner(cfg, client, nil).RemoveHome(context.Background(), task); err != nil {
+				t.Errorf("remove HOME of %s: %v", task, err)
+			}
 		}
 		_, _ = e.tb.Podman("network", "rm", "-f", e.name)
 		for _, fam := range []string{"inet", "bridge"} {
