@@ -6,12 +6,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
+	"github.com/shrooms-cage/shrooms/internal/testbed"
 )
 
 // claudeResult is the part of `claude -p --output-format json` we read.
@@ -42,7 +44,9 @@ func bash(command string) modelapi.Step {
 // nftables seal under the internet policy with the model API on the
 // testbed's internet host, the strict seccomp profile, per-task userns),
 // real Claude Code turn 1 is scripted to plant five persistence vectors in
-// HOME with real Bash tool calls and to refresh a credential by rename.
+// HOME with real Bash tool calls and to refresh a credential by rename; its
+// shell runs seccomp-filtered, without capabilities, on a read-only root,
+// and reaches the internet canary but not the LAN router.
 // A bare `podman run` of the same image on a copy of that HOME (the positive
 // control) resumes the session and every payload runs. Turn 2 under shrooms
 // resumes the same session: the model API sees turn 1's messages, the
@@ -66,6 +70,9 @@ func TestClaudePersistenceDoesNotSurviveTurn(t *testing.T) {
 		bash(`printf '{"refreshed":"R-%s"}' "$((1+1))` + nonce + `" > ~/.claude/.credentials.json.tmp && mv ~/.claude/.credentials.json.tmp ~/.claude/.credentials.json && ls -la ~ ~/.claude > /work/turn1-home.txt`),
 		// What the agent's own processes run under.
 		bash(`{ grep -E '^(Seccomp|NoNewPrivs|CapEff):' /proc/self/status; touch /usr/x 2>&1; id -u; } > /work/turn1-status.txt`),
+		// The seal from the agent's shell: the internet canary is reached
+		// (positive control), the LAN router is not.
+		bash(`timeout 3 bash -c 'echo net-` + nonce + ` > /dev/tcp/` + testbed.InternetAddr4.String() + `/80'; timeout 3 bash -c 'echo lan-` + nonce + ` > /dev/tcp/` + testbed.RouterAddr4.String() + `/80'; true`),
 		// Last: Claude's Bash tool sources ~/.bashrc for every later command.
 		bash(`echo 'mkdir -p /work/.m; touch /work/.m/bashrc' >> ~/.bashrc`),
 		modelapi.Text("planted " + nonce),
@@ -89,6 +96,10 @@ func TestClaudePersistenceDoesNotSurviveTurn(t *testing.T) {
 	for _, want := range []string{"Seccomp:\t2", "NoNewPrivs:\t1", "CapEff:\t0000000000000000", "Read-only file system", "\n1000\n"} {
 		assert.Assert(t, is.Contains(string(status), want), "Bash tool processes: %s", status)
 	}
+
+	time.Sleep(300 * time.Millisecond) // canaries log asynchronously
+	assert.Assert(t, len(e.tb.Hits("net-"+nonce)) > 0, "positive control: the agent's shell did not reach the internet canary")
+	assert.Equal(t, len(e.tb.Hits("lan-"+nonce)), 0, "the agent's shell reached the LAN router through the seal")
 
 	// Turn 1's writes landed in HOME (rename included).
 	home := e.home("claude")
