@@ -121,11 +121,16 @@ func parse(name string, data []byte, c *Config) (*Config, error) {
 		// Type mismatches come as "toml: line N (last key "k"): msg".
 		return nil, &Error{File: name, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
 	}
-	if und := md.Undecoded(); len(und) > 0 {
-		keys := make([]string, len(und))
-		for i, k := range und {
-			keys[i] = k.String()
+	var keys []string
+	for _, k := range md.Undecoded() {
+		// Free-form tables (agent settings, managed policy) are decoded
+		// whole into maps; the decoder still lists their nested keys.
+		if freeform(k) {
+			continue
 		}
+		keys = append(keys, k.String())
+	}
+	if len(keys) > 0 {
 		sort.Strings(keys)
 		return nil, &Error{File: name, Line: lineOf(data, keys[0]), Key: keys[0], Msg: "unknown key"}
 	}
@@ -140,6 +145,12 @@ func parse(name string, data []byte, c *Config) (*Config, error) {
 		return nil, err
 	}
 	return c, nil
+}
+
+// freeform reports whether k lies inside a table decoded as free-form data:
+// home.<profile>.settings and home.<profile>.managed.
+func freeform(k toml.Key) bool {
+	return len(k) > 3 && k[0] == "home" && (k[2] == "settings" || k[2] == "managed")
 }
 
 // Agent returns the named agent or an error listing the known ones.

@@ -112,3 +112,19 @@ func TestSize(t *testing.T) {
 	}
 	assert.Equal(t, Size(512<<20).String(), "512m")
 }
+
+func TestFreeformTablesNest(t *testing.T) {
+	c, err := Parse("t.toml", []byte(`
+[home.opencode]
+settings = { provider = { anthropic = { options = { baseURL = "http://x" } } } }
+[home.claude]
+managed = { permissions = { deny = ["Bash(curl:*)"] } }
+[home.claude.settings.hooks]
+x = { y = 1 }
+`))
+	assert.NilError(t, err)
+	p := c.Home.Opencode.Settings["provider"].(map[string]any)["anthropic"].(map[string]any)["options"].(map[string]any)
+	assert.Equal(t, p["baseURL"], "http://x")
+	_, err = Parse("t.toml", []byte("[home.claude]\nsettingz = { a = { b = 1 } }\n"))
+	assert.ErrorContains(t, err, "home.claude.settingz", "outside the free-form tables keys stay strict")
+}
