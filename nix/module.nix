@@ -47,6 +47,10 @@ let
   storeDir = builtins.storeDir;
   isStorePath = p: p == storeDir || lib.hasPrefix "${storeDir}/" p;
   badTokenPaths = lib.filterAttrs (_: p: !(lib.hasPrefix "/" p) || isStorePath p) cfg.settings.tokens;
+  # The names pkg/config accepts (it refuses the whole file otherwise).
+  badTokenNames = lib.filter (
+    n: builtins.match "[a-z0-9][a-z0-9_-]{0,62}" n == null
+  ) (lib.attrNames cfg.settings.tokens);
 
   profiles = [
     "claude"
@@ -323,6 +327,10 @@ in
         message = "services.shrooms.tokens: ${lib.concatStringsSep ", " (lib.mapAttrsToList (n: p: "${n} = \"${p}\"") badTokenPaths)}: a token must be an absolute path outside ${storeDir} (the store is world-readable); point it at a file from agenix/sops-nix or under /run/secrets, given as a string.";
       }
       {
+        assertion = badTokenNames == [ ];
+        message = "services.shrooms.tokens: ${lib.concatMapStringsSep ", " (n: "\"${n}\"") badTokenNames}: a token name is 1-63 of a-z 0-9 _ - and starts with a letter or digit.";
+      }
+      {
         assertion = builtins.elem cfg.settings.network.policy [
           "internet"
           "allowlist"
@@ -345,6 +353,10 @@ in
       {
         assertion = builtins.match "0?[0-7][0-7][0145]" cfg.outbox.mode != null;
         message = "services.shrooms.outbox.mode = \"${cfg.outbox.mode}\" lets other users write the outbox root; use e.g. \"0750\".";
+      }
+      {
+        assertion = lib.removeSuffix "/" cfg.outbox.root != lib.removeSuffix "/" cfg.settings.state.dir;
+        message = "services.shrooms.outbox.root = \"${cfg.outbox.root}\" is also settings.state.dir: give the outbox root a directory of its own (default /var/lib/shrooms/outbox).";
       }
       {
         assertion = lib.hasPrefix "/" cfg.settings.state.dir && !(isStorePath cfg.settings.state.dir);
@@ -431,16 +443,22 @@ in
       }
     ];
 
-    systemd.tmpfiles.settings."10-shrooms" = {
-      ${cfg.settings.state.dir}.d = {
-        mode = "0750";
-        user = "root";
-        group = cfg.group;
-      };
-      ${cfg.outbox.root}.d = {
-        inherit (cfg.outbox) mode user group;
-      };
-    };
+    # Merged rather than one attrset literal, so that an outbox root equal to
+    # the state dir reaches its assertion instead of an evaluation error.
+    systemd.tmpfiles.settings."10-shrooms" = lib.mkMerge [
+      {
+        ${cfg.settings.state.dir}.d = {
+          mode = "0750";
+          user = "root";
+          group = cfg.group;
+        };
+      }
+      {
+        ${cfg.outbox.root}.d = {
+          inherit (cfg.outbox) mode user group;
+        };
+      }
+    ];
 
     # The seal: shrooms' drop-only nftables tables around the cage network.
     # `shrooms net apply --seal-only` installs the seal without contacting

@@ -69,6 +69,14 @@ let
       config.virtualisation.podman.enable = lib.mkForce false;
       expect = "set virtualisation.podman.enable = true";
     };
+    bad-token-name = {
+      config.services.shrooms.tokens."Anthropic Key" = "/run/secrets/anthropic-api-key";
+      expect = "a token name is 1-63 of a-z 0-9 _ -";
+    };
+    outbox-is-state-dir = {
+      config.services.shrooms.outbox.root = "/var/lib/shrooms";
+      expect = "is also settings.state.dir";
+    };
     bad-policy = {
       config.services.shrooms.settings.network.policy = "open";
       expect = "is not a policy";
