@@ -1,0 +1,146 @@
+package turn
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containers/podman/v5/pkg/specgen"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/firewall"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+)
+
+// BenchmarkNetworkedTurnVsBarePodman is BenchmarkTurnVsBarePodman with the
+// cage on the sealed bridge network (policy internet), in the testbed's host
+// namespace: shrooms' turn includes the seal verification and the bridge
+// checks; the bare sequences use the same network without them (`make bench`).
+func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
+	itest.Require(b, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	tb := testbed.New(b)
+	tb.StartPodman()
+	name := itest.UniqueName("bn")
+	dir := b.TempDir()
+	cfg, err := config.Parse("bench.toml", []byte(fmt.Sprintf(`
+[podman]
+socket = %q
+[state]
+dir = %q
+[cage]
+image = %q
+memory = "256m"
+pids = 128
+nofile = 512
+nproc = 256
+[network]
+policy = "internet"
+name = %q
+bridge = %q
+subnet4 = "10.%d.%d.0/24"
+subnet6 = "fd89:5eed:%x::/64"
+[home]
+volume_prefix = "shrooms-home-%s-"
+[outbox]
+root = %q
+`, tb.PodmanURL, filepath.Join(dir, "state"), itest.TestImage, name, name, 90+os.Getpid()%100, 1+os.Getpid()%250, 1+os.Getpid()%65000, name, filepath.Join(dir, "outbox"))))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	opts := firewall.Options{NetNS: tb.NSPath("host")}
+	if err := firewall.Apply(ctx, cfg.Network, opts); err != nil {
+		b.Fatal(err)
+	}
+	client, err := podman.Connect(ctx, tb.PodmanURL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := NewRunner(cfg, client, func(ctx context.Context, cfg *config.Config, dry bool) ([]string, error) {
+		st, err := firewall.Verify(ctx, cfg.Network, opts)
+		if err != nil || !st.OK {
+			return nil, fmt.Errorf("seal: %v %s", err, st.Reason)
+		}
+		if _, err := EnsureNetwork(ctx, cfg, client); err != nil {
+			return nil, err
+		}
+		return nil, firewall.PinBridgeMAC(cfg.Network.Bridge, opts)
+	})
+	task := name + "-t"
+	b.Cleanup(func() {
+		if err := r.RemoveHome(context.Background(), task); err != nil {
+			b.Errorf("remove HOME: %v", err)
+		}
+		_ = releaseOutbox(cfg, task)
+		_, _ = tb.Podman("network", "rm", "-f", name)
+		_ = firewall.Flush(context.Background(), cfg.Network, opts)
+	})
+	req := Request{Task: task, Agent: "shell", Args: []string{"-c", "true"}, Streams: podman.Streams{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}}
+	if _, err := r.Run(ctx, req); err != nil {
+		b.Fatal(err)
+	}
+	var spec *specgen.SpecGenerator
+	r.OnSpec = func(s *specgen.SpecGenerator) { spec = s }
+
+	var shrooms, api, cli []time.Duration
+	for i := 0; i < max(b.N, 10); i++ {
+		start := time.Now()
+		if _, err := r.Run(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+		shrooms = append(shrooms, time.Since(start))
+
+		s := *spec
+		s.Name = itest.UniqueName("bench-net-")
+		start = time.Now()
+		id, err := client.Create(ctx, &s)
+		if err != nil {
+			b.Fatal(err)
+		}
+		done, err := client.Start(ctx, id, podman.Streams{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := client.Wait(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		<-done
+		if err := client.Remove(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+		api = append(api, time.Since(start))
+
+		start = time.Now()
+		out, err := exec.Command("podman", "--url", tb.PodmanURL, "run", "--rm", "--network", name,
+			"--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges", "--user", "1000:1000",
+			"--memory", "256m", "--pids-limit", "128", "--ulimit", "nofile=512:512", "--ulimit", "nproc=256:256",
+			itest.TestImage, "/bin/sh", "-c", "true").CombinedOutput()
+		if err != nil {
+			b.Fatalf("podman run: %v: %s", err, out)
+		}
+		cli = append(cli, time.Since(start))
+	}
+	ms := func(d []time.Duration) float64 { return float64(median(d).Microseconds()) / 1000 }
+	b.ReportMetric(ms(shrooms), "shrooms-ms")
+	b.ReportMetric(ms(api), "bare-api-ms")
+	b.ReportMetric(ms(cli), "podman-run-cli-ms")
+	b.ReportMetric(ms(shrooms)/ms(api), "ratio-vs-api")
+	b.ReportMetric(ms(shrooms)/ms(cli), "ratio-vs-cli")
+	b.ReportMetric(0, "ns/op")
+}
+
+// releaseOutbox unmounts a task's outbox if its root exists.
+func releaseOutbox(cfg *config.Config, task string) error {
+	if _, err := os.Stat(cfg.Outbox.Root); err != nil {
+		return nil
+	}
+	return outbox.Release(cfg.Outbox.Root, task)
+}
