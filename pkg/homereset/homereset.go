@@ -288,6 +288,9 @@ func Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
 		res.Seeded = append(res.Seeded, s.rel)
 	}
 	marker, _ := json.Marshal(map[string]any{"time": time.Now().UTC().Format(time.RFC3339), "seeded": res.Seeded})
+	if err := refillReserve(v.meta); err != nil {
+		return nil, err
+	}
 	if err := writeFileAt(v.meta, markerName, marker, 0o600, 0, 0); err != nil {
 		return nil, err
 	}

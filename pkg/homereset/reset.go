@@ -55,6 +55,9 @@ func Reset(ctx context.Context, in ResetInput) (*Report, error) {
 	}
 	rep.BaselineDigest = digest(base)
 	if !in.DryRun {
+		if err := releaseReserveIfShort(v.meta); err != nil {
+			return nil, err
+		}
 		if err := unix.Mkdirat(int(v.meta.Fd()), trashName, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
 			return nil, fmt.Errorf("create trash: %w", err)
 		}
@@ -605,6 +608,9 @@ func Cleanup(ctx context.Context, root string) (*CleanupReport, error) {
 			continue
 		}
 		rep.Trees = append(rep.Trees, vic[1])
+	}
+	if err := refillReserve(v.meta); err != nil {
+		rep.Errors = append(rep.Errors, err.Error())
 	}
 	return rep, nil
 }

@@ -120,3 +120,25 @@ func TestHomeCapStaleOrHostileImage(t *testing.T) {
 	assert.NilError(t, os.Rename(image+".real", image))
 	homeKiB(t, h, task)
 }
+
+// TestHomeInodeExhaustion: a turn that uses up every inode of its HOME does
+// not stop the task: the next reset works from root's inode reserve, the
+// next turn starts on a clean HOME, and so does the one after (the reserve
+// is taken again once the old tree is deleted).
+func TestHomeInodeExhaustion(t *testing.T) {
+	h := capHarness(t)
+	task := h.task("inodes")
+	res, out, errOut, err := h.sh(task, "", `mkdir -p ~/junk && cd ~/junk && seq 1 5000 | xargs touch 2>/dev/null; echo "files=$(ls | wc -l)"; df -i ~ | tail -1`)
+	assert.NilError(t, err, errOut)
+	assert.Equal(t, res.ExitCode, 0)
+	assert.Check(t, strings.Contains(out, "files="), out)
+	assert.Check(t, !strings.Contains(out, "files=5000"), "positive control: the inode cap must stop the turn short of 5000 files: %s", out)
+	t.Logf("turn 1: %s", strings.TrimSpace(out))
+	for turn := 2; turn <= 3; turn++ {
+		res, out, errOut, err := h.sh(task, "", `ls ~/junk >/dev/null 2>&1 && echo junk-survived; touch ~/ok && echo fresh`)
+		assert.NilError(t, err, "turn %d: %s", turn, errOut)
+		assert.Equal(t, res.ExitCode, 0, errOut)
+		assert.Check(t, !strings.Contains(out, "junk-survived"), "turn %d: %s", turn, out)
+		assert.Check(t, strings.Contains(out, "fresh"), "turn %d: HOME is writable again: %s", turn, out)
+	}
+}
