@@ -10,8 +10,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/shrooms-cage/shrooms/pkg/config"
 	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/config"
 )
 
 // testBase is a host uid base in the shrooms range, per test process.
@@ -23,9 +25,7 @@ const agentUID = 1000
 // every profile and bootstrap tokens for claude and opencode.
 func newTask(t *testing.T, profiles ...string) Task {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (chown to the agent's host uid)")
-	}
+	itest.Require(t, itest.Root) // chown to the agent's host uid
 	dir := t.TempDir()
 	root := filepath.Join(dir, "vol")
 	assert.NilError(t, os.Mkdir(root, 0o700))
