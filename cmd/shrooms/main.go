@@ -78,7 +78,7 @@ func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
 		Usage: "run AI coding agents with permission prompts off, each turn in a sealed podman cage",
 		Description: `Each turn runs in a fresh rootful podman container with no capabilities,
 no-new-privileges, seccomp, a read-only root, a per-task user namespace and
-resource limits. The task HOME persists on a volume; results leave only
+resource limits. The task HOME persists, reset every turn; results leave only
 through the worktree (/work) and the outbox.
 
 Exit status: the agent's own exit code, or one of shrooms' own:

@@ -44,7 +44,7 @@ func runCommand() *cli.Command {
 waits for it with a deadline and removes the cage on every path out.
 The exit status is the agent's. With --json the last line of stdout is one
 JSON object: task, turn, cage id, exit code, status and phase durations.`,
-		Flags: append(turnFlags(), &cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see `shrooms prepare`)"}),
+		Flags: append(turnFlags(), &cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see the prepare command)"}),
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runner(c)
 			if err != nil {
