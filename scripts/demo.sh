@@ -4,7 +4,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 work=$(mktemp -d /tmp/shrooms-demo.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+# Forget the demo task (its HOME filesystem and outbox are mounts) first.
+trap '"$here/bin/shrooms" --config "$work/config.toml" forget --task demo >/dev/null; rm -rf "$work"' EXIT
 mkdir -p "$work/worktree"
 cat > "$work/config.toml" <<TOML
 [podman]

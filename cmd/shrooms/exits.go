@@ -165,6 +165,30 @@ from it.`,
 	}
 }
 
+func forgetCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "forget",
+		Usage: "remove everything shrooms keeps of a task: cages, HOME (credentials too), outbox, state",
+		Description: `The task's worktree and delivered outboxes are left alone. Its user-namespace
+slot becomes free for a new task.`,
+		Flags: []cli.Flag{taskFlag()},
+		Action: func(c *cli.Context) error {
+			r, ctx, stop, err := runner(c)
+			if err != nil {
+				return err
+			}
+			defer stop()
+			if err := r.Forget(ctx, c.String("task")); err != nil {
+				return fail(codeFor(err), err)
+			}
+			if !c.Bool("json") {
+				fmt.Fprintln(c.App.Writer, "forgot "+c.String("task"))
+			}
+			return nil
+		},
+	}
+}
+
 func resetCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "reset",

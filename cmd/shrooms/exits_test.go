@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -26,7 +27,7 @@ func git(t *testing.T, dir string, args ...string) string {
 // cannot write .git; collect delivers only the report; commit records
 // exactly the worktree change; reset reports and resets HOME.
 func TestSanctionedExits(t *testing.T) {
-	e, _ := integration(t, "")
+	e, client := integration(t, "")
 	task := e.task("exits")
 	wt := filepath.Join(e.dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
@@ -96,7 +97,22 @@ echo planted > /home/agent/.bashrc
 	assert.Equal(t, code, 0)
 	assert.Assert(t, !strings.Contains(stdout, ".bashrc"), "reset left .bashrc: %s", stdout)
 
+	// forget removes what shrooms keeps of the task, nothing of the worktree.
+	code, _, stderr = e.shrooms("forget", "--task", task)
+	assert.Equal(t, code, 0, stderr)
+	ok, err := client.VolumeExists(context.Background(), "shrooms-home-"+e.prefix+"-"+task)
+	assert.NilError(t, err)
+	assert.Assert(t, !ok, "the HOME volume survived forget")
+	_, err = os.Stat(filepath.Join(e.dir, "state", "tasks", task))
+	assert.Assert(t, os.IsNotExist(err), "the task state survived forget")
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	assert.NilError(t, err)
+	assert.Assert(t, !strings.Contains(string(mi), task), "a mount of the task survived forget")
+	_, err = os.Stat(filepath.Join(wt, "new.txt"))
+	assert.NilError(t, err, "forget touched the worktree")
+
 	for _, args := range [][]string{
+		{"forget", "--task", e.task("never")},
 		{"commit", "--task", e.task("never"), "-m", "x"},
 		{"outbox", "collect", "--task", e.task("never")},
 		{"reset", "--task", e.task("never")},

@@ -110,6 +110,7 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			cageExecCommand(),
 			commitCommand(),
 			resetCommand(),
+			forgetCommand(),
 			versionCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run() maps errors to codes
