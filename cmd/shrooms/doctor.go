@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -112,7 +114,7 @@ func doctorPodman(ctx context.Context, cfg *config.Config, client *podman.Client
 	for _, a := range cfg.Agents {
 		images[cfg.ImageFor(a)] = true
 	}
-	for _, img := range sortedSet(images) {
+	for _, img := range slices.Sorted(maps.Keys(images)) {
 		ok, err := client.ImageExists(ctx, img)
 		switch {
 		case err != nil:
@@ -222,13 +224,4 @@ func doctorSeal(ctx context.Context, cfg *config.Config, add func(string, string
 	default:
 		add("seal", "ok", fmt.Sprintf("policy %s, digest %.12s", st.Policy, st.Installed), "")
 	}
-}
-
-func sortedSet(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }

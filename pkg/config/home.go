@@ -3,8 +3,10 @@ package config
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -157,7 +159,7 @@ func (p *HomeProfile) validate(key, profile string) error {
 	if strings.ContainsRune(p.Instructions, 0) {
 		return &Error{Key: key + ".instructions", Msg: "contains a NUL byte"}
 	}
-	for _, rel := range sortedKeys(p.Files) {
+	for _, rel := range slices.Sorted(maps.Keys(p.Files)) {
 		fk := fmt.Sprintf("%s.files.%q", key, rel)
 		if !ValidHomeRel(rel) {
 			return &Error{Key: fk, Msg: "must be a clean HOME-relative path (no /, .., or empty parts)"}
@@ -166,9 +168,9 @@ func (p *HomeProfile) validate(key, profile string) error {
 			return &Error{Key: fk, Msg: fmt.Sprintf("%q must be an absolute host path", p.Files[rel])}
 		}
 	}
-	for _, rel := range sortedKeys(p.Bootstrap) {
+	for _, rel := range slices.Sorted(maps.Keys(p.Bootstrap)) {
 		bk := fmt.Sprintf("%s.bootstrap.%q", key, rel)
-		if !contains(HomeBootstrapTargets[profile], rel) {
+		if !slices.Contains(HomeBootstrapTargets[profile], rel) {
 			return &Error{Key: bk, Msg: fmt.Sprintf("not a credential file of the %s profile (use %s)", profile, strings.Join(HomeBootstrapTargets[profile], ", "))}
 		}
 		if !tokenName.MatchString(p.Bootstrap[rel]) {

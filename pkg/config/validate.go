@@ -4,9 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -32,7 +33,7 @@ func (c *Config) Validate() error {
 			return err
 		}
 	}
-	for _, name := range sortedKeys(c.Tokens) {
+	for _, name := range slices.Sorted(maps.Keys(c.Tokens)) {
 		path := c.Tokens[name]
 		if !tokenName.MatchString(name) {
 			return &Error{Key: "tokens." + name, Msg: "token names are 1-63 of a-z 0-9 _ -"}
@@ -44,7 +45,7 @@ func (c *Config) Validate() error {
 	if len(c.Agents) == 0 {
 		return &Error{Key: "agents", Msg: "no agent configured"}
 	}
-	for _, name := range sortedKeys(c.Agents) {
+	for _, name := range slices.Sorted(maps.Keys(c.Agents)) {
 		if err := c.validateAgent(name, c.Agents[name]); err != nil {
 			return err
 		}
@@ -70,7 +71,7 @@ func (c *Config) validateAgent(name string, a Agent) error {
 	}
 	seen := map[string]bool{}
 	for i, p := range a.Home {
-		if !contains(HomeProfiles, p) {
+		if !slices.Contains(HomeProfiles, p) {
 			return &Error{Key: fmt.Sprintf("%s.home[%d]", key, i), Msg: fmt.Sprintf("unknown HOME profile %q (use %s)", p, strings.Join(HomeProfiles, ", "))}
 		}
 		if seen[p] {
@@ -78,7 +79,7 @@ func (c *Config) validateAgent(name string, a Agent) error {
 		}
 		seen[p] = true
 	}
-	for _, k := range sortedKeys(a.Env) {
+	for _, k := range slices.Sorted(maps.Keys(a.Env)) {
 		if !envName.MatchString(k) || reservedEnv[k] {
 			return &Error{Key: key + ".env." + k, Msg: "not a settable environment variable name"}
 		}
@@ -86,7 +87,7 @@ func (c *Config) validateAgent(name string, a Agent) error {
 			return &Error{Key: key + ".env." + k, Msg: "value contains a NUL byte"}
 		}
 	}
-	for _, k := range sortedKeys(a.TokenEnv) {
+	for _, k := range slices.Sorted(maps.Keys(a.TokenEnv)) {
 		tok := a.TokenEnv[k]
 		if !envName.MatchString(k) || reservedEnv[k] {
 			return &Error{Key: key + ".token_env." + k, Msg: "not a settable environment variable name"}
@@ -102,24 +103,6 @@ func (c *Config) validateAgent(name string, a Agent) error {
 		return &Error{Key: key + ".image", Msg: "is not an image reference"}
 	}
 	return nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // lineOf finds the line that sets a dotted key path (e.g. "cage.memory" or

@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 
@@ -70,7 +72,7 @@ func baseline(home *config.Home, profiles []string, rules []rule) ([]baseFile, e
 				files = append(files, baseFile{paths[1], data, 0o644})
 			}
 		}
-		for _, rel := range sortedKeys(p.Files) {
+		for _, rel := range slices.Sorted(maps.Keys(p.Files)) {
 			data, err := readHostFile(p.Files[rel], int64(home.MaxFileSize))
 			if err != nil {
 				return nil, &config.Error{Key: fmt.Sprintf("%s.files.%q", key, rel), Msg: err.Error()}

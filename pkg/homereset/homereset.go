@@ -22,8 +22,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -239,7 +241,7 @@ func Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
 	var seeds []seed
 	for _, p := range t.Profiles {
 		prof := t.Config.Home.Profile(p)
-		for _, rel := range sortedKeys(prof.Bootstrap) {
+		for _, rel := range slices.Sorted(maps.Keys(prof.Bootstrap)) {
 			key := fmt.Sprintf("home.%s.bootstrap.%q", p, rel)
 			tok := prof.Bootstrap[rel]
 			path, ok := t.Config.Tokens[tok]

@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -106,7 +108,7 @@ var vectors = map[string]string{
 func plantScript() string {
 	var b strings.Builder
 	b.WriteString("set -e; cd /home/agent\n")
-	for _, rel := range sortedKeys(vectors) {
+	for _, rel := range slices.Sorted(maps.Keys(vectors)) {
 		fmt.Fprintf(&b, "mkdir -p \"$(dirname '%s')\"; rm -rf '%s'; cat > '%s' <<'EOF_V'\n%s\nEOF_V\n", rel, rel, rel, vectors[rel])
 	}
 	b.WriteString("chmod +x .local/bin/ls .local/bin/claude\n")
@@ -201,7 +203,7 @@ sh /markers/exec.sh /markers/t1`
 			cage(t, home, markers, "sh /markers/exec.sh /markers/t2")
 			assert.DeepEqual(t, markerNames(t, filepath.Join(markers, "t2")), []string(nil))
 			assert.DeepEqual(t, configLines(start2), configLines(start1))
-			for _, rel := range sortedKeys(vectors) {
+			for _, rel := range slices.Sorted(maps.Keys(vectors)) {
 				if rel == ".claude.json" && contains(profiles, "claude") || isBaseline(rep2, rel) {
 					continue
 				}

@@ -5,9 +5,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 )
@@ -94,7 +96,7 @@ func WritePolicy(dir string, cfg *config.Config, profiles []string) ([]PolicyMou
 			return nil, fmt.Errorf("managed policy: %w", err)
 		}
 		m := PolicyMount{Source: src, Dest: dest, Files: map[string]string{}}
-		for _, name := range sortedKeys(files) {
+		for _, name := range slices.Sorted(maps.Keys(files)) {
 			data, err := json.MarshalIndent(files[name], "", "  ")
 			if err != nil {
 				return nil, fmt.Errorf("managed policy %s: %w", name, err)

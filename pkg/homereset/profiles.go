@@ -3,8 +3,9 @@ package homereset
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -154,7 +155,7 @@ var claudeForced = map[string]any{"autoConnectIde": false, "autoInstallIdeExtens
 func filterClaudeJSON(in map[string]any) (map[string]any, []string) {
 	out := map[string]any{}
 	var dropped []string
-	for _, k := range sortedKeys(in) {
+	for _, k := range slices.Sorted(maps.Keys(in)) {
 		v := in[k]
 		switch {
 		case k == "projects":
@@ -164,14 +165,14 @@ func filterClaudeJSON(in map[string]any) (map[string]any, []string) {
 				continue
 			}
 			kept := map[string]any{}
-			for _, p := range sortedKeys(projects) {
+			for _, p := range slices.Sorted(maps.Keys(projects)) {
 				pv, ok := projects[p].(map[string]any)
 				if !ok {
 					dropped = append(dropped, "projects."+p)
 					continue
 				}
 				np := map[string]any{}
-				for _, pk := range sortedKeys(pv) {
+				for _, pk := range slices.Sorted(maps.Keys(pv)) {
 					if (strings.HasPrefix(pk, "last") || pk == "projectOnboardingSeenCount") && isScalar(pv[pk]) {
 						np[pk] = pv[pk]
 					} else {
@@ -202,14 +203,14 @@ func filterClaudeJSON(in map[string]any) (map[string]any, []string) {
 func filterOpencodeAuth(in map[string]any) (map[string]any, []string) {
 	out := map[string]any{}
 	var dropped []string
-	for _, provider := range sortedKeys(in) {
+	for _, provider := range slices.Sorted(maps.Keys(in)) {
 		e, ok := in[provider].(map[string]any)
 		if !ok || (e["type"] != "api" && e["type"] != "oauth") {
 			dropped = append(dropped, provider)
 			continue
 		}
 		ne := map[string]any{}
-		for _, k := range sortedKeys(e) {
+		for _, k := range slices.Sorted(maps.Keys(e)) {
 			if isScalar(e[k]) {
 				ne[k] = e[k]
 			} else {
@@ -255,13 +256,4 @@ func isType(v any, t string) bool {
 		return true
 	}
 	return false
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

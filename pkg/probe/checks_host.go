@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,7 +43,7 @@ func checkSockets(ctx context.Context, _ Params, c *Check) {
 		return nil
 	})
 	for _, p := range []string{"/run/podman/podman.sock", "/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock"} {
-		if _, err := os.Lstat(p); err == nil && !contains(socks, p) {
+		if _, err := os.Lstat(p); err == nil && !slices.Contains(socks, p) {
 			socks = append(socks, p)
 		}
 	}
@@ -76,15 +77,6 @@ func checkSockets(ctx context.Context, _ Params, c *Check) {
 		c.escape("containerd-shim abstract socket visible")
 	}
 	c.settle(Sealed, "")
-}
-
-func contains(l []string, s string) bool {
-	for _, x := range l {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func checkFDs(_ context.Context, _ Params, c *Check) {

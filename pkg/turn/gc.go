@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -22,7 +23,7 @@ func (r *Runner) removeLeftovers(ctx context.Context, task string, keep ...strin
 	}
 	var removed []string
 	for _, c := range cages {
-		if !r.ours(c) || contains(keep, c.ID) {
+		if !r.ours(c) || slices.Contains(keep, c.ID) {
 			continue
 		}
 		if err := r.Podman.Remove(ctx, c.ID); err != nil {
@@ -101,15 +102,6 @@ func (r *Runner) GC(ctx context.Context) (*GCReport, error) {
 		rep.HomeTrees += len(cr.Trees)
 	}
 	return rep, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // waitingPrepared lists the task's prepared cages that have not started.

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -190,7 +191,7 @@ echo "==hosts"; cat /etc/hosts /etc/resolv.conf
 	assert.Assert(t, is.Contains(out, "==mem 268435456"))
 	devs := strings.Fields(strings.TrimPrefix(lineWith(out, "==dev"), "==dev"))
 	for _, d := range devs {
-		assert.Assert(t, contains([]string{"console", "core", "fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty", "urandom", "zero"}, d), "unexpected device /dev/%s", d)
+		assert.Assert(t, slices.Contains([]string{"console", "core", "fd", "full", "mqueue", "null", "ptmx", "pts", "random", "shm", "stderr", "stdin", "stdout", "tty", "urandom", "zero"}, d), "unexpected device /dev/%s", d)
 	}
 	assert.Equal(t, strings.TrimSpace(section(out, "sockets")), "", "no sockets visible in the cage")
 	assert.Assert(t, is.Contains(out, "==ps "), out)
