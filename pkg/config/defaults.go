@@ -36,8 +36,8 @@ func Default() *Config {
 				TokenEnv: map[string]string{},
 			},
 			"opencode": {
-				Command:  []string{"opencode", "run"},
-				Env:      map[string]string{"OPENCODE_DISABLE_AUTOUPDATE": "1"},
+				Command:  []string{"opencode", "run", "--auto"},
+				Env:      map[string]string{"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1"},
 				Home:     []string{"opencode", "shell"},
 				TokenEnv: map[string]string{},
 			},
