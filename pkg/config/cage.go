@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 )
 
 // Cage is the container every turn runs in.
@@ -68,10 +69,32 @@ func (c *Cage) validate() error {
 	case c.Seccomp != "shrooms" && c.Seccomp != "podman" && !filepath.IsAbs(c.Seccomp):
 		return &Error{Key: "cage.seccomp", Msg: fmt.Sprintf("%q: use \"shrooms\", \"podman\" or an absolute path", c.Seccomp)}
 	}
-	if n := len(fmt.Sprintf(c.HostnameFmt, "x")); n == 0 || n > 40 {
-		return &Error{Key: "cage.hostname_format", Msg: "must format a short hostname with one %s"}
+	if msg := hostnameFormat(c.HostnameFmt); msg != "" {
+		return &Error{Key: "cage.hostname_format", Msg: msg}
 	}
 	return nil
+}
+
+// hostnameFormat checks cage.hostname_format: exactly one %s (the task id)
+// and no other verb, around at most 16 characters of a-z 0-9 . -, so that
+// the result has only hostname characters whatever the task id.
+func hostnameFormat(f string) string {
+	if strings.Count(f, "%s") != 1 || strings.Count(f, "%") != 1 {
+		return fmt.Sprintf("%q must contain %%s (the task id) exactly once and no other %% verb", f)
+	}
+	lit := strings.Replace(f, "%s", "", 1)
+	if len(lit) > 16 {
+		return fmt.Sprintf("%q: at most 16 characters besides %%s", f)
+	}
+	for _, r := range lit {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '.') {
+			return fmt.Sprintf("%q: a hostname has only a-z 0-9 . - besides %%s", f)
+		}
+	}
+	if strings.HasPrefix(f, "-") || strings.HasPrefix(f, ".") || strings.HasSuffix(f, "-") || strings.HasSuffix(f, ".") || strings.Contains(f, "..") {
+		return fmt.Sprintf("%q: a hostname neither starts nor ends with - or . and has no empty label", f)
+	}
+	return ""
 }
 
 // StrictSeccomp reports whether cages run under a profile stricter than

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/BurntSushi/toml"
@@ -16,17 +18,21 @@ import (
 // Config is the whole of shrooms' configuration. Load fills every field that
 // has a safe default, so a config file is optional.
 type Config struct {
-	Podman  Podman            `toml:"podman"`
-	State   State             `toml:"state"`
-	Cage    Cage              `toml:"cage"`
-	Network Network           `toml:"network"`
-	Home    Home              `toml:"home"`
-	Outbox  Outbox            `toml:"outbox"`
-	Tokens  map[string]string `toml:"tokens"`
-	Agents  map[string]Agent  `toml:"agents"`
+	Podman  Podman  `toml:"podman"`
+	State   State   `toml:"state"`
+	Cage    Cage    `toml:"cage"`
+	Network Network `toml:"network"`
+	Home    Home    `toml:"home"`
+	Outbox  Outbox  `toml:"outbox"`
+	// Worktree limits where a task's worktree may be.
+	Worktree Worktree          `toml:"worktree"`
+	Tokens   map[string]string `toml:"tokens"`
+	Agents   map[string]Agent  `toml:"agents"`
 
 	// Source is the file the config was read from, "" for built-in defaults.
 	Source string `toml:"-"`
+	// raw is the file's text, to name lines in errors found after Load.
+	raw []byte
 }
 
 // Podman says how to reach the podman service.
@@ -91,6 +97,8 @@ func IsConfigError(err error) bool {
 	return errors.As(err, &ce)
 }
 
+var decodeErr = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): (.*)$`)
+
 // Load reads path over the built-in defaults and validates the result. An
 // empty path means defaults only.
 func Load(path string) (*Config, error) {
@@ -112,6 +120,7 @@ func Parse(name string, data []byte) (*Config, error) {
 
 func parse(name string, data []byte, c *Config) (*Config, error) {
 	c.Source = name
+	c.raw = data
 	md, err := toml.Decode(string(data), c)
 	if err != nil {
 		var pe toml.ParseError
@@ -119,6 +128,10 @@ func parse(name string, data []byte, c *Config) (*Config, error) {
 			return nil, &Error{File: name, Line: pe.Position.Line, Key: pe.LastKey, Msg: pe.Message}
 		}
 		// Type mismatches come as "toml: line N (last key "k"): msg".
+		if m := decodeErr.FindStringSubmatch(err.Error()); m != nil {
+			line, _ := strconv.Atoi(m[1])
+			return nil, &Error{File: name, Line: line, Key: m[2], Msg: m[3]}
+		}
 		return nil, &Error{File: name, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
 	}
 	var keys []string
@@ -133,6 +146,10 @@ func parse(name string, data []byte, c *Config) (*Config, error) {
 	if len(keys) > 0 {
 		sort.Strings(keys)
 		return nil, &Error{File: name, Line: lineOf(data, keys[0]), Key: keys[0], Msg: "unknown key"}
+	}
+	if e := tableKeys(md, data); e != nil {
+		e.File = name
+		return nil, e
 	}
 	if err := c.Validate(); err != nil {
 		var ce *Error

@@ -56,7 +56,7 @@ func TestErrorsNameKeyAndLine(t *testing.T) {
 	}{
 		{"unknown key", "[cage]\nimage = \"x\"\nmemroy = \"1g\"\n", "config t.toml:3: cage.memroy: unknown key"},
 		{"unknown table", "\n[cagee]\nimage = \"x\"\n", "config t.toml:2: cagee: unknown key"},
-		{"wrong type", "[cage]\npids = \"many\"\n", "line 2"},
+		{"wrong type", "[cage]\npids = \"many\"\n", "config t.toml:2: cage.pids: incompatible types"},
 		{"bad size", "[cage]\n\nmemory = \"4x\"\n", "config t.toml:3: cage.memory"},
 		{"bad value", "[cage]\npids = 1\n", "config t.toml:2: cage.pids: 1 is out of range 16..4194304"},
 		{"bad policy", "[network]\npolicy = \"open\"\n", "config t.toml:2: network.policy: unknown policy \"open\""},

@@ -24,10 +24,11 @@ func Default() *Config {
 			Seccomp:     "shrooms",
 			HostnameFmt: "cage-%s",
 		},
-		Network: defaultNetwork(),
-		Home:    defaultHome(),
-		Outbox:  defaultOutbox(),
-		Tokens:  map[string]string{},
+		Network:  defaultNetwork(),
+		Home:     defaultHome(),
+		Outbox:   defaultOutbox(),
+		Worktree: Worktree{Roots: []string{}},
+		Tokens:   map[string]string{},
 		Agents: map[string]Agent{
 			"claude": {
 				Command:  []string{"claude", "--dangerously-skip-permissions"},

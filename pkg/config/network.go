@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 )
 
 // Network is the cage network and its seal (the nftables policy).
@@ -57,17 +58,61 @@ func (n *Network) validate() error {
 		}
 	}
 	for i, a := range n.Allow {
-		if _, err := netip.ParsePrefix(a); err == nil {
-			continue
-		}
-		if _, err := netip.ParseAddr(a); err == nil {
-			continue
-		}
-		if !validHostname(a) {
-			return &Error{Key: fmt.Sprintf("network.allow[%d]", i), Msg: fmt.Sprintf("%q is neither a CIDR, an address nor a host name", a)}
+		if msg := allowEntry(a); msg != "" {
+			return &Error{Key: fmt.Sprintf("network.allow[%d]", i), Msg: msg}
 		}
 	}
 	return nil
+}
+
+// allowEntry checks one allowlist entry and says what is wrong with it ("" if
+// nothing). The seal never opens the ranges in blocked4/blocked6 whatever the
+// list says; refusing them here makes the mistake an error at load time, not
+// a silent drop. An empty list is valid: it blocks all egress.
+func allowEntry(a string) string {
+	p, err := netip.ParsePrefix(a)
+	if err != nil {
+		addr, aerr := netip.ParseAddr(a)
+		if aerr != nil {
+			switch {
+			case !validHostname(a):
+				return fmt.Sprintf("%q is neither a CIDR, an address nor a host name", a)
+			case !strings.Contains(a, "."), strings.EqualFold(a, "localhost") || strings.HasSuffix(strings.ToLower(a), ".localhost"):
+				return fmt.Sprintf("%q is not a fully qualified public host name", a)
+			}
+			return ""
+		}
+		if addr.Zone() != "" {
+			return fmt.Sprintf("%q has a zone; use a global address", a)
+		}
+		p = netip.PrefixFrom(addr, addr.BitLen())
+	}
+	if p.Masked() != p {
+		return fmt.Sprintf("%q has host bits set (did you mean %s?)", a, p.Masked())
+	}
+	list := blocked4
+	if p.Addr().Is6() {
+		list = blocked6
+	}
+	for _, b := range list {
+		if netip.MustParsePrefix(b).Overlaps(p) {
+			return fmt.Sprintf("%q overlaps blocked range %s; the seal never opens private, local or metadata ranges", a, b)
+		}
+	}
+	return ""
+}
+
+// blocked4 and blocked6 mirror firewall.Blocked4 and Blocked6 (a test keeps
+// them equal; config cannot import the firewall package).
+var (
+	blocked4 = []string{"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.0.0.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4"}
+	blocked6 = []string{"::/127", "::ffff:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48", "100::/64", "2001::/32", "2001:2::/48", "2002::/16", "fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8"}
+)
+
+// BlockedRanges returns the ranges the allowlist may not name (for tests
+// that keep the two copies equal).
+func BlockedRanges() (v4, v6 []string) {
+	return append([]string{}, blocked4...), append([]string{}, blocked6...)
 }
 
 func validIfName(s string) bool {

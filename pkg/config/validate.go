@@ -28,7 +28,7 @@ func (c *Config) Validate() error {
 	if !filepath.IsAbs(c.State.Dir) || filepath.Clean(c.State.Dir) == "/" {
 		return &Error{Key: "state.dir", Msg: "must be an absolute path other than /"}
 	}
-	for _, v := range []interface{ validate() error }{&c.Cage, &c.Network, &c.Home, &c.Outbox} {
+	for _, v := range []interface{ validate() error }{&c.Cage, &c.Network, &c.Home, &c.Outbox, &c.Worktree} {
 		if err := v.validate(); err != nil {
 			return err
 		}
