@@ -152,6 +152,9 @@ func (r *Runner) Forget(ctx context.Context, task string) error {
 		if _, err := r.removeLeftovers(ctx, task); err != nil {
 			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
 		}
+		if err := r.releaseWorktrees(task); err != nil {
+			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
 		if err := r.RemoveHome(ctx, task); err != nil {
 			return err
 		}

@@ -112,6 +112,8 @@ type Result struct {
 	Prepared bool `json:"prepared"`
 	// Reset is the HOME reset's report for this turn.
 	Reset *homereset.Report `json:"reset,omitempty"`
+	// Worktree says who the worktree was given back to after the turn.
+	Worktree *WorktreeReport `json:"worktree,omitempty"`
 }
 
 type clock struct {
@@ -129,7 +131,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // Run runs one turn. The error is nil when the agent ran to its own exit,
 // whatever its exit code (in Result.ExitCode).
-func (r *Runner) Run(ctx context.Context, req Request) (*Result, error) {
+func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	res := &Result{Task: req.Task, Agent: req.Agent, Status: "error", ExitCode: -1}
 	c := &clock{start: time.Now(), last: time.Now(), res: res}
 	defer func() { res.TotalMs = ms(time.Since(c.start)) }()
@@ -145,6 +147,10 @@ func (r *Runner) Run(ctx context.Context, req Request) (*Result, error) {
 		return res, classify(err)
 	}
 	defer lock.Release()
+	if in.worktree != "" {
+		// Last before the lock goes: the cage is gone, no turn can start.
+		defer func() { err = r.finishWorktree(req.Task, in.worktree, res, err) }()
+	}
 	c.lap("lock")
 
 	// A cage prepared ahead for exactly this turn only needs its argv.
@@ -159,6 +165,11 @@ func (r *Runner) Run(ctx context.Context, req Request) (*Result, error) {
 	}
 	if preparedID == "" {
 		if prep, err = r.prepare(ctx, req, in, true); err != nil {
+			return res, err
+		}
+	}
+	if preparedID != "" && in.worktree != "" {
+		if err := r.takeWorktree(req.Task, in.worktree, prep.ids); err != nil {
 			return res, err
 		}
 	}
@@ -200,26 +211,9 @@ type checked struct {
 // is refused before any lock, state or volume exists.
 func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, error) {
 	cfg := r.Cfg
-	if err := mounts.ValidateTaskID(req.Task); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
-	}
-	agent, err := cfg.Agent(req.Agent)
+	in, err := checkInput(cfg, req)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
-	}
-	if req.Timeout < 0 {
-		return nil, fmt.Errorf("%w: timeout must be positive", ErrInput)
-	}
-	tokens, err := readTokens(cfg, agent)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
-	}
-	in := &checked{agent: agent, tokens: tokens}
-	if req.Worktree != "" {
-		forbidden := []string{cfg.State.Dir, cfg.Outbox.Root, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://"))}
-		if in.worktree, err = mounts.CheckHostDir(req.Worktree, "worktree", forbidden); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInput, err)
-		}
+		return nil, err
 	}
 	if cfg.Network.Networked() {
 		if r.Seal == nil {
@@ -229,7 +223,7 @@ func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, er
 			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %v", ErrHostNotReady, err)
 		}
 	}
-	image := cfg.ImageFor(agent)
+	image := cfg.ImageFor(in.agent)
 	if ok, err := r.Podman.ImageExists(ctx, image); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	} else if !ok {
@@ -388,9 +382,11 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		return p, nil
 	}
 
-	if in.worktree != "" {
-		if _, err := mounts.OwnWorktree(in.worktree, agentUID, agentGID); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	// A cage prepared ahead takes the worktree when its turn runs, so the
+	// owner keeps it between turns.
+	if in.worktree != "" && !ahead {
+		if err := r.takeWorktree(req.Task, in.worktree, ids); err != nil {
+			return nil, err
 		}
 	}
 	for name, value := range secrets {

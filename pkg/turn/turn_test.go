@@ -126,7 +126,9 @@ func field(t *testing.T, status, name string) string {
 // inside a real cage.
 func TestCageIsSealedFromInside(t *testing.T) {
 	h := newHarness(t, "")
-	wt := t.TempDir()
+	wt := filepath.Join(t.TempDir(), "wt")
+	assert.NilError(t, os.Mkdir(wt, 0o755))
+	h.cfg.Worktree.Roots = []string{filepath.Dir(wt)} // a plain directory, not a git work tree
 	res, out, errOut, err := h.sh(h.task("seal"), wt, `
 echo "==status"; cat /proc/self/status
 echo "==uidmap"; cat /proc/self/uid_map

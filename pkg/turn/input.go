@@ -1,0 +1,48 @@
+package turn
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+)
+
+// ValidateRequest checks a request's input against cfg — task id, agent,
+// timeout, token files, worktree (allowlist and one task per worktree) —
+// without contacting podman or changing anything, so that bad input is
+// refused (ErrInput) before shrooms connects anywhere.
+func ValidateRequest(cfg *config.Config, req Request) error {
+	_, err := checkInput(cfg, req)
+	return err
+}
+
+// checkInput is the input half of check.
+func checkInput(cfg *config.Config, req Request) (*checked, error) {
+	if err := mounts.ValidateTaskID(req.Task); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	agent, err := cfg.Agent(req.Agent)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	if req.Timeout < 0 {
+		return nil, fmt.Errorf("%w: timeout must be positive", ErrInput)
+	}
+	tokens, err := readTokens(cfg, agent)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	in := &checked{agent: agent, tokens: tokens}
+	if req.Worktree != "" {
+		forbidden := []string{cfg.State.Dir, cfg.Outbox.Root, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://"))}
+		if in.worktree, err = mounts.CheckWorktree(req.Worktree, cfg.Worktree.Roots, forbidden); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		}
+		if err := checkClaim(cfg.State.Dir, req.Task, in.worktree); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		}
+	}
+	return in, nil
+}

@@ -1,0 +1,218 @@
+package turn
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+)
+
+// A worktree claim records, in the state directory, which task a worktree
+// belongs to (one task per worktree) and who owns it on the host, so that
+// it can be given back after every turn, also after a crash.
+type worktreeClaim struct {
+	Worktree string `json:"worktree"`
+	Task     string `json:"task"`
+	UID      uint32 `json:"uid"`
+	GID      uint32 `json:"gid"`
+}
+
+// WorktreeReport is what happened to the worktree's ownership in a turn.
+type WorktreeReport struct {
+	Path string `json:"path"`
+	// OwnerUID and OwnerGID are the owner the worktree was given back to.
+	OwnerUID uint32 `json:"owner_uid"`
+	OwnerGID uint32 `json:"owner_gid"`
+	// GivenBack counts entries changed back from the task's uid range;
+	// Skipped those that changed under the walk and were left alone.
+	GivenBack  int     `json:"given_back"`
+	Skipped    int     `json:"skipped"`
+	GiveBackMs float64 `json:"give_back_ms"`
+}
+
+func claimPath(stateDir, worktree string) string {
+	sum := sha256.Sum256([]byte(worktree))
+	return filepath.Join(stateDir, "worktrees", hex.EncodeToString(sum[:16])+".json")
+}
+
+// readClaim returns the worktree's claim, nil if it has none.
+func readClaim(stateDir, worktree string) (*worktreeClaim, error) {
+	b, err := os.ReadFile(claimPath(stateDir, worktree))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("worktree claim: %w", err)
+	}
+	var c worktreeClaim
+	if err := json.Unmarshal(b, &c); err != nil || c.Worktree != worktree {
+		return nil, fmt.Errorf("worktree claim %s is damaged; remove it once the worktree's owner is right", claimPath(stateDir, worktree))
+	}
+	return &c, nil
+}
+
+// checkClaim refuses a worktree that another task holds (read-only).
+func checkClaim(stateDir, task, worktree string) error {
+	c, err := readClaim(stateDir, worktree)
+	if err != nil {
+		return err
+	}
+	if c != nil && c.Task != task {
+		return fmt.Errorf("worktree %q belongs to task %q (one task per worktree; `shrooms forget --task %s` releases it)", worktree, c.Task, c.Task)
+	}
+	return nil
+}
+
+func writeClaim(stateDir string, c *worktreeClaim) error {
+	path := claimPath(stateDir, c.Worktree)
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("worktree claim: %w", err)
+	}
+	b, _ := json.Marshal(c)
+	tmp := path + ".tmp-" + c.Task
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("worktree claim: %w", err)
+	}
+	// Another task's first turn may race this one (each holds only its own
+	// task lock): whoever links first owns the worktree.
+	if err := os.Link(tmp, path); err != nil && !errors.Is(err, os.ErrExist) {
+		os.Remove(tmp)
+		return fmt.Errorf("worktree claim: %w", err)
+	} else if err != nil {
+		cur, rerr := readClaim(stateDir, c.Worktree)
+		if rerr != nil || cur == nil || cur.Task != c.Task {
+			os.Remove(tmp)
+			if rerr != nil {
+				return rerr
+			}
+			return fmt.Errorf("%w: worktree %q was just claimed by another task", ErrInput, c.Worktree)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			os.Remove(tmp)
+			return fmt.Errorf("worktree claim: %w", err)
+		}
+		return nil
+	}
+	return os.Remove(tmp)
+}
+
+// takeWorktree claims the worktree for the task (recording its owner) and
+// hands it to the task's agent user for the turn. Call it with the task
+// lock held.
+func (r *Runner) takeWorktree(task, worktree string, ids taskstate.IDs) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(worktree, &st); err != nil {
+		return fmt.Errorf("%w: worktree %s: %v", ErrInput, worktree, err)
+	}
+	c, err := readClaim(r.Cfg.State.Dir, worktree)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	inRange := st.Uid >= ids.UID && st.Uid < ids.UID+taskstate.SlotSize
+	switch {
+	case c != nil && c.Task != task:
+		return fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree)", ErrInput, worktree, c.Task)
+	case c == nil && inRange:
+		return fmt.Errorf("%w: worktree %q is owned by task %s's user namespace and shrooms has no record of its owner; chown -R it to its owner and retry", ErrInput, worktree, task)
+	case c == nil:
+		c = &worktreeClaim{Worktree: worktree, Task: task}
+	}
+	if !inRange {
+		c.UID, c.GID = st.Uid, st.Gid // the owner now (who may have changed)
+	}
+	if err := writeClaim(r.Cfg.State.Dir, c); err != nil {
+		if errors.Is(err, ErrInput) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	agent := int(r.Cfg.Cage.User)
+	if _, err := mounts.OwnWorktree(worktree, int(ids.UID)+agent, int(ids.GID)+agent); err != nil {
+		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	return nil
+}
+
+// giveBackWorktree gives every file of the worktree that the task's uid
+// range owns back to the worktree's recorded owner. Call it with the task
+// lock held, after the cage is gone.
+func (r *Runner) giveBackWorktree(task, worktree string) (*WorktreeReport, error) {
+	c, err := readClaim(r.Cfg.State.Dir, worktree)
+	if err != nil || c == nil || c.Task != task {
+		return nil, err
+	}
+	ids, err := r.Store.TaskIDs(task, r.IDFiles, false)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	gb, err := mounts.GiveBack(worktree, int(c.UID), int(c.GID), ids.UID, ids.UID+taskstate.SlotSize)
+	rep := &WorktreeReport{Path: worktree, OwnerUID: c.UID, OwnerGID: c.GID, GivenBack: gb.Changed, Skipped: gb.Skipped, GiveBackMs: ms(time.Since(start))}
+	if errors.Is(err, syscall.ENOENT) {
+		return rep, nil // the worktree itself is gone: nothing to give back
+	}
+	return rep, err
+}
+
+// finishWorktree gives the worktree back at the end of a turn, on every path
+// out of Run (agent exit, deadline, interruption, errors). A failure is the
+// turn's error unless it already has one.
+func (r *Runner) finishWorktree(task, worktree string, res *Result, err error) error {
+	rep, gerr := r.giveBackWorktree(task, worktree)
+	if rep != nil {
+		res.Worktree = rep
+		res.Phases = append(res.Phases, Phase{Name: "give-back", Ms: rep.GiveBackMs})
+	}
+	if gerr == nil {
+		return err
+	}
+	msg := fmt.Sprintf("worktree not given back to its owner: %v", gerr)
+	if err != nil {
+		if res.Error == "" {
+			res.Error = msg
+		}
+		return err
+	}
+	res.Error = msg
+	return fmt.Errorf("%w: %s", ErrHostNotReady, msg)
+}
+
+// releaseWorktrees gives back and unclaims every worktree of the task (for
+// forget, under the task lock).
+func (r *Runner) releaseWorktrees(task string) error {
+	dir := filepath.Join(r.Cfg.State.Dir, "worktrees")
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("worktree claims: %w", err)
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		var c worktreeClaim
+		if json.Unmarshal(b, &c) != nil || c.Task != task {
+			continue
+		}
+		if _, err := r.giveBackWorktree(task, c.Worktree); err != nil {
+			return fmt.Errorf("give worktree %s back: %w", c.Worktree, err)
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil {
+			return fmt.Errorf("worktree claim: %w", err)
+		}
+	}
+	return nil
+}
