@@ -45,7 +45,7 @@ func doctorCommand() *cli.Command {
 					failed++
 				}
 			}
-			if c.Bool("json") {
+			if jsonMode(c) {
 				if err := printJSON(c.App.Writer, map[string]any{"ok": failed == 0, "findings": fs}); err != nil {
 					return err
 				}

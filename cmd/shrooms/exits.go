@@ -8,7 +8,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
@@ -16,9 +18,24 @@ import (
 // runner loads the config, connects to podman and returns a turn runner
 // and a context that SIGINT or SIGTERM cancel (call stop when done).
 func runner(c *cli.Context) (r *turn.Runner, ctx context.Context, stop context.CancelFunc, err error) {
+	return runnerFor(c, nil)
+}
+
+// runnerFor is runner with the command's own input check: the config, the
+// files it names and pre (when not nil) are validated before shrooms
+// connects to podman, so bad input exits 121 even when podman is down.
+func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *turn.Runner, ctx context.Context, stop context.CancelFunc, err error) {
 	cfg, err := loadConfig(c)
 	if err != nil {
 		return nil, nil, nil, err
+	}
+	if err := cfg.CheckFiles(); err != nil {
+		return nil, nil, nil, fail(ExitUsage, err)
+	}
+	if pre != nil {
+		if err := pre(cfg); err != nil {
+			return nil, nil, nil, fail(ExitUsage, err)
+		}
 	}
 	ctx, stop = signalContext(c.Context)
 	client, err := connect(ctx, cfg)
@@ -27,6 +44,11 @@ func runner(c *cli.Context) (r *turn.Runner, ctx context.Context, stop context.C
 		return nil, nil, nil, err
 	}
 	return newRunner(cfg, client), ctx, stop, nil
+}
+
+// checkTask validates --task before shrooms connects anywhere.
+func checkTask(c *cli.Context) func(*config.Config) error {
+	return func(*config.Config) error { return mounts.ValidateTaskID(c.String("task")) }
 }
 
 func taskFlag() cli.Flag {
@@ -43,7 +65,7 @@ func outboxCommand() *cli.Command {
 				Usage: "show what collect would deliver and refuse, changing nothing",
 				Flags: []cli.Flag{taskFlag()},
 				Action: func(c *cli.Context) error {
-					r, ctx, stop, err := runner(c)
+					r, ctx, stop, err := runnerFor(c, checkTask(c))
 					if err != nil {
 						return err
 					}
@@ -64,7 +86,7 @@ no symlinks, no magic links), with normalised modes and no xattrs, within the
 entries stay in the outbox and are listed with the reason.`,
 				Flags: []cli.Flag{taskFlag(), &cli.StringFlag{Name: "to", Usage: "delivery `DIR` (new or empty; default <state.dir>/deliveries/<task>/<time>)"}},
 				Action: func(c *cli.Context) error {
-					r, ctx, stop, err := runner(c)
+					r, ctx, stop, err := runnerFor(c, checkTask(c))
 					if err != nil {
 						return err
 					}
@@ -81,7 +103,7 @@ entries stay in the outbox and are listed with the reason.`,
 				Usage: "unmount the task's outbox, discarding what is left in it",
 				Flags: []cli.Flag{taskFlag()},
 				Action: func(c *cli.Context) error {
-					r, _, stop, err := runner(c)
+					r, _, stop, err := runnerFor(c, checkTask(c))
 					if err != nil {
 						return err
 					}
@@ -89,6 +111,10 @@ entries stay in the outbox and are listed with the reason.`,
 					if err := r.ReleaseOutbox(c.String("task")); err != nil {
 						return fail(codeFor(err), err)
 					}
+					if jsonMode(c) {
+						return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "released": true})
+					}
+					fmt.Fprintln(c.App.Writer, "released the outbox of "+c.String("task"))
 					return nil
 				},
 			},
@@ -97,7 +123,7 @@ entries stay in the outbox and are listed with the reason.`,
 }
 
 func printOutbox(c *cli.Context, rep *outbox.Report, delivered bool) error {
-	if c.Bool("json") {
+	if jsonMode(c) {
 		return printJSON(c.App.Writer, rep)
 	}
 	w := c.App.Writer
@@ -140,14 +166,14 @@ from it.`,
 			if err != nil || addr.Name == "" {
 				return fail(ExitUsage, fmt.Errorf("--author %q is not \"Name <email>\"", c.String("author")))
 			}
-			r, ctx, stop, err := runner(c)
+			r, ctx, stop, err := runnerFor(c, checkTask(c))
 			if err != nil {
 				return err
 			}
 			defer stop()
 			id, err := r.Commit(ctx, c.String("task"), c.String("message"), gitseal.Author{Name: addr.Name, Email: addr.Address})
 			if errors.Is(err, gitseal.ErrNothingToCommit) {
-				if c.Bool("json") {
+				if jsonMode(c) {
 					return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "commit": nil, "nothingToCommit": true})
 				}
 				fmt.Fprintln(c.App.Writer, "nothing to commit")
@@ -156,7 +182,7 @@ from it.`,
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
-			if c.Bool("json") {
+			if jsonMode(c) {
 				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "commit": id})
 			}
 			fmt.Fprintln(c.App.Writer, id)
@@ -173,7 +199,7 @@ func forgetCommand() *cli.Command {
 slot becomes free for a new task.`,
 		Flags: []cli.Flag{taskFlag()},
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runner(c)
+			r, ctx, stop, err := runnerFor(c, checkTask(c))
 			if err != nil {
 				return err
 			}
@@ -181,9 +207,10 @@ slot becomes free for a new task.`,
 			if err := r.Forget(ctx, c.String("task")); err != nil {
 				return fail(codeFor(err), err)
 			}
-			if !c.Bool("json") {
-				fmt.Fprintln(c.App.Writer, "forgot "+c.String("task"))
+			if jsonMode(c) {
+				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "forgotten": true})
 			}
+			fmt.Fprintln(c.App.Writer, "forgot "+c.String("task"))
 			return nil
 		},
 	}
@@ -199,7 +226,17 @@ func resetCommand() *cli.Command {
 			&cli.BoolFlag{Name: "dry-run", Usage: "report what would be kept, rebuilt and removed; change nothing"},
 		},
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runner(c)
+			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) error {
+				if err := mounts.ValidateTaskID(c.String("task")); err != nil {
+					return err
+				}
+				if name := c.String("agent"); name != "" {
+					if _, err := cfg.Agent(name); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
 			if err != nil {
 				return err
 			}
@@ -208,7 +245,7 @@ func resetCommand() *cli.Command {
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
-			if c.Bool("json") {
+			if jsonMode(c) {
 				return printJSON(c.App.Writer, rep)
 			}
 			verb := "reset"

@@ -20,7 +20,7 @@ func gcCommand() *cli.Command {
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
-			if c.Bool("json") {
+			if jsonMode(c) {
 				return printJSON(c.App.Writer, rep)
 			}
 			fmt.Fprintf(c.App.Writer, "removed %d leftover cage(s); %d task(s) busy\n", len(rep.Removed), len(rep.Busy))

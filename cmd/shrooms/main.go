@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -55,31 +54,48 @@ func (e *exitError) Unwrap() error { return e.err }
 
 func fail(code int, err error) error { return &exitError{code: code, err: err} }
 
-func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	app := newApp(stdin, stdout, stderr)
+func run(args []string, stdin io.Reader, out, stderr io.Writer) int {
+	so := &stdout{w: out}
+	app := newApp(stdin, so, stderr)
 	err := app.Run(args)
 	if err == nil {
 		return 0
 	}
+	code, msg := ExitUsage, err.Error()
 	var ee *exitError
 	if errors.As(err, &ee) {
-		if ee.err != nil && ee.err.Error() != "" {
-			fmt.Fprintln(stderr, "shrooms: "+oneLine(ee.err.Error()))
+		code, msg = ee.code, ""
+		if ee.err != nil {
+			msg = ee.err.Error()
 		}
-		return ee.code
 	}
-	fmt.Fprintln(stderr, "shrooms: "+oneLine(err.Error()))
-	return ExitUsage
+	if msg != "" {
+		fmt.Fprintln(stderr, "shrooms: "+oneLine(msg))
+	}
+	// Under --json the last line of stdout is a JSON object on every path,
+	// also when flags, config or podman failed before the command printed
+	// its own.
+	if wantsJSON(args) && !so.printed {
+		if msg == "" {
+			msg = fmt.Sprintf("exit status %d", code)
+		}
+		_ = printJSON(so, errorObject{Command: commandName(args), Status: "error", ExitCode: code, Error: oneLine(msg)})
+	}
+	return code
 }
 
 func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:  "shrooms",
 		Usage: "run AI coding agents with permission prompts off, each turn in a sealed podman cage",
 		Description: `Each turn runs in a fresh rootful podman container with no capabilities,
 no-new-privileges, seccomp, a read-only root, a per-task user namespace and
 resource limits. The task HOME persists, reset every turn; results leave only
 through the worktree (/work) and the outbox.
+
+Global flags (--config, --json) go before or after the command.
+With --json every command prints one JSON object as the last line of
+stdout, on every path (see docs/json.md).
 
 Exit status: the agent's own exit code, or one of shrooms' own:
   121 bad input (config, flags, task id, paths, tokens)
@@ -88,15 +104,11 @@ Exit status: the agent's own exit code, or one of shrooms' own:
   124 deadline (the cage was stopped and removed)
   125 internal error
   130 interrupted (the cage was stopped and removed)`,
-		Version:         version,
-		Reader:          stdin,
-		Writer:          stdout,
-		ErrWriter:       stderr,
-		HideHelpCommand: true,
-		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "config", EnvVars: []string{"SHROOMS_CONFIG"}, Usage: "config `FILE` (default " + defaultConfigPath + " if present, else built-in defaults)"},
-			&cli.BoolFlag{Name: "json", Usage: "print machine-readable JSON on stdout"},
-		},
+		Version:   version,
+		Reader:    stdin,
+		Writer:    stdout,
+		ErrWriter: stderr,
+		Flags:     globalFlags(true),
 		Commands: []*cli.Command{
 			runCommand(),
 			specCommand(),
@@ -114,15 +126,149 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			versionCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run() maps errors to codes
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
-			return fail(ExitUsage, err)
-		},
+		OnUsageError:   usageError,
+		Action:         unknownCommand,
 	}
+	globalize(app.Commands)
+	return app
+}
+
+// globalFlags are accepted before and after the command.
+func globalFlags(root bool) []cli.Flag {
+	cfg := &cli.StringFlag{Name: "config", Usage: "config `FILE` (default " + defaultConfigPath + " if present, else built-in defaults)"}
+	if root {
+		cfg.EnvVars = []string{"SHROOMS_CONFIG"}
+	}
+	return []cli.Flag{cfg, &cli.BoolFlag{Name: "json", Usage: "print one JSON object as the last line of stdout (docs/json.md)"}}
+}
+
+// globalize gives every command the global flags, turns urfave's required
+// flags into shrooms' own check (one line on stderr, exit 121, no help text
+// on stdout) with "(required)" in the help, and routes usage errors there.
+func globalize(cmds []*cli.Command) {
+	for _, cmd := range cmds {
+		if cmd.Hidden {
+			continue
+		}
+		cmd.Flags = append(cmd.Flags, globalFlags(false)...)
+		var required []string
+		for _, f := range cmd.Flags {
+			if sf, ok := f.(*cli.StringFlag); ok && sf.Required {
+				sf.Required = false
+				sf.Usage += " (required)"
+				required = append(required, sf.Name)
+			}
+		}
+		if len(required) > 0 {
+			before := cmd.Before
+			cmd.Before = func(c *cli.Context) error {
+				for _, name := range required {
+					if !c.IsSet(name) {
+						return fail(ExitUsage, fmt.Errorf("required flag --%s not set (see `shrooms help%s`)", name, commandPath(c)))
+					}
+				}
+				if before != nil {
+					return before(c)
+				}
+				return nil
+			}
+		}
+		cmd.OnUsageError = usageError
+		if len(cmd.Subcommands) > 0 && cmd.Action == nil {
+			cmd.Action = unknownCommand
+		}
+		globalize(cmd.Subcommands)
+	}
+}
+
+// unknownCommand is the action of the app and of commands with
+// subcommands: help without arguments, a usage error with one.
+func unknownCommand(c *cli.Context) error {
+	if !c.Args().Present() {
+		return cli.ShowSubcommandHelp(c)
+	}
+	return fail(ExitUsage, fmt.Errorf("unknown command %q (see `shrooms help%s`)", c.Args().First(), commandPath(c)))
+}
+
+// commandPath is " net flush" for the net flush command, "" at the top.
+func commandPath(c *cli.Context) string {
+	if c.Command == nil || c.Command.Name == "" || c.Command.Name == c.App.Name {
+		return ""
+	}
+	return " " + c.Command.FullName()
+}
+
+func usageError(c *cli.Context, err error, _ bool) error {
+	return fail(ExitUsage, fmt.Errorf("%v (see `shrooms help%s`)", err, commandPath(c)))
+}
+
+// jsonMode reports whether --json was given, before or after the command.
+func jsonMode(c *cli.Context) bool {
+	for _, cc := range c.Lineage() {
+		if cc.IsSet("json") {
+			return cc.Bool("json")
+		}
+	}
+	return false
+}
+
+// configPath is --config as given nearest to the command, else
+// $SHROOMS_CONFIG, else "".
+func configPath(c *cli.Context) string {
+	for _, cc := range c.Lineage() {
+		if cc.IsSet("config") {
+			return cc.String("config")
+		}
+	}
+	return ""
+}
+
+// wantsJSON finds --json in the raw arguments (before "--"), for errors
+// that happen before the flags are parsed.
+func wantsJSON(args []string) bool {
+	want := false
+	for _, a := range args[min(1, len(args)):] {
+		if a == "--" {
+			break
+		}
+		switch strings.TrimLeft(a, "-") {
+		case "json", "json=true", "json=1":
+			want = strings.HasPrefix(a, "-")
+		case "json=false", "json=0":
+			want = false
+		}
+	}
+	return want
+}
+
+// commandName is the command the arguments name ("run", "net flush").
+func commandName(args []string) string {
+	var words []string
+	for i := 1; i < len(args) && len(words) < 2; i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		if strings.HasPrefix(a, "-") {
+			if (a == "--config" || a == "-config") && i+1 < len(args) {
+				i++
+			}
+			if len(words) > 0 {
+				break
+			}
+			continue
+		}
+		words = append(words, a)
+		if a != "net" && a != "outbox" && a != "probe" {
+			break
+		}
+	}
+	return strings.Join(words, " ")
 }
 
 // loadConfig resolves and loads the configuration.
 func loadConfig(c *cli.Context) (*config.Config, error) {
-	path := c.String("config")
+	path := configPath(c)
 	if path == "" {
 		if _, err := os.Stat(defaultConfigPath); err == nil {
 			path = defaultConfigPath
@@ -224,12 +370,6 @@ func codeFor(err error) int {
 		return ExitUsage
 	}
 	return ExitInternal
-}
-
-func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

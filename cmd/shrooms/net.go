@@ -62,9 +62,10 @@ re-applies the seal to refresh resolved host names.`,
 						if err := firewall.Flush(ctx, cfg.Network, firewall.Options{}); err != nil {
 							return fail(ExitHostNotReady, err)
 						}
-						if !c.Bool("json") {
-							fmt.Fprintln(c.App.Writer, "seal removed")
+						if jsonMode(c) {
+							return printJSON(c.App.Writer, map[string]any{"policy": cfg.Network.Policy, "flushed": true})
 						}
+						fmt.Fprintln(c.App.Writer, "seal removed")
 						return nil
 					})
 				},
@@ -88,7 +89,7 @@ func printStatus(c *cli.Context, ctx context.Context, cfg *config.Config) error 
 	if err != nil {
 		return fail(ExitHostNotReady, err)
 	}
-	if c.Bool("json") {
+	if jsonMode(c) {
 		if err := printJSON(c.App.Writer, st); err != nil {
 			return err
 		}

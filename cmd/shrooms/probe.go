@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/probe"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
@@ -32,11 +33,17 @@ or error. Exit status 1 when any check escaped or could not decide.
 			&cli.StringFlag{Name: "task", Value: "probe", Usage: "task `ID` whose cage is probed"},
 			&cli.StringFlag{Name: "agent", Value: "shell", Usage: "agent `NAME` whose image and settings are used"},
 			&cli.StringFlag{Name: "targets", Usage: "network targets `FILE` (JSON: probe.Params)"},
-			&cli.DurationFlag{Name: "timeout", Usage: "deadline `DUR` of the probe turn (default 2m)"},
+			&cli.DurationFlag{Name: "timeout", Usage: "deadline `DUR` of the probe turn", DefaultText: "2m"},
 		},
 		Subcommands: []*cli.Command{probeInsideCommand()},
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runner(c)
+			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) error {
+				if err := mounts.ValidateTaskID(c.String("task")); err != nil {
+					return err
+				}
+				_, err := cfg.Agent(c.String("agent"))
+				return err
+			})
 			if err != nil {
 				return err
 			}
@@ -52,7 +59,7 @@ or error. Exit status 1 when any check escaped or could not decide.
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
-			if c.Bool("json") {
+			if jsonMode(c) {
 				if err := printJSON(c.App.Writer, rep); err != nil {
 					return err
 				}

@@ -1,11 +1,13 @@
 package main
 
 import (
-	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
@@ -14,9 +16,10 @@ func turnFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "task", Required: true, Usage: "task `ID` ([a-z0-9][a-z0-9_.-]{0,62})"},
 		&cli.StringFlag{Name: "agent", Required: true, Usage: "agent `NAME` from the config ([agents.NAME])"},
-		&cli.StringFlag{Name: "worktree", Usage: "host `DIR` mounted read-write at /work (default: an empty tmpfs)"},
-		&cli.DurationFlag{Name: "timeout", Usage: "turn deadline `DUR` (default cage.timeout)"},
-		&cli.BoolFlag{Name: "no-stdin", Usage: "do not attach shrooms' stdin to the agent"},
+		&cli.StringFlag{Name: "worktree", Usage: "host `DIR` mounted read-write at /work: a git work tree or a directory inside [worktree] roots (default: an empty tmpfs)"},
+		&cli.DurationFlag{Name: "timeout", Usage: "turn deadline `DUR`", DefaultText: "cage.timeout of the config"},
+		&cli.BoolFlag{Name: "stdin", Usage: "attach shrooms' stdin to the agent (otherwise the cage's stdin is empty, so claude -p never waits for input)"},
+		&cli.BoolFlag{Name: "no-stdin", Hidden: true, Usage: "the default; accepted for older callers"},
 	}
 }
 
@@ -29,10 +32,24 @@ func turnRequest(c *cli.Context) turn.Request {
 		Timeout:  c.Duration("timeout"),
 		Streams:  podman.Streams{Stdout: c.App.Writer, Stderr: c.App.ErrWriter},
 	}
-	if !c.Bool("no-stdin") {
+	if c.Bool("stdin") {
 		req.Streams.Stdin = c.App.Reader
 	}
 	return req
+}
+
+// checkTurn validates a turn's flags and input against the config, before
+// shrooms connects to podman.
+func checkTurn(c *cli.Context) func(*config.Config) error {
+	return func(cfg *config.Config) error {
+		if c.Bool("stdin") && c.Bool("no-stdin") {
+			return fmt.Errorf("--stdin and --no-stdin contradict each other")
+		}
+		if err := turn.ValidateRequest(cfg, turnRequest(c)); err != nil {
+			return err
+		}
+		return nil
+	}
 }
 
 func runCommand() *cli.Command {
@@ -41,14 +58,16 @@ func runCommand() *cli.Command {
 		Usage:     "run one turn of an agent in a fresh sealed cage",
 		ArgsUsage: "[-- ARGS...]",
 		Description: `Runs the agent's command (plus ARGS) in a new cage, streams its output,
-waits for it with a deadline and removes the cage on every path out.
+waits for it with a deadline and removes the cage on every path out; then
+gives the worktree's files back to the worktree's owner.
 The exit status is the agent's. With --json the last line of stdout is one
-JSON object: task, turn, cage id, exit code, status and phase durations.`,
+JSON object (docs/json.md): task, turn, cage id, exit code, status, OOM
+flag, phase durations, the HOME reset report and the worktree give-back.`,
 		Flags: append(turnFlags(), &cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see the prepare command)"}),
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runner(c)
+			r, ctx, stop, err := runnerFor(c, checkTurn(c))
 			if err != nil {
-				return err
+				return finishRun(c, nil, err)
 			}
 			defer stop()
 			res, err := r.Run(ctx, turnRequest(c))
@@ -59,34 +78,56 @@ JSON object: task, turn, cage id, exit code, status and phase durations.`,
 					fmt.Fprintln(c.App.ErrWriter, "shrooms: next cage not prepared: "+oneLine(perr.Error()))
 				}
 			}
-			if c.Bool("json") {
-				if res != nil && err != nil && res.Error == "" {
-					res.Error = oneLine(err.Error())
-				}
-				line, _ := json.Marshal(res)
-				fmt.Fprintln(c.App.Writer, string(line))
-			}
-			if err != nil {
-				return fail(codeFor(err), err)
-			}
-			if res.ExitCode != 0 {
-				return fail(res.ExitCode, nil)
-			}
-			return nil
+			return finishRun(c, res, err)
 		},
 	}
+}
+
+// finishRun prints the turn's result under --json (a result with what is
+// known when the turn never started) and maps it to the exit status.
+func finishRun(c *cli.Context, res *turn.Result, err error) error {
+	if res == nil {
+		res = &turn.Result{Task: c.String("task"), Agent: c.String("agent"), Status: "error", ExitCode: -1, Phases: []turn.Phase{}}
+	}
+	if jsonMode(c) {
+		if err != nil && res.Error == "" {
+			res.Error = oneLine(errorText(err))
+		}
+		if perr := printJSON(c.App.Writer, res); perr != nil {
+			return perr
+		}
+	}
+	if err != nil {
+		var ee *exitError
+		if errors.As(err, &ee) {
+			return err
+		}
+		return fail(codeFor(err), err)
+	}
+	if res.ExitCode != 0 {
+		return fail(res.ExitCode, nil)
+	}
+	return nil
+}
+
+func errorText(err error) string {
+	var ee *exitError
+	if errors.As(err, &ee) && ee.err != nil {
+		return ee.err.Error()
+	}
+	return err.Error()
 }
 
 func prepareCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "prepare",
 		Usage: "prepare the task's next turn now: HOME reset, cage created and initialised, not started",
-		Description: `The next ` + "`run`" + ` with the same task, agent, worktree, stdin and config then
+		Description: `The next ` + "`run`" + ` with the same task, agent, worktree, --stdin and config then
 only hands the cage its argv and starts it. Anything different, or anything
 found in HOME since, discards the prepared cage and the turn runs as usual.`,
 		Flags: turnFlags(),
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runner(c)
+			r, ctx, stop, err := runnerFor(c, checkTurn(c))
 			if err != nil {
 				return err
 			}
@@ -95,7 +136,7 @@ found in HOME since, discards the prepared cage and the turn runs as usual.`,
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
-			if c.Bool("json") {
+			if jsonMode(c) {
 				return printJSON(c.App.Writer, map[string]string{"task": c.String("task"), "cage": id})
 			}
 			fmt.Fprintln(c.App.Writer, id)
@@ -111,7 +152,7 @@ func specCommand() *cli.Command {
 		ArgsUsage: "[-- ARGS...]",
 		Flags:     turnFlags(),
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runner(c)
+			r, ctx, stop, err := runnerFor(c, checkTurn(c))
 			if err != nil {
 				return err
 			}
@@ -139,24 +180,29 @@ func bootstrapCommand() *cli.Command {
 			&cli.StringFlag{Name: "agent", Usage: "seed only the HOME profiles of agent `NAME` (default: every profile)"},
 		},
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runner(c)
+			var profiles []string
+			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) error {
+				if err := mounts.ValidateTaskID(c.String("task")); err != nil {
+					return err
+				}
+				if name := c.String("agent"); name != "" {
+					agent, err := cfg.Agent(name)
+					if err != nil {
+						return err
+					}
+					profiles = agent.Home
+				}
+				return nil
+			})
 			if err != nil {
 				return err
 			}
 			defer stop()
-			var profiles []string
-			if name := c.String("agent"); name != "" {
-				agent, err := r.Cfg.Agent(name)
-				if err != nil {
-					return fail(ExitUsage, err)
-				}
-				profiles = agent.Home
-			}
 			res, err := r.Bootstrap(ctx, c.String("task"), profiles)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
-			if c.Bool("json") {
+			if jsonMode(c) {
 				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "volume": r.VolumeName(c.String("task")), "result": res.Result, "seeded": res.Seeded})
 			}
 			fmt.Fprintln(c.App.Writer, res.Result)
@@ -170,7 +216,7 @@ func versionCommand() *cli.Command {
 		Name:  "version",
 		Usage: "print shrooms' version",
 		Action: func(c *cli.Context) error {
-			if c.Bool("json") {
+			if jsonMode(c) {
 				return printJSON(c.App.Writer, map[string]string{"version": version})
 			}
 			fmt.Fprintln(c.App.Writer, "shrooms "+version)

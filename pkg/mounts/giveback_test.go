@@ -45,7 +45,6 @@ func TestCheckWorktreeAllowlist(t *testing.T) {
 	assert.ErrorContains(t, err, "contains /home")
 }
 
-
 func owner(t *testing.T, p string) (uint32, uint32) {
 	t.Helper()
 	fi, err := os.Lstat(p)

@@ -63,6 +63,8 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		return res, r.stopped(ctx, waitCtx, id, res, err, deadline)
 	}
 	c.lap("wait")
+	// Before removal, while podman still has the cage's state.
+	res.OOMKilled, _ = r.Podman.OOMKilled(cleanupCtx, id)
 	res.ExitCode = int(code)
 	res.Status = "exited"
 	return res, nil

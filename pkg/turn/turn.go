@@ -97,17 +97,19 @@ type Phase struct {
 
 // Result is what a turn did, for people and orchestrators (run --json).
 type Result struct {
-	Task     string  `json:"task"`
-	Agent    string  `json:"agent"`
-	Turn     int     `json:"turn"`
-	Cage     string  `json:"cage,omitempty"`
-	CageName string  `json:"cageName,omitempty"`
-	ExitCode int     `json:"exitCode"`
-	Status   string  `json:"status"` // exited, deadline, interrupted, error
-	Error    string  `json:"error,omitempty"`
-	Phases   []Phase `json:"phases"`
-	TotalMs  float64 `json:"totalMs"`
-	Removed  bool    `json:"removed"`
+	Task     string `json:"task"`
+	Agent    string `json:"agent"`
+	Turn     int    `json:"turn"`
+	Cage     string `json:"cage,omitempty"`
+	CageName string `json:"cageName,omitempty"`
+	ExitCode int    `json:"exitCode"`
+	Status   string `json:"status"` // exited, deadline, interrupted, error
+	// OOMKilled is true when the kernel's OOM killer ended a cage process.
+	OOMKilled bool    `json:"oomKilled"`
+	Error     string  `json:"error,omitempty"`
+	Phases    []Phase `json:"phases"`
+	TotalMs   float64 `json:"totalMs"`
+	Removed   bool    `json:"removed"`
 	// Prepared is true when the turn ran in a cage prepared ahead.
 	Prepared bool `json:"prepared"`
 	// Reset is the HOME reset's report for this turn.
