@@ -164,7 +164,7 @@ func globalize(cmds []*cli.Command) {
 			cmd.Before = func(c *cli.Context) error {
 				for _, name := range required {
 					if !c.IsSet(name) {
-						return fail(ExitUsage, fmt.Errorf("required flag --%s not set (see `shrooms help%s`)", name, commandPath(c)))
+						return fail(ExitUsage, fmt.Errorf("required flag --%s not set (see `shrooms%s --help`)", name, commandPath(c)))
 					}
 				}
 				if before != nil {
@@ -187,19 +187,25 @@ func unknownCommand(c *cli.Context) error {
 	if !c.Args().Present() {
 		return cli.ShowSubcommandHelp(c)
 	}
-	return fail(ExitUsage, fmt.Errorf("unknown command %q (see `shrooms help%s`)", c.Args().First(), commandPath(c)))
+	return fail(ExitUsage, fmt.Errorf("unknown command %q (see `shrooms%s --help`)", c.Args().First(), commandPath(c)))
 }
 
-// commandPath is " net flush" for the net flush command, "" at the top.
+// commandPath is " outbox list" for the outbox list command, "" at the top.
 func commandPath(c *cli.Context) string {
-	if c.Command == nil || c.Command.Name == "" || c.Command.Name == c.App.Name {
+	var names []string
+	for _, cc := range c.Lineage() {
+		if cc.Command != nil && cc.Command.Name != "" && cc.Command.Name != c.App.Name {
+			names = append([]string{cc.Command.Name}, names...)
+		}
+	}
+	if len(names) == 0 {
 		return ""
 	}
-	return " " + c.Command.FullName()
+	return " " + strings.Join(names, " ")
 }
 
 func usageError(c *cli.Context, err error, _ bool) error {
-	return fail(ExitUsage, fmt.Errorf("%v (see `shrooms help%s`)", err, commandPath(c)))
+	return fail(ExitUsage, fmt.Errorf("%v (see `shrooms%s --help`)", err, commandPath(c)))
 }
 
 // jsonMode reports whether --json was given, before or after the command.

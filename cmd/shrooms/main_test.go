@@ -146,7 +146,7 @@ func TestRunJSONResult(t *testing.T) {
 		Task     string `json:"task"`
 		Turn     int    `json:"turn"`
 		Cage     string `json:"cage"`
-		ExitCode int    `json:"exitCode"`
+		ExitCode int    `json:"exit_code"`
 		Status   string `json:"status"`
 		Removed  bool   `json:"removed"`
 		Phases   []struct {

@@ -31,7 +31,7 @@ func requireStatic(t *testing.T) {
 
 type runResult struct {
 	Turn     int    `json:"turn"`
-	ExitCode int    `json:"exitCode"`
+	ExitCode int    `json:"exit_code"`
 	Prepared bool   `json:"prepared"`
 	Status   string `json:"status"`
 }

@@ -1,0 +1,258 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+
+	"gotest.tools/v3/assert"
+	is "gotest.tools/v3/assert/cmp"
+	"gotest.tools/v3/golden"
+)
+
+// These tests run without root and without podman: the config names a
+// podman socket that does not exist, so anything that reaches podman exits
+// 122, and everything refused before it exits 121.
+
+var _ = flag.Bool("update-golden", false, "") // gotest.tools/golden reads -update
+
+const downSocket = "unix:///run/shrooms-test-nonexistent/podman.sock"
+
+// downEnv is a config whose podman is unreachable.
+func downEnv(t *testing.T, extra string) *env {
+	t.Helper()
+	dir := t.TempDir()
+	e := &env{t: t, dir: dir, prefix: "down"}
+	e.config = filepath.Join(dir, "config.toml")
+	network := "[network]\npolicy = \"none\"\n"
+	if strings.Contains(extra, "[network]") {
+		network = ""
+	}
+	assert.NilError(t, os.WriteFile(e.config, []byte(fmt.Sprintf(`[podman]
+socket = %q
+[state]
+dir = %q
+%s[outbox]
+root = %q
+%s`, downSocket, filepath.Join(dir, "state"), network, filepath.Join(dir, "outbox"), extra)), 0o600))
+	return e
+}
+
+// shroomsCLI runs shrooms in-process with args as given (no --config added).
+func shroomsCLI(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := run(append([]string{"shrooms"}, args...), strings.NewReader(""), &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// lastJSON decodes the last line of stdout, which must be a JSON object.
+func lastObject(t *testing.T, stdout string) map[string]any {
+	t.Helper()
+	assert.Assert(t, strings.HasSuffix(stdout, "\n"), "stdout does not end a line: %q", stdout)
+	lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
+	var m map[string]any
+	assert.NilError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &m), "last line %q", lines[len(lines)-1])
+	assert.Equal(t, m["schema"], float64(jsonSchema))
+	return m
+}
+
+func TestGlobalFlagsBeforeOrAfterTheCommand(t *testing.T) {
+	e := downEnv(t, "")
+	for _, args := range [][]string{
+		{"--json", "--config", e.config, "run", "--task", "../x", "--agent", "shell"},
+		{"run", "--task", "../x", "--agent", "shell", "--json", "--config", e.config},
+		{"--config", e.config, "run", "--json", "--task", "../x", "--agent", "shell"},
+	} {
+		code, stdout, stderr := shroomsCLI(args...)
+		assert.Equal(t, code, ExitUsage, "%v: %s", args, stderr)
+		m := lastObject(t, stdout)
+		assert.Equal(t, m["status"], "error", args)
+		assert.Assert(t, is.Contains(m["error"].(string), `invalid task id "../x"`), args)
+	}
+	// After "--" a flag is the agent's, not shrooms'.
+	code, stdout, _ := shroomsCLI("--config", e.config, "run", "--task", "../x", "--agent", "shell", "--", "--json")
+	assert.Equal(t, code, ExitUsage)
+	assert.Equal(t, stdout, "", "no --json before --: no JSON")
+
+	t.Setenv("SHROOMS_CONFIG", e.config)
+	code, stdout, _ = shroomsCLI("version", "--json")
+	assert.Equal(t, code, 0)
+	assert.Equal(t, lastObject(t, stdout)["version"], version)
+}
+
+func TestHelp(t *testing.T) {
+	code, stdout, stderr := shroomsCLI("help", "run")
+	assert.Equal(t, code, 0, stderr)
+	assert.Assert(t, is.Contains(stdout, "shrooms run - run one turn"))
+	assert.Assert(t, is.Contains(stdout, "--stdin"))
+	assert.Assert(t, regexp.MustCompile(`--task ID .*\(required\)`).MatchString(stdout), stdout)
+	assert.Assert(t, regexp.MustCompile(`--agent NAME .*\(required\)`).MatchString(stdout), stdout)
+	assert.Assert(t, !regexp.MustCompile(`--worktree .*\(required\)`).MatchString(stdout), stdout)
+	for _, line := range strings.Split(stdout, "\n") {
+		if strings.Contains(line, "--timeout") {
+			assert.Equal(t, strings.Count(line, "default"), 1, "one default for --timeout: %q", line)
+			assert.Assert(t, is.Contains(line, "cage.timeout"))
+		}
+	}
+	code, stdout2, _ := shroomsCLI("run", "--help")
+	assert.Equal(t, code, 0)
+	assert.Equal(t, stdout, stdout2, "help run and run --help agree")
+	code, stdout, _ = shroomsCLI("help")
+	assert.Equal(t, code, 0)
+	assert.Assert(t, is.Contains(stdout, "Global flags (--config, --json) go before or after the command"))
+}
+
+// TestUsageErrors: one line on stderr, nothing on stdout, exit 121.
+func TestUsageErrors(t *testing.T) {
+	e := downEnv(t, "")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--agent", "shell"}, "required flag --task not set (see `shrooms run --help`)"},
+		{[]string{"run", "--task", "t", "--agent", "shell", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"run", "--task", "t", "--agent", "shell", "--timeout", "soon"}, `invalid value "soon" for flag -timeout`},
+		{[]string{"outbox", "list"}, "required flag --task not set (see `shrooms outbox list --help`)"},
+		{[]string{"bogus"}, `unknown command "bogus" (see ` + "`shrooms --help`)"},
+		{[]string{"net", "bogus"}, `unknown command "bogus" (see ` + "`shrooms net --help`)"},
+		{[]string{"commit", "--task", "t"}, "required flag --message not set"},
+		{[]string{"run", "--task", "t", "--agent", "shell", "--stdin", "--no-stdin"}, "--stdin and --no-stdin contradict each other"},
+	} {
+		code, stdout, stderr := shroomsCLI(append([]string{"--config", e.config}, tc.args...)...)
+		assert.Equal(t, code, ExitUsage, "%v: %s", tc.args, stderr)
+		assert.Equal(t, stdout, "", tc.args)
+		assert.Assert(t, is.Contains(stderr, tc.want), tc.args)
+		assert.Equal(t, strings.Count(stderr, "\n"), 1, "one line: %q", stderr)
+		assert.Assert(t, strings.HasPrefix(stderr, "shrooms: "), stderr)
+	}
+}
+
+// TestValidationBeforePodman: with podman down, bad input exits 121 (an
+// orchestrator must not retry it) and good input exits 122.
+func TestValidationBeforePodman(t *testing.T) {
+	dir := t.TempDir()
+	plain := filepath.Join(dir, "plain")
+	repo := filepath.Join(dir, "repo")
+	for _, d := range []string{plain, repo, filepath.Join(repo, ".git")} {
+		assert.NilError(t, os.Mkdir(d, 0o755))
+	}
+	notJSON := filepath.Join(dir, "settings.json")
+	assert.NilError(t, os.WriteFile(notJSON, []byte("not json"), 0o600))
+	fifo := filepath.Join(dir, "fifo")
+	assert.NilError(t, syscall.Mkfifo(fifo, 0o600))
+	good := downEnv(t, "")
+	turn := func(e *env, extra ...string) []string {
+		return append([]string{"--config", e.config, "run", "--task", "t1", "--agent", "shell"}, extra...)
+	}
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"positive control: good input reaches podman", turn(good, "--worktree", repo), ExitHostNotReady, "podman API unreachable"},
+		{"task id", []string{"--config", good.config, "run", "--task", "A/b", "--agent", "shell"}, ExitUsage, "invalid task id"},
+		{"agent", []string{"--config", good.config, "run", "--task", "t1", "--agent", "nope"}, ExitUsage, `unknown agent "nope"`},
+		{"worktree missing", turn(good, "--worktree", filepath.Join(dir, "nope")), ExitUsage, "no such file or directory"},
+		{"worktree not a git work tree", turn(good, "--worktree", plain), ExitUsage, "not a git work tree"},
+		{"worktree /tmp", turn(good, "--worktree", "/tmp"), ExitUsage, `worktree "/tmp"`},
+		{"worktree /", turn(good, "--worktree", "/"), ExitUsage, "root directory"},
+		{"token file missing", turn(downEnv(t, "[tokens]\nk = \""+filepath.Join(dir, "nope")+"\"\n")), ExitUsage, "tokens.k: cannot read"},
+		{"token file a FIFO", turn(downEnv(t, "[tokens]\nk = \""+fifo+"\"\n")), ExitUsage, "is not a regular file"},
+		{"seccomp file missing", turn(downEnv(t, "[cage]\nseccomp = \""+filepath.Join(dir, "nope.json")+"\"\n")), ExitUsage, "cage.seccomp: cannot read"},
+		{"settings file not JSON", turn(downEnv(t, "[home.claude]\nsettings_file = \""+notJSON+"\"\n")), ExitUsage, "home.claude.settings_file"},
+		{"scalar for a table", turn(downEnv(t, "[agents.shell]\ncommand = [\"sh\"]\nhome = [\"shell\"]\nenv = \"FOO=1\"\n")), ExitUsage, "agents.shell.env: must be a table"},
+		{"token_env scalar", turn(downEnv(t, "[agents.shell]\ncommand = [\"sh\"]\nhome = [\"shell\"]\ntoken_env = \"KEY\"\n")), ExitUsage, "agents.shell.token_env: must be a table"},
+		{"hostname_format", turn(downEnv(t, "[cage]\nhostname_format = \"cage-%d\"\n")), ExitUsage, "cage.hostname_format"},
+		{"allowlist entry", turn(downEnv(t, "[network]\npolicy = \"allowlist\"\nallow = [\"10.0.0.0/8\"]\n")), ExitUsage, "network.allow[0]"},
+		{"bootstrap task id", []string{"--config", good.config, "bootstrap", "--task", "../x"}, ExitUsage, "invalid task id"},
+		{"bootstrap agent", []string{"--config", good.config, "bootstrap", "--task", "t1", "--agent", "nope"}, ExitUsage, "unknown agent"},
+		{"reset agent", []string{"--config", good.config, "reset", "--task", "t1", "--agent", "nope"}, ExitUsage, "unknown agent"},
+		{"forget task id", []string{"--config", good.config, "forget", "--task", "../x"}, ExitUsage, "invalid task id"},
+		{"outbox task id", []string{"--config", good.config, "outbox", "collect", "--task", "../x"}, ExitUsage, "invalid task id"},
+		{"commit task id", []string{"--config", good.config, "commit", "--task", "../x", "-m", "x"}, ExitUsage, "invalid task id"},
+		{"spec worktree", []string{"--config", good.config, "spec", "--task", "t1", "--agent", "shell", "--worktree", plain}, ExitUsage, "not a git work tree"},
+		{"prepare agent", []string{"--config", good.config, "prepare", "--task", "t1", "--agent", "nope"}, ExitUsage, "unknown agent"},
+		{"probe agent", []string{"--config", good.config, "probe", "--agent", "nope"}, ExitUsage, "unknown agent"},
+	}
+	for _, tc := range cases {
+		code, _, stderr := shroomsCLI(tc.args...)
+		assert.Equal(t, code, tc.code, "%s: %s", tc.name, stderr)
+		assert.Assert(t, is.Contains(stderr, tc.want), tc.name)
+		assert.Equal(t, strings.Count(stderr, "\n"), 1, "%s: one line: %q", tc.name, stderr)
+	}
+	_, err := os.Stat(filepath.Join(good.dir, "state"))
+	assert.Assert(t, os.IsNotExist(err), "bad input wrote no state")
+}
+
+// TestJSONErrorGolden: under --json every error path ends stdout with one
+// JSON object, compared with golden files (go test -update rewrites them).
+func TestJSONErrorGolden(t *testing.T) {
+	e := downEnv(t, "")
+	bad := downEnv(t, "[agents.shell]\ncommand = [\"sh\"]\nhome = [\"shell\"]\nenv = \"FOO=1\"\n")
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+	}{
+		{"run-bad-task", []string{"--config", e.config, "run", "--task", "../x", "--agent", "shell", "--json"}, ExitUsage},
+		{"run-podman-down", []string{"--config", e.config, "run", "--task", "t1", "--agent", "shell", "--json"}, ExitHostNotReady},
+		{"run-bad-config", []string{"--config", bad.config, "run", "--task", "t1", "--agent", "shell", "--json"}, ExitUsage},
+		{"run-bad-flag", []string{"--config", e.config, "run", "--task", "t1", "--bogus", "--json"}, ExitUsage},
+		{"run-missing-flag", []string{"--json", "--config", e.config, "run", "--agent", "shell"}, ExitUsage},
+		{"unknown-command", []string{"--json", "bogus"}, ExitUsage},
+		{"forget-podman-down", []string{"--config", e.config, "forget", "--task", "t1", "--json"}, ExitHostNotReady},
+		{"outbox-release-bad-task", []string{"--config", e.config, "outbox", "release", "--task", "../x", "--json"}, ExitUsage},
+		{"net-flush-bad-config", []string{"--config", bad.config, "net", "flush", "--json"}, ExitUsage},
+		{"gc-podman-down", []string{"--config", e.config, "gc", "--json"}, ExitHostNotReady},
+	} {
+		code, stdout, stderr := shroomsCLI(tc.args...)
+		assert.Equal(t, code, tc.code, "%s: %s", tc.name, stderr)
+		lastObject(t, stdout)
+		assert.Equal(t, strings.Count(stdout, "\n"), 1, "%s: one line: %q", tc.name, stdout)
+		got := strings.NewReplacer(e.config, "CONFIG", bad.config, "BAD_CONFIG").Replace(stdout)
+		got = regexp.MustCompile(`/v[0-9.]+/libpod`).ReplaceAllString(got, "/vX/libpod")
+		golden.Assert(t, got, filepath.Join("json", tc.name+".golden"))
+	}
+}
+
+// TestResultStartsItsOwnLine: output without a trailing newline does not
+// merge into the JSON line.
+func TestResultStartsItsOwnLine(t *testing.T) {
+	var buf bytes.Buffer
+	so := &stdout{w: &buf}
+	fmt.Fprint(so, "agent output without newline")
+	assert.NilError(t, printJSON(so, map[string]any{"exitCode": 0}))
+	assert.Equal(t, buf.String(), "agent output without newline\n{\"exit_code\":0,\"schema\":1}\n")
+
+	buf.Reset()
+	so = &stdout{w: &buf}
+	fmt.Fprint(so, "line\n")
+	assert.NilError(t, printJSON(so, map[string]any{}))
+	assert.Equal(t, buf.String(), "line\n{\"schema\":1}\n", "no blank line after a complete one")
+	assert.Assert(t, so.printed)
+}
+
+func TestJSONKeysAndUnits(t *testing.T) {
+	b, err := schemaJSON(map[string]any{
+		"exitCode": 3, "oomKilled": true, "totalMs": 1.5, "durationNs": 2500000,
+		"nested":  []any{map[string]any{"keptCount": 1}},
+		"/a/path": 1, "ANTHROPIC_API_KEY": 1, "NET-LAN": 1, "sha256": "x", "homeTrees": 2,
+	})
+	assert.NilError(t, err)
+	var m map[string]any
+	assert.NilError(t, json.Unmarshal(b, &m))
+	for _, k := range []string{"exit_code", "oom_killed", "total_ms", "duration_ms", "/a/path", "ANTHROPIC_API_KEY", "NET-LAN", "sha256", "home_trees", "schema"} {
+		_, ok := m[k]
+		assert.Assert(t, ok, "key %s missing in %s", k, b)
+	}
+	assert.Equal(t, m["duration_ms"], 2.5, "nanoseconds become milliseconds")
+	assert.Equal(t, m["nested"].([]any)[0].(map[string]any)["kept_count"], float64(1))
+}
