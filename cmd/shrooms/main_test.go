@@ -250,7 +250,7 @@ func TestBusyTaskExitCode(t *testing.T) {
 func TestStdinAndStreams(t *testing.T) {
 	e, _ := integration(t, "")
 	var out, errb bytes.Buffer
-	code := run([]string{"shrooms", "--config", e.config, "run", "--task", e.task("io"), "--agent", "shell", "--", "-c", "tr a-z A-Z; echo err >&2"},
+	code := run([]string{"shrooms", "--config", e.config, "run", "--task", e.task("io"), "--agent", "shell", "--stdin", "--", "-c", "tr a-z A-Z; echo err >&2"},
 		strings.NewReader("hello cage\n"), &out, &errb)
 	assert.Equal(t, code, 0, errb.String())
 	assert.Equal(t, out.String(), "HELLO CAGE\n")
@@ -294,6 +294,7 @@ func TestBadInputIsOneClearLineAndChangesNothing(t *testing.T) {
 		{"missing worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", filepath.Join(e.dir, "nope")}, ExitUsage, "no such file or directory"},
 		{"symlinked worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", link}, ExitUsage, "is a symbolic link"},
 		{"file worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", file}, ExitUsage, "is not a directory"},
+		{"plain worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", realWT}, ExitUsage, "not a git work tree"},
 		{"etc worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", "/etc"}, ExitUsage, "protected host directory /etc"},
 		{"root worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", "/"}, ExitUsage, "root directory"},
 		{"relative worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", "wt"}, ExitUsage, "must be an absolute path"},
@@ -301,7 +302,7 @@ func TestBadInputIsOneClearLineAndChangesNothing(t *testing.T) {
 		{"image missing", noImage, []string{"run", "--task", noImage.task("a"), "--agent", "x"}, ExitHostNotReady, "image localhost/shrooms-no-such-image:latest is not in podman's store"},
 		{"socket absent", noSocket, []string{"run", "--task", noSocket.task("a"), "--agent", "shell"}, ExitHostNotReady, "podman API unreachable"},
 		{"seal absent", networked, []string{"run", "--task", networked.task("a"), "--agent", "shell"}, ExitHostNotReady, "network seal not verified, refusing to start a networked cage"},
-		{"missing flag", e, []string{"run", "--agent", "shell"}, ExitUsage, `Required flag "task" not set`},
+		{"missing flag", e, []string{"run", "--agent", "shell"}, ExitUsage, `required flag --task not set`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -309,10 +310,9 @@ func TestBadInputIsOneClearLineAndChangesNothing(t *testing.T) {
 			assert.Equal(t, code, tc.code, "stdout=%q stderr=%q", stdout, stderr)
 			assert.Assert(t, is.Contains(stderr, tc.want))
 			msg := strings.TrimSpace(stderr)
-			if tc.name != "missing flag" { // urfave prints usage there
-				assert.Assert(t, !strings.Contains(msg, "\n"), "not one line: %q", msg)
-				assert.Assert(t, strings.HasPrefix(msg, "shrooms: "), msg)
-			}
+			assert.Assert(t, !strings.Contains(msg, "\n"), "not one line: %q", msg)
+			assert.Assert(t, strings.HasPrefix(msg, "shrooms: "), msg)
+			assert.Equal(t, stdout, "", "usage and errors go to stderr")
 		})
 	}
 	// Nothing was created: no cage, no HOME volume, no task state.

@@ -86,7 +86,9 @@ func schemaJSON(v any) ([]byte, error) {
 	}
 	tree = normalize(tree)
 	if m, ok := tree.(map[string]any); ok {
-		m["schema"] = jsonSchema
+		if _, has := m["schema"]; !has { // the probe report carries its own
+			m["schema"] = jsonSchema
+		}
 	}
 	return json.Marshal(tree)
 }

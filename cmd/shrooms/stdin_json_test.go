@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"gotest.tools/v3/assert"
+	is "gotest.tools/v3/assert/cmp"
+)
+
+// TestStdinOnlyWithFlag: a shrooms process whose stdin is an open pipe that
+// never closes (an orchestrator's) does not hand it to the agent: `cat`
+// sees an empty stdin and the turn ends at once. With --stdin the agent
+// reads it (positive control).
+func TestStdinOnlyWithFlag(t *testing.T) {
+	e, _ := integration(t, "")
+	cmd := e.command("run", "--task", e.task("stdin"), "--agent", "shell", "--", "-c", "cat; echo cat-done")
+	pr, pw, err := os.Pipe()
+	assert.NilError(t, err)
+	defer pw.Close() // held open for the whole turn
+	cmd.Stdin = pr
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	start := time.Now()
+	assert.NilError(t, cmd.Start())
+	pr.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		assert.NilError(t, err, errb.String())
+	case <-time.After(60 * time.Second):
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		<-done
+		t.Fatalf("the agent waited on stdin: %s", errb.String())
+	}
+	assert.Equal(t, out.String(), "cat-done\n")
+	assert.Assert(t, time.Since(start) < 60*time.Second)
+
+	var sout, serr bytes.Buffer
+	code := run([]string{"shrooms", "--config", e.config, "run", "--task", e.task("stdin"), "--agent", "shell", "--stdin", "--", "-c", "cat"},
+		strings.NewReader("piped in\n"), &sout, &serr)
+	assert.Equal(t, code, 0, serr.String())
+	assert.Equal(t, sout.String(), "piped in\n", "positive control: --stdin attaches it")
+}
+
+// TestJSONResultOnItsOwnLine: agent output without a trailing newline, the
+// result is still the last line on its own; oom_killed is reported.
+func TestJSONResultOnItsOwnLine(t *testing.T) {
+	e, _ := integration(t, "")
+	code, stdout, stderr := e.shrooms("run", "--json", "--task", e.task("nl"), "--agent", "shell", "--", "-c", "printf no-newline")
+	assert.Equal(t, code, 0, stderr)
+	assert.Assert(t, strings.HasPrefix(stdout, "no-newline\n{"), stdout)
+	m := lastObject(t, stdout)
+	assert.Equal(t, m["status"], "exited")
+	assert.Equal(t, m["exit_code"], float64(0))
+	assert.Equal(t, m["oom_killed"], false)
+	assert.Assert(t, m["total_ms"].(float64) > 0)
+	reset := m["reset"].(map[string]any)
+	_, ok := reset["duration_ms"]
+	assert.Assert(t, ok, "the reset's duration is in milliseconds: %v", reset)
+}
+
+// TestOOMKilled: a process that allocates past the cage's memory limit is
+// killed, and the result says so; a small allocation is the control.
+func TestOOMKilled(t *testing.T) {
+	e, _ := integration(t, "") // cage.memory = 256m
+	code, stdout, stderr := e.shrooms("run", "--json", "--task", e.task("oom"), "--agent", "shell", "--", "-c", "dd if=/dev/zero of=/dev/null bs=16M count=1 && echo small-ok")
+	assert.Equal(t, code, 0, stderr)
+	assert.Assert(t, is.Contains(stdout, "small-ok"))
+	assert.Equal(t, lastObject(t, stdout)["oom_killed"], false, "positive control")
+
+	code, stdout, stderr = e.shrooms("run", "--json", "--task", e.task("oom"), "--agent", "shell", "--", "-c", "dd if=/dev/zero of=/dev/null bs=400M count=1")
+	assert.Assert(t, code != 0, stderr)
+	assert.Equal(t, lastObject(t, stdout)["oom_killed"], true, stdout+stderr)
+}
+
+// TestWorktreeOwnerThroughTheCLI: a git worktree owned by uid 4242 is 4242's
+// after a turn that writes nested files, and after a turn killed by its
+// deadline; a second task on it is refused with 121.
+func TestWorktreeOwnerThroughTheCLI(t *testing.T) {
+	e, _ := integration(t, "")
+	wt := filepath.Join(e.dir, "repo")
+	assert.NilError(t, os.Mkdir(wt, 0o755))
+	git(t, wt, "init", "-q", "-b", "main")
+	assert.NilError(t, filepath.WalkDir(wt, func(p string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, 4242, 4242)
+	}))
+	owned := func() {
+		t.Helper()
+		assert.NilError(t, filepath.WalkDir(wt, func(p string, _ os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			fi, err := os.Lstat(p)
+			if err != nil {
+				return err
+			}
+			assert.Equal(t, fi.Sys().(*syscall.Stat_t).Uid, uint32(4242), p)
+			return nil
+		}))
+	}
+	code, stdout, stderr := e.shrooms("run", "--json", "--task", e.task("own"), "--agent", "shell", "--worktree", wt, "--", "-c", "mkdir -p /work/a/b/c && echo x > /work/a/b/c/f && echo y > /work/top")
+	assert.Equal(t, code, 0, stderr)
+	owned()
+	w := lastObject(t, stdout)["worktree"].(map[string]any)
+	assert.Equal(t, w["owner_uid"], float64(4242))
+	assert.Assert(t, w["given_back"].(float64) >= 5, "%v", w)
+
+	code, _, stderr = e.shrooms("run", "--task", e.task("own"), "--agent", "shell", "--worktree", wt, "--timeout", "3s", "--", "-c", "mkdir -p /work/d/e && echo z > /work/d/e/f && sleep 600")
+	assert.Equal(t, code, ExitDeadline, stderr)
+	owned()
+	_, err := os.Stat(filepath.Join(wt, "d", "e", "f"))
+	assert.NilError(t, err, "positive control: the deadline turn wrote its files")
+
+	code, _, stderr = e.shrooms("run", "--task", e.task("other"), "--agent", "shell", "--worktree", wt, "--", "-c", "true")
+	assert.Equal(t, code, ExitUsage, stderr)
+	assert.Assert(t, is.Contains(stderr, "belongs to task"))
+}
+
+// TestWorktreeGivenBackOnSignal: SIGTERM to a real shrooms process mid-turn;
+// the worktree is its owner's again when shrooms exits.
+func TestWorktreeGivenBackOnSignal(t *testing.T) {
+	e, _ := integration(t, "")
+	wt := filepath.Join(e.dir, "repo")
+	assert.NilError(t, os.Mkdir(wt, 0o755))
+	git(t, wt, "init", "-q", "-b", "main")
+	assert.NilError(t, os.Lchown(wt, 4242, 4242))
+	cmd := e.command("run", "--task", e.task("sig"), "--agent", "shell", "--worktree", wt, "--", "-c", "mkdir -p /work/s/t && echo up > /work/s/t/f && echo up; sleep 600")
+	out, err := cmd.StdoutPipe()
+	assert.NilError(t, err)
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	assert.NilError(t, cmd.Start())
+	_, err = out.Read(make([]byte, 3))
+	assert.NilError(t, err, errb.String())
+	assert.NilError(t, cmd.Process.Signal(syscall.SIGTERM))
+	_ = cmd.Wait()
+	assert.Equal(t, cmd.ProcessState.ExitCode(), ExitInterrupted, errb.String())
+	for _, p := range []string{wt, filepath.Join(wt, "s"), filepath.Join(wt, "s", "t"), filepath.Join(wt, "s", "t", "f")} {
+		fi, err := os.Lstat(p)
+		assert.NilError(t, err)
+		assert.Equal(t, fi.Sys().(*syscall.Stat_t).Uid, uint32(4242), p)
+	}
+}
+
