@@ -49,7 +49,12 @@ type exitError struct {
 	err  error
 }
 
-func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
 func (e *exitError) Unwrap() error { return e.err }
 
 func fail(code int, err error) error { return &exitError{code: code, err: err} }
@@ -61,9 +66,11 @@ func run(args []string, stdin io.Reader, out, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	code, msg := ExitUsage, err.Error()
+	code, msg := ExitUsage, ""
 	var ee *exitError
-	if errors.As(err, &ee) {
+	if !errors.As(err, &ee) {
+		msg = err.Error()
+	} else {
 		code, msg = ee.code, ""
 		if ee.err != nil {
 			msg = ee.err.Error()

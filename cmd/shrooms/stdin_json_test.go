@@ -76,8 +76,24 @@ func TestOOMKilled(t *testing.T) {
 	assert.Equal(t, lastObject(t, stdout)["oom_killed"], false, "positive control")
 
 	code, stdout, stderr = e.shrooms("run", "--json", "--task", e.task("oom"), "--agent", "shell", "--", "-c", "dd if=/dev/zero of=/dev/null bs=400M count=1")
-	assert.Assert(t, code != 0, stderr)
-	assert.Equal(t, lastObject(t, stdout)["oom_killed"], true, stdout+stderr)
+	assert.Equal(t, code, 137, "killed by SIGKILL: %s", stderr)
+	m := lastObject(t, stdout)
+	assert.Equal(t, m["exit_code"], float64(137))
+	// oom_killed is podman's State.OOMKilled, which conmon sets from the
+	// cgroup's OOM notification. On a cgroup v1 (hybrid) host with runc,
+	// as the Debian 12 build machines are, podman itself reports false
+	// (`podman run --memory 64m … dd bs=400M` then inspect shows
+	// OOMKilled=false); on cgroup v2 it must be true.
+	if cgroupV2() {
+		assert.Equal(t, m["oom_killed"], true, stdout+stderr)
+	} else {
+		t.Logf("cgroup v1 host: podman does not report OOM kills here (oom_killed=%v)", m["oom_killed"])
+	}
+}
+
+func cgroupV2() bool {
+	var st syscall.Statfs_t
+	return syscall.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == 0x63677270 // CGROUP2_SUPER_MAGIC
 }
 
 // TestWorktreeOwnerThroughTheCLI: a git worktree owned by uid 4242 is 4242's
