@@ -298,7 +298,7 @@ func TestBadInputIsOneClearLineAndChangesNothing(t *testing.T) {
 		{"etc worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", "/etc"}, ExitUsage, "protected host directory /etc"},
 		{"root worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", "/"}, ExitUsage, "root directory"},
 		{"relative worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", "wt"}, ExitUsage, "must be an absolute path"},
-		{"token missing", noToken, []string{"run", "--task", noToken.task("a"), "--agent", "t"}, ExitUsage, `token k "/nonexistent/token"`},
+		{"token missing", noToken, []string{"run", "--task", noToken.task("a"), "--agent", "t"}, ExitUsage, `tokens.k: cannot read /nonexistent/token`},
 		{"image missing", noImage, []string{"run", "--task", noImage.task("a"), "--agent", "x"}, ExitHostNotReady, "image localhost/shrooms-no-such-image:latest is not in podman's store"},
 		{"socket absent", noSocket, []string{"run", "--task", noSocket.task("a"), "--agent", "shell"}, ExitHostNotReady, "podman API unreachable"},
 		{"seal absent", networked, []string{"run", "--task", networked.task("a"), "--agent", "shell"}, ExitHostNotReady, "network seal not verified, refusing to start a networked cage"},
@@ -341,7 +341,7 @@ func TestBootstrapCommand(t *testing.T) {
 	assert.Equal(t, stdout, "bootstrapped\n")
 	code, stdout, _ = e.shrooms("--json", "bootstrap", "--task", task)
 	assert.Equal(t, code, 0)
-	assert.Assert(t, is.Contains(stdout, `"result": "already-bootstrapped"`))
+	assert.Assert(t, is.Contains(stdout, `"result":"already-bootstrapped"`))
 }
 
 func TestSpecCommandPrintsStableJSON(t *testing.T) {

@@ -107,7 +107,7 @@ root = %q
 	assert.Assert(t, err != nil, "--seal-only created the network: %s", out)
 	code, stdout, stderr = shrooms("--json", "net", "status")
 	assert.Equal(t, code, 0, stderr)
-	assert.Assert(t, is.Contains(stdout, `"ok": true`))
+	assert.Assert(t, is.Contains(stdout, `"ok":true`))
 
 	net1, lan1 := "n1"+name, "l1"+name
 	code, _, stderr = shrooms("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", probe(net1, lan1))

@@ -90,7 +90,7 @@ func TestPreparedCages(t *testing.T) {
 	// A run that differs (stdin attached) discards the prepared cage.
 	code, _, stderr = e.shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
 	assert.Equal(t, code, 0, stderr)
-	code, stdout, stderr = e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--", "-c", "true")
+	code, stdout, stderr = e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--stdin", "--", "-c", "true")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, !lastJSON(t, stdout).Prepared)
 	assert.Equal(t, len(cageStates(t, client, task)), 0, "the discarded cage was left")
