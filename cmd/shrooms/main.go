@@ -130,6 +130,10 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			commitCommand(),
 			resetCommand(),
 			forgetCommand(),
+			tasksCommand(),
+			statusCommand(),
+			logCommand(),
+			stopCommand(),
 			versionCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run() maps errors to codes

@@ -167,4 +167,3 @@ func TestWorktreeGivenBackOnSignal(t *testing.T) {
 		assert.Equal(t, fi.Sys().(*syscall.Stat_t).Uid, uint32(4242), p)
 	}
 }
-

@@ -149,6 +149,12 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		return res, classify(err)
 	}
 	defer lock.Release()
+	// The turn's record, after the worktree is given back, before the lock goes.
+	defer func() {
+		if rerr := r.recordTurn(res, err, c.start); rerr != nil && err == nil {
+			err = fmt.Errorf("%w: %v", ErrHostNotReady, rerr)
+		}
+	}()
 	if in.worktree != "" {
 		// Last before the lock goes: the cage is gone, no turn can start.
 		defer func() { err = r.finishWorktree(req.Task, in.worktree, res, err) }()

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
+)
+
+// stateRunner is a runner for the task commands: they read the state
+// directory and signal shrooms processes, and never contact podman.
+func stateRunner(c *cli.Context, task bool) (*turn.Runner, error) {
+	cfg, err := loadConfig(c)
+	if err != nil {
+		return nil, err
+	}
+	if task {
+		if err := mounts.ValidateTaskID(c.String("task")); err != nil {
+			return nil, fail(ExitUsage, err)
+		}
+	}
+	return turn.NewRunner(cfg, nil, nil), nil
+}
+
+func tasksCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "tasks",
+		Usage: "list every task: turns, busy, last status, HOME size",
+		Action: func(c *cli.Context) error {
+			r, err := stateRunner(c, false)
+			if err != nil {
+				return err
+			}
+			ts, err := r.Tasks()
+			if err != nil {
+				return fail(codeFor(err), err)
+			}
+			if jsonMode(c) {
+				return printJSON(c.App.Writer, map[string]any{"tasks": ts})
+			}
+			fmt.Fprintf(c.App.Writer, "%-32s %5s %-5s %-12s %5s %10s\n", "TASK", "TURNS", "BUSY", "LAST", "EXIT", "HOME")
+			for _, t := range ts {
+				last, exit := "-", "-"
+				if t.Last != nil {
+					last, exit = t.Last.Status, fmt.Sprint(t.Last.ExitCode)
+				}
+				fmt.Fprintf(c.App.Writer, "%-32s %5d %-5v %-12s %5s %10s\n", t.Task, t.Turns, t.Busy, last, exit, config.Size(t.HomeBytes>>20<<20))
+			}
+			return nil
+		},
+	}
+}
+
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "status",
+		Usage: "show one task: turns, whether a turn runs (and its process), last turn, HOME size",
+		Flags: []cli.Flag{taskFlag()},
+		Action: func(c *cli.Context) error {
+			r, err := stateRunner(c, true)
+			if err != nil {
+				return err
+			}
+			st, err := r.Status(c.String("task"))
+			if err != nil {
+				return fail(codeFor(err), err)
+			}
+			if jsonMode(c) {
+				return printJSON(c.App.Writer, st)
+			}
+			w := c.App.Writer
+			fmt.Fprintf(w, "task      %s\nturns     %d\n", st.Task, st.Turns)
+			if st.Busy {
+				fmt.Fprintf(w, "busy      yes (shrooms process %d)\n", st.PID)
+			} else {
+				fmt.Fprintln(w, "busy      no")
+			}
+			fmt.Fprintf(w, "agent     %s\nworktree  %s\nhome      %d bytes\n", st.Agent, st.Worktree, st.HomeBytes)
+			if st.Last != nil {
+				fmt.Fprintf(w, "last      turn %d: %s, exit %d, %.0f ms%s\n", st.Last.Turn, st.Last.Status, st.Last.ExitCode, st.Last.TotalMs, errSuffix(st.Last.Error))
+			}
+			return nil
+		},
+	}
+}
+
+func errSuffix(e string) string {
+	if e == "" {
+		return ""
+	}
+	return " (" + e + ")"
+}
+
+func logCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "log",
+		Usage: "show the records of the task's turns (the run --json result of each, reset report included)",
+		Flags: []cli.Flag{taskFlag(), &cli.IntFlag{Name: "turn", Usage: "only turn `N`"}},
+		Action: func(c *cli.Context) error {
+			r, err := stateRunner(c, true)
+			if err != nil {
+				return err
+			}
+			if c.Int("turn") < 0 {
+				return fail(ExitUsage, fmt.Errorf("--turn must be positive"))
+			}
+			recs, err := r.Log(c.String("task"), c.Int("turn"))
+			if err != nil {
+				return fail(codeFor(err), err)
+			}
+			if jsonMode(c) {
+				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "turns": recs})
+			}
+			for _, rec := range recs {
+				phases := make([]string, 0, len(rec.Phases))
+				for _, p := range rec.Phases {
+					phases = append(phases, fmt.Sprintf("%s %.0f", p.Name, p.Ms))
+				}
+				fmt.Fprintf(c.App.Writer, "turn %d  %s  %s  exit %d  %.0f ms  [%s]%s\n", rec.Turn, rec.Agent, rec.Status, rec.ExitCode, rec.TotalMs, strings.Join(phases, ", "), errSuffix(rec.Error))
+				if rec.Reset != nil {
+					fmt.Fprintf(c.App.Writer, "        reset: kept %d, rebuilt %d, removed %d\n", rec.Reset.KeptCount, len(rec.Reset.Rebuilt), rec.Reset.RemovedCount)
+				}
+			}
+			return nil
+		},
+	}
+}
+
+func stopCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "stop",
+		Usage: "end the task's running turn from another process (its cage stopped and removed; that run exits 130)",
+		Description: `Sends SIGTERM to the shrooms process that holds the task, which stops the
+cage (SIGTERM, then SIGKILL after cage.stop_grace), removes it, gives the
+worktree back, records the turn and exits 130; waits until it has. With no
+turn running it changes nothing and says so.`,
+		Flags: []cli.Flag{taskFlag()},
+		Action: func(c *cli.Context) error {
+			r, err := stateRunner(c, true)
+			if err != nil {
+				return err
+			}
+			res, err := r.Stop(c.String("task"), r.StopWait())
+			if err != nil {
+				return fail(codeFor(err), err)
+			}
+			if jsonMode(c) {
+				return printJSON(c.App.Writer, res)
+			}
+			if res.Stopped {
+				fmt.Fprintf(c.App.Writer, "stopped turn %d of %s (shrooms process %d)\n", res.Turn, res.Task, res.PID)
+			} else {
+				fmt.Fprintf(c.App.Writer, "no turn of %s is running\n", res.Task)
+			}
+			return nil
+		},
+	}
+}

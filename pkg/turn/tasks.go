@@ -1,0 +1,271 @@
+package turn
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+)
+
+// turnsFile holds one JSON line per turn of a task (its Result, reset
+// report included), kept with the task until forget.
+const turnsFile = "turns.jsonl"
+
+// maxRecord bounds one turn record (a reset report lists bounded paths).
+const maxRecord = 4 << 20
+
+// recordTurn appends the turn's result to the task's log. Called at the end
+// of Run with the task lock held; a turn that never started (turn 0) is not
+// recorded.
+func (r *Runner) recordTurn(res *Result, err error, start time.Time) error {
+	if res == nil || res.Turn == 0 {
+		return nil
+	}
+	rec := *res
+	rec.TotalMs = ms(time.Since(start))
+	if err != nil && rec.Error == "" {
+		rec.Error = strings.Join(strings.Fields(err.Error()), " ")
+	}
+	b, merr := json.Marshal(&rec)
+	if merr != nil {
+		return fmt.Errorf("turn record: %w", merr)
+	}
+	f, oerr := os.OpenFile(filepath.Join(r.taskDir(res.Task), turnsFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if oerr != nil {
+		return fmt.Errorf("turn record: %w", oerr)
+	}
+	defer f.Close()
+	if _, werr := f.Write(append(b, '\n')); werr != nil {
+		return fmt.Errorf("turn record: %w", werr)
+	}
+	return nil
+}
+
+// Log returns the task's turn records, oldest first; turn > 0 selects one.
+func (r *Runner) Log(task string, turn int) ([]Result, error) {
+	if err := r.knownTask(task); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(filepath.Join(r.taskDir(task), turnsFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return r.noTurn(task, turn, nil)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: turn log: %v", ErrHostNotReady, err)
+	}
+	defer f.Close()
+	var out []Result
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), maxRecord)
+	for sc.Scan() {
+		var rec Result
+		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+			return nil, fmt.Errorf("%w: turn log of %s is damaged: %v", ErrHostNotReady, task, err)
+		}
+		if turn == 0 || rec.Turn == turn {
+			out = append(out, rec)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("%w: turn log: %v", ErrHostNotReady, err)
+	}
+	return r.noTurn(task, turn, out)
+}
+
+func (r *Runner) noTurn(task string, turn int, out []Result) ([]Result, error) {
+	if turn > 0 && len(out) == 0 {
+		return nil, fmt.Errorf("%w: task %q has no record of turn %d", ErrInput, task, turn)
+	}
+	if out == nil {
+		out = []Result{}
+	}
+	return out, nil
+}
+
+func (r *Runner) knownTask(task string) error {
+	if err := mounts.ValidateTaskID(task); err != nil {
+		return fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	ok, err := r.Store.Exists(task)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: %w %q (no turn has run for it)", ErrInput, ErrUnknownTask, task)
+	}
+	return nil
+}
+
+// TaskStatus is one task as `tasks` and `status` show it.
+type TaskStatus struct {
+	Task  string `json:"task"`
+	Turns int    `json:"turns"`
+	// Busy is true while a shrooms process holds the task (a turn runs);
+	// PID is that process.
+	Busy     bool   `json:"busy"`
+	PID      int    `json:"pid,omitempty"`
+	Agent    string `json:"agent,omitempty"`
+	Worktree string `json:"worktree,omitempty"`
+	// Last is the record of the task's last recorded turn.
+	Last *Result `json:"last,omitempty"`
+	// HomeBytes is the disk space the task HOME's filesystem image uses.
+	HomeBytes int64 `json:"homeBytes"`
+}
+
+// Tasks lists every task in the state directory, by id.
+func (r *Runner) Tasks() ([]TaskStatus, error) {
+	entries, err := os.ReadDir(filepath.Join(r.Cfg.State.Dir, "tasks"))
+	if errors.Is(err, os.ErrNotExist) {
+		return []TaskStatus{}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	out := []TaskStatus{}
+	for _, e := range entries {
+		if !e.IsDir() || mounts.ValidateTaskID(e.Name()) != nil {
+			continue
+		}
+		st, err := r.Status(e.Name())
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, *st)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Task < out[j].Task })
+	return out, nil
+}
+
+// Status reports one task without taking its lock (a running turn is never
+// disturbed).
+func (r *Runner) Status(task string) (*TaskStatus, error) {
+	if err := r.knownTask(task); err != nil {
+		return nil, err
+	}
+	st := &TaskStatus{Task: task}
+	var err error
+	if st.Turns, err = r.Store.LastTurn(task); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	if st.PID, err = r.lockHolder(task); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	st.Busy = st.PID != 0
+	st.Agent, _ = r.Store.Recall(task, taskstate.FactAgent)
+	st.Worktree, _ = r.Store.Recall(task, taskstate.FactWorktree)
+	recs, err := r.Log(task, 0)
+	if err != nil {
+		return nil, err
+	}
+	if len(recs) > 0 {
+		st.Last = &recs[len(recs)-1]
+		st.Last.Reset = nil // the full report is in the log
+	}
+	var fs unix.Stat_t
+	if unix.Lstat(homestore.ImagePath(r.Cfg.State.Dir, r.VolumeName(task)), &fs) == nil {
+		st.HomeBytes = fs.Blocks * 512
+	}
+	return st, nil
+}
+
+// lockHolder returns the pid of the process holding the task's lock (0 when
+// none), read from /proc/locks so that looking never takes the lock.
+func (r *Runner) lockHolder(task string) (int, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(r.taskDir(task), "lock"), &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("task lock: %w", err)
+	}
+	locks, err := os.ReadFile("/proc/locks")
+	if err != nil {
+		return 0, fmt.Errorf("read /proc/locks: %w", err)
+	}
+	return flockHolder(locks, unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino), nil
+}
+
+// flockHolder finds the pid holding a FLOCK on the inode in /proc/locks
+// text (lines such as "1: FLOCK  ADVISORY  WRITE 4242 fd:01:131 0 EOF";
+// waiters, marked "->", are not holders).
+func flockHolder(locks []byte, major, minor uint32, ino uint64) int {
+	want := fmt.Sprintf("%02x:%02x:%d", major, minor, ino)
+	for _, line := range bytes.Split(locks, []byte{'\n'}) {
+		f := strings.Fields(string(line))
+		if len(f) < 6 || f[1] != "FLOCK" || f[5] != want {
+			continue
+		}
+		if pid, err := strconv.Atoi(f[4]); err == nil && pid > 0 {
+			return pid
+		}
+	}
+	return 0
+}
+
+// StopResult is what Stop did.
+type StopResult struct {
+	Task    string `json:"task"`
+	Stopped bool   `json:"stopped"` // a running turn was ended
+	PID     int    `json:"pid,omitempty"`
+	// Turn is the task's last turn (the one that was running).
+	Turn int `json:"turn,omitempty"`
+}
+
+// Stop ends the task's running turn from another process: it sends SIGTERM
+// to the shrooms process holding the task's lock, which stops and removes
+// the cage, gives the worktree back, records the turn and exits 130, and
+// waits until the lock is free. No turn running is not an error.
+func (r *Runner) Stop(task string, wait time.Duration) (*StopResult, error) {
+	if err := r.knownTask(task); err != nil {
+		return nil, err
+	}
+	res := &StopResult{Task: task}
+	pid, err := r.lockHolder(task)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	if pid == 0 {
+		return res, nil
+	}
+	res.PID = pid
+	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return nil, fmt.Errorf("%w: signal shrooms process %d: %v", ErrHostNotReady, pid, err)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		holder, err := r.lockHolder(task)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+		if holder != pid {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%w: shrooms process %d still holds task %q after %s", ErrHostNotReady, pid, task, wait)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	res.Stopped = true
+	res.Turn, _ = r.Store.LastTurn(task)
+	return res, nil
+}
+
+// StopWait is how long Stop waits for a turn to end: the agent's grace
+// period plus the time to remove its cage and give the worktree back.
+func (r *Runner) StopWait() time.Duration {
+	return r.Cfg.Cage.StopGrace.Std() + 2*cleanupTimeout
+}
