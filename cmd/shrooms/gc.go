@@ -9,7 +9,7 @@ import (
 func gcCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "gc",
-		Usage: "remove cages that a crashed shrooms left behind (turns that are running are kept)",
+		Usage: "remove cages a crashed shrooms left behind and give their worktrees back (running turns are kept)",
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runner(c)
 			if err != nil {
@@ -26,6 +26,9 @@ func gcCommand() *cli.Command {
 			fmt.Fprintf(c.App.Writer, "removed %d leftover cage(s); %d task(s) busy\n", len(rep.Removed), len(rep.Busy))
 			for _, n := range rep.Removed {
 				fmt.Fprintln(c.App.Writer, "  removed "+n)
+			}
+			for _, w := range rep.Worktrees {
+				fmt.Fprintln(c.App.Writer, "  gave back worktree "+w)
 			}
 			return nil
 		},

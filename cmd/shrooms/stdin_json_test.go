@@ -167,3 +167,35 @@ func TestWorktreeGivenBackOnSignal(t *testing.T) {
 		assert.Equal(t, fi.Sys().(*syscall.Stat_t).Uid, uint32(4242), p)
 	}
 }
+
+// TestWorktreeGivenBackAfterKill: kill -9 of shrooms mid-turn leaves the
+// worktree with the task's user; gc gives it back (and removes the cage).
+func TestWorktreeGivenBackAfterKill(t *testing.T) {
+	e, client := integration(t, "")
+	wt := filepath.Join(e.dir, "repo")
+	assert.NilError(t, os.Mkdir(wt, 0o755))
+	git(t, wt, "init", "-q", "-b", "main")
+	assert.NilError(t, os.Lchown(wt, 4242, 4242))
+	task := e.task("kill9")
+	cmd := e.command("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "mkdir -p /work/k/l && echo up > /work/k/l/f && echo up; sleep 600")
+	out, err := cmd.StdoutPipe()
+	assert.NilError(t, err)
+	assert.NilError(t, cmd.Start())
+	_, err = out.Read(make([]byte, 3))
+	assert.NilError(t, err)
+	assert.NilError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	uid := func(p string) uint32 {
+		fi, err := os.Lstat(p)
+		assert.NilError(t, err)
+		return fi.Sys().(*syscall.Stat_t).Uid
+	}
+	assert.Assert(t, uid(filepath.Join(wt, "k", "l", "f")) != 4242, "positive control: kill -9 leaves the files with the task's user")
+	code, stdout, stderr := e.shrooms("gc")
+	assert.Equal(t, code, 0, stderr)
+	assert.Assert(t, is.Contains(stdout, "gave back worktree "+wt), stdout)
+	for _, p := range []string{wt, filepath.Join(wt, "k"), filepath.Join(wt, "k", "l"), filepath.Join(wt, "k", "l", "f")} {
+		assert.Equal(t, uid(p), uint32(4242), p)
+	}
+	assert.Equal(t, e.cagesOf(client, task), 0)
+}

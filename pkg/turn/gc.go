@@ -45,6 +45,9 @@ type GCReport struct {
 	Busy    []string `json:"busy"`
 	// HomeTrees counts old HOME trees deleted (left by interrupted cleanups).
 	HomeTrees int `json:"homeTrees"`
+	// Worktrees lists worktrees given back to their owners (left with a
+	// task's user by a killed shrooms).
+	Worktrees []string `json:"worktrees"`
 }
 
 // GC removes every shrooms cage whose task has no turn running (the cages a
@@ -54,7 +57,7 @@ func (r *Runner) GC(ctx context.Context) (*GCReport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
-	rep := &GCReport{Removed: []string{}, Busy: []string{}}
+	rep := &GCReport{Removed: []string{}, Busy: []string{}, Worktrees: []string{}}
 	tasks := map[string]bool{}
 	for _, c := range cages {
 		// A prepared cage that has not started waits for its turn.
@@ -100,6 +103,11 @@ func (r *Runner) GC(ctx context.Context) (*GCReport, error) {
 			return rep, fmt.Errorf("%w: HOME cleanup of %s: %v", ErrHostNotReady, e.Name(), err)
 		}
 		rep.HomeTrees += len(cr.Trees)
+	}
+	given, err := r.giveBackIdle()
+	rep.Worktrees = append(rep.Worktrees, given...)
+	if err != nil {
+		return rep, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	return rep, nil
 }

@@ -216,3 +216,41 @@ func (r *Runner) releaseWorktrees(task string) error {
 	}
 	return nil
 }
+
+// giveBackIdle gives back the worktrees of tasks with no turn running (a
+// crashed or killed shrooms leaves its worktree with the task's user). It
+// takes each task's lock only for the give-back, skipping busy tasks.
+func (r *Runner) giveBackIdle() ([]string, error) {
+	dir := filepath.Join(r.Cfg.State.Dir, "worktrees")
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("worktree claims: %w", err)
+	}
+	var given []string
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		var c worktreeClaim
+		if json.Unmarshal(b, &c) != nil || mounts.ValidateTaskID(c.Task) != nil {
+			continue
+		}
+		lock, err := r.Store.LockTask(c.Task)
+		if err != nil {
+			continue // busy (or not ours to trust): its own turn gives it back
+		}
+		rep, err := r.giveBackWorktree(c.Task, c.Worktree)
+		lock.Release()
+		if err != nil {
+			return given, fmt.Errorf("give worktree %s back: %w", c.Worktree, err)
+		}
+		if rep != nil && rep.GivenBack > 0 {
+			given = append(given, c.Worktree)
+		}
+	}
+	return given, nil
+}
