@@ -1,9 +1,14 @@
 package turn
 
 import (
+	"os"
+	"path/filepath"
+	"syscall"
 	"testing"
 
 	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
 )
 
 func TestFlockHolder(t *testing.T) {
@@ -15,4 +20,23 @@ func TestFlockHolder(t *testing.T) {
 	assert.Equal(t, flockHolder(locks, 0xfd, 1, 131), 4242, "the FLOCK holder, not a POSIX lock or a waiter")
 	assert.Equal(t, flockHolder(locks, 8, 16, 131), 777, "device numbers are hex")
 	assert.Equal(t, flockHolder(locks, 0xfd, 1, 132), 0)
+}
+
+// TestClaimFollowsTheDirectoryNotThePath: a bind mount of a claimed
+// worktree is the same worktree for the one-task rule.
+func TestClaimFollowsTheDirectoryNotThePath(t *testing.T) {
+	itest.Require(t, itest.Root) // bind mount
+	dir := t.TempDir()
+	state, a, b := filepath.Join(dir, "state"), filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	assert.NilError(t, os.Mkdir(a, 0o755))
+	assert.NilError(t, os.Mkdir(b, 0o755))
+	assert.NilError(t, syscall.Mount(a, b, "", syscall.MS_BIND, ""))
+	t.Cleanup(func() { _ = syscall.Unmount(b, syscall.MNT_DETACH) })
+	assert.NilError(t, writeClaim(state, &worktreeClaim{Worktree: a, Task: "one", UID: 4242, GID: 4242}))
+	assert.NilError(t, checkClaim(state, "one", a))
+	assert.NilError(t, checkClaim(state, "one", b), "the same task through another path")
+	assert.ErrorContains(t, checkClaim(state, "two", b), `belongs to task "one"`)
+	c := filepath.Join(dir, "c")
+	assert.NilError(t, os.Mkdir(c, 0o755))
+	assert.NilError(t, checkClaim(state, "two", c), "positive control: another directory is free")
 }

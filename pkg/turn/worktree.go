@@ -40,14 +40,23 @@ type WorktreeReport struct {
 	GiveBackMs float64 `json:"give_back_ms"`
 }
 
+// claimPath names a worktree's claim by the directory's device and inode,
+// so that another path to the same directory (a bind mount) is the same
+// worktree; a worktree that no longer exists is named by its path.
 func claimPath(stateDir, worktree string) string {
-	sum := sha256.Sum256([]byte(worktree))
+	key := "path:" + worktree
+	var st unix.Stat_t
+	if unix.Lstat(worktree, &st) == nil {
+		key = fmt.Sprintf("inode:%d:%d", st.Dev, st.Ino)
+	}
+	sum := sha256.Sum256([]byte(key))
 	return filepath.Join(stateDir, "worktrees", hex.EncodeToString(sum[:16])+".json")
 }
 
 // readClaim returns the worktree's claim, nil if it has none.
 func readClaim(stateDir, worktree string) (*worktreeClaim, error) {
-	b, err := os.ReadFile(claimPath(stateDir, worktree))
+	path := claimPath(stateDir, worktree)
+	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -55,8 +64,8 @@ func readClaim(stateDir, worktree string) (*worktreeClaim, error) {
 		return nil, fmt.Errorf("worktree claim: %w", err)
 	}
 	var c worktreeClaim
-	if err := json.Unmarshal(b, &c); err != nil || c.Worktree != worktree {
-		return nil, fmt.Errorf("worktree claim %s is damaged; remove it once the worktree's owner is right", claimPath(stateDir, worktree))
+	if err := json.Unmarshal(b, &c); err != nil || c.Task == "" {
+		return nil, fmt.Errorf("worktree claim %s is damaged; remove it once the worktree's owner is right", path)
 	}
 	return &c, nil
 }
