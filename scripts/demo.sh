@@ -19,9 +19,11 @@ memory = "256m"
 policy = "none"
 [outbox]
 root = "$work/outbox"
+[worktree]
+roots = ["$work"]   # the demo's worktree is a plain directory, not a git work tree
 TOML
 "$here/bin/shrooms" --config "$work/config.toml" run --task demo --agent shell \
-	--worktree "$work/worktree" --no-stdin -- -c '
+	--worktree "$work/worktree" -- -c '
 echo "== inside the cage: $(id)"
 grep -E "^(CapEff|NoNewPrivs|Seccomp):" /proc/self/status
 echo "uid_map: $(cat /proc/self/uid_map)"
