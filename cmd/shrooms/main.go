@@ -110,7 +110,7 @@ Exit status: the agent's own exit code, or one of shrooms' own:
   123 task busy (another turn of the task is running)
   124 deadline (the cage was stopped and removed)
   125 internal error
-  130 interrupted (the cage was stopped and removed)`,
+  130 interrupted: SIGINT, SIGTERM or `+"`shrooms stop`"+` (the cage was stopped and removed)`,
 		Version:   version,
 		Reader:    stdin,
 		Writer:    stdout,

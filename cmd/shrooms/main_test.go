@@ -395,7 +395,7 @@ func TestVersionAndHelp(t *testing.T) {
 	assert.Assert(t, strings.HasPrefix(stdout, "shrooms "))
 	code, stdout, _ = e.shrooms("--help")
 	assert.Equal(t, code, 0)
-	for _, cmd := range []string{"run", "spec", "bootstrap", "doctor", "gc", "version"} {
+	for _, cmd := range []string{"run", "spec", "bootstrap", "doctor", "gc", "tasks", "status", "log", "stop", "version"} {
 		assert.Assert(t, is.Contains(stdout, "   "+cmd), "help lacks %s", cmd)
 	}
 	assert.Assert(t, is.Contains(stdout, "123 task busy"))
