@@ -109,6 +109,7 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			prepareCommand(),
 			cageExecCommand(),
 			commitCommand(),
+			trustCommand(),
 			resetCommand(),
 			forgetCommand(),
 			versionCommand(),

@@ -27,6 +27,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
 )
 
 // Kinds of failure, so the CLI can map them to distinct exit codes.
@@ -112,6 +113,9 @@ type Result struct {
 	Prepared bool `json:"prepared"`
 	// Reset is the HOME reset's report for this turn.
 	Reset *homereset.Report `json:"reset,omitempty"`
+	// WorktreeGuard says which agent config in the worktree differed from
+	// the owner's trusted version and was masked in the cage.
+	WorktreeGuard *worktreeguard.Check `json:"worktreeGuard,omitempty"`
 }
 
 type clock struct {
@@ -165,6 +169,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (*Result, error) {
 	res.Prepared = preparedID != ""
 	res.Turn = prep.turn
 	res.Reset = prep.reset
+	res.WorktreeGuard = prep.guard
 	c.lap("prepare")
 
 	if r.OnSpec != nil && preparedID == "" {
@@ -216,9 +221,8 @@ func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, er
 	}
 	in := &checked{agent: agent, tokens: tokens}
 	if req.Worktree != "" {
-		forbidden := []string{cfg.State.Dir, cfg.Outbox.Root, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://"))}
-		if in.worktree, err = mounts.CheckHostDir(req.Worktree, "worktree", forbidden); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		if in.worktree, err = r.checkWorktree(req.Worktree); err != nil {
+			return nil, err
 		}
 	}
 	if cfg.Network.Networked() {
@@ -238,6 +242,17 @@ func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, er
 	return in, nil
 }
 
+// checkWorktree validates a worktree path and returns it cleaned.
+func (r *Runner) checkWorktree(path string) (string, error) {
+	cfg := r.Cfg
+	forbidden := []string{cfg.State.Dir, cfg.Outbox.Root, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://"))}
+	wt, err := mounts.CheckHostDir(path, "worktree", forbidden)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	return wt, nil
+}
+
 type prepared struct {
 	// argv is a prepared cage's command line, handed over at its run.
 	argv []string
@@ -249,6 +264,7 @@ type prepared struct {
 	ids     taskstate.IDs
 	root    string // the HOME volume's host directory
 	reset   *homereset.Report
+	guard   *worktreeguard.Check
 }
 
 // prepare lays out the cage's host side and computes its spec. With commit
@@ -328,6 +344,21 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		plan.Mounts = append(plan.Mounts, mounts.Mount{Kind: mounts.Bind, Source: m.Source, Dest: m.Dest, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
 	}
 	plan.Mounts = append(plan.Mounts, gitMounts...)
+	if p.guard, err = r.guardWorktree(ctx, req.Task, in.worktree, commit); err != nil {
+		return nil, err
+	}
+	shroomsEnv := map[string]string{}
+	guardDigest := ""
+	if p.guard != nil {
+		plan.Mounts = append(plan.Mounts, p.guard.Mounts...)
+		guardDigest = p.guard.Digest
+	}
+	if p.guard == nil || !p.guard.OpencodeProjectConfig {
+		// Second wall behind the masks: opencode skips project config
+		// (opencode.json, .opencode/, AGENTS.md) unless the owner trusted
+		// some and all of it is unchanged.
+		shroomsEnv["OPENCODE_DISABLE_PROJECT_CONFIG"] = "1"
+	}
 	plan.Mounts = append(plan.Mounts, req.ExtraMounts...)
 	command, args := req.Command, req.Args
 	if ahead {
@@ -380,6 +411,8 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		HostEntries:     in.hosts,
 		SeccompPath:     seccompPath,
 		DeadlineSeconds: uint(timeout.Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
+		Env:             shroomsEnv,
+		WorktreeGuard:   guardDigest,
 	})
 	if err != nil {
 		return nil, err
@@ -410,6 +443,42 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		return nil, err
 	}
 	return p, nil
+}
+
+// TrustStore is the task's store of trusted worktree config.
+func (r *Runner) TrustStore(task string) worktreeguard.Store {
+	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
+}
+
+// guardWorktree compares the worktree's agent config with what the owner
+// trusted and plans the masks (nil without a worktree). With commit, a task
+// that has no trusted record yet records the worktree as it is now: the
+// first turn sees the owner's worktree before any cage wrote to it.
+func (r *Runner) guardWorktree(ctx context.Context, task, worktree string, commit bool) (*worktreeguard.Check, error) {
+	if worktree == "" {
+		return nil, nil
+	}
+	store := r.TrustStore(task)
+	m, err := store.Load()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	recorded := false
+	if m == nil && commit {
+		if _, err := store.Trust(ctx, worktree, nil); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		}
+		if m, err = store.Load(); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+		recorded = true
+	}
+	c, err := store.Guard(ctx, worktree, m)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	c.Recorded = recorded
+	return c, nil
 }
 
 // countTurn records that the task's next turn starts now.
