@@ -73,7 +73,13 @@ func Why(rel string) string {
 }
 
 func isGuardedName(name string) bool {
-	return slices.ContainsFunc(guardedNames(), func(g guarded) bool { return g.name == name })
+	// Cheap first test on every worktree entry: each guarded name starts
+	// with one of these (TestGuardedNamesPassFirstByteTest keeps it so).
+	switch name[0] {
+	case '.', 'A', 'C', 'G', 'o', 'm':
+		return slices.ContainsFunc(guardedNames(), func(g guarded) bool { return g.name == name })
+	}
+	return false
 }
 
 // IsOpencode reports whether a guarded path is one opencode loads.

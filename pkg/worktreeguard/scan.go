@@ -92,11 +92,14 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 	if depth > maxWalkDepth {
 		return fmt.Errorf("worktree guard: %s is nested more than %d directories deep (refusing to start the turn; flatten or remove it)", rel, maxWalkDepth)
 	}
-	names, err := readNames(dir)
+	// Directory entry types come from getdents (no stat per entry): the
+	// walk's cost on a large worktree is one syscall batch per directory.
+	ents, err := dir.ReadDir(-1)
 	if err != nil {
 		return fmt.Errorf("worktree guard: read %s: %w", displayRel(rel), err)
 	}
-	for _, name := range names {
+	for _, ent := range ents {
+		name := ent.Name()
 		if s.visited++; s.visited%1024 == 0 {
 			if err := s.ctx.Err(); err != nil {
 				return err
@@ -110,38 +113,26 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 			if err := checkName(childRel); err != nil {
 				return err
 			}
+			dst := s.copyTo
 			if s.only != nil && !s.only[childRel] {
-				// Hashed, not copied.
-				e, err := s.capture(dir, name, childRel, nil)
-				if err != nil {
-					return err
-				}
-				s.snap.Entries[childRel] = e
-				continue
+				dst = nil // hashed, not copied
 			}
-			e, err := s.capture(dir, name, childRel, s.copyTo)
+			e, err := s.capture(dir, name, childRel, dst)
 			if err != nil {
 				return err
 			}
 			s.snap.Entries[childRel] = e
 			continue
 		}
-		if name == ".git" {
-			// Git metadata: the sealed commit path's business, not config an
-			// agent loads.
-			continue
-		}
-		var st unix.Stat_t
-		if err := unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				continue
-			}
-			return fmt.Errorf("worktree guard: stat %s: %w", childRel, err)
-		}
-		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		if name == ".git" || !ent.IsDir() {
+			// .git is git metadata: the sealed commit path's business, not
+			// config an agent loads. ReadDir reports links as links.
 			continue
 		}
 		sub, err := openDirAt(dir, name)
+		if errors.Is(err, unix.ENOENT) {
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("worktree guard: open %s: %w", childRel, err)
 		}

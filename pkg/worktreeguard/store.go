@@ -328,8 +328,10 @@ func (s Store) Guard(ctx context.Context, worktree string, m *Manifest) (*Check,
 func (s Store) maskSource(m *Manifest, ch Change) (string, error) {
 	switch ch.Type {
 	case "file", "dir":
+	case "symlink":
+		return "", fmt.Errorf("worktree guard: %s is a symlink the owner did not trust (a mask would follow it); remove it, or accept it with `shrooms trust --task TASK %s`", ch.Path, ch.Path)
 	default:
-		return "", fmt.Errorf("worktree guard: %s is a %s the owner did not trust (a mask would follow it); remove it, or accept it with `shrooms trust --task TASK %s`", ch.Path, ch.Type, ch.Path)
+		return "", fmt.Errorf("worktree guard: %s is a FIFO, device or socket the owner did not trust; remove it before the next turn", ch.Path)
 	}
 	if t, ok := m.Entries[ch.Path]; ok && t.Type == ch.Type {
 		p := filepath.Join(s.Dir, contentName, digestKey(t.Digest), "node")
