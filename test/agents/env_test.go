@@ -103,11 +103,13 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 				name, tomlList(a.Command), tomlList(a.Home), tomlTable(env))
 			continue
 		}
+		// The weaker mode (the key in the cage's environment), which the
+		// persistence tests run under; the gateway tests use the other.
 		if name == "claude" {
 			env["ANTHROPIC_BASE_URL"] = e.apiURL
 		}
 		fmt.Fprintf(&agents, "[agents.%s]\ncommand = %s\nhome = %s\nenv = %s\ntoken_env = %s\n",
-			name, tomlList(a.Command), tomlList(a.Home), tomlTable(env), tomlTable(a.TokenEnv))
+			name, tomlList(a.Command), tomlList(a.Home), tomlTable(env), tomlTable(map[string]string{"ANTHROPIC_API_KEY": "anthropic"}))
 	}
 	if o.gateway {
 		fmt.Fprintf(&agents, "[agents.probe]\ncommand = [\"python3\", \"-c\"]\nhome = [\"shell\"]\ngateway = \"anthropic\"\n")
