@@ -111,8 +111,10 @@ func TestVendorHash(t *testing.T) {
 	have, err := VendorHashIn(string(text))
 	assert.NilError(t, err)
 
+	// The vendor tree of exactly the package's source (nix/package.nix's src).
+	src := packageSource(t)
 	dir := t.TempDir()
-	assert.NilError(t, CopyGoSources(repo, dir))
+	assert.NilError(t, CopyTree(src, dir))
 	want, err := VendorHash(dir)
 	assert.NilError(t, err)
 	assert.Check(t, strings.HasPrefix(want, "sha256-"), want)
