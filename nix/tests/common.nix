@@ -32,7 +32,10 @@ let
           ExecStart = lib.escapeShellArgs (
             [
               (lib.getExe pkgs.python3)
-              ./canary.py
+              # Interpolated, so the script is copied to the store and is in
+              # the test's closure (a bare path through escapeShellArgs is
+              # only its source location as a string).
+              "${./canary.py}"
               "--role"
               role
               "--tcp"
