@@ -59,7 +59,9 @@ let
   badTokenPaths = lib.filterAttrs (
     _: p: !(lib.hasPrefix "/" p) || isStorePath p
   ) cfg.settings.tokens;
-  badTokenText = lib.concatStringsSep ", " (lib.mapAttrsToList (n: p: "${n} = \"${p}\"") badTokenPaths);
+  badTokenText = lib.concatStringsSep ", " (
+    lib.mapAttrsToList (n: p: "${n} = \"${p}\"") badTokenPaths
+  );
 
   networked = cfg.settings.network.policy != "none";
   net = cfg.settings.network;
@@ -149,7 +151,7 @@ let
 in
 {
   options.services.shrooms = {
-    enable = mkEnableOption "shrooms, which runs each turn of an AI coding agent in a sealed rootful podman cage";
+    enable = mkEnableOption "shrooms (each agent turn in a sealed rootful podman cage)";
 
     package = mkPackageOption shroomsPackages "shrooms" {
       default = if flake != null then [ "default" ] else [ "shrooms" ];
@@ -449,7 +451,8 @@ in
         message = "services.shrooms.outbox.mode = \"${cfg.outbox.mode}\" lets other users write the outbox root; use e.g. \"0750\".";
       }
       {
-        assertion = lib.removeSuffix "/" cfg.outbox.root != lib.removeSuffix "/" cfg.settings.state.dir;
+        assertion =
+          lib.removeSuffix "/" cfg.outbox.root != lib.removeSuffix "/" cfg.settings.state.dir;
         message = "services.shrooms.outbox.root = \"${cfg.outbox.root}\" is also settings.state.dir: give the outbox root a directory of its own (default /var/lib/shrooms/outbox).";
       }
       {
@@ -462,7 +465,8 @@ in
       }
       {
         assertion =
-          cfg.subIdRange.start >= 65536 && cfg.subIdRange.start + cfg.subIdRange.count <= 4294967295;
+          cfg.subIdRange.start >= 65536
+          && cfg.subIdRange.start + cfg.subIdRange.count <= 4294967295;
         message = "services.shrooms.subIdRange must lie within 65536..4294967294 (start ${toString cfg.subIdRange.start}, count ${toString cfg.subIdRange.count}).";
       }
       {

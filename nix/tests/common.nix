@@ -112,7 +112,9 @@ let
         lo.ipv4.addresses = map (a: addr4 a 32) (
           [ t.metadata4 ] ++ builtins.filter (a: !(isV6 a)) t.private
         );
-        lo.ipv6.addresses = map (a: addr6 a 128) ([ t.metadata6 ] ++ builtins.filter isV6 t.private);
+        lo.ipv6.addresses = map (a: addr6 a 128) (
+          [ t.metadata6 ] ++ builtins.filter isV6 t.private
+        );
       };
       networking.nat = {
         enable = true;

@@ -319,7 +319,9 @@ let
       reloadTriggers = map toString u.reloadTriggers;
       path = map toString u.path;
       environment = lib.mapAttrs (_: toString) u.environment;
-      serviceConfig = lib.mapAttrs (_: v: if builtins.isList v then map toString v else toString v) u.serviceConfig;
+      serviceConfig = lib.mapAttrs (
+        _: v: if builtins.isList v then map toString v else toString v
+      ) u.serviceConfig;
     };
 
   # name = { extra; expect = a fragment of the assertion message }.
