@@ -6,10 +6,12 @@
 # (bin/.shrooms-wrapped, its os.Executable) into cages.
 {
   lib,
+  stdenv,
   buildGoModule,
   gitMinimal,
   e2fsprogs,
   makeBinaryWrapper,
+  installShellFiles,
   version ? "dev",
 }:
 
@@ -60,10 +62,20 @@ buildGoModule {
   doCheck = true;
   # pkg/gitseal's unit tests drive a real git.
   nativeCheckInputs = runtimeInputs;
-  nativeBuildInputs = [ makeBinaryWrapper ];
-  postInstall = ''
-    wrapProgram "$out/bin/shrooms" --prefix PATH : ${lib.makeBinPath runtimeInputs}
-  '';
+  nativeBuildInputs = [
+    makeBinaryWrapper
+    installShellFiles
+  ];
+  # Completions come from the binary itself (`shrooms completion bash|fish`).
+  postInstall =
+    lib.optionalString (stdenv.buildPlatform.canExecute stdenv.hostPlatform) ''
+      installShellCompletion --cmd shrooms \
+        --bash <("$out/bin/shrooms" completion bash) \
+        --fish <("$out/bin/shrooms" completion fish)
+    ''
+    + ''
+      wrapProgram "$out/bin/shrooms" --prefix PATH : ${lib.makeBinPath runtimeInputs}
+    '';
   checkPhase = ''
     runHook preCheck
     export HOME="$TMPDIR"
