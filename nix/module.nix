@@ -738,12 +738,12 @@ in
         "podman.socket"
         "shrooms-image.service"
       ];
-      serviceConfig = hardening // {
+      # Not sandboxed: gc mounts task HOME filesystems again and cleans them,
+      # as a hand-run `shrooms gc` does, and a private mount namespace would
+      # hide those mounts from the turns that use them.
+      serviceConfig = {
         Type = "oneshot";
         ExecStart = "${shrooms} gc";
-        ProtectSystem = "strict";
-        ReadWritePaths = [ cfg.settings.state.dir ];
-        RestrictAddressFamilies = [ "AF_UNIX" ];
         UMask = "0077";
       };
     };
