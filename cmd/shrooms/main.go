@@ -115,6 +115,8 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			resetCommand(),
 			forgetCommand(),
 			versionCommand(),
+			configCommand(),
+			completionCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run() maps errors to codes
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
