@@ -10,7 +10,6 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -128,7 +127,7 @@ func New(cfg Config) (*Gateway, error) {
 		FlushInterval: -1, // stream every write: SSE reaches the agent as it comes
 		ModifyResponse: func(resp *http.Response) error {
 			resp.Header.Del("Set-Cookie")
-			resp.Body = &usageReader{body: resp.Body, g: g, sse: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")}
+			resp.Body = &usageReader{body: resp.Body, g: g, sse: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), length: resp.ContentLength}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -265,6 +264,11 @@ type usageReader struct {
 	streamOut int64
 	json      bytes.Buffer
 	done      bool
+	// length is the answer's Content-Length (-1 unknown): its usage is
+	// counted when the last byte is read, before the agent sees it, so a
+	// limit holds for the very next request.
+	length int64
+	read   int64
 }
 
 // maxUsageJSON bounds how much of a non-streamed answer is kept to read
@@ -273,6 +277,7 @@ const maxUsageJSON = 16 << 20
 
 func (u *usageReader) Read(p []byte) (int, error) {
 	n, err := u.body.Read(p)
+	u.read += int64(n)
 	if n > 0 {
 		if u.sse {
 			u.scanSSE(p[:n])
@@ -280,7 +285,7 @@ func (u *usageReader) Read(p []byte) (int, error) {
 			u.json.Write(p[:n])
 		}
 	}
-	if errors.Is(err, io.EOF) && !u.sse && !u.done {
+	if (errors.Is(err, io.EOF) || u.length >= 0 && u.read >= u.length) && !u.sse && !u.done {
 		u.done = true
 		u.g.record(u.json.Bytes(), nil)
 	}
@@ -289,26 +294,38 @@ func (u *usageReader) Read(p []byte) (int, error) {
 
 func (u *usageReader) Close() error { return u.body.Close() }
 
+// scanSSE reads the stream's data lines as they pass. Only events with a
+// "usage" key are decoded (message_start, message_delta): content deltas,
+// nearly all of a long answer, cannot hold that byte sequence (a quote
+// inside a JSON string is escaped) and are skipped without decoding.
 func (u *usageReader) scanSSE(b []byte) {
-	sc := bufio.NewScanner(bytes.NewReader(append(u.line, b...)))
-	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
-	var last []byte
-	complete := bytes.HasSuffix(b, []byte("\n"))
-	var lines [][]byte
-	for sc.Scan() {
-		lines = append(lines, append([]byte(nil), sc.Bytes()...))
-	}
-	if !complete && len(lines) > 0 {
-		last = lines[len(lines)-1]
-		lines = lines[:len(lines)-1]
-	}
-	u.line = last
-	for _, l := range lines {
-		if data, ok := bytes.CutPrefix(l, []byte("data:")); ok {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			if len(u.line)+len(b) <= maxSSELine {
+				u.line = append(u.line, b...)
+			}
+			return
+		}
+		line := b[:i]
+		if len(u.line) > 0 {
+			line = append(u.line, line...)
+			u.line = u.line[:0]
+		}
+		b = b[i+1:]
+		data, ok := bytes.CutPrefix(line, []byte("data:"))
+		if !ok {
+			continue
+		}
+		if bytes.Contains(data, []byte(`"usage"`)) {
 			u.g.record(bytes.TrimSpace(data), &u.streamOut)
 		}
 	}
 }
+
+// maxSSELine bounds a partial line kept between reads; a longer line is
+// not one that carries usage.
+const maxSSELine = 1 << 20
 
 // usageFields are the parts of a Messages API answer or stream event that
 // carry usage.
