@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -62,7 +63,10 @@ waits for it with a deadline and removes the cage on every path out; then
 gives the worktree's files back to the worktree's owner.
 The exit status is the agent's. With --json the last line of stdout is one
 JSON object (docs/json.md): task, turn, cage id, exit code, status, OOM
-flag, phase durations, the HOME reset report and the worktree give-back.`,
+flag, phase durations, the HOME reset report, the worktree guard's report
+(agent config in the worktree that differs from what the owner trusted is
+masked in the cage and listed; see "shrooms trust --help"), model usage
+through the gateway, and the worktree give-back.`,
 		Flags: append(turnFlags(), &cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see the prepare command)"}),
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runnerFor(c, checkTurn(c))
@@ -71,6 +75,11 @@ flag, phase durations, the HOME reset report and the worktree give-back.`,
 			}
 			defer stop()
 			res, err := r.Run(ctx, turnRequest(c))
+			if res != nil && res.WorktreeGuard != nil && len(res.WorktreeGuard.Masked) > 0 {
+				// Said on stderr too: a person at a terminal sees it without --json.
+				fmt.Fprintf(c.App.ErrWriter, "shrooms: masked agent config the owner has not trusted (review, then `shrooms trust --task %s`): %s\n",
+					c.String("task"), strings.Join(res.WorktreeGuard.Masked, ", "))
+			}
 			if err == nil && c.Bool("prepare-next") {
 				next := turnRequest(c)
 				next.Args = nil

@@ -25,9 +25,10 @@ type Config struct {
 	Home    Home    `toml:"home"`
 	Outbox  Outbox  `toml:"outbox"`
 	// Worktree limits where a task's worktree may be.
-	Worktree Worktree          `toml:"worktree"`
-	Tokens   map[string]string `toml:"tokens"`
-	Agents   map[string]Agent  `toml:"agents"`
+	Worktree Worktree           `toml:"worktree"`
+	Tokens   map[string]string  `toml:"tokens"`
+	Gateway  map[string]Gateway `toml:"gateway"`
+	Agents   map[string]Agent   `toml:"agents"`
 
 	// Source is the file the config was read from, "" for built-in defaults.
 	Source string `toml:"-"`
@@ -61,6 +62,10 @@ type Agent struct {
 	TokenEnv map[string]string `toml:"token_env"`
 	// Image overrides cage.image for this agent.
 	Image string `toml:"image"`
+	// Gateway names a [gateway.NAME] provider: the agent's model requests
+	// go through shrooms' per-turn gateway and the cage gets a placeholder
+	// instead of the key (the recommended mode; token_env is the weaker one).
+	Gateway string `toml:"gateway"`
 }
 
 // HomeProfiles are the profile names an agent's home list may use.

@@ -29,6 +29,7 @@ func Default() *Config {
 		Outbox:   defaultOutbox(),
 		Worktree: Worktree{Roots: []string{}},
 		Tokens:   map[string]string{},
+		Gateway:  map[string]Gateway{},
 		Agents: map[string]Agent{
 			"claude": {
 				Command:  []string{"claude", "--dangerously-skip-permissions"},

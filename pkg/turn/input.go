@@ -36,13 +36,24 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 	}
 	in := &checked{agent: agent, tokens: tokens}
 	if req.Worktree != "" {
-		forbidden := []string{cfg.State.Dir, cfg.Outbox.Root, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://"))}
-		if in.worktree, err = mounts.CheckWorktree(req.Worktree, cfg.Worktree.Roots, forbidden); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		if in.worktree, err = worktreePath(cfg, req.Worktree); err != nil {
+			return nil, err
 		}
 		if err := checkClaim(cfg.State.Dir, req.Task, in.worktree); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrInput, err)
 		}
 	}
 	return in, nil
+}
+
+// worktreePath validates a worktree (mounts.CheckWorktree: a git work tree
+// or inside [worktree] roots, never a system or home root, never shrooms'
+// own directories) and returns it cleaned.
+func worktreePath(cfg *config.Config, path string) (string, error) {
+	forbidden := []string{cfg.State.Dir, cfg.Outbox.Root, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://"))}
+	wt, err := mounts.CheckWorktree(path, cfg.Worktree.Roots, forbidden)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	return wt, nil
 }

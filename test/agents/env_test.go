@@ -59,6 +59,23 @@ type env struct {
 // ANTHROPIC_BASE_URL, seals the network and returns the environment.
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	return newEnvWith(t, envOptions{})
+}
+
+// envOptions vary the environment's config.
+type envOptions struct {
+	// gateway routes both agents' model requests through shrooms' gateway
+	// ([gateway.anthropic], upstream the model API) instead of handing them
+	// the key (token_env).
+	gateway bool
+	// policy overrides network.policy ("internet").
+	policy string
+	// gatewayExtra is added to the [gateway.anthropic] table.
+	gatewayExtra string
+}
+
+func newEnvWith(t testing.TB, o envOptions) *env {
+	t.Helper()
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	if out, err := exec.Command("podman", "--url", itest.Socket(), "image", "exists", agentImage).CombinedOutput(); err != nil {
 		t.Fatalf("agent image %s is missing (run `make setup`, which runs scripts/build-agent-image.sh): %v %s", agentImage, err, out)
@@ -81,11 +98,26 @@ func newEnv(t testing.TB) *env {
 		for k, v := range a.Env {
 			env[k] = v
 		}
+		if o.gateway {
+			fmt.Fprintf(&agents, "[agents.%s]\ncommand = %s\nhome = %s\nenv = %s\ngateway = \"anthropic\"\n",
+				name, tomlList(a.Command), tomlList(a.Home), tomlTable(env))
+			continue
+		}
+		// The weaker mode (the key in the cage's environment), which the
+		// persistence tests run under; the gateway tests use the other.
 		if name == "claude" {
 			env["ANTHROPIC_BASE_URL"] = e.apiURL
 		}
 		fmt.Fprintf(&agents, "[agents.%s]\ncommand = %s\nhome = %s\nenv = %s\ntoken_env = %s\n",
-			name, tomlList(a.Command), tomlList(a.Home), tomlTable(env), tomlTable(a.TokenEnv))
+			name, tomlList(a.Command), tomlList(a.Home), tomlTable(env), tomlTable(map[string]string{"ANTHROPIC_API_KEY": "anthropic"}))
+	}
+	if o.gateway {
+		fmt.Fprintf(&agents, "[agents.probe]\ncommand = [\"python3\", \"-c\"]\nhome = [\"shell\"]\ngateway = \"anthropic\"\n")
+		fmt.Fprintf(&agents, "[gateway.anthropic]\nupstream = %q\ntoken = \"anthropic\"\n%s\n", e.apiURL, o.gatewayExtra)
+	}
+	policy := "internet"
+	if o.policy != "" {
+		policy = o.policy
 	}
 	// opencode's provider address is its one host-specific setting: the
 	// baseline opencode.json points the anthropic provider at the model API.
@@ -110,7 +142,7 @@ memory = "2g"
 timeout = "120s"
 stop_grace = "2s"
 [network]
-policy = "internet"
+policy = %q
 name = %q
 bridge = %q
 subnet4 = "10.%d.%d.0/24"
@@ -122,7 +154,7 @@ volume_prefix = "shrooms-home-%s-"
 root = %q
 [tokens]
 anthropic = %q
-%s`, e.tb.PodmanURL, filepath.Join(e.dir, "state"), agentImage, e.name, e.name,
+%s`, e.tb.PodmanURL, filepath.Join(e.dir, "state"), agentImage, policy, e.name, e.name,
 		// A subnet of its own: other suites may run cages at the same time.
 		90+os.Getpid()%100, os.Getpid()%250, os.Getpid()%65000, e.name, ocSettings,
 		filepath.Join(e.dir, "outbox"), token, agents.String())), 0o600))
@@ -140,7 +172,7 @@ anthropic = %q
 			t.Errorf("podman: %v", err)
 			return
 		}
-		for _, task := range []string{e.task("claude"), e.task("opencode")} {
+		for _, task := range []string{e.task("claude"), e.task("opencode"), e.task("probe")} {
 			if _, err := os.Stat(filepath.Join(e.dir, "outbox", task)); err == nil {
 				if err := outbox.Release(filepath.Join(e.dir, "outbox"), task); err != nil {
 					t.Errorf("release outbox: %v", err)
