@@ -39,7 +39,8 @@ func TestBashCompletion(t *testing.T) {
 	assert.Check(t, is.Equal(complete("shrooms", "ru"), "run"))
 	assert.Check(t, is.Equal(complete("shrooms", "--config", "net", "ap"), "")) // "net" is --config's value
 	assert.Check(t, is.Equal(complete("shrooms", "--config", "/etc/x.toml", "net", "st"), "status"))
-	assert.Check(t, is.Equal(complete("shrooms", "--json", "config", ""), "check"))
+	assert.Check(t, is.Equal(complete("shrooms", "--json", "config", "c"), "check"))
+	assert.Check(t, is.Equal(complete("shrooms", "run", "--js"), "--json"), "global flags go after the command too")
 	assert.Check(t, is.Equal(complete("shrooms", "run", "--task", "t1", "--wo"), "--worktree"))
 	assert.Check(t, is.Contains(complete("shrooms", ""), "doctor"))
 }
