@@ -117,7 +117,11 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 		Reader:    stdin,
 		Writer:    stdout,
 		ErrWriter: stderr,
-		Flags:     globalFlags(true),
+		// --help is added by hand: urfave adds it only without a "help" command.
+		Flags: append(globalFlags(true), cli.HelpFlag),
+		// shrooms' own help command: urfave's shared one makes its fish
+		// completion generator recurse forever.
+		HideHelpCommand: true,
 		Commands: []*cli.Command{
 			runCommand(),
 			specCommand(),
@@ -138,6 +142,7 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			logCommand(),
 			stopCommand(),
 			versionCommand(),
+			helpCommand(),
 			configCommand(),
 			completionCommand(),
 		},
@@ -194,6 +199,30 @@ func globalize(cmds []*cli.Command) {
 			cmd.Action = unknownCommand
 		}
 		globalize(cmd.Subcommands)
+	}
+}
+
+// helpCommand is `shrooms help [COMMAND [SUBCOMMAND]]`.
+func helpCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "help",
+		Usage:     "show the commands, or one command's flags (same as COMMAND --help)",
+		ArgsUsage: "[COMMAND [SUBCOMMAND]]",
+		Action: func(c *cli.Context) error {
+			args := c.Args().Slice()
+			if len(args) == 0 {
+				return cli.ShowAppHelp(c)
+			}
+			cmd := c.App.Command(args[0])
+			if cmd == nil {
+				return fail(ExitUsage, fmt.Errorf("unknown command %q (see `shrooms help`)", args[0]))
+			}
+			if len(args) > 1 && (cmd.Command(args[1]) == nil || len(args) > 2) {
+				return fail(ExitUsage, fmt.Errorf("unknown command %q (see `shrooms help %s`)", strings.Join(args[1:], " "), args[0]))
+			}
+			// Printed the way "COMMAND [SUBCOMMAND] --help" prints it.
+			return c.App.Run(append(append([]string{c.App.Name}, args...), "--help"))
+		},
 	}
 }
 
