@@ -1,6 +1,7 @@
 package config
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,12 +21,12 @@ import (
 func (c *Config) CheckFiles() error {
 	max := int64(c.Home.MaxFileSize)
 	for _, name := range slices.Sorted(maps.Keys(c.Tokens)) {
-		if err := c.checkFile("tokens."+name, c.Tokens[name], 64<<10, false); err != nil {
+		if err := c.checkFile("tokens."+name, c.Tokens[name], 64<<10, false, true); err != nil {
 			return err
 		}
 	}
 	if filepathIsAbs(c.Cage.Seccomp) {
-		if err := c.checkFile("cage.seccomp", c.Cage.Seccomp, 4<<20, true); err != nil {
+		if err := c.checkFile("cage.seccomp", c.Cage.Seccomp, 4<<20, true, false); err != nil {
 			return err
 		}
 	}
@@ -33,17 +34,17 @@ func (c *Config) CheckFiles() error {
 		p := c.Home.Profile(name)
 		key := "home." + name
 		if p.SettingsFile != "" {
-			if err := c.checkFile(key+".settings_file", p.SettingsFile, max, true); err != nil {
+			if err := c.checkFile(key+".settings_file", p.SettingsFile, max, true, false); err != nil {
 				return err
 			}
 		}
 		if p.InstructionsFile != "" {
-			if err := c.checkFile(key+".instructions_file", p.InstructionsFile, max, false); err != nil {
+			if err := c.checkFile(key+".instructions_file", p.InstructionsFile, max, false, false); err != nil {
 				return err
 			}
 		}
 		for _, rel := range slices.Sorted(maps.Keys(p.Files)) {
-			if err := c.checkFile(fmt.Sprintf("%s.files.%q", key, rel), p.Files[rel], max, false); err != nil {
+			if err := c.checkFile(fmt.Sprintf("%s.files.%q", key, rel), p.Files[rel], max, false, false); err != nil {
 				return err
 			}
 		}
@@ -55,7 +56,7 @@ func filepathIsAbs(p string) bool { return len(p) > 0 && p[0] == '/' }
 
 // checkFile reads path once (never blocking on a FIFO, never a device) and
 // checks it; the contents are never part of an error.
-func (c *Config) checkFile(key, path string, max int64, jsonObject bool) error {
+func (c *Config) checkFile(key, path string, max int64, jsonObject, nonEmpty bool) error {
 	fail := func(msg string) error {
 		return &Error{File: c.Source, Line: lineOf(c.raw, key), Key: key, Msg: msg}
 	}
@@ -80,6 +81,9 @@ func (c *Config) checkFile(key, path string, max int64, jsonObject bool) error {
 	}
 	if int64(len(data)) > max {
 		return fail(fmt.Sprintf("%s is larger than %d bytes", path, max))
+	}
+	if nonEmpty && len(bytes.TrimRight(data, "\r\n")) == 0 {
+		return fail(fmt.Sprintf("%s is empty", path))
 	}
 	if jsonObject {
 		var v map[string]any

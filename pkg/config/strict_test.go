@@ -86,6 +86,8 @@ func TestCheckFiles(t *testing.T) {
 	assert.NilError(t, os.WriteFile(notJSON, []byte(`[1]`), 0o600))
 	fifo := filepath.Join(dir, "fifo")
 	assert.NilError(t, syscall.Mkfifo(fifo, 0o600))
+	empty := filepath.Join(dir, "empty")
+	assert.NilError(t, os.WriteFile(empty, []byte("\n"), 0o600))
 	load := func(body string) *Config {
 		t.Helper()
 		c, err := Parse("t.toml", []byte(body))
@@ -97,6 +99,7 @@ func TestCheckFiles(t *testing.T) {
 
 	for _, tc := range []struct{ name, toml, want string }{
 		{"missing token", "[tokens]\n\nk = \"" + filepath.Join(dir, "nope") + "\"\n", "config t.toml:3: tokens.k: cannot read " + filepath.Join(dir, "nope") + ": no such file or directory"},
+		{"empty token", "[tokens]\nk = \"" + empty + "\"\n", "config t.toml:2: tokens.k: " + empty + " is empty"},
 		{"fifo token", "[tokens]\nk = \"" + fifo + "\"\n", "config t.toml:2: tokens.k: " + fifo + " is not a regular file"},
 		{"directory seccomp", "[cage]\nseccomp = \"" + dir + "\"\n", "config t.toml:2: cage.seccomp: " + dir + " is not a regular file"},
 		{"settings not an object", "[home.claude]\nsettings_file = \"" + notJSON + "\"\n", "config t.toml:2: home.claude.settings_file: " + notJSON + " is not a JSON object"},

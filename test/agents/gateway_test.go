@@ -215,7 +215,7 @@ func TestGatewayBadInput(t *testing.T) {
 	assert.NilError(t, os.Rename(token, token+".away"))
 	code, _, errb := e.run("run", "--task", e.task("claude"), "--agent", "claude", "--no-stdin", "--", "-p", "x")
 	assert.Equal(t, code, 121, errb)
-	assert.Assert(t, is.Contains(errb, "token anthropic"))
+	assert.Assert(t, is.Contains(errb, "tokens.anthropic"))
 	assert.NilError(t, os.WriteFile(token, nil, 0o600))
 	code, _, errb = e.run("run", "--task", e.task("claude"), "--agent", "claude", "--no-stdin", "--", "-p", "x")
 	assert.Equal(t, code, 121, errb)
