@@ -261,3 +261,25 @@ func TestJSONKeysAndUnits(t *testing.T) {
 	assert.Equal(t, m["duration_ms"], 2.5, "nanoseconds become milliseconds")
 	assert.Equal(t, m["nested"].([]any)[0].(map[string]any)["kept_count"], float64(1))
 }
+
+// TestResultFile: --result-file gets the result object on an error path
+// too (podman down), replacing what was there, through no link.
+func TestResultFile(t *testing.T) {
+	e := downEnv(t, "")
+	dir := t.TempDir()
+	target := filepath.Join(dir, "elsewhere")
+	assert.NilError(t, os.WriteFile(target, []byte("keep"), 0o600))
+	path := filepath.Join(dir, "result.json")
+	assert.NilError(t, os.Symlink(target, path))
+	code, stdout, stderr := shroomsCLI("--config", e.config, "run", "--task", "t1", "--agent", "shell", "--result-file", path)
+	assert.Equal(t, code, ExitHostNotReady, stderr)
+	assert.Equal(t, stdout, "", "no --json: nothing on stdout")
+	b, err := os.ReadFile(path)
+	assert.NilError(t, err)
+	m := lastObject(t, string(b))
+	assert.Equal(t, m["status"], "error")
+	assert.Assert(t, is.Contains(m["error"].(string), "podman API unreachable"))
+	kept, err := os.ReadFile(target)
+	assert.NilError(t, err)
+	assert.Equal(t, string(kept), "keep", "the link was replaced, not followed")
+}

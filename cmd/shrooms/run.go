@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -67,7 +69,9 @@ flag, phase durations, the HOME reset report, the worktree guard's report
 (agent config in the worktree that differs from what the owner trusted is
 masked in the cage and listed; see "shrooms trust --help"), model usage
 through the gateway, and the worktree give-back.`,
-		Flags: append(turnFlags(), &cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see the prepare command)"}),
+		Flags: append(turnFlags(),
+			&cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see the prepare command)"},
+			&cli.StringFlag{Name: "result-file", Usage: "also write the result object (docs/json.md) to `FILE`, replaced atomically, on every path once the flags are parsed"}),
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runnerFor(c, checkTurn(c))
 			if err != nil {
@@ -98,10 +102,18 @@ func finishRun(c *cli.Context, res *turn.Result, err error) error {
 	if res == nil {
 		res = &turn.Result{Task: c.String("task"), Agent: c.String("agent"), Status: "error", ExitCode: -1, Phases: []turn.Phase{}}
 	}
-	if jsonMode(c) {
-		if err != nil && res.Error == "" {
-			res.Error = oneLine(errorText(err))
+	if err != nil && res.Error == "" {
+		res.Error = oneLine(errorText(err))
+	}
+	if path := c.String("result-file"); path != "" {
+		if werr := writeResultFile(path, res); werr != nil {
+			fmt.Fprintln(c.App.ErrWriter, "shrooms: "+oneLine(werr.Error()))
+			if err == nil {
+				err = fail(ExitInternal, werr)
+			}
 		}
+	}
+	if jsonMode(c) {
 		if perr := printJSON(c.App.Writer, res); perr != nil {
 			return perr
 		}
@@ -115,6 +127,32 @@ func finishRun(c *cli.Context, res *turn.Result, err error) error {
 	}
 	if res.ExitCode != 0 {
 		return fail(res.ExitCode, nil)
+	}
+	return nil
+}
+
+// writeResultFile replaces path with the result object: written to a new
+// file beside it, then renamed over it, so a reader sees all of it or the
+// previous one; a symbolic link at path is replaced, never followed.
+func writeResultFile(path string, res *turn.Result) error {
+	b, err := schemaJSON(res)
+	if err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".shrooms-result-*")
+	if err != nil {
+		return fmt.Errorf("--result-file: %w", err)
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		f.Close()
+		return fmt.Errorf("--result-file: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("--result-file: %w", err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return fmt.Errorf("--result-file: %w", err)
 	}
 	return nil
 }
