@@ -61,6 +61,7 @@ func TestJSONResultOnItsOwnLine(t *testing.T) {
 	assert.Equal(t, m["exit_code"], float64(0))
 	assert.Equal(t, m["oom_killed"], false)
 	assert.Assert(t, m["total_ms"].(float64) > 0)
+	assert.Assert(t, m["home_bytes"].(float64) > 0, "HOME usage is reported")
 	reset := m["reset"].(map[string]any)
 	_, ok := reset["duration_ms"]
 	assert.Assert(t, ok, "the reset's duration is in milliseconds: %v", reset)

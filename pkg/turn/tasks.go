@@ -175,11 +175,17 @@ func (r *Runner) Status(task string) (*TaskStatus, error) {
 		st.Last = &recs[len(recs)-1]
 		st.Last.Reset = nil // the full report is in the log
 	}
-	var fs unix.Stat_t
-	if unix.Lstat(homestore.ImagePath(r.Cfg.State.Dir, r.VolumeName(task)), &fs) == nil {
-		st.HomeBytes = fs.Blocks * 512
-	}
+	st.HomeBytes = r.homeBytes(task)
 	return st, nil
+}
+
+// homeBytes is the disk space the task HOME's filesystem image takes.
+func (r *Runner) homeBytes(task string) int64 {
+	var fs unix.Stat_t
+	if unix.Lstat(homestore.ImagePath(r.Cfg.State.Dir, r.VolumeName(task)), &fs) != nil {
+		return 0
+	}
+	return fs.Blocks * 512
 }
 
 // lockHolder returns the pid of the process holding the task's lock (0 when

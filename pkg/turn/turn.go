@@ -124,6 +124,9 @@ type Result struct {
 	Usage *gateway.Usage `json:"usage,omitempty"`
 	// Worktree says who the worktree was given back to after the turn.
 	Worktree *WorktreeReport `json:"worktree,omitempty"`
+	// HomeBytes is the disk space the task HOME takes on the host after the
+	// turn (its filesystem image's allocated blocks).
+	HomeBytes int64 `json:"homeBytes"`
 }
 
 type clock struct {
@@ -159,6 +162,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	defer lock.Release()
 	// The turn's record, after the worktree is given back, before the lock goes.
 	defer func() {
+		res.HomeBytes = r.homeBytes(req.Task)
 		if rerr := r.recordTurn(res, err, c.start); rerr != nil && err == nil {
 			err = fmt.Errorf("%w: %v", ErrHostNotReady, rerr)
 		}
