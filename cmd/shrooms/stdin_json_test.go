@@ -62,6 +62,14 @@ func TestJSONResultOnItsOwnLine(t *testing.T) {
 	assert.Equal(t, m["oom_killed"], false)
 	assert.Assert(t, m["total_ms"].(float64) > 0)
 	assert.Assert(t, m["home_bytes"].(float64) > 0, "HOME usage is reported")
+	// The deadline path: output without a newline, then the cage is stopped.
+	code, stdout, stderr = e.shrooms("run", "--json", "--task", e.task("nl"), "--agent", "shell", "--timeout", "2s", "--", "-c", "printf partial; sleep 600")
+	assert.Equal(t, code, ExitDeadline, stderr)
+	assert.Assert(t, strings.HasPrefix(stdout, "partial\n{"), stdout)
+	dl := lastObject(t, stdout)
+	assert.Equal(t, dl["status"], "deadline")
+	assert.Assert(t, is.Contains(dl["error"].(string), "deadline"))
+
 	reset := m["reset"].(map[string]any)
 	_, ok := reset["duration_ms"]
 	assert.Assert(t, ok, "the reset's duration is in milliseconds: %v", reset)
