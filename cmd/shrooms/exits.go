@@ -34,7 +34,11 @@ func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *turn.Runner, 
 	}
 	if pre != nil {
 		if err := pre(cfg); err != nil {
-			return nil, nil, nil, fail(ExitUsage, err)
+			code := ExitUsage // bad input, unless shrooms' own state could not be read
+			if errors.Is(err, turn.ErrHostNotReady) {
+				code = ExitHostNotReady
+			}
+			return nil, nil, nil, fail(code, err)
 		}
 	}
 	ctx, stop = signalContext(c.Context)

@@ -40,7 +40,7 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 			return nil, err
 		}
 		if err := checkClaim(cfg.State.Dir, req.Task, in.worktree); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInput, err)
+			return nil, err
 		}
 	}
 	return in, nil

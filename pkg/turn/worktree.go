@@ -70,14 +70,15 @@ func readClaim(stateDir, worktree string) (*worktreeClaim, error) {
 	return &c, nil
 }
 
-// checkClaim refuses a worktree that another task holds (read-only).
+// checkClaim refuses a worktree that another task holds (read-only):
+// ErrInput, or ErrHostNotReady when the claim cannot be read.
 func checkClaim(stateDir, task, worktree string) error {
 	c, err := readClaim(stateDir, worktree)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	if c != nil && c.Task != task {
-		return fmt.Errorf("worktree %q belongs to task %q (one task per worktree; `shrooms forget --task %s` releases it)", worktree, c.Task, c.Task)
+		return fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree; `shrooms forget --task %s` releases it)", ErrInput, worktree, c.Task, c.Task)
 	}
 	return nil
 }
