@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"path"
@@ -41,6 +42,9 @@ type Entry struct {
 	// Oversize is set when the root exceeds the guard's limits; it never
 	// matches a trusted version and cannot be trusted.
 	Oversize bool `json:"oversize,omitempty"`
+	// OutOfTree marks a link (of any name) whose target lies outside the
+	// worktree as the cage sees it.
+	OutOfTree bool `json:"outOfTree,omitempty"`
 }
 
 // Snapshot is every guarded root of a worktree, by worktree-relative path.
@@ -124,9 +128,15 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 			s.snap.Entries[childRel] = e
 			continue
 		}
+		if ent.Type()&fs.ModeSymlink != 0 {
+			if err := s.link(dir, name, childRel); err != nil {
+				return err
+			}
+			continue
+		}
 		if name == ".git" || !ent.IsDir() {
 			// .git is git metadata: the sealed commit path's business, not
-			// config an agent loads. ReadDir reports links as links.
+			// config an agent loads.
 			continue
 		}
 		sub, err := openDirAt(dir, name)
@@ -143,6 +153,42 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 		}
 	}
 	return nil
+}
+
+// link records a link whose target is outside the worktree: what it points
+// at (say a directory the cage left in /outbox, which outlives the turn) is
+// read by agents as if it were in the worktree, and the guard cannot see
+// it. Links within the worktree are ordinary.
+func (s *scanner) link(dir *os.File, name, rel string) error {
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlinkat(int(dir.Fd()), name, buf)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINVAL) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("worktree guard: readlink %s: %w", rel, err)
+	}
+	target := string(buf[:n])
+	if !outOfTree(rel, target) {
+		return nil
+	}
+	if err := checkName(rel); err != nil {
+		return err
+	}
+	sum := sha256.Sum256([]byte(target))
+	s.snap.Entries[rel] = Entry{Type: "symlink", Digest: "sha256:" + hex.EncodeToString(sum[:]), OutOfTree: true}
+	return nil
+}
+
+// outOfTree reports whether a link at rel with target leaves the worktree
+// as the cage sees it (mounted at /work).
+func outOfTree(rel, target string) bool {
+	if path.IsAbs(target) {
+		t := path.Clean(target)
+		return t != "/work" && !strings.HasPrefix(t, "/work/")
+	}
+	j := path.Join(path.Dir(rel), target)
+	return j == ".." || strings.HasPrefix(j, "../")
 }
 
 // capture hashes the guarded root dir/name and, with dst set, copies it to
