@@ -378,3 +378,34 @@ func TestLinkOutOfTheWorktreeIsRefusedUnlessTrusted(t *testing.T) {
 	assert.NilError(t, err)
 	assert.Equal(t, len(c.Changes), 0)
 }
+
+func TestLinkChainsResolvedAsInTheCage(t *testing.T) {
+	wt, _ := ownerRepo(t)
+	assert.NilError(t, os.MkdirAll(filepath.Join(wt, "p/q"), 0o755))
+	assert.NilError(t, os.MkdirAll(filepath.Join(wt, "node_modules/typescript/bin"), 0o755))
+	assert.NilError(t, os.MkdirAll(filepath.Join(wt, "node_modules/.bin"), 0o755))
+	for link, target := range map[string]string{
+		"p/q/root":              "/work",                   // in the tree
+		"p/q/escape":            "root/../outbox/x",        // /work/.. = / : out, only via the link
+		"p/q/lexical":           "../../main.go",           // in
+		"p/q/up":                "../../../x",              // out
+		"node_modules/.bin/tsc": "../typescript/bin/tsc",   // in (dangling is fine)
+		"loop1":                 "loop2",                   // a loop
+		"loop2":                 "loop1",                   //
+		"abs-in":                "/work/p/../main.go",      // in
+		"abs-out":               "/work/../etc",            // out
+		"via":                   "p/q/root/../../outbox/y", // out through a chain
+		"dangling":              "does/not/exist/../../..", // in: lexically /work
+	} {
+		assert.NilError(t, os.Symlink(target, filepath.Join(wt, link)))
+	}
+	s, err := Scan(context.Background(), wt)
+	assert.NilError(t, err)
+	var out []string
+	for _, p := range paths(s) {
+		if s.Entries[p].OutOfTree {
+			out = append(out, p)
+		}
+	}
+	assert.DeepEqual(t, out, []string{"abs-out", "loop1", "loop2", "p/q/escape", "p/q/up", "via"})
+}
