@@ -121,6 +121,17 @@ let
         description = ''
           Environment variable → token name of {option}`services.shrooms.tokens`: the
           cage gets the token file's contents in that variable. Becomes `token_env`.
+          The weaker mode: prefer `gateway`.
+        '';
+      };
+      gateway = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "anthropic";
+        description = ''
+          A `[gateway.NAME]` of {option}`services.shrooms.settings`: the agent's model
+          requests go through shrooms' per-turn gateway and the real key (or
+          subscription sign-in) never enters the cage.
         '';
       };
     };
@@ -131,7 +142,8 @@ let
       inherit (a) command env home;
       token_env = a.tokenEnv;
     }
-    // lib.optionalAttrs (a.image != null) { inherit (a) image; };
+    // lib.optionalAttrs (a.image != null) { inherit (a) image; }
+    // lib.optionalAttrs (a.gateway != null) { inherit (a) gateway; };
 
   # Hardening shared by the oneshot units (as harmonia and headscale do);
   # each unit widens only what it needs.

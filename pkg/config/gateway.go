@@ -18,8 +18,18 @@ type Gateway struct {
 	API string `toml:"api"`
 	// Upstream is the provider's base URL (https://api.anthropic.com).
 	Upstream string `toml:"upstream"`
-	// Token names the [tokens] entry holding the real key.
+	// Auth is how the gateway signs in upstream: "api-key" (Token holds the
+	// key) or "oauth" (Token holds the owner's Claude Code .credentials.json,
+	// a subscription sign-in: it seeds the account's tokens in the state
+	// directory once; the gateway refreshes them there, and the cage gets
+	// placeholder credentials).
+	Auth string `toml:"auth"`
+	// Token names the [tokens] entry holding the real key (or sign-in).
 	Token string `toml:"token"`
+	// TokenURL and ClientID are the OAuth refresh endpoint and client
+	// ("" means Claude Code's own).
+	TokenURL string `toml:"token_url"`
+	ClientID string `toml:"client_id"`
 	// MaxRequests and MaxOutputTokens end a turn that exceeds them (0: no
 	// limit).
 	MaxRequests     int64 `toml:"max_requests"`
@@ -33,10 +43,24 @@ func (c *Config) validateGateways() error {
 	for _, name := range slices.Sorted(maps.Keys(c.Gateway)) {
 		g := c.Gateway[name]
 		key := "gateway." + name
+		// Defaults, filled in like any other.
 		if g.API == "" {
-			// The one API there is, filled in like any other default.
 			g.API = "anthropic"
-			c.Gateway[name] = g
+		}
+		if g.Auth == "" {
+			g.Auth = "api-key"
+		}
+		c.Gateway[name] = g
+		if g.Auth != "api-key" && g.Auth != "oauth" {
+			return &Error{Key: key + ".auth", Msg: fmt.Sprintf("%q is not api-key or oauth", g.Auth)}
+		}
+		if g.TokenURL != "" {
+			if u, err := url.Parse(g.TokenURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+				return &Error{Key: key + ".token_url", Msg: fmt.Sprintf("%q must be an http(s) URL", g.TokenURL)}
+			}
+		}
+		if g.Auth != "oauth" && (g.TokenURL != "" || g.ClientID != "") {
+			return &Error{Key: key, Msg: "token_url and client_id apply to auth = \"oauth\" only"}
 		}
 		if !tokenName.MatchString(name) {
 			return &Error{Key: key, Msg: "gateway names are 1-63 of a-z 0-9 _ -"}
@@ -75,6 +99,9 @@ func (c *Config) validateAgentGateway(key string, a Agent) error {
 	g, ok := c.Gateway[a.Gateway]
 	if !ok {
 		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("names gateway %q, which [gateway] does not define", a.Gateway)}
+	}
+	if g.Auth == "oauth" && !slices.Contains(a.Home, "claude") {
+		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("gateway %q signs in with a Claude subscription (auth = \"oauth\"), which needs the claude HOME profile", a.Gateway)}
 	}
 	for _, v := range GatewayEnv(g.API) {
 		if _, dup := a.Env[v]; dup {

@@ -46,9 +46,11 @@ type Config struct {
 	API string
 	// Upstream is the provider's base URL.
 	Upstream *url.URL
-	// Key is the real credential. It never leaves this process except on
-	// requests to Upstream.
-	Key []byte
+	// Key is the real API key (sent as x-api-key), or OAuth the account's
+	// subscription sign-in (a bearer token, refreshed on the host). Neither
+	// leaves this process except on requests to Upstream.
+	Key   []byte
+	OAuth *OAuth
 	// Placeholder is the only credential the gateway accepts from the cage.
 	Placeholder string
 	// MaxRequests and MaxOutputTokens (0: none) end the turn: once one is
@@ -104,8 +106,8 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Upstream == nil || (cfg.Upstream.Scheme != "https" && cfg.Upstream.Scheme != "http") || cfg.Upstream.Host == "" {
 		return nil, fmt.Errorf("gateway: upstream must be an http(s) URL")
 	}
-	if len(cfg.Key) == 0 || len(cfg.Placeholder) < 32 {
-		return nil, fmt.Errorf("gateway: a key and a placeholder of at least 32 characters are required")
+	if (len(cfg.Key) == 0) == (cfg.OAuth == nil) || len(cfg.Placeholder) < 32 {
+		return nil, fmt.Errorf("gateway: a key or a sign-in (one of them) and a placeholder of at least 32 characters are required")
 	}
 	g := &Gateway{cfg: cfg, usage: Usage{Models: []string{}}}
 	transport := cfg.Transport
@@ -186,9 +188,20 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusTooManyRequests, "rate_limit_error", "shrooms gateway: "+reason)
 		return
 	}
+	if g.cfg.OAuth != nil {
+		access, err := g.cfg.OAuth.Access(r.Context())
+		if err != nil {
+			apiError(w, http.StatusBadGateway, "api_error", "shrooms "+oneLine(err))
+			return
+		}
+		r = r.WithContext(context.WithValue(r.Context(), bearerKey{}, access))
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
 	g.proxy.ServeHTTP(w, r)
 }
+
+// bearerKey carries a request's upstream access token to rewrite.
+type bearerKey struct{}
 
 // authorized checks the turn's placeholder in x-api-key or a bearer token.
 func (g *Gateway) authorized(r *http.Request) bool {
@@ -248,6 +261,10 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	out.Host = up.Host
 	for _, h := range []string{"Authorization", "X-Api-Key", "Cookie", "Proxy-Authorization", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip"} {
 		out.Header.Del(h)
+	}
+	if access, ok := pr.In.Context().Value(bearerKey{}).(string); ok {
+		out.Header.Set("Authorization", "Bearer "+access)
+		return
 	}
 	out.Header.Set("X-Api-Key", string(g.cfg.Key))
 }

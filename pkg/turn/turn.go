@@ -6,6 +6,7 @@
 package turn
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -235,6 +236,7 @@ type gatewayPlan struct {
 	cfg      config.Gateway
 	upstream *url.URL
 	key      []byte // the real credential: host memory only
+	oauth    *gateway.OAuth
 }
 
 // check validates the request and the host without changing anything: input
@@ -280,8 +282,20 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, dry bool)
 	if err != nil {
 		return nil, fmt.Errorf("%w: gateway %s: upstream: %v", ErrInput, agent.Gateway, err)
 	}
-	key, err := readToken(r.Cfg, g.Token)
-	if err != nil {
+	plan := &gatewayPlan{name: agent.Gateway, cfg: g, upstream: u}
+	if g.Auth == "oauth" {
+		// The account's tokens live in the state dir (seeded from the token
+		// file at the first turn); only the seed file is checked here.
+		if err := mounts.CheckHostFile(r.Cfg.Tokens[g.Token], "token "+g.Token); err != nil {
+			return nil, fmt.Errorf("%w: gateway %s: %v", ErrInput, agent.Gateway, err)
+		}
+		plan.oauth = &gateway.OAuth{
+			Path:     filepath.Join(r.Cfg.State.Dir, "gateway", agent.Gateway, "credentials.json"),
+			Seed:     r.Cfg.Tokens[g.Token],
+			TokenURL: cmp.Or(g.TokenURL, gateway.DefaultTokenURL),
+			ClientID: cmp.Or(g.ClientID, gateway.DefaultClientID),
+		}
+	} else if plan.key, err = readToken(r.Cfg, g.Token); err != nil {
 		return nil, fmt.Errorf("%w: gateway %s: %v", ErrInput, agent.Gateway, err)
 	}
 	if !dry {
@@ -289,7 +303,7 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, dry bool)
 			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 		}
 	}
-	return &gatewayPlan{name: agent.Gateway, cfg: g, upstream: u, key: key}, nil
+	return plan, nil
 }
 
 // checkWorktree validates a worktree path and returns it cleaned.
@@ -408,13 +422,26 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 			return nil, err
 		}
 		p.gateway = &gateway.Config{
-			API: in.gateway.cfg.API, Upstream: in.gateway.upstream, Key: in.gateway.key, Placeholder: ph,
+			API: in.gateway.cfg.API, Upstream: in.gateway.upstream, Key: in.gateway.key, OAuth: in.gateway.oauth, Placeholder: ph,
 			MaxRequests: in.gateway.cfg.MaxRequests, MaxOutputTokens: in.gateway.cfg.MaxOutputTokens,
 		}
 		// The agent talks to the gateway on its own loopback, with a
 		// placeholder that is worthless anywhere else.
 		shroomsEnv["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
-		shroomsEnv["ANTHROPIC_API_KEY"] = ph
+		if in.gateway.oauth == nil {
+			shroomsEnv["ANTHROPIC_API_KEY"] = ph
+		} else if commit {
+			// A subscription sign-in: the cage's .credentials.json holds the
+			// placeholder as its access token, no refresh token, and an
+			// expiry the agent never reaches.
+			creds, err := in.gateway.oauth.CageCredentials(ctx, ph)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %v", ErrInput, err)
+			}
+			if err := homereset.PlaceFile(p.root, ".claude/.credentials.json", creds, 0o600, agentUID, agentGID); err != nil {
+				return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			}
+		}
 	}
 	if p.guard == nil || !p.guard.OpencodeProjectConfig {
 		// Second wall behind the masks: opencode skips project config

@@ -44,6 +44,12 @@ func guardedNames() []guarded {
 		{".mcp.json", "Claude Code project MCP servers"},
 		{"CLAUDE.md", "Claude Code instructions"},
 		{"CLAUDE.local.md", "Claude Code instructions"},
+		{"CONTEXT.md", "agent instructions (opencode)"},
+		{".agents", "skills shared by agents (opencode, Claude Code)"},
+		{".claude-plugin", "Claude Code plugin or marketplace (hooks, MCP servers, skills)"},
+		{".cursor", "Cursor config that Claude Code imports (MCP servers, hooks, rules, skills)"},
+		{".cursorrules", "Cursor rules (agent instructions)"},
+		{".windsurfrules", "Windsurf rules (agent instructions)"},
 		// Other agents that may share the worktree.
 		{".gemini", "Gemini CLI project config"},
 		{"GEMINI.md", "Gemini CLI instructions"},
@@ -61,7 +67,11 @@ func guardedNames() []guarded {
 	}
 }
 
-// Why says why a guarded path is guarded ("" when rel is not guarded).
+// linkWhy is why a link out of the worktree is guarded.
+const linkWhy = "a link out of the worktree: agents read what it points to, which the guard cannot see (e.g. a planted /outbox directory)"
+
+// Why says why a guarded path is guarded ("" when rel is not guarded by
+// name).
 func Why(rel string) string {
 	base := path.Base(rel)
 	for _, g := range guardedNames() {
@@ -75,6 +85,9 @@ func Why(rel string) string {
 func isGuardedName(name string) bool {
 	// Cheap first test on every worktree entry: each guarded name starts
 	// with one of these (TestGuardedNamesPassFirstByteTest keeps it so).
+	if name == "" {
+		return false
+	}
 	switch name[0] {
 	case '.', 'A', 'C', 'G', 'o', 'm':
 		return slices.ContainsFunc(guardedNames(), func(g guarded) bool { return g.name == name })
@@ -85,7 +98,7 @@ func isGuardedName(name string) bool {
 // IsOpencode reports whether a guarded path is one opencode loads.
 func IsOpencode(rel string) bool {
 	switch path.Base(rel) {
-	case "opencode.json", "opencode.jsonc", ".opencode", "AGENTS.md":
+	case "opencode.json", "opencode.jsonc", ".opencode", "AGENTS.md", "CLAUDE.md", "CONTEXT.md", ".agents", ".claude":
 		return true
 	}
 	return false
@@ -106,21 +119,30 @@ type Change struct {
 // Diff compares the worktree now with the trusted snapshot. Paths are sorted.
 func Diff(trusted, now *Snapshot) []Change {
 	var out []Change
+	why := func(rel string, e Entry) string {
+		if w := Why(rel); w != "" {
+			return w
+		}
+		if e.OutOfTree {
+			return linkWhy
+		}
+		return ""
+	}
 	for _, rel := range now.paths() {
 		e := now.Entries[rel]
 		t, ok := trusted.Entries[rel]
 		switch {
 		case !ok:
-			out = append(out, Change{Path: rel, Change: "added", Type: e.Type, Why: Why(rel)})
+			out = append(out, Change{Path: rel, Change: "added", Type: e.Type, Why: why(rel, e)})
 		case t.Type != e.Type:
-			out = append(out, Change{Path: rel, Change: "type-changed", Type: e.Type, Why: Why(rel)})
+			out = append(out, Change{Path: rel, Change: "type-changed", Type: e.Type, Why: why(rel, e)})
 		case t.Digest != e.Digest || e.Oversize:
-			out = append(out, Change{Path: rel, Change: "modified", Type: e.Type, Why: Why(rel)})
+			out = append(out, Change{Path: rel, Change: "modified", Type: e.Type, Why: why(rel, e)})
 		}
 	}
 	for _, rel := range trusted.paths() {
 		if _, ok := now.Entries[rel]; !ok {
-			out = append(out, Change{Path: rel, Change: "deleted", Type: "absent", Why: Why(rel)})
+			out = append(out, Change{Path: rel, Change: "deleted", Type: "absent", Why: why(rel, trusted.Entries[rel])})
 		}
 	}
 	slices.SortFunc(out, func(a, b Change) int { return strings.Compare(a.Path, b.Path) })

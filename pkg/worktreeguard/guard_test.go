@@ -342,3 +342,70 @@ func TestGuardedNamesPassFirstByteTest(t *testing.T) {
 	}
 	assert.Assert(t, !isGuardedName("main.go"))
 }
+
+func TestLinkOutOfTheWorktreeIsRefusedUnlessTrusted(t *testing.T) {
+	wt, store := ownerRepo(t)
+	ctx := context.Background()
+	// The owner's own links: inside the tree (relative and as /work/...),
+	// and one out of it, all trusted at the first turn.
+	assert.NilError(t, os.Symlink("../main.go", filepath.Join(wt, "docs/main.go")))
+	assert.NilError(t, os.Symlink("/work/docs", filepath.Join(wt, "docs2")))
+	assert.NilError(t, os.Symlink("/usr/share/doc", filepath.Join(wt, "sysdoc")))
+	_, err := store.Trust(ctx, wt, nil)
+	assert.NilError(t, err)
+	m, _ := store.Load()
+	assert.Assert(t, m.Entries["sysdoc"].OutOfTree)
+	_, inTree := m.Entries["docs/main.go"]
+	assert.Assert(t, !inTree, "a link inside the tree is ordinary")
+	c, err := store.Guard(ctx, wt, m)
+	assert.NilError(t, err)
+	assert.Equal(t, len(c.Changes), 0)
+
+	// A turn links a directory into the outbox (which outlives the turn)
+	// where it left a CLAUDE.md: refused with the fix.
+	assert.NilError(t, os.Symlink("/outbox/x", filepath.Join(wt, "src")))
+	_, err = store.Guard(ctx, wt, m)
+	assert.ErrorContains(t, err, "src is a symlink out of the worktree the owner did not trust")
+	assert.NilError(t, os.Remove(filepath.Join(wt, "src")))
+	assert.NilError(t, os.Symlink("../../../outbox/x", filepath.Join(wt, "docs/up")))
+	_, err = store.Guard(ctx, wt, m)
+	assert.ErrorContains(t, err, "docs/up is a symlink out of the worktree")
+	// Trusted, it is accepted.
+	_, err = store.Trust(ctx, wt, []string{"docs/up"})
+	assert.NilError(t, err)
+	m, _ = store.Load()
+	c, err = store.Guard(ctx, wt, m)
+	assert.NilError(t, err)
+	assert.Equal(t, len(c.Changes), 0)
+}
+
+func TestLinkChainsResolvedAsInTheCage(t *testing.T) {
+	wt, _ := ownerRepo(t)
+	assert.NilError(t, os.MkdirAll(filepath.Join(wt, "p/q"), 0o755))
+	assert.NilError(t, os.MkdirAll(filepath.Join(wt, "node_modules/typescript/bin"), 0o755))
+	assert.NilError(t, os.MkdirAll(filepath.Join(wt, "node_modules/.bin"), 0o755))
+	for link, target := range map[string]string{
+		"p/q/root":              "/work",                   // in the tree
+		"p/q/escape":            "root/../outbox/x",        // /work/.. = / : out, only via the link
+		"p/q/lexical":           "../../main.go",           // in
+		"p/q/up":                "../../../x",              // out
+		"node_modules/.bin/tsc": "../typescript/bin/tsc",   // in (dangling is fine)
+		"loop1":                 "loop2",                   // a loop
+		"loop2":                 "loop1",                   //
+		"abs-in":                "/work/p/../main.go",      // in
+		"abs-out":               "/work/../etc",            // out
+		"via":                   "p/q/root/../../outbox/y", // out through a chain
+		"dangling":              "does/not/exist/../../..", // in: lexically /work
+	} {
+		assert.NilError(t, os.Symlink(target, filepath.Join(wt, link)))
+	}
+	s, err := Scan(context.Background(), wt)
+	assert.NilError(t, err)
+	var out []string
+	for _, p := range paths(s) {
+		if s.Entries[p].OutOfTree {
+			out = append(out, p)
+		}
+	}
+	assert.DeepEqual(t, out, []string{"abs-out", "loop1", "loop2", "p/q/escape", "p/q/up", "via"})
+}

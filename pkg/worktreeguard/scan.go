@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"path"
@@ -41,6 +42,9 @@ type Entry struct {
 	// Oversize is set when the root exceeds the guard's limits; it never
 	// matches a trusted version and cannot be trusted.
 	Oversize bool `json:"oversize,omitempty"`
+	// OutOfTree marks a link (of any name) whose target lies outside the
+	// worktree as the cage sees it.
+	OutOfTree bool `json:"outOfTree,omitempty"`
 }
 
 // Snapshot is every guarded root of a worktree, by worktree-relative path.
@@ -62,6 +66,7 @@ func (s *Snapshot) paths() []string {
 // so that a snapshot holds exactly the bytes its digest covers.
 type scanner struct {
 	ctx     context.Context
+	rootFd  int
 	copyTo  *os.File
 	only    map[string]bool
 	snap    *Snapshot
@@ -80,7 +85,7 @@ func scan(ctx context.Context, worktree string, copyTo *os.File, only map[string
 	}
 	root := os.NewFile(uintptr(fd), worktree)
 	defer root.Close()
-	s := &scanner{ctx: ctx, copyTo: copyTo, only: only, snap: &Snapshot{Entries: map[string]Entry{}}}
+	s := &scanner{ctx: ctx, rootFd: int(root.Fd()), copyTo: copyTo, only: only, snap: &Snapshot{Entries: map[string]Entry{}}}
 	if err := s.walk(root, "", 0); err != nil {
 		return nil, err
 	}
@@ -124,9 +129,15 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 			s.snap.Entries[childRel] = e
 			continue
 		}
+		if ent.Type()&fs.ModeSymlink != 0 {
+			if err := s.link(dir, name, childRel); err != nil {
+				return err
+			}
+			continue
+		}
 		if name == ".git" || !ent.IsDir() {
 			// .git is git metadata: the sealed commit path's business, not
-			// config an agent loads. ReadDir reports links as links.
+			// config an agent loads.
 			continue
 		}
 		sub, err := openDirAt(dir, name)
@@ -143,6 +154,117 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 		}
 	}
 	return nil
+}
+
+// link records a link whose target is outside the worktree: what it points
+// at (say a directory the cage left in /outbox, which outlives the turn) is
+// read by agents as if it were in the worktree, and the guard cannot see
+// it. Links that stay within the worktree are ordinary.
+func (s *scanner) link(dir *os.File, name, rel string) error {
+	target, err := readlink(dir, name)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EINVAL) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("worktree guard: readlink %s: %w", rel, err)
+	}
+	if !s.escapes(rel, target) {
+		return nil
+	}
+	if err := checkName(rel); err != nil {
+		return err
+	}
+	sum := sha256.Sum256([]byte(target))
+	s.snap.Entries[rel] = Entry{Type: "symlink", Digest: "sha256:" + hex.EncodeToString(sum[:]), OutOfTree: true}
+	return nil
+}
+
+func readlink(dir *os.File, name string) (string, error) {
+	buf := make([]byte, unix.PathMax)
+	n, err := unix.Readlinkat(int(dir.Fd()), name, buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:n]), nil
+}
+
+// maxLinkHops bounds link resolution, as the kernel's own limit does.
+const maxLinkHops = 40
+
+// escapes reports whether the link at rel (worktree-relative) resolves
+// outside the worktree as the cage sees it (mounted at /work). It resolves
+// the way the kernel will in the cage, component by component, following
+// the links it meets (each read with readlinkat, nothing opened), so a
+// chain such as a -> b/../outbox with b -> /work leaves the tree here as it
+// would in the cage.
+func (s *scanner) escapes(rel, target string) bool {
+	var base []string
+	if d := path.Dir(rel); d != "." {
+		base = strings.Split(d, "/")
+	}
+	hops := 0
+	_, escaped := s.follow(base, target, &hops)
+	return escaped
+}
+
+// follow resolves target from the directory base (components below the
+// worktree root, each a real directory) and returns the components it
+// leads to, or escaped. A path that runs into a missing entry is judged by
+// what is left of it, lexically (the cage would fail the same way, or
+// create an entry inside the tree).
+func (s *scanner) follow(base []string, target string, hops *int) ([]string, bool) {
+	if *hops++; *hops > maxLinkHops {
+		return nil, true // a loop: refused, as the kernel would fail it
+	}
+	var cur []string
+	if path.IsAbs(target) {
+		t := path.Clean(target)
+		if t != "/work" && !strings.HasPrefix(t, "/work/") {
+			return nil, true
+		}
+		target = strings.TrimPrefix(strings.TrimPrefix(t, "/work"), "/")
+	} else {
+		cur = append(cur, base...)
+	}
+	parts := strings.Split(target, "/")
+	for i, part := range parts {
+		switch part {
+		case "", ".":
+			continue
+		case "..":
+			if len(cur) == 0 {
+				return nil, true
+			}
+			cur = cur[:len(cur)-1]
+			continue
+		}
+		p := strings.Join(append(append([]string{}, cur...), part), "/")
+		var st unix.Stat_t
+		if err := unix.Fstatat(s.rootFd, p, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			rest := path.Join(append([]string{"/work"}, append(append([]string{}, cur...), parts[i:]...)...)...)
+			if rest != "/work" && !strings.HasPrefix(rest, "/work/") {
+				return nil, true
+			}
+			return strings.Split(strings.TrimPrefix(rest, "/work/"), "/"), false
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFLNK {
+			cur = append(cur, part)
+			continue
+		}
+		// Every component of p but the last is a real directory, so this
+		// reads the link itself and follows nothing.
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlinkat(s.rootFd, p, buf)
+		if err != nil {
+			return nil, true
+		}
+		next, escaped := s.follow(cur, string(buf[:n]), hops)
+		if escaped {
+			return nil, true
+		}
+		cur = next
+	}
+	return cur, false
 }
 
 // capture hashes the guarded root dir/name and, with dst set, copies it to

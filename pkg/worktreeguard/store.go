@@ -166,6 +166,9 @@ func (s Store) Trust(ctx context.Context, worktree string, paths []string) (*Tru
 	// Move each newly copied root into the content store by digest.
 	for _, rel := range res.Trusted {
 		e := next.Entries[rel]
+		if e.OutOfTree {
+			continue // a link: trusted by its target, no content to keep
+		}
 		if err := s.store(dir, st, rel, e.Digest); err != nil {
 			return nil, err
 		}
@@ -329,6 +332,9 @@ func (s Store) maskSource(m *Manifest, ch Change) (string, error) {
 	switch ch.Type {
 	case "file", "dir":
 	case "symlink":
+		if Why(ch.Path) == "" {
+			return "", fmt.Errorf("worktree guard: %s is a symlink out of the worktree the owner did not trust (agents would read what it points to); remove it, or accept it with `shrooms trust --task TASK %s`", ch.Path, ch.Path)
+		}
 		return "", fmt.Errorf("worktree guard: %s is a symlink the owner did not trust (a mask would follow it); remove it, or accept it with `shrooms trust --task TASK %s`", ch.Path, ch.Path)
 	default:
 		return "", fmt.Errorf("worktree guard: %s is a FIFO, device or socket the owner did not trust; remove it before the next turn", ch.Path)

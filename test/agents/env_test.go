@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -72,6 +73,11 @@ type envOptions struct {
 	policy string
 	// gatewayExtra is added to the [gateway.anthropic] table.
 	gatewayExtra string
+	// signin, when set, is a Claude Code .credentials.json: the gateway
+	// signs in with it (auth = "oauth") instead of the API key.
+	signin []byte
+	// tokenHandler serves the OAuth token endpoint on the internet host.
+	tokenHandler http.Handler
 }
 
 func newEnvWith(t testing.TB, o envOptions) *env {
@@ -98,7 +104,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		for k, v := range a.Env {
 			env[k] = v
 		}
-		if o.gateway {
+		if o.gateway && (o.signin == nil || name == "claude") {
 			fmt.Fprintf(&agents, "[agents.%s]\ncommand = %s\nhome = %s\nenv = %s\ngateway = \"anthropic\"\n",
 				name, tomlList(a.Command), tomlList(a.Home), tomlTable(env))
 			continue
@@ -111,9 +117,32 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		fmt.Fprintf(&agents, "[agents.%s]\ncommand = %s\nhome = %s\nenv = %s\ntoken_env = %s\n",
 			name, tomlList(a.Command), tomlList(a.Home), tomlTable(env), tomlTable(map[string]string{"ANTHROPIC_API_KEY": "anthropic"}))
 	}
+	// More of [tokens] (the agents' tables follow it in the config).
+	moreTokens := ""
+	gatewayAuth := ""
+	if o.signin != nil {
+		seedFile := filepath.Join(e.dir, "claude-signin.json")
+		assert.NilError(t, os.WriteFile(seedFile, o.signin, 0o600))
+		moreTokens = fmt.Sprintf("claude-signin = %q\n", seedFile)
+		gatewayAuth = "auth = \"oauth\"\n"
+		if o.tokenHandler != nil {
+			ln, err := listenIn(e.tb.NSPath("internet"), net.JoinHostPort(testbed.InternetAddr4.String(), "0"))
+			assert.NilError(t, err)
+			srv := &http.Server{Handler: o.tokenHandler, ReadHeaderTimeout: 10 * time.Second}
+			go func() { _ = srv.Serve(ln) }()
+			t.Cleanup(func() { srv.Close() })
+			gatewayAuth += fmt.Sprintf("token_url = %q\n", "http://"+ln.Addr().String()+"/v1/oauth/token")
+		}
+	}
 	if o.gateway {
-		fmt.Fprintf(&agents, "[agents.probe]\ncommand = [\"python3\", \"-c\"]\nhome = [\"shell\"]\ngateway = \"anthropic\"\n")
-		fmt.Fprintf(&agents, "[gateway.anthropic]\nupstream = %q\ntoken = \"anthropic\"\n%s\n", e.apiURL, o.gatewayExtra)
+		if o.signin == nil {
+			fmt.Fprintf(&agents, "[agents.probe]\ncommand = [\"python3\", \"-c\"]\nhome = [\"shell\"]\ngateway = \"anthropic\"\n")
+		}
+		token := "anthropic"
+		if o.signin != nil {
+			token = "claude-signin"
+		}
+		fmt.Fprintf(&agents, "[gateway.anthropic]\nupstream = %q\ntoken = %q\n%s%s\n", e.apiURL, token, gatewayAuth, o.gatewayExtra)
 	}
 	policy := "internet"
 	if o.policy != "" {
@@ -154,10 +183,10 @@ volume_prefix = "shrooms-home-%s-"
 root = %q
 [tokens]
 anthropic = %q
-%s`, e.tb.PodmanURL, filepath.Join(e.dir, "state"), agentImage, policy, e.name, e.name,
+%s%s`, e.tb.PodmanURL, filepath.Join(e.dir, "state"), agentImage, policy, e.name, e.name,
 		// A subnet of its own: other suites may run cages at the same time.
 		90+os.Getpid()%100, os.Getpid()%250, os.Getpid()%65000, e.name, ocSettings,
-		filepath.Join(e.dir, "outbox"), token, agents.String())), 0o600))
+		filepath.Join(e.dir, "outbox"), token, moreTokens, agents.String())), 0o600))
 
 	t.Cleanup(func() {
 		// A HOME's capped filesystem goes before its volume, in both mount
@@ -172,7 +201,7 @@ anthropic = %q
 			t.Errorf("podman: %v", err)
 			return
 		}
-		for _, task := range []string{e.task("claude"), e.task("opencode"), e.task("probe")} {
+		for _, task := range []string{e.task("claude"), e.task("opencode"), e.task("probe"), e.task("claude2")} {
 			if _, err := os.Stat(filepath.Join(e.dir, "outbox", task)); err == nil {
 				if err := outbox.Release(filepath.Join(e.dir, "outbox"), task); err != nil {
 					t.Errorf("release outbox: %v", err)

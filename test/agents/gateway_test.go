@@ -4,11 +4,14 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -283,4 +286,83 @@ for i in range(600):
 	assert.Assert(t, is.Contains(string(b), "gone after"))
 	// The leftover cage goes with the task's next command.
 	_, _ = e.tb.Podman("rm", "-f", "--filter", "label=io.shrooms.task="+e.task("probe"))
+}
+
+// tokenEndpoint is an OAuth token endpoint that rotates refresh tokens, as
+// the provider's does: each refresh token works once.
+type tokenEndpoint struct {
+	mu        sync.Mutex
+	valid     map[string]bool
+	n         int
+	refreshes int
+	refused   int
+}
+
+func (s *tokenEndpoint) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req map[string]string
+	_ = json.NewDecoder(r.Body).Decode(&req)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if req["grant_type"] != "refresh_token" || !s.valid[req["refresh_token"]] {
+		s.refused++
+		http.Error(w, `{"error":"invalid_grant"}`, http.StatusBadRequest)
+		return
+	}
+	delete(s.valid, req["refresh_token"])
+	s.n++
+	s.refreshes++
+	s.valid[fmt.Sprintf("real-refresh-%d", s.n)] = true
+	_ = json.NewEncoder(w).Encode(map[string]any{"access_token": fmt.Sprintf("real-access-%d", s.n), "refresh_token": fmt.Sprintf("real-refresh-%d", s.n), "expires_in": 3600})
+}
+
+// TestGatewaySubscriptionSignIn: a Claude subscription sign-in through the
+// gateway. The owner's .credentials.json (expired access token) seeds the
+// account on the host; two tasks of that account run real Claude Code at
+// once: the token endpoint sees exactly one refresh and no reuse of a
+// rotated refresh token (no forced re-login), the upstream gets the real
+// bearer token on every request, and each cage's .credentials.json holds
+// the placeholder and no real token.
+func TestGatewaySubscriptionSignIn(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	signin, _ := json.Marshal(map[string]any{"claudeAiOauth": map[string]any{
+		"accessToken": "real-access-0", "refreshToken": "real-refresh-0", "expiresAt": time.Now().Add(-time.Hour).UnixMilli(),
+		"scopes": []string{"user:inference", "user:profile"}, "subscriptionType": "max"}})
+	tokens := &tokenEndpoint{valid: map[string]bool{"real-refresh-0": true}}
+	// The token endpoint is on the testbed's internet host; newEnvWith
+	// writes its URL into the gateway table.
+	e := newEnvWith(t, envOptions{gateway: true, policy: "none", signin: signin, tokenHandler: tokens})
+	e.api.Append(modelapi.Text("done"), modelapi.Text("done"))
+
+	var wg sync.WaitGroup
+	results := make([][3]string, 2)
+	for i, task := range []string{e.task("claude"), e.task("claude2")} {
+		wg.Add(1)
+		go func(i int, task string) {
+			defer wg.Done()
+			code, out, errb := e.run("--json", "run", "--task", task, "--agent", "claude", "--worktree", t.TempDir(), "--no-stdin", "--",
+				"-p", "--output-format", "json", "hello")
+			results[i] = [3]string{fmt.Sprint(code), out, errb}
+		}(i, task)
+	}
+	wg.Wait()
+	for _, r := range results {
+		assert.Equal(t, r[0], "0", "turn: %s %s\n%s", r[1], r[2], e.api.Log())
+	}
+	tokens.mu.Lock()
+	assert.Equal(t, tokens.refreshes, 1, "one refresh chain for the account")
+	assert.Equal(t, tokens.refused, 0, "a rotated refresh token was reused")
+	tokens.mu.Unlock()
+	reqs := e.api.Scripted()
+	assert.Equal(t, len(reqs), 2)
+	for _, r := range e.api.Requests() {
+		assert.Equal(t, r.Header.Get("Authorization"), "Bearer real-access-1", "the upstream gets the real bearer token")
+		assert.Equal(t, r.Header.Get("X-Api-Key"), "")
+	}
+	for _, task := range []string{"claude", "claude2"} {
+		out := e.tb.MustPodman("volume", "inspect", "--format", "{{.Mountpoint}}", "shrooms-home-"+e.name+"-"+e.task(task))
+		b, err := os.ReadFile(filepath.Join(strings.TrimSpace(out), "home", ".claude", ".credentials.json"))
+		assert.NilError(t, err)
+		assert.Assert(t, is.Contains(string(b), "sk-ant-shrooms-placeholder-"), "%s", b)
+		assert.Assert(t, !strings.Contains(string(b), "real-"), "a real token in the cage's credentials: %s", b)
+	}
 }
