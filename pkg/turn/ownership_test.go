@@ -54,7 +54,7 @@ const nested = `set -e
 mkdir -p /work/a/b/c/d
 echo x > /work/a/b/c/d/deep.txt
 echo y > /work/new.txt
-ln -s /etc/passwd /work/a/link
+ln -s ../new.txt /work/a/link
 mkfifo /work/a/fifo
 echo edited >> /work/src/main.go
 `
