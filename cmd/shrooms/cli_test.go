@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,8 +19,6 @@ import (
 // These tests run without root and without podman: the config names a
 // podman socket that does not exist, so anything that reaches podman exits
 // 122, and everything refused before it exits 121.
-
-var _ = flag.Bool("update-golden", false, "") // gotest.tools/golden reads -update
 
 const downSocket = "unix:///run/shrooms-test-nonexistent/podman.sock"
 
