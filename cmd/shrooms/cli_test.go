@@ -150,6 +150,8 @@ func TestValidationBeforePodman(t *testing.T) {
 	fifo := filepath.Join(dir, "fifo")
 	assert.NilError(t, syscall.Mkfifo(fifo, 0o600))
 	good := downEnv(t, "")
+	existing := downEnv(t, "") // with state of task t1
+	assert.NilError(t, os.MkdirAll(filepath.Join(existing.dir, "state", "tasks", "t1"), 0o700))
 	turn := func(e *env, extra ...string) []string {
 		return append([]string{"--config", e.config, "run", "--task", "t1", "--agent", "shell"}, extra...)
 	}
@@ -176,8 +178,12 @@ func TestValidationBeforePodman(t *testing.T) {
 		{"allowlist entry", turn(downEnv(t, "[network]\npolicy = \"allowlist\"\nallow = [\"10.0.0.0/8\"]\n")), ExitUsage, "network.allow[0]"},
 		{"bootstrap task id", []string{"--config", good.config, "bootstrap", "--task", "../x"}, ExitUsage, "invalid task id"},
 		{"bootstrap agent", []string{"--config", good.config, "bootstrap", "--task", "t1", "--agent", "nope"}, ExitUsage, "unknown agent"},
-		{"reset agent", []string{"--config", good.config, "reset", "--task", "t1", "--agent", "nope"}, ExitUsage, "unknown agent"},
+		{"reset agent", []string{"--config", existing.config, "reset", "--task", "t1", "--agent", "nope"}, ExitUsage, "unknown agent"},
+		{"positive control: an existing task reaches podman", []string{"--config", existing.config, "forget", "--task", "t1"}, ExitHostNotReady, "podman API unreachable"},
 		{"forget task id", []string{"--config", good.config, "forget", "--task", "../x"}, ExitUsage, "invalid task id"},
+		{"forget unknown task", []string{"--config", good.config, "forget", "--task", "never-ran"}, ExitUsage, `unknown task "never-ran"`},
+		{"reset unknown task", []string{"--config", good.config, "reset", "--task", "never-ran"}, ExitUsage, `unknown task "never-ran"`},
+		{"trust unknown task", []string{"--config", good.config, "trust", "--task", "never-ran"}, ExitUsage, `unknown task "never-ran"`},
 		{"outbox task id", []string{"--config", good.config, "outbox", "collect", "--task", "../x"}, ExitUsage, "invalid task id"},
 		{"commit task id", []string{"--config", good.config, "commit", "--task", "../x", "-m", "x"}, ExitUsage, "invalid task id"},
 		{"spec worktree", []string{"--config", good.config, "spec", "--task", "t1", "--agent", "shell", "--worktree", plain}, ExitUsage, "not a git work tree"},
@@ -198,6 +204,7 @@ func TestValidationBeforePodman(t *testing.T) {
 // JSON object, compared with golden files (go test -update rewrites them).
 func TestJSONErrorGolden(t *testing.T) {
 	e := downEnv(t, "")
+	assert.NilError(t, os.MkdirAll(filepath.Join(e.dir, "state", "tasks", "t1"), 0o700)) // task t1 exists
 	bad := downEnv(t, "[agents.shell]\ncommand = [\"sh\"]\nhome = [\"shell\"]\nenv = \"FOO=1\"\n")
 	for _, tc := range []struct {
 		name string
@@ -211,6 +218,7 @@ func TestJSONErrorGolden(t *testing.T) {
 		{"run-missing-flag", []string{"--json", "--config", e.config, "run", "--agent", "shell"}, ExitUsage},
 		{"unknown-command", []string{"--json", "bogus"}, ExitUsage},
 		{"forget-podman-down", []string{"--config", e.config, "forget", "--task", "t1", "--json"}, ExitHostNotReady},
+		{"forget-unknown-task", []string{"--config", e.config, "forget", "--task", "never-ran", "--json"}, ExitUsage},
 		{"outbox-release-bad-task", []string{"--config", e.config, "outbox", "release", "--task", "../x", "--json"}, ExitUsage},
 		{"net-flush-bad-config", []string{"--config", bad.config, "net", "flush", "--json"}, ExitUsage},
 		{"gc-podman-down", []string{"--config", e.config, "gc", "--json"}, ExitHostNotReady},

@@ -10,7 +10,6 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
@@ -50,9 +49,10 @@ func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *turn.Runner, 
 	return newRunner(cfg, client), ctx, stop, nil
 }
 
-// checkTask validates --task before shrooms connects anywhere.
+// checkTask validates --task of a command on an existing task before
+// shrooms connects anywhere: a valid id that shrooms has state of.
 func checkTask(c *cli.Context) func(*config.Config) error {
-	return func(*config.Config) error { return mounts.ValidateTaskID(c.String("task")) }
+	return func(cfg *config.Config) error { return turn.CheckTask(cfg, c.String("task")) }
 }
 
 func taskFlag() cli.Flag {
@@ -295,7 +295,7 @@ func resetCommand() *cli.Command {
 		},
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) error {
-				if err := mounts.ValidateTaskID(c.String("task")); err != nil {
+				if err := turn.CheckTask(cfg, c.String("task")); err != nil {
 					return err
 				}
 				if name := c.String("agent"); name != "" {

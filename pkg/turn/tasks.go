@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/homestore"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -94,6 +95,14 @@ func (r *Runner) noTurn(task string, turn int, out []Result) ([]Result, error) {
 		out = []Result{}
 	}
 	return out, nil
+}
+
+// CheckTask refuses a task id that is invalid or that shrooms has no state
+// of (ErrInput), reading only the state directory, so commands on an
+// existing task can refuse a typo before they connect to podman.
+func CheckTask(cfg *config.Config, task string) error {
+	r := &Runner{Cfg: cfg, Store: taskstate.Store{Dir: cfg.State.Dir}}
+	return r.knownTask(task)
 }
 
 func (r *Runner) knownTask(task string) error {
