@@ -79,7 +79,7 @@ func TestPlayTwoTurns(t *testing.T) {
 	defer cancel()
 
 	t.Cleanup(func() {
-		for n := 1; n <= 2; n++ {
+		for n := 1; n <= 3; n++ {
 			pod := kube.PodName(task, n)
 			_, _ = podman(context.Background(), "pod", "rm", "-f", "-t", "0", pod)
 			if _, err := podman(context.Background(), "pod", "exists", pod); err == nil {
@@ -153,7 +153,9 @@ func TestPlayTwoTurns(t *testing.T) {
 			assert.Check(t, is.Contains(string(b), "evil.example"))
 		}
 	}
+	failClosedTurn(ctx, t, cfg, task, bin, volumeDir, dir)
 	t.Logf("turn 2 agent:\n%s", logs[2])
+	t.Logf("reset in the init container: turn 1 %v, turn 2 %v (kept %d, removed %d)", reports[1].Duration, reports[2].Duration, reports[2].KeptCount, reports[2].RemovedCount)
 
 	// Turn 1 ran on a fresh HOME; turn 2's reset removed what turn 1 planted.
 	assert.Check(t, is.Contains(logs[1], "planted"))
@@ -175,6 +177,29 @@ func TestPlayTwoTurns(t *testing.T) {
 	// podman 4.3 makes each emptyDir a disk volume (no tmpfs, no size
 	// limit, root's 0755): only that they are mounts is checked here.
 	assert.Check(t, is.Contains(logs[2], "/run /tmp /work"))
+}
+
+// TestPlayTwoTurns' third pod: a HOME root the reset does not recognise
+// stops the turn in the init container; the agent never starts.
+func failClosedTurn(ctx context.Context, t *testing.T, cfg *config.Config, task, bin, volumeDir, dir string) {
+	t.Helper()
+	assert.NilError(t, os.WriteFile(filepath.Join(volumeDir, kube.RootName, "foreign"), []byte("x"), 0o600))
+	objs, err := kube.Build(cfg, kube.Input{Task: task, Agent: "sh", Turn: 3, Args: []string{"echo agent-ran"},
+		ShroomsImage: itest.TestImage, ConfigTOML: []byte(playConfig), Plain: true})
+	assert.NilError(t, err)
+	forPodman(objs.Pod, bin, volumeDir)
+	file := filepath.Join(dir, "turn3.yaml")
+	assert.NilError(t, os.WriteFile(file, multiDoc(t, objs.ConfigMap, objs.Pod), 0o600))
+	out, err := podman(ctx, "kube", "play", "--network", "none", file)
+	assert.Check(t, err != nil, "kube play must fail: %s", out)
+	assert.Check(t, is.Contains(out, "exited with code 122"))
+	pod := kube.PodName(task, 3)
+	initLog, _ := podman(ctx, "logs", pod+"-shrooms-reset")
+	assert.Check(t, is.Contains(initLog, "not shrooms' HOME layout"))
+	state, _ := podman(ctx, "inspect", "--format", "{{.State.Status}}", pod+"-agent")
+	assert.Check(t, !strings.Contains(state, "running") && !strings.Contains(state, "exited"), "agent state %q", state)
+	logs, _ := podman(ctx, "logs", pod+"-agent")
+	assert.Check(t, !strings.Contains(logs, "agent-ran"))
 }
 
 // forPodman adapts the generated pod to podman 4.3 for this test only:
