@@ -117,6 +117,7 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			versionCommand(),
 			configCommand(),
 			completionCommand(),
+			kubeCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run() maps errors to codes
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
