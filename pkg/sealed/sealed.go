@@ -187,6 +187,9 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	s.Rlimits = []spec.POSIXRlimit{
 		{Type: "nofile", Soft: uint64(cfg.Cage.Nofile), Hard: uint64(cfg.Cage.Nofile)},
 		{Type: "nproc", Soft: uint64(cfg.Cage.Nproc), Hard: uint64(cfg.Cage.Nproc)},
+		// No core dumps: a crash would hand cage memory to the host's
+		// core_pattern helper.
+		{Type: "core", Soft: 0, Hard: 0},
 	}
 
 	// Mounts.
