@@ -79,7 +79,15 @@ func ApplyResolved(ctx context.Context, cfg config.Network, opts Options) (Resol
 		resolved = r
 		names = r.Addrs()
 	}
-	p, err := build(cfg, names)
+	var routes []netip.Prefix
+	if cfg.Policy != "none" {
+		r, err := hostRoutes(opts.NetNS, cfg.Bridge)
+		if err != nil {
+			return fail(fmt.Errorf("seal not applied: %w", err))
+		}
+		routes = r
+	}
+	p, err := build(cfg, names, routes)
 	if err != nil {
 		return fail(fmt.Errorf("seal not applied: %w", err))
 	}
@@ -156,7 +164,15 @@ func Verify(ctx context.Context, cfg config.Network, opts Options) (Status, erro
 	if err := ctx.Err(); err != nil {
 		return Status{Policy: cfg.Policy}, err
 	}
-	p, err := build(cfg, nil)
+	var routes []netip.Prefix
+	if cfg.Policy != "none" {
+		r, err := hostRoutes(opts.NetNS, cfg.Bridge)
+		if err != nil {
+			return Status{Policy: cfg.Policy}, err
+		}
+		routes = r
+	}
+	p, err := build(cfg, nil, routes)
 	if err != nil {
 		return Status{Policy: cfg.Policy}, err
 	}
@@ -193,6 +209,10 @@ func verify(cfg config.Network, p *plan, opts Options) (Status, error) {
 	}
 	st.Installed = digest(got.String())
 	if err := checkResolved(c, p); err != nil {
+		st.Reason = err.Error()
+		return st, nil
+	}
+	if err := checkRouted(c, p); err != nil {
 		st.Reason = err.Error()
 		return st, nil
 	}
