@@ -196,3 +196,60 @@ func TestHostRoutes(t *testing.T) {
 		assert.Check(t, !got[not], "%s should not be in %v", not, routes)
 	}
 }
+
+// routesNS makes a namespace whose host routes 500 IPv4 and 500 IPv6
+// public prefixes apart from its default route (none of them adjacent, so
+// the seal's sets hold 1000 ranges).
+func routesNS(b *testing.B) Options {
+	itest.Require(b, itest.Root, itest.Nftables, itest.Netns)
+	ns := itest.UniqueName("stbrt")
+	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
+		b.Fatalf("%v: %s", err, out)
+	}
+	b.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	var batch strings.Builder
+	batch.WriteString("link add vpn0 type veth peer name vpn0p\nlink set vpn0 up\nlink set vpn0p up\n")
+	for i := 0; i < 500; i++ {
+		fmt.Fprintf(&batch, "route add 11.%d.%d.0/24 dev vpn0\n", i/100, 2*(i%100))
+		fmt.Fprintf(&batch, "route add 2001:db8:100:%x::/64 dev vpn0\n", 2*i)
+	}
+	cmd := exec.Command("ip", "-n", ns, "-batch", "-")
+	cmd.Stdin = strings.NewReader(batch.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("ip -batch: %v: %s", err, out)
+	}
+	opts := Options{NetNS: "/run/netns/" + ns}
+	routes, err := hostRoutes(opts.NetNS, "shrooms0")
+	assert.NilError(b, err)
+	v4, v6, err := routedPrefixes(testCfg(), routes)
+	assert.NilError(b, err)
+	assert.Equal(b, len(v4)+len(v6), 1000, "routed prefixes the seal must hold")
+	return opts
+}
+
+// BenchmarkApply1000Routes is `net apply` on a host with 1000 routes
+// besides its default route: reading them, one batch with both tables and
+// 1000 ranges in the routed sets, and the verification read-back.
+func BenchmarkApply1000Routes(b *testing.B) {
+	opts := routesNS(b)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := Apply(context.Background(), testCfg(), opts); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkVerify1000Routes is the check before every networked turn on
+// the same host.
+func BenchmarkVerify1000Routes(b *testing.B) {
+	opts := routesNS(b)
+	assert.NilError(b, Apply(context.Background(), testCfg(), opts))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		st, err := Verify(context.Background(), testCfg(), opts)
+		if err != nil || !st.OK {
+			b.Fatalf("%v %s", err, st.Reason)
+		}
+	}
+}

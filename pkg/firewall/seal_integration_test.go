@@ -369,6 +369,8 @@ func TestSealInTestbed(t *testing.T) {
 		}{
 			{"rule deleted", "flush chain inet " + table + " input", "differs"},
 			{"set element removed", "delete element inet " + table + " no4 { 169.254.0.0/16 }", "differs"},
+			{"routed element removed", "delete element inet " + table + " routed4 { 198.51.100.0/24 }", "198.51.100.0/24"},
+			{"routed rule deleted", "delete rule inet " + table + " forward handle " + e.ruleHandle(t, "routed6"), "differs"},
 			{"rule added", "insert rule inet " + table + " forward iifname \"lo\" accept", "differs"},
 			{"table dormant", "add table inet " + table + " { flags dormant; }", "differs"},
 			{"inet table deleted", "delete table inet " + table, "missing"},
@@ -517,6 +519,22 @@ func TestSealInTestbed(t *testing.T) {
 		// Back to the internet policy: Apply swaps the whole seal.
 		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
 	})
+}
+
+// ruleHandle is the handle of the seal's first forward rule that names set.
+func (e *env) ruleHandle(t testing.TB, set string) string {
+	t.Helper()
+	out, err := e.tb.Exec("host", "nft", "-a", "list", "chain", "inet", tableName(e.cfg.Name), "forward")
+	assert.NilError(t, err, string(out))
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "@"+set) {
+			if i := strings.Index(l, "# handle "); i >= 0 {
+				return strings.TrimSpace(l[i+len("# handle "):])
+			}
+		}
+	}
+	t.Fatalf("no forward rule uses @%s:\n%s", set, out)
+	return ""
 }
 
 func (e *env) nft(t testing.TB) string {
