@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containers/podman/v5/pkg/specgen"
 	spec "github.com/opencontainers/runtime-spec/specs-go"
@@ -221,4 +223,28 @@ func TestNegativeControls(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCageKeepsNoLog: the cage runs with podman's log driver "none" (its
+// output reaches shrooms over attach only, and nothing of it is left on
+// the host's disk), and the probe's report still arrives over attach.
+func TestCageKeepsNoLog(t *testing.T) {
+	e := newCageEnv(t, "shrooms")
+	driver := make(chan string, 1)
+	rep := e.run(t, func(s *specgen.SpecGenerator) {
+		// Watch the cage from the side while the turn runs it.
+		go func(name string) {
+			got := ""
+			for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				out, err := exec.Command("podman", "--url", itest.Socket(), "inspect", "--format", "{{.HostConfig.LogConfig.Type}}", name).CombinedOutput()
+				if err == nil {
+					got = strings.TrimSpace(string(out))
+					break
+				}
+			}
+			driver <- got
+		}(s.Name)
+	})
+	assert.Equal(t, <-driver, "none", "the cage's log driver (seen while it ran)")
+	assert.Assert(t, len(rep.Checks) >= 40, "the report arrived over attach: %d checks", len(rep.Checks))
 }

@@ -128,6 +128,10 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	s.StopTimeout = &grace
 	s.Timeout = t.DeadlineSeconds
 	s.Remove = &no
+	// No container log: shrooms streams the cage's output over attach, and
+	// a log file would be an uncapped copy on the host's disk (agent
+	// output, secrets it prints) outliving the turn.
+	s.LogConfiguration = &specgen.LogConfig{Driver: "none"}
 	s.Systemd = "false"
 	s.Hostname = fmt.Sprintf(cfg.Cage.HostnameFmt, t.Task)
 	s.WorkDir = mounts.WorkDir

@@ -73,6 +73,7 @@ func TestSpecIsSealed(t *testing.T) {
 	assert.Equal(t, len(s.Rlimits), 3)
 	assert.DeepEqual(t, s.Rlimits[2], spec.POSIXRlimit{Type: "core", Soft: 0, Hard: 0}) // no core dumps
 	assert.Equal(t, s.Hostname, "cage-golden")
+	assert.Equal(t, s.LogConfiguration.Driver, "none", "no container log: output goes over attach only")
 	assert.Equal(t, s.WorkDir, "/work")
 	assert.Equal(t, s.Env["HOME"], "/home/agent")
 	assert.Equal(t, s.Labels[LabelTask], "golden")
