@@ -194,6 +194,9 @@ func sealChecker(client *podman.Client) turn.SealChecker {
 // network namespace, and its own executable for prepared cages.
 func newRunner(cfg *config.Config, client *podman.Client) *turn.Runner {
 	r := turn.NewRunner(cfg, client, sealChecker(client))
+	// While a networked cage runs, a lost seal is put back within a
+	// quarter second, or the cage is stopped.
+	r.WatchSeal = turn.FirewallWatcher(firewall.Options{})
 	if exe, err := os.Executable(); err == nil {
 		if real, err := filepath.EvalSymlinks(exe); err == nil {
 			r.Binary = real

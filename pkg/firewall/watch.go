@@ -59,7 +59,7 @@ func Watch(ctx context.Context, cfg config.Network, opts Options, interval time.
 			if ctx.Err() != nil {
 				return nil
 			}
-			l.Err = fmt.Errorf("seal lost (%s) and not restored: %w", l.Reason, aerr)
+			l.Err = fmt.Errorf("seal lost and not restored: %w", aerr)
 			onLoss(l)
 			return l.Err
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
@@ -36,6 +37,7 @@ type tbEnv struct {
 	fw     firewall.Options
 	prefix string
 	bin    string
+	tbbin  string // tbprobe
 	peer   []string
 	n      int
 }
@@ -106,6 +108,7 @@ root = %q
 	_, err = turn.EnsureNetwork(ctx, cfg, client)
 	assert.NilError(t, err)
 	probeBin := tb.BuildProbe()
+	e.tbbin = probeBin
 	tb.MustPodman("run", "-d", "--rm", "--name", "spb"+tb.ID+"-peer", "--label", tb.Label(), "--network", name,
 		"--cap-drop", "ALL", "--security-opt", "no-new-privileges", "-v", probeBin+":/tbprobe:ro",
 		itest.TestImage, "timeout", "600", "/tbprobe", "listen")
@@ -306,6 +309,116 @@ func TestBatteryInTestbed(t *testing.T) {
 			assert.Check(t, seen > 0, "%s escaped, but no canary logged any of its attempts", id)
 		}
 		assert.Equal(t, len(in.connected), 6, "with the seal flushed the host, LAN and internet connect into the cage: %v", in.connected)
+	})
+}
+
+// TestSealWatchedDuringTurn: `nft flush ruleset` on the host while a turn's
+// cage streams datagrams at the LAN router (one every 10 ms). Without a
+// watcher (positive control) the stream gets through from the flush to the
+// end of the turn; with the runner's seal watcher nothing gets through
+// later than a second after the flush, and the turn result says the seal
+// was lost and put back.
+func TestSealWatchedDuringTurn(t *testing.T) {
+	e := newTBEnv(t)
+	ctx := context.Background()
+	verified := func(ctx context.Context, cfg *config.Config, _ bool) ([]string, error) {
+		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
+		if err != nil {
+			return nil, err
+		}
+		if !st.OK {
+			return nil, fmt.Errorf("%s", st.Reason)
+		}
+		return nil, nil
+	}
+	turnWithFlush := func(t *testing.T, watch turn.SealWatcher, breakSeal ...string) (*turn.Result, error, []time.Duration) {
+		t.Helper()
+		assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw))
+		e.n++
+		nonce := fmt.Sprintf("%s-w%d", e.prefix, e.n)
+		r := turn.NewRunner(e.cfg, e.client, verified)
+		r.WatchSeal = watch
+		type ran struct {
+			res *turn.Result
+			err error
+		}
+		done := make(chan ran, 1)
+		go func() {
+			res, err := r.Run(ctx, turn.Request{
+				Task: fmt.Sprintf("%s-%d", e.prefix, e.n), Agent: "shell",
+				Command: []string{"/tbprobe", "stream", net.JoinHostPort(testbed.RouterAddr4.String(), "5000"), nonce, "6"},
+				ExtraMounts: []mounts.Mount{{Kind: mounts.Bind, Source: e.tbbin, Dest: "/tbprobe", ReadOnly: true,
+					Options: []string{"rbind", "nosuid", "nodev"}}},
+				Timeout: 60 * time.Second,
+			})
+			done <- ran{res, err}
+		}()
+		time.Sleep(3 * time.Second) // the cage is streaming (into the seal)
+		at := time.Now()
+		if len(breakSeal) == 0 {
+			breakSeal = []string{"nft", "flush", "ruleset"}
+		}
+		out, err := e.tb.Exec("host", breakSeal...)
+		assert.NilError(t, err, string(out))
+		got := <-done
+		var since []time.Duration
+		for _, h := range e.tb.Hits(nonce) {
+			since = append(since, h.At.Sub(at))
+		}
+		// netavark's own rules went with the flush: put them back.
+		out2, err := e.tb.PodmanLocal("network", "reload", "spb"+e.tb.ID+"-peer")
+		assert.NilError(t, err, out2)
+		return got.res, got.err, since
+	}
+
+	t.Run("positive control: no watcher, the flush opens the seal until the turn ends", func(t *testing.T) {
+		res, err, since := turnWithFlush(t, nil)
+		assert.NilError(t, err, "%+v", res)
+		late := 0
+		for _, d := range since {
+			assert.Check(t, d >= 0, "the sealed stream reached the router %v before the flush", -d)
+			if d > time.Second {
+				late++
+			}
+		}
+		assert.Assert(t, late > 0, "no datagram got through more than a second after the flush (%d in all): the test could not see the hole", len(since))
+		assert.Equal(t, len(res.SealLosses), 0)
+	})
+
+	t.Run("the runner's watcher puts the seal back within a second", func(t *testing.T) {
+		res, err, since := turnWithFlush(t, turn.FirewallWatcher(e.fw))
+		assert.NilError(t, err, "%+v", res)
+		assert.Equal(t, res.Status, "exited")
+		var last time.Duration
+		for _, d := range since {
+			assert.Check(t, d >= 0, "the sealed stream reached the router %v before the flush", -d)
+			assert.Check(t, d <= time.Second, "SEAL NOT RESTORED: a datagram reached the router %v after the flush", d)
+			last = max(last, d)
+		}
+		t.Logf("after the flush %d datagrams reached the router, the last %v after it", len(since), last)
+		assert.Assert(t, len(res.SealLosses) >= 1, "the turn result does not report the lost seal")
+		assert.Assert(t, res.SealLosses[0].Reapplied, "%+v", res.SealLosses[0])
+		t.Logf("turn result: %+v", res.SealLosses)
+		st, err := firewall.Verify(ctx, e.cfg.Network, e.fw)
+		assert.NilError(t, err)
+		assert.Assert(t, st.OK, st.Reason)
+	})
+
+	t.Run("a seal that cannot be put back stops the cage", func(t *testing.T) {
+		// With bridged traffic no longer passing the inet hooks the seal
+		// cannot hold, and Apply refuses: the turn must end, not go on.
+		defer func() {
+			out, err := e.tb.Exec("host", "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1")
+			assert.NilError(t, err, string(out))
+		}()
+		start := time.Now()
+		res, err, _ := turnWithFlush(t, turn.FirewallWatcher(e.fw), "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0")
+		assert.Assert(t, err != nil, "the turn reported success")
+		assert.Equal(t, res.Status, "seal-lost", res.Error)
+		assert.Assert(t, res.Removed)
+		assert.Assert(t, len(res.SealLosses) == 1 && !res.SealLosses[0].Reapplied && res.SealLosses[0].Error != "", "%+v", res.SealLosses)
+		assert.Assert(t, time.Since(start) < 8*time.Second, "the cage ran on for %v (its stream lasts 6 s after a 3 s start)", time.Since(start))
+		t.Logf("turn result: %s; %+v", res.Error, res.SealLosses)
 	})
 }
 

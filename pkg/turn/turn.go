@@ -76,6 +76,9 @@ type Runner struct {
 	// OnSpec, when set, sees the exact spec sent to podman. Tests use it to
 	// record the spec, and to weaken a cage on purpose for negative controls.
 	OnSpec func(*specgen.SpecGenerator)
+	// WatchSeal, when set, watches the seal while a networked cage runs
+	// (sealwatch.go).
+	WatchSeal SealWatcher
 }
 
 // NewRunner returns a runner for cfg with the system's state and id files.
@@ -103,7 +106,7 @@ type Result struct {
 	Cage     string  `json:"cage,omitempty"`
 	CageName string  `json:"cageName,omitempty"`
 	ExitCode int     `json:"exitCode"`
-	Status   string  `json:"status"` // exited, deadline, interrupted, error
+	Status   string  `json:"status"` // exited, deadline, interrupted, seal-lost, error
 	Error    string  `json:"error,omitempty"`
 	Phases   []Phase `json:"phases"`
 	TotalMs  float64 `json:"totalMs"`
@@ -112,6 +115,9 @@ type Result struct {
 	Prepared bool `json:"prepared"`
 	// Reset is the HOME reset's report for this turn.
 	Reset *homereset.Report `json:"reset,omitempty"`
+	// SealLosses are the times the seal was found missing or changed while
+	// the cage ran (and put back, or the cage stopped: status seal-lost).
+	SealLosses []SealLoss `json:"sealLosses,omitempty"`
 }
 
 type clock struct {
