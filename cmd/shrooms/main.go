@@ -165,7 +165,11 @@ func sealChecker(client *podman.Client) turn.SealChecker {
 			}
 			hosts = r.HostEntries()
 		}
-		st, err := firewall.Verify(ctx, cfg.Network, firewall.Options{})
+		verify := firewall.Refresh // a host route that appeared is added to the seal
+		if dry {
+			verify = firewall.Verify
+		}
+		st, err := verify(ctx, cfg.Network, firewall.Options{})
 		if err != nil {
 			return nil, err
 		}

@@ -391,6 +391,16 @@ func TestSealInTestbed(t *testing.T) {
 		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
 	})
 
+	t.Run("refresh repairs staleness only", func(t *testing.T) {
+		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		out, err := e.tb.Exec("host", "nft", "flush", "chain", "inet", tableName(e.cfg.Name), "input")
+		assert.NilError(t, err, string(out))
+		st, err := Refresh(ctx, e.cfg, e.opts)
+		assert.NilError(t, err)
+		assert.Assert(t, !st.OK && !st.Stale, "a tampered seal was repaired or called stale: %+v", st)
+		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+	})
+
 	t.Run("bad input installs nothing", func(t *testing.T) {
 		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
 		before := e.nft(t)
@@ -460,12 +470,12 @@ func TestSealInTestbed(t *testing.T) {
 		st, err := Verify(ctx, e.cfg, e.opts)
 		assert.NilError(t, err)
 		assert.Assert(t, !st.OK, "a new route went unnoticed")
+		assert.Assert(t, st.Stale, "only the routes changed: %s", st.Reason)
 		assert.Assert(t, strings.Contains(st.Reason, "203.0.113.20/32"), st.Reason)
 		// Positive control: the stale seal lets the probe through.
 		hit := e.fire(t, "a", ps, all)
 		assert.Check(t, hit["newly routed"], "no hit through the stale seal: the test could not see the hole")
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
-		st, err = Verify(ctx, e.cfg, e.opts)
+		st, err = Refresh(ctx, e.cfg, e.opts)
 		assert.NilError(t, err)
 		assert.Assert(t, st.OK, st.Reason)
 		hit = e.fire(t, "a", ps, allowed)
