@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/probe"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
@@ -27,7 +28,11 @@ agent user, and tries every way out: capabilities, seccomp, namespaces,
 mounts, devices, sockets, secrets, and the network seal. One line per
 check with its verdict: sealed, escaped, residual (a documented limitation)
 or error. Exit status 1 when any check escaped or could not decide.
---targets names a JSON file of network targets (see docs/probe-schema.md).`,
+--targets names a JSON file of network targets (see docs/probe-schema.md);
+without it the host, LAN, metadata and peer targets are discovered: the
+host's addresses, gateways, neighbours, the first address of every network
+it routes to other than by its default route, the clouds' metadata
+services and cages seen on the bridge.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "task", Value: "probe", Usage: "task `ID` whose cage is probed"},
 			&cli.StringFlag{Name: "agent", Value: "shell", Usage: "agent `NAME` whose image and settings are used"},
@@ -117,6 +122,12 @@ func probeParams(path string, cfg *config.Config, agent string) (probe.Params, e
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&p); err != nil {
 			return p, fmt.Errorf("--targets %s: %w", path, err)
+		}
+	}
+	if path == "" && cfg.Network.Networked() {
+		// No targets file: aim at what the host tells about its network.
+		if err := probe.Discover(&p, cfg.Network, firewall.Options{}); err != nil {
+			return p, fmt.Errorf("discover probe targets: %w", err)
 		}
 	}
 	p.Policy = cfg.Network.Policy

@@ -211,3 +211,116 @@ func covers(have []interval, p netip.Prefix) bool {
 	}
 	return false
 }
+
+// HostNet is what the host's network looks like from its own namespace:
+// what the probe aims at when no targets file names it.
+type HostNet struct {
+	// Addrs are the host's addresses on interfaces other than loopback and
+	// the cage bridge (link-local left out: a cage cannot name them).
+	Addrs []netip.Addr
+	// Gateways are the next hops of every route, default routes included.
+	Gateways []netip.Addr
+	// Neighbours are the neighbour-table entries off the cage bridge;
+	// BridgeNeighbours those on it (other cages).
+	Neighbours, BridgeNeighbours []netip.Addr
+	// Routed are the prefixes of hostRoutes (non-default routes).
+	Routed []netip.Prefix
+}
+
+// ReadHostNet reads the host network of the namespace opts names, with
+// bridge as the cage bridge.
+func ReadHostNet(opts Options, bridge string) (HostNet, error) {
+	var h HostNet
+	routes, err := hostRoutes(opts.NetNS, bridge)
+	if err != nil {
+		return h, err
+	}
+	h.Routed = routes
+	err = inNetNS(opts.NetNS, func() error {
+		brIndex := -1
+		ifs, err := net.Interfaces()
+		if err != nil {
+			return err
+		}
+		for _, i := range ifs {
+			if i.Name == bridge {
+				brIndex = i.Index
+			}
+			if i.Name == bridge || i.Flags&net.FlagLoopback != 0 {
+				continue
+			}
+			as, _ := i.Addrs()
+			for _, a := range as {
+				if ipn, ok := a.(*net.IPNet); ok {
+					if ip, ok := netip.AddrFromSlice(ipn.IP); ok && !ip.Unmap().IsLinkLocalUnicast() {
+						h.Addrs = append(h.Addrs, ip.Unmap())
+					}
+				}
+			}
+		}
+		for _, fam := range []int{unix.AF_INET, unix.AF_INET6} {
+			rib, err := syscall.NetlinkRIB(unix.RTM_GETROUTE, fam)
+			if err != nil {
+				return fmt.Errorf("read host routes: %w", err)
+			}
+			msgs, err := syscall.ParseNetlinkMessage(rib)
+			if err != nil {
+				return err
+			}
+			for _, m := range msgs {
+				if m.Header.Type != unix.RTM_NEWROUTE || len(m.Data) < unix.SizeofRtMsg || m.Data[7] != unix.RTN_UNICAST {
+					continue
+				}
+				attrs, err := syscall.ParseNetlinkRouteAttr(&m)
+				if err != nil {
+					continue
+				}
+				for _, a := range attrs {
+					if a.Attr.Type == unix.RTA_GATEWAY {
+						if gw, ok := netip.AddrFromSlice(a.Value); ok && !gw.Unmap().IsLinkLocalUnicast() {
+							h.Gateways = append(h.Gateways, gw.Unmap())
+						}
+					}
+				}
+			}
+			rib, err = syscall.NetlinkRIB(unix.RTM_GETNEIGH, fam)
+			if err != nil {
+				return fmt.Errorf("read neighbours: %w", err)
+			}
+			if msgs, err = syscall.ParseNetlinkMessage(rib); err != nil {
+				return err
+			}
+			for _, m := range msgs {
+				// struct ndmsg: family, pad[3], ifindex (s32), state (u16), flags, type.
+				if m.Header.Type != unix.RTM_NEWNEIGH || len(m.Data) < unix.SizeofNdMsg {
+					continue
+				}
+				ifindex := int(int32(binary.NativeEndian.Uint32(m.Data[4:8])))
+				state := binary.NativeEndian.Uint16(m.Data[8:10])
+				if state&(unix.NUD_INCOMPLETE|unix.NUD_FAILED|unix.NUD_NOARP) != 0 {
+					continue
+				}
+				attrs, err := syscall.ParseNetlinkRouteAttr(&m)
+				if err != nil {
+					continue
+				}
+				for _, a := range attrs {
+					if a.Attr.Type != unix.NDA_DST {
+						continue
+					}
+					ip, ok := netip.AddrFromSlice(a.Value)
+					if !ok || ip.Unmap().IsLinkLocalUnicast() || ip.IsMulticast() {
+						continue
+					}
+					if ifindex == brIndex {
+						h.BridgeNeighbours = append(h.BridgeNeighbours, ip.Unmap())
+					} else {
+						h.Neighbours = append(h.Neighbours, ip.Unmap())
+					}
+				}
+			}
+		}
+		return nil
+	})
+	return h, err
+}

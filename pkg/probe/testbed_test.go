@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +41,10 @@ type tbEnv struct {
 	tbbin  string // tbprobe
 	peer   []string
 	n      int
+	// discover replaces the host, LAN and metadata targets with what
+	// Discover finds; discovered is what it found last.
+	discover   bool
+	discovered Params
 }
 
 func newTBEnv(t *testing.T) *tbEnv {
@@ -180,9 +185,15 @@ func (e *tbEnv) run(t *testing.T, seal turn.SealChecker) (*Report, *inbound) {
 	in := &inbound{}
 	var stderr strings.Builder
 	var mu sync.Mutex
+	params := e.params(nonce)
+	if e.discover {
+		params.Host, params.LAN, params.Metadata = nil, nil, nil
+		assert.NilError(t, Discover(&params, e.cfg.Network, e.fw))
+		e.discovered = params
+	}
 	rep, res, err := Run(context.Background(), r, Options{
 		Task: fmt.Sprintf("%s-%d", e.prefix, e.n), Agent: "shell", Binary: e.bin,
-		Params: e.params(nonce), Timeout: 90 * time.Second,
+		Params: params, Timeout: 90 * time.Second,
 		Stderr: writerFunc(func(p []byte) { mu.Lock(); stderr.Write(p); mu.Unlock() }),
 		OnInbound: func(addr string, port int) {
 			var wg sync.WaitGroup
@@ -311,6 +322,47 @@ func TestBatteryInTestbed(t *testing.T) {
 		}
 		assert.Equal(t, len(in.connected), 6, "with the seal flushed the host, LAN and internet connect into the cage: %v", in.connected)
 	})
+}
+
+// TestBatteryWithDiscoveredTargets: the host, LAN and metadata rows aimed
+// at what Discover finds in the testbed's host namespace instead of a
+// targets file: sealed, they hold without errors; with the seal flushed,
+// they flip to escaped (the discovered targets are real ones).
+func TestBatteryWithDiscoveredTargets(t *testing.T) {
+	e := newTBEnv(t)
+	e.discover = true
+	ctx := context.Background()
+	verified := func(ctx context.Context, cfg *config.Config, _ bool) ([]string, error) {
+		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
+		if err != nil {
+			return nil, err
+		}
+		if !st.OK {
+			return nil, fmt.Errorf("%s", st.Reason)
+		}
+		return nil, nil
+	}
+	rep, _ := e.run(t, verified)
+	d := e.discovered
+	t.Logf("discovered: host %v lan %v metadata %v", d.Host, d.LAN, d.Metadata)
+	for _, want := range []netip.Addr{testbed.HostAddr4, testbed.HostAddr6, testbed.HostPublicLAN4} {
+		assert.Check(t, slices.Contains(d.Host, want.String()), "host address %s not discovered: %v", want, d.Host)
+	}
+	for _, want := range []netip.Addr{testbed.RouterAddr4, testbed.RouterAddr6, testbed.PublicLAN4, testbed.PublicLAN6, netip.MustParseAddr("10.200.0.1"), testbed.Metadata4} {
+		assert.Check(t, slices.Contains(d.LAN, want.String()), "LAN target %s not discovered: %v", want, d.LAN)
+	}
+	assert.Check(t, slices.Contains(d.Metadata, testbed.WireServer.String()))
+	assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))
+	assert.DeepEqual(t, rep.IDs(Error), []string(nil))
+
+	assert.NilError(t, firewall.Flush(ctx, e.cfg.Network, e.fw))
+	defer func() { assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw)) }()
+	permissive := func(context.Context, *config.Config, bool) ([]string, error) { return nil, nil }
+	rep, _ = e.run(t, permissive)
+	escaped := rep.IDs(Escaped)
+	for _, id := range []string{"D4", "D6", "D7"} {
+		assert.Check(t, slices.Contains(escaped, id), "%s does not flip with the seal flushed: %v", id, escaped)
+	}
 }
 
 // TestSealWatchedDuringTurn: `nft flush ruleset` on the host while a turn's
