@@ -50,10 +50,14 @@ services and cages seen on the bridge.`,
 			if err != nil {
 				return fail(ExitUsage, err)
 			}
-			rep, _, err := probe.Run(ctx, r, probe.Options{
+			o := probe.Options{
 				Task: c.String("task"), Agent: c.String("agent"), Params: params,
 				Timeout: c.Duration("timeout"), Stderr: c.App.ErrWriter,
-			})
+			}
+			if params.InboundPort != 0 {
+				o.OnInbound = probe.DialInbound(params.Nonce)
+			}
+			rep, _, err := probe.Run(ctx, r, o)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
@@ -125,10 +129,12 @@ func probeParams(path string, cfg *config.Config, agent string) (probe.Params, e
 		}
 	}
 	if path == "" && cfg.Network.Networked() {
-		// No targets file: aim at what the host tells about its network.
+		// No targets file: aim at what the host tells about its network,
+		// send discovery multicast, and connect into the cage (D15).
 		if err := probe.Discover(&p, cfg.Network, firewall.Options{}); err != nil {
 			return p, fmt.Errorf("discover probe targets: %w", err)
 		}
+		p.Multicast, p.InboundPort, p.InboundWaitMs = true, 18080, 3000
 	}
 	p.Policy = cfg.Network.Policy
 	p.StrictSeccomp = cfg.Cage.StrictSeccomp()

@@ -1,8 +1,12 @@
 package probe
 
 import (
+	"fmt"
+	"net"
 	"net/netip"
 	"slices"
+	"strconv"
+	"time"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
@@ -83,4 +87,19 @@ func pick(as []netip.Addr, max int, keep func(netip.Addr) bool) []string {
 		out = append(out, a.String())
 	}
 	return out
+}
+
+// DialInbound is Options.OnInbound for a host without canaries: it tries to
+// connect from the host to where the cage listens (D15) and sends the
+// nonce; the inside reports whether anything arrived.
+func DialInbound(nonce string) func(addr string, port int) {
+	return func(addr string, port int) {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(addr, strconv.Itoa(port)), 1500*time.Millisecond)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(time.Second))
+		fmt.Fprintf(c, "%s-inbound-host\n", nonce)
+	}
 }
