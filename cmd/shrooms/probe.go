@@ -135,6 +135,7 @@ func probeParams(path string, cfg *config.Config, agent string) (probe.Params, e
 			return p, fmt.Errorf("discover probe targets: %w", err)
 		}
 		p.Multicast, p.InboundPort, p.InboundWaitMs = true, 18080, 3000
+		probe.InternetFor(&p, cfg.Network, hostResolvers())
 	}
 	p.Policy = cfg.Network.Policy
 	p.StrictSeccomp = cfg.Cage.StrictSeccomp()
@@ -152,6 +153,21 @@ func probeParams(path string, cfg *config.Config, agent string) (probe.Params, e
 		p.Nonce = fmt.Sprintf("sp%d", os.Getpid())
 	}
 	return p, nil
+}
+
+// hostResolvers are the nameservers of the host's /etc/resolv.conf.
+func hostResolvers() []string {
+	b, err := os.ReadFile("/etc/resolv.conf")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "nameserver" {
+			out = append(out, f[1])
+		}
+	}
+	return out
 }
 
 func isTerminal(f *os.File) bool {

@@ -89,6 +89,41 @@ func pick(as []netip.Addr, max int, keep func(netip.Addr) bool) []string {
 	return out
 }
 
+// PublicResolvers are the resolvers D9b and D9c try when no targets file
+// names any, besides the host's own.
+var PublicResolvers = []string{"8.8.8.8", "1.1.1.1", "9.9.9.9", "2001:4860:4860::8888", "2606:4700:4700::1111"}
+
+// InternetFor fills p's internet and resolver targets for policy n when
+// they are empty: under the internet policy a name any resolver answers
+// (example.com, resolved inside the cage); under the allowlist the allowed
+// entries themselves; resolvers are the host's (hostResolvers, from its
+// resolv.conf) and PublicResolvers.
+func InternetFor(p *Params, n config.Network, hostResolvers []string) {
+	if len(p.Internet) == 0 && len(p.InternetNames) == 0 {
+		switch n.Policy {
+		case "internet":
+			p.InternetNames = []string{"example.com"}
+		case "allowlist":
+			for _, a := range n.Allow {
+				if ip, err := netip.ParseAddr(a); err == nil {
+					p.Internet = append(p.Internet, ip.String())
+				} else if pr, err := netip.ParsePrefix(a); err == nil {
+					p.Internet = append(p.Internet, pr.Masked().Addr().Next().String())
+				} else {
+					p.InternetNames = append(p.InternetNames, a)
+				}
+			}
+		}
+	}
+	if len(p.Resolvers) == 0 {
+		for _, r := range append(append([]string{}, hostResolvers...), PublicResolvers...) {
+			if a, err := netip.ParseAddr(r); err == nil && !a.IsLoopback() && !slices.Contains(p.Resolvers, a.String()) {
+				p.Resolvers = append(p.Resolvers, a.String())
+			}
+		}
+	}
+}
+
 // DialInbound is Options.OnInbound for a host without canaries: it tries to
 // connect from the host to where the cage listens (D15) and sends the
 // nonce; the inside reports whether anything arrived.

@@ -35,7 +35,7 @@ func TestSchemaGolden(t *testing.T) {
 		Report *Report `json:"report"`
 		Params Params  `json:"params"`
 	}{sample(), Params{Policy: "internet", StrictSeccomp: true, SecretEnv: []string{"K"}, Internet: []string{"203.0.113.10"},
-		Gateway: []string{"10.89.0.1"}, Host: []string{"192.168.1.2"}, LAN: []string{"192.168.1.1"}, Metadata: []string{"169.254.169.254"},
+		InternetNames: []string{"example.com"}, Gateway: []string{"10.89.0.1"}, Host: []string{"192.168.1.2"}, LAN: []string{"192.168.1.1"}, Metadata: []string{"169.254.169.254"},
 		Peers: []string{"10.89.0.3"}, Resolvers: []string{"203.0.113.10"}, TCPPorts: []int{80}, UDPPorts: []int{5000}, DNSZone: "canary.test",
 		Nonce: "n", Multicast: true, InboundPort: 18080, InboundWaitMs: 3000}}, "", "  ")
 	assert.NilError(t, err)
