@@ -57,6 +57,8 @@ services and cages seen on the bridge.`,
 			if params.InboundPort != 0 {
 				o.OnInbound = probe.DialInbound(params.Nonce)
 			}
+			// Without a targets file the probe brings its own peer cage (D8).
+			o.Peer = c.String("targets") == ""
 			rep, _, err := probe.Run(ctx, r, o)
 			if err != nil {
 				return fail(codeFor(err), err)
@@ -87,8 +89,13 @@ func probeInsideCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: strings.TrimPrefix(probe.ParamsFlag, "--")},
 			&cli.BoolFlag{Name: strings.TrimPrefix(probe.NestedChildArg, "--")},
+			&cli.BoolFlag{Name: strings.TrimPrefix(probe.PeerArg, "--")},
 		},
 		Action: func(c *cli.Context) error {
+			if c.Bool(strings.TrimPrefix(probe.PeerArg, "--")) {
+				probe.Peer(c.Context, c.App.ErrWriter)
+				return nil
+			}
 			if c.Bool(strings.TrimPrefix(probe.NestedChildArg, "--")) {
 				if code := probe.NestedChild(); code != 0 {
 					return fail(code, nil)

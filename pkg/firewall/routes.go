@@ -216,7 +216,7 @@ func covers(have []interval, p netip.Prefix) bool {
 // what the probe aims at when no targets file names it.
 type HostNet struct {
 	// Addrs are the host's addresses on interfaces other than loopback and
-	// the cage bridge (link-local left out: a cage cannot name them).
+	// the cage bridge (IPv6 link-local left out: a cage cannot name them).
 	Addrs []netip.Addr
 	// Gateways are the next hops of every route, default routes included.
 	Gateways []netip.Addr
@@ -252,7 +252,7 @@ func ReadHostNet(opts Options, bridge string) (HostNet, error) {
 			as, _ := i.Addrs()
 			for _, a := range as {
 				if ipn, ok := a.(*net.IPNet); ok {
-					if ip, ok := netip.AddrFromSlice(ipn.IP); ok && !ip.Unmap().IsLinkLocalUnicast() {
+					if ip, ok := netip.AddrFromSlice(ipn.IP); ok && !v6LinkLocal(ip) {
 						h.Addrs = append(h.Addrs, ip.Unmap())
 					}
 				}
@@ -277,7 +277,7 @@ func ReadHostNet(opts Options, bridge string) (HostNet, error) {
 				}
 				for _, a := range attrs {
 					if a.Attr.Type == unix.RTA_GATEWAY {
-						if gw, ok := netip.AddrFromSlice(a.Value); ok && !gw.Unmap().IsLinkLocalUnicast() {
+						if gw, ok := netip.AddrFromSlice(a.Value); ok && !v6LinkLocal(gw) {
 							h.Gateways = append(h.Gateways, gw.Unmap())
 						}
 					}
@@ -309,7 +309,7 @@ func ReadHostNet(opts Options, bridge string) (HostNet, error) {
 						continue
 					}
 					ip, ok := netip.AddrFromSlice(a.Value)
-					if !ok || ip.Unmap().IsLinkLocalUnicast() || ip.IsMulticast() {
+					if !ok || v6LinkLocal(ip) || ip.IsMulticast() {
 						continue
 					}
 					if ifindex == brIndex {
@@ -324,3 +324,6 @@ func ReadHostNet(opts Options, bridge string) (HostNet, error) {
 	})
 	return h, err
 }
+
+// v6LinkLocal: an fe80::/10 address means nothing without its link.
+func v6LinkLocal(a netip.Addr) bool { return a.Is6() && !a.Is4In6() && a.IsLinkLocalUnicast() }

@@ -187,13 +187,13 @@ func (e *tbEnv) run(t *testing.T, seal turn.SealChecker) (*Report, *inbound) {
 	var mu sync.Mutex
 	params := e.params(nonce)
 	if e.discover {
-		params.Host, params.LAN, params.Metadata = nil, nil, nil
+		params.Host, params.LAN, params.Metadata, params.Peers = nil, nil, nil, nil
 		assert.NilError(t, Discover(&params, e.cfg.Network, e.fw))
 		e.discovered = params
 	}
 	rep, res, err := Run(context.Background(), r, Options{
 		Task: fmt.Sprintf("%s-%d", e.prefix, e.n), Agent: "shell", Binary: e.bin,
-		Params: params, Timeout: 90 * time.Second,
+		Params: params, Timeout: 90 * time.Second, Peer: e.discover,
 		Stderr: writerFunc(func(p []byte) { mu.Lock(); stderr.Write(p); mu.Unlock() }),
 		OnInbound: func(addr string, port int) {
 			var wg sync.WaitGroup
@@ -326,8 +326,9 @@ func TestBatteryInTestbed(t *testing.T) {
 
 // TestBatteryWithDiscoveredTargets: the host, LAN and metadata rows aimed
 // at what Discover finds in the testbed's host namespace instead of a
-// targets file: sealed, they hold without errors; with the seal flushed,
-// they flip to escaped (the discovered targets are real ones).
+// targets file, and D8 at a peer cage the probe starts itself: sealed,
+// they hold without errors; with the seal flushed, they flip to escaped
+// (the discovered targets and the peer are real ones).
 func TestBatteryWithDiscoveredTargets(t *testing.T) {
 	e := newTBEnv(t)
 	e.discover = true
@@ -360,7 +361,7 @@ func TestBatteryWithDiscoveredTargets(t *testing.T) {
 	permissive := func(context.Context, *config.Config, bool) ([]string, error) { return nil, nil }
 	rep, _ = e.run(t, permissive)
 	escaped := rep.IDs(Escaped)
-	for _, id := range []string{"D4", "D6", "D7"} {
+	for _, id := range []string{"D4", "D6", "D7", "D8"} {
 		assert.Check(t, slices.Contains(escaped, id), "%s does not flip with the seal flushed: %v", id, escaped)
 	}
 }
