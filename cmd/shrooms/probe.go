@@ -29,10 +29,11 @@ mounts, devices, sockets, secrets, and the network seal. One line per
 check with its verdict: sealed, escaped, residual (a documented limitation)
 or error. Exit status 1 when any check escaped or could not decide.
 --targets names a JSON file of network targets (see docs/probe-schema.md);
-without it the host, LAN, metadata and peer targets are discovered: the
-host's addresses, gateways, neighbours, the first address of every network
-it routes to other than by its default route, the clouds' metadata
-services and cages seen on the bridge.`,
+without it they are discovered: the host's addresses, gateways, neighbours
+and the first address of every network it routes to other than by its
+default route, the clouds' metadata services, the host's and public
+resolvers, example.com (or the allowlist) as the internet control, and a
+peer cage the probe starts itself.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "task", Value: "probe", Usage: "task `ID` whose cage is probed"},
 			&cli.StringFlag{Name: "agent", Value: "shell", Usage: "agent `NAME` whose image and settings are used"},
