@@ -111,13 +111,13 @@ type Result struct {
 	Phases   []Phase `json:"phases"`
 	TotalMs  float64 `json:"totalMs"`
 	Removed  bool    `json:"removed"`
+	// SealLosses are the times the seal was found missing or changed while
+	// the cage ran (and put back, or the cage stopped: status seal-lost).
+	SealLosses []SealLoss `json:"sealLosses,omitempty"`
 	// Prepared is true when the turn ran in a cage prepared ahead.
 	Prepared bool `json:"prepared"`
 	// Reset is the HOME reset's report for this turn.
 	Reset *homereset.Report `json:"reset,omitempty"`
-	// SealLosses are the times the seal was found missing or changed while
-	// the cage ran (and put back, or the cage stopped: status seal-lost).
-	SealLosses []SealLoss `json:"sealLosses,omitempty"`
 }
 
 type clock struct {
