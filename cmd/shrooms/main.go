@@ -171,7 +171,11 @@ func sealChecker(client *podman.Client) turn.SealChecker {
 			}
 			hosts = r.HostEntries()
 		}
-		st, err := firewall.Verify(ctx, cfg.Network, firewall.Options{})
+		verify := firewall.Refresh // a host route that appeared is added to the seal
+		if dry {
+			verify = firewall.Verify
+		}
+		st, err := verify(ctx, cfg.Network, firewall.Options{})
 		if err != nil {
 			return nil, err
 		}
@@ -200,6 +204,9 @@ func sealChecker(client *podman.Client) turn.SealChecker {
 // network namespace, and its own executable for prepared cages.
 func newRunner(cfg *config.Config, client *podman.Client) *turn.Runner {
 	r := turn.NewRunner(cfg, client, sealChecker(client))
+	// While a networked cage runs, a lost seal is put back within a
+	// quarter second, or the cage is stopped.
+	r.WatchSeal = turn.FirewallWatcher(firewall.Options{})
 	if exe, err := os.Executable(); err == nil {
 		if real, err := filepath.EvalSymlinks(exe); err == nil {
 			r.Binary = real

@@ -18,6 +18,10 @@ type Network struct {
 	Subnet6 string `toml:"subnet6"`
 	// Allow lists CIDRs and host names reachable under the allowlist policy.
 	Allow []string `toml:"allow"`
+	// LAN lists CIDRs (or addresses) the seal blocks besides the private
+	// ranges and the prefixes the host routes other than by its default
+	// route: networks of the owner's that sit behind the default route.
+	LAN []string `toml:"lan"`
 }
 
 func defaultNetwork() Network {
@@ -28,6 +32,7 @@ func defaultNetwork() Network {
 		Subnet4: "10.89.0.0/24",
 		Subnet6: "fd89:5eed:cafe::/64",
 		Allow:   []string{},
+		LAN:     []string{},
 	}
 }
 
@@ -67,7 +72,36 @@ func (n *Network) validate() error {
 			return &Error{Key: fmt.Sprintf("network.allow[%d]", i), Msg: fmt.Sprintf("%q is neither a CIDR, an address nor a host name", a)}
 		}
 	}
+	for i, l := range n.LAN {
+		if _, err := LANPrefix(l); err != nil {
+			return &Error{Key: fmt.Sprintf("network.lan[%d]", i), Msg: err.Error()}
+		}
+	}
 	return nil
+}
+
+// LANPrefix parses one network.lan entry: a CIDR without host bits, or a
+// single address. A default route (/0) is refused: it would block the
+// internet and is never what an owner means by a LAN.
+func LANPrefix(s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		a, aerr := netip.ParseAddr(s)
+		if aerr != nil || a.Zone() != "" {
+			return netip.Prefix{}, fmt.Errorf("%q is neither a CIDR nor an address", s)
+		}
+		p = netip.PrefixFrom(a, a.BitLen())
+	}
+	if p.Addr().Is4In6() {
+		return netip.Prefix{}, fmt.Errorf("%q is an IPv4-mapped IPv6 prefix; write the IPv4 CIDR", s)
+	}
+	if p.Masked() != p {
+		return netip.Prefix{}, fmt.Errorf("%q has host bits set (did you mean %s?)", s, p.Masked())
+	}
+	if p.Bits() == 0 {
+		return netip.Prefix{}, fmt.Errorf("%q covers every address (the internet is not a LAN; use policy none)", s)
+	}
+	return p, nil
 }
 
 func validIfName(s string) bool {
