@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,6 +39,7 @@ peer cage the probe starts itself.`,
 			&cli.StringFlag{Name: "task", Value: "probe", Usage: "task `ID` whose cage is probed"},
 			&cli.StringFlag{Name: "agent", Value: "shell", Usage: "agent `NAME` whose image and settings are used"},
 			&cli.StringFlag{Name: "targets", Usage: "network targets `FILE` (JSON: probe.Params)"},
+			&cli.StringSliceFlag{Name: "resolvers", Usage: "without --targets: the resolver `ADDR`s D9b/D9c try, instead of the host's (resolv.conf) and well-known public ones"},
 			&cli.DurationFlag{Name: "timeout", Usage: "deadline `DUR` of the probe turn (default 2m)"},
 		},
 		Subcommands: []*cli.Command{probeInsideCommand()},
@@ -47,7 +49,7 @@ peer cage the probe starts itself.`,
 				return err
 			}
 			defer stop()
-			params, err := probeParams(c.String("targets"), r.Cfg, c.String("agent"))
+			params, err := probeParams(c.String("targets"), r.Cfg, c.String("agent"), c.StringSlice("resolvers"))
 			if err != nil {
 				return fail(ExitUsage, err)
 			}
@@ -123,7 +125,7 @@ func probeInsideCommand() *cli.Command {
 // probeParams reads --targets (if any) and fills in what the host side
 // knows from the config: policy, seccomp strictness, injected secrets and
 // the gateway.
-func probeParams(path string, cfg *config.Config, agent string) (probe.Params, error) {
+func probeParams(path string, cfg *config.Config, agent string, resolvers []string) (probe.Params, error) {
 	var p probe.Params
 	if path != "" {
 		b, err := os.ReadFile(filepath.Clean(path))
@@ -143,6 +145,14 @@ func probeParams(path string, cfg *config.Config, agent string) (probe.Params, e
 			return p, fmt.Errorf("discover probe targets: %w", err)
 		}
 		p.Multicast, p.InboundPort, p.InboundWaitMs = true, 18080, 3000
+		if len(resolvers) > 0 {
+			for _, r := range resolvers {
+				if _, err := netip.ParseAddr(r); err != nil {
+					return p, fmt.Errorf("--resolvers: %q is not an address", r)
+				}
+			}
+			p.Resolvers = resolvers
+		}
 		probe.InternetFor(&p, cfg.Network, hostResolvers())
 	}
 	p.Policy = cfg.Network.Policy
