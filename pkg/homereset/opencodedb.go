@@ -159,8 +159,8 @@ func (e *errSchema) Error() string { return e.msg }
 
 // rebuildOpencodeDB copies the checked inode fd (and, if walFd >= 0, its
 // -wal) into a private directory, folds the WAL in, verifies the schema
-// against the pinned one and, unless out is nil, writes a fresh database
-// holding only the allowlisted rows and columns to out. A database whose
+// against the pinned one and writes a fresh database holding only the
+// allowlisted rows and columns to out (nil: a dry run). A database whose
 // migrations or allowlisted tables differ from the pinned version returns an
 // *errSchema; one SQLite cannot read returns another error (the caller drops
 // it).
@@ -184,8 +184,11 @@ func rebuildOpencodeDB(ctx context.Context, fd, walFd int, max int64, out io.Wri
 		}
 	}
 	drops, err := foldAndCheck(ctx, src, pinned)
-	if err != nil || out == nil {
-		return drops, err
+	if err != nil {
+		return nil, err
+	}
+	if out == nil {
+		out = io.Discard // a dry run: build it anyway, to report what it drops
 	}
 	dst := filepath.Join(tmp, "out.db")
 	more, err := copyAllowlisted(ctx, src, dst, pinned)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -263,7 +264,10 @@ func (s *resetter) build(ctx context.Context, srcParent *os.File, srcName string
 		}
 		return fmt.Errorf("open old HOME: %w", err)
 	}
-	b := &builder{ctx: ctx, s: s, rep: rep, dry: stage == nil}
+	b := &builder{ctx: ctx, s: s, rep: rep, dry: stage == nil, src: filepath.Join(s.in.Root, homeName)}
+	if srcParent == s.trash {
+		b.src = filepath.Join(s.in.Root, metaName, trashName, srcName)
+	}
 	top := &walkFrame{dir: root, stage: stage}
 	stack := []*walkFrame{top}
 	defer func() {
@@ -352,7 +356,9 @@ func (f *walkFrame) close(stage *os.File) {
 }
 
 type builder struct {
-	ctx   context.Context
+	ctx context.Context
+	// src is the host path of the tree being walked, for messages.
+	src   string
 	s     *resetter
 	rep   *Report
 	dry   bool
@@ -551,7 +557,7 @@ func (b *builder) keepOpencodeDB(fd int, st unix.Stat_t, fr *walkFrame, name, re
 	}
 	var se *errSchema
 	if errors.As(err, &se) {
-		return fmt.Errorf("%s: %s (to start this task without its opencode sessions, delete %s/%s*)", rel, se.msg, b.s.in.Root+"/"+homeName, rel)
+		return fmt.Errorf("%s: %s (to start this task without its opencode sessions, delete %s/%s*)", rel, se.msg, b.src, rel)
 	}
 	if err != nil {
 		if cerr := b.ctx.Err(); cerr != nil {
