@@ -201,6 +201,46 @@ func (e *env) turn(agent string, args ...string) (string, time.Duration) {
 	return out, took
 }
 
+// resetReport is the part of a turn's result JSON ("reset") the tests read.
+type resetReport struct {
+	Rebuilt  []string `json:"rebuilt"`
+	Warnings []string `json:"warnings"`
+	Dropped  []struct {
+		Path   string `json:"path"`
+		Item   string `json:"item"`
+		Rows   int64  `json:"rows"`
+		Reason string `json:"reason"`
+	} `json:"dropped"`
+}
+
+// has reports whether the reset dropped item of path (with rows rows, when
+// rows > 0), with a reason.
+func (r resetReport) has(path, item string, rows int64) bool {
+	for _, d := range r.Dropped {
+		if d.Path == path && d.Item == item && (rows == 0 || d.Rows == rows) && d.Reason != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// turnJSON is turn with `--json`: it returns the agent's stdout (the result
+// line removed), the reset report of the turn's result, and the wall time.
+func (e *env) turnJSON(agent string, args ...string) (string, resetReport, time.Duration) {
+	e.t.Helper()
+	start := time.Now()
+	code, out, errb := e.run(append([]string{"--json", "run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	took := time.Since(start)
+	assert.Equal(e.t, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	var res struct {
+		Reset *resetReport `json:"reset"`
+	}
+	assert.NilError(e.t, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "no result JSON on the last line: %s", out)
+	assert.Assert(e.t, res.Reset != nil, "the result has no reset report: %s", lines[len(lines)-1])
+	return strings.Join(lines[:len(lines)-1], "\n"), *res.Reset, took
+}
+
 // checkSealed asserts, from `shrooms spec`, that the agent's turn runs in
 // the sealed cage: read-only root, the built-in strict seccomp profile, no
 // capabilities, no-new-privileges, the cage user, the sealed network.
