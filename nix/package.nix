@@ -34,12 +34,14 @@ buildGoModule {
       (lib.fileset.fileFilter (f: f.hasExt "go") ../cmd)
       (lib.fileset.fileFilter (f: f.hasExt "go") ../pkg)
       (lib.fileset.fileFilter (f: f.hasExt "go") ../internal)
+      # The pinned opencode.db schema (embedded) and fuzz seeds.
+      ../pkg/homereset/testdata
     ];
   };
 
   # The NAR hash of `go mod vendor` (vendor/ with modules.txt). Recompute
   # with nix/update-vendor-hash.sh; internal/nixcheck fails when it is stale.
-  vendorHash = "sha256-EMVhrUbEsWPFhF2v9dbjycF+trPcjVL/uLAfYbzKoRs=";
+  vendorHash = "sha256-UQZ3RKQrZl5WrVyW0csDblMAhre23UlMVEORsA/PznE=";
 
   env.CGO_ENABLED = 0;
   subPackages = [ "cmd/shrooms" ];
