@@ -389,6 +389,13 @@ func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema)
 	}
 	defer db.Close()
 	defer c.Close()
+	// A private file that is discarded on any error: no journal, no fsync,
+	// and a cache large enough to write pages in big batches.
+	for _, p := range []string{"PRAGMA journal_mode=OFF", "PRAGMA synchronous=OFF", "PRAGMA cache_size=-65536"} {
+		if _, err := c.ExecContext(ctx, p); err != nil {
+			return nil, err
+		}
+	}
 	for _, o := range pinned.objects {
 		if o.sql == "" {
 			continue
