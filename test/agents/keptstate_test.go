@@ -1,6 +1,7 @@
 package agents_test
 
 import (
+	"database/sql"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
+	_ "modernc.org/sqlite"
 )
 
 // TestOpencodeKeptStateIsRebuilt: real opencode turn 1 arms two things
@@ -83,11 +85,26 @@ echo planted`
 	for marker, n := range before {
 		assert.Equal(t, len(e.tb.Hits(marker)), n, "turn 2 contacted the planted address %s", marker)
 	}
-	const db = ".local/share/opencode/opencode.db"
-	assert.Assert(t, rep.has(db, "table account", 1), "%+v", rep.Dropped)
-	assert.Assert(t, rep.has(db, "table account_state", 1), "%+v", rep.Dropped)
+	const ocdb = ".local/share/opencode/opencode.db"
+	assert.Assert(t, rep.has(ocdb, "table account", 1), "%+v", rep.Dropped)
+	assert.Assert(t, rep.has(ocdb, "table account_state", 1), "%+v", rep.Dropped)
 	assert.Assert(t, rep.has(".local/share/opencode/auth.json", "gitlab.enterpriseUrl", 0), "%+v", rep.Dropped)
 	for _, w := range rep.Warnings {
 		assert.Assert(t, !strings.Contains(w, nonce), "a planted value leaked into the report: %s", w)
 	}
+
+	// A database of a schema version shrooms does not know (here: a
+	// migration row from the future) stops the next turn before any cage
+	// starts, with one line naming it.
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(e.home("opencode"), ".local/share/opencode/opencode.db"))
+	assert.NilError(t, err)
+	_, err = db.Exec(`INSERT INTO migration VALUES ('20990101000000_from_the_future', 1)`)
+	assert.NilError(t, err)
+	assert.NilError(t, db.Close())
+	n = len(e.api.Requests())
+	code, stdout, stderr := e.run("run", "--task", e.task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
+		"--format", "json", "--session", session, "turn 3 "+nonce)
+	assert.Assert(t, code != 0, "turn 3 ran on an unknown opencode.db schema: %s", stdout)
+	assert.Assert(t, is.Contains(stderr, `migration "20990101000000_from_the_future"`), stderr)
+	assert.Equal(t, len(e.api.Requests()), n, "the model API was called although the reset failed")
 }
