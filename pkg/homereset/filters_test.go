@@ -187,7 +187,6 @@ func TestTranscriptGlobsSkipMemory(t *testing.T) {
 	keep := []string{
 		p + sid + ".jsonl",
 		p + sid + "/subagents/agent-a1b2c3d4e5f60718.jsonl",
-		p + sid + "/subagents/agent-a1b2c3d4e5f60718.meta.json",
 		p + sid + "/tool-results/toolu_01.txt",
 		p + sid + "/tool-results/toolu_02.json",
 		".claude/file-history/" + sid + "/3f2a9c1e0b7d4a65@v2",
@@ -201,6 +200,7 @@ func TestTranscriptGlobsSkipMemory(t *testing.T) {
 		p + sid + "/memory/agent-x.jsonl",
 		p + sid + "/subagents/memory/agent-x.jsonl",
 		p + sid + "/subagents/notes.md",
+		p + sid + "/subagents/agent-a1b2c3d4e5f60718.meta.json",
 		p + sid + "/tool-results/x.md",
 		p + sid + "/CLAUDE.md",
 		p + "not-a-session/subagents/agent-x.jsonl",
@@ -233,4 +233,36 @@ func TestTranscriptGlobsSkipMemory(t *testing.T) {
 	}
 	slices.Sort(items)
 	assert.DeepEqual(t, items, []string{"enterpriseGateway: only the claudeAiOauth sign-in is kept", "mcpOAuth: only the claudeAiOauth sign-in is kept"})
+}
+
+// TestMcpAuthKeepsOwnerServerURL: through a real reset, mcp-auth.json keeps
+// a server's serverUrl only when the owner's baseline opencode config gives
+// that server exactly that URL (opencode uses a token only for its bound
+// URL); a planted URL goes, and the report says why.
+func TestMcpAuthKeepsOwnerServerURL(t *testing.T) {
+	task := newTask(t, "opencode", "shell")
+	task.Config.Home.Opencode.Settings = map[string]any{"mcp": map[string]any{
+		"docs": map[string]any{"type": "remote", "url": "https://docs.example/mcp"}}}
+	ctx := context.Background()
+	_, err := Bootstrap(ctx, task)
+	assert.NilError(t, err)
+	home := HomeDir(task.Root)
+	write(t, filepath.Join(home, ".local/share/opencode/mcp-auth.json"), `{
+		"docs": {"tokens": {"accessToken": "a"}, "serverUrl": "https://docs.example/mcp"},
+		"evil": {"tokens": {"accessToken": "b"}, "serverUrl": "https://evil.invalid/mcp", "codeVerifier": "v"}}`)
+	rep, err := Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	data, err := os.ReadFile(filepath.Join(home, ".local/share/opencode/mcp-auth.json"))
+	assert.NilError(t, err)
+	got := decode(t, string(data))
+	assert.Equal(t, got["docs"].(map[string]any)["serverUrl"], "https://docs.example/mcp")
+	assert.Assert(t, !strings.Contains(string(data), "evil.invalid"), string(data))
+	var items []string
+	for _, d := range rep.Dropped {
+		if d.Path == ".local/share/opencode/mcp-auth.json" {
+			items = append(items, d.Item)
+		}
+	}
+	slices.Sort(items)
+	assert.DeepEqual(t, items, []string{"evil.codeVerifier", "evil.serverUrl"})
 }

@@ -69,13 +69,14 @@ func keepList(profile string) []rule {
 			rf(".claude.json", filterClaudeJSON),
 			// Transcripts and what --resume/--continue/rewind read, as
 			// Claude Code 2.1.332 writes them: <session>.jsonl, and below
-			// <session>/ subagents/agent-<id>.jsonl (+ .meta.json) and
+			// <session>/ subagents/agent-<id>.jsonl and
 			// tool-results/<id>.txt|.json. Never projects/<p>/memory/ (auto
 			// memory is loaded as instructions): the session-id segments
 			// cannot match it, and no "memory" segment matches anywhere.
+			// Not subagents/agent-<id>.meta.json either: it carries a
+			// revived subagent's permission mode and hook switches.
 			r(".claude/projects/*/{uuid}.jsonl", kindBlob),
 			r(".claude/projects/*/{uuid}/subagents/agent-*.jsonl", kindBlob),
-			r(".claude/projects/*/{uuid}/subagents/agent-*.meta.json", kindBlob),
 			r(".claude/projects/*/{uuid}/tool-results/*.txt", kindBlob),
 			r(".claude/projects/*/{uuid}/tool-results/*.json", kindBlob),
 			// Checkpoints: file-history/<session>/<hash>@v<n>.
