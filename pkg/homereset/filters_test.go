@@ -46,8 +46,8 @@ func TestFilterOpencodeAuth(t *testing.T) {
 	b, _ := json.Marshal(out)
 	assert.Equal(t, string(b), `{"anthropic":{"key":"sk-1","type":"api"},"github-copilot":{"access":"a","expires":0,"refresh":"r","type":"oauth"},`+
 		`"gitlab":{"access":"a","expires":1,"refresh":"r","type":"oauth"},"openai":{"access":"a","accountId":"acc-1","expires":1,"refresh":"r","type":"oauth"}}`)
-	assert.DeepEqual(t, dropKeys(dropped), []string{"anthropic.metadata", "broken", "github-copilot.enterpriseUrl",
-		"gitlab.accountId", "https://evil.invalid", "openai.endpoint", "str", "wk"})
+	assert.DeepEqual(t, dropKeys(dropped), []string{badName, "anthropic.metadata", "broken", "github-copilot.enterpriseUrl",
+		"gitlab.accountId", "openai.endpoint", "str", "wk"})
 	for _, d := range dropped {
 		if d.key == "github-copilot.enterpriseUrl" || d.key == "gitlab.accountId" {
 			assert.Equal(t, d.reason, "URL-bearing")

@@ -262,7 +262,8 @@ func filterOpencodeAuth(in map[string]any, _ *filterEnv) (map[string]any, []fiel
 		var spec []field
 		switch {
 		case !validName(provider):
-			dropped = append(dropped, fieldDrop{provider, "not a provider id"})
+			// Not named: such a name is a URL or arbitrary text the turn chose.
+			dropped = append(dropped, fieldDrop{badName, "not a provider id (a wellknown entry's URL, or worse)"})
 			continue
 		case !ok:
 			dropped = append(dropped, fieldDrop{provider, "not an object"})
@@ -326,7 +327,11 @@ func filterMcpAuth(in map[string]any, env *filterEnv) (map[string]any, []fieldDr
 	var dropped []fieldDrop
 	for _, name := range slices.Sorted(maps.Keys(in)) {
 		e, ok := in[name].(map[string]any)
-		if !validName(name) || !ok {
+		if !validName(name) {
+			dropped = append(dropped, fieldDrop{badName, "not an MCP server name"})
+			continue
+		}
+		if !ok {
 			dropped = append(dropped, fieldDrop{name, "not an MCP server entry"})
 			continue
 		}
@@ -441,6 +446,10 @@ func looksLikeURL(v any) bool {
 	}
 	return false
 }
+
+// badName stands in the report for an entry whose name is not a plain id,
+// so that text a turn chose never reaches the report.
+const badName = "(an entry whose name is not an id)"
 
 // validName reports whether a provider or server name is a plain id.
 func validName(s string) bool {

@@ -298,8 +298,16 @@ func markers(t testing.TB, dir string) []string {
 // the wall time of the run.
 func (e *env) control(agent string, envs []string, agentArgs ...string) (string, time.Duration) {
 	e.t.Helper()
-	home := filepath.Join(e.dir, "control-home")
-	work := filepath.Join(e.dir, "control-work")
+	home, work := e.controlCopy(agent, "control")
+	return work, e.bare(home, work, envs, agentArgs...)
+}
+
+// controlCopy copies the task's HOME and the worktree to fresh directories
+// named after name, owned by the cage user, for a bare run.
+func (e *env) controlCopy(agent, name string) (string, string) {
+	e.t.Helper()
+	home := filepath.Join(e.dir, name+"-home")
+	work := filepath.Join(e.dir, name+"-work")
 	for _, c := range [][]string{
 		{"cp", "-a", e.home(agent) + "/.", home + "/"},
 		{"cp", "-a", e.worktree + "/.", work + "/"},
@@ -311,13 +319,20 @@ func (e *env) control(agent string, envs []string, agentArgs ...string) (string,
 		out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
 		assert.NilError(e.t, err, "%v: %s", c, out)
 	}
-	return work, e.bare(home, work, envs, agentArgs...)
+	return home, work
 }
 
 // bare runs agentArgs as `podman run --rm` of the agent image, uid 1000,
 // with home and work bind-mounted and the testbed host's network (so the
 // model API is reachable): the agent as it runs without shrooms.
 func (e *env) bare(home, work string, envs []string, agentArgs ...string) time.Duration {
+	e.t.Helper()
+	return e.bareRun(false, home, work, envs, agentArgs...)
+}
+
+// bareRun is bare; with mayFail the agent's exit status is not checked (a
+// positive control whose payload makes the agent give up).
+func (e *env) bareRun(mayFail bool, home, work string, envs []string, agentArgs ...string) time.Duration {
 	e.t.Helper()
 	args := []string{"run", "--rm", "--network", "host", "--user", "1000:1000", "--label", e.tb.Label(),
 		"-v", home + ":/home/agent", "-v", work + ":/work", "-w", "/work", "-e", "HOME=/home/agent",
@@ -331,6 +346,10 @@ func (e *env) bare(home, work string, envs []string, agentArgs ...string) time.D
 	start := time.Now()
 	out, err := e.tb.Podman(args...)
 	took := time.Since(start)
+	if mayFail {
+		e.t.Logf("bare podman run (may fail): %v", err)
+		return took
+	}
 	assert.NilError(e.t, err, "bare podman run: %s\nmodel API log:\n%s", out, e.api.Log())
 	if os.Getenv("AGENTS_DEBUG") != "" {
 		e.t.Logf("bare podman run output:\n%s", out)

@@ -2,6 +2,7 @@ package agents_test
 
 import (
 	"database/sql"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,24 +18,27 @@ import (
 	_ "modernc.org/sqlite"
 )
 
-// TestOpencodeKeptStateIsRebuilt: real opencode turn 1 arms two things
+// TestOpencodeKeptStateIsRebuilt: real opencode turn 1 arms three things
 // inside files the keep-list keeps on purpose, with a real bash tool call:
 //   - an account + account_state row in opencode.db whose console URL is a
 //     testbed canary (opencode fetches <url>/api/config at every start and
 //     merges it as global config);
 //   - a gitlab OAuth entry in auth.json whose enterpriseUrl is another
-//     canary path (opencode refreshes the expired token there, sending it).
+//     canary path (opencode refreshes the expired token there, sending it);
+//   - a wellknown entry in auth.json (opencode fetches
+//     <url>/.well-known/opencode as remote config).
 //
-// A bare `podman run` of opencode on a copy of that HOME (the positive
-// control) hits both canaries. Turn 2 through shrooms continues the session
-// and neither canary sees a request; the reset report names the dropped
-// rows and field.
+// Bare `podman run`s of opencode on copies of that HOME (the positive
+// controls) hit all three canaries. Turn 2 through shrooms continues the
+// session and no canary sees a request; the reset report names the dropped
+// rows and fields. Turn 3, on a database with a migration shrooms does not
+// know, is refused before a cage starts.
 func TestOpencodeKeptStateIsRebuilt(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
 	nonce := e.name
 	canary := "http://" + testbed.InternetAddr4.String() + ":8080/"
-	acct, ent := "acct-"+nonce, "ent-"+nonce
+	acct, ent, wk := "acct-"+nonce, "ent-"+nonce, "wk-"+nonce
 
 	plant := `python3 - <<'EOF'
 import json, os, sqlite3
@@ -42,10 +46,12 @@ d = os.path.expanduser("~/.local/share/opencode/")
 c = sqlite3.connect(d + "opencode.db", timeout=10)
 c.execute("INSERT INTO account VALUES ('acc', 'a@example.invalid', ?, 'AT', 'RT', 99999999999999, 1, 1)", ("` + canary + acct + `",))
 c.execute("INSERT INTO account_state VALUES (1, 'acc', 'org1')")
+c.execute("INSERT INTO control_account VALUES ('b@example.invalid', ?, 'AT', 'RT', 99999999999999, 1, 1, 1)", ("` + canary + "ctl-" + nonce + `",))
 c.commit()
 p = d + "auth.json"
 a = json.load(open(p)) if os.path.exists(p) else {}
 a["gitlab"] = {"type": "oauth", "refresh": "r", "access": "a", "expires": 0, "enterpriseUrl": "` + canary + ent + `"}
+a["` + canary + wk + `"] = {"type": "wellknown", "key": "WK_TOKEN", "token": "t"}
 json.dump(a, open(p, "w"))
 EOF
 echo planted`
@@ -59,16 +65,31 @@ echo planted`
 	assert.NilError(t, err)
 	assert.Assert(t, is.Contains(string(auth), ent), "turn 1 did not plant enterpriseUrl")
 
-	// Positive control: without shrooms both planted addresses are contacted.
+	// Positive controls, without shrooms. First the wellknown entry (which
+	// auth.json's filter dropped before this test existed): opencode fetches
+	// <url>/.well-known/opencode and, served garbage, gives up.
+	envs := []string{"ANTHROPIC_API_KEY=" + apiKey, "npm_config_offline=true"}
+	ocArgs := []string{"opencode", "run", "--format", "json", "--session", session, "control " + nonce}
+	home, work := e.controlCopy("opencode", "control-wk")
+	e.bareRun(true, home, work, envs, ocArgs...)
+	// Then, with that entry taken out of the copy, the other two.
+	home, work = e.controlCopy("opencode", "control")
+	authPath := filepath.Join(home, ".local/share/opencode/auth.json")
+	var authJSON map[string]any
+	data, err := os.ReadFile(authPath)
+	assert.NilError(t, err)
+	assert.NilError(t, json.Unmarshal(data, &authJSON))
+	delete(authJSON, canary+wk)
+	data, _ = json.Marshal(authJSON)
+	assert.NilError(t, os.WriteFile(authPath, data, 0o600))
 	e.api.Append(modelapi.Text("control " + nonce))
-	_, tookCtl := e.control("opencode", []string{"ANTHROPIC_API_KEY=" + apiKey, "npm_config_offline=true"},
-		"opencode", "run", "--format", "json", "--session", session, "control "+nonce)
+	tookCtl := e.bare(home, work, envs, ocArgs...)
 	t.Logf("bare podman run, continued: %v", tookCtl)
 	time.Sleep(500 * time.Millisecond) // canaries log asynchronously
-	ctlAcct, ctlEnt := e.tb.Hits(acct+"/api/config"), e.tb.Hits(ent+"/oauth/token")
-	assert.Assert(t, len(ctlAcct) > 0, "positive control: opencode did not fetch the planted account's /api/config")
-	assert.Assert(t, len(ctlEnt) > 0, "positive control: opencode did not refresh its token at the planted enterpriseUrl")
-	before := map[string]int{acct: len(e.tb.Hits(acct)), ent: len(e.tb.Hits(ent))}
+	assert.Assert(t, len(e.tb.Hits(wk+"/.well-known/opencode")) > 0, "positive control: opencode did not fetch the planted wellknown URL")
+	assert.Assert(t, len(e.tb.Hits(acct+"/api/config")) > 0, "positive control: opencode did not fetch the planted account's /api/config")
+	assert.Assert(t, len(e.tb.Hits(ent+"/oauth/token")) > 0, "positive control: opencode did not refresh its token at the planted enterpriseUrl")
+	before := map[string]int{acct: len(e.tb.Hits(acct)), ent: len(e.tb.Hits(ent)), wk: len(e.tb.Hits(wk)), "ctl-" + nonce: len(e.tb.Hits("ctl-" + nonce))}
 
 	// Turn 2 under shrooms.
 	n := len(e.api.Scripted())
@@ -89,6 +110,9 @@ echo planted`
 	assert.Assert(t, rep.has(ocdb, "table account", 1), "%+v", rep.Dropped)
 	assert.Assert(t, rep.has(ocdb, "table account_state", 1), "%+v", rep.Dropped)
 	assert.Assert(t, rep.has(".local/share/opencode/auth.json", "gitlab.enterpriseUrl", 0), "%+v", rep.Dropped)
+	assert.Assert(t, rep.has(".local/share/opencode/auth.json", "(an entry whose name is not an id)", 0), "%+v", rep.Dropped)
+	// The legacy console table (which this opencode does not contact) goes too.
+	assert.Assert(t, rep.has(ocdb, "table control_account", 1), "%+v", rep.Dropped)
 	for _, w := range rep.Warnings {
 		assert.Assert(t, !strings.Contains(w, nonce), "a planted value leaked into the report: %s", w)
 	}
