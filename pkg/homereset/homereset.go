@@ -1,8 +1,10 @@
 // Package homereset owns the task HOME: it bootstraps credentials once per
 // task, and before every turn rebuilds HOME from the agent profiles'
-// keep-lists (credentials, sessions; validated, mixed files rebuilt from key
-// allowlists) plus the owner's baseline, so that configuration a turn plants
-// in HOME is gone before the next turn starts. It also writes the managed
+// keep-lists (credentials, sessions; validated, and every kept file but a
+// transcript rebuilt from a field or row allowlist: JSON files from key
+// allowlists, opencode.db from the pinned opencode's schema) plus the
+// owner's baseline, so that configuration a turn plants in HOME, or inside
+// a file HOME keeps, is gone before the next turn starts. It also writes the managed
 // policy the cage mounts read-only outside HOME.
 //
 // Layout inside the task's volume directory (Root, e.g. the podman volume's
@@ -88,12 +90,12 @@ type Report struct {
 	// a dry run, would be).
 	Recovered string   `json:"recovered,omitempty"`
 	Profiles  []string `json:"profiles"`
-	// Kept are the keep-list files carried over unchanged (hard-linked or
-	// copied byte for byte); KeptBytes their total size.
+	// Kept are the keep-list files carried over unchanged (transcripts,
+	// hard-linked); KeptBytes the total size of kept and rebuilt files.
 	Kept      []string `json:"kept"`
 	KeptCount int      `json:"keptCount"`
 	KeptBytes int64    `json:"keptBytes"`
-	// Rebuilt are mixed files rewritten from a key allowlist.
+	// Rebuilt are kept files rewritten from a field or row allowlist.
 	Rebuilt []string `json:"rebuilt"`
 	// Removed are the outermost HOME paths not carried over (at most
 	// maxListed are listed; RemovedCount counts them all).
