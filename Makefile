@@ -11,7 +11,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 GOFLAGS_TEST := -tags "$(TAGS)" -count=1 -p 1 -timeout 25m
 SOCKET := unix:///run/shrooms-test/podman.sock
 
-.PHONY: all build setup test unit vet demo bench clean
+.PHONY: all build setup test unit vet demo bench fuzz clean
 
 all: build
 
@@ -45,6 +45,18 @@ demo: setup build
 # Benchmarks (not part of `make test`).
 bench: setup build
 	set -o pipefail; SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS)" -run '^$$' -bench . -benchtime 10x -timeout 60m ./pkg/... 2>&1 | tee bench.out
+
+# Every Fuzz target for FUZZTIME each (their seed corpora already run as
+# ordinary tests in `make test`).
+FUZZTIME ?= 60s
+fuzz:
+	set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' cmd pkg internal); do \
+		dir=./$$(dirname $$f); \
+		for fn in $$(grep -o '^func Fuzz[A-Za-z0-9_]*' $$f | cut -d' ' -f2); do \
+			echo "fuzz $$dir $$fn ($(FUZZTIME))"; \
+			go test -tags "$(TAGS)" -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$dir; \
+		done; \
+	done
 
 clean:
 	rm -rf bin

@@ -1,10 +1,19 @@
 {
   description = "shrooms: run AI coding agents with permission prompts off, each turn in a sealed podman cage";
 
-  inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-26.05";
+  # nixpkgs: what the packages, the module's defaults and the VM tests are
+  # built from. nixpkgs-stable: the 26.05 release line, against which the
+  # package and the module are checked as well (nix flake check). Each is
+  # locked to a revision of the branch it names (flake.lock).
+  inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixpkgs-unstable";
+  inputs.nixpkgs-stable.url = "github:NixOS/nixpkgs/staging-next-26.05";
 
   outputs =
-    { self, nixpkgs }:
+    {
+      self,
+      nixpkgs,
+      nixpkgs-stable,
+    }:
     let
       inherit (nixpkgs) lib;
       systems = [
@@ -13,15 +22,22 @@
       ];
       version = self.shortRev or self.dirtyShortRev or "dev";
 
-      # The flake's own package set allows exactly one unfree package,
+      # The flake's own package sets allow exactly two unfree packages:
+      # shrooms itself (no licence is granted yet, see nix/package.nix) and
       # claude-code, so that the cage image and the VM tests evaluate. Your
       # NixOS configuration decides for itself: see docs/nixos.md.
-      pkgsFor =
-        system:
-        import nixpkgs {
+      pkgsFrom =
+        input: system:
+        import input {
           inherit system;
-          config.allowUnfreePredicate = pkg: builtins.elem (lib.getName pkg) [ "claude-code" ];
+          config.allowUnfreePredicate =
+            pkg:
+            builtins.elem (lib.getName pkg) [
+              "shrooms"
+              "claude-code"
+            ];
         };
+      pkgsFor = pkgsFrom nixpkgs;
       forAllSystems = f: lib.genAttrs systems (system: f system (pkgsFor system));
     in
     {
@@ -54,11 +70,19 @@
         system: pkgs:
         let
           vmTest = file: pkgs.testers.runNixOSTest (import file { inherit self; });
+          stablePkgs = pkgsFrom nixpkgs-stable system;
         in
         {
           package = self.packages.${system}.default;
           cage-image = self.packages.${system}.cage-image;
           module-eval = import ./nix/tests/module-eval.nix { inherit self nixpkgs pkgs; };
+          # The same package and module on the stable release line.
+          package-stable = stablePkgs.callPackage ./nix/package.nix { inherit version; };
+          module-eval-stable = import ./nix/tests/module-eval.nix {
+            inherit self;
+            nixpkgs = nixpkgs-stable;
+            pkgs = stablePkgs;
+          };
           formatting =
             pkgs.runCommand "shrooms-nixfmt"
               {

@@ -32,13 +32,23 @@ let
   cfg = config.services.shrooms;
   settingsFormat = pkgs.formats.toml { };
   system = pkgs.stdenv.hostPlatform.system;
+  netDefaults = import ./network-defaults.nix;
 
   # Where services.shrooms.package's default comes from.
   shroomsPackages = if flake != null then flake.packages.${system} or { } else pkgs;
   shroomsPackagesText =
     if flake != null then "shrooms.packages.\${pkgs.stdenv.hostPlatform.system}" else "pkgs";
 
-  configFile = settingsFormat.generate "shrooms-config.toml" cfg.settings;
+  # The settings as TOML, refused at build time unless shrooms' own strict
+  # loader accepts them (`shrooms config check`: an unknown key such as
+  # settings.netwrok, a bad value, a token_env naming no token). The Go
+  # parser is the one source of truth; the module only adds what the CLI
+  # cannot know (store paths, users, podman being on).
+  uncheckedConfig = settingsFormat.generate "shrooms-config-unchecked.toml" cfg.settings;
+  configFile = pkgs.runCommand "shrooms-config.toml" { unchecked = uncheckedConfig; } ''
+    ${exe} config check "$unchecked"
+    cp "$unchecked" "$out"
+  '';
   exe = lib.getExe cfg.package;
   # Every unit passes the same file, which is also /etc/shrooms/config.toml
   # (the CLI's default), so a hand-run `shrooms` sees what the units see.
@@ -46,33 +56,94 @@ let
 
   storeDir = builtins.storeDir;
   isStorePath = p: p == storeDir || lib.hasPrefix "${storeDir}/" p;
-  badTokenPaths = lib.filterAttrs (_: p: !(lib.hasPrefix "/" p) || isStorePath p) cfg.settings.tokens;
-  # The names pkg/config accepts (it refuses the whole file otherwise).
-  badTokenNames = lib.filter (
-    n: builtins.match "[a-z0-9][a-z0-9_-]{0,62}" n == null
-  ) (lib.attrNames cfg.settings.tokens);
+  badTokenPaths = lib.filterAttrs (
+    _: p: !(lib.hasPrefix "/" p) || isStorePath p
+  ) cfg.settings.tokens;
+  badTokenText = lib.concatStringsSep ", " (
+    lib.mapAttrsToList (n: p: "${n} = \"${p}\"") badTokenPaths
+  );
+
+  networked = cfg.settings.network.policy != "none";
+  net = cfg.settings.network;
+  nftables = config.networking.nftables;
+
+  # The cage user namespaces come from this user's /etc/subuid and
+  # /etc/subgid ranges (the module creates "shrooms" itself).
+  subidUser = cfg.settings.cage.subid_user;
+  subidEntry = config.users.users.${subidUser} or null;
+  subidOK =
+    subidUser == "shrooms"
+    || (
+      subidEntry != null
+      && (subidEntry.subUidRanges or [ ]) != [ ]
+      && (subidEntry.subGidRanges or [ ]) != [ ]
+    );
 
   profiles = [
     "claude"
     "opencode"
     "shell"
   ];
-  agentProblems = lib.concatLists (
-    lib.mapAttrsToList (
-      name: a:
-      let
-        where = "services.shrooms.settings.agents.${name}";
-        tokenNames = lib.attrValues (a.token_env or { });
-      in
-      lib.optional (a ? command && !(builtins.isList a.command && a.command != [ ])) "${where}.command must be a non-empty list of strings (the argv run in /work)"
-      ++ lib.optional (
-        a ? home && !(builtins.isList a.home && lib.all (p: builtins.elem p profiles) a.home)
-      ) "${where}.home may only list the HOME profiles ${lib.concatStringsSep ", " profiles}"
-      ++ map (
-        t: "${where}.token_env names the token \"${t}\", which services.shrooms.tokens does not define"
-      ) (lib.filter (t: !(cfg.settings.tokens ? ${t})) tokenNames)
-    ) cfg.settings.agents
-  );
+  agentType = types.submodule {
+    options = {
+      command = mkOption {
+        type = types.nonEmptyListOf types.str;
+        example = [
+          "claude"
+          "--dangerously-skip-permissions"
+        ];
+        description = "The argv run in /work; `shrooms run`'s trailing arguments are appended.";
+      };
+      image = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        description = "The image this agent's turns run, instead of `settings.cage.image`.";
+      };
+      env = mkOption {
+        type = types.attrsOf types.str;
+        default = { };
+        example = {
+          DISABLE_AUTOUPDATER = "1";
+        };
+        description = "Extra environment of the cage (never secrets: see `tokenEnv`).";
+      };
+      home = mkOption {
+        type = types.nonEmptyListOf (types.enum profiles);
+        default = [ "shell" ];
+        description = "The HOME profiles whose reset applies between this agent's turns.";
+      };
+      tokenEnv = mkOption {
+        type = types.attrsOf types.str;
+        default = { };
+        example = {
+          ANTHROPIC_API_KEY = "anthropic";
+        };
+        description = ''
+          Environment variable → token name of {option}`services.shrooms.tokens`: the
+          cage gets the token file's contents in that variable. Becomes `token_env`.
+          The weaker mode: prefer `gateway`.
+        '';
+      };
+      gateway = mkOption {
+        type = types.nullOr types.str;
+        default = null;
+        example = "anthropic";
+        description = ''
+          A `[gateway.NAME]` of {option}`services.shrooms.settings`: the agent's model
+          requests go through shrooms' per-turn gateway and the real key (or
+          subscription sign-in) never enters the cage.
+        '';
+      };
+    };
+  };
+  agentSettings =
+    a:
+    {
+      inherit (a) command env home;
+      token_env = a.tokenEnv;
+    }
+    // lib.optionalAttrs (a.image != null) { inherit (a) image; }
+    // lib.optionalAttrs (a.gateway != null) { inherit (a) gateway; };
 
   # Hardening shared by the oneshot units (as harmonia and headscale do);
   # each unit widens only what it needs.
@@ -92,7 +163,7 @@ let
 in
 {
   options.services.shrooms = {
-    enable = mkEnableOption "shrooms, which runs each turn of an AI coding agent in a sealed rootful podman cage";
+    enable = mkEnableOption "shrooms (each agent turn in a sealed rootful podman cage)";
 
     package = mkPackageOption shroomsPackages "shrooms" {
       default = if flake != null then [ "default" ] else [ "shrooms" ];
@@ -157,8 +228,42 @@ in
         environment variable an agent's `token_env` names, or seeds it once
         into a task HOME (`home.<profile>.bootstrap`). Give paths as strings,
         never as Nix path literals (those would be copied into the store).
-        Becomes `[tokens]` of the configuration.
+        Merged into `settings.tokens` (`[tokens]` of the configuration); a
+        name defined in both with different paths is an evaluation error.
       '';
+    };
+
+    agents = mkOption {
+      type = types.attrsOf agentType;
+      default = { };
+      example = literalExpression ''
+        {
+          claude = {
+            command = [ "claude" "--dangerously-skip-permissions" ];
+            env.DISABLE_AUTOUPDATER = "1";
+            home = [ "claude" "shell" ];
+            tokenEnv.ANTHROPIC_API_KEY = "anthropic";
+          };
+        }
+      '';
+      description = ''
+        Agents (`[agents.NAME]` of the configuration), typed. Merged into
+        `settings.agents`; an agent here replaces the built-in agent of the same
+        name (claude, opencode, shell).
+      '';
+    };
+
+    gc = {
+      enable = mkOption {
+        type = types.bool;
+        default = true;
+        description = "Whether a timer runs `shrooms gc` (removes cages a crashed shrooms left behind).";
+      };
+      dates = mkOption {
+        type = types.str;
+        default = "hourly";
+        description = "When the gc timer fires (systemd.time(7) calendar event).";
+      };
     };
 
     outbox = {
@@ -222,9 +327,10 @@ in
       default = { };
       description = ''
         shrooms' configuration (config.toml; see config.example.toml for every
-        key), written to /etc/shrooms/config.toml. Unknown keys are errors at
-        run time. The keys below are typed here; everything else is passed
-        through as given.
+        key), written to /etc/shrooms/config.toml. The generated file is checked
+        at build time with `shrooms config check`, so an unknown key or a bad
+        value fails the build. The keys below are typed here; everything else
+        is passed through as given.
       '';
       example = literalExpression ''
         {
@@ -262,7 +368,11 @@ in
             '';
           };
           network.policy = mkOption {
-            type = types.str;
+            type = types.enum [
+              "internet"
+              "allowlist"
+              "none"
+            ];
             default = "internet";
             description = ''
               `internet`: public internet only (no LAN, host, metadata or other
@@ -280,6 +390,21 @@ in
             ];
             description = "CIDRs, addresses and host names reachable under the `allowlist` policy.";
           };
+          network.bridge = mkOption {
+            type = types.str;
+            default = netDefaults.bridge;
+            description = "The cage network's bridge (its DNS port is opened in the NixOS firewall).";
+          };
+          network.subnet4 = mkOption {
+            type = types.str;
+            default = netDefaults.subnet4;
+            description = "The cage network's IPv4 subnet (let through `networking.firewall.filterForward`).";
+          };
+          network.subnet6 = mkOption {
+            type = types.str;
+            default = netDefaults.subnet6;
+            description = "The cage network's IPv6 subnet; \"\" disables IPv6 in cages.";
+          };
           outbox.root = mkOption {
             type = types.str;
             default = cfg.outbox.root;
@@ -288,9 +413,8 @@ in
           };
           tokens = mkOption {
             type = types.attrsOf types.str;
-            default = cfg.tokens;
-            defaultText = literalExpression "config.services.shrooms.tokens";
-            description = "See {option}`services.shrooms.tokens`.";
+            default = { };
+            description = "Merged with {option}`services.shrooms.tokens` (prefer that).";
           };
           agents = mkOption {
             type = types.attrsOf settingsFormat.type;
@@ -306,9 +430,9 @@ in
               }
             '';
             description = ''
-              Agents (`[agents.NAME]`: `command`, `env`, `home`, `token_env`,
-              `image`). A table here replaces the built-in agent of the same
-              name (claude, opencode, shell).
+              Agents as raw TOML tables (`[agents.NAME]`: `command`, `env`,
+              `home`, `token_env`, `image`), merged with the typed
+              {option}`services.shrooms.agents`.
             '';
           };
         };
@@ -324,23 +448,7 @@ in
       }
       {
         assertion = badTokenPaths == { };
-        message = "services.shrooms.tokens: ${lib.concatStringsSep ", " (lib.mapAttrsToList (n: p: "${n} = \"${p}\"") badTokenPaths)}: a token must be an absolute path outside ${storeDir} (the store is world-readable); point it at a file from agenix/sops-nix or under /run/secrets, given as a string.";
-      }
-      {
-        assertion = badTokenNames == [ ];
-        message = "services.shrooms.tokens: ${lib.concatMapStringsSep ", " (n: "\"${n}\"") badTokenNames}: a token name is 1-63 of a-z 0-9 _ - and starts with a letter or digit.";
-      }
-      {
-        assertion = builtins.elem cfg.settings.network.policy [
-          "internet"
-          "allowlist"
-          "none"
-        ];
-        message = "services.shrooms.settings.network.policy = \"${toString cfg.settings.network.policy}\" is not a policy: use \"internet\", \"allowlist\" or \"none\".";
-      }
-      {
-        assertion = cfg.settings.network.policy != "allowlist" || cfg.settings.network.allow != [ ];
-        message = "services.shrooms.settings.network.policy = \"allowlist\" with an empty network.allow lets cages reach nothing: list the hosts/CIDRs they may reach, or use policy \"none\".";
+        message = "services.shrooms.tokens: ${badTokenText}: a token must be an absolute path outside ${storeDir} (the store is world-readable); point it at a file from agenix/sops-nix or under /run/secrets, given as a string.";
       }
       {
         assertion =
@@ -355,52 +463,83 @@ in
         message = "services.shrooms.outbox.mode = \"${cfg.outbox.mode}\" lets other users write the outbox root; use e.g. \"0750\".";
       }
       {
-        assertion = lib.removeSuffix "/" cfg.outbox.root != lib.removeSuffix "/" cfg.settings.state.dir;
+        assertion =
+          lib.removeSuffix "/" cfg.outbox.root != lib.removeSuffix "/" cfg.settings.state.dir;
         message = "services.shrooms.outbox.root = \"${cfg.outbox.root}\" is also settings.state.dir: give the outbox root a directory of its own (default /var/lib/shrooms/outbox).";
       }
       {
-        assertion = lib.hasPrefix "/" cfg.settings.state.dir && !(isStorePath cfg.settings.state.dir);
-        message = "services.shrooms.settings.state.dir = \"${cfg.settings.state.dir}\" must be an absolute path outside ${storeDir}.";
-      }
-      {
-        assertion = lib.hasPrefix "unix:///" cfg.settings.podman.socket;
-        message = "services.shrooms.settings.podman.socket = \"${cfg.settings.podman.socket}\" must be a unix:///path URL of the rootful podman service (on NixOS unix:///run/podman/podman.sock).";
+        assertion = !(isStorePath cfg.settings.state.dir);
+        message = "services.shrooms.settings.state.dir = \"${cfg.settings.state.dir}\" must be outside ${storeDir}.";
       }
       {
         assertion = lib.mod cfg.subIdRange.count 65536 == 0;
         message = "services.shrooms.subIdRange.count = ${toString cfg.subIdRange.count} must be a multiple of 65536 (one user namespace per task).";
       }
       {
-        assertion = cfg.subIdRange.start >= 65536 && cfg.subIdRange.start + cfg.subIdRange.count <= 4294967295;
+        assertion =
+          cfg.subIdRange.start >= 65536
+          && cfg.subIdRange.start + cfg.subIdRange.count <= 4294967295;
         message = "services.shrooms.subIdRange must lie within 65536..4294967294 (start ${toString cfg.subIdRange.start}, count ${toString cfg.subIdRange.count}).";
       }
-    ]
-    ++ map (m: {
-      assertion = false;
-      message = m;
-    }) agentProblems;
+      {
+        assertion = subidOK;
+        message = "services.shrooms.settings.cage.subid_user = \"${subidUser}\": users.users.${subidUser} must exist with subUidRanges and subGidRanges (one 65536-id range per task), or leave it \"shrooms\" so the module creates that user from services.shrooms.subIdRange.";
+      }
+    ];
+
+    # A flushed ruleset takes the seal with it until shrooms-seal re-applies
+    # it (after nftables' own start or reload): warn about that gap.
+    warnings =
+      lib.optional (networked && nftables.enable && nftables.flushRuleset)
+        "services.shrooms: networking.nftables.flushRuleset is on (it is whenever networking.nftables.ruleset or rulesetFile is set, or stateVersion < 23.11): every nftables start, reload and stop flushes shrooms' seal and podman's NAT, and shrooms-seal re-applies the seal only after nftables' job has finished, so running cages are briefly unsealed. Set networking.nftables.flushRuleset = false and keep your rules in networking.nftables.tables (deleted and re-created one by one) to close the gap.";
 
     # Rootful podman with its API socket (root:podman 0660 at
     # /run/podman/podman.sock); the docker-compatible socket is not needed.
     virtualisation.podman.enable = mkDefault true;
     virtualisation.podman.dockerSocket.enable = mkDefault false;
 
-    # The seal's rules for bridged cage traffic (IPv6 link-local between
-    # cages) only see packets that pass the IP hooks: `shrooms net apply`
-    # refuses to run without these.
-    boot.kernelModules = [ "br_netfilter" ];
+    # overlay: podman's storage driver. br_netfilter: the seal's rules for
+    # bridged cage traffic (IPv6 link-local between cages) only see packets
+    # that pass the IP hooks; `shrooms net apply` refuses to run without it.
+    boot.kernelModules = [
+      "overlay"
+      "br_netfilter"
+    ];
     boot.kernel.sysctl = {
       "net.bridge.bridge-nf-call-iptables" = 1;
       "net.bridge.bridge-nf-call-ip6tables" = 1;
     };
 
+    # Cages resolve names through aardvark-dns on their bridge's gateway, and
+    # their traffic is forwarded; the NixOS firewall drops both otherwise
+    # (podman's module opens DNS on podman0 only). These rules only let
+    # packets reach the seal's own chains, which still drop everything the
+    # policy forbids (a drop in any base chain is final).
+    networking.firewall.interfaces.${net.bridge} = mkIf networked {
+      allowedUDPPorts = [ 53 ];
+      allowedTCPPorts = [ 53 ];
+    };
+    networking.firewall.extraForwardRules = mkIf (networked && nftables.enable) (
+      lib.concatStringsSep "\n" (
+        [ "iifname \"${net.bridge}\" ip saddr ${net.subnet4} accept comment \"shrooms cages\"" ]
+        ++ lib.optional (
+          net.subnet6 != ""
+        ) "iifname \"${net.bridge}\" ip6 saddr ${net.subnet6} accept comment \"shrooms cages\""
+      )
+    );
+
     environment.systemPackages = [ cfg.package ];
     environment.etc."shrooms/config.toml".source = configFile;
+
+    services.shrooms.settings = {
+      tokens = cfg.tokens;
+      agents = lib.mapAttrs (_: agentSettings) cfg.agents;
+    };
 
     users.groups = mkIf (cfg.group == "shrooms") { shrooms = { }; };
     # The subid owner: /etc/subuid and /etc/subgid get `shrooms:START:COUNT`.
     # A system user without a login, so nothing ever runs as it.
-    users.users = mkIf (cfg.settings.cage.subid_user == "shrooms") {
+    users.users = mkIf (subidUser == "shrooms") {
       shrooms = {
         isSystemUser = true;
         group = if cfg.group == "shrooms" then "shrooms" else "nogroup";
@@ -461,99 +600,108 @@ in
     ];
 
     # The seal: shrooms' drop-only nftables tables around the cage network.
-    # `shrooms net apply --seal-only` installs the seal without contacting
-    # podman (the rules match the bridge by name, so they can precede the
-    # network), so it runs before podman.service and podman.socket, after
-    # nftables.service (whose ruleset load could flush it), and is applied
-    # again whenever the config, the binary or the nftables ruleset is
-    # reloaded: the tables are replaced in one atomic batch, so a reload never
-    # opens a gap. The first networked `shrooms run` creates the podman
-    # network once it has verified the seal, and every turn refuses a
-    # networked cage without it. Stopping the unit removes the seal (and so
-    # stops networked turns).
-    systemd.services.shrooms-seal = mkIf (cfg.settings.network.policy != "none") {
-      description = "shrooms nftables seal around the cage network";
-      documentation = [ "https://github.com/shrooms-cage/shrooms/blob/main/docs/nixos.md" ];
-      wantedBy = [ "multi-user.target" ];
-      before = [
-        "podman.service"
-        "podman.socket"
-      ];
-      after = [
-        "systemd-modules-load.service"
-        "systemd-sysctl.service"
-        "nftables.service"
-        "firewall.service"
-      ];
-      partOf = [ "nftables.service" ];
-      reloadIfChanged = true;
-      reloadTriggers = [
-        configFile
-        cfg.package
-      ];
-      unitConfig.ReloadPropagatedFrom = [ "nftables.service" ];
-      serviceConfig = hardening // {
-        Type = "oneshot";
-        RemainAfterExit = true;
-        ExecStart = "${shrooms} net apply --seal-only";
-        ExecReload = "${shrooms} net apply --seal-only";
-        ExecStop = "${shrooms} net flush";
-        # Root with CAP_NET_ADMIN only, in the host's network namespace.
-        CapabilityBoundingSet = [ "CAP_NET_ADMIN" ];
-        PrivateNetwork = false;
-        PrivateUsers = false;
-        ProtectSystem = "strict";
-        PrivateDevices = true;
-        ProtectKernelTunables = true;
-        ProtectControlGroups = true;
-        ProtectProc = "invisible";
-        # `net apply` reads /proc/sys/net/bridge/* (br_netfilter on?).
-        ProcSubset = "all";
-        RestrictNamespaces = true;
-        RestrictSUIDSGID = true;
-        PrivateMounts = true;
-        MemoryDenyWriteExecute = true;
-        DevicePolicy = "closed";
-        UMask = "0077";
-        # Netlink for nftables; inet for resolving allowlist host names.
-        RestrictAddressFamilies = [
-          "AF_NETLINK"
-          "AF_UNIX"
-          "AF_INET"
-          "AF_INET6"
+    # `shrooms net apply --seal-only` installs it without contacting podman
+    # (the rules match the bridge by name, so they can precede the network),
+    # early in boot (nix/seal-ordering.nix: no default dependencies, after
+    # the modules, sysctls and nftables, before podman.socket and
+    # podman.service). It is re-applied in place (ExecReload; the tables are
+    # replaced in one batch) when the config or binary changes and after
+    # every nftables reload or restart. Only stopping this unit removes the
+    # seal (and so stops networked turns); the seal is left in place at
+    # shutdown. The first networked `shrooms run` creates the podman network
+    # once it has verified the seal, and every turn refuses a networked cage
+    # without it.
+    systemd.services.shrooms-seal = mkIf networked (
+      import ./seal-ordering.nix
+      // {
+        description = "shrooms nftables seal around the cage network";
+        documentation = [ "https://github.com/shrooms-cage/shrooms/blob/main/docs/nixos.md" ];
+        reloadIfChanged = true;
+        reloadTriggers = [
+          configFile
+          cfg.package
         ];
-        SystemCallFilter = [
-          "@system-service"
-          "~@privileged"
-        ];
-        SystemCallErrorNumber = "EPERM";
-        # Allowlist host names may not resolve this early in boot.
-        Restart = "on-failure";
-        RestartSec = "5s";
-      };
-      startLimitIntervalSec = 120;
-      startLimitBurst = 10;
-    };
+        serviceConfig = hardening // {
+          Type = "oneshot";
+          RemainAfterExit = true;
+          ExecStart = "${shrooms} net apply --seal-only";
+          ExecReload = "${shrooms} net apply --seal-only";
+          ExecStop = "${shrooms} net flush";
+          # Root with CAP_NET_ADMIN only, in the host's network namespace.
+          CapabilityBoundingSet = [ "CAP_NET_ADMIN" ];
+          PrivateNetwork = false;
+          PrivateUsers = false;
+          ProtectSystem = "strict";
+          PrivateDevices = true;
+          ProtectKernelTunables = true;
+          ProtectControlGroups = true;
+          ProtectProc = "invisible";
+          # `net apply` reads /proc/sys/net/bridge/* (br_netfilter on?).
+          ProcSubset = "all";
+          RestrictNamespaces = true;
+          RestrictSUIDSGID = true;
+          PrivateMounts = true;
+          MemoryDenyWriteExecute = true;
+          DevicePolicy = "closed";
+          UMask = "0077";
+          # Netlink for nftables; inet for resolving allowlist host names.
+          RestrictAddressFamilies = [
+            "AF_NETLINK"
+            "AF_UNIX"
+            "AF_INET"
+            "AF_INET6"
+          ];
+          SystemCallFilter = [
+            "@system-service"
+            "~@privileged"
+          ];
+          SystemCallErrorNumber = "EPERM";
+          # Allowlist host names may not resolve this early in boot.
+          Restart = "on-failure";
+          RestartSec = "5s";
+        };
+        startLimitIntervalSec = 120;
+        startLimitBurst = 10;
+      }
+    );
 
-    # Loads the cage image into rootful podman's store (podman never pulls
-    # for shrooms). Skipped when this exact image was loaded before and is
-    # still there; a changed image changes the unit, so switching to a new
-    # configuration loads it again.
+    # A restarted nftables (stop flushes with flushRuleset, then the ruleset
+    # is loaded anew) gets the seal back: --no-block, because the seal's own
+    # job is ordered after nftables' and would wait for this one. A seal that
+    # is not running (early boot, or stopped on purpose) stays as it is.
+    systemd.services.nftables.serviceConfig.ExecStartPost = mkIf (networked && nftables.enable) (
+      lib.mkAfter [
+        "${config.systemd.package}/bin/systemctl --no-block try-reload-or-restart shrooms-seal.service"
+      ]
+    );
+
+    # Loads the cage image through rootful podman's API socket (podman never
+    # pulls for shrooms), so only podman.service writes its store and this
+    # unit needs no capabilities at all. Skipped when this exact image was
+    # loaded before and is still there; a changed image changes the unit, so
+    # switching to a new configuration loads it again.
     systemd.services.shrooms-image = mkIf cfg.image.load {
       description = "Load the shrooms cage image into podman";
       wantedBy = [ "multi-user.target" ];
-      after = [ "local-fs.target" ];
-      before = [ "podman.service" ];
+      requires = [ "podman.socket" ];
+      after = [ "podman.socket" ];
       path = [
         config.virtualisation.podman.package
         pkgs.coreutils
       ];
-      environment.IMAGE = cfg.image.package;
-      environment.IMAGE_NAME = cfg.settings.cage.image;
+      environment = {
+        IMAGE = cfg.image.package;
+        IMAGE_NAME = cfg.settings.cage.image;
+        PODMAN_URL = cfg.settings.podman.socket;
+        HOME = "/var/lib/shrooms-image";
+        # podman-remote spools a streamed image to a file first.
+        TMPDIR = "/var/tmp";
+      };
       script = ''
         set -euo pipefail
+        p() { podman --remote --url "$PODMAN_URL" "$@"; }
         stamp=/var/lib/shrooms-image/loaded
-        if [ "$(cat "$stamp" 2>/dev/null || true)" = "$IMAGE" ] && podman image exists "$IMAGE_NAME"; then
+        if [ "$(cat "$stamp" 2>/dev/null || true)" = "$IMAGE" ] && p image exists "$IMAGE_NAME"; then
           echo "shrooms-image: $IMAGE_NAME already loaded from $IMAGE"
           exit 0
         fi
@@ -561,11 +709,11 @@ in
           echo "shrooms-image: $IMAGE is a directory, not an image (use dockerTools.streamLayeredImage or buildLayeredImage)" >&2
           exit 1
         elif [ -x "$IMAGE" ]; then
-          "$IMAGE" | podman load
+          "$IMAGE" | p load
         else
-          podman load --input "$IMAGE"
+          p load --input "$IMAGE"
         fi
-        if ! podman image exists "$IMAGE_NAME"; then
+        if ! p image exists "$IMAGE_NAME"; then
           echo "shrooms-image: $IMAGE loaded but $IMAGE_NAME is not in podman's store: the image's name:tag must equal settings.cage.image" >&2
           exit 1
         fi
@@ -576,31 +724,47 @@ in
         Type = "oneshot";
         RemainAfterExit = true;
         StateDirectory = "shrooms-image";
-        # podman writes its store (layers with their owners, modes and
-        # whiteout devices): root with the file capabilities that takes.
-        # Loading needs no network at all.
+        # Root only to open the root:podman 0660 socket; no capability.
+        CapabilityBoundingSet = "";
+        ProtectSystem = "strict";
+        PrivateDevices = true;
         PrivateNetwork = true;
-        ProtectSystem = "full";
         ProtectControlGroups = true;
         ProtectKernelTunables = true;
-        RestrictAddressFamilies = [
-          "AF_UNIX"
-          "AF_NETLINK"
+        RestrictAddressFamilies = [ "AF_UNIX" ];
+        RestrictNamespaces = true;
+        RestrictSUIDSGID = true;
+        SystemCallFilter = [
+          "@system-service"
+          "~@privileged"
         ];
-        CapabilityBoundingSet = [
-          "CAP_CHOWN"
-          "CAP_DAC_OVERRIDE"
-          "CAP_DAC_READ_SEARCH"
-          "CAP_FOWNER"
-          "CAP_FSETID"
-          "CAP_MKNOD"
-          "CAP_SETFCAP"
-          "CAP_SYS_ADMIN"
-          "CAP_SYS_CHROOT"
-          "CAP_SETUID"
-          "CAP_SETGID"
-        ];
-        UMask = "0022";
+        UMask = "0077";
+      };
+    };
+
+    # Removes cages a crashed shrooms left behind (running turns are kept).
+    systemd.services.shrooms-gc = mkIf cfg.gc.enable {
+      description = "Remove cages a crashed shrooms left behind";
+      requires = [ "podman.socket" ];
+      after = [
+        "podman.socket"
+        "shrooms-image.service"
+      ];
+      # Not sandboxed: gc mounts task HOME filesystems again and cleans them,
+      # as a hand-run `shrooms gc` does, and a private mount namespace would
+      # hide those mounts from the turns that use them.
+      serviceConfig = {
+        Type = "oneshot";
+        ExecStart = "${shrooms} gc";
+        UMask = "0077";
+      };
+    };
+    systemd.timers.shrooms-gc = mkIf cfg.gc.enable {
+      wantedBy = [ "timers.target" ];
+      timerConfig = {
+        OnCalendar = cfg.gc.dates;
+        Persistent = true;
+        RandomizedDelaySec = "5m";
       };
     };
   };

@@ -1,10 +1,17 @@
 # The shrooms CLI: one static binary (CGO off, podman's remote-client build
-# tags), built from the Go sources only so that editing docs or Nix files
-# does not rebuild it.
+# tags), built from the Go module tree only (nix/source-filter.nix) so that
+# editing docs or Nix files does not rebuild it. The installed
+# bin/shrooms is a small wrapper that puts the tools shrooms runs by name on
+# PATH as store paths; shrooms mounts the static binary itself
+# (bin/.shrooms-wrapped, its os.Executable) into cages.
 {
   lib,
+  stdenv,
   buildGoModule,
   gitMinimal,
+  e2fsprogs,
+  makeBinaryWrapper,
+  installShellFiles,
   version ? "dev",
 }:
 
@@ -17,26 +24,23 @@ let
     "containers_image_openpgp"
     "exclude_graphdriver_devicemapper"
   ];
-  root = ../.;
+  # Run by name: git (pkg/gitseal commits a turn's work), mkfs.ext4
+  # (pkg/homestore formats task HOME images).
+  runtimeInputs = [
+    gitMinimal
+    e2fsprogs
+  ];
 in
 buildGoModule {
   pname = "shrooms";
   inherit version tags;
 
-  # Every Go file of the module, plus what its unit tests read. The vendor
-  # hash below depends on the imports of exactly these files.
-  src = lib.fileset.toSource {
-    inherit root;
-    fileset = lib.fileset.unions [
-      ../go.mod
-      ../go.sum
-      ../config.example.toml
-      (lib.fileset.fileFilter (f: f.hasExt "go") ../cmd)
-      (lib.fileset.fileFilter (f: f.hasExt "go") ../pkg)
-      (lib.fileset.fileFilter (f: f.hasExt "go") ../internal)
-      # The pinned opencode.db schema (embedded) and fuzz seeds.
-      ../pkg/homereset/testdata
-    ];
+  # The whole Go tree minus deliberate exclusions (see the filter): an
+  # embedded file or a test's testdata cannot be left out.
+  src = builtins.path {
+    name = "shrooms-source";
+    path = ../.;
+    filter = import ./source-filter.nix ../.;
   };
 
   # The NAR hash of `go mod vendor` (vendor/ with modules.txt). Recompute
@@ -57,7 +61,21 @@ buildGoModule {
   # through internal/itest (SHROOMS_REQUIRE_INTEGRATION is unset here).
   doCheck = true;
   # pkg/gitseal's unit tests drive a real git.
-  nativeCheckInputs = [ gitMinimal ];
+  nativeCheckInputs = runtimeInputs;
+  nativeBuildInputs = [
+    makeBinaryWrapper
+    installShellFiles
+  ];
+  # Completions come from the binary itself (`shrooms completion bash|fish`).
+  postInstall =
+    lib.optionalString (stdenv.buildPlatform.canExecute stdenv.hostPlatform) ''
+      installShellCompletion --cmd shrooms \
+        --bash <("$out/bin/shrooms" completion bash) \
+        --fish <("$out/bin/shrooms" completion fish)
+    ''
+    + ''
+      wrapProgram "$out/bin/shrooms" --prefix PATH : ${lib.makeBinPath runtimeInputs}
+    '';
   checkPhase = ''
     runHook preCheck
     export HOME="$TMPDIR"
@@ -74,6 +92,8 @@ buildGoModule {
     description = "Run AI coding agents with permission prompts off, each turn in a sealed podman cage";
     homepage = "https://github.com/shrooms-cage/shrooms";
     mainProgram = "shrooms";
+    # The repository carries no licence grant yet: all rights reserved.
+    license = lib.licenses.unfree;
     platforms = lib.platforms.linux;
   };
 }

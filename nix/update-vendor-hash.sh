@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # update-vendor-hash.sh — recompute nix/package.nix's vendorHash (the NAR hash
-# of `go mod vendor` for the tracked Go sources, as buildGoModule computes it)
+# of `go mod vendor` for the package's own src, evaluated with nix-instantiate
+# into a temporary chroot store, as buildGoModule computes it)
 # and write it in place. Needs go and nix (Debian: apt-get install nix-bin).
 # Run it after changing go.mod, go.sum or the set of imported packages; the
 # test internal/nixcheck TestVendorHash fails until you do.

@@ -129,11 +129,18 @@ func commitCommand() *cli.Command {
 merge drivers, pager, editor, ssh command or credential helper, and no GIT_*
 variables from the caller; refuses a repository whose .git/config names
 anything executable. Whatever the worktree contains, the host runs nothing
-from it.`,
+from it.
+
+Agent config the task's turns added or changed in the worktree (.claude/,
+.opencode/, opencode.json, .mcp.json, CLAUDE.md, AGENTS.md, .envrc, .vscode/,
+... — see "shrooms trust --help") would run next in the owner's repository:
+the commit is refused (exit 121) unless --allow-agent-config names every such
+path; the named paths become trusted for later turns.`,
 		Flags: []cli.Flag{
 			taskFlag(),
 			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Required: true, Usage: "commit `MESSAGE`"},
 			&cli.StringFlag{Name: "author", Value: "shrooms <shrooms@localhost>", Usage: "`\"NAME <EMAIL>\"`"},
+			&cli.StringSliceFlag{Name: "allow-agent-config", Usage: "accept the changed agent config at worktree-relative `PATH` (repeat for each)"},
 		},
 		Action: func(c *cli.Context) error {
 			addr, err := mail.ParseAddress(c.String("author"))
@@ -145,21 +152,78 @@ from it.`,
 				return err
 			}
 			defer stop()
-			id, err := r.Commit(ctx, c.String("task"), c.String("message"), gitseal.Author{Name: addr.Name, Email: addr.Address})
-			if errors.Is(err, gitseal.ErrNothingToCommit) {
-				if c.Bool("json") {
-					return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "commit": nil, "nothingToCommit": true})
+			res, err := r.Commit(ctx, c.String("task"), c.String("message"), gitseal.Author{Name: addr.Name, Email: addr.Address}, c.StringSlice("allow-agent-config"))
+			nothing := errors.Is(err, gitseal.ErrNothingToCommit)
+			if err != nil && !nothing {
+				if c.Bool("json") && errors.Is(err, turn.ErrAgentConfig) {
+					_ = printJSON(c.App.Writer, map[string]any{"task": res.Task, "commit": nil, "refused": err.Error(), "agentConfig": res.AgentConfig})
 				}
+				return fail(codeFor(err), err)
+			}
+			if c.Bool("json") {
+				out := map[string]any{"task": res.Task, "commit": res.Commit, "agentConfig": res.AgentConfig, "accepted": res.Accepted}
+				if nothing {
+					out["commit"] = nil
+					out["nothingToCommit"] = true
+				}
+				return printJSON(c.App.Writer, out)
+			}
+			for _, p := range res.Accepted {
+				fmt.Fprintln(c.App.Writer, "accepted agent config "+p)
+			}
+			if nothing {
 				fmt.Fprintln(c.App.Writer, "nothing to commit")
 				return nil
 			}
+			fmt.Fprintln(c.App.Writer, res.Commit)
+			return nil
+		},
+	}
+}
+
+func trustCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "trust",
+		Usage:     "accept the worktree's agent config as the owner's, so later turns stop masking it",
+		ArgsUsage: "[PATH...]",
+		Description: `Agents load configuration from the worktree: opencode.json(c), .opencode/,
+AGENTS.md, .claude/, .mcp.json, CLAUDE.md, CLAUDE.local.md, .gemini/,
+GEMINI.md, .codex/, and tools run .envrc, .vscode/, .devcontainer/, .husky/,
+.githooks/, .pre-commit-config.yaml, .tool-versions, mise.toml — at any depth.
+A task's first turn records them as the owner's trusted version; in every
+later turn, any of them that differs is masked in the cage (the trusted
+bytes, or an empty file or directory, mounted read-only over it) and listed
+in the result's worktreeGuard. "trust" records the current version: of all
+of them, or only of the worktree-relative PATHs given. --worktree moves the
+task to another worktree (all of its config is then trusted as it is).`,
+		Flags: []cli.Flag{
+			taskFlag(),
+			&cli.StringFlag{Name: "worktree", Usage: "the task's worktree `DIR` (default: the one its turns ran on)"},
+		},
+		Action: func(c *cli.Context) error {
+			r, ctx, stop, err := runner(c)
+			if err != nil {
+				return err
+			}
+			defer stop()
+			res, err := r.Trust(ctx, c.String("task"), c.String("worktree"), c.Args().Slice())
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
 			if c.Bool("json") {
-				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "commit": id})
+				return printJSON(c.App.Writer, res)
 			}
-			fmt.Fprintln(c.App.Writer, id)
+			w := c.App.Writer
+			for _, ch := range res.Changes {
+				fmt.Fprintf(w, "  was %s: %s\n", ch.Change, ch.Path)
+			}
+			for _, p := range res.Trusted {
+				fmt.Fprintln(w, "trusted "+p)
+			}
+			for _, p := range res.Forgotten {
+				fmt.Fprintln(w, "no longer trusted (gone) "+p)
+			}
+			fmt.Fprintf(w, "%s: %d trusted agent config paths in %s\n", res.Task, res.Entries, res.Worktree)
 			return nil
 		},
 	}

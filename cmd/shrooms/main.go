@@ -33,6 +33,7 @@ const (
 	ExitBusy         = 123 // another turn of the task is running
 	ExitDeadline     = 124 // the turn hit its deadline (cage stopped, removed)
 	ExitInternal     = 125 // anything else shrooms could not do
+	ExitLimit        = 120 // a per-turn model usage limit ended the turn (cage stopped, removed)
 	ExitInterrupted  = 130 // SIGINT/SIGTERM (cage stopped, removed)
 )
 
@@ -87,6 +88,7 @@ Exit status: the agent's own exit code, or one of shrooms' own:
   123 task busy (another turn of the task is running)
   124 deadline (the cage was stopped and removed)
   125 internal error
+  120 a per-turn model usage limit (gateway.*.max_*) ended the turn
   130 interrupted (the cage was stopped and removed)`,
 		Version:         version,
 		Reader:          stdin,
@@ -109,9 +111,12 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			prepareCommand(),
 			cageExecCommand(),
 			commitCommand(),
+			trustCommand(),
 			resetCommand(),
 			forgetCommand(),
 			versionCommand(),
+			configCommand(),
+			completionCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run() maps errors to codes
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
@@ -216,6 +221,8 @@ func codeFor(err error) int {
 		return ExitBusy
 	case errors.Is(err, turn.ErrDeadline):
 		return ExitDeadline
+	case errors.Is(err, turn.ErrLimit):
+		return ExitLimit
 	case errors.Is(err, turn.ErrInterrupted):
 		return ExitInterrupted
 	case errors.Is(err, turn.ErrHostNotReady):

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -43,7 +44,10 @@ func runCommand() *cli.Command {
 		Description: `Runs the agent's command (plus ARGS) in a new cage, streams its output,
 waits for it with a deadline and removes the cage on every path out.
 The exit status is the agent's. With --json the last line of stdout is one
-JSON object: task, turn, cage id, exit code, status and phase durations.`,
+JSON object: task, turn, cage id, exit code, status and phase durations,
+the HOME reset's report and the worktree guard's (agent config in the
+worktree that differs from what the owner trusted is masked in the cage and
+listed; see "shrooms trust --help").`,
 		Flags: append(turnFlags(), &cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see the prepare command)"}),
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runner(c)
@@ -52,6 +56,11 @@ JSON object: task, turn, cage id, exit code, status and phase durations.`,
 			}
 			defer stop()
 			res, err := r.Run(ctx, turnRequest(c))
+			if res != nil && res.WorktreeGuard != nil && len(res.WorktreeGuard.Masked) > 0 {
+				// Said on stderr too: a person at a terminal sees it without --json.
+				fmt.Fprintf(c.App.ErrWriter, "shrooms: masked agent config the owner has not trusted (review, then `shrooms trust --task %s`): %s\n",
+					c.String("task"), strings.Join(res.WorktreeGuard.Masked, ", "))
+			}
 			if err == nil && c.Bool("prepare-next") {
 				next := turnRequest(c)
 				next.Args = nil

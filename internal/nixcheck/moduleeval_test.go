@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
@@ -19,20 +20,27 @@ import (
 // moduleEval is what nix/tests/eval-stubs.nix returns.
 type moduleEval struct {
 	Good struct {
-		FailedAssertions []string                  `json:"failedAssertions"`
-		Settings         map[string]any            `json:"settings"`
-		EtcSource        string                    `json:"etcSource"`
-		Units            map[string]unitEval       `json:"units"`
-		Tmpfiles         map[string]map[string]any `json:"tmpfiles"`
-		Users            map[string]map[string]any `json:"users"`
-		Groups           []string                  `json:"groups"`
-		SudoRules        []map[string]any          `json:"sudoRules"`
-		KernelModules    []string                  `json:"kernelModules"`
-		Sysctl           map[string]json.Number    `json:"sysctl"`
-		Podman           bool                      `json:"podman"`
-		Packages         []string                  `json:"packages"`
+		FailedAssertions []string                    `json:"failedAssertions"`
+		Settings         map[string]any              `json:"settings"`
+		ConfigScript     string                      `json:"configScript"`
+		EtcSource        string                      `json:"etcSource"`
+		Warnings         []string                    `json:"warnings"`
+		FirewallIfaces   map[string]map[string][]int `json:"firewallInterfaces"`
+		ExtraForward     string                      `json:"extraForwardRules"`
+		Timers           map[string]map[string]any   `json:"timers"`
+		Units            map[string]unitEval         `json:"units"`
+		Tmpfiles         map[string]map[string]any   `json:"tmpfiles"`
+		Users            map[string]map[string]any   `json:"users"`
+		Groups           []string                    `json:"groups"`
+		SudoRules        []map[string]any            `json:"sudoRules"`
+		KernelModules    []string                    `json:"kernelModules"`
+		Sysctl           map[string]json.Number      `json:"sysctl"`
+		Podman           bool                        `json:"podman"`
+		Packages         []string                    `json:"packages"`
 	} `json:"good"`
 	NoneUnits      []string `json:"noneUnits"`
+	FlushWarnings  []string `json:"flushWarnings"`
+	OwnSubidUser   []string `json:"ownSubidUser"`
 	OverlayPackage string   `json:"overlayPackage"`
 	Bad            map[string]struct {
 		Expect   string   `json:"expect"`
@@ -44,6 +52,9 @@ type moduleEval struct {
 
 type unitEval struct {
 	WantedBy      []string          `json:"wantedBy"`
+	Wants         []string          `json:"wants"`
+	Requires      []string          `json:"requires"`
+	UnitConfig    map[string]any    `json:"unitConfig"`
 	Before        []string          `json:"before"`
 	After         []string          `json:"after"`
 	PartOf        []string          `json:"partOf"`
@@ -84,7 +95,19 @@ func TestModuleEvaluates(t *testing.T) {
 	t.Run("good configuration", func(t *testing.T) {
 		assert.Check(t, is.Len(g.FailedAssertions, 0), "%q", g.FailedAssertions)
 		assert.Check(t, g.Podman, "virtualisation.podman.enable")
-		assert.Check(t, is.DeepEqual(g.KernelModules, []string{"br_netfilter"}))
+		assert.Check(t, is.DeepEqual(g.KernelModules, []string{"overlay", "br_netfilter"}))
+		assert.Check(t, is.Len(g.Warnings, 0), "%q", g.Warnings)
+		assert.Check(t, is.Len(ev.OwnSubidUser, 0), "an own subid user with ranges is refused: %q", ev.OwnSubidUser)
+		// flushRuleset makes a gap possible: the module says so.
+		assert.Check(t, is.Len(ev.FlushWarnings, 1))
+		for _, w := range ev.FlushWarnings {
+			assert.Check(t, is.Contains(w, "flushRuleset"))
+		}
+		// Cage DNS on the bridge, forwarded cage traffic for exactly the cage subnets.
+		assert.Check(t, is.DeepEqual(g.FirewallIfaces, map[string]map[string][]int{"shrooms0": {"allowedUDPPorts": {53}, "allowedTCPPorts": {53}}}))
+		assert.Check(t, is.Equal(g.ExtraForward, "iifname \"shrooms0\" ip saddr 10.89.0.0/24 accept comment \"shrooms cages\"\n"+
+			"iifname \"shrooms0\" ip6 saddr fd89:5eed:cafe::/64 accept comment \"shrooms cages\""))
+		assert.Check(t, is.Equal(g.Timers["shrooms-gc"]["timerConfig"].(map[string]any)["OnCalendar"], "hourly"))
 		assert.Check(t, is.Equal(string(g.Sysctl["net.bridge.bridge-nf-call-iptables"]), "1"))
 		assert.Check(t, is.Equal(string(g.Sysctl["net.bridge.bridge-nf-call-ip6tables"]), "1"))
 		assert.Check(t, is.Contains(g.Groups, "shrooms"))
@@ -112,6 +135,16 @@ func TestModuleEvaluates(t *testing.T) {
 		assert.Check(t, is.Equal(cfg.Cage.SubIDUser, "shrooms"))
 		assert.Check(t, is.Equal(cfg.Cage.Image, "localhost/shrooms-agent:latest"))
 		assert.Check(t, is.DeepEqual(cfg.Agents["claude"].TokenEnv, map[string]string{"ANTHROPIC_API_KEY": "anthropic"}))
+		assert.Check(t, is.DeepEqual(cfg.Agents["claude"].Home, []string{"claude", "shell"}))
+		assert.Check(t, is.DeepEqual(cfg.Agents["bash"].Command, []string{"/bin/bash", "-c"}))
+		// services.shrooms.tokens and settings.tokens are merged, not replaced.
+		assert.Check(t, is.DeepEqual(cfg.Tokens, map[string]string{"anthropic": "/run/secrets/anthropic-api-key", "openai": "/run/secrets/openai-api-key"}))
+		assert.Check(t, is.Equal(cfg.Network.Bridge, config.Default().Network.Bridge))
+		assert.Check(t, is.Equal(cfg.Network.Subnet4, config.Default().Network.Subnet4))
+		assert.Check(t, is.Equal(cfg.Network.Subnet6, config.Default().Network.Subnet6))
+		// The file /etc/shrooms/config.toml points at is built by running
+		// the CLI's strict check on the generated TOML.
+		assert.Check(t, is.Contains(g.ConfigScript, "/bin/shrooms config check \"$unchecked\""))
 
 		// Control: the loader is strict, so a typo the freeform settings
 		// let through is caught at run time, not silently ignored.
@@ -136,22 +169,37 @@ func TestModuleEvaluates(t *testing.T) {
 		assert.Check(t, is.Contains(seal.Before, "podman.socket"))
 		assert.Check(t, is.Contains(seal.After, "nftables.service"))
 		assert.Check(t, is.Contains(seal.WantedBy, "multi-user.target"))
+		assert.Check(t, is.Equal(seal.UnitConfig["DefaultDependencies"], false))
+		assert.Check(t, is.DeepEqual(seal.UnitConfig["ReloadPropagatedFrom"], []any{"nftables.service"}))
+		assert.Check(t, is.Len(seal.PartOf, 0))
+		assert.Check(t, is.Equal(seal.ServiceConfig["ExecReload"], start))
+		nft, ok := g.Units["nftables"]
+		assert.Assert(t, ok, "no nftables hook")
+		assert.Check(t, is.DeepEqual(nft.ServiceConfig["ExecStartPost"], []any{"/nix/store/00000000000000000000000000000000-systemd/bin/systemctl --no-block try-reload-or-restart shrooms-seal.service"}))
 		assert.Check(t, !contains(ev.NoneUnits, "shrooms-seal"), "policy none still has a seal unit: %v", ev.NoneUnits)
 		img, ok := g.Units["shrooms-image"]
 		assert.Assert(t, ok)
 		assert.Check(t, is.Equal(img.Environment["IMAGE_NAME"], "localhost/shrooms-agent:latest"))
-		assert.Check(t, is.Contains(img.Script, "podman load"))
+		assert.Check(t, is.Contains(img.Script, "p load"))
+		assert.Check(t, is.Contains(img.Script, `podman --remote --url "$PODMAN_URL"`))
+		assert.Check(t, is.Equal(img.Environment["PODMAN_URL"], "unix:///run/podman/podman.sock"))
+		assert.Check(t, is.Contains(img.Requires, "podman.socket"))
+		assert.Check(t, is.Contains(img.After, "podman.socket"))
+		assert.Check(t, is.Equal(img.ServiceConfig["CapabilityBoundingSet"], ""))
+		gcUnit, ok := g.Units["shrooms-gc"]
+		assert.Assert(t, ok)
+		assert.Check(t, strings.HasSuffix(gcUnit.ServiceConfig["ExecStart"].(string), cfgArg+"gc"))
 	})
 
 	t.Run("options documented", func(t *testing.T) {
 		assert.Check(t, is.Len(ev.Undocumented, 0), "%q", ev.Undocumented)
-		for _, o := range []string{"enable", "package", "settings", "tokens", "outbox.root", "outbox.mode", "image.package", "image.load", "group", "subIdRange.start", "settings.network.policy"} {
+		for _, o := range []string{"enable", "package", "settings", "tokens", "outbox.root", "outbox.mode", "image.package", "image.load", "group", "subIdRange.start", "settings.network.policy", "agents.<name>.command", "agents.<name>.tokenEnv", "agents.<name>.home", "agents.<name>.image", "agents.<name>.env", "gc.enable", "gc.dates"} {
 			assert.Check(t, is.Contains(ev.Options, "services.shrooms."+o))
 		}
 	})
 
 	t.Run("refused", func(t *testing.T) {
-		for _, name := range []string{"token-in-store", "token-relative", "no-podman", "bad-policy", "empty-allowlist", "world-writable-outbox", "unknown-token", "bad-token-name", "bad-home-profile", "subid-count", "outbox-is-state-dir"} {
+		for _, name := range []string{"token-in-store", "token-relative", "token-in-store-via-settings", "no-podman", "world-writable-outbox", "subid-count", "subid-user-unknown", "subid-user-without-ranges", "outbox-is-state-dir"} {
 			b, ok := ev.Bad[name]
 			if !assert.Check(t, ok, "bad configuration %s not evaluated", name) {
 				continue
@@ -191,11 +239,13 @@ func plain(v any) any {
 	return v
 }
 
+// keys returns m's keys, sorted.
 func keys[V any](m map[string]V) []string {
 	var out []string
 	for k := range m {
 		out = append(out, k)
 	}
+	sort.Strings(out)
 	return out
 }
 

@@ -144,7 +144,9 @@ in
         # (shrooms would refuse): now the LAN answers.
         params = json.loads(host.succeed("cat /etc/shrooms-test/targets.json"))
         params.update({"policy": "internet", "nonce": "vmunsealed", "gateway": [CAGE_GW4]})
-        shrooms_bin = host.succeed("readlink -f $(command -v shrooms)").strip()
+        # The static binary behind the PATH wrapper (what shrooms mounts itself).
+        shrooms_bin = host.succeed("dirname $(readlink -f $(command -v shrooms))").strip() + "/.shrooms-wrapped"
+        host.succeed(f"test -x {shrooms_bin}")
         host.succeed(
             "podman run --rm --network shrooms --user 1000:1000 --cap-drop all "
             f"-v {shrooms_bin}:/.shrooms/shrooms:ro "

@@ -32,7 +32,10 @@ let
           ExecStart = lib.escapeShellArgs (
             [
               (lib.getExe pkgs.python3)
-              ./canary.py
+              # Interpolated, so the script is copied to the store and is in
+              # the test's closure (a bare path through escapeShellArgs is
+              # only its source location as a string).
+              "${./canary.py}"
               "--role"
               role
               "--tcp"
@@ -109,7 +112,9 @@ let
         lo.ipv4.addresses = map (a: addr4 a 32) (
           [ t.metadata4 ] ++ builtins.filter (a: !(isV6 a)) t.private
         );
-        lo.ipv6.addresses = map (a: addr6 a 128) ([ t.metadata6 ] ++ builtins.filter isV6 t.private);
+        lo.ipv6.addresses = map (a: addr6 a 128) (
+          [ t.metadata6 ] ++ builtins.filter isV6 t.private
+        );
       };
       networking.nat = {
         enable = true;
@@ -123,6 +128,9 @@ let
   host =
     {
       agents ? { },
+      # The NixOS firewall with filterForward, as a hardened host runs it:
+      # the module must open cage DNS and forward cage traffic through it.
+      firewall ? false,
     }:
     { pkgs, lib, ... }:
     {
@@ -139,8 +147,10 @@ let
       virtualisation.diskSize = 8192;
       virtualisation.cores = 2;
       networking.useDHCP = false;
-      # Only the seal stands between a cage and the host's own services.
-      networking.firewall.enable = false;
+      # Without the firewall only the seal stands between a cage and the
+      # host's own services (the breakout test).
+      networking.firewall.enable = firewall;
+      networking.firewall.filterForward = firewall;
       networking.nftables.enable = true;
       networking.interfaces = lib.mkOverride 0 {
         eth1.ipv4.addresses = [ (addr4 t.lan.host4 t.lan.prefix4) ];
@@ -161,7 +171,7 @@ let
         enable = true;
         settings.network.policy = "internet";
         settings.cage.memory = "1g";
-        settings.agents = {
+        agents = {
           # bash from the real cage image, for scripted turns.
           bash = {
             command = [

@@ -59,11 +59,18 @@ let
 
   fakePkgs = {
     inherit lib;
+    # runCommand keeps its name, environment and script, so the harness can
+    # check that the config file is run through `shrooms config check`.
+    runCommand = name: env: script: {
+      outPath = "${builtins.storeDir}/00000000000000000000000000000000-${name}";
+      inherit name script env;
+    };
     stdenv.hostPlatform.system = system;
     formats.toml = _: tomlFormat;
     callPackage = _: _: fakeDrv "shrooms-cage-image";
     coreutils = fakeDrv "coreutils";
     podman = fakeDrv "podman";
+    systemd = fakeDrv "systemd";
     shrooms = fakeDrv "shrooms";
   };
   fakeFlake.packages.${system}.default = fakeDrv "shrooms";
@@ -94,6 +101,9 @@ let
       };
       wantedBy = strList;
       requiredBy = strList;
+      wants = strList;
+      requires = strList;
+      conflicts = strList;
       before = strList;
       after = strList;
       partOf = strList;
@@ -160,6 +170,24 @@ let
         };
       };
       boot.kernelModules = strList;
+      networking.nftables.enable = flag false;
+      networking.nftables.flushRuleset = flag false;
+      networking.firewall.interfaces = mkOption {
+        type = types.attrsOf (types.attrsOf (types.listOf types.port));
+        default = { };
+      };
+      networking.firewall.extraForwardRules = mkOption {
+        type = types.lines;
+        default = "";
+      };
+      systemd.package = mkOption {
+        type = types.package;
+        default = fakePkgs.systemd;
+      };
+      systemd.timers = mkOption {
+        type = types.attrsOf (types.attrsOf types.anything);
+        default = { };
+      };
       boot.kernel.sysctl = mkOption {
         type = types.attrsOf types.anything;
         default = { };
@@ -241,15 +269,17 @@ let
 
   # The configuration docs/nixos.md shows, with an allowlist.
   good = {
+    networking.nftables.enable = true;
     services.shrooms = {
       tokens.anthropic = "/run/secrets/anthropic-api-key";
+      settings.tokens.openai = "/run/secrets/openai-api-key";
       settings.network.policy = "allowlist";
       settings.network.allow = [
         "api.anthropic.com"
         "203.0.113.0/24"
       ];
       settings.cage.memory = "8g";
-      settings.agents.claude = {
+      agents.claude = {
         command = [
           "claude"
           "--dangerously-skip-permissions"
@@ -259,27 +289,39 @@ let
           "claude"
           "shell"
         ];
-        token_env.ANTHROPIC_API_KEY = "anthropic";
+        tokenEnv.ANTHROPIC_API_KEY = "anthropic";
       };
+      # Raw TOML, merged with the typed agents.
+      settings.agents.bash.command = [
+        "/bin/bash"
+        "-c"
+      ];
+      settings.agents.bash.home = [ "shell" ];
     };
   };
   goodEval = eval { extra = good; };
   gc = goodEval.config;
+  configSource = gc.environment.etc."shrooms/config.toml".source;
   unitFields =
     u:
     {
       inherit (u)
         wantedBy
+        wants
+        requires
         before
         after
         partOf
         reloadIfChanged
         script
+        unitConfig
         ;
       reloadTriggers = map toString u.reloadTriggers;
       path = map toString u.path;
       environment = lib.mapAttrs (_: toString) u.environment;
-      serviceConfig = lib.mapAttrs (_: v: if builtins.isList v then map toString v else toString v) u.serviceConfig;
+      serviceConfig = lib.mapAttrs (
+        _: v: if builtins.isList v then map toString v else toString v
+      ) u.serviceConfig;
     };
 
   # name = { extra; expect = a fragment of the assertion message }.
@@ -297,44 +339,58 @@ let
       extra.virtualisation.podman.enable = false;
       expect = "set virtualisation.podman.enable = true";
     };
-    bad-token-name = {
-      extra.services.shrooms.tokens."Anthropic Key" = "/run/secrets/anthropic-api-key";
-      expect = "a token name is 1-63 of a-z 0-9 _ -";
+    token-in-store-via-settings = {
+      extra.services.shrooms.settings.tokens.other = "${builtins.storeDir}/00000000000000000000000000000000-key";
+      expect = "must be an absolute path outside ${builtins.storeDir}";
     };
     outbox-is-state-dir = {
       extra.services.shrooms.outbox.root = "/var/lib/shrooms";
       expect = "is also settings.state.dir";
     };
-    bad-policy = {
-      extra.services.shrooms.settings.network.policy = "open";
-      expect = "is not a policy";
-    };
-    empty-allowlist = {
-      extra.services.shrooms.settings.network.policy = "allowlist";
-      expect = "empty network.allow";
-    };
     world-writable-outbox = {
       extra.services.shrooms.outbox.mode = "0777";
       expect = "lets other users write the outbox root";
-    };
-    unknown-token = {
-      extra.services.shrooms.settings.agents.claude = {
-        command = [ "claude" ];
-        token_env.ANTHROPIC_API_KEY = "missing";
-      };
-      expect = "which services.shrooms.tokens does not define";
-    };
-    bad-home-profile = {
-      extra.services.shrooms.settings.agents.claude = {
-        command = [ "claude" ];
-        home = [ "root" ];
-      };
-      expect = "may only list the HOME profiles";
     };
     subid-count = {
       extra.services.shrooms.subIdRange.count = 1000;
       expect = "must be a multiple of 65536";
     };
+    subid-user-unknown = {
+      extra.services.shrooms.settings.cage.subid_user = "alice";
+      expect = "users.users.alice must exist with subUidRanges and subGidRanges";
+    };
+    subid-user-without-ranges = {
+      extra = {
+        services.shrooms.settings.cage.subid_user = "alice";
+        users.users.alice.isNormalUser = true;
+      };
+      expect = "users.users.alice must exist with subUidRanges and subGidRanges";
+    };
+  };
+
+  # A subid user of the owner's own, with ranges: accepted.
+  ownSubidUser = failed (eval {
+    extra = {
+      services.shrooms.settings.cage.subid_user = "alice";
+      users.users.alice = {
+        isNormalUser = true;
+        subUidRanges = [
+          {
+            startUid = 1879048192;
+            count = 65536;
+          }
+        ];
+        subGidRanges = [
+          {
+            startGid = 1879048192;
+            count = 65536;
+          }
+        ];
+      };
+    };
+  });
+  flushEval = eval {
+    extra = lib.recursiveUpdate good { networking.nftables.flushRuleset = true; };
   };
 
   docList = lib.filter (o: o.visible && !o.internal) (
@@ -355,8 +411,13 @@ in
 {
   good = {
     failedAssertions = failed goodEval;
-    settings = gc.environment.etc."shrooms/config.toml".source.generatedValue;
-    etcSource = toString gc.environment.etc."shrooms/config.toml".source;
+    settings = configSource.env.unchecked.generatedValue;
+    configScript = configSource.script;
+    etcSource = toString configSource;
+    warnings = gc.warnings;
+    firewallInterfaces = gc.networking.firewall.interfaces;
+    extraForwardRules = gc.networking.firewall.extraForwardRules;
+    timers = gc.systemd.timers;
     units = lib.mapAttrs (_: unitFields) gc.systemd.services;
     tmpfiles = gc.systemd.tmpfiles.settings;
     users = lib.mapAttrs (_: u: builtins.removeAttrs u [ ]) gc.users.users;
@@ -367,6 +428,8 @@ in
     podman = gc.virtualisation.podman.enable;
     packages = map toString gc.environment.systemPackages;
   };
+  inherit ownSubidUser;
+  flushWarnings = flushEval.config.warnings;
   # The same with policy "none": no seal unit.
   noneUnits = builtins.attrNames (
     (eval { extra.services.shrooms.settings.network.policy = "none"; }).config.systemd.services

@@ -1,7 +1,9 @@
-# Evaluates services.shrooms without booting anything: a good configuration
-# has no failed assertion and renders a config.toml that the real binary's
-# strict loader accepts; each bad configuration is refused by the assertion
-# that names its problem. Any mismatch aborts the evaluation with a message.
+# Evaluates services.shrooms on the real NixOS module system without booting
+# anything: a good configuration has no failed assertion and no shrooms
+# warning, and its config.toml is built (which runs `shrooms config check` on
+# it); each bad configuration is refused by the assertion that names its
+# problem; a typo in settings fails the config file's build. Any mismatch
+# aborts the evaluation or the build with a message.
 {
   self,
   nixpkgs,
@@ -24,6 +26,7 @@ let
             fsType = "tmpfs";
           };
           system.stateVersion = "26.05";
+          networking.nftables.enable = true;
           services.shrooms.enable = true;
         }
         extra
@@ -40,7 +43,7 @@ let
         "203.0.113.0/24"
       ];
       settings.cage.memory = "8g";
-      settings.agents.claude = {
+      agents.claude = {
         command = [
           "claude"
           "--dangerously-skip-permissions"
@@ -49,11 +52,18 @@ let
           "claude"
           "shell"
         ];
-        token_env.ANTHROPIC_API_KEY = "anthropic";
+        tokenEnv.ANTHROPIC_API_KEY = "anthropic";
       };
     };
   };
   goodConfig = (eval good).config;
+
+  # A key shrooms does not know: the config file must not build.
+  typoConfig =
+    (eval {
+      services.shrooms.settings.netwrok.policy = "none";
+    }).config;
+  typoFile = typoConfig.environment.etc."shrooms/config.toml".source;
 
   # name = { config; expect = a fragment of the assertion message }.
   bad = {
@@ -69,43 +79,21 @@ let
       config.virtualisation.podman.enable = lib.mkForce false;
       expect = "set virtualisation.podman.enable = true";
     };
-    bad-token-name = {
-      config.services.shrooms.tokens."Anthropic Key" = "/run/secrets/anthropic-api-key";
-      expect = "a token name is 1-63 of a-z 0-9 _ -";
-    };
     outbox-is-state-dir = {
       config.services.shrooms.outbox.root = "/var/lib/shrooms";
       expect = "is also settings.state.dir";
-    };
-    bad-policy = {
-      config.services.shrooms.settings.network.policy = "open";
-      expect = "is not a policy";
-    };
-    empty-allowlist = {
-      config.services.shrooms.settings.network.policy = "allowlist";
-      expect = "empty network.allow";
     };
     world-writable-outbox = {
       config.services.shrooms.outbox.mode = "0777";
       expect = "lets other users write the outbox root";
     };
-    unknown-token = {
-      config.services.shrooms.settings.agents.claude = {
-        command = [ "claude" ];
-        token_env.ANTHROPIC_API_KEY = "missing";
-      };
-      expect = "which services.shrooms.tokens does not define";
-    };
-    bad-home-profile = {
-      config.services.shrooms.settings.agents.claude = {
-        command = [ "claude" ];
-        home = [ "root" ];
-      };
-      expect = "may only list the HOME profiles";
-    };
     subid-count = {
       config.services.shrooms.subIdRange.count = 1000;
       expect = "must be a multiple of 65536";
+    };
+    subid-user-unknown = {
+      config.services.shrooms.settings.cage.subid_user = "nosuchuser";
+      expect = "users.users.nosuchuser must exist with subUidRanges and subGidRanges";
     };
   };
 
@@ -113,51 +101,66 @@ let
     name: c:
     let
       msgs = failed c.config;
+      got = builtins.toJSON msgs;
     in
     if lib.any (m: lib.hasInfix c.expect m) msgs then
       name
     else
-      throw "module-eval: ${name}: expected an assertion containing \"${c.expect}\", got ${builtins.toJSON msgs}";
+      throw "module-eval: ${name}: expected an assertion containing \"${c.expect}\", got ${got}";
 
   goodFailed = failed good;
+  shroomsWarnings = lib.filter (lib.hasInfix "services.shrooms") goodConfig.warnings;
   refused = lib.mapAttrsToList checkBad bad;
 in
 if goodFailed != [ ] then
   throw "module-eval: the good configuration fails assertions: ${builtins.toJSON goodFailed}"
+else if shroomsWarnings != [ ] then
+  throw "module-eval: the good configuration warns: ${builtins.toJSON shroomsWarnings}"
 else
   pkgs.runCommand "shrooms-module-eval"
     {
       nativeBuildInputs = [ pkgs.jq ];
       config = goodConfig.environment.etc."shrooms/config.toml".source;
+      typoFailure = pkgs.testers.testBuildFailure typoFile;
       shrooms = lib.getExe goodConfig.services.shrooms.package;
       sealUnit = goodConfig.systemd.units."shrooms-seal.service".unit;
       imageUnit = goodConfig.systemd.units."shrooms-image.service".unit;
+      nftUnit = goodConfig.systemd.units."nftables.service".unit;
+      timerUnit = goodConfig.systemd.units."shrooms-gc.timer".unit;
       subuid = builtins.toJSON goodConfig.users.users.shrooms.subUidRanges;
       tmpfiles = builtins.toJSON goodConfig.systemd.tmpfiles.settings."10-shrooms";
+      kernelModules = toString goodConfig.boot.kernelModules;
       refused = lib.concatStringsSep " " refused;
     }
     ''
       set -euo pipefail
       echo "refused as expected: $refused"
       cat "$config"
-      # The real binary's strict loader: exit 121 means a config error. In
-      # the build sandbox there is no podman, subuid file or nftables, so
-      # doctor itself exits 122 (host not ready) after loading the config.
-      rc=0
-      "$shrooms" --config "$config" --json doctor > doctor.json || rc=$?
-      cat doctor.json
-      if [ "$rc" = 121 ]; then
-        echo "the generated config.toml is refused by shrooms" >&2
-        exit 1
-      fi
-      jq -e '.findings[] | select(.check == "config" and .status == "ok")' doctor.json
+      # Built, so `shrooms config check` accepted it; the CLI agrees again.
+      "$shrooms" --json config check "$config" | jq -e '.ok'
+      grep -q 'unknown key' "$typoFailure/testBuildFailure.log"
       grep -q '^policy = "allowlist"' "$config"
       grep -q '^anthropic = "/run/secrets/anthropic-api-key"' "$config"
-      grep -q 'net apply' "$sealUnit/shrooms-seal.service"
-      grep -q 'ExecStop=.*net flush' "$sealUnit/shrooms-seal.service"
-      grep -q 'After=.*nftables.service' "$sealUnit/shrooms-seal.service"
-      grep -q 'podman load' "$imageUnit/shrooms-image.service" || grep -q 'ExecStart=' "$imageUnit/shrooms-image.service"
+      grep -q '^ANTHROPIC_API_KEY = "anthropic"' "$config"
+      seal="$sealUnit/shrooms-seal.service"
+      cat "$seal"
+      grep -q 'ExecStart=.*net apply --seal-only' "$seal"
+      grep -q 'ExecReload=.*net apply --seal-only' "$seal"
+      grep -q 'ExecStop=.*net flush' "$seal"
+      grep -q '^DefaultDependencies=false' "$seal"
+      grep -q '^ReloadPropagatedFrom=nftables.service' "$seal"
+      grep -q '^After=.*nftables.service' "$seal"
+      grep -q '^Before=.*podman.socket' "$seal"
+      if grep -q '^PartOf=' "$seal"; then
+        echo "shrooms-seal must not be PartOf= anything (its stop flushes the seal)" >&2
+        exit 1
+      fi
+      grep -q 'try-reload-or-restart shrooms-seal.service' "$nftUnit/nftables.service"
+      grep -q 'podman --remote' "$imageUnit/shrooms-image.service" \
+        || grep -rq 'podman --remote' "$(sed -n 's/^ExecStart=//p' "$imageUnit/shrooms-image.service")"
+      grep -q '^OnCalendar=hourly' "$timerUnit/shrooms-gc.timer"
       echo "$subuid" | jq -e '.[0].startUid == 1879048192 and .[0].count == 268435456'
       echo "$tmpfiles" | jq -e '."/var/lib/shrooms/outbox".d.mode == "0750"'
+      case " $kernelModules " in *" overlay "*) ;; *) echo "overlay not loaded" >&2; exit 1 ;; esac
       touch "$out"
     ''

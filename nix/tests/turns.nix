@@ -12,7 +12,7 @@ in
   nodes = {
     internet = common.internet;
     router = common.router;
-    host = common.host { };
+    host = common.host { firewall = true; };
   };
 
   testScript = ''
@@ -63,6 +63,18 @@ in
     with subtest("another task's HOME is its own"):
         out = turn("other", "cat ~/.claude/projects/p/s1.jsonl 2>/dev/null || echo no-session")
         assert "no-session" in out, out
+
+    with subtest("through the NixOS firewall: cage DNS reaches aardvark, cage traffic is forwarded"):
+        host.succeed("nft list chain inet nixos-fw forward-allow | grep -q shrooms0")
+        # bash resolves the name with getaddrinfo: the query goes to
+        # aardvark-dns on the bridge, which forwards it to the internet
+        # node's DNS canary (NXDOMAIN); the canary logs the name.
+        turn("dns", "exec 3<>/dev/tcp/vmdns-turns.example/80 || true")
+        internet.wait_until_succeeds(
+            "journalctl -u canary.service -o cat --no-pager | grep -q vmdns-turns", timeout=30
+        )
+        out = turn("fwd", "exec 3<>/dev/tcp/203.0.113.10/80 && printf 'GET /vmfwd HTTP/1.0\\r\\n\\r\\n' >&3 && timeout 5 cat <&3")
+        assert "canary internet" in out, out
 
     with subtest("the image's agent CLIs start in a cage"):
         out = turn("versions", "claude --version && opencode --version && git --version")

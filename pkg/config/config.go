@@ -16,14 +16,15 @@ import (
 // Config is the whole of shrooms' configuration. Load fills every field that
 // has a safe default, so a config file is optional.
 type Config struct {
-	Podman  Podman            `toml:"podman"`
-	State   State             `toml:"state"`
-	Cage    Cage              `toml:"cage"`
-	Network Network           `toml:"network"`
-	Home    Home              `toml:"home"`
-	Outbox  Outbox            `toml:"outbox"`
-	Tokens  map[string]string `toml:"tokens"`
-	Agents  map[string]Agent  `toml:"agents"`
+	Podman  Podman             `toml:"podman"`
+	State   State              `toml:"state"`
+	Cage    Cage               `toml:"cage"`
+	Network Network            `toml:"network"`
+	Home    Home               `toml:"home"`
+	Outbox  Outbox             `toml:"outbox"`
+	Tokens  map[string]string  `toml:"tokens"`
+	Gateway map[string]Gateway `toml:"gateway"`
+	Agents  map[string]Agent   `toml:"agents"`
 
 	// Source is the file the config was read from, "" for built-in defaults.
 	Source string `toml:"-"`
@@ -55,6 +56,10 @@ type Agent struct {
 	TokenEnv map[string]string `toml:"token_env"`
 	// Image overrides cage.image for this agent.
 	Image string `toml:"image"`
+	// Gateway names a [gateway.NAME] provider: the agent's model requests
+	// go through shrooms' per-turn gateway and the cage gets a placeholder
+	// instead of the key (the recommended mode; token_env is the weaker one).
+	Gateway string `toml:"gateway"`
 }
 
 // HomeProfiles are the profile names an agent's home list may use.

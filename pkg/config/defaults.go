@@ -28,6 +28,7 @@ func Default() *Config {
 		Home:    defaultHome(),
 		Outbox:  defaultOutbox(),
 		Tokens:  map[string]string{},
+		Gateway: map[string]Gateway{},
 		Agents: map[string]Agent{
 			"claude": {
 				Command:  []string{"claude", "--dangerously-skip-permissions"},

@@ -42,6 +42,9 @@ func (c *Config) Validate() error {
 			return &Error{Key: "tokens." + name, Msg: fmt.Sprintf("%q must be an absolute path", path)}
 		}
 	}
+	if err := c.validateGateways(); err != nil {
+		return err
+	}
 	if len(c.Agents) == 0 {
 		return &Error{Key: "agents", Msg: "no agent configured"}
 	}
@@ -98,6 +101,9 @@ func (c *Config) validateAgent(name string, a Agent) error {
 		if _, ok := c.Tokens[tok]; !ok {
 			return &Error{Key: key + ".token_env." + k, Msg: fmt.Sprintf("names token %q, which [tokens] does not define", tok)}
 		}
+	}
+	if err := c.validateAgentGateway(key, a); err != nil {
+		return err
 	}
 	if a.Image != "" && strings.ContainsAny(a.Image, " \t\n") {
 		return &Error{Key: key + ".image", Msg: "is not an image reference"}

@@ -61,6 +61,19 @@ var opencodeEnforced = map[string]any{
 // The shell profile has no managed policy. Files are world-readable (the
 // cage user must read them) and replaced atomically.
 func WritePolicy(dir string, cfg *config.Config, profiles []string) ([]PolicyMount, error) {
+	return WritePolicyWith(dir, cfg, profiles, PolicyGateway{})
+}
+
+// PolicyGateway is what the managed policy must pin when the turn's model
+// requests go through shrooms' gateway.
+type PolicyGateway struct {
+	// AnthropicBaseURL, when set, is pinned as opencode's anthropic provider
+	// base URL (Claude Code takes ANTHROPIC_BASE_URL from the environment).
+	AnthropicBaseURL string
+}
+
+// WritePolicyWith is WritePolicy with the gateway's settings pinned too.
+func WritePolicyWith(dir string, cfg *config.Config, profiles []string, gw PolicyGateway) ([]PolicyMount, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("policy directory %q must be absolute", dir)
 	}
@@ -77,7 +90,12 @@ func WritePolicy(dir string, cfg *config.Config, profiles []string) ([]PolicyMou
 			files = map[string]any{"managed-settings.json": settings, "managed-mcp.json": map[string]any{"mcpServers": map[string]any{}}}
 			sub, dest = "claude-code", "/etc/claude-code"
 		case "opencode":
-			oc, err := merge(opencodeEnforced, cfg.Home.Opencode.Managed, "home.opencode.managed")
+			enforced := opencodeEnforced
+			if gw.AnthropicBaseURL != "" {
+				enforced = maps.Clone(opencodeEnforced)
+				enforced["provider"] = map[string]any{"anthropic": map[string]any{"options": map[string]any{"baseURL": gw.AnthropicBaseURL + "/v1"}}}
+			}
+			oc, err := merge(enforced, cfg.Home.Opencode.Managed, "home.opencode.managed")
 			if err != nil {
 				return nil, err
 			}

@@ -406,6 +406,21 @@ func (c *Client) Init(ctx context.Context, id string) error {
 	return nil
 }
 
+// Pid returns the host pid of an initialised or running container's
+// process (its namespaces are reachable under /proc/PID/ns).
+func (c *Client) Pid(ctx context.Context, id string) (int, error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	data, err := containers.Inspect(cctx, id, new(containers.InspectOptions).WithSize(false))
+	if err != nil {
+		return 0, fmt.Errorf("inspect cage: %s", oneLine(err))
+	}
+	if data.State == nil || data.State.Pid <= 0 {
+		return 0, fmt.Errorf("inspect cage: it has no process (state %v)", data.State)
+	}
+	return data.State.Pid, nil
+}
+
 // ExitCode returns the exit code of a container whose process has ended,
 // or ok false while it still runs. Inspecting makes podman read the
 // runtime's exit file at once, where Wait polls only every 250 ms.

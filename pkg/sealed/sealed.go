@@ -38,6 +38,9 @@ const (
 	// LabelState names the state directory of the shrooms that made the
 	// cage, so that gc and leftover removal only touch their own cages.
 	LabelState = "io.shrooms.state"
+	// LabelWorktreeGuard is the digest of the worktree's guarded config the
+	// cage was planned against.
+	LabelWorktreeGuard = "io.shrooms.worktree-guard"
 )
 
 // StateLabel is the value of LabelState for a state directory.
@@ -79,6 +82,12 @@ type Turn struct {
 	// DeadlineSeconds bounds the cage's life even if shrooms dies: podman
 	// kills it after this long.
 	DeadlineSeconds uint
+	// Env is set by shrooms over the agent's own environment (e.g. the
+	// switches that make an agent ignore untrusted project config).
+	Env map[string]string
+	// WorktreeGuard identifies the worktree's guarded config state (label
+	// LabelWorktreeGuard), so a prepared cage never runs on a changed one.
+	WorktreeGuard string
 }
 
 // Name is the cage's container name for a task's turn.
@@ -112,6 +121,9 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	}
 	s.Command = append(append([]string{}, command...), t.Args...)
 	s.Env = environment(agent)
+	for k, v := range t.Env {
+		s.Env[k] = v
+	}
 	s.EnvSecrets = copyMap(t.SecretEnv)
 	s.Terminal = &no
 	s.Stdin = &t.Stdin
@@ -121,6 +133,9 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 		LabelTurn:    strconv.Itoa(t.Number),
 		LabelAgent:   t.Agent,
 		LabelState:   StateLabel(cfg.State.Dir),
+	}
+	if t.WorktreeGuard != "" {
+		s.Labels[LabelWorktreeGuard] = t.WorktreeGuard
 	}
 	stopSignal := syscall.SIGTERM
 	s.StopSignal = &stopSignal

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
@@ -40,8 +41,24 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 	c.lap("create")
 
 	deadline := r.timeout(req)
-	waitCtx, cancel := context.WithTimeout(ctx, deadline)
+	timeoutCtx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
+	// A gateway limit ends the turn like its deadline does, with its cause.
+	waitCtx, cancelWait := context.WithCancelCause(timeoutCtx)
+	defer cancelWait(nil)
+	if p.gateway != nil {
+		gw, err := r.startGateway(ctx, id, preparedID != "", p.gateway, func(reason string) { cancelWait(&limitError{reason}) })
+		if err != nil {
+			res.Error = err.Error()
+			return res, r.interrupted(ctx, err)
+		}
+		defer func() {
+			gw.Close()
+			u := gw.Usage()
+			res.Usage = &u
+		}()
+		c.lap("gateway")
+	}
 	attachEnded, err := r.Podman.Start(waitCtx, id, req.Streams)
 	if err != nil {
 		return res, r.stopped(ctx, waitCtx, id, res, err, deadline)
@@ -102,7 +119,12 @@ func (r *Runner) stopped(ctx, waitCtx context.Context, id string, res *Result, c
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	_ = r.Podman.Stop(stopCtx, id, r.Cfg.Cage.StopGrace.Std())
+	var limit *limitError
 	switch {
+	case errors.As(context.Cause(waitCtx), &limit):
+		res.Status = "limit"
+		res.Error = "the model gateway ended the turn: " + limit.reason + "; cage stopped and removed"
+		return fmt.Errorf("%w: %s", ErrLimit, limit.reason)
 	case ctx.Err() != nil:
 		res.Status = "interrupted"
 		res.Error = "interrupted; cage stopped and removed"
@@ -114,6 +136,41 @@ func (r *Runner) stopped(ctx, waitCtx context.Context, id string, res *Result, c
 	}
 	res.Error = cause.Error()
 	return fmt.Errorf("%w: %v", ErrHostNotReady, cause)
+}
+
+// ErrLimit is a turn ended by a per-turn model usage limit.
+var ErrLimit = errors.New("model usage limit reached")
+
+type limitError struct{ reason string }
+
+func (e *limitError) Error() string { return e.reason }
+
+// startGateway opens the turn's model gateway on the cage's own loopback:
+// the cage is initialised first (a prepared one already is), so its network
+// namespace exists and no process of it runs yet. The listener is this
+// process's: it goes when the turn ends, or with shrooms if it is killed.
+func (r *Runner) startGateway(ctx context.Context, id string, initialised bool, cfg *gateway.Config, onLimit func(string)) (*gateway.Gateway, error) {
+	if !initialised {
+		if err := r.Podman.Init(ctx, id); err != nil {
+			return nil, err
+		}
+	}
+	pid, err := r.Podman.Pid(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	c := *cfg
+	c.OnLimit = onLimit
+	gw, err := gateway.New(c)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := gateway.ListenInNetNS(fmt.Sprintf("/proc/%d/ns/net", pid), fmt.Sprintf("127.0.0.1:%d", gateway.Port))
+	if err != nil {
+		return nil, err
+	}
+	gw.Serve(ln)
+	return gw, nil
 }
 
 func (r *Runner) interrupted(ctx context.Context, err error) error {

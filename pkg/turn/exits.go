@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
 )
 
 // ErrUnknownTask is a task shrooms has no state of.
@@ -82,10 +85,24 @@ func (r *Runner) ReleaseOutbox(task string) error {
 	})
 }
 
+// CommitResult is what Commit did.
+type CommitResult struct {
+	Task string `json:"task"`
+	// Commit is the new commit id ("" when there was nothing to commit).
+	Commit string `json:"commit"`
+	// AgentConfig are the guarded paths that differ from the owner's trusted
+	// version; Accepted those --allow-agent-config named (now trusted).
+	AgentConfig []worktreeguard.Change `json:"agentConfig"`
+	Accepted    []string               `json:"accepted"`
+}
+
 // Commit commits the task's worktree on the host in a sealed git
-// environment, under the task lock so the cage cannot race it.
-func (r *Runner) Commit(ctx context.Context, task, message string, author gitseal.Author) (string, error) {
-	var id string
+// environment, under the task lock so the cage cannot race it. Agent
+// config that a turn added or changed (worktreeguard) is the next thing the
+// owner's repository would run: the commit is refused unless every such
+// path is named in allow, and the named ones become trusted.
+func (r *Runner) Commit(ctx context.Context, task, message string, author gitseal.Author, allow []string) (*CommitResult, error) {
+	res := &CommitResult{Task: task, AgentConfig: []worktreeguard.Change{}, Accepted: []string{}}
 	err := r.withTask(task, func() error {
 		wt, err := r.Store.Recall(task, taskstate.FactWorktree)
 		if err != nil {
@@ -94,13 +111,121 @@ func (r *Runner) Commit(ctx context.Context, task, message string, author gitsea
 		if wt == "" {
 			return fmt.Errorf("%w: task %q has no worktree (run it with --worktree)", ErrInput, task)
 		}
-		id, err = gitseal.Commit(ctx, wt, message, author)
+		store := r.TrustStore(task)
+		m, err := store.Load()
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+		if m == nil {
+			return fmt.Errorf("%w: task %q has no trusted record of its worktree's agent config; review %s and run `shrooms trust --task %s` first", ErrInput, task, wt, task)
+		}
+		check, err := store.Guard(ctx, wt, m)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrInput, err)
+		}
+		res.AgentConfig = check.Changes
+		if err := acceptAgentConfig(check.Changes, allow); err != nil {
+			return err
+		}
+		id, err := gitseal.Commit(ctx, wt, message, author)
 		if err != nil && !errors.Is(err, gitseal.ErrNothingToCommit) {
 			return fmt.Errorf("%w: %v", ErrInput, err)
 		}
+		res.Commit = id
+		if len(allow) > 0 {
+			if _, terr := store.Trust(ctx, wt, allow); terr != nil {
+				return fmt.Errorf("%w: committed %s, but trusting %v failed: %v", ErrHostNotReady, id, allow, terr)
+			}
+			res.Accepted = append(res.Accepted, allow...)
+		}
 		return err
 	})
-	return id, err
+	return res, err
+}
+
+// acceptAgentConfig refuses unless allow names every added or changed
+// guarded path, and names nothing else.
+func acceptAgentConfig(changes []worktreeguard.Change, allow []string) error {
+	named := map[string]bool{}
+	for _, p := range allow {
+		named[p] = true
+	}
+	var pending []string
+	for _, c := range changes {
+		if c.Change == "deleted" {
+			delete(named, c.Path)
+			continue
+		}
+		if named[c.Path] {
+			delete(named, c.Path)
+			continue
+		}
+		pending = append(pending, fmt.Sprintf("%s (%s: %s)", c.Path, c.Change, c.Why))
+	}
+	if len(pending) > 0 {
+		return fmt.Errorf("%w: %w: %s; review them and name each with --allow-agent-config PATH to commit", ErrInput, ErrAgentConfig, strings.Join(pending, ", "))
+	}
+	for p := range named {
+		return fmt.Errorf("%w: --allow-agent-config %q names no changed agent config", ErrInput, p)
+	}
+	return nil
+}
+
+// ErrAgentConfig is a commit refused because of untrusted agent config.
+var ErrAgentConfig = errors.New("the worktree has agent config the owner has not trusted")
+
+// TrustResult is what Trust did.
+type TrustResult struct {
+	Task string `json:"task"`
+	*worktreeguard.TrustResult
+	// Changes are what differed from the trusted version before.
+	Changes []worktreeguard.Change `json:"changes"`
+}
+
+// Trust records the worktree's agent config (all of it, or the given
+// worktree-relative paths) as the owner's trusted version, so later turns
+// no longer mask it. worktree "" means the task's remembered worktree.
+func (r *Runner) Trust(ctx context.Context, task, worktree string, paths []string) (*TrustResult, error) {
+	if err := mounts.ValidateTaskID(task); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	for _, p := range paths {
+		if p == "" || strings.HasPrefix(p, "/") || p != filepath.ToSlash(filepath.Clean(p)) || strings.HasPrefix(p, "../") || p == ".." {
+			return nil, fmt.Errorf("%w: %q is not a clean worktree-relative path", ErrInput, p)
+		}
+	}
+	res := &TrustResult{Task: task, Changes: []worktreeguard.Change{}}
+	err := r.withTask(task, func() error {
+		if worktree == "" {
+			var err error
+			if worktree, err = r.Store.Recall(task, taskstate.FactWorktree); err != nil {
+				return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			}
+			if worktree == "" {
+				return fmt.Errorf("%w: task %q has no worktree; pass --worktree", ErrInput, task)
+			}
+		}
+		wt, err := r.checkWorktree(worktree)
+		if err != nil {
+			return err
+		}
+		store := r.TrustStore(task)
+		if m, err := store.Load(); err == nil && m != nil && m.Worktree == wt {
+			if c, err := store.Guard(ctx, wt, m); err == nil {
+				res.Changes = c.Changes
+			}
+		}
+		tr, err := store.Trust(ctx, wt, paths)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrInput, err)
+		}
+		res.TrustResult = tr
+		if err := r.Store.Remember(task, taskstate.FactWorktree, wt); err != nil {
+			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+		return nil
+	})
+	return res, err
 }
 
 // Reset resets the task HOME now (or, with dryRun, reports what a reset

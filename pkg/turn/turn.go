@@ -6,10 +6,12 @@
 package turn
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -19,6 +21,7 @@ import (
 	"github.com/containers/podman/v5/pkg/specgen"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
@@ -27,6 +30,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
 )
 
 // Kinds of failure, so the CLI can map them to distinct exit codes.
@@ -112,6 +116,11 @@ type Result struct {
 	Prepared bool `json:"prepared"`
 	// Reset is the HOME reset's report for this turn.
 	Reset *homereset.Report `json:"reset,omitempty"`
+	// WorktreeGuard says which agent config in the worktree differed from
+	// the owner's trusted version and was masked in the cage.
+	WorktreeGuard *worktreeguard.Check `json:"worktreeGuard,omitempty"`
+	// Usage is what the agent asked of its model through the gateway.
+	Usage *gateway.Usage `json:"usage,omitempty"`
 }
 
 type clock struct {
@@ -165,6 +174,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (*Result, error) {
 	res.Prepared = preparedID != ""
 	res.Turn = prep.turn
 	res.Reset = prep.reset
+	res.WorktreeGuard = prep.guard
 	c.lap("prepare")
 
 	if r.OnSpec != nil && preparedID == "" {
@@ -193,6 +203,17 @@ type checked struct {
 	tokens   map[string][]byte
 	worktree string   // cleaned; "" for none
 	hosts    []string // allowlisted "name:address" entries for /etc/hosts
+	// gateway is the agent's model gateway, nil when it has none.
+	gateway *gatewayPlan
+}
+
+// gatewayPlan is what check learnt about an agent's gateway.
+type gatewayPlan struct {
+	name     string
+	cfg      config.Gateway
+	upstream *url.URL
+	key      []byte // the real credential: host memory only
+	oauth    *gateway.OAuth
 }
 
 // check validates the request and the host without changing anything: input
@@ -215,10 +236,12 @@ func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, er
 		return nil, fmt.Errorf("%w: %v", ErrInput, err)
 	}
 	in := &checked{agent: agent, tokens: tokens}
+	if in.gateway, err = r.checkGateway(ctx, agent, dry); err != nil {
+		return nil, err
+	}
 	if req.Worktree != "" {
-		forbidden := []string{cfg.State.Dir, cfg.Outbox.Root, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://"))}
-		if in.worktree, err = mounts.CheckHostDir(req.Worktree, "worktree", forbidden); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		if in.worktree, err = r.checkWorktree(req.Worktree); err != nil {
+			return nil, err
 		}
 	}
 	if cfg.Network.Networked() {
@@ -238,6 +261,55 @@ func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, er
 	return in, nil
 }
 
+// checkGateway reads the real key of the agent's gateway (it stays in this
+// process) and, unless dry, checks that its upstream accepts connections.
+func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, dry bool) (*gatewayPlan, error) {
+	if agent.Gateway == "" {
+		return nil, nil
+	}
+	g, ok := r.Cfg.Gateway[agent.Gateway]
+	if !ok {
+		return nil, fmt.Errorf("%w: unknown gateway %q", ErrInput, agent.Gateway)
+	}
+	u, err := url.Parse(g.Upstream)
+	if err != nil {
+		return nil, fmt.Errorf("%w: gateway %s: upstream: %v", ErrInput, agent.Gateway, err)
+	}
+	plan := &gatewayPlan{name: agent.Gateway, cfg: g, upstream: u}
+	if g.Auth == "oauth" {
+		// The account's tokens live in the state dir (seeded from the token
+		// file at the first turn); only the seed file is checked here.
+		if err := mounts.CheckHostFile(r.Cfg.Tokens[g.Token], "token "+g.Token); err != nil {
+			return nil, fmt.Errorf("%w: gateway %s: %v", ErrInput, agent.Gateway, err)
+		}
+		plan.oauth = &gateway.OAuth{
+			Path:     filepath.Join(r.Cfg.State.Dir, "gateway", agent.Gateway, "credentials.json"),
+			Seed:     r.Cfg.Tokens[g.Token],
+			TokenURL: cmp.Or(g.TokenURL, gateway.DefaultTokenURL),
+			ClientID: cmp.Or(g.ClientID, gateway.DefaultClientID),
+		}
+	} else if plan.key, err = readToken(r.Cfg, g.Token); err != nil {
+		return nil, fmt.Errorf("%w: gateway %s: %v", ErrInput, agent.Gateway, err)
+	}
+	if !dry {
+		if err := gateway.Preflight(ctx, u); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+	}
+	return plan, nil
+}
+
+// checkWorktree validates a worktree path and returns it cleaned.
+func (r *Runner) checkWorktree(path string) (string, error) {
+	cfg := r.Cfg
+	forbidden := []string{cfg.State.Dir, cfg.Outbox.Root, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://"))}
+	wt, err := mounts.CheckHostDir(path, "worktree", forbidden)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	return wt, nil
+}
+
 type prepared struct {
 	// argv is a prepared cage's command line, handed over at its run.
 	argv []string
@@ -249,6 +321,10 @@ type prepared struct {
 	ids     taskstate.IDs
 	root    string // the HOME volume's host directory
 	reset   *homereset.Report
+	guard   *worktreeguard.Check
+	// gateway is the turn's model gateway configuration, its placeholder
+	// included (nil without one); execute starts it in the cage's netns.
+	gateway *gateway.Config
 }
 
 // prepare lays out the cage's host side and computes its spec. With commit
@@ -289,7 +365,11 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		if p.reset, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.homeTask(p.root, ids, in.agent.Home)}); err != nil {
 			return nil, fmt.Errorf("%w: HOME reset failed, the turn does not start: %v", ErrHostNotReady, err)
 		}
-		if policy, err = homereset.WritePolicy(filepath.Join(taskDir, "policy"), cfg, in.agent.Home); err != nil {
+		var pg homereset.PolicyGateway
+		if in.gateway != nil {
+			pg.AnthropicBaseURL = gateway.BaseURL()
+		}
+		if policy, err = homereset.WritePolicyWith(filepath.Join(taskDir, "policy"), cfg, in.agent.Home, pg); err != nil {
 			return nil, fmt.Errorf("%w: managed policy: %v", ErrHostNotReady, err)
 		}
 		if outboxDir, err = outbox.Prepare(cfg.Outbox.Root, req.Task, agentUID, agentGID, outbox.LimitsFrom(cfg.Outbox)); err != nil {
@@ -328,6 +408,48 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		plan.Mounts = append(plan.Mounts, mounts.Mount{Kind: mounts.Bind, Source: m.Source, Dest: m.Dest, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
 	}
 	plan.Mounts = append(plan.Mounts, gitMounts...)
+	if p.guard, err = r.guardWorktree(ctx, req.Task, in.worktree, commit); err != nil {
+		return nil, err
+	}
+	shroomsEnv := map[string]string{}
+	guardDigest := ""
+	if p.guard != nil {
+		plan.Mounts = append(plan.Mounts, p.guard.Mounts...)
+		guardDigest = p.guard.Digest
+	}
+	if in.gateway != nil {
+		ph, err := r.placeholder(taskDir, commit, ahead)
+		if err != nil {
+			return nil, err
+		}
+		p.gateway = &gateway.Config{
+			API: in.gateway.cfg.API, Upstream: in.gateway.upstream, Key: in.gateway.key, OAuth: in.gateway.oauth, Placeholder: ph,
+			MaxRequests: in.gateway.cfg.MaxRequests, MaxOutputTokens: in.gateway.cfg.MaxOutputTokens,
+		}
+		// The agent talks to the gateway on its own loopback, with a
+		// placeholder that is worthless anywhere else.
+		shroomsEnv["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
+		if in.gateway.oauth == nil {
+			shroomsEnv["ANTHROPIC_API_KEY"] = ph
+		} else if commit {
+			// A subscription sign-in: the cage's .credentials.json holds the
+			// placeholder as its access token, no refresh token, and an
+			// expiry the agent never reaches.
+			creds, err := in.gateway.oauth.CageCredentials(ctx, ph)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %v", ErrInput, err)
+			}
+			if err := homereset.PlaceFile(p.root, ".claude/.credentials.json", creds, 0o600, agentUID, agentGID); err != nil {
+				return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			}
+		}
+	}
+	if p.guard == nil || !p.guard.OpencodeProjectConfig {
+		// Second wall behind the masks: opencode skips project config
+		// (opencode.json, .opencode/, AGENTS.md) unless the owner trusted
+		// some and all of it is unchanged.
+		shroomsEnv["OPENCODE_DISABLE_PROJECT_CONFIG"] = "1"
+	}
 	plan.Mounts = append(plan.Mounts, req.ExtraMounts...)
 	command, args := req.Command, req.Args
 	if ahead {
@@ -380,6 +502,8 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		HostEntries:     in.hosts,
 		SeccompPath:     seccompPath,
 		DeadlineSeconds: uint(timeout.Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
+		Env:             shroomsEnv,
+		WorktreeGuard:   guardDigest,
 	})
 	if err != nil {
 		return nil, err
@@ -410,6 +534,42 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		return nil, err
 	}
 	return p, nil
+}
+
+// TrustStore is the task's store of trusted worktree config.
+func (r *Runner) TrustStore(task string) worktreeguard.Store {
+	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
+}
+
+// guardWorktree compares the worktree's agent config with what the owner
+// trusted and plans the masks (nil without a worktree). With commit, a task
+// that has no trusted record yet records the worktree as it is now: the
+// first turn sees the owner's worktree before any cage wrote to it.
+func (r *Runner) guardWorktree(ctx context.Context, task, worktree string, commit bool) (*worktreeguard.Check, error) {
+	if worktree == "" {
+		return nil, nil
+	}
+	store := r.TrustStore(task)
+	m, err := store.Load()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	recorded := false
+	if m == nil && commit {
+		if _, err := store.Trust(ctx, worktree, nil); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		}
+		if m, err = store.Load(); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+		recorded = true
+	}
+	c, err := store.Guard(ctx, worktree, m)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	}
+	c.Recorded = recorded
+	return c, nil
 }
 
 // countTurn records that the task's next turn starts now.
@@ -444,6 +604,54 @@ func (r *Runner) timeout(req Request) time.Duration {
 // SecretName is the podman secret that carries a task's token.
 func SecretName(task, token string) string { return "shrooms-" + task + "-" + token }
 
+// placeholderFile holds a prepared cage's gateway placeholder (root-only):
+// the cage's environment was fixed when it was created ahead of its turn.
+const placeholderFile = "gateway-placeholder"
+
+// placeholder returns the turn's gateway placeholder: a fresh one for a
+// turn that starts now, the stored one for a prepared cage, a marker for
+// `spec` (which changes nothing).
+func (r *Runner) placeholder(taskDir string, commit, ahead bool) (string, error) {
+	path := filepath.Join(taskDir, placeholderFile)
+	switch {
+	case ahead && !commit:
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return "", nil // no prepared placeholder: the prepared cage will not match
+		}
+		return string(b), nil
+	case commit:
+		ph, err := gateway.NewPlaceholder()
+		if err != nil {
+			return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
+		if ahead {
+			if err := os.WriteFile(path, []byte(ph), 0o600); err != nil {
+				return "", fmt.Errorf("%w: gateway placeholder: %v", ErrHostNotReady, err)
+			}
+		}
+		return ph, nil
+	}
+	return "sk-ant-shrooms-placeholder-(a new one every turn)", nil
+}
+
+// readToken reads one token file; its contents are never named in errors.
+func readToken(cfg *config.Config, tok string) ([]byte, error) {
+	path := cfg.Tokens[tok]
+	if err := mounts.CheckHostFile(path, "token "+tok); err != nil {
+		return nil, err
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("token %s: cannot read %s", tok, path)
+	}
+	v := strings.TrimRight(string(b), "\r\n")
+	if v == "" || len(v) > 64<<10 || strings.ContainsRune(v, 0) || strings.ContainsAny(v, "\r\n") {
+		return nil, fmt.Errorf("token %s: %s is empty, over 64 KiB, binary or more than one line", tok, path)
+	}
+	return []byte(v), nil
+}
+
 // readTokens reads the tokens an agent uses; a missing or unreadable file is
 // named, its contents never are.
 func readTokens(cfg *config.Config, agent config.Agent) (map[string][]byte, error) {
@@ -454,19 +662,11 @@ func readTokens(cfg *config.Config, agent config.Agent) (map[string][]byte, erro
 	}
 	sort.Strings(names)
 	for _, tok := range names {
-		path := cfg.Tokens[tok]
-		if err := mounts.CheckHostFile(path, "token "+tok); err != nil {
+		v, err := readToken(cfg, tok)
+		if err != nil {
 			return nil, err
 		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("token %s: cannot read %s", tok, path)
-		}
-		v := strings.TrimRight(string(b), "\r\n")
-		if v == "" || len(v) > 64<<10 || strings.ContainsRune(v, 0) {
-			return nil, fmt.Errorf("token %s: %s is empty, over 64 KiB or binary", tok, path)
-		}
-		out[tok] = []byte(v)
+		out[tok] = v
 	}
 	return out, nil
 }

@@ -147,7 +147,7 @@ func TestClaudePersistenceDoesNotSurviveTurn(t *testing.T) {
 	// Turn 2 under shrooms.
 	before = len(e.api.Scripted())
 	e.api.Append(second...)
-	out, rep2, took2 := e.turnJSON("claude", "-p", "--output-format", "json", "--resume", r1.SessionID, "continue "+nonce)
+	out, rep2, took2 := e.turnReset("claude", "-p", "--output-format", "json", "--resume", r1.SessionID, "continue "+nonce)
 	r2 := parseClaude(t, out)
 	assert.Assert(t, !r2.IsError, out)
 	assert.Equal(t, r2.Result, "resumed "+nonce)

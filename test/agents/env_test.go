@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,6 +60,28 @@ type env struct {
 // ANTHROPIC_BASE_URL, seals the network and returns the environment.
 func newEnv(t testing.TB) *env {
 	t.Helper()
+	return newEnvWith(t, envOptions{})
+}
+
+// envOptions vary the environment's config.
+type envOptions struct {
+	// gateway routes both agents' model requests through shrooms' gateway
+	// ([gateway.anthropic], upstream the model API) instead of handing them
+	// the key (token_env).
+	gateway bool
+	// policy overrides network.policy ("internet").
+	policy string
+	// gatewayExtra is added to the [gateway.anthropic] table.
+	gatewayExtra string
+	// signin, when set, is a Claude Code .credentials.json: the gateway
+	// signs in with it (auth = "oauth") instead of the API key.
+	signin []byte
+	// tokenHandler serves the OAuth token endpoint on the internet host.
+	tokenHandler http.Handler
+}
+
+func newEnvWith(t testing.TB, o envOptions) *env {
+	t.Helper()
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	if out, err := exec.Command("podman", "--url", itest.Socket(), "image", "exists", agentImage).CombinedOutput(); err != nil {
 		t.Fatalf("agent image %s is missing (run `make setup`, which runs scripts/build-agent-image.sh): %v %s", agentImage, err, out)
@@ -81,11 +104,49 @@ func newEnv(t testing.TB) *env {
 		for k, v := range a.Env {
 			env[k] = v
 		}
+		if o.gateway && (o.signin == nil || name == "claude") {
+			fmt.Fprintf(&agents, "[agents.%s]\ncommand = %s\nhome = %s\nenv = %s\ngateway = \"anthropic\"\n",
+				name, tomlList(a.Command), tomlList(a.Home), tomlTable(env))
+			continue
+		}
+		// The weaker mode (the key in the cage's environment), which the
+		// persistence tests run under; the gateway tests use the other.
 		if name == "claude" {
 			env["ANTHROPIC_BASE_URL"] = e.apiURL
 		}
 		fmt.Fprintf(&agents, "[agents.%s]\ncommand = %s\nhome = %s\nenv = %s\ntoken_env = %s\n",
-			name, tomlList(a.Command), tomlList(a.Home), tomlTable(env), tomlTable(a.TokenEnv))
+			name, tomlList(a.Command), tomlList(a.Home), tomlTable(env), tomlTable(map[string]string{"ANTHROPIC_API_KEY": "anthropic"}))
+	}
+	// More of [tokens] (the agents' tables follow it in the config).
+	moreTokens := ""
+	gatewayAuth := ""
+	if o.signin != nil {
+		seedFile := filepath.Join(e.dir, "claude-signin.json")
+		assert.NilError(t, os.WriteFile(seedFile, o.signin, 0o600))
+		moreTokens = fmt.Sprintf("claude-signin = %q\n", seedFile)
+		gatewayAuth = "auth = \"oauth\"\n"
+		if o.tokenHandler != nil {
+			ln, err := listenIn(e.tb.NSPath("internet"), net.JoinHostPort(testbed.InternetAddr4.String(), "0"))
+			assert.NilError(t, err)
+			srv := &http.Server{Handler: o.tokenHandler, ReadHeaderTimeout: 10 * time.Second}
+			go func() { _ = srv.Serve(ln) }()
+			t.Cleanup(func() { srv.Close() })
+			gatewayAuth += fmt.Sprintf("token_url = %q\n", "http://"+ln.Addr().String()+"/v1/oauth/token")
+		}
+	}
+	if o.gateway {
+		if o.signin == nil {
+			fmt.Fprintf(&agents, "[agents.probe]\ncommand = [\"python3\", \"-c\"]\nhome = [\"shell\"]\ngateway = \"anthropic\"\n")
+		}
+		token := "anthropic"
+		if o.signin != nil {
+			token = "claude-signin"
+		}
+		fmt.Fprintf(&agents, "[gateway.anthropic]\nupstream = %q\ntoken = %q\n%s%s\n", e.apiURL, token, gatewayAuth, o.gatewayExtra)
+	}
+	policy := "internet"
+	if o.policy != "" {
+		policy = o.policy
 	}
 	// opencode's provider address is its one host-specific setting: the
 	// baseline opencode.json points the anthropic provider at the model API.
@@ -110,7 +171,7 @@ memory = "2g"
 timeout = "120s"
 stop_grace = "2s"
 [network]
-policy = "internet"
+policy = %q
 name = %q
 bridge = %q
 subnet4 = "10.%d.%d.0/24"
@@ -122,10 +183,10 @@ volume_prefix = "shrooms-home-%s-"
 root = %q
 [tokens]
 anthropic = %q
-%s`, e.tb.PodmanURL, filepath.Join(e.dir, "state"), agentImage, e.name, e.name,
+%s%s`, e.tb.PodmanURL, filepath.Join(e.dir, "state"), agentImage, policy, e.name, e.name,
 		// A subnet of its own: other suites may run cages at the same time.
 		90+os.Getpid()%100, os.Getpid()%250, os.Getpid()%65000, e.name, ocSettings,
-		filepath.Join(e.dir, "outbox"), token, agents.String())), 0o600))
+		filepath.Join(e.dir, "outbox"), token, moreTokens, agents.String())), 0o600))
 
 	t.Cleanup(func() {
 		// A HOME's capped filesystem goes before its volume, in both mount
@@ -140,7 +201,7 @@ anthropic = %q
 			t.Errorf("podman: %v", err)
 			return
 		}
-		for _, task := range []string{e.task("claude"), e.task("opencode")} {
+		for _, task := range []string{e.task("claude"), e.task("opencode"), e.task("probe"), e.task("claude2")} {
 			if _, err := os.Stat(filepath.Join(e.dir, "outbox", task)); err == nil {
 				if err := outbox.Release(filepath.Join(e.dir, "outbox"), task); err != nil {
 					t.Errorf("release outbox: %v", err)
@@ -224,9 +285,9 @@ func (r resetReport) has(path, item string, rows int64) bool {
 	return false
 }
 
-// turnJSON is turn with `--json`: it returns the agent's stdout (the result
+// turnReset is turn with `--json`: it returns the agent's stdout (the result
 // line removed), the reset report of the turn's result, and the wall time.
-func (e *env) turnJSON(agent string, args ...string) (string, resetReport, time.Duration) {
+func (e *env) turnReset(agent string, args ...string) (string, resetReport, time.Duration) {
 	e.t.Helper()
 	start := time.Now()
 	code, out, errb := e.run(append([]string{"--json", "run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)

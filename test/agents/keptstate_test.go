@@ -94,7 +94,7 @@ echo planted`
 	// Turn 2 under shrooms.
 	n := len(e.api.Scripted())
 	e.api.Append(modelapi.Text("resumed " + nonce))
-	out, rep, took2 := e.turnJSON("opencode", "--format", "json", "--session", session, "continue "+nonce)
+	out, rep, took2 := e.turnReset("opencode", "--format", "json", "--session", session, "continue "+nonce)
 	assert.Equal(t, opencodeSession(t, out), session)
 	t.Logf("shrooms opencode turn 2: %v", took2)
 	reqs := requestsSince(e.api, n)

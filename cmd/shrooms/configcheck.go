@@ -1,0 +1,57 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+)
+
+// configCommand holds `shrooms config check`: the strict loader run on a
+// file and nothing else (no podman, no nftables, no token files), so CI and
+// the NixOS module (at build time, in the sandbox) can refuse a bad config
+// before it reaches a host.
+func configCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "config",
+		Usage: "check a configuration file",
+		Subcommands: []*cli.Command{{
+			Name:      "check",
+			Usage:     "validate FILE (default: --config, SHROOMS_CONFIG or " + defaultConfigPath + ") with shrooms' own loader; contacts nothing",
+			ArgsUsage: "[FILE]",
+			Action: func(c *cli.Context) error {
+				if c.NArg() > 1 {
+					return fail(ExitUsage, fmt.Errorf("config check takes at most one FILE, got %d arguments", c.NArg()))
+				}
+				path := c.Args().First()
+				if path == "" {
+					path = c.String("config")
+				}
+				if path == "" {
+					if _, err := os.Stat(defaultConfigPath); err == nil {
+						path = defaultConfigPath
+					}
+				}
+				_, err := config.Load(path)
+				if c.Bool("json") {
+					res := map[string]any{"ok": err == nil, "file": path}
+					if err != nil {
+						res["error"] = oneLine(err.Error())
+					}
+					if perr := printJSON(c.App.Writer, res); perr != nil {
+						return fail(ExitInternal, fmt.Errorf("config check: %w", perr))
+					}
+				}
+				if err != nil {
+					return fail(ExitUsage, err)
+				}
+				if !c.Bool("json") {
+					fmt.Fprintln(c.App.Writer, "ok")
+				}
+				return nil
+			},
+		}},
+	}
+}

@@ -1,0 +1,8 @@
+# pkg/config's defaults for the cage network, which the module needs at
+# evaluation time (firewall rules for the bridge). internal/nixcheck checks
+# them against config.Default().
+{
+  bridge = "shrooms0";
+  subnet4 = "10.89.0.0/24";
+  subnet6 = "fd89:5eed:cafe::/64";
+}

@@ -1,0 +1,115 @@
+package config
+
+import (
+	"fmt"
+	"maps"
+	"net/url"
+	"slices"
+)
+
+// Gateway is one model provider served by shrooms' per-turn gateway
+// ([gateway.NAME]): the agent's model requests go to a listener shrooms
+// opens inside the cage's own network namespace, carrying a per-turn
+// placeholder; the gateway checks it and sends the request on to Upstream
+// with the real credential, which never enters the cage.
+type Gateway struct {
+	// API is the wire protocol: "anthropic" (the Messages API; the key goes
+	// in x-api-key).
+	API string `toml:"api"`
+	// Upstream is the provider's base URL (https://api.anthropic.com).
+	Upstream string `toml:"upstream"`
+	// Auth is how the gateway signs in upstream: "api-key" (Token holds the
+	// key) or "oauth" (Token holds the owner's Claude Code .credentials.json,
+	// a subscription sign-in: it seeds the account's tokens in the state
+	// directory once; the gateway refreshes them there, and the cage gets
+	// placeholder credentials).
+	Auth string `toml:"auth"`
+	// Token names the [tokens] entry holding the real key (or sign-in).
+	Token string `toml:"token"`
+	// TokenURL and ClientID are the OAuth refresh endpoint and client
+	// ("" means Claude Code's own).
+	TokenURL string `toml:"token_url"`
+	ClientID string `toml:"client_id"`
+	// MaxRequests and MaxOutputTokens end a turn that exceeds them (0: no
+	// limit).
+	MaxRequests     int64 `toml:"max_requests"`
+	MaxOutputTokens int64 `toml:"max_output_tokens"`
+}
+
+// GatewayAPIs are the protocols a [gateway.NAME] table may name.
+var GatewayAPIs = []string{"anthropic"}
+
+func (c *Config) validateGateways() error {
+	for _, name := range slices.Sorted(maps.Keys(c.Gateway)) {
+		g := c.Gateway[name]
+		key := "gateway." + name
+		// Defaults, filled in like any other.
+		if g.API == "" {
+			g.API = "anthropic"
+		}
+		if g.Auth == "" {
+			g.Auth = "api-key"
+		}
+		c.Gateway[name] = g
+		if g.Auth != "api-key" && g.Auth != "oauth" {
+			return &Error{Key: key + ".auth", Msg: fmt.Sprintf("%q is not api-key or oauth", g.Auth)}
+		}
+		if g.TokenURL != "" {
+			if u, err := url.Parse(g.TokenURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+				return &Error{Key: key + ".token_url", Msg: fmt.Sprintf("%q must be an http(s) URL", g.TokenURL)}
+			}
+		}
+		if g.Auth != "oauth" && (g.TokenURL != "" || g.ClientID != "") {
+			return &Error{Key: key, Msg: "token_url and client_id apply to auth = \"oauth\" only"}
+		}
+		if !tokenName.MatchString(name) {
+			return &Error{Key: key, Msg: "gateway names are 1-63 of a-z 0-9 _ -"}
+		}
+		if !slices.Contains(GatewayAPIs, g.API) {
+			return &Error{Key: key + ".api", Msg: fmt.Sprintf("%q is not a supported API (use %v)", g.API, GatewayAPIs)}
+		}
+		u, err := url.Parse(g.Upstream)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			return &Error{Key: key + ".upstream", Msg: fmt.Sprintf("%q must be an http(s)://host[:port][/path] URL", g.Upstream)}
+		}
+		if _, ok := c.Tokens[g.Token]; !ok {
+			return &Error{Key: key + ".token", Msg: fmt.Sprintf("names token %q, which [tokens] does not define", g.Token)}
+		}
+		if g.MaxRequests < 0 || g.MaxOutputTokens < 0 {
+			return &Error{Key: key, Msg: "max_requests and max_output_tokens must be 0 (no limit) or positive"}
+		}
+	}
+	return nil
+}
+
+// GatewayEnv are the variables the gateway sets in the cage for an API; an
+// agent that uses the gateway may not set them itself.
+func GatewayEnv(api string) []string {
+	switch api {
+	case "anthropic":
+		return []string{"ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN"}
+	}
+	return nil
+}
+
+func (c *Config) validateAgentGateway(key string, a Agent) error {
+	if a.Gateway == "" {
+		return nil
+	}
+	g, ok := c.Gateway[a.Gateway]
+	if !ok {
+		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("names gateway %q, which [gateway] does not define", a.Gateway)}
+	}
+	if g.Auth == "oauth" && !slices.Contains(a.Home, "claude") {
+		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("gateway %q signs in with a Claude subscription (auth = \"oauth\"), which needs the claude HOME profile", a.Gateway)}
+	}
+	for _, v := range GatewayEnv(g.API) {
+		if _, dup := a.Env[v]; dup {
+			return &Error{Key: key + ".env." + v, Msg: "is set by the gateway for this agent; remove it"}
+		}
+		if _, dup := a.TokenEnv[v]; dup {
+			return &Error{Key: key + ".token_env." + v, Msg: "is set by the gateway for this agent (the real token stays outside the cage); remove it"}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,114 @@
+package gateway
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+// benchUpstream serves a streamed Messages answer: a message_start event,
+// then size bytes of content_block_delta events, then message_stop.
+func benchUpstream(b *testing.B, size int) string {
+	b.Helper()
+	chunk := "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"" + strings.Repeat("x", 900) + "\"}}\n\n"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"m\",\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}}\n\n")
+		w.(http.Flusher).Flush()
+		for n := 0; n < size; n += len(chunk) {
+			fmt.Fprint(w, chunk)
+		}
+		fmt.Fprint(w, "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":99}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n")
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	b.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// benchTarget returns the URL to call and the key: the upstream itself
+// (direct) or a gateway in front of it.
+func benchTarget(b *testing.B, upstream string, viaGateway bool) (string, string) {
+	b.Helper()
+	if !viaGateway {
+		return upstream, realKey
+	}
+	u, _ := url.Parse(upstream)
+	ph, _ := NewPlaceholder()
+	g, err := New(Config{API: "anthropic", Upstream: u, Key: []byte(realKey), Placeholder: ph})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	g.Serve(ln)
+	b.Cleanup(func() { g.Close() })
+	return "http://" + ln.Addr().String(), ph
+}
+
+func benchRequest(b *testing.B, client *http.Client, target, key string, firstByteOnly bool) int64 {
+	req, _ := http.NewRequest(http.MethodPost, target+"/v1/messages", strings.NewReader(`{"model":"m","stream":true,"max_tokens":1,"messages":[]}`))
+	req.Header.Set("X-Api-Key", key)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if firstByteOnly {
+		if _, err := bufio.NewReader(resp.Body).ReadByte(); err != nil {
+			b.Fatal(err)
+		}
+		return 1
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// BenchmarkFirstByte: from sending a streamed request to its first byte,
+// direct to the upstream vs through the gateway (same upstream, one run).
+func BenchmarkFirstByte(b *testing.B) {
+	up := benchUpstream(b, 1<<20)
+	for _, via := range []bool{false, true} {
+		name := map[bool]string{false: "direct", true: "gateway"}[via]
+		b.Run(name, func(b *testing.B) {
+			target, key := benchTarget(b, up, via)
+			client := &http.Client{Transport: &http.Transport{}}
+			for i := 0; i < b.N; i++ {
+				benchRequest(b, client, target, key, true)
+			}
+		})
+	}
+}
+
+// BenchmarkStream64MiB: a 64 MiB streamed answer read whole, direct vs
+// through the gateway (which also parses every event for usage).
+func BenchmarkStream64MiB(b *testing.B) {
+	up := benchUpstream(b, 64<<20)
+	for _, via := range []bool{false, true} {
+		name := map[bool]string{false: "direct", true: "gateway"}[via]
+		b.Run(name, func(b *testing.B) {
+			target, key := benchTarget(b, up, via)
+			client := &http.Client{Transport: &http.Transport{}}
+			var n int64
+			for i := 0; i < b.N; i++ {
+				n = benchRequest(b, client, target, key, false)
+			}
+			b.SetBytes(n)
+		})
+	}
+}

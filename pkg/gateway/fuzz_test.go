@@ -1,0 +1,51 @@
+package gateway
+
+import (
+	"bytes"
+	"io"
+	"testing"
+)
+
+// FuzzUsageReader: whatever the upstream sends, in whatever chunks, the
+// agent gets exactly those bytes, and counting never panics or goes
+// negative.
+func FuzzUsageReader(f *testing.F) {
+	f.Add([]byte("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"m\",\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":7}}\n\n"), uint8(5), true)
+	f.Add([]byte(`{"type":"message","model":"m","usage":{"input_tokens":1,"output_tokens":2}}`), uint8(3), false)
+	f.Add([]byte("data: {\"usage\":{\"output_tokens\":-5},\"type\":\"message_delta\"}\n"), uint8(1), true)
+	f.Add([]byte("data:"), uint8(0), true)
+	f.Fuzz(func(t *testing.T, body []byte, chunk uint8, sse bool) {
+		g := &Gateway{usage: Usage{Models: []string{}}}
+		r := &usageReader{body: io.NopCloser(&chunked{b: body, n: int(chunk)%64 + 1}), g: g, sse: sse, length: -1}
+		out, err := io.ReadAll(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(out, body) {
+			t.Fatalf("the gateway changed the answer: %q != %q", out, body)
+		}
+		u := g.Usage()
+		if u.OutputTokens < 0 && sse {
+			t.Fatalf("negative output count from a stream: %+v", u)
+		}
+		if len(u.Models) > 32 {
+			t.Fatalf("unbounded model list: %d", len(u.Models))
+		}
+	})
+}
+
+// chunked reads b in pieces of n bytes.
+type chunked struct {
+	b []byte
+	n int
+}
+
+func (c *chunked) Read(p []byte) (int, error) {
+	if len(c.b) == 0 {
+		return 0, io.EOF
+	}
+	n := min(c.n, len(p), len(c.b))
+	copy(p, c.b[:n])
+	c.b = c.b[n:]
+	return n, nil
+}

@@ -1,0 +1,427 @@
+// Package gateway is invariant 9 (credentials stay outside): a per-turn
+// reverse proxy between the agent and its model provider. shrooms opens its
+// listener inside the cage's own network namespace (on the cage's loopback,
+// so only that cage can reach it and no seal rule is needed) for exactly
+// the lifetime of the turn. The cage holds a random per-turn placeholder in
+// place of the key; the gateway accepts only that placeholder, only the
+// provider's API paths, sends the request to the one configured upstream
+// with the real credential, streams the answer back unbuffered (SSE), and
+// counts the turn's requests and tokens from the provider's usage fields.
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"path"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Port is where the gateway listens on the cage's loopback. Every cage has
+// a network namespace of its own, so the port is the same in every turn.
+const Port = 4180
+
+// BaseURL is the gateway's address as the agent sees it.
+func BaseURL() string { return fmt.Sprintf("http://127.0.0.1:%d", Port) }
+
+// maxRequestBody bounds what the agent may send in one request.
+const maxRequestBody = 64 << 20
+
+// Config is one turn's gateway.
+type Config struct {
+	// API is the provider protocol ("anthropic").
+	API string
+	// Upstream is the provider's base URL.
+	Upstream *url.URL
+	// Key is the real API key (sent as x-api-key), or OAuth the account's
+	// subscription sign-in (a bearer token, refreshed on the host). Neither
+	// leaves this process except on requests to Upstream.
+	Key   []byte
+	OAuth *OAuth
+	// Placeholder is the only credential the gateway accepts from the cage.
+	Placeholder string
+	// MaxRequests and MaxOutputTokens (0: none) end the turn: once one is
+	// reached, further requests are refused and OnLimit is called once.
+	MaxRequests     int64
+	MaxOutputTokens int64
+	OnLimit         func(reason string)
+	// Transport overrides the upstream transport (tests).
+	Transport http.RoundTripper
+}
+
+// Usage is what a turn's agent asked of its model, for `run --json`.
+type Usage struct {
+	// Requests were forwarded upstream; Refused were not (wrong
+	// placeholder, path or method, or over a limit).
+	Requests            int64    `json:"requests"`
+	Refused             int64    `json:"refused"`
+	InputTokens         int64    `json:"inputTokens"`
+	OutputTokens        int64    `json:"outputTokens"`
+	CacheReadTokens     int64    `json:"cacheReadTokens"`
+	CacheCreationTokens int64    `json:"cacheCreationTokens"`
+	Models              []string `json:"models"`
+	// Limit names the limit that ended the turn ("" if none).
+	Limit string `json:"limit,omitempty"`
+}
+
+// Gateway serves one turn.
+type Gateway struct {
+	cfg   Config
+	proxy *httputil.ReverseProxy
+	srv   *http.Server
+
+	mu      sync.Mutex
+	usage   Usage
+	limited bool
+}
+
+// NewPlaceholder returns a fresh per-turn placeholder credential. It is
+// shaped like an Anthropic key so clients that check the prefix accept it.
+func NewPlaceholder() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("gateway placeholder: %w", err)
+	}
+	return "sk-ant-shrooms-placeholder-" + hex.EncodeToString(b), nil
+}
+
+// New returns a gateway for cfg; Serve starts it.
+func New(cfg Config) (*Gateway, error) {
+	if cfg.API != "anthropic" {
+		return nil, fmt.Errorf("gateway: unsupported API %q", cfg.API)
+	}
+	if cfg.Upstream == nil || (cfg.Upstream.Scheme != "https" && cfg.Upstream.Scheme != "http") || cfg.Upstream.Host == "" {
+		return nil, fmt.Errorf("gateway: upstream must be an http(s) URL")
+	}
+	if (len(cfg.Key) == 0) == (cfg.OAuth == nil) || len(cfg.Placeholder) < 32 {
+		return nil, fmt.Errorf("gateway: a key or a sign-in (one of them) and a placeholder of at least 32 characters are required")
+	}
+	g := &Gateway{cfg: cfg, usage: Usage{Models: []string{}}}
+	transport := cfg.Transport
+	if transport == nil {
+		transport = &http.Transport{
+			// No proxy from the environment: the upstream is the one named.
+			Proxy:                 nil,
+			DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			ForceAttemptHTTP2:     true,
+			TLSHandshakeTimeout:   30 * time.Second,
+			ResponseHeaderTimeout: 15 * time.Minute,
+			IdleConnTimeout:       90 * time.Second,
+			MaxIdleConnsPerHost:   8,
+		}
+	}
+	g.proxy = &httputil.ReverseProxy{
+		Rewrite:       g.rewrite,
+		Transport:     transport,
+		FlushInterval: -1, // stream every write: SSE reaches the agent as it comes
+		ModifyResponse: func(resp *http.Response) error {
+			resp.Header.Del("Set-Cookie")
+			resp.Body = &usageReader{body: resp.Body, g: g, sse: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), length: resp.ContentLength}
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			apiError(w, http.StatusBadGateway, "api_error", "shrooms gateway: upstream unreachable: "+oneLine(err))
+		},
+	}
+	g.srv = &http.Server{Handler: g, ReadHeaderTimeout: 30 * time.Second}
+	return g, nil
+}
+
+// Serve serves ln until Close.
+func (g *Gateway) Serve(ln net.Listener) {
+	go func() { _ = g.srv.Serve(ln) }()
+}
+
+// Close stops the gateway at once: the listener and every connection.
+func (g *Gateway) Close() error { return g.srv.Close() }
+
+// Usage returns the turn's usage so far.
+func (g *Gateway) Usage() Usage {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	u := g.usage
+	u.Models = slices.Clone(g.usage.Models)
+	return u
+}
+
+// allowed reports whether method and path are part of the provider's API as
+// agents use it.
+func allowed(api, method, p string) bool {
+	p = path.Clean("/" + p)
+	switch api {
+	case "anthropic":
+		switch {
+		case method == http.MethodPost && (p == "/v1/messages" || p == "/v1/messages/count_tokens"):
+			return true
+		case method == http.MethodGet && (p == "/v1/models" || strings.HasPrefix(p, "/v1/models/") && !strings.Contains(p[len("/v1/models/"):], "/")):
+			return true
+		}
+	}
+	return false
+}
+
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !g.authorized(r) {
+		g.refuse()
+		apiError(w, http.StatusUnauthorized, "authentication_error", "shrooms gateway: this turn's credential is required")
+		return
+	}
+	if !allowed(g.cfg.API, r.Method, r.URL.Path) || r.URL.RawPath != "" && r.URL.RawPath != r.URL.Path {
+		g.refuse()
+		apiError(w, http.StatusForbidden, "permission_error", fmt.Sprintf("shrooms gateway: %s %s is not an API path this gateway forwards", r.Method, r.URL.Path))
+		return
+	}
+	if reason := g.admit(); reason != "" {
+		apiError(w, http.StatusTooManyRequests, "rate_limit_error", "shrooms gateway: "+reason)
+		return
+	}
+	if g.cfg.OAuth != nil {
+		access, err := g.cfg.OAuth.Access(r.Context())
+		if err != nil {
+			apiError(w, http.StatusBadGateway, "api_error", "shrooms "+oneLine(err))
+			return
+		}
+		r = r.WithContext(context.WithValue(r.Context(), bearerKey{}, access))
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
+	g.proxy.ServeHTTP(w, r)
+}
+
+// bearerKey carries a request's upstream access token to rewrite.
+type bearerKey struct{}
+
+// authorized checks the turn's placeholder in x-api-key or a bearer token.
+func (g *Gateway) authorized(r *http.Request) bool {
+	want := []byte(g.cfg.Placeholder)
+	if k := r.Header.Get("X-Api-Key"); k != "" {
+		return subtle.ConstantTimeCompare([]byte(k), want) == 1
+	}
+	if a, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return subtle.ConstantTimeCompare([]byte(a), want) == 1
+	}
+	return false
+}
+
+func (g *Gateway) refuse() {
+	g.mu.Lock()
+	g.usage.Refused++
+	g.mu.Unlock()
+}
+
+// admit counts a request against the limits; it returns why it is refused.
+func (g *Gateway) admit() string {
+	g.mu.Lock()
+	reason := ""
+	switch {
+	case g.usage.Limit != "":
+		reason = g.usage.Limit
+	case g.cfg.MaxRequests > 0 && g.usage.Requests >= g.cfg.MaxRequests:
+		reason = fmt.Sprintf("the turn's limit of %d model requests is reached", g.cfg.MaxRequests)
+	case g.cfg.MaxOutputTokens > 0 && g.usage.OutputTokens >= g.cfg.MaxOutputTokens:
+		reason = fmt.Sprintf("the turn's limit of %d output tokens is reached", g.cfg.MaxOutputTokens)
+	}
+	if reason == "" {
+		g.usage.Requests++
+		g.mu.Unlock()
+		return ""
+	}
+	g.usage.Refused++
+	first := g.usage.Limit == ""
+	g.usage.Limit = reason
+	g.mu.Unlock()
+	if first && g.cfg.OnLimit != nil {
+		g.cfg.OnLimit(reason)
+	}
+	return reason
+}
+
+// rewrite sends the request to the upstream with the real key and nothing
+// of the cage's credentials, cookies or proxy headers.
+func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
+	up := g.cfg.Upstream
+	out := pr.Out
+	out.URL.Scheme = up.Scheme
+	out.URL.Host = up.Host
+	out.URL.Path = strings.TrimSuffix(up.Path, "/") + path.Clean("/"+pr.In.URL.Path)
+	out.URL.RawPath = ""
+	out.URL.RawQuery = pr.In.URL.RawQuery
+	out.Host = up.Host
+	for _, h := range []string{"Authorization", "X-Api-Key", "Cookie", "Proxy-Authorization", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip"} {
+		out.Header.Del(h)
+	}
+	if access, ok := pr.In.Context().Value(bearerKey{}).(string); ok {
+		out.Header.Set("Authorization", "Bearer "+access)
+		return
+	}
+	out.Header.Set("X-Api-Key", string(g.cfg.Key))
+}
+
+// usageReader passes the upstream body through unchanged and reads the
+// provider's usage fields from it as it goes.
+type usageReader struct {
+	body io.ReadCloser
+	g    *Gateway
+	sse  bool
+	line []byte // SSE: the partial line so far
+	// streamOut is the output count the stream reported last (its
+	// message_delta events carry cumulative counts).
+	streamOut int64
+	json      bytes.Buffer
+	done      bool
+	// length is the answer's Content-Length (-1 unknown): its usage is
+	// counted when the last byte is read, before the agent sees it, so a
+	// limit holds for the very next request.
+	length int64
+	read   int64
+}
+
+// maxUsageJSON bounds how much of a non-streamed answer is kept to read
+// its usage; a larger answer is still passed through, just not counted.
+const maxUsageJSON = 16 << 20
+
+func (u *usageReader) Read(p []byte) (int, error) {
+	n, err := u.body.Read(p)
+	u.read += int64(n)
+	if n > 0 {
+		if u.sse {
+			u.scanSSE(p[:n])
+		} else if u.json.Len()+n <= maxUsageJSON {
+			u.json.Write(p[:n])
+		}
+	}
+	if (errors.Is(err, io.EOF) || u.length >= 0 && u.read >= u.length) && !u.sse && !u.done {
+		u.done = true
+		u.g.record(u.json.Bytes(), nil)
+	}
+	return n, err
+}
+
+func (u *usageReader) Close() error { return u.body.Close() }
+
+// scanSSE reads the stream's data lines as they pass. Only events with a
+// "usage" key are decoded (message_start, message_delta): content deltas,
+// nearly all of a long answer, cannot hold that byte sequence (a quote
+// inside a JSON string is escaped) and are skipped without decoding.
+func (u *usageReader) scanSSE(b []byte) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			if len(u.line)+len(b) <= maxSSELine {
+				u.line = append(u.line, b...)
+			}
+			return
+		}
+		line := b[:i]
+		if len(u.line) > 0 {
+			line = append(u.line, line...)
+			u.line = u.line[:0]
+		}
+		b = b[i+1:]
+		data, ok := bytes.CutPrefix(line, []byte("data:"))
+		if !ok {
+			continue
+		}
+		if bytes.Contains(data, []byte(`"usage"`)) {
+			u.g.record(bytes.TrimSpace(data), &u.streamOut)
+		}
+	}
+}
+
+// maxSSELine bounds a partial line kept between reads; a longer line is
+// not one that carries usage.
+const maxSSELine = 1 << 20
+
+// usageFields are the parts of a Messages API answer or stream event that
+// carry usage.
+type usageFields struct {
+	Type    string `json:"type"`
+	Model   string `json:"model"`
+	Usage   *usage `json:"usage"`
+	Message *struct {
+		Model string `json:"model"`
+		Usage *usage `json:"usage"`
+	} `json:"message"`
+}
+
+type usage struct {
+	InputTokens         int64 `json:"input_tokens"`
+	OutputTokens        int64 `json:"output_tokens"`
+	CacheReadTokens     int64 `json:"cache_read_input_tokens"`
+	CacheCreationTokens int64 `json:"cache_creation_input_tokens"`
+}
+
+// record adds the usage in one JSON answer or stream event. A stream's
+// message_start carries the input and the first output count, and its
+// message_delta events the cumulative output count (streamOut tracks it).
+func (g *Gateway) record(data []byte, streamOut *int64) {
+	var f usageFields
+	if len(data) == 0 || json.Unmarshal(data, &f) != nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	add := func(model string, u *usage) {
+		if model != "" && !slices.Contains(g.usage.Models, model) && len(g.usage.Models) < 32 {
+			g.usage.Models = append(g.usage.Models, model)
+		}
+		if u == nil {
+			return
+		}
+		g.usage.InputTokens += u.InputTokens
+		g.usage.OutputTokens += u.OutputTokens
+		g.usage.CacheReadTokens += u.CacheReadTokens
+		g.usage.CacheCreationTokens += u.CacheCreationTokens
+	}
+	switch {
+	case f.Type == "message_start" && f.Message != nil && streamOut != nil:
+		add(f.Message.Model, f.Message.Usage)
+		if f.Message.Usage != nil {
+			*streamOut = f.Message.Usage.OutputTokens
+		}
+	case f.Type == "message_delta" && f.Usage != nil && streamOut != nil:
+		g.usage.OutputTokens += max(0, f.Usage.OutputTokens-*streamOut)
+		*streamOut = max(*streamOut, f.Usage.OutputTokens)
+	case f.Type == "message" && streamOut == nil:
+		add(f.Model, f.Usage)
+	}
+}
+
+func apiError(w http.ResponseWriter, status int, typ, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"type": "error", "error": map[string]string{"type": typ, "message": msg}})
+}
+
+func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }
+
+// Preflight checks that the upstream accepts TCP connections, so a turn
+// whose model is unreachable is refused before its cage exists.
+func Preflight(ctx context.Context, upstream *url.URL) error {
+	host := upstream.Host
+	if upstream.Port() == "" {
+		port := "443"
+		if upstream.Scheme == "http" {
+			port = "80"
+		}
+		host = net.JoinHostPort(upstream.Hostname(), port)
+	}
+	d := net.Dialer{Timeout: 5 * time.Second}
+	c, err := d.DialContext(ctx, "tcp", host)
+	if err != nil {
+		return fmt.Errorf("gateway upstream %s is unreachable: %s", upstream.Redacted(), oneLine(err))
+	}
+	return c.Close()
+}

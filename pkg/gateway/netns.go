@@ -1,0 +1,60 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+)
+
+// ListenInNetNS opens a TCP listener on addr inside the network namespace
+// at nsPath (e.g. /proc/PID/ns/net of a cage's process). The socket keeps
+// its namespace after the thread that made it leaves: the gateway serves
+// from the host while only the cage can connect. The thread never returns
+// to the Go scheduler in the cage's namespace: if it cannot switch back it
+// stays locked and ends with its goroutine.
+func ListenInNetNS(nsPath, addr string) (net.Listener, error) {
+	target, err := os.Open(nsPath)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: open network namespace: %w", err)
+	}
+	defer target.Close()
+	type result struct {
+		ln  net.Listener
+		err error
+	}
+	c := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			runtime.UnlockOSThread()
+			c <- result{err: fmt.Errorf("gateway: own network namespace: %w", err)}
+			return
+		}
+		defer self.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			c <- result{err: fmt.Errorf("gateway: enter the cage's network namespace: %w", err)}
+			return
+		}
+		ln, lerr := (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
+		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
+			if ln != nil {
+				ln.Close()
+			}
+			c <- result{err: fmt.Errorf("gateway: leave the cage's network namespace: %w", err)}
+			return
+		}
+		runtime.UnlockOSThread()
+		if lerr != nil {
+			lerr = fmt.Errorf("gateway: listen in the cage: %w", lerr)
+		}
+		c <- result{ln, lerr}
+	}()
+	r := <-c
+	return r.ln, r.err
+}

@@ -1,0 +1,41 @@
+package homereset
+
+import (
+	"fmt"
+	"path"
+	"strings"
+)
+
+// PlaceFile writes data at rel inside the task's live HOME (after Reset,
+// before the cage starts), owned by uid:gid, replacing what is there. It
+// is how shrooms puts turn-specific files into HOME — the model gateway's
+// placeholder credentials — without following any link the HOME holds.
+func PlaceFile(root, rel string, data []byte, mode uint32, uid, gid int) error {
+	if rel == "" || strings.HasPrefix(rel, "/") || path.Clean(rel) != rel || strings.HasPrefix(rel, "..") {
+		return fmt.Errorf("place %q in HOME: not a clean relative path", rel)
+	}
+	v, err := openVolume(root, false)
+	if err != nil {
+		return err
+	}
+	defer v.close()
+	home, err := openDir(v.root, homeName, v.dev)
+	if err != nil {
+		return fmt.Errorf("place %s in HOME: %w", rel, err)
+	}
+	defer home.Close()
+	dir := home
+	if d := path.Dir(rel); d != "." {
+		dir, err = mkdirAll(home, d, uid, gid, v.dev)
+	}
+	if err != nil {
+		return fmt.Errorf("place %s in HOME: %w", rel, err)
+	}
+	if dir != home {
+		defer dir.Close()
+	}
+	if err := writeFileAt(dir, path.Base(rel), data, mode, uid, gid); err != nil {
+		return fmt.Errorf("place %s in HOME: %w", rel, err)
+	}
+	return nil
+}

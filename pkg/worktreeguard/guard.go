@@ -1,0 +1,162 @@
+// Package worktreeguard is the worktree half of invariant 1 (turn
+// isolation): the worktree is the one place a turn writes that the next turn
+// (and the owner's own tools) read back, and agents load configuration from
+// it — opencode.json, .opencode/ plugins, .claude/settings.json hooks,
+// .mcp.json servers, CLAUDE.md/AGENTS.md instructions, .envrc, .vscode tasks.
+//
+// The guard records the owner's versions of those paths (the trusted
+// project config, snapshotted into the task's state directory at the task's
+// first turn, or by `shrooms trust`), and before every later turn compares
+// the worktree with them. Any guarded path that differs is masked in the
+// cage: the trusted bytes (or an empty file or directory) are mounted
+// read-only over it, and the difference is reported. `shrooms commit` uses
+// the same comparison to refuse agent config the owner did not accept.
+//
+// Every host-side access to the worktree is fd-relative and never follows a
+// link, opens a FIFO or device, or descends into .git.
+package worktreeguard
+
+import (
+	"path"
+	"slices"
+	"strings"
+)
+
+// guarded is one name the agents (or the tools they and the owner run) load
+// as configuration, wherever it appears in the worktree.
+type guarded struct {
+	name string
+	why  string
+}
+
+// guardedNames lists what is guarded. Names match one path element at any
+// depth (opencode and Claude Code also read nested instruction files and
+// config dirs of subprojects); a guarded directory is compared as a whole.
+func guardedNames() []guarded {
+	return []guarded{
+		// opencode: project config, plugins, agents, commands, tools, MCP.
+		{"opencode.json", "opencode project config (MCP servers, plugins, providers, permissions)"},
+		{"opencode.jsonc", "opencode project config (MCP servers, plugins, providers, permissions)"},
+		{".opencode", "opencode project dir (plugins, agents, commands, tools)"},
+		{"AGENTS.md", "agent instructions (opencode, Codex)"},
+		// Claude Code: settings with hooks, MCP servers, skills, commands.
+		{".claude", "Claude Code project dir (settings hooks, commands, agents, skills, rules)"},
+		{".mcp.json", "Claude Code project MCP servers"},
+		{"CLAUDE.md", "Claude Code instructions"},
+		{"CLAUDE.local.md", "Claude Code instructions"},
+		{"CONTEXT.md", "agent instructions (opencode)"},
+		{".agents", "skills shared by agents (opencode, Claude Code)"},
+		{".claude-plugin", "Claude Code plugin or marketplace (hooks, MCP servers, skills)"},
+		{".cursor", "Cursor config that Claude Code imports (MCP servers, hooks, rules, skills)"},
+		{".cursorrules", "Cursor rules (agent instructions)"},
+		{".windsurfrules", "Windsurf rules (agent instructions)"},
+		// Other agents that may share the worktree.
+		{".gemini", "Gemini CLI project config"},
+		{"GEMINI.md", "Gemini CLI instructions"},
+		{".codex", "Codex project config"},
+		// Tools that run code when the owner (or an agent) enters the tree.
+		{".envrc", "direnv script, run on entering the directory"},
+		{".vscode", "editor tasks and settings that run commands"},
+		{".devcontainer", "dev container definition (runs commands)"},
+		{".husky", "git hook scripts installed by husky"},
+		{".githooks", "git hook scripts"},
+		{".pre-commit-config.yaml", "pre-commit hooks"},
+		{".tool-versions", "asdf/mise tool versions (installs and runs tools)"},
+		{".mise.toml", "mise config (runs tasks and hooks)"},
+		{"mise.toml", "mise config (runs tasks and hooks)"},
+	}
+}
+
+// linkWhy is why a link out of the worktree is guarded.
+const linkWhy = "a link out of the worktree: agents read what it points to, which the guard cannot see (e.g. a planted /outbox directory)"
+
+// Why says why a guarded path is guarded ("" when rel is not guarded by
+// name).
+func Why(rel string) string {
+	base := path.Base(rel)
+	for _, g := range guardedNames() {
+		if g.name == base {
+			return g.why
+		}
+	}
+	return ""
+}
+
+func isGuardedName(name string) bool {
+	// Cheap first test on every worktree entry: each guarded name starts
+	// with one of these (TestGuardedNamesPassFirstByteTest keeps it so).
+	if name == "" {
+		return false
+	}
+	switch name[0] {
+	case '.', 'A', 'C', 'G', 'o', 'm':
+		return slices.ContainsFunc(guardedNames(), func(g guarded) bool { return g.name == name })
+	}
+	return false
+}
+
+// IsOpencode reports whether a guarded path is one opencode loads.
+func IsOpencode(rel string) bool {
+	switch path.Base(rel) {
+	case "opencode.json", "opencode.jsonc", ".opencode", "AGENTS.md", "CLAUDE.md", "CONTEXT.md", ".agents", ".claude":
+		return true
+	}
+	return false
+}
+
+// Change is one guarded path that differs from its trusted version.
+type Change struct {
+	// Path is worktree-relative, slash-separated.
+	Path string `json:"path"`
+	// Change is "added", "modified", "type-changed" or "deleted".
+	Change string `json:"change"`
+	// Type is what the path is now ("file", "dir", "symlink", "other",
+	// "absent").
+	Type string `json:"type"`
+	Why  string `json:"why"`
+}
+
+// Diff compares the worktree now with the trusted snapshot. Paths are sorted.
+func Diff(trusted, now *Snapshot) []Change {
+	var out []Change
+	why := func(rel string, e Entry) string {
+		if w := Why(rel); w != "" {
+			return w
+		}
+		if e.OutOfTree {
+			return linkWhy
+		}
+		return ""
+	}
+	for _, rel := range now.paths() {
+		e := now.Entries[rel]
+		t, ok := trusted.Entries[rel]
+		switch {
+		case !ok:
+			out = append(out, Change{Path: rel, Change: "added", Type: e.Type, Why: why(rel, e)})
+		case t.Type != e.Type:
+			out = append(out, Change{Path: rel, Change: "type-changed", Type: e.Type, Why: why(rel, e)})
+		case t.Digest != e.Digest || e.Oversize:
+			out = append(out, Change{Path: rel, Change: "modified", Type: e.Type, Why: why(rel, e)})
+		}
+	}
+	for _, rel := range trusted.paths() {
+		if _, ok := now.Entries[rel]; !ok {
+			out = append(out, Change{Path: rel, Change: "deleted", Type: "absent", Why: why(rel, trusted.Entries[rel])})
+		}
+	}
+	slices.SortFunc(out, func(a, b Change) int { return strings.Compare(a.Path, b.Path) })
+	return out
+}
+
+// Executable returns the changes that add or alter configuration (deletions
+// take configuration away and are only reported).
+func Executable(changes []Change) []Change {
+	var out []Change
+	for _, c := range changes {
+		if c.Change != "deleted" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
