@@ -145,6 +145,7 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			helpCommand(),
 			configCommand(),
 			completionCommand(),
+			kubeCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run() maps errors to codes
 		OnUsageError:   usageError,
@@ -174,10 +175,22 @@ func globalize(cmds []*cli.Command) {
 		cmd.Flags = append(cmd.Flags, globalFlags(false)...)
 		var required []string
 		for _, f := range cmd.Flags {
-			if sf, ok := f.(*cli.StringFlag); ok && sf.Required {
-				sf.Required = false
-				sf.Usage += " (required)"
-				required = append(required, sf.Name)
+			var req *bool
+			var usage *string
+			switch t := f.(type) {
+			case *cli.StringFlag:
+				req, usage = &t.Required, &t.Usage
+			case *cli.IntFlag:
+				req, usage = &t.Required, &t.Usage
+			case *cli.StringSliceFlag:
+				req, usage = &t.Required, &t.Usage
+			case *cli.DurationFlag:
+				req, usage = &t.Required, &t.Usage
+			}
+			if req != nil && *req {
+				*req = false
+				*usage += " (required)"
+				required = append(required, f.Names()[0])
 			}
 		}
 		if len(required) > 0 {
@@ -362,7 +375,11 @@ func sealChecker(client *podman.Client) turn.SealChecker {
 			}
 			hosts = r.HostEntries()
 		}
-		st, err := firewall.Verify(ctx, cfg.Network, firewall.Options{})
+		verify := firewall.Refresh // a host route that appeared is added to the seal
+		if dry {
+			verify = firewall.Verify
+		}
+		st, err := verify(ctx, cfg.Network, firewall.Options{})
 		if err != nil {
 			return nil, err
 		}
@@ -391,6 +408,9 @@ func sealChecker(client *podman.Client) turn.SealChecker {
 // network namespace, and its own executable for prepared cages.
 func newRunner(cfg *config.Config, client *podman.Client) *turn.Runner {
 	r := turn.NewRunner(cfg, client, sealChecker(client))
+	// While a networked cage runs, a lost seal is put back within a
+	// quarter second, or the cage is stopped.
+	r.WatchSeal = turn.FirewallWatcher(firewall.Options{})
 	if exe, err := os.Executable(); err == nil {
 		if real, err := filepath.EvalSymlinks(exe); err == nil {
 			r.Binary = real

@@ -31,7 +31,9 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	itest.RemoveShroomsBinary()
+	os.Exit(code)
 }
 
 type env struct {

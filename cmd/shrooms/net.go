@@ -25,7 +25,10 @@ shrooms-seal unit does, with --seal-only, before podman is up), and after
 changing [network]. The seal matches the bridge by name, so it can be in
 place before the network exists; a networked turn creates a missing network
 itself once it has verified the seal. Under the allowlist policy each turn
-re-applies the seal to refresh resolved host names.`,
+re-applies the seal to refresh resolved host names. The seal also blocks
+every prefix the host routes other than by its default route (read now) and
+network.lan; a turn adds a route that appeared since (a VPN, a LAN) to the
+seal before it starts, and a running turn within a quarter second.`,
 				Flags: []cli.Flag{&cli.BoolFlag{Name: "seal-only", Usage: "install the seal only; do not contact podman"}},
 				Action: func(c *cli.Context) error {
 					return withNet(c, func(ctx context.Context, cfg *config.Config) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/probe"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
@@ -28,11 +30,17 @@ agent user, and tries every way out: capabilities, seccomp, namespaces,
 mounts, devices, sockets, secrets, and the network seal. One line per
 check with its verdict: sealed, escaped, residual (a documented limitation)
 or error. Exit status 1 when any check escaped or could not decide.
---targets names a JSON file of network targets (see docs/probe-schema.md).`,
+--targets names a JSON file of network targets (see docs/probe-schema.md);
+without it they are discovered: the host's addresses, gateways, neighbours
+and the first address of every network it routes to other than by its
+default route, the clouds' metadata services, the host's and public
+resolvers, example.com (or the allowlist) as the internet control, and a
+peer cage the probe starts itself.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "task", Value: "probe", Usage: "task `ID` whose cage is probed"},
 			&cli.StringFlag{Name: "agent", Value: "shell", Usage: "agent `NAME` whose image and settings are used"},
 			&cli.StringFlag{Name: "targets", Usage: "network targets `FILE` (JSON: probe.Params)"},
+			&cli.StringSliceFlag{Name: "resolvers", Usage: "without --targets: the resolver `ADDR`s D9b/D9c try, instead of the host's (resolv.conf) and well-known public ones"},
 			&cli.DurationFlag{Name: "timeout", Usage: "deadline `DUR` of the probe turn", DefaultText: "2m"},
 		},
 		Subcommands: []*cli.Command{probeInsideCommand()},
@@ -48,14 +56,20 @@ or error. Exit status 1 when any check escaped or could not decide.
 				return err
 			}
 			defer stop()
-			params, err := probeParams(c.String("targets"), r.Cfg, c.String("agent"))
+			params, err := probeParams(c.String("targets"), r.Cfg, c.String("agent"), c.StringSlice("resolvers"))
 			if err != nil {
 				return fail(ExitUsage, err)
 			}
-			rep, _, err := probe.Run(ctx, r, probe.Options{
+			o := probe.Options{
 				Task: c.String("task"), Agent: c.String("agent"), Params: params,
 				Timeout: c.Duration("timeout"), Stderr: c.App.ErrWriter,
-			})
+			}
+			if params.InboundPort != 0 {
+				o.OnInbound = probe.DialInbound(params.Nonce)
+			}
+			// Without a targets file the probe brings its own peer cage (D8).
+			o.Peer = c.String("targets") == ""
+			rep, _, err := probe.Run(ctx, r, o)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
@@ -85,8 +99,13 @@ func probeInsideCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: strings.TrimPrefix(probe.ParamsFlag, "--")},
 			&cli.BoolFlag{Name: strings.TrimPrefix(probe.NestedChildArg, "--")},
+			&cli.BoolFlag{Name: strings.TrimPrefix(probe.PeerArg, "--")},
 		},
 		Action: func(c *cli.Context) error {
+			if c.Bool(strings.TrimPrefix(probe.PeerArg, "--")) {
+				probe.Peer(c.Context, c.App.ErrWriter)
+				return nil
+			}
 			if c.Bool(strings.TrimPrefix(probe.NestedChildArg, "--")) {
 				if code := probe.NestedChild(); code != 0 {
 					return fail(code, nil)
@@ -113,7 +132,7 @@ func probeInsideCommand() *cli.Command {
 // probeParams reads --targets (if any) and fills in what the host side
 // knows from the config: policy, seccomp strictness, injected secrets and
 // the gateway.
-func probeParams(path string, cfg *config.Config, agent string) (probe.Params, error) {
+func probeParams(path string, cfg *config.Config, agent string, resolvers []string) (probe.Params, error) {
 	var p probe.Params
 	if path != "" {
 		b, err := os.ReadFile(filepath.Clean(path))
@@ -125,6 +144,23 @@ func probeParams(path string, cfg *config.Config, agent string) (probe.Params, e
 		if err := dec.Decode(&p); err != nil {
 			return p, fmt.Errorf("--targets %s: %w", path, err)
 		}
+	}
+	if path == "" && cfg.Network.Networked() {
+		// No targets file: aim at what the host tells about its network,
+		// send discovery multicast, and connect into the cage (D15).
+		if err := probe.Discover(&p, cfg.Network, firewall.Options{}); err != nil {
+			return p, fmt.Errorf("discover probe targets: %w", err)
+		}
+		p.Multicast, p.InboundPort, p.InboundWaitMs = true, 18080, 3000
+		if len(resolvers) > 0 {
+			for _, r := range resolvers {
+				if _, err := netip.ParseAddr(r); err != nil {
+					return p, fmt.Errorf("--resolvers: %q is not an address", r)
+				}
+			}
+			p.Resolvers = resolvers
+		}
+		probe.InternetFor(&p, cfg.Network, hostResolvers())
 	}
 	p.Policy = cfg.Network.Policy
 	p.StrictSeccomp = cfg.Cage.StrictSeccomp()
@@ -142,6 +178,21 @@ func probeParams(path string, cfg *config.Config, agent string) (probe.Params, e
 		p.Nonce = fmt.Sprintf("sp%d", os.Getpid())
 	}
 	return p, nil
+}
+
+// hostResolvers are the nameservers of the host's /etc/resolv.conf.
+func hostResolvers() []string {
+	b, err := os.ReadFile("/etc/resolv.conf")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 2 && f[0] == "nameserver" {
+			out = append(out, f[1])
+		}
+	}
+	return out
 }
 
 func isTerminal(f *os.File) bool {

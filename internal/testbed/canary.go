@@ -21,6 +21,7 @@ type Hit struct {
 	Proto   string         // tcp, udp, icmp, dns
 	Local   netip.AddrPort // the address and port that was hit
 	Payload string         // what was sent (the nonce, or the DNS name)
+	At      time.Time      // when the canary logged it
 }
 
 // log collects every canary hit.
@@ -30,6 +31,7 @@ type log struct {
 }
 
 func (l *log) add(h Hit) {
+	h.At = time.Now()
 	l.mu.Lock()
 	l.hits = append(l.hits, h)
 	l.mu.Unlock()

@@ -2,8 +2,12 @@
 // tests out of network namespaces the test itself creates: an "internet"
 // namespace (TEST-NET addresses, HTTP/UDP/DNS/ICMP canaries), a LAN "router"
 // (admin canary, fake metadata service on 169.254.169.254 and fd00:ec2::254,
-// sample private/CGNAT addresses), and a "host" namespace that runs a private
-// podman service (cages live there) with canaries on every host address.
+// a fake Azure WireServer, sample private/CGNAT addresses, a LAN on public
+// IPv4 and global IPv6 addresses and a VPN-style routed public prefix), and
+// a "host" namespace that runs a private podman service (cages live there)
+// with canaries on every host address. The host's default route leads to
+// the router and the "internet" behind it; the LANs and the VPN prefixes
+// are routed apart from it, as on a real host.
 // Canaries log each hit with the probe's nonce, so verdicts come from the
 // receiving side. The testbed has no route to the machine's real network
 // (New proves it before returning) and tears itself down in t.Cleanup.
@@ -39,6 +43,20 @@ var (
 	HostAddr6      = netip.MustParseAddr("fd00:1::2")
 	Metadata4      = netip.MustParseAddr("169.254.169.254")
 	Metadata6      = netip.MustParseAddr("fd00:ec2::254")
+	// WireServer is Azure's VM agent endpoint (a public address, reached
+	// through the default route); the router serves it, also on
+	// WireServerPort.
+	WireServer     = netip.MustParseAddr("168.63.129.16")
+	WireServerPort = 32526
+	// A LAN on public addresses (IPv4 and global IPv6) attached to the host
+	// directly (lan1), and public prefixes routed over a VPN-style link
+	// (vpn0): the router answers on all of them, none is behind the
+	// default route, and none is in a private range.
+	PublicLAN4     = netip.MustParseAddr("198.51.100.1")
+	PublicLAN6     = netip.MustParseAddr("2001:db8:1::1")
+	HostPublicLAN4 = netip.MustParseAddr("198.51.100.2")
+	VPN4           = netip.MustParseAddr("192.0.2.10")
+	VPN6           = netip.MustParseAddr("2001:db8:2::10")
 	// Private are sample private-range addresses served by the router.
 	Private = []netip.Addr{
 		netip.MustParseAddr("10.123.45.67"), netip.MustParseAddr("172.16.5.5"),
@@ -94,8 +112,10 @@ func New(t testing.TB) *Testbed {
 		tb.in(role, "ip", "link", "set", "lo", "up")
 	}
 	h, r, i := tb.NS["host"], tb.NS["router"], tb.NS["internet"]
-	// host <-> router: the LAN.
+	// host <-> router: the LAN, a public LAN and a VPN-style link.
 	tb.ip("link", "add", "lan0", "netns", h, "type", "veth", "peer", "name", "lan0", "netns", r)
+	tb.ip("link", "add", "lan1", "netns", h, "type", "veth", "peer", "name", "lan1", "netns", r)
+	tb.ip("link", "add", "vpn0", "netns", h, "type", "veth", "peer", "name", "vpn0", "netns", r)
 	// router <-> internet.
 	tb.ip("link", "add", "wan0", "netns", r, "type", "veth", "peer", "name", "wan0", "netns", i)
 	tb.in("host", "ip", "addr", "add", "192.168.1.2/24", "dev", "lan0")
@@ -104,6 +124,14 @@ func New(t testing.TB) *Testbed {
 	tb.in("router", "ip", "addr", "add", "fd00:1::1/64", "dev", "lan0", "nodad")
 	tb.in("router", "ip", "addr", "add", "203.0.113.1/24", "dev", "wan0")
 	tb.in("router", "ip", "addr", "add", "2001:db8:203::1/64", "dev", "wan0", "nodad")
+	tb.in("host", "ip", "addr", "add", "198.51.100.2/24", "dev", "lan1")
+	tb.in("host", "ip", "addr", "add", "2001:db8:1::2/64", "dev", "lan1", "nodad")
+	tb.in("router", "ip", "addr", "add", "198.51.100.1/24", "dev", "lan1")
+	tb.in("router", "ip", "addr", "add", "2001:db8:1::1/64", "dev", "lan1", "nodad")
+	tb.in("host", "ip", "addr", "add", "10.200.0.2/30", "dev", "vpn0")
+	tb.in("host", "ip", "addr", "add", "fd00:200::2/64", "dev", "vpn0", "nodad")
+	tb.in("router", "ip", "addr", "add", "10.200.0.1/30", "dev", "vpn0")
+	tb.in("router", "ip", "addr", "add", "fd00:200::1/64", "dev", "vpn0", "nodad")
 	tb.in("internet", "ip", "addr", "add", "203.0.113.10/24", "dev", "wan0")
 	tb.in("internet", "ip", "addr", "add", "203.0.113.20/24", "dev", "wan0")
 	tb.in("internet", "ip", "addr", "add", "2001:db8:203::10/64", "dev", "wan0", "nodad")
@@ -111,22 +139,27 @@ func New(t testing.TB) *Testbed {
 	// as the source of a reply, so a canary on the wildcard address answers
 	// a datagram to ::10 from ::10, as a connected client expects.
 	tb.in("internet", "ip", "addr", "add", "2001:db8:203::20/64", "dev", "wan0", "nodad", "preferred_lft", "0")
-	for _, a := range append([]netip.Addr{Metadata4, Metadata6}, Private...) {
+	for _, a := range append([]netip.Addr{Metadata4, Metadata6, WireServer, VPN4, VPN6}, Private...) {
 		tb.in("router", "ip", "addr", "add", netip.PrefixFrom(a, a.BitLen()).String(), "dev", "lo")
 	}
 	for _, role := range []string{"host", "router", "internet"} {
-		for _, l := range []string{"lan0", "wan0"} {
-			if role == "router" || (role == "host" && l == "lan0") || (role == "internet" && l == "wan0") {
+		for _, l := range []string{"lan0", "lan1", "vpn0", "wan0"} {
+			if role == "router" || (role == "host" && l != "wan0") || (role == "internet" && l == "wan0") {
 				tb.in(role, "ip", "link", "set", l, "up")
 			}
 		}
 	}
 	tb.in("router", "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
 	tb.in("host", "sysctl", "-qw", "net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1")
-	// Routes: specific prefixes only, no default route anywhere, so an
-	// address outside the testbed is unreachable from every namespace.
-	tb.in("host", "ip", "route", "add", "203.0.113.0/24", "via", "192.168.1.1")
-	tb.in("host", "ip", "-6", "route", "add", "2001:db8:203::/64", "via", "fd00:1::1")
+	// Routes: the host's default route leads to the router (the
+	// "internet" and WireServer are behind it); the router has specific
+	// prefixes only, no default route, so an address outside the testbed
+	// is unreachable from every namespace. The VPN-style prefixes are
+	// routed over vpn0, not by the default route.
+	tb.in("host", "ip", "route", "add", "default", "via", "192.168.1.1", "dev", "lan0")
+	tb.in("host", "ip", "-6", "route", "add", "default", "via", "fd00:1::1", "dev", "lan0")
+	tb.in("host", "ip", "route", "add", "192.0.2.0/24", "via", "10.200.0.1", "dev", "vpn0")
+	tb.in("host", "ip", "-6", "route", "add", "2001:db8:2::/48", "via", "fd00:200::1", "dev", "vpn0")
 	for _, a := range append([]netip.Addr{Metadata4, Metadata6}, Private...) {
 		via := "192.168.1.1"
 		if a.Is6() {
@@ -136,6 +169,9 @@ func New(t testing.TB) *Testbed {
 	}
 	tb.in("internet", "ip", "route", "add", "192.168.1.0/24", "via", "203.0.113.1")
 	tb.in("internet", "ip", "-6", "route", "add", "fd00:1::/64", "via", "2001:db8:203::1")
+	// Return routes for host traffic routed out over the public LAN.
+	tb.in("internet", "ip", "route", "add", "198.51.100.0/24", "via", "203.0.113.1")
+	tb.in("internet", "ip", "-6", "route", "add", "2001:db8:1::/64", "via", "2001:db8:203::1")
 
 	if err := tb.CheckIsolated(); err != nil {
 		t.Fatalf("testbed is not isolated, refusing to probe: %v", err)
@@ -154,6 +190,7 @@ func New(t testing.TB) *Testbed {
 		{"host", "", TCPPorts, UDPPorts, true, false},
 		{"host", "127.0.0.1", []int{LoopbackPort}, []int{LoopbackPort}, false, false},
 		{"host", "::1", []int{LoopbackPort}, []int{LoopbackPort}, false, false},
+		{"router", WireServer.String(), []int{WireServerPort}, nil, false, false},
 	} {
 		cn, cerr := startCanaries(tb.NSPath(c.role), c.role, &tb.log, c.bind, c.tcp, c.udp, c.icmp, c.dns)
 		if cerr != nil {
@@ -196,13 +233,23 @@ var testbedPrefixes = []netip.Prefix{
 	netip.MustParsePrefix("fe80::/64"), netip.MustParsePrefix("fd12:3456::1/128"),
 	netip.MustParsePrefix("10.123.45.67/32"), netip.MustParsePrefix("172.16.5.5/32"),
 	netip.MustParsePrefix("100.64.1.1/32"), netip.MustParsePrefix("198.18.0.1/32"),
+	netip.MustParsePrefix("168.63.129.16/32"), netip.MustParsePrefix("198.51.100.0/24"),
+	netip.MustParsePrefix("2001:db8:1::/64"), netip.MustParsePrefix("10.200.0.0/30"),
+	netip.MustParsePrefix("fd00:200::/64"), netip.MustParsePrefix("192.0.2.0/24"),
+	netip.MustParsePrefix("2001:db8:2::/48"),
 }
+
+// hostDefault is the host namespace's default route, IPv4 and IPv6: into
+// the router namespace, which has none of its own.
+var hostDefault = map[string]bool{"default via 192.168.1.1 dev lan0": true, "default via fd00:1::1 dev lan0": true}
 
 // CheckIsolated proves the testbed cannot reach the machine's network:
 // every route in every namespace is a testbed prefix (cage networks podman
-// adds to the host are allowed via extra), and the kernel answers "network
-// unreachable" for the machine's own addresses, gateway and resolvers and
-// for public resolvers — `ip route get` sends nothing.
+// adds to the host are allowed via extra) or the host's default route into
+// the router, and the kernel answers "network unreachable" for the
+// machine's own addresses, gateway and resolvers and for public resolvers
+// in the router and the internet (the host sends them to the router) —
+// `ip route get` sends nothing.
 func (tb *Testbed) CheckIsolated(extra ...netip.Prefix) error {
 	allowed := append(append([]netip.Prefix(nil), testbedPrefixes...), extra...)
 	for role := range tb.NS {
@@ -225,7 +272,10 @@ func (tb *Testbed) CheckIsolated(extra ...netip.Prefix) error {
 					dst = f[1]
 				}
 				if dst == "default" {
-					return fmt.Errorf("%s has a default route: %s", role, sc.Text())
+					if role == "host" && hostDefault[strings.Join(f[:min(5, len(f))], " ")] {
+						continue
+					}
+					return fmt.Errorf("%s has a default route other than into the router: %s", role, sc.Text())
 				}
 				p, err := netip.ParsePrefix(dst)
 				if err != nil {
@@ -245,6 +295,9 @@ func (tb *Testbed) CheckIsolated(extra ...netip.Prefix) error {
 		}
 		for _, a := range realAddrs() {
 			out, err := tb.Exec(role, "ip", "route", "get", a.String())
+			if role == "host" && err == nil && (strings.Contains(string(out), "via 192.168.1.1 dev lan0") || strings.Contains(string(out), "via fd00:1::1 dev lan0")) {
+				continue // into the router, which must say unreachable
+			}
 			if err == nil || !strings.Contains(string(out), "unreachable") {
 				return fmt.Errorf("%s: %s is not unreachable (ip route get: %s)", role, a, strings.TrimSpace(string(out)))
 			}

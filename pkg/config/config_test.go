@@ -62,6 +62,9 @@ func TestErrorsNameKeyAndLine(t *testing.T) {
 		{"bad policy", "[network]\npolicy = \"open\"\n", "config t.toml:2: network.policy: unknown policy \"open\""},
 		{"bad cidr", "[network]\nsubnet4 = \"10.89.0.0/33\"\n", "config t.toml:2: network.subnet4"},
 		{"bad allow", "[network]\nallow = [\"1.2.3.0/24\", \"bad name!\"]\n", "config t.toml:2: network.allow[1]"},
+		{"lan with host bits", "[network]\nlan = [\"198.51.100.0/24\", \"198.51.100.1/24\"]\n", "network.lan[1]: \"198.51.100.1/24\" has host bits set (did you mean 198.51.100.0/24?)"},
+		{"lan default route", "[network]\nlan = [\"::/0\"]\n", "network.lan[0]: \"::/0\" covers every address"},
+		{"lan host name", "[network]\nlan = [\"nas.local\"]\n", "network.lan[0]: \"nas.local\" is neither a CIDR nor an address"},
 		{"unknown profile", "[agents.x]\ncommand = [\"sh\"]\nhome = [\"zsh\"]\n", "config t.toml:3: agents.x.home[0]: unknown HOME profile \"zsh\""},
 		{"missing token", "[agents.x]\ncommand = [\"sh\"]\nhome = [\"shell\"]\ntoken_env = { K = \"nope\" }\n", "config t.toml:4: agents.x.token_env.K: names token \"nope\""},
 		{"home override", "[agents.x]\ncommand = [\"sh\"]\nhome = [\"shell\"]\nenv = { HOME = \"/\" }\n", "agents.x.env.HOME: not a settable"},
@@ -99,6 +102,7 @@ func TestExampleConfigIsValidAndComplete(t *testing.T) {
 		"max_requests", "max_output_tokens", "auth", "token_url", "client_id"} {
 		assert.Assert(t, strings.Contains(string(data), key+" ="), "config.example.toml does not document %q", key)
 	}
+	assert.Assert(t, strings.Contains(string(data), "\nlan ="), "config.example.toml does not document network.lan")
 }
 
 func TestSize(t *testing.T) {

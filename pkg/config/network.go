@@ -19,6 +19,10 @@ type Network struct {
 	Subnet6 string `toml:"subnet6"`
 	// Allow lists CIDRs and host names reachable under the allowlist policy.
 	Allow []string `toml:"allow"`
+	// LAN lists CIDRs (or addresses) the seal blocks besides the private
+	// ranges and the prefixes the host routes other than by its default
+	// route: networks of the owner's that sit behind the default route.
+	LAN []string `toml:"lan"`
 }
 
 func defaultNetwork() Network {
@@ -29,6 +33,7 @@ func defaultNetwork() Network {
 		Subnet4: "10.89.0.0/24",
 		Subnet6: "fd89:5eed:cafe::/64",
 		Allow:   []string{},
+		LAN:     []string{},
 	}
 }
 
@@ -60,6 +65,11 @@ func (n *Network) validate() error {
 	for i, a := range n.Allow {
 		if msg := allowEntry(a); msg != "" {
 			return &Error{Key: fmt.Sprintf("network.allow[%d]", i), Msg: msg}
+		}
+	}
+	for i, l := range n.LAN {
+		if _, err := LANPrefix(l); err != nil {
+			return &Error{Key: fmt.Sprintf("network.lan[%d]", i), Msg: err.Error()}
 		}
 	}
 	return nil
@@ -105,14 +115,38 @@ func allowEntry(a string) string {
 // blocked4 and blocked6 mirror firewall.Blocked4 and Blocked6 (a test keeps
 // them equal; config cannot import the firewall package).
 var (
-	blocked4 = []string{"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.0.0.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4"}
-	blocked6 = []string{"::/127", "::ffff:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48", "100::/64", "2001::/32", "2001:2::/48", "2002::/16", "fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8"}
+	blocked4 = []string{"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "168.63.129.16/32", "169.254.0.0/16", "172.16.0.0/12", "192.0.0.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15", "224.0.0.0/4", "240.0.0.0/4"}
+	blocked6 = []string{"::/127", "::/96", "::ffff:0:0/96", "::ffff:0:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48", "100::/64", "100:0:0:1::/64", "2001::/23", "2001::/32", "2001:2::/48", "2002::/16", "5f00::/16", "fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8", "::/3", "4000::/2", "8000::/1"}
 )
 
 // BlockedRanges returns the ranges the allowlist may not name (for tests
 // that keep the two copies equal).
 func BlockedRanges() (v4, v6 []string) {
 	return append([]string{}, blocked4...), append([]string{}, blocked6...)
+}
+
+// LANPrefix parses one network.lan entry: a CIDR without host bits, or a
+// single address. A default route (/0) is refused: it would block the
+// internet and is never what an owner means by a LAN.
+func LANPrefix(s string) (netip.Prefix, error) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		a, aerr := netip.ParseAddr(s)
+		if aerr != nil || a.Zone() != "" {
+			return netip.Prefix{}, fmt.Errorf("%q is neither a CIDR nor an address", s)
+		}
+		p = netip.PrefixFrom(a, a.BitLen())
+	}
+	if p.Addr().Is4In6() {
+		return netip.Prefix{}, fmt.Errorf("%q is an IPv4-mapped IPv6 prefix; write the IPv4 CIDR", s)
+	}
+	if p.Masked() != p {
+		return netip.Prefix{}, fmt.Errorf("%q has host bits set (did you mean %s?)", s, p.Masked())
+	}
+	if p.Bits() == 0 {
+		return netip.Prefix{}, fmt.Errorf("%q covers every address (the internet is not a LAN; use policy none)", s)
+	}
+	return p, nil
 }
 
 func validIfName(s string) bool {

@@ -48,6 +48,10 @@ type Status struct {
 	// Reason is one line saying why OK is false (or, for policy none, that
 	// there is nothing to install).
 	Reason string `json:"reason,omitempty"`
+	// Stale is true when the seal is in place as applied but the host
+	// routes to networks it does not block yet (a VPN or a LAN that came
+	// up since): applying again only blocks more (see Refresh).
+	Stale bool `json:"stale,omitempty"`
 }
 
 // Apply installs the seal for cfg: both tables are (re)created in one
@@ -79,7 +83,15 @@ func ApplyResolved(ctx context.Context, cfg config.Network, opts Options) (Resol
 		resolved = r
 		names = r.Addrs()
 	}
-	p, err := build(cfg, names)
+	var routes []netip.Prefix
+	if cfg.Policy != "none" {
+		r, err := hostRoutes(opts.NetNS, cfg.Bridge)
+		if err != nil {
+			return fail(fmt.Errorf("seal not applied: %w", err))
+		}
+		routes = r
+	}
+	p, err := build(cfg, names, routes)
 	if err != nil {
 		return fail(fmt.Errorf("seal not applied: %w", err))
 	}
@@ -156,11 +168,34 @@ func Verify(ctx context.Context, cfg config.Network, opts Options) (Status, erro
 	if err := ctx.Err(); err != nil {
 		return Status{Policy: cfg.Policy}, err
 	}
-	p, err := build(cfg, nil)
+	var routes []netip.Prefix
+	if cfg.Policy != "none" {
+		r, err := hostRoutes(opts.NetNS, cfg.Bridge)
+		if err != nil {
+			return Status{Policy: cfg.Policy}, err
+		}
+		routes = r
+	}
+	p, err := build(cfg, nil, routes)
 	if err != nil {
 		return Status{Policy: cfg.Policy}, err
 	}
 	return verify(cfg, p, opts)
+}
+
+// Refresh is Verify that applies the seal again when the only thing wrong
+// is that the host routes to networks it does not block yet: the new seal
+// only blocks more. A seal missing or altered in any other way is reported,
+// not repaired (that takes `shrooms net apply`).
+func Refresh(ctx context.Context, cfg config.Network, opts Options) (Status, error) {
+	st, err := Verify(ctx, cfg, opts)
+	if err != nil || st.OK || !st.Stale {
+		return st, err
+	}
+	if err := Apply(ctx, cfg, opts); err != nil {
+		return st, err
+	}
+	return Verify(ctx, cfg, opts)
 }
 
 func verify(cfg config.Network, p *plan, opts Options) (Status, error) {
@@ -194,6 +229,11 @@ func verify(cfg config.Network, p *plan, opts Options) (Status, error) {
 	st.Installed = digest(got.String())
 	if err := checkResolved(c, p); err != nil {
 		st.Reason = err.Error()
+		return st, nil
+	}
+	if err := checkRouted(c, p); err != nil {
+		st.Reason = err.Error()
+		st.Stale = got.String() == want
 		return st, nil
 	}
 	if got.String() != want {

@@ -20,7 +20,7 @@ func render(p *plan) string {
 		sets := append([]setSpec(nil), ts.sets...)
 		sort.Slice(sets, func(i, j int) bool { return sets[i].name < sets[j].name })
 		for _, s := range sets {
-			renderSet(&b, s.name, s.keyType.Name, s.interval, s.resolved, s.elems)
+			renderSet(&b, s.name, s.keyType.Name, s.interval, s.tag(), s.elems)
 		}
 		chains := append([]chainSpec(nil), ts.chains...)
 		sort.Slice(chains, func(i, j int) bool { return chains[i].name < chains[j].name })
@@ -34,11 +34,12 @@ func render(p *plan) string {
 	return b.String()
 }
 
-func renderSet(b *strings.Builder, name, keyType string, interval, resolved bool, elems []nftables.SetElement) {
+func renderSet(b *strings.Builder, name, keyType string, interval bool, tag string, elems []nftables.SetElement) {
 	fmt.Fprintf(b, " set %s type=%s interval=%v", name, keyType, interval)
-	if resolved {
-		// Filled from DNS at apply time: checked by checkResolved instead.
-		b.WriteString(" resolved\n")
+	if tag != "" {
+		// Filled from DNS or from the host's routes at apply time: checked
+		// by checkResolved or checkRouted instead.
+		b.WriteString(" " + tag + "\n")
 		return
 	}
 	b.WriteString("\n")
@@ -133,9 +134,9 @@ func readTable(c *nftables.Conn, ts tableSpec) (string, bool, error) {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "table %s %s flags=%d\n", familyName(ts.family), ts.name, t.Flags)
-	resolved := map[string]bool{}
+	tags := map[string]string{}
 	for _, s := range ts.sets {
-		resolved[s.name] = s.resolved
+		tags[s.name] = s.tag()
 	}
 	sets, err := c.GetSets(t)
 	if err != nil {
@@ -147,7 +148,7 @@ func readTable(c *nftables.Conn, ts tableSpec) (string, bool, error) {
 		if err != nil {
 			return "", true, fmt.Errorf("set %s: %w", s.Name, err)
 		}
-		renderSet(&b, s.Name, s.KeyType.Name, s.Interval, resolved[s.Name], elems)
+		renderSet(&b, s.Name, s.KeyType.Name, s.Interval, tags[s.Name], elems)
 	}
 	chains, err := c.ListChainsOfTableFamily(ts.family)
 	if err != nil {

@@ -16,37 +16,47 @@ import (
 
 // Blocked4 and Blocked6 are the destinations no cage packet may reach under
 // any policy: private, loopback, link-local, CGNAT, benchmarking, multicast,
-// reserved and IPv4-embedding ranges (IANA special-purpose registries).
-// Documentation ranges (TEST-NET, 2001:db8::/32) are not in them: they are
-// not routed on the internet, and the testbed's "internet" lives there.
+// reserved and IPv4-embedding ranges (IANA special-purpose registries,
+// RFC 6890 and its updates), cloud metadata services outside those, and on
+// IPv6 everything outside global unicast 2000::/3. Documentation ranges
+// (TEST-NET, 2001:db8::/32) are not in them: they are not routed on the
+// internet, and the testbed's "internet" lives there. What the host routes
+// to its own networks is added at Apply (see hostRoutes).
 var (
 	Blocked4 = []string{
-		"0.0.0.0/8",      // "this network"
-		"10.0.0.0/8",     // RFC 1918
-		"100.64.0.0/10",  // CGNAT (also Alibaba/UCloud metadata)
-		"127.0.0.0/8",    // loopback
-		"169.254.0.0/16", // link-local, cloud metadata
-		"172.16.0.0/12",  // RFC 1918
-		"192.0.0.0/24",   // IETF protocol assignments
-		"192.88.99.0/24", // 6to4 relay anycast
-		"192.168.0.0/16", // RFC 1918
-		"198.18.0.0/15",  // benchmarking
-		"224.0.0.0/4",    // multicast
-		"240.0.0.0/4",    // reserved, broadcast
+		"0.0.0.0/8",        // "this network"
+		"10.0.0.0/8",       // RFC 1918
+		"100.64.0.0/10",    // CGNAT (also Alibaba 100.100.100.200 and UCloud metadata)
+		"127.0.0.0/8",      // loopback
+		"168.63.129.16/32", // Azure WireServer (VM settings, certificates; ports 80, 32526)
+		"169.254.0.0/16",   // link-local, cloud metadata 169.254.169.254
+		"172.16.0.0/12",    // RFC 1918
+		"192.0.0.0/24",     // IETF protocol assignments
+		"192.88.99.0/24",   // 6to4 relay anycast
+		"192.168.0.0/16",   // RFC 1918
+		"198.18.0.0/15",    // benchmarking
+		"224.0.0.0/4",      // multicast
+		"240.0.0.0/4",      // reserved, broadcast
 	}
 	Blocked6 = []string{
-		"::/127",         // unspecified, loopback
-		"::ffff:0:0/96",  // IPv4-mapped
-		"64:ff9b::/96",   // NAT64
-		"64:ff9b:1::/48", // local NAT64
-		"100::/64",       // discard
-		"2001::/32",      // Teredo (embeds IPv4)
-		"2001:2::/48",    // benchmarking
-		"2002::/16",      // 6to4 (embeds IPv4)
-		"fc00::/7",       // ULA (incl. fd00:ec2::254 metadata)
-		"fe80::/10",      // link-local
-		"fec0::/10",      // deprecated site-local
-		"ff00::/8",       // multicast
+		"::/127",                       // unspecified, loopback
+		"::/96",                        // IPv4-compatible (deprecated; embeds IPv4)
+		"::ffff:0:0/96",                // IPv4-mapped
+		"::ffff:0:0:0/96",              // IPv4-translated (SIIT)
+		"64:ff9b::/96",                 // NAT64
+		"64:ff9b:1::/48",               // local NAT64
+		"100::/64",                     // discard
+		"100:0:0:1::/64",               // dummy prefix
+		"2001::/23",                    // IETF protocol assignments: Teredo (embeds IPv4), benchmarking, ORCHID, AMT, anycast services
+		"2001::/32",                    // Teredo (embeds IPv4)
+		"2001:2::/48",                  // benchmarking
+		"2002::/16",                    // 6to4 (embeds IPv4)
+		"5f00::/16",                    // SRv6 SIDs
+		"fc00::/7",                     // ULA (incl. fd00:ec2::254 metadata)
+		"fe80::/10",                    // link-local
+		"fec0::/10",                    // deprecated site-local
+		"ff00::/8",                     // multicast
+		"::/3", "4000::/2", "8000::/1", // not global unicast (covers all of the above outside 2000::/3)
 	}
 )
 
@@ -68,6 +78,21 @@ type setSpec struct {
 	// resolved marks a set filled from DNS answers: Verify checks its
 	// elements are public addresses rather than an exact list.
 	resolved bool
+	// routed marks a set filled from the host's routes and network.lan:
+	// Verify checks it still covers want (routes come and go).
+	routed bool
+	want   []netip.Prefix
+}
+
+// tag is how render names a set whose elements are checked apart.
+func (s setSpec) tag() string {
+	switch {
+	case s.resolved:
+		return "resolved"
+	case s.routed:
+		return "routed"
+	}
+	return ""
 }
 
 type chainSpec struct {
@@ -114,8 +139,9 @@ func gateways(cfg config.Network) (g4, g6 netip.Addr, err error) {
 func Gateways(cfg config.Network) (gw4, gw6 netip.Addr, err error) { return gateways(cfg) }
 
 // build computes the seal for cfg. names holds the resolved addresses of
-// the allowlist's host names (nil outside the allowlist policy).
-func build(cfg config.Network, names []netip.Addr) (*plan, error) {
+// the allowlist's host names (nil outside the allowlist policy); routes the
+// host's non-default routes (hostRoutes).
+func build(cfg config.Network, names []netip.Addr, routes []netip.Prefix) (*plan, error) {
 	if err := checkCfg(cfg); err != nil {
 		return nil, err
 	}
@@ -134,6 +160,20 @@ func build(cfg config.Network, names []netip.Addr) (*plan, error) {
 	if err != nil {
 		return nil, err
 	}
+	r4, r6, err := routedPrefixes(cfg, routes)
+	if err != nil {
+		return nil, err
+	}
+	routed4, err := prefixesSet("routed4", r4, false)
+	if err != nil {
+		return nil, err
+	}
+	routed6, err := prefixesSet("routed6", r6, true)
+	if err != nil {
+		return nil, err
+	}
+	routed4.routed, routed4.want = true, r4
+	routed6.routed, routed6.want = true, r6
 	ports := setSpec{name: "dnsports", keyType: nftables.TypeInetService}
 	for _, p := range dnsPorts {
 		ports.elems = append(ports.elems, nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(p)})
@@ -141,7 +181,7 @@ func build(cfg config.Network, names []netip.Addr) (*plan, error) {
 	nd := setSpec{name: "nd6", keyType: nftables.TypeICMP6Type, elems: []nftables.SetElement{
 		{Key: []byte{135}}, {Key: []byte{136}}, // neighbour solicitation, advertisement
 	}}
-	sets := []setSpec{no4, no6, ports, nd}
+	sets := []setSpec{no4, no6, routed4, routed6, ports, nd}
 
 	br := cfg.Bridge
 	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
@@ -159,6 +199,10 @@ func build(cfg config.Network, names []netip.Addr) (*plan, error) {
 		// No private, local, multicast or embedding destination, ever.
 		cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), lookup("no4", false), drop),
 		cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), lookup("no6", false), drop),
+		// Nor any network the host routes to other than by its default
+		// route, nor the owner's network.lan.
+		cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), lookup("routed4", false), drop),
+		cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), lookup("routed6", false), drop),
 		// No resolver but the one the cage is given (input chain).
 		cat(iif(br), l4proto(unix.IPPROTO_TCP), dport(), lookup("dnsports", false), drop),
 		cat(iif(br), l4proto(unix.IPPROTO_UDP), dport(), lookup("dnsports", false), drop),
@@ -253,6 +297,9 @@ func checkCfg(cfg config.Network) error {
 		return fmt.Errorf("network.name: %q is not a network name", cfg.Name)
 	}
 	if _, _, err := gateways(cfg); err != nil {
+		return err
+	}
+	if _, _, err := routedPrefixes(cfg, nil); err != nil {
 		return err
 	}
 	if cfg.Policy == "allowlist" {

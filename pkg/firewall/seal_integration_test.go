@@ -154,6 +154,19 @@ func (e *env) battery() []probe {
 		{"metadata v4", "tcp", testbed.Metadata4, 80, false, "tb"},
 		{"metadata v6", "tcp", testbed.Metadata6, 80, false, "tb"},
 		{"metadata udp v4", "udp", testbed.Metadata4, 5000, false, "tb"},
+		// Azure WireServer (behind the default route, like the internet).
+		{"wireserver tcp/80", "tcp", testbed.WireServer, 80, false, "tb"},
+		{"wireserver tcp/32526", "tcp", testbed.WireServer, testbed.WireServerPort, false, "tb"},
+		// A LAN on public addresses and VPN-routed public prefixes: blocked
+		// by the host's routes, not by any fixed range.
+		{"public LAN tcp v4", "tcp", testbed.PublicLAN4, 80, false, "tb"},
+		{"public LAN udp v4", "udp", testbed.PublicLAN4, 5000, false, "tb"},
+		{"public LAN icmp v4", "icmp", testbed.PublicLAN4, 0, false, "tb"},
+		{"global v6 LAN tcp", "tcp", testbed.PublicLAN6, 80, false, "tb"},
+		{"global v6 LAN udp", "udp", testbed.PublicLAN6, 5000, false, "tb"},
+		{"VPN-routed tcp v4", "tcp", testbed.VPN4, 80, false, "tb"},
+		{"VPN-routed tcp v6", "tcp", testbed.VPN6, 80, false, "tb"},
+		{"host public LAN address tcp", "tcp", testbed.HostPublicLAN4, 80, false, "tb"},
 		// D3/D4: the host through the gateway and its LAN addresses.
 		{"host lan tcp v4", "tcp", testbed.HostAddr4, 80, false, "tb"},
 		{"host lan tcp v6", "tcp", testbed.HostAddr6, 80, false, "tb"},
@@ -356,6 +369,8 @@ func TestSealInTestbed(t *testing.T) {
 		}{
 			{"rule deleted", "flush chain inet " + table + " input", "differs"},
 			{"set element removed", "delete element inet " + table + " no4 { 169.254.0.0/16 }", "differs"},
+			{"routed element removed", "delete element inet " + table + " routed4 { 198.51.100.0/24 }", "198.51.100.0/24"},
+			{"routed rule deleted", "delete rule inet " + table + " forward handle " + e.ruleHandle(t, "routed6"), "differs"},
 			{"rule added", "insert rule inet " + table + " forward iifname \"lo\" accept", "differs"},
 			{"table dormant", "add table inet " + table + " { flags dormant; }", "differs"},
 			{"inet table deleted", "delete table inet " + table, "missing"},
@@ -373,6 +388,16 @@ func TestSealInTestbed(t *testing.T) {
 				t.Log(st.Reason)
 			})
 		}
+		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+	})
+
+	t.Run("refresh repairs staleness only", func(t *testing.T) {
+		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		out, err := e.tb.Exec("host", "nft", "flush", "chain", "inet", tableName(e.cfg.Name), "input")
+		assert.NilError(t, err, string(out))
+		st, err := Refresh(ctx, e.cfg, e.opts)
+		assert.NilError(t, err)
+		assert.Assert(t, !st.OK && !st.Stale, "a tampered seal was repaired or called stale: %+v", st)
 		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
 	})
 
@@ -401,6 +426,60 @@ func TestSealInTestbed(t *testing.T) {
 		st, err := Verify(ctx, e.cfg, e.opts)
 		assert.NilError(t, err)
 		assert.Assert(t, st.OK, st.Reason)
+	})
+
+	t.Run("owner-listed lan prefixes behind the default route", func(t *testing.T) {
+		i2v4, i2v6 := testbed.Internet2Addr4, testbed.Internet2Addr6
+		ps := []probe{
+			{"internet v4", "tcp", testbed.InternetAddr4, 80, true, "tb"},
+			{"internet v6", "tcp", testbed.InternetAddr6, 80, true, "tb"},
+			{"listed lan v4", "tcp", i2v4, 80, false, "tb"},
+			{"listed lan v6", "tcp", i2v6, 80, false, "tb"},
+		}
+		// Positive control: under the seal without network.lan they land.
+		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		hit := e.fire(t, "a", ps, all)
+		for _, p := range ps {
+			assert.Check(t, hit[p.name], "%s: no hit under the seal without network.lan", p.name)
+		}
+		cfg := e.cfg
+		cfg.LAN = []string{i2v4.String() + "/32", i2v6.String()}
+		assert.NilError(t, Apply(ctx, cfg, e.opts))
+		st, err := Verify(ctx, cfg, e.opts)
+		assert.NilError(t, err)
+		assert.Assert(t, st.OK, st.Reason)
+		hit = e.fire(t, "a", ps, allowed)
+		for _, p := range ps {
+			assert.Check(t, hit[p.name] == p.open, "%s: hit=%v, want %v", p.name, hit[p.name], p.open)
+		}
+		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+	})
+
+	t.Run("a route added after apply: verify fails, apply closes it", func(t *testing.T) {
+		// A new static route to an internet address over the public LAN
+		// (the router forwards it): a network the seal did not know of.
+		ps := []probe{{"newly routed", "tcp", testbed.Internet2Addr4, 80, false, "tb"}}
+		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		route := []string{"ip", "route", "add", testbed.Internet2Addr4.String() + "/32", "via", testbed.PublicLAN4.String(), "dev", "lan1"}
+		out, err := e.tb.Exec("host", route...)
+		assert.NilError(t, err, string(out))
+		defer func() {
+			e.tb.Exec("host", "ip", "route", "del", testbed.Internet2Addr4.String()+"/32")
+			assert.Check(t, Apply(ctx, e.cfg, e.opts))
+		}()
+		st, err := Verify(ctx, e.cfg, e.opts)
+		assert.NilError(t, err)
+		assert.Assert(t, !st.OK, "a new route went unnoticed")
+		assert.Assert(t, st.Stale, "only the routes changed: %s", st.Reason)
+		assert.Assert(t, strings.Contains(st.Reason, "203.0.113.20/32"), st.Reason)
+		// Positive control: the stale seal lets the probe through.
+		hit := e.fire(t, "a", ps, all)
+		assert.Check(t, hit["newly routed"], "no hit through the stale seal: the test could not see the hole")
+		st, err = Refresh(ctx, e.cfg, e.opts)
+		assert.NilError(t, err)
+		assert.Assert(t, st.OK, st.Reason)
+		hit = e.fire(t, "a", ps, allowed)
+		assert.Check(t, !hit["newly routed"], "SEAL BREACHED: the newly routed address is reachable after apply")
 	})
 
 	t.Run("allowlist", func(t *testing.T) {
@@ -450,6 +529,22 @@ func TestSealInTestbed(t *testing.T) {
 		// Back to the internet policy: Apply swaps the whole seal.
 		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
 	})
+}
+
+// ruleHandle is the handle of the seal's first forward rule that names set.
+func (e *env) ruleHandle(t testing.TB, set string) string {
+	t.Helper()
+	out, err := e.tb.Exec("host", "nft", "-a", "list", "chain", "inet", tableName(e.cfg.Name), "forward")
+	assert.NilError(t, err, string(out))
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "@"+set) {
+			if i := strings.Index(l, "# handle "); i >= 0 {
+				return strings.TrimSpace(l[i+len("# handle "):])
+			}
+		}
+	}
+	t.Fatalf("no forward rule uses @%s:\n%s", set, out)
+	return ""
 }
 
 func (e *env) nft(t testing.TB) string {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,4 +95,70 @@ func benchConfig() *config.Config {
 	cfg.Home.Claude.Settings = map[string]any{"model": "opus"}
 	cfg.Home.Claude.Instructions = "Work in /work.\n"
 	return cfg
+}
+
+// BenchmarkResetOpencodeDB measures the reset of an opencode HOME whose
+// opencode.db holds about 100 MiB of session rows against the same HOME
+// without a database, side by side; the ratio is reported as x-vs-nodb on
+// the db=100MiB case. The rebuild copies the file, folds the WAL, checks the
+// schema and copies the allowlisted rows into a fresh database.
+func BenchmarkResetOpencodeDB(b *testing.B) {
+	var base time.Duration
+	for _, bc := range []struct {
+		name string
+		size int
+	}{{"nodb", 0}, {"db=100MiB", 100 << 20}} {
+		b.Run(bc.name, func(b *testing.B) {
+			task := benchTask(b)
+			task.Profiles = []string{"opencode", "shell"}
+			ctx := context.Background()
+			var src string
+			if bc.size > 0 {
+				src = filepath.Join(b.TempDir(), "opencode.db")
+				db := newOpencodeDB(b, src, false)
+				row := strings.Repeat("x", 64<<10)
+				tx, err := db.Begin()
+				must(b, err)
+				for i := 0; i < bc.size/len(row); i++ {
+					_, err := tx.Exec(`INSERT INTO part VALUES (?, 'msg_1', ?, 1, 1, ?)`, fmt.Sprintf("prt_%06d", i), ocSession, row)
+					must(b, err)
+				}
+				must(b, tx.Commit())
+				must(b, db.Close())
+			}
+			var total time.Duration
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				if src != "" {
+					dst := filepath.Join(HomeDir(task.Root), ".local/share/opencode/opencode.db")
+					must(b, os.MkdirAll(filepath.Dir(dst), 0o755))
+					data, err := os.ReadFile(src)
+					must(b, err)
+					must(b, os.WriteFile(dst, data, 0o600))
+				}
+				b.StartTimer()
+				t0 := time.Now()
+				rep, err := Reset(ctx, ResetInput{Task: task})
+				total += time.Since(t0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if src != "" && len(rep.Rebuilt) == 0 {
+					b.Fatal("opencode.db was not rebuilt")
+				}
+				b.StopTimer()
+				if _, err := Cleanup(ctx, task.Root); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			per := total / time.Duration(b.N)
+			if bc.size == 0 {
+				base = per
+			} else if base > 0 {
+				b.ReportMetric(float64(per)/float64(base), "x-vs-nodb")
+			}
+		})
+	}
 }

@@ -1,8 +1,10 @@
 // Package homereset owns the task HOME: it bootstraps credentials once per
 // task, and before every turn rebuilds HOME from the agent profiles'
-// keep-lists (credentials, sessions; validated, mixed files rebuilt from key
-// allowlists) plus the owner's baseline, so that configuration a turn plants
-// in HOME is gone before the next turn starts. It also writes the managed
+// keep-lists (credentials, sessions; validated, and every kept file but a
+// transcript rebuilt from a field or row allowlist: JSON files from key
+// allowlists, opencode.db from the pinned opencode's schema) plus the
+// owner's baseline, so that configuration a turn plants in HOME, or inside
+// a file HOME keeps, is gone before the next turn starts. It also writes the managed
 // policy the cage mounts read-only outside HOME.
 //
 // Layout inside the task's volume directory (Root, e.g. the podman volume's
@@ -88,12 +90,12 @@ type Report struct {
 	// a dry run, would be).
 	Recovered string   `json:"recovered,omitempty"`
 	Profiles  []string `json:"profiles"`
-	// Kept are the keep-list files carried over unchanged (hard-linked or
-	// copied byte for byte); KeptBytes their total size.
+	// Kept are the keep-list files carried over unchanged (transcripts,
+	// hard-linked); KeptBytes the total size of kept and rebuilt files.
 	Kept      []string `json:"kept"`
 	KeptCount int      `json:"keptCount"`
 	KeptBytes int64    `json:"keptBytes"`
-	// Rebuilt are mixed files rewritten from a key allowlist.
+	// Rebuilt are kept files rewritten from a field or row allowlist.
 	Rebuilt []string `json:"rebuilt"`
 	// Removed are the outermost HOME paths not carried over (at most
 	// maxListed are listed; RemovedCount counts them all).
@@ -105,11 +107,28 @@ type Report struct {
 	Baseline       []string `json:"baseline"`
 	BaselineDigest string   `json:"baselineDigest"`
 	// Warnings name keep-list entries dropped (wrong type, too big,
-	// unparseable) and keys dropped from mixed files. Values never appear.
+	// unparseable) and keys, tables, columns and rows dropped from rebuilt
+	// files. Values never appear.
 	Warnings []string `json:"warnings"`
+	// Dropped lists the same, one entry per dropped path, key, table or
+	// column, with the reason (at most maxListed).
+	Dropped []Drop `json:"dropped"`
 	// Trash is the old tree left for Cleanup ("" in a dry run).
 	Trash    string        `json:"trash,omitempty"`
 	Duration time.Duration `json:"durationNs"`
+}
+
+// Drop is one thing a reset left out of kept state. Values never appear.
+type Drop struct {
+	// Path is the HOME-relative kept file (or path) concerned.
+	Path string `json:"path"`
+	// Item is what was left out of it: a key path ("openai.enterpriseUrl"),
+	// "table account", "column session.share_url", "trigger t"; empty when
+	// the whole path was dropped.
+	Item string `json:"item,omitempty"`
+	// Rows counts the database rows concerned.
+	Rows   int64  `json:"rows,omitempty"`
+	Reason string `json:"reason"`
 }
 
 // maxListed bounds the paths a report lists per category.
@@ -233,6 +252,9 @@ func Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
 		return res, nil
 	}
 	rules, _ := rulesFor(t.Profiles)
+	// A baseline error is Reset's to report; here it only means no MCP URLs.
+	base, _ := baseline(&t.Config.Home, t.Profiles, rules)
+	env := newFilterEnv(base)
 	type seed struct {
 		rel  string
 		data []byte
@@ -249,14 +271,14 @@ func Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
 				return nil, &config.Error{Key: key, Msg: fmt.Sprintf("names token %q, which [tokens] does not define", tok)}
 			}
 			ru := matchFile(rules, strings.Split(rel, "/"))
-			if ru == nil || ru.kind == kindBlob {
+			if ru == nil || ru.kind != kindFilter {
 				return nil, &config.Error{Key: key, Msg: "is not a credential file of the profile's keep-list"}
 			}
 			data, err := readHostFile(path, int64(t.Config.Home.MaxFileSize))
 			if err != nil {
 				return nil, fmt.Errorf("bootstrap %s from token %q: %w", rel, tok, err)
 			}
-			out, _, err := validateJSON(data, ru)
+			out, _, err := validateJSON(data, ru, env)
 			if err != nil {
 				return nil, fmt.Errorf("bootstrap %s from token %q: %v", rel, tok, err)
 			}
@@ -336,9 +358,8 @@ func mkdirAll(dir *os.File, rel string, uid, gid int, dev uint64) (*os.File, err
 }
 
 // validateJSON checks a small keep-list file: a JSON object, rebuilt through
-// the rule's filter if it has one. It returns the bytes to write and the
-// dropped keys.
-func validateJSON(data []byte, ru *rule) ([]byte, []string, error) {
+// the rule's filter. It returns the bytes to write and the dropped keys.
+func validateJSON(data []byte, ru *rule, env *filterEnv) ([]byte, []fieldDrop, error) {
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.UseNumber()
 	var obj map[string]any
@@ -349,9 +370,9 @@ func validateJSON(data []byte, ru *rule) ([]byte, []string, error) {
 		return nil, nil, errors.New("trailing data after the JSON object")
 	}
 	if ru.filter == nil {
-		return data, nil, nil
+		return nil, nil, errors.New("no allowlist for this file")
 	}
-	out, dropped := ru.filter(obj)
+	out, dropped := ru.filter(obj, env)
 	b, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
 		return nil, nil, err
@@ -386,4 +407,28 @@ func readJournal(meta *os.File) (string, error) {
 func validID(id string) bool {
 	_, err := strconv.ParseUint(id, 10, 64)
 	return err == nil && id != ""
+}
+
+// newFilterEnv reads what the filters need from the baseline: the MCP
+// server URLs of the owner's opencode config.
+func newFilterEnv(base []baseFile) *filterEnv {
+	env := &filterEnv{mcpURLs: map[string]string{}}
+	for _, f := range base {
+		if f.rel != agentPaths["opencode"][0] {
+			continue
+		}
+		var cfg struct {
+			MCP map[string]struct {
+				URL string `json:"url"`
+			} `json:"mcp"`
+		}
+		if json.Unmarshal(f.data, &cfg) == nil {
+			for name, s := range cfg.MCP {
+				if s.URL != "" {
+					env.mcpURLs[name] = s.URL
+				}
+			}
+		}
+	}
+	return env
 }

@@ -177,7 +177,7 @@ func TestTurnScenariosInPodman(t *testing.T) {
 [ -f .claude/.credentials.json ] && printf '{"claudeAiOauth":{"accessToken":"at-2","refreshToken":"rt-2"}}' > .claude/.credentials.json
 [ -f .local/share/opencode/auth.json ] && printf '{"anthropic":{"key":"sk-2","type":"api"},"evil":{"type":"wellknown","key":"K","token":"touch $M/wellknown"}}' > .local/share/opencode/auth.json
 mkdir -p .claude/projects/-work .local/share/opencode/storage/session/p
-echo '{"type":"user","message":"hi"}' > .claude/projects/-work/s1.jsonl
+echo '{"type":"user","message":"hi"}' > .claude/projects/-work/` + sid + `.jsonl
 echo '{"id":"ses_1"}' > .local/share/opencode/storage/session/p/ses_1.json
 sh /markers/exec.sh /markers/t1`
 			write(t, filepath.Join(markers, "exec.sh"), execScript)
@@ -185,7 +185,7 @@ sh /markers/exec.sh /markers/t1`
 			fired := markerNames(t, filepath.Join(markers, "t1"))
 			assert.Assert(t, len(fired) >= 30, "positive control: only %d payloads fired in turn 1: %v", len(fired), fired)
 			cred1 := map[string][]byte{}
-			for _, rel := range []string{".claude/.credentials.json", ".claude/projects/-work/s1.jsonl", ".local/share/opencode/storage/session/p/ses_1.json"} {
+			for _, rel := range []string{".claude/.credentials.json", ".claude/projects/-work/" + sid + ".jsonl"} {
 				cred1[rel], _ = os.ReadFile(filepath.Join(home, rel))
 			}
 
@@ -218,7 +218,7 @@ sh /markers/exec.sh /markers/t1`
 				if rel == ".claude.json" {
 					// Turn 1 rewrote it: what survives is its allowlisted part.
 					cj := rule{filter: filterClaudeJSON}
-					want, _, err = validateJSON([]byte(vectors[rel]), &cj)
+					want, _, err = validateJSON([]byte(vectors[rel]), &cj, &filterEnv{})
 					assert.NilError(t, err)
 					assert.Assert(t, !bytes.Contains(want, []byte("touch")))
 				}
@@ -233,14 +233,23 @@ sh /markers/exec.sh /markers/t1`
 					}
 					got, err := os.ReadFile(filepath.Join(home, rel))
 					assert.NilError(t, err, rel)
+					if strings.HasSuffix(rel, ".json") {
+						// Rebuilt from its allowlist: the same object, reformatted.
+						var g, w any
+						assert.NilError(t, json.Unmarshal(got, &g))
+						assert.NilError(t, json.Unmarshal(want, &w))
+						assert.DeepEqual(t, g, w)
+						continue
+					}
 					assert.DeepEqual(t, got, want)
 				}
 			}
 			if contains(profiles, "opencode") {
 				got, _ := os.ReadFile(filepath.Join(home, ".local/share/opencode/auth.json"))
 				assert.Equal(t, string(got), "{\n  \"anthropic\": {\n    \"key\": \"sk-2\",\n    \"type\": \"api\"\n  }\n}\n")
-				got, _ = os.ReadFile(filepath.Join(home, ".local/share/opencode/storage/session/p/ses_1.json"))
-				assert.Equal(t, string(got), "{\"id\":\"ses_1\"}\n")
+				// The pre-SQLite session tree is not kept (opencode 1.18.33 only imports it).
+				_, err = os.Lstat(filepath.Join(home, ".local/share/opencode/storage"))
+				assert.Assert(t, os.IsNotExist(err), "storage/ survived the reset")
 			}
 			_, err = Cleanup(ctx, task.Root)
 			assert.NilError(t, err)
@@ -304,7 +313,7 @@ func TestKillDuringReset(t *testing.T) {
 		}
 		assert.NilError(t, os.MkdirAll(filepath.Join(home, ".claude/projects/-work"), 0o755))
 		for i := 0; i < 4000; i++ {
-			assert.NilError(t, os.WriteFile(filepath.Join(home, fmt.Sprintf(".claude/projects/-work/s%d.jsonl", i)), []byte("{}\n"), 0o600))
+			assert.NilError(t, os.WriteFile(filepath.Join(home, fmt.Sprintf(".claude/projects/-work/%08x-0000-4000-8000-000000000000.jsonl", i)), []byte("{}\n"), 0o600))
 		}
 		write(t, filepath.Join(home, ".bashrc"), "evil")
 	}

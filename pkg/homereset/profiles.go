@@ -9,32 +9,53 @@ import (
 	"strings"
 )
 
-// kind is how a keep-list entry is validated and carried over.
+// kind is how a keep-list entry is validated and carried over. Nothing is
+// carried over opaque except session transcripts: every other kept file is
+// parsed and rebuilt from an allowlist.
 type kind int
 
 const (
-	// kindJSON: a small JSON object, carried over byte for byte once it parses.
-	kindJSON kind = iota
 	// kindFilter: a small JSON object rebuilt from a key allowlist.
-	kindFilter
-	// kindBlob: session data (transcripts, databases), hard-linked into the new
-	// HOME after type, filesystem and size checks; its content is state.
+	kindFilter kind = iota
+	// kindBlob: session transcripts, hard-linked into the new HOME after
+	// type, filesystem and size checks; their content is state.
 	kindBlob
+	// kindOpencodeDB: opencode.db (with its -wal folded in), rebuilt from the
+	// pinned schema's table and column allowlist (opencodedb.go).
+	kindOpencodeDB
 )
 
 // rule is one keep-list entry: a HOME-relative pattern whose segments are
-// path.Match patterns of one name (e.g. "*.jsonl") or a final "**" (any
-// path below).
+// path.Match patterns of one name (e.g. "*.jsonl"), a name holding "{uuid}"
+// (a session id: "{uuid}.jsonl"), or a final "**" (any path below). No
+// segment below the first two may be named "memory" (Claude's auto memory
+// is loaded as instructions).
 type rule struct {
 	pattern []string
 	kind    kind
-	filter  func(map[string]any) (map[string]any, []string)
+	filter  func(map[string]any, *filterEnv) (map[string]any, []fieldDrop)
 	magic   string
 	mode    uint32
 }
 
+// fieldDrop is a key a filter left out, and why.
+type fieldDrop struct{ key, reason string }
+
+// filterEnv is what filters know of the owner's configuration.
+type filterEnv struct {
+	// mcpURLs are the MCP server URLs the owner's opencode baseline config
+	// names, by server name.
+	mcpURLs map[string]string
+}
+
 func r(pattern string, k kind) rule {
 	return rule{pattern: strings.Split(pattern, "/"), kind: k, mode: 0o600}
+}
+
+func rf(pattern string, f func(map[string]any, *filterEnv) (map[string]any, []fieldDrop)) rule {
+	ru := r(pattern, kindFilter)
+	ru.filter = f
+	return ru
 }
 
 // keepLists are the profiles' keep-lists, from reference/agent-surface.md:
@@ -43,35 +64,36 @@ func r(pattern string, k kind) rule {
 func keepList(profile string) []rule {
 	switch profile {
 	case "claude":
-		claudeJSON := r(".claude.json", kindFilter)
-		claudeJSON.filter = filterClaudeJSON
 		return []rule{
-			r(".claude/.credentials.json", kindJSON),
-			claudeJSON,
-			// Transcripts and what --resume/--continue/rewind read. Not
-			// projects/<p>/memory/ (auto memory is loaded as instructions).
-			r(".claude/projects/*/*.jsonl", kindBlob),
-			r(".claude/projects/*/*/subagents/**", kindBlob),
-			r(".claude/projects/*/*/tool-results/**", kindBlob),
-			r(".claude/file-history/**", kindBlob),
+			rf(".claude/.credentials.json", filterClaudeCredentials),
+			rf(".claude.json", filterClaudeJSON),
+			// Transcripts and what --resume/--continue/rewind read, as
+			// Claude Code 2.1.332 writes them: <session>.jsonl, and below
+			// <session>/ subagents/agent-<id>.jsonl and
+			// tool-results/<id>.txt|.json. Never projects/<p>/memory/ (auto
+			// memory is loaded as instructions): the session-id segments
+			// cannot match it, and no "memory" segment matches anywhere.
+			// Not subagents/agent-<id>.meta.json either: it carries a
+			// revived subagent's permission mode and hook switches.
+			r(".claude/projects/*/{uuid}.jsonl", kindBlob),
+			r(".claude/projects/*/{uuid}/subagents/agent-*.jsonl", kindBlob),
+			r(".claude/projects/*/{uuid}/tool-results/*.txt", kindBlob),
+			r(".claude/projects/*/{uuid}/tool-results/*.json", kindBlob),
+			// Checkpoints: file-history/<session>/<hash>@v<n>.
+			r(".claude/file-history/{uuid}/*@v*", kindBlob),
 			r(".claude/history.jsonl", kindBlob),
 		}
 	case "opencode":
-		auth := r(".local/share/opencode/auth.json", kindFilter)
-		auth.filter = filterOpencodeAuth
-		db := r(".local/share/opencode/opencode.db", kindBlob)
+		db := r(".local/share/opencode/opencode.db", kindOpencodeDB)
 		db.magic = "SQLite format 3\x00"
+		// opencode.db-wal is folded into the rebuilt opencode.db and -shm
+		// is rebuilt by SQLite, so neither is kept. The pre-SQLite session
+		// tree (storage/) is not kept either: the pinned opencode keeps its
+		// sessions in opencode.db and only imports storage/ into a new one.
 		return []rule{
-			auth,
-			r(".local/share/opencode/mcp-auth.json", kindJSON),
+			rf(".local/share/opencode/auth.json", filterOpencodeAuth),
+			rf(".local/share/opencode/mcp-auth.json", filterMcpAuth),
 			db,
-			r(".local/share/opencode/opencode.db-wal", kindBlob),
-			r(".local/share/opencode/opencode.db-shm", kindBlob),
-			// The pre-SQLite session layout.
-			r(".local/share/opencode/storage/project/**", kindBlob),
-			r(".local/share/opencode/storage/session/**", kindBlob),
-			r(".local/share/opencode/storage/message/**", kindBlob),
-			r(".local/share/opencode/storage/part/**", kindBlob),
 		}
 	}
 	// shell: generic dotfiles keep nothing; they come from the baseline.
@@ -122,11 +144,40 @@ func globMatch(pattern, segs []string, prefix bool) bool {
 		if i == len(segs) {
 			return prefix
 		}
-		if ok, _ := path.Match(p, segs[i]); !ok {
+		if !segMatch(p, segs[i]) || i >= 2 && segs[i] == "memory" {
 			return false
 		}
 	}
 	return !prefix && len(segs) == len(pattern)
+}
+
+// segMatch matches one path segment: "{uuid}" stands for a session id.
+func segMatch(p, s string) bool {
+	if pre, post, ok := strings.Cut(p, "{uuid}"); ok {
+		return len(s) == len(pre)+36+len(post) && strings.HasPrefix(s, pre) && strings.HasSuffix(s, post) && isUUID(s[len(pre):len(pre)+36])
+	}
+	ok, _ := path.Match(p, s)
+	return ok
+}
+
+// isUUID reports whether s is a lowercase 8-4-4-4-12 hex UUID.
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i, c := range s {
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // claudeKeep are the ~/.claude.json top-level keys that carry sign-in and
@@ -152,23 +203,23 @@ var claudeForced = map[string]any{"autoConnectIde": false, "autoInstallIdeExtens
 // filterClaudeJSON rebuilds ~/.claude.json from the allowlist: sign-in and
 // onboarding state, and per project only session ids, last-run metrics and
 // the onboarding counter. It returns the dropped key paths (never values).
-func filterClaudeJSON(in map[string]any) (map[string]any, []string) {
+func filterClaudeJSON(in map[string]any, _ *filterEnv) (map[string]any, []fieldDrop) {
 	out := map[string]any{}
-	var dropped []string
+	var dropped []fieldDrop
 	for _, k := range slices.Sorted(maps.Keys(in)) {
 		v := in[k]
 		switch {
 		case k == "projects":
 			projects, ok := v.(map[string]any)
 			if !ok {
-				dropped = append(dropped, k)
+				dropped = append(dropped, fieldDrop{k, "not an object"})
 				continue
 			}
 			kept := map[string]any{}
 			for _, p := range slices.Sorted(maps.Keys(projects)) {
 				pv, ok := projects[p].(map[string]any)
 				if !ok {
-					dropped = append(dropped, "projects."+p)
+					dropped = append(dropped, fieldDrop{"projects." + p, "not an object"})
 					continue
 				}
 				np := map[string]any{}
@@ -176,7 +227,7 @@ func filterClaudeJSON(in map[string]any) (map[string]any, []string) {
 					if (strings.HasPrefix(pk, "last") || pk == "projectOnboardingSeenCount") && isScalar(pv[pk]) {
 						np[pk] = pv[pk]
 					} else {
-						dropped = append(dropped, "projects."+p+"."+pk)
+						dropped = append(dropped, fieldDrop{"projects." + p + "." + pk, "not per-project session state"})
 					}
 				}
 				kept[p] = np
@@ -188,7 +239,7 @@ func filterClaudeJSON(in map[string]any) (map[string]any, []string) {
 			out[k] = v
 		case claudeForced[k] != nil:
 		default:
-			dropped = append(dropped, k)
+			dropped = append(dropped, fieldDrop{k, "not on the allowlist of sign-in and onboarding state"})
 		}
 	}
 	for k, v := range claudeForced {
@@ -197,29 +248,220 @@ func filterClaudeJSON(in map[string]any) (map[string]any, []string) {
 	return out, dropped
 }
 
-// filterOpencodeAuth keeps only api and oauth entries of opencode's
-// auth.json, with scalar fields; "wellknown" entries (which fetch remote
-// config and set environment variables) and anything else are dropped.
-func filterOpencodeAuth(in map[string]any) (map[string]any, []string) {
+// filterOpencodeAuth rebuilds opencode's auth.json per provider type from a
+// field allowlist: api {type, key}, oauth {type, refresh, access, expires,
+// accountId?}. "wellknown" entries (which fetch remote config and set
+// environment variables), enterpriseUrl (the next turn's token and prompts
+// would go to that host), api metadata and any other field are dropped, and
+// so is a string that looks like a URL.
+func filterOpencodeAuth(in map[string]any, _ *filterEnv) (map[string]any, []fieldDrop) {
 	out := map[string]any{}
-	var dropped []string
+	var dropped []fieldDrop
 	for _, provider := range slices.Sorted(maps.Keys(in)) {
 		e, ok := in[provider].(map[string]any)
-		if !ok || (e["type"] != "api" && e["type"] != "oauth") {
-			dropped = append(dropped, provider)
+		var spec []field
+		switch {
+		case !validName(provider):
+			// Not named: such a name is a URL or arbitrary text the turn chose.
+			dropped = append(dropped, fieldDrop{badName, "not a provider id (a wellknown entry's URL, or worse)"})
+			continue
+		case !ok:
+			dropped = append(dropped, fieldDrop{provider, "not an object"})
+			continue
+		case e["type"] == "api":
+			spec = []field{{"type", "string", true}, {"key", "string", true}}
+		case e["type"] == "oauth":
+			spec = []field{{"type", "string", true}, {"refresh", "string", true}, {"access", "string", true},
+				{"expires", "number", true}, {"accountId", "string", false}}
+		default:
+			dropped = append(dropped, fieldDrop{provider, "only api and oauth entries are kept"})
 			continue
 		}
-		ne := map[string]any{}
-		for _, k := range slices.Sorted(maps.Keys(e)) {
-			if isScalar(e[k]) {
-				ne[k] = e[k]
-			} else {
-				dropped = append(dropped, provider+"."+k)
-			}
+		ne, d, ok := filterFields(e, spec, provider+".")
+		dropped = append(dropped, d...)
+		if !ok {
+			dropped = append(dropped, fieldDrop{provider, "a required field is missing or of the wrong type"})
+			continue
 		}
 		out[provider] = ne
 	}
 	return out, dropped
+}
+
+// filterClaudeCredentials rebuilds ~/.claude/.credentials.json: only the
+// claude.ai OAuth sign-in the cage's agent uses. Every other slot
+// (mcpOAuth, enterpriseGateway, ...) is dropped.
+func filterClaudeCredentials(in map[string]any, _ *filterEnv) (map[string]any, []fieldDrop) {
+	out := map[string]any{}
+	var dropped []fieldDrop
+	for _, k := range slices.Sorted(maps.Keys(in)) {
+		if k != "claudeAiOauth" {
+			dropped = append(dropped, fieldDrop{k, "only the claudeAiOauth sign-in is kept"})
+			continue
+		}
+		o, ok := in[k].(map[string]any)
+		if !ok {
+			dropped = append(dropped, fieldDrop{k, "not an object"})
+			continue
+		}
+		ne, d, ok := filterFields(o, []field{{"accessToken", "string", true}, {"refreshToken", "string", false},
+			{"expiresAt", "number", false}, {"scopes", "strings", false}, {"subscriptionType", "string?", false},
+			{"rateLimitTier", "string?", false}}, k+".")
+		dropped = append(dropped, d...)
+		if !ok {
+			dropped = append(dropped, fieldDrop{k, "a required field is missing or of the wrong type"})
+			continue
+		}
+		out[k] = ne
+	}
+	return out, dropped
+}
+
+// filterMcpAuth rebuilds opencode's mcp-auth.json: per MCP server, its
+// OAuth tokens and client registration. serverUrl (which opencode requires
+// to equal the server's configured URL before it uses the token) is kept
+// only when it is exactly the URL the owner's baseline config gives that
+// server; codeVerifier and oauthState (a sign-in in progress) are dropped.
+func filterMcpAuth(in map[string]any, env *filterEnv) (map[string]any, []fieldDrop) {
+	out := map[string]any{}
+	var dropped []fieldDrop
+	for _, name := range slices.Sorted(maps.Keys(in)) {
+		e, ok := in[name].(map[string]any)
+		if !validName(name) {
+			dropped = append(dropped, fieldDrop{badName, "not an MCP server name"})
+			continue
+		}
+		if !ok {
+			dropped = append(dropped, fieldDrop{name, "not an MCP server entry"})
+			continue
+		}
+		ne := map[string]any{}
+		for _, k := range slices.Sorted(maps.Keys(e)) {
+			var spec []field
+			switch k {
+			case "tokens":
+				spec = []field{{"accessToken", "string", true}, {"refreshToken", "string", false},
+					{"expiresAt", "number", false}, {"scope", "string", false}}
+			case "clientInfo":
+				spec = []field{{"clientId", "string", true}, {"clientSecret", "string", false},
+					{"clientIdIssuedAt", "number", false}, {"clientSecretExpiresAt", "number", false}}
+			case "serverUrl":
+				if u, _ := e[k].(string); env != nil && u != "" && env.mcpURLs[name] == u {
+					ne[k] = u
+				} else {
+					dropped = append(dropped, fieldDrop{name + "." + k, "URL-bearing, and not the URL the owner configured for this server"})
+				}
+				continue
+			default:
+				dropped = append(dropped, fieldDrop{name + "." + k, "not OAuth state of a finished sign-in"})
+				continue
+			}
+			o, isObj := e[k].(map[string]any)
+			if !isObj {
+				dropped = append(dropped, fieldDrop{name + "." + k, "not an object"})
+				continue
+			}
+			no, d, ok := filterFields(o, spec, name+"."+k+".")
+			dropped = append(dropped, d...)
+			if !ok {
+				dropped = append(dropped, fieldDrop{name + "." + k, "a required field is missing or of the wrong type"})
+				continue
+			}
+			ne[k] = no
+		}
+		out[name] = ne
+	}
+	return out, dropped
+}
+
+// field is one allowlisted key of a JSON object: its type ("string",
+// "string?" (or null), "number", "strings" (array of strings)) and whether
+// the object is invalid without it.
+type field struct {
+	key, typ string
+	required bool
+}
+
+// filterFields copies the allowlisted fields of in that have the right type
+// and carry no URL. ok is false when a required field was not copied.
+func filterFields(in map[string]any, spec []field, prefix string) (map[string]any, []fieldDrop, bool) {
+	out := map[string]any{}
+	var dropped []fieldDrop
+	ok := true
+	for _, k := range slices.Sorted(maps.Keys(in)) {
+		i := slices.IndexFunc(spec, func(f field) bool { return f.key == k })
+		switch {
+		case i < 0 && urlKey(k):
+			dropped = append(dropped, fieldDrop{prefix + k, "URL-bearing"})
+		case i < 0:
+			dropped = append(dropped, fieldDrop{prefix + k, "not on the allowlist"})
+		case !fieldType(in[k], spec[i].typ):
+			dropped = append(dropped, fieldDrop{prefix + k, "not a " + spec[i].typ})
+		case looksLikeURL(in[k]):
+			dropped = append(dropped, fieldDrop{prefix + k, "URL-bearing"})
+		default:
+			out[k] = in[k]
+		}
+	}
+	for _, f := range spec {
+		if _, kept := out[f.key]; f.required && !kept {
+			ok = false
+		}
+	}
+	return out, dropped, ok
+}
+
+func fieldType(v any, t string) bool {
+	switch t {
+	case "string?":
+		return v == nil || isType(v, "string")
+	case "strings":
+		a, ok := v.([]any)
+		if !ok {
+			return false
+		}
+		for _, x := range a {
+			if _, ok := x.(string); !ok {
+				return false
+			}
+		}
+		return true
+	}
+	return isType(v, t)
+}
+
+// urlKey reports whether a key's name says it holds an address.
+func urlKey(k string) bool {
+	k = strings.ToLower(k)
+	return strings.Contains(k, "url") || strings.Contains(k, "endpoint") || strings.Contains(k, "host") || strings.Contains(k, "uri")
+}
+
+// looksLikeURL reports whether a value (or an element of it) is an address.
+func looksLikeURL(v any) bool {
+	switch x := v.(type) {
+	case string:
+		return strings.Contains(x, "://") || strings.HasPrefix(strings.ToLower(x), "www.")
+	case []any:
+		return slices.ContainsFunc(x, looksLikeURL)
+	}
+	return false
+}
+
+// badName stands in the report for an entry whose name is not a plain id,
+// so that text a turn chose never reaches the report.
+const badName = "(an entry whose name is not an id)"
+
+// validName reports whether a provider or server name is a plain id.
+func validName(s string) bool {
+	if s == "" || len(s) > 128 {
+		return false
+	}
+	for _, c := range s {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
 }
 
 func isScalar(v any) bool {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -49,7 +50,7 @@ func Reset(ctx context.Context, in ResetInput) (*Report, error) {
 		return nil, fmt.Errorf("task HOME %s is not bootstrapped; run bootstrap first", in.Root)
 	}
 	rep := &Report{Home: HomeDir(in.Root), DryRun: in.DryRun, Profiles: in.Profiles,
-		Kept: []string{}, Rebuilt: []string{}, Removed: []string{}, Warnings: []string{}, Baseline: []string{}}
+		Kept: []string{}, Rebuilt: []string{}, Removed: []string{}, Warnings: []string{}, Dropped: []Drop{}, Baseline: []string{}}
 	for _, f := range base {
 		rep.Baseline = append(rep.Baseline, f.rel)
 	}
@@ -70,7 +71,7 @@ func Reset(ctx context.Context, in ResetInput) (*Report, error) {
 		return nil, err
 	}
 	defer trash.Close()
-	s := &resetter{in: in, v: v, trash: trash, rules: rules, base: base}
+	s := &resetter{in: in, v: v, trash: trash, rules: rules, base: base, env: newFilterEnv(base)}
 
 	id, err := readJournal(v.meta)
 	if err != nil {
@@ -114,6 +115,7 @@ type resetter struct {
 	trash *os.File
 	rules []rule
 	base  []baseFile
+	env   *filterEnv
 }
 
 // Crash protocol for reset <id>:
@@ -262,7 +264,10 @@ func (s *resetter) build(ctx context.Context, srcParent *os.File, srcName string
 		}
 		return fmt.Errorf("open old HOME: %w", err)
 	}
-	b := &builder{s: s, rep: rep, dry: stage == nil}
+	b := &builder{ctx: ctx, s: s, rep: rep, dry: stage == nil, src: filepath.Join(s.in.Root, homeName)}
+	if srcParent == s.trash {
+		b.src = filepath.Join(s.in.Root, metaName, trashName, srcName)
+	}
 	top := &walkFrame{dir: root, stage: stage}
 	stack := []*walkFrame{top}
 	defer func() {
@@ -351,6 +356,9 @@ func (f *walkFrame) close(stage *os.File) {
 }
 
 type builder struct {
+	ctx context.Context
+	// src is the host path of the tree being walked, for messages.
+	src   string
 	s     *resetter
 	rep   *Report
 	dry   bool
@@ -385,8 +393,16 @@ func (b *builder) removed(rel string) {
 
 func (b *builder) drop(rel, why string) {
 	b.removed(rel)
+	b.dropped(Drop{Path: rel, Reason: why}, "dropped "+rel+": "+why)
+}
+
+// dropped records something left out of kept state, with a warning line.
+func (b *builder) dropped(d Drop, warning string) {
 	if len(b.rep.Warnings) < maxListed {
-		b.rep.Warnings = append(b.rep.Warnings, "dropped "+rel+": "+why)
+		b.rep.Warnings = append(b.rep.Warnings, warning)
+	}
+	if len(b.rep.Dropped) < maxListed {
+		b.rep.Dropped = append(b.rep.Dropped, d)
 	}
 }
 
@@ -413,7 +429,7 @@ func (b *builder) stageDir(fr *walkFrame) (*os.File, error) {
 func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, ru *rule) error {
 	h := &b.s.in.Config.Home
 	limit := int64(h.MaxFileSize)
-	if ru.kind == kindBlob {
+	if ru.kind != kindFilter {
 		limit = int64(h.MaxSessionFile)
 	}
 	switch {
@@ -431,38 +447,39 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 		return nil
 	}
 	var data []byte
-	var dropped []string
+	var dropped []fieldDrop
 	if ru.kind != kindBlob || ru.magic != "" {
 		max := limit
-		if ru.kind == kindBlob {
+		if ru.kind != kindFilter {
 			max = int64(len(ru.magic))
 		}
-		raw, err := readHead(fd, max, ru.kind == kindBlob)
+		raw, err := readHead(fd, max, ru.kind != kindFilter)
 		if err != nil {
 			b.drop(rel, fmt.Sprintf("cannot be read (%v)", err))
 			return nil
 		}
-		if ru.kind == kindBlob {
-			if st.Size > 0 && string(raw) != ru.magic {
+		if ru.kind != kindFilter {
+			if (st.Size > 0 || ru.kind == kindOpencodeDB) && string(raw) != ru.magic {
 				b.drop(rel, "does not start with the expected file signature")
 				return nil
 			}
 		} else {
-			data, dropped, err = validateJSON(raw, ru)
+			data, dropped, err = validateJSON(raw, ru, b.s.env)
 			if err != nil {
 				b.drop(rel, err.Error())
 				return nil
 			}
 		}
 	}
+	if ru.kind == kindOpencodeDB {
+		return b.keepOpencodeDB(fd, st, fr, name, rel, ru, limit)
+	}
 	b.files++
 	b.rep.KeptBytes += st.Size
 	if ru.kind == kindFilter {
 		b.rep.Rebuilt = appendCapped(b.rep.Rebuilt, rel)
-		for _, k := range dropped {
-			if len(b.rep.Warnings) < maxListed {
-				b.rep.Warnings = append(b.rep.Warnings, fmt.Sprintf("rebuilt %s without key %q", rel, k))
-			}
+		for _, d := range dropped {
+			b.dropped(Drop{Path: rel, Item: d.key, Reason: d.reason}, fmt.Sprintf("rebuilt %s without key %q: %s", rel, d.key, d.reason))
 		}
 	} else {
 		b.rep.KeptCount++
@@ -490,6 +507,94 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 		return fmt.Errorf("stage %s: chmod: %w", rel, err)
 	}
 	return nil
+}
+
+// keepOpencodeDB rebuilds opencode.db (fd, already checked for type, size
+// and signature) with its -wal folded in, into the stage. A database of an
+// unknown schema fails the reset; one SQLite cannot read is dropped.
+func (b *builder) keepOpencodeDB(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, ru *rule, limit int64) error {
+	walFd := -1
+	wfd, wst, err := openNode(fr.dir, name+"-wal")
+	switch {
+	case errors.Is(err, unix.ENOENT):
+	case err != nil:
+		b.dropped(Drop{Path: rel + "-wal", Reason: "cannot be opened safely; rebuilt without it"}, fmt.Sprintf("dropped %s-wal: cannot be opened safely (%v)", rel, errors.Unwrap(err)))
+	default:
+		defer unix.Close(wfd)
+		typ := wst.Mode & unix.S_IFMT
+		switch {
+		case typ != unix.S_IFREG:
+			b.dropped(Drop{Path: rel + "-wal", Reason: "is a " + typeName(typ) + "; rebuilt without it"}, "dropped "+rel+"-wal: is a "+typeName(typ))
+		case uint64(wst.Dev) != b.s.v.dev:
+			b.dropped(Drop{Path: rel + "-wal", Reason: "is on another filesystem; rebuilt without it"}, "dropped "+rel+"-wal: is on another filesystem")
+		case wst.Size > limit:
+			b.dropped(Drop{Path: rel + "-wal", Reason: "over the size cap; rebuilt without it"}, fmt.Sprintf("dropped %s-wal: is %d bytes, over the %d-byte cap", rel, wst.Size, limit))
+		default:
+			walFd = wfd
+		}
+	}
+	h := &b.s.in.Config.Home
+	if b.rep.KeptBytes+st.Size > int64(h.MaxKeepSize) {
+		b.drop(rel, "would exceed home.max_keep_size")
+		return nil
+	}
+	var drops []dbDrop
+	var size int64
+	if b.dry {
+		drops, err = rebuildOpencodeDB(b.ctx, fd, walFd, limit, nil)
+	} else {
+		dir, derr := b.stageDir(fr)
+		if derr != nil {
+			return fmt.Errorf("stage %s: %w", rel, derr)
+		}
+		err = writeFileFrom(dir, name, ru.mode, b.s.in.UID, b.s.in.GID, func(w io.Writer) error {
+			cw := &countWriter{w: w}
+			var rerr error
+			drops, rerr = rebuildOpencodeDB(b.ctx, fd, walFd, limit, cw)
+			size = cw.n
+			return rerr
+		})
+	}
+	var se *errSchema
+	if errors.As(err, &se) {
+		return fmt.Errorf("%s: %s (to start this task without its opencode sessions, delete %s/%s*)", rel, se.msg, b.src, rel)
+	}
+	if err != nil {
+		if cerr := b.ctx.Err(); cerr != nil {
+			return cerr
+		}
+		if u := errors.Unwrap(err); u != nil {
+			err = u
+		}
+		b.drop(rel, fmt.Sprintf("cannot be rebuilt (%v)", err))
+		return nil
+	}
+	b.files++
+	b.rep.KeptBytes += size
+	what := rel
+	if walFd >= 0 {
+		what += " (with -wal folded in)"
+	}
+	b.rep.Rebuilt = appendCapped(b.rep.Rebuilt, what)
+	for _, d := range drops {
+		w := fmt.Sprintf("rebuilt %s without %s: %s", rel, d.item, d.reason)
+		if d.rows > 0 {
+			w = fmt.Sprintf("rebuilt %s without %s (%d rows): %s", rel, d.item, d.rows, d.reason)
+		}
+		b.dropped(Drop{Path: rel, Item: d.item, Rows: d.rows, Reason: d.reason}, w)
+	}
+	return nil
+}
+
+type countWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // readHead reads a whole small file, or (head) just its first max bytes.

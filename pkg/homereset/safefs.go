@@ -130,6 +130,14 @@ func mkdirOwned(dir *os.File, name string, mode uint32, uid, gid int, dev uint64
 // writeFileAt atomically replaces dir/name with data (temp file + rename),
 // owned by uid:gid. The rename replaces a link or FIFO at name, never follows it.
 func writeFileAt(dir *os.File, name string, data []byte, mode uint32, uid, gid int) error {
+	return writeFileFrom(dir, name, mode, uid, gid, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	})
+}
+
+// writeFileFrom is writeFileAt with the content written by fill.
+func writeFileFrom(dir *os.File, name string, mode uint32, uid, gid int, fill func(io.Writer) error) error {
 	tmp := ".shrooms-tmp-" + name
 	if len(tmp) > 255 {
 		tmp = tmp[:255]
@@ -141,7 +149,7 @@ func writeFileAt(dir *os.File, name string, data []byte, mode uint32, uid, gid i
 	}
 	f := os.NewFile(uintptr(fd), tmp)
 	err = func() error {
-		if _, err := f.Write(data); err != nil {
+		if err := fill(f); err != nil {
 			return err
 		}
 		if err := f.Chown(uid, gid); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -19,7 +20,7 @@ import (
 
 func kernelChecks() []check {
 	return []check{
-		{"B1", "writable /proc/sys and /sys hooks", "zero-byte open-for-write of core_pattern, modprobe, binfmt_misc/register, panic_on_oom, suid_dumpable, sysrq-trigger, uevent_helper, securityfs, efivars", checkHooks},
+		{"B1", "writable /proc/sys and /sys hooks", "zero-byte open-for-write of core_pattern, modprobe, binfmt_misc/register, panic_on_oom, suid_dumpable, sysrq-trigger, uevent_helper, securityfs, efivars; RLIMIT_CORE is 0", checkHooks},
 		{"B2", "masked paths", "stat/read kcore, keys, timer_list, sched_debug, acpi, scsi, latency_stats, /sys/firmware", checkMasked},
 		{"B3", "cgroup escape", "fstype of /sys/fs/cgroup; release_agent; mkdir and zero-byte writes in the cgroup tree", checkCgroup},
 		{"B4", "nested user namespace", "clone(CLONE_NEWUSER|CLONE_NEWNS) a child that mounts a tmpfs inside it", checkNestedUserNS},
@@ -29,6 +30,7 @@ func kernelChecks() []check {
 		{"B8", "kernel keyring", "keyctl DESCRIBE sweep around the session keyring; read /proc/keys", checkKeyring},
 		{"B9", "TIOCSTI", "TIOCSTI and its high-bits variant on the inherited fds and /dev/tty", checkTIOCSTI},
 		{"B10", "kernel info leaks", "dmesg, kallsyms addresses, debugfs, config.gz, uname", checkKernelInfo},
+		{"B11", "socket families", "socket() with an invalid type for vsock, alg, key, packet, bluetooth and other families, and netlink protocols besides routing; open AF_VSOCK", checkSocketFamilies},
 	}
 }
 
@@ -54,7 +56,20 @@ func checkHooks(_ context.Context, _ Params, c *Check) {
 			}
 		}
 	}
-	c.Observed = fmt.Sprintf("%d hooks tried", len(c.Evidence))
+	hooks := len(c.Evidence)
+	// A core dump hands the crashing process's memory to the host's
+	// core_pattern (often a pipe to a root helper outside the cage).
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_CORE, &lim); err != nil {
+		c.Verdict, c.Reason = Error, "getrlimit(RLIMIT_CORE): "+err.Error()
+		return
+	}
+	pattern, _ := os.ReadFile("/proc/sys/kernel/core_pattern")
+	c.ev("RLIMIT_CORE soft %d hard %d; core_pattern %q", lim.Cur, lim.Max, strings.TrimSpace(string(pattern)))
+	if lim.Cur != 0 || lim.Max != 0 {
+		c.escape("core dumps are on (RLIMIT_CORE soft %d hard %d): a crash hands cage memory to the host's core_pattern", lim.Cur, lim.Max)
+	}
+	c.Observed = fmt.Sprintf("%d hooks tried; RLIMIT_CORE %d/%d", hooks, lim.Cur, lim.Max)
 	c.settle(Sealed, "")
 }
 
@@ -461,4 +476,86 @@ func checkKernelInfo(_ context.Context, _ Params, c *Check) {
 		f.Close()
 	}
 	c.settle(Residual, "the cage shares the host kernel: its version ("+rel+", "+runtime.GOARCH+") is visible and kernel bugs are in reach; keep the host kernel patched")
+}
+
+// socketFamily is one socket() the cage has no use for.
+type socketFamily struct {
+	name          string
+	family, proto int
+	allowed       bool // unix, inet, inet6, netlink routing: must reach the kernel
+}
+
+func socketFamilies() []socketFamily {
+	return []socketFamily{
+		{"AF_UNIX", unix.AF_UNIX, 0, true},
+		{"AF_INET", unix.AF_INET, 0, true},
+		{"AF_INET6", unix.AF_INET6, 0, true},
+		{"AF_NETLINK/ROUTE", unix.AF_NETLINK, unix.NETLINK_ROUTE, true},
+		{"AF_VSOCK", unix.AF_VSOCK, 0, false},
+		{"AF_ALG", unix.AF_ALG, 0, false},
+		{"AF_KEY", unix.AF_KEY, 0, false},
+		{"AF_PACKET", unix.AF_PACKET, 0, false},
+		{"AF_BLUETOOTH", unix.AF_BLUETOOTH, 0, false},
+		{"AF_TIPC", unix.AF_TIPC, 0, false},
+		{"AF_RDS", unix.AF_RDS, 0, false},
+		{"AF_CAN", unix.AF_CAN, 0, false},
+		{"AF_XDP", unix.AF_XDP, 0, false},
+		{"AF_KCM", unix.AF_KCM, 0, false},
+		{"AF_SMC", unix.AF_SMC, 0, false},
+		{"AF_QIPCRTR", unix.AF_QIPCRTR, 0, false},
+		{"AF_NFC", unix.AF_NFC, 0, false},
+		{"AF_X25", unix.AF_X25, 0, false},
+		{"AF_AX25", unix.AF_AX25, 0, false},
+		{"AF_APPLETALK", unix.AF_APPLETALK, 0, false},
+		{"AF_LLC", unix.AF_LLC, 0, false},
+		{"AF_PPPOX", unix.AF_PPPOX, 0, false},
+		{"AF_NETLINK/NETFILTER", unix.AF_NETLINK, unix.NETLINK_NETFILTER, false},
+		{"AF_NETLINK/SOCK_DIAG", unix.AF_NETLINK, unix.NETLINK_SOCK_DIAG, false},
+		{"AF_NETLINK/XFRM", unix.AF_NETLINK, unix.NETLINK_XFRM, false},
+		{"AF_NETLINK/CRYPTO", unix.AF_NETLINK, unix.NETLINK_CRYPTO, false},
+		{"AF_NETLINK/KOBJECT_UEVENT", unix.AF_NETLINK, unix.NETLINK_KOBJECT_UEVENT, false},
+	}
+}
+
+// checkSocketFamilies asks, without opening anything, which families reach
+// the kernel: the kernel rejects an invalid socket type (15) with EINVAL
+// before it looks the family up, so EINVAL means the call got past seccomp
+// whether or not the kernel has the family, and EAFNOSUPPORT or
+// EPROTONOSUPPORT that the filter refused it. AF_VSOCK is also opened for
+// real (nothing is sent): on a VM host it reaches the hypervisor and host
+// vsock services without crossing the network seal.
+func checkSocketFamilies(_ context.Context, p Params, c *Check) {
+	const badType = 15
+	var reached []string
+	for _, f := range socketFamilies() {
+		fd, err := unix.Socket(f.family, badType, f.proto)
+		if err == nil {
+			unix.Close(fd)
+		}
+		c.ev("socket(%s, 15): %s", f.name, errnoName(err))
+		switch {
+		case f.allowed && !errors.Is(err, unix.EINVAL):
+			c.Verdict, c.Reason = Error, fmt.Sprintf("socket(%s) with an invalid type gave %s, not EINVAL: the test cannot tell seccomp from the kernel here", f.name, errnoName(err))
+			return
+		case f.allowed:
+		case errors.Is(err, unix.EINVAL):
+			reached = append(reached, f.name)
+			if p.StrictSeccomp {
+				c.escape("socket(%s) reaches the kernel", f.name)
+			}
+		}
+	}
+	fd, err := unix.Socket(unix.AF_VSOCK, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err == nil {
+		unix.Close(fd)
+		c.escape("socket(AF_VSOCK, SOCK_STREAM) opens: a channel to the hypervisor and host vsock services outside the network seal")
+	} else {
+		c.ev("socket(AF_VSOCK, SOCK_STREAM): %s", errnoName(err))
+	}
+	c.Observed = fmt.Sprintf("%d of %d unneeded families reach the kernel", len(reached), len(socketFamilies())-4)
+	if len(reached) > 0 {
+		c.settle(Residual, "podman's default seccomp profile allows "+strings.Join(reached, ", ")+"; set cage.seccomp to shrooms' profile")
+		return
+	}
+	c.settle(Sealed, "")
 }

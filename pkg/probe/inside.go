@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 	"time"
@@ -23,6 +24,9 @@ type check struct {
 // dropped.
 func Inside(ctx context.Context, p Params) *Report {
 	r := &Report{Schema: SchemaVersion}
+	if len(p.Internet) == 0 && len(p.InternetNames) > 0 {
+		p.Internet = resolveNames(ctx, p.InternetNames)
+	}
 	for _, ch := range battery() {
 		c := Check{ID: ch.id, Name: ch.name, Attempt: ch.attempt, Evidence: []string{}}
 		func() {
@@ -168,4 +172,19 @@ func hasOpt(opts, o string) bool {
 
 func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, d)
+}
+
+// resolveNames resolves names the way the cage's programs do (its
+// resolv.conf and /etc/hosts), each within a few seconds.
+func resolveNames(ctx context.Context, names []string) []string {
+	var out []string
+	for _, n := range names {
+		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		as, err := net.DefaultResolver.LookupHost(rctx, n)
+		cancel()
+		if err == nil {
+			out = append(out, as...)
+		}
+	}
+	return out
 }

@@ -36,6 +36,9 @@ type Options struct {
 	// address the inside listens on for D15, so the caller can try to
 	// connect to the cage while the battery runs.
 	OnInbound func(addr string, port int)
+	// Peer starts a peer cage (task Task+"-peer") for D8 when Params name
+	// no peers, and removes it after the battery.
+	Peer bool
 }
 
 // ParamsFlag is the `probe inside` flag that carries Params as JSON.
@@ -59,13 +62,21 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*Report, *turn.Result,
 	if fi, err := os.Stat(bin); err != nil || !fi.Mode().IsRegular() {
 		return nil, nil, fmt.Errorf("probe: %s is not a regular file", bin)
 	}
-	params, err := json.Marshal(o.Params)
-	if err != nil {
-		return nil, nil, fmt.Errorf("probe: params: %w", err)
-	}
 	timeout := o.Timeout
 	if timeout <= 0 {
 		timeout = 2 * time.Minute
+	}
+	if o.Peer && len(o.Params.Peers) == 0 {
+		peers, stop, err := startPeer(ctx, r, o, bin, timeout)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer stop()
+		o.Params.Peers = peers
+	}
+	params, err := json.Marshal(o.Params)
+	if err != nil {
+		return nil, nil, fmt.Errorf("probe: params: %w", err)
 	}
 	var stdout bytes.Buffer
 	stderr := &announceWriter{next: o.Stderr, on: o.OnInbound}
@@ -91,6 +102,46 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*Report, *turn.Result,
 	return rep, res, nil
 }
 
+// startPeer runs a peer cage of the task's agent (another turn, task
+// Task+"-peer") until stop, and returns the addresses it announced.
+func startPeer(ctx context.Context, r *turn.Runner, o Options, bin string, timeout time.Duration) ([]string, func(), error) {
+	pctx, cancel := context.WithCancel(ctx)
+	found := make(chan []string, 1)
+	w := &announceWriter{onLine: func(f []string) {
+		if len(f) > 1 && f[0] == PeerAnnounce {
+			select {
+			case found <- f[1:]:
+			default:
+			}
+		}
+	}}
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Run(pctx, turn.Request{
+			Task: o.Task + "-peer", Agent: o.Agent,
+			Command: append(append([]string{BinaryPath}, InsideArgs...), PeerArg),
+			ExtraMounts: []mounts.Mount{{
+				Kind: mounts.Bind, Source: bin, Dest: BinaryPath, ReadOnly: true,
+				Options: []string{"rbind", "nosuid", "nodev"},
+			}},
+			Timeout: timeout + time.Minute,
+			Streams: podman.Streams{Stderr: w},
+		})
+		done <- err
+	}()
+	stop := func() { cancel(); <-done }
+	select {
+	case peers := <-found:
+		return peers, stop, nil
+	case err := <-done:
+		cancel()
+		return nil, nil, fmt.Errorf("probe: peer cage ended before it announced its addresses: %v", err)
+	case <-time.After(time.Minute):
+		stop()
+		return nil, nil, fmt.Errorf("probe: peer cage did not announce its addresses within a minute")
+	}
+}
+
 // lastJSON is the last line of out that looks like a JSON object.
 func lastJSON(out []byte) []byte {
 	lines := bytes.Split(bytes.TrimSpace(out), []byte("\n"))
@@ -106,12 +157,13 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 // announceWriter passes the cage's stderr on and reacts to D15 announces.
 type announceWriter struct {
-	next io.Writer
-	on   func(string, int)
-	mu   sync.Mutex
-	buf  []byte
-	last []byte
-	wg   sync.WaitGroup
+	next   io.Writer
+	on     func(string, int)
+	onLine func([]string) // every line, split into fields
+	mu     sync.Mutex
+	buf    []byte
+	last   []byte
+	wg     sync.WaitGroup
 }
 
 func (a *announceWriter) Write(p []byte) (int, error) {
@@ -129,6 +181,9 @@ func (a *announceWriter) Write(p []byte) (int, error) {
 		line := string(a.buf[:i])
 		a.buf = a.buf[i+1:]
 		f := strings.Fields(line)
+		if a.onLine != nil {
+			a.onLine(f)
+		}
 		if len(f) == 3 && f[0] == InboundAnnounce && a.on != nil {
 			port, _ := strconv.Atoi(f[2])
 			a.wg.Add(1)

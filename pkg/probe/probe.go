@@ -20,7 +20,7 @@
 //	Report  {schema: 1, checks: [Check...], summary: {sealed, escaped, residual, error: int}}
 //	Check   {id: "A1", name, attempt, observed, errno?, verdict, evidence: [string], reason?}
 //	verdict one of "sealed", "escaped", "residual", "error"
-//	Params  {policy, strictSeccomp, secretEnv, internet, gateway, host, lan,
+//	Params  {policy, strictSeccomp, secretEnv, internet, internetNames, gateway, host, lan,
 //	         metadata, peers, resolvers, tcpPorts, udpPorts, dnsZone, nonce,
 //	         multicast, inboundPort, inboundWaitMs}
 //
@@ -103,12 +103,16 @@ type Params struct {
 	StrictSeccomp bool     `json:"strictSeccomp"` // a shrooms-style profile is configured
 	SecretEnv     []string `json:"secretEnv"`     // env vars deliberately injected
 	Internet      []string `json:"internet"`      // addresses the policy allows (D2)
-	Gateway       []string `json:"gateway"`       // cage network gateways (D3)
-	Host          []string `json:"host"`          // other host addresses (D4)
-	LAN           []string `json:"lan"`           // LAN and private-range addresses (D6)
-	Metadata      []string `json:"metadata"`      // metadata services (D7)
-	Peers         []string `json:"peers"`         // other cages (D8)
-	Resolvers     []string `json:"resolvers"`     // DNS servers other than the gateway (D9b/c)
+	// InternetNames are resolved inside the cage, through what the cage
+	// is given (its resolver or /etc/hosts), into Internet when that is
+	// empty: a positive control without a targets file.
+	InternetNames []string `json:"internetNames,omitempty"`
+	Gateway       []string `json:"gateway"`   // cage network gateways (D3)
+	Host          []string `json:"host"`      // other host addresses (D4)
+	LAN           []string `json:"lan"`       // LAN and private-range addresses (D6)
+	Metadata      []string `json:"metadata"`  // metadata services (D7)
+	Peers         []string `json:"peers"`     // other cages (D8)
+	Resolvers     []string `json:"resolvers"` // DNS servers other than the gateway (D9b/c)
 	TCPPorts      []int    `json:"tcpPorts"`
 	UDPPorts      []int    `json:"udpPorts"`
 	DNSZone       string   `json:"dnsZone"`   // canary zone for D9e

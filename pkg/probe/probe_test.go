@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -33,7 +35,7 @@ func TestSchemaGolden(t *testing.T) {
 		Report *Report `json:"report"`
 		Params Params  `json:"params"`
 	}{sample(), Params{Policy: "internet", StrictSeccomp: true, SecretEnv: []string{"K"}, Internet: []string{"203.0.113.10"},
-		Gateway: []string{"10.89.0.1"}, Host: []string{"192.168.1.2"}, LAN: []string{"192.168.1.1"}, Metadata: []string{"169.254.169.254"},
+		InternetNames: []string{"example.com"}, Gateway: []string{"10.89.0.1"}, Host: []string{"192.168.1.2"}, LAN: []string{"192.168.1.1"}, Metadata: []string{"169.254.169.254"},
 		Peers: []string{"10.89.0.3"}, Resolvers: []string{"203.0.113.10"}, TCPPorts: []int{80}, UDPPorts: []int{5000}, DNSZone: "canary.test",
 		Nonce: "n", Multicast: true, InboundPort: 18080, InboundWaitMs: 3000}}, "", "  ")
 	assert.NilError(t, err)
@@ -89,7 +91,7 @@ func TestBatteryCoversTheTable(t *testing.T) {
 	for _, c := range battery() {
 		ids = append(ids, c.id)
 	}
-	want := "A1 A2 A3 A4 A5 A6 A7 B1 B2 B3 B4 B5 B6 B7 B8 B9 B10 C1 C2 C3 C4 D1 D2 D3 D4 D5 D6 D7 D8 D9a D9b D9c D9d D9e D9f D10 D11 D12 D13 D14 D15"
+	want := "A1 A2 A3 A4 A5 A6 A7 B1 B2 B3 B4 B5 B6 B7 B8 B9 B10 B11 C1 C2 C3 C4 D1 D2 D3 D4 D5 D6 D7 D8 D9a D9b D9c D9d D9e D9f D10 D11 D12 D13 D14 D15"
 	assert.Equal(t, strings.Join(ids, " "), want)
 }
 
@@ -126,11 +128,24 @@ func TestSeccompProfile(t *testing.T) {
 	}
 	assert.Equal(t, denied["clone3"], 38, "clone3 must fail with ENOSYS so libc falls back to clone")
 	assert.Equal(t, denied["keyctl"], 1)
-	for _, n := range []string{"read", "write", "openat", "epoll_wait", "execve", "ioctl", "socket"} {
-		ok := uncond[n]
-		if n == "socket" {
-			ok = true // conditional rules, as in podman's profile
-		}
-		assert.Check(t, ok, "%s must stay allowed", n)
+	for _, n := range []string{"read", "write", "openat", "epoll_wait", "execve", "ioctl"} {
+		assert.Check(t, uncond[n], "%s must stay allowed", n)
 	}
+	// socket is allowed by family (pkg/seccomp's tests evaluate every
+	// family); here: one unconditional rule per allowed family.
+	families := map[string]bool{}
+	for _, s := range prof.Syscalls {
+		if slices.Contains(s.Names, "socket") && s.Action == "SCMP_ACT_ALLOW" {
+			assert.Assert(t, len(s.Args) > 0, "socket is allowed for every family")
+			var a struct {
+				Index int    `json:"index"`
+				Value int    `json:"value"`
+				Op    string `json:"op"`
+			}
+			assert.NilError(t, json.Unmarshal(s.Args[0], &a))
+			assert.Check(t, a.Index == 0 && a.Op == "SCMP_CMP_EQ", "socket rule %v", a)
+			families[strconv.Itoa(a.Value)] = true
+		}
+	}
+	assert.DeepEqual(t, families, map[string]bool{"1": true, "2": true, "10": true, "16": true})
 }

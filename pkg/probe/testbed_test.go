@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,7 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
@@ -36,8 +38,13 @@ type tbEnv struct {
 	fw     firewall.Options
 	prefix string
 	bin    string
+	tbbin  string // tbprobe
 	peer   []string
 	n      int
+	// discover replaces the host, LAN and metadata targets with what
+	// Discover finds; discovered is what it found last.
+	discover   bool
+	discovered Params
 }
 
 func newTBEnv(t *testing.T) *tbEnv {
@@ -106,6 +113,7 @@ root = %q
 	_, err = turn.EnsureNetwork(ctx, cfg, client)
 	assert.NilError(t, err)
 	probeBin := tb.BuildProbe()
+	e.tbbin = probeBin
 	tb.MustPodman("run", "-d", "--rm", "--name", "spb"+tb.ID+"-peer", "--label", tb.Label(), "--network", name,
 		"--cap-drop", "ALL", "--security-opt", "no-new-privileges", "-v", probeBin+":/tbprobe:ro",
 		itest.TestImage, "timeout", "600", "/tbprobe", "listen")
@@ -144,8 +152,9 @@ func (e *tbEnv) params(nonce string) Params {
 		Internet:      s(testbed.InternetAddr4, testbed.InternetAddr6),
 		Gateway:       s(gw4, gw6),
 		Host:          s(testbed.HostAddr4, testbed.HostAddr6),
-		LAN:           s(append([]netip.Addr{testbed.RouterAddr4, testbed.RouterAddr6}, testbed.Private...)...),
-		Metadata:      s(testbed.Metadata4, testbed.Metadata6),
+		LAN: s(append([]netip.Addr{testbed.RouterAddr4, testbed.RouterAddr6, testbed.PublicLAN4, testbed.PublicLAN6,
+			testbed.VPN4, testbed.VPN6}, testbed.Private...)...),
+		Metadata:      s(testbed.Metadata4, testbed.Metadata6, testbed.WireServer),
 		Peers:         e.peer,
 		Resolvers:     s(testbed.InternetAddr4, testbed.InternetAddr6),
 		TCPPorts:      testbed.TCPPorts,
@@ -176,9 +185,15 @@ func (e *tbEnv) run(t *testing.T, seal turn.SealChecker) (*Report, *inbound) {
 	in := &inbound{}
 	var stderr strings.Builder
 	var mu sync.Mutex
+	params := e.params(nonce)
+	if e.discover {
+		params.Host, params.LAN, params.Metadata, params.Peers = nil, nil, nil, nil
+		assert.NilError(t, Discover(&params, e.cfg.Network, e.fw))
+		e.discovered = params
+	}
 	rep, res, err := Run(context.Background(), r, Options{
 		Task: fmt.Sprintf("%s-%d", e.prefix, e.n), Agent: "shell", Binary: e.bin,
-		Params: e.params(nonce), Timeout: 90 * time.Second,
+		Params: params, Timeout: 90 * time.Second, Peer: e.discover,
 		Stderr: writerFunc(func(p []byte) { mu.Lock(); stderr.Write(p); mu.Unlock() }),
 		OnInbound: func(addr string, port int) {
 			var wg sync.WaitGroup
@@ -306,6 +321,158 @@ func TestBatteryInTestbed(t *testing.T) {
 			assert.Check(t, seen > 0, "%s escaped, but no canary logged any of its attempts", id)
 		}
 		assert.Equal(t, len(in.connected), 6, "with the seal flushed the host, LAN and internet connect into the cage: %v", in.connected)
+	})
+}
+
+// TestBatteryWithDiscoveredTargets: the host, LAN and metadata rows aimed
+// at what Discover finds in the testbed's host namespace instead of a
+// targets file, and D8 at a peer cage the probe starts itself: sealed,
+// they hold without errors; with the seal flushed, they flip to escaped
+// (the discovered targets and the peer are real ones).
+func TestBatteryWithDiscoveredTargets(t *testing.T) {
+	e := newTBEnv(t)
+	e.discover = true
+	ctx := context.Background()
+	verified := func(ctx context.Context, cfg *config.Config, _ bool) ([]string, error) {
+		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
+		if err != nil {
+			return nil, err
+		}
+		if !st.OK {
+			return nil, fmt.Errorf("%s", st.Reason)
+		}
+		return nil, nil
+	}
+	rep, _ := e.run(t, verified)
+	d := e.discovered
+	t.Logf("discovered: host %v lan %v metadata %v", d.Host, d.LAN, d.Metadata)
+	for _, want := range []netip.Addr{testbed.HostAddr4, testbed.HostAddr6, testbed.HostPublicLAN4} {
+		assert.Check(t, slices.Contains(d.Host, want.String()), "host address %s not discovered: %v", want, d.Host)
+	}
+	for _, want := range []netip.Addr{testbed.RouterAddr4, testbed.RouterAddr6, testbed.PublicLAN4, testbed.PublicLAN6, netip.MustParseAddr("10.200.0.1"), testbed.Metadata4} {
+		assert.Check(t, slices.Contains(d.LAN, want.String()), "LAN target %s not discovered: %v", want, d.LAN)
+	}
+	assert.Check(t, slices.Contains(d.Metadata, testbed.WireServer.String()))
+	assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))
+	assert.DeepEqual(t, rep.IDs(Error), []string(nil))
+
+	assert.NilError(t, firewall.Flush(ctx, e.cfg.Network, e.fw))
+	defer func() { assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw)) }()
+	permissive := func(context.Context, *config.Config, bool) ([]string, error) { return nil, nil }
+	rep, _ = e.run(t, permissive)
+	escaped := rep.IDs(Escaped)
+	for _, id := range []string{"D4", "D6", "D7", "D8"} {
+		assert.Check(t, slices.Contains(escaped, id), "%s does not flip with the seal flushed: %v", id, escaped)
+	}
+}
+
+// TestSealWatchedDuringTurn: `nft flush ruleset` on the host while a turn's
+// cage streams datagrams at the LAN router (one every 10 ms). Without a
+// watcher (positive control) the stream gets through from the flush to the
+// end of the turn; with the runner's seal watcher nothing gets through
+// later than a second after the flush, and the turn result says the seal
+// was lost and put back.
+func TestSealWatchedDuringTurn(t *testing.T) {
+	e := newTBEnv(t)
+	ctx := context.Background()
+	verified := func(ctx context.Context, cfg *config.Config, _ bool) ([]string, error) {
+		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
+		if err != nil {
+			return nil, err
+		}
+		if !st.OK {
+			return nil, fmt.Errorf("%s", st.Reason)
+		}
+		return nil, nil
+	}
+	turnWithFlush := func(t *testing.T, watch turn.SealWatcher, breakSeal ...string) (*turn.Result, error, []time.Duration) {
+		t.Helper()
+		assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw))
+		e.n++
+		nonce := fmt.Sprintf("%s-w%d", e.prefix, e.n)
+		r := turn.NewRunner(e.cfg, e.client, verified)
+		r.WatchSeal = watch
+		type ran struct {
+			res *turn.Result
+			err error
+		}
+		done := make(chan ran, 1)
+		go func() {
+			res, err := r.Run(ctx, turn.Request{
+				Task: fmt.Sprintf("%s-%d", e.prefix, e.n), Agent: "shell",
+				Command: []string{"/tbprobe", "stream", net.JoinHostPort(testbed.RouterAddr4.String(), "5000"), nonce, "6"},
+				ExtraMounts: []mounts.Mount{{Kind: mounts.Bind, Source: e.tbbin, Dest: "/tbprobe", ReadOnly: true,
+					Options: []string{"rbind", "nosuid", "nodev"}}},
+				Timeout: 60 * time.Second,
+			})
+			done <- ran{res, err}
+		}()
+		time.Sleep(3 * time.Second) // the cage is streaming (into the seal)
+		at := time.Now()
+		if len(breakSeal) == 0 {
+			breakSeal = []string{"nft", "flush", "ruleset"}
+		}
+		out, err := e.tb.Exec("host", breakSeal...)
+		assert.NilError(t, err, string(out))
+		got := <-done
+		var since []time.Duration
+		for _, h := range e.tb.Hits(nonce) {
+			since = append(since, h.At.Sub(at))
+		}
+		// netavark's own rules went with the flush: put them back.
+		out2, err := e.tb.PodmanLocal("network", "reload", "spb"+e.tb.ID+"-peer")
+		assert.NilError(t, err, out2)
+		return got.res, got.err, since
+	}
+
+	t.Run("positive control: no watcher, the flush opens the seal until the turn ends", func(t *testing.T) {
+		res, err, since := turnWithFlush(t, nil)
+		assert.NilError(t, err, "%+v", res)
+		late := 0
+		for _, d := range since {
+			assert.Check(t, d >= 0, "the sealed stream reached the router %v before the flush", -d)
+			if d > time.Second {
+				late++
+			}
+		}
+		assert.Assert(t, late > 0, "no datagram got through more than a second after the flush (%d in all): the test could not see the hole", len(since))
+		assert.Equal(t, len(res.SealLosses), 0)
+	})
+
+	t.Run("the runner's watcher puts the seal back within a second", func(t *testing.T) {
+		res, err, since := turnWithFlush(t, turn.FirewallWatcher(e.fw))
+		assert.NilError(t, err, "%+v", res)
+		assert.Equal(t, res.Status, "exited")
+		var last time.Duration
+		for _, d := range since {
+			assert.Check(t, d >= 0, "the sealed stream reached the router %v before the flush", -d)
+			assert.Check(t, d <= time.Second, "SEAL NOT RESTORED: a datagram reached the router %v after the flush", d)
+			last = max(last, d)
+		}
+		t.Logf("after the flush %d datagrams reached the router, the last %v after it", len(since), last)
+		assert.Assert(t, len(res.SealLosses) >= 1, "the turn result does not report the lost seal")
+		assert.Assert(t, res.SealLosses[0].Reapplied, "%+v", res.SealLosses[0])
+		t.Logf("turn result: %+v", res.SealLosses)
+		st, err := firewall.Verify(ctx, e.cfg.Network, e.fw)
+		assert.NilError(t, err)
+		assert.Assert(t, st.OK, st.Reason)
+	})
+
+	t.Run("a seal that cannot be put back stops the cage", func(t *testing.T) {
+		// With bridged traffic no longer passing the inet hooks the seal
+		// cannot hold, and Apply refuses: the turn must end, not go on.
+		defer func() {
+			out, err := e.tb.Exec("host", "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1")
+			assert.NilError(t, err, string(out))
+		}()
+		start := time.Now()
+		res, err, _ := turnWithFlush(t, turn.FirewallWatcher(e.fw), "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0")
+		assert.Assert(t, err != nil, "the turn reported success")
+		assert.Equal(t, res.Status, "seal-lost", res.Error)
+		assert.Assert(t, res.Removed)
+		assert.Assert(t, len(res.SealLosses) == 1 && !res.SealLosses[0].Reapplied && res.SealLosses[0].Error != "", "%+v", res.SealLosses)
+		assert.Assert(t, time.Since(start) < 8*time.Second, "the cage ran on for %v (its stream lasts 6 s after a 3 s start)", time.Since(start))
+		t.Logf("turn result: %s; %+v", res.Error, res.SealLosses)
 	})
 }
 

@@ -143,6 +143,10 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	s.StopTimeout = &grace
 	s.Timeout = t.DeadlineSeconds
 	s.Remove = &no
+	// No container log: shrooms streams the cage's output over attach, and
+	// a log file would be an uncapped copy on the host's disk (agent
+	// output, secrets it prints) outliving the turn.
+	s.LogConfiguration = &specgen.LogConfig{Driver: "none"}
 	s.Systemd = "false"
 	s.Hostname = fmt.Sprintf(cfg.Cage.HostnameFmt, t.Task)
 	s.WorkDir = mounts.WorkDir
@@ -202,6 +206,9 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	s.Rlimits = []spec.POSIXRlimit{
 		{Type: "nofile", Soft: uint64(cfg.Cage.Nofile), Hard: uint64(cfg.Cage.Nofile)},
 		{Type: "nproc", Soft: uint64(cfg.Cage.Nproc), Hard: uint64(cfg.Cage.Nproc)},
+		// No core dumps: a crash would hand cage memory to the host's
+		// core_pattern helper.
+		{Type: "core", Soft: 0, Hard: 0},
 	}
 
 	// Mounts.

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 
+	spec "github.com/opencontainers/runtime-spec/specs-go"
+
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
 	"gotest.tools/v3/golden"
@@ -68,8 +70,10 @@ func TestSpecIsSealed(t *testing.T) {
 	assert.Equal(t, *s.ResourceLimits.Memory.Swap, int64(4<<30), "no swap on top of memory")
 	assert.Equal(t, s.ResourceLimits.Pids.Limit, int64(1024))
 	assert.Equal(t, *s.ResourceLimits.CPU.Quota, int64(200000))
-	assert.Equal(t, len(s.Rlimits), 2)
+	assert.Equal(t, len(s.Rlimits), 3)
+	assert.DeepEqual(t, s.Rlimits[2], spec.POSIXRlimit{Type: "core", Soft: 0, Hard: 0}) // no core dumps
 	assert.Equal(t, s.Hostname, "cage-golden")
+	assert.Equal(t, s.LogConfiguration.Driver, "none", "no container log: output goes over attach only")
 	assert.Equal(t, s.WorkDir, "/work")
 	assert.Equal(t, s.Env["HOME"], "/home/agent")
 	assert.Equal(t, s.Labels[LabelTask], "golden")

@@ -1,7 +1,14 @@
 // Package seccomp ships shrooms' seccomp profile: podman's default profile,
 // tightened to deny what coding agents do not need (nested namespaces,
-// keyrings, io_uring, bpf, perf events, userfaultfd, ptrace, mounts). The
-// profile is embedded in the binary and written, content-addressed, into
+// keyrings, io_uring, bpf, perf events, userfaultfd, ptrace, mounts) and to
+// allow only the socket families they use: unix, inet, inet6 and netlink
+// for routing (NETLINK_ROUTE). Every other family (vsock, which reaches a VM
+// host's hypervisor without crossing the network seal, alg, key, packet,
+// bluetooth...) fails with EAFNOSUPPORT, as on a kernel without it;
+// socketcall, whose arguments seccomp cannot see, is not allowed, and
+// 32-bit x86 processes do not run on x86_64 at all: libseccomp turns socket
+// rules into socketcall rules that lose the family comparison. The profile
+// is embedded in the binary and written, content-addressed, into
 // the state directory, so a turn never depends on a file installed apart.
 package seccomp
 

@@ -64,6 +64,10 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		return res, r.stopped(ctx, waitCtx, id, res, err, deadline)
 	}
 	c.lap("start")
+	// The seal is watched while the cage runs; one that cannot be put back
+	// stops the cage (sealwatch.go).
+	sealLost, endWatch := r.watchSeal(waitCtx, res, cancel)
+	defer endWatch()
 
 	// The old HOME tree goes while the agent works, off the critical path.
 	if p.root != "" {
@@ -77,6 +81,12 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 
 	code, err := r.waitExit(waitCtx, id, attachEnded)
 	if err != nil {
+		if lost := sealLost(); lost != nil && ctx.Err() == nil {
+			err = r.stopped(ctx, waitCtx, id, res, lost, deadline)
+			res.Status = "seal-lost"
+			res.Error = lost.Error() + "; cage stopped and removed"
+			return res, err
+		}
 		return res, r.stopped(ctx, waitCtx, id, res, err, deadline)
 	}
 	c.lap("wait")

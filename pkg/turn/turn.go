@@ -80,6 +80,9 @@ type Runner struct {
 	// OnSpec, when set, sees the exact spec sent to podman. Tests use it to
 	// record the spec, and to weaken a cage on purpose for negative controls.
 	OnSpec func(*specgen.SpecGenerator)
+	// WatchSeal, when set, watches the seal while a networked cage runs
+	// (sealwatch.go).
+	WatchSeal SealWatcher
 }
 
 // NewRunner returns a runner for cfg with the system's state and id files.
@@ -107,13 +110,16 @@ type Result struct {
 	Cage     string `json:"cage,omitempty"`
 	CageName string `json:"cageName,omitempty"`
 	ExitCode int    `json:"exitCode"`
-	Status   string `json:"status"` // exited, deadline, interrupted, error
+	Status   string `json:"status"` // exited, deadline, interrupted, seal-lost, error
 	// OOMKilled is true when the kernel's OOM killer ended a cage process.
 	OOMKilled bool    `json:"oomKilled"`
 	Error     string  `json:"error,omitempty"`
 	Phases    []Phase `json:"phases"`
 	TotalMs   float64 `json:"totalMs"`
 	Removed   bool    `json:"removed"`
+	// SealLosses are the times the seal was found missing or changed while
+	// the cage ran (and put back, or the cage stopped: status seal-lost).
+	SealLosses []SealLoss `json:"sealLosses,omitempty"`
 	// Prepared is true when the turn ran in a cage prepared ahead.
 	Prepared bool `json:"prepared"`
 	// Reset is the HOME reset's report for this turn.

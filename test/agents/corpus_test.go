@@ -63,7 +63,7 @@ func claudeVectors(nonce string) []corpusVector {
 	hook := func(marker string) string {
 		return `[{"hooks":[{"type":"command","command":"` + touch(marker) + `"}]}]`
 	}
-	userSettings := `{"hooks":{"SessionStart":` + hook("cc-user-sessionstart") + `,"UserPromptSubmit":` + hook("cc-user-promptsubmit") + `,"PreToolUse":` + hook("cc-user-pretooluse") + `,"Stop":` + hook("cc-user-stop") + `}}`
+	userSettings := `{"outputStyle":"cwstyle","hooks":{"SessionStart":` + hook("cc-user-sessionstart") + `,"UserPromptSubmit":` + hook("cc-user-promptsubmit") + `,"PreToolUse":` + hook("cc-user-pretooluse") + `,"Stop":` + hook("cc-user-stop") + `}}`
 	projectSettings := `{"enableAllProjectMcpServers":true,"hooks":{"SessionStart":` + hook("cc-proj-sessionstart") + `,"PreToolUse":` + hook("cc-proj-pretooluse") + `}}`
 	skill := func(dir, id string) string {
 		return `mkdir -p ` + dir + `/cw` + id + ` && printf -- '---\nname: cw` + id + `\ndescription: %s\n---\nUse it.\n' "` + codeWord(id, nonce) + `" > ` + dir + `/cw` + id + `/SKILL.md`
@@ -86,6 +86,7 @@ func claudeVectors(nonce string) []corpusVector {
 		{id: "ccuseragent", where: "home", instruction: true, plant: agentFile("~/.claude/agents", "ccuseragent")},
 		{id: "ccmemory", where: "home", instruction: true, plant: `for p in ~/.claude/projects/*/; do mkdir -p "$p/memory" && echo "` + codeWord("ccmemory", nonce) + `" > "$p/memory/MEMORY.md"; done`},
 		{id: "ccusercommand", where: "home", instruction: true, plant: command("~/.claude/commands", "ccusercommand")},
+		{id: "ccuseroutputstyle", where: "home", instruction: true, plant: `mkdir -p ~/.claude/output-styles && printf -- '---\nname: cwstyle\ndescription: style\n---\n%s\n' "` + codeWord("ccuseroutputstyle", nonce) + `" > ~/.claude/output-styles/cwstyle.md`},
 		{id: "cc-proj-sessionstart", where: "worktree", plant: `mkdir -p /work/.claude && printf '%s' '` + projectSettings + `' > /work/.claude/settings.json`},
 		{id: "cc-proj-pretooluse", where: "worktree"},
 		{id: "cc-proj-mcp", where: "worktree", plant: `python3 -c 'import json; json.dump({"mcpServers":{"evil-proj":{"type":"stdio","command":"sh","args":["-c","` + touch("cc-proj-mcp") + `"]}}}, open("/work/.mcp.json","w"))'`},
@@ -133,6 +134,7 @@ func opencodeVectors(nonce string) []corpusVector {
 		{id: "ocuseragentsmd", where: "home", instruction: true, plant: `echo "` + codeWord("ocuseragentsmd", nonce) + `" > ~/.config/opencode/AGENTS.md`},
 		{id: "ocuseragent", where: "home", instruction: true, plant: agentFile("~/.config/opencode/agent", "ocuseragent")},
 		{id: "ocuserinstr", where: "home", instruction: true, plant: instructions("~/.config/opencode/opencode.json", "~/.config/opencode/cw.md", "ocuserinstr")},
+		{id: "ocuseragentprompt", where: "home", instruction: true, plant: `python3 -c 'import json,os,sys; p=os.path.expanduser("~/.config/opencode/opencode.json"); d=json.load(open(p)); d.setdefault("agent",{})["build"]={"prompt":sys.argv[1]}; json.dump(d,open(p+".tmp","w")); os.rename(p+".tmp",p)' "` + codeWord("ocuseragentprompt", nonce) + `"`},
 		{id: "ocuserskill", where: "home", instruction: true, plant: skill("~/.config/opencode/skills", "ocuserskill")},
 		{id: "ocuserclaudeskill", where: "home", instruction: true, plant: skill("~/.claude/skills", "ocuserclaudeskill")},
 		{id: "ocuseragentsskill", where: "home", instruction: true, plant: skill("~/.agents/skills", "ocuseragentsskill")},

@@ -262,6 +262,46 @@ func (e *env) turn(agent string, args ...string) (string, time.Duration) {
 	return out, took
 }
 
+// resetReport is the part of a turn's result JSON ("reset") the tests read.
+type resetReport struct {
+	Rebuilt  []string `json:"rebuilt"`
+	Warnings []string `json:"warnings"`
+	Dropped  []struct {
+		Path   string `json:"path"`
+		Item   string `json:"item"`
+		Rows   int64  `json:"rows"`
+		Reason string `json:"reason"`
+	} `json:"dropped"`
+}
+
+// has reports whether the reset dropped item of path (with rows rows, when
+// rows > 0), with a reason.
+func (r resetReport) has(path, item string, rows int64) bool {
+	for _, d := range r.Dropped {
+		if d.Path == path && d.Item == item && (rows == 0 || d.Rows == rows) && d.Reason != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// turnReset is turn with `--json`: it returns the agent's stdout (the result
+// line removed), the reset report of the turn's result, and the wall time.
+func (e *env) turnReset(agent string, args ...string) (string, resetReport, time.Duration) {
+	e.t.Helper()
+	start := time.Now()
+	code, out, errb := e.run(append([]string{"--json", "run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	took := time.Since(start)
+	assert.Equal(e.t, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	var res struct {
+		Reset *resetReport `json:"reset"`
+	}
+	assert.NilError(e.t, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "no result JSON on the last line: %s", out)
+	assert.Assert(e.t, res.Reset != nil, "the result has no reset report: %s", lines[len(lines)-1])
+	return strings.Join(lines[:len(lines)-1], "\n"), *res.Reset, took
+}
+
 // checkSealed asserts, from `shrooms spec`, that the agent's turn runs in
 // the sealed cage: read-only root, the built-in strict seccomp profile, no
 // capabilities, no-new-privileges, the cage user, the sealed network.
@@ -319,8 +359,16 @@ func markers(t testing.TB, dir string) []string {
 // the wall time of the run.
 func (e *env) control(agent string, envs []string, agentArgs ...string) (string, time.Duration) {
 	e.t.Helper()
-	home := filepath.Join(e.dir, "control-home")
-	work := filepath.Join(e.dir, "control-work")
+	home, work := e.controlCopy(agent, "control")
+	return work, e.bare(home, work, envs, agentArgs...)
+}
+
+// controlCopy copies the task's HOME and the worktree to fresh directories
+// named after name, owned by the cage user, for a bare run.
+func (e *env) controlCopy(agent, name string) (string, string) {
+	e.t.Helper()
+	home := filepath.Join(e.dir, name+"-home")
+	work := filepath.Join(e.dir, name+"-work")
 	for _, c := range [][]string{
 		{"cp", "-a", e.home(agent) + "/.", home + "/"},
 		{"cp", "-a", e.worktree + "/.", work + "/"},
@@ -332,13 +380,20 @@ func (e *env) control(agent string, envs []string, agentArgs ...string) (string,
 		out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
 		assert.NilError(e.t, err, "%v: %s", c, out)
 	}
-	return work, e.bare(home, work, envs, agentArgs...)
+	return home, work
 }
 
 // bare runs agentArgs as `podman run --rm` of the agent image, uid 1000,
 // with home and work bind-mounted and the testbed host's network (so the
 // model API is reachable): the agent as it runs without shrooms.
 func (e *env) bare(home, work string, envs []string, agentArgs ...string) time.Duration {
+	e.t.Helper()
+	return e.bareRun(false, home, work, envs, agentArgs...)
+}
+
+// bareRun is bare; with mayFail the agent's exit status is not checked (a
+// positive control whose payload makes the agent give up).
+func (e *env) bareRun(mayFail bool, home, work string, envs []string, agentArgs ...string) time.Duration {
 	e.t.Helper()
 	args := []string{"run", "--rm", "--network", "host", "--user", "1000:1000", "--label", e.tb.Label(),
 		"-v", home + ":/home/agent", "-v", work + ":/work", "-w", "/work", "-e", "HOME=/home/agent",
@@ -352,6 +407,10 @@ func (e *env) bare(home, work string, envs []string, agentArgs ...string) time.D
 	start := time.Now()
 	out, err := e.tb.Podman(args...)
 	took := time.Since(start)
+	if mayFail {
+		e.t.Logf("bare podman run (may fail): %v", err)
+		return took
+	}
 	assert.NilError(e.t, err, "bare podman run: %s\nmodel API log:\n%s", out, e.api.Log())
 	if os.Getenv("AGENTS_DEBUG") != "" {
 		e.t.Logf("bare podman run output:\n%s", out)

@@ -5,7 +5,8 @@
 // broadcast group out of every interface, any answer counts), dns or dnstcp (a query for
 // NONCE.canary.test sent to ADDR:PORT over UDP or TCP). With the single argument "listen" it is a canary
 // instead: it logs every TCP (8080) and UDP (5000) payload to stdout. All probes run at once; one JSON line per probe is
-// printed with what the prober saw. Verdicts come from the canaries.
+// printed with what the prober saw. Verdicts come from the canaries. With "stream ADDR:PORT NONCE SECONDS" it sends a
+// UDP datagram "NONCE-SEQ" every 10 ms for SECONDS seconds, for tests that watch traffic stop.
 package main
 
 import (
@@ -33,6 +34,10 @@ const timeout = 2 * time.Second
 func main() {
 	if len(os.Args) == 2 && os.Args[1] == "listen" {
 		listen()
+		return
+	}
+	if len(os.Args) == 5 && os.Args[1] == "stream" {
+		stream(os.Args[2], os.Args[3], os.Args[4])
 		return
 	}
 	results := make([]result, len(os.Args)-1)
@@ -237,5 +242,28 @@ func listen() {
 			logLine("tcp", string(b[:n]))
 			c.Write([]byte("canary cage\n"))
 		}()
+	}
+}
+
+// stream sends numbered datagrams from an unconnected socket (errors such
+// as an ICMP unreachable do not stop it) until the time is up.
+func stream(hp, nonce, secs string) {
+	var n int
+	fmt.Sscan(secs, &n)
+	dst, err := net.ResolveUDPAddr("udp", hp)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	pc, err := net.ListenPacket("udp", ":0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer pc.Close()
+	end := time.Now().Add(time.Duration(n) * time.Second)
+	for seq := 0; time.Now().Before(end); seq++ {
+		pc.WriteTo([]byte(fmt.Sprintf("%s-%d\n", nonce, seq)), dst)
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/probe"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
+)
+
+// TestProbeWithoutTargetsInTestbed runs `shrooms probe` in the testbed's
+// host namespace with no targets file: every row decides on what discovery
+// finds (the internet control through example.com as the cage's resolver
+// answers it, the host's and public resolvers, the host's addresses, LAN
+// and metadata, a peer cage of its own): nothing escapes, nothing errs.
+// The run's wall time is compared with one given a targets file.
+func TestProbeWithoutTargetsInTestbed(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	tb := testbed.New(t)
+	tb.StartPodman()
+	name := itest.UniqueName("sq")
+	dir := t.TempDir()
+	configFile := filepath.Join(dir, "config.toml")
+	assert.NilError(t, os.WriteFile(configFile, []byte(fmt.Sprintf(`
+[podman]
+socket = %q
+[state]
+dir = %q
+[cage]
+image = %q
+memory = "256m"
+timeout = "90s"
+stop_grace = "1s"
+[network]
+policy = "internet"
+name = %q
+bridge = %q
+subnet4 = "10.%d.%d.0/24"
+subnet6 = "fd8b:5eed:%x::/64"
+[home]
+volume_prefix = "shrooms-home-%s-"
+[outbox]
+root = %q
+`, tb.PodmanURL, filepath.Join(dir, "state"), itest.TestImage, name, name, 60+os.Getpid()%30, os.Getpid()%250, os.Getpid()%65000, name, filepath.Join(dir, "outbox"))), 0o600))
+	bin := itest.ShroomsBinary(t)
+	t.Cleanup(func() {
+		cfg, err := config.Load(configFile)
+		if err != nil {
+			t.Errorf("reload config: %v", err)
+			return
+		}
+		client, err := podman.Connect(context.Background(), tb.PodmanURL)
+		if err != nil {
+			t.Errorf("podman: %v", err)
+			return
+		}
+		for _, task := range []string{"pd", "pd-peer", "pt"} {
+			if err := turn.NewRunner(cfg, client, nil).RemoveHome(context.Background(), task); err != nil {
+				t.Errorf("remove HOME: %v", err)
+			}
+			if err := outbox.Release(cfg.Outbox.Root, task); err != nil && !os.IsNotExist(err) {
+				t.Errorf("release outbox: %v", err)
+			}
+		}
+		_, _ = tb.Podman("network", "rm", "-f", name)
+		for _, fam := range []string{"inet", "bridge"} {
+			_ = exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "nft", "delete", "table", fam, "shrooms_"+name).Run()
+		}
+	})
+	shrooms := func(args ...string) (int, string, string) {
+		cmd := exec.Command("nsenter", append([]string{"--net=" + tb.NSPath("host"), "--", bin, "--config", configFile}, args...)...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		_ = cmd.Run()
+		return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+	}
+	code, _, stderr := shrooms("net", "apply")
+	assert.Equal(t, code, 0, stderr)
+
+	report := func(args ...string) (*probe.Report, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		_, stdout, stderr := shrooms(append([]string{"--json", "probe"}, args...)...)
+		took := time.Since(start)
+		var rep probe.Report
+		assert.NilError(t, json.Unmarshal([]byte(stdout), &rep), "stdout %q stderr %q", stdout, stderr)
+		for _, c := range rep.Checks {
+			if c.Verdict == probe.Error || c.Verdict == probe.Escaped {
+				t.Logf("%s %s: %s %s", c.ID, c.Verdict, c.Observed, c.Reason)
+			}
+		}
+		return &rep, took
+	}
+
+	// Resolvers: the testbed's own, never the machine's or public ones
+	// (their packets could not leave the testbed, but none is sent).
+	rep, discovered := report("--task", "pd", "--resolvers", testbed.InternetAddr4.String())
+	assert.DeepEqual(t, rep.IDs(probe.Escaped), []string(nil))
+	errs := rep.IDs(probe.Error)
+	assert.DeepEqual(t, errs, []string(nil))
+	t.Logf("without a targets file: %d errors %v (%v)", len(errs), errs, discovered.Round(time.Millisecond))
+
+	// The same battery with the testbed's targets file, for the wall time.
+	gw4 := fmt.Sprintf("10.%d.%d.1", 60+os.Getpid()%30, os.Getpid()%250)
+	targets, err := json.Marshal(probe.Params{
+		Internet: []string{testbed.InternetAddr4.String(), testbed.InternetAddr6.String()},
+		Gateway:  []string{gw4}, Host: []string{testbed.HostAddr4.String(), testbed.HostAddr6.String()},
+		LAN:       []string{testbed.RouterAddr4.String(), testbed.RouterAddr6.String(), testbed.PublicLAN4.String()},
+		Metadata:  []string{testbed.Metadata4.String(), testbed.Metadata6.String(), testbed.WireServer.String()},
+		Resolvers: []string{testbed.InternetAddr4.String()}, DNSZone: "canary.test", Multicast: true,
+	})
+	assert.NilError(t, err)
+	file := filepath.Join(dir, "targets.json")
+	assert.NilError(t, os.WriteFile(file, targets, 0o600))
+	rep, given := report("--task", "pt", "--targets", file)
+	assert.DeepEqual(t, rep.IDs(probe.Escaped), []string(nil))
+	t.Logf("wall time: %v without a targets file, %v with one (ratio %.2f)", discovered.Round(time.Millisecond), given.Round(time.Millisecond), discovered.Seconds()/given.Seconds())
+}
