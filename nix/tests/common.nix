@@ -171,6 +171,8 @@ let
         enable = true;
         settings.network.policy = "internet";
         settings.cage.memory = "1g";
+        # The turns' worktrees are plain directories under /srv/work.
+        settings.worktree.roots = [ "/srv/work" ];
         agents = {
           # bash from the real cage image, for scripted turns.
           bash = {
