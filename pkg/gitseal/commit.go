@@ -150,10 +150,14 @@ func Commit(ctx context.Context, worktree, message string, author Author) (strin
 }
 
 // stage builds the commit's index in a private copy of the repository's
-// index. Gitlink entries are dropped from the copy first: for a gitlink
-// already in the index, `git add` runs `git status` inside that nested
-// repository, whose config and attributes the cage wrote. Re-added from
-// scratch, a nested repository is recorded by its HEAD only, running nothing.
+// index. Host git never reads a repository nested in the worktree: for a
+// gitlink, `git add` would read that repository's HEAD and refs, which the
+// cage wrote (a FIFO there hangs the commit, a ref symlinked to a root-only
+// file lands its bytes in the commit). So the nested repositories are found
+// by shrooms' own walk (no link followed, nothing opened), excluded from
+// `git add`, and the gitlinks the index already had are put back as they
+// were: a submodule's pointer is never changed by a sealed commit. A nested
+// repository the index does not know (one the turn created) is refused.
 func (g *git) stage(ctx context.Context) error {
 	g.tmpIndex = true
 	if b, err := os.ReadFile(filepath.Join(g.l.GitDir, "index")); err == nil {
@@ -172,20 +176,52 @@ func (g *git) stage(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var links []string
+	links := map[string]string{} // path -> "160000 <sha>"
 	for _, e := range strings.Split(ls, "\x00") {
 		if meta, path, ok := strings.Cut(e, "\t"); ok && strings.HasPrefix(meta, "160000 ") {
-			links = append(links, path)
+			f := strings.Fields(meta)
+			links[path] = f[0] + " " + f[1]
 		}
 	}
+	nested, err := nestedRepos(ctx, g.l.Worktree)
+	if err != nil {
+		return err
+	}
+	var created []string
+	for _, n := range nested {
+		if _, ok := links[n]; !ok {
+			created = append(created, n)
+		}
+	}
+	if len(created) > 0 {
+		return fmt.Errorf("the worktree holds nested repositories the index does not know (%s): the sealed commit never reads a repository the turn made; remove their .git, or review and commit them by hand", strings.Join(created, ", "))
+	}
 	if len(links) > 0 {
-		in := strings.NewReader(strings.Join(links, "\x00") + "\x00")
-		if _, err := g.run(ctx, in, "update-index", "--force-remove", "-z", "--stdin"); err != nil {
+		var in strings.Builder
+		for p := range links {
+			in.WriteString(p + "\x00")
+		}
+		if _, err := g.run(ctx, strings.NewReader(in.String()), "update-index", "--force-remove", "-z", "--stdin"); err != nil {
 			return err
 		}
 	}
-	_, err = g.run(ctx, nil, "add", "-A", "--", ".")
-	return err
+	args := []string{"add", "-A", "--", "."}
+	for p := range links {
+		args = append(args, ":(exclude,literal)"+p)
+	}
+	if _, err := g.run(ctx, nil, args...); err != nil {
+		return err
+	}
+	if len(links) > 0 {
+		var in strings.Builder
+		for p, meta := range links {
+			in.WriteString(meta + "\t" + p + "\x00")
+		}
+		if _, err := g.run(ctx, strings.NewReader(in.String()), "update-index", "-z", "--index-info"); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 type git struct {
@@ -267,8 +303,14 @@ func (g *git) args(sub ...string) []string {
 	return append(a, sub...)
 }
 
+// gitCallTimeout bounds every host git call: whatever the worktree holds,
+// a commit returns (and releases the task lock).
+const gitCallTimeout = 2 * time.Minute
+
 // run runs one git subcommand and returns its trimmed stdout.
 func (g *git) run(ctx context.Context, stdin *strings.Reader, sub ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, gitCallTimeout)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, g.bin, g.args(sub...)...)
 	cmd.Env = g.env
 	if g.tmpIndex {

@@ -3,6 +3,7 @@ package gitseal
 import (
 	"context"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
@@ -173,6 +175,7 @@ func treeFiles(t *testing.T, wt, commit string) map[string]string {
 func TestCommitExecutesNothingPlanted(t *testing.T) {
 	wt := newRepo(t)
 	p := newPayloads(t)
+	nested := ownerNestedRepo(t, wt, "sub")
 	// Hooks in the repository's own hooks directory.
 	for _, h := range []string{"pre-commit", "commit-msg", "post-commit", "reference-transaction", "post-index-change", "pre-auto-gc", "fsmonitor-watchman"} {
 		assert.NilError(t, os.WriteFile(filepath.Join(wt, ".git", "hooks", h), []byte(fmt.Sprintf("#!/bin/sh\ntouch %s/githooks-%s\n", p.markers, h)), 0o755))
@@ -195,13 +198,8 @@ func TestCommitExecutesNothingPlanted(t *testing.T) {
 		assert.NilError(t, os.MkdirAll(filepath.Dir(path), 0o755))
 		assert.NilError(t, os.WriteFile(path, []byte(content), 0o755))
 	}
-	// A nested repository whose config names every vector.
-	nested := filepath.Join(wt, "sub")
-	assert.NilError(t, os.MkdirAll(nested, 0o755))
-	hostGit(t, nested, "init", "-q")
-	assert.NilError(t, os.WriteFile(filepath.Join(nested, "f"), []byte("n\n"), 0o644))
-	hostGit(t, nested, "add", "f")
-	hostGit(t, nested, "commit", "-q", "-m", "n")
+	// The owner's submodule-like nested repository (a gitlink in the index);
+	// the turn then rewrites its config with every vector.
 	assert.NilError(t, os.WriteFile(filepath.Join(nested, ".git", "config"), []byte(gitconfigVectors(t, p, "nested")), 0o644))
 	assert.NilError(t, os.WriteFile(filepath.Join(nested, ".gitattributes"), []byte("* filter=evil\n"), 0o644))
 
@@ -258,6 +256,73 @@ func TestCommitExecutesNothingPlanted(t *testing.T) {
 	t.Logf("unsealed git add: %s", out)
 	assert.Assert(t, len(p.fired(t)) > 0, "the planted payloads never run, so this test proves nothing")
 	t.Logf("fired by unsealed git: %v", p.fired(t))
+}
+
+// ownerNestedRepo makes a repository at wt/name with one commit and
+// records it in wt's index and HEAD as a gitlink, as an owner's submodule
+// checkout is.
+func ownerNestedRepo(t *testing.T, wt, name string) string {
+	t.Helper()
+	nested := filepath.Join(wt, name)
+	assert.NilError(t, os.MkdirAll(nested, 0o755))
+	hostGit(t, nested, "init", "-q")
+	assert.NilError(t, os.WriteFile(filepath.Join(nested, "f"), []byte("n\n"), 0o644))
+	hostGit(t, nested, "add", "f")
+	hostGit(t, nested, "-c", "user.name=o", "-c", "user.email=o@example.invalid", "commit", "-q", "-m", "n")
+	hostGit(t, wt, "add", name)
+	hostGit(t, wt, "-c", "user.name=o", "-c", "user.email=o@example.invalid", "commit", "-q", "-m", "submodule")
+	return nested
+}
+
+// TestCommitNeverReadsNestedRepositories: a FIFO as a nested repository's
+// HEAD and a ref symlinked to a root-only file. The owner's gitlink is kept
+// as it was without reading the repository (the commit returns at once);
+// a nested repository the turn created is refused before git runs. The
+// positive control: plain git add hangs on the FIFO.
+func TestCommitNeverReadsNestedRepositories(t *testing.T) {
+	wt := newRepo(t)
+	owned := ownerNestedRepo(t, wt, "owned")
+	before := hostGit(t, wt, "ls-files", "--stage", "owned")
+	// The turn: the owner's nested repository's HEAD becomes a FIFO.
+	assert.NilError(t, os.Remove(filepath.Join(owned, ".git", "HEAD")))
+	assert.NilError(t, unix.Mkfifo(filepath.Join(owned, ".git", "HEAD"), 0o644))
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "work.txt"), []byte("done\n"), 0o644))
+
+	done := make(chan error, 1)
+	var id string
+	go func() {
+		var err error
+		id, err = Commit(context.Background(), wt, "turn", author)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		assert.NilError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the sealed commit hung on a planted FIFO")
+	}
+	files := treeFiles(t, wt, id)
+	assert.Equal(t, files["owned"], "gitlink")
+	assert.Equal(t, files["work.txt"], "done\n")
+	assert.Equal(t, hostGit(t, wt, "ls-files", "--stage", "owned"), before, "the gitlink changed")
+
+	// A nested repository the turn made, with a ref symlinked to a file only
+	// root may read: refused, nothing read.
+	secret := filepath.Join(t.TempDir(), "secret")
+	assert.NilError(t, os.WriteFile(secret, []byte("0123456789abcdef0123456789abcdef01234567\n"), 0o600))
+	made := filepath.Join(wt, "made", ".git")
+	assert.NilError(t, os.MkdirAll(filepath.Join(made, "refs", "heads"), 0o755))
+	assert.NilError(t, os.WriteFile(filepath.Join(made, "HEAD"), []byte("ref: refs/heads/main\n"), 0o644))
+	assert.NilError(t, os.Symlink(secret, filepath.Join(made, "refs", "heads", "main")))
+	_, err := Commit(context.Background(), wt, "turn 2", author)
+	assert.ErrorContains(t, err, "nested repositories the index does not know (made)")
+
+	// Positive control: plain git add hangs on the FIFO.
+	naive := exec.Command("timeout", "3", "git", "add", "-A")
+	naive.Dir = wt
+	naive.Env = append(os.Environ(), "GIT_DIR="+filepath.Join(wt, ".git"))
+	_ = naive.Run()
+	assert.Equal(t, naive.ProcessState.ExitCode(), 124, "positive control: plain git add should hang on the FIFO HEAD")
 }
 
 // TestCommitRefusesExecutableRepoConfig plants each vector in .git/config

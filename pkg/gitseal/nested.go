@@ -1,0 +1,81 @@
+package gitseal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// maxNestedWalk bounds the entries nestedRepos looks at.
+const maxNestedWalk = 4_000_000
+
+// nestedRepos lists the worktree-relative directories below the worktree
+// that hold an entry named .git (of any type: directory, file, link, FIFO),
+// without following a link, opening a file or descending into them.
+func nestedRepos(ctx context.Context, worktree string) ([]string, error) {
+	fd, err := unix.Open(worktree, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("scan worktree for nested repositories: %w", err)
+	}
+	root := os.NewFile(uintptr(fd), worktree)
+	defer root.Close()
+	var out []string
+	visited := 0
+	var walk func(dir *os.File, rel string, depth int) error
+	walk = func(dir *os.File, rel string, depth int) error {
+		if depth > 256 {
+			return fmt.Errorf("scan worktree: %s is nested too deep", rel)
+		}
+		ents, err := dir.ReadDir(-1)
+		if err != nil {
+			return fmt.Errorf("scan worktree: read %s: %w", rel, err)
+		}
+		for _, e := range ents {
+			if visited++; visited%1024 == 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+			}
+			if visited > maxNestedWalk {
+				return fmt.Errorf("scan worktree: more than %d entries", maxNestedWalk)
+			}
+			if !e.IsDir() || e.Type()&fs.ModeSymlink != 0 || (rel == "" && e.Name() == ".git") {
+				continue
+			}
+			child := e.Name()
+			if rel != "" {
+				child = rel + "/" + e.Name()
+			}
+			var st unix.Stat_t
+			if err := unix.Fstatat(int(dir.Fd()), e.Name()+"/.git", &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
+				out = append(out, child)
+				continue
+			}
+			sfd, err := unix.Openat2(int(dir.Fd()), e.Name(), &unix.OpenHow{
+				Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+				Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+			})
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("scan worktree: open %s: %w", child, err)
+			}
+			sub := os.NewFile(uintptr(sfd), child)
+			err = walk(sub, child, depth+1)
+			sub.Close()
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := walk(root, "", 0); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
