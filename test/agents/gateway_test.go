@@ -339,7 +339,7 @@ func TestGatewaySubscriptionSignIn(t *testing.T) {
 		wg.Add(1)
 		go func(i int, task string) {
 			defer wg.Done()
-			code, out, errb := e.run("--json", "run", "--task", task, "--agent", "claude", "--worktree", t.TempDir(), "--no-stdin", "--",
+			code, out, errb := e.run("--json", "run", "--task", task, "--agent", "claude", "--no-stdin", "--",
 				"-p", "--output-format", "json", "hello")
 			results[i] = [3]string{fmt.Sprint(code), out, errb}
 		}(i, task)
