@@ -15,18 +15,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -427,47 +426,10 @@ func requestsSince(s *modelapi.Server, n int) []modelapi.Request {
 	return all[n:]
 }
 
-// listenIn opens a TCP listener inside the network namespace at nsPath; the
-// socket stays there after the thread leaves the namespace.
+// listenIn opens a TCP listener inside the network namespace at nsPath
+// (the same code that opens the model gateway inside a cage).
 func listenIn(nsPath, addr string) (net.Listener, error) {
-	target, err := os.Open(nsPath)
-	if err != nil {
-		return nil, err
-	}
-	defer target.Close()
-	type result struct {
-		ln  net.Listener
-		err error
-	}
-	c := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		if err != nil {
-			runtime.UnlockOSThread()
-			c <- result{err: err}
-			return
-		}
-		defer self.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			c <- result{err: err}
-			return
-		}
-		ln, lerr := (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
-		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-			// The thread stays locked and dies with its goroutine.
-			if ln != nil {
-				ln.Close()
-			}
-			c <- result{err: err}
-			return
-		}
-		runtime.UnlockOSThread()
-		c <- result{ln, lerr}
-	}()
-	r := <-c
-	return r.ln, r.err
+	return gateway.ListenInNetNS(nsPath, addr)
 }
 
 // buildShrooms builds the CLI once per test into dir.
