@@ -9,7 +9,7 @@ import (
 func gcCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "gc",
-		Usage: "remove cages a crashed shrooms left behind and give their worktrees back (running turns are kept)",
+		Usage: "remove cages a crashed shrooms left behind, give their worktrees back and release idle HOME mounts (running turns are kept)",
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runner(c)
 			if err != nil {
@@ -18,6 +18,9 @@ func gcCommand() *cli.Command {
 			defer stop()
 			rep, err := r.GC(ctx)
 			if err != nil {
+				if rep != nil && jsonMode(c) {
+					_ = printJSON(c.App.Writer, rep)
+				}
 				return fail(codeFor(err), err)
 			}
 			if jsonMode(c) {
@@ -26,6 +29,9 @@ func gcCommand() *cli.Command {
 			fmt.Fprintf(c.App.Writer, "removed %d leftover cage(s); %d task(s) busy\n", len(rep.Removed), len(rep.Busy))
 			for _, n := range rep.Removed {
 				fmt.Fprintln(c.App.Writer, "  removed "+n)
+			}
+			for _, l := range rep.Released {
+				fmt.Fprintln(c.App.Writer, "  released HOME "+l)
 			}
 			for _, w := range rep.Worktrees {
 				fmt.Fprintln(c.App.Writer, "  gave back worktree "+w)

@@ -171,6 +171,9 @@ func ReadSubIDs(path, user string) (SubIDRange, error) {
 const (
 	FactWorktree = "worktree"
 	FactAgent    = "agent"
+	// FactHome names the task's HOME volume once it was made: from then on
+	// a missing HOME image is drift to repair or refuse, never a new start.
+	FactHome = "home"
 )
 
 // Remember stores a fact of the task (a single line).

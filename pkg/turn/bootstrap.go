@@ -3,6 +3,7 @@ package turn
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -49,6 +50,21 @@ func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, 
 		return "", nil, err
 	}
 	image := homestore.ImagePath(r.Cfg.State.Dir, name)
+	// Drift behind shrooms' back is repaired here or refused with the fix
+	// (homestore/drift.go): an image deleted while attached is copied back
+	// from its loop device; a volume removed around a surviving image gets
+	// a new volume around the same image.
+	hadHome, err := r.Store.Recall(task, taskstate.FactHome)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	if _, err := homestore.Salvage(ctx, image, peers...); err != nil {
+		return "", nil, fmt.Errorf("%w: %v (or `shrooms forget --task %s` discards the task's HOME)", ErrHostNotReady, err, task)
+	}
+	keep := hadHome != "" && fileExists(image)
+	if hadHome != "" && !keep {
+		return "", nil, fmt.Errorf("%w: task %s's HOME image %s is gone (deleted behind shrooms' back, its credentials and sessions with it): `shrooms forget --task %s` starts the task over", ErrHostNotReady, task, image, task)
+	}
 	var root string
 	if exists {
 		v, err := r.Podman.InspectVolume(ctx, name)
@@ -60,9 +76,16 @@ func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, 
 		}
 		root = v.Mountpoint
 	} else {
-		// An image without its volume is what a removed HOME left behind:
-		// a new volume starts from a new, empty filesystem.
-		if err := homestore.Remove(image, "", peers...); err != nil {
+		if keep {
+			// The volume went behind shrooms' back (podman volume rm, a
+			// prune) and its image survives: it is still mounted where the
+			// old volume was, or nowhere; a new volume gets the same image.
+			if err := homestore.ReleaseImage(image, false, peers...); err != nil {
+				return "", nil, fmt.Errorf("%w: HOME volume %s was removed while its image was mounted: %v", ErrHostNotReady, name, err)
+			}
+		} else if err := homestore.Remove(image, "", peers...); err != nil {
+			// An image without its volume, for a task that never had a
+			// HOME, is a leftover: a new volume starts from a new filesystem.
 			return "", nil, fmt.Errorf("%w: stale HOME image: %v", ErrHostNotReady, err)
 		}
 		if root, err = r.Podman.CreateVolume(ctx, name, map[string]string{sealed.LabelManaged: "1", sealed.LabelTask: task}); err != nil {
@@ -74,23 +97,29 @@ func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, 
 			return "", nil, fmt.Errorf("%w: HOME volume %s mode: %v", ErrHostNotReady, name, err)
 		}
 	}
+	// A new HOME that fails half-way goes again; one with kept state never.
+	undo := func() {
+		if !exists && !keep {
+			_ = homestore.Remove(image, root, peers...)
+			_ = r.Podman.RemoveVolume(ctx, name)
+		}
+	}
 	// Every turn: the capped filesystem is mounted on the volume (again,
 	// after a reboot), so all HOME writes, and the reset, happen inside it.
 	lim := homestore.Limits{Size: int64(r.Cfg.Home.Size), Inodes: r.Cfg.Home.Inodes}
 	if _, err := homestore.Ensure(ctx, image, root, lim, peers...); err != nil {
-		if !exists {
-			_ = homestore.Remove(image, root, peers...)
-			_ = r.Podman.RemoveVolume(ctx, name)
-		}
+		undo()
 		return "", nil, fmt.Errorf("%w: size-capped HOME: %v", ErrHostNotReady, err)
 	}
 	res, err := homereset.Bootstrap(ctx, r.homeTask(root, ids, profiles))
 	if err != nil {
-		if !exists {
-			_ = homestore.Remove(image, root, peers...)
-			_ = r.Podman.RemoveVolume(ctx, name)
-		}
+		undo()
 		return "", nil, fmt.Errorf("%w: bootstrap HOME: %v", ErrHostNotReady, err)
+	}
+	if hadHome == "" {
+		if err := r.Store.Remember(task, taskstate.FactHome, name); err != nil {
+			return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		}
 	}
 	return root, res, nil
 }
@@ -132,7 +161,13 @@ func (r *Runner) RemoveHome(ctx context.Context, task string) error {
 		}
 		mountpoint = v.Mountpoint
 	}
-	if err := homestore.Remove(homestore.ImagePath(r.Cfg.State.Dir, name), mountpoint, peers...); err != nil {
+	image := homestore.ImagePath(r.Cfg.State.Dir, name)
+	// Every mount and loop device of the image, wherever it is mounted,
+	// and one whose file was deleted: the HOME goes as a whole.
+	if err := homestore.ReleaseImage(image, true, peers...); err != nil {
+		return fmt.Errorf("%w: remove HOME of %s: %v", ErrHostNotReady, task, err)
+	}
+	if err := homestore.Remove(image, mountpoint, peers...); err != nil {
 		return fmt.Errorf("%w: remove HOME of %s: %v", ErrHostNotReady, task, err)
 	}
 	if exists {
@@ -188,4 +223,32 @@ func (r *Runner) HomeRoot(ctx context.Context, task string) (string, error) {
 		return "", fmt.Errorf("%w: size-capped HOME: %v", ErrHostNotReady, err)
 	}
 	return v.Mountpoint, nil
+}
+
+func fileExists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
+}
+
+// ReleaseHome unmounts task's HOME filesystem and frees its loop device
+// when no prepared cage of the task waits on it: HOME is mounted for the
+// reset and the turn only, so nothing holds a loop device between turns
+// and a `podman volume rm` between turns cannot reach into HOME. Call it
+// with the task lock held. An unknown podman state keeps the mount.
+func (r *Runner) ReleaseHome(ctx context.Context, task string) error {
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	if len(r.waitingPrepared(cages, task)) > 0 {
+		return nil
+	}
+	peers, err := r.podmanNamespace()
+	if err != nil {
+		return err
+	}
+	if err := homestore.ReleaseImage(homestore.ImagePath(r.Cfg.State.Dir, r.VolumeName(task)), false, peers...); err != nil {
+		return fmt.Errorf("%w: release HOME of %s: %v", ErrHostNotReady, task, err)
+	}
+	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -263,37 +262,7 @@ func (r *Runner) Reset(ctx context.Context, task, agent string, dryRun bool) (*h
 				return fmt.Errorf("%w: HOME cleanup: %v", ErrHostNotReady, err)
 			}
 		}
-		return nil
+		return r.ReleaseHome(ctx, task)
 	})
 	return rep, err
-}
-
-// Forget removes everything shrooms keeps of a task: its cages (prepared
-// ones too), its HOME (volume and capped filesystem), its outbox, its token
-// secrets and its state (lock, turn counter, user-namespace slot, which
-// becomes free for a new task). The worktree and delivered outboxes stay.
-func (r *Runner) Forget(ctx context.Context, task string) error {
-	return r.withTask(task, func() error {
-		if _, err := r.removeLeftovers(ctx, task); err != nil {
-			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
-		}
-		if err := r.releaseWorktrees(task); err != nil {
-			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
-		}
-		if err := r.RemoveHome(ctx, task); err != nil {
-			return err
-		}
-		if _, err := os.Stat(r.Cfg.Outbox.Root); err == nil {
-			if err := outbox.Release(r.Cfg.Outbox.Root, task); err != nil {
-				return fmt.Errorf("%w: %v", ErrHostNotReady, err)
-			}
-		}
-		for name := range r.Cfg.Tokens {
-			_ = r.Podman.RemoveSecret(ctx, SecretName(task, name))
-		}
-		if err := os.RemoveAll(r.taskDir(task)); err != nil {
-			return fmt.Errorf("%w: remove task state: %v", ErrHostNotReady, err)
-		}
-		return nil
-	})
 }

@@ -48,6 +48,9 @@ type GCReport struct {
 	// Worktrees lists worktrees given back to their owners (left with a
 	// task's user by a killed shrooms).
 	Worktrees []string `json:"worktrees"`
+	// Released lists HOME loop devices (and their mounts) let go: of idle
+	// tasks, and of deleted images (copied back first if their task exists).
+	Released []string `json:"released"`
 }
 
 // GC removes every shrooms cage whose task has no turn running (the cages a
@@ -57,7 +60,7 @@ func (r *Runner) GC(ctx context.Context) (*GCReport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
-	rep := &GCReport{Removed: []string{}, Busy: []string{}, Worktrees: []string{}}
+	rep := &GCReport{Removed: []string{}, Busy: []string{}, Worktrees: []string{}, Released: []string{}}
 	tasks := map[string]bool{}
 	for _, c := range cages {
 		// A prepared cage that has not started waits for its turn.
@@ -109,7 +112,9 @@ func (r *Runner) GC(ctx context.Context) (*GCReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
-	return rep, nil
+	// Last: the HOMEs mounted above, and those a killed shrooms left.
+	rep.Released, err = r.ReleaseIdle(ctx)
+	return rep, err
 }
 
 // waitingPrepared lists the task's prepared cages that have not started.

@@ -167,6 +167,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		return res, classify(err)
 	}
 	defer lock.Release()
+	// Last before the lock goes: HOME is unmounted until the next turn (a
+	// failure only leaves it mounted; the next turn or gc releases it).
+	defer func() { _ = r.ReleaseHome(context.WithoutCancel(ctx), req.Task) }()
 	// The turn's record, after the worktree is given back, before the lock goes.
 	defer func() {
 		res.HomeBytes = r.homeBytes(req.Task)
@@ -716,5 +719,8 @@ func (r *Runner) Bootstrap(ctx context.Context, task string, profiles []string) 
 		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	_, res, err := r.bootstrap(ctx, task, ids, profiles)
+	if err == nil {
+		err = r.ReleaseHome(ctx, task)
+	}
 	return res, err
 }

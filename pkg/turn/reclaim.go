@@ -1,0 +1,231 @@
+package turn
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+)
+
+// ErrLeftovers is a forget or gc that could not remove everything.
+var ErrLeftovers = errors.New("not everything could be removed")
+
+// leftovers lists what of task is still on the host: cages, HOME volume,
+// image, loop devices and mounts (of a deleted image too), token secrets,
+// worktree claims, outbox and state dir. forget checks it is empty before
+// it reports success.
+func (r *Runner) leftovers(ctx context.Context, task string, stateGone bool) []string {
+	var left []string
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task)
+	if err != nil {
+		left = append(left, "cages (cannot list: "+oneLine(err)+")")
+	}
+	for _, c := range cages {
+		if r.ours(c) {
+			left = append(left, "cage "+c.Name)
+		}
+	}
+	name := r.VolumeName(task)
+	if ok, err := r.Podman.VolumeExists(ctx, name); err != nil || ok {
+		left = append(left, "volume "+name)
+	}
+	image := homestore.ImagePath(r.Cfg.State.Dir, name)
+	for _, p := range []string{image, image + ".new"} {
+		if fileExists(p) {
+			left = append(left, "image "+p)
+		}
+	}
+	peers, _ := r.podmanNamespace()
+	atts, err := homestore.Attachments(filepath.Dir(image), peers...)
+	if err != nil {
+		left = append(left, "loop devices (cannot list: "+oneLine(err)+")")
+	}
+	for _, a := range homestore.Of(atts, image) {
+		left = append(left, "loop device "+a.String())
+	}
+	secrets, err := r.Podman.ListSecrets(ctx)
+	if err != nil {
+		left = append(left, "secrets (cannot list: "+oneLine(err)+")")
+	}
+	for _, s := range secrets {
+		if r.taskSecret(task, s.Name, s.Labels) {
+			left = append(left, "secret "+s.Name)
+		}
+	}
+	for _, c := range r.claims(task) {
+		left = append(left, "worktree claim "+c)
+	}
+	if fileExists(filepath.Join(r.Cfg.Outbox.Root, task)) {
+		left = append(left, "outbox "+filepath.Join(r.Cfg.Outbox.Root, task))
+	}
+	if stateGone && fileExists(r.taskDir(task)) {
+		left = append(left, "state "+r.taskDir(task))
+	}
+	return left
+}
+
+// taskSecret reports whether a secret carries one of task's tokens: by its
+// task label, or by the name a token of the config gives it.
+func (r *Runner) taskSecret(task, name string, labels map[string]string) bool {
+	if labels[sealed.LabelTask] == task && strings.HasPrefix(name, "shrooms-"+task+"-") {
+		return true
+	}
+	for tok := range r.Cfg.Tokens {
+		if name == SecretName(task, tok) {
+			return true
+		}
+	}
+	return false
+}
+
+// claims lists the worktree claim files of task.
+func (r *Runner) claims(task string) []string {
+	dir := filepath.Join(r.Cfg.State.Dir, "worktrees")
+	entries, _ := os.ReadDir(dir)
+	var out []string
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue
+		}
+		var c worktreeClaim
+		if json.Unmarshal(b, &c) == nil && c.Task == task {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	return out
+}
+
+func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }
+
+// Forget removes everything shrooms keeps of a task: its cages (prepared
+// ones too), its HOME (volume, capped filesystem image, every mount and
+// loop device of it, one whose image was deleted included), its outbox,
+// its token secrets and its state (lock, turn counter, user-namespace
+// slot, which becomes free for a new task). The worktree and delivered
+// outboxes stay. Each step runs even when an earlier one failed; then what
+// is still there is listed (ErrLeftovers) and nothing is reported gone.
+func (r *Runner) Forget(ctx context.Context, task string) error {
+	return r.withTask(task, func() error {
+		var errs []string
+		step := func(what string, err error) {
+			if err != nil {
+				errs = append(errs, what+": "+oneLine(err))
+			}
+		}
+		_, err := r.removeLeftovers(ctx, task)
+		step("cages", err)
+		step("worktree", r.releaseWorktrees(task))
+		step("HOME", r.RemoveHome(ctx, task))
+		if _, err := os.Stat(r.Cfg.Outbox.Root); err == nil {
+			step("outbox", r.releaseOutbox(task))
+		}
+		secrets, err := r.Podman.ListSecrets(ctx)
+		step("secrets", err)
+		for _, s := range secrets {
+			if r.taskSecret(task, s.Name, s.Labels) {
+				step("secret "+s.Name, r.Podman.RemoveSecret(ctx, s.Name))
+			}
+		}
+		left := r.leftovers(ctx, task, false)
+		if len(left) == 0 {
+			// The state (and the lock file in it) goes last, once nothing
+			// else of the task is there to be found by it.
+			step("state", removeTaskDir(r.taskDir(task)))
+		}
+		left = r.leftovers(ctx, task, len(left) == 0)
+		if len(left) > 0 {
+			return fmt.Errorf("%w: %w: forget %s left %s (%s); fix that and run `shrooms forget --task %s` again", ErrHostNotReady, ErrLeftovers, task, strings.Join(left, ", "), strings.Join(errs, "; "), task)
+		}
+		return nil
+	})
+}
+
+// removeTaskDir removes a task's state directory.
+func removeTaskDir(dir string) error {
+	if err := mounts.ValidateTaskID(filepath.Base(dir)); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
+}
+
+// releaseOutbox unmounts and removes the task's outbox.
+func (r *Runner) releaseOutbox(task string) error {
+	return outbox.Release(r.Cfg.Outbox.Root, task)
+}
+
+// ReleaseIdle releases the HOME mounts and loop devices of tasks with no
+// turn running and no prepared cage waiting (a killed shrooms leaves its
+// HOME mounted), and those of HOME images that were deleted: one whose
+// task still exists is copied back first, one whose task was forgotten is
+// let go. It returns what it released and, as an error, what it could not.
+func (r *Runner) ReleaseIdle(ctx context.Context) ([]string, error) {
+	peers, err := r.podmanNamespace()
+	if err != nil {
+		return nil, err
+	}
+	homes := filepath.Join(r.Cfg.State.Dir, "homes")
+	atts, err := homestore.Attachments(homes, peers...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	released := []string{}
+	var left []string
+	for _, a := range atts {
+		vol := strings.TrimSuffix(filepath.Base(a.Image), ".img")
+		task, ok := strings.CutPrefix(vol, r.Cfg.Home.VolumePrefix)
+		if !ok || mounts.ValidateTaskID(task) != nil {
+			left = append(left, a.String()+" (not a HOME of this config's volume prefix; left alone)")
+			continue
+		}
+		known, _ := r.Store.Exists(task)
+		if !known {
+			// The task was forgotten: nothing of it is to be kept.
+			if err := homestore.Release([]homestore.Attachment{a}, peers...); err != nil {
+				left = append(left, err.Error())
+			} else {
+				released = append(released, a.String())
+			}
+			continue
+		}
+		lock, err := r.Store.LockTask(task)
+		if err != nil {
+			continue // a turn runs: its HOME is in use
+		}
+		err = func() error {
+			defer lock.Release()
+			if len(r.waitingPrepared(cages, task)) > 0 {
+				return nil
+			}
+			if a.Deleted {
+				if _, err := homestore.Salvage(ctx, a.Image, peers...); err != nil {
+					return fmt.Errorf("%v (or `shrooms forget --task %s` discards it)", err, task)
+				}
+			}
+			if err := homestore.ReleaseImage(a.Image, false, peers...); err != nil {
+				return err
+			}
+			released = append(released, a.String())
+			return nil
+		}()
+		if err != nil {
+			left = append(left, oneLine(err))
+		}
+	}
+	if len(left) > 0 {
+		return released, fmt.Errorf("%w: %w: %s", ErrHostNotReady, ErrLeftovers, strings.Join(left, "; "))
+	}
+	return released, nil
+}
