@@ -49,7 +49,7 @@ func (s Store) taskPath(task string) (string, error) {
 }
 
 // Lock is a held task lock.
-type Lock struct{ f *os.File }
+type Lock struct{ f, dir *os.File }
 
 // Release drops the lock.
 func (l *Lock) Release() error {
@@ -57,28 +57,51 @@ func (l *Lock) Release() error {
 		return nil
 	}
 	err := l.f.Close()
-	l.f = nil
+	if l.dir != nil {
+		l.dir.Close()
+	}
+	l.f, l.dir = nil, nil
 	return err
 }
 
 // LockTask takes the task's lock without waiting; ErrBusy if it is held.
+// The lock is the task directory's flock: a lock file deleted (or replaced)
+// while a turn holds it would let a second turn lock a new file and run
+// alongside. The lock file is locked too, for `status` and `stop`, which
+// find the holder through it.
 func (s Store) LockTask(task string) (*Lock, error) {
 	dir, err := s.taskDir(task)
 	if err != nil {
 		return nil, err
 	}
+	busy := func() error {
+		return fmt.Errorf("%w: task %q has a turn running (turns of one task never overlap)", ErrBusy, task)
+	}
+	d, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("task lock: %w", err)
+	}
+	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		d.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, busy()
+		}
+		return nil, fmt.Errorf("task lock: %w", err)
+	}
 	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
+		d.Close()
 		return nil, fmt.Errorf("task lock: %w", err)
 	}
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		f.Close()
+		d.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w: task %q has a turn running (turns of one task never overlap)", ErrBusy, task)
+			return nil, busy()
 		}
 		return nil, fmt.Errorf("task lock: %w", err)
 	}
-	return &Lock{f: f}, nil
+	return &Lock{f: f, dir: d}, nil
 }
 
 // NextTurn increments and returns the task's turn number (1 for the first).

@@ -200,18 +200,25 @@ func (r *Runner) homeBytes(task string) int64 {
 // lockHolder returns the pid of the process holding the task's lock (0 when
 // none), read from /proc/locks so that looking never takes the lock.
 func (r *Runner) lockHolder(task string) (int, error) {
-	var st unix.Stat_t
-	if err := unix.Lstat(filepath.Join(r.taskDir(task), "lock"), &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return 0, nil
-		}
-		return 0, fmt.Errorf("task lock: %w", err)
-	}
 	locks, err := os.ReadFile("/proc/locks")
 	if err != nil {
 		return 0, fmt.Errorf("read /proc/locks: %w", err)
 	}
-	return flockHolder(locks, unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino), nil
+	// The task directory is the lock (taskstate.LockTask); the lock file
+	// is for holders from before that.
+	for _, p := range []string{r.taskDir(task), filepath.Join(r.taskDir(task), "lock")} {
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				continue
+			}
+			return 0, fmt.Errorf("task lock: %w", err)
+		}
+		if pid := flockHolder(locks, unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino); pid != 0 {
+			return pid, nil
+		}
+	}
+	return 0, nil
 }
 
 // flockHolder finds the pid holding a FLOCK on the inode in /proc/locks
