@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -204,6 +205,42 @@ func Of(atts []Attachment, image string) []Attachment {
 // lazily (a detached mount would keep the image in use where nobody can
 // see it).
 func Release(atts []Attachment, peers ...string) error {
+	// A copy in a namespace being set up (a container runtime before its
+	// pivot_root) refuses to be unmounted there, and goes by itself soon.
+	var err error
+	for try := 0; try < 20; try++ {
+		if err = release(atts); err == nil {
+			return nil
+		}
+		time.Sleep(150 * time.Millisecond)
+		atts = refresh(atts)
+	}
+	return err
+}
+
+// refresh re-reads the mounts of attachments.
+func refresh(atts []Attachment) []Attachment {
+	var out []Attachment
+	for _, a := range atts {
+		if len(a.Image) == 0 {
+			out = append(out, a)
+			continue
+		}
+		all, err := Attachments(filepath.Dir(a.Image))
+		if err != nil {
+			out = append(out, a)
+			continue
+		}
+		for _, b := range all {
+			if b.Loop == a.Loop && b.Dev == a.Dev {
+				out = append(out, b)
+			}
+		}
+	}
+	return out
+}
+
+func release(atts []Attachment) error {
 	var left []string
 	for _, a := range atts {
 		done := map[string]bool{}
@@ -409,4 +446,27 @@ func ReleaseImage(image string, discard bool, peers ...string) error {
 		}
 	}
 	return Release(mine, peers...)
+}
+
+// reuseLoop returns an open descriptor and the name of a loop device that
+// is already backed by img (by device and inode), or -1 when there is none.
+func reuseLoop(img *os.File) (int, string, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(img.Fd()), &st); err != nil {
+		return -1, "", fmt.Errorf("stat HOME image: %w", err)
+	}
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		name := filepath.Base(filepath.Dir(filepath.Dir(f)))
+		dev, err := loopDev(name)
+		if err != nil || !backedBy(dev, &st) {
+			continue
+		}
+		fd, err := openLoop(name, dev, unix.O_RDWR)
+		if err != nil {
+			continue
+		}
+		return fd, name, nil
+	}
+	return -1, "", nil
 }

@@ -201,7 +201,16 @@ func attachAndMount(img *os.File, image, mountpoint string) (uint64, error) {
 	if err := checkEmpty(md); err != nil {
 		return 0, err
 	}
-	lfd, name, err := attach(img, image)
+	// A loop device that already holds the image (its mount survives in
+	// another mount namespace) is mounted again: a second device would put
+	// two ext4 instances on one file.
+	lfd, name, err := reuseLoop(img)
+	if err != nil {
+		return 0, err
+	}
+	if lfd < 0 {
+		lfd, name, err = attach(img, image)
+	}
 	if err != nil {
 		return 0, err
 	}
@@ -223,6 +232,10 @@ func attachAndMount(img *os.File, image, mountpoint string) (uint64, error) {
 		_ = unix.Unmount(mountpoint, unix.UMOUNT_NOFOLLOW)
 		return 0, err
 	}
+	// Shared, so a mount namespace made while HOME is mounted (a cage's
+	// runtime, ip netns exec) receives the unmount instead of keeping a
+	// copy that holds the loop device.
+	_ = unix.Mount("", mountpoint, "", unix.MS_SHARED, "")
 	return dev, nil
 }
 

@@ -1,0 +1,156 @@
+package faults_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+)
+
+// TestVolumeRemovedBetweenTurns: `podman volume rm` of an idle task's HOME
+// volume removes only an empty directory (HOME is not mounted between
+// turns); the next turn makes a new volume around the surviving image and
+// every kept credential and session is there.
+func TestVolumeRemovedBetweenTurns(t *testing.T) {
+	e := newEnv(t, itest.Socket(), "")
+	task := e.task("volrm")
+	s := e.plant(task)
+	assert.Equal(t, len(e.attachments()), 0, "HOME is released after the turn")
+	out, err := e.podman("volume", "rm", "-f", e.volume(task))
+	assert.NilError(t, err, out)
+	// Positive control: the volume is really gone.
+	_, err = e.podman("volume", "exists", e.volume(task))
+	assert.Assert(t, err != nil, "the volume still exists")
+	e.kept(task, s)
+	assert.Equal(t, len(e.attachments()), 0)
+}
+
+// TestVolumeRemovedWhileMounted is issue 17's report: `podman volume rm -f`
+// while the image is mounted. podman itself empties HOME and fails to
+// remove the mount point; the task runs again (with a freshly bootstrapped
+// HOME: there is nothing left to keep), and forget then leaves no mount,
+// loop device, image, volume or state. A forget that cannot unmount (a
+// process sits in HOME) exits non-zero naming the mount, and succeeds once
+// it can.
+func TestVolumeRemovedWhileMounted(t *testing.T) {
+	e := newEnv(t, itest.Socket(), "")
+	task := e.task("volrm-mounted")
+	e.plant(task)
+	mp := e.mountHome(task)
+	out, err := e.podman("volume", "rm", "-f", e.volume(task))
+	// Positive control of the fault: podman cannot remove the mount point.
+	assert.Assert(t, err != nil && strings.Contains(out, "busy"), "podman volume rm: %v %s", err, out)
+	_, err = e.podman("volume", "exists", e.volume(task))
+	assert.Assert(t, err != nil, "podman kept the volume")
+	assert.Equal(t, len(e.attachments()), 1, "the image stays mounted at %s", mp)
+
+	code, out, stderr := e.turn(task, "echo runs-again")
+	assert.Equal(t, code, 0, "%s %s", out, stderr)
+	assert.Assert(t, strings.Contains(out, "runs-again"))
+	assert.Equal(t, len(e.attachments()), 0)
+
+	// A process in HOME keeps it mounted: forget says so and fails.
+	mp = e.mountHome(task)
+	sleeper := exec.Command("sleep", "300")
+	sleeper.Dir = mp
+	assert.NilError(t, sleeper.Start())
+	defer func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() }()
+	code, out, stderr = e.shrooms("forget", "--task", task)
+	assert.Equal(t, code, 122, "forget with HOME busy: %s %s", out, stderr)
+	oneLine(t, stderr, "umount "+mp)
+	assert.Assert(t, !strings.Contains(out, "forgot"), out)
+	_ = sleeper.Process.Kill()
+	_ = sleeper.Wait()
+
+	code, out, stderr = e.shrooms("forget", "--task", task)
+	assert.Equal(t, code, 0, "%s %s", out, stderr)
+	assert.Equal(t, len(e.attachments()), 0)
+	_, err = os.Stat(e.image(task))
+	assert.Assert(t, os.IsNotExist(err), "image left: %v", err)
+	_, err = os.Stat(filepath.Join(e.state, "tasks", task))
+	assert.Assert(t, os.IsNotExist(err), "state left: %v", err)
+	_, err = e.podman("volume", "exists", e.volume(task))
+	assert.Assert(t, err != nil, "volume left")
+}
+
+// TestImageDeletedWhileMounted: the HOME image file is deleted while it is
+// loop-mounted; its blocks live only in the loop device. The next turn
+// copies them back into a new image before releasing the device, and the
+// kept state is all there.
+func TestImageDeletedWhileMounted(t *testing.T) {
+	e := newEnv(t, itest.Socket(), "")
+	task := e.task("imgdel")
+	s := e.plant(task)
+	e.mountHome(task)
+	assert.NilError(t, os.Remove(e.image(task)))
+	// Positive control: the image is gone from the file system and lives
+	// on in a loop device only.
+	atts := e.attachments()
+	assert.Equal(t, len(atts), 1)
+	assert.Assert(t, atts[0].Deleted, "%v", atts[0])
+	_, err := os.Stat(e.image(task))
+	assert.Assert(t, os.IsNotExist(err))
+
+	e.kept(task, s)
+	_, err = os.Stat(e.image(task))
+	assert.NilError(t, err, "the image was copied back")
+	assert.Equal(t, len(e.attachments()), 0)
+}
+
+// TestImageGone: the image deleted (and nothing holds it): the turn refuses
+// with one line naming `shrooms forget`, which then removes everything,
+// and the task starts over.
+func TestImageGone(t *testing.T) {
+	e := newEnv(t, itest.Socket(), "")
+	task := e.task("imggone")
+	e.plant(task)
+	assert.NilError(t, os.Remove(e.image(task)))
+	code, out, stderr := e.turn(task, "echo should-not-run")
+	assert.Equal(t, code, 122, "%s %s", out, stderr)
+	assert.Assert(t, !strings.Contains(out, "should-not-run"))
+	oneLine(t, stderr, "shrooms forget --task "+task)
+	code, out, stderr = e.shrooms("forget", "--task", task)
+	assert.Equal(t, code, 0, "%s %s", out, stderr)
+	s := e.plant(task)
+	e.kept(task, s)
+}
+
+// TestNoLoopDeviceBetweenTurns: N turns of N tasks leave no loop device
+// attached; during a turn its HOME's one is (positive control). A HOME
+// left mounted by a killed shrooms is released by gc.
+func TestNoLoopDeviceBetweenTurns(t *testing.T) {
+	e := newEnv(t, itest.Socket(), "")
+	const n = 3
+	for turn := 0; turn < n; turn++ {
+		for i := 0; i < n; i++ {
+			task := e.task(string(rune('a' + i)))
+			code, out, stderr := e.turn(task, "touch ~/x")
+			assert.Equal(t, code, 0, "%s %s", out, stderr)
+			assert.Equal(t, len(e.attachments()), 0, "after turn %d of task %d: %v", turn+1, i, e.attachments())
+		}
+	}
+	// Positive control: while a turn runs, its HOME is attached.
+	task := e.task("a")
+	c := e.cmd("run", "--task", task, "--agent", "keep", "--no-stdin", "--", "-c", "sleep 60")
+	assert.NilError(t, c.Start())
+	deadline := time.Now().Add(60 * time.Second)
+	for len(e.attachments()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	assert.Equal(t, len(e.attachments()), 1, "no loop device while a turn runs")
+	// shrooms killed: its HOME stays mounted until gc (or the next turn).
+	time.Sleep(time.Second)
+	assert.NilError(t, c.Process.Kill())
+	_ = c.Wait()
+	assert.Equal(t, len(e.attachments()), 1)
+	code, out, stderr := e.shrooms("gc")
+	assert.Equal(t, code, 0, "%s %s", out, stderr)
+	assert.Assert(t, strings.Contains(out, "released HOME"), out)
+	assert.Equal(t, len(e.attachments()), 0)
+}
