@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/shrooms-cage/shrooms/pkg/homestore"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
@@ -136,6 +137,12 @@ func (r *Runner) Forget(ctx context.Context, task string) error {
 			}
 		}
 		left := r.leftovers(ctx, task, false)
+		// A loop device lets go a moment after its last user (udev's probe,
+		// a namespace being torn down) closes it.
+		for i := 0; i < 20 && len(left) > 0 && len(errs) == 0; i++ {
+			time.Sleep(150 * time.Millisecond)
+			left = r.leftovers(ctx, task, false)
+		}
 		if len(left) == 0 {
 			// The state (and the lock file in it) goes last, once nothing
 			// else of the task is there to be found by it.
