@@ -1,0 +1,73 @@
+package turn
+
+import (
+	"context"
+	"io"
+	"testing"
+	"time"
+
+	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+)
+
+// BenchmarkHomeMountPerTurn measures what releasing HOME after every turn
+// costs (README, Reliability): the wall time of a turn whose HOME is
+// mounted fresh (as every turn now is: mount, reset, cage, unmount) against
+// one whose HOME is already mounted when it starts, and the mount and the
+// release on their own. The "held" figure is a turn as it was when HOME
+// stayed mounted between turns: already mounted, and no release.
+func BenchmarkHomeMountPerTurn(b *testing.B) {
+	h := newHarnessTB(b, "") // the default HOME size (8g)
+	ctx := context.Background()
+	task := h.task("mountcost")
+	run := func() time.Duration {
+		start := time.Now()
+		if _, err := h.runner.Run(ctx, Request{Task: task, Agent: "shell", Args: []string{"-c", "true"}, Streams: podman.Streams{Stdout: io.Discard, Stderr: io.Discard}}); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	mount := func() time.Duration {
+		start := time.Now()
+		if _, err := h.runner.HomeRoot(ctx, task); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	release := func() time.Duration {
+		start := time.Now()
+		if err := h.runner.ReleaseHome(ctx, task); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	attached := func() int {
+		atts, err := homestore.Attachments(h.cfg.State.Dir + "/homes")
+		if err != nil {
+			b.Fatal(err)
+		}
+		return len(atts)
+	}
+	run()
+	var fresh, premounted, mounts, releases []time.Duration
+	for i := 0; i < max(b.N, 10); i++ {
+		if attached() != 0 {
+			b.Fatal("HOME still attached after a turn")
+		}
+		fresh = append(fresh, run())
+		mounts = append(mounts, mount())
+		releases = append(releases, release())
+		mount()
+		premounted = append(premounted, run())
+	}
+	msOf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	f, p, m, r := msOf(median(fresh)), msOf(median(premounted)), msOf(median(mounts)), msOf(median(releases))
+	held := p - r
+	b.ReportMetric(f, "fresh-ms")
+	b.ReportMetric(p, "premounted-ms")
+	b.ReportMetric(held, "held-ms")
+	b.ReportMetric(m, "mount-ms")
+	b.ReportMetric(r, "release-ms")
+	b.ReportMetric(f/held, "fresh/held")
+	b.ReportMetric(0, "ns/op")
+}
