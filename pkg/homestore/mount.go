@@ -232,10 +232,6 @@ func attachAndMount(img *os.File, image, mountpoint string) (uint64, error) {
 		_ = unix.Unmount(mountpoint, unix.UMOUNT_NOFOLLOW)
 		return 0, err
 	}
-	// Shared, so a mount namespace made while HOME is mounted (a cage's
-	// runtime, ip netns exec) receives the unmount instead of keeping a
-	// copy that holds the loop device.
-	_ = unix.Mount("", mountpoint, "", unix.MS_SHARED, "")
 	return dev, nil
 }
 

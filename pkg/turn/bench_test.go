@@ -295,6 +295,10 @@ func BenchmarkTurnStartWithJunk(b *testing.B) {
 		b.Fatal(err)
 	}
 	plant := func(n int) {
+		// HOME is mounted for turns only: mount it to plant.
+		if _, err := h.runner.HomeRoot(ctx, task); err != nil {
+			b.Fatal(err)
+		}
 		home := filepath.Join(v.Mountpoint, "home")
 		for d := 0; d < n/1000+1 && n > 0; d++ {
 			dir := filepath.Join(home, fmt.Sprintf("junk%d", d))

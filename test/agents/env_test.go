@@ -329,11 +329,18 @@ func (e *env) checkSealed(agent string) {
 	assert.Assert(e.t, ok, "the cage joins the sealed network %s: %s", e.name, out)
 }
 
-// home is the host directory of the task's HOME volume.
+// home is the host directory of the task's HOME, mounted: shrooms mounts
+// HOME only for a turn, so the test mounts it to look (the next turn
+// finds it mounted and releases it after).
 func (e *env) home(agent string) string {
 	e.t.Helper()
-	out := e.tb.MustPodman("volume", "inspect", "--format", "{{.Mountpoint}}", "shrooms-home-"+e.name+"-"+e.task(agent))
-	return homereset.HomeDir(strings.TrimSpace(out))
+	cfg, err := config.Load(e.config)
+	assert.NilError(e.t, err)
+	client, err := podman.Connect(context.Background(), e.tb.PodmanURL)
+	assert.NilError(e.t, err)
+	root, err := turn.NewRunner(cfg, client, nil).HomeRoot(context.Background(), e.task(agent))
+	assert.NilError(e.t, err)
+	return homereset.HomeDir(root)
 }
 
 // markers lists the payload markers present in the worktree.

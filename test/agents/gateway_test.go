@@ -359,8 +359,7 @@ func TestGatewaySubscriptionSignIn(t *testing.T) {
 		assert.Equal(t, r.Header.Get("X-Api-Key"), "")
 	}
 	for _, task := range []string{"claude", "claude2"} {
-		out := e.tb.MustPodman("volume", "inspect", "--format", "{{.Mountpoint}}", "shrooms-home-"+e.name+"-"+e.task(task))
-		b, err := os.ReadFile(filepath.Join(strings.TrimSpace(out), "home", ".claude", ".credentials.json"))
+		b, err := os.ReadFile(filepath.Join(e.home(task), ".claude", ".credentials.json"))
 		assert.NilError(t, err)
 		assert.Assert(t, is.Contains(string(b), "sk-ant-shrooms-placeholder-"), "%s", b)
 		assert.Assert(t, !strings.Contains(string(b), "real-"), "a real token in the cage's credentials: %s", b)

@@ -249,4 +249,3 @@ func TestHomeFullDuringReset(t *testing.T) {
 	}
 	e.kept(task, s)
 }
-
