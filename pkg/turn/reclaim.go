@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/shrooms-cage/shrooms/pkg/homestore"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
@@ -235,4 +237,13 @@ func (r *Runner) ReleaseIdle(ctx context.Context) ([]string, error) {
 		return released, fmt.Errorf("%w: %w: %s", ErrHostNotReady, ErrLeftovers, strings.Join(left, "; "))
 	}
 	return released, nil
+}
+
+// noSpaceHint names where room is needed when err is ENOSPC: a full host
+// filesystem under the HOME images shows inside HOME as ENOSPC too.
+func (r *Runner) noSpaceHint(err error) string {
+	if !errors.Is(err, unix.ENOSPC) && !strings.Contains(err.Error(), unix.ENOSPC.Error()) {
+		return ""
+	}
+	return "; free space on the filesystem of " + filepath.Join(r.Cfg.State.Dir, "homes") + " (the HOME images)"
 }

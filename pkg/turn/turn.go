@@ -371,7 +371,7 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 			return nil, err
 		}
 		if p.reset, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.homeTask(p.root, ids, in.agent.Home)}); err != nil {
-			return nil, fmt.Errorf("%w: HOME reset failed, the turn does not start: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: HOME reset failed, the turn does not start: %v%s", ErrHostNotReady, err, r.noSpaceHint(err))
 		}
 		var pg homereset.PolicyGateway
 		if in.gateway != nil {

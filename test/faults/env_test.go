@@ -211,16 +211,19 @@ func oneLine(t *testing.T, stderr, command string) {
 type service struct {
 	t      *testing.T
 	socket string
-	cmd    *exec.Cmd
+	// storage are podman's global options for a store of its own
+	// (--root, --runroot), none for the host's.
+	storage []string
+	cmd     *exec.Cmd
 }
 
-func startService(t *testing.T) *service {
+func startService(t *testing.T, storage ...string) *service {
 	t.Helper()
 	itest.Require(t, itest.Root, itest.Podman)
 	dir, err := os.MkdirTemp("/run", "shrooms-faults-")
 	assert.NilError(t, err)
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	s := &service{t: t, socket: "unix://" + filepath.Join(dir, "podman.sock")}
+	s := &service{t: t, socket: "unix://" + filepath.Join(dir, "podman.sock"), storage: storage}
 	s.start()
 	t.Cleanup(s.stop)
 	return s
@@ -232,7 +235,7 @@ func (s *service) start() {
 	_ = os.Remove(path)
 	// As scripts/podman-service.sh starts the shared one: a clean
 	// environment, its own session.
-	c := exec.Command("podman", "system", "service", "--time=0", s.socket)
+	c := exec.Command("podman", append(append([]string{}, s.storage...), "system", "service", "--time=0", s.socket)...)
 	c.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
 	c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	assert.NilError(s.t, c.Start())
