@@ -264,10 +264,13 @@ func forgetCommand() *cli.Command {
 		Name:  "forget",
 		Usage: "remove everything shrooms keeps of a task: cages, HOME (credentials too), outbox, state",
 		Description: `The task's worktree and delivered outboxes are left alone. Its user-namespace
-slot becomes free for a new task.`,
+slot becomes free for a new task. HOME goes with every mount and loop device
+of it, in any mount namespace, one whose image file was deleted included.
+Afterwards forget looks again: anything of the task still there is listed
+and it exits 122 instead of reporting success.`,
 		Flags: []cli.Flag{taskFlag()},
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runnerFor(c, checkTask(c))
+			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) error { return turn.CheckForget(cfg, c.String("task")) })
 			if err != nil {
 				return err
 			}

@@ -176,12 +176,11 @@ func (c *Client) RemoveVolume(ctx context.Context, name string) error {
 func (c *Client) PutSecret(ctx context.Context, name string, data []byte, labels map[string]string) error {
 	cctx, done := c.scope(ctx)
 	defer done()
-	if ok, err := secrets.Exists(cctx, name); err != nil {
-		return fmt.Errorf("secret %s: %w", name, err)
-	} else if ok {
-		if err := secrets.Remove(cctx, name); err != nil {
-			return fmt.Errorf("replace secret %s: %w", name, err)
-		}
+	// Removed unasked: podman 4.3 has no "exists" endpoint for secrets (it
+	// answers 404, read as "no"), so a secret a killed turn left would
+	// never be replaced and every later turn would fail to create it.
+	if err := secrets.Remove(cctx, name); err != nil && !isNotFound(err) {
+		return fmt.Errorf("replace secret %s: %w", name, err)
 	}
 	opts := new(secrets.CreateOptions).WithName(name).WithLabels(labels)
 	if _, err := secrets.Create(cctx, strings.NewReader(string(data)), opts); err != nil {

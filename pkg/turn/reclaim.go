@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/homestore"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
@@ -117,7 +118,15 @@ func oneLine(err error) string { return strings.Join(strings.Fields(err.Error())
 // outboxes stay. Each step runs even when an earlier one failed; then what
 // is still there is listed (ErrLeftovers) and nothing is reported gone.
 func (r *Runner) Forget(ctx context.Context, task string) error {
-	return r.withTask(task, func() error {
+	if err := checkForget(r.Cfg, task); err != nil {
+		return err
+	}
+	lock, err := r.Store.LockTask(task)
+	if err != nil {
+		return classify(err)
+	}
+	defer lock.Release()
+	return func() error {
 		var errs []string
 		step := func(what string, err error) {
 			if err != nil {
@@ -155,7 +164,23 @@ func (r *Runner) Forget(ctx context.Context, task string) error {
 			return fmt.Errorf("%w: %w: forget %s left %s (%s); fix that and run `shrooms forget --task %s` again", ErrHostNotReady, ErrLeftovers, task, strings.Join(left, ", "), strings.Join(errs, "; "), task)
 		}
 		return nil
-	})
+	}()
+}
+
+// CheckForget refuses, before podman is contacted, a task id that is
+// invalid or of which nothing is known: neither state nor a HOME image (a
+// task whose state dir was lost can still be forgotten).
+func CheckForget(cfg *config.Config, task string) error { return checkForget(cfg, task) }
+
+func checkForget(cfg *config.Config, task string) error {
+	err := CheckTask(cfg, task)
+	if err == nil || !errors.Is(err, ErrUnknownTask) {
+		return err
+	}
+	if fileExists(homestore.ImagePath(cfg.State.Dir, cfg.Home.VolumePrefix+task)) {
+		return nil
+	}
+	return err
 }
 
 // removeTaskDir removes a task's state directory.
@@ -192,6 +217,30 @@ func (r *Runner) ReleaseIdle(ctx context.Context) ([]string, error) {
 	}
 	released := []string{}
 	var left []string
+	// Token secrets a killed turn left (a turn removes its own at its end).
+	secrets, err := r.Podman.ListSecrets(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	for _, s := range secrets {
+		task, ok := r.secretTask(s.Name)
+		if !ok || !r.taskSecret(task, s.Name, nil) {
+			continue
+		}
+		if known, _ := r.Store.Exists(task); !known || len(r.waitingPrepared(cages, task)) > 0 {
+			continue // not this state dir's, or a prepared cage waits with it
+		}
+		lock, err := r.Store.LockTask(task)
+		if err != nil {
+			continue // its turn runs
+		}
+		if err := r.Podman.RemoveSecret(ctx, s.Name); err != nil {
+			left = append(left, "secret "+s.Name+": "+oneLine(err))
+		} else {
+			released = append(released, "secret "+s.Name)
+		}
+		lock.Release()
+	}
 	for _, a := range atts {
 		vol := strings.TrimSuffix(filepath.Base(a.Image), ".img")
 		task, ok := strings.CutPrefix(vol, r.Cfg.Home.VolumePrefix)
@@ -246,4 +295,17 @@ func (r *Runner) noSpaceHint(err error) string {
 		return ""
 	}
 	return "; free space on the filesystem of " + filepath.Join(r.Cfg.State.Dir, "homes") + " (the HOME images)"
+}
+
+// secretTask returns the task whose token secret name is (by this config's
+// tokens: shrooms-<task>-<token>).
+func (r *Runner) secretTask(name string) (string, bool) {
+	for tok := range r.Cfg.Tokens {
+		if t, ok := strings.CutSuffix(name, "-"+tok); ok {
+			if t, ok := strings.CutPrefix(t, "shrooms-"); ok && mounts.ValidateTaskID(t) == nil {
+				return t, true
+			}
+		}
+	}
+	return "", false
 }

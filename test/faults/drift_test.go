@@ -21,14 +21,14 @@ func TestVolumeRemovedBetweenTurns(t *testing.T) {
 	e := newEnv(t, itest.Socket(), "")
 	task := e.task("volrm")
 	s := e.plant(task)
-	assert.Equal(t, len(e.attachments()), 0, "HOME is released after the turn")
+	assert.Equal(t, e.attachedAfter(), 0, "HOME is released after the turn")
 	out, err := e.podman("volume", "rm", "-f", e.volume(task))
 	assert.NilError(t, err, out)
 	// Positive control: the volume is really gone.
 	_, err = e.podman("volume", "exists", e.volume(task))
 	assert.Assert(t, err != nil, "the volume still exists")
 	e.kept(task, s)
-	assert.Equal(t, len(e.attachments()), 0)
+	assert.Equal(t, e.attachedAfter(), 0)
 }
 
 // TestVolumeRemovedWhileMounted is issue 17's report: `podman volume rm -f`
@@ -53,7 +53,7 @@ func TestVolumeRemovedWhileMounted(t *testing.T) {
 	code, out, stderr := e.turn(task, "echo runs-again")
 	assert.Equal(t, code, 0, "%s %s", out, stderr)
 	assert.Assert(t, strings.Contains(out, "runs-again"))
-	assert.Equal(t, len(e.attachments()), 0)
+	assert.Equal(t, e.attachedAfter(), 0)
 
 	// A process in HOME keeps it mounted: forget says so and fails.
 	mp = e.mountHome(task)
@@ -70,7 +70,7 @@ func TestVolumeRemovedWhileMounted(t *testing.T) {
 
 	code, out, stderr = e.shrooms("forget", "--task", task)
 	assert.Equal(t, code, 0, "%s %s", out, stderr)
-	assert.Equal(t, len(e.attachments()), 0)
+	assert.Equal(t, e.attachedAfter(), 0)
 	_, err = os.Stat(e.image(task))
 	assert.Assert(t, os.IsNotExist(err), "image left: %v", err)
 	_, err = os.Stat(filepath.Join(e.state, "tasks", task))
@@ -100,7 +100,7 @@ func TestImageDeletedWhileMounted(t *testing.T) {
 	e.kept(task, s)
 	_, err = os.Stat(e.image(task))
 	assert.NilError(t, err, "the image was copied back")
-	assert.Equal(t, len(e.attachments()), 0)
+	assert.Equal(t, e.attachedAfter(), 0)
 }
 
 // TestImageGone: the image deleted (and nothing holds it): the turn refuses
@@ -132,7 +132,7 @@ func TestNoLoopDeviceBetweenTurns(t *testing.T) {
 			task := e.task(string(rune('a' + i)))
 			code, out, stderr := e.turn(task, "touch ~/x")
 			assert.Equal(t, code, 0, "%s %s", out, stderr)
-			assert.Equal(t, len(e.attachments()), 0, "after turn %d of task %d: %v", turn+1, i, e.attachments())
+			assert.Equal(t, e.attachedAfter(), 0, "after turn %d of task %d: %v", turn+1, i, e.attachments())
 		}
 	}
 	// Positive control: while a turn runs, its HOME is attached.
@@ -149,8 +149,47 @@ func TestNoLoopDeviceBetweenTurns(t *testing.T) {
 	assert.NilError(t, c.Process.Kill())
 	_ = c.Wait()
 	assert.Equal(t, len(e.attachments()), 1)
+	assert.Assert(t, e.secret(task), "positive control: the killed turn left its token secret")
+	// A process sitting in the HOME: gc cannot release it, says so, fails.
+	mp := e.volumePath(task)
+	sleeper := exec.Command("sleep", "300")
+	sleeper.Dir = mp
+	assert.NilError(t, sleeper.Start())
+	defer func() { _ = sleeper.Process.Kill(); _ = sleeper.Wait() }()
 	code, out, stderr := e.shrooms("gc")
+	assert.Equal(t, code, 122, "gc with a busy HOME: %s %s", out, stderr)
+	oneLine(t, stderr, "umount "+mp)
+	_ = sleeper.Process.Kill()
+	_ = sleeper.Wait()
+	code, out, stderr = e.shrooms("gc")
 	assert.Equal(t, code, 0, "%s %s", out, stderr)
 	assert.Assert(t, strings.Contains(out, "released HOME"), out)
-	assert.Equal(t, len(e.attachments()), 0)
+	assert.Equal(t, e.attachedAfter(), 0)
+	assert.Assert(t, !e.secret(task), "gc left the token secret")
+}
+
+// TestStateDirLost: a task whose state dir was deleted keeps running on
+// its HOME (kept state intact, new turn counter); and when its volume is
+// gone too, `forget` still finds and removes its image.
+func TestStateDirLost(t *testing.T) {
+	e := newEnv(t, itest.Socket(), "")
+	task := e.task("stateless")
+	s := e.plant(task)
+	assert.NilError(t, os.RemoveAll(filepath.Join(e.state, "tasks", task)))
+	e.kept(task, s)
+
+	assert.NilError(t, os.RemoveAll(filepath.Join(e.state, "tasks", task)))
+	out, err := e.podman("volume", "rm", "-f", e.volume(task))
+	assert.NilError(t, err, out)
+	// Positive control: nothing of the task but its image is left.
+	code, _, stderr := e.shrooms("status", "--task", task)
+	assert.Assert(t, code != 0, "status knows the task")
+	_, err = os.Stat(e.image(task))
+	assert.NilError(t, err)
+	code, out, stderr = e.shrooms("forget", "--task", task)
+	assert.Equal(t, code, 0, "%s %s", out, stderr)
+	_, err = os.Stat(e.image(task))
+	assert.Assert(t, os.IsNotExist(err), "image left")
+	code, _, _ = e.shrooms("forget", "--task", task)
+	assert.Equal(t, code, 121, "a task of which nothing is left is unknown")
 }

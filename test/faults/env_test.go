@@ -79,10 +79,14 @@ size = "64m"
 inodes = 4096
 [outbox]
 root = %q
+[tokens]
+tok = %q
 [agents.keep]
 command = ["/bin/sh"]
 home = ["claude", "opencode", "shell"]
-`, socket, stateDir, itest.TestImage, e.prefix, filepath.Join(dir, "outbox"))), 0o600))
+token_env = { FAULTS_TOKEN = "tok" }
+`, socket, stateDir, itest.TestImage, e.prefix, filepath.Join(dir, "outbox"), filepath.Join(dir, "token"))), 0o600))
+	assert.NilError(t, os.WriteFile(filepath.Join(dir, "token"), []byte("token-"+e.prefix+"\n"), 0o600))
 	t.Cleanup(e.cleanup)
 	return e
 }
@@ -103,7 +107,7 @@ func (e *env) cleanup() {
 			e.t.Errorf("cleanup: forget %s: exit %d: %s", d.Name(), code, stderr)
 		}
 	}
-	if n := len(e.attachments()); n != 0 {
+	if n := e.attachedAfter(); n != 0 {
 		e.t.Errorf("cleanup: %d loop device(s) of this test's HOMEs are left: %v", n, e.attachments())
 	}
 }
@@ -172,6 +176,22 @@ func (e *env) attachments() []homestore.Attachment {
 	atts, err := homestore.Attachments(filepath.Join(e.state, "homes"))
 	assert.NilError(e.t, err)
 	return atts
+}
+
+// attachedAfter returns the number of this env's HOME loop devices once it
+// stops falling (within 10 s): a mount namespace another process is making
+// at that moment (a container runtime before its pivot_root) holds a copy
+// of a HOME mount for a moment, and the device until it drops it.
+func (e *env) attachedAfter() int {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		n := len(e.attachments())
+		if n == 0 || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // volumePath is the host directory of a task's HOME volume.
@@ -281,4 +301,10 @@ func ping(path string) error {
 		return fmt.Errorf("%s", resp.Status)
 	}
 	return nil
+}
+
+// secret reports whether the task's token secret exists.
+func (e *env) secret(task string) bool {
+	_, err := e.podman("secret", "inspect", "shrooms-"+task+"-tok")
+	return err == nil
 }

@@ -30,7 +30,7 @@ func TestPodmanServiceStopped(t *testing.T) {
 	assert.Assert(t, time.Since(start) < 30*time.Second, "took %v", time.Since(start))
 	assert.Assert(t, !strings.Contains(out, "should-not-run"))
 	oneLine(t, stderr, strings.TrimPrefix(svc.socket, "unix://"))
-	assert.Equal(t, len(e.attachments()), 0)
+	assert.Equal(t, e.attachedAfter(), 0)
 	svc.start()
 	e.kept(task, s)
 }
@@ -153,7 +153,7 @@ func TestRebootSimulated(t *testing.T) {
 		assert.NilError(t, os.RemoveAll(outbox))
 	}
 	e.kept(task, s)
-	assert.Equal(t, len(e.attachments()), 0)
+	assert.Equal(t, e.attachedAfter(), 0)
 }
 
 // TestHostDiskFull: the state dir (and with it the HOME images) on a small
@@ -291,7 +291,7 @@ func TestVolumesDiskFull(t *testing.T) {
 	code, out2, stderr = e.turn(newTask, "echo ran")
 	t.Logf("first turn of a new task with podman's store full: exit %d: %s %s", code, out2, stderr)
 	assert.Equal(t, code, 122, "%s %s", out2, stderr)
-	assert.Equal(t, len(e.attachments()), 0)
+	assert.Equal(t, e.attachedAfter(), 0, "%v", e.attachments())
 
 	assert.NilError(t, os.Remove(filler))
 	e.kept(task, s)
