@@ -58,6 +58,9 @@ func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, 
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
+	if n, _ := r.Store.LastTurn(task); n > 0 && hadHome == "" {
+		hadHome = name // a task from before the fact was kept
+	}
 	if _, err := homestore.Salvage(ctx, image, peers...); err != nil {
 		return "", nil, fmt.Errorf("%w: %v (or `shrooms forget --task %s` discards the task's HOME)", ErrHostNotReady, err, task)
 	}
@@ -231,17 +234,14 @@ func fileExists(path string) bool {
 }
 
 // ReleaseHome unmounts task's HOME filesystem and frees its loop device
-// when no prepared cage of the task waits on it: HOME is mounted for the
+// when no cage of the task is left (a prepared one waiting on it, or one
+// whose removal failed): HOME is mounted for the
 // reset and the turn only, so nothing holds a loop device between turns
 // and a `podman volume rm` between turns cannot reach into HOME. Call it
 // with the task lock held. An unknown podman state keeps the mount.
 func (r *Runner) ReleaseHome(ctx context.Context, task string) error {
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task)
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
-	}
-	if len(r.waitingPrepared(cages, task)) > 0 {
-		return nil
+	if busy, err := r.homeInUse(ctx, task); err != nil || busy {
+		return err
 	}
 	peers, err := r.podmanNamespace()
 	if err != nil {
@@ -251,4 +251,19 @@ func (r *Runner) ReleaseHome(ctx context.Context, task string) error {
 		return fmt.Errorf("%w: release HOME of %s: %v", ErrHostNotReady, task, err)
 	}
 	return nil
+}
+
+// homeInUse reports whether any cage of task exists (whatever its state):
+// its HOME must stay mounted for it.
+func (r *Runner) homeInUse(ctx context.Context, task string) (bool, error) {
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task)
+	if err != nil {
+		return false, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	for _, c := range cages {
+		if r.ours(c) {
+			return true, nil
+		}
+	}
+	return false, nil
 }

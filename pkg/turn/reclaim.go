@@ -264,8 +264,8 @@ func (r *Runner) ReleaseIdle(ctx context.Context) ([]string, error) {
 		}
 		err = func() error {
 			defer lock.Release()
-			if len(r.waitingPrepared(cages, task)) > 0 {
-				return nil
+			if busy, err := r.homeInUse(ctx, task); err != nil || busy {
+				return err // a prepared cage waits on it, or a cage was left
 			}
 			if a.Deleted {
 				if _, err := homestore.Salvage(ctx, a.Image, peers...); err != nil {
