@@ -257,7 +257,7 @@ in
       enable = mkOption {
         type = types.bool;
         default = true;
-        description = "Whether a timer runs `shrooms gc` (removes cages a crashed shrooms left behind).";
+        description = "Whether a timer runs `shrooms gc` (removes cages a crashed shrooms left behind, releases HOME mounts and loop devices of idle tasks).";
       };
       dates = mkOption {
         type = types.str;

@@ -67,6 +67,9 @@ func TestCageOrConmonKilled(t *testing.T) {
 			task := e.task("kill-" + victim)
 			s := e.plant(task)
 			c := e.cmd("run", "--task", task, "--agent", "keep", "--no-stdin", "--", "-c", "echo started; sleep 100")
+			var cout strings.Builder
+			c.Stdout, c.Stderr = &cout, &cout
+			start := time.Now()
 			assert.NilError(t, c.Start())
 			conmon, pid := e.waitCage(task)
 			target := pid
@@ -78,6 +81,7 @@ func TestCageOrConmonKilled(t *testing.T) {
 			go func() { done <- c.Wait() }()
 			select {
 			case err := <-done:
+				t.Logf("%s killed: the turn ended after %v: %v: %s", victim, time.Since(start).Round(time.Second), err, strings.TrimSpace(cout.String()))
 				assert.Assert(t, err != nil, "the turn reported success after its %s was killed", victim)
 			case <-time.After(90 * time.Second):
 				_ = c.Process.Kill()
