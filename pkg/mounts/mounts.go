@@ -72,10 +72,6 @@ type Input struct {
 	TmpSize   int64
 	RunSize   int64
 	TmpExec   bool
-	// Forbidden are extra host paths a worktree may not be at, inside or over
-	// (shrooms' state directory, the outbox root, the podman socket's
-	// directory).
-	Forbidden []string
 }
 
 // Build validates the host paths of in and returns the cage's mount plan.
@@ -97,7 +93,7 @@ func Build(in Input) (*Plan, error) {
 		Mount{Kind: Bind, Source: in.HomeDir, Dest: HomeDir, Options: []string{"rbind", "nosuid", "nodev"}},
 	)
 	if in.Worktree != "" {
-		wt, err := CheckHostDir(in.Worktree, "worktree", in.Forbidden)
+		wt, err := CheckHostDir(in.Worktree, "worktree", nil)
 		if err != nil {
 			return nil, err
 		}
@@ -113,7 +109,3 @@ func Build(in Input) (*Plan, error) {
 	}
 	return p, nil
 }
-
-// Clean is filepath.Clean for absolute paths, exported for callers that
-// compare paths with the forbidden list.
-func Clean(p string) string { return filepath.Clean(p) }

@@ -14,12 +14,6 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
-// Bootstrap outcomes, as homereset reports them.
-const (
-	Bootstrapped        = "bootstrapped"
-	AlreadyBootstrapped = "already-bootstrapped"
-)
-
 // VolumeName is the task HOME volume's name.
 func (r *Runner) VolumeName(task string) string { return r.Cfg.Home.VolumePrefix + task }
 

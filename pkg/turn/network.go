@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
@@ -31,7 +32,7 @@ func networkSpec(n config.Network) (podman.NetworkSpec, error) {
 
 // EnsureNetwork creates the cage network if it is missing and checks an
 // existing one against the config. It reports whether it created it.
-func EnsureNetwork(ctx context.Context, cfg *config.Config, client *podman.Client) (bool, error) {
+func EnsureNetwork(ctx context.Context, cfg *config.Config, client engine.Networks) (bool, error) {
 	if !cfg.Network.Networked() {
 		return false, nil
 	}
@@ -59,7 +60,7 @@ func EnsureNetwork(ctx context.Context, cfg *config.Config, client *podman.Clien
 
 // CheckNetwork verifies that the cage network exists exactly as configured:
 // its bridge interface (the one the seal filters) and its subnets.
-func CheckNetwork(ctx context.Context, cfg *config.Config, client *podman.Client) error {
+func CheckNetwork(ctx context.Context, cfg *config.Config, client engine.Networks) error {
 	have, err := client.InspectNetwork(ctx, cfg.Network.Name)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrHostNotReady, err)

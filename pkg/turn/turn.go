@@ -21,6 +21,7 @@ import (
 	"github.com/containers/podman/v5/pkg/specgen"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
@@ -68,8 +69,9 @@ type SealChecker func(ctx context.Context, cfg *config.Config, dry bool) (hosts 
 
 // Runner runs turns against one podman service.
 type Runner struct {
-	Cfg     *config.Config
-	Podman  *podman.Client
+	Cfg *config.Config
+	// Podman is the container engine (*podman.Client outside tests).
+	Podman  engine.Engine
 	Store   taskstate.Store
 	IDFiles taskstate.IDFiles
 	// Seal verifies the nftables seal; required when the policy is networked.
@@ -86,7 +88,7 @@ type Runner struct {
 }
 
 // NewRunner returns a runner for cfg with the system's state and id files.
-func NewRunner(cfg *config.Config, client *podman.Client, seal SealChecker) *Runner {
+func NewRunner(cfg *config.Config, client engine.Engine, seal SealChecker) *Runner {
 	return &Runner{
 		Cfg:     cfg,
 		Podman:  client,

@@ -21,6 +21,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
@@ -360,10 +361,10 @@ func TestBootstrapOnce(t *testing.T) {
 	task := h.task("boot")
 	out, err := h.runner.Bootstrap(context.Background(), task, nil)
 	assert.NilError(t, err)
-	assert.Equal(t, out.Result, Bootstrapped)
+	assert.Equal(t, out.Result, homereset.Bootstrapped)
 	out, err = h.runner.Bootstrap(context.Background(), task, nil)
 	assert.NilError(t, err)
-	assert.Equal(t, out.Result, AlreadyBootstrapped)
+	assert.Equal(t, out.Result, homereset.AlreadyBootstrapped)
 }
 
 func TestTokenReachesTheCageOnlyAsEnv(t *testing.T) {
