@@ -17,11 +17,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 )
 
 // ErrBusy means another turn of the task holds its lock.
-var ErrBusy = errors.New("task is busy")
+var ErrBusy error = fault.Busy
 
 // Store is the state directory.
 type Store struct {

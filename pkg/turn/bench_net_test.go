@@ -14,6 +14,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
@@ -69,7 +70,7 @@ root = %q
 		if err != nil || !st.OK {
 			return nil, fmt.Errorf("seal: %v %s", err, st.Reason)
 		}
-		if _, err := EnsureNetwork(ctx, cfg, client); err != nil {
+		if _, err := cagenet.EnsureNetwork(ctx, cfg, client); err != nil {
 			return nil, err
 		}
 		return nil, firewall.PinBridgeMAC(cfg.Network.Bridge, opts)

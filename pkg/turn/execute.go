@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
@@ -151,7 +152,7 @@ func (r *Runner) stopped(ctx, waitCtx context.Context, id string, res *Result, c
 }
 
 // ErrLimit is a turn ended by a per-turn model usage limit.
-var ErrLimit = errors.New("model usage limit reached")
+var ErrLimit error = fault.Limit
 
 type limitError struct{ reason string }
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
@@ -34,13 +35,14 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
 )
 
-// Kinds of failure, so the CLI can map them to distinct exit codes.
+// Kinds of failure, so the CLI can map them to distinct exit codes (the
+// kinds of pkg/fault, under their old names).
 var (
-	ErrInput        = errors.New("bad input")
-	ErrHostNotReady = errors.New("host not ready")
-	ErrBusy         = taskstate.ErrBusy
-	ErrDeadline     = errors.New("deadline exceeded")
-	ErrInterrupted  = errors.New("interrupted")
+	ErrInput        error = fault.Input
+	ErrHostNotReady error = fault.HostNotReady
+	ErrBusy         error = fault.Busy
+	ErrDeadline     error = fault.Deadline
+	ErrInterrupted  error = fault.Interrupted
 )
 
 // Request is one turn as the caller asks for it.
