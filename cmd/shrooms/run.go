@@ -250,7 +250,7 @@ func bootstrapCommand() *cli.Command {
 				return fail(codeFor(err), err)
 			}
 			if jsonMode(c) {
-				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "volume": r.VolumeName(c.String("task")), "result": res.Result, "seeded": res.Seeded})
+				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "volume": r.Home().Name(c.String("task")), "result": res.Result, "seeded": res.Seeded})
 			}
 			fmt.Fprintln(c.App.Writer, res.Result)
 			return nil

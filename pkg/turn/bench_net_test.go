@@ -77,7 +77,7 @@ root = %q
 	})
 	task := name + "-t"
 	b.Cleanup(func() {
-		if err := r.RemoveHome(context.Background(), task); err != nil {
+		if err := r.Home().Remove(context.Background(), task); err != nil {
 			b.Errorf("remove HOME: %v", err)
 		}
 		_ = releaseOutbox(cfg, task)

@@ -250,11 +250,11 @@ func (r *Runner) Reset(ctx context.Context, task, agent string, dryRun bool) (*h
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
 		}
-		root, err := r.HomeRoot(ctx, task)
+		root, err := r.Home().Mounted(ctx, task)
 		if err != nil {
 			return err
 		}
-		rep, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.homeTask(root, ids, a.Home), DryRun: dryRun})
+		rep, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(root, ids, a.Home), DryRun: dryRun})
 		if err != nil {
 			return fmt.Errorf("%w: HOME reset: %v", ErrHostNotReady, err)
 		}
@@ -280,7 +280,7 @@ func (r *Runner) Forget(ctx context.Context, task string) error {
 		if err := r.releaseWorktrees(task); err != nil {
 			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
 		}
-		if err := r.RemoveHome(ctx, task); err != nil {
+		if err := r.Home().Remove(ctx, task); err != nil {
 			return err
 		}
 		if _, err := os.Stat(r.Cfg.Outbox.Root); err == nil {

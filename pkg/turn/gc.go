@@ -89,12 +89,12 @@ func (r *Runner) GC(ctx context.Context) (*GCReport, error) {
 		return rep, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	for _, e := range entries {
-		if ok, err := r.Podman.VolumeExists(ctx, r.VolumeName(e.Name())); err != nil || !ok {
+		if ok, err := r.Podman.VolumeExists(ctx, r.Home().Name(e.Name())); err != nil || !ok {
 			continue // no HOME volume (yet): nothing to clean
 		}
 		// Through its size-capped filesystem (mounted again after a reboot),
 		// never the bare volume directory underneath.
-		root, err := r.HomeRoot(ctx, e.Name())
+		root, err := r.Home().Mounted(ctx, e.Name())
 		if err != nil {
 			return rep, err
 		}

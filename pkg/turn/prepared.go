@@ -108,7 +108,7 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 			return "", nil, err
 		}
 		// Nothing may have changed HOME since it was reset for this cage.
-		rep, err := homereset.Reset(ctx, homereset.ResetInput{Task: r.homeTask(p.root, p.ids, in.agent.Home), DryRun: true})
+		rep, err := homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(p.root, p.ids, in.agent.Home), DryRun: true})
 		if err != nil || rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0 || rep.BaselineDigest != c.Labels[labelBaseline] {
 			return "", nil, nil
 		}

@@ -191,7 +191,7 @@ func (r *Runner) Status(task string) (*TaskStatus, error) {
 // homeBytes is the disk space the task HOME's filesystem image takes.
 func (r *Runner) homeBytes(task string) int64 {
 	var fs unix.Stat_t
-	if unix.Lstat(homestore.ImagePath(r.Cfg.State.Dir, r.VolumeName(task)), &fs) != nil {
+	if unix.Lstat(homestore.ImagePath(r.Cfg.State.Dir, r.Home().Name(task)), &fs) != nil {
 		return 0
 	}
 	return fs.Blocks * 512

@@ -371,7 +371,7 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		if p.root, _, err = r.bootstrap(ctx, req.Task, ids, in.agent.Home); err != nil {
 			return nil, err
 		}
-		if p.reset, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.homeTask(p.root, ids, in.agent.Home)}); err != nil {
+		if p.reset, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(p.root, ids, in.agent.Home)}); err != nil {
 			return nil, fmt.Errorf("%w: HOME reset failed, the turn does not start: %v", ErrHostNotReady, err)
 		}
 		var pg homereset.PolicyGateway
@@ -390,7 +390,7 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 			}
 		}
 	} else {
-		if p.root, err = r.volumeRoot(ctx, req.Task); err != nil {
+		if p.root, err = r.Home().Root(ctx, req.Task); err != nil {
 			return nil, err
 		}
 		policy = homereset.PolicyMounts(filepath.Join(taskDir, "policy"), in.agent.Home)

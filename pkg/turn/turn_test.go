@@ -94,7 +94,7 @@ func (h *harness) cleanup() {
 	entries, _ := os.ReadDir(filepath.Join(h.cfg.State.Dir, "tasks"))
 	for _, e := range entries {
 		// The HOME's capped filesystem is unmounted before its volume goes.
-		if err := h.runner.RemoveHome(ctx, e.Name()); err != nil {
+		if err := h.runner.Home().Remove(ctx, e.Name()); err != nil {
 			h.t.Errorf("remove HOME: %v", err)
 		}
 		if _, err := os.Stat(h.cfg.Outbox.Root); err != nil {
