@@ -69,7 +69,7 @@ peer cage the probe starts itself.`,
 			}
 			// Without a targets file the probe brings its own peer cage (D8).
 			o.Peer = c.String("targets") == ""
-			rep, _, err := probe.Run(ctx, r, o)
+			rep, _, err := probe.Run(ctx, r.Runner, o)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}

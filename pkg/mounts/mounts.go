@@ -7,7 +7,8 @@ package mounts
 import (
 	"fmt"
 	"path/filepath"
-	"regexp"
+
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // Where things appear inside the cage.
@@ -41,15 +42,11 @@ type Plan struct {
 	Mounts []Mount `json:"mounts"`
 }
 
-var taskIDPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
-
-// ValidateTaskID checks a task id: [a-z0-9][a-z0-9_.-]{0,62}, and not "." or
-// ".." shaped, so it is safe as a volume name suffix and a directory name.
+// ValidateTaskID checks a task id (taskid.Parse); the error wraps
+// taskid.ErrInvalid.
 func ValidateTaskID(id string) error {
-	if !taskIDPattern.MatchString(id) {
-		return fmt.Errorf("invalid task id %q: use 1-63 of a-z 0-9 _ . - starting with a letter or digit", truncate(id, 80))
-	}
-	return nil
+	_, err := taskid.Parse(id)
+	return err
 }
 
 func truncate(s string, n int) string {

@@ -24,7 +24,7 @@ const (
 
 // Labels of prepared cages.
 const (
-	labelPrepared = "io.shrooms.prepared"
+	LabelPrepared = "io.shrooms.prepared"
 	labelSpec     = "io.shrooms.spec"
 	labelBaseline = "io.shrooms.baseline"
 )
@@ -45,10 +45,10 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 	}
 	lock, err := r.Store.LockTask(req.Task)
 	if err != nil {
-		return "", classify(err)
+		return "", Classify(err)
 	}
 	defer lock.Release()
-	if _, err := r.removeLeftovers(ctx, req.Task); err != nil {
+	if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
 		return "", fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
 	}
 	p, err := r.prepareAs(ctx, req, in, true, true)
@@ -59,7 +59,7 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	p.spec.Labels[labelPrepared] = "1"
+	p.spec.Labels[LabelPrepared] = "1"
 	p.spec.Labels[labelSpec] = hash
 	p.spec.Labels[labelBaseline] = p.reset.BaselineDigest
 	if r.OnSpec != nil {
@@ -79,7 +79,7 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 
 // takePrepared returns the id of a prepared cage that runs req exactly as a
 // fresh one would, with its argv handed over, or "" when there is none. A
-// prepared cage that does not match is left for removeLeftovers.
+// prepared cage that does not match is left for RemoveLeftovers.
 func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (string, *prepared, error) {
 	if r.Binary == "" {
 		return "", nil, nil
@@ -93,7 +93,7 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	for _, c := range cages {
-		if !r.ours(c) || c.Labels[labelPrepared] != "1" || c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1) {
+		if !r.Ours(c) || c.Labels[LabelPrepared] != "1" || c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1) {
 			continue
 		}
 		if c.State != "initialized" && c.State != "created" {
@@ -113,7 +113,7 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 			return "", nil, nil
 		}
 		p.reset = rep
-		taskDir := r.taskDir(req.Task)
+		taskDir := r.TaskDir(req.Task)
 		if err := writeArgvFile(taskDir+"/argv", p.argv); err != nil {
 			return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 		}
@@ -125,14 +125,15 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 	return "", nil, nil
 }
 
-func (r *Runner) taskDir(task string) string { return r.Cfg.State.Dir + "/tasks/" + task }
+// TaskDir is the task's directory in the state directory.
+func (r *Runner) TaskDir(task string) string { return r.Cfg.State.Dir + "/tasks/" + task }
 
 // specHash identifies a prepared cage's spec, its own labels aside.
 func specHash(s *specgen.SpecGenerator) (string, error) {
 	c := *s
 	c.Labels = map[string]string{}
 	for k, v := range s.Labels {
-		if k != labelPrepared && k != labelSpec && k != labelBaseline {
+		if k != LabelPrepared && k != labelSpec && k != labelBaseline {
 			c.Labels[k] = v
 		}
 	}

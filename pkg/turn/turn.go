@@ -31,6 +31,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
 )
@@ -168,12 +169,12 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 
 	lock, err := r.Store.LockTask(req.Task)
 	if err != nil {
-		return res, classify(err)
+		return res, Classify(err)
 	}
 	defer lock.Release()
 	// The turn's record, after the worktree is given back, before the lock goes.
 	defer func() {
-		res.HomeBytes = r.homeBytes(req.Task)
+		res.HomeBytes = r.HomeBytes(req.Task)
 		if rerr := r.recordTurn(res, err, c.start); rerr != nil && err == nil {
 			err = fmt.Errorf("%w: %v", ErrHostNotReady, rerr)
 		}
@@ -191,7 +192,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}
 	// A crashed shrooms may have left this task's cage behind; with the lock
 	// held no turn of the task runs, so any other cage of it is a leftover.
-	if _, err := r.removeLeftovers(ctx, req.Task, preparedID); err != nil {
+	if _, err := r.RemoveLeftovers(ctx, req.Task, preparedID); err != nil {
 		return res, fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
 	}
 	if preparedID == "" {
@@ -316,8 +317,8 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, dry bool)
 	return plan, nil
 }
 
-// checkWorktree validates a worktree path and returns it cleaned.
-func (r *Runner) checkWorktree(path string) (string, error) { return worktreePath(r.Cfg, path) }
+// CheckWorktree validates a worktree path and returns it cleaned.
+func (r *Runner) CheckWorktree(path string) (string, error) { return worktreePath(r.Cfg, path) }
 
 type prepared struct {
 	// argv is a prepared cage's command line, handed over at its run.
@@ -549,7 +550,7 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 
 // TrustStore is the task's store of trusted worktree config.
 func (r *Runner) TrustStore(task string) worktreeguard.Store {
-	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
+	return worktreeguard.Store{Dir: filepath.Join(r.TaskDir(task), "trust")}
 }
 
 // guardWorktree compares the worktree's agent config with what the owner
@@ -682,11 +683,14 @@ func readTokens(cfg *config.Config, agent config.Agent) (map[string][]byte, erro
 	return out, nil
 }
 
-func classify(err error) error {
+// Classify gives a failure to take or read a task's state its kind: busy
+// stays busy, an invalid task id is bad input, anything else means the host
+// is not ready.
+func Classify(err error) error {
 	if errors.Is(err, taskstate.ErrBusy) {
 		return err
 	}
-	if strings.Contains(err.Error(), "invalid task id") {
+	if errors.Is(err, taskid.ErrInvalid) {
 		return fmt.Errorf("%w: %v", ErrInput, err)
 	}
 	return fmt.Errorf("%w: %v", ErrHostNotReady, err)
@@ -712,7 +716,7 @@ func (r *Runner) Bootstrap(ctx context.Context, task string, profiles []string) 
 	}
 	lock, err := r.Store.LockTask(task)
 	if err != nil {
-		return nil, classify(err)
+		return nil, Classify(err)
 	}
 	defer lock.Release()
 	ids, err := r.Store.TaskIDs(task, r.IDFiles, true)

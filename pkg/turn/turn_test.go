@@ -334,28 +334,6 @@ func TestSpecIsWhatRunSends(t *testing.T) {
 	assert.Equal(t, string(sent), string(want))
 }
 
-func TestLeftoverCageIsRemovedByNextRunAndGC(t *testing.T) {
-	h := newHarness(t, "")
-	task := h.task("left")
-	// A cage as a crashed shrooms would leave it: created and running.
-	_, err := h.runner.Bootstrap(context.Background(), task, nil)
-	assert.NilError(t, err)
-	req := Request{Task: task, Agent: "shell", Args: []string{"-c", "sleep 600"}}
-	in, err := h.runner.check(context.Background(), req, false)
-	assert.NilError(t, err)
-	prep, err := h.runner.prepare(context.Background(), req, in, true)
-	assert.NilError(t, err)
-	id, err := h.client.Create(context.Background(), prep.spec)
-	assert.NilError(t, err)
-	_, err = h.client.Start(context.Background(), id, podman.Streams{})
-	assert.NilError(t, err)
-
-	rep, err := h.runner.GC(context.Background())
-	assert.NilError(t, err)
-	assert.Assert(t, is.Contains(rep.Removed, sealed.Name(task, prep.turn)))
-	h.assertNoCage(task)
-}
-
 func TestBootstrapOnce(t *testing.T) {
 	h := newHarness(t, "")
 	task := h.task("boot")

@@ -197,9 +197,9 @@ func (r *Runner) finishWorktree(task, worktree string, res *Result, err error) e
 	return fmt.Errorf("%w: %s", ErrHostNotReady, msg)
 }
 
-// releaseWorktrees gives back and unclaims every worktree of the task (for
+// ReleaseWorktrees gives back and unclaims every worktree of the task (for
 // forget, under the task lock).
-func (r *Runner) releaseWorktrees(task string) error {
+func (r *Runner) ReleaseWorktrees(task string) error {
 	dir := filepath.Join(r.Cfg.State.Dir, "worktrees")
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -227,10 +227,10 @@ func (r *Runner) releaseWorktrees(task string) error {
 	return nil
 }
 
-// giveBackIdle gives back the worktrees of tasks with no turn running (a
+// GiveBackIdle gives back the worktrees of tasks with no turn running (a
 // crashed or killed shrooms leaves its worktree with the task's user). It
 // takes each task's lock only for the give-back, skipping busy tasks.
-func (r *Runner) giveBackIdle() ([]string, error) {
+func (r *Runner) GiveBackIdle() ([]string, error) {
 	dir := filepath.Join(r.Cfg.State.Dir, "worktrees")
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {

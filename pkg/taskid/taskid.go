@@ -1,0 +1,40 @@
+// Package taskid is the task id: parsed once, where it enters shrooms (the
+// CLI, a state directory entry, a label), and passed on as an ID, so the
+// packages below need not check it again.
+package taskid
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+)
+
+// ID is a valid task id: [a-z0-9][a-z0-9_.-]{0,62}, so it is safe as a
+// volume name suffix, a directory name and a label value.
+type ID string
+
+// ErrInvalid is a string that is no task id.
+var ErrInvalid = errors.New("invalid task id")
+
+var pattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+
+// Parse returns s as an ID, or an error wrapping ErrInvalid.
+func Parse(s string) (ID, error) {
+	if !pattern.MatchString(s) {
+		return "", fmt.Errorf("%w %q: use 1-63 of a-z 0-9 _ . - starting with a letter or digit", ErrInvalid, truncate(s, 80))
+	}
+	return ID(s), nil
+}
+
+// Valid reports whether s is a task id.
+func Valid(s string) bool { return pattern.MatchString(s) }
+
+// String is the id.
+func (id ID) String() string { return string(id) }
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
