@@ -9,10 +9,10 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/task"
-	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // runner loads the config, connects to podman and returns a turn runner
@@ -35,7 +35,7 @@ func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *task.Commands
 	if pre != nil {
 		if err := pre(cfg); err != nil {
 			code := ExitUsage // bad input, unless shrooms' own state could not be read
-			if errors.Is(err, turn.ErrHostNotReady) {
+			if errors.Is(err, fault.HostNotReady) {
 				code = ExitHostNotReady
 			}
 			return nil, nil, nil, fail(code, err)

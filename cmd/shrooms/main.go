@@ -18,6 +18,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
@@ -375,22 +376,26 @@ func signalContext(parent context.Context) (context.Context, context.CancelFunc)
 	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
 }
 
-// codeFor maps a turn error to shrooms' exit codes.
+// codeFor maps an error to shrooms' exit code by its kind (pkg/fault),
+// never its text. Kinds are looked for in this order: an error of several
+// kinds gets the first one's code.
 func codeFor(err error) int {
-	switch {
-	case errors.Is(err, turn.ErrInput):
-		return ExitUsage
-	case errors.Is(err, turn.ErrBusy):
-		return ExitBusy
-	case errors.Is(err, turn.ErrDeadline):
-		return ExitDeadline
-	case errors.Is(err, turn.ErrLimit):
-		return ExitLimit
-	case errors.Is(err, turn.ErrInterrupted):
-		return ExitInterrupted
-	case errors.Is(err, turn.ErrHostNotReady):
-		return ExitHostNotReady
-	case config.IsConfigError(err):
+	for _, kc := range []struct {
+		kind fault.Kind
+		code int
+	}{
+		{fault.Input, ExitUsage},
+		{fault.Busy, ExitBusy},
+		{fault.Deadline, ExitDeadline},
+		{fault.Limit, ExitLimit},
+		{fault.Interrupted, ExitInterrupted},
+		{fault.HostNotReady, ExitHostNotReady},
+	} {
+		if errors.Is(err, kc.kind) {
+			return kc.code
+		}
+	}
+	if config.IsConfigError(err) {
 		return ExitUsage
 	}
 	return ExitInternal
