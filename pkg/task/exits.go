@@ -12,8 +12,8 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
@@ -22,21 +22,26 @@ import (
 // ErrUnknownTask is a task shrooms has no state of.
 var ErrUnknownTask = errors.New("unknown task")
 
-// withTask runs f under the task lock, for a task that exists.
-func (r *Commands) withTask(task string, f func() error) error {
-	ok, err := r.Store.Exists(task)
+// withTask parses task and runs f with its id under the task lock, for a
+// task that exists.
+func (r *Commands) withTask(task string, f func(id taskid.ID) error) error {
+	id, err := taskid.Parse(task)
+	if err != nil {
+		return fmt.Errorf("%w: %v", fault.Input, err)
+	}
+	ok, err := r.Store.Exists(id)
 	if err != nil {
 		return fmt.Errorf("%w: %v", fault.Input, err)
 	}
 	if !ok {
 		return fmt.Errorf("%w: %w %q (no turn has run for it)", fault.Input, ErrUnknownTask, task)
 	}
-	lock, err := r.Store.LockTask(task)
+	lock, err := r.Store.LockTask(id)
 	if err != nil {
 		return turn.Classify(err)
 	}
 	defer lock.Release()
-	return f()
+	return f(id)
 }
 
 // Collect moves what the task's last turn left in its outbox into to (or a
@@ -44,8 +49,8 @@ func (r *Commands) withTask(task string, f func() error) error {
 // writing meanwhile.
 func (r *Commands) Collect(ctx context.Context, task, to string) (*outbox.Report, error) {
 	var rep *outbox.Report
-	err := r.withTask(task, func() error {
-		wt, err := r.Store.Recall(task, taskstate.FactWorktree)
+	err := r.withTask(task, func(id taskid.ID) error {
+		wt, err := r.Store.Recall(id, taskstate.FactWorktree)
 		if err != nil {
 			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
 		}
@@ -66,7 +71,7 @@ func (r *Commands) Collect(ctx context.Context, task, to string) (*outbox.Report
 // ListOutbox reports what Collect would deliver, changing nothing.
 func (r *Commands) ListOutbox(ctx context.Context, task string) (*outbox.Report, error) {
 	var rep *outbox.Report
-	err := r.withTask(task, func() error {
+	err := r.withTask(task, func(id taskid.ID) error {
 		var err error
 		rep, err = outbox.List(ctx, r.Cfg.Outbox.Root, task, outbox.LimitsFrom(r.Cfg.Outbox))
 		if err != nil {
@@ -79,7 +84,7 @@ func (r *Commands) ListOutbox(ctx context.Context, task string) (*outbox.Report,
 
 // ReleaseOutbox unmounts the task's outbox, discarding what is left in it.
 func (r *Commands) ReleaseOutbox(task string) error {
-	return r.withTask(task, func() error {
+	return r.withTask(task, func(id taskid.ID) error {
 		if err := outbox.Release(r.Cfg.Outbox.Root, task); err != nil {
 			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
 		}
@@ -105,8 +110,8 @@ type CommitResult struct {
 // path is named in allow, and the named ones become trusted.
 func (r *Commands) Commit(ctx context.Context, task, message string, author gitseal.Author, allow []string) (*CommitResult, error) {
 	res := &CommitResult{Task: task, AgentConfig: []worktreeguard.Change{}, Accepted: []string{}}
-	err := r.withTask(task, func() error {
-		wt, err := r.Store.Recall(task, taskstate.FactWorktree)
+	err := r.withTask(task, func(id taskid.ID) error {
+		wt, err := r.Store.Recall(id, taskstate.FactWorktree)
 		if err != nil {
 			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
 		}
@@ -129,14 +134,14 @@ func (r *Commands) Commit(ctx context.Context, task, message string, author gits
 		if err := acceptAgentConfig(check.Changes, allow); err != nil {
 			return err
 		}
-		id, err := gitseal.Commit(ctx, wt, message, author)
+		commit, err := gitseal.Commit(ctx, wt, message, author)
 		if err != nil && !errors.Is(err, gitseal.ErrNothingToCommit) {
 			return fmt.Errorf("%w: %v", fault.Input, err)
 		}
-		res.Commit = id
+		res.Commit = commit
 		if len(allow) > 0 {
 			if _, terr := store.Trust(ctx, wt, allow); terr != nil {
-				return fmt.Errorf("%w: committed %s, but trusting %v failed: %v", fault.HostNotReady, id, allow, terr)
+				return fmt.Errorf("%w: committed %s, but trusting %v failed: %v", fault.HostNotReady, commit, allow, terr)
 			}
 			res.Accepted = append(res.Accepted, allow...)
 		}
@@ -188,7 +193,7 @@ type TrustResult struct {
 // worktree-relative paths) as the owner's trusted version, so later turns
 // no longer mask it. worktree "" means the task's remembered worktree.
 func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []string) (*TrustResult, error) {
-	if err := mounts.ValidateTaskID(task); err != nil {
+	if _, err := taskid.Parse(task); err != nil {
 		return nil, fmt.Errorf("%w: %v", fault.Input, err)
 	}
 	for _, p := range paths {
@@ -197,10 +202,10 @@ func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []str
 		}
 	}
 	res := &TrustResult{Task: task, Changes: []worktreeguard.Change{}}
-	err := r.withTask(task, func() error {
+	err := r.withTask(task, func(id taskid.ID) error {
 		if worktree == "" {
 			var err error
-			if worktree, err = r.Store.Recall(task, taskstate.FactWorktree); err != nil {
+			if worktree, err = r.Store.Recall(id, taskstate.FactWorktree); err != nil {
 				return fmt.Errorf("%w: %v", fault.HostNotReady, err)
 			}
 			if worktree == "" {
@@ -222,7 +227,7 @@ func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []str
 			return fmt.Errorf("%w: %v", fault.Input, err)
 		}
 		res.TrustResult = tr
-		if err := r.Store.Remember(task, taskstate.FactWorktree, wt); err != nil {
+		if err := r.Store.Remember(id, taskstate.FactWorktree, wt); err != nil {
 			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
 		}
 		return nil
@@ -234,10 +239,10 @@ func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []str
 // would do). agent "" means the agent of the task's last turn.
 func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (*homereset.Report, error) {
 	var rep *homereset.Report
-	err := r.withTask(task, func() error {
+	err := r.withTask(task, func(id taskid.ID) error {
 		if agent == "" {
 			var err error
-			if agent, err = r.Store.Recall(task, taskstate.FactAgent); err != nil {
+			if agent, err = r.Store.Recall(id, taskstate.FactAgent); err != nil {
 				return fmt.Errorf("%w: %v", fault.HostNotReady, err)
 			}
 			if agent == "" {
@@ -248,7 +253,7 @@ func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (
 		if err != nil {
 			return fmt.Errorf("%w: %v", fault.Input, err)
 		}
-		ids, err := r.Store.TaskIDs(task, r.IDFiles, false)
+		ids, err := r.Store.TaskIDs(id, r.IDFiles, false)
 		if err != nil {
 			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
 		}
@@ -275,11 +280,11 @@ func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (
 // secrets and its state (lock, turn counter, user-namespace slot, which
 // becomes free for a new task). The worktree and delivered outboxes stay.
 func (r *Commands) Forget(ctx context.Context, task string) error {
-	return r.withTask(task, func() error {
+	return r.withTask(task, func(id taskid.ID) error {
 		if _, err := r.RemoveLeftovers(ctx, task); err != nil {
 			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
 		}
-		if err := r.ReleaseWorktrees(task); err != nil {
+		if err := r.ReleaseWorktrees(id); err != nil {
 			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
 		}
 		if err := r.Home().Remove(ctx, task); err != nil {

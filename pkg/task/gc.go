@@ -11,6 +11,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
@@ -43,7 +44,11 @@ func (r *Commands) GC(ctx context.Context) (*GCReport, error) {
 		}
 	}
 	for task := range tasks {
-		lock, err := r.Store.LockTask(task)
+		id, err := taskid.Parse(task)
+		if err != nil {
+			continue // a label that is no valid task id is not ours to trust
+		}
+		lock, err := r.Store.LockTask(id)
 		if errors.Is(err, taskstate.ErrBusy) {
 			rep.Busy = append(rep.Busy, task)
 			continue

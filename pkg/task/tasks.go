@@ -18,7 +18,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
@@ -28,7 +28,7 @@ const maxRecord = 4 << 20
 
 // Log returns the task's turn records, oldest first; n > 0 selects turn n.
 func (r *Commands) Log(task string, n int) ([]turn.Result, error) {
-	if err := r.knownTask(task); err != nil {
+	if _, err := r.knownTask(task); err != nil {
 		return nil, err
 	}
 	f, err := os.Open(filepath.Join(r.TaskDir(task), turn.TurnsFile))
@@ -72,21 +72,24 @@ func (r *Commands) noTurn(task string, n int, out []turn.Result) ([]turn.Result,
 // existing task can refuse a typo before they connect to podman.
 func CheckTask(cfg *config.Config, task string) error {
 	r := &Commands{Runner: &turn.Runner{Cfg: cfg, Store: taskstate.Store{Dir: cfg.State.Dir}}}
-	return r.knownTask(task)
+	_, err := r.knownTask(task)
+	return err
 }
 
-func (r *Commands) knownTask(task string) error {
-	if err := mounts.ValidateTaskID(task); err != nil {
-		return fmt.Errorf("%w: %v", fault.Input, err)
-	}
-	ok, err := r.Store.Exists(task)
+// knownTask parses task and checks that shrooms has state of it.
+func (r *Commands) knownTask(task string) (taskid.ID, error) {
+	id, err := taskid.Parse(task)
 	if err != nil {
-		return fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return id, fmt.Errorf("%w: %v", fault.Input, err)
+	}
+	ok, err := r.Store.Exists(id)
+	if err != nil {
+		return id, fmt.Errorf("%w: %v", fault.HostNotReady, err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: %w %q (no turn has run for it)", fault.Input, ErrUnknownTask, task)
+		return id, fmt.Errorf("%w: %w %q (no turn has run for it)", fault.Input, ErrUnknownTask, task)
 	}
-	return nil
+	return id, nil
 }
 
 // TaskStatus is one task as `tasks` and `status` show it.
@@ -116,7 +119,7 @@ func (r *Commands) Tasks() ([]TaskStatus, error) {
 	}
 	out := []TaskStatus{}
 	for _, e := range entries {
-		if !e.IsDir() || mounts.ValidateTaskID(e.Name()) != nil {
+		if !e.IsDir() || !taskid.Valid(e.Name()) {
 			continue
 		}
 		st, err := r.Status(e.Name())
@@ -132,20 +135,20 @@ func (r *Commands) Tasks() ([]TaskStatus, error) {
 // Status reports one task without taking its lock (a running turn is never
 // disturbed).
 func (r *Commands) Status(task string) (*TaskStatus, error) {
-	if err := r.knownTask(task); err != nil {
+	id, err := r.knownTask(task)
+	if err != nil {
 		return nil, err
 	}
 	st := &TaskStatus{Task: task}
-	var err error
-	if st.Turns, err = r.Store.LastTurn(task); err != nil {
+	if st.Turns, err = r.Store.LastTurn(id); err != nil {
 		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
 	}
 	if st.PID, err = r.lockHolder(task); err != nil {
 		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
 	}
 	st.Busy = st.PID != 0
-	st.Agent, _ = r.Store.Recall(task, taskstate.FactAgent)
-	st.Worktree, _ = r.Store.Recall(task, taskstate.FactWorktree)
+	st.Agent, _ = r.Store.Recall(id, taskstate.FactAgent)
+	st.Worktree, _ = r.Store.Recall(id, taskstate.FactWorktree)
 	recs, err := r.Log(task, 0)
 	if err != nil {
 		return nil, err
@@ -206,7 +209,8 @@ type StopResult struct {
 // the cage, gives the worktree back, records the turn and exits 130, and
 // waits until the lock is free. No turn running is not an error.
 func (r *Commands) Stop(task string, wait time.Duration) (*StopResult, error) {
-	if err := r.knownTask(task); err != nil {
+	id, err := r.knownTask(task)
+	if err != nil {
 		return nil, err
 	}
 	res := &StopResult{Task: task}
@@ -236,7 +240,7 @@ func (r *Commands) Stop(task string, wait time.Duration) (*StopResult, error) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	res.Stopped = true
-	res.Turn, _ = r.Store.LastTurn(task)
+	res.Turn, _ = r.Store.LastTurn(id)
 	return res, nil
 }
 

@@ -20,6 +20,9 @@ func TestParse(t *testing.T) {
 		assert.Assert(t, errors.Is(err, ErrInvalid), "%q: %v", bad, err)
 		assert.Assert(t, !Valid(bad), bad)
 	}
+	assert.Assert(t, ID{}.IsZero())
+	assert.Assert(t, !Must("a").IsZero())
+	assert.Equal(t, Must("a"), Must("a"), "ids compare by value")
 	_, err := Parse("Bad")
 	assert.Error(t, err, `invalid task id "Bad": use 1-63 of a-z 0-9 _ . - starting with a letter or digit`)
 }

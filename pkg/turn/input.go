@@ -7,6 +7,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // ValidateRequest checks a request's input against cfg — task id, agent,
@@ -20,7 +21,8 @@ func ValidateRequest(cfg *config.Config, req Request) error {
 
 // checkInput is the input half of check.
 func checkInput(cfg *config.Config, req Request) (*checked, error) {
-	if err := mounts.ValidateTaskID(req.Task); err != nil {
+	task, err := taskid.Parse(req.Task)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInput, err)
 	}
 	agent, err := cfg.Agent(req.Agent)
@@ -34,7 +36,7 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInput, err)
 	}
-	in := &checked{agent: agent, tokens: tokens}
+	in := &checked{task: task, agent: agent, tokens: tokens}
 	if req.Worktree != "" {
 		if in.worktree, err = worktreePath(cfg, req.Worktree); err != nil {
 			return nil, err

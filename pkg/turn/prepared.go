@@ -43,7 +43,7 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	lock, err := r.Store.LockTask(req.Task)
+	lock, err := r.Store.LockTask(in.task)
 	if err != nil {
 		return "", Classify(err)
 	}
@@ -88,7 +88,7 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
-	last, err := r.Store.LastTurn(req.Task)
+	last, err := r.Store.LastTurn(in.task)
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}

@@ -167,7 +167,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}
 	c.lap("check")
 
-	lock, err := r.Store.LockTask(req.Task)
+	lock, err := r.Store.LockTask(in.task)
 	if err != nil {
 		return res, Classify(err)
 	}
@@ -181,7 +181,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}()
 	if in.worktree != "" {
 		// Last before the lock goes: the cage is gone, no turn can start.
-		defer func() { err = r.finishWorktree(req.Task, in.worktree, res, err) }()
+		defer func() { err = r.finishWorktree(in.task, in.worktree, res, err) }()
 	}
 	c.lap("lock")
 
@@ -233,6 +233,7 @@ func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator,
 
 // checked is what check learnt about a request.
 type checked struct {
+	task     taskid.ID
 	agent    config.Agent
 	tokens   map[string][]byte
 	worktree string   // cleaned; "" for none
@@ -351,11 +352,11 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 // the run starts, and the turn is counted only then.
 func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit, ahead bool) (*prepared, error) {
 	cfg := r.Cfg
-	ids, err := r.Store.TaskIDs(req.Task, r.IDFiles, commit)
+	ids, err := r.Store.TaskIDs(in.task, r.IDFiles, commit)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
-	turn, err := r.Store.LastTurn(req.Task)
+	turn, err := r.Store.LastTurn(in.task)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
@@ -586,14 +587,14 @@ func (r *Runner) guardWorktree(ctx context.Context, task, worktree string, commi
 
 // countTurn records that the task's next turn starts now.
 func (r *Runner) countTurn(req Request, in *checked) error {
-	if _, err := r.Store.NextTurn(req.Task); err != nil {
+	if _, err := r.Store.NextTurn(in.task); err != nil {
 		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
-	if err := r.Store.Remember(req.Task, taskstate.FactAgent, req.Agent); err != nil {
+	if err := r.Store.Remember(in.task, taskstate.FactAgent, req.Agent); err != nil {
 		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	if in.worktree != "" {
-		if err := r.Store.Remember(req.Task, taskstate.FactWorktree, in.worktree); err != nil {
+		if err := r.Store.Remember(in.task, taskstate.FactWorktree, in.worktree); err != nil {
 			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
 		}
 	}
@@ -707,8 +708,9 @@ func SpecJSON(s *specgen.SpecGenerator) ([]byte, error) {
 
 // Bootstrap creates the task HOME once, under the task lock, seeding the
 // credentials of the given HOME profiles (all profiles when none are given).
-func (r *Runner) Bootstrap(ctx context.Context, task string, profiles []string) (*homereset.BootstrapResult, error) {
-	if err := mounts.ValidateTaskID(task); err != nil {
+func (r *Runner) Bootstrap(ctx context.Context, name string, profiles []string) (*homereset.BootstrapResult, error) {
+	task, err := taskid.Parse(name)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInput, err)
 	}
 	if len(profiles) == 0 {
@@ -723,6 +725,6 @@ func (r *Runner) Bootstrap(ctx context.Context, task string, profiles []string) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
-	_, res, err := r.bootstrap(ctx, task, ids, profiles)
+	_, res, err := r.bootstrap(ctx, name, ids, profiles)
 	return res, err
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // harness is a runner on the test podman service with a private state dir.
@@ -166,7 +167,7 @@ echo "==hosts"; cat /etc/hosts /etc/resolv.conf
 	assert.Equal(t, uidmap[0], "0")
 	assert.Assert(t, uidmap[1] != "0", "the cage's root is not host root: %v", uidmap)
 	assert.Equal(t, uidmap[2], "65536")
-	ids, err := h.runner.Store.TaskIDs(h.task("seal"), h.runner.IDFiles, false)
+	ids, err := h.runner.Store.TaskIDs(taskid.Must(h.task("seal")), h.runner.IDFiles, false)
 	assert.NilError(t, err)
 	assert.Equal(t, uidmap[1], strconv.Itoa(int(ids.UID)))
 	assert.DeepEqual(t, strings.Fields(section(out, "gidmap")), []string{"0", strconv.Itoa(int(ids.GID)), "65536"})
@@ -301,7 +302,7 @@ func TestInterruptStopsAndRemovesTheCage(t *testing.T) {
 func TestBusyTaskFailsAtOnce(t *testing.T) {
 	h := newHarness(t, "")
 	task := h.task("busy")
-	lock, err := h.runner.Store.LockTask(task)
+	lock, err := h.runner.Store.LockTask(taskid.Must(task))
 	assert.NilError(t, err)
 	_, _, _, err = h.sh(task, "", "true")
 	assert.ErrorIs(t, err, ErrBusy)
