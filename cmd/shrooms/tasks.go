@@ -7,8 +7,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/task"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -20,7 +20,7 @@ func stateRunner(c *cli.Context, withTask bool) (*task.Commands, error) {
 		return nil, err
 	}
 	if withTask {
-		if err := mounts.ValidateTaskID(c.String("task")); err != nil {
+		if _, err := taskid.Parse(c.String("task")); err != nil {
 			return nil, fail(ExitUsage, err)
 		}
 	}

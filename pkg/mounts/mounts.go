@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"errors"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
@@ -42,13 +43,6 @@ type Plan struct {
 	Mounts []Mount `json:"mounts"`
 }
 
-// ValidateTaskID checks a task id (taskid.Parse); the error wraps
-// taskid.ErrInvalid.
-func ValidateTaskID(id string) error {
-	_, err := taskid.Parse(id)
-	return err
-}
-
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
@@ -58,7 +52,7 @@ func truncate(s string, n int) string {
 
 // Input is what a turn asks to mount.
 type Input struct {
-	Task     string
+	Task     taskid.ID
 	Worktree string // host path; "" means no worktree (an empty tmpfs /work)
 	// HomeDir is the host directory of the task's live HOME (inside its
 	// volume, laid out by the HOME reset); OutboxDir the task's outbox ("" for
@@ -73,8 +67,8 @@ type Input struct {
 
 // Build validates the host paths of in and returns the cage's mount plan.
 func Build(in Input) (*Plan, error) {
-	if err := ValidateTaskID(in.Task); err != nil {
-		return nil, err
+	if in.Task.IsZero() {
+		return nil, errors.New("no task id") // only taskid.Parse makes one
 	}
 	if !filepath.IsAbs(in.HomeDir) {
 		return nil, fmt.Errorf("task HOME %q is not an absolute host path", in.HomeDir)

@@ -15,7 +15,7 @@ func TestParse(t *testing.T) {
 		assert.Equal(t, id.String(), ok)
 		assert.Assert(t, Valid(ok))
 	}
-	for _, bad := range []string{"", ".", "..", "-a", "_a", "A", "a/b", "a b", strings.Repeat("a", 64), "a\n"} {
+	for _, bad := range []string{"", ".", "..", "../x", ".x", "-a", "_a", "A", "a/b", "a b", strings.Repeat("a", 64), string(make([]byte, 64)), "a\n"} {
 		_, err := Parse(bad)
 		assert.Assert(t, errors.Is(err, ErrInvalid), "%q: %v", bad, err)
 		assert.Assert(t, !Valid(bad), bad)

@@ -404,7 +404,7 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 	}
 
 	plan, err := mounts.Build(mounts.Input{
-		Task:      req.Task,
+		Task:      in.task,
 		Worktree:  in.worktree,
 		HomeDir:   homereset.HomeDir(p.root),
 		OutboxDir: outboxDir,
