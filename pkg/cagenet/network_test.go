@@ -38,7 +38,7 @@ func (n *nets) CreateNetwork(_ context.Context, s podman.NetworkSpec) error {
 }
 
 func netCfg() *config.Config {
-	return &config.Config{Network: config.Network{Policy: "open", Name: "shrooms", Bridge: "shrooms0", Subnet4: "10.89.7.0/24", Subnet6: "fd00:89:7::/64"}}
+	return &config.Config{Network: config.Network{Policy: "internet", Name: "shrooms", Bridge: "shrooms0", Subnet4: "10.89.7.0/24", Subnet6: "fd00:89:7::/64"}}
 }
 
 func TestEnsureNetworkCreatesThenChecks(t *testing.T) {
