@@ -28,6 +28,9 @@ func TestCodeForIsByKind(t *testing.T) {
 		{errors.New("bad input: looks like a kind, is not one"), ExitInternal},
 		{fault.Wrap(fault.Internal, errors.New("x")), ExitInternal},
 		{errors.Join(errors.New("a"), fault.Wrap(fault.Deadline, errors.New("b"))), ExitDeadline},
+		// The outermost kind decides; the cause's kind is kept but second.
+		{fmt.Errorf("%w: %w", turn.ErrHostNotReady, fault.Wrap(fault.Input, errors.New("x"))), ExitHostNotReady},
+		{fmt.Errorf("%w: %w", turn.ErrInput, fmt.Errorf("%w: y", taskstate.ErrBusy)), ExitUsage},
 	} {
 		assert.Equal(t, codeFor(c.err), c.code, "%v", c.err)
 	}

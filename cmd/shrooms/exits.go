@@ -35,7 +35,7 @@ func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *task.Commands
 	if pre != nil {
 		if err := pre(cfg); err != nil {
 			code := ExitUsage // bad input, unless shrooms' own state could not be read
-			if errors.Is(err, fault.HostNotReady) {
+			if fault.Of(err) == fault.HostNotReady {
 				code = ExitHostNotReady
 			}
 			return nil, nil, nil, fail(code, err)

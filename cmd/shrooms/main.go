@@ -377,23 +377,22 @@ func signalContext(parent context.Context) (context.Context, context.CancelFunc)
 }
 
 // codeFor maps an error to shrooms' exit code by its kind (pkg/fault),
-// never its text. Kinds are looked for in this order: an error of several
-// kinds gets the first one's code.
+// never its text: the outermost kind, as errors now keep their causes (a
+// host-not-ready error may wrap a bad-input cause; it stays host-not-ready).
 func codeFor(err error) int {
-	for _, kc := range []struct {
-		kind fault.Kind
-		code int
-	}{
-		{fault.Input, ExitUsage},
-		{fault.Busy, ExitBusy},
-		{fault.Deadline, ExitDeadline},
-		{fault.Limit, ExitLimit},
-		{fault.Interrupted, ExitInterrupted},
-		{fault.HostNotReady, ExitHostNotReady},
-	} {
-		if errors.Is(err, kc.kind) {
-			return kc.code
-		}
+	switch fault.Of(err) {
+	case fault.Input:
+		return ExitUsage
+	case fault.Busy:
+		return ExitBusy
+	case fault.Deadline:
+		return ExitDeadline
+	case fault.Limit:
+		return ExitLimit
+	case fault.Interrupted:
+		return ExitInterrupted
+	case fault.HostNotReady:
+		return ExitHostNotReady
 	}
 	if config.IsConfigError(err) {
 		return ExitUsage

@@ -44,14 +44,14 @@ func EnsureNetwork(ctx context.Context, cfg *config.Config, client engine.Networ
 	}
 	have, err := client.InspectNetwork(ctx, cfg.Network.Name)
 	if err != nil {
-		return false, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return false, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	if have != nil {
 		return false, CheckNetwork(ctx, cfg, client)
 	}
 	spec, err := networkSpec(cfg.Network)
 	if err != nil {
-		return false, fmt.Errorf("%w: %v", fault.Input, err)
+		return false, fmt.Errorf("%w: %w", fault.Input, err)
 	}
 	if err := client.CreateNetwork(ctx, spec); err != nil {
 		// Another task's turn may have created it meanwhile: then it only
@@ -59,7 +59,7 @@ func EnsureNetwork(ctx context.Context, cfg *config.Config, client engine.Networ
 		if again, ierr := client.InspectNetwork(ctx, cfg.Network.Name); ierr == nil && again != nil {
 			return false, CheckNetwork(ctx, cfg, client)
 		}
-		return false, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return false, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	return true, CheckNetwork(ctx, cfg, client)
 }
@@ -69,7 +69,7 @@ func EnsureNetwork(ctx context.Context, cfg *config.Config, client engine.Networ
 func CheckNetwork(ctx context.Context, cfg *config.Config, client engine.Networks) error {
 	have, err := client.InspectNetwork(ctx, cfg.Network.Name)
 	if err != nil {
-		return fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	if have == nil {
 		return fmt.Errorf("%w: podman network %q does not exist (run `shrooms net apply`)", fault.HostNotReady, cfg.Network.Name)

@@ -27,11 +27,11 @@ var ErrUnknownTask = errors.New("unknown task")
 func (r *Commands) withTask(task string, f func(id taskid.ID) error) error {
 	id, err := taskid.Parse(task)
 	if err != nil {
-		return fmt.Errorf("%w: %v", fault.Input, err)
+		return fmt.Errorf("%w: %w", fault.Input, err)
 	}
 	ok, err := r.Store.Exists(id)
 	if err != nil {
-		return fmt.Errorf("%w: %v", fault.Input, err)
+		return fmt.Errorf("%w: %w", fault.Input, err)
 	}
 	if !ok {
 		return fmt.Errorf("%w: %w %q (no turn has run for it)", fault.Input, ErrUnknownTask, task)
@@ -52,7 +52,7 @@ func (r *Commands) Collect(ctx context.Context, task, to string) (*outbox.Report
 	err := r.withTask(task, func(id taskid.ID) error {
 		wt, err := r.Store.Recall(id, taskstate.FactWorktree)
 		if err != nil {
-			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		if to == "" {
 			to = filepath.Join(r.Cfg.State.Dir, "deliveries", task, time.Now().UTC().Format("20060102T150405.000000000Z"))
@@ -61,7 +61,7 @@ func (r *Commands) Collect(ctx context.Context, task, to string) (*outbox.Report
 		defer cancel()
 		rep, err = outbox.Collect(cctx, outbox.Request{Root: r.Cfg.Outbox.Root, Task: task, To: to, Limits: outbox.LimitsFrom(r.Cfg.Outbox), Worktree: wt})
 		if err != nil {
-			return fmt.Errorf("%w: %v", fault.Input, err)
+			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
 		return nil
 	})
@@ -75,7 +75,7 @@ func (r *Commands) ListOutbox(ctx context.Context, task string) (*outbox.Report,
 		var err error
 		rep, err = outbox.List(ctx, r.Cfg.Outbox.Root, task, outbox.LimitsFrom(r.Cfg.Outbox))
 		if err != nil {
-			return fmt.Errorf("%w: %v", fault.Input, err)
+			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
 		return nil
 	})
@@ -86,7 +86,7 @@ func (r *Commands) ListOutbox(ctx context.Context, task string) (*outbox.Report,
 func (r *Commands) ReleaseOutbox(task string) error {
 	return r.withTask(task, func(id taskid.ID) error {
 		if err := outbox.Release(r.Cfg.Outbox.Root, task); err != nil {
-			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		return nil
 	})
@@ -113,7 +113,7 @@ func (r *Commands) Commit(ctx context.Context, task, message string, author gits
 	err := r.withTask(task, func(id taskid.ID) error {
 		wt, err := r.Store.Recall(id, taskstate.FactWorktree)
 		if err != nil {
-			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		if wt == "" {
 			return fmt.Errorf("%w: task %q has no worktree (run it with --worktree)", fault.Input, task)
@@ -121,14 +121,14 @@ func (r *Commands) Commit(ctx context.Context, task, message string, author gits
 		store := r.TrustStore(task)
 		m, err := store.Load()
 		if err != nil {
-			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		if m == nil {
 			return fmt.Errorf("%w: task %q has no trusted record of its worktree's agent config; review %s and run `shrooms trust --task %s` first", fault.Input, task, wt, task)
 		}
 		check, err := store.Guard(ctx, wt, m)
 		if err != nil {
-			return fmt.Errorf("%w: %v", fault.Input, err)
+			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
 		res.AgentConfig = check.Changes
 		if err := acceptAgentConfig(check.Changes, allow); err != nil {
@@ -136,12 +136,12 @@ func (r *Commands) Commit(ctx context.Context, task, message string, author gits
 		}
 		commit, err := gitseal.Commit(ctx, wt, message, author)
 		if err != nil && !errors.Is(err, gitseal.ErrNothingToCommit) {
-			return fmt.Errorf("%w: %v", fault.Input, err)
+			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
 		res.Commit = commit
 		if len(allow) > 0 {
 			if _, terr := store.Trust(ctx, wt, allow); terr != nil {
-				return fmt.Errorf("%w: committed %s, but trusting %v failed: %v", fault.HostNotReady, commit, allow, terr)
+				return fmt.Errorf("%w: committed %s, but trusting %v failed: %w", fault.HostNotReady, commit, allow, terr)
 			}
 			res.Accepted = append(res.Accepted, allow...)
 		}
@@ -194,7 +194,7 @@ type TrustResult struct {
 // no longer mask it. worktree "" means the task's remembered worktree.
 func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []string) (*TrustResult, error) {
 	if _, err := taskid.Parse(task); err != nil {
-		return nil, fmt.Errorf("%w: %v", fault.Input, err)
+		return nil, fmt.Errorf("%w: %w", fault.Input, err)
 	}
 	for _, p := range paths {
 		if p == "" || strings.HasPrefix(p, "/") || p != filepath.ToSlash(filepath.Clean(p)) || strings.HasPrefix(p, "../") || p == ".." {
@@ -206,7 +206,7 @@ func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []str
 		if worktree == "" {
 			var err error
 			if worktree, err = r.Store.Recall(id, taskstate.FactWorktree); err != nil {
-				return fmt.Errorf("%w: %v", fault.HostNotReady, err)
+				return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 			}
 			if worktree == "" {
 				return fmt.Errorf("%w: task %q has no worktree; pass --worktree", fault.Input, task)
@@ -224,11 +224,11 @@ func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []str
 		}
 		tr, err := store.Trust(ctx, wt, paths)
 		if err != nil {
-			return fmt.Errorf("%w: %v", fault.Input, err)
+			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
 		res.TrustResult = tr
 		if err := r.Store.Remember(id, taskstate.FactWorktree, wt); err != nil {
-			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		return nil
 	})
@@ -243,7 +243,7 @@ func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (
 		if agent == "" {
 			var err error
 			if agent, err = r.Store.Recall(id, taskstate.FactAgent); err != nil {
-				return fmt.Errorf("%w: %v", fault.HostNotReady, err)
+				return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 			}
 			if agent == "" {
 				return fmt.Errorf("%w: task %q has run no agent yet; pass --agent", fault.Input, task)
@@ -251,11 +251,11 @@ func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (
 		}
 		a, err := r.Cfg.Agent(agent)
 		if err != nil {
-			return fmt.Errorf("%w: %v", fault.Input, err)
+			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
 		ids, err := r.Store.TaskIDs(id, r.IDFiles, false)
 		if err != nil {
-			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		root, err := r.Home().Mounted(ctx, task)
 		if err != nil {
@@ -263,11 +263,11 @@ func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (
 		}
 		rep, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(root, ids, a.Home), DryRun: dryRun})
 		if err != nil {
-			return fmt.Errorf("%w: HOME reset: %v", fault.HostNotReady, err)
+			return fmt.Errorf("%w: HOME reset: %w", fault.HostNotReady, err)
 		}
 		if !dryRun {
 			if _, err := homereset.Cleanup(ctx, root); err != nil {
-				return fmt.Errorf("%w: HOME cleanup: %v", fault.HostNotReady, err)
+				return fmt.Errorf("%w: HOME cleanup: %w", fault.HostNotReady, err)
 			}
 		}
 		return nil
@@ -282,24 +282,24 @@ func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (
 func (r *Commands) Forget(ctx context.Context, task string) error {
 	return r.withTask(task, func(id taskid.ID) error {
 		if _, err := r.RemoveLeftovers(ctx, task); err != nil {
-			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		if err := r.ReleaseWorktrees(id); err != nil {
-			return fmt.Errorf("%w: %v", fault.HostNotReady, err)
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		if err := r.Home().Remove(ctx, task); err != nil {
 			return err
 		}
 		if _, err := os.Stat(r.Cfg.Outbox.Root); err == nil {
 			if err := outbox.Release(r.Cfg.Outbox.Root, task); err != nil {
-				return fmt.Errorf("%w: %v", fault.HostNotReady, err)
+				return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 			}
 		}
 		for name := range r.Cfg.Tokens {
 			_ = r.Podman.RemoveSecret(ctx, turn.SecretName(task, name))
 		}
 		if err := os.RemoveAll(r.TaskDir(task)); err != nil {
-			return fmt.Errorf("%w: remove task state: %v", fault.HostNotReady, err)
+			return fmt.Errorf("%w: remove task state: %w", fault.HostNotReady, err)
 		}
 		return nil
 	})

@@ -32,7 +32,7 @@ type GCReport struct {
 func (r *Commands) GC(ctx context.Context) (*GCReport, error) {
 	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	rep := &GCReport{Removed: []string{}, Busy: []string{}, Worktrees: []string{}}
 	tasks := map[string]bool{}
@@ -61,13 +61,13 @@ func (r *Commands) GC(ctx context.Context) (*GCReport, error) {
 		lock.Release()
 		rep.Removed = append(rep.Removed, removed...)
 		if err != nil {
-			return rep, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+			return rep, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 	}
 	// Old HOME trees whose cleanup a crash interrupted.
 	entries, err := os.ReadDir(filepath.Join(r.Cfg.State.Dir, "tasks"))
 	if err != nil && !os.IsNotExist(err) {
-		return rep, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return rep, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	for _, e := range entries {
 		if ok, err := r.Podman.VolumeExists(ctx, r.Home().Name(e.Name())); err != nil || !ok {
@@ -81,14 +81,14 @@ func (r *Commands) GC(ctx context.Context) (*GCReport, error) {
 		}
 		cr, err := homereset.Cleanup(ctx, root)
 		if err != nil {
-			return rep, fmt.Errorf("%w: HOME cleanup of %s: %v", fault.HostNotReady, e.Name(), err)
+			return rep, fmt.Errorf("%w: HOME cleanup of %s: %w", fault.HostNotReady, e.Name(), err)
 		}
 		rep.HomeTrees += len(cr.Trees)
 	}
 	given, err := r.GiveBackIdle()
 	rep.Worktrees = append(rep.Worktrees, given...)
 	if err != nil {
-		return rep, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return rep, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	return rep, nil
 }

@@ -36,7 +36,7 @@ func (r *Commands) Log(task string, n int) ([]turn.Result, error) {
 		return r.noTurn(task, n, nil)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: turn log: %v", fault.HostNotReady, err)
+		return nil, fmt.Errorf("%w: turn log: %w", fault.HostNotReady, err)
 	}
 	defer f.Close()
 	var out []turn.Result
@@ -45,14 +45,14 @@ func (r *Commands) Log(task string, n int) ([]turn.Result, error) {
 	for sc.Scan() {
 		var rec turn.Result
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			return nil, fmt.Errorf("%w: turn log of %s is damaged: %v", fault.HostNotReady, task, err)
+			return nil, fmt.Errorf("%w: turn log of %s is damaged: %w", fault.HostNotReady, task, err)
 		}
 		if n == 0 || rec.Turn == n {
 			out = append(out, rec)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%w: turn log: %v", fault.HostNotReady, err)
+		return nil, fmt.Errorf("%w: turn log: %w", fault.HostNotReady, err)
 	}
 	return r.noTurn(task, n, out)
 }
@@ -80,11 +80,11 @@ func CheckTask(cfg *config.Config, task string) error {
 func (r *Commands) knownTask(task string) (taskid.ID, error) {
 	id, err := taskid.Parse(task)
 	if err != nil {
-		return id, fmt.Errorf("%w: %v", fault.Input, err)
+		return id, fmt.Errorf("%w: %w", fault.Input, err)
 	}
 	ok, err := r.Store.Exists(id)
 	if err != nil {
-		return id, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return id, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	if !ok {
 		return id, fmt.Errorf("%w: %w %q (no turn has run for it)", fault.Input, ErrUnknownTask, task)
@@ -115,7 +115,7 @@ func (r *Commands) Tasks() ([]TaskStatus, error) {
 		return []TaskStatus{}, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	out := []TaskStatus{}
 	for _, e := range entries {
@@ -141,10 +141,10 @@ func (r *Commands) Status(task string) (*TaskStatus, error) {
 	}
 	st := &TaskStatus{Task: task}
 	if st.Turns, err = r.Store.LastTurn(id); err != nil {
-		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	if st.PID, err = r.lockHolder(task); err != nil {
-		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	st.Busy = st.PID != 0
 	st.Agent, _ = r.Store.Recall(id, taskstate.FactAgent)
@@ -216,20 +216,20 @@ func (r *Commands) Stop(task string, wait time.Duration) (*StopResult, error) {
 	res := &StopResult{Task: task}
 	pid, err := r.lockHolder(task)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	if pid == 0 {
 		return res, nil
 	}
 	res.PID = pid
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return nil, fmt.Errorf("%w: signal shrooms process %d: %v", fault.HostNotReady, pid, err)
+		return nil, fmt.Errorf("%w: signal shrooms process %d: %w", fault.HostNotReady, pid, err)
 	}
 	deadline := time.Now().Add(wait)
 	for {
 		holder, err := r.lockHolder(task)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+			return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		if holder != pid {
 			break

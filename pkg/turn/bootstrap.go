@@ -45,7 +45,7 @@ func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, 
 		if created {
 			home.Discard(ctx, task, root)
 		}
-		return "", nil, fmt.Errorf("%w: bootstrap HOME: %v", ErrHostNotReady, err)
+		return "", nil, fmt.Errorf("%w: bootstrap HOME: %w", ErrHostNotReady, err)
 	}
 	return root, res, nil
 }

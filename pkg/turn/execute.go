@@ -148,7 +148,7 @@ func (r *Runner) stopped(ctx, waitCtx context.Context, id string, res *Result, c
 		return ErrDeadline
 	}
 	res.Error = cause.Error()
-	return fmt.Errorf("%w: %v", ErrHostNotReady, cause)
+	return fmt.Errorf("%w: %w", ErrHostNotReady, cause)
 }
 
 // ErrLimit is a turn ended by a per-turn model usage limit.
@@ -190,7 +190,7 @@ func (r *Runner) interrupted(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ErrInterrupted
 	}
-	return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 }
 
 // removeSecrets deletes a turn's token secrets (best effort: a leftover is

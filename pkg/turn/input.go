@@ -23,18 +23,18 @@ func ValidateRequest(cfg *config.Config, req Request) error {
 func checkInput(cfg *config.Config, req Request) (*checked, error) {
 	task, err := taskid.Parse(req.Task)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	agent, err := cfg.Agent(req.Agent)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	if req.Timeout < 0 {
 		return nil, fmt.Errorf("%w: timeout must be positive", ErrInput)
 	}
 	tokens, err := readTokens(cfg, agent)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	in := &checked{task: task, agent: agent, tokens: tokens}
 	if req.Worktree != "" {
@@ -55,7 +55,7 @@ func worktreePath(cfg *config.Config, path string) (string, error) {
 	forbidden := []string{cfg.State.Dir, cfg.Outbox.Root, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://"))}
 	wt, err := mounts.CheckWorktree(path, cfg.Worktree.Roots, forbidden)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrInput, err)
+		return "", fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	return wt, nil
 }

@@ -49,7 +49,7 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 	}
 	defer lock.Release()
 	if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
-		return "", fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
+		return "", fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
 	p, err := r.prepareAs(ctx, req, in, true, true)
 	if err != nil {
@@ -68,11 +68,11 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 	id, err := r.Podman.Create(ctx, p.spec)
 	if err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), sealed.Name(req.Task, p.turn))
-		return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if err := r.Podman.Init(ctx, id); err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
-		return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	return id, nil
 }
@@ -86,11 +86,11 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 	}
 	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, req.Task)
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	last, err := r.Store.LastTurn(in.task)
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	for _, c := range cages {
 		if !r.Ours(c) || c.Labels[LabelPrepared] != "1" || c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1) {
@@ -115,7 +115,7 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 		p.reset = rep
 		taskDir := r.TaskDir(req.Task)
 		if err := writeArgvFile(taskDir+"/argv", p.argv); err != nil {
-			return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		if err := r.countTurn(req, in); err != nil {
 			return "", nil, err

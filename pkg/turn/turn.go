@@ -176,7 +176,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	defer func() {
 		res.HomeBytes = r.HomeBytes(req.Task)
 		if rerr := r.recordTurn(res, err, c.start); rerr != nil && err == nil {
-			err = fmt.Errorf("%w: %v", ErrHostNotReady, rerr)
+			err = fmt.Errorf("%w: %w", ErrHostNotReady, rerr)
 		}
 	}()
 	if in.worktree != "" {
@@ -193,7 +193,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// A crashed shrooms may have left this task's cage behind; with the lock
 	// held no turn of the task runs, so any other cage of it is a leftover.
 	if _, err := r.RemoveLeftovers(ctx, req.Task, preparedID); err != nil {
-		return res, fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
+		return res, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
 	if preparedID == "" {
 		if prep, err = r.prepare(ctx, req, in, true); err != nil {
@@ -268,12 +268,12 @@ func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, er
 			return nil, fmt.Errorf("%w: network policy %q needs the nftables seal and this runner cannot verify one; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
 		}
 		if in.hosts, err = r.Seal(ctx, cfg, dry); err != nil {
-			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %w", ErrHostNotReady, err)
 		}
 	}
 	image := cfg.ImageFor(in.agent)
 	if ok, err := r.Podman.ImageExists(ctx, image); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	} else if !ok {
 		return nil, fmt.Errorf("%w: image %s is not in podman's store (nothing is pulled; build or load it first)", ErrHostNotReady, image)
 	}
@@ -292,14 +292,14 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, dry bool)
 	}
 	u, err := url.Parse(g.Upstream)
 	if err != nil {
-		return nil, fmt.Errorf("%w: gateway %s: upstream: %v", ErrInput, agent.Gateway, err)
+		return nil, fmt.Errorf("%w: gateway %s: upstream: %w", ErrInput, agent.Gateway, err)
 	}
 	plan := &gatewayPlan{name: agent.Gateway, cfg: g, upstream: u}
 	if g.Auth == "oauth" {
 		// The account's tokens live in the state dir (seeded from the token
 		// file at the first turn); only the seed file is checked here.
 		if err := mounts.CheckHostFile(r.Cfg.Tokens[g.Token], "token "+g.Token); err != nil {
-			return nil, fmt.Errorf("%w: gateway %s: %v", ErrInput, agent.Gateway, err)
+			return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
 		}
 		plan.oauth = &gateway.OAuth{
 			Path:     filepath.Join(r.Cfg.State.Dir, "gateway", agent.Gateway, "credentials.json"),
@@ -308,11 +308,11 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, dry bool)
 			ClientID: cmp.Or(g.ClientID, gateway.DefaultClientID),
 		}
 	} else if plan.key, err = readToken(r.Cfg, g.Token); err != nil {
-		return nil, fmt.Errorf("%w: gateway %s: %v", ErrInput, agent.Gateway, err)
+		return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
 	}
 	if !dry {
 		if err := gateway.Preflight(ctx, u); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}
 	return plan, nil
@@ -354,11 +354,11 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 	cfg := r.Cfg
 	ids, err := r.Store.TaskIDs(in.task, r.IDFiles, commit)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	turn, err := r.Store.LastTurn(in.task)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	turn++
 	p := &prepared{turn: turn, ids: ids}
@@ -374,21 +374,21 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 			return nil, err
 		}
 		if p.reset, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(p.root, ids, in.agent.Home)}); err != nil {
-			return nil, fmt.Errorf("%w: HOME reset failed, the turn does not start: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: HOME reset failed, the turn does not start: %w", ErrHostNotReady, err)
 		}
 		var pg homereset.PolicyGateway
 		if in.gateway != nil {
 			pg.AnthropicBaseURL = gateway.BaseURL()
 		}
 		if policy, err = homereset.WritePolicyWith(filepath.Join(taskDir, "policy"), cfg, in.agent.Home, pg); err != nil {
-			return nil, fmt.Errorf("%w: managed policy: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
 		}
 		if outboxDir, err = outbox.Prepare(cfg.Outbox.Root, req.Task, agentUID, agentGID, outbox.LimitsFrom(cfg.Outbox)); err != nil {
-			return nil, fmt.Errorf("%w: outbox: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
 		}
 		if in.worktree != "" && hasGit(in.worktree) {
 			if gitMounts, err = gitseal.CageMounts(in.worktree, cfg.State.Dir); err != nil {
-				return nil, fmt.Errorf("%w: git metadata: %v", ErrInput, err)
+				return nil, fmt.Errorf("%w: git metadata: %w", ErrInput, err)
 			}
 		}
 	} else {
@@ -398,7 +398,7 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		policy = homereset.PolicyMounts(filepath.Join(taskDir, "policy"), in.agent.Home)
 		if in.worktree != "" && hasGit(in.worktree) {
 			if gitMounts, err = gitseal.PlanCageMounts(in.worktree, cfg.State.Dir); err != nil {
-				return nil, fmt.Errorf("%w: git metadata: %v", ErrInput, err)
+				return nil, fmt.Errorf("%w: git metadata: %w", ErrInput, err)
 			}
 		}
 	}
@@ -413,7 +413,7 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		TmpExec:   cfg.Cage.TmpExec,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	for _, m := range policy {
 		plan.Mounts = append(plan.Mounts, mounts.Mount{Kind: mounts.Bind, Source: m.Source, Dest: m.Dest, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
@@ -448,10 +448,10 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 			// expiry the agent never reaches.
 			creds, err := in.gateway.oauth.CageCredentials(ctx, ph)
 			if err != nil {
-				return nil, fmt.Errorf("%w: %v", ErrInput, err)
+				return nil, fmt.Errorf("%w: %w", ErrInput, err)
 			}
 			if err := homereset.PlaceFile(p.root, ".claude/.credentials.json", creds, 0o600, agentUID, agentGID); err != nil {
-				return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+				return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 			}
 		}
 	}
@@ -485,7 +485,7 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		seccompPath = seccomp.Path(cfg.State.Dir)
 		if commit {
 			if _, err := seccomp.Install(cfg.State.Dir); err != nil {
-				return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+				return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 			}
 		}
 	default:
@@ -533,13 +533,13 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 	for name, value := range secrets {
 		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: req.Task}); err != nil {
 			r.removeSecrets(p.secrets)
-			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		p.secrets = append(p.secrets, name)
 	}
 	if ahead {
 		if err := writeArgvFile(filepath.Join(taskDir, "argv"), nil); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		return p, nil
 	}
@@ -565,21 +565,21 @@ func (r *Runner) guardWorktree(ctx context.Context, task, worktree string, commi
 	store := r.TrustStore(task)
 	m, err := store.Load()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	recorded := false
 	if m == nil && commit {
 		if _, err := store.Trust(ctx, worktree, nil); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInput, err)
+			return nil, fmt.Errorf("%w: %w", ErrInput, err)
 		}
 		if m, err = store.Load(); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		recorded = true
 	}
 	c, err := store.Guard(ctx, worktree, m)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	c.Recorded = recorded
 	return c, nil
@@ -588,14 +588,14 @@ func (r *Runner) guardWorktree(ctx context.Context, task, worktree string, commi
 // countTurn records that the task's next turn starts now.
 func (r *Runner) countTurn(req Request, in *checked) error {
 	if _, err := r.Store.NextTurn(in.task); err != nil {
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if err := r.Store.Remember(in.task, taskstate.FactAgent, req.Agent); err != nil {
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if in.worktree != "" {
 		if err := r.Store.Remember(in.task, taskstate.FactWorktree, in.worktree); err != nil {
-			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}
 	return nil
@@ -636,11 +636,11 @@ func (r *Runner) placeholder(taskDir string, commit, ahead bool) (string, error)
 	case commit:
 		ph, err := gateway.NewPlaceholder()
 		if err != nil {
-			return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		if ahead {
 			if err := os.WriteFile(path, []byte(ph), 0o600); err != nil {
-				return "", fmt.Errorf("%w: gateway placeholder: %v", ErrHostNotReady, err)
+				return "", fmt.Errorf("%w: gateway placeholder: %w", ErrHostNotReady, err)
 			}
 		}
 		return ph, nil
@@ -692,9 +692,9 @@ func Classify(err error) error {
 		return err
 	}
 	if errors.Is(err, taskid.ErrInvalid) {
-		return fmt.Errorf("%w: %v", ErrInput, err)
+		return fmt.Errorf("%w: %w", ErrInput, err)
 	}
-	return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 }
 
 // SpecJSON renders a spec as `shrooms spec` prints it: indented, stable.
@@ -711,7 +711,7 @@ func SpecJSON(s *specgen.SpecGenerator) ([]byte, error) {
 func (r *Runner) Bootstrap(ctx context.Context, name string, profiles []string) (*homereset.BootstrapResult, error) {
 	task, err := taskid.Parse(name)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	if len(profiles) == 0 {
 		profiles = config.HomeProfiles
@@ -723,7 +723,7 @@ func (r *Runner) Bootstrap(ctx context.Context, name string, profiles []string) 
 	defer lock.Release()
 	ids, err := r.Store.TaskIDs(task, r.IDFiles, true)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	_, res, err := r.bootstrap(ctx, name, ids, profiles)
 	return res, err

@@ -76,7 +76,7 @@ func readClaim(stateDir, worktree string) (*worktreeClaim, error) {
 func checkClaim(stateDir, task, worktree string) error {
 	c, err := readClaim(stateDir, worktree)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if c != nil && c.Task != task {
 		return fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree; `shrooms forget --task %s` releases it)", ErrInput, worktree, c.Task, c.Task)
@@ -123,11 +123,11 @@ func writeClaim(stateDir string, c *worktreeClaim) error {
 func (r *Runner) takeWorktree(task, worktree string, ids taskstate.IDs) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(worktree, &st); err != nil {
-		return fmt.Errorf("%w: worktree %s: %v", ErrInput, worktree, err)
+		return fmt.Errorf("%w: worktree %s: %w", ErrInput, worktree, err)
 	}
 	c, err := readClaim(r.Cfg.State.Dir, worktree)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	inRange := st.Uid >= ids.UID && st.Uid < ids.UID+taskstate.SlotSize
 	switch {
@@ -145,11 +145,11 @@ func (r *Runner) takeWorktree(task, worktree string, ids taskstate.IDs) error {
 		if errors.Is(err, ErrInput) {
 			return err
 		}
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	agent := int(r.Cfg.Cage.User)
 	if _, err := mounts.OwnWorktree(worktree, int(ids.UID)+agent, int(ids.GID)+agent); err != nil {
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	return nil
 }
