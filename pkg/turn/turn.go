@@ -68,6 +68,7 @@ type Request struct {
 // starts; it returns an error unless the installed policy matches cfg. Under
 // the allowlist policy it refreshes the seal's resolved host names (unless
 // dry) and returns them as "name:address" entries for the cage's /etc/hosts.
+// cagenet.Checker is the real one.
 type SealChecker func(ctx context.Context, cfg *config.Config, dry bool) (hosts []string, err error)
 
 // Runner runs turns against one podman service.
@@ -86,7 +87,7 @@ type Runner struct {
 	// record the spec, and to weaken a cage on purpose for negative controls.
 	OnSpec func(*specgen.SpecGenerator)
 	// WatchSeal, when set, watches the seal while a networked cage runs
-	// (sealwatch.go).
+	// (sealwatch.go; cagenet.Watcher is the real one).
 	WatchSeal SealWatcher
 }
 
