@@ -29,7 +29,7 @@ func BenchmarkHomeMountPerTurn(b *testing.B) {
 	}
 	mount := func() time.Duration {
 		start := time.Now()
-		if _, err := h.runner.HomeRoot(ctx, task); err != nil {
+		if _, err := h.runner.Home().Mounted(ctx, task); err != nil {
 			b.Fatal(err)
 		}
 		return time.Since(start)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // BenchmarkTurnVsBarePodman runs paired turns of /bin/true (no network):
@@ -290,13 +291,13 @@ func BenchmarkTurnStartWithJunk(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ids, err := h.runner.Store.TaskIDs(task, h.runner.IDFiles, false)
+	ids, err := h.runner.Store.TaskIDs(taskid.Must(task), h.runner.IDFiles, false)
 	if err != nil {
 		b.Fatal(err)
 	}
 	plant := func(n int) {
 		// HOME is mounted for turns only: mount it to plant.
-		if _, err := h.runner.HomeRoot(ctx, task); err != nil {
+		if _, err := h.runner.Home().Mounted(ctx, task); err != nil {
 			b.Fatal(err)
 		}
 		home := filepath.Join(v.Mountpoint, "home")

@@ -189,7 +189,7 @@ anthropic = %q
 
 	t.Cleanup(func() {
 		// A HOME's capped filesystem goes before its volume, in both mount
-		// namespaces (ours and the testbed podman's): RemoveHome does both.
+		// namespaces (ours and the testbed podman's): Home().Remove does both.
 		cfg, err := config.Load(e.config)
 		if err != nil {
 			t.Errorf("reload config: %v", err)
@@ -206,7 +206,7 @@ anthropic = %q
 					t.Errorf("release outbox: %v", err)
 				}
 			}
-			if err := turn.NewRunner(cfg, client, nil).RemoveHome(context.Background(), task); err != nil {
+			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), task); err != nil {
 				t.Errorf("remove HOME of %s: %v", task, err)
 			}
 		}
@@ -338,7 +338,7 @@ func (e *env) home(agent string) string {
 	assert.NilError(e.t, err)
 	client, err := podman.Connect(context.Background(), e.tb.PodmanURL)
 	assert.NilError(e.t, err)
-	root, err := turn.NewRunner(cfg, client, nil).HomeRoot(context.Background(), e.task(agent))
+	root, err := turn.NewRunner(cfg, client, nil).Home().Mounted(context.Background(), e.task(agent))
 	assert.NilError(e.t, err)
 	return homereset.HomeDir(root)
 }

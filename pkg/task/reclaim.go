@@ -1,8 +1,7 @@
-package turn
+package task
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -10,13 +9,13 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/homestore"
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // ErrLeftovers is a forget or gc that could not remove everything.
@@ -26,18 +25,18 @@ var ErrLeftovers = errors.New("not everything could be removed")
 // image, loop devices and mounts (of a deleted image too), token secrets,
 // worktree claims, outbox and state dir. forget checks it is empty before
 // it reports success.
-func (r *Runner) leftovers(ctx context.Context, task string, stateGone bool) []string {
+func (r *Commands) leftovers(ctx context.Context, task string, stateGone bool) []string {
 	var left []string
 	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task)
 	if err != nil {
 		left = append(left, "cages (cannot list: "+oneLine(err)+")")
 	}
 	for _, c := range cages {
-		if r.ours(c) {
+		if r.Ours(c) {
 			left = append(left, "cage "+c.Name)
 		}
 	}
-	name := r.VolumeName(task)
+	name := r.Home().Name(task)
 	if ok, err := r.Podman.VolumeExists(ctx, name); err != nil || ok {
 		left = append(left, "volume "+name)
 	}
@@ -47,8 +46,7 @@ func (r *Runner) leftovers(ctx context.Context, task string, stateGone bool) []s
 			left = append(left, "image "+p)
 		}
 	}
-	peers, _ := r.podmanNamespace()
-	atts, err := homestore.Attachments(filepath.Dir(image), peers...)
+	atts, err := homestore.Attachments(filepath.Dir(image))
 	if err != nil {
 		left = append(left, "loop devices (cannot list: "+oneLine(err)+")")
 	}
@@ -64,48 +62,30 @@ func (r *Runner) leftovers(ctx context.Context, task string, stateGone bool) []s
 			left = append(left, "secret "+s.Name)
 		}
 	}
-	for _, c := range r.claims(task) {
+	for _, c := range r.Claims(task) {
 		left = append(left, "worktree claim "+c)
 	}
 	if fileExists(filepath.Join(r.Cfg.Outbox.Root, task)) {
 		left = append(left, "outbox "+filepath.Join(r.Cfg.Outbox.Root, task))
 	}
-	if stateGone && fileExists(r.taskDir(task)) {
-		left = append(left, "state "+r.taskDir(task))
+	if stateGone && fileExists(r.TaskDir(task)) {
+		left = append(left, "state "+r.TaskDir(task))
 	}
 	return left
 }
 
 // taskSecret reports whether a secret carries one of task's tokens: by its
 // task label, or by the name a token of the config gives it.
-func (r *Runner) taskSecret(task, name string, labels map[string]string) bool {
+func (r *Commands) taskSecret(task, name string, labels map[string]string) bool {
 	if labels[sealed.LabelTask] == task && strings.HasPrefix(name, "shrooms-"+task+"-") {
 		return true
 	}
 	for tok := range r.Cfg.Tokens {
-		if name == SecretName(task, tok) {
+		if name == turn.SecretName(task, tok) {
 			return true
 		}
 	}
 	return false
-}
-
-// claims lists the worktree claim files of task.
-func (r *Runner) claims(task string) []string {
-	dir := filepath.Join(r.Cfg.State.Dir, "worktrees")
-	entries, _ := os.ReadDir(dir)
-	var out []string
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue
-		}
-		var c worktreeClaim
-		if json.Unmarshal(b, &c) == nil && c.Task == task {
-			out = append(out, filepath.Join(dir, e.Name()))
-		}
-	}
-	return out
 }
 
 func oneLine(err error) string { return strings.Join(strings.Fields(err.Error()), " ") }
@@ -117,13 +97,14 @@ func oneLine(err error) string { return strings.Join(strings.Fields(err.Error())
 // slot, which becomes free for a new task). The worktree and delivered
 // outboxes stay. Each step runs even when an earlier one failed; then what
 // is still there is listed (ErrLeftovers) and nothing is reported gone.
-func (r *Runner) Forget(ctx context.Context, task string) error {
+func (r *Commands) Forget(ctx context.Context, task string) error {
 	if err := checkForget(r.Cfg, task); err != nil {
 		return err
 	}
-	lock, err := r.Store.LockTask(task)
+	id := taskid.Must(task)
+	lock, err := r.Store.LockTask(id)
 	if err != nil {
-		return classify(err)
+		return turn.Classify(err)
 	}
 	defer lock.Release()
 	return func() error {
@@ -133,10 +114,10 @@ func (r *Runner) Forget(ctx context.Context, task string) error {
 				errs = append(errs, what+": "+oneLine(err))
 			}
 		}
-		_, err := r.removeLeftovers(ctx, task)
+		_, err := r.RemoveLeftovers(ctx, task)
 		step("cages", err)
-		step("worktree", r.releaseWorktrees(task))
-		step("HOME", r.RemoveHome(ctx, task))
+		step("worktree", r.ReleaseWorktrees(id))
+		step("HOME", r.Home().Remove(ctx, task))
 		if _, err := os.Stat(r.Cfg.Outbox.Root); err == nil {
 			step("outbox", r.releaseOutbox(task))
 		}
@@ -157,11 +138,11 @@ func (r *Runner) Forget(ctx context.Context, task string) error {
 		if len(left) == 0 {
 			// The state (and the lock file in it) goes last, once nothing
 			// else of the task is there to be found by it.
-			step("state", removeTaskDir(r.taskDir(task)))
+			step("state", removeTaskDir(r.TaskDir(task)))
 		}
 		left = r.leftovers(ctx, task, len(left) == 0)
 		if len(left) > 0 {
-			return fmt.Errorf("%w: %w: forget %s left %s (%s); fix that and run `shrooms forget --task %s` again", ErrHostNotReady, ErrLeftovers, task, strings.Join(left, ", "), strings.Join(errs, "; "), task)
+			return fmt.Errorf("%w: %w: forget %s left %s (%s); fix that and run `shrooms forget --task %s` again", fault.HostNotReady, ErrLeftovers, task, strings.Join(left, ", "), strings.Join(errs, "; "), task)
 		}
 		return nil
 	}()
@@ -185,14 +166,14 @@ func checkForget(cfg *config.Config, task string) error {
 
 // removeTaskDir removes a task's state directory.
 func removeTaskDir(dir string) error {
-	if err := mounts.ValidateTaskID(filepath.Base(dir)); err != nil {
-		return err
+	if !taskid.Valid(filepath.Base(dir)) {
+		return fmt.Errorf("%q is no task's state dir", dir)
 	}
 	return os.RemoveAll(dir)
 }
 
 // releaseOutbox unmounts and removes the task's outbox.
-func (r *Runner) releaseOutbox(task string) error {
+func (r *Commands) releaseOutbox(task string) error {
 	return outbox.Release(r.Cfg.Outbox.Root, task)
 }
 
@@ -201,36 +182,36 @@ func (r *Runner) releaseOutbox(task string) error {
 // HOME mounted), and those of HOME images that were deleted: one whose
 // task still exists is copied back first, one whose task was forgotten is
 // let go. It returns what it released and, as an error, what it could not.
-func (r *Runner) ReleaseIdle(ctx context.Context) ([]string, error) {
-	peers, err := r.podmanNamespace()
-	if err != nil {
-		return nil, err
-	}
+func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 	homes := filepath.Join(r.Cfg.State.Dir, "homes")
-	atts, err := homestore.Attachments(homes, peers...)
+	atts, err := homestore.Attachments(homes)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
 	}
 	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
 	}
 	released := []string{}
 	var left []string
 	// Token secrets a killed turn left (a turn removes its own at its end).
 	secrets, err := r.Podman.ListSecrets(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
 	}
 	for _, s := range secrets {
 		task, ok := r.secretTask(s.Name)
 		if !ok || !r.taskSecret(task, s.Name, nil) {
 			continue
 		}
-		if known, _ := r.Store.Exists(task); !known || len(r.waitingPrepared(cages, task)) > 0 {
+		id, err := taskid.Parse(task)
+		if err != nil {
+			continue
+		}
+		if known, _ := r.Store.Exists(id); !known || len(r.waitingPrepared(cages, task)) > 0 {
 			continue // not this state dir's, or a prepared cage waits with it
 		}
-		lock, err := r.Store.LockTask(task)
+		lock, err := r.Store.LockTask(id)
 		if err != nil {
 			continue // its turn runs
 		}
@@ -244,35 +225,40 @@ func (r *Runner) ReleaseIdle(ctx context.Context) ([]string, error) {
 	for _, a := range atts {
 		vol := strings.TrimSuffix(filepath.Base(a.Image), ".img")
 		task, ok := strings.CutPrefix(vol, r.Cfg.Home.VolumePrefix)
-		if !ok || mounts.ValidateTaskID(task) != nil {
+		if !ok || !taskid.Valid(task) {
 			left = append(left, a.String()+" (not a HOME of this config's volume prefix; left alone)")
 			continue
 		}
-		known, _ := r.Store.Exists(task)
+		id, err := taskid.Parse(task)
+		if err != nil {
+			left = append(left, a.String()+" (not a task's HOME; left alone)")
+			continue
+		}
+		known, _ := r.Store.Exists(id)
 		if !known {
 			// The task was forgotten: nothing of it is to be kept.
-			if err := homestore.Release([]homestore.Attachment{a}, peers...); err != nil {
+			if err := homestore.Release([]homestore.Attachment{a}); err != nil {
 				left = append(left, err.Error())
 			} else {
 				released = append(released, a.String())
 			}
 			continue
 		}
-		lock, err := r.Store.LockTask(task)
+		lock, err := r.Store.LockTask(id)
 		if err != nil {
 			continue // a turn runs: its HOME is in use
 		}
 		err = func() error {
 			defer lock.Release()
-			if busy, err := r.homeInUse(ctx, task); err != nil || busy {
+			if busy, err := r.HomeInUse(ctx, task); err != nil || busy {
 				return err // a prepared cage waits on it, or a cage was left
 			}
 			if a.Deleted {
-				if _, err := homestore.Salvage(ctx, a.Image, peers...); err != nil {
+				if _, err := homestore.Salvage(ctx, a.Image); err != nil {
 					return fmt.Errorf("%v (or `shrooms forget --task %s` discards it)", err, task)
 				}
 			}
-			if err := homestore.ReleaseImage(a.Image, false, peers...); err != nil {
+			if err := homestore.ReleaseImage(a.Image, false); err != nil {
 				return err
 			}
 			released = append(released, a.String())
@@ -283,29 +269,25 @@ func (r *Runner) ReleaseIdle(ctx context.Context) ([]string, error) {
 		}
 	}
 	if len(left) > 0 {
-		return released, fmt.Errorf("%w: %w: %s", ErrHostNotReady, ErrLeftovers, strings.Join(left, "; "))
+		return released, fmt.Errorf("%w: %w: %s", fault.HostNotReady, ErrLeftovers, strings.Join(left, "; "))
 	}
 	return released, nil
 }
 
-// noSpaceHint names where room is needed when err is ENOSPC: a full host
-// filesystem under the HOME images shows inside HOME as ENOSPC too.
-func (r *Runner) noSpaceHint(err error) string {
-	if !errors.Is(err, unix.ENOSPC) && !strings.Contains(err.Error(), unix.ENOSPC.Error()) {
-		return ""
-	}
-	return "; free space on the filesystem of " + filepath.Join(r.Cfg.State.Dir, "homes") + " (the HOME images)"
-}
-
 // secretTask returns the task whose token secret name is (by this config's
 // tokens: shrooms-<task>-<token>).
-func (r *Runner) secretTask(name string) (string, bool) {
+func (r *Commands) secretTask(name string) (string, bool) {
 	for tok := range r.Cfg.Tokens {
 		if t, ok := strings.CutSuffix(name, "-"+tok); ok {
-			if t, ok := strings.CutPrefix(t, "shrooms-"); ok && mounts.ValidateTaskID(t) == nil {
+			if t, ok := strings.CutPrefix(t, "shrooms-"); ok && taskid.Valid(t) {
 				return t, true
 			}
 		}
 	}
 	return "", false
+}
+
+func fileExists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
