@@ -149,6 +149,9 @@ func TestLeftoverCageIsRemovedByGC(t *testing.T) {
 	assert.Equal(t, res.ExitCode, 0)
 	spec, err := h.cmds.Spec(ctx, turn.Request{Task: task, Agent: "shell", Args: []string{"-c", "sleep 600"}})
 	assert.NilError(t, err)
+	// A crashed shrooms leaves its HOME mounted (a turn releases it at its end).
+	_, err = h.cmds.Home().Mounted(ctx, task)
+	assert.NilError(t, err)
 	id, err := h.client.Create(ctx, spec)
 	assert.NilError(t, err)
 	_, err = h.client.Start(ctx, id, podman.Streams{})
@@ -159,6 +162,7 @@ func TestLeftoverCageIsRemovedByGC(t *testing.T) {
 	assert.NilError(t, err)
 	assert.Assert(t, is.Contains(rep.Removed, spec.Name))
 	assert.Equal(t, len(h.cagesOf(task)), 0)
+	assert.Equal(t, len(rep.Released), 1, "gc released the HOME mount: %v", rep.Released)
 }
 
 // TestForgetRemovesTheTask: forget removes the task's HOME volume and
