@@ -470,3 +470,17 @@ func reuseLoop(img *os.File) (int, string, error) {
 	}
 	return -1, "", nil
 }
+
+// IsMounted reports whether mountpoint shows the HOME image (its own loop
+// device, the top mount there) in the caller's namespace.
+func IsMounted(image, mountpoint string) bool {
+	if checkPaths(image, mountpoint) != nil {
+		return false
+	}
+	top, err := topMount(mountinfoSelf, mountpoint)
+	if err != nil || top == nil || top.fstype != "ext4" {
+		return false
+	}
+	var st unix.Stat_t
+	return unix.Stat(image, &st) == nil && backedBy(top.dev, &st)
+}

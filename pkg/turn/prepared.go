@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/homestore"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
@@ -106,6 +107,11 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 		hash, err := specHash(p.spec)
 		if err != nil || hash != c.Labels[labelSpec] {
 			return "", nil, err
+		}
+		// Its HOME must still be the capped filesystem it was reset on (a
+		// dry-run reset of the bare volume directory would write there).
+		if !homestore.IsMounted(r.Home().Image(req.Task), p.root) {
+			return "", nil, nil
 		}
 		// Nothing may have changed HOME since it was reset for this cage.
 		rep, err := homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(p.root, p.ids, in.agent.Home), DryRun: true})

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
@@ -192,4 +193,46 @@ func TestStateDirLost(t *testing.T) {
 	assert.Assert(t, os.IsNotExist(err), "image left")
 	code, _, _ = e.shrooms("forget", "--task", task)
 	assert.Equal(t, code, 121, "a task of which nothing is left is unknown")
+}
+
+// TestPreparedCageDrift: a prepared cage keeps its HOME mounted while it
+// waits (gc leaves both), and runs prepared. A prepared cage whose HOME was
+// unmounted behind shrooms' back is not used: the turn runs in a fresh
+// cage on the remounted HOME, with every kept credential and session, and
+// nothing is left attached.
+func TestPreparedCageDrift(t *testing.T) {
+	e := newEnv(t, itest.Socket(), "")
+	task := e.task("prep")
+	s := e.plant(task)
+	prepare := func() {
+		t.Helper()
+		code, out, stderr := e.shrooms("prepare", "--task", task, "--agent", "keep", "--no-stdin")
+		assert.Equal(t, code, 0, "%s %s", out, stderr)
+	}
+	prepared := func(script string) (bool, string) {
+		t.Helper()
+		code, out, stderr := e.shrooms("--json", "run", "--task", task, "--agent", "keep", "--no-stdin", "--", "-c", script)
+		assert.Equal(t, code, 0, "%s %s", out, stderr)
+		return strings.Contains(out, `"prepared":true`), out
+	}
+
+	prepare()
+	assert.Equal(t, len(e.attachments()), 1, "a waiting prepared cage holds its HOME")
+	code, out, stderr := e.shrooms("gc")
+	assert.Equal(t, code, 0, "%s %s", out, stderr)
+	assert.Equal(t, len(e.attachments()), 1, "gc released the HOME of a waiting prepared cage")
+	ok, out := prepared("cat ~/.claude/.credentials.json")
+	assert.Assert(t, ok, "positive control: the prepared cage runs: %s", out)
+	assert.Assert(t, strings.Contains(out, s.claude), out)
+	assert.Equal(t, e.attachedAfter(), 0)
+
+	prepare()
+	mp := e.volumePath(task)
+	assert.NilError(t, unix.Unmount(mp, 0))
+	ok, out = prepared("cat ~/.claude/.credentials.json ~/" + sessionPath)
+	assert.Assert(t, !ok, "a prepared cage ran on a HOME unmounted under it: %s", out)
+	assert.Assert(t, strings.Contains(out, s.claude) && strings.Contains(out, s.session), out)
+	assert.Equal(t, e.attachedAfter(), 0)
+	out, _ = e.podman("ps", "-a", "--filter", "label=io.shrooms.task="+task, "--format", "{{.Names}}")
+	assert.Equal(t, strings.TrimSpace(out), "", "cages left")
 }
