@@ -236,3 +236,38 @@ func TestPreparedCageDrift(t *testing.T) {
 	out, _ = e.podman("ps", "-a", "--filter", "label=io.shrooms.task="+task, "--format", "{{.Names}}")
 	assert.Equal(t, strings.TrimSpace(out), "", "cages left")
 }
+
+// TestWorktreeClaimLost: shrooms killed mid-turn leaves the worktree with
+// the task's user; its claim (the record of the owner) deleted, the next
+// turn refuses with one line saying to chown it back (it cannot know to
+// whom), and once that is done the task runs again.
+func TestWorktreeClaimLost(t *testing.T) {
+	e := newEnv(t, itest.Socket(), "")
+	task := e.task("claim")
+	wt := filepath.Join(e.dir, "work", "wt")
+	assert.NilError(t, os.MkdirAll(wt, 0o755))
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "file"), []byte("x"), 0o644))
+	c := e.cmd("run", "--task", task, "--agent", "keep", "--no-stdin", "--worktree", wt, "--", "-c", "sleep 100")
+	assert.NilError(t, c.Start())
+	e.waitCage(task)
+	assert.NilError(t, c.Process.Kill())
+	_ = c.Wait()
+	var st unix.Stat_t
+	assert.NilError(t, unix.Stat(wt, &st))
+	assert.Assert(t, st.Uid != 0, "positive control: the killed turn left the worktree with the task's user")
+	claims, err := filepath.Glob(filepath.Join(e.state, "worktrees", "*.json"))
+	assert.NilError(t, err)
+	assert.Equal(t, len(claims), 1)
+	assert.NilError(t, os.Remove(claims[0]))
+
+	code, out, stderr := e.shrooms("run", "--task", task, "--agent", "keep", "--no-stdin", "--worktree", wt, "--", "-c", "echo should-not-run")
+	assert.Assert(t, code != 0, "%s %s", out, stderr)
+	assert.Assert(t, !strings.Contains(out, "should-not-run"))
+	oneLine(t, stderr, "chown -R")
+	out2, err := exec.Command("chown", "-R", "0:0", wt).CombinedOutput()
+	assert.NilError(t, err, string(out2))
+	code, out, stderr = e.shrooms("run", "--task", task, "--agent", "keep", "--no-stdin", "--worktree", wt, "--", "-c", "cat /work/file")
+	assert.Equal(t, code, 0, "%s %s", out, stderr)
+	assert.NilError(t, unix.Stat(wt, &st))
+	assert.Equal(t, st.Uid, uint32(0), "the worktree was given back")
+}

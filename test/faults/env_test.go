@@ -79,13 +79,15 @@ size = "64m"
 inodes = 4096
 [outbox]
 root = %q
+[worktree]
+roots = [%q]
 [tokens]
 tok = %q
 [agents.keep]
 command = ["/bin/sh"]
 home = ["claude", "opencode", "shell"]
 token_env = { FAULTS_TOKEN = "tok" }
-`, socket, stateDir, itest.TestImage, e.prefix, filepath.Join(dir, "outbox"), filepath.Join(dir, "token"))), 0o600))
+`, socket, stateDir, itest.TestImage, e.prefix, filepath.Join(dir, "outbox"), filepath.Join(dir, "work"), filepath.Join(dir, "token"))), 0o600))
 	assert.NilError(t, os.WriteFile(filepath.Join(dir, "token"), []byte("token-"+e.prefix+"\n"), 0o600))
 	t.Cleanup(e.cleanup)
 	return e
