@@ -9,6 +9,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/homestore"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
@@ -76,11 +77,17 @@ func (r *Commands) GC(ctx context.Context) (*GCReport, error) {
 		if ok, err := r.Podman.VolumeExists(ctx, r.Home().Name(e.Name())); err != nil || !ok {
 			continue // no HOME volume (yet): nothing to clean
 		}
-		// Through its size-capped filesystem (mounted again after a reboot),
-		// never the bare volume directory underneath.
-		root, err := r.Home().Mounted(ctx, e.Name())
+		// Only a HOME still mounted: a turn cleans its own old tree while
+		// it runs, so an interrupted cleanup is one whose shrooms was killed
+		// with HOME mounted (mounting every idle HOME here would cost a
+		// mount per task per gc).
+		home := r.Home()
+		root, err := home.Root(ctx, e.Name())
 		if err != nil {
 			return rep, err
+		}
+		if !homestore.IsMounted(home.Image(e.Name()), root) {
+			continue
 		}
 		cr, err := homereset.Cleanup(ctx, root)
 		if err != nil {
