@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -217,6 +218,11 @@ func (c *Client) Create(ctx context.Context, s *specgen.SpecGenerator) (string, 
 type Streams struct {
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
+	// Terminal: the cage has a terminal and Stdin and Stdout are the
+	// person's (*os.File): they go to the bindings as they are, which put
+	// the terminal in raw mode for the turn, pass on window size changes and
+	// restore it afterwards. The cage's output then comes as one stream.
+	Terminal bool
 }
 
 // Start attaches the streams to a created container, then starts it. It
@@ -244,6 +250,12 @@ func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error
 		}
 		if st.Stdout != nil {
 			out = &writer{st.Stdout}
+		}
+		if f, ok := st.Stdin.(*os.File); ok && st.Terminal {
+			in = f // the bindings look for an *os.File terminal
+		}
+		if f, ok := st.Stdout.(*os.File); ok && st.Terminal {
+			out = f
 		}
 		if st.Stderr != nil {
 			errOut = &writer{st.Stderr}
