@@ -120,6 +120,27 @@ func (c *Client) ImageExists(ctx context.Context, ref string) (bool, error) {
 	return ok, nil
 }
 
+// Image identifies an image in the local store.
+type Image struct {
+	// Name is the reference asked for.
+	Name string `json:"name"`
+	// ID is the image's id: the digest of its config (64 hex).
+	ID string `json:"id"`
+	// Digest is its manifest's digest ("sha256:…").
+	Digest string `json:"digest"`
+}
+
+// InspectImage identifies ref in the local store. Nothing is pulled.
+func (c *Client) InspectImage(ctx context.Context, ref string) (Image, error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	r, err := images.GetImage(cctx, ref, nil)
+	if err != nil {
+		return Image{}, fmt.Errorf("image %s: %s", ref, oneLine(err))
+	}
+	return Image{Name: ref, ID: r.ID, Digest: string(r.Digest)}, nil
+}
+
 // VolumeExists reports whether the named volume exists.
 func (c *Client) VolumeExists(ctx context.Context, name string) (bool, error) {
 	cctx, done := c.scope(ctx)
