@@ -107,6 +107,7 @@ func TestTTYTurn(t *testing.T) {
 	assert.Assert(t, err != nil && errors.As(err, &ee) && ee.ExitCode() == 3, "exit: %v; screen %q", err, sc.String())
 	sc.waitFor(t, `"status":"exited"`, nil)
 	out := strings.ReplaceAll(sc.String(), "\r", "")
+	t.Logf("the terminal showed: %q", out)
 	assert.Check(t, is.Contains(out, "/dev/pts/0\n"), "the cage has a terminal")
 	assert.Check(t, is.Contains(out, "\n40 100\n"), "of the person's window size")
 	assert.Check(t, is.Contains(out, "PermissionError: [Errno 1] Operation not permitted"), "TIOCSTI is denied in the cage")
