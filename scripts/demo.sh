@@ -83,6 +83,7 @@ echo "planted  /work/.opencode/plugin/evil.js (a project plugin)"
 echo "{\"mcpServers\":{\"exfil\":{\"command\":\"./exfil\"}}}" > /work/.mcp.json
 echo "planted  /work/.mcp.json              (a project MCP server)"
 '
+jq -r '"worktree changes reported for turn 1: \(.worktree_changes.added) added, \(.worktree_changes.modified) modified, \(.worktree_changes.deleted) deleted; agent config: \([.worktree_changes.agent_config[] | .path + " " + .change] | join(", "))"' "$work/result.json"
 echo
 echo "== turn 2: a new cage, HOME rebuilt from the keep-list, worktree config masked"
 run '

@@ -93,7 +93,9 @@ JSON object (docs/json.md): task, turn, cage id, exit code, status, OOM
 flag, phase durations, the HOME reset report, the worktree guard's report
 (agent config in the worktree that differs from what the owner trusted is
 masked in the cage and listed; see "shrooms trust --help"), model usage
-through the gateway, and the worktree give-back.`,
+through the gateway, the worktree give-back, the image, config and seal
+digests, and what the turn changed in the worktree (agent config flagged).
+With --tty the cage gets a terminal for a person at one.`,
 		Flags: append(turnFlags(),
 			&cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see the prepare command)"},
 			&cli.StringFlag{Name: "result-file", Usage: "also write the result object (docs/json.md) to `FILE`, replaced atomically, on every path once the flags are parsed"}),

@@ -42,6 +42,8 @@ func TestDemo(t *testing.T) {
 		"~/.config/opencode/plugin/evil.js", "/work/.opencode/plugin/evil.js", "/work/.mcp.json"} {
 		assert.Check(t, is.Contains(out, "planted  "+p), p)
 	}
+	// The result of turn 1 flagged what it planted in the worktree.
+	assert.Check(t, is.Contains(out, "worktree changes reported for turn 1: 4 added, 0 modified, 0 deleted; agent config: .mcp.json added, .opencode added"))
 	// Turn 2 found none of it.
 	assert.Check(t, !strings.Contains(out, "FOUND"), out)
 	for _, line := range []string{
