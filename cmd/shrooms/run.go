@@ -68,7 +68,7 @@ func checkTurn(c *cli.Context) func(*config.Config) error {
 		if c.Bool("stdin") && c.Bool("no-stdin") {
 			return fmt.Errorf("--stdin and --no-stdin contradict each other")
 		}
-		if c.Bool("tty") && c.Command.Name != "spec" {
+		if c.Bool("tty") && c.Command.Name == "run" {
 			if _, _, err := terminal(c); err != nil {
 				return err
 			}
