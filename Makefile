@@ -27,7 +27,7 @@ setup:
 	bash scripts/setup.sh
 
 vet:
-	@unformatted=$$(gofmt -l cmd pkg internal); if [ -n "$$unformatted" ]; then echo "not gofmt-formatted: $$unformatted"; exit 1; fi
+	@unformatted=$$(gofmt -l cmd pkg internal test); if [ -n "$$unformatted" ]; then echo "not gofmt-formatted: $$unformatted"; exit 1; fi
 	go vet -tags "$(TAGS)" ./...
 
 # The whole suite, integration tests included: a missing prerequisite fails.
