@@ -111,6 +111,8 @@ func TestImageGone(t *testing.T) {
 	e := newEnv(t, itest.Socket(), "")
 	task := e.task("imggone")
 	e.plant(task)
+	// Nothing holds it (else the turn copies it back from the loop device).
+	assert.Equal(t, e.attachedAfter(), 0)
 	assert.NilError(t, os.Remove(e.image(task)))
 	code, out, stderr := e.turn(task, "echo should-not-run")
 	assert.Equal(t, code, 122, "%s %s", out, stderr)
