@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 
 	"github.com/containers/podman/v5/pkg/specgen"
@@ -69,10 +71,12 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 	id, err := r.Podman.Create(ctx, p.spec)
 	if err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), sealed.Name(req.Task, p.turn))
+		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if err := r.Podman.Init(ctx, id); err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
+		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	return id, nil
@@ -132,6 +136,8 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 		return nil, nil
 	}
 	p.reset = rep
+	// The secrets were put when the cage was prepared; they go with it.
+	p.secrets = slices.Sorted(maps.Keys(p.Plan.secrets))
 	return p, nil
 }
 
