@@ -101,13 +101,17 @@ func PlanPolicy(dir string, cfg *config.Config, profiles []string, gw PolicyGate
 // policyFiles is one profile's managed policy files, the subdirectory of
 // the policy dir they go to and where the cage mounts it (nil files: none).
 func policyFiles(profile string, cfg *config.Config, gw PolicyGateway) (files map[string]any, sub, dest string, err error) {
+	prof, ok := config.Profile(profile)
+	if !ok {
+		return nil, "", "", fmt.Errorf("unknown HOME profile %q", profile)
+	}
 	switch profile {
 	case "claude":
 		settings, err := merge(claudeEnforced, cfg.Home.Claude.Managed, "home.claude.managed")
 		if err != nil {
 			return nil, "", "", err
 		}
-		return map[string]any{"managed-settings.json": settings, "managed-mcp.json": map[string]any{"mcpServers": map[string]any{}}}, "claude-code", "/etc/claude-code", nil
+		files = map[string]any{"managed-settings.json": settings, "managed-mcp.json": map[string]any{"mcpServers": map[string]any{}}}
 	case "opencode":
 		enforced := opencodeEnforced
 		if gw.AnthropicBaseURL != "" {
@@ -118,11 +122,12 @@ func policyFiles(profile string, cfg *config.Config, gw PolicyGateway) (files ma
 		if err != nil {
 			return nil, "", "", err
 		}
-		return map[string]any{"opencode.json": oc}, "opencode", "/etc/opencode", nil
-	case "shell":
+		files = map[string]any{"opencode.json": oc}
+	}
+	if files == nil || prof.PolicyDir == "" {
 		return nil, "", "", nil
 	}
-	return nil, "", "", fmt.Errorf("unknown HOME profile %q", profile)
+	return files, prof.PolicyDir, prof.PolicyDest, nil
 }
 
 // PolicyGateway is what the managed policy must pin when the turn's model

@@ -7,6 +7,8 @@ import (
 	"path"
 	"slices"
 	"strings"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
 )
 
 // kind is how a keep-list entry is validated and carried over. Nothing is
@@ -104,10 +106,8 @@ func keepList(profile string) []rule {
 func rulesFor(profiles []string) ([]rule, error) {
 	var rules []rule
 	for _, p := range profiles {
-		switch p {
-		case "claude", "opencode", "shell":
-		default:
-			return nil, fmt.Errorf("unknown HOME profile %q (use claude, opencode, shell)", p)
+		if _, ok := config.Profile(p); !ok {
+			return nil, fmt.Errorf("unknown HOME profile %q (use %s)", p, strings.Join(config.HomeProfiles, ", "))
 		}
 		rules = append(rules, keepList(p)...)
 	}
