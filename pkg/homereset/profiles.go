@@ -60,7 +60,7 @@ func rf(pattern string, f func(map[string]any, *filterEnv) (map[string]any, []fi
 	return ru
 }
 
-// keepLists are the profiles' keep-lists, from reference/agent-surface.md:
+// keepList is a profile's keep-list (the profiles are config's table):
 // credentials and sessions, nothing that runs code or instructs the agent.
 // Everything else under HOME is removed every turn.
 func keepList(profile string) []rule {

@@ -1,8 +1,9 @@
-// Package turn runs one agent turn end to end, in the order of DESIGN.md's
-// data flow: lock the task, check the seal, prepare HOME, plan the mounts,
-// build the sealed spec, then create → start/attach → wait (with a deadline)
-// → remove. Each step is one call into one package; the cage is removed on
-// every path out, including errors, deadlines and interruption.
+// Package turn runs one agent turn end to end: lock the task, check the
+// seal, prepare the turn (plan.go: gather what the host holds, plan HOME,
+// mounts and the sealed spec without side effects, then apply the plan),
+// then create → start/attach → wait (with a deadline) → remove. The cage
+// is removed on every path out, including errors, deadlines and
+// interruption.
 package turn
 
 import (
