@@ -1,6 +1,6 @@
 // Package testbed builds the network topology of the seal's threat model
-// (README, "Security model") for integration
-// tests out of network namespaces the test itself creates: an "internet"
+// (README, "Security model") for integration tests out of network
+// namespaces the test itself creates: an "internet"
 // namespace (TEST-NET addresses, HTTP/UDP/DNS/ICMP canaries), a LAN "router"
 // (admin canary, fake metadata service on 169.254.169.254 and fd00:ec2::254,
 // a fake Azure WireServer, sample private/CGNAT addresses, a LAN on public
