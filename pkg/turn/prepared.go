@@ -42,7 +42,7 @@ const (
 // No code of the cage runs before its Run: the HOME a prepared cage sees is
 // the one reset here, and Run verifies it is still exactly that.
 func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
-	in, err := r.check(ctx, req, false)
+	in, err := r.check(ctx, req, modeAhead)
 	if err != nil {
 		return "", err
 	}

@@ -162,7 +162,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	c := &clock{start: time.Now(), last: time.Now(), res: res}
 	defer func() { res.TotalMs = ms(time.Since(c.start)) }()
 
-	in, err := r.check(ctx, req, false)
+	in, err := r.check(ctx, req, modeRun)
 	if err != nil {
 		return res, err
 	}
@@ -221,7 +221,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 // Spec returns the spec the next turn of req would run, with no side effects:
 // nothing is locked, allocated, created or written.
 func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator, error) {
-	in, err := r.check(ctx, req, true)
+	in, err := r.check(ctx, req, modeSpec)
 	if err != nil {
 		return nil, err
 	}
@@ -252,23 +252,24 @@ type gatewayPlan struct {
 	oauth    *gateway.OAuth
 }
 
-// check validates the request and the host without changing anything: input
-// (task id, agent, paths, tokens), the network seal and the image. Bad input
-// is refused before any lock, state or volume exists.
-func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, error) {
+// check validates the request and the host: input (task id, agent, paths,
+// tokens), the network seal and the image. Bad input is refused before any
+// lock, state or volume exists. For `spec` nothing changes; for a turn that
+// runs, the seal check may refresh the seal and create the cage network.
+func (r *Runner) check(ctx context.Context, req Request, m mode) (*checked, error) {
 	cfg := r.Cfg
 	in, err := checkInput(cfg, req)
 	if err != nil {
 		return nil, err
 	}
-	if in.gateway, err = r.checkGateway(ctx, in.agent, dry); err != nil {
+	if in.gateway, err = r.checkGateway(ctx, in.agent, m); err != nil {
 		return nil, err
 	}
 	if cfg.Network.Networked() {
 		if r.Seal == nil {
 			return nil, fmt.Errorf("%w: network policy %q needs the nftables seal and this runner cannot verify one; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
 		}
-		if in.hosts, err = r.Seal(ctx, cfg, dry); err != nil {
+		if in.hosts, err = r.Seal(ctx, cfg, !m.writes()); err != nil {
 			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %w", ErrHostNotReady, err)
 		}
 	}
@@ -282,8 +283,9 @@ func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, er
 }
 
 // checkGateway reads the real key of the agent's gateway (it stays in this
-// process) and, unless dry, checks that its upstream accepts connections.
-func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, dry bool) (*gatewayPlan, error) {
+// process) and, for a turn that runs, checks that its upstream accepts
+// connections.
+func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (*gatewayPlan, error) {
 	if agent.Gateway == "" {
 		return nil, nil
 	}
@@ -311,7 +313,7 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, dry bool)
 	} else if plan.key, err = readToken(r.Cfg, g.Token); err != nil {
 		return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
 	}
-	if !dry {
+	if m.writes() {
 		if err := gateway.Preflight(ctx, u); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
