@@ -27,6 +27,8 @@ type pipeEngine struct {
 	mu sync.Mutex
 	// Failures to inject.
 	createErr, initErr, startErr, waitErr, removeErr error
+	putErr                                           map[string]error
+	putHook                                          func(name string)
 	// block keeps the cage running until its context ends.
 	block    bool
 	exitCode int32
@@ -174,6 +176,12 @@ func (f *pipeEngine) OOMKilled(context.Context, string) (bool, error) { return f
 func (f *pipeEngine) PutSecret(_ context.Context, name string, data []byte, _ map[string]string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.putHook != nil {
+		f.putHook(name)
+	}
+	if err := f.putErr[name]; err != nil {
+		return err
+	}
 	f.secrets[name] = data
 	f.everSecrets = append(f.everSecrets, name)
 	return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 func claudeReq() Request { return Request{Task: "t1", Agent: "claude", Args: []string{"-p", "hi"}} }
@@ -224,4 +226,66 @@ func TestSpecGoldenOnFakes(t *testing.T) {
 	_, err = os.Stat(r.Cfg.State.Dir)
 	assert.Assert(t, os.IsNotExist(err), "spec wrote state")
 	assert.Assert(t, is.Len(e.calls, 0))
+}
+
+// TestRunPutSecretFails: a secret that cannot be stored stops the turn
+// before any cage exists, and the ones already stored go.
+func TestRunPutSecretFails(t *testing.T) {
+	e := newPipeEngine()
+	r, _ := pipeRunner(t, e)
+	a := r.Cfg.Agents["claude"]
+	a.TokenEnv = map[string]string{"ANTHROPIC_API_KEY": "anthropic", "OTHER_KEY": "other"}
+	r.Cfg.Agents["claude"] = a
+	r.Cfg.Tokens["other"] = r.Cfg.Tokens["anthropic"]
+	// Map order decides which is stored first: fail whichever comes second.
+	e.putErr = map[string]error{}
+	first := ""
+	e.putHook = func(name string) {
+		if first == "" {
+			first = name
+			return
+		}
+		e.putErr[name] = errBoom
+	}
+	_, err := r.Run(context.Background(), claudeReq())
+	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
+	assert.Equal(t, len(e.everSecrets), 1, "one secret stored before the failure")
+	assert.Equal(t, len(e.secrets), 0, "and removed")
+	assert.Equal(t, e.called("create"), 0)
+	last, err := r.Store.LastTurn(taskid.Must("t1"))
+	assert.NilError(t, err)
+	assert.Equal(t, last, 0)
+}
+
+// TestPlanIsAFunctionOfItsInput: the same input and host facts give the
+// same spec (what prepared-cage matching relies on); any input that
+// changes the cage changes it.
+func TestPlanIsAFunctionOfItsInput(t *testing.T) {
+	r, h := pipeRunner(t, newPipeEngine())
+	r.Binary = "/usr/bin/shrooms"
+	req := claudeReq()
+	in, err := checkInput(r.Cfg, req)
+	assert.NilError(t, err)
+	f := &facts{ids: taskstate.IDs{UID: 1879048192, GID: 1879048192}, turn: 4, root: h.root}
+	hash := func(req Request, f *facts) string {
+		p, err := r.plan(req, in, f, true)
+		assert.NilError(t, err)
+		s, err := specHash(p.spec)
+		assert.NilError(t, err)
+		return s
+	}
+	base := hash(req, f)
+	assert.Equal(t, hash(req, f), base)
+	changed := req
+	changed.Args = []string{"other", "argv"}
+	assert.Equal(t, hash(changed, f), base, "a prepared cage's argv is handed over at its run, not in its spec")
+	changed = req
+	changed.Streams.Stdin = strings.NewReader("")
+	assert.Assert(t, hash(changed, f) != base, "stdin")
+	f2 := *f
+	f2.turn = 5
+	assert.Assert(t, hash(req, &f2) != base, "turn")
+	f2 = *f
+	f2.root = h.root + "x"
+	assert.Assert(t, hash(req, &f2) != base, "HOME")
 }
