@@ -53,20 +53,20 @@ func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, 
 	if err != nil {
 		return "", nil, err
 	}
-	home := r.Home()
-	root, created, err := home.OpenKept(ctx, task, kept)
+	home := r.host()
+	root, created, err := home.OpenHome(ctx, task, kept)
 	if err != nil {
 		return "", nil, err
 	}
-	res, err := homereset.Bootstrap(ctx, r.HomeTask(root, ids, profiles))
+	res, err := home.Bootstrap(ctx, r.HomeTask(root, ids, profiles))
 	if err != nil {
 		if created {
-			home.Discard(ctx, task, root)
+			home.DiscardHome(ctx, task, root)
 		}
 		return "", nil, fmt.Errorf("%w: bootstrap HOME: %w", ErrHostNotReady, err)
 	}
 	if !kept {
-		if err := r.Store.Remember(id, taskstate.FactHome, home.Name(task)); err != nil {
+		if err := r.Store.Remember(id, taskstate.FactHome, r.Home().Name(task)); err != nil {
 			return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}
@@ -97,7 +97,7 @@ func (r *Runner) ReleaseHome(ctx context.Context, task string) error {
 	if busy, err := r.HomeInUse(ctx, task); err != nil || busy {
 		return err
 	}
-	return r.Home().Release(task)
+	return r.host().ReleaseHome(task)
 }
 
 // HomeInUse reports whether any cage of task exists (whatever its state):
