@@ -311,15 +311,20 @@ func (c *Client) Stop(ctx context.Context, id string, grace time.Duration) error
 // Podman's own exit cleanup can hold the cage's mounts for a moment after it
 // exits ("device or resource busy"), so a failed removal is retried briefly.
 func (c *Client) Remove(ctx context.Context, id string) error {
+	// A service that is away (restarting) is waited for until ctx ends.
 	var err error
-	for attempt := 0; attempt < 6; attempt++ {
+	for attempt, delay := 0, reconnectFirst; attempt < 6; {
 		if err = c.removeOnce(ctx, id); err == nil {
 			return nil
 		}
-		select {
-		case <-ctx.Done():
+		wait := time.Duration(attempt+1) * 150 * time.Millisecond
+		if IsConnectionError(err) {
+			wait, delay = delay, min(2*delay, reconnectMax)
+		} else {
+			attempt++
+		}
+		if sleep(ctx, wait) != nil {
 			return err
-		case <-time.After(time.Duration(attempt+1) * 150 * time.Millisecond):
 		}
 	}
 	return err
@@ -373,6 +378,11 @@ func (c *Client) ListByLabel(ctx context.Context, label, value string) ([]Cage, 
 }
 
 func isNotFound(err error) bool {
+	// "dial unix …: connect: no such file or directory" is a service that
+	// is away, not a missing object.
+	if IsConnectionError(err) {
+		return false
+	}
 	var ee *errorhandling.ErrorModel
 	if errors.As(err, &ee) {
 		return ee.ResponseCode == http.StatusNotFound
