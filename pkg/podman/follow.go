@@ -60,7 +60,7 @@ func (c *Client) Follow(ctx context.Context, id string, st Streams, attached <-c
 				delay = min(2*delay, reconnectMax)
 				continue
 			case err != nil && isNotFound(err):
-				return -1, gone(id, outage)
+				return -1, gone(id)
 			case err != nil:
 				return -1, fmt.Errorf("wait for cage: %w", err)
 			case exited:
@@ -104,7 +104,7 @@ func (c *Client) reattach(ctx context.Context, id string, st Streams) (<-chan er
 			}
 			delay = min(2*delay, reconnectMax)
 		case isNotFound(err):
-			return nil, gone(id, true)
+			return nil, gone(id)
 		default:
 			// Podman refuses to attach to a cage that has stopped: let
 			// Follow read its state.
@@ -152,11 +152,11 @@ func (c *Client) attach(ctx context.Context, id string, st Streams) (<-chan erro
 	}
 }
 
-func gone(id string, outage bool) error {
-	if outage {
-		return fmt.Errorf("%w: cage %s was removed while the podman service was unreachable; its output and exit code are lost", ErrCageGone, short(id))
-	}
-	return fmt.Errorf("%w: cage %s was removed behind shrooms' back; its exit code is lost", ErrCageGone, short(id))
+// gone says what happened to a cage podman no longer knows. Whether the
+// removal fell in an outage cannot be told reliably (the service may be back
+// before the first retry), so the message names the likely cause.
+func gone(id string) error {
+	return fmt.Errorf("%w: cage %s was removed behind shrooms' back (e.g. while the podman service was unreachable); its remaining output and exit code are lost", ErrCageGone, short(id))
 }
 
 // IsConnectionError reports whether err means the podman service did not

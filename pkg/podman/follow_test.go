@@ -116,7 +116,7 @@ func TestFollowCageRemovedDuringOutage(t *testing.T) {
 	defer cancel()
 	_, err = client.Follow(wctx, id, Streams{Stdout: &out}, attached)
 	assert.Assert(t, errors.Is(err, ErrCageGone), "%v", err)
-	assert.Assert(t, is.Contains(err.Error(), "was removed while the podman service was unreachable"))
+	assert.Assert(t, is.Contains(err.Error(), "was removed behind shrooms' back (e.g. while the podman service was unreachable)"))
 	assert.Assert(t, !strings.Contains(err.Error(), "\n"))
 }
 
