@@ -10,7 +10,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containers/podman/v5/pkg/bindings"
 	"github.com/containers/podman/v5/pkg/bindings/containers"
 )
 
@@ -121,7 +120,7 @@ func (c *Client) reattach(ctx context.Context, id string, st Streams) (<-chan er
 func (c *Client) attach(ctx context.Context, id string, st Streams) (<-chan error, error) {
 	// Attach replaces the transport of the connection it is given, so it
 	// gets a connection of its own.
-	conn, err := bindings.NewConnection(context.WithoutCancel(ctx), c.uri)
+	conn, release, err := c.streamConn(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +138,9 @@ func (c *Client) attach(ctx context.Context, id string, st Streams) (<-chan erro
 	go func() {
 		defer stop()
 		defer cancel()
-		ended <- containers.Attach(actx, id, nil, out, errOut, ready, new(containers.AttachOptions).WithStream(true))
+		err := containers.Attach(actx, id, nil, out, errOut, ready, new(containers.AttachOptions).WithStream(true))
+		release()
+		ended <- err
 	}()
 	select {
 	case <-ready:

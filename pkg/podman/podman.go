@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containers/podman/v5/libpod/define"
@@ -225,7 +227,7 @@ type Streams struct {
 func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error, error) {
 	// Attach replaces the transport of the connection it is given, so it
 	// gets a connection of its own; the shared one stays usable.
-	attachConn, err := bindings.NewConnection(context.WithoutCancel(ctx), c.uri)
+	attachConn, release, err := c.streamConn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w at %s: %v", ErrUnreachable, c.uri, oneLine(err))
 	}
@@ -249,6 +251,7 @@ func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error
 			errOut = &writer{st.Stderr}
 		}
 		err := containers.Attach(actx, id, in, out, errOut, ready, new(containers.AttachOptions).WithStream(true))
+		release()
 		ended <- err
 	}()
 	select {
@@ -267,6 +270,48 @@ func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error
 		return nil, fmt.Errorf("start cage: %s", oneLine(err))
 	}
 	return ended, nil
+}
+
+// streamConn returns a bindings connection of its own for one attach
+// stream, and release, which closes every socket it dialled. The bindings
+// never close the stream's upgraded socket, nor the keep-alive connection of
+// the inspect that precedes it: without release each turn would leave a
+// socket and two goroutines behind in a long-lived process.
+func (c *Client) streamConn(ctx context.Context) (context.Context, func(), error) {
+	conn, err := bindings.NewConnection(context.WithoutCancel(ctx), c.uri)
+	if err != nil {
+		return nil, nil, err
+	}
+	bc, err := bindings.GetClient(conn)
+	if err != nil {
+		return nil, nil, err
+	}
+	tr, ok := bc.Client.Transport.(*http.Transport)
+	if !ok {
+		return nil, nil, fmt.Errorf("podman bindings: unexpected transport %T", bc.Client.Transport)
+	}
+	var mu sync.Mutex
+	var dialled []net.Conn
+	dial := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nc, err := dial(ctx, network, addr)
+		if err == nil {
+			mu.Lock()
+			dialled = append(dialled, nc)
+			mu.Unlock()
+		}
+		return nc, err
+	}
+	release := func() {
+		tr.CloseIdleConnections()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, nc := range dialled {
+			_ = nc.Close()
+		}
+		dialled = nil
+	}
+	return conn, release, nil
 }
 
 type reader struct{ r io.Reader }
