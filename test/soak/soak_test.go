@@ -277,17 +277,17 @@ func (s *soak) cli(cfg string, want int, args ...string) string {
 	s.t.Helper()
 	var cmd *exec.Cmd
 	var out, errb bytes.Buffer
-	for try := 0; try < 5; try++ {
+	for try := 0; try < 30; try++ {
 		cmd = exec.Command(s.bin, append([]string{"--config", cfg}, args...)...)
 		out.Reset()
 		errb.Reset()
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		_ = cmd.Run()
-		if !strings.Contains(errb.String(), "unknown FS magic on \"/run/netns/") {
+		if !foreignNetns(errb.String()) {
 			break
 		}
 		s.stats.foreignNetns++
-		time.Sleep(time.Second)
+		time.Sleep(2 * time.Second)
 	}
 	assert.Equal(s.t, cmd.ProcessState.ExitCode(), want, "shrooms %v: %s%s", args, out.String(), errb.String())
 	return out.String()
@@ -328,6 +328,10 @@ func script(tk *task, n int, write bool, slow bool, code int) string {
 	return b.String()
 }
 
+// foreignNetns reports podman failing to list containers because of
+// another test's network namespace on this shared host.
+func foreignNetns(msg string) bool { return strings.Contains(msg, "unknown FS magic on \"/run/netns/") }
+
 func md5hex(s string) string {
 	h := md5.Sum([]byte(s))
 	return hex.EncodeToString(h[:]) + " -" // as `echo $(md5sum)` prints it
@@ -349,8 +353,19 @@ func (s *soak) turn(tk *task, n int, kill bool) {
 	if tk.inProc {
 		s.stats.inproc++
 		var o, e bytes.Buffer
-		res, err := s.runner.Run(context.Background(), turn.Request{Task: tk.id, Agent: tk.agent, Args: []string{"-c", sc},
-			Streams: podman.Streams{Stdout: &o, Stderr: &e}})
+		var res *turn.Result
+		var err error
+		for try := 0; try < 30; try++ {
+			o.Reset()
+			e.Reset()
+			res, err = s.runner.Run(context.Background(), turn.Request{Task: tk.id, Agent: tk.agent, Args: []string{"-c", sc},
+				Streams: podman.Streams{Stdout: &o, Stderr: &e}})
+			if err == nil || !foreignNetns(err.Error()) || res.Cage != "" {
+				break
+			}
+			s.stats.foreignNetns++
+			time.Sleep(2 * time.Second)
+		}
 		assert.NilError(t, err, "task %s turn %d: %s", tk.id, n, e.String())
 		assert.Equal(t, res.Status, "exited", res.Error)
 		assert.Equal(t, res.ExitCode, code, "task %s turn %d: %s", tk.id, n, e.String())
@@ -361,11 +376,26 @@ func (s *soak) turn(tk *task, n int, kill bool) {
 		if tk.sealed {
 			cfg = s.sealed
 		}
-		cmd := exec.Command(s.bin, "--config", cfg, "--json", "run", "--task", tk.id, "--agent", tk.agent, "--no-stdin", "--", "-c", sc)
+		var cmd *exec.Cmd
 		var o, e bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &o, &e
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		assert.NilError(t, cmd.Start())
+		for try := 0; ; try++ {
+			cmd = exec.Command(s.bin, "--config", cfg, "--json", "run", "--task", tk.id, "--agent", tk.agent, "--no-stdin", "--", "-c", sc)
+			o.Reset()
+			e.Reset()
+			cmd.Stdout, cmd.Stderr = &o, &e
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			assert.NilError(t, cmd.Start())
+			if kill {
+				break
+			}
+			_ = cmd.Wait()
+			// Refused before its cage existed, for a foreign netns: again.
+			if try >= 30 || !foreignNetns(e.String()) || strings.Contains(o.String(), `"cage":"`) {
+				break
+			}
+			s.stats.foreignNetns++
+			time.Sleep(2 * time.Second)
+		}
 		if kill {
 			// Anywhere from HOME reset through the running cage.
 			time.Sleep(time.Duration(s.rng.IntN(1500)) * time.Millisecond)
@@ -375,7 +405,6 @@ func (s *soak) turn(tk *task, n int, kill bool) {
 			_ = cmd.Wait()
 			return
 		}
-		_ = cmd.Wait()
 		assert.Equal(t, cmd.ProcessState.ExitCode(), code, "task %s turn %d: %s%s", tk.id, n, o.String(), e.String())
 		lines := strings.Split(strings.TrimSpace(o.String()), "\n")
 		var res turn.Result
@@ -450,6 +479,11 @@ func (s *soak) anySealed(tasks []*task) bool {
 
 func (s *soak) ourCages() int {
 	cages, err := s.client.ListByLabel(context.Background(), sealed.LabelManaged, "1")
+	for try := 0; err != nil && foreignNetns(err.Error()) && try < 30; try++ {
+		s.stats.foreignNetns++
+		time.Sleep(2 * time.Second)
+		cages, err = s.client.ListByLabel(context.Background(), sealed.LabelManaged, "1")
+	}
 	assert.NilError(s.t, err)
 	n := 0
 	for _, c := range cages {
