@@ -94,7 +94,8 @@ func TestSoak(t *testing.T) {
 	for i := 0; i < nTasks; i++ {
 		tasks = append(tasks, &task{
 			id:    fmt.Sprintf("%s-%d", s.prefix, i),
-			agent: agents[i%len(agents)],
+			// Every agent runs both in process and through the binary.
+			agent: agents[(i/2+i)%len(agents)],
 			// Task 0 runs in process (fds, goroutines), task 1 sealed
 			// through the binary; then alternating.
 			inProc:  i%2 == 0,
