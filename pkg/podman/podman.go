@@ -178,12 +178,11 @@ func (c *Client) RemoveVolume(ctx context.Context, name string) error {
 func (c *Client) PutSecret(ctx context.Context, name string, data []byte, labels map[string]string) error {
 	cctx, done := c.scope(ctx)
 	defer done()
-	if ok, err := secrets.Exists(cctx, name); err != nil {
-		return fmt.Errorf("secret %s: %w", name, err)
-	} else if ok {
-		if err := secrets.Remove(cctx, name); err != nil {
-			return fmt.Errorf("replace secret %s: %w", name, err)
-		}
+	// Removed unconditionally: podman 4.3 has no secrets/NAME/exists
+	// endpoint (the bindings' Exists then says false), and a secret a
+	// killed turn left behind would make every later create fail.
+	if err := secrets.Remove(cctx, name); err != nil && !isNotFound(err) {
+		return fmt.Errorf("replace secret %s: %w", name, err)
 	}
 	opts := new(secrets.CreateOptions).WithName(name).WithLabels(labels)
 	if _, err := secrets.Create(cctx, strings.NewReader(string(data)), opts); err != nil {
