@@ -134,3 +134,22 @@ func TestIsConnectionError(t *testing.T) {
 		assert.Equal(t, isNotFound(errors.New(c.msg)), strings.Contains(c.msg, "no such container"), c.msg)
 	}
 }
+
+// TestFollowGivesUpAtDeadline: a service that never comes back is waited
+// for only until the turn's deadline.
+func TestFollowGivesUpAtDeadline(t *testing.T) {
+	svc := itest.StartService(t)
+	ctx := context.Background()
+	client, err := Connect(ctx, svc.URI)
+	assert.NilError(t, err)
+	var out itest.Buffer
+	id, attached := startCage(t, client, `echo before; sleep 60`, &out)
+	itest.WaitFor(t, 10*time.Second, "the cage's first line", func() bool { return strings.Contains(out.String(), "before") })
+	svc.Kill()
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = client.Follow(wctx, id, Streams{Stdout: &out}, attached)
+	assert.Assert(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
+	assert.Assert(t, time.Since(start) < 5*time.Second, "took %s", time.Since(start))
+}
