@@ -153,3 +153,25 @@ func TestFollowGivesUpAtDeadline(t *testing.T) {
 	assert.Assert(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
 	assert.Assert(t, time.Since(start) < 5*time.Second, "took %s", time.Since(start))
 }
+
+// TestFollowCageExitedDuringOutage: a cage that ends while the service is
+// away still yields its real exit code; what it printed meanwhile is lost
+// (nobody was attached, and the cage logs nowhere).
+func TestFollowCageExitedDuringOutage(t *testing.T) {
+	svc := itest.StartService(t)
+	ctx := context.Background()
+	client, err := Connect(ctx, svc.URI)
+	assert.NilError(t, err)
+	var out itest.Buffer
+	id, attached := startCage(t, client, `echo before; sleep 1; echo during; exit 7`, &out)
+	itest.WaitFor(t, 10*time.Second, "the cage's first line", func() bool { return strings.Contains(out.String(), "before") })
+	svc.Kill()
+	time.Sleep(3 * time.Second)
+	svc.Start()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	code, err := client.Follow(wctx, id, Streams{Stdout: &out}, attached)
+	assert.NilError(t, err)
+	assert.Equal(t, code, int32(7))
+	assert.Equal(t, out.String(), "before\n")
+}
