@@ -93,7 +93,7 @@ func TestSoak(t *testing.T) {
 	agents := []string{"claude", "opencode", "tok", "shell"}
 	for i := 0; i < nTasks; i++ {
 		tasks = append(tasks, &task{
-			id:    fmt.Sprintf("%s-%d", s.prefix, i),
+			id: fmt.Sprintf("%s-%d", s.prefix, i),
 			// Every agent runs both in process and through the binary.
 			agent: agents[(i/2+i)%len(agents)],
 			// Task 0 runs in process (fds, goroutines), task 1 sealed
