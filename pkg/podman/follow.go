@@ -85,6 +85,72 @@ func (c *Client) Follow(ctx context.Context, id string, st Streams, attached <-c
 	}
 }
 
+// start starts a created cage, riding through a restart of the service: a
+// start that could not reach the service is followed by the cage's state
+// once it answers again; a cage that runs or ran is started, one still
+// waiting is started again. (Not ridden through: a service killed in the
+// very moment it runs the OCI runtime's start, which leaves podman's record
+// at "initialized" while the cage runs; the runtime then refuses the second
+// start and the turn ends with that error, its cage removed.)
+func (c *Client) start(ctx context.Context, id string) error {
+	delay := reconnectFirst
+	for retried := false; ; retried = true {
+		cctx, done := c.scope(ctx)
+		err := containers.Start(cctx, id, nil)
+		done()
+		if err != nil && retried && !IsConnectionError(err) {
+			// The killed service may have run the OCI runtime's start
+			// without recording it: the runtime then refuses a second one.
+			if status, ierr := c.status(ctx, id); ierr == nil && !waiting(status) {
+				return nil
+			}
+		}
+		if err == nil || !IsConnectionError(err) || ctx.Err() != nil {
+			return err
+		}
+		for {
+			if sleep(ctx, delay) != nil {
+				return err
+			}
+			delay = min(2*delay, reconnectMax)
+			status, ierr := c.status(ctx, id)
+			if ierr == nil {
+				if !waiting(status) {
+					return nil // running, or already exited: Follow reads it
+				}
+				break
+			}
+			if isNotFound(ierr) {
+				return gone(id)
+			}
+			if !IsConnectionError(ierr) {
+				return ierr
+			}
+		}
+	}
+}
+
+// waiting reports a state in which a container has not been started.
+func waiting(status string) bool {
+	return status == "created" || status == "initialized" || status == "configured"
+}
+
+// status is the container's state as podman names it (created, running,
+// exited, ...), synced with the OCI runtime first: a service killed in the
+// middle of a start leaves its record at "created" while the cage runs.
+func (c *Client) status(ctx context.Context, id string) (string, error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	list, err := containers.List(cctx, new(containers.ListOptions).WithAll(true).WithSync(true).WithFilters(map[string][]string{"id": {id}}))
+	if err != nil {
+		return "", fmt.Errorf("list cage: %w", err)
+	}
+	if len(list) == 0 {
+		return "", fmt.Errorf("no such container %s", short(id))
+	}
+	return list[0].State, nil
+}
+
 // reattach attaches the streams to a running cage again, retrying while the
 // service does not answer. A cage that exited in between yields a closed
 // channel, so that Follow reads its exit code.

@@ -175,3 +175,34 @@ func TestFollowCageExitedDuringOutage(t *testing.T) {
 	assert.Equal(t, code, int32(7))
 	assert.Equal(t, out.String(), "before\n")
 }
+
+// TestStartWaitsForTheService: a start while the service is down is sent
+// again once it is back.
+func TestStartWaitsForTheService(t *testing.T) {
+	svc := itest.StartService(t)
+	ctx := context.Background()
+	client, err := Connect(ctx, svc.URI)
+	assert.NilError(t, err)
+	s := specgen.NewSpecGenerator(itest.TestImage, false)
+	s.Name = itest.UniqueName("shrooms-start-")
+	s.Command = []string{"sleep", "30"}
+	s.NetNS = specgen.Namespace{NSMode: specgen.NoNetwork}
+	id, err := client.Create(ctx, s)
+	assert.NilError(t, err)
+	t.Cleanup(func() {
+		if shared, err := Connect(context.Background(), itest.Socket()); err == nil {
+			_ = shared.Remove(context.Background(), id)
+		}
+	})
+	svc.Kill()
+	go func() {
+		time.Sleep(time.Second)
+		svc.Start()
+	}()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	assert.NilError(t, client.start(wctx, id))
+	status, err := client.status(ctx, id)
+	assert.NilError(t, err)
+	assert.Equal(t, status, "running")
+}

@@ -260,9 +260,7 @@ func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error
 		cancel()
 		return nil, ctx.Err()
 	}
-	cctx, done := c.scope(ctx)
-	defer done()
-	if err := containers.Start(cctx, id, nil); err != nil {
+	if err := c.start(ctx, id); err != nil {
 		cancel()
 		return nil, fmt.Errorf("start cage: %s", oneLine(err))
 	}

@@ -60,8 +60,10 @@ func TestTurnRidesThroughPodmanRestart(t *testing.T) {
 	h := newHarness(t, "")
 	svc := h.onPrivateService(t)
 	var out itest.Buffer
-	done := h.runAsync(h.task("restart"), `echo before; sleep 5; echo after; exit 7`, &out)
-	itest.WaitFor(t, 60*time.Second, "the turn's first line", func() bool { return strings.Contains(out.String(), "before") })
+	done := h.runAsync(h.task("restart"), `echo before; sleep 1; echo running; sleep 4; echo after; exit 7`, &out)
+	// Past its start (a kill during the start request itself is not ridden
+	// through, see podman.Client.start): the agent's second line.
+	itest.WaitFor(t, 60*time.Second, "the turn's second line", func() bool { return strings.Contains(out.String(), "running") })
 	svc.Kill()
 	time.Sleep(time.Second)
 	svc.Start()
@@ -69,7 +71,7 @@ func TestTurnRidesThroughPodmanRestart(t *testing.T) {
 	assert.NilError(t, d.err, "%+v", d.res)
 	assert.Equal(t, d.res.Status, "exited", d.res.Error)
 	assert.Equal(t, d.res.ExitCode, 7)
-	assert.Equal(t, out.String(), "before\nafter\n")
+	assert.Equal(t, out.String(), "before\nrunning\nafter\n")
 	assert.Assert(t, d.res.Removed, "cage not removed: %s", d.res.Error)
 }
 
@@ -81,8 +83,10 @@ func TestTurnCageRemovedDuringPodmanOutage(t *testing.T) {
 	svc := h.onPrivateService(t)
 	var out itest.Buffer
 	task := h.task("gone")
-	done := h.runAsync(task, `echo before; sleep 60; exit 7`, &out)
-	itest.WaitFor(t, 60*time.Second, "the turn's first line", func() bool { return strings.Contains(out.String(), "before") })
+	done := h.runAsync(task, `echo before; sleep 1; echo running; sleep 60; exit 7`, &out)
+	// Past its start (a kill during the start request itself is not ridden
+	// through, see podman.Client.start): the agent's second line.
+	itest.WaitFor(t, 60*time.Second, "the turn's second line", func() bool { return strings.Contains(out.String(), "running") })
 	svc.Kill()
 	cages, err := h.client.ListByLabel(context.Background(), sealed.LabelTask, task)
 	assert.NilError(t, err)
