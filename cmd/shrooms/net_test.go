@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -108,10 +109,15 @@ root = %q
 	code, stdout, stderr = shrooms("--json", "net", "status")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, `"ok":true`))
+	var status struct{ Installed string }
+	assert.NilError(t, json.Unmarshal([]byte(stdout), &status))
+	assert.Assert(t, len(status.Installed) == 64, stdout)
 
 	net1, lan1 := "n1"+name, "l1"+name
-	code, _, stderr = shrooms("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", probe(net1, lan1))
+	code, stdout, stderr = shrooms("run", "--json", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", probe(net1, lan1))
 	assert.Equal(t, code, 0, stderr)
+	// The result names the seal the turn verified: the one net status saw.
+	assert.Equal(t, lastObject(t, stdout)["seal_digest"], status.Installed)
 	time.Sleep(300 * time.Millisecond) // canaries log asynchronously
 	assert.Assert(t, len(tb.Hits(net1)) > 0, "positive control: the internet canary was not reached")
 	assert.Equal(t, len(tb.Hits(lan1)), 0, "the LAN router was reached through the seal: %+v", tb.Hits(lan1))

@@ -58,7 +58,7 @@ func rf(pattern string, f func(map[string]any, *filterEnv) (map[string]any, []fi
 	return ru
 }
 
-// keepLists are the profiles' keep-lists, from reference/agent-surface.md:
+// keepLists are the profiles' keep-lists, from the agents' own HOME layouts:
 // credentials and sessions, nothing that runs code or instructs the agent.
 // Everything else under HOME is removed every turn.
 func keepList(profile string) []rule {

@@ -266,16 +266,16 @@ func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
 func TestBatteryInTestbed(t *testing.T) {
 	e := newTBEnv(t)
 	ctx := context.Background()
-	verified := func(ctx context.Context, cfg *config.Config, _ bool) ([]string, error) {
+	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
 		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
 		if err != nil {
-			return nil, err
+			return turn.SealState{}, err
 		}
 		if !st.OK {
-			return nil, fmt.Errorf("%s", st.Reason)
+			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
 		_, err = cagenet.EnsureNetwork(ctx, cfg, e.client)
-		return nil, err
+		return turn.SealState{Digest: st.Installed}, err
 	}
 
 	t.Run("sealed, default config", func(t *testing.T) {
@@ -300,7 +300,7 @@ func TestBatteryInTestbed(t *testing.T) {
 		// A seal checker that lets the turn start without a seal: only for
 		// this negative control. shrooms itself refuses here (the seal is
 		// missing), which TestNetworkedTurnInTestbed in cmd/shrooms covers.
-		permissive := func(context.Context, *config.Config, bool) ([]string, error) { return nil, nil }
+		permissive := func(context.Context, *config.Config, bool) (turn.SealState, error) { return turn.SealState{}, nil }
 		_, err := verified(ctx, e.cfg, false)
 		assert.ErrorContains(t, err, "missing", "the real checker refuses a flushed seal")
 		rep, in := e.run(t, permissive)
@@ -334,15 +334,15 @@ func TestBatteryWithDiscoveredTargets(t *testing.T) {
 	e := newTBEnv(t)
 	e.discover = true
 	ctx := context.Background()
-	verified := func(ctx context.Context, cfg *config.Config, _ bool) ([]string, error) {
+	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
 		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
 		if err != nil {
-			return nil, err
+			return turn.SealState{}, err
 		}
 		if !st.OK {
-			return nil, fmt.Errorf("%s", st.Reason)
+			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		return nil, nil
+		return turn.SealState{Digest: st.Installed}, nil
 	}
 	rep, _ := e.run(t, verified)
 	d := e.discovered
@@ -359,7 +359,7 @@ func TestBatteryWithDiscoveredTargets(t *testing.T) {
 
 	assert.NilError(t, firewall.Flush(ctx, e.cfg.Network, e.fw))
 	defer func() { assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw)) }()
-	permissive := func(context.Context, *config.Config, bool) ([]string, error) { return nil, nil }
+	permissive := func(context.Context, *config.Config, bool) (turn.SealState, error) { return turn.SealState{}, nil }
 	rep, _ = e.run(t, permissive)
 	escaped := rep.IDs(Escaped)
 	for _, id := range []string{"D4", "D6", "D7", "D8"} {
@@ -376,15 +376,15 @@ func TestBatteryWithDiscoveredTargets(t *testing.T) {
 func TestSealWatchedDuringTurn(t *testing.T) {
 	e := newTBEnv(t)
 	ctx := context.Background()
-	verified := func(ctx context.Context, cfg *config.Config, _ bool) ([]string, error) {
+	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
 		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
 		if err != nil {
-			return nil, err
+			return turn.SealState{}, err
 		}
 		if !st.OK {
-			return nil, fmt.Errorf("%s", st.Reason)
+			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		return nil, nil
+		return turn.SealState{Digest: st.Installed}, nil
 	}
 	turnWithFlush := func(t *testing.T, watch turn.SealWatcher, breakSeal ...string) (*turn.Result, error, []time.Duration) {
 		t.Helper()

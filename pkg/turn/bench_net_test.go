@@ -65,15 +65,15 @@ root = %q
 	if err != nil {
 		b.Fatal(err)
 	}
-	r := NewRunner(cfg, client, func(ctx context.Context, cfg *config.Config, dry bool) ([]string, error) {
+	r := NewRunner(cfg, client, func(ctx context.Context, cfg *config.Config, dry bool) (SealState, error) {
 		st, err := firewall.Verify(ctx, cfg.Network, opts)
 		if err != nil || !st.OK {
-			return nil, fmt.Errorf("seal: %v %s", err, st.Reason)
+			return SealState{}, fmt.Errorf("seal: %v %s", err, st.Reason)
 		}
 		if _, err := cagenet.EnsureNetwork(ctx, cfg, client); err != nil {
-			return nil, err
+			return SealState{}, err
 		}
-		return nil, firewall.PinBridgeMAC(cfg.Network.Bridge, opts)
+		return SealState{Digest: st.Installed}, firewall.PinBridgeMAC(cfg.Network.Bridge, opts)
 	})
 	task := name + "-t"
 	b.Cleanup(func() {

@@ -1,5 +1,4 @@
-// Package turn runs one agent turn end to end, in the order of DESIGN.md's
-// data flow: lock the task, check the seal, prepare HOME, plan the mounts,
+// Package turn runs one agent turn end to end: lock the task, check the seal, prepare HOME, plan the mounts,
 // build the sealed spec, then create → start/attach → wait (with a deadline)
 // → remove. Each step is one call into one package; the cage is removed on
 // every path out, including errors, deadlines and interruption.
@@ -20,6 +19,7 @@ import (
 
 	"github.com/containers/podman/v5/pkg/specgen"
 
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
@@ -34,6 +34,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/wtdiff"
 )
 
 // Kinds of failure, so the CLI can map them to distinct exit codes (the
@@ -62,6 +63,10 @@ type Request struct {
 	Timeout time.Duration
 	// Streams are attached to the cage; a nil Stdin leaves stdin closed.
 	Streams podman.Streams
+	// Terminal gives the cage a terminal (run --tty): Streams are then the
+	// person's terminal (Streams.Terminal). Refused unless TIOCSTI is
+	// closed (seccomp.TIOCSTIClosed).
+	Terminal bool
 }
 
 // SealChecker verifies the network seal is in place before a networked cage
@@ -69,7 +74,11 @@ type Request struct {
 // the allowlist policy it refreshes the seal's resolved host names (unless
 // dry) and returns them as "name:address" entries for the cage's /etc/hosts.
 // cagenet.Checker is the real one.
-type SealChecker func(ctx context.Context, cfg *config.Config, dry bool) (hosts []string, err error)
+type SealChecker func(ctx context.Context, cfg *config.Config, dry bool) (SealState, error)
+
+// SealState is what a seal check found: the allowlist's /etc/hosts entries
+// and the digest of the seal verified in the kernel.
+type SealState = cagenet.State
 
 // Runner runs turns against one podman service.
 type Runner struct {
@@ -140,6 +149,16 @@ type Result struct {
 	// HomeBytes is the disk space the task HOME takes on the host after the
 	// turn (its filesystem image's allocated blocks).
 	HomeBytes int64 `json:"homeBytes"`
+	// Image is the cage image as podman's store had it at the turn's check.
+	Image *podman.Image `json:"image,omitempty"`
+	// ConfigDigest identifies the configuration the turn ran under
+	// (config.Config.Digest).
+	ConfigDigest string `json:"configDigest,omitempty"`
+	// SealDigest is the digest of the nftables seal verified before a
+	// networked cage started ("" under policy none: there is no seal).
+	SealDigest string `json:"sealDigest,omitempty"`
+	// WorktreeChanges is what the turn changed in the worktree.
+	WorktreeChanges *WorktreeChanges `json:"worktreeChanges,omitempty"`
 }
 
 type clock struct {
@@ -158,7 +177,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // Run runs one turn. The error is nil when the agent ran to its own exit,
 // whatever its exit code (in Result.ExitCode).
 func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
-	res := &Result{Task: req.Task, Agent: req.Agent, Status: "error", ExitCode: -1}
+	res := &Result{Task: req.Task, Agent: req.Agent, Status: "error", ExitCode: -1, ConfigDigest: r.Cfg.Digest()}
 	c := &clock{start: time.Now(), last: time.Now(), res: res}
 	defer func() { res.TotalMs = ms(time.Since(c.start)) }()
 
@@ -166,6 +185,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if err != nil {
 		return res, err
 	}
+	res.Image, res.SealDigest = &in.image, in.sealDigest
 	c.lap("check")
 
 	lock, err := r.Store.LockTask(in.task)
@@ -215,7 +235,36 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if r.OnSpec != nil && preparedID == "" {
 		r.OnSpec(prep.spec)
 	}
-	return r.execute(ctx, req, prep, c, preparedID)
+	// What the turn changes in the worktree: a scan now, before the cage
+	// starts, and one after it is gone (on every path out of execute).
+	var before *wtdiff.Snapshot
+	if in.worktree != "" {
+		var serr error
+		if before, serr = wtdiff.Scan(ctx, in.worktree); serr != nil {
+			res.WorktreeChanges = &WorktreeChanges{Error: serr.Error()}
+		}
+	}
+	res, err = r.execute(ctx, req, prep, c, preparedID)
+	if before != nil {
+		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, in.worktree)
+	}
+	return res, err
+}
+
+// WorktreeChanges is what a turn changed in its worktree (wtdiff.Summary),
+// or the error that kept it from being known.
+type WorktreeChanges struct {
+	*wtdiff.Summary
+	Error string `json:"error,omitempty"`
+}
+
+func worktreeChanges(ctx context.Context, before *wtdiff.Snapshot, worktree string) *WorktreeChanges {
+	after, err := wtdiff.Scan(ctx, worktree)
+	if err != nil {
+		return &WorktreeChanges{Error: err.Error()}
+	}
+	sum := wtdiff.Diff(before, after)
+	return &WorktreeChanges{Summary: &sum}
 }
 
 // Spec returns the spec the next turn of req would run, with no side effects:
@@ -239,6 +288,10 @@ type checked struct {
 	tokens   map[string][]byte
 	worktree string   // cleaned; "" for none
 	hosts    []string // allowlisted "name:address" entries for /etc/hosts
+	// sealDigest is the seal verified for a networked cage ("" otherwise).
+	sealDigest string
+	// image is the agent's image in podman's store.
+	image podman.Image
 	// gateway is the agent's model gateway, nil when it has none.
 	gateway *gatewayPlan
 }
@@ -261,6 +314,11 @@ func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, er
 	if err != nil {
 		return nil, err
 	}
+	if req.Terminal {
+		if err := seccomp.TIOCSTIClosed(cfg.Cage.Seccomp, seccomp.LegacyTIOCSTIKnob); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		}
+	}
 	if in.gateway, err = r.checkGateway(ctx, in.agent, dry); err != nil {
 		return nil, err
 	}
@@ -268,15 +326,19 @@ func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, er
 		if r.Seal == nil {
 			return nil, fmt.Errorf("%w: network policy %q needs the nftables seal and this runner cannot verify one; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
 		}
-		if in.hosts, err = r.Seal(ctx, cfg, dry); err != nil {
+		st, err := r.Seal(ctx, cfg, dry)
+		if err != nil {
 			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %w", ErrHostNotReady, err)
 		}
+		in.hosts, in.sealDigest = st.Hosts, st.Digest
 	}
 	image := cfg.ImageFor(in.agent)
-	if ok, err := r.Podman.ImageExists(ctx, image); err != nil {
+	if in.image, err = r.Podman.InspectImage(ctx, image); err != nil {
+		// Only on this path: is it missing, or is podman failing?
+		if ok, xerr := r.Podman.ImageExists(ctx, image); xerr == nil && !ok {
+			return nil, fmt.Errorf("%w: image %s is not in podman's store (nothing is pulled; build or load it first)", ErrHostNotReady, image)
+		}
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	} else if !ok {
-		return nil, fmt.Errorf("%w: image %s is not in podman's store (nothing is pulled; build or load it first)", ErrHostNotReady, image)
 	}
 	return in, nil
 }
@@ -508,6 +570,7 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		Command:         command,
 		Args:            args,
 		Stdin:           req.Streams.Stdin != nil,
+		Terminal:        req.Terminal,
 		IDs:             sealed.IDRange{UID: ids.UID, GID: ids.GID, Size: taskstate.SlotSize},
 		Plan:            plan,
 		SecretEnv:       secretEnv,
