@@ -71,9 +71,6 @@ type Agent struct {
 	Gateway string `toml:"gateway"`
 }
 
-// HomeProfiles are the profile names an agent's home list may use.
-var HomeProfiles = []string{"claude", "opencode", "shell"}
-
 // Error is a configuration error tied to a key path and, where known, a line.
 type Error struct {
 	File string

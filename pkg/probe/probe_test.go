@@ -151,5 +151,6 @@ func TestSeccompProfile(t *testing.T) {
 			families[strconv.Itoa(a.Value)] = true
 		}
 	}
+	assert.Check(t, !uncond["socket"], "socket is allowed unconditionally")
 	assert.DeepEqual(t, families, map[string]bool{"1": true, "2": true, "10": true, "16": true})
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
@@ -62,31 +63,9 @@ func newTBEnv(t *testing.T) *tbEnv {
 	// from the firewall tests' 10.200-249 range.
 	sub4 := fmt.Sprintf("10.%d.%d.0/24", 150+n%50, (n/50)%250)
 	sub6 := fmt.Sprintf("fd8a:%x::/64", n%65536)
-	cfg, err := config.Parse("probe.toml", []byte(fmt.Sprintf(`
-[podman]
-socket = %q
-[state]
-dir = %q
-[cage]
-image = %q
-memory = "256m"
-pids = 128
-nofile = 512
-nproc = 256
-timeout = "90s"
-stop_grace = "2s"
-[network]
-policy = "internet"
-name = %q
-bridge = %q
-subnet4 = %q
-subnet6 = %q
-[home]
-volume_prefix = "shrooms-home-%s-"
-[outbox]
-root = %q
-`, tb.PodmanURL, filepath.Join(dir, "state"), itest.TestImage, name, name, sub4, sub6, prefix, filepath.Join(dir, "outbox"))))
-	assert.NilError(t, err)
+	cfg := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: prefix,
+		Cage:    map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": "90s"},
+		Network: map[string]any{"policy": "internet", "name": name, "bridge": name, "subnet4": sub4, "subnet6": sub6}}.Parse(t, "probe.toml")
 	assert.Equal(t, cfg.Cage.Seccomp, "shrooms", "the default config's seccomp profile")
 	client, err := podman.Connect(ctx, tb.PodmanURL)
 	assert.NilError(t, err)

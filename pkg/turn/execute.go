@@ -8,7 +8,6 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
@@ -75,7 +74,7 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		cleaned := make(chan struct{})
 		go func() {
 			defer close(cleaned)
-			_, _ = homereset.Cleanup(cleanupCtx, p.root)
+			_ = r.host().Cleanup(cleanupCtx, p.root)
 		}()
 		defer func() { <-cleaned }()
 	}
