@@ -435,7 +435,20 @@ func (c *Client) ListByLabel(ctx context.Context, label, value string) ([]Cage, 
 	if value != "" {
 		filter += "=" + value
 	}
-	list, err := containers.List(cctx, new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{"label": {filter}}))
+	opts := new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{"label": {filter}})
+	list, err := containers.List(cctx, opts)
+	// Podman 4.3 fails a whole listing when any container (ours or not) is
+	// between netns teardown and removal (podman#16140: "unknown FS magic on
+	// /run/netns/…"). That window is milliseconds, and detached teardowns
+	// make it common, so the listing is asked again for a few seconds.
+	for wait := 20 * time.Millisecond; err != nil && netnsTeardownRace(err) && wait < 3*time.Second; wait *= 2 {
+		select {
+		case <-cctx.Done():
+			return nil, fmt.Errorf("list cages: %w", cctx.Err())
+		case <-time.After(wait):
+		}
+		list, err = containers.List(cctx, opts)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list cages: %s", oneLine(err))
 	}
@@ -448,6 +461,13 @@ func (c *Client) ListByLabel(ctx context.Context, label, value string) ([]Cage, 
 		out = append(out, Cage{ID: l.ID, Name: name, State: l.State, Labels: l.Labels})
 	}
 	return out, nil
+}
+
+// netnsTeardownRace is podman#16140's error: podman itself reports it as
+// text only.
+func netnsTeardownRace(err error) bool {
+	m := err.Error()
+	return strings.Contains(m, "joining network namespace of container") && strings.Contains(m, "unknown FS magic")
 }
 
 func isNotFound(err error) bool {
