@@ -70,7 +70,7 @@ flag, phase durations, the HOME reset report, the worktree guard's report
 masked in the cage and listed; see "shrooms trust --help"), model usage
 through the gateway, and the worktree give-back.`,
 		Flags: append(turnFlags(),
-			&cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see the prepare command)"},
+			&cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see the prepare command); =false skips it", DefaultText: "cage.prepare_next of the config"},
 			&cli.StringFlag{Name: "result-file", Usage: "also write the result object (docs/json.md) to `FILE`, replaced atomically, on every path once the flags are parsed"}),
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runnerFor(c, checkTurn(c))
@@ -78,13 +78,22 @@ through the gateway, and the worktree give-back.`,
 				return finishRun(c, nil, err)
 			}
 			defer stop()
+			// Prepared by default (cage.prepare_next); --prepare-next=false
+			// skips it for this turn.
+			prepareNext := r.Cfg.Cage.PrepareNext && r.Binary != ""
+			if c.IsSet("prepare-next") {
+				prepareNext = c.Bool("prepare-next")
+			}
+			// The result is printed as soon as the exit code is known; the
+			// cage's removal and the next preparation go on in a child.
+			r.Detach = detacher(c, r, prepareNext)
 			res, err := r.Run(ctx, turnRequest(c))
 			if res != nil && res.WorktreeGuard != nil && len(res.WorktreeGuard.Masked) > 0 {
 				// Said on stderr too: a person at a terminal sees it without --json.
 				fmt.Fprintf(c.App.ErrWriter, "shrooms: masked agent config the owner has not trusted (review, then `shrooms trust --task %s`): %s\n",
 					c.String("task"), strings.Join(res.WorktreeGuard.Masked, ", "))
 			}
-			if err == nil && c.Bool("prepare-next") {
+			if err == nil && prepareNext && res.Teardown != "detached" {
 				next := turnRequest(c)
 				next.Args = nil
 				if _, perr := r.PrepareNext(ctx, next); perr != nil {

@@ -61,7 +61,8 @@ func (l *Lock) Release() error {
 	return err
 }
 
-// LockTask takes the task's lock without waiting; ErrBusy if it is held.
+// LockTask takes the task's lock without waiting for a turn (ErrBusy if one
+// holds it); it waits, up to TeardownWait, for a detached teardown.
 func (s Store) LockTask(task string) (*Lock, error) {
 	dir, err := s.taskDir(task)
 	if err != nil {
@@ -71,14 +72,25 @@ func (s Store) LockTask(task string) (*Lock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("task lock: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	if errors.Is(err, unix.EWOULDBLOCK) && heldByTeardown(f) {
+		// The previous turn's cage is being removed (handoff.go): wait.
+		err = waitTeardown(f)
+	}
+	if err != nil {
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil, fmt.Errorf("%w: task %q has a turn running (turns of one task never overlap)", ErrBusy, task)
 		}
 		return nil, fmt.Errorf("task lock: %w", err)
 	}
-	return &Lock{f: f}, nil
+	l := &Lock{f: f}
+	// A detached teardown that died leaves its mark: it holds nothing now.
+	if err := l.Reclaim(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return l, nil
 }
 
 // NextTurn increments and returns the task's turn number (1 for the first).

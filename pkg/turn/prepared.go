@@ -48,6 +48,11 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 		return "", classify(err)
 	}
 	defer lock.Release()
+	return r.prepareNextLocked(ctx, req, in)
+}
+
+// prepareNextLocked is PrepareNext with the task lock held.
+func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked) (string, error) {
 	if _, err := r.removeLeftovers(ctx, req.Task); err != nil {
 		return "", fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
 	}

@@ -83,6 +83,9 @@ type Runner struct {
 	// WatchSeal, when set, watches the seal while a networked cage runs
 	// (sealwatch.go).
 	WatchSeal SealWatcher
+	// Detach, when set, takes a turn's teardown off the caller's path once
+	// its exit code is known (detach.go).
+	Detach Detacher
 }
 
 // NewRunner returns a runner for cfg with the system's state and id files.
@@ -117,6 +120,11 @@ type Result struct {
 	Phases    []Phase `json:"phases"`
 	TotalMs   float64 `json:"totalMs"`
 	Removed   bool    `json:"removed"`
+	// Teardown is "detached" when the cage's removal (and the next cage's
+	// preparation) continues in a child process, TeardownPID, that holds
+	// the task lock until it is done.
+	Teardown    string `json:"teardown,omitempty"`
+	TeardownPID int    `json:"teardownPid,omitempty"`
 	// SealLosses are the times the seal was found missing or changed while
 	// the cage ran (and put back, or the cage stopped: status seal-lost).
 	SealLosses []SealLoss `json:"sealLosses,omitempty"`
@@ -167,6 +175,12 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		return res, classify(err)
 	}
 	defer lock.Release()
+	var handoff *prepared // a turn whose teardown goes to a detached child
+	defer func() {
+		if handoff != nil && handoff.detach {
+			r.handOff(lock, req, handoff, res)
+		}
+	}()
 	// The turn's record, after the worktree is given back, before the lock goes.
 	defer func() {
 		res.HomeBytes = r.homeBytes(req.Task)
@@ -209,6 +223,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if r.OnSpec != nil && preparedID == "" {
 		r.OnSpec(prep.spec)
 	}
+	handoff = prep
 	return r.execute(ctx, req, prep, c, preparedID)
 }
 
@@ -330,6 +345,9 @@ type prepared struct {
 	// gateway is the turn's model gateway configuration, its placeholder
 	// included (nil without one); execute starts it in the cage's netns.
 	gateway *gateway.Config
+	// detach is set once the turn's exit code is known and Runner.Detach
+	// will take the teardown.
+	detach bool
 }
 
 // prepare lays out the cage's host side and computes its spec. With commit

@@ -1,0 +1,83 @@
+package taskstate
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TeardownWait bounds how long taking a task's lock waits for a detached
+// teardown (the cage's removal and the next cage's preparation after a
+// turn's result was given) before it reports the task busy.
+const TeardownWait = 2 * time.Minute
+
+// teardownMark is what the lock file says while a detached teardown holds it.
+const teardownMark = "teardown "
+
+// HandOff marks the held lock as passed to a detached teardown and returns
+// its file, for the child process to inherit: the flock belongs to the open
+// file, so the lock stays held until the child is done (or dies) however
+// soon this process exits. Takers of the lock wait for such a holder
+// instead of failing as busy. Undo with Reclaim if the child never starts.
+func (l *Lock) HandOff() (*os.File, error) {
+	if l == nil || l.f == nil {
+		return nil, errors.New("task lock: not held")
+	}
+	if err := l.mark(teardownMark + "\n"); err != nil {
+		return nil, err
+	}
+	return l.f, nil
+}
+
+// Reclaim clears a hand-off's mark: this process keeps the lock.
+func (l *Lock) Reclaim() error { return l.mark("") }
+
+func (l *Lock) mark(s string) error {
+	if err := l.f.Truncate(0); err != nil {
+		return fmt.Errorf("task lock: %w", err)
+	}
+	if _, err := l.f.WriteAt([]byte(s), 0); err != nil {
+		return fmt.Errorf("task lock: %w", err)
+	}
+	return nil
+}
+
+// AdoptLock takes over a lock handed off to this process (an inherited
+// file): it checks that the file is a lock file and holds its flock, and
+// records this process as the holder.
+func AdoptLock(f *os.File) (*Lock, error) {
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return nil, fmt.Errorf("task lock handed off: %w", err)
+	}
+	l := &Lock{f: f}
+	if err := l.mark(teardownMark + strconv.Itoa(os.Getpid()) + "\n"); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// heldByTeardown reports whether the lock file says a detached teardown
+// holds it.
+func heldByTeardown(f *os.File) bool {
+	b := make([]byte, 32)
+	n, _ := f.ReadAt(b, 0)
+	return strings.HasPrefix(string(b[:n]), teardownMark)
+}
+
+// waitTeardown waits, up to TeardownWait, for a detached teardown to drop
+// the lock and takes it.
+func waitTeardown(f *os.File) error {
+	deadline := time.Now().Add(TeardownWait)
+	for delay := time.Millisecond; ; delay = min(delay*2, 20*time.Millisecond) {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(delay)
+	}
+}
