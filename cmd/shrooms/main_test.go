@@ -94,13 +94,18 @@ func (e *env) waitTeardown(args []string) {
 	}
 }
 
-// waitTaskIdle waits until nothing holds the task's lock.
+// waitTaskIdle waits until no detached teardown holds the task's lock (a
+// turn that holds it is not waited for).
 func waitTaskIdle(stateDir, task string) {
 	f, err := os.OpenFile(filepath.Join(stateDir, "tasks", task, "lock"), os.O_RDWR|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return
 	}
 	defer f.Close()
+	mark := make([]byte, 9)
+	if n, _ := f.ReadAt(mark, 0); string(mark[:n]) != "teardown " {
+		return
+	}
 	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
 }
 

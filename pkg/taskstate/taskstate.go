@@ -194,7 +194,12 @@ func (s Store) Remember(task, fact, value string) error {
 	if strings.ContainsAny(value, "\n\x00") {
 		return fmt.Errorf("task fact %s: value is not a single line", fact)
 	}
-	return writeAtomic(filepath.Join(dir, "fact-"+fact), []byte(value+"\n"))
+	path := filepath.Join(dir, "fact-"+fact)
+	// Most turns remember what the last one did: no write, no fsync.
+	if old, err := os.ReadFile(path); err == nil && string(old) == value+"\n" {
+		return nil
+	}
+	return writeAtomic(path, []byte(value+"\n"))
 }
 
 // Recall returns a remembered fact, "" if there is none.

@@ -55,7 +55,12 @@ func newBench(t testing.TB, extra string) *bench {
 	tb.StartPodman()
 	name := itest.UniqueName("pf")
 	dir := t.TempDir()
-	b := &bench{tb: tb, bin: itest.ShroomsBinary(t), cfgFile: filepath.Join(dir, "config.toml"), name: name}
+	b := &bench{tb: tb, cfgFile: filepath.Join(dir, "config.toml"), name: name}
+	// SHROOMS_PERF_BINARY measures another build (an older one, for the
+	// figures before a change) with the same benchmarks.
+	if b.bin = os.Getenv("SHROOMS_PERF_BINARY"); b.bin == "" {
+		b.bin = itest.ShroomsBinary(t)
+	}
 	pid := os.Getpid()
 	text := fmt.Sprintf(`
 [podman]

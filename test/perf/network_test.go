@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,6 +92,9 @@ func BenchmarkCageNetworkParts(b *testing.B) {
 				b.Fatalf("%s: %v", v.name, err)
 			}
 			t2 := time.Now()
+			if v.name == "cage-net" && i == 0 {
+				b.Logf("IPv6 addresses in an initialised cage (if_inet6 flags: 0x40 tentative = DAD running, 0x02 nodad): %s", inet6Flags(ctx, be, id))
+			}
 			if err := be.client.Remove(ctx, id); err != nil {
 				b.Fatalf("%s: %v", v.name, err)
 			}
@@ -143,7 +147,29 @@ func BenchmarkCageNetworkParts(b *testing.B) {
 	part("mac-pin", func() error { return firewall.PinBridgeMAC(be.cfg.Network.Bridge, opts) })
 	part("network-check", func() error { return turn.CheckNetwork(ctx, be.cfg, be.client) })
 	part("image-exists", func() error { _, err := be.client.ImageExists(ctx, itest.TestImage); return err })
+	part("list-task-cages", func() error { _, err := be.client.ListByLabel(ctx, "io.shrooms.task", task); return err })
+	part("inspect-volume", func() error { _, err := be.client.InspectVolume(ctx, be.cfg.Home.VolumePrefix+task); return err })
 	part("podman-connect", func() error { _, err := podman.Connect(ctx, be.tb.PodmanURL); return err })
 	part("shrooms-version", func() error { _, err := be.shrooms("version"); return err })
 	b.ReportMetric(0, "ns/op")
+}
+
+// inet6Flags lists the cage's IPv6 addresses with their flags, read from its
+// network namespace right after netavark configured it.
+func inet6Flags(ctx context.Context, be *bench, id string) string {
+	pid, err := be.client.Pid(ctx, id)
+	if err != nil {
+		return err.Error()
+	}
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/if_inet6", pid))
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, l := range strings.Split(strings.TrimSpace(string(raw)), "\n") {
+		if f := strings.Fields(l); len(f) == 6 && f[5] != "lo" {
+			out = append(out, f[5]+" "+f[0][:4]+"… flags 0x"+f[4])
+		}
+	}
+	return strings.Join(out, "; ")
 }
