@@ -79,6 +79,8 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
 		return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
+	// The tree the reset swapped out goes now, not while the turn starts.
+	_, _ = homereset.Cleanup(ctx, p.root)
 	return id, nil
 }
 

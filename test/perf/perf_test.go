@@ -62,6 +62,7 @@ func benchWhole(b *testing.B, be *bench) {
 		if res.Prepared {
 			prepared++
 		}
+		be.waitIdle(task) // podman runs alone, not beside shrooms' teardown
 		if t, err = be.bare("podman", "true"); err != nil {
 			b.Fatal(err)
 		}
@@ -103,6 +104,7 @@ func benchFirstOutput(b *testing.B, be *bench) {
 		firsts = append(firsts, t.first)
 		results = append(results, res)
 		if i%2 == 0 {
+			be.waitIdle(task)
 			if t, err = be.bare("podman", "echo x"); err != nil {
 				b.Fatal(err)
 			}
@@ -129,6 +131,7 @@ func benchBurst(b *testing.B, be *bench, n int) {
 		}
 	}
 	var firsts []time.Duration
+	var results []*result
 	prepared := 0
 	rounds := max(b.N/3, 1)
 	for r := 0; r < rounds; r++ {
@@ -148,6 +151,7 @@ func benchBurst(b *testing.B, be *bench, n int) {
 					return
 				}
 				mu.Lock()
+				results = append(results, res)
 				firsts = append(firsts, t.first)
 				if res.Prepared {
 					prepared++
@@ -165,8 +169,8 @@ func benchBurst(b *testing.B, be *bench, n int) {
 	b.ReportMetric(msOf(quantile(firsts, 0.95)), "p95-ms")
 	b.ReportMetric(float64(prepared), "prepared-turns")
 	b.ReportMetric(0, "ns/op")
-	b.Logf("burst of %d tasks, first output: p50 %.0f ms, p95 %.0f ms (%d turns, %d prepared)",
-		n, msOf(quantile(firsts, 0.5)), msOf(quantile(firsts, 0.95)), len(firsts), prepared)
+	b.Logf("burst of %d tasks, first output: p50 %.0f ms, p95 %.0f ms (%d turns, %d prepared); phases (median ms): %s",
+		n, msOf(quantile(firsts, 0.5)), msOf(quantile(firsts, 0.95)), len(firsts), prepared, phaseString(phaseMedians(results)))
 }
 
 // benchIdleMemory prepares cages for several tasks and reports what one
@@ -254,6 +258,7 @@ func benchStartFlat(b *testing.B, be *bench) {
 	chownLike(b, transcript, home)
 	chownLike(b, filepath.Dir(transcript), home)
 	chownLike(b, filepath.Dir(filepath.Dir(transcript)), home)
+	syscall.Sync() // the test's own writes are not the turn's cost
 	if out, err := be.shrooms("prepare", "--task", big, "--agent", "cl"); err != nil {
 		b.Fatalf("prepare: %v: %s", err, out)
 	}
@@ -268,8 +273,13 @@ func benchStartFlat(b *testing.B, be *bench) {
 		if out, err := be.shrooms("prepare", "--task", junk, "--agent", "cl"); err != nil {
 			b.Fatalf("prepare: %v: %s", err, out)
 		}
+		syscall.Sync()
 		for _, task := range []string{empty, junk, big} {
-			be.waitIdle(task)
+			// Each turn starts on a quiet host: no other task's teardown
+			// runs beside it.
+			for _, t := range []string{empty, junk, big} {
+				be.waitIdle(t)
+			}
 			t, res, err := be.run(task, "cl", "echo x")
 			if err != nil {
 				b.Fatal(err)
