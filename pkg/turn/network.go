@@ -40,7 +40,7 @@ func EnsureNetwork(ctx context.Context, cfg *config.Config, client *podman.Clien
 		return false, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
 	if have != nil {
-		return false, CheckNetwork(ctx, cfg, client)
+		return false, checkNetwork(cfg, have)
 	}
 	spec, err := networkSpec(cfg.Network)
 	if err != nil {
@@ -67,6 +67,11 @@ func CheckNetwork(ctx context.Context, cfg *config.Config, client *podman.Client
 	if have == nil {
 		return fmt.Errorf("%w: podman network %q does not exist (run `shrooms net apply`)", ErrHostNotReady, cfg.Network.Name)
 	}
+	return checkNetwork(cfg, have)
+}
+
+// checkNetwork is CheckNetwork on an inspected network.
+func checkNetwork(cfg *config.Config, have *podman.Network) error {
 	if have.Bridge != cfg.Network.Bridge {
 		return fmt.Errorf("%w: podman network %q uses bridge %q, but the seal guards %q (network.bridge); remove the network or fix the config", ErrHostNotReady, have.Name, have.Bridge, cfg.Network.Bridge)
 	}

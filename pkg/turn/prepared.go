@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
@@ -91,15 +92,20 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 	if r.Binary == "" {
 		return "", nil, nil
 	}
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, req.Task)
-	if err != nil {
-		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
-	}
 	last, err := r.Store.LastTurn(req.Task)
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
 	}
-	for _, c := range cages {
+	// The prepared cage has the next turn's name: one inspection, not a
+	// listing of every container.
+	cage, err := r.Podman.CageNamed(ctx, sealed.Name(req.Task, last+1))
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	}
+	if cage == nil {
+		return "", nil, nil
+	}
+	for _, c := range []podman.Cage{*cage} {
 		if !r.ours(c) || c.Labels[labelPrepared] != "1" || c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1) {
 			continue
 		}

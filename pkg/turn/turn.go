@@ -199,12 +199,15 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if err != nil {
 		return res, err
 	}
-	// A crashed shrooms may have left this task's cage behind; with the lock
-	// held no turn of the task runs, so any other cage of it is a leftover.
-	if _, err := r.removeLeftovers(ctx, req.Task, preparedID); err != nil {
-		return res, fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
-	}
 	if preparedID == "" {
+		// A crashed shrooms may have left this task's cage behind; with the
+		// lock held no turn of the task runs, so any cage of it is a
+		// leftover. A waiting prepared cage was created right after such a
+		// sweep under the same lock, and every turn since would have taken
+		// or discarded it: when one is taken there is nothing to sweep.
+		if _, err := r.removeLeftovers(ctx, req.Task); err != nil {
+			return res, fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
+		}
 		if prep, err = r.prepare(ctx, req, in, true); err != nil {
 			return res, err
 		}

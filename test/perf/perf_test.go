@@ -92,7 +92,7 @@ func benchFirstOutput(b *testing.B, be *bench) {
 	}
 	var firsts, bare []time.Duration
 	var results []*result
-	for i := 0; i < 2*b.N; i++ {
+	for i := 0; i < 5*b.N; i++ {
 		be.waitIdle(task) // the next cage is prepared
 		t, res, err := be.run(task, "shell", "echo x")
 		if err != nil {
