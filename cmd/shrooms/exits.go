@@ -9,21 +9,22 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
-	"github.com/shrooms-cage/shrooms/pkg/turn"
+	"github.com/shrooms-cage/shrooms/pkg/task"
 )
 
 // runner loads the config, connects to podman and returns a turn runner
 // and a context that SIGINT or SIGTERM cancel (call stop when done).
-func runner(c *cli.Context) (r *turn.Runner, ctx context.Context, stop context.CancelFunc, err error) {
+func runner(c *cli.Context) (r *task.Commands, ctx context.Context, stop context.CancelFunc, err error) {
 	return runnerFor(c, nil)
 }
 
 // runnerFor is runner with the command's own input check: the config, the
 // files it names and pre (when not nil) are validated before shrooms
 // connects to podman, so bad input exits 121 even when podman is down.
-func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *turn.Runner, ctx context.Context, stop context.CancelFunc, err error) {
+func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *task.Commands, ctx context.Context, stop context.CancelFunc, err error) {
 	cfg, err := loadConfig(c)
 	if err != nil {
 		return nil, nil, nil, err
@@ -34,7 +35,7 @@ func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *turn.Runner, 
 	if pre != nil {
 		if err := pre(cfg); err != nil {
 			code := ExitUsage // bad input, unless shrooms' own state could not be read
-			if errors.Is(err, turn.ErrHostNotReady) {
+			if fault.Of(err) == fault.HostNotReady {
 				code = ExitHostNotReady
 			}
 			return nil, nil, nil, fail(code, err)
@@ -46,13 +47,13 @@ func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *turn.Runner, 
 		stop()
 		return nil, nil, nil, err
 	}
-	return newRunner(cfg, client), ctx, stop, nil
+	return task.New(newRunner(cfg, client)), ctx, stop, nil
 }
 
 // checkTask validates --task of a command on an existing task before
 // shrooms connects anywhere: a valid id that shrooms has state of.
 func checkTask(c *cli.Context) func(*config.Config) error {
-	return func(cfg *config.Config) error { return turn.CheckTask(cfg, c.String("task")) }
+	return func(cfg *config.Config) error { return task.CheckTask(cfg, c.String("task")) }
 }
 
 func taskFlag() cli.Flag {
@@ -185,7 +186,7 @@ path; the named paths become trusted for later turns.`,
 			res, err := r.Commit(ctx, c.String("task"), c.String("message"), gitseal.Author{Name: addr.Name, Email: addr.Address}, c.StringSlice("allow-agent-config"))
 			nothing := errors.Is(err, gitseal.ErrNothingToCommit)
 			if err != nil && !nothing {
-				if jsonMode(c) && errors.Is(err, turn.ErrAgentConfig) {
+				if jsonMode(c) && errors.Is(err, task.ErrAgentConfig) {
 					_ = printJSON(c.App.Writer, map[string]any{"task": res.Task, "commit": nil, "refused": err.Error(), "agentConfig": res.AgentConfig})
 				}
 				return fail(codeFor(err), err)
@@ -295,7 +296,7 @@ func resetCommand() *cli.Command {
 		},
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) error {
-				if err := turn.CheckTask(cfg, c.String("task")); err != nil {
+				if err := task.CheckTask(cfg, c.String("task")); err != nil {
 					return err
 				}
 				if name := c.String("agent"); name != "" {

@@ -16,7 +16,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
@@ -355,63 +357,13 @@ func connect(ctx context.Context, cfg *config.Config) (*podman.Client, error) {
 	return client, nil
 }
 
-// sealChecker verifies the nftables seal in shrooms' own network namespace
-// before a networked turn, then makes sure the cage network exists as
-// configured (creating it if missing, unless dry). Under the allowlist
-// policy it re-applies the seal first (refreshing the resolved names),
-// unless dry.
-func sealChecker(client *podman.Client) turn.SealChecker {
-	return func(ctx context.Context, cfg *config.Config, dry bool) ([]string, error) {
-		var hosts []string
-		if cfg.Network.Policy == "allowlist" {
-			var r firewall.Resolved
-			var err error
-			if dry {
-				r, err = firewall.Resolve(ctx, cfg.Network, firewall.Options{})
-			} else {
-				r, err = firewall.ApplyResolved(ctx, cfg.Network, firewall.Options{})
-			}
-			if err != nil {
-				return nil, err
-			}
-			hosts = r.HostEntries()
-		}
-		verify := firewall.Refresh // a host route that appeared is added to the seal
-		if dry {
-			verify = firewall.Verify
-		}
-		st, err := verify(ctx, cfg.Network, firewall.Options{})
-		if err != nil {
-			return nil, err
-		}
-		if !st.OK {
-			return nil, errors.New(st.Reason)
-		}
-		if dry {
-			if n, err := client.InspectNetwork(ctx, cfg.Network.Name); err != nil || n == nil {
-				return hosts, err // a missing network is created by the turn itself
-			}
-			return hosts, turn.CheckNetwork(ctx, cfg, client)
-		}
-		if _, err := turn.EnsureNetwork(ctx, cfg, client); err != nil {
-			return nil, err
-		}
-		// Before this turn's cage joins the bridge, so that it cannot change
-		// the gateway's address under the cages already running.
-		if err := firewall.PinBridgeMAC(cfg.Network.Bridge, firewall.Options{}); err != nil {
-			return nil, err
-		}
-		return hosts, nil
-	}
-}
-
 // newRunner is the turn runner of the CLI: the seal checked in shrooms' own
 // network namespace, and its own executable for prepared cages.
 func newRunner(cfg *config.Config, client *podman.Client) *turn.Runner {
-	r := turn.NewRunner(cfg, client, sealChecker(client))
+	r := turn.NewRunner(cfg, client, cagenet.Checker(client))
 	// While a networked cage runs, a lost seal is put back within a
 	// quarter second, or the cage is stopped.
-	r.WatchSeal = turn.FirewallWatcher(firewall.Options{})
+	r.WatchSeal = cagenet.Watcher(firewall.Options{})
 	if exe, err := os.Executable(); err == nil {
 		if real, err := filepath.EvalSymlinks(exe); err == nil {
 			r.Binary = real
@@ -425,22 +377,25 @@ func signalContext(parent context.Context) (context.Context, context.CancelFunc)
 	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
 }
 
-// codeFor maps a turn error to shrooms' exit codes.
+// codeFor maps an error to shrooms' exit code by its kind (pkg/fault),
+// never its text: the outermost kind, as errors now keep their causes (a
+// host-not-ready error may wrap a bad-input cause; it stays host-not-ready).
 func codeFor(err error) int {
-	switch {
-	case errors.Is(err, turn.ErrInput):
+	switch fault.Of(err) {
+	case fault.Input:
 		return ExitUsage
-	case errors.Is(err, turn.ErrBusy):
+	case fault.Busy:
 		return ExitBusy
-	case errors.Is(err, turn.ErrDeadline):
+	case fault.Deadline:
 		return ExitDeadline
-	case errors.Is(err, turn.ErrLimit):
+	case fault.Limit:
 		return ExitLimit
-	case errors.Is(err, turn.ErrInterrupted):
+	case fault.Interrupted:
 		return ExitInterrupted
-	case errors.Is(err, turn.ErrHostNotReady):
+	case fault.HostNotReady:
 		return ExitHostNotReady
-	case config.IsConfigError(err):
+	}
+	if config.IsConfigError(err) {
 		return ExitUsage
 	}
 	return ExitInternal

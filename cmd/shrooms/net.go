@@ -7,9 +7,9 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
-	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 func netCommand() *cli.Command {
@@ -37,7 +37,7 @@ seal before it starts, and a running turn within a quarter second.`,
 							if err != nil {
 								return err
 							}
-							if _, err := turn.EnsureNetwork(ctx, cfg, client); err != nil {
+							if _, err := cagenet.EnsureNetwork(ctx, cfg, client); err != nil {
 								return fail(codeFor(err), err)
 							}
 						}

@@ -73,7 +73,7 @@ root = %q
 			t.Errorf("podman: %v", err)
 			return
 		}
-		if err := turn.NewRunner(cfg, client, nil).RemoveHome(context.Background(), task); err != nil {
+		if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), task); err != nil {
 			t.Errorf("remove HOME: %v", err)
 		}
 		_, _ = tb.Podman("network", "rm", "-f", name)

@@ -14,9 +14,9 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/probe"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // probeCommand is `shrooms probe` (the battery, run in a cage) with its
@@ -46,7 +46,7 @@ peer cage the probe starts itself.`,
 		Subcommands: []*cli.Command{probeInsideCommand()},
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) error {
-				if err := mounts.ValidateTaskID(c.String("task")); err != nil {
+				if _, err := taskid.Parse(c.String("task")); err != nil {
 					return err
 				}
 				_, err := cfg.Agent(c.String("agent"))
@@ -69,7 +69,7 @@ peer cage the probe starts itself.`,
 			}
 			// Without a targets file the probe brings its own peer cage (D8).
 			o.Peer = c.String("targets") == ""
-			rep, _, err := probe.Run(ctx, r, o)
+			rep, _, err := probe.Run(ctx, r.Runner, o)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}

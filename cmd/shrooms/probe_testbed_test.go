@@ -69,7 +69,7 @@ root = %q
 			return
 		}
 		for _, task := range []string{"pd", "pd-peer", "pt"} {
-			if err := turn.NewRunner(cfg, client, nil).RemoveHome(context.Background(), task); err != nil {
+			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), task); err != nil {
 				t.Errorf("remove HOME: %v", err)
 			}
 			if err := outbox.Release(cfg.Outbox.Root, task); err != nil && !os.IsNotExist(err) {

@@ -10,8 +10,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -86,7 +86,7 @@ through the gateway, and the worktree give-back.`,
 			}
 			// The result is printed as soon as the exit code is known; the
 			// cage's removal and the next preparation go on in a child.
-			r.Detach = detacher(c, r, prepareNext)
+			r.Detach = detacher(c, r.Runner, prepareNext)
 			res, err := r.Run(ctx, turnRequest(c))
 			if res != nil && res.WorktreeGuard != nil && len(res.WorktreeGuard.Masked) > 0 {
 				// Said on stderr too: a person at a terminal sees it without --json.
@@ -238,7 +238,7 @@ func bootstrapCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			var profiles []string
 			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) error {
-				if err := mounts.ValidateTaskID(c.String("task")); err != nil {
+				if _, err := taskid.Parse(c.String("task")); err != nil {
 					return err
 				}
 				if name := c.String("agent"); name != "" {
@@ -259,7 +259,7 @@ func bootstrapCommand() *cli.Command {
 				return fail(codeFor(err), err)
 			}
 			if jsonMode(c) {
-				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "volume": r.VolumeName(c.String("task")), "result": res.Result, "seeded": res.Seeded})
+				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "volume": r.Home().Name(c.String("task")), "result": res.Result, "seeded": res.Seeded})
 			}
 			fmt.Fprintln(c.App.Writer, res.Result)
 			return nil

@@ -7,23 +7,24 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/task"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // stateRunner is a runner for the task commands: they read the state
 // directory and signal shrooms processes, and never contact podman.
-func stateRunner(c *cli.Context, task bool) (*turn.Runner, error) {
+func stateRunner(c *cli.Context, withTask bool) (*task.Commands, error) {
 	cfg, err := loadConfig(c)
 	if err != nil {
 		return nil, err
 	}
-	if task {
-		if err := mounts.ValidateTaskID(c.String("task")); err != nil {
+	if withTask {
+		if _, err := taskid.Parse(c.String("task")); err != nil {
 			return nil, fail(ExitUsage, err)
 		}
 	}
-	return turn.NewRunner(cfg, nil, nil), nil
+	return task.New(turn.NewRunner(cfg, nil, nil)), nil
 }
 
 func tasksCommand() *cli.Command {

@@ -68,6 +68,8 @@ func TestErrorsNameKeyAndLine(t *testing.T) {
 		{"unknown profile", "[agents.x]\ncommand = [\"sh\"]\nhome = [\"zsh\"]\n", "config t.toml:3: agents.x.home[0]: unknown HOME profile \"zsh\""},
 		{"missing token", "[agents.x]\ncommand = [\"sh\"]\nhome = [\"shell\"]\ntoken_env = { K = \"nope\" }\n", "config t.toml:4: agents.x.token_env.K: names token \"nope\""},
 		{"home override", "[agents.x]\ncommand = [\"sh\"]\nhome = [\"shell\"]\nenv = { HOME = \"/\" }\n", "agents.x.env.HOME: not a settable"},
+		{"path override", "[agents.x]\ncommand = [\"sh\"]\nhome = [\"shell\"]\nenv = { PATH = \"/home/agent/bin:/usr/bin\" }\n", "agents.x.env.PATH: not a settable"},
+		{"path as token", "[agents.x]\ncommand = [\"sh\"]\nhome = [\"shell\"]\ntoken_env = { PATH = \"t\" }\n", "agents.x.token_env.PATH: not a settable"},
 		{"empty command", "[agents.x]\ncommand = []\nhome = [\"shell\"]\n", "agents.x.command: must be a non-empty argv list"},
 		{"relative token", "[tokens]\nk = \"rel/path\"\n", "config t.toml:2: tokens.k: \"rel/path\" must be an absolute path"},
 		{"syntax", "[cage\n", "config t.toml:2: expected"},

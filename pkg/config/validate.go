@@ -17,8 +17,10 @@ var (
 	agentName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 )
 
-// reservedEnv are variables the cage sets itself; an agent may not override them.
-var reservedEnv = map[string]bool{"HOME": true, "USER": true, "LOGNAME": true, "HOSTNAME": true, "container": true}
+// reservedEnv are variables the cage sets itself; an agent may not override
+// them. PATH among them: no directory the agent can write (its HOME) may
+// come before the image's own.
+var reservedEnv = map[string]bool{"HOME": true, "USER": true, "LOGNAME": true, "HOSTNAME": true, "PATH": true, "container": true}
 
 // Validate checks every value; the first problem is returned as *Error.
 func (c *Config) Validate() error {

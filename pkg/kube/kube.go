@@ -35,6 +35,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // Paths inside the pod.
@@ -184,7 +185,7 @@ func Build(cfg *config.Config, in Input) (*Objects, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := mounts.ValidateTaskID(in.Task); err != nil {
+	if _, err := taskid.Parse(in.Task); err != nil {
 		return nil, err
 	}
 	if in.Turn < 1 {

@@ -7,7 +7,9 @@ package mounts
 import (
 	"fmt"
 	"path/filepath"
-	"regexp"
+
+	"errors"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // Where things appear inside the cage.
@@ -41,17 +43,6 @@ type Plan struct {
 	Mounts []Mount `json:"mounts"`
 }
 
-var taskIDPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
-
-// ValidateTaskID checks a task id: [a-z0-9][a-z0-9_.-]{0,62}, and not "." or
-// ".." shaped, so it is safe as a volume name suffix and a directory name.
-func ValidateTaskID(id string) error {
-	if !taskIDPattern.MatchString(id) {
-		return fmt.Errorf("invalid task id %q: use 1-63 of a-z 0-9 _ . - starting with a letter or digit", truncate(id, 80))
-	}
-	return nil
-}
-
 func truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
@@ -61,7 +52,7 @@ func truncate(s string, n int) string {
 
 // Input is what a turn asks to mount.
 type Input struct {
-	Task     string
+	Task     taskid.ID
 	Worktree string // host path; "" means no worktree (an empty tmpfs /work)
 	// HomeDir is the host directory of the task's live HOME (inside its
 	// volume, laid out by the HOME reset); OutboxDir the task's outbox ("" for
@@ -72,16 +63,12 @@ type Input struct {
 	TmpSize   int64
 	RunSize   int64
 	TmpExec   bool
-	// Forbidden are extra host paths a worktree may not be at, inside or over
-	// (shrooms' state directory, the outbox root, the podman socket's
-	// directory).
-	Forbidden []string
 }
 
 // Build validates the host paths of in and returns the cage's mount plan.
 func Build(in Input) (*Plan, error) {
-	if err := ValidateTaskID(in.Task); err != nil {
-		return nil, err
+	if in.Task.IsZero() {
+		return nil, errors.New("no task id") // only taskid.Parse makes one
 	}
 	if !filepath.IsAbs(in.HomeDir) {
 		return nil, fmt.Errorf("task HOME %q is not an absolute host path", in.HomeDir)
@@ -97,7 +84,7 @@ func Build(in Input) (*Plan, error) {
 		Mount{Kind: Bind, Source: in.HomeDir, Dest: HomeDir, Options: []string{"rbind", "nosuid", "nodev"}},
 	)
 	if in.Worktree != "" {
-		wt, err := CheckHostDir(in.Worktree, "worktree", in.Forbidden)
+		wt, err := CheckHostDir(in.Worktree, "worktree", nil)
 		if err != nil {
 			return nil, err
 		}
@@ -113,7 +100,3 @@ func Build(in Input) (*Plan, error) {
 	}
 	return p, nil
 }
-
-// Clean is filepath.Clean for absolute paths, exported for callers that
-// compare paths with the forbidden list.
-func Clean(p string) string { return filepath.Clean(p) }

@@ -9,6 +9,7 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 func TestCheckHostDir(t *testing.T) {
@@ -48,17 +49,14 @@ func TestCheckHostDir(t *testing.T) {
 	assert.ErrorContains(t, err, "overlaps the protected host directory", "a worktree inside shrooms' own state")
 }
 
-func TestValidateTaskID(t *testing.T) {
-	for _, ok := range []string{"a", "fix-42", "t.1_x", "0"} {
-		assert.NilError(t, ValidateTaskID(ok), ok)
-	}
-	for _, bad := range []string{"", "../x", "..", ".x", "-x", "A", "a/b", "a b", string(make([]byte, 64)), "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"} {
-		assert.ErrorContains(t, ValidateTaskID(bad), "invalid task id", bad)
-	}
+// TestBuildRefusesNoTask: the zero task id (no Parse) fails closed.
+func TestBuildRefusesNoTask(t *testing.T) {
+	_, err := Build(Input{HomeDir: "/h", TmpSize: 1 << 20, RunSize: 1 << 20})
+	assert.ErrorContains(t, err, "no task id")
 }
 
 func TestBuildPlan(t *testing.T) {
-	p, err := Build(Input{Task: "t", HomeDir: "/h", OutboxDir: "/o/t", TmpSize: 1 << 20, RunSize: 1 << 20})
+	p, err := Build(Input{Task: taskid.Must("t"), HomeDir: "/h", OutboxDir: "/o/t", TmpSize: 1 << 20, RunSize: 1 << 20})
 	assert.NilError(t, err)
 	var dests []string
 	for _, m := range p.Mounts {
@@ -66,7 +64,7 @@ func TestBuildPlan(t *testing.T) {
 	}
 	assert.DeepEqual(t, dests, []string{"/tmp", "/run", "/home/agent", "/work", "/outbox"})
 	assert.Equal(t, p.Mounts[3].Kind, Tmpfs, "no worktree: an empty tmpfs at /work")
-	_, err = Build(Input{Task: "t", HomeDir: "rel"})
+	_, err = Build(Input{Task: taskid.Must("t"), HomeDir: "rel"})
 	assert.ErrorContains(t, err, "not an absolute host path")
 }
 

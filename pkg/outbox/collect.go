@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // ManifestName and FilesDir lay out a delivery directory: the files under
@@ -125,7 +125,7 @@ func Collect(ctx context.Context, req Request) (*Report, error) {
 }
 
 func open(ctx context.Context, root, task string, lim Limits) (*walker, func(), error) {
-	if err := mounts.ValidateTaskID(task); err != nil {
+	if _, err := taskid.Parse(task); err != nil {
 		return nil, nil, err
 	}
 	if lim.MaxFiles < 1 || lim.MaxDepth < 1 || lim.MaxNameLength < 1 || lim.MaxFileSize < 1 || lim.MaxTotalSize < 1 || lim.Timeout <= 0 {

@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // Limits bound the outbox mount and one collect.
@@ -106,7 +106,7 @@ func explain(err error) error {
 // not yet collected), its contents are kept and its limits and owner are
 // re-applied. It returns the host path of the outbox.
 func Prepare(root, task string, uid, gid int, lim Limits) (string, error) {
-	if err := mounts.ValidateTaskID(task); err != nil {
+	if _, err := taskid.Parse(task); err != nil {
 		return "", err
 	}
 	if lim.Size < 1<<20 || lim.Inodes < 16 {
@@ -196,7 +196,7 @@ func isOwnMount(rootfd, tfd int) (bool, error) {
 // Release unmounts the task's outbox tmpfs, discarding whatever it still
 // holds, and removes the empty directory. A missing outbox is not an error.
 func Release(root, task string) error {
-	if err := mounts.ValidateTaskID(task); err != nil {
+	if _, err := taskid.Parse(task); err != nil {
 		return err
 	}
 	rootfd, err := openRoot(root)

@@ -29,7 +29,8 @@ import (
 type Client struct {
 	// conn is the bindings' connection context; every call derives from it.
 	conn context.Context
-	uri  string
+	// uri is dialled again for each attach (Start).
+	uri string
 }
 
 // ErrUnreachable marks a podman service that does not answer.
@@ -51,9 +52,6 @@ func Connect(ctx context.Context, uri string) (*Client, error) {
 	}
 	return &Client{conn: conn, uri: uri}, nil
 }
-
-// URI is the service address this client talks to.
-func (c *Client) URI() string { return c.uri }
 
 // scope returns a bindings context that is cancelled with ctx.
 func (c *Client) scope(ctx context.Context) (context.Context, context.CancelFunc) {

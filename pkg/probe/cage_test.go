@@ -76,7 +76,7 @@ root = %q
 		// mount namespace too).
 		entries, _ := os.ReadDir(filepath.Join(cfg.State.Dir, "tasks"))
 		for _, en := range entries {
-			if err := turn.NewRunner(cfg, client, nil).RemoveHome(context.Background(), en.Name()); err != nil {
+			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), en.Name()); err != nil {
 				t.Errorf("remove HOME: %v", err)
 			}
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
@@ -95,7 +96,7 @@ root = %q
 		// mount namespace too).
 		entries, _ := os.ReadDir(filepath.Join(cfg.State.Dir, "tasks"))
 		for _, en := range entries {
-			if err := turn.NewRunner(cfg, client, nil).RemoveHome(context.Background(), en.Name()); err != nil {
+			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), en.Name()); err != nil {
 				t.Errorf("remove HOME: %v", err)
 			}
 		}
@@ -110,7 +111,7 @@ root = %q
 
 	// As at boot: the seal first, then the network.
 	assert.NilError(t, firewall.Apply(ctx, cfg.Network, e.fw))
-	_, err = turn.EnsureNetwork(ctx, cfg, client)
+	_, err = cagenet.EnsureNetwork(ctx, cfg, client)
 	assert.NilError(t, err)
 	probeBin := tb.BuildProbe()
 	e.tbbin = probeBin
@@ -273,7 +274,7 @@ func TestBatteryInTestbed(t *testing.T) {
 		if !st.OK {
 			return nil, fmt.Errorf("%s", st.Reason)
 		}
-		_, err = turn.EnsureNetwork(ctx, cfg, e.client)
+		_, err = cagenet.EnsureNetwork(ctx, cfg, e.client)
 		return nil, err
 	}
 
@@ -440,7 +441,7 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 	})
 
 	t.Run("the runner's watcher puts the seal back within a second", func(t *testing.T) {
-		res, err, since := turnWithFlush(t, turn.FirewallWatcher(e.fw))
+		res, err, since := turnWithFlush(t, cagenet.Watcher(e.fw))
 		assert.NilError(t, err, "%+v", res)
 		assert.Equal(t, res.Status, "exited")
 		var last time.Duration
@@ -466,7 +467,7 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 			assert.NilError(t, err, string(out))
 		}()
 		start := time.Now()
-		res, err, _ := turnWithFlush(t, turn.FirewallWatcher(e.fw), "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0")
+		res, err, _ := turnWithFlush(t, cagenet.Watcher(e.fw), "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0")
 		assert.Assert(t, err != nil, "the turn reported success")
 		assert.Equal(t, res.Status, "seal-lost", res.Error)
 		assert.Assert(t, res.Removed)

@@ -12,11 +12,12 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 func testTurn(t *testing.T, cfg *config.Config) Turn {
 	plan, err := mounts.Build(mounts.Input{
-		Task: "golden", HomeDir: "/var/lib/containers/storage/volumes/shrooms-home-golden/_data/home",
+		Task: taskid.Must("golden"), HomeDir: "/var/lib/containers/storage/volumes/shrooms-home-golden/_data/home",
 		OutboxDir: "/var/lib/shrooms/outbox/golden", TmpSize: 1 << 30, RunSize: 64 << 20,
 	})
 	assert.NilError(t, err)

@@ -8,6 +8,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // inherit duplicates the lock's file the way a child process inherits it.
@@ -22,9 +24,9 @@ func inherit(t *testing.T, f *os.File) *os.File {
 // the teardown drops it; a teardown that died holds nothing.
 func TestHandOff(t *testing.T) {
 	s := Store{Dir: t.TempDir()}
-	turnLock, err := s.LockTask("t1")
+	turnLock, err := s.LockTask(taskid.Must("t1"))
 	assert.NilError(t, err)
-	_, err = s.LockTask("t1")
+	_, err = s.LockTask(taskid.Must("t1"))
 	assert.Assert(t, errors.Is(err, ErrBusy), "a turn's lock: %v", err)
 
 	f, err := turnLock.HandOff()
@@ -36,7 +38,7 @@ func TestHandOff(t *testing.T) {
 	var released atomic.Bool
 	taken := make(chan error, 1)
 	go func() {
-		l, err := s.LockTask("t1")
+		l, err := s.LockTask(taskid.Must("t1"))
 		if err == nil {
 			if !released.Load() {
 				err = errors.New("took the lock while the teardown held it")
@@ -51,7 +53,7 @@ func TestHandOff(t *testing.T) {
 
 	// A teardown killed half-way: its mark stays in the file, its lock
 	// does not.
-	l, err := s.LockTask("t1")
+	l, err := s.LockTask(taskid.Must("t1"))
 	assert.NilError(t, err)
 	f, err = l.HandOff()
 	assert.NilError(t, err)
@@ -59,7 +61,7 @@ func TestHandOff(t *testing.T) {
 	assert.NilError(t, err)
 	assert.NilError(t, l.Release())
 	assert.NilError(t, dead.f.Close()) // the kernel drops a killed process's locks
-	l, err = s.LockTask("t1")
+	l, err = s.LockTask(taskid.Must("t1"))
 	assert.NilError(t, err, "a dead teardown's mark kept the task busy")
 	b, err := os.ReadFile(s.Dir + "/tasks/t1/lock")
 	assert.NilError(t, err)
@@ -68,7 +70,7 @@ func TestHandOff(t *testing.T) {
 	_, err = l.HandOff()
 	assert.NilError(t, err)
 	assert.NilError(t, l.Reclaim())
-	_, err = s.LockTask("t1")
+	_, err = s.LockTask(taskid.Must("t1"))
 	assert.Assert(t, errors.Is(err, ErrBusy), "%v", err)
 	assert.NilError(t, l.Release())
 }

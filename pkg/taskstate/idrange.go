@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // SlotSize is the number of ids in one task's user namespace.
@@ -37,7 +39,7 @@ func DefaultIDFiles(user string) IDFiles {
 // first time. A task keeps its slot for good, so the files of its HOME stay
 // its own; no two tasks share a slot. With allocate false nothing is written:
 // an unallocated task gets the slot it would be given now.
-func (s Store) TaskIDs(task string, files IDFiles, allocate bool) (IDs, error) {
+func (s Store) TaskIDs(task taskid.ID, files IDFiles, allocate bool) (IDs, error) {
 	uids, err := ReadSubIDs(files.SubUID, files.User)
 	if err != nil {
 		return IDs{}, err
@@ -92,7 +94,7 @@ func (s Store) TaskIDs(task string, files IDFiles, allocate bool) (IDs, error) {
 			return IDs{}, err
 		}
 		if ok {
-			if e.Name() == task {
+			if e.Name() == task.String() {
 				return ids(slot), nil // allocated meanwhile by another shrooms
 			}
 			used[slot] = true

@@ -17,11 +17,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // ErrBusy means another turn of the task holds its lock.
-var ErrBusy = errors.New("task is busy")
+var ErrBusy error = fault.Busy
 
 // Store is the state directory.
 type Store struct {
@@ -29,7 +30,7 @@ type Store struct {
 }
 
 // taskDir returns (and creates, 0700) the task's state directory.
-func (s Store) taskDir(task string) (string, error) {
+func (s Store) taskDir(task taskid.ID) (string, error) {
 	dir, err := s.taskPath(task)
 	if err != nil {
 		return "", err
@@ -41,11 +42,11 @@ func (s Store) taskDir(task string) (string, error) {
 }
 
 // taskPath returns the task's state directory without creating it.
-func (s Store) taskPath(task string) (string, error) {
-	if err := mounts.ValidateTaskID(task); err != nil {
-		return "", err
+func (s Store) taskPath(task taskid.ID) (string, error) {
+	if task.IsZero() {
+		return "", errors.New("no task id") // only taskid.Parse makes one
 	}
-	return filepath.Join(s.Dir, "tasks", task), nil
+	return filepath.Join(s.Dir, "tasks", task.String()), nil
 }
 
 // Lock is a held task lock.
@@ -63,7 +64,7 @@ func (l *Lock) Release() error {
 
 // LockTask takes the task's lock without waiting for a turn (ErrBusy if one
 // holds it); it waits, up to TeardownWait, for a detached teardown.
-func (s Store) LockTask(task string) (*Lock, error) {
+func (s Store) LockTask(task taskid.ID) (*Lock, error) {
 	dir, err := s.taskDir(task)
 	if err != nil {
 		return nil, err
@@ -95,7 +96,7 @@ func (s Store) LockTask(task string) (*Lock, error) {
 
 // NextTurn increments and returns the task's turn number (1 for the first).
 // Call it with the task lock held.
-func (s Store) NextTurn(task string) (int, error) {
+func (s Store) NextTurn(task taskid.ID) (int, error) {
 	n, err := s.LastTurn(task)
 	if err != nil {
 		return 0, err
@@ -109,7 +110,7 @@ func (s Store) NextTurn(task string) (int, error) {
 }
 
 // LastTurn returns the number of the task's last turn (0 if none).
-func (s Store) LastTurn(task string) (int, error) {
+func (s Store) LastTurn(task taskid.ID) (int, error) {
 	dir, err := s.taskPath(task)
 	if err != nil {
 		return 0, err
@@ -186,7 +187,7 @@ const (
 )
 
 // Remember stores a fact of the task (a single line).
-func (s Store) Remember(task, fact, value string) error {
+func (s Store) Remember(task taskid.ID, fact, value string) error {
 	dir, err := s.taskDir(task)
 	if err != nil {
 		return err
@@ -203,7 +204,7 @@ func (s Store) Remember(task, fact, value string) error {
 }
 
 // Recall returns a remembered fact, "" if there is none.
-func (s Store) Recall(task, fact string) (string, error) {
+func (s Store) Recall(task taskid.ID, fact string) (string, error) {
 	dir, err := s.taskPath(task)
 	if err != nil {
 		return "", err
@@ -219,7 +220,7 @@ func (s Store) Recall(task, fact string) (string, error) {
 }
 
 // Exists reports whether the task has any state (has been bootstrapped or run).
-func (s Store) Exists(task string) (bool, error) {
+func (s Store) Exists(task taskid.ID) (bool, error) {
 	dir, err := s.taskPath(task)
 	if err != nil {
 		return false, err

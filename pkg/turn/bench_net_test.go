@@ -14,6 +14,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
@@ -69,14 +70,14 @@ root = %q
 		if err != nil || !st.OK {
 			return nil, fmt.Errorf("seal: %v %s", err, st.Reason)
 		}
-		if _, err := EnsureNetwork(ctx, cfg, client); err != nil {
+		if _, err := cagenet.EnsureNetwork(ctx, cfg, client); err != nil {
 			return nil, err
 		}
 		return nil, firewall.PinBridgeMAC(cfg.Network.Bridge, opts)
 	})
 	task := name + "-t"
 	b.Cleanup(func() {
-		if err := r.RemoveHome(context.Background(), task); err != nil {
+		if err := r.Home().Remove(context.Background(), task); err != nil {
 			b.Errorf("remove HOME: %v", err)
 		}
 		_ = releaseOutbox(cfg, task)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // BenchmarkTurnVsBarePodman runs paired turns of /bin/true (no network):
@@ -290,7 +291,7 @@ func BenchmarkTurnStartWithJunk(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ids, err := h.runner.Store.TaskIDs(task, h.runner.IDFiles, false)
+	ids, err := h.runner.Store.TaskIDs(taskid.Must(task), h.runner.IDFiles, false)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
-	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
@@ -56,12 +55,9 @@ func (r *Runner) handOff(lock *taskstate.Lock, req Request, p *prepared, res *Re
 func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Teardown, next *Request) error {
 	defer lock.Release()
 	var errs []error
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, td.Task)
-	if err != nil {
-		errs = append(errs, err)
-	}
-	keep := r.waitingPrepared(cages, td.Task)
-	if _, err := r.removeLeftovers(ctx, td.Task, keep...); err != nil {
+	// The turn's cage is the task's only one: a prepared cage was taken by
+	// the turn, or swept before it.
+	if _, err := r.RemoveLeftovers(ctx, td.Task); err != nil {
 		errs = append(errs, fmt.Errorf("remove cage: %w", err))
 	}
 	var secrets []string
@@ -72,7 +68,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		}
 	}
 	r.removeSecrets(secrets)
-	if root, err := r.volumeRoot(ctx, td.Task); err == nil {
+	if root, err := r.Home().Root(ctx, td.Task); err == nil {
 		if _, err := homereset.Cleanup(ctx, root); err != nil {
 			errs = append(errs, fmt.Errorf("HOME cleanup: %w", err))
 		}

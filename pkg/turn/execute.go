@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
-// cleanupTimeout bounds the removal of a cage after the turn's context ended.
-const cleanupTimeout = 30 * time.Second
+// CleanupTimeout bounds the removal of a cage after the turn's context ended.
+const CleanupTimeout = 30 * time.Second
 
 // execute creates, starts, waits for and always removes the turn's cage.
 func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock, preparedID string) (*Result, error) {
@@ -145,7 +146,7 @@ func (r *Runner) waitExit(ctx context.Context, id string, attachEnded <-chan err
 // by interruption or by an error. The cage is stopped before it is removed so
 // the agent gets its grace period.
 func (r *Runner) stopped(ctx, waitCtx context.Context, id string, res *Result, cause error, deadline time.Duration) error {
-	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), CleanupTimeout)
 	defer cancel()
 	_ = r.Podman.Stop(stopCtx, id, r.Cfg.Cage.StopGrace.Std())
 	var limit *limitError
@@ -164,11 +165,11 @@ func (r *Runner) stopped(ctx, waitCtx context.Context, id string, res *Result, c
 		return ErrDeadline
 	}
 	res.Error = cause.Error()
-	return fmt.Errorf("%w: %v", ErrHostNotReady, cause)
+	return fmt.Errorf("%w: %w", ErrHostNotReady, cause)
 }
 
 // ErrLimit is a turn ended by a per-turn model usage limit.
-var ErrLimit = errors.New("model usage limit reached")
+var ErrLimit error = fault.Limit
 
 type limitError struct{ reason string }
 
@@ -206,13 +207,13 @@ func (r *Runner) interrupted(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return ErrInterrupted
 	}
-	return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 }
 
 // removeSecrets deletes a turn's token secrets (best effort: a leftover is
 // replaced at the task's next turn and only root can read it).
 func (r *Runner) removeSecrets(names []string) {
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), CleanupTimeout)
 	defer cancel()
 	for _, n := range names {
 		_ = r.Podman.RemoveSecret(ctx, n)
@@ -221,7 +222,7 @@ func (r *Runner) removeSecrets(names []string) {
 
 // remove removes the cage; a failure is recorded, never silent.
 func (r *Runner) remove(ctx context.Context, id string, res *Result) {
-	rctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+	rctx, cancel := context.WithTimeout(ctx, CleanupTimeout)
 	defer cancel()
 	start := time.Now()
 	if err := r.Podman.Remove(rctx, id); err != nil {

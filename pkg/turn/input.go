@@ -7,6 +7,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // ValidateRequest checks a request's input against cfg — task id, agent,
@@ -20,21 +21,22 @@ func ValidateRequest(cfg *config.Config, req Request) error {
 
 // checkInput is the input half of check.
 func checkInput(cfg *config.Config, req Request) (*checked, error) {
-	if err := mounts.ValidateTaskID(req.Task); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+	task, err := taskid.Parse(req.Task)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	agent, err := cfg.Agent(req.Agent)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	if req.Timeout < 0 {
 		return nil, fmt.Errorf("%w: timeout must be positive", ErrInput)
 	}
 	tokens, err := readTokens(cfg, agent)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
-	in := &checked{agent: agent, tokens: tokens}
+	in := &checked{task: task, agent: agent, tokens: tokens}
 	if req.Worktree != "" {
 		if in.worktree, err = worktreePath(cfg, req.Worktree); err != nil {
 			return nil, err
@@ -53,7 +55,7 @@ func worktreePath(cfg *config.Config, path string) (string, error) {
 	forbidden := []string{cfg.State.Dir, cfg.Outbox.Root, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://"))}
 	wt, err := mounts.CheckWorktree(path, cfg.Worktree.Roots, forbidden)
 	if err != nil {
-		return "", fmt.Errorf("%w: %v", ErrInput, err)
+		return "", fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	return wt, nil
 }

@@ -13,6 +13,7 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // ownedTree makes a worktree owned by uid:gid 4242 inside a configured root.
@@ -113,7 +114,8 @@ func TestWorktreeKeepsItsOwner(t *testing.T) {
 }
 
 // TestOneTaskPerWorktree: a second task on a worktree another task holds is
-// refused as bad input, before anything is created; forget releases it.
+// refused as bad input, before anything is created; releasing the first
+// task's worktrees (what forget does, pkg/task) frees it.
 func TestOneTaskPerWorktree(t *testing.T) {
 	h := newHarness(t, "")
 	wt := ownedTree(t, h)
@@ -125,7 +127,7 @@ func TestOneTaskPerWorktree(t *testing.T) {
 	_, serr := os.Stat(filepath.Join(h.cfg.State.Dir, "tasks", h.task("second")))
 	assert.Assert(t, os.IsNotExist(serr), "no state for the refused task")
 
-	assert.NilError(t, h.runner.Forget(context.Background(), h.task("first")))
+	assert.NilError(t, h.runner.ReleaseWorktrees(taskid.Must(h.task("first"))))
 	res, _, errOut, err := h.sh(h.task("second"), wt, "touch /work/second")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0)

@@ -25,7 +25,7 @@ const (
 
 // Labels of prepared cages.
 const (
-	labelPrepared = "io.shrooms.prepared"
+	LabelPrepared = "io.shrooms.prepared"
 	labelSpec     = "io.shrooms.spec"
 	labelBaseline = "io.shrooms.baseline"
 )
@@ -44,9 +44,9 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	lock, err := r.Store.LockTask(req.Task)
+	lock, err := r.Store.LockTask(in.task)
 	if err != nil {
-		return "", classify(err)
+		return "", Classify(err)
 	}
 	defer lock.Release()
 	return r.prepareNextLocked(ctx, req, in)
@@ -54,8 +54,8 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 
 // prepareNextLocked is PrepareNext with the task lock held.
 func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked) (string, error) {
-	if _, err := r.removeLeftovers(ctx, req.Task); err != nil {
-		return "", fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
+	if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
+		return "", fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
 	p, err := r.prepareAs(ctx, req, in, true, true)
 	if err != nil {
@@ -65,7 +65,7 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 	if err != nil {
 		return "", err
 	}
-	p.spec.Labels[labelPrepared] = "1"
+	p.spec.Labels[LabelPrepared] = "1"
 	p.spec.Labels[labelSpec] = hash
 	p.spec.Labels[labelBaseline] = p.reset.BaselineDigest
 	if r.OnSpec != nil {
@@ -74,11 +74,11 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 	id, err := r.Podman.Create(ctx, p.spec)
 	if err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), sealed.Name(req.Task, p.turn))
-		return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if err := r.Podman.Init(ctx, id); err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
-		return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	// The tree the reset swapped out goes now, not while the turn starts.
 	_, _ = homereset.Cleanup(ctx, p.root)
@@ -87,26 +87,26 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 
 // takePrepared returns the id of a prepared cage that runs req exactly as a
 // fresh one would, with its argv handed over, or "" when there is none. A
-// prepared cage that does not match is left for removeLeftovers.
+// prepared cage that does not match is left for RemoveLeftovers.
 func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (string, *prepared, error) {
 	if r.Binary == "" {
 		return "", nil, nil
 	}
-	last, err := r.Store.LastTurn(req.Task)
+	last, err := r.Store.LastTurn(in.task)
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	// The prepared cage has the next turn's name: one inspection, not a
 	// listing of every container.
 	cage, err := r.Podman.CageNamed(ctx, sealed.Name(req.Task, last+1))
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if cage == nil {
 		return "", nil, nil
 	}
 	for _, c := range []podman.Cage{*cage} {
-		if !r.ours(c) || c.Labels[labelPrepared] != "1" || c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1) {
+		if !r.Ours(c) || c.Labels[LabelPrepared] != "1" || c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1) {
 			continue
 		}
 		if c.State != "initialized" && c.State != "created" {
@@ -121,14 +121,14 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 			return "", nil, err
 		}
 		// Nothing may have changed HOME since it was reset for this cage.
-		rep, err := homereset.Reset(ctx, homereset.ResetInput{Task: r.homeTask(p.root, p.ids, in.agent.Home), DryRun: true})
+		rep, err := homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(p.root, p.ids, in.agent.Home), DryRun: true})
 		if err != nil || rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0 || rep.BaselineDigest != c.Labels[labelBaseline] {
 			return "", nil, nil
 		}
 		p.reset = rep
-		taskDir := r.taskDir(req.Task)
+		taskDir := r.TaskDir(req.Task)
 		if err := writeArgvFile(taskDir+"/argv", p.argv); err != nil {
-			return "", nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		if err := r.countTurn(req, in); err != nil {
 			return "", nil, err
@@ -138,14 +138,15 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 	return "", nil, nil
 }
 
-func (r *Runner) taskDir(task string) string { return r.Cfg.State.Dir + "/tasks/" + task }
+// TaskDir is the task's directory in the state directory.
+func (r *Runner) TaskDir(task string) string { return r.Cfg.State.Dir + "/tasks/" + task }
 
 // specHash identifies a prepared cage's spec, its own labels aside.
 func specHash(s *specgen.SpecGenerator) (string, error) {
 	c := *s
 	c.Labels = map[string]string{}
 	for k, v := range s.Labels {
-		if k != labelPrepared && k != labelSpec && k != labelBaseline {
+		if k != LabelPrepared && k != labelSpec && k != labelBaseline {
 			c.Labels[k] = v
 		}
 	}

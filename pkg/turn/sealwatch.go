@@ -5,8 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/firewall"
 )
 
 // SealWatcher watches the network seal while a networked cage runs: it
@@ -16,27 +16,7 @@ import (
 type SealWatcher func(ctx context.Context, cfg *config.Config, onLoss func(SealLoss)) error
 
 // SealLoss is one time the seal was found missing or changed during a turn.
-type SealLoss struct {
-	// AfterMs is when, counted from the cage's start.
-	AfterMs   float64 `json:"afterMs"`
-	Reason    string  `json:"reason"`
-	Reapplied bool    `json:"reapplied"`
-	Error     string  `json:"error,omitempty"`
-}
-
-// FirewallWatcher is the SealWatcher of pkg/firewall: Watch every
-// firewall.WatchInterval in the network namespace opts names.
-func FirewallWatcher(opts firewall.Options) SealWatcher {
-	return func(ctx context.Context, cfg *config.Config, onLoss func(SealLoss)) error {
-		return firewall.Watch(ctx, cfg.Network, opts, firewall.WatchInterval, func(l firewall.Loss) {
-			sl := SealLoss{Reason: l.Reason, Reapplied: l.Reapplied}
-			if l.Err != nil {
-				sl.Error = l.Err.Error()
-			}
-			onLoss(sl)
-		})
-	}
-}
+type SealLoss = cagenet.Loss
 
 // watchSeal runs r.WatchSeal while a networked cage runs, recording losses
 // in res. When the seal cannot be put back it calls stop (the cage must not

@@ -21,6 +21,8 @@ import (
 	"github.com/containers/podman/v5/pkg/specgen"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/engine"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
@@ -29,17 +31,19 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
 )
 
-// Kinds of failure, so the CLI can map them to distinct exit codes.
+// Kinds of failure, so the CLI can map them to distinct exit codes (the
+// kinds of pkg/fault, under their old names).
 var (
-	ErrInput        = errors.New("bad input")
-	ErrHostNotReady = errors.New("host not ready")
-	ErrBusy         = taskstate.ErrBusy
-	ErrDeadline     = errors.New("deadline exceeded")
-	ErrInterrupted  = errors.New("interrupted")
+	ErrInput        error = fault.Input
+	ErrHostNotReady error = fault.HostNotReady
+	ErrBusy         error = fault.Busy
+	ErrDeadline     error = fault.Deadline
+	ErrInterrupted  error = fault.Interrupted
 )
 
 // Request is one turn as the caller asks for it.
@@ -64,12 +68,14 @@ type Request struct {
 // starts; it returns an error unless the installed policy matches cfg. Under
 // the allowlist policy it refreshes the seal's resolved host names (unless
 // dry) and returns them as "name:address" entries for the cage's /etc/hosts.
+// cagenet.Checker is the real one.
 type SealChecker func(ctx context.Context, cfg *config.Config, dry bool) (hosts []string, err error)
 
 // Runner runs turns against one podman service.
 type Runner struct {
-	Cfg     *config.Config
-	Podman  *podman.Client
+	Cfg *config.Config
+	// Podman is the container engine (*podman.Client outside tests).
+	Podman  engine.Engine
 	Store   taskstate.Store
 	IDFiles taskstate.IDFiles
 	// Seal verifies the nftables seal; required when the policy is networked.
@@ -81,7 +87,7 @@ type Runner struct {
 	// record the spec, and to weaken a cage on purpose for negative controls.
 	OnSpec func(*specgen.SpecGenerator)
 	// WatchSeal, when set, watches the seal while a networked cage runs
-	// (sealwatch.go).
+	// (sealwatch.go; cagenet.Watcher is the real one).
 	WatchSeal SealWatcher
 	// Detach, when set, takes a turn's teardown off the caller's path once
 	// its exit code is known (detach.go).
@@ -89,7 +95,7 @@ type Runner struct {
 }
 
 // NewRunner returns a runner for cfg with the system's state and id files.
-func NewRunner(cfg *config.Config, client *podman.Client, seal SealChecker) *Runner {
+func NewRunner(cfg *config.Config, client engine.Engine, seal SealChecker) *Runner {
 	return &Runner{
 		Cfg:     cfg,
 		Podman:  client,
@@ -170,9 +176,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}
 	c.lap("check")
 
-	lock, err := r.Store.LockTask(req.Task)
+	lock, err := r.Store.LockTask(in.task)
 	if err != nil {
-		return res, classify(err)
+		return res, Classify(err)
 	}
 	defer lock.Release()
 	var handoff *prepared // a turn whose teardown goes to a detached child
@@ -183,14 +189,14 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}()
 	// The turn's record, after the worktree is given back, before the lock goes.
 	defer func() {
-		res.HomeBytes = r.homeBytes(req.Task)
+		res.HomeBytes = r.HomeBytes(req.Task)
 		if rerr := r.recordTurn(res, err, c.start); rerr != nil && err == nil {
-			err = fmt.Errorf("%w: %v", ErrHostNotReady, rerr)
+			err = fmt.Errorf("%w: %w", ErrHostNotReady, rerr)
 		}
 	}()
 	if in.worktree != "" {
 		// Last before the lock goes: the cage is gone, no turn can start.
-		defer func() { err = r.finishWorktree(req.Task, in.worktree, res, err) }()
+		defer func() { err = r.finishWorktree(in.task, in.worktree, res, err) }()
 	}
 	c.lap("lock")
 
@@ -205,8 +211,8 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		// leftover. A waiting prepared cage was created right after such a
 		// sweep under the same lock, and every turn since would have taken
 		// or discarded it: when one is taken there is nothing to sweep.
-		if _, err := r.removeLeftovers(ctx, req.Task); err != nil {
-			return res, fmt.Errorf("%w: remove leftover cages: %v", ErrHostNotReady, err)
+		if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
+			return res, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 		}
 		if prep, err = r.prepare(ctx, req, in, true); err != nil {
 			return res, err
@@ -246,6 +252,7 @@ func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator,
 
 // checked is what check learnt about a request.
 type checked struct {
+	task     taskid.ID
 	agent    config.Agent
 	tokens   map[string][]byte
 	worktree string   // cleaned; "" for none
@@ -280,12 +287,12 @@ func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, er
 			return nil, fmt.Errorf("%w: network policy %q needs the nftables seal and this runner cannot verify one; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
 		}
 		if in.hosts, err = r.Seal(ctx, cfg, dry); err != nil {
-			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %w", ErrHostNotReady, err)
 		}
 	}
 	image := cfg.ImageFor(in.agent)
 	if ok, err := r.Podman.ImageExists(ctx, image); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	} else if !ok {
 		return nil, fmt.Errorf("%w: image %s is not in podman's store (nothing is pulled; build or load it first)", ErrHostNotReady, image)
 	}
@@ -304,14 +311,14 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, dry bool)
 	}
 	u, err := url.Parse(g.Upstream)
 	if err != nil {
-		return nil, fmt.Errorf("%w: gateway %s: upstream: %v", ErrInput, agent.Gateway, err)
+		return nil, fmt.Errorf("%w: gateway %s: upstream: %w", ErrInput, agent.Gateway, err)
 	}
 	plan := &gatewayPlan{name: agent.Gateway, cfg: g, upstream: u}
 	if g.Auth == "oauth" {
 		// The account's tokens live in the state dir (seeded from the token
 		// file at the first turn); only the seed file is checked here.
 		if err := mounts.CheckHostFile(r.Cfg.Tokens[g.Token], "token "+g.Token); err != nil {
-			return nil, fmt.Errorf("%w: gateway %s: %v", ErrInput, agent.Gateway, err)
+			return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
 		}
 		plan.oauth = &gateway.OAuth{
 			Path:     filepath.Join(r.Cfg.State.Dir, "gateway", agent.Gateway, "credentials.json"),
@@ -320,18 +327,18 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, dry bool)
 			ClientID: cmp.Or(g.ClientID, gateway.DefaultClientID),
 		}
 	} else if plan.key, err = readToken(r.Cfg, g.Token); err != nil {
-		return nil, fmt.Errorf("%w: gateway %s: %v", ErrInput, agent.Gateway, err)
+		return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
 	}
 	if !dry {
 		if err := gateway.Preflight(ctx, u); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}
 	return plan, nil
 }
 
-// checkWorktree validates a worktree path and returns it cleaned.
-func (r *Runner) checkWorktree(path string) (string, error) { return worktreePath(r.Cfg, path) }
+// CheckWorktree validates a worktree path and returns it cleaned.
+func (r *Runner) CheckWorktree(path string) (string, error) { return worktreePath(r.Cfg, path) }
 
 type prepared struct {
 	// argv is a prepared cage's command line, handed over at its run.
@@ -367,13 +374,13 @@ func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit b
 // the run starts, and the turn is counted only then.
 func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit, ahead bool) (*prepared, error) {
 	cfg := r.Cfg
-	ids, err := r.Store.TaskIDs(req.Task, r.IDFiles, commit)
+	ids, err := r.Store.TaskIDs(in.task, r.IDFiles, commit)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	turn, err := r.Store.LastTurn(req.Task)
+	turn, err := r.Store.LastTurn(in.task)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	turn++
 	p := &prepared{turn: turn, ids: ids}
@@ -388,38 +395,38 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		if p.root, _, err = r.bootstrap(ctx, req.Task, ids, in.agent.Home); err != nil {
 			return nil, err
 		}
-		if p.reset, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.homeTask(p.root, ids, in.agent.Home)}); err != nil {
-			return nil, fmt.Errorf("%w: HOME reset failed, the turn does not start: %v", ErrHostNotReady, err)
+		if p.reset, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(p.root, ids, in.agent.Home)}); err != nil {
+			return nil, fmt.Errorf("%w: HOME reset failed, the turn does not start: %w", ErrHostNotReady, err)
 		}
 		var pg homereset.PolicyGateway
 		if in.gateway != nil {
 			pg.AnthropicBaseURL = gateway.BaseURL()
 		}
 		if policy, err = homereset.WritePolicyWith(filepath.Join(taskDir, "policy"), cfg, in.agent.Home, pg); err != nil {
-			return nil, fmt.Errorf("%w: managed policy: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
 		}
 		if outboxDir, err = outbox.Prepare(cfg.Outbox.Root, req.Task, agentUID, agentGID, outbox.LimitsFrom(cfg.Outbox)); err != nil {
-			return nil, fmt.Errorf("%w: outbox: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
 		}
 		if in.worktree != "" && hasGit(in.worktree) {
 			if gitMounts, err = gitseal.CageMounts(in.worktree, cfg.State.Dir); err != nil {
-				return nil, fmt.Errorf("%w: git metadata: %v", ErrInput, err)
+				return nil, fmt.Errorf("%w: git metadata: %w", ErrInput, err)
 			}
 		}
 	} else {
-		if p.root, err = r.volumeRoot(ctx, req.Task); err != nil {
+		if p.root, err = r.Home().Root(ctx, req.Task); err != nil {
 			return nil, err
 		}
 		policy = homereset.PolicyMounts(filepath.Join(taskDir, "policy"), in.agent.Home)
 		if in.worktree != "" && hasGit(in.worktree) {
 			if gitMounts, err = gitseal.PlanCageMounts(in.worktree, cfg.State.Dir); err != nil {
-				return nil, fmt.Errorf("%w: git metadata: %v", ErrInput, err)
+				return nil, fmt.Errorf("%w: git metadata: %w", ErrInput, err)
 			}
 		}
 	}
 
 	plan, err := mounts.Build(mounts.Input{
-		Task:      req.Task,
+		Task:      in.task,
 		Worktree:  in.worktree,
 		HomeDir:   homereset.HomeDir(p.root),
 		OutboxDir: outboxDir,
@@ -428,7 +435,7 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		TmpExec:   cfg.Cage.TmpExec,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	for _, m := range policy {
 		plan.Mounts = append(plan.Mounts, mounts.Mount{Kind: mounts.Bind, Source: m.Source, Dest: m.Dest, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
@@ -463,10 +470,10 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 			// expiry the agent never reaches.
 			creds, err := in.gateway.oauth.CageCredentials(ctx, ph)
 			if err != nil {
-				return nil, fmt.Errorf("%w: %v", ErrInput, err)
+				return nil, fmt.Errorf("%w: %w", ErrInput, err)
 			}
 			if err := homereset.PlaceFile(p.root, ".claude/.credentials.json", creds, 0o600, agentUID, agentGID); err != nil {
-				return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+				return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 			}
 		}
 	}
@@ -500,7 +507,7 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 		seccompPath = seccomp.Path(cfg.State.Dir)
 		if commit {
 			if _, err := seccomp.Install(cfg.State.Dir); err != nil {
-				return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+				return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 			}
 		}
 	default:
@@ -548,13 +555,13 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 	for name, value := range secrets {
 		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: req.Task}); err != nil {
 			r.removeSecrets(p.secrets)
-			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		p.secrets = append(p.secrets, name)
 	}
 	if ahead {
 		if err := writeArgvFile(filepath.Join(taskDir, "argv"), nil); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		return p, nil
 	}
@@ -566,7 +573,7 @@ func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit
 
 // TrustStore is the task's store of trusted worktree config.
 func (r *Runner) TrustStore(task string) worktreeguard.Store {
-	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
+	return worktreeguard.Store{Dir: filepath.Join(r.TaskDir(task), "trust")}
 }
 
 // guardWorktree compares the worktree's agent config with what the owner
@@ -580,21 +587,21 @@ func (r *Runner) guardWorktree(ctx context.Context, task, worktree string, commi
 	store := r.TrustStore(task)
 	m, err := store.Load()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	recorded := false
 	if m == nil && commit {
 		if _, err := store.Trust(ctx, worktree, nil); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInput, err)
+			return nil, fmt.Errorf("%w: %w", ErrInput, err)
 		}
 		if m, err = store.Load(); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		recorded = true
 	}
 	c, err := store.Guard(ctx, worktree, m)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	c.Recorded = recorded
 	return c, nil
@@ -602,15 +609,15 @@ func (r *Runner) guardWorktree(ctx context.Context, task, worktree string, commi
 
 // countTurn records that the task's next turn starts now.
 func (r *Runner) countTurn(req Request, in *checked) error {
-	if _, err := r.Store.NextTurn(req.Task); err != nil {
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	if _, err := r.Store.NextTurn(in.task); err != nil {
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if err := r.Store.Remember(req.Task, taskstate.FactAgent, req.Agent); err != nil {
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	if err := r.Store.Remember(in.task, taskstate.FactAgent, req.Agent); err != nil {
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if in.worktree != "" {
-		if err := r.Store.Remember(req.Task, taskstate.FactWorktree, in.worktree); err != nil {
-			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		if err := r.Store.Remember(in.task, taskstate.FactWorktree, in.worktree); err != nil {
+			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}
 	return nil
@@ -651,11 +658,11 @@ func (r *Runner) placeholder(taskDir string, commit, ahead bool) (string, error)
 	case commit:
 		ph, err := gateway.NewPlaceholder()
 		if err != nil {
-			return "", fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		if ahead {
 			if err := os.WriteFile(path, []byte(ph), 0o600); err != nil {
-				return "", fmt.Errorf("%w: gateway placeholder: %v", ErrHostNotReady, err)
+				return "", fmt.Errorf("%w: gateway placeholder: %w", ErrHostNotReady, err)
 			}
 		}
 		return ph, nil
@@ -699,14 +706,17 @@ func readTokens(cfg *config.Config, agent config.Agent) (map[string][]byte, erro
 	return out, nil
 }
 
-func classify(err error) error {
+// Classify gives a failure to take or read a task's state its kind: busy
+// stays busy, an invalid task id is bad input, anything else means the host
+// is not ready.
+func Classify(err error) error {
 	if errors.Is(err, taskstate.ErrBusy) {
 		return err
 	}
-	if strings.Contains(err.Error(), "invalid task id") {
-		return fmt.Errorf("%w: %v", ErrInput, err)
+	if errors.Is(err, taskid.ErrInvalid) {
+		return fmt.Errorf("%w: %w", ErrInput, err)
 	}
-	return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 }
 
 // SpecJSON renders a spec as `shrooms spec` prints it: indented, stable.
@@ -720,22 +730,23 @@ func SpecJSON(s *specgen.SpecGenerator) ([]byte, error) {
 
 // Bootstrap creates the task HOME once, under the task lock, seeding the
 // credentials of the given HOME profiles (all profiles when none are given).
-func (r *Runner) Bootstrap(ctx context.Context, task string, profiles []string) (*homereset.BootstrapResult, error) {
-	if err := mounts.ValidateTaskID(task); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+func (r *Runner) Bootstrap(ctx context.Context, name string, profiles []string) (*homereset.BootstrapResult, error) {
+	task, err := taskid.Parse(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	if len(profiles) == 0 {
 		profiles = config.HomeProfiles
 	}
 	lock, err := r.Store.LockTask(task)
 	if err != nil {
-		return nil, classify(err)
+		return nil, Classify(err)
 	}
 	defer lock.Release()
 	ids, err := r.Store.TaskIDs(task, r.IDFiles, true)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	_, res, err := r.bootstrap(ctx, task, ids, profiles)
+	_, res, err := r.bootstrap(ctx, name, ids, profiles)
 	return res, err
 }

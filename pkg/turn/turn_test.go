@@ -21,9 +21,11 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // harness is a runner on the test podman service with a private state dir.
@@ -93,7 +95,7 @@ func (h *harness) cleanup() {
 	entries, _ := os.ReadDir(filepath.Join(h.cfg.State.Dir, "tasks"))
 	for _, e := range entries {
 		// The HOME's capped filesystem is unmounted before its volume goes.
-		if err := h.runner.RemoveHome(ctx, e.Name()); err != nil {
+		if err := h.runner.Home().Remove(ctx, e.Name()); err != nil {
 			h.t.Errorf("remove HOME: %v", err)
 		}
 		if _, err := os.Stat(h.cfg.Outbox.Root); err != nil {
@@ -165,7 +167,7 @@ echo "==hosts"; cat /etc/hosts /etc/resolv.conf
 	assert.Equal(t, uidmap[0], "0")
 	assert.Assert(t, uidmap[1] != "0", "the cage's root is not host root: %v", uidmap)
 	assert.Equal(t, uidmap[2], "65536")
-	ids, err := h.runner.Store.TaskIDs(h.task("seal"), h.runner.IDFiles, false)
+	ids, err := h.runner.Store.TaskIDs(taskid.Must(h.task("seal")), h.runner.IDFiles, false)
 	assert.NilError(t, err)
 	assert.Equal(t, uidmap[1], strconv.Itoa(int(ids.UID)))
 	assert.DeepEqual(t, strings.Fields(section(out, "gidmap")), []string{"0", strconv.Itoa(int(ids.GID)), "65536"})
@@ -300,7 +302,7 @@ func TestInterruptStopsAndRemovesTheCage(t *testing.T) {
 func TestBusyTaskFailsAtOnce(t *testing.T) {
 	h := newHarness(t, "")
 	task := h.task("busy")
-	lock, err := h.runner.Store.LockTask(task)
+	lock, err := h.runner.Store.LockTask(taskid.Must(task))
 	assert.NilError(t, err)
 	_, _, _, err = h.sh(task, "", "true")
 	assert.ErrorIs(t, err, ErrBusy)
@@ -333,37 +335,15 @@ func TestSpecIsWhatRunSends(t *testing.T) {
 	assert.Equal(t, string(sent), string(want))
 }
 
-func TestLeftoverCageIsRemovedByNextRunAndGC(t *testing.T) {
-	h := newHarness(t, "")
-	task := h.task("left")
-	// A cage as a crashed shrooms would leave it: created and running.
-	_, err := h.runner.Bootstrap(context.Background(), task, nil)
-	assert.NilError(t, err)
-	req := Request{Task: task, Agent: "shell", Args: []string{"-c", "sleep 600"}}
-	in, err := h.runner.check(context.Background(), req, false)
-	assert.NilError(t, err)
-	prep, err := h.runner.prepare(context.Background(), req, in, true)
-	assert.NilError(t, err)
-	id, err := h.client.Create(context.Background(), prep.spec)
-	assert.NilError(t, err)
-	_, err = h.client.Start(context.Background(), id, podman.Streams{})
-	assert.NilError(t, err)
-
-	rep, err := h.runner.GC(context.Background())
-	assert.NilError(t, err)
-	assert.Assert(t, is.Contains(rep.Removed, sealed.Name(task, prep.turn)))
-	h.assertNoCage(task)
-}
-
 func TestBootstrapOnce(t *testing.T) {
 	h := newHarness(t, "")
 	task := h.task("boot")
 	out, err := h.runner.Bootstrap(context.Background(), task, nil)
 	assert.NilError(t, err)
-	assert.Equal(t, out.Result, Bootstrapped)
+	assert.Equal(t, out.Result, homereset.Bootstrapped)
 	out, err = h.runner.Bootstrap(context.Background(), task, nil)
 	assert.NilError(t, err)
-	assert.Equal(t, out.Result, AlreadyBootstrapped)
+	assert.Equal(t, out.Result, homereset.AlreadyBootstrapped)
 }
 
 func TestTokenReachesTheCageOnlyAsEnv(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
@@ -75,7 +76,7 @@ func readClaim(stateDir, worktree string) (*worktreeClaim, error) {
 func checkClaim(stateDir, task, worktree string) error {
 	c, err := readClaim(stateDir, worktree)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if c != nil && c.Task != task {
 		return fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree; `shrooms forget --task %s` releases it)", ErrInput, worktree, c.Task, c.Task)
@@ -122,11 +123,11 @@ func writeClaim(stateDir string, c *worktreeClaim) error {
 func (r *Runner) takeWorktree(task, worktree string, ids taskstate.IDs) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(worktree, &st); err != nil {
-		return fmt.Errorf("%w: worktree %s: %v", ErrInput, worktree, err)
+		return fmt.Errorf("%w: worktree %s: %w", ErrInput, worktree, err)
 	}
 	c, err := readClaim(r.Cfg.State.Dir, worktree)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	inRange := st.Uid >= ids.UID && st.Uid < ids.UID+taskstate.SlotSize
 	switch {
@@ -144,11 +145,11 @@ func (r *Runner) takeWorktree(task, worktree string, ids taskstate.IDs) error {
 		if errors.Is(err, ErrInput) {
 			return err
 		}
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	agent := int(r.Cfg.Cage.User)
 	if _, err := mounts.OwnWorktree(worktree, int(ids.UID)+agent, int(ids.GID)+agent); err != nil {
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	return nil
 }
@@ -156,9 +157,9 @@ func (r *Runner) takeWorktree(task, worktree string, ids taskstate.IDs) error {
 // giveBackWorktree gives every file of the worktree that the task's uid
 // range owns back to the worktree's recorded owner. Call it with the task
 // lock held, after the cage is gone.
-func (r *Runner) giveBackWorktree(task, worktree string) (*WorktreeReport, error) {
+func (r *Runner) giveBackWorktree(task taskid.ID, worktree string) (*WorktreeReport, error) {
 	c, err := readClaim(r.Cfg.State.Dir, worktree)
-	if err != nil || c == nil || c.Task != task {
+	if err != nil || c == nil || c.Task != task.String() {
 		return nil, err
 	}
 	ids, err := r.Store.TaskIDs(task, r.IDFiles, false)
@@ -177,7 +178,7 @@ func (r *Runner) giveBackWorktree(task, worktree string) (*WorktreeReport, error
 // finishWorktree gives the worktree back at the end of a turn, on every path
 // out of Run (agent exit, deadline, interruption, errors). A failure is the
 // turn's error unless it already has one.
-func (r *Runner) finishWorktree(task, worktree string, res *Result, err error) error {
+func (r *Runner) finishWorktree(task taskid.ID, worktree string, res *Result, err error) error {
 	rep, gerr := r.giveBackWorktree(task, worktree)
 	if rep != nil {
 		res.Worktree = rep
@@ -197,9 +198,9 @@ func (r *Runner) finishWorktree(task, worktree string, res *Result, err error) e
 	return fmt.Errorf("%w: %s", ErrHostNotReady, msg)
 }
 
-// releaseWorktrees gives back and unclaims every worktree of the task (for
+// ReleaseWorktrees gives back and unclaims every worktree of the task (for
 // forget, under the task lock).
-func (r *Runner) releaseWorktrees(task string) error {
+func (r *Runner) ReleaseWorktrees(task taskid.ID) error {
 	dir := filepath.Join(r.Cfg.State.Dir, "worktrees")
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -214,7 +215,7 @@ func (r *Runner) releaseWorktrees(task string) error {
 			continue
 		}
 		var c worktreeClaim
-		if json.Unmarshal(b, &c) != nil || c.Task != task {
+		if json.Unmarshal(b, &c) != nil || c.Task != task.String() {
 			continue
 		}
 		if _, err := r.giveBackWorktree(task, c.Worktree); err != nil {
@@ -227,10 +228,10 @@ func (r *Runner) releaseWorktrees(task string) error {
 	return nil
 }
 
-// giveBackIdle gives back the worktrees of tasks with no turn running (a
+// GiveBackIdle gives back the worktrees of tasks with no turn running (a
 // crashed or killed shrooms leaves its worktree with the task's user). It
 // takes each task's lock only for the give-back, skipping busy tasks.
-func (r *Runner) giveBackIdle() ([]string, error) {
+func (r *Runner) GiveBackIdle() ([]string, error) {
 	dir := filepath.Join(r.Cfg.State.Dir, "worktrees")
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -246,14 +247,18 @@ func (r *Runner) giveBackIdle() ([]string, error) {
 			continue
 		}
 		var c worktreeClaim
-		if json.Unmarshal(b, &c) != nil || mounts.ValidateTaskID(c.Task) != nil {
+		if json.Unmarshal(b, &c) != nil {
 			continue
 		}
-		lock, err := r.Store.LockTask(c.Task)
+		task, err := taskid.Parse(c.Task)
+		if err != nil {
+			continue // not ours to trust
+		}
+		lock, err := r.Store.LockTask(task)
 		if err != nil {
 			continue // busy (or not ours to trust): its own turn gives it back
 		}
-		rep, err := r.giveBackWorktree(c.Task, c.Worktree)
+		rep, err := r.giveBackWorktree(task, c.Worktree)
 		lock.Release()
 		if err != nil {
 			return given, fmt.Errorf("give worktree %s back: %w", c.Worktree, err)

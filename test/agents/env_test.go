@@ -189,7 +189,7 @@ anthropic = %q
 
 	t.Cleanup(func() {
 		// A HOME's capped filesystem goes before its volume, in both mount
-		// namespaces (ours and the testbed podman's): RemoveHome does both.
+		// namespaces (ours and the testbed podman's): Home().Remove does both.
 		cfg, err := config.Load(e.config)
 		if err != nil {
 			t.Errorf("reload config: %v", err)
@@ -206,7 +206,7 @@ anthropic = %q
 					t.Errorf("release outbox: %v", err)
 				}
 			}
-			if err := turn.NewRunner(cfg, client, nil).RemoveHome(context.Background(), task); err != nil {
+			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), task); err != nil {
 				t.Errorf("remove HOME of %s: %v", task, err)
 			}
 		}

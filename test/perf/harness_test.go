@@ -120,7 +120,7 @@ func (b *bench) cleanup(t testing.TB) func() {
 			for _, c := range cages {
 				_ = b.client.Remove(ctx, c.ID)
 			}
-			if err := r.RemoveHome(ctx, task); err != nil {
+			if err := r.Home().Remove(ctx, task); err != nil {
 				t.Errorf("remove HOME of %s: %v", task, err)
 			}
 			if err := outbox.Release(b.cfg.Outbox.Root, task); err != nil && !os.IsNotExist(err) {

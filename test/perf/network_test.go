@@ -13,9 +13,9 @@ import (
 	"github.com/containers/podman/v5/pkg/specgen"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
-	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // BenchmarkCageNetworkParts takes the cage network apart: the same cage
@@ -145,7 +145,7 @@ func BenchmarkCageNetworkParts(b *testing.B) {
 		return err
 	})
 	part("mac-pin", func() error { return firewall.PinBridgeMAC(be.cfg.Network.Bridge, opts) })
-	part("network-check", func() error { return turn.CheckNetwork(ctx, be.cfg, be.client) })
+	part("network-check", func() error { return cagenet.CheckNetwork(ctx, be.cfg, be.client) })
 	part("image-exists", func() error { _, err := be.client.ImageExists(ctx, itest.TestImage); return err })
 	part("list-task-cages", func() error { _, err := be.client.ListByLabel(ctx, "io.shrooms.task", task); return err })
 	part("inspect-volume", func() error { _, err := be.client.InspectVolume(ctx, be.cfg.Home.VolumePrefix+task); return err })

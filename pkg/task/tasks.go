@@ -1,4 +1,4 @@
-package turn
+package task
 
 import (
 	"bufio"
@@ -17,106 +17,79 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/homestore"
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
-
-// turnsFile holds one JSON line per turn of a task (its Result, reset
-// report included), kept with the task until forget.
-const turnsFile = "turns.jsonl"
 
 // maxRecord bounds one turn record (a reset report lists bounded paths).
 const maxRecord = 4 << 20
 
-// recordTurn appends the turn's result to the task's log. Called at the end
-// of Run with the task lock held; a turn that never started (turn 0) is not
-// recorded.
-func (r *Runner) recordTurn(res *Result, err error, start time.Time) error {
-	if res == nil || res.Turn == 0 {
-		return nil
-	}
-	rec := *res
-	rec.TotalMs = ms(time.Since(start))
-	if err != nil && rec.Error == "" {
-		rec.Error = strings.Join(strings.Fields(err.Error()), " ")
-	}
-	b, merr := json.Marshal(&rec)
-	if merr != nil {
-		return fmt.Errorf("turn record: %w", merr)
-	}
-	f, oerr := os.OpenFile(filepath.Join(r.taskDir(res.Task), turnsFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if oerr != nil {
-		return fmt.Errorf("turn record: %w", oerr)
-	}
-	defer f.Close()
-	if _, werr := f.Write(append(b, '\n')); werr != nil {
-		return fmt.Errorf("turn record: %w", werr)
-	}
-	return nil
-}
-
-// Log returns the task's turn records, oldest first; turn > 0 selects one.
-func (r *Runner) Log(task string, turn int) ([]Result, error) {
-	if err := r.knownTask(task); err != nil {
+// Log returns the task's turn records, oldest first; n > 0 selects turn n.
+func (r *Commands) Log(task string, n int) ([]turn.Result, error) {
+	if _, err := r.knownTask(task); err != nil {
 		return nil, err
 	}
-	f, err := os.Open(filepath.Join(r.taskDir(task), turnsFile))
+	f, err := os.Open(filepath.Join(r.TaskDir(task), turn.TurnsFile))
 	if errors.Is(err, os.ErrNotExist) {
-		return r.noTurn(task, turn, nil)
+		return r.noTurn(task, n, nil)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: turn log: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: turn log: %w", fault.HostNotReady, err)
 	}
 	defer f.Close()
-	var out []Result
+	var out []turn.Result
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 0, 64<<10), maxRecord)
 	for sc.Scan() {
-		var rec Result
+		var rec turn.Result
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			return nil, fmt.Errorf("%w: turn log of %s is damaged: %v", ErrHostNotReady, task, err)
+			return nil, fmt.Errorf("%w: turn log of %s is damaged: %w", fault.HostNotReady, task, err)
 		}
-		if turn == 0 || rec.Turn == turn {
+		if n == 0 || rec.Turn == n {
 			out = append(out, rec)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%w: turn log: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: turn log: %w", fault.HostNotReady, err)
 	}
-	return r.noTurn(task, turn, out)
+	return r.noTurn(task, n, out)
 }
 
-func (r *Runner) noTurn(task string, turn int, out []Result) ([]Result, error) {
-	if turn > 0 && len(out) == 0 {
-		return nil, fmt.Errorf("%w: task %q has no record of turn %d", ErrInput, task, turn)
+func (r *Commands) noTurn(task string, n int, out []turn.Result) ([]turn.Result, error) {
+	if n > 0 && len(out) == 0 {
+		return nil, fmt.Errorf("%w: task %q has no record of turn %d", fault.Input, task, n)
 	}
 	if out == nil {
-		out = []Result{}
+		out = []turn.Result{}
 	}
 	return out, nil
 }
 
 // CheckTask refuses a task id that is invalid or that shrooms has no state
-// of (ErrInput), reading only the state directory, so commands on an
+// of (fault.Input), reading only the state directory, so commands on an
 // existing task can refuse a typo before they connect to podman.
 func CheckTask(cfg *config.Config, task string) error {
-	r := &Runner{Cfg: cfg, Store: taskstate.Store{Dir: cfg.State.Dir}}
-	return r.knownTask(task)
+	r := &Commands{Runner: &turn.Runner{Cfg: cfg, Store: taskstate.Store{Dir: cfg.State.Dir}}}
+	_, err := r.knownTask(task)
+	return err
 }
 
-func (r *Runner) knownTask(task string) error {
-	if err := mounts.ValidateTaskID(task); err != nil {
-		return fmt.Errorf("%w: %v", ErrInput, err)
-	}
-	ok, err := r.Store.Exists(task)
+// knownTask parses task and checks that shrooms has state of it.
+func (r *Commands) knownTask(task string) (taskid.ID, error) {
+	id, err := taskid.Parse(task)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return id, fmt.Errorf("%w: %w", fault.Input, err)
+	}
+	ok, err := r.Store.Exists(id)
+	if err != nil {
+		return id, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: %w %q (no turn has run for it)", ErrInput, ErrUnknownTask, task)
+		return id, fmt.Errorf("%w: %w %q (no turn has run for it)", fault.Input, ErrUnknownTask, task)
 	}
-	return nil
+	return id, nil
 }
 
 // TaskStatus is one task as `tasks` and `status` show it.
@@ -130,23 +103,23 @@ type TaskStatus struct {
 	Agent    string `json:"agent,omitempty"`
 	Worktree string `json:"worktree,omitempty"`
 	// Last is the record of the task's last recorded turn.
-	Last *Result `json:"last,omitempty"`
+	Last *turn.Result `json:"last,omitempty"`
 	// HomeBytes is the disk space the task HOME's filesystem image uses.
 	HomeBytes int64 `json:"homeBytes"`
 }
 
 // Tasks lists every task in the state directory, by id.
-func (r *Runner) Tasks() ([]TaskStatus, error) {
+func (r *Commands) Tasks() ([]TaskStatus, error) {
 	entries, err := os.ReadDir(filepath.Join(r.Cfg.State.Dir, "tasks"))
 	if errors.Is(err, os.ErrNotExist) {
 		return []TaskStatus{}, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	out := []TaskStatus{}
 	for _, e := range entries {
-		if !e.IsDir() || mounts.ValidateTaskID(e.Name()) != nil {
+		if !e.IsDir() || !taskid.Valid(e.Name()) {
 			continue
 		}
 		st, err := r.Status(e.Name())
@@ -161,21 +134,21 @@ func (r *Runner) Tasks() ([]TaskStatus, error) {
 
 // Status reports one task without taking its lock (a running turn is never
 // disturbed).
-func (r *Runner) Status(task string) (*TaskStatus, error) {
-	if err := r.knownTask(task); err != nil {
+func (r *Commands) Status(task string) (*TaskStatus, error) {
+	id, err := r.knownTask(task)
+	if err != nil {
 		return nil, err
 	}
 	st := &TaskStatus{Task: task}
-	var err error
-	if st.Turns, err = r.Store.LastTurn(task); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+	if st.Turns, err = r.Store.LastTurn(id); err != nil {
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	if st.PID, err = r.lockHolder(task); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	st.Busy = st.PID != 0
-	st.Agent, _ = r.Store.Recall(task, taskstate.FactAgent)
-	st.Worktree, _ = r.Store.Recall(task, taskstate.FactWorktree)
+	st.Agent, _ = r.Store.Recall(id, taskstate.FactAgent)
+	st.Worktree, _ = r.Store.Recall(id, taskstate.FactWorktree)
 	recs, err := r.Log(task, 0)
 	if err != nil {
 		return nil, err
@@ -184,24 +157,15 @@ func (r *Runner) Status(task string) (*TaskStatus, error) {
 		st.Last = &recs[len(recs)-1]
 		st.Last.Reset = nil // the full report is in the log
 	}
-	st.HomeBytes = r.homeBytes(task)
+	st.HomeBytes = r.HomeBytes(task)
 	return st, nil
-}
-
-// homeBytes is the disk space the task HOME's filesystem image takes.
-func (r *Runner) homeBytes(task string) int64 {
-	var fs unix.Stat_t
-	if unix.Lstat(homestore.ImagePath(r.Cfg.State.Dir, r.VolumeName(task)), &fs) != nil {
-		return 0
-	}
-	return fs.Blocks * 512
 }
 
 // lockHolder returns the pid of the process holding the task's lock (0 when
 // none), read from /proc/locks so that looking never takes the lock.
-func (r *Runner) lockHolder(task string) (int, error) {
+func (r *Commands) lockHolder(task string) (int, error) {
 	var st unix.Stat_t
-	if err := unix.Lstat(filepath.Join(r.taskDir(task), "lock"), &st); err != nil {
+	if err := unix.Lstat(filepath.Join(r.TaskDir(task), "lock"), &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return 0, nil
 		}
@@ -244,43 +208,44 @@ type StopResult struct {
 // to the shrooms process holding the task's lock, which stops and removes
 // the cage, gives the worktree back, records the turn and exits 130, and
 // waits until the lock is free. No turn running is not an error.
-func (r *Runner) Stop(task string, wait time.Duration) (*StopResult, error) {
-	if err := r.knownTask(task); err != nil {
+func (r *Commands) Stop(task string, wait time.Duration) (*StopResult, error) {
+	id, err := r.knownTask(task)
+	if err != nil {
 		return nil, err
 	}
 	res := &StopResult{Task: task}
 	pid, err := r.lockHolder(task)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	if pid == 0 {
 		return res, nil
 	}
 	res.PID = pid
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return nil, fmt.Errorf("%w: signal shrooms process %d: %v", ErrHostNotReady, pid, err)
+		return nil, fmt.Errorf("%w: signal shrooms process %d: %w", fault.HostNotReady, pid, err)
 	}
 	deadline := time.Now().Add(wait)
 	for {
 		holder, err := r.lockHolder(task)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		if holder != pid {
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w: shrooms process %d still holds task %q after %s", ErrHostNotReady, pid, task, wait)
+			return nil, fmt.Errorf("%w: shrooms process %d still holds task %q after %s", fault.HostNotReady, pid, task, wait)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	res.Stopped = true
-	res.Turn, _ = r.Store.LastTurn(task)
+	res.Turn, _ = r.Store.LastTurn(id)
 	return res, nil
 }
 
 // StopWait is how long Stop waits for a turn to end: the agent's grace
 // period plus the time to remove its cage and give the worktree back.
-func (r *Runner) StopWait() time.Duration {
-	return r.Cfg.Cage.StopGrace.Std() + 2*cleanupTimeout
+func (r *Commands) StopWait() time.Duration {
+	return r.Cfg.Cage.StopGrace.Std() + 2*turn.CleanupTimeout
 }

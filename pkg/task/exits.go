@@ -1,4 +1,4 @@
-package turn
+package task
 
 import (
 	"context"
@@ -9,43 +9,50 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
 	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
 )
 
 // ErrUnknownTask is a task shrooms has no state of.
 var ErrUnknownTask = errors.New("unknown task")
 
-// withTask runs f under the task lock, for a task that exists.
-func (r *Runner) withTask(task string, f func() error) error {
-	ok, err := r.Store.Exists(task)
+// withTask parses task and runs f with its id under the task lock, for a
+// task that exists.
+func (r *Commands) withTask(task string, f func(id taskid.ID) error) error {
+	id, err := taskid.Parse(task)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrInput, err)
+		return fmt.Errorf("%w: %w", fault.Input, err)
+	}
+	ok, err := r.Store.Exists(id)
+	if err != nil {
+		return fmt.Errorf("%w: %w", fault.Input, err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: %w %q (no turn has run for it)", ErrInput, ErrUnknownTask, task)
+		return fmt.Errorf("%w: %w %q (no turn has run for it)", fault.Input, ErrUnknownTask, task)
 	}
-	lock, err := r.Store.LockTask(task)
+	lock, err := r.Store.LockTask(id)
 	if err != nil {
-		return classify(err)
+		return turn.Classify(err)
 	}
 	defer lock.Release()
-	return f()
+	return f(id)
 }
 
 // Collect moves what the task's last turn left in its outbox into to (or a
 // new directory under the state dir), under the task lock so no turn is
 // writing meanwhile.
-func (r *Runner) Collect(ctx context.Context, task, to string) (*outbox.Report, error) {
+func (r *Commands) Collect(ctx context.Context, task, to string) (*outbox.Report, error) {
 	var rep *outbox.Report
-	err := r.withTask(task, func() error {
-		wt, err := r.Store.Recall(task, taskstate.FactWorktree)
+	err := r.withTask(task, func(id taskid.ID) error {
+		wt, err := r.Store.Recall(id, taskstate.FactWorktree)
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		if to == "" {
 			to = filepath.Join(r.Cfg.State.Dir, "deliveries", task, time.Now().UTC().Format("20060102T150405.000000000Z"))
@@ -54,7 +61,7 @@ func (r *Runner) Collect(ctx context.Context, task, to string) (*outbox.Report, 
 		defer cancel()
 		rep, err = outbox.Collect(cctx, outbox.Request{Root: r.Cfg.Outbox.Root, Task: task, To: to, Limits: outbox.LimitsFrom(r.Cfg.Outbox), Worktree: wt})
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrInput, err)
+			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
 		return nil
 	})
@@ -62,13 +69,13 @@ func (r *Runner) Collect(ctx context.Context, task, to string) (*outbox.Report, 
 }
 
 // ListOutbox reports what Collect would deliver, changing nothing.
-func (r *Runner) ListOutbox(ctx context.Context, task string) (*outbox.Report, error) {
+func (r *Commands) ListOutbox(ctx context.Context, task string) (*outbox.Report, error) {
 	var rep *outbox.Report
-	err := r.withTask(task, func() error {
+	err := r.withTask(task, func(id taskid.ID) error {
 		var err error
 		rep, err = outbox.List(ctx, r.Cfg.Outbox.Root, task, outbox.LimitsFrom(r.Cfg.Outbox))
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrInput, err)
+			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
 		return nil
 	})
@@ -76,10 +83,10 @@ func (r *Runner) ListOutbox(ctx context.Context, task string) (*outbox.Report, e
 }
 
 // ReleaseOutbox unmounts the task's outbox, discarding what is left in it.
-func (r *Runner) ReleaseOutbox(task string) error {
-	return r.withTask(task, func() error {
+func (r *Commands) ReleaseOutbox(task string) error {
+	return r.withTask(task, func(id taskid.ID) error {
 		if err := outbox.Release(r.Cfg.Outbox.Root, task); err != nil {
-			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		return nil
 	})
@@ -101,40 +108,40 @@ type CommitResult struct {
 // config that a turn added or changed (worktreeguard) is the next thing the
 // owner's repository would run: the commit is refused unless every such
 // path is named in allow, and the named ones become trusted.
-func (r *Runner) Commit(ctx context.Context, task, message string, author gitseal.Author, allow []string) (*CommitResult, error) {
+func (r *Commands) Commit(ctx context.Context, task, message string, author gitseal.Author, allow []string) (*CommitResult, error) {
 	res := &CommitResult{Task: task, AgentConfig: []worktreeguard.Change{}, Accepted: []string{}}
-	err := r.withTask(task, func() error {
-		wt, err := r.Store.Recall(task, taskstate.FactWorktree)
+	err := r.withTask(task, func(id taskid.ID) error {
+		wt, err := r.Store.Recall(id, taskstate.FactWorktree)
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		if wt == "" {
-			return fmt.Errorf("%w: task %q has no worktree (run it with --worktree)", ErrInput, task)
+			return fmt.Errorf("%w: task %q has no worktree (run it with --worktree)", fault.Input, task)
 		}
 		store := r.TrustStore(task)
 		m, err := store.Load()
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		if m == nil {
-			return fmt.Errorf("%w: task %q has no trusted record of its worktree's agent config; review %s and run `shrooms trust --task %s` first", ErrInput, task, wt, task)
+			return fmt.Errorf("%w: task %q has no trusted record of its worktree's agent config; review %s and run `shrooms trust --task %s` first", fault.Input, task, wt, task)
 		}
 		check, err := store.Guard(ctx, wt, m)
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrInput, err)
+			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
 		res.AgentConfig = check.Changes
 		if err := acceptAgentConfig(check.Changes, allow); err != nil {
 			return err
 		}
-		id, err := gitseal.Commit(ctx, wt, message, author)
+		commit, err := gitseal.Commit(ctx, wt, message, author)
 		if err != nil && !errors.Is(err, gitseal.ErrNothingToCommit) {
-			return fmt.Errorf("%w: %v", ErrInput, err)
+			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
-		res.Commit = id
+		res.Commit = commit
 		if len(allow) > 0 {
 			if _, terr := store.Trust(ctx, wt, allow); terr != nil {
-				return fmt.Errorf("%w: committed %s, but trusting %v failed: %v", ErrHostNotReady, id, allow, terr)
+				return fmt.Errorf("%w: committed %s, but trusting %v failed: %w", fault.HostNotReady, commit, allow, terr)
 			}
 			res.Accepted = append(res.Accepted, allow...)
 		}
@@ -163,10 +170,10 @@ func acceptAgentConfig(changes []worktreeguard.Change, allow []string) error {
 		pending = append(pending, fmt.Sprintf("%s (%s: %s)", c.Path, c.Change, c.Why))
 	}
 	if len(pending) > 0 {
-		return fmt.Errorf("%w: %w: %s; review them and name each with --allow-agent-config PATH to commit", ErrInput, ErrAgentConfig, strings.Join(pending, ", "))
+		return fmt.Errorf("%w: %w: %s; review them and name each with --allow-agent-config PATH to commit", fault.Input, ErrAgentConfig, strings.Join(pending, ", "))
 	}
 	for p := range named {
-		return fmt.Errorf("%w: --allow-agent-config %q names no changed agent config", ErrInput, p)
+		return fmt.Errorf("%w: --allow-agent-config %q names no changed agent config", fault.Input, p)
 	}
 	return nil
 }
@@ -185,27 +192,27 @@ type TrustResult struct {
 // Trust records the worktree's agent config (all of it, or the given
 // worktree-relative paths) as the owner's trusted version, so later turns
 // no longer mask it. worktree "" means the task's remembered worktree.
-func (r *Runner) Trust(ctx context.Context, task, worktree string, paths []string) (*TrustResult, error) {
-	if err := mounts.ValidateTaskID(task); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInput, err)
+func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []string) (*TrustResult, error) {
+	if _, err := taskid.Parse(task); err != nil {
+		return nil, fmt.Errorf("%w: %w", fault.Input, err)
 	}
 	for _, p := range paths {
 		if p == "" || strings.HasPrefix(p, "/") || p != filepath.ToSlash(filepath.Clean(p)) || strings.HasPrefix(p, "../") || p == ".." {
-			return nil, fmt.Errorf("%w: %q is not a clean worktree-relative path", ErrInput, p)
+			return nil, fmt.Errorf("%w: %q is not a clean worktree-relative path", fault.Input, p)
 		}
 	}
 	res := &TrustResult{Task: task, Changes: []worktreeguard.Change{}}
-	err := r.withTask(task, func() error {
+	err := r.withTask(task, func(id taskid.ID) error {
 		if worktree == "" {
 			var err error
-			if worktree, err = r.Store.Recall(task, taskstate.FactWorktree); err != nil {
-				return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			if worktree, err = r.Store.Recall(id, taskstate.FactWorktree); err != nil {
+				return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 			}
 			if worktree == "" {
-				return fmt.Errorf("%w: task %q has no worktree; pass --worktree", ErrInput, task)
+				return fmt.Errorf("%w: task %q has no worktree; pass --worktree", fault.Input, task)
 			}
 		}
-		wt, err := r.checkWorktree(worktree)
+		wt, err := r.CheckWorktree(worktree)
 		if err != nil {
 			return err
 		}
@@ -217,11 +224,11 @@ func (r *Runner) Trust(ctx context.Context, task, worktree string, paths []strin
 		}
 		tr, err := store.Trust(ctx, wt, paths)
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrInput, err)
+			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
 		res.TrustResult = tr
-		if err := r.Store.Remember(task, taskstate.FactWorktree, wt); err != nil {
-			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		if err := r.Store.Remember(id, taskstate.FactWorktree, wt); err != nil {
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		return nil
 	})
@@ -230,37 +237,37 @@ func (r *Runner) Trust(ctx context.Context, task, worktree string, paths []strin
 
 // Reset resets the task HOME now (or, with dryRun, reports what a reset
 // would do). agent "" means the agent of the task's last turn.
-func (r *Runner) Reset(ctx context.Context, task, agent string, dryRun bool) (*homereset.Report, error) {
+func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (*homereset.Report, error) {
 	var rep *homereset.Report
-	err := r.withTask(task, func() error {
+	err := r.withTask(task, func(id taskid.ID) error {
 		if agent == "" {
 			var err error
-			if agent, err = r.Store.Recall(task, taskstate.FactAgent); err != nil {
-				return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			if agent, err = r.Store.Recall(id, taskstate.FactAgent); err != nil {
+				return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 			}
 			if agent == "" {
-				return fmt.Errorf("%w: task %q has run no agent yet; pass --agent", ErrInput, task)
+				return fmt.Errorf("%w: task %q has run no agent yet; pass --agent", fault.Input, task)
 			}
 		}
 		a, err := r.Cfg.Agent(agent)
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrInput, err)
+			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
-		ids, err := r.Store.TaskIDs(task, r.IDFiles, false)
+		ids, err := r.Store.TaskIDs(id, r.IDFiles, false)
 		if err != nil {
-			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
-		root, err := r.HomeRoot(ctx, task)
+		root, err := r.Home().Mounted(ctx, task)
 		if err != nil {
 			return err
 		}
-		rep, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.homeTask(root, ids, a.Home), DryRun: dryRun})
+		rep, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(root, ids, a.Home), DryRun: dryRun})
 		if err != nil {
-			return fmt.Errorf("%w: HOME reset: %v", ErrHostNotReady, err)
+			return fmt.Errorf("%w: HOME reset: %w", fault.HostNotReady, err)
 		}
 		if !dryRun {
 			if _, err := homereset.Cleanup(ctx, root); err != nil {
-				return fmt.Errorf("%w: HOME cleanup: %v", ErrHostNotReady, err)
+				return fmt.Errorf("%w: HOME cleanup: %w", fault.HostNotReady, err)
 			}
 		}
 		return nil
@@ -272,27 +279,27 @@ func (r *Runner) Reset(ctx context.Context, task, agent string, dryRun bool) (*h
 // ones too), its HOME (volume and capped filesystem), its outbox, its token
 // secrets and its state (lock, turn counter, user-namespace slot, which
 // becomes free for a new task). The worktree and delivered outboxes stay.
-func (r *Runner) Forget(ctx context.Context, task string) error {
-	return r.withTask(task, func() error {
-		if _, err := r.removeLeftovers(ctx, task); err != nil {
-			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+func (r *Commands) Forget(ctx context.Context, task string) error {
+	return r.withTask(task, func(id taskid.ID) error {
+		if _, err := r.RemoveLeftovers(ctx, task); err != nil {
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
-		if err := r.releaseWorktrees(task); err != nil {
-			return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		if err := r.ReleaseWorktrees(id); err != nil {
+			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
-		if err := r.RemoveHome(ctx, task); err != nil {
+		if err := r.Home().Remove(ctx, task); err != nil {
 			return err
 		}
 		if _, err := os.Stat(r.Cfg.Outbox.Root); err == nil {
 			if err := outbox.Release(r.Cfg.Outbox.Root, task); err != nil {
-				return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+				return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 			}
 		}
 		for name := range r.Cfg.Tokens {
-			_ = r.Podman.RemoveSecret(ctx, SecretName(task, name))
+			_ = r.Podman.RemoveSecret(ctx, turn.SecretName(task, name))
 		}
-		if err := os.RemoveAll(r.taskDir(task)); err != nil {
-			return fmt.Errorf("%w: remove task state: %v", ErrHostNotReady, err)
+		if err := os.RemoveAll(r.TaskDir(task)); err != nil {
+			return fmt.Errorf("%w: remove task state: %w", fault.HostNotReady, err)
 		}
 		return nil
 	})

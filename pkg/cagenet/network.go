@@ -1,4 +1,9 @@
-package turn
+// Package cagenet is the cage network and its seal: it ensures the podman
+// network the config names, verifies that the nftables seal installed by
+// pkg/firewall matches the config before a networked turn, and watches the
+// seal while a cage runs. It sits below pkg/turn, which calls it through
+// turn.SealChecker and turn.SealWatcher.
+package cagenet
 
 import (
 	"context"
@@ -8,6 +13,8 @@ import (
 	"strings"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/engine"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
@@ -31,20 +38,20 @@ func networkSpec(n config.Network) (podman.NetworkSpec, error) {
 
 // EnsureNetwork creates the cage network if it is missing and checks an
 // existing one against the config. It reports whether it created it.
-func EnsureNetwork(ctx context.Context, cfg *config.Config, client *podman.Client) (bool, error) {
+func EnsureNetwork(ctx context.Context, cfg *config.Config, client engine.Networks) (bool, error) {
 	if !cfg.Network.Networked() {
 		return false, nil
 	}
 	have, err := client.InspectNetwork(ctx, cfg.Network.Name)
 	if err != nil {
-		return false, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return false, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	if have != nil {
 		return false, checkNetwork(cfg, have)
 	}
 	spec, err := networkSpec(cfg.Network)
 	if err != nil {
-		return false, fmt.Errorf("%w: %v", ErrInput, err)
+		return false, fmt.Errorf("%w: %w", fault.Input, err)
 	}
 	if err := client.CreateNetwork(ctx, spec); err != nil {
 		// Another task's turn may have created it meanwhile: then it only
@@ -52,20 +59,20 @@ func EnsureNetwork(ctx context.Context, cfg *config.Config, client *podman.Clien
 		if again, ierr := client.InspectNetwork(ctx, cfg.Network.Name); ierr == nil && again != nil {
 			return false, CheckNetwork(ctx, cfg, client)
 		}
-		return false, fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return false, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	return true, CheckNetwork(ctx, cfg, client)
 }
 
 // CheckNetwork verifies that the cage network exists exactly as configured:
 // its bridge interface (the one the seal filters) and its subnets.
-func CheckNetwork(ctx context.Context, cfg *config.Config, client *podman.Client) error {
+func CheckNetwork(ctx context.Context, cfg *config.Config, client engine.Networks) error {
 	have, err := client.InspectNetwork(ctx, cfg.Network.Name)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrHostNotReady, err)
+		return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	if have == nil {
-		return fmt.Errorf("%w: podman network %q does not exist (run `shrooms net apply`)", ErrHostNotReady, cfg.Network.Name)
+		return fmt.Errorf("%w: podman network %q does not exist (run `shrooms net apply`)", fault.HostNotReady, cfg.Network.Name)
 	}
 	return checkNetwork(cfg, have)
 }
@@ -73,7 +80,7 @@ func CheckNetwork(ctx context.Context, cfg *config.Config, client *podman.Client
 // checkNetwork is CheckNetwork on an inspected network.
 func checkNetwork(cfg *config.Config, have *podman.Network) error {
 	if have.Bridge != cfg.Network.Bridge {
-		return fmt.Errorf("%w: podman network %q uses bridge %q, but the seal guards %q (network.bridge); remove the network or fix the config", ErrHostNotReady, have.Name, have.Bridge, cfg.Network.Bridge)
+		return fmt.Errorf("%w: podman network %q uses bridge %q, but the seal guards %q (network.bridge); remove the network or fix the config", fault.HostNotReady, have.Name, have.Bridge, cfg.Network.Bridge)
 	}
 	want := []string{cfg.Network.Subnet4}
 	if cfg.Network.Subnet6 != "" {
@@ -83,10 +90,10 @@ func checkNetwork(cfg *config.Config, have *podman.Network) error {
 	sort.Strings(want)
 	sort.Strings(got)
 	if strings.Join(got, ",") != strings.Join(want, ",") {
-		return fmt.Errorf("%w: podman network %q has subnets %v, the config %v; remove the network or fix the config", ErrHostNotReady, have.Name, got, want)
+		return fmt.Errorf("%w: podman network %q has subnets %v, the config %v; remove the network or fix the config", fault.HostNotReady, have.Name, got, want)
 	}
 	if have.Internal {
-		return fmt.Errorf("%w: podman network %q is internal; shrooms' seal expects a routed bridge", ErrHostNotReady, have.Name)
+		return fmt.Errorf("%w: podman network %q is internal; shrooms' seal expects a routed bridge", fault.HostNotReady, have.Name)
 	}
 	return nil
 }

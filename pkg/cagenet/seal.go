@@ -1,0 +1,67 @@
+package cagenet
+
+import (
+	"context"
+	"errors"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/engine"
+	"github.com/shrooms-cage/shrooms/pkg/firewall"
+)
+
+// CheckSeal verifies the nftables seal in the network namespace opts names
+// before a networked turn, then makes sure the cage network exists as
+// configured (creating it if missing, unless dry). Under the allowlist
+// policy it re-applies the seal first (refreshing the resolved names),
+// unless dry, and returns the resolved names as "name:address" entries for
+// the cage's /etc/hosts.
+func CheckSeal(ctx context.Context, cfg *config.Config, client engine.Networks, opts firewall.Options, dry bool) ([]string, error) {
+	var hosts []string
+	if cfg.Network.Policy == "allowlist" {
+		var r firewall.Resolved
+		var err error
+		if dry {
+			r, err = firewall.Resolve(ctx, cfg.Network, opts)
+		} else {
+			r, err = firewall.ApplyResolved(ctx, cfg.Network, opts)
+		}
+		if err != nil {
+			return nil, err
+		}
+		hosts = r.HostEntries()
+	}
+	verify := firewall.Refresh // a host route that appeared is added to the seal
+	if dry {
+		verify = firewall.Verify
+	}
+	st, err := verify(ctx, cfg.Network, opts)
+	if err != nil {
+		return nil, err
+	}
+	if !st.OK {
+		return nil, errors.New(st.Reason)
+	}
+	if dry {
+		if n, err := client.InspectNetwork(ctx, cfg.Network.Name); err != nil || n == nil {
+			return hosts, err // a missing network is created by the turn itself
+		}
+		return hosts, CheckNetwork(ctx, cfg, client)
+	}
+	if _, err := EnsureNetwork(ctx, cfg, client); err != nil {
+		return nil, err
+	}
+	// Before this turn's cage joins the bridge, so that it cannot change
+	// the gateway's address under the cages already running.
+	if err := firewall.PinBridgeMAC(cfg.Network.Bridge, opts); err != nil {
+		return nil, err
+	}
+	return hosts, nil
+}
+
+// Checker is CheckSeal in shrooms' own network namespace, as the turn's
+// seal check (turn.SealChecker).
+func Checker(client engine.Networks) func(ctx context.Context, cfg *config.Config, dry bool) ([]string, error) {
+	return func(ctx context.Context, cfg *config.Config, dry bool) ([]string, error) {
+		return CheckSeal(ctx, cfg, client, firewall.Options{}, dry)
+	}
+}

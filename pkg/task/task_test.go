@@ -1,0 +1,185 @@
+package task
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"gotest.tools/v3/assert"
+	is "gotest.tools/v3/assert/cmp"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
+	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+)
+
+func TestFlockHolder(t *testing.T) {
+	locks := []byte(`1: POSIX  ADVISORY  WRITE 111 fd:01:131 0 EOF
+2: FLOCK  ADVISORY  WRITE 4242 fd:01:131 0 EOF
+2: -> FLOCK  ADVISORY  WRITE 5555 fd:01:131 0 EOF
+3: FLOCK  ADVISORY  WRITE 777 08:10:131 0 EOF
+`)
+	assert.Equal(t, flockHolder(locks, 0xfd, 1, 131), 4242, "the FLOCK holder, not a POSIX lock or a waiter")
+	assert.Equal(t, flockHolder(locks, 8, 16, 131), 777, "device numbers are hex")
+	assert.Equal(t, flockHolder(locks, 0xfd, 1, 132), 0)
+}
+
+func TestAcceptAgentConfig(t *testing.T) {
+	changes := []worktreeguard.Change{
+		{Path: ".claude/settings.json", Change: "added", Why: "hooks"},
+		{Path: "CLAUDE.md", Change: "deleted"},
+	}
+	err := acceptAgentConfig(changes, nil)
+	assert.Assert(t, errors.Is(err, ErrAgentConfig), "%v", err)
+	assert.Assert(t, errors.Is(err, fault.Input), "%v", err)
+	assert.ErrorContains(t, err, ".claude/settings.json (added: hooks)")
+	assert.NilError(t, acceptAgentConfig(changes, []string{".claude/settings.json"}))
+	assert.NilError(t, acceptAgentConfig(changes, []string{".claude/settings.json", "CLAUDE.md"}), "a deleted path may be named")
+	err = acceptAgentConfig(changes, []string{".claude/settings.json", "other"})
+	assert.Assert(t, errors.Is(err, fault.Input) && !errors.Is(err, ErrAgentConfig), "%v", err)
+	assert.ErrorContains(t, err, `"other" names no changed agent config`)
+}
+
+// TestCheckTask needs only a state directory: it runs unprivileged.
+func TestCheckTask(t *testing.T) {
+	cfg := &config.Config{State: config.State{Dir: t.TempDir()}}
+	err := CheckTask(cfg, "Bad/id")
+	assert.Assert(t, errors.Is(err, fault.Input), "%v", err)
+	assert.ErrorContains(t, err, "invalid task id")
+	err = CheckTask(cfg, "nosuch")
+	assert.Assert(t, errors.Is(err, fault.Input) && errors.Is(err, ErrUnknownTask), "%v", err)
+	assert.NilError(t, os.MkdirAll(filepath.Join(cfg.State.Dir, "tasks", "known"), 0o700))
+	assert.NilError(t, CheckTask(cfg, "known"))
+}
+
+// harness is task commands on the test podman service with a private state
+// dir.
+type harness struct {
+	t      *testing.T
+	cfg    *config.Config
+	client *podman.Client
+	cmds   *Commands
+	prefix string
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	itest.Require(t, itest.Root, itest.Podman)
+	dir := t.TempDir()
+	prefix := itest.UniqueName("tk")
+	cfg, err := config.Parse("test.toml", []byte(fmt.Sprintf(`
+[podman]
+socket = %q
+[state]
+dir = %q
+[cage]
+image = %q
+memory = "256m"
+pids = 128
+timeout = "60s"
+stop_grace = "2s"
+[network]
+policy = "none"
+[home]
+volume_prefix = "shrooms-home-%s-"
+[outbox]
+root = %q
+`, itest.Socket(), filepath.Join(dir, "state"), itest.TestImage, prefix, filepath.Join(dir, "outbox"))))
+	assert.NilError(t, err)
+	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
+	assert.NilError(t, err)
+	h := &harness{t: t, cfg: cfg, client: client, cmds: New(turn.NewRunner(cfg, client, nil)), prefix: prefix}
+	t.Cleanup(h.cleanup)
+	return h
+}
+
+func (h *harness) task(name string) string { return h.prefix + "-" + name }
+
+func (h *harness) cleanup() {
+	ctx := context.Background()
+	cages, err := h.client.ListByLabel(ctx, sealed.LabelManaged, "1")
+	if err != nil {
+		h.t.Errorf("list cages: %v", err)
+	}
+	for _, c := range cages {
+		if strings.HasPrefix(c.Labels[sealed.LabelTask], h.prefix) {
+			h.t.Errorf("cage %s of this test was left behind", c.Name)
+			_ = h.client.Remove(ctx, c.ID)
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(h.cfg.State.Dir, "tasks"))
+	for _, e := range entries {
+		if err := h.cmds.Home().Remove(ctx, e.Name()); err != nil {
+			h.t.Errorf("remove HOME: %v", err)
+		}
+		if _, err := os.Stat(h.cfg.Outbox.Root); err != nil {
+			continue
+		}
+		if err := outbox.Release(h.cfg.Outbox.Root, e.Name()); err != nil && !os.IsNotExist(err) {
+			h.t.Errorf("release outbox: %v", err)
+		}
+	}
+}
+
+func (h *harness) cagesOf(task string) []podman.Cage {
+	cages, err := h.client.ListByLabel(context.Background(), sealed.LabelTask, task)
+	assert.NilError(h.t, err)
+	return cages
+}
+
+// TestLeftoverCageIsRemovedByGC: a running cage as a crashed shrooms would
+// leave it is removed by gc.
+func TestLeftoverCageIsRemovedByGC(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	task := h.task("left")
+	// A first turn leaves what a turn writes (seccomp profile, HOME policy);
+	// the leftover is the cage of the next one.
+	res, err := h.cmds.Run(ctx, turn.Request{Task: task, Agent: "shell", Args: []string{"-c", "true"}})
+	assert.NilError(t, err)
+	assert.Equal(t, res.ExitCode, 0)
+	spec, err := h.cmds.Spec(ctx, turn.Request{Task: task, Agent: "shell", Args: []string{"-c", "sleep 600"}})
+	assert.NilError(t, err)
+	id, err := h.client.Create(ctx, spec)
+	assert.NilError(t, err)
+	_, err = h.client.Start(ctx, id, podman.Streams{})
+	assert.NilError(t, err)
+	assert.Equal(t, len(h.cagesOf(task)), 1, "the positive control: the leftover cage exists")
+
+	rep, err := h.cmds.GC(ctx)
+	assert.NilError(t, err)
+	assert.Assert(t, is.Contains(rep.Removed, spec.Name))
+	assert.Equal(t, len(h.cagesOf(task)), 0)
+}
+
+// TestForgetRemovesTheTask: forget removes the task's HOME volume and
+// state; the task is then unknown.
+func TestForgetRemovesTheTask(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	task := h.task("forget")
+	_, err := h.cmds.Bootstrap(ctx, task, nil)
+	assert.NilError(t, err)
+	ok, err := h.client.VolumeExists(ctx, h.cmds.Home().Name(task))
+	assert.NilError(t, err)
+	assert.Assert(t, ok, "the positive control: the HOME volume exists")
+	assert.NilError(t, CheckTask(h.cfg, task))
+
+	assert.NilError(t, h.cmds.Forget(ctx, task))
+	ok, err = h.client.VolumeExists(ctx, h.cmds.Home().Name(task))
+	assert.NilError(t, err)
+	assert.Assert(t, !ok, "the HOME volume is gone")
+	_, err = os.Stat(h.cmds.TaskDir(task))
+	assert.Assert(t, os.IsNotExist(err), "the task state is gone: %v", err)
+	err = h.cmds.Forget(ctx, task)
+	assert.Assert(t, errors.Is(err, ErrUnknownTask), "%v", err)
+}
