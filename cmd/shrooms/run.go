@@ -63,6 +63,10 @@ func runCommand() *cli.Command {
 		Description: `Runs the agent's command (plus ARGS) in a new cage, streams its output,
 waits for it with a deadline and removes the cage on every path out; then
 gives the worktree's files back to the worktree's owner.
+Once the agent has exited, shrooms prints the result and exits at once: the
+cage's removal and the preparation of the task's next cage (cage.prepare_next,
+on by default; --prepare-next=false skips it) go on in a detached child that
+holds the task lock, so the task's next turn waits at most for it.
 The exit status is the agent's. With --json the last line of stdout is one
 JSON object (docs/json.md): task, turn, cage id, exit code, status, OOM
 flag, phase durations, the HOME reset report, the worktree guard's report
