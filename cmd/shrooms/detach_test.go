@@ -99,6 +99,17 @@ func TestDetachedTeardown(t *testing.T) {
 	st := cageIDs(t, client, task)[r.Cage]
 	assert.Assert(t, st == "exited" || st == "stopped", "the cage is not there after run exited: %q", st)
 	assert.Assert(t, lockHeld(t, e, task))
+	// status names the teardown, not the run process that took the lock;
+	// stop does not cut it short (the turn already ended).
+	code, stdout, stderr := e.shrooms("--json", "status", "--task", task)
+	assert.Equal(t, code, 0, stderr)
+	var status struct {
+		Busy bool `json:"busy"`
+		PID  int  `json:"pid"`
+	}
+	assert.NilError(t, json.Unmarshal([]byte(strings.TrimSpace(stdout)), &status), stdout)
+	assert.Assert(t, status.Busy)
+	assert.Equal(t, status.PID, r.TeardownPID)
 
 	// The next turn waits for the child instead of failing as busy.
 	type outcome struct {
@@ -137,7 +148,7 @@ func TestDetachedTeardown(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	assert.Assert(t, !lockHeld(t, e, task), "a killed teardown still holds the task")
-	code, stdout, stderr := e.shrooms("gc")
+	code, stdout, stderr = e.shrooms("gc")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, "removed 1"), stdout)
 	assert.Equal(t, len(cageIDs(t, client, task)), 0)

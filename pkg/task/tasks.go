@@ -175,7 +175,17 @@ func (r *Commands) lockHolder(task string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("read /proc/locks: %w", err)
 	}
-	return flockHolder(locks, unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino), nil
+	pid := flockHolder(locks, unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	if pid != 0 {
+		// A detached teardown holds the lock its turn's process took (and
+		// /proc/locks still names that process): it wrote its own pid.
+		if id, err := taskid.Parse(task); err == nil {
+			if tp := r.Store.TeardownHolder(id); tp != 0 {
+				return tp, nil
+			}
+		}
+	}
+	return pid, nil
 }
 
 // flockHolder finds the pid holding a FLOCK on the inode in /proc/locks
@@ -222,7 +232,12 @@ func (r *Commands) Stop(task string, wait time.Duration) (*StopResult, error) {
 		return res, nil
 	}
 	res.PID = pid
-	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+	// A detached teardown is not a turn: the turn already ended; wait for
+	// the teardown instead of cutting it short.
+	teardown := r.Store.TeardownHolder(id) == pid
+	if teardown {
+		res.PID = 0
+	} else if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return nil, fmt.Errorf("%w: signal shrooms process %d: %w", fault.HostNotReady, pid, err)
 	}
 	deadline := time.Now().Add(wait)
@@ -239,7 +254,7 @@ func (r *Commands) Stop(task string, wait time.Duration) (*StopResult, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	res.Stopped = true
+	res.Stopped = !teardown
 	res.Turn, _ = r.Store.LastTurn(id)
 	return res, nil
 }

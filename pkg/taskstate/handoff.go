@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // TeardownWait bounds how long taking a task's lock waits for a detached
@@ -80,4 +83,27 @@ func waitTeardown(f *os.File) error {
 		}
 		time.Sleep(delay)
 	}
+}
+
+// TeardownHolder returns the pid a detached teardown wrote into the task's
+// lock file (0 when the file carries no such mark). Only meaningful while
+// the lock is held: a teardown that died leaves its mark behind.
+func (s Store) TeardownHolder(task taskid.ID) int {
+	dir, err := s.taskPath(task)
+	if err != nil {
+		return 0
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	b := make([]byte, 32)
+	n, _ := f.ReadAt(b, 0)
+	rest, ok := strings.CutPrefix(string(b[:n]), teardownMark)
+	if !ok {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(rest))
+	return pid
 }

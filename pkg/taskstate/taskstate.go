@@ -76,7 +76,10 @@ func (s Store) LockTask(task taskid.ID) (*Lock, error) {
 	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 	if errors.Is(err, unix.EWOULDBLOCK) && heldByTeardown(f) {
 		// The previous turn's cage is being removed (handoff.go): wait.
-		err = waitTeardown(f)
+		if err = waitTeardown(f); errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("%w: task %q: the previous turn's teardown still holds it after %s (see teardown.log in its state directory)", ErrBusy, task, TeardownWait)
+		}
 	}
 	if err != nil {
 		f.Close()
