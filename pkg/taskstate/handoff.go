@@ -1,6 +1,7 @@
 package taskstate
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -106,4 +107,49 @@ func (s Store) TeardownHolder(task taskid.ID) int {
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(rest))
 	return pid
+}
+
+// Starting marks this process as starting a turn (a shared lock on the
+// host's starting.lock) until the returned lock is released, once its cage
+// runs. Detached teardowns wait for a moment with no turn starting
+// (WaitStarts), so a burst of turns starts before the removals and
+// preparations their predecessors left.
+func (s Store) Starting() (*Lock, error) {
+	f, err := s.openStarting()
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("starting lock: %w", err)
+	}
+	return &Lock{f: f}, nil
+}
+
+// WaitStarts waits until no turn is starting on the host, for at most max:
+// a steady stream of starts delays a teardown, never stops it.
+func (s Store) WaitStarts(ctx context.Context, max time.Duration) {
+	f, err := s.openStarting()
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	deadline := time.Now().Add(max)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil {
+			return // released by Close
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (s Store) openStarting() (*os.File, error) {
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("starting lock: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(s.Dir, "starting.lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("starting lock: %w", err)
+	}
+	return f, nil
 }

@@ -1,10 +1,12 @@
 package taskstate
 
 import (
+	"context"
 	"errors"
 	"os"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
@@ -73,4 +75,32 @@ func TestHandOff(t *testing.T) {
 	_, err = s.LockTask(taskid.Must("t1"))
 	assert.Assert(t, errors.Is(err, ErrBusy), "%v", err)
 	assert.NilError(t, l.Release())
+}
+
+// TestWaitStarts: a teardown waits while a turn is starting, and goes once
+// the turn's cage runs; turns starting together never wait for each other.
+func TestWaitStarts(t *testing.T) {
+	s := Store{Dir: t.TempDir()}
+	s.WaitStarts(context.Background(), time.Minute) // none starting: returns
+
+	a, err := s.Starting()
+	assert.NilError(t, err)
+	b, err := s.Starting() // shared: a second turn starts beside the first
+	assert.NilError(t, err)
+	var released atomic.Bool
+	done := make(chan bool, 1)
+	go func() {
+		s.WaitStarts(context.Background(), time.Minute)
+		done <- released.Load()
+	}()
+	assert.NilError(t, a.Release())
+	released.Store(true)
+	assert.NilError(t, b.Release())
+	assert.Assert(t, <-done, "the teardown went while a turn was starting")
+
+	// Bounded: a turn that never finishes starting delays it, no more.
+	c, err := s.Starting()
+	assert.NilError(t, err)
+	defer c.Release()
+	s.WaitStarts(context.Background(), 50*time.Millisecond)
 }

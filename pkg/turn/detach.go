@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -54,6 +55,8 @@ func (r *Runner) handOff(lock *taskstate.Lock, req Request, p *prepared, res *Re
 // what any crash leaves: the next turn or gc removes it.
 func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Teardown, next *Request) error {
 	defer lock.Release()
+	// Turns that are starting go first (a burst of them, typically).
+	r.Store.WaitStarts(ctx, 2*time.Second)
 	var errs []error
 	// The turn's cage is the task's only one: a prepared cage was taken by
 	// the turn, or swept before it.

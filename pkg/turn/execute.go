@@ -73,6 +73,7 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		return res, r.stopped(ctx, waitCtx, id, res, err, deadline)
 	}
 	c.lap("start")
+	c.started()
 	// The seal is watched while the cage runs; one that cannot be put back
 	// stops the cage (sealwatch.go).
 	sealLost, endWatch := r.watchSeal(waitCtx, res, cancel)

@@ -153,7 +153,13 @@ type Result struct {
 type clock struct {
 	start, last time.Time
 	res         *Result
+	// starting is held from the turn's start until its cage runs
+	// (taskstate.Store.Starting); nil when it could not be taken.
+	starting *taskstate.Lock
 }
+
+// started releases the turn's starting mark once its cage runs.
+func (c *clock) started() { c.starting.Release() }
 
 func (c *clock) lap(name string) {
 	now := time.Now()
@@ -169,6 +175,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	res := &Result{Task: req.Task, Agent: req.Agent, Status: "error", ExitCode: -1}
 	c := &clock{start: time.Now(), last: time.Now(), res: res}
 	defer func() { res.TotalMs = ms(time.Since(c.start)) }()
+	// Detached teardowns of other turns wait while this one starts.
+	c.starting, _ = r.Store.Starting()
+	defer c.started()
 
 	in, err := r.check(ctx, req, false)
 	if err != nil {
