@@ -11,7 +11,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 GOFLAGS_TEST := -tags "$(TAGS)" -count=1 -p 1 -timeout 25m
 SOCKET := unix:///run/shrooms-test/podman.sock
 
-.PHONY: all build setup test unit vet demo bench fuzz clean
+.PHONY: all build setup test unit vet demo bench fuzz clean install
 
 all: build
 
@@ -27,7 +27,7 @@ setup:
 	bash scripts/setup.sh
 
 vet:
-	@unformatted=$$(gofmt -l cmd pkg internal); if [ -n "$$unformatted" ]; then echo "not gofmt-formatted: $$unformatted"; exit 1; fi
+	@unformatted=$$(gofmt -l cmd pkg internal test); if [ -n "$$unformatted" ]; then echo "not gofmt-formatted: $$unformatted"; exit 1; fi
 	go vet -tags "$(TAGS)" ./...
 
 # The whole suite, integration tests included: a missing prerequisite fails.
@@ -37,6 +37,39 @@ test: setup vet
 # Unit tests only (no root, podman or nftables needed).
 unit:
 	go test -tags "$(TAGS)" -count=1 ./...
+
+# Outside NixOS: the binary, /etc/shrooms/config.toml from the example (an
+# existing one is never overwritten), the shrooms-seal unit that applies the
+# seal at boot before podman, the br_netfilter module and bridge sysctls the
+# seal needs, and a drop-in that re-applies the seal after nftables restarts.
+# Without DESTDIR, on a host where systemd runs, it also loads the module,
+# applies the sysctls and enables podman.socket and shrooms-seal.service.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+UNITDIR ?= $(SYSCONFDIR)/systemd/system
+DESTDIR ?=
+SHROOMS_BIN ?= bin/shrooms
+install: $(SHROOMS_BIN)
+	install -D -m 0755 $(SHROOMS_BIN) $(DESTDIR)$(BINDIR)/shrooms
+	@if [ -e $(DESTDIR)$(SYSCONFDIR)/shrooms/config.toml ]; then \
+		echo "install: kept the existing $(DESTDIR)$(SYSCONFDIR)/shrooms/config.toml"; \
+	else \
+		echo "install -D -m 0644 config.example.toml $(DESTDIR)$(SYSCONFDIR)/shrooms/config.toml"; \
+		install -D -m 0644 config.example.toml $(DESTDIR)$(SYSCONFDIR)/shrooms/config.toml; \
+	fi
+	install -d -m 0755 $(DESTDIR)$(UNITDIR)/nftables.service.d $(DESTDIR)$(SYSCONFDIR)/modules-load.d $(DESTDIR)$(SYSCONFDIR)/sysctl.d
+	sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@CONFIG@|$(SYSCONFDIR)/shrooms/config.toml|g' dist/shrooms-seal.service.in > $(DESTDIR)$(UNITDIR)/shrooms-seal.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/shrooms-seal.service
+	install -m 0644 dist/nftables-shrooms-seal.conf $(DESTDIR)$(UNITDIR)/nftables.service.d/shrooms-seal.conf
+	install -m 0644 dist/modules-load-shrooms.conf $(DESTDIR)$(SYSCONFDIR)/modules-load.d/shrooms.conf
+	install -m 0644 dist/sysctl-shrooms.conf $(DESTDIR)$(SYSCONFDIR)/sysctl.d/50-shrooms.conf
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then \
+		set -x; modprobe br_netfilter && sysctl -q -p $(SYSCONFDIR)/sysctl.d/50-shrooms.conf && \
+		systemctl daemon-reload && systemctl enable --now podman.socket shrooms-seal.service; \
+	else \
+		echo "install: systemd is not running here (or DESTDIR is set): enable podman.socket and shrooms-seal.service at boot yourself"; \
+	fi
 
 # A demonstration turn in a sealed cage.
 demo: setup build

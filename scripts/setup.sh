@@ -24,12 +24,16 @@ ok() { ensured+=("$*"); }
 # netavark + aardvark-dns + iptables: podman 4.3's bridge networks (netavark
 # 1.4 programs iptables). catatonit: --init. conmon: podman's monitor.
 # runc is named explicitly so apt satisfies podman's "crun | runc" with runc
-# (crun fails on hybrid cgroup hosts). Recommends are not installed.
+# (crun fails on hybrid cgroup hosts). systemd: systemd-analyze verifies the
+# unit `make install` writes. Recommends are not installed.
 packages=(
 	podman runc conmon netavark aardvark-dns iptables catatonit slirp4netns
 	nftables uidmap busybox-static iproute2 git jq ca-certificates curl
-	util-linux procps tar nix-bin
+	util-linux procps tar nix-bin systemd
 )
+# npm builds the agent image (scripts/build-agent-image.sh). Debian's npm
+# package, unless a nodejs that ships its own npm (NodeSource) is there.
+command -v npm >/dev/null || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do
 	if [ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" != installed ]; then

@@ -141,7 +141,11 @@ reach the model through the gateway). Prints the reset report as JSON.`,
 			if c.Bool("gateway") {
 				pg.AnthropicBaseURL = gateway.BaseURL()
 			}
-			if _, err := homereset.WritePolicyWith(c.String("policy"), cfg, agent.Home, pg); err != nil {
+			pol, err := homereset.PlanPolicy(c.String("policy"), cfg, agent.Home, pg)
+			if err == nil {
+				err = pol.Write()
+			}
+			if err != nil {
 				return fail(ExitHostNotReady, fmt.Errorf("reset-home: managed policy: %w", err))
 			}
 			return printJSON(c.App.Writer, rep)

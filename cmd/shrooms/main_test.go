@@ -18,6 +18,7 @@ import (
 	is "gotest.tools/v3/assert/cmp"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/homestore"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -49,25 +50,8 @@ func newEnv(t *testing.T, extra string) *env {
 	t.Helper()
 	dir := t.TempDir()
 	e := &env{t: t, dir: dir, prefix: itest.UniqueName("ct")}
-	e.config = filepath.Join(dir, "config.toml")
-	assert.NilError(t, os.WriteFile(e.config, []byte(fmt.Sprintf(`
-[podman]
-socket = %q
-[state]
-dir = %q
-[cage]
-image = %q
-memory = "256m"
-timeout = "60s"
-stop_grace = "2s"
-prepare_next = false
-[network]
-policy = "none"
-[home]
-volume_prefix = "shrooms-home-%s-"
-[outbox]
-root = %q
-%s`, itest.Socket(), filepath.Join(dir, "state"), itest.TestImage, e.prefix, filepath.Join(dir, "outbox"), extra)), 0o600))
+	// Prepared cages only where a test asks for them (--prepare-next).
+	e.config = testcfg.Config{Dir: dir, Prefix: e.prefix, Cage: map[string]any{"prepare_next": false}, Extra: extra}.Write(t)
 	return e
 }
 

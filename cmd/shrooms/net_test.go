@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -32,28 +34,10 @@ func TestNetworkedTurnInTestbed(t *testing.T) {
 	tb.StartPodman()
 	name := itest.UniqueName("sn")
 	dir := t.TempDir()
-	configFile := filepath.Join(dir, "config.toml")
-	assert.NilError(t, os.WriteFile(configFile, []byte(fmt.Sprintf(`
-[podman]
-socket = %q
-[state]
-dir = %q
-[cage]
-image = %q
-memory = "256m"
-timeout = "60s"
-stop_grace = "1s"
-[network]
-policy = "internet"
-name = %q
-bridge = %q
-subnet4 = "10.%d.%d.0/24"
-subnet6 = "fd89:5eed:%x::/64"
-[home]
-volume_prefix = "shrooms-home-%s-"
-[outbox]
-root = %q
-`, tb.PodmanURL, filepath.Join(dir, "state"), itest.TestImage, name, name, 90+os.Getpid()%100, os.Getpid()%250, os.Getpid()%65000, name, filepath.Join(dir, "outbox"))), 0o600))
+	configFile := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: name,
+		Cage: map[string]any{"stop_grace": "1s"},
+		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
+			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000)}}.Write(t)
 	task := name + "-t"
 	t.Cleanup(func() {
 		if _, err := os.Stat(filepath.Join(dir, "outbox")); err == nil {
@@ -108,10 +92,15 @@ root = %q
 	code, stdout, stderr = shrooms("--json", "net", "status")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, `"ok":true`))
+	var status struct{ Installed string }
+	assert.NilError(t, json.Unmarshal([]byte(stdout), &status))
+	assert.Assert(t, len(status.Installed) == 64, stdout)
 
 	net1, lan1 := "n1"+name, "l1"+name
-	code, _, stderr = shrooms("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", probe(net1, lan1))
+	code, stdout, stderr = shrooms("run", "--json", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", probe(net1, lan1))
 	assert.Equal(t, code, 0, stderr)
+	// The result names the seal the turn verified: the one net status saw.
+	assert.Equal(t, lastObject(t, stdout)["seal_digest"], status.Installed)
 	time.Sleep(300 * time.Millisecond) // canaries log asynchronously
 	assert.Assert(t, len(tb.Hits(net1)) > 0, "positive control: the internet canary was not reached")
 	assert.Equal(t, len(tb.Hits(lan1)), 0, "the LAN router was reached through the seal: %+v", tb.Hits(lan1))

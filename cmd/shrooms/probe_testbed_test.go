@@ -15,6 +15,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -34,28 +35,10 @@ func TestProbeWithoutTargetsInTestbed(t *testing.T) {
 	tb.StartPodman()
 	name := itest.UniqueName("sq")
 	dir := t.TempDir()
-	configFile := filepath.Join(dir, "config.toml")
-	assert.NilError(t, os.WriteFile(configFile, []byte(fmt.Sprintf(`
-[podman]
-socket = %q
-[state]
-dir = %q
-[cage]
-image = %q
-memory = "256m"
-timeout = "90s"
-stop_grace = "1s"
-[network]
-policy = "internet"
-name = %q
-bridge = %q
-subnet4 = "10.%d.%d.0/24"
-subnet6 = "fd8b:5eed:%x::/64"
-[home]
-volume_prefix = "shrooms-home-%s-"
-[outbox]
-root = %q
-`, tb.PodmanURL, filepath.Join(dir, "state"), itest.TestImage, name, name, 60+os.Getpid()%30, os.Getpid()%250, os.Getpid()%65000, name, filepath.Join(dir, "outbox"))), 0o600))
+	configFile := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: name,
+		Cage: map[string]any{"timeout": "90s", "stop_grace": "1s"},
+		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
+			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 60+os.Getpid()%30, os.Getpid()%250), "subnet6": fmt.Sprintf("fd8b:5eed:%x::/64", os.Getpid()%65000)}}.Write(t)
 	bin := itest.ShroomsBinary(t)
 	t.Cleanup(func() {
 		cfg, err := config.Load(configFile)

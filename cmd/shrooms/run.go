@@ -23,6 +23,7 @@ func turnFlags() []cli.Flag {
 		&cli.DurationFlag{Name: "timeout", Usage: "turn deadline `DUR`", DefaultText: "cage.timeout of the config"},
 		&cli.BoolFlag{Name: "stdin", Usage: "attach shrooms' stdin to the agent (otherwise the cage's stdin is empty, so claude -p never waits for input)"},
 		&cli.BoolFlag{Name: "no-stdin", Hidden: true, Usage: "the default; accepted for older callers"},
+		&cli.BoolFlag{Name: "tty", Usage: "give the cage a terminal: for a person at one (stdin and stdout must be terminals; needs TIOCSTI closed: shrooms' seccomp profile or dev.tty.legacy_tiocsti=0)"},
 	}
 }
 
@@ -38,7 +39,26 @@ func turnRequest(c *cli.Context) turn.Request {
 	if c.Bool("stdin") {
 		req.Streams.Stdin = c.App.Reader
 	}
+	if c.Bool("tty") {
+		req.Terminal = true
+		if in, out, err := terminal(c); err == nil {
+			req.Streams = podman.Streams{Stdin: in, Stdout: out, Terminal: true}
+		}
+	}
 	return req
+}
+
+// terminal returns the person's terminal for run --tty: shrooms' own stdin
+// and stdout, both terminals.
+func terminal(c *cli.Context) (in, out *os.File, err error) {
+	in, _ = c.App.Reader.(*os.File)
+	if so, ok := c.App.Writer.(*stdout); ok {
+		out, _ = so.w.(*os.File)
+	}
+	if in == nil || out == nil || !isTerminal(in) || !isTerminal(out) {
+		return nil, nil, fmt.Errorf("--tty needs a terminal on stdin and stdout (run it from one, or drop --tty)")
+	}
+	return in, out, nil
 }
 
 // checkTurn validates a turn's flags and input against the config, before
@@ -47,6 +67,11 @@ func checkTurn(c *cli.Context) func(*config.Config) error {
 	return func(cfg *config.Config) error {
 		if c.Bool("stdin") && c.Bool("no-stdin") {
 			return fmt.Errorf("--stdin and --no-stdin contradict each other")
+		}
+		if c.Bool("tty") && c.Command.Name == "run" {
+			if _, _, err := terminal(c); err != nil {
+				return err
+			}
 		}
 		if err := turn.ValidateRequest(cfg, turnRequest(c)); err != nil {
 			return err
@@ -72,7 +97,9 @@ JSON object (docs/json.md): task, turn, cage id, exit code, status, OOM
 flag, phase durations, the HOME reset report, the worktree guard's report
 (agent config in the worktree that differs from what the owner trusted is
 masked in the cage and listed; see "shrooms trust --help"), model usage
-through the gateway, and the worktree give-back.`,
+through the gateway, the worktree give-back, the image, config and seal
+digests, and what the turn changed in the worktree (agent config flagged).
+With --tty the cage gets a terminal for a person at one.`,
 		Flags: append(turnFlags(),
 			&cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see the prepare command); =false skips it", DefaultText: "cage.prepare_next of the config"},
 			&cli.StringFlag{Name: "result-file", Usage: "also write the result object (docs/json.md) to `FILE`, replaced atomically, on every path once the flags are parsed"}),
@@ -91,7 +118,13 @@ through the gateway, and the worktree give-back.`,
 			// The result is printed as soon as the exit code is known; the
 			// cage's removal and the next preparation go on in a child.
 			r.Detach = detacher(c, r.Runner, prepareNext)
-			res, err := r.Run(ctx, turnRequest(c))
+			req := turnRequest(c)
+			res, err := r.Run(ctx, req)
+			if req.Terminal && jsonMode(c) {
+				// The terminal's output bypassed stdout's line tracking: the
+				// result starts on a line of its own.
+				fmt.Fprint(c.App.Writer, "\r\n")
+			}
 			if res != nil && res.WorktreeGuard != nil && len(res.WorktreeGuard.Masked) > 0 {
 				// Said on stderr too: a person at a terminal sees it without --json.
 				fmt.Fprintf(c.App.ErrWriter, "shrooms: masked agent config the owner has not trusted (review, then `shrooms trust --task %s`): %s\n",

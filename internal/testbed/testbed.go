@@ -1,4 +1,4 @@
-// Package testbed builds the DESIGN.md network topology for integration
+// Package testbed builds the test network topology (nix/tests/topology.json) for integration
 // tests out of network namespaces the test itself creates: an "internet"
 // namespace (TEST-NET addresses, HTTP/UDP/DNS/ICMP canaries), a LAN "router"
 // (admin canary, fake metadata service on 169.254.169.254 and fd00:ec2::254,

@@ -9,13 +9,23 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 )
 
+// State is what a seal check found.
+type State struct {
+	// Hosts are the allowlisted "name:address" entries for the cage's
+	// /etc/hosts (allowlist policy).
+	Hosts []string
+	// Digest is the digest of the seal verified in the kernel
+	// (firewall.Status.Installed; "" when a checker does not report one).
+	Digest string
+}
+
 // CheckSeal verifies the nftables seal in the network namespace opts names
 // before a networked turn, then makes sure the cage network exists as
 // configured (creating it if missing, unless dry). Under the allowlist
 // policy it re-applies the seal first (refreshing the resolved names),
 // unless dry, and returns the resolved names as "name:address" entries for
-// the cage's /etc/hosts.
-func CheckSeal(ctx context.Context, cfg *config.Config, client engine.Networks, opts firewall.Options, dry bool) ([]string, error) {
+// the cage's /etc/hosts, with the digest of the seal it verified.
+func CheckSeal(ctx context.Context, cfg *config.Config, client engine.Networks, opts firewall.Options, dry bool) (State, error) {
 	var hosts []string
 	if cfg.Network.Policy == "allowlist" {
 		var r firewall.Resolved
@@ -26,7 +36,7 @@ func CheckSeal(ctx context.Context, cfg *config.Config, client engine.Networks, 
 			r, err = firewall.ApplyResolved(ctx, cfg.Network, opts)
 		}
 		if err != nil {
-			return nil, err
+			return State{}, err
 		}
 		hosts = r.HostEntries()
 	}
@@ -36,32 +46,33 @@ func CheckSeal(ctx context.Context, cfg *config.Config, client engine.Networks, 
 	}
 	st, err := verify(ctx, cfg.Network, opts)
 	if err != nil {
-		return nil, err
+		return State{}, err
 	}
 	if !st.OK {
-		return nil, errors.New(st.Reason)
+		return State{}, errors.New(st.Reason)
 	}
+	state := State{Hosts: hosts, Digest: st.Installed}
 	if dry {
 		if n, err := client.InspectNetwork(ctx, cfg.Network.Name); err != nil || n == nil {
-			return hosts, err // a missing network is created by the turn itself
+			return state, err // a missing network is created by the turn itself
 		}
-		return hosts, CheckNetwork(ctx, cfg, client)
+		return state, CheckNetwork(ctx, cfg, client)
 	}
 	if _, err := EnsureNetwork(ctx, cfg, client); err != nil {
-		return nil, err
+		return State{}, err
 	}
 	// Before this turn's cage joins the bridge, so that it cannot change
 	// the gateway's address under the cages already running.
 	if err := firewall.PinBridgeMAC(cfg.Network.Bridge, opts); err != nil {
-		return nil, err
+		return State{}, err
 	}
-	return hosts, nil
+	return state, nil
 }
 
 // Checker is CheckSeal in shrooms' own network namespace, as the turn's
 // seal check (turn.SealChecker).
-func Checker(client engine.Networks) func(ctx context.Context, cfg *config.Config, dry bool) ([]string, error) {
-	return func(ctx context.Context, cfg *config.Config, dry bool) ([]string, error) {
+func Checker(client engine.Networks) func(ctx context.Context, cfg *config.Config, dry bool) (State, error) {
+	return func(ctx context.Context, cfg *config.Config, dry bool) (State, error) {
 		return CheckSeal(ctx, cfg, client, firewall.Options{}, dry)
 	}
 }

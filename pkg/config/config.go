@@ -4,6 +4,9 @@
 package config
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -67,9 +70,6 @@ type Agent struct {
 	// instead of the key (the recommended mode; token_env is the weaker one).
 	Gateway string `toml:"gateway"`
 }
-
-// HomeProfiles are the profile names an agent's home list may use.
-var HomeProfiles = []string{"claude", "opencode", "shell"}
 
 // Error is a configuration error tied to a key path and, where known, a line.
 type Error struct {
@@ -195,4 +195,21 @@ func (c *Config) ImageFor(a Agent) string {
 		return a.Image
 	}
 	return c.Cage.Image
+}
+
+// Digest identifies the configuration a command ran with: "sha256:" over
+// the config file's bytes as read, or, for the built-in defaults (no
+// file), over their canonical JSON encoding.
+func (c *Config) Digest() string {
+	data := c.raw
+	if data == nil {
+		b, err := json.Marshal(c)
+		if err != nil {
+			// A Config always encodes; say so rather than hash nothing.
+			return "sha256:unavailable"
+		}
+		data = b
+	}
+	sum := sha256.Sum256(data)
+	return "sha256:" + hex.EncodeToString(sum[:])
 }

@@ -73,7 +73,7 @@ func TestErrorsNameKeyAndLine(t *testing.T) {
 		{"empty command", "[agents.x]\ncommand = []\nhome = [\"shell\"]\n", "agents.x.command: must be a non-empty argv list"},
 		{"relative token", "[tokens]\nk = \"rel/path\"\n", "config t.toml:2: tokens.k: \"rel/path\" must be an absolute path"},
 		{"syntax", "[cage\n", "config t.toml:2: expected"},
-		{"socket", "[podman]\nsocket = \"/run/podman.sock\"\n", "podman.socket"},
+		{"socket", "[podman]\nsocket = \"/run/podman.sock\"\n", "config t.toml:2: podman.socket: \"/run/podman.sock\" must be a unix:///absolute/path URL"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

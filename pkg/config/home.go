@@ -63,14 +63,6 @@ type HomeProfile struct {
 	Bootstrap map[string]string `toml:"bootstrap"`
 }
 
-// HomeBootstrapTargets are, per profile, the keep-list files a token may
-// seed at bootstrap.
-var HomeBootstrapTargets = map[string][]string{
-	"claude":   {".claude/.credentials.json", ".claude.json"},
-	"opencode": {".local/share/opencode/auth.json", ".local/share/opencode/mcp-auth.json"},
-	"shell":    {},
-}
-
 // Profile returns the baseline of the named profile (claude, opencode, shell).
 func (h *Home) Profile(name string) *HomeProfile {
 	switch name {

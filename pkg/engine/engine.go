@@ -57,6 +57,7 @@ type Engine interface {
 	Networks
 	Info(ctx context.Context) (*podman.HostInfo, error)
 	ImageExists(ctx context.Context, ref string) (bool, error)
+	InspectImage(ctx context.Context, ref string) (podman.Image, error)
 }
 
 // The real engine.

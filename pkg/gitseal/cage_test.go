@@ -45,7 +45,7 @@ func treeDigest(t *testing.T, dir string) string {
 
 // runCage runs script in a busybox cage as root with podman's default
 // capabilities (the strongest DAC attacker), the worktree at /work and the
-// git mounts of CageMounts after it, and returns the output.
+// git mounts of PlanCage after it, and returns the output.
 func runCage(t *testing.T, wt string, ms []mounts.Mount, script string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -80,8 +80,10 @@ func assertProbes(t *testing.T, out string, denied []string, allowed []string) {
 func TestCageGitMetadataReadOnlyPlainClone(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman)
 	wt := newRepo(t)
-	ms, err := CageMounts(wt, t.TempDir())
+	pl, err := PlanCage(wt, t.TempDir())
 	assert.NilError(t, err)
+	assert.NilError(t, pl.Write())
+	ms := pl.Mounts
 	assert.DeepEqual(t, ms, []mounts.Mount{{Kind: mounts.Bind, Source: filepath.Join(wt, ".git"), Dest: "/work/.git", ReadOnly: true, Options: []string{"bind", "nosuid", "nodev", "noexec"}}})
 	before := treeDigest(t, filepath.Join(wt, ".git"))
 	out := runCage(t, wt, ms, probeFn+`
@@ -109,8 +111,12 @@ func TestCageGitMetadataReadOnlyLinkedWorktree(t *testing.T) {
 	wt := filepath.Join(t.TempDir(), "wt1")
 	hostGit(t, main, "worktree", "add", "-q", "-b", "task1", wt)
 	state := t.TempDir()
-	ms, err := CageMounts(wt, state)
+	pl, err := PlanCage(wt, state)
 	assert.NilError(t, err)
+	_, err = os.Stat(pl.Pointer.Path)
+	assert.Assert(t, os.IsNotExist(err), "planning writes nothing")
+	assert.NilError(t, pl.Write())
+	ms := pl.Mounts
 	assert.Equal(t, len(ms), 2)
 	assert.Equal(t, ms[0].Source, filepath.Join(main, ".git"))
 	assert.Equal(t, ms[0].Dest, CageCommonDir)

@@ -150,59 +150,72 @@ func realDir(p, what string) (string, error) {
 
 func within(p, dir string) bool { return p == dir || strings.HasPrefix(p, dir+"/") }
 
-// CageMounts returns the read-only git-metadata mounts of a turn whose
-// worktree is bind-mounted at /work; the caller appends them after that
-// bind. A plain clone gets its .git directory read-only over /work/.git. A
-// linked worktree (or separate git dir) gets its common dir read-only at
-// CageCommonDir and, read-only over /work/.git, a generated .git file
-// (kept under stateDir/gitseal/) that points there. The cage can run git
-// status, diff and log; it cannot write config, hooks, refs, the index,
+// CagePlan is a turn's git metadata in the cage: the read-only mounts and,
+// for a linked worktree, the generated .git file they need on the host.
+type CagePlan struct {
+	Mounts []mounts.Mount
+	// Pointer is the generated .git file (nil for a plain clone).
+	Pointer *Pointer
+}
+
+// Pointer is a generated .git file: Content to be written at Path.
+type Pointer struct {
+	Path    string
+	Content string
+}
+
+// PlanCage computes the read-only git-metadata mounts of a turn whose
+// worktree is bind-mounted at /work, writing nothing; the caller appends
+// them after that bind and writes the plan (Write) before the cage starts. A
+// plain clone gets its .git directory read-only over /work/.git. A linked
+// worktree (or separate git dir) gets its common dir read-only at
+// CageCommonDir and, read-only over /work/.git, a generated .git file (kept
+// under stateDir/gitseal/) that points there. The cage can run git status,
+// diff and log; it cannot write config, hooks, refs, the index,
 // info/attributes or the gitdir pointer.
-func CageMounts(worktree, stateDir string) ([]mounts.Mount, error) {
-	return cageMounts(worktree, stateDir, true)
-}
-
-// PlanCageMounts is CageMounts without writing the generated .git file (for
-// `spec`, which changes nothing).
-func PlanCageMounts(worktree, stateDir string) ([]mounts.Mount, error) {
-	return cageMounts(worktree, stateDir, false)
-}
-
-func cageMounts(worktree, stateDir string, write bool) ([]mounts.Mount, error) {
+func PlanCage(worktree, stateDir string) (CagePlan, error) {
 	l, err := Resolve(worktree)
 	if err != nil {
-		return nil, err
+		return CagePlan{}, err
 	}
 	ro := []string{"bind", "nosuid", "nodev", "noexec"}
 	if !l.DotGitFile {
-		return []mounts.Mount{{Kind: mounts.Bind, Source: l.GitDir, Dest: mounts.WorkDir + "/.git", ReadOnly: true, Options: ro}}, nil
+		return CagePlan{Mounts: []mounts.Mount{{Kind: mounts.Bind, Source: l.GitDir, Dest: mounts.WorkDir + "/.git", ReadOnly: true, Options: ro}}}, nil
 	}
 	rel, err := filepath.Rel(l.CommonDir, l.GitDir)
 	if err != nil {
-		return nil, err
+		return CagePlan{}, err
 	}
 	cageGitDir := filepath.Join(CageCommonDir, rel)
 	if !filepath.IsAbs(stateDir) {
-		return nil, fmt.Errorf("state directory %q must be an absolute path", stateDir)
+		return CagePlan{}, fmt.Errorf("state directory %q must be an absolute path", stateDir)
 	}
 	sum := sha256.Sum256([]byte(l.Worktree))
-	dir := filepath.Join(stateDir, "gitseal", hex.EncodeToString(sum[:8]))
-	file := filepath.Join(dir, "dotgit")
-	result := []mounts.Mount{
-		{Kind: mounts.Bind, Source: l.CommonDir, Dest: CageCommonDir, ReadOnly: true, Options: ro},
-		{Kind: mounts.Bind, Source: file, Dest: mounts.WorkDir + "/.git", ReadOnly: true, Options: ro},
+	file := filepath.Join(stateDir, "gitseal", hex.EncodeToString(sum[:8]), "dotgit")
+	return CagePlan{
+		Mounts: []mounts.Mount{
+			{Kind: mounts.Bind, Source: l.CommonDir, Dest: CageCommonDir, ReadOnly: true, Options: ro},
+			{Kind: mounts.Bind, Source: file, Dest: mounts.WorkDir + "/.git", ReadOnly: true, Options: ro},
+		},
+		Pointer: &Pointer{Path: file, Content: "gitdir: " + cageGitDir + "\n"},
+	}, nil
+}
+
+// Write puts the plan's generated .git file in place (atomically); a plain
+// clone's plan writes nothing.
+func (p CagePlan) Write() error {
+	if p.Pointer == nil {
+		return nil
 	}
-	if !write {
-		return result, nil
-	}
+	dir := filepath.Dir(p.Pointer.Path)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("git pointer for the cage: %w", err)
+		return fmt.Errorf("git pointer for the cage: %w", err)
 	}
 	tmp, err := os.CreateTemp(dir, ".dotgit-*")
 	if err != nil {
-		return nil, fmt.Errorf("git pointer for the cage: %w", err)
+		return fmt.Errorf("git pointer for the cage: %w", err)
 	}
-	_, err = tmp.WriteString("gitdir: " + cageGitDir + "\n")
+	_, err = tmp.WriteString(p.Pointer.Content)
 	if err == nil {
 		err = tmp.Chmod(0o644)
 	}
@@ -210,11 +223,11 @@ func cageMounts(worktree, stateDir string, write bool) ([]mounts.Mount, error) {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), file)
+		err = os.Rename(tmp.Name(), p.Pointer.Path)
 	}
 	if err != nil {
 		os.Remove(tmp.Name())
-		return nil, fmt.Errorf("git pointer for the cage: %w", err)
+		return fmt.Errorf("git pointer for the cage: %w", err)
 	}
-	return result, nil
+	return nil
 }

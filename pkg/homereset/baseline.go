@@ -24,13 +24,6 @@ type baseFile struct {
 	mode uint32
 }
 
-// agentPaths are where the claude and opencode profiles' settings and
-// instructions go.
-var agentPaths = map[string][2]string{
-	"claude":   {".claude/settings.json", ".claude/CLAUDE.md"},
-	"opencode": {".config/opencode/opencode.json", ".config/opencode/AGENTS.md"},
-}
-
 // baseline computes the profiles' baseline from config, reading the host
 // files it names, and checks that no baseline path collides with a keep-list
 // entry or another baseline file.
@@ -42,7 +35,8 @@ func baseline(home *config.Home, profiles []string, rules []rule) ([]baseFile, e
 			return nil, fmt.Errorf("unknown HOME profile %q", name)
 		}
 		key := "home." + name
-		if paths, ok := agentPaths[name]; ok {
+		if prof, _ := config.Profile(name); prof.Settings != "" {
+			paths := [2]string{prof.Settings, prof.Instructions}
 			switch {
 			case p.Settings != nil:
 				data, err := json.MarshalIndent(p.Settings, "", "  ")

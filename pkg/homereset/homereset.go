@@ -413,8 +413,9 @@ func validID(id string) bool {
 // server URLs of the owner's opencode config.
 func newFilterEnv(base []baseFile) *filterEnv {
 	env := &filterEnv{mcpURLs: map[string]string{}}
+	oc, _ := config.Profile("opencode")
 	for _, f := range base {
-		if f.rel != agentPaths["opencode"][0] {
+		if f.rel != oc.Settings {
 			continue
 		}
 		var cfg struct {

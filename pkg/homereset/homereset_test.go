@@ -183,9 +183,13 @@ func TestBaselineConflictsAndPolicy(t *testing.T) {
 	assert.ErrorContains(t, err, "overlaps the keep-list")
 
 	dir := t.TempDir()
-	mounts, err := WritePolicy(dir, task.Config, []string{"claude", "opencode", "shell"})
+	pol, err := PlanPolicy(dir, task.Config, []string{"claude", "opencode", "shell"}, PolicyGateway{})
 	assert.NilError(t, err)
+	mounts := pol.Mounts
 	assert.Equal(t, len(mounts), 2)
+	_, err = os.Stat(mounts[0].Source)
+	assert.Assert(t, os.IsNotExist(err), "planning writes nothing")
+	assert.NilError(t, pol.Write())
 	assert.Equal(t, mounts[0].Dest, "/etc/claude-code")
 	var ms map[string]any
 	data, err := os.ReadFile(filepath.Join(mounts[0].Source, "managed-settings.json"))
@@ -195,7 +199,7 @@ func TestBaselineConflictsAndPolicy(t *testing.T) {
 	data, _ = os.ReadFile(filepath.Join(mounts[0].Source, "managed-mcp.json"))
 	assert.Equal(t, string(data), "{\n  \"mcpServers\": {}\n}\n")
 	task.Config.Home.Claude.Managed = map[string]any{"allowManagedHooksOnly": false}
-	_, err = WritePolicy(dir, task.Config, []string{"claude"})
+	_, err = PlanPolicy(dir, task.Config, []string{"claude"}, PolicyGateway{})
 	assert.Assert(t, config.IsConfigError(err))
 	assert.ErrorContains(t, err, "home.claude.managed.allowManagedHooksOnly: is enforced by shrooms")
 }

@@ -48,20 +48,86 @@ var opencodeEnforced = map[string]any{
 	"mcp":        map[string]any{},
 }
 
-// WritePolicy writes the managed policy of the given profiles into dir (a
-// per-task directory under config state.dir, created if needed, owned by
-// root) and returns the read-only mounts the cage needs:
+// Policy is the managed policy of a turn, computed and not yet written.
+type Policy struct {
+	// Mounts are the read-only mounts the cage needs, with the digests of
+	// the files Write puts in their Source directories.
+	Mounts []PolicyMount
+	// files holds each mount's file contents, by mount then file name.
+	files []map[string][]byte
+}
+
+// PlanPolicy computes the managed policy of the given profiles in dir (a
+// per-task directory under config state.dir), writing nothing:
 //
 //   - claude:   dir/claude-code → /etc/claude-code with managed-settings.json
 //     (claudeEnforced + home.claude.managed) and managed-mcp.json
 //     ({"mcpServers":{}}: no MCP server at all, plugin servers included);
 //   - opencode: dir/opencode → /etc/opencode with opencode.json
-//     (opencodeEnforced + home.opencode.managed).
+//     (opencodeEnforced + home.opencode.managed, and gw's pins).
 //
-// The shell profile has no managed policy. Files are world-readable (the
-// cage user must read them) and replaced atomically.
-func WritePolicy(dir string, cfg *config.Config, profiles []string) ([]PolicyMount, error) {
-	return WritePolicyWith(dir, cfg, profiles, PolicyGateway{})
+// The shell profile has no managed policy.
+func PlanPolicy(dir string, cfg *config.Config, profiles []string, gw PolicyGateway) (*Policy, error) {
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("policy directory %q must be absolute", dir)
+	}
+	pol := &Policy{}
+	for _, p := range profiles {
+		files, sub, dest, err := policyFiles(p, cfg, gw)
+		if err != nil {
+			return nil, err
+		}
+		if files == nil {
+			continue
+		}
+		m := PolicyMount{Source: filepath.Join(dir, sub), Dest: dest, Files: map[string]string{}}
+		data := map[string][]byte{}
+		for _, name := range slices.Sorted(maps.Keys(files)) {
+			b, err := json.MarshalIndent(files[name], "", "  ")
+			if err != nil {
+				return nil, fmt.Errorf("managed policy %s: %w", name, err)
+			}
+			b = append(b, '\n')
+			sum := sha256.Sum256(b)
+			m.Files[name] = "sha256:" + hex.EncodeToString(sum[:])
+			data[name] = b
+		}
+		pol.Mounts = append(pol.Mounts, m)
+		pol.files = append(pol.files, data)
+	}
+	return pol, nil
+}
+
+// policyFiles is one profile's managed policy files, the subdirectory of
+// the policy dir they go to and where the cage mounts it (nil files: none).
+func policyFiles(profile string, cfg *config.Config, gw PolicyGateway) (files map[string]any, sub, dest string, err error) {
+	prof, ok := config.Profile(profile)
+	if !ok {
+		return nil, "", "", fmt.Errorf("unknown HOME profile %q", profile)
+	}
+	switch profile {
+	case "claude":
+		settings, err := merge(claudeEnforced, cfg.Home.Claude.Managed, "home.claude.managed")
+		if err != nil {
+			return nil, "", "", err
+		}
+		files = map[string]any{"managed-settings.json": settings, "managed-mcp.json": map[string]any{"mcpServers": map[string]any{}}}
+	case "opencode":
+		enforced := opencodeEnforced
+		if gw.AnthropicBaseURL != "" {
+			enforced = maps.Clone(opencodeEnforced)
+			enforced["provider"] = map[string]any{"anthropic": map[string]any{"options": map[string]any{"baseURL": gw.AnthropicBaseURL + "/v1"}}}
+		}
+		oc, err := merge(enforced, cfg.Home.Opencode.Managed, "home.opencode.managed")
+		if err != nil {
+			return nil, "", "", err
+		}
+		files = map[string]any{"opencode.json": oc}
+	}
+	if files == nil || prof.PolicyDir == "" {
+		return nil, "", "", nil
+	}
+	return files, prof.PolicyDir, prof.PolicyDest, nil
 }
 
 // PolicyGateway is what the managed policy must pin when the turn's model
@@ -72,85 +138,35 @@ type PolicyGateway struct {
 	AnthropicBaseURL string
 }
 
-// WritePolicyWith is WritePolicy with the gateway's settings pinned too.
-func WritePolicyWith(dir string, cfg *config.Config, profiles []string, gw PolicyGateway) ([]PolicyMount, error) {
-	if !filepath.IsAbs(dir) {
-		return nil, fmt.Errorf("policy directory %q must be absolute", dir)
+// Write puts the policy's files in place: directories created if needed,
+// owned by root; files world-readable (the cage user must read them) and
+// replaced atomically.
+func (pol *Policy) Write() error {
+	for i, m := range pol.Mounts {
+		if err := os.MkdirAll(m.Source, 0o755); err != nil {
+			return fmt.Errorf("managed policy: %w", err)
+		}
+		if err := os.Chmod(m.Source, 0o755); err != nil {
+			return fmt.Errorf("managed policy: %w", err)
+		}
+		for _, name := range slices.Sorted(maps.Keys(pol.files[i])) {
+			if err := writeAtomic(filepath.Join(m.Source, name), pol.files[i][name]); err != nil {
+				return fmt.Errorf("managed policy: %w", err)
+			}
+		}
 	}
-	var mounts []PolicyMount
-	for _, p := range profiles {
-		var files map[string]any
-		var sub, dest string
-		switch p {
-		case "claude":
-			settings, err := merge(claudeEnforced, cfg.Home.Claude.Managed, "home.claude.managed")
-			if err != nil {
-				return nil, err
-			}
-			files = map[string]any{"managed-settings.json": settings, "managed-mcp.json": map[string]any{"mcpServers": map[string]any{}}}
-			sub, dest = "claude-code", "/etc/claude-code"
-		case "opencode":
-			enforced := opencodeEnforced
-			if gw.AnthropicBaseURL != "" {
-				enforced = maps.Clone(opencodeEnforced)
-				enforced["provider"] = map[string]any{"anthropic": map[string]any{"options": map[string]any{"baseURL": gw.AnthropicBaseURL + "/v1"}}}
-			}
-			oc, err := merge(enforced, cfg.Home.Opencode.Managed, "home.opencode.managed")
-			if err != nil {
-				return nil, err
-			}
-			files = map[string]any{"opencode.json": oc}
-			sub, dest = "opencode", "/etc/opencode"
-		case "shell":
-			continue
-		default:
-			return nil, fmt.Errorf("unknown HOME profile %q", p)
-		}
-		src := filepath.Join(dir, sub)
-		if err := os.MkdirAll(src, 0o755); err != nil {
-			return nil, fmt.Errorf("managed policy: %w", err)
-		}
-		if err := os.Chmod(src, 0o755); err != nil {
-			return nil, fmt.Errorf("managed policy: %w", err)
-		}
-		m := PolicyMount{Source: src, Dest: dest, Files: map[string]string{}}
-		for _, name := range slices.Sorted(maps.Keys(files)) {
-			data, err := json.MarshalIndent(files[name], "", "  ")
-			if err != nil {
-				return nil, fmt.Errorf("managed policy %s: %w", name, err)
-			}
-			data = append(data, '\n')
-			tmp := filepath.Join(src, "."+name+".tmp")
-			if err := os.WriteFile(tmp, data, 0o644); err != nil {
-				return nil, fmt.Errorf("managed policy: %w", err)
-			}
-			if err := os.Chmod(tmp, 0o644); err != nil {
-				return nil, fmt.Errorf("managed policy: %w", err)
-			}
-			if err := os.Rename(tmp, filepath.Join(src, name)); err != nil {
-				return nil, fmt.Errorf("managed policy: %w", err)
-			}
-			sum := sha256.Sum256(data)
-			m.Files[name] = "sha256:" + hex.EncodeToString(sum[:])
-		}
-		mounts = append(mounts, m)
-	}
-	return mounts, nil
+	return nil
 }
 
-// PolicyMounts returns the mounts WritePolicy would return for profiles,
-// without writing anything and without the file digests (for `spec`).
-func PolicyMounts(dir string, profiles []string) []PolicyMount {
-	var out []PolicyMount
-	for _, p := range profiles {
-		switch p {
-		case "claude":
-			out = append(out, PolicyMount{Source: filepath.Join(dir, "claude-code"), Dest: "/etc/claude-code"})
-		case "opencode":
-			out = append(out, PolicyMount{Source: filepath.Join(dir, "opencode"), Dest: "/etc/opencode"})
-		}
+func writeAtomic(path string, data []byte) error {
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
 	}
-	return out
+	if err := os.Chmod(tmp, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // merge returns enforced plus the owner's extra keys; an owner key that

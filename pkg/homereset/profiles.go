@@ -7,6 +7,8 @@ import (
 	"path"
 	"slices"
 	"strings"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
 )
 
 // kind is how a keep-list entry is validated and carried over. Nothing is
@@ -58,7 +60,7 @@ func rf(pattern string, f func(map[string]any, *filterEnv) (map[string]any, []fi
 	return ru
 }
 
-// keepLists are the profiles' keep-lists, from reference/agent-surface.md:
+// keepList is a profile's keep-list (the profiles are config's table):
 // credentials and sessions, nothing that runs code or instructs the agent.
 // Everything else under HOME is removed every turn.
 func keepList(profile string) []rule {
@@ -104,10 +106,8 @@ func keepList(profile string) []rule {
 func rulesFor(profiles []string) ([]rule, error) {
 	var rules []rule
 	for _, p := range profiles {
-		switch p {
-		case "claude", "opencode", "shell":
-		default:
-			return nil, fmt.Errorf("unknown HOME profile %q (use claude, opencode, shell)", p)
+		if _, ok := config.Profile(p); !ok {
+			return nil, fmt.Errorf("unknown HOME profile %q (use %s)", p, strings.Join(config.HomeProfiles, ", "))
 		}
 		rules = append(rules, keepList(p)...)
 	}

@@ -416,11 +416,8 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 		{Name: "run", MountPath: "/run"},
 	}
 	for _, p := range slices.Sorted(slices.Values(agent.Home)) {
-		switch p {
-		case "claude":
-			agentMounts = append(agentMounts, corev1.VolumeMount{Name: "policy", MountPath: "/etc/claude-code", SubPath: "claude-code", ReadOnly: true})
-		case "opencode":
-			agentMounts = append(agentMounts, corev1.VolumeMount{Name: "policy", MountPath: "/etc/opencode", SubPath: "opencode", ReadOnly: true})
+		if prof, _ := config.Profile(p); prof.PolicyDir != "" {
+			agentMounts = append(agentMounts, corev1.VolumeMount{Name: "policy", MountPath: prof.PolicyDest, SubPath: prof.PolicyDir, ReadOnly: true})
 		}
 	}
 	cpu := resource.NewMilliQuantity(int64(math.Round(cfg.Cage.CPUs*1000)), resource.DecimalSI)

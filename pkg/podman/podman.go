@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -117,6 +118,27 @@ func (c *Client) ImageExists(ctx context.Context, ref string) (bool, error) {
 	return ok, nil
 }
 
+// Image identifies an image in the local store.
+type Image struct {
+	// Name is the reference asked for.
+	Name string `json:"name"`
+	// ID is the image's id: the digest of its config (64 hex).
+	ID string `json:"id"`
+	// Digest is its manifest's digest ("sha256:…").
+	Digest string `json:"digest"`
+}
+
+// InspectImage identifies ref in the local store. Nothing is pulled.
+func (c *Client) InspectImage(ctx context.Context, ref string) (Image, error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	r, err := images.GetImage(cctx, ref, nil)
+	if err != nil {
+		return Image{}, fmt.Errorf("image %s: %s", ref, oneLine(err))
+	}
+	return Image{Name: ref, ID: r.ID, Digest: string(r.Digest)}, nil
+}
+
 // VolumeExists reports whether the named volume exists.
 func (c *Client) VolumeExists(ctx context.Context, name string) (bool, error) {
 	cctx, done := c.scope(ctx)
@@ -215,6 +237,11 @@ func (c *Client) Create(ctx context.Context, s *specgen.SpecGenerator) (string, 
 type Streams struct {
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
+	// Terminal: the cage has a terminal and Stdin and Stdout are the
+	// person's (*os.File): they go to the bindings as they are, which put
+	// the terminal in raw mode for the turn, pass on window size changes and
+	// restore it afterwards. The cage's output then comes as one stream.
+	Terminal bool
 }
 
 // Start attaches the streams to a created container, then starts it. It
@@ -242,6 +269,12 @@ func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error
 		}
 		if st.Stdout != nil {
 			out = &writer{st.Stdout}
+		}
+		if f, ok := st.Stdin.(*os.File); ok && st.Terminal {
+			in = f // the bindings look for an *os.File terminal
+		}
+		if f, ok := st.Stdout.(*os.File); ok && st.Terminal {
+			out = f
 		}
 		if st.Stderr != nil {
 			errOut = &writer{st.Stderr}

@@ -17,6 +17,7 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -46,28 +47,8 @@ func newCageEnv(t *testing.T, seccomp string) *cageEnv {
 	itest.Require(t, itest.Root, itest.Podman)
 	dir := t.TempDir()
 	prefix := itest.UniqueName("pr")
-	cfg, err := config.Parse("probe.toml", []byte(fmt.Sprintf(`
-[podman]
-socket = %q
-[state]
-dir = %q
-[cage]
-image = %q
-memory = "256m"
-pids = 128
-nofile = 512
-nproc = 256
-timeout = "60s"
-stop_grace = "2s"
-seccomp = %q
-[network]
-policy = "none"
-[home]
-volume_prefix = "shrooms-home-%s-"
-[outbox]
-root = %q
-`, itest.Socket(), filepath.Join(dir, "state"), itest.TestImage, seccomp, prefix, filepath.Join(dir, "outbox"))))
-	assert.NilError(t, err)
+	cfg := testcfg.Config{Dir: dir, Prefix: prefix,
+		Cage: map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "seccomp": seccomp}}.Parse(t, "probe.toml")
 	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
 	assert.NilError(t, err)
 	e := &cageEnv{t: t, cfg: cfg, client: client, prefix: prefix, bin: shroomsBinary(t)}

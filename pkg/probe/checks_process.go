@@ -84,8 +84,8 @@ type badCall struct {
 	// must: every acceptable profile denies it (escape when allowed);
 	// otherwise only shrooms' strict profile does (residual under podman's).
 	must bool
-	// tty: harmless while no terminal is reachable (seccomp cannot filter
-	// ioctl numbers by their low 32 bits once ioctl is allowed at all).
+	// tty: harmless while no terminal is reachable (podman's profile lets
+	// TIOCSTI through; shrooms' denies it by its low 32 bits).
 	tty  bool
 	call func() error
 }

@@ -1,7 +1,7 @@
 // Package probe is shrooms' breakout battery: checks that run inside a cage,
-// as the agent user, and try every way out the threat model names (the §3
-// table of the breakout-battery reference: rows A1–A7, B1–B10, C1–C4 and
-// D1–D15, D9 split into D9a–D9f). Each check reports what it attempted, the
+// as the agent user, and try every way out the threat model names (rows
+// A1–A7, B1–B11, C1–C4 and D1–D15, D9 split into D9a–D9f; the table is in
+// checks*.go and `shrooms probe` prints it). Each check reports what it attempted, the
 // errno or value it observed, a verdict and evidence.
 //
 // shrooms is a static binary, so `shrooms probe` runs itself in a cage: the

@@ -18,6 +18,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
@@ -62,31 +63,9 @@ func newTBEnv(t *testing.T) *tbEnv {
 	// from the firewall tests' 10.200-249 range.
 	sub4 := fmt.Sprintf("10.%d.%d.0/24", 150+n%50, (n/50)%250)
 	sub6 := fmt.Sprintf("fd8a:%x::/64", n%65536)
-	cfg, err := config.Parse("probe.toml", []byte(fmt.Sprintf(`
-[podman]
-socket = %q
-[state]
-dir = %q
-[cage]
-image = %q
-memory = "256m"
-pids = 128
-nofile = 512
-nproc = 256
-timeout = "90s"
-stop_grace = "2s"
-[network]
-policy = "internet"
-name = %q
-bridge = %q
-subnet4 = %q
-subnet6 = %q
-[home]
-volume_prefix = "shrooms-home-%s-"
-[outbox]
-root = %q
-`, tb.PodmanURL, filepath.Join(dir, "state"), itest.TestImage, name, name, sub4, sub6, prefix, filepath.Join(dir, "outbox"))))
-	assert.NilError(t, err)
+	cfg := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: prefix,
+		Cage:    map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": "90s"},
+		Network: map[string]any{"policy": "internet", "name": name, "bridge": name, "subnet4": sub4, "subnet6": sub6}}.Parse(t, "probe.toml")
 	assert.Equal(t, cfg.Cage.Seccomp, "shrooms", "the default config's seccomp profile")
 	client, err := podman.Connect(ctx, tb.PodmanURL)
 	assert.NilError(t, err)
@@ -266,16 +245,16 @@ func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
 func TestBatteryInTestbed(t *testing.T) {
 	e := newTBEnv(t)
 	ctx := context.Background()
-	verified := func(ctx context.Context, cfg *config.Config, _ bool) ([]string, error) {
+	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
 		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
 		if err != nil {
-			return nil, err
+			return turn.SealState{}, err
 		}
 		if !st.OK {
-			return nil, fmt.Errorf("%s", st.Reason)
+			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
 		_, err = cagenet.EnsureNetwork(ctx, cfg, e.client)
-		return nil, err
+		return turn.SealState{Digest: st.Installed}, err
 	}
 
 	t.Run("sealed, default config", func(t *testing.T) {
@@ -300,7 +279,7 @@ func TestBatteryInTestbed(t *testing.T) {
 		// A seal checker that lets the turn start without a seal: only for
 		// this negative control. shrooms itself refuses here (the seal is
 		// missing), which TestNetworkedTurnInTestbed in cmd/shrooms covers.
-		permissive := func(context.Context, *config.Config, bool) ([]string, error) { return nil, nil }
+		permissive := func(context.Context, *config.Config, bool) (turn.SealState, error) { return turn.SealState{}, nil }
 		_, err := verified(ctx, e.cfg, false)
 		assert.ErrorContains(t, err, "missing", "the real checker refuses a flushed seal")
 		rep, in := e.run(t, permissive)
@@ -334,15 +313,15 @@ func TestBatteryWithDiscoveredTargets(t *testing.T) {
 	e := newTBEnv(t)
 	e.discover = true
 	ctx := context.Background()
-	verified := func(ctx context.Context, cfg *config.Config, _ bool) ([]string, error) {
+	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
 		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
 		if err != nil {
-			return nil, err
+			return turn.SealState{}, err
 		}
 		if !st.OK {
-			return nil, fmt.Errorf("%s", st.Reason)
+			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		return nil, nil
+		return turn.SealState{Digest: st.Installed}, nil
 	}
 	rep, _ := e.run(t, verified)
 	d := e.discovered
@@ -359,7 +338,7 @@ func TestBatteryWithDiscoveredTargets(t *testing.T) {
 
 	assert.NilError(t, firewall.Flush(ctx, e.cfg.Network, e.fw))
 	defer func() { assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw)) }()
-	permissive := func(context.Context, *config.Config, bool) ([]string, error) { return nil, nil }
+	permissive := func(context.Context, *config.Config, bool) (turn.SealState, error) { return turn.SealState{}, nil }
 	rep, _ = e.run(t, permissive)
 	escaped := rep.IDs(Escaped)
 	for _, id := range []string{"D4", "D6", "D7", "D8"} {
@@ -376,15 +355,15 @@ func TestBatteryWithDiscoveredTargets(t *testing.T) {
 func TestSealWatchedDuringTurn(t *testing.T) {
 	e := newTBEnv(t)
 	ctx := context.Background()
-	verified := func(ctx context.Context, cfg *config.Config, _ bool) ([]string, error) {
+	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
 		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
 		if err != nil {
-			return nil, err
+			return turn.SealState{}, err
 		}
 		if !st.OK {
-			return nil, fmt.Errorf("%s", st.Reason)
+			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		return nil, nil
+		return turn.SealState{Digest: st.Installed}, nil
 	}
 	turnWithFlush := func(t *testing.T, watch turn.SealWatcher, breakSeal ...string) (*turn.Result, error, []time.Duration) {
 		t.Helper()

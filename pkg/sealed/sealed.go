@@ -67,6 +67,10 @@ type Turn struct {
 	Args []string
 	// Stdin keeps the cage's stdin open for attaching.
 	Stdin bool
+	// Terminal gives the cage a terminal (run --tty, for a person at one);
+	// its stdin is attached too. Only with TIOCSTI closed
+	// (seccomp.TIOCSTIClosed).
+	Terminal bool
 	// IDs is the task's user-namespace range.
 	IDs IDRange
 	// Plan is the cage's mounts.
@@ -125,8 +129,9 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 		s.Env[k] = v
 	}
 	s.EnvSecrets = copyMap(t.SecretEnv)
-	s.Terminal = &no
-	s.Stdin = &t.Stdin
+	terminal, stdin := t.Terminal, t.Stdin || t.Terminal
+	s.Terminal = &terminal
+	s.Stdin = &stdin
 	s.Labels = map[string]string{
 		LabelManaged: "1",
 		LabelTask:    t.Task,

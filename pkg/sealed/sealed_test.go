@@ -108,3 +108,19 @@ func TestSpecRefusesUnsafeIDs(t *testing.T) {
 	_, err = Spec(cfg, tt)
 	assert.ErrorContains(t, err, "65536-id range")
 }
+
+// A terminal turn: the cage gets a terminal and its stdin; others get
+// neither unless asked for stdin.
+func TestTerminalSpec(t *testing.T) {
+	for _, c := range []struct{ terminal, stdin, wantStdin bool }{
+		{false, false, false}, {false, true, true}, {true, false, true}, {true, true, true},
+	} {
+		cfg := config.Default()
+		tt := testTurn(t, cfg)
+		tt.Terminal, tt.Stdin = c.terminal, c.stdin
+		s, err := Spec(cfg, tt)
+		assert.NilError(t, err)
+		assert.Equal(t, *s.Terminal, c.terminal)
+		assert.Equal(t, *s.Stdin, c.wantStdin)
+	}
+}

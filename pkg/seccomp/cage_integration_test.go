@@ -73,3 +73,34 @@ func TestSocketFamiliesInCage(t *testing.T) {
 	assert.Equal(t, code, 128+int(unix.SIGSYS), "a 32-bit process under shrooms' profile: %q", out)
 	assert.Assert(t, !strings.Contains(out, "open"), out)
 }
+
+// TestTIOCSTIInCage runs testdata/tiocsti in a real cage with a terminal
+// (podman run -t). Positive control: under podman's default profile both
+// TIOCSTI calls push their byte into the terminal (its echo "X" shows in the
+// output). Under shrooms' profile both fail with EPERM, the one with the
+// upper 32 bits set included, while TIOCGWINSZ still works.
+func TestTIOCSTIInCage(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman)
+	dir := t.TempDir()
+	profile, err := Install(dir)
+	assert.NilError(t, err)
+	bin := filepath.Join(dir, "tiocsti")
+	cmd := exec.Command("go", "build", "-o", bin, "./testdata/tiocsti")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	b, err := cmd.CombinedOutput()
+	assert.NilError(t, err, string(b))
+	run := func(seccomp ...string) string {
+		args := []string{"--url", itest.Socket(), "run", "--rm", "-t", "--name", itest.UniqueName("sti"), "--cap-drop", "ALL",
+			"--security-opt", "no-new-privileges", "--user", "1000:1000", "--network", "none", "-v", bin + ":/tiocsti:ro"}
+		if len(seccomp) > 0 {
+			args = append(args, "--security-opt", "seccomp="+seccomp[0])
+		}
+		out, err := exec.Command("podman", append(args, itest.TestImage, "/tiocsti")...).Output()
+		assert.NilError(t, err, string(out))
+		return strings.ReplaceAll(string(out), "\r", "")
+	}
+	assert.Equal(t, run(), "XTIOCSTI 0x5412: injected\nXTIOCSTI 0xffffffff00005412: injected\nTIOCGWINSZ: ok\n",
+		"podman's default profile lets TIOCSTI through")
+	assert.Equal(t, run(profile), "TIOCSTI 0x5412: operation not permitted\nTIOCSTI 0xffffffff00005412: operation not permitted\nTIOCGWINSZ: ok\n",
+		"shrooms' profile")
+}

@@ -1,6 +1,7 @@
 // Package seccomp ships shrooms' seccomp profile: podman's default profile,
 // tightened to deny what coding agents do not need (nested namespaces,
-// keyrings, io_uring, bpf, perf events, userfaultfd, ptrace, mounts) and to
+// keyrings, io_uring, bpf, perf events, userfaultfd, ptrace, mounts, and
+// TIOCSTI, which would let a cage with a terminal type into it) and to
 // allow only the socket families they use: unix, inet, inet6 and netlink
 // for routing (NETLINK_ROUTE). Every other family (vsock, which reaches a VM
 // host's hypervisor without crossing the network seal, alg, key, packet,

@@ -33,9 +33,10 @@ type rule struct {
 	Action   string   `json:"action"`
 	ErrnoRet int      `json:"errnoRet"`
 	Args     []struct {
-		Index uint   `json:"index"`
-		Value uint64 `json:"value"`
-		Op    string `json:"op"`
+		Index    uint   `json:"index"`
+		Value    uint64 `json:"value"`
+		ValueTwo uint64 `json:"valueTwo"`
+		Op       string `json:"op"`
 	} `json:"args"`
 	Includes struct {
 		Caps []string `json:"caps"`
@@ -70,6 +71,8 @@ func outcome(t *testing.T, rules []rule, name string, args [6]uint64) string {
 				match = match && v < a.Value
 			case "SCMP_CMP_LE":
 				match = match && v <= a.Value
+			case "SCMP_CMP_MASKED_EQ":
+				match = match && v&a.Value == a.ValueTwo
 			default:
 				t.Fatalf("%s: comparison %s not modelled", name, a.Op)
 			}
@@ -159,4 +162,28 @@ func TestSocketFamilyAllowlist(t *testing.T) {
 	// The evaluator itself: a call no rule names falls to the default.
 	assert.Equal(t, outcome(t, prof.Syscalls, "no_such_call", [6]uint64{}), "default")
 	assert.Equal(t, outcome(t, prof.Syscalls, "read", [6]uint64{}), "SCMP_ACT_ALLOW")
+}
+
+// TIOCSTI (push a byte into the terminal's input) fails with EPERM whatever
+// the upper 32 bits of the request hold (the kernel ignores them); every
+// other ioctl request is allowed, as in podman's profile.
+func TestIoctlTIOCSTIDenied(t *testing.T) {
+	var prof struct {
+		Syscalls []rule `json:"syscalls"`
+	}
+	assert.NilError(t, json.Unmarshal(Profile(), &prof))
+	for _, hi := range []uint64{0, 1 << 32, 0xffffffff << 32, 1 << 63} {
+		got := outcome(t, prof.Syscalls, "ioctl", [6]uint64{0, hi | unix.TIOCSTI})
+		assert.Check(t, got == "EPERM", "ioctl(0, %#x) = %s", hi|unix.TIOCSTI, got)
+	}
+	reqs := []uint64{0, 1, unix.TCGETS, unix.TCSETS, unix.TIOCGWINSZ, unix.TIOCSWINSZ, 0x541b, // FIONREAD
+		unix.TIOCLINUX,
+		unix.TIOCSTI ^ 1, unix.TIOCSTI + 1<<16, 0xffffffff, 1<<32 | unix.TCGETS, ^uint64(0)}
+	for bit := 0; bit < 32; bit++ {
+		reqs = append(reqs, uint64(unix.TIOCSTI)^1<<bit)
+	}
+	for _, r := range reqs {
+		got := outcome(t, prof.Syscalls, "ioctl", [6]uint64{0, r})
+		assert.Check(t, got == "SCMP_ACT_ALLOW", "ioctl(0, %#x) = %s", r, got)
+	}
 }

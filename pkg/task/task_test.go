@@ -3,7 +3,6 @@ package task
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	is "gotest.tools/v3/assert/cmp"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
@@ -76,25 +76,7 @@ func newHarness(t *testing.T) *harness {
 	itest.Require(t, itest.Root, itest.Podman)
 	dir := t.TempDir()
 	prefix := itest.UniqueName("tk")
-	cfg, err := config.Parse("test.toml", []byte(fmt.Sprintf(`
-[podman]
-socket = %q
-[state]
-dir = %q
-[cage]
-image = %q
-memory = "256m"
-pids = 128
-timeout = "60s"
-stop_grace = "2s"
-[network]
-policy = "none"
-[home]
-volume_prefix = "shrooms-home-%s-"
-[outbox]
-root = %q
-`, itest.Socket(), filepath.Join(dir, "state"), itest.TestImage, prefix, filepath.Join(dir, "outbox"))))
-	assert.NilError(t, err)
+	cfg := testcfg.Config{Dir: dir, Prefix: prefix, Cage: map[string]any{"pids": 128}}.Parse(t, "test.toml")
 	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
 	assert.NilError(t, err)
 	h := &harness{t: t, cfg: cfg, client: client, cmds: New(turn.NewRunner(cfg, client, nil)), prefix: prefix}

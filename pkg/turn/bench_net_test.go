@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
@@ -31,31 +31,10 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 	tb.StartPodman()
 	name := itest.UniqueName("bn")
 	dir := b.TempDir()
-	cfg, err := config.Parse("bench.toml", []byte(fmt.Sprintf(`
-[podman]
-socket = %q
-[state]
-dir = %q
-[cage]
-image = %q
-memory = "256m"
-pids = 128
-nofile = 512
-nproc = 256
-[network]
-policy = "internet"
-name = %q
-bridge = %q
-subnet4 = "10.%d.%d.0/24"
-subnet6 = "fd89:5eed:%x::/64"
-[home]
-volume_prefix = "shrooms-home-%s-"
-[outbox]
-root = %q
-`, tb.PodmanURL, filepath.Join(dir, "state"), itest.TestImage, name, name, 90+os.Getpid()%100, 1+os.Getpid()%250, 1+os.Getpid()%65000, name, filepath.Join(dir, "outbox"))))
-	if err != nil {
-		b.Fatal(err)
-	}
+	cfg := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: name,
+		Cage: map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": nil, "stop_grace": nil},
+		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
+			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, 1+os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", 1+os.Getpid()%65000)}}.Parse(b, "bench.toml")
 	ctx := context.Background()
 	opts := firewall.Options{NetNS: tb.NSPath("host")}
 	if err := firewall.Apply(ctx, cfg.Network, opts); err != nil {
@@ -65,15 +44,15 @@ root = %q
 	if err != nil {
 		b.Fatal(err)
 	}
-	r := NewRunner(cfg, client, func(ctx context.Context, cfg *config.Config, dry bool) ([]string, error) {
+	r := NewRunner(cfg, client, func(ctx context.Context, cfg *config.Config, dry bool) (SealState, error) {
 		st, err := firewall.Verify(ctx, cfg.Network, opts)
 		if err != nil || !st.OK {
-			return nil, fmt.Errorf("seal: %v %s", err, st.Reason)
+			return SealState{}, fmt.Errorf("seal: %v %s", err, st.Reason)
 		}
 		if _, err := cagenet.EnsureNetwork(ctx, cfg, client); err != nil {
-			return nil, err
+			return SealState{}, err
 		}
-		return nil, firewall.PinBridgeMAC(cfg.Network.Bridge, opts)
+		return SealState{Digest: st.Installed}, firewall.PinBridgeMAC(cfg.Network.Bridge, opts)
 	})
 	task := name + "-t"
 	b.Cleanup(func() {

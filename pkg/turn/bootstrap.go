@@ -35,15 +35,15 @@ func (r *Runner) HomeTask(root string, ids taskstate.IDs, profiles []string) hom
 // when missing) and seeds its credentials once; an existing, bootstrapped
 // HOME is left as it is. It returns the volume's host directory.
 func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, profiles []string) (string, *homereset.BootstrapResult, error) {
-	home := r.Home()
-	root, created, err := home.Open(ctx, task)
+	home := r.host()
+	root, created, err := home.OpenHome(ctx, task)
 	if err != nil {
 		return "", nil, err
 	}
-	res, err := homereset.Bootstrap(ctx, r.HomeTask(root, ids, profiles))
+	res, err := home.Bootstrap(ctx, r.HomeTask(root, ids, profiles))
 	if err != nil {
 		if created {
-			home.Discard(ctx, task, root)
+			home.DiscardHome(ctx, task, root)
 		}
 		return "", nil, fmt.Errorf("%w: bootstrap HOME: %w", ErrHostNotReady, err)
 	}

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
@@ -44,7 +43,7 @@ func (r *Runner) handOff(lock *taskstate.Lock, req Request, p *prepared, res *Re
 	r.remove(ctx, res.Cage, res)
 	r.removeSecrets(p.secrets)
 	if p.root != "" {
-		_, _ = homereset.Cleanup(ctx, p.root)
+		_ = r.host().Cleanup(ctx, p.root)
 	}
 }
 
@@ -71,13 +70,13 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		}
 	}
 	r.removeSecrets(secrets)
-	if root, err := r.Home().Root(ctx, td.Task); err == nil {
-		if _, err := homereset.Cleanup(ctx, root); err != nil {
+	if root, err := r.host().HomeRoot(ctx, td.Task); err == nil {
+		if err := r.host().Cleanup(ctx, root); err != nil {
 			errs = append(errs, fmt.Errorf("HOME cleanup: %w", err))
 		}
 	}
 	if next != nil {
-		in, err := r.check(ctx, *next, false)
+		in, err := r.check(ctx, *next, modeAhead)
 		if err == nil {
 			_, err = r.prepareNextLocked(ctx, *next, in)
 		}

@@ -8,7 +8,6 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
@@ -85,7 +84,7 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		cleanCtx, stopClean := context.WithCancel(cleanupCtx)
 		go func() {
 			defer close(cleaned)
-			_, _ = homereset.Cleanup(cleanCtx, p.root)
+			_ = r.host().Cleanup(cleanCtx, p.root)
 		}()
 		defer func() {
 			if p.detach { // the detached child finishes it

@@ -6,7 +6,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 
 	"github.com/containers/podman/v5/pkg/specgen"
@@ -40,7 +42,7 @@ const (
 // No code of the cage runs before its Run: the HOME a prepared cage sees is
 // the one reset here, and Run verifies it is still exactly that.
 func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
-	in, err := r.check(ctx, req, false)
+	in, err := r.check(ctx, req, modeAhead)
 	if err != nil {
 		return "", err
 	}
@@ -57,7 +59,7 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 	if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
 		return "", fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
-	p, err := r.prepareAs(ctx, req, in, true, true)
+	p, err := r.prepare(ctx, req, in, modeAhead)
 	if err != nil {
 		return "", err
 	}
@@ -74,14 +76,16 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 	id, err := r.Podman.Create(ctx, p.spec)
 	if err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), sealed.Name(req.Task, p.turn))
+		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if err := r.Podman.Init(ctx, id); err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
+		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	// The tree the reset swapped out goes now, not while the turn starts.
-	_, _ = homereset.Cleanup(ctx, p.root)
+	_ = r.host().Cleanup(ctx, p.root)
 	return id, nil
 }
 
@@ -112,22 +116,11 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 		if c.State != "initialized" && c.State != "created" {
 			continue
 		}
-		p, err := r.prepareAs(ctx, req, in, false, true)
-		if err != nil {
+		p, err := r.matchPrepared(ctx, req, in, c)
+		if err != nil || p == nil {
 			return "", nil, err
 		}
-		hash, err := specHash(p.spec)
-		if err != nil || hash != c.Labels[labelSpec] {
-			return "", nil, err
-		}
-		// Nothing may have changed HOME since it was reset for this cage.
-		rep, err := homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(p.root, p.ids, in.agent.Home), DryRun: true})
-		if err != nil || rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0 || rep.BaselineDigest != c.Labels[labelBaseline] {
-			return "", nil, nil
-		}
-		p.reset = rep
-		taskDir := r.TaskDir(req.Task)
-		if err := writeArgvFile(taskDir+"/argv", p.argv); err != nil {
+		if err := writeArgvFile(r.TaskDir(req.Task)+"/argv", p.argv); err != nil {
 			return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		if err := r.countTurn(req, in); err != nil {
@@ -136,6 +129,28 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 		return c.ID, p, nil
 	}
 	return "", nil, nil
+}
+
+// matchPrepared returns the turn's plan when the prepared cage c runs req
+// exactly as a fresh one would, and nil when it does not.
+func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c podman.Cage) (*prepared, error) {
+	p, err := r.prepare(ctx, req, in, modeMatch)
+	if err != nil {
+		return nil, err
+	}
+	hash, err := specHash(p.spec)
+	if err != nil || hash != c.Labels[labelSpec] {
+		return nil, err
+	}
+	// Nothing may have changed HOME since it was reset for this cage.
+	rep, err := r.host().Reset(ctx, homereset.ResetInput{Task: p.home, DryRun: true})
+	if err != nil || rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0 || rep.BaselineDigest != c.Labels[labelBaseline] {
+		return nil, nil
+	}
+	p.reset = rep
+	// The secrets were put when the cage was prepared; they go with it.
+	p.secrets = slices.Sorted(maps.Keys(p.Plan.secrets))
+	return p, nil
 }
 
 // TaskDir is the task's directory in the state directory.

@@ -1,8 +1,9 @@
-// Package turn runs one agent turn end to end, in the order of DESIGN.md's
-// data flow: lock the task, check the seal, prepare HOME, plan the mounts,
-// build the sealed spec, then create → start/attach → wait (with a deadline)
-// → remove. Each step is one call into one package; the cage is removed on
-// every path out, including errors, deadlines and interruption.
+// Package turn runs one agent turn end to end: lock the task, check the
+// seal, prepare the turn (plan.go: gather what the host holds, plan HOME,
+// mounts and the sealed spec without side effects, then apply the plan),
+// then create → start/attach → wait (with a deadline) → remove. The cage
+// is removed on every path out, including errors, deadlines and
+// interruption.
 package turn
 
 import (
@@ -20,20 +21,19 @@ import (
 
 	"github.com/containers/podman/v5/pkg/specgen"
 
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
-	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
-	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/wtdiff"
 )
 
 // Kinds of failure, so the CLI can map them to distinct exit codes (the
@@ -62,6 +62,10 @@ type Request struct {
 	Timeout time.Duration
 	// Streams are attached to the cage; a nil Stdin leaves stdin closed.
 	Streams podman.Streams
+	// Terminal gives the cage a terminal (run --tty): Streams are then the
+	// person's terminal (Streams.Terminal). Refused unless TIOCSTI is
+	// closed (seccomp.TIOCSTIClosed).
+	Terminal bool
 }
 
 // SealChecker verifies the network seal is in place before a networked cage
@@ -69,7 +73,11 @@ type Request struct {
 // the allowlist policy it refreshes the seal's resolved host names (unless
 // dry) and returns them as "name:address" entries for the cage's /etc/hosts.
 // cagenet.Checker is the real one.
-type SealChecker func(ctx context.Context, cfg *config.Config, dry bool) (hosts []string, err error)
+type SealChecker func(ctx context.Context, cfg *config.Config, dry bool) (SealState, error)
+
+// SealState is what a seal check found: the allowlist's /etc/hosts entries
+// and the digest of the seal verified in the kernel.
+type SealState = cagenet.State
 
 // Runner runs turns against one podman service.
 type Runner struct {
@@ -92,6 +100,9 @@ type Runner struct {
 	// Detach, when set, takes a turn's teardown off the caller's path once
 	// its exit code is known (detach.go).
 	Detach Detacher
+	// Host is the task HOME and outbox on the host; nil is the real one
+	// (loop-mounted volumes, root only). Unit tests set a fake.
+	Host Host
 }
 
 // NewRunner returns a runner for cfg with the system's state and id files.
@@ -148,6 +159,16 @@ type Result struct {
 	// HomeBytes is the disk space the task HOME takes on the host after the
 	// turn (its filesystem image's allocated blocks).
 	HomeBytes int64 `json:"homeBytes"`
+	// Image is the cage image as podman's store had it at the turn's check.
+	Image *podman.Image `json:"image,omitempty"`
+	// ConfigDigest identifies the configuration the turn ran under
+	// (config.Config.Digest).
+	ConfigDigest string `json:"configDigest,omitempty"`
+	// SealDigest is the digest of the nftables seal verified before a
+	// networked cage started ("" under policy none: there is no seal).
+	SealDigest string `json:"sealDigest,omitempty"`
+	// WorktreeChanges is what the turn changed in the worktree.
+	WorktreeChanges *WorktreeChanges `json:"worktreeChanges,omitempty"`
 }
 
 type clock struct {
@@ -172,17 +193,18 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // Run runs one turn. The error is nil when the agent ran to its own exit,
 // whatever its exit code (in Result.ExitCode).
 func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
-	res := &Result{Task: req.Task, Agent: req.Agent, Status: "error", ExitCode: -1}
+	res := &Result{Task: req.Task, Agent: req.Agent, Status: "error", ExitCode: -1, ConfigDigest: r.Cfg.Digest()}
 	c := &clock{start: time.Now(), last: time.Now(), res: res}
 	defer func() { res.TotalMs = ms(time.Since(c.start)) }()
 	// Detached teardowns of other turns wait while this one starts.
 	c.starting, _ = r.Store.Starting()
 	defer c.started()
 
-	in, err := r.check(ctx, req, false)
+	in, err := r.check(ctx, req, modeRun)
 	if err != nil {
 		return res, err
 	}
+	res.Image, res.SealDigest = &in.image, in.sealDigest
 	c.lap("check")
 
 	lock, err := r.Store.LockTask(in.task)
@@ -223,7 +245,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
 			return res, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 		}
-		if prep, err = r.prepare(ctx, req, in, true); err != nil {
+		if prep, err = r.prepare(ctx, req, in, modeRun); err != nil {
 			return res, err
 		}
 	}
@@ -241,18 +263,47 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if r.OnSpec != nil && preparedID == "" {
 		r.OnSpec(prep.spec)
 	}
+	// What the turn changes in the worktree: a scan now, before the cage
+	// starts, and one after it is gone (on every path out of execute).
+	var before *wtdiff.Snapshot
+	if in.worktree != "" {
+		var serr error
+		if before, serr = wtdiff.Scan(ctx, in.worktree); serr != nil {
+			res.WorktreeChanges = &WorktreeChanges{Error: serr.Error()}
+		}
+	}
 	handoff = prep
-	return r.execute(ctx, req, prep, c, preparedID)
+	res, err = r.execute(ctx, req, prep, c, preparedID)
+	if before != nil {
+		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, in.worktree)
+	}
+	return res, err
+}
+
+// WorktreeChanges is what a turn changed in its worktree (wtdiff.Summary),
+// or the error that kept it from being known.
+type WorktreeChanges struct {
+	*wtdiff.Summary
+	Error string `json:"error,omitempty"`
+}
+
+func worktreeChanges(ctx context.Context, before *wtdiff.Snapshot, worktree string) *WorktreeChanges {
+	after, err := wtdiff.Scan(ctx, worktree)
+	if err != nil {
+		return &WorktreeChanges{Error: err.Error()}
+	}
+	sum := wtdiff.Diff(before, after)
+	return &WorktreeChanges{Summary: &sum}
 }
 
 // Spec returns the spec the next turn of req would run, with no side effects:
 // nothing is locked, allocated, created or written.
 func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator, error) {
-	in, err := r.check(ctx, req, true)
+	in, err := r.check(ctx, req, modeSpec)
 	if err != nil {
 		return nil, err
 	}
-	prep, err := r.prepare(ctx, req, in, false)
+	prep, err := r.prepare(ctx, req, in, modeSpec)
 	if err != nil {
 		return nil, err
 	}
@@ -266,6 +317,10 @@ type checked struct {
 	tokens   map[string][]byte
 	worktree string   // cleaned; "" for none
 	hosts    []string // allowlisted "name:address" entries for /etc/hosts
+	// sealDigest is the seal verified for a networked cage ("" otherwise).
+	sealDigest string
+	// image is the agent's image in podman's store.
+	image podman.Image
 	// gateway is the agent's model gateway, nil when it has none.
 	gateway *gatewayPlan
 }
@@ -279,38 +334,49 @@ type gatewayPlan struct {
 	oauth    *gateway.OAuth
 }
 
-// check validates the request and the host without changing anything: input
-// (task id, agent, paths, tokens), the network seal and the image. Bad input
-// is refused before any lock, state or volume exists.
-func (r *Runner) check(ctx context.Context, req Request, dry bool) (*checked, error) {
+// check validates the request and the host: input (task id, agent, paths,
+// tokens), the network seal and the image. Bad input is refused before any
+// lock, state or volume exists. For `spec` nothing changes; for a turn that
+// runs, the seal check may refresh the seal and create the cage network.
+func (r *Runner) check(ctx context.Context, req Request, m mode) (*checked, error) {
 	cfg := r.Cfg
 	in, err := checkInput(cfg, req)
 	if err != nil {
 		return nil, err
 	}
-	if in.gateway, err = r.checkGateway(ctx, in.agent, dry); err != nil {
+	if req.Terminal {
+		if err := seccomp.TIOCSTIClosed(cfg.Cage.Seccomp, seccomp.LegacyTIOCSTIKnob); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		}
+	}
+	if in.gateway, err = r.checkGateway(ctx, in.agent, m); err != nil {
 		return nil, err
 	}
 	if cfg.Network.Networked() {
 		if r.Seal == nil {
 			return nil, fmt.Errorf("%w: network policy %q needs the nftables seal and this runner cannot verify one; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
 		}
-		if in.hosts, err = r.Seal(ctx, cfg, dry); err != nil {
+		st, err := r.Seal(ctx, cfg, !m.writes())
+		if err != nil {
 			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %w", ErrHostNotReady, err)
 		}
+		in.hosts, in.sealDigest = st.Hosts, st.Digest
 	}
 	image := cfg.ImageFor(in.agent)
-	if ok, err := r.Podman.ImageExists(ctx, image); err != nil {
+	if in.image, err = r.Podman.InspectImage(ctx, image); err != nil {
+		// Only on this path: is it missing, or is podman failing?
+		if ok, xerr := r.Podman.ImageExists(ctx, image); xerr == nil && !ok {
+			return nil, fmt.Errorf("%w: image %s is not in podman's store (nothing is pulled; build or load it first)", ErrHostNotReady, image)
+		}
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	} else if !ok {
-		return nil, fmt.Errorf("%w: image %s is not in podman's store (nothing is pulled; build or load it first)", ErrHostNotReady, image)
 	}
 	return in, nil
 }
 
 // checkGateway reads the real key of the agent's gateway (it stays in this
-// process) and, unless dry, checks that its upstream accepts connections.
-func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, dry bool) (*gatewayPlan, error) {
+// process) and, for a turn that runs, checks that its upstream accepts
+// connections.
+func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (*gatewayPlan, error) {
 	if agent.Gateway == "" {
 		return nil, nil
 	}
@@ -338,7 +404,7 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, dry bool)
 	} else if plan.key, err = readToken(r.Cfg, g.Token); err != nil {
 		return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
 	}
-	if !dry {
+	if m.writes() {
 		if err := gateway.Preflight(ctx, u); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
@@ -348,237 +414,6 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, dry bool)
 
 // CheckWorktree validates a worktree path and returns it cleaned.
 func (r *Runner) CheckWorktree(path string) (string, error) { return worktreePath(r.Cfg, path) }
-
-type prepared struct {
-	// argv is a prepared cage's command line, handed over at its run.
-	argv []string
-	// secrets are the podman secrets holding this turn's tokens, removed
-	// once the cage is gone so no copy outlives the turn.
-	secrets []string
-	turn    int
-	spec    *specgen.SpecGenerator
-	ids     taskstate.IDs
-	root    string // the HOME volume's host directory
-	reset   *homereset.Report
-	guard   *worktreeguard.Check
-	// gateway is the turn's model gateway configuration, its placeholder
-	// included (nil without one); execute starts it in the cage's netns.
-	gateway *gateway.Config
-	// detach is set once the turn's exit code is known and Runner.Detach
-	// will take the teardown.
-	detach bool
-}
-
-// prepare lays out the cage's host side and computes its spec. With commit
-// false it changes nothing (for `spec`). With commit true it allocates the
-// task's ids, bootstraps HOME on a first turn, resets HOME to the baseline
-// and keep-list, writes the managed policy, mounts the outbox, hands the
-// worktree to the task's user, stores token secrets and counts the turn.
-func (r *Runner) prepare(ctx context.Context, req Request, in *checked, commit bool) (*prepared, error) {
-	return r.prepareAs(ctx, req, in, commit, false)
-}
-
-// prepareAs is prepare; with ahead it computes the spec of a cage created
-// before its run (see PrepareNext): its argv comes from a file written when
-// the run starts, and the turn is counted only then.
-func (r *Runner) prepareAs(ctx context.Context, req Request, in *checked, commit, ahead bool) (*prepared, error) {
-	cfg := r.Cfg
-	ids, err := r.Store.TaskIDs(in.task, r.IDFiles, commit)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	}
-	turn, err := r.Store.LastTurn(in.task)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	}
-	turn++
-	p := &prepared{turn: turn, ids: ids}
-	agentUID, agentGID := int(ids.UID)+int(cfg.Cage.User), int(ids.GID)+int(cfg.Cage.User)
-	taskDir := filepath.Join(cfg.State.Dir, "tasks", req.Task)
-
-	// HOME: bootstrap once, then reset to baseline + keep-list every turn.
-	var policy []homereset.PolicyMount
-	outboxDir := filepath.Join(cfg.Outbox.Root, req.Task)
-	var gitMounts []mounts.Mount
-	if commit {
-		if p.root, _, err = r.bootstrap(ctx, req.Task, ids, in.agent.Home); err != nil {
-			return nil, err
-		}
-		if p.reset, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(p.root, ids, in.agent.Home)}); err != nil {
-			return nil, fmt.Errorf("%w: HOME reset failed, the turn does not start: %w", ErrHostNotReady, err)
-		}
-		var pg homereset.PolicyGateway
-		if in.gateway != nil {
-			pg.AnthropicBaseURL = gateway.BaseURL()
-		}
-		if policy, err = homereset.WritePolicyWith(filepath.Join(taskDir, "policy"), cfg, in.agent.Home, pg); err != nil {
-			return nil, fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
-		}
-		if outboxDir, err = outbox.Prepare(cfg.Outbox.Root, req.Task, agentUID, agentGID, outbox.LimitsFrom(cfg.Outbox)); err != nil {
-			return nil, fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
-		}
-		if in.worktree != "" && hasGit(in.worktree) {
-			if gitMounts, err = gitseal.CageMounts(in.worktree, cfg.State.Dir); err != nil {
-				return nil, fmt.Errorf("%w: git metadata: %w", ErrInput, err)
-			}
-		}
-	} else {
-		if p.root, err = r.Home().Root(ctx, req.Task); err != nil {
-			return nil, err
-		}
-		policy = homereset.PolicyMounts(filepath.Join(taskDir, "policy"), in.agent.Home)
-		if in.worktree != "" && hasGit(in.worktree) {
-			if gitMounts, err = gitseal.PlanCageMounts(in.worktree, cfg.State.Dir); err != nil {
-				return nil, fmt.Errorf("%w: git metadata: %w", ErrInput, err)
-			}
-		}
-	}
-
-	plan, err := mounts.Build(mounts.Input{
-		Task:      in.task,
-		Worktree:  in.worktree,
-		HomeDir:   homereset.HomeDir(p.root),
-		OutboxDir: outboxDir,
-		TmpSize:   int64(cfg.Cage.TmpSize),
-		RunSize:   int64(cfg.Cage.RunSize),
-		TmpExec:   cfg.Cage.TmpExec,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInput, err)
-	}
-	for _, m := range policy {
-		plan.Mounts = append(plan.Mounts, mounts.Mount{Kind: mounts.Bind, Source: m.Source, Dest: m.Dest, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
-	}
-	plan.Mounts = append(plan.Mounts, gitMounts...)
-	if p.guard, err = r.guardWorktree(ctx, req.Task, in.worktree, commit); err != nil {
-		return nil, err
-	}
-	shroomsEnv := map[string]string{}
-	guardDigest := ""
-	if p.guard != nil {
-		plan.Mounts = append(plan.Mounts, p.guard.Mounts...)
-		guardDigest = p.guard.Digest
-	}
-	if in.gateway != nil {
-		ph, err := r.placeholder(taskDir, commit, ahead)
-		if err != nil {
-			return nil, err
-		}
-		p.gateway = &gateway.Config{
-			API: in.gateway.cfg.API, Upstream: in.gateway.upstream, Key: in.gateway.key, OAuth: in.gateway.oauth, Placeholder: ph,
-			MaxRequests: in.gateway.cfg.MaxRequests, MaxOutputTokens: in.gateway.cfg.MaxOutputTokens,
-		}
-		// The agent talks to the gateway on its own loopback, with a
-		// placeholder that is worthless anywhere else.
-		shroomsEnv["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
-		if in.gateway.oauth == nil {
-			shroomsEnv["ANTHROPIC_API_KEY"] = ph
-		} else if commit {
-			// A subscription sign-in: the cage's .credentials.json holds the
-			// placeholder as its access token, no refresh token, and an
-			// expiry the agent never reaches.
-			creds, err := in.gateway.oauth.CageCredentials(ctx, ph)
-			if err != nil {
-				return nil, fmt.Errorf("%w: %w", ErrInput, err)
-			}
-			if err := homereset.PlaceFile(p.root, ".claude/.credentials.json", creds, 0o600, agentUID, agentGID); err != nil {
-				return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-			}
-		}
-	}
-	if p.guard == nil || !p.guard.OpencodeProjectConfig {
-		// Second wall behind the masks: opencode skips project config
-		// (opencode.json, .opencode/, AGENTS.md) unless the owner trusted
-		// some and all of it is unchanged.
-		shroomsEnv["OPENCODE_DISABLE_PROJECT_CONFIG"] = "1"
-	}
-	plan.Mounts = append(plan.Mounts, req.ExtraMounts...)
-	command, args := req.Command, req.Args
-	if ahead {
-		if r.Binary == "" {
-			return nil, fmt.Errorf("%w: prepared cages need shrooms' own binary (Runner.Binary)", ErrHostNotReady)
-		}
-		plan.Mounts = append(plan.Mounts,
-			mounts.Mount{Kind: mounts.Bind, Source: r.Binary, Dest: CageBinary, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev"}},
-			mounts.Mount{Kind: mounts.Bind, Source: filepath.Join(taskDir, "argv"), Dest: CageArgv, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
-		full := in.agent.Command
-		if len(req.Command) > 0 {
-			full = req.Command
-		}
-		p.argv = append(append([]string{}, full...), req.Args...)
-		command, args = []string{CageBinary, "cage-exec", CageArgv}, nil
-	}
-
-	seccompPath := ""
-	switch cfg.Cage.Seccomp {
-	case "podman":
-	case "shrooms":
-		seccompPath = seccomp.Path(cfg.State.Dir)
-		if commit {
-			if _, err := seccomp.Install(cfg.State.Dir); err != nil {
-				return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-			}
-		}
-	default:
-		seccompPath = cfg.Cage.Seccomp
-	}
-
-	timeout := r.timeout(req)
-	secretEnv := map[string]string{}
-	secrets := map[string][]byte{}
-	for env, tok := range in.agent.TokenEnv {
-		name := SecretName(req.Task, tok)
-		secretEnv[env] = name
-		secrets[name] = in.tokens[tok]
-	}
-	p.spec, err = sealed.Spec(cfg, sealed.Turn{
-		Task:            req.Task,
-		Number:          turn,
-		Agent:           req.Agent,
-		Command:         command,
-		Args:            args,
-		Stdin:           req.Streams.Stdin != nil,
-		IDs:             sealed.IDRange{UID: ids.UID, GID: ids.GID, Size: taskstate.SlotSize},
-		Plan:            plan,
-		SecretEnv:       secretEnv,
-		HostEntries:     in.hosts,
-		SeccompPath:     seccompPath,
-		DeadlineSeconds: uint(timeout.Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
-		Env:             shroomsEnv,
-		WorktreeGuard:   guardDigest,
-	})
-	if err != nil {
-		return nil, err
-	}
-	if !commit {
-		return p, nil
-	}
-
-	// A cage prepared ahead takes the worktree when its turn runs, so the
-	// owner keeps it between turns.
-	if in.worktree != "" && !ahead {
-		if err := r.takeWorktree(req.Task, in.worktree, ids); err != nil {
-			return nil, err
-		}
-	}
-	for name, value := range secrets {
-		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: req.Task}); err != nil {
-			r.removeSecrets(p.secrets)
-			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-		}
-		p.secrets = append(p.secrets, name)
-	}
-	if ahead {
-		if err := writeArgvFile(filepath.Join(taskDir, "argv"), nil); err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-		}
-		return p, nil
-	}
-	if err := r.countTurn(req, in); err != nil {
-		return nil, err
-	}
-	return p, nil
-}
 
 // TrustStore is the task's store of trusted worktree config.
 func (r *Runner) TrustStore(task string) worktreeguard.Store {
@@ -652,27 +487,22 @@ func SecretName(task, token string) string { return "shrooms-" + task + "-" + to
 // the cage's environment was fixed when it was created ahead of its turn.
 const placeholderFile = "gateway-placeholder"
 
-// placeholder returns the turn's gateway placeholder: a fresh one for a
-// turn that starts now, the stored one for a prepared cage, a marker for
-// `spec` (which changes nothing).
-func (r *Runner) placeholder(taskDir string, commit, ahead bool) (string, error) {
-	path := filepath.Join(taskDir, placeholderFile)
-	switch {
-	case ahead && !commit:
-		b, err := os.ReadFile(path)
+// placeholder returns the turn's gateway placeholder: the stored one when
+// matching a prepared cage, a fresh one for a turn that starts now or a
+// cage prepared ahead (apply stores it), a marker for `spec` (which changes
+// nothing).
+func (r *Runner) placeholder(task string, m mode) (string, error) {
+	switch m {
+	case modeMatch:
+		b, err := os.ReadFile(filepath.Join(r.TaskDir(task), placeholderFile))
 		if err != nil {
 			return "", nil // no prepared placeholder: the prepared cage will not match
 		}
 		return string(b), nil
-	case commit:
+	case modeRun, modeAhead:
 		ph, err := gateway.NewPlaceholder()
 		if err != nil {
 			return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
-		}
-		if ahead {
-			if err := os.WriteFile(path, []byte(ph), 0o600); err != nil {
-				return "", fmt.Errorf("%w: gateway placeholder: %w", ErrHostNotReady, err)
-			}
 		}
 		return ph, nil
 	}

@@ -20,6 +20,7 @@ import (
 	is "gotest.tools/v3/assert/cmp"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
@@ -44,30 +45,8 @@ func newHarnessTB(t testing.TB, extra string) *harness {
 	itest.Require(t, itest.Root, itest.Podman)
 	dir := t.TempDir()
 	prefix := itest.UniqueName("tt")
-	cfg, err := config.Parse("test.toml", []byte(fmt.Sprintf(`
-[podman]
-socket = %q
-[state]
-dir = %q
-[cage]
-image = %q
-memory = "256m"
-pids = 128
-cpus = 1.0
-nofile = 512
-nproc = 256
-tmp_size = "16m"
-run_size = "4m"
-timeout = "60s"
-stop_grace = "2s"
-[network]
-policy = "none"
-[home]
-volume_prefix = "shrooms-home-%s-"
-[outbox]
-root = %q
-%s`, itest.Socket(), filepath.Join(dir, "state"), itest.TestImage, prefix, filepath.Join(dir, "outbox"), extra)))
-	assert.NilError(t, err)
+	cfg := testcfg.Config{Dir: dir, Prefix: prefix, Extra: extra,
+		Cage: map[string]any{"pids": 128, "cpus": 1.0, "nofile": 512, "nproc": 256, "tmp_size": "16m", "run_size": "4m"}}.Parse(t, "test.toml")
 	ctx := context.Background()
 	client, err := podman.Connect(ctx, cfg.Podman.Socket)
 	assert.NilError(t, err)

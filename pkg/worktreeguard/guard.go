@@ -160,3 +160,20 @@ func Executable(changes []Change) []Change {
 	}
 	return out
 }
+
+// GuardedRoot returns the guarded root a worktree-relative path lies in or
+// is (the path up to its first component with a guarded name, as the guard
+// matches at any depth), or "" when no component of rel is guarded.
+func GuardedRoot(rel string) string {
+	end := 0
+	for _, comp := range strings.Split(rel, "/") {
+		if end > 0 {
+			end++
+		}
+		end += len(comp)
+		if isGuardedName(comp) {
+			return rel[:end]
+		}
+	}
+	return ""
+}

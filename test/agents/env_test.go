@@ -24,6 +24,7 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
@@ -158,34 +159,12 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	assert.NilError(t, os.WriteFile(ocFile, ocJSON, 0o644))
 	ocSettings := fmt.Sprintf("[home.opencode]\nsettings_file = %q\n", ocFile)
 
-	e.config = filepath.Join(e.dir, "config.toml")
-	assert.NilError(t, os.WriteFile(e.config, []byte(fmt.Sprintf(`
-[podman]
-socket = %q
-[state]
-dir = %q
-[cage]
-image = %q
-memory = "2g"
-timeout = "120s"
-stop_grace = "2s"
-[network]
-policy = %q
-name = %q
-bridge = %q
-subnet4 = "10.%d.%d.0/24"
-subnet6 = "fd89:5eed:%x::/64"
-[home]
-volume_prefix = "shrooms-home-%s-"
-%s
-[outbox]
-root = %q
-[tokens]
-anthropic = %q
-%s%s`, e.tb.PodmanURL, filepath.Join(e.dir, "state"), agentImage, policy, e.name, e.name,
-		// A subnet of its own: other suites may run cages at the same time.
-		90+os.Getpid()%100, os.Getpid()%250, os.Getpid()%65000, e.name, ocSettings,
-		filepath.Join(e.dir, "outbox"), token, moreTokens, agents.String())), 0o600))
+	e.config = testcfg.Config{Socket: e.tb.PodmanURL, Dir: e.dir, Prefix: e.name,
+		Cage: map[string]any{"image": agentImage, "memory": "2g", "timeout": "120s"},
+		Network: map[string]any{"policy": policy, "name": e.name, "bridge": e.name,
+			// A subnet of its own: other suites may run cages at the same time.
+			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000)},
+		Extra: fmt.Sprintf("%s[tokens]\nanthropic = %q\n%s%s", ocSettings, token, moreTokens, agents.String())}.Write(t)
 
 	t.Cleanup(func() {
 		// A HOME's capped filesystem goes before its volume, in both mount

@@ -1,0 +1,387 @@
+package turn
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/containers/podman/v5/pkg/specgen"
+
+	"github.com/shrooms-cage/shrooms/pkg/gateway"
+	"github.com/shrooms-cage/shrooms/pkg/gitseal"
+	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/seccomp"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+)
+
+// A turn is prepared in three steps, as podman's specgen keeps computing a
+// spec apart from executing it: gather reads (or, for a turn that runs,
+// acquires) what the plan needs from the host; plan computes everything the
+// turn will do without side effects; apply does it. `spec`, run, PrepareNext
+// and the match of a prepared cage differ only in their mode.
+
+// mode is what a turn is prepared for.
+type mode int
+
+const (
+	// modeSpec is `spec`: nothing is allocated, written or counted.
+	modeSpec mode = iota
+	// modeRun is a turn that starts now.
+	modeRun
+	// modeAhead is a cage created before its turn is asked for
+	// (PrepareNext): its argv comes from a file written when the run
+	// starts, and the turn is counted only then.
+	modeAhead
+	// modeMatch is the plan a prepared cage must match; read only.
+	modeMatch
+)
+
+// ahead reports whether the cage is one created ahead of its run.
+func (m mode) ahead() bool { return m == modeAhead || m == modeMatch }
+
+// writes reports whether the mode changes the host (gather acquires, apply runs).
+func (m mode) writes() bool { return m == modeRun || m == modeAhead }
+
+// facts is what a plan needs from the host.
+type facts struct {
+	ids  taskstate.IDs
+	turn int
+	// root is the HOME volume's host directory.
+	root  string
+	guard *worktreeguard.Check
+	// placeholder is the gateway placeholder ("" without a gateway).
+	placeholder string
+}
+
+// Plan is everything a turn will do, computed without side effects.
+type Plan struct {
+	task     taskid.ID
+	turn     int
+	ids      taskstate.IDs
+	worktree string // cleaned; "" for none
+	// root is the HOME volume's host directory; home is it for the reset.
+	root string
+	home homereset.Task
+	// policy is the managed policy, git the worktree's git metadata.
+	policy *homereset.Policy
+	git    gitseal.CagePlan
+	// outbox is the task's outbox directory, mounted size-capped by apply.
+	outbox string
+	// seccomp says whether shrooms' seccomp profile is installed.
+	seccomp bool
+	guard   *worktreeguard.Check
+	// gateway is the turn's model gateway configuration, its placeholder
+	// included (nil without one); execute starts it in the cage's netns.
+	gateway *gateway.Config
+	// oauth is set when the cage gets subscription credentials holding the
+	// placeholder.
+	oauth *gateway.OAuth
+	// secrets are the podman secrets of the turn's tokens, by name.
+	secrets map[string][]byte
+	// argv is a prepared cage's command line, handed over at its run.
+	argv []string
+	spec *specgen.SpecGenerator
+}
+
+// prepared is a plan applied: what execute needs of it.
+type prepared struct {
+	*Plan
+	// secrets are the podman secrets holding this turn's tokens, removed
+	// once the cage is gone so no copy outlives the turn.
+	secrets []string
+	reset   *homereset.Report
+	// detach is set once the turn's exit code is known and Runner.Detach
+	// will take the teardown.
+	detach bool
+}
+
+// prepare plans the turn of req for mode m and, when m writes, applies it:
+// allocates the task's ids, bootstraps HOME on a first turn, resets HOME to
+// the baseline and keep-list, writes the managed policy, mounts the outbox,
+// hands the worktree to the task's user, stores token secrets and counts
+// the turn.
+func (r *Runner) prepare(ctx context.Context, req Request, in *checked, m mode) (*prepared, error) {
+	f, err := r.gather(ctx, req, in, m)
+	if err != nil {
+		return nil, err
+	}
+	p, err := r.plan(req, in, f, m.ahead())
+	if err != nil {
+		return nil, err
+	}
+	if !m.writes() {
+		return &prepared{Plan: p}, nil
+	}
+	return r.apply(ctx, req, in, p, m)
+}
+
+// gather reads what the plan needs from the host; when m writes, it also
+// acquires it: the task's ids are allocated, HOME is opened (bootstrapped
+// once), a first turn records the worktree's agent config as trusted, and
+// the gateway gets a fresh placeholder.
+func (r *Runner) gather(ctx context.Context, req Request, in *checked, m mode) (*facts, error) {
+	ids, err := r.Store.TaskIDs(in.task, r.IDFiles, m.writes())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
+	last, err := r.Store.LastTurn(in.task)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
+	f := &facts{ids: ids, turn: last + 1}
+	if m.writes() {
+		f.root, _, err = r.bootstrap(ctx, req.Task, ids, in.agent.Home)
+	} else {
+		f.root, err = r.host().HomeRoot(ctx, req.Task)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if f.guard, err = r.guardWorktree(ctx, req.Task, in.worktree, m.writes()); err != nil {
+		return nil, err
+	}
+	if in.gateway != nil {
+		if f.placeholder, err = r.placeholder(req.Task, m); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+// plan computes the turn from the request, the checked input and the host
+// facts, changing nothing.
+func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, error) {
+	cfg := r.Cfg
+	p := &Plan{
+		task: in.task, turn: f.turn, ids: f.ids, worktree: in.worktree, root: f.root, guard: f.guard,
+		home:   r.HomeTask(f.root, f.ids, in.agent.Home),
+		outbox: filepath.Join(filepath.Clean(cfg.Outbox.Root), req.Task),
+	}
+	var pg homereset.PolicyGateway
+	if in.gateway != nil {
+		pg.AnthropicBaseURL = gateway.BaseURL()
+	}
+	var err error
+	if p.policy, err = homereset.PlanPolicy(filepath.Join(r.TaskDir(req.Task), "policy"), cfg, in.agent.Home, pg); err != nil {
+		return nil, fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
+	}
+	if in.worktree != "" && hasGit(in.worktree) {
+		if p.git, err = gitseal.PlanCage(in.worktree, cfg.State.Dir); err != nil {
+			return nil, fmt.Errorf("%w: git metadata: %w", ErrInput, err)
+		}
+	}
+	mp, err := r.planMounts(req, in, p)
+	if err != nil {
+		return nil, err
+	}
+	env := r.planGateway(in, p, f.placeholder)
+	command, args, err := r.planCommand(req, in, p, mp, ahead)
+	if err != nil {
+		return nil, err
+	}
+	seccompPath := r.planSeccomp(p)
+	secretEnv := map[string]string{}
+	p.secrets = map[string][]byte{}
+	for env, tok := range in.agent.TokenEnv {
+		name := SecretName(req.Task, tok)
+		secretEnv[env] = name
+		p.secrets[name] = in.tokens[tok]
+	}
+	guardDigest := ""
+	if p.guard != nil {
+		guardDigest = p.guard.Digest
+	}
+	p.spec, err = sealed.Spec(cfg, sealed.Turn{
+		Task:            req.Task,
+		Number:          p.turn,
+		Agent:           req.Agent,
+		Command:         command,
+		Args:            args,
+		Stdin:           req.Streams.Stdin != nil,
+		Terminal:        req.Terminal,
+		IDs:             sealed.IDRange{UID: p.ids.UID, GID: p.ids.GID, Size: taskstate.SlotSize},
+		Plan:            mp,
+		SecretEnv:       secretEnv,
+		HostEntries:     in.hosts,
+		SeccompPath:     seccompPath,
+		DeadlineSeconds: uint(r.timeout(req).Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
+		Env:             env,
+		WorktreeGuard:   guardDigest,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// planMounts is the cage's mount plan: /work, HOME, the outbox and the
+// tmpfs mounts, then the managed policy, the git metadata, the worktree
+// guard's masks and the request's extra mounts.
+func (r *Runner) planMounts(req Request, in *checked, p *Plan) (*mounts.Plan, error) {
+	cfg := r.Cfg
+	mp, err := mounts.Build(mounts.Input{
+		Task:      in.task,
+		Worktree:  in.worktree,
+		HomeDir:   homereset.HomeDir(p.root),
+		OutboxDir: p.outbox,
+		TmpSize:   int64(cfg.Cage.TmpSize),
+		RunSize:   int64(cfg.Cage.RunSize),
+		TmpExec:   cfg.Cage.TmpExec,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
+	}
+	for _, m := range p.policy.Mounts {
+		mp.Mounts = append(mp.Mounts, mounts.Mount{Kind: mounts.Bind, Source: m.Source, Dest: m.Dest, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
+	}
+	mp.Mounts = append(mp.Mounts, p.git.Mounts...)
+	if p.guard != nil {
+		mp.Mounts = append(mp.Mounts, p.guard.Mounts...)
+	}
+	mp.Mounts = append(mp.Mounts, req.ExtraMounts...)
+	return mp, nil
+}
+
+// planGateway plans the turn's model gateway and returns the environment
+// shrooms sets in the cage.
+func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[string]string {
+	env := map[string]string{}
+	if g := in.gateway; g != nil {
+		p.gateway = &gateway.Config{
+			API: g.cfg.API, Upstream: g.upstream, Key: g.key, OAuth: g.oauth, Placeholder: placeholder,
+			MaxRequests: g.cfg.MaxRequests, MaxOutputTokens: g.cfg.MaxOutputTokens,
+		}
+		// The agent talks to the gateway on its own loopback, with a
+		// placeholder that is worthless anywhere else.
+		env["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
+		if g.oauth == nil {
+			env["ANTHROPIC_API_KEY"] = placeholder
+		} else {
+			// A subscription sign-in: apply places credentials holding the
+			// placeholder in HOME.
+			p.oauth = g.oauth
+		}
+	}
+	if p.guard == nil || !p.guard.OpencodeProjectConfig {
+		// Second wall behind the masks: opencode skips project config
+		// (opencode.json, .opencode/, AGENTS.md) unless the owner trusted
+		// some and all of it is unchanged.
+		env["OPENCODE_DISABLE_PROJECT_CONFIG"] = "1"
+	}
+	return env
+}
+
+// planCommand returns the cage's command and arguments. A cage prepared
+// ahead runs shrooms' own binary, which reads the argv handed over at the
+// run from a mounted file.
+func (r *Runner) planCommand(req Request, in *checked, p *Plan, mp *mounts.Plan, ahead bool) ([]string, []string, error) {
+	if !ahead {
+		return req.Command, req.Args, nil
+	}
+	if r.Binary == "" {
+		return nil, nil, fmt.Errorf("%w: prepared cages need shrooms' own binary (Runner.Binary)", ErrHostNotReady)
+	}
+	mp.Mounts = append(mp.Mounts,
+		mounts.Mount{Kind: mounts.Bind, Source: r.Binary, Dest: CageBinary, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev"}},
+		mounts.Mount{Kind: mounts.Bind, Source: filepath.Join(r.TaskDir(req.Task), "argv"), Dest: CageArgv, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
+	full := in.agent.Command
+	if len(req.Command) > 0 {
+		full = req.Command
+	}
+	p.argv = append(append([]string{}, full...), req.Args...)
+	return []string{CageBinary, "cage-exec", CageArgv}, nil, nil
+}
+
+// planSeccomp returns the seccomp profile's path ("" for podman's default).
+func (r *Runner) planSeccomp(p *Plan) string {
+	switch r.Cfg.Cage.Seccomp {
+	case "podman":
+		return ""
+	case "shrooms":
+		p.seccomp = true
+		return seccomp.Path(r.Cfg.State.Dir)
+	}
+	return r.Cfg.Cage.Seccomp
+}
+
+// apply does what the plan says, in the order a turn needs it: HOME, the
+// host files and mounts the cage sees, the worktree, the secrets, and last
+// the argv file (ahead) or the turn's count.
+func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, m mode) (*prepared, error) {
+	out := &prepared{Plan: p}
+	if err := r.applyHost(ctx, req, out, m); err != nil {
+		return nil, err
+	}
+	// A cage prepared ahead takes the worktree when its turn runs, so the
+	// owner keeps it between turns.
+	if in.worktree != "" && m == modeRun {
+		if err := r.takeWorktree(req.Task, in.worktree, p.ids); err != nil {
+			return nil, err
+		}
+	}
+	for name, value := range p.secrets {
+		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: req.Task}); err != nil {
+			r.removeSecrets(out.secrets)
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		}
+		out.secrets = append(out.secrets, name)
+	}
+	if m == modeAhead {
+		if err := writeArgvFile(filepath.Join(r.TaskDir(req.Task), "argv"), nil); err != nil {
+			r.removeSecrets(out.secrets)
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		}
+		return out, nil
+	}
+	if err := r.countTurn(req, in); err != nil {
+		r.removeSecrets(out.secrets)
+		return nil, err
+	}
+	return out, nil
+}
+
+// applyHost resets HOME and lays out the host side of the cage's mounts.
+func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, m mode) error {
+	p, cfg, host := out.Plan, r.Cfg, r.host()
+	var err error
+	if out.reset, err = host.Reset(ctx, homereset.ResetInput{Task: p.home}); err != nil {
+		return fmt.Errorf("%w: HOME reset failed, the turn does not start: %w", ErrHostNotReady, err)
+	}
+	if err := p.policy.Write(); err != nil {
+		return fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
+	}
+	if _, err := host.PrepareOutbox(cfg.Outbox.Root, req.Task, p.home.UID, p.home.GID, outbox.LimitsFrom(cfg.Outbox)); err != nil {
+		return fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
+	}
+	if err := p.git.Write(); err != nil {
+		return fmt.Errorf("%w: git metadata: %w", ErrInput, err)
+	}
+	if p.gateway != nil && m == modeAhead {
+		if err := os.WriteFile(filepath.Join(r.TaskDir(req.Task), placeholderFile), []byte(p.gateway.Placeholder), 0o600); err != nil {
+			return fmt.Errorf("%w: gateway placeholder: %w", ErrHostNotReady, err)
+		}
+	}
+	if p.oauth != nil {
+		// The cage's .credentials.json holds the placeholder as its access
+		// token, no refresh token, and an expiry the agent never reaches.
+		creds, err := p.oauth.CageCredentials(ctx, p.gateway.Placeholder)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrInput, err)
+		}
+		if err := host.PlaceFile(p.root, ".claude/.credentials.json", creds, 0o600, p.home.UID, p.home.GID); err != nil {
+			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		}
+	}
+	if p.seccomp {
+		if _, err := seccomp.Install(cfg.State.Dir); err != nil {
+			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		}
+	}
+	return nil
+}
