@@ -264,7 +264,8 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		r.OnSpec(prep.spec)
 	}
 	// What the turn changes in the worktree: a scan now, before the cage
-	// starts, and one after it is gone (on every path out of execute).
+	// starts, and one after it ended (on every path out of execute; no
+	// process of it runs, even when a detached child removes it later).
 	var before *wtdiff.Snapshot
 	if in.worktree != "" {
 		var serr error

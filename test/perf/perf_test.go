@@ -14,7 +14,8 @@ import (
 	"time"
 )
 
-// BenchmarkGoals measures issue 18's goals in one testbed, side by side:
+// BenchmarkGoals measures the round-2 performance goals (README) in one
+// testbed, side by side:
 //
 //   - whole: the wall time of the whole `shrooms run --prepare-next`
 //     process (sealed network, prepared cage) against `podman run --rm` on
