@@ -196,14 +196,15 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	res := &Result{Task: req.Task, Agent: req.Agent, Status: "error", ExitCode: -1, ConfigDigest: r.Cfg.Digest()}
 	c := &clock{start: time.Now(), last: time.Now(), res: res}
 	defer func() { res.TotalMs = ms(time.Since(c.start)) }()
-	// Detached teardowns of other turns wait while this one starts.
-	c.starting, _ = r.Store.Starting()
 	defer c.started()
 
 	in, err := r.check(ctx, req, modeRun)
 	if err != nil {
 		return res, err
 	}
+	// Detached teardowns of other turns wait while this one starts (taken
+	// after the input check: bad input touches nothing).
+	c.starting, _ = r.Store.Starting()
 	res.Image, res.SealDigest = &in.image, in.sealDigest
 	c.lap("check")
 
