@@ -11,7 +11,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 GOFLAGS_TEST := -tags "$(TAGS)" -count=1 -p 1 -timeout 25m
 SOCKET := unix:///run/shrooms-test/podman.sock
 
-.PHONY: all build setup test unit vet demo bench fuzz clean install
+.PHONY: all build setup test unit vet demo bench fuzz soak clean install
 
 all: build
 
@@ -90,6 +90,14 @@ fuzz:
 			go test -tags "$(TAGS)" -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) $$dir; \
 		done; \
 	done
+
+# The full soak (test/soak): SOAK_TASKS tasks × SOAK_TURNS turns with random
+# kill -9 and gc, then a leak check. `make test` runs its short form (2 × 10).
+SOAK_TASKS ?= 8
+SOAK_TURNS ?= 100
+soak: setup
+	set -o pipefail; SHROOMS_SOAK_TASKS=$(SOAK_TASKS) SHROOMS_SOAK_TURNS=$(SOAK_TURNS) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) \
+		go test -tags "$(TAGS)" -count=1 -p 1 -timeout 3h -v -run '^TestSoak$$' ./test/soak 2>&1 | tee soak.out
 
 clean:
 	rm -rf bin

@@ -20,6 +20,9 @@ type Containers interface {
 	Init(ctx context.Context, id string) error
 	Start(ctx context.Context, id string, st podman.Streams) (<-chan error, error)
 	Wait(ctx context.Context, id string) (int32, error)
+	// Follow waits for a started cage's exit from its attach stream, riding
+	// through a restart of the service (re-attach, real exit code).
+	Follow(ctx context.Context, id string, st podman.Streams, attached <-chan error) (int32, error)
 	Stop(ctx context.Context, id string, grace time.Duration) error
 	Remove(ctx context.Context, id string) error
 	ExitCode(ctx context.Context, id string) (code int32, ok bool, err error)

@@ -22,12 +22,12 @@ import (
 
 // hostGit runs git for the test's own setup and checks, with no user or
 // system config.
-func hostGit(t *testing.T, dir string, args ...string) string {
+func hostGit(t testing.TB, dir string, args ...string) string {
 	t.Helper()
 	return strings.TrimSpace(hostGitRaw(t, dir, args...))
 }
 
-func hostGitRaw(t *testing.T, dir string, args ...string) string {
+func hostGitRaw(t testing.TB, dir string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("git", append([]string{"-c", "safe.directory=*", "-c", "init.defaultBranch=main", "-c", "core.hooksPath=/dev/null"}, args...)...)
 	cmd.Dir = dir

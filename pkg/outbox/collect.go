@@ -382,6 +382,10 @@ func checkDelivery(req Request) (string, error) {
 	if req.To == "" {
 		return "", fmt.Errorf("no delivery directory given")
 	}
+	// The path is printed in every message below: one line, readable.
+	if strings.ContainsFunc(req.To, unicode.IsControl) {
+		return "", fmt.Errorf("delivery directory %q contains a control character (refused)", req.To)
+	}
 	if !filepath.IsAbs(req.To) {
 		return "", fmt.Errorf("delivery directory %q must be an absolute path", req.To)
 	}

@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containers/podman/v5/libpod/define"
@@ -196,12 +198,11 @@ func (c *Client) RemoveVolume(ctx context.Context, name string) error {
 func (c *Client) PutSecret(ctx context.Context, name string, data []byte, labels map[string]string) error {
 	cctx, done := c.scope(ctx)
 	defer done()
-	if ok, err := secrets.Exists(cctx, name); err != nil {
-		return fmt.Errorf("secret %s: %w", name, err)
-	} else if ok {
-		if err := secrets.Remove(cctx, name); err != nil {
-			return fmt.Errorf("replace secret %s: %w", name, err)
-		}
+	// Removed unconditionally: podman 4.3 has no secrets/NAME/exists
+	// endpoint (the bindings' Exists then says false), and a secret a
+	// killed turn left behind would make every later create fail.
+	if err := secrets.Remove(cctx, name); err != nil && !isNotFound(err) {
+		return fmt.Errorf("replace secret %s: %w", name, err)
 	}
 	opts := new(secrets.CreateOptions).WithName(name).WithLabels(labels)
 	if _, err := secrets.Create(cctx, strings.NewReader(string(data)), opts); err != nil {
@@ -250,7 +251,7 @@ type Streams struct {
 func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error, error) {
 	// Attach replaces the transport of the connection it is given, so it
 	// gets a connection of its own; the shared one stays usable.
-	attachConn, err := bindings.NewConnection(context.WithoutCancel(ctx), c.uri)
+	attachConn, release, err := c.streamConn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w at %s: %v", ErrUnreachable, c.uri, oneLine(err))
 	}
@@ -280,6 +281,7 @@ func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error
 			errOut = &writer{st.Stderr}
 		}
 		err := containers.Attach(actx, id, in, out, errOut, ready, new(containers.AttachOptions).WithStream(true))
+		release()
 		ended <- err
 	}()
 	select {
@@ -291,13 +293,53 @@ func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error
 		cancel()
 		return nil, ctx.Err()
 	}
-	cctx, done := c.scope(ctx)
-	defer done()
-	if err := containers.Start(cctx, id, nil); err != nil {
+	if err := c.start(ctx, id); err != nil {
 		cancel()
 		return nil, fmt.Errorf("start cage: %s", oneLine(err))
 	}
 	return ended, nil
+}
+
+// streamConn returns a bindings connection of its own for one attach
+// stream, and release, which closes every socket it dialled. The bindings
+// never close the stream's upgraded socket, nor the keep-alive connection of
+// the inspect that precedes it: without release each turn would leave a
+// socket and two goroutines behind in a long-lived process.
+func (c *Client) streamConn(ctx context.Context) (context.Context, func(), error) {
+	conn, err := bindings.NewConnection(context.WithoutCancel(ctx), c.uri)
+	if err != nil {
+		return nil, nil, err
+	}
+	bc, err := bindings.GetClient(conn)
+	if err != nil {
+		return nil, nil, err
+	}
+	tr, ok := bc.Client.Transport.(*http.Transport)
+	if !ok {
+		return nil, nil, fmt.Errorf("podman bindings: unexpected transport %T", bc.Client.Transport)
+	}
+	var mu sync.Mutex
+	var dialled []net.Conn
+	dial := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nc, err := dial(ctx, network, addr)
+		if err == nil {
+			mu.Lock()
+			dialled = append(dialled, nc)
+			mu.Unlock()
+		}
+		return nc, err
+	}
+	release := func() {
+		tr.CloseIdleConnections()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, nc := range dialled {
+			_ = nc.Close()
+		}
+		dialled = nil
+	}
+	return conn, release, nil
 }
 
 type reader struct{ r io.Reader }
@@ -342,15 +384,20 @@ func (c *Client) Stop(ctx context.Context, id string, grace time.Duration) error
 // Podman's own exit cleanup can hold the cage's mounts for a moment after it
 // exits ("device or resource busy"), so a failed removal is retried briefly.
 func (c *Client) Remove(ctx context.Context, id string) error {
+	// A service that is away (restarting) is waited for until ctx ends.
 	var err error
-	for attempt := 0; attempt < 6; attempt++ {
+	for attempt, delay := 0, reconnectFirst; attempt < 6; {
 		if err = c.removeOnce(ctx, id); err == nil {
 			return nil
 		}
-		select {
-		case <-ctx.Done():
+		wait := time.Duration(attempt+1) * 150 * time.Millisecond
+		if IsConnectionError(err) {
+			wait, delay = delay, min(2*delay, reconnectMax)
+		} else {
+			attempt++
+		}
+		if sleep(ctx, wait) != nil {
 			return err
-		case <-time.After(time.Duration(attempt+1) * 150 * time.Millisecond):
 		}
 	}
 	return err
@@ -388,7 +435,20 @@ func (c *Client) ListByLabel(ctx context.Context, label, value string) ([]Cage, 
 	if value != "" {
 		filter += "=" + value
 	}
-	list, err := containers.List(cctx, new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{"label": {filter}}))
+	opts := new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{"label": {filter}})
+	list, err := containers.List(cctx, opts)
+	// Podman 4.3 fails a whole listing when any container (ours or not) is
+	// between netns teardown and removal (podman#16140: "unknown FS magic on
+	// /run/netns/…"). That window is milliseconds, and detached teardowns
+	// make it common, so the listing is asked again for a few seconds.
+	for wait := 20 * time.Millisecond; err != nil && netnsTeardownRace(err) && wait < 3*time.Second; wait *= 2 {
+		select {
+		case <-cctx.Done():
+			return nil, fmt.Errorf("list cages: %w", cctx.Err())
+		case <-time.After(wait):
+		}
+		list, err = containers.List(cctx, opts)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list cages: %s", oneLine(err))
 	}
@@ -403,7 +463,19 @@ func (c *Client) ListByLabel(ctx context.Context, label, value string) ([]Cage, 
 	return out, nil
 }
 
+// netnsTeardownRace is podman#16140's error: podman itself reports it as
+// text only.
+func netnsTeardownRace(err error) bool {
+	m := err.Error()
+	return strings.Contains(m, "joining network namespace of container") && strings.Contains(m, "unknown FS magic")
+}
+
 func isNotFound(err error) bool {
+	// "dial unix …: connect: no such file or directory" is a service that
+	// is away, not a missing object.
+	if IsConnectionError(err) {
+		return false
+	}
 	var ee *errorhandling.ErrorModel
 	if errors.As(err, &ee) {
 		return ee.ResponseCode == http.StatusNotFound

@@ -95,7 +95,8 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		}()
 	}
 
-	code, err := r.waitExit(waitCtx, id, attachEnded)
+	// Follow rides through a restart of the podman service (pkg/podman).
+	code, err := r.Podman.Follow(waitCtx, id, req.Streams, attachEnded)
 	if err != nil {
 		if lost := sealLost(); lost != nil && ctx.Err() == nil {
 			err = r.stopped(ctx, waitCtx, id, res, lost, deadline)
@@ -113,33 +114,6 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 	// The result is known: removal goes to a detached child (detach.go).
 	p.detach = r.Detach != nil
 	return res, nil
-}
-
-// waitExit returns the cage's exit code. The end of its output stream is the
-// fast signal that it exited: podman's own wait polls only every 250 ms, so
-// the state is read directly first, and wait is the fallback for a cage
-// that closed its output but still runs.
-func (r *Runner) waitExit(ctx context.Context, id string, attachEnded <-chan error) (int32, error) {
-	select {
-	case <-attachEnded:
-		for i := 0; i < 100; i++ {
-			code, ok, err := r.Podman.ExitCode(ctx, id)
-			if err != nil {
-				break
-			}
-			if ok {
-				return code, nil
-			}
-			select {
-			case <-ctx.Done():
-				return -1, ctx.Err()
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-	case <-ctx.Done():
-		return -1, ctx.Err()
-	}
-	return r.Podman.Wait(ctx, id)
 }
 
 // stopped handles a turn whose start or wait ended early: by its deadline,

@@ -166,6 +166,18 @@ func (f *pipeEngine) Wait(ctx context.Context, id string) (int32, error) {
 	return f.exitCode, nil
 }
 
+// Follow is the real client's wait from the attach stream: it ends with
+// the stream (or ctx), then answers as Wait does.
+func (f *pipeEngine) Follow(ctx context.Context, id string, _ podman.Streams, attached <-chan error) (int32, error) {
+	select {
+	case <-attached:
+	case <-ctx.Done():
+		f.call("wait")
+		return -1, ctx.Err()
+	}
+	return f.Wait(ctx, id)
+}
+
 func (f *pipeEngine) Stop(context.Context, string, time.Duration) error {
 	f.call("stop")
 	return nil

@@ -83,7 +83,7 @@ func TestRunWaitErrors(t *testing.T) {
 	r, _ := pipeRunner(t, e)
 	res, err := r.Run(context.Background(), claudeReq())
 	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
-	assert.Equal(t, e.called("wait"), 1, "wait is the fallback once the state cannot be read")
+	assert.Equal(t, e.called("wait"), 1, "the wait (Follow) ran once and its error ends the turn")
 	assert.Equal(t, res.Status, "error")
 	assert.Assert(t, res.Removed)
 	assert.Equal(t, len(e.cages), 0)
