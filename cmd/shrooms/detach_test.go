@@ -88,6 +88,8 @@ func TestDetachedTeardown(t *testing.T) {
 	e, client := integration(t, "")
 	task := e.task("detach")
 	gate := filepath.Join(e.dir, "gate1")
+	// Before the env's cleanup, which waits for the teardown.
+	t.Cleanup(func() { _ = os.WriteFile(gate, nil, 0o600) })
 
 	r := gatedRun(t, e, gate, "--task", task, "--agent", "shell", "--", "-c", "echo one")
 	assert.Equal(t, r.Status, "exited")

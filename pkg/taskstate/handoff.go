@@ -38,6 +38,12 @@ func (l *Lock) HandOff() (*os.File, error) {
 	return l.f, nil
 }
 
+// MarkTeardown records the pid of the child a lock was handed off to, so
+// that status names it before the child has written it itself.
+func (l *Lock) MarkTeardown(pid int) error {
+	return l.mark(teardownMark + strconv.Itoa(pid) + "\n")
+}
+
 // Reclaim clears a hand-off's mark: this process keeps the lock.
 func (l *Lock) Reclaim() error { return l.mark("") }
 

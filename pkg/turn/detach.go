@@ -35,6 +35,7 @@ func (r *Runner) handOff(lock *taskstate.Lock, req Request, p *prepared, res *Re
 		var pid int
 		if pid, err = r.Detach(Teardown{Task: req.Task, Agent: req.Agent, Secrets: p.secrets, Lock: f}); err == nil {
 			res.Teardown, res.TeardownPID = "detached", pid
+			_ = lock.MarkTeardown(pid)
 			return
 		}
 		_ = lock.Reclaim()
