@@ -77,7 +77,7 @@ demo: setup build
 
 # Benchmarks (not part of `make test`).
 bench: setup build
-	set -o pipefail; SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS)" -run '^$$' -bench . -benchtime 10x -timeout 60m ./pkg/... 2>&1 | tee bench.out
+	set -o pipefail; SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS)" -run '^$$' -bench . -benchtime 10x -timeout 60m ./pkg/... ./test/perf 2>&1 | tee bench.out
 
 # Every Fuzz target for FUZZTIME each (their seed corpora already run as
 # ordinary tests in `make test`).

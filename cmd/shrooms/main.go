@@ -135,6 +135,7 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			probeCommand(),
 			prepareCommand(),
 			cageExecCommand(),
+			teardownCommand(),
 			commitCommand(),
 			trustCommand(),
 			resetCommand(),

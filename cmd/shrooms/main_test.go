@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -28,7 +29,8 @@ import (
 // so the tests can send real signals to a real shrooms process.
 func TestMain(m *testing.M) {
 	// Inside a prepared cage the test binary is mounted as shrooms itself.
-	if os.Getenv("SHROOMS_TEST_MAIN") == "1" || (len(os.Args) > 1 && os.Args[1] == "cage-exec") {
+	// `run` starts it again as its detached teardown.
+	if os.Getenv("SHROOMS_TEST_MAIN") == "1" || (len(os.Args) > 1 && (os.Args[1] == "cage-exec" || os.Args[1] == "teardown-detached")) {
 		main()
 		return
 	}
@@ -48,7 +50,8 @@ func newEnv(t *testing.T, extra string) *env {
 	t.Helper()
 	dir := t.TempDir()
 	e := &env{t: t, dir: dir, prefix: itest.UniqueName("ct")}
-	e.config = testcfg.Config{Dir: dir, Prefix: e.prefix, Extra: extra}.Write(t)
+	// Prepared cages only where a test asks for them (--prepare-next).
+	e.config = testcfg.Config{Dir: dir, Prefix: e.prefix, Cage: map[string]any{"prepare_next": false}, Extra: extra}.Write(t)
 	return e
 }
 
@@ -58,7 +61,36 @@ func (e *env) task(name string) string { return e.prefix + "-" + name }
 func (e *env) shrooms(args ...string) (code int, stdout, stderr string) {
 	var out, errb bytes.Buffer
 	code = run(append([]string{"shrooms", "--config", e.config}, args...), strings.NewReader(""), &out, &errb)
+	e.waitTeardown(args)
 	return code, out.String(), errb.String()
+}
+
+// waitTeardown waits for the detached teardown of a `run` in args (the
+// cage's removal goes on after run returns), as the task's next turn would.
+func (e *env) waitTeardown(args []string) {
+	if !slices.Contains(args, "run") {
+		return
+	}
+	for i, a := range args {
+		if a == "--task" && i+1 < len(args) {
+			waitTaskIdle(filepath.Join(e.dir, "state"), args[i+1])
+		}
+	}
+}
+
+// waitTaskIdle waits until no detached teardown holds the task's lock (a
+// turn that holds it is not waited for).
+func waitTaskIdle(stateDir, task string) {
+	f, err := os.OpenFile(filepath.Join(stateDir, "tasks", task, "lock"), os.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	mark := make([]byte, 9)
+	if n, _ := f.ReadAt(mark, 0); string(mark[:n]) != "teardown " {
+		return
+	}
+	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
 }
 
 // command returns the CLI as a separate process.
@@ -70,6 +102,10 @@ func (e *env) command(args ...string) *exec.Cmd {
 
 func (e *env) cleanup(client *podman.Client) {
 	ctx := context.Background()
+	tasks, _ := os.ReadDir(filepath.Join(e.dir, "state", "tasks"))
+	for _, d := range tasks {
+		waitTaskIdle(filepath.Join(e.dir, "state"), d.Name())
+	}
 	cages, _ := client.ListByLabel(ctx, sealed.LabelManaged, "1")
 	for _, c := range cages {
 		if strings.HasPrefix(c.Labels[sealed.LabelTask], e.prefix) {
@@ -123,7 +159,7 @@ func TestExitCodePassesThrough(t *testing.T) {
 }
 
 func TestRunJSONResult(t *testing.T) {
-	e, _ := integration(t, "")
+	e, client := integration(t, "")
 	code, stdout, stderr := e.shrooms("--json", "run", "--task", e.task("json"), "--agent", "shell", "--", "-c", "echo out; exit 3")
 	assert.Equal(t, code, 3, stderr)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
@@ -135,6 +171,7 @@ func TestRunJSONResult(t *testing.T) {
 		ExitCode int    `json:"exit_code"`
 		Status   string `json:"status"`
 		Removed  bool   `json:"removed"`
+		Teardown string `json:"teardown"`
 		Phases   []struct {
 			Name string  `json:"name"`
 			Ms   float64 `json:"ms"`
@@ -145,13 +182,17 @@ func TestRunJSONResult(t *testing.T) {
 	assert.Equal(t, res.Turn, 1)
 	assert.Equal(t, res.ExitCode, 3)
 	assert.Equal(t, res.Status, "exited")
-	assert.Assert(t, res.Removed)
+	// The result came as soon as the exit code was known; the cage went in
+	// the detached teardown (e.shrooms waited for it).
+	assert.Assert(t, !res.Removed)
+	assert.Equal(t, res.Teardown, "detached")
+	assert.Equal(t, e.cagesOf(client, e.task("json")), 0)
 	assert.Assert(t, len(res.Cage) == 64, res.Cage)
 	var names []string
 	for _, p := range res.Phases {
 		names = append(names, p.Name)
 	}
-	assert.DeepEqual(t, names, []string{"check", "lock", "prepare", "create", "start", "wait", "remove"})
+	assert.DeepEqual(t, names, []string{"check", "lock", "prepare", "create", "start", "wait"})
 }
 
 func TestDeadlineExitCode(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -42,6 +43,9 @@ func TestRunRidesThroughPodmanRestart(t *testing.T) {
 	var rest strings.Builder
 	_, _ = r.WriteTo(&rest)
 	_ = cmd.Wait()
+	// The detached teardown removes the cage through this service, which
+	// stops with the test.
+	waitTaskIdle(filepath.Join(e.dir, "state"), e.task("restart"))
 	assert.Equal(t, cmd.ProcessState.ExitCode(), 7, stderr.String())
 	assert.Equal(t, rest.String(), "after\n", stderr.String())
 }

@@ -88,6 +88,10 @@ func runCommand() *cli.Command {
 		Description: `Runs the agent's command (plus ARGS) in a new cage, streams its output,
 waits for it with a deadline and removes the cage on every path out; then
 gives the worktree's files back to the worktree's owner.
+Once the agent has exited, shrooms prints the result and exits at once: the
+cage's removal and the preparation of the task's next cage (cage.prepare_next,
+on by default; --prepare-next=false skips it) go on in a detached child that
+holds the task lock, so the task's next turn waits at most for it.
 The exit status is the agent's. With --json the last line of stdout is one
 JSON object (docs/json.md): task, turn, cage id, exit code, status, OOM
 flag, phase durations, the HOME reset report, the worktree guard's report
@@ -97,7 +101,7 @@ through the gateway, the worktree give-back, the image, config and seal
 digests, and what the turn changed in the worktree (agent config flagged).
 With --tty the cage gets a terminal for a person at one.`,
 		Flags: append(turnFlags(),
-			&cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see the prepare command)"},
+			&cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see the prepare command); =false skips it", DefaultText: "cage.prepare_next of the config"},
 			&cli.StringFlag{Name: "result-file", Usage: "also write the result object (docs/json.md) to `FILE`, replaced atomically, on every path once the flags are parsed"}),
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runnerFor(c, checkTurn(c))
@@ -105,6 +109,15 @@ With --tty the cage gets a terminal for a person at one.`,
 				return finishRun(c, nil, err)
 			}
 			defer stop()
+			// Prepared by default (cage.prepare_next); --prepare-next=false
+			// skips it for this turn.
+			prepareNext := r.Cfg.Cage.PrepareNext && r.Binary != ""
+			if c.IsSet("prepare-next") {
+				prepareNext = c.Bool("prepare-next")
+			}
+			// The result is printed as soon as the exit code is known; the
+			// cage's removal and the next preparation go on in a child.
+			r.Detach = detacher(c, r.Runner, prepareNext)
 			req := turnRequest(c)
 			res, err := r.Run(ctx, req)
 			if req.Terminal && jsonMode(c) {
@@ -117,7 +130,7 @@ With --tty the cage gets a terminal for a person at one.`,
 				fmt.Fprintf(c.App.ErrWriter, "shrooms: masked agent config the owner has not trusted (review, then `shrooms trust --task %s`): %s\n",
 					c.String("task"), strings.Join(res.WorktreeGuard.Masked, ", "))
 			}
-			if err == nil && c.Bool("prepare-next") {
+			if err == nil && prepareNext && res.Teardown != "detached" {
 				next := turnRequest(c)
 				next.Args = nil
 				if _, perr := r.PrepareNext(ctx, next); perr != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -117,6 +118,7 @@ func TestTTYTurn(t *testing.T) {
 	after, err := unix.IoctlGetTermios(int(slave.Fd()), unix.TCGETS)
 	assert.NilError(t, err)
 	assert.Check(t, is.DeepEqual(*after, *before), "the terminal's mode is restored after the turn")
+	waitTaskIdle(filepath.Join(e.dir, "state"), task) // the detached teardown removes the cage
 	assert.Equal(t, e.cagesOf(client, task), 0)
 
 	// The positive control: without shrooms' profile, the same call in the

@@ -47,7 +47,7 @@ func EnsureNetwork(ctx context.Context, cfg *config.Config, client engine.Networ
 		return false, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	if have != nil {
-		return false, CheckNetwork(ctx, cfg, client)
+		return false, checkNetwork(cfg, have)
 	}
 	spec, err := networkSpec(cfg.Network)
 	if err != nil {
@@ -74,6 +74,11 @@ func CheckNetwork(ctx context.Context, cfg *config.Config, client engine.Network
 	if have == nil {
 		return fmt.Errorf("%w: podman network %q does not exist (run `shrooms net apply`)", fault.HostNotReady, cfg.Network.Name)
 	}
+	return checkNetwork(cfg, have)
+}
+
+// checkNetwork is CheckNetwork on an inspected network.
+func checkNetwork(cfg *config.Config, have *podman.Network) error {
 	if have.Bridge != cfg.Network.Bridge {
 		return fmt.Errorf("%w: podman network %q uses bridge %q, but the seal guards %q (network.bridge); remove the network or fix the config", fault.HostNotReady, have.Name, have.Bridge, cfg.Network.Bridge)
 	}

@@ -38,6 +38,10 @@ type Cage struct {
 	Seccomp string `toml:"seccomp"`
 	// HostnameFmt formats the cage hostname from the task id.
 	HostnameFmt string `toml:"hostname_format"`
+	// PrepareNext makes every `run` prepare the task's next cage after the
+	// turn, off the caller's path (as run --prepare-next does); a next turn
+	// that differs in anything discards it.
+	PrepareNext bool `toml:"prepare_next"`
 }
 
 func (c *Cage) validate() error {

@@ -22,6 +22,7 @@ func Default() *Config {
 			SubIDUser:   "shrooms",
 			User:        1000,
 			Seccomp:     "shrooms",
+			PrepareNext: true,
 			HostnameFmt: "cage-%s",
 		},
 		Network:  defaultNetwork(),

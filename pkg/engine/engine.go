@@ -29,6 +29,7 @@ type Containers interface {
 	OOMKilled(ctx context.Context, id string) (bool, error)
 	Pid(ctx context.Context, id string) (int, error)
 	ListByLabel(ctx context.Context, label, value string) ([]podman.Cage, error)
+	CageNamed(ctx context.Context, name string) (*podman.Cage, error)
 }
 
 // Volumes are the task HOME volume's calls.

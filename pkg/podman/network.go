@@ -33,15 +33,12 @@ type Network struct {
 func (c *Client) InspectNetwork(ctx context.Context, name string) (*Network, error) {
 	cctx, done := c.scope(ctx)
 	defer done()
-	ok, err := network.Exists(cctx, name, nil)
-	if err != nil {
-		return nil, fmt.Errorf("network %s: %s", name, oneLine(err))
-	}
-	if !ok {
-		return nil, nil
-	}
+	// One call, not exists + inspect: every networked turn makes it.
 	r, err := network.Inspect(cctx, name, nil)
 	if err != nil {
+		if isNotFound(err) {
+			return nil, nil
+		}
 		return nil, fmt.Errorf("inspect network %s: %s", name, oneLine(err))
 	}
 	n := &Network{Name: r.Name, Bridge: r.NetworkInterface, Internal: r.Internal, DNSEnabled: r.DNSEnabled, Labels: r.Labels}

@@ -164,25 +164,28 @@ func (r *Commands) Status(task string) (*TaskStatus, error) {
 // lockHolder returns the pid of the process holding the task's lock (0 when
 // none), read from /proc/locks so that looking never takes the lock.
 func (r *Commands) lockHolder(task string) (int, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(r.TaskDir(task), "lock"), &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return 0, nil
+		}
+		return 0, fmt.Errorf("task lock: %w", err)
+	}
 	locks, err := os.ReadFile("/proc/locks")
 	if err != nil {
 		return 0, fmt.Errorf("read /proc/locks: %w", err)
 	}
-	// The task directory is the lock (taskstate.LockTask); the lock file
-	// is for holders from before that.
-	for _, p := range []string{r.TaskDir(task), filepath.Join(r.TaskDir(task), "lock")} {
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				continue
+	pid := flockHolder(locks, unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino)
+	if pid != 0 {
+		// A detached teardown holds the lock its turn's process took (and
+		// /proc/locks still names that process): it wrote its own pid.
+		if id, err := taskid.Parse(task); err == nil {
+			if tp := r.Store.TeardownHolder(id); tp != 0 {
+				return tp, nil
 			}
-			return 0, fmt.Errorf("task lock: %w", err)
-		}
-		if pid := flockHolder(locks, unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino); pid != 0 {
-			return pid, nil
 		}
 	}
-	return 0, nil
+	return pid, nil
 }
 
 // flockHolder finds the pid holding a FLOCK on the inode in /proc/locks
@@ -229,7 +232,12 @@ func (r *Commands) Stop(task string, wait time.Duration) (*StopResult, error) {
 		return res, nil
 	}
 	res.PID = pid
-	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+	// A detached teardown is not a turn: the turn already ended; wait for
+	// the teardown instead of cutting it short.
+	teardown := r.Store.TeardownHolder(id) == pid
+	if teardown {
+		res.PID = 0
+	} else if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return nil, fmt.Errorf("%w: signal shrooms process %d: %w", fault.HostNotReady, pid, err)
 	}
 	deadline := time.Now().Add(wait)
@@ -246,7 +254,7 @@ func (r *Commands) Stop(task string, wait time.Duration) (*StopResult, error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	res.Stopped = true
+	res.Stopped = !teardown
 	res.Turn, _ = r.Store.LastTurn(id)
 	return res, nil
 }

@@ -65,44 +65,56 @@ func (l *Lock) Release() error {
 	return err
 }
 
-// LockTask takes the task's lock without waiting; ErrBusy if it is held.
-// The lock is the task directory's flock: a lock file deleted (or replaced)
-// while a turn holds it would let a second turn lock a new file and run
-// alongside. The lock file is locked too, for `status` and `stop`, which
-// find the holder through it.
+// LockTask takes the task's lock without waiting for a turn (ErrBusy if one
+// holds it); it waits, up to TeardownWait, for a detached teardown.
 func (s Store) LockTask(task taskid.ID) (*Lock, error) {
 	dir, err := s.taskDir(task)
 	if err != nil {
 		return nil, err
 	}
-	busy := func() error {
-		return fmt.Errorf("%w: task %q has a turn running (turns of one task never overlap)", ErrBusy, task)
-	}
-	d, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("task lock: %w", err)
-	}
-	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		d.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, busy()
-		}
-		return nil, fmt.Errorf("task lock: %w", err)
-	}
 	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
-		d.Close()
 		return nil, fmt.Errorf("task lock: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	if errors.Is(err, unix.EWOULDBLOCK) && heldByTeardown(f) {
+		// The previous turn's cage is being removed (handoff.go): wait.
+		if err = waitTeardown(f); errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("%w: task %q: the previous turn's teardown still holds it after %s (see teardown.log in its state directory)", ErrBusy, task, TeardownWait)
+		}
+	}
+	if err != nil {
 		f.Close()
-		d.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, busy()
+			return nil, fmt.Errorf("%w: task %q has a turn running (turns of one task never overlap)", ErrBusy, task)
 		}
 		return nil, fmt.Errorf("task lock: %w", err)
 	}
-	return &Lock{f: f, dir: d}, nil
+	l := &Lock{f: f}
+	// A detached teardown that died leaves its mark: it holds nothing now.
+	if err := l.Reclaim(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	// The task directory is locked too: a lock file deleted (or replaced)
+	// while a turn holds it would let a second turn lock a new file and
+	// run alongside. (A detached teardown holds the lock file only.)
+	dl, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("task lock: %w", err)
+	}
+	if err := unix.Flock(int(dl.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		dl.Close()
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: task %q has a turn running (turns of one task never overlap)", ErrBusy, task)
+		}
+		return nil, fmt.Errorf("task lock: %w", err)
+	}
+	l.dir = dl
+	return l, nil
 }
 
 // NextTurn increments and returns the task's turn number (1 for the first).
@@ -209,7 +221,12 @@ func (s Store) Remember(task taskid.ID, fact, value string) error {
 	if strings.ContainsAny(value, "\n\x00") {
 		return fmt.Errorf("task fact %s: value is not a single line", fact)
 	}
-	return writeAtomic(filepath.Join(dir, "fact-"+fact), []byte(value+"\n"))
+	path := filepath.Join(dir, "fact-"+fact)
+	// Most turns remember what the last one did: no write, no fsync.
+	if old, err := os.ReadFile(path); err == nil && string(old) == value+"\n" {
+		return nil
+	}
+	return writeAtomic(path, []byte(value+"\n"))
 }
 
 // Recall returns a remembered fact, "" if there is none.

@@ -21,7 +21,11 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 	// Removal must outlive ctx: Ctrl-C and deadlines are exactly when it matters.
 	cleanupCtx := context.WithoutCancel(ctx)
 	// Deferred first, so it runs last: after the cage is removed.
-	defer r.removeSecrets(p.secrets)
+	defer func() {
+		if !p.detach {
+			r.removeSecrets(p.secrets)
+		}
+	}()
 
 	id, err := preparedID, error(nil)
 	if id == "" {
@@ -37,7 +41,11 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		return res, r.interrupted(ctx, err)
 	}
 	res.Cage = id
-	defer r.remove(cleanupCtx, id, res)
+	defer func() {
+		if !p.detach { // else a detached child removes it (detach.go)
+			r.remove(cleanupCtx, id, res)
+		}
+	}()
 	c.lap("create")
 
 	deadline := r.timeout(req)
@@ -64,6 +72,7 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		return res, r.stopped(ctx, waitCtx, id, res, err, deadline)
 	}
 	c.lap("start")
+	c.started()
 	// The seal is watched while the cage runs; one that cannot be put back
 	// stops the cage (sealwatch.go).
 	sealLost, endWatch := r.watchSeal(waitCtx, res, cancel)
@@ -72,11 +81,18 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 	// The old HOME tree goes while the agent works, off the critical path.
 	if p.root != "" {
 		cleaned := make(chan struct{})
+		cleanCtx, stopClean := context.WithCancel(cleanupCtx)
 		go func() {
 			defer close(cleaned)
-			_ = r.host().Cleanup(cleanupCtx, p.root)
+			_ = r.host().Cleanup(cleanCtx, p.root)
 		}()
-		defer func() { <-cleaned }()
+		defer func() {
+			if p.detach { // the detached child finishes it
+				stopClean()
+			}
+			<-cleaned
+			stopClean()
+		}()
 	}
 
 	// Follow rides through a restart of the podman service (pkg/podman).
@@ -95,6 +111,8 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 	res.OOMKilled, _ = r.Podman.OOMKilled(cleanupCtx, id)
 	res.ExitCode = int(code)
 	res.Status = "exited"
+	// The result is known: removal goes to a detached child (detach.go).
+	p.detach = r.Detach != nil
 	return res, nil
 }
 

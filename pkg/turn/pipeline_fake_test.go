@@ -91,6 +91,17 @@ func (f *pipeEngine) ListByLabel(_ context.Context, label, value string) ([]podm
 	return out, nil
 }
 
+func (f *pipeEngine) CageNamed(_ context.Context, name string) (*podman.Cage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.cages {
+		if c.Name == name || c.ID == name {
+			return &c, nil
+		}
+	}
+	return nil, nil
+}
+
 func (f *pipeEngine) Create(_ context.Context, s *specgen.SpecGenerator) (string, error) {
 	f.call("create")
 	if f.createErr != nil {

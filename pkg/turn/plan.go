@@ -96,6 +96,9 @@ type prepared struct {
 	// once the cage is gone so no copy outlives the turn.
 	secrets []string
 	reset   *homereset.Report
+	// detach is set once the turn's exit code is known and Runner.Detach
+	// will take the teardown.
+	detach bool
 }
 
 // prepare plans the turn of req for mode m and, when m writes, applies it:

@@ -51,6 +51,11 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 		return "", Classify(err)
 	}
 	defer lock.Release()
+	return r.prepareNextLocked(ctx, req, in)
+}
+
+// prepareNextLocked is PrepareNext with the task lock held.
+func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked) (string, error) {
 	if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
 		return "", fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
@@ -79,6 +84,8 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
+	// The tree the reset swapped out goes now, not while the turn starts.
+	_ = r.host().Cleanup(ctx, p.root)
 	return id, nil
 }
 
@@ -89,15 +96,20 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 	if r.Binary == "" {
 		return "", nil, nil
 	}
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, req.Task)
-	if err != nil {
-		return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	}
 	last, err := r.Store.LastTurn(in.task)
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	for _, c := range cages {
+	// The prepared cage has the next turn's name: one inspection, not a
+	// listing of every container.
+	cage, err := r.Podman.CageNamed(ctx, sealed.Name(req.Task, last+1))
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
+	if cage == nil {
+		return "", nil, nil
+	}
+	for _, c := range []podman.Cage{*cage} {
 		if !r.Ours(c) || c.Labels[LabelPrepared] != "1" || c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1) {
 			continue
 		}

@@ -97,6 +97,9 @@ type Runner struct {
 	// WatchSeal, when set, watches the seal while a networked cage runs
 	// (sealwatch.go; cagenet.Watcher is the real one).
 	WatchSeal SealWatcher
+	// Detach, when set, takes a turn's teardown off the caller's path once
+	// its exit code is known (detach.go).
+	Detach Detacher
 	// Host is the task HOME and outbox on the host; nil is the real one
 	// (loop-mounted volumes, root only). Unit tests set a fake.
 	Host Host
@@ -134,6 +137,11 @@ type Result struct {
 	Phases    []Phase `json:"phases"`
 	TotalMs   float64 `json:"totalMs"`
 	Removed   bool    `json:"removed"`
+	// Teardown is "detached" when the cage's removal (and the next cage's
+	// preparation) continues in a child process, TeardownPID, that holds
+	// the task lock until it is done.
+	Teardown    string `json:"teardown,omitempty"`
+	TeardownPID int    `json:"teardownPid,omitempty"`
 	// SealLosses are the times the seal was found missing or changed while
 	// the cage ran (and put back, or the cage stopped: status seal-lost).
 	SealLosses []SealLoss `json:"sealLosses,omitempty"`
@@ -166,7 +174,13 @@ type Result struct {
 type clock struct {
 	start, last time.Time
 	res         *Result
+	// starting is held from the turn's start until its cage runs
+	// (taskstate.Store.Starting); nil when it could not be taken.
+	starting *taskstate.Lock
 }
+
+// started releases the turn's starting mark once its cage runs.
+func (c *clock) started() { c.starting.Release() }
 
 func (c *clock) lap(name string) {
 	now := time.Now()
@@ -182,11 +196,15 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	res := &Result{Task: req.Task, Agent: req.Agent, Status: "error", ExitCode: -1, ConfigDigest: r.Cfg.Digest()}
 	c := &clock{start: time.Now(), last: time.Now(), res: res}
 	defer func() { res.TotalMs = ms(time.Since(c.start)) }()
+	defer c.started()
 
 	in, err := r.check(ctx, req, modeRun)
 	if err != nil {
 		return res, err
 	}
+	// Detached teardowns of other turns wait while this one starts (taken
+	// after the input check: bad input touches nothing).
+	c.starting, _ = r.Store.Starting()
 	res.Image, res.SealDigest = &in.image, in.sealDigest
 	c.lap("check")
 
@@ -197,7 +215,18 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	defer lock.Release()
 	// Last before the lock goes: HOME is unmounted until the next turn (a
 	// failure only leaves it mounted; the next turn or gc releases it).
-	defer func() { _ = r.ReleaseHome(context.WithoutCancel(ctx), req.Task) }()
+	// A detached teardown (its own lock, its own release) owns HOME then.
+	defer func() {
+		if res.Teardown != "detached" {
+			_ = r.ReleaseHome(context.WithoutCancel(ctx), req.Task)
+		}
+	}()
+	var handoff *prepared // a turn whose teardown goes to a detached child
+	defer func() {
+		if handoff != nil && handoff.detach {
+			r.handOff(lock, req, handoff, res)
+		}
+	}()
 	// The turn's record, after the worktree is given back, before the lock goes.
 	defer func() {
 		res.HomeBytes = r.HomeBytes(req.Task)
@@ -216,12 +245,15 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if err != nil {
 		return res, err
 	}
-	// A crashed shrooms may have left this task's cage behind; with the lock
-	// held no turn of the task runs, so any other cage of it is a leftover.
-	if _, err := r.RemoveLeftovers(ctx, req.Task, preparedID); err != nil {
-		return res, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
-	}
 	if preparedID == "" {
+		// A crashed shrooms may have left this task's cage behind; with the
+		// lock held no turn of the task runs, so any cage of it is a
+		// leftover. A waiting prepared cage was created right after such a
+		// sweep under the same lock, and every turn since would have taken
+		// or discarded it: when one is taken there is nothing to sweep.
+		if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
+			return res, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
+		}
 		if prep, err = r.prepare(ctx, req, in, modeRun); err != nil {
 			return res, err
 		}
@@ -241,7 +273,8 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		r.OnSpec(prep.spec)
 	}
 	// What the turn changes in the worktree: a scan now, before the cage
-	// starts, and one after it is gone (on every path out of execute).
+	// starts, and one after it ended (on every path out of execute; no
+	// process of it runs, even when a detached child removes it later).
 	var before *wtdiff.Snapshot
 	if in.worktree != "" {
 		var serr error
@@ -249,6 +282,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 			res.WorktreeChanges = &WorktreeChanges{Error: serr.Error()}
 		}
 	}
+	handoff = prep
 	res, err = r.execute(ctx, req, prep, c, preparedID)
 	if before != nil {
 		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, in.worktree)

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
+)
+
+// teardownCommand is the detached child of `run`: it inherits the task lock
+// as file descriptor 3, removes the turn's cage, secrets and old HOME tree,
+// and with --prepare-next prepares the task's next cage. Hidden: only
+// shrooms starts it.
+func teardownCommand() *cli.Command {
+	return &cli.Command{
+		Name:   "teardown-detached",
+		Hidden: true,
+		Flags: append(append(turnFlags(), globalFlags(false)...),
+			&cli.StringSliceFlag{Name: "secret"},
+			&cli.BoolFlag{Name: "prepare-next"}),
+		Action: func(c *cli.Context) error {
+			lockFile := os.NewFile(3, "task-lock")
+			if lockFile == nil {
+				return fail(ExitUsage, errors.New("teardown-detached needs the task lock as file descriptor 3"))
+			}
+			lock, err := taskstate.AdoptLock(lockFile)
+			if err != nil {
+				return fail(ExitHostNotReady, err)
+			}
+			// Tests hold the child here to see the cage before it goes and
+			// to kill the child half-way.
+			if gate := os.Getenv("SHROOMS_TEARDOWN_GATE"); gate != "" {
+				for deadline := time.Now().Add(taskstate.TeardownWait); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+					if _, err := os.Lstat(gate); err == nil {
+						break
+					}
+				}
+			}
+			r, ctx, stop, err := runnerFor(c, checkTurn(c))
+			if err != nil {
+				lock.Release()
+				return err
+			}
+			defer stop()
+			var next *turn.Request
+			if c.Bool("prepare-next") {
+				req := turnRequest(c)
+				req.Args = nil
+				next = &req
+			}
+			td := turn.Teardown{Task: c.String("task"), Agent: c.String("agent"), Secrets: c.StringSlice("secret")}
+			if err := r.FinishTeardown(ctx, lock, td, next); err != nil {
+				return fail(codeFor(err), err)
+			}
+			return nil
+		},
+	}
+}
+
+// detacher starts `shrooms teardown-detached` for a turn of `run`: the same
+// binary, in a new session (a Ctrl-C at the terminal does not reach it),
+// stdin from /dev/null, its output in the task's teardown.log.
+func detacher(c *cli.Context, r *turn.Runner, prepareNext bool) turn.Detacher {
+	return func(td turn.Teardown) (int, error) {
+		exe := r.Binary
+		if exe == "" {
+			var err error
+			if exe, err = os.Executable(); err != nil {
+				return 0, fmt.Errorf("detach teardown: %w", err)
+			}
+		}
+		args := []string{"teardown-detached", "--task", td.Task, "--agent", td.Agent}
+		if p := configPath(c); p != "" {
+			args = append(args, "--config", p)
+		}
+		for _, s := range td.Secrets {
+			args = append(args, "--secret", s)
+		}
+		if prepareNext {
+			args = append(args, "--prepare-next")
+			if w := c.String("worktree"); w != "" {
+				args = append(args, "--worktree", w)
+			}
+			if c.Bool("stdin") {
+				args = append(args, "--stdin")
+			}
+			if c.IsSet("timeout") {
+				args = append(args, "--timeout", c.Duration("timeout").String())
+			}
+		}
+		logPath := filepath.Join(r.Cfg.State.Dir, "tasks", td.Task, "teardown.log")
+		logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+		if err != nil {
+			return 0, fmt.Errorf("detach teardown: %w", err)
+		}
+		defer logf.Close()
+		cmd := exec.Command(exe, args...)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		cmd.ExtraFiles = []*os.File{td.Lock}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			return 0, fmt.Errorf("detach teardown: %w", err)
+		}
+		pid := cmd.Process.Pid
+		_ = cmd.Process.Release()
+		return pid, nil
+	}
+}

@@ -1,0 +1,106 @@
+package taskstate
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+)
+
+// inherit duplicates the lock's file the way a child process inherits it.
+func inherit(t *testing.T, f *os.File) *os.File {
+	fd, err := unix.Dup(int(f.Fd()))
+	assert.NilError(t, err)
+	return os.NewFile(uintptr(fd), "inherited")
+}
+
+// TestHandOff: a lock handed off outlives the process that took it; a
+// turn's lock makes a taker fail as busy, a teardown's makes it wait until
+// the teardown drops it; a teardown that died holds nothing.
+func TestHandOff(t *testing.T) {
+	s := Store{Dir: t.TempDir()}
+	turnLock, err := s.LockTask(taskid.Must("t1"))
+	assert.NilError(t, err)
+	_, err = s.LockTask(taskid.Must("t1"))
+	assert.Assert(t, errors.Is(err, ErrBusy), "a turn's lock: %v", err)
+
+	f, err := turnLock.HandOff()
+	assert.NilError(t, err)
+	child, err := AdoptLock(inherit(t, f))
+	assert.NilError(t, err)
+	assert.NilError(t, turnLock.Release()) // the run process exits
+
+	var released atomic.Bool
+	taken := make(chan error, 1)
+	go func() {
+		l, err := s.LockTask(taskid.Must("t1"))
+		if err == nil {
+			if !released.Load() {
+				err = errors.New("took the lock while the teardown held it")
+			}
+			l.Release()
+		}
+		taken <- err
+	}()
+	released.Store(true)
+	assert.NilError(t, child.Release())
+	assert.NilError(t, <-taken)
+
+	// A teardown killed half-way: its mark stays in the file, its lock
+	// does not.
+	l, err := s.LockTask(taskid.Must("t1"))
+	assert.NilError(t, err)
+	f, err = l.HandOff()
+	assert.NilError(t, err)
+	dead, err := AdoptLock(inherit(t, f))
+	assert.NilError(t, err)
+	assert.NilError(t, l.Release())
+	assert.NilError(t, dead.f.Close()) // the kernel drops a killed process's locks
+	l, err = s.LockTask(taskid.Must("t1"))
+	assert.NilError(t, err, "a dead teardown's mark kept the task busy")
+	b, err := os.ReadFile(s.Dir + "/tasks/t1/lock")
+	assert.NilError(t, err)
+	assert.Equal(t, string(b), "", "the mark is cleared by the next holder")
+	// Reclaim: a hand-off whose child never started leaves a plain turn lock.
+	_, err = l.HandOff()
+	assert.NilError(t, err)
+	assert.NilError(t, l.Reclaim())
+	_, err = s.LockTask(taskid.Must("t1"))
+	assert.Assert(t, errors.Is(err, ErrBusy), "%v", err)
+	assert.NilError(t, l.Release())
+}
+
+// TestWaitStarts: a teardown waits while a turn is starting, and goes once
+// the turn's cage runs; turns starting together never wait for each other.
+func TestWaitStarts(t *testing.T) {
+	s := Store{Dir: t.TempDir()}
+	s.WaitStarts(context.Background(), time.Minute) // none starting: returns
+
+	a, err := s.Starting()
+	assert.NilError(t, err)
+	b, err := s.Starting() // shared: a second turn starts beside the first
+	assert.NilError(t, err)
+	var released atomic.Bool
+	done := make(chan bool, 1)
+	go func() {
+		s.WaitStarts(context.Background(), time.Minute)
+		done <- released.Load()
+	}()
+	assert.NilError(t, a.Release())
+	released.Store(true)
+	assert.NilError(t, b.Release())
+	assert.Assert(t, <-done, "the teardown went while a turn was starting")
+
+	// Bounded: a turn that never finishes starting delays it, no more.
+	c, err := s.Starting()
+	assert.NilError(t, err)
+	defer c.Release()
+	s.WaitStarts(context.Background(), 50*time.Millisecond)
+}

@@ -1,0 +1,94 @@
+package turn
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+)
+
+// Teardown is what is left of a turn once its result is known: the exited
+// cage, the turn's token secrets and the old HOME tree. A Detacher hands it
+// to a child process that outlives the caller's shrooms.
+type Teardown struct {
+	Task    string
+	Agent   string
+	Secrets []string
+	// Lock is the task lock's file (taskstate.Lock.HandOff): the child
+	// inherits it and holds the task until its work is done.
+	Lock *os.File
+}
+
+// Detacher starts the detached teardown of a turn and returns the child's
+// process id. The child calls FinishTeardown.
+type Detacher func(Teardown) (pid int, err error)
+
+// handOff passes the turn's teardown to r.Detach; if that fails, the cage
+// is removed here, as without a Detacher.
+func (r *Runner) handOff(lock *taskstate.Lock, req Request, p *prepared, res *Result) {
+	f, err := lock.HandOff()
+	if err == nil {
+		var pid int
+		if pid, err = r.Detach(Teardown{Task: req.Task, Agent: req.Agent, Secrets: p.secrets, Lock: f}); err == nil {
+			res.Teardown, res.TeardownPID = "detached", pid
+			_ = lock.MarkTeardown(pid)
+			return
+		}
+		_ = lock.Reclaim()
+	}
+	ctx := context.Background()
+	r.remove(ctx, res.Cage, res)
+	r.removeSecrets(p.secrets)
+	if p.root != "" {
+		_ = r.host().Cleanup(ctx, p.root)
+	}
+}
+
+// FinishTeardown is the detached child's work, under the task lock handed
+// to it: remove the task's exited cages (every cage of the task but a
+// prepared one still waiting), its turn secrets and the old HOME tree, then,
+// with next, prepare the task's next cage. A child killed half-way leaves
+// what any crash leaves: the next turn or gc removes it.
+func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Teardown, next *Request) error {
+	defer lock.Release()
+	// Turns that are starting go first (a burst of them, typically).
+	r.Store.WaitStarts(ctx, 2*time.Second)
+	var errs []error
+	// The turn's cage is the task's only one: a prepared cage was taken by
+	// the turn, or swept before it.
+	if _, err := r.RemoveLeftovers(ctx, td.Task); err != nil {
+		errs = append(errs, fmt.Errorf("remove cage: %w", err))
+	}
+	var secrets []string
+	for _, s := range td.Secrets {
+		// Only this task's secrets (names as SecretName makes them).
+		if strings.HasPrefix(s, SecretName(td.Task, "")) {
+			secrets = append(secrets, s)
+		}
+	}
+	r.removeSecrets(secrets)
+	if root, err := r.host().HomeRoot(ctx, td.Task); err == nil {
+		if err := r.host().Cleanup(ctx, root); err != nil {
+			errs = append(errs, fmt.Errorf("HOME cleanup: %w", err))
+		}
+	}
+	if next != nil {
+		in, err := r.check(ctx, *next, modeAhead)
+		if err == nil {
+			_, err = r.prepareNextLocked(ctx, *next, in)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("next cage not prepared: %w", err))
+		}
+	}
+	// Last: HOME is unmounted until the next turn, unless the next cage
+	// was prepared on it.
+	if err := r.ReleaseHome(ctx, td.Task); err != nil {
+		errs = append(errs, fmt.Errorf("release HOME: %w", err))
+	}
+	return errors.Join(errs...)
+}

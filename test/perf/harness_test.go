@@ -1,0 +1,279 @@
+// Package perf measures shrooms as an orchestrator sees it: the shrooms
+// binary itself, on a sealed cage network in the testbed's namespaces,
+// against bare `podman run --rm` on podman's default network, side by side
+// in one run (the round-2 goals in README's Performance; `make bench`).
+// Every figure is a ratio or a distribution from paired runs; nothing here
+// asserts a time.
+package perf
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	itest.RemoveShroomsBinary()
+	os.Exit(code)
+}
+
+// bench is one testbed with a podman service, a sealed cage network and a
+// config file for the shrooms binary.
+type bench struct {
+	tb      *testbed.Testbed
+	bin     string
+	cfgFile string
+	cfg     *config.Config
+	client  *podman.Client
+	name    string // network, bridge and task prefix
+	tasks   sync.Map
+}
+
+// newBench sets up the testbed, the config (sealed network, policy
+// internet) and applies the seal in the testbed's host namespace.
+func newBench(t testing.TB, extra string) *bench {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	tb := testbed.New(t)
+	tb.StartPodman()
+	name := itest.UniqueName("pf")
+	dir := t.TempDir()
+	b := &bench{tb: tb, cfgFile: filepath.Join(dir, "config.toml"), name: name}
+	// SHROOMS_PERF_BINARY measures another build (an older one, for the
+	// figures before a change) with the same benchmarks.
+	if b.bin = os.Getenv("SHROOMS_PERF_BINARY"); b.bin == "" {
+		b.bin = itest.ShroomsBinary(t)
+	}
+	pid := os.Getpid()
+	text := fmt.Sprintf(`
+[podman]
+socket = %q
+[state]
+dir = %q
+[cage]
+image = %q
+memory = "256m"
+pids = 128
+nofile = 512
+nproc = 256
+timeout = "120s"
+stop_grace = "1s"
+[network]
+policy = "internet"
+name = %q
+bridge = %q
+subnet4 = "10.%d.%d.0/24"
+subnet6 = "fd8c:5eed:%x::/64"
+[home]
+volume_prefix = "shrooms-home-%s-"
+max_session_file = "2g"
+max_keep_size = "4g"
+[outbox]
+root = %q
+[agents.cl]
+command = ["/bin/sh"]
+home = ["claude", "shell"]
+%s`, tb.PodmanURL, filepath.Join(dir, "state"), itest.TestImage, name, name, 30+pid%30, pid%250, pid%65000, name, filepath.Join(dir, "outbox"), extra)
+	if err := os.WriteFile(b.cfgFile, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(b.cfgFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.cfg = cfg
+	if b.client, err = podman.Connect(context.Background(), tb.PodmanURL); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.cleanup(t))
+	if out, err := b.shrooms("net", "apply"); err != nil {
+		t.Fatalf("net apply: %v: %s", err, out)
+	}
+	return b
+}
+
+func (b *bench) cleanup(t testing.TB) func() {
+	return func() {
+		ctx := context.Background()
+		r := turn.NewRunner(b.cfg, b.client, nil)
+		b.tasks.Range(func(k, _ any) bool {
+			task := k.(string)
+			b.waitIdle(task)
+			cages, _ := b.client.ListByLabel(ctx, "io.shrooms.task", task)
+			for _, c := range cages {
+				_ = b.client.Remove(ctx, c.ID)
+			}
+			if err := r.Home().Remove(ctx, task); err != nil {
+				t.Errorf("remove HOME of %s: %v", task, err)
+			}
+			if err := outbox.Release(b.cfg.Outbox.Root, task); err != nil && !os.IsNotExist(err) {
+				t.Errorf("release outbox of %s: %v", task, err)
+			}
+			return true
+		})
+		_, _ = b.tb.Podman("network", "rm", "-f", b.name)
+		for _, fam := range []string{"inet", "bridge"} {
+			_ = exec.Command("nsenter", "--net="+b.tb.NSPath("host"), "--", "nft", "delete", "table", fam, "shrooms_"+b.name).Run()
+		}
+	}
+}
+
+// task returns a task id unique to this run, remembered for cleanup.
+func (b *bench) task(name string) string {
+	t := b.name + "-" + name
+	b.tasks.Store(t, true)
+	return t
+}
+
+// inHost runs a command in the testbed's host network namespace.
+func (b *bench) inHost(args ...string) *exec.Cmd {
+	return exec.Command("nsenter", append([]string{"--net=" + b.tb.NSPath("host"), "--"}, args...)...)
+}
+
+// shrooms runs the binary with the bench config and returns its output.
+func (b *bench) shrooms(args ...string) ([]byte, error) {
+	return b.inHost(append([]string{b.bin, "--config", b.cfgFile}, args...)...).CombinedOutput()
+}
+
+// timing is one process run: its wall time and the time to its first byte
+// on stdout.
+type timing struct {
+	wall, first time.Duration
+	stdout      bytes.Buffer
+}
+
+// firstByte records when the first byte of output arrives.
+type firstByte struct {
+	start time.Time
+	at    time.Duration
+	buf   *bytes.Buffer
+	mu    sync.Mutex
+}
+
+func (f *firstByte) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.at == 0 && len(p) > 0 {
+		f.at = time.Since(f.start)
+	}
+	return f.buf.Write(p)
+}
+
+// timed runs cmd and measures it from the call.
+func timed(cmd *exec.Cmd) (*timing, error) {
+	t := &timing{}
+	var errb bytes.Buffer
+	fb := &firstByte{buf: &t.stdout}
+	cmd.Stdout, cmd.Stderr = fb, &errb
+	fb.start = time.Now()
+	err := cmd.Run()
+	t.wall = time.Since(fb.start)
+	t.first = fb.at
+	if err != nil {
+		return t, fmt.Errorf("%s: %v: %s %s", strings.Join(cmd.Args, " "), err, t.stdout.String(), errb.String())
+	}
+	return t, nil
+}
+
+// result is the part of `run --json`'s result the benchmarks read.
+type result struct {
+	Status   string       `json:"status"`
+	Prepared bool         `json:"prepared"`
+	Removed  bool         `json:"removed"`
+	Cage     string       `json:"cage"`
+	Phases   []turn.Phase `json:"phases"`
+	TotalMs  float64      `json:"totalMs"`
+	Error    string       `json:"error"`
+}
+
+// run runs one turn with the shrooms binary (--json, --prepare-next).
+func (b *bench) run(task, agent, script string) (*timing, *result, error) {
+	t, err := timed(b.inHost(b.bin, "--config", b.cfgFile, "--json", "run", "--prepare-next", "--task", task, "--agent", agent, "--", "-c", script))
+	if err != nil {
+		return t, nil, err
+	}
+	lines := strings.Split(strings.TrimSpace(t.stdout.String()), "\n")
+	var res result
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		return t, nil, fmt.Errorf("result: %v: %s", err, t.stdout.String())
+	}
+	return t, &res, nil
+}
+
+// bare is `podman run --rm` of the same image and command on the named
+// network, with the same limits a cage has.
+func (b *bench) bare(network, script string) (*timing, error) {
+	return timed(b.inHost("podman", "--url", b.tb.PodmanURL, "run", "--rm", "--network", network,
+		"--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges", "--user", "1000:1000",
+		"--memory", "256m", "--pids-limit", "128", "--ulimit", "nofile=512:512", "--ulimit", "nproc=256:256",
+		itest.TestImage, "/bin/sh", "-c", script))
+}
+
+// waitIdle waits until no shrooms process holds the task's lock (a turn,
+// its detached teardown, or the preparation of its next cage).
+func (b *bench) waitIdle(task string) {
+	f, err := os.OpenFile(filepath.Join(b.cfg.State.Dir, "tasks", task, "lock"), os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	_ = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+}
+
+func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// quantile is the nearest-rank quantile q of d.
+func quantile(d []time.Duration, q float64) time.Duration {
+	s := append([]time.Duration{}, d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	i := int(float64(len(s))*q+0.999999) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func median(d []time.Duration) time.Duration { return quantile(d, 0.5) }
+
+// phaseMedians returns each phase's median over the results, in the order
+// of the first result.
+func phaseMedians(rs []*result) []turn.Phase {
+	by := map[string][]time.Duration{}
+	var order []string
+	for _, r := range rs {
+		for _, p := range r.Phases {
+			if _, ok := by[p.Name]; !ok {
+				order = append(order, p.Name)
+			}
+			by[p.Name] = append(by[p.Name], time.Duration(p.Ms*float64(time.Millisecond)))
+		}
+	}
+	var out []turn.Phase
+	for _, n := range order {
+		out = append(out, turn.Phase{Name: n, Ms: msOf(median(by[n]))})
+	}
+	return out
+}
+
+func phaseString(ps []turn.Phase) string {
+	var parts []string
+	for _, p := range ps {
+		parts = append(parts, fmt.Sprintf("%s %.1f", p.Name, p.Ms))
+	}
+	return strings.Join(parts, ", ")
+}
