@@ -210,11 +210,13 @@ func TestPreparedCageDrift(t *testing.T) {
 		t.Helper()
 		code, out, stderr := e.shrooms("prepare", "--task", task, "--agent", "keep", "--no-stdin")
 		assert.Equal(t, code, 0, "%s %s", out, stderr)
+		e.settle(task)
 	}
 	prepared := func(script string) (bool, string) {
 		t.Helper()
 		code, out, stderr := e.shrooms("--json", "run", "--task", task, "--agent", "keep", "--no-stdin", "--", "-c", script)
 		assert.Equal(t, code, 0, "%s %s", out, stderr)
+		e.settle(task)
 		return strings.Contains(out, `"prepared":true`), out
 	}
 
@@ -270,6 +272,7 @@ func TestWorktreeClaimLost(t *testing.T) {
 	assert.NilError(t, err, string(out2))
 	code, out, stderr = e.shrooms("run", "--task", task, "--agent", "keep", "--no-stdin", "--worktree", wt, "--", "-c", "cat /work/file")
 	assert.Equal(t, code, 0, "%s %s", out, stderr)
+	e.settle(task)
 	assert.NilError(t, unix.Stat(wt, &st))
 	assert.Equal(t, st.Uid, uint32(0), "the worktree was given back")
 }

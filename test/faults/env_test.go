@@ -71,6 +71,9 @@ tmp_size = "16m"
 run_size = "4m"
 timeout = "120s"
 stop_grace = "2s"
+# Off: a prepared next cage holds its HOME mounted by design, and these
+# tests count what a turn leaves (TestPreparedCageDrift prepares its own).
+prepare_next = false
 [network]
 policy = "none"
 [home]
@@ -136,9 +139,27 @@ func (e *env) shrooms(args ...string) (int, string, string) {
 	return code, out.String(), errb.String()
 }
 
-// turn runs one turn of the keep agent with a shell script.
+// turn runs one turn of the keep agent with a shell script, and waits for
+// its detached teardown.
 func (e *env) turn(task, script string) (int, string, string) {
-	return e.shrooms("run", "--task", task, "--agent", "keep", "--no-stdin", "--", "-c", script)
+	code, out, errb := e.shrooms("run", "--task", task, "--agent", "keep", "--no-stdin", "--", "-c", script)
+	e.settle(task)
+	return code, out, errb
+}
+
+// settle waits (up to 30 s) until no process holds the task: a turn's
+// cage is removed, and its HOME released, by a detached teardown after
+// `run` has returned.
+func (e *env) settle(task string) {
+	e.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		code, out, _ := e.shrooms("--json", "status", "--task", task)
+		if code != 0 || strings.Contains(out, `"busy":false`) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // secrets are a task's kept state, unique per task: a Claude Code sign-in,
