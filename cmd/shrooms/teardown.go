@@ -27,11 +27,11 @@ func teardownCommand() *cli.Command {
 			&cli.StringSliceFlag{Name: "secret"},
 			&cli.BoolFlag{Name: "prepare-next"}),
 		Action: func(c *cli.Context) error {
-			lockFile := os.NewFile(3, "task-lock")
-			if lockFile == nil {
-				return fail(ExitUsage, errors.New("teardown-detached needs the task lock as file descriptor 3"))
+			lockFile, lockDir := os.NewFile(3, "task-lock"), os.NewFile(4, "task-dir-lock")
+			if lockFile == nil || lockDir == nil {
+				return fail(ExitUsage, errors.New("teardown-detached needs the task lock as file descriptors 3 and 4"))
 			}
-			lock, err := taskstate.AdoptLock(lockFile)
+			lock, err := taskstate.AdoptLock(lockFile, lockDir)
 			if err != nil {
 				return fail(ExitHostNotReady, err)
 			}
@@ -104,7 +104,7 @@ func detacher(c *cli.Context, r *turn.Runner, prepareNext bool) turn.Detacher {
 		defer logf.Close()
 		cmd := exec.Command(exe, args...)
 		cmd.Stdout, cmd.Stderr = logf, logf
-		cmd.ExtraFiles = []*os.File{td.Lock}
+		cmd.ExtraFiles = []*os.File{td.Lock, td.LockDir}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 		if err := cmd.Start(); err != nil {
 			return 0, fmt.Errorf("detach teardown: %w", err)

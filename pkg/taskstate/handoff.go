@@ -24,18 +24,20 @@ const TeardownWait = 2 * time.Minute
 const teardownMark = "teardown "
 
 // HandOff marks the held lock as passed to a detached teardown and returns
-// its file, for the child process to inherit: the flock belongs to the open
-// file, so the lock stays held until the child is done (or dies) however
-// soon this process exits. Takers of the lock wait for such a holder
+// its two files (the lock file and the task directory, both flocked), for
+// the child process to inherit: a flock belongs to the open file, so the
+// lock stays held until the child is done (or dies) however soon this
+// process exits. The directory's lock goes too, so that deleting the lock
+// file while the teardown runs still lets no turn start beside it. Takers of the lock wait for such a holder
 // instead of failing as busy. Undo with Reclaim if the child never starts.
-func (l *Lock) HandOff() (*os.File, error) {
-	if l == nil || l.f == nil {
-		return nil, errors.New("task lock: not held")
+func (l *Lock) HandOff() (file, dir *os.File, err error) {
+	if l == nil || l.f == nil || l.dir == nil {
+		return nil, nil, errors.New("task lock: not held")
 	}
 	if err := l.mark(teardownMark + "\n"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return l.f, nil
+	return l.f, l.dir, nil
 }
 
 // MarkTeardown records the pid of the child a lock was handed off to, so
@@ -57,14 +59,16 @@ func (l *Lock) mark(s string) error {
 	return nil
 }
 
-// AdoptLock takes over a lock handed off to this process (an inherited
-// file): it checks that the file is a lock file and holds its flock, and
+// AdoptLock takes over a lock handed off to this process (the inherited
+// lock file and task directory): it checks that it holds both flocks, and
 // records this process as the holder.
-func AdoptLock(f *os.File) (*Lock, error) {
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		return nil, fmt.Errorf("task lock handed off: %w", err)
+func AdoptLock(f, dir *os.File) (*Lock, error) {
+	for _, x := range []*os.File{f, dir} {
+		if err := unix.Flock(int(x.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			return nil, fmt.Errorf("task lock handed off: %w", err)
+		}
 	}
-	l := &Lock{f: f}
+	l := &Lock{f: f, dir: dir}
 	if err := l.mark(teardownMark + strconv.Itoa(os.Getpid()) + "\n"); err != nil {
 		return nil, err
 	}

@@ -31,9 +31,9 @@ func TestHandOff(t *testing.T) {
 	_, err = s.LockTask(taskid.Must("t1"))
 	assert.Assert(t, errors.Is(err, ErrBusy), "a turn's lock: %v", err)
 
-	f, err := turnLock.HandOff()
+	f, dir, err := turnLock.HandOff()
 	assert.NilError(t, err)
-	child, err := AdoptLock(inherit(t, f))
+	child, err := AdoptLock(inherit(t, f), inherit(t, dir))
 	assert.NilError(t, err)
 	assert.NilError(t, turnLock.Release()) // the run process exits
 
@@ -57,24 +57,47 @@ func TestHandOff(t *testing.T) {
 	// does not.
 	l, err := s.LockTask(taskid.Must("t1"))
 	assert.NilError(t, err)
-	f, err = l.HandOff()
+	f, dir, err = l.HandOff()
 	assert.NilError(t, err)
-	dead, err := AdoptLock(inherit(t, f))
+	dead, err := AdoptLock(inherit(t, f), inherit(t, dir))
 	assert.NilError(t, err)
 	assert.NilError(t, l.Release())
-	assert.NilError(t, dead.f.Close()) // the kernel drops a killed process's locks
+	assert.NilError(t, dead.Release()) // the kernel drops a killed process's locks
 	l, err = s.LockTask(taskid.Must("t1"))
 	assert.NilError(t, err, "a dead teardown's mark kept the task busy")
 	b, err := os.ReadFile(s.Dir + "/tasks/t1/lock")
 	assert.NilError(t, err)
 	assert.Equal(t, string(b), "", "the mark is cleared by the next holder")
 	// Reclaim: a hand-off whose child never started leaves a plain turn lock.
-	_, err = l.HandOff()
+	_, _, err = l.HandOff()
 	assert.NilError(t, err)
 	assert.NilError(t, l.Reclaim())
 	_, err = s.LockTask(taskid.Must("t1"))
 	assert.Assert(t, errors.Is(err, ErrBusy), "%v", err)
 	assert.NilError(t, l.Release())
+}
+
+// TestHandOffKeepsTheDirectoryLock: deleting the lock file while a
+// detached teardown holds the task lets no turn start beside it; with the
+// directory lock left behind (the bug this guards), a new lock file would
+// have been enough.
+func TestHandOffKeepsTheDirectoryLock(t *testing.T) {
+	s := Store{Dir: t.TempDir()}
+	l, err := s.LockTask(taskid.Must("t2"))
+	assert.NilError(t, err)
+	f, dir, err := l.HandOff()
+	assert.NilError(t, err)
+	child, err := AdoptLock(inherit(t, f), inherit(t, dir))
+	assert.NilError(t, err)
+	assert.NilError(t, l.Release()) // the run process exits
+	assert.NilError(t, os.Remove(s.Dir+"/tasks/t2/lock"))
+	_, err = s.LockTask(taskid.Must("t2"))
+	assert.Assert(t, errors.Is(err, ErrBusy), "a turn started beside the teardown: %v", err)
+	assert.NilError(t, child.Release())
+	// Positive control: once the teardown is done the task locks again.
+	again, err := s.LockTask(taskid.Must("t2"))
+	assert.NilError(t, err)
+	assert.NilError(t, again.Release())
 }
 
 // TestWaitStarts: a teardown waits while a turn is starting, and goes once

@@ -57,10 +57,12 @@ func (l *Lock) Release() error {
 	if l == nil || l.f == nil {
 		return nil
 	}
-	err := l.f.Close()
+	// The directory's lock goes first: a taker waiting on the lock file
+	// (a teardown's) then finds the directory free.
 	if l.dir != nil {
 		l.dir.Close()
 	}
+	err := l.f.Close()
 	l.f, l.dir = nil, nil
 	return err
 }
@@ -99,7 +101,7 @@ func (s Store) LockTask(task taskid.ID) (*Lock, error) {
 	}
 	// The task directory is locked too: a lock file deleted (or replaced)
 	// while a turn holds it would let a second turn lock a new file and
-	// run alongside. (A detached teardown holds the lock file only.)
+	// run alongside. (A detached teardown inherits both.)
 	dl, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		f.Close()

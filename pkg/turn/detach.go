@@ -18,9 +18,9 @@ type Teardown struct {
 	Task    string
 	Agent   string
 	Secrets []string
-	// Lock is the task lock's file (taskstate.Lock.HandOff): the child
-	// inherits it and holds the task until its work is done.
-	Lock *os.File
+	// Lock and LockDir are the task lock's files (taskstate.Lock.HandOff):
+	// the child inherits them and holds the task until its work is done.
+	Lock, LockDir *os.File
 }
 
 // Detacher starts the detached teardown of a turn and returns the child's
@@ -30,10 +30,10 @@ type Detacher func(Teardown) (pid int, err error)
 // handOff passes the turn's teardown to r.Detach; if that fails, the cage
 // is removed here, as without a Detacher.
 func (r *Runner) handOff(lock *taskstate.Lock, req Request, p *prepared, res *Result) {
-	f, err := lock.HandOff()
+	f, dir, err := lock.HandOff()
 	if err == nil {
 		var pid int
-		if pid, err = r.Detach(Teardown{Task: req.Task, Agent: req.Agent, Secrets: p.secrets, Lock: f}); err == nil {
+		if pid, err = r.Detach(Teardown{Task: req.Task, Agent: req.Agent, Secrets: p.secrets, Lock: f, LockDir: dir}); err == nil {
 			res.Teardown, res.TeardownPID = "detached", pid
 			_ = lock.MarkTeardown(pid)
 			return
