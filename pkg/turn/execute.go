@@ -79,21 +79,7 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 	defer endWatch()
 
 	// The old HOME tree goes while the agent works, off the critical path.
-	if p.root != "" {
-		cleaned := make(chan struct{})
-		cleanCtx, stopClean := context.WithCancel(cleanupCtx)
-		go func() {
-			defer close(cleaned)
-			_ = r.host().Cleanup(cleanCtx, p.root)
-		}()
-		defer func() {
-			if p.detach { // the detached child finishes it
-				stopClean()
-			}
-			<-cleaned
-			stopClean()
-		}()
-	}
+	defer r.cleanOldHome(cleanupCtx, p)()
 
 	// Follow rides through a restart of the podman service (pkg/podman).
 	code, err := r.Podman.Follow(waitCtx, id, req.Streams, attachEnded)
@@ -114,6 +100,28 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 	// The result is known: removal goes to a detached child (detach.go).
 	p.detach = r.Detach != nil
 	return res, nil
+}
+
+// cleanOldHome deletes the previous turn's HOME tree in the background and
+// returns the wait for it (which a detached teardown cuts short: the child
+// finishes it).
+func (r *Runner) cleanOldHome(ctx context.Context, p *prepared) (wait func()) {
+	if p.root == "" {
+		return func() {}
+	}
+	cleaned := make(chan struct{})
+	cleanCtx, stopClean := context.WithCancel(ctx)
+	go func() {
+		defer close(cleaned)
+		_ = r.host().Cleanup(cleanCtx, p.root)
+	}()
+	return func() {
+		if p.detach {
+			stopClean()
+		}
+		<-cleaned
+		stopClean()
+	}
 }
 
 // stopped handles a turn whose start or wait ended early: by its deadline,

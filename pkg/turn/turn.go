@@ -240,28 +240,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}
 	c.lap("lock")
 
-	// A cage prepared ahead for exactly this turn only needs its argv.
-	preparedID, prep, err := r.takePrepared(ctx, req, in)
+	preparedID, prep, err := r.turnCage(ctx, req, in)
 	if err != nil {
 		return res, err
-	}
-	if preparedID == "" {
-		// A crashed shrooms may have left this task's cage behind; with the
-		// lock held no turn of the task runs, so any cage of it is a
-		// leftover. A waiting prepared cage was created right after such a
-		// sweep under the same lock, and every turn since would have taken
-		// or discarded it: when one is taken there is nothing to sweep.
-		if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
-			return res, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
-		}
-		if prep, err = r.prepare(ctx, req, in, modeRun); err != nil {
-			return res, err
-		}
-	}
-	if preparedID != "" && in.worktree != "" {
-		if err := r.takeWorktree(req.Task, in.worktree, prep.ids); err != nil {
-			return res, err
-		}
 	}
 	res.Prepared = preparedID != ""
 	res.Turn = prep.turn
@@ -275,19 +256,53 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// What the turn changes in the worktree: a scan now, before the cage
 	// starts, and one after it ended (on every path out of execute; no
 	// process of it runs, even when a detached child removes it later).
-	var before *wtdiff.Snapshot
-	if in.worktree != "" {
-		var serr error
-		if before, serr = wtdiff.Scan(ctx, in.worktree); serr != nil {
-			res.WorktreeChanges = &WorktreeChanges{Error: serr.Error()}
-		}
-	}
+	before := scanWorktree(ctx, in.worktree, res)
 	handoff = prep
 	res, err = r.execute(ctx, req, prep, c, preparedID)
 	if before != nil {
 		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, in.worktree)
 	}
 	return res, err
+}
+
+// turnCage returns the turn's cage plan: a cage prepared ahead for exactly
+// this turn (its id; it only needs its argv and the worktree), or a fresh
+// preparation after removing any leftover cage of the task.
+func (r *Runner) turnCage(ctx context.Context, req Request, in *checked) (preparedID string, prep *prepared, err error) {
+	if preparedID, prep, err = r.takePrepared(ctx, req, in); err != nil {
+		return "", nil, err
+	}
+	if preparedID == "" {
+		// A crashed shrooms may have left this task's cage behind; with the
+		// lock held no turn of the task runs, so any cage of it is a
+		// leftover. A waiting prepared cage was created right after such a
+		// sweep under the same lock, and every turn since would have taken
+		// or discarded it: when one is taken there is nothing to sweep.
+		if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
+			return "", nil, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
+		}
+		prep, err = r.prepare(ctx, req, in, modeRun)
+		return "", prep, err
+	}
+	if in.worktree != "" {
+		if err := r.takeWorktree(req.Task, in.worktree, prep.ids); err != nil {
+			return "", nil, err
+		}
+	}
+	return preparedID, prep, nil
+}
+
+// scanWorktree is the worktree's state before the turn (nil without a
+// worktree, or when it cannot be read: res then says why).
+func scanWorktree(ctx context.Context, worktree string, res *Result) *wtdiff.Snapshot {
+	if worktree == "" {
+		return nil
+	}
+	before, err := wtdiff.Scan(ctx, worktree)
+	if err != nil {
+		res.WorktreeChanges = &WorktreeChanges{Error: err.Error()}
+	}
+	return before
 }
 
 // WorktreeChanges is what a turn changed in its worktree (wtdiff.Summary),
