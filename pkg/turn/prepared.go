@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 
@@ -84,9 +85,62 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
+	// The reset's report belongs to the turn that takes this cage: it is
+	// what that turn's HOME was cleaned of.
+	if err := saveResetReport(r.TaskDir(req.Task), id, p.reset); err != nil {
+		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
+		r.removeSecrets(p.secrets)
+		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
 	// The tree the reset swapped out goes now, not while the turn starts.
 	_ = r.host().Cleanup(ctx, p.root)
 	return id, nil
+}
+
+// preparedResetFile holds the reset report of the task's prepared cage.
+const preparedResetFile = "prepared-reset.json"
+
+type preparedReset struct {
+	Cage  string            `json:"cage"`
+	Reset *homereset.Report `json:"reset"`
+}
+
+func saveResetReport(taskDir, cage string, rep *homereset.Report) error {
+	b, err := json.Marshal(preparedReset{Cage: cage, Reset: rep})
+	if err != nil {
+		return fmt.Errorf("prepared cage's reset report: %w", err)
+	}
+	tmp := filepath.Join(taskDir, "."+preparedResetFile+".tmp")
+	_ = os.Remove(tmp)
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("prepared cage's reset report: %w", err)
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return fmt.Errorf("prepared cage's reset report: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("prepared cage's reset report: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(taskDir, preparedResetFile)); err != nil {
+		return fmt.Errorf("prepared cage's reset report: %w", err)
+	}
+	return nil
+}
+
+// loadResetReport returns the report of the reset made for prepared cage
+// cage, or nil when the file is missing or names another cage.
+func loadResetReport(taskDir, cage string) *homereset.Report {
+	b, err := os.ReadFile(filepath.Join(taskDir, preparedResetFile))
+	if err != nil {
+		return nil
+	}
+	var pr preparedReset
+	if json.Unmarshal(b, &pr) != nil || pr.Cage != cage {
+		return nil
+	}
+	return pr.Reset
 }
 
 // takePrepared returns the id of a prepared cage that runs req exactly as a
@@ -152,7 +206,12 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 	if err != nil || rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0 || rep.BaselineDigest != c.Labels[labelBaseline] {
 		return nil, nil
 	}
+	// The turn reports what the preparation's reset removed (this
+	// check's dry run finds nothing by construction).
 	p.reset = rep
+	if saved := loadResetReport(r.TaskDir(req.Task), c.ID); saved != nil {
+		p.reset = saved
+	}
 	// The secrets were put when the cage was prepared; they go with it.
 	p.secrets = slices.Sorted(maps.Keys(p.Plan.secrets))
 	return p, nil

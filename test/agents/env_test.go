@@ -160,7 +160,11 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	ocSettings := fmt.Sprintf("[home.opencode]\nsettings_file = %q\n", ocFile)
 
 	e.config = testcfg.Config{Socket: e.tb.PodmanURL, Dir: e.dir, Prefix: e.name,
-		Cage: map[string]any{"image": agentImage, "memory": "2g", "timeout": "120s"},
+		// prepare_next off: the positive controls copy HOME as turn 1 left
+		// it, which a cage prepared for turn 2 would already have reset
+		// (prepared turns have their own tests, with the reset report
+		// carried over: test/demo, cmd/shrooms).
+		Cage: map[string]any{"image": agentImage, "memory": "2g", "timeout": "120s", "prepare_next": false},
 		Network: map[string]any{"policy": policy, "name": e.name, "bridge": e.name,
 			// A subnet of its own: other suites may run cages at the same time.
 			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000)},
