@@ -30,6 +30,8 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -183,7 +185,17 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 			t.Errorf("podman: %v", err)
 			return
 		}
+		store := taskstate.Store{Dir: cfg.State.Dir}
 		for _, task := range []string{e.task("claude"), e.task("opencode"), e.task("probe"), e.task("claude2")} {
+			// The last turn's detached teardown may still be removing its
+			// cage and releasing HOME: the task lock waits for it.
+			if id, err := taskid.Parse(task); err == nil {
+				if l, err := store.LockTask(id); err == nil {
+					l.Release()
+				} else {
+					t.Errorf("wait for the teardown of %s: %v", task, err)
+				}
+			}
 			if _, err := os.Stat(filepath.Join(e.dir, "outbox", task)); err == nil {
 				if err := outbox.Release(filepath.Join(e.dir, "outbox"), task); err != nil {
 					t.Errorf("release outbox: %v", err)

@@ -130,6 +130,18 @@ func TestLockFileDeleted(t *testing.T) {
 	assert.Equal(t, code, 123, "a second turn ran alongside: %s %s", out, stderr)
 	assert.Assert(t, !strings.Contains(out, "overlapped"))
 	assert.NilError(t, c.Wait())
+	// The first turn's detached teardown holds the task directory's lock
+	// (and the deleted lock file) until it is done; the next turn would be
+	// refused as busy until then, so wait for it.
+	dir, err := os.Open(filepath.Join(e.state, "tasks", task))
+	assert.NilError(t, err)
+	defer dir.Close()
+	deadline := time.Now().Add(2 * time.Minute)
+	for unix.Flock(int(dir.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		assert.Assert(t, time.Now().Before(deadline), "the teardown never released the task directory")
+		time.Sleep(50 * time.Millisecond)
+	}
+	assert.NilError(t, unix.Flock(int(dir.Fd()), unix.LOCK_UN))
 	e.kept(task, s)
 }
 
