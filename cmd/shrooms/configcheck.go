@@ -48,7 +48,7 @@ func configCommand() *cli.Command {
 					return fail(ExitUsage, err)
 				}
 				if !jsonMode(c) {
-					fmt.Fprintln(c.App.Writer, "ok")
+					textln(c.App.Writer, "ok")
 				}
 				return nil
 			},

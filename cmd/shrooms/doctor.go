@@ -51,9 +51,9 @@ func doctorCommand() *cli.Command {
 				}
 			} else {
 				for _, f := range fs {
-					fmt.Fprintf(c.App.Writer, "%-4s %-14s %s\n", f.Status, f.Check, f.Detail)
+					textf(c.App.Writer, "%-4s %-14s %s\n", f.Status, f.Check, f.Detail)
 					if f.Fix != "" {
-						fmt.Fprintf(c.App.Writer, "     %-14s fix: %s\n", "", f.Fix)
+						textf(c.App.Writer, "     %-14s fix: %s\n", "", f.Fix)
 					}
 				}
 			}

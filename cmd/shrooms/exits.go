@@ -119,7 +119,7 @@ entries stay in the outbox and are listed with the reason.`,
 					if jsonMode(c) {
 						return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "released": true})
 					}
-					fmt.Fprintln(c.App.Writer, "released the outbox of "+c.String("task"))
+					textln(c.App.Writer, "released the outbox of "+c.String("task"))
 					return nil
 				},
 			},
@@ -135,19 +135,19 @@ func printOutbox(c *cli.Context, rep *outbox.Report, delivered bool) error {
 	verb := "would deliver"
 	if delivered {
 		verb = "delivered"
-		fmt.Fprintf(w, "delivery %s (manifest %s)\n", rep.Delivery, rep.Manifest)
+		textf(w, "delivery %s (manifest %s)\n", rep.Delivery, rep.Manifest)
 	}
 	for _, f := range rep.Files {
-		fmt.Fprintf(w, "  %s %s  %d bytes  %s\n", verb, f.Name, f.Size, f.SHA256)
+		textf(w, "  %s %s  %d bytes  %s\n", verb, f.Name, f.Size, f.SHA256)
 	}
 	for _, r := range rep.Rejected {
-		fmt.Fprintf(w, "  refused %q: %s\n", r.Name, r.Reason)
+		textf(w, "  refused \"%s\": %s\n", r.Name, r.Reason)
 	}
 	if rep.MoreRejected > 0 {
-		fmt.Fprintf(w, "  … and %d more refused\n", rep.MoreRejected)
+		textf(w, "  … and %d more refused\n", rep.MoreRejected)
 	}
 	for _, l := range rep.Left {
-		fmt.Fprintf(w, "  delivered but left in the outbox %q: %s\n", l.Name, l.Reason)
+		textf(w, "  delivered but left in the outbox \"%s\": %s\n", l.Name, l.Reason)
 	}
 	return nil
 }
@@ -200,13 +200,13 @@ path; the named paths become trusted for later turns.`,
 				return printJSON(c.App.Writer, out)
 			}
 			for _, p := range res.Accepted {
-				fmt.Fprintln(c.App.Writer, "accepted agent config "+p)
+				textln(c.App.Writer, "accepted agent config "+p)
 			}
 			if nothing {
-				fmt.Fprintln(c.App.Writer, "nothing to commit")
+				textln(c.App.Writer, "nothing to commit")
 				return nil
 			}
-			fmt.Fprintln(c.App.Writer, res.Commit)
+			textln(c.App.Writer, res.Commit)
 			return nil
 		},
 	}
@@ -246,15 +246,15 @@ task to another worktree (all of its config is then trusted as it is).`,
 			}
 			w := c.App.Writer
 			for _, ch := range res.Changes {
-				fmt.Fprintf(w, "  was %s: %s\n", ch.Change, ch.Path)
+				textf(w, "  was %s: %s\n", ch.Change, ch.Path)
 			}
 			for _, p := range res.Trusted {
-				fmt.Fprintln(w, "trusted "+p)
+				textln(w, "trusted "+p)
 			}
 			for _, p := range res.Forgotten {
-				fmt.Fprintln(w, "no longer trusted (gone) "+p)
+				textln(w, "no longer trusted (gone) "+p)
 			}
-			fmt.Fprintf(w, "%s: %d trusted agent config paths in %s\n", res.Task, res.Entries, res.Worktree)
+			textf(w, "%s: %d trusted agent config paths in %s\n", res.Task, res.Entries, res.Worktree)
 			return nil
 		},
 	}
@@ -282,7 +282,7 @@ and it exits 122 instead of reporting success.`,
 			if jsonMode(c) {
 				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "forgotten": true})
 			}
-			fmt.Fprintln(c.App.Writer, "forgot "+c.String("task"))
+			textln(c.App.Writer, "forgot "+c.String("task"))
 			return nil
 		},
 	}
@@ -324,12 +324,12 @@ func resetCommand() *cli.Command {
 			if rep.DryRun {
 				verb = "would reset"
 			}
-			fmt.Fprintf(c.App.Writer, "%s %s: kept %d, rebuilt %d, removed %d; baseline %s\n", verb, c.String("task"), rep.KeptCount, len(rep.Rebuilt), rep.RemovedCount, rep.BaselineDigest)
+			textf(c.App.Writer, "%s %s: kept %d, rebuilt %d, removed %d; baseline %s\n", verb, c.String("task"), rep.KeptCount, len(rep.Rebuilt), rep.RemovedCount, rep.BaselineDigest)
 			for _, w := range rep.Warnings {
-				fmt.Fprintln(c.App.Writer, "  warning: "+w)
+				textln(c.App.Writer, "  warning: "+w)
 			}
 			for _, p := range rep.Removed {
-				fmt.Fprintln(c.App.Writer, "  removed "+p)
+				textln(c.App.Writer, "  removed "+p)
 			}
 			return nil
 		},

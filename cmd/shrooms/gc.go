@@ -1,8 +1,6 @@
 package main
 
 import (
-	"fmt"
-
 	"github.com/urfave/cli/v2"
 )
 
@@ -26,15 +24,15 @@ func gcCommand() *cli.Command {
 			if jsonMode(c) {
 				return printJSON(c.App.Writer, rep)
 			}
-			fmt.Fprintf(c.App.Writer, "removed %d leftover cage(s); %d task(s) busy\n", len(rep.Removed), len(rep.Busy))
+			textf(c.App.Writer, "removed %d leftover cage(s); %d task(s) busy\n", len(rep.Removed), len(rep.Busy))
 			for _, n := range rep.Removed {
-				fmt.Fprintln(c.App.Writer, "  removed "+n)
+				textln(c.App.Writer, "  removed "+n)
 			}
 			for _, l := range rep.Released {
-				fmt.Fprintln(c.App.Writer, "  released HOME "+l)
+				textln(c.App.Writer, "  released HOME "+l)
 			}
 			for _, w := range rep.Worktrees {
-				fmt.Fprintln(c.App.Writer, "  gave back worktree "+w)
+				textln(c.App.Writer, "  gave back worktree "+w)
 			}
 			return nil
 		},

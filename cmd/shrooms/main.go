@@ -80,7 +80,7 @@ func run(args []string, stdin io.Reader, out, stderr io.Writer) int {
 		}
 	}
 	if msg != "" {
-		fmt.Fprintln(stderr, "shrooms: "+oneLine(msg))
+		warn(stderr, msg)
 	}
 	// Under --json the last line of stdout is a JSON object on every path,
 	// also when flags, config or podman failed before the command printed

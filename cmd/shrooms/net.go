@@ -68,7 +68,7 @@ seal before it starts, and a running turn within a quarter second.`,
 						if jsonMode(c) {
 							return printJSON(c.App.Writer, map[string]any{"policy": cfg.Network.Policy, "flushed": true})
 						}
-						fmt.Fprintln(c.App.Writer, "seal removed")
+						textln(c.App.Writer, "seal removed")
 						return nil
 					})
 				},
@@ -97,9 +97,9 @@ func printStatus(c *cli.Context, ctx context.Context, cfg *config.Config) error 
 			return err
 		}
 	} else if st.OK {
-		fmt.Fprintf(c.App.Writer, "sealed: policy %s, tables %v, digest %s\n", st.Policy, st.Tables, st.Installed)
+		textf(c.App.Writer, "sealed: policy %s, tables %v, digest %s\n", st.Policy, st.Tables, st.Installed)
 		if st.Reason != "" {
-			fmt.Fprintln(c.App.Writer, st.Reason)
+			textln(c.App.Writer, st.Reason)
 		}
 	}
 	if !st.OK {

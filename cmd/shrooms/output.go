@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"unicode"
+
+	"github.com/shrooms-cage/shrooms/pkg/safetext"
 )
 
 // jsonSchema is the version of the JSON that shrooms prints (docs/json.md).
@@ -94,7 +96,9 @@ func schemaJSON(v any) ([]byte, error) {
 }
 
 // normalize rewrites object keys to snake_case and nanosecond durations
-// ("durationNs") to milliseconds ("duration_ms").
+// ("durationNs") to milliseconds ("duration_ms"), and escapes every string
+// and key (safetext.Escape): paths and names the cage chose reach the JSON
+// with no control, format character or invalid byte in them.
 func normalize(v any) any {
 	switch t := v.(type) {
 	case map[string]any:
@@ -102,11 +106,11 @@ func normalize(v any) any {
 		for k, val := range t {
 			if n, ok := val.(json.Number); ok && strings.HasSuffix(k, "Ns") && len(k) > 2 {
 				if ns, err := n.Float64(); err == nil {
-					out[snake(strings.TrimSuffix(k, "Ns"))+"_ms"] = ns / 1e6
+					out[safetext.Escape(snake(strings.TrimSuffix(k, "Ns")))+"_ms"] = ns / 1e6
 					continue
 				}
 			}
-			out[snake(k)] = normalize(val)
+			out[safetext.Escape(snake(k))] = normalize(val)
 		}
 		return out
 	case []any:
@@ -114,8 +118,27 @@ func normalize(v any) any {
 			t[i] = normalize(t[i])
 		}
 		return t
+	case string:
+		return safetext.Escape(t)
 	}
 	return v
+}
+
+// textf prints shrooms' own text output (listings, reports), escaped by
+// safetext.Text: a name in it cannot drive the terminal. Never for the
+// agent's own output.
+func textf(w io.Writer, format string, a ...any) {
+	fmt.Fprint(w, safetext.Text(fmt.Sprintf(format, a...)))
+}
+
+// textln is textf with fmt.Sprintln.
+func textln(w io.Writer, a ...any) {
+	fmt.Fprint(w, safetext.Text(fmt.Sprintln(a...)))
+}
+
+// warn prints one line of shrooms' own on stderr ("shrooms: …"), escaped.
+func warn(w io.Writer, msg string) {
+	fmt.Fprintln(w, "shrooms: "+safetext.Escape(oneLine(msg)))
 }
 
 // snake turns a camelCase identifier into snake_case ("exitCode" →

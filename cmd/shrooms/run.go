@@ -127,14 +127,14 @@ With --tty the cage gets a terminal for a person at one.`,
 			}
 			if res != nil && res.WorktreeGuard != nil && len(res.WorktreeGuard.Masked) > 0 {
 				// Said on stderr too: a person at a terminal sees it without --json.
-				fmt.Fprintf(c.App.ErrWriter, "shrooms: masked agent config the owner has not trusted (review, then `shrooms trust --task %s`): %s\n",
-					c.String("task"), strings.Join(res.WorktreeGuard.Masked, ", "))
+				warn(c.App.ErrWriter, fmt.Sprintf("masked agent config the owner has not trusted (review, then `shrooms trust --task %s`): %s",
+					c.String("task"), strings.Join(res.WorktreeGuard.Masked, ", ")))
 			}
 			if err == nil && prepareNext && res.Teardown != "detached" {
 				next := turnRequest(c)
 				next.Args = nil
 				if _, perr := r.PrepareNext(ctx, next); perr != nil {
-					fmt.Fprintln(c.App.ErrWriter, "shrooms: next cage not prepared: "+oneLine(perr.Error()))
+					warn(c.App.ErrWriter, "next cage not prepared: "+perr.Error())
 				}
 			}
 			return finishRun(c, res, err)
@@ -153,7 +153,7 @@ func finishRun(c *cli.Context, res *turn.Result, err error) error {
 	}
 	if path := c.String("result-file"); path != "" {
 		if werr := writeResultFile(path, res); werr != nil {
-			fmt.Fprintln(c.App.ErrWriter, "shrooms: "+oneLine(werr.Error()))
+			warn(c.App.ErrWriter, werr.Error())
 			if err == nil {
 				err = fail(ExitInternal, werr)
 			}
@@ -232,7 +232,7 @@ found in HOME since, discards the prepared cage and the turn runs as usual.`,
 			if jsonMode(c) {
 				return printJSON(c.App.Writer, map[string]string{"task": c.String("task"), "cage": id})
 			}
-			fmt.Fprintln(c.App.Writer, id)
+			textln(c.App.Writer, id)
 			return nil
 		},
 	}
@@ -298,7 +298,7 @@ func bootstrapCommand() *cli.Command {
 			if jsonMode(c) {
 				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "volume": r.Home().Name(c.String("task")), "result": res.Result, "seeded": res.Seeded})
 			}
-			fmt.Fprintln(c.App.Writer, res.Result)
+			textln(c.App.Writer, res.Result)
 			return nil
 		},
 	}
@@ -312,7 +312,7 @@ func versionCommand() *cli.Command {
 			if jsonMode(c) {
 				return printJSON(c.App.Writer, map[string]string{"version": version})
 			}
-			fmt.Fprintln(c.App.Writer, "shrooms "+version)
+			textln(c.App.Writer, "shrooms "+version)
 			return nil
 		},
 	}

@@ -43,13 +43,13 @@ func tasksCommand() *cli.Command {
 			if jsonMode(c) {
 				return printJSON(c.App.Writer, map[string]any{"tasks": ts})
 			}
-			fmt.Fprintf(c.App.Writer, "%-32s %5s %-5s %-12s %5s %10s\n", "TASK", "TURNS", "BUSY", "LAST", "EXIT", "HOME")
+			textf(c.App.Writer, "%-32s %5s %-5s %-12s %5s %10s\n", "TASK", "TURNS", "BUSY", "LAST", "EXIT", "HOME")
 			for _, t := range ts {
 				last, exit := "-", "-"
 				if t.Last != nil {
 					last, exit = t.Last.Status, fmt.Sprint(t.Last.ExitCode)
 				}
-				fmt.Fprintf(c.App.Writer, "%-32s %5d %-5v %-12s %5s %10s\n", t.Task, t.Turns, t.Busy, last, exit, config.Size(t.HomeBytes>>20<<20))
+				textf(c.App.Writer, "%-32s %5d %-5v %-12s %5s %10s\n", t.Task, t.Turns, t.Busy, last, exit, config.Size(t.HomeBytes>>20<<20))
 			}
 			return nil
 		},
@@ -74,15 +74,15 @@ func statusCommand() *cli.Command {
 				return printJSON(c.App.Writer, st)
 			}
 			w := c.App.Writer
-			fmt.Fprintf(w, "task      %s\nturns     %d\n", st.Task, st.Turns)
+			textf(w, "task      %s\nturns     %d\n", st.Task, st.Turns)
 			if st.Busy {
-				fmt.Fprintf(w, "busy      yes (shrooms process %d)\n", st.PID)
+				textf(w, "busy      yes (shrooms process %d)\n", st.PID)
 			} else {
-				fmt.Fprintln(w, "busy      no")
+				textln(w, "busy      no")
 			}
-			fmt.Fprintf(w, "agent     %s\nworktree  %s\nhome      %d bytes\n", st.Agent, st.Worktree, st.HomeBytes)
+			textf(w, "agent     %s\nworktree  %s\nhome      %d bytes\n", st.Agent, st.Worktree, st.HomeBytes)
 			if st.Last != nil {
-				fmt.Fprintf(w, "last      turn %d: %s, exit %d, %.0f ms%s\n", st.Last.Turn, st.Last.Status, st.Last.ExitCode, st.Last.TotalMs, errSuffix(st.Last.Error))
+				textf(w, "last      turn %d: %s, exit %d, %.0f ms%s\n", st.Last.Turn, st.Last.Status, st.Last.ExitCode, st.Last.TotalMs, errSuffix(st.Last.Error))
 			}
 			return nil
 		},
@@ -121,9 +121,9 @@ func logCommand() *cli.Command {
 				for _, p := range rec.Phases {
 					phases = append(phases, fmt.Sprintf("%s %.0f", p.Name, p.Ms))
 				}
-				fmt.Fprintf(c.App.Writer, "turn %d  %s  %s  exit %d  %.0f ms  [%s]%s\n", rec.Turn, rec.Agent, rec.Status, rec.ExitCode, rec.TotalMs, strings.Join(phases, ", "), errSuffix(rec.Error))
+				textf(c.App.Writer, "turn %d  %s  %s  exit %d  %.0f ms  [%s]%s\n", rec.Turn, rec.Agent, rec.Status, rec.ExitCode, rec.TotalMs, strings.Join(phases, ", "), errSuffix(rec.Error))
 				if rec.Reset != nil {
-					fmt.Fprintf(c.App.Writer, "        reset: kept %d, rebuilt %d, removed %d\n", rec.Reset.KeptCount, len(rec.Reset.Rebuilt), rec.Reset.RemovedCount)
+					textf(c.App.Writer, "        reset: kept %d, rebuilt %d, removed %d\n", rec.Reset.KeptCount, len(rec.Reset.Rebuilt), rec.Reset.RemovedCount)
 				}
 			}
 			return nil
@@ -153,9 +153,9 @@ turn running it changes nothing and says so.`,
 				return printJSON(c.App.Writer, res)
 			}
 			if res.Stopped {
-				fmt.Fprintf(c.App.Writer, "stopped turn %d of %s (shrooms process %d)\n", res.Turn, res.Task, res.PID)
+				textf(c.App.Writer, "stopped turn %d of %s (shrooms process %d)\n", res.Turn, res.Task, res.PID)
 			} else {
-				fmt.Fprintf(c.App.Writer, "no turn of %s is running\n", res.Task)
+				textf(c.App.Writer, "no turn of %s is running\n", res.Task)
 			}
 			return nil
 		},
