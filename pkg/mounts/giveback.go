@@ -17,11 +17,16 @@ const maxGiveBackDepth = 4096
 type GiveBackReport struct {
 	Changed int `json:"changed"` // entries given back
 	Skipped int `json:"skipped"` // entries that changed under the walk (left as they were)
+	// Kept counts the nested git repositories left with the task's uid
+	// (nested.go); KeptPaths lists them (worktree-relative, at most 100).
+	Kept      int      `json:"kept,omitempty"`
+	KeptPaths []string `json:"kept_paths,omitempty"`
 }
 
 // GiveBack gives every entry beneath dir (dir included) whose owner uid lies
 // in [lo, hi) — the task's user namespace on the host — back to uid:gid,
-// the worktree owner's. Entries owned by anyone else stay as they are.
+// the worktree owner's. Entries owned by anyone else stay as they are. A git
+// repository nested below dir stays with the task's uid (see nested.go).
 //
 // The walk is relative to descriptors: directories are opened with openat2
 // and RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_XDEV|RESOLVE_NO_MAGICLINKS,
@@ -42,7 +47,7 @@ func GiveBack(dir string, uid, gid int, lo, hi uint32) (GiveBackReport, error) {
 		return rep, fmt.Errorf("give worktree %s back: %w", dir, err)
 	}
 	g := &giver{uid: uid, gid: gid, lo: lo, hi: hi, dev: st.Dev, rep: &rep}
-	if err := g.dir(fd, 0); err != nil {
+	if err := g.dir(fd, "", 0); err != nil {
 		return rep, fmt.Errorf("give worktree %s back: %w", dir, err)
 	}
 	if st.Uid >= lo && st.Uid < hi {
@@ -63,7 +68,7 @@ type giver struct {
 
 // dir gives back the entries of the open directory fd (which it does not
 // close), descending into subdirectories.
-func (g *giver) dir(fd int, depth int) error {
+func (g *giver) dir(fd int, rel string, depth int) error {
 	if depth > maxGiveBackDepth {
 		return fmt.Errorf("directories nested deeper than %d levels", maxGiveBackDepth)
 	}
@@ -77,7 +82,7 @@ func (g *giver) dir(fd int, depth int) error {
 	for {
 		names, err := f.Readdirnames(1024)
 		for _, name := range names {
-			if err := g.entry(fd, name, depth); err != nil {
+			if err := g.entry(fd, name, rel, depth); err != nil {
 				return err
 			}
 		}
@@ -90,7 +95,7 @@ func (g *giver) dir(fd int, depth int) error {
 	}
 }
 
-func (g *giver) entry(fd int, name string, depth int) error {
+func (g *giver) entry(fd int, name, rel string, depth int) error {
 	var st unix.Stat_t
 	if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -101,6 +106,9 @@ func (g *giver) entry(fd int, name string, depth int) error {
 	}
 	if st.Dev != g.dev {
 		return nil // a mount point inside: not ours to change
+	}
+	if isNestedGit(name, depth) {
+		return g.keep(fd, name, joinRel(rel, name), &st)
 	}
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		child, err := unix.Openat2(fd, name, &unix.OpenHow{
@@ -123,7 +131,10 @@ func (g *giver) entry(fd int, name string, depth int) error {
 			g.rep.Skipped++
 			return nil
 		}
-		if err := g.dir(child, depth+1); err != nil {
+		if looksLikeGitDir(child) && !(depth == 0 && name == ".git") {
+			return g.keep(fd, name, joinRel(rel, name), &cst)
+		}
+		if err := g.dir(child, joinRel(rel, name), depth+1); err != nil {
 			return fmt.Errorf("%s/%w", name, err)
 		}
 		if cst.Uid >= g.lo && cst.Uid < g.hi {

@@ -40,6 +40,14 @@ func OwnWorktree(dir string, uid, gid int) (bool, error) {
 		if d.Name() == ".git" && filepath.Dir(path) == dir {
 			return nil // a linked worktree's gitdir pointer stays root's
 		}
+		if nestedRepo(dir, path, d) {
+			// The owner's nested repositories stay the owner's: the cage
+			// cannot change them in place (nested.go).
+			if d.IsDir() {
+				return fs.SkipDir
+			}
+			return nil
+		}
 		info, err := d.Info()
 		if err != nil {
 			return err
@@ -53,4 +61,16 @@ func OwnWorktree(dir string, uid, gid int) (bool, error) {
 		return true, fmt.Errorf("worktree %s: give it to the task's user: %w", dir, err)
 	}
 	return true, nil
+}
+
+// nestedRepo reports whether path, below the worktree dir, is a nested git
+// repository: an entry named .git, or a directory laid out as a git dir.
+func nestedRepo(dir, path string, d fs.DirEntry) bool {
+	if path == dir {
+		return false
+	}
+	if d.Name() == ".git" {
+		return true
+	}
+	return d.IsDir() && looksLikeGitDirPath(path)
 }
