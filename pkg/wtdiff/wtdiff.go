@@ -154,6 +154,9 @@ func Diff(before, after *Snapshot) Summary {
 	touch := func(rel, change string) {
 		root := worktreeguard.GuardedRoot(rel)
 		if root == "" {
+			root = nestedRepoRoot(rel, before, after)
+		}
+		if root == "" {
 			return
 		}
 		if root != rel {
@@ -192,9 +195,17 @@ func Diff(before, after *Snapshot) Summary {
 	slices.Sort(paths)
 	sum.AgentConfigCount = len(paths)
 	for _, p := range paths[:min(len(paths), maxListed)] {
-		sum.AgentConfig = append(sum.AgentConfig, Change{Path: p, Change: roots[p], Why: worktreeguard.Why(p)})
+		sum.AgentConfig = append(sum.AgentConfig, Change{Path: p, Change: roots[p], Why: why(p, before, after)})
 	}
 	return sum
+}
+
+// why says why a listed root is agent config.
+func why(p string, before, after *Snapshot) string {
+	if w := worktreeguard.Why(p); w != "" || nestedRepoRoot(p, before, after) != p {
+		return w
+	}
+	return nestedWhy
 }
 
 func join(rel, name string) string {
