@@ -190,11 +190,11 @@ func (g *git) stage(ctx context.Context) error {
 	var created []string
 	for _, n := range nested {
 		if _, ok := links[n]; !ok {
-			created = append(created, n)
+			created = append(created, n+"/.git")
 		}
 	}
 	if len(created) > 0 {
-		return fmt.Errorf("the worktree holds nested repositories the index does not know (%s): the sealed commit never reads a repository the turn made; remove their .git, or review and commit them by hand", strings.Join(created, ", "))
+		return fmt.Errorf("the worktree holds nested repositories the index does not know (%s): the sealed commit never reads a repository the turn made; they stay with the task's user, so the owner's git refuses them too; review them as root, then remove them, or chown them to the owner and commit by hand", strings.Join(created, ", "))
 	}
 	if len(links) > 0 {
 		var in strings.Builder

@@ -315,7 +315,7 @@ func TestCommitNeverReadsNestedRepositories(t *testing.T) {
 	assert.NilError(t, os.WriteFile(filepath.Join(made, "HEAD"), []byte("ref: refs/heads/main\n"), 0o644))
 	assert.NilError(t, os.Symlink(secret, filepath.Join(made, "refs", "heads", "main")))
 	_, err := Commit(context.Background(), wt, "turn 2", author)
-	assert.ErrorContains(t, err, "nested repositories the index does not know (made)")
+	assert.ErrorContains(t, err, "nested repositories the index does not know (made/.git)")
 
 	// Positive control: plain git add hangs on the FIFO.
 	naive := exec.Command("timeout", "3", "git", "add", "-A")
