@@ -39,6 +39,9 @@ type WorktreeReport struct {
 	GivenBack  int     `json:"given_back"`
 	Skipped    int     `json:"skipped"`
 	GiveBackMs float64 `json:"give_back_ms"`
+	// KeptNestedRepos lists the nested git repositories left with the
+	// task's user (mounts.GiveBack): the owner's git refuses them.
+	KeptNestedRepos []string `json:"kept_nested_repos,omitempty"`
 }
 
 // claimPath names a worktree's claim by the directory's device and inode,
@@ -168,7 +171,7 @@ func (r *Runner) giveBackWorktree(task taskid.ID, worktree string) (*WorktreeRep
 	}
 	start := time.Now()
 	gb, err := mounts.GiveBack(worktree, int(c.UID), int(c.GID), ids.UID, ids.UID+taskstate.SlotSize)
-	rep := &WorktreeReport{Path: worktree, OwnerUID: c.UID, OwnerGID: c.GID, GivenBack: gb.Changed, Skipped: gb.Skipped, GiveBackMs: ms(time.Since(start))}
+	rep := &WorktreeReport{Path: worktree, OwnerUID: c.UID, OwnerGID: c.GID, GivenBack: gb.Changed, Skipped: gb.Skipped, GiveBackMs: ms(time.Since(start)), KeptNestedRepos: gb.KeptPaths}
 	if errors.Is(err, syscall.ENOENT) {
 		return rep, nil // the worktree itself is gone: nothing to give back
 	}
