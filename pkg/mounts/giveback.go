@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 
 	"golang.org/x/sys/unix"
 )
@@ -50,6 +51,7 @@ func GiveBack(dir string, uid, gid int, lo, hi uint32) (GiveBackReport, error) {
 	if err := g.dir(fd, "", 0); err != nil {
 		return rep, fmt.Errorf("give worktree %s back: %w", dir, err)
 	}
+	slices.Sort(rep.KeptPaths)
 	if st.Uid >= lo && st.Uid < hi {
 		if err := unix.Fchown(fd, uid, gid); err != nil {
 			return rep, fmt.Errorf("give worktree %s back: %w", dir, err)
