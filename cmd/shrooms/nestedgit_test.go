@@ -213,3 +213,62 @@ printf 'gitdir: ../payload\n' > /work/ptr/.git
 	vectors(t, home, filepath.Join(wt, "ptr"))
 	assert.DeepEqual(t, fired(t, markers), []string{"alias-ptr", "fsmonitor-ptr", "hook-ptr", "pager-ptr", "ssh-ptr"})
 }
+
+// TestNestedRepoStaysTheCagesOnEveryExit: the turn plants a nested
+// repository and is then stopped by SIGTERM, or killed with -9 and cleaned
+// up by gc or by the task's next run: every path gives the worktree back
+// and leaves the repository with the task's user; the owner's git status
+// runs no fsmonitor in it.
+func TestNestedRepoStaysTheCagesOnEveryExit(t *testing.T) {
+	e, client := integration(t, "")
+	wt, home, markers := ownedRepo(t)
+	task := e.task("nestexit")
+	for i, how := range []string{"sigterm", "kill-gc", "kill-run"} {
+		dir := fmt.Sprintf("r%d", i)
+		cmd := e.command("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c",
+			plantRepo(markers)+fmt.Sprintf("mkdir -p /work/%[1]s && plant %[1]s/.git %[1]s && echo up && sleep 600", dir))
+		stdout, err := cmd.StdoutPipe()
+		assert.NilError(t, err)
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		assert.NilError(t, cmd.Start())
+		_, err = stdout.Read(make([]byte, 3))
+		assert.NilError(t, err, stderr.String())
+		if how == "sigterm" {
+			assert.NilError(t, cmd.Process.Signal(syscall.SIGTERM))
+		} else {
+			assert.NilError(t, cmd.Process.Kill())
+		}
+		_ = cmd.Wait()
+		if how != "sigterm" {
+			fi, err := os.Lstat(wt)
+			assert.NilError(t, err)
+			assert.Assert(t, fi.Sys().(*syscall.Stat_t).Uid != ownerUID, "positive control: kill -9 leaves the worktree with the task")
+		}
+		switch how {
+		case "kill-gc":
+			code, _, stderr := e.shrooms("gc")
+			assert.Equal(t, code, 0, stderr)
+		case "kill-run":
+			code, _, stderr := e.shrooms("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "true")
+			assert.Equal(t, code, 0, stderr)
+		}
+		waitTaskIdle(filepath.Join(e.dir, "state"), task)
+		assert.Equal(t, e.cagesOf(client, task), 0, how)
+		for _, p := range []string{".", dir} {
+			fi, err := os.Lstat(filepath.Join(wt, p))
+			assert.NilError(t, err)
+			assert.Equal(t, fi.Sys().(*syscall.Stat_t).Uid, uint32(ownerUID), "%s: %s is given back", how, p)
+		}
+		fi, err := os.Lstat(filepath.Join(wt, dir, ".git"))
+		assert.NilError(t, err)
+		assert.Assert(t, fi.Sys().(*syscall.Stat_t).Uid != ownerUID, "%s: the nested .git was handed to the owner", how)
+		assert.Equal(t, fi.Mode().Perm()&0o007, os.FileMode(0), how)
+		ownerGit(t, home, filepath.Join(wt, dir), nil, "status")
+		assert.DeepEqual(t, fired(t, markers), []string(nil))
+	}
+	// Positive control: chowned to the owner, the last one runs fsmonitor.
+	assert.NilError(t, chownR(filepath.Join(wt, "r2", ".git"), ownerUID))
+	ownerGit(t, home, filepath.Join(wt, "r2"), nil, "status")
+	assert.DeepEqual(t, fired(t, markers), []string{"fsmonitor-r2"})
+}
