@@ -12,6 +12,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/safetext"
 	"github.com/shrooms-cage/shrooms/pkg/task"
 )
 
@@ -225,7 +226,8 @@ A task's first turn records them as the owner's trusted version; in every
 later turn, any of them that differs is masked in the cage (the trusted
 bytes, or an empty file or directory, mounted read-only over it) and listed
 in the result's worktree_guard. "trust" records the current version: of all
-of them, or only of the worktree-relative PATHs given. --worktree moves the
+of them, or only of the worktree-relative PATHs given, as shrooms shows them
+(escaped: a backslash doubled, \u202e for U+202E…). --worktree moves the
 task to another worktree (all of its config is then trusted as it is).`,
 		Flags: []cli.Flag{
 			taskFlag(),
@@ -237,7 +239,11 @@ task to another worktree (all of its config is then trusted as it is).`,
 				return err
 			}
 			defer stop()
-			res, err := r.Trust(ctx, c.String("task"), c.String("worktree"), c.Args().Slice())
+			paths, err := shownPaths(c.Args().Slice())
+			if err != nil {
+				return fail(ExitUsage, err)
+			}
+			res, err := r.Trust(ctx, c.String("task"), c.String("worktree"), paths)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
@@ -334,4 +340,18 @@ func resetCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// shownPaths turns PATHs as shrooms shows them (safetext.Escape) back into
+// the names they show.
+func shownPaths(args []string) ([]string, error) {
+	out := make([]string, 0, len(args))
+	for _, a := range args {
+		p, err := safetext.Unescape(a)
+		if err != nil {
+			return nil, fmt.Errorf("PATH %s: give it as shrooms shows it (escaped): %w", a, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }

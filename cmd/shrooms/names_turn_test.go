@@ -70,6 +70,19 @@ mkdir -p "/work/i${LRI}x${PDI}/.git" "/work/r${RAW}/.git"
 	check("turn 3 text", code, stdout, stderr)
 	assert.Assert(t, is.Contains(stderr, `x\u202egpj.sh/CLAUDE.md`))
 
+	// The owner trusts a path by the name shrooms showed: it is no longer
+	// masked; the others still are.
+	code, stdout, stderr = e.shrooms("trust", "--task", task, `x\u202egpj.sh/CLAUDE.md`)
+	assert.Equal(t, code, 0, stderr)
+	check("trust", code, stdout, stderr)
+	assert.Assert(t, is.Contains(stdout, `trusted x\u202egpj.sh/CLAUDE.md`))
+	code, stdout, stderr = e.shrooms("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "true")
+	assert.Equal(t, code, 0, stderr)
+	assert.Assert(t, !strings.Contains(stderr, "gpj.sh"), stderr)
+	assert.Assert(t, is.Contains(stderr, `a\u009b2J/.claude`), stderr)
+	code, _, stderr = e.shrooms("trust", "--task", task, `bad\q`)
+	assert.Equal(t, code, ExitUsage, stderr)
+
 	// A guarded path with raw C1 bytes and an escape sequence.
 	code, stdout, stderr = e.shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", hostileNames+`
 mkdir -p "/work/q${RAW}${ESC}" && echo evil > "/work/q${RAW}${ESC}/CLAUDE.md"`)
