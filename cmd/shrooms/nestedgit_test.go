@@ -195,7 +195,7 @@ printf 'gitdir: ../payload\n' > /work/ptr/.git
 
 	code, _, stderr = e.shrooms("commit", "--task", task, "-m", "agent work")
 	assert.Assert(t, code != 0)
-	assert.Assert(t, is.Contains(stderr, "ptr/.git, sub/.git"), stderr)
+	assert.Assert(t, is.Contains(stderr, "(payload, ptr/.git, sub/.git)"), stderr)
 
 	// A later turn and its give-back leave them so too.
 	code, _, stderr = e.shrooms("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "cat /work/sub/.git/HEAD")

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -183,9 +184,15 @@ func (g *git) stage(ctx context.Context) error {
 			links[path] = f[0] + " " + f[1]
 		}
 	}
-	nested, err := nestedRepos(ctx, g.l.Worktree)
+	nested, bare, err := nestedRepos(ctx, g.l.Worktree)
 	if err != nil {
 		return err
+	}
+	tracked := map[string]bool{}
+	for _, e := range strings.Split(ls, "\x00") {
+		if _, path, ok := strings.Cut(e, "\t"); ok {
+			tracked[path] = true
+		}
 	}
 	var created []string
 	for _, n := range nested {
@@ -193,6 +200,15 @@ func (g *git) stage(ctx context.Context) error {
 			created = append(created, n+"/.git")
 		}
 	}
+	// A git directory laid out in the tree (a bare repository) that the
+	// index does not track: committed, it would be the owner's in every
+	// checkout, and git there runs its config.
+	for _, b := range bare {
+		if !tracked[b+"/HEAD"] {
+			created = append(created, b)
+		}
+	}
+	slices.Sort(created)
 	if len(created) > 0 {
 		return fmt.Errorf("the worktree holds nested repositories the index does not know (%s): the sealed commit never reads a repository the turn made; they stay with the task's user, so the owner's git refuses them too; review them as root, then remove them, or chown them to the owner and commit by hand", strings.Join(created, ", "))
 	}

@@ -15,11 +15,14 @@ const maxNestedWalk = 4_000_000
 
 // nestedRepos lists the worktree-relative directories below the worktree
 // that hold an entry named .git (of any type: directory, file, link, FIFO),
-// without following a link, opening a file or descending into them.
-func nestedRepos(ctx context.Context, worktree string) ([]string, error) {
+// and (bare) those laid out as a git directory themselves (HEAD with
+// objects and refs, or with commondir: git discovers such a directory as a
+// bare repository and runs its config), without following a link, opening
+// a file or descending into them.
+func nestedRepos(ctx context.Context, worktree string) (repos, bare []string, err error) {
 	fd, err := unix.Open(worktree, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("scan worktree for nested repositories: %w", err)
+		return nil, nil, fmt.Errorf("scan worktree for nested repositories: %w", err)
 	}
 	root := os.NewFile(uintptr(fd), worktree)
 	defer root.Close()
@@ -50,9 +53,16 @@ func nestedRepos(ctx context.Context, worktree string) ([]string, error) {
 			if rel != "" {
 				child = rel + "/" + e.Name()
 			}
-			var st unix.Stat_t
-			if err := unix.Fstatat(int(dir.Fd()), e.Name()+"/.git", &st, unix.AT_SYMLINK_NOFOLLOW); err == nil {
+			has := func(name string) bool {
+				var st unix.Stat_t
+				return unix.Fstatat(int(dir.Fd()), e.Name()+"/"+name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil
+			}
+			if has(".git") {
 				out = append(out, child)
+				continue
+			}
+			if has("HEAD") && ((has("objects") && has("refs")) || has("commondir")) {
+				bare = append(bare, child)
 				continue
 			}
 			sfd, err := unix.Openat2(int(dir.Fd()), e.Name(), &unix.OpenHow{
@@ -75,7 +85,7 @@ func nestedRepos(ctx context.Context, worktree string) ([]string, error) {
 		return nil
 	}
 	if err := walk(root, "", 0); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return out, nil
+	return out, bare, nil
 }
