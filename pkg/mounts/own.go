@@ -12,7 +12,8 @@ import (
 // OwnWorktree gives the worktree to the task's agent (host uid, gid) so the
 // cage's non-root user can write it, when its root is not already theirs.
 // The git metadata (.git) is left as it is: root-owned, the cage cannot
-// write it. The walk follows no symbolic link and stays on the worktree's
+// write it. So are nested git repositories (nested.go): the cage cannot
+// change the owner's in place. The walk follows no symbolic link and stays on the worktree's
 // filesystem. It reports whether it changed anything.
 //
 // It runs before the task's cage starts, under the task lock, so no cage of
