@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"testing"
 )
@@ -48,4 +49,39 @@ func (c *chunked) Read(p []byte) (int, error) {
 	copy(p, c.b[:n])
 	c.b = c.b[n:]
 	return n, nil
+}
+
+// FuzzCheckBody: whatever the agent sends, the request check never panics,
+// and a body it accepts is one JSON object in which a generic decoder (the
+// provider's view, exact keys) finds no mcp_servers, no container and no
+// tool with a type other than "custom".
+func FuzzCheckBody(f *testing.F) {
+	for _, c := range serverSide {
+		f.Add([]byte(c.body))
+	}
+	f.Add([]byte(`{"model":"m","tools":[{"name":"a"}],"tools":[{"type":"web_fetch_20250910"}]}`))
+	f.Add([]byte(`{"tools":[{"type":"custom","Type":"web_search_20250305"}]}`))
+	f.Add([]byte(`{"mcp\u005fservers":[]}`))
+	f.Add([]byte(`{"tools":[{"name":"Bash","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"{\"mcp_servers\":1}"}]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if (Policy{}).checkBody(body) != nil {
+			return
+		}
+		var top map[string]any
+		if err := json.Unmarshal(body, &top); err != nil {
+			t.Fatalf("accepted a body that is not one JSON object: %v", err)
+		}
+		for _, k := range []string{"mcp_servers", "container"} {
+			if _, ok := top[k]; ok {
+				t.Fatalf("accepted %s", k)
+			}
+		}
+		tools, _ := top["tools"].([]any)
+		for _, tl := range tools {
+			m, _ := tl.(map[string]any)
+			if ty, ok := m["type"]; ok && ty != "custom" {
+				t.Fatalf("accepted a tool of type %v", ty)
+			}
+		}
+	})
 }

@@ -256,6 +256,7 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 		p.gateway = &gateway.Config{
 			API: g.cfg.API, Upstream: g.upstream, Key: g.key, OAuth: g.oauth, Placeholder: placeholder,
 			MaxRequests: g.cfg.MaxRequests, MaxOutputTokens: g.cfg.MaxOutputTokens,
+			Policy: gateway.Policy{AllowBetas: g.cfg.AllowBetas, AllowServerTools: g.cfg.AllowServerTools},
 		}
 		// The agent talks to the gateway on its own loopback, with a
 		// placeholder that is worthless anywhere else.
