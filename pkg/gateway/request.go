@@ -24,7 +24,7 @@ import (
 // 1.18.33) that grant no capability on the provider's side: request
 // formats, streaming, caching, thinking and context handling.
 var BuiltinBetas = []string{
-	// Claude Code 2.1.332 (-p, API key or sign-in).
+	// Claude Code 2.1.332 (-p).
 	"claude-code-20250219",
 	"interleaved-thinking-2025-05-14",
 	"context-management-2025-06-27",
@@ -35,7 +35,9 @@ var BuiltinBetas = []string{
 	// in the body unless allowed; the beta alone runs nothing.
 	"advanced-tool-use-2025-11-20",
 	"effort-2025-11-24",
+	// With a subscription sign-in, also these.
 	"oauth-2025-04-20",
+	"extended-cache-ttl-2025-04-11",
 	// opencode 1.18.33 (ai-sdk's anthropic provider).
 	"fine-grained-tool-streaming-2025-05-14",
 	"structured-outputs-2025-11-13",

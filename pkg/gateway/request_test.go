@@ -244,6 +244,7 @@ func TestRequestsTheAgentsSendPass(t *testing.T) {
 	for _, c := range []struct{ body, beta string }{
 		{`{"model":"m","max_tokens":10,"stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"\"mcp_servers\":[] {\"type\":\"web_fetch_20250910\"}"}]}],"tools":[{"name":"Bash","description":"d","input_schema":{"type":"object","properties":{"type":{"type":"string"}}}}],"metadata":{"user_id":"u"},"thinking":{"type":"enabled","budget_tokens":1024},"context_management":{"edits":[]},"output_config":{"effort":"high"},"system":[{"type":"text","text":"s"}]}`,
 			"claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27,per-turn-control-2026-07-01,mid-conversation-tool-changes-2026-07-01,thinking-token-count-2026-05-13,advanced-tool-use-2025-11-20,effort-2025-11-24"},
+		{`{"model":"m","max_tokens":10,"messages":[]}`, "claude-code-20250219,oauth-2025-04-20,interleaved-thinking-2025-05-14,extended-cache-ttl-2025-04-11"},
 		{`{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"custom","name":"bash","input_schema":{}}],"tool_choice":{"type":"auto"}}`,
 			"structured-outputs-2025-11-13,interleaved-thinking-2025-05-14,fine-grained-tool-streaming-2025-05-14"},
 		{`{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305","name":"web_search"}]}`, ""},
@@ -253,7 +254,7 @@ func TestRequestsTheAgentsSendPass(t *testing.T) {
 	}
 	resp, b := clientPost(t, gw, ph, `{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_tool_20250305","name":"x"}]}`, nil)
 	assert.Equal(t, resp.StatusCode, http.StatusForbidden, string(b))
-	assert.Equal(t, g.Usage().Requests, int64(3))
+	assert.Equal(t, g.Usage().Requests, int64(4))
 }
 
 // TestRefusesBodiesItCannotRead: what the gateway cannot read as one JSON

@@ -111,7 +111,7 @@ func (f *pipeEngine) Create(_ context.Context, s *specgen.SpecGenerator) (string
 	defer f.mu.Unlock()
 	f.specs = append(f.specs, s)
 	id := "id-" + s.Name
-	f.cages = append(f.cages, podman.Cage{ID: id, Name: s.Name, Labels: s.Labels, State: "created"})
+	f.cages = append(f.cages, podman.Cage{ID: id, Name: s.Name, Labels: s.Labels, State: "created", Image: strings.Repeat("ab", 32)})
 	return id, nil
 }
 

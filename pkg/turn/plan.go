@@ -96,6 +96,8 @@ type prepared struct {
 	// once the cage is gone so no copy outlives the turn.
 	secrets []string
 	reset   *homereset.Report
+	// image is the id of the image a prepared cage was created from.
+	image string
 	// detach is set once the turn's exit code is known and Runner.Detach
 	// will take the teardown.
 	detach bool
