@@ -42,7 +42,9 @@ type Gateway struct {
 	// AllowServerTools are capabilities the provider runs on its side with
 	// the owner's key, refused unless listed: a server tool type
 	// ("web_search_20250305") or its family ("web_search"), "mcp_servers",
-	// "container". Each is an egress path that network.policy does not see.
+	// "container", "url_sources" or "file_sources" (images and documents the
+	// provider fetches). Each is an egress path that network.policy does
+	// not see.
 	AllowServerTools []string `toml:"allow_server_tools"`
 }
 

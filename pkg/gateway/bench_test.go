@@ -116,7 +116,9 @@ func BenchmarkStream64MiB(b *testing.B) {
 
 // benchBody is a Messages request of about size bytes shaped like an agent
 // turn's: a long history of text and tool results, and a dozen tools.
-func benchBody(size int) []byte {
+// With escapes, its tool output has \u escapes (terminal colours): the
+// check then walks the content blocks.
+func benchBody(size int, escapes bool) []byte {
 	var b strings.Builder
 	b.WriteString(`{"model":"m","max_tokens":1,"stream":false,"tools":[`)
 	for i := 0; i < 12; i++ {
@@ -126,7 +128,11 @@ func benchBody(size int) []byte {
 		fmt.Fprintf(&b, `{"name":"tool%d","description":"%s","input_schema":{"type":"object","properties":{"command":{"type":"string"}}}}`, i, strings.Repeat("d", 2000))
 	}
 	b.WriteString(`],"messages":[`)
-	msg := `{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"` + strings.Repeat(`line of output \"quoted\" \u00e9\n`, 100) + `"}]},` +
+	line := `line of output \"quoted\" é\n`
+	if escapes {
+		line = `line of output \"quoted\" \u001b[31mred\u001b[0m\n`
+	}
+	msg := `{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"` + strings.Repeat(line, 100) + `"}]},` +
 		`{"role":"assistant","content":[{"type":"text","text":"` + strings.Repeat("word ", 200) + `"},{"type":"tool_use","id":"t","name":"tool1","input":{"command":"ls -la"}}]}`
 	for first := true; b.Len() < size; first = false {
 		if !first {
@@ -154,13 +160,18 @@ func BenchmarkRequestCheck(b *testing.B) {
 	go func() { _ = srv.Serve(ln) }()
 	b.Cleanup(func() { srv.Close() })
 	u, _ := url.Parse("http://" + ln.Addr().String())
-	for _, size := range []int{1 << 20, 20 << 20} {
-		body := benchBody(size)
+	for _, c := range []struct {
+		size    int
+		escapes bool
+	}{{1 << 20, false}, {1 << 20, true}, {20 << 20, false}, {20 << 20, true}} {
+		size := c.size
+		body := benchBody(size, c.escapes)
+		kind := map[bool]string{false: "plain", true: "escapes"}[c.escapes]
 		if err := (Policy{}).checkBody(body); err != nil {
 			b.Fatal(err)
 		}
 		for _, check := range []bool{false, true} {
-			name := fmt.Sprintf("%dMiB/forward", size>>20)
+			name := fmt.Sprintf("%dMiB-%s/forward", size>>20, kind)
 			if check {
 				name += "+check"
 			}
@@ -194,7 +205,7 @@ func BenchmarkRequestCheck(b *testing.B) {
 				}
 			})
 		}
-		b.Run(fmt.Sprintf("%dMiB/check-only", size>>20), func(b *testing.B) {
+		b.Run(fmt.Sprintf("%dMiB-%s/check-only", size>>20, kind), func(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			for i := 0; i < b.N; i++ {
 				if err := (Policy{}).checkBody(body); err != nil {

