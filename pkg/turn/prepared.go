@@ -24,6 +24,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 )
 
 // Where a prepared cage finds shrooms and its argv.
@@ -294,7 +295,7 @@ type provenance struct{ image, seccomp, tokens string }
 // provenance is what a cage created now for p would take in. With create,
 // the task's digest key is made when it is missing.
 func (r *Runner) provenance(task string, in *checked, p *prepared, create bool) (provenance, error) {
-	seccompDigest, err := profileDigest(p.spec.SeccompProfilePath)
+	seccompDigest, err := r.seccompDigest(p.spec.SeccompProfilePath)
 	if err != nil {
 		return provenance{}, err
 	}
@@ -316,6 +317,17 @@ func (r *Runner) sameProvenance(task string, in *checked, p *prepared, c podman.
 	// what podman resolved at its create.
 	return c.Image == now.image && c.Labels[labelImage] == now.image &&
 		c.Labels[labelSeccomp] == now.seccomp && c.Labels[labelTokens] == now.tokens
+}
+
+// seccompDigest is the digest of the profile a cage created now gets: the
+// built-in one is this binary's (a turn installs it before its create),
+// whatever the state dir's copy holds.
+func (r *Runner) seccompDigest(path string) (string, error) {
+	if r.Cfg.Cage.Seccomp == "shrooms" {
+		sum := sha256.Sum256(seccomp.Profile())
+		return "sha256:" + hex.EncodeToString(sum[:]), nil
+	}
+	return profileDigest(path)
 }
 
 // maxProfile bounds the seccomp profile read for its digest.
