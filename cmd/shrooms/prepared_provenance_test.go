@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
@@ -39,23 +38,16 @@ type markedImages struct {
 func newMarkedImages(t *testing.T) *markedImages {
 	m := &markedImages{t: t, name: "localhost/" + itest.UniqueName("pv") + ":latest"}
 	dir := t.TempDir()
-	tmp := itest.UniqueName("pvexport")
-	podmanCLI(t, "create", "--name", tmp, itest.TestImage)
-	defer func() {
-		// Podman 4.3 fails while any other container's netns goes
-		// (podman#16140): ask again for a while.
-		var out []byte
-		var err error
-		for i := 0; i < 50; i++ {
-			if out, err = exec.Command("podman", "--url", itest.Socket(), "rm", "-f", tmp).CombinedOutput(); err == nil {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		t.Errorf("podman rm %s: %v %s", tmp, err, out)
-	}()
+	// The test image's one layer, from a saved archive (no container is
+	// made for it).
+	archive := filepath.Join(dir, "image.tar")
+	podmanCLI(t, "save", "--format", "docker-archive", "-o", archive, itest.TestImage)
+	var manifest []struct{ Layers []string }
+	assert.NilError(t, json.Unmarshal(tarEntry(t, archive, "manifest.json"), &manifest))
+	assert.Equal(t, len(manifest), 1)
+	assert.Equal(t, len(manifest[0].Layers), 1, "the test image has one layer")
 	m.rootfs = filepath.Join(dir, "rootfs.tar")
-	podmanCLI(t, "export", "-o", m.rootfs, tmp)
+	assert.NilError(t, os.WriteFile(m.rootfs, tarEntry(t, archive, manifest[0].Layers[0]), 0o600))
 	// After every cage of the test is gone (cleanups run last first).
 	t.Cleanup(func() {
 		for _, id := range m.ids {
@@ -63,6 +55,24 @@ func newMarkedImages(t *testing.T) *markedImages {
 		}
 	})
 	return m
+}
+
+// tarEntry is the content of the entry named name in the tar file path.
+func tarEntry(t *testing.T, path, name string) []byte {
+	t.Helper()
+	f, err := os.Open(path)
+	assert.NilError(t, err)
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		assert.NilError(t, err, "no %s in %s", name, path)
+		if h.Name == name {
+			b, err := io.ReadAll(tr)
+			assert.NilError(t, err)
+			return b
+		}
+	}
 }
 
 func (m *markedImages) build(mark string) string {
