@@ -226,8 +226,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		r = r.WithContext(context.WithValue(r.Context(), bearerKey{}, access))
 	}
-	r.Body = io.NopCloser(bytes.NewReader(body))
-	r.ContentLength = int64(len(body))
+	r.Body, r.ContentLength = http.NoBody, 0
+	if len(body) > 0 {
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	}
 	g.proxy.ServeHTTP(w, r)
 }
 
