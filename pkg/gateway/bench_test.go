@@ -116,9 +116,10 @@ func BenchmarkStream64MiB(b *testing.B) {
 
 // benchBody is a Messages request of about size bytes shaped like an agent
 // turn's: a long history of text and tool results, and a dozen tools.
-// With escapes, its tool output has \u escapes (terminal colours): the
-// check then walks the content blocks.
-func benchBody(size int, escapes bool) []byte {
+// With images, each tool result has a small base64 image (a "source" key):
+// the check then walks the content blocks. Tool output has terminal
+// colours (\u001b escapes) either way.
+func benchBody(size int, images bool) []byte {
 	var b strings.Builder
 	b.WriteString(`{"model":"m","max_tokens":1,"stream":false,"tools":[`)
 	for i := 0; i < 12; i++ {
@@ -128,11 +129,12 @@ func benchBody(size int, escapes bool) []byte {
 		fmt.Fprintf(&b, `{"name":"tool%d","description":"%s","input_schema":{"type":"object","properties":{"command":{"type":"string"}}}}`, i, strings.Repeat("d", 2000))
 	}
 	b.WriteString(`],"messages":[`)
-	line := `line of output \"quoted\" é\n`
-	if escapes {
-		line = `line of output \"quoted\" \u001b[31mred\u001b[0m\n`
+	line := `line of output \"quoted\" é \u001b[31mred\u001b[0m\n`
+	image := ""
+	if images {
+		image = `,{"type":"image","source":{"type":"base64","media_type":"image/png","data":"` + strings.Repeat("iVBORw0KGgo", 20) + `"}}`
 	}
-	msg := `{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"` + strings.Repeat(line, 100) + `"}]},` +
+	msg := `{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"` + strings.Repeat(line, 100) + `"}` + image + `]},` +
 		`{"role":"assistant","content":[{"type":"text","text":"` + strings.Repeat("word ", 200) + `"},{"type":"tool_use","id":"t","name":"tool1","input":{"command":"ls -la"}}]}`
 	for first := true; b.Len() < size; first = false {
 		if !first {
@@ -161,12 +163,12 @@ func BenchmarkRequestCheck(b *testing.B) {
 	b.Cleanup(func() { srv.Close() })
 	u, _ := url.Parse("http://" + ln.Addr().String())
 	for _, c := range []struct {
-		size    int
-		escapes bool
+		size   int
+		images bool
 	}{{1 << 20, false}, {1 << 20, true}, {20 << 20, false}, {20 << 20, true}} {
 		size := c.size
-		body := benchBody(size, c.escapes)
-		kind := map[bool]string{false: "plain", true: "escapes"}[c.escapes]
+		body := benchBody(size, c.images)
+		kind := map[bool]string{false: "text", true: "images"}[c.images]
 		if err := (Policy{}).checkBody(body); err != nil {
 			b.Fatal(err)
 		}

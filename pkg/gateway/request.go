@@ -177,20 +177,41 @@ func (p Policy) checkTools(dec *json.Decoder) error {
 var fetchedSources = map[string]string{"url": "url_sources", "file": "file_sources"}
 
 // checkContent reads a messages or system value. Its content blocks are
-// walked only when a "source" key may be there (the literal, or a \u
-// escape that could spell it): most requests have none, and the walk
-// costs several times the plain syntax check.
+// walked only when a "source" key may be there: most requests have none,
+// and the walk costs several times the plain syntax check.
 func (p Policy) checkContent(dec *json.Decoder, key string) error {
 	var raw json.RawMessage
 	if err := dec.Decode(&raw); err != nil {
 		return refused("the request body is not JSON: %s", oneLine(err))
 	}
-	if !bytes.Contains(raw, []byte(`"source"`)) && !bytes.Contains(raw, []byte(`\u`)) {
+	if !maySpellSource(raw) {
 		return nil
 	}
 	inner := json.NewDecoder(bytes.NewReader(raw))
 	inner.UseNumber()
 	return p.walk(inner, key)
+}
+
+// maySpellSource reports whether raw (valid JSON) may hold the key
+// "source": literally, or with a letter of it written as a \u escape
+// (\u0073 s, \u006f o, \u0075 u, \u0072 r, \u0063 c, \u0065 e; no other
+// escape decodes to a letter). Other escapes, such as a terminal colour's
+// \u001b in a tool's output, do not need the walk.
+func maySpellSource(raw []byte) bool {
+	if bytes.Contains(raw, []byte(`"source"`)) {
+		return true
+	}
+	for rest := raw; ; {
+		i := bytes.Index(rest, []byte(`\u00`))
+		if i < 0 || i+6 > len(rest) {
+			return false
+		}
+		hi, lo := rest[i+4], rest[i+5]|0x20 // hex digits are either case
+		if hi == '7' && (lo == '3' || lo == '5' || lo == '2') || hi == '6' && (lo == 'f' || lo == '3' || lo == '5') {
+			return true
+		}
+		rest = rest[i+4:]
+	}
 }
 
 // walk reads one value, refusing a "source" object whose type the provider

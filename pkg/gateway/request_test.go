@@ -190,6 +190,7 @@ var serverSide = []struct {
 	{name: "image by url", body: `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"https://attacker.example/?secret=1"}}]}]}`, allowTool: "url_sources"},
 	{name: "document by url in a tool result", body: `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"document","source":{"url":"https://attacker.example/x.pdf","type":"url"}}]}]}]}`, allowTool: "url_sources"},
 	{name: "escaped source key", body: `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":[{"type":"image","sour\u0063e":{"type":"\u0075rl","url":"https://attacker.example/"}}]}]}`, allowTool: "url_sources"},
+	{name: "all escaped", body: `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":[{"type":"text","text":"\u001b[0m"},{"type":"image","\u0073\u006F\u0075\u0072\u0063\u0065":{"type":"url","url":"https://attacker.example/"}}]}]}`, allowTool: "url_sources"},
 	{name: "file in system", body: `{"model":"m","max_tokens":10,"system":[{"type":"document","source":{"type":"file","file_id":"file_011"}}],"messages":[]}`, allowTool: "file_sources"},
 	{name: "mcp with its beta", body: `{"model":"m","max_tokens":10,"messages":[],"mcp_servers":[]}`, beta: "mcp-client-2025-04-04", allowTool: "mcp_servers", allowBeta: "mcp-client-2025-04-04"},
 }
@@ -290,4 +291,18 @@ func TestRefusesBodiesItCannotRead(t *testing.T) {
 	assert.Equal(t, resp.StatusCode, http.StatusForbidden, string(b))
 	assert.Equal(t, len(up.bodies), 0)
 	assert.Equal(t, g.Usage().Requests, int64(0))
+}
+
+// TestMaySpellSource: every way to write the key "source" takes the walk;
+// a request whose only escapes are terminal colours does not.
+func TestMaySpellSource(t *testing.T) {
+	for _, raw := range []string{`{"source":1}`, `{"\u0073ource":1}`, `{"s\u006Furce":1}`, `{"so\u0075rce":1}`, `{"sou\u0072ce":1}`, `{"sour\u0063e":1}`, `{"sourc\u0065":1}`, `{"\u0073\u006f\u0075\u0072\u0063\u0065":1}`} {
+		assert.Assert(t, maySpellSource([]byte(raw)), raw)
+		var m map[string]int
+		assert.NilError(t, json.Unmarshal([]byte(raw), &m))
+		assert.Equal(t, m["source"], 1, raw)
+	}
+	for _, raw := range []string{`{"text":"\u001b[31mred\u001b[0m \"source\" here"}`, `{"sources":1}`, `{"Source":"\u00e9"}`} {
+		assert.Assert(t, !maySpellSource([]byte(raw)), raw)
+	}
 }
