@@ -166,6 +166,8 @@ mount. Serves until SIGTERM.`,
 			&cli.StringFlag{Name: "key-file", Required: true, Usage: "`FILE` holding the real key"},
 			&cli.StringFlag{Name: "placeholder-env", Required: true, Usage: "environment `VAR` holding the per-turn placeholder"},
 			&cli.StringFlag{Name: "listen", Value: fmt.Sprintf("127.0.0.1:%d", gateway.Port), Usage: "`ADDR` to listen on"},
+			&cli.StringSliceFlag{Name: "allow-beta", Usage: "forward anthropic-beta `VALUE` too (gateway.NAME.allow_betas)"},
+			&cli.StringSliceFlag{Name: "allow-server-tool", Usage: "forward server-side `CAPABILITY` (gateway.NAME.allow_server_tools)"},
 		},
 		Action: func(c *cli.Context) error {
 			u, err := url.Parse(c.String("upstream"))
@@ -176,7 +178,8 @@ mount. Serves until SIGTERM.`,
 			if err != nil {
 				return fail(ExitUsage, fmt.Errorf("gateway: key: %w", err))
 			}
-			g, err := gateway.New(gateway.Config{API: c.String("api"), Upstream: u, Key: bytes.TrimSpace(key), Placeholder: os.Getenv(c.String("placeholder-env"))})
+			g, err := gateway.New(gateway.Config{API: c.String("api"), Upstream: u, Key: bytes.TrimSpace(key), Placeholder: os.Getenv(c.String("placeholder-env")),
+				Policy: gateway.Policy{AllowBetas: c.StringSlice("allow-beta"), AllowServerTools: c.StringSlice("allow-server-tool")}})
 			if err != nil {
 				return fail(ExitUsage, err)
 			}

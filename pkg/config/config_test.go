@@ -101,7 +101,7 @@ func TestExampleConfigIsValidAndComplete(t *testing.T) {
 	for _, key := range []string{"socket", "dir", "image", "memory", "pids", "cpus", "nofile", "nproc", "timeout",
 		"stop_grace", "tmp_size", "run_size", "tmp_exec", "subid_user", "user", "seccomp", "hostname_format", "prepare_next",
 		"policy", "name", "bridge", "subnet4", "subnet6", "allow", "volume_prefix", "root", "command", "env", "home", "token_env", "gateway", "api", "upstream", "token",
-		"max_requests", "max_output_tokens", "auth", "token_url", "client_id"} {
+		"max_requests", "max_output_tokens", "auth", "token_url", "client_id", "allow_betas", "allow_server_tools"} {
 		assert.Assert(t, strings.Contains(string(data), key+" ="), "config.example.toml does not document %q", key)
 	}
 	assert.Assert(t, strings.Contains(string(data), "\nlan ="), "config.example.toml does not document network.lan")

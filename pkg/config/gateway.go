@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net/url"
+	"regexp"
 	"slices"
 )
 
@@ -34,6 +35,32 @@ type Gateway struct {
 	// limit).
 	MaxRequests     int64 `toml:"max_requests"`
 	MaxOutputTokens int64 `toml:"max_output_tokens"`
+	// AllowBetas are anthropic-beta values forwarded beyond the gateway's
+	// built-in list (betas the pinned agents send that grant no capability
+	// on the provider's side); any other beta is refused (HTTP 403).
+	AllowBetas []string `toml:"allow_betas"`
+	// AllowServerTools are capabilities the provider runs on its side with
+	// the owner's key, refused unless listed: a server tool type
+	// ("web_search_20250305") or its family ("web_search"), "mcp_servers",
+	// "container", "url_sources" or "file_sources" (images and documents the
+	// provider fetches). Each is an egress path that network.policy does
+	// not see.
+	AllowServerTools []string `toml:"allow_server_tools"`
+}
+
+// gatewayAllowItem is one allow_betas or allow_server_tools entry.
+var gatewayAllowItem = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,99}$`)
+
+func validateGatewayAllow(key string, list []string) error {
+	for i, v := range list {
+		if !gatewayAllowItem.MatchString(v) {
+			return &Error{Key: fmt.Sprintf("%s[%d]", key, i), Msg: fmt.Sprintf("%q is not a beta or tool name (1-100 of a-z 0-9 _ . -)", v)}
+		}
+		if slices.Index(list, v) != i {
+			return &Error{Key: fmt.Sprintf("%s[%d]", key, i), Msg: fmt.Sprintf("%q listed twice", v)}
+		}
+	}
+	return nil
 }
 
 // GatewayAPIs are the protocols a [gateway.NAME] table may name.
@@ -77,6 +104,12 @@ func (c *Config) validateGateways() error {
 		}
 		if g.MaxRequests < 0 || g.MaxOutputTokens < 0 {
 			return &Error{Key: key, Msg: "max_requests and max_output_tokens must be 0 (no limit) or positive"}
+		}
+		if err := validateGatewayAllow(key+".allow_betas", g.AllowBetas); err != nil {
+			return err
+		}
+		if err := validateGatewayAllow(key+".allow_server_tools", g.AllowServerTools); err != nil {
+			return err
 		}
 	}
 	return nil

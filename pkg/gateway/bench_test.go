@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -109,6 +110,110 @@ func BenchmarkStream64MiB(b *testing.B) {
 				n = benchRequest(b, client, target, key, false)
 			}
 			b.SetBytes(n)
+		})
+	}
+}
+
+// benchBody is a Messages request of about size bytes shaped like an agent
+// turn's: a long history of text and tool results, and a dozen tools.
+// With images, each tool result has a small base64 image (a "source" key):
+// the check then walks the content blocks. Tool output has terminal
+// colours (\u001b escapes) either way.
+func benchBody(size int, images bool) []byte {
+	var b strings.Builder
+	b.WriteString(`{"model":"m","max_tokens":1,"stream":false,"tools":[`)
+	for i := 0; i < 12; i++ {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, `{"name":"tool%d","description":"%s","input_schema":{"type":"object","properties":{"command":{"type":"string"}}}}`, i, strings.Repeat("d", 2000))
+	}
+	b.WriteString(`],"messages":[`)
+	line := `line of output \"quoted\" é \u001b[31mred\u001b[0m\n`
+	image := ""
+	if images {
+		image = `,{"type":"image","source":{"type":"base64","media_type":"image/png","data":"` + strings.Repeat("iVBORw0KGgo", 20) + `"}}`
+	}
+	msg := `{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":"` + strings.Repeat(line, 100) + `"}` + image + `]},` +
+		`{"role":"assistant","content":[{"type":"text","text":"` + strings.Repeat("word ", 200) + `"},{"type":"tool_use","id":"t","name":"tool1","input":{"command":"ls -la"}}]}`
+	for first := true; b.Len() < size; first = false {
+		if !first {
+			b.WriteString(",")
+		}
+		b.WriteString(msg)
+	}
+	b.WriteString(`]}`)
+	return []byte(b.String())
+}
+
+// BenchmarkRequestCheck: a 1 MiB and a 20 MiB request sent through the
+// gateway, with its body check and without (the same gateway, reading the
+// body whole either way), and the check alone.
+func BenchmarkRequestCheck(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"type":"message","model":"m","usage":{"input_tokens":1,"output_tokens":1}}`)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	b.Cleanup(func() { srv.Close() })
+	u, _ := url.Parse("http://" + ln.Addr().String())
+	for _, c := range []struct {
+		size   int
+		images bool
+	}{{1 << 20, false}, {1 << 20, true}, {20 << 20, false}, {20 << 20, true}} {
+		size := c.size
+		body := benchBody(size, c.images)
+		kind := map[bool]string{false: "text", true: "images"}[c.images]
+		if err := (Policy{}).checkBody(body); err != nil {
+			b.Fatal(err)
+		}
+		for _, check := range []bool{false, true} {
+			name := fmt.Sprintf("%dMiB-%s/forward", size>>20, kind)
+			if check {
+				name += "+check"
+			}
+			b.Run(name, func(b *testing.B) {
+				ph, _ := NewPlaceholder()
+				g, err := New(Config{API: "anthropic", Upstream: u, Key: []byte(realKey), Placeholder: ph})
+				if err != nil {
+					b.Fatal(err)
+				}
+				g.noBodyCheck = !check
+				gl, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					b.Fatal(err)
+				}
+				g.Serve(gl)
+				b.Cleanup(func() { g.Close() })
+				client := &http.Client{Transport: &http.Transport{}}
+				b.SetBytes(int64(len(body)))
+				for i := 0; i < b.N; i++ {
+					req, _ := http.NewRequest(http.MethodPost, "http://"+gl.Addr().String()+"/v1/messages", bytes.NewReader(body))
+					req.Header.Set("X-Api-Key", ph)
+					resp, err := client.Do(req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						b.Fatalf("status %d", resp.StatusCode)
+					}
+				}
+			})
+		}
+		b.Run(fmt.Sprintf("%dMiB-%s/check-only", size>>20, kind), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for i := 0; i < b.N; i++ {
+				if err := (Policy{}).checkBody(body); err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
 	}
 }

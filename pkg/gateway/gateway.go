@@ -10,7 +10,11 @@
 package gateway
 
 import (
+	"bufio"
 	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"compress/zlib"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -58,6 +62,9 @@ type Config struct {
 	MaxRequests     int64
 	MaxOutputTokens int64
 	OnLimit         func(reason string)
+	// Policy is what requests may ask of the provider beyond the built-in
+	// set (betas, server-side tools).
+	Policy Policy
 	// Transport overrides the upstream transport (tests).
 	Transport http.RoundTripper
 }
@@ -82,6 +89,10 @@ type Gateway struct {
 	cfg   Config
 	proxy *httputil.ReverseProxy
 	srv   *http.Server
+
+	// noBodyCheck skips the request body's check (benchmarks only: its
+	// cost against plain forwarding).
+	noBodyCheck bool
 
 	mu      sync.Mutex
 	usage   Usage
@@ -129,10 +140,18 @@ func New(cfg Config) (*Gateway, error) {
 		FlushInterval: -1, // stream every write: SSE reaches the agent as it comes
 		ModifyResponse: func(resp *http.Response) error {
 			resp.Header.Del("Set-Cookie")
+			if err := decodeBody(resp); err != nil {
+				return err
+			}
 			resp.Body = &usageReader{body: resp.Body, g: g, sse: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), length: resp.ContentLength}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			var enc *encodingError
+			if errors.As(err, &enc) {
+				apiError(w, http.StatusBadGateway, "api_error", "shrooms gateway: "+enc.Error())
+				return
+			}
 			apiError(w, http.StatusBadGateway, "api_error", "shrooms gateway: upstream unreachable: "+oneLine(err))
 		},
 	}
@@ -184,6 +203,17 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusForbidden, "permission_error", fmt.Sprintf("shrooms gateway: %s %s is not an API path this gateway forwards", r.Method, r.URL.Path))
 		return
 	}
+	body, err := g.readRequest(w, r)
+	if err != nil {
+		g.refuse()
+		var ref *refusal
+		if errors.As(err, &ref) {
+			apiError(w, http.StatusForbidden, "permission_error", "shrooms gateway: "+ref.msg)
+			return
+		}
+		apiError(w, http.StatusBadRequest, "invalid_request_error", "shrooms gateway: "+oneLine(err))
+		return
+	}
 	if reason := g.admit(); reason != "" {
 		apiError(w, http.StatusTooManyRequests, "rate_limit_error", "shrooms gateway: "+reason)
 		return
@@ -196,8 +226,36 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		r = r.WithContext(context.WithValue(r.Context(), bearerKey{}, access))
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, maxRequestBody)
+	r.Body, r.ContentLength = http.NoBody, 0
+	if len(body) > 0 {
+		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	}
 	g.proxy.ServeHTTP(w, r)
+}
+
+// readRequest reads the whole request body and checks it and its betas
+// against the policy: nothing is forwarded before the gateway has read it.
+func (g *Gateway) readRequest(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	if err := g.cfg.Policy.checkBetas(r.Header); err != nil {
+		return nil, err
+	}
+	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return nil, refused("a request body with Content-Encoding %q is not read", printable(ce))
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
+	if err != nil {
+		return nil, fmt.Errorf("request body: %w", err)
+	}
+	if r.Method != http.MethodPost {
+		if len(body) != 0 {
+			return nil, refused("a %s request has no body", r.Method)
+		}
+		return body, nil
+	}
+	if g.noBodyCheck {
+		return body, nil
+	}
+	return body, g.cfg.Policy.checkBody(body)
 }
 
 // bearerKey carries a request's upstream access token to rewrite.
@@ -259,6 +317,9 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	out.URL.RawPath = ""
 	out.URL.RawQuery = pr.In.URL.RawQuery
 	out.Host = up.Host
+	// Usage and limits are read from the answer: it comes uncompressed.
+	out.Header.Set("Accept-Encoding", "identity")
+	out.Header.Del("Content-Encoding")
 	for _, h := range []string{"Authorization", "X-Api-Key", "Cookie", "Proxy-Authorization", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip"} {
 		out.Header.Del(h)
 	}
@@ -425,3 +486,85 @@ func Preflight(ctx context.Context, upstream *url.URL) error {
 	}
 	return c.Close()
 }
+
+// decodeBody makes the answer's body plain bytes for the usage count: the
+// gateway asks for identity, but an upstream may compress anyway. gzip and
+// deflate are decoded here; any other encoding fails the request (the
+// gateway would count nothing of it).
+func decodeBody(resp *http.Response) error {
+	ce := strings.ToLower(strings.TrimSpace(resp.Header.Get("Content-Encoding")))
+	var dec io.ReadCloser
+	switch ce {
+	case "", "identity":
+		return nil
+	case "gzip", "x-gzip":
+		dec = &gzipBody{body: resp.Body}
+	case "deflate":
+		dec = &deflateBody{body: resp.Body}
+	default:
+		resp.Body.Close()
+		return &encodingError{ce}
+	}
+	resp.Body = dec
+	resp.Header.Del("Content-Encoding")
+	resp.Header.Del("Content-Length")
+	resp.ContentLength = -1
+	resp.Uncompressed = true
+	return nil
+}
+
+// encodingError is an answer in an encoding the gateway cannot read.
+type encodingError struct{ encoding string }
+
+func (e *encodingError) Error() string {
+	return fmt.Sprintf("the answer has Content-Encoding %q, which the gateway cannot read to count usage", printable(e.encoding))
+}
+
+// gzipBody decodes a gzip body lazily: its header is read on the first
+// Read, so a stream's first event is not waited for here.
+type gzipBody struct {
+	body io.ReadCloser
+	zr   *gzip.Reader
+	err  error
+}
+
+func (b *gzipBody) Read(p []byte) (int, error) {
+	if b.zr == nil && b.err == nil {
+		b.zr, b.err = gzip.NewReader(b.body)
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	return b.zr.Read(p)
+}
+
+func (b *gzipBody) Close() error { return b.body.Close() }
+
+// deflateBody decodes HTTP's deflate: zlib-wrapped as RFC 9110 says, or raw
+// DEFLATE as some servers send it.
+type deflateBody struct {
+	body io.ReadCloser
+	r    io.Reader
+	err  error
+}
+
+func (b *deflateBody) Read(p []byte) (int, error) {
+	if b.r == nil && b.err == nil {
+		br := bufio.NewReader(b.body)
+		head, err := br.Peek(2)
+		switch {
+		case err != nil:
+			b.err = err
+		case head[0]&0x0f == 8 && (uint16(head[0])<<8|uint16(head[1]))%31 == 0:
+			b.r, b.err = zlib.NewReader(br)
+		default:
+			b.r = flate.NewReader(br)
+		}
+	}
+	if b.err != nil {
+		return 0, b.err
+	}
+	return b.r.Read(p)
+}
+
+func (b *deflateBody) Close() error { return b.body.Close() }

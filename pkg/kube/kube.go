@@ -390,7 +390,7 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 			Name:          "gateway",
 			Image:         in.ShroomsImage,
 			Command:       []string{ShroomsPath},
-			Args:          []string{"kube", "gateway", "--api", gw.API, "--upstream", gw.Upstream, "--key-file", GatewayKeyDir + "/key", "--placeholder-env", "SHROOMS_PLACEHOLDER"},
+			Args:          gatewayArgs(gw),
 			Env:           []corev1.EnvVar{{Name: "SHROOMS_PLACEHOLDER", Value: in.Placeholder}},
 			RestartPolicy: &always,
 			SecurityContext: &corev1.SecurityContext{
@@ -585,4 +585,16 @@ func allPortsBut(except []int32) []networkingv1.NetworkPolicyPort {
 		out = append(out, port(proto, from, 65535))
 	}
 	return out
+}
+
+// gatewayArgs is the gateway sidecar's command line.
+func gatewayArgs(gw *config.Gateway) []string {
+	args := []string{"kube", "gateway", "--api", gw.API, "--upstream", gw.Upstream, "--key-file", GatewayKeyDir + "/key", "--placeholder-env", "SHROOMS_PLACEHOLDER"}
+	for _, b := range gw.AllowBetas {
+		args = append(args, "--allow-beta", b)
+	}
+	for _, t := range gw.AllowServerTools {
+		args = append(args, "--allow-server-tool", t)
+	}
+	return args
 }

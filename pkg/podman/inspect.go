@@ -20,7 +20,7 @@ func (c *Client) CageNamed(ctx context.Context, name string) (*Cage, error) {
 		}
 		return nil, fmt.Errorf("inspect cage %s: %s", name, oneLine(err))
 	}
-	cg := &Cage{ID: data.ID, Name: data.Name}
+	cg := &Cage{ID: data.ID, Name: data.Name, Image: data.Image}
 	if data.State != nil {
 		cg.State = data.State.Status
 	}

@@ -425,6 +425,9 @@ type Cage struct {
 	Name   string
 	State  string
 	Labels map[string]string
+	// Image is the id of the image the cage was created from (CageNamed
+	// only; podman resolved its name then).
+	Image string
 }
 
 // ListByLabel lists all containers (running or not) carrying label=value.

@@ -47,6 +47,10 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		}
 	}()
 	c.lap("create")
+	if err := r.ranImage(ctx, id, p, res); err != nil {
+		res.Error = err.Error()
+		return res, err
+	}
 
 	deadline := r.timeout(req)
 	timeoutCtx, cancel := context.WithTimeout(ctx, deadline)

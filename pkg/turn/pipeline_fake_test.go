@@ -43,6 +43,8 @@ type pipeEngine struct {
 	secrets map[string][]byte
 	// everSecrets are all secrets ever put.
 	everSecrets []string
+	// createdImage, when set, is the image id Create resolves ("-": none).
+	createdImage string
 }
 
 func newPipeEngine() *pipeEngine {
@@ -111,7 +113,15 @@ func (f *pipeEngine) Create(_ context.Context, s *specgen.SpecGenerator) (string
 	defer f.mu.Unlock()
 	f.specs = append(f.specs, s)
 	id := "id-" + s.Name
-	f.cages = append(f.cages, podman.Cage{ID: id, Name: s.Name, Labels: s.Labels, State: "created"})
+	image := strings.Repeat("ab", 32)
+	switch f.createdImage {
+	case "":
+	case "-":
+		image = ""
+	default:
+		image = f.createdImage
+	}
+	f.cages = append(f.cages, podman.Cage{ID: id, Name: s.Name, Labels: s.Labels, State: "created", Image: image})
 	return id, nil
 }
 

@@ -96,6 +96,8 @@ type prepared struct {
 	// once the cage is gone so no copy outlives the turn.
 	secrets []string
 	reset   *homereset.Report
+	// image is the id of the image a prepared cage was created from.
+	image string
 	// detach is set once the turn's exit code is known and Runner.Detach
 	// will take the teardown.
 	detach bool
@@ -256,6 +258,7 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 		p.gateway = &gateway.Config{
 			API: g.cfg.API, Upstream: g.upstream, Key: g.key, OAuth: g.oauth, Placeholder: placeholder,
 			MaxRequests: g.cfg.MaxRequests, MaxOutputTokens: g.cfg.MaxOutputTokens,
+			Policy: gateway.Policy{AllowBetas: g.cfg.AllowBetas, AllowServerTools: g.cfg.AllowServerTools},
 		}
 		// The agent talks to the gateway on its own loopback, with a
 		// placeholder that is worthless anywhere else.

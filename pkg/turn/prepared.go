@@ -2,10 +2,16 @@ package turn
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -18,6 +24,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 )
 
 // Where a prepared cage finds shrooms and its argv.
@@ -31,6 +38,12 @@ const (
 	LabelPrepared = "io.shrooms.prepared"
 	labelSpec     = "io.shrooms.spec"
 	labelBaseline = "io.shrooms.baseline"
+	// What a cage takes in when it is created and keeps whatever changes
+	// after: the image (podman resolves its name at create), the seccomp
+	// profile's content (read at create) and the token secrets' values.
+	labelImage   = "io.shrooms.image"
+	labelSeccomp = "io.shrooms.seccomp"
+	labelTokens  = "io.shrooms.tokens"
 )
 
 // PrepareNext does everything of the task's next turn that can be done
@@ -71,6 +84,14 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 	p.spec.Labels[LabelPrepared] = "1"
 	p.spec.Labels[labelSpec] = hash
 	p.spec.Labels[labelBaseline] = p.reset.BaselineDigest
+	prov, err := r.provenance(req.Task, in, p, true)
+	if err != nil {
+		r.removeSecrets(p.secrets)
+		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
+	p.spec.Labels[labelImage] = prov.image
+	p.spec.Labels[labelSeccomp] = prov.seccomp
+	p.spec.Labels[labelTokens] = prov.tokens
 	if r.OnSpec != nil {
 		r.OnSpec(p.spec)
 	}
@@ -206,6 +227,12 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 	if err != nil || rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0 || rep.BaselineDigest != c.Labels[labelBaseline] {
 		return nil, nil
 	}
+	// The cage must run what a fresh one would: the image, seccomp profile
+	// and tokens as they are now, not as they were when it was created.
+	if !r.sameProvenance(req.Task, in, p, c) {
+		return nil, nil
+	}
+	p.image = c.Image
 	// The turn reports what the preparation's reset removed (this
 	// check's dry run finds nothing by construction).
 	p.reset = rep
@@ -220,12 +247,15 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 // TaskDir is the task's directory in the state directory.
 func (r *Runner) TaskDir(task string) string { return r.Cfg.State.Dir + "/tasks/" + task }
 
+// preparedLabels are the labels a prepared cage gets beyond its spec's.
+var preparedLabels = []string{LabelPrepared, labelSpec, labelBaseline, labelImage, labelSeccomp, labelTokens}
+
 // specHash identifies a prepared cage's spec, its own labels aside.
 func specHash(s *specgen.SpecGenerator) (string, error) {
 	c := *s
 	c.Labels = map[string]string{}
 	for k, v := range s.Labels {
-		if k != LabelPrepared && k != labelSpec && k != labelBaseline {
+		if !slices.Contains(preparedLabels, k) {
 			c.Labels[k] = v
 		}
 	}
@@ -256,4 +286,158 @@ func writeArgvFile(path string, argv []string) error {
 		return fmt.Errorf("argv file: %w", err)
 	}
 	return f.Close()
+}
+
+// provenance is what a cage took in when it was created: the image id, the
+// seccomp profile's digest and a keyed digest of the token secrets.
+type provenance struct{ image, seccomp, tokens string }
+
+// provenance is what a cage created now for p would take in. With create,
+// the task's digest key is made when it is missing.
+func (r *Runner) provenance(task string, in *checked, p *prepared, create bool) (provenance, error) {
+	seccompDigest, err := r.seccompDigest(p.spec.SeccompProfilePath)
+	if err != nil {
+		return provenance{}, err
+	}
+	key, err := tokenKey(r.TaskDir(task), create)
+	if err != nil {
+		return provenance{}, err
+	}
+	return provenance{image: in.image.ID, seccomp: seccompDigest, tokens: tokensDigest(key, p.Plan.secrets)}, nil
+}
+
+// sameProvenance reports whether prepared cage c was created from what a
+// fresh cage for p would take in now; a mismatch or any doubt discards it.
+func (r *Runner) sameProvenance(task string, in *checked, p *prepared, c podman.Cage) bool {
+	now, err := r.provenance(task, in, p, false)
+	if err != nil || now.image == "" || now.seccomp == "" || now.tokens == "" {
+		return false
+	}
+	// The label says what was checked at preparation, the cage's own image
+	// what podman resolved at its create.
+	return c.Image == now.image && c.Labels[labelImage] == now.image &&
+		c.Labels[labelSeccomp] == now.seccomp && c.Labels[labelTokens] == now.tokens
+}
+
+// seccompDigest is the digest of the profile a cage created now gets: the
+// built-in one is this binary's (a turn installs it before its create),
+// whatever the state dir's copy holds.
+func (r *Runner) seccompDigest(path string) (string, error) {
+	if r.Cfg.Cage.Seccomp == "shrooms" {
+		sum := sha256.Sum256(seccomp.Profile())
+		return "sha256:" + hex.EncodeToString(sum[:]), nil
+	}
+	return profileDigest(path)
+}
+
+// maxProfile bounds the seccomp profile read for its digest.
+const maxProfile = 16 << 20
+
+// profileDigest is the sha256 of the seccomp profile file's content
+// ("podman-default" for podman's built-in profile).
+func profileDigest(path string) (string, error) {
+	if path == "" {
+		return "podman-default", nil
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return "", fmt.Errorf("seccomp profile: %w", err)
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return "", fmt.Errorf("seccomp profile %s is not a regular file", path)
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, io.LimitReader(f, maxProfile+1))
+	if err != nil {
+		return "", fmt.Errorf("seccomp profile: %w", err)
+	}
+	if n > maxProfile {
+		return "", fmt.Errorf("seccomp profile %s is larger than %d bytes", path, maxProfile)
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// tokenKeyFile holds the task's key for the token digests on prepared
+// cages' labels: a label anyone who can list containers reads must not be
+// a plain hash a short token could be guessed from.
+const tokenKeyFile = "prepared-token-key"
+
+// tokenKey returns the task's digest key, made (32 random bytes) when it is
+// missing and create is set.
+func tokenKey(taskDir string, create bool) ([]byte, error) {
+	path := filepath.Join(taskDir, tokenKeyFile)
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, fs.ErrNotExist) && create {
+		key := make([]byte, 32)
+		if _, err := rand.Read(key); err != nil {
+			return nil, fmt.Errorf("token digest key: %w", err)
+		}
+		return key, writeKey(path, key)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("token digest key: %w", err)
+	}
+	defer f.Close()
+	key := make([]byte, 33)
+	n, err := io.ReadFull(f, key)
+	if n != 32 || !errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, fmt.Errorf("token digest key %s: not 32 bytes", path)
+	}
+	return key[:32], nil
+}
+
+func writeKey(path string, key []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("token digest key: %w", err)
+	}
+	if _, err := f.Write(key); err != nil {
+		f.Close()
+		return fmt.Errorf("token digest key: %w", err)
+	}
+	return f.Close()
+}
+
+// tokensDigest is an HMAC of the secrets' names and values.
+func tokensDigest(key []byte, secrets map[string][]byte) string {
+	m := hmac.New(sha256.New, key)
+	for _, name := range slices.Sorted(maps.Keys(secrets)) {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(secrets[name])))
+		m.Write([]byte(name))
+		m.Write([]byte{0})
+		m.Write(n[:])
+		m.Write(secrets[name])
+	}
+	return "hmac-sha256:" + hex.EncodeToString(m.Sum(nil))
+}
+
+// ranImage puts the image the cage was created from in the result: podman
+// resolves the image's name at create, which may be after the check named
+// another image under it. A cage whose image cannot be told fails the turn.
+func (r *Runner) ranImage(ctx context.Context, id string, p *prepared, res *Result) error {
+	ran := p.image
+	if ran == "" {
+		c, err := r.Podman.CageNamed(ctx, id)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		}
+		if c == nil || c.Image == "" {
+			return fmt.Errorf("%w: cage %s: podman does not say which image it was created from", ErrHostNotReady, id)
+		}
+		ran = c.Image
+	}
+	if res.Image != nil && res.Image.ID == ran {
+		return nil
+	}
+	img := podman.Image{ID: ran}
+	if res.Image != nil {
+		img.Name = res.Image.Name
+	}
+	if i, err := r.Podman.InspectImage(ctx, ran); err == nil {
+		img.Digest = i.Digest
+	}
+	res.Image = &img
+	return nil
 }
