@@ -218,7 +218,7 @@ func openPendings(ctx context.Context, root, task string, lim Limits) (*pendings
 	}
 	var turns []int
 	for _, n := range names {
-		if t, err := strconv.Atoi(n); err == nil && t > 0 && strconv.Itoa(t) == n {
+		if t, err := strconv.Atoi(n); err == nil && t >= 0 && strconv.Itoa(t) == n {
 			turns = append(turns, t)
 		}
 	}

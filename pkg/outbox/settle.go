@@ -43,7 +43,7 @@ func Settle(ctx context.Context, root, task string, turn int, lim Limits, nss ..
 	if _, err := taskid.Parse(task); err != nil {
 		return nil, err
 	}
-	if turn < 1 {
+	if turn < 0 {
 		return nil, fmt.Errorf("outbox of task %s: turn %d is no turn", task, turn)
 	}
 	if err := checkLimits(lim); err != nil {
