@@ -182,6 +182,7 @@ type pendingTurn struct {
 	turn    int
 	files   int // its pinned files directory, -1 for none
 	dropped []Rejected
+	more    int // dropped entries not listed in the record
 	w       *walker
 }
 
@@ -208,6 +209,10 @@ func openPendings(ctx context.Context, root, task string, lim Limits) (*pendings
 	}
 	if err != nil {
 		cancel()
+		var st unix.Stat_t
+		if unix.Lstat(p.dir, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			return nil, fmt.Errorf("pending deliveries %s are a symbolic link (refused, not followed)", p.dir)
+		}
 		return nil, fmt.Errorf("pending deliveries %s: %w", p.dir, explain(err))
 	}
 	defer unix.Close(pfd)
@@ -254,6 +259,7 @@ func openTurn(pfd int, dir string, turn int) (pendingTurn, error) {
 		r.Turn, r.Dropped = turn, true
 		pt.dropped = append(pt.dropped, r)
 	}
+	pt.more = m.MoreRejected
 	fd, err := unix.Openat2(pfd, name+"/"+FilesDir, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveIn})
 	if err == nil {
 		pt.files = fd
@@ -280,6 +286,7 @@ func (p *pendings) walk(d *delivery) error {
 		for _, r := range pt.dropped {
 			t.reject(r)
 		}
+		t.rep.MoreRejected += pt.more
 		if pt.files < 0 {
 			continue
 		}
