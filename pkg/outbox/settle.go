@@ -231,6 +231,8 @@ type Summary struct {
 	Files   int    `json:"files"`
 	Bytes   int64  `json:"bytes"`
 	Dropped int    `json:"dropped"`
+	// MoveMs is how long the move took.
+	MoveMs float64 `json:"moveMs"`
 	// Error is why the outbox could not be moved (it stays as it is, and no
 	// turn of the task starts until it is moved or released).
 	Error string `json:"error,omitempty"`

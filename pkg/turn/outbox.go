@@ -69,14 +69,16 @@ func (r *Runner) settleOutbox(ctx context.Context, res *Result) {
 	}
 	start := time.Now()
 	m, err := r.host().SettleOutbox(ctx, r.Cfg.Outbox.Root, res.Task, last, outbox.LimitsFrom(r.Cfg.Outbox))
-	res.Phases = append(res.Phases, Phase{Name: "outbox", Ms: ms(time.Since(start))})
 	switch {
 	case err != nil:
 		res.Outbox = &outbox.Summary{Turn: last, Error: err.Error()}
 	case m != nil:
 		s := m.Summarize()
 		res.Outbox = &s
+	default:
+		return
 	}
+	res.Outbox.MoveMs = ms(time.Since(start))
 }
 
 // SettleOutbox moves what the task's last turn left in its outbox to its
