@@ -29,7 +29,7 @@ func toolOutput(t *testing.T, reqs []modelapi.Request) string {
 		i := strings.LastIndex(b, "OUTBOX-BEGIN\\n")
 		j := strings.LastIndex(b, "OUTBOX-END fs=")
 		if i >= 0 && j > i {
-			end := strings.Index(b[j:], "\\n")
+			end := strings.IndexAny(b[j:], "\\\"")
 			if end < 0 {
 				end = len(b) - j
 			}
