@@ -155,3 +155,28 @@ func TestOutboxAfterKilledTurn(t *testing.T) {
 	}
 	assert.Equal(t, e.cagesOf(client, task), 0)
 }
+
+// TestPreparedCageNeedsItsOutbox: a cage prepared ahead was given the
+// outbox tmpfs mounted at its preparation; once that is gone (here
+// `outbox release`; a reboot does the same) starting the cage would bind
+// the bare directory, so the turn discards it and runs in a fresh cage with
+// a fresh capped outbox. (TestOutboxIsOneWay is the positive control: with
+// its outbox in place the prepared cage is taken.)
+func TestPreparedCageNeedsItsOutbox(t *testing.T) {
+	e, client := integration(t, "")
+	task := e.task("obprep")
+	code, _, stderr := e.shrooms("run", "--prepare-next=true", "--task", task, "--agent", "shell", "--", "-c", "true")
+	assert.Equal(t, code, 0, stderr)
+	assert.Equal(t, e.cagesOf(client, task), 1, "the next cage is prepared")
+	code, _, stderr = e.shrooms("outbox", "release", "--task", task)
+	assert.Equal(t, code, 0, stderr)
+	code, stdout, stderr := e.shrooms("--json", "run", "--prepare-next=false", "--task", task, "--agent", "shell", "--", "-c", `echo "FS=$(stat -f -c %T /outbox)"`)
+	assert.Equal(t, code, 0, stderr)
+	var r struct {
+		Prepared bool `json:"prepared"`
+	}
+	resultOf(t, stdout, &r)
+	assert.Assert(t, !r.Prepared, "the prepared cage ran without its outbox")
+	assert.Assert(t, is.Contains(stdout, "FS=tmpfs"), stdout)
+	assert.Equal(t, e.cagesOf(client, task), 0)
+}
