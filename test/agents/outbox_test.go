@@ -84,8 +84,10 @@ var opencodeOutbox = outboxAgent{
 	first:   func(p string) []string { return []string{"--format", "json", p} },
 	session: opencodeSession,
 	resume:  func(s, p string) []string { return []string{"--format", "json", "--session", s, p} },
-	bare:    func(s, p string) []string { return []string{"opencode", "run", "--auto", "--format", "json", "--session", s, p} },
-	envs:    []string{"npm_config_offline=true"},
+	bare: func(s, p string) []string {
+		return []string{"opencode", "run", "--auto", "--format", "json", "--session", s, p}
+	},
+	envs: []string{"npm_config_offline=true"},
 }
 
 // TestClaudeOutboxIsOneWay and TestOpencodeOutboxIsOneWay: the real agent's
