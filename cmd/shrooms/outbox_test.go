@@ -75,13 +75,15 @@ func TestOutboxIsOneWay(t *testing.T) {
 		var r1 struct {
 			Turn   int `json:"turn"`
 			Outbox struct {
-				Turn    int    `json:"turn"`
-				Files   int    `json:"files"`
-				Dropped int    `json:"dropped"`
-				Pending string `json:"pending"`
+				Turn    int     `json:"turn"`
+				Files   int     `json:"files"`
+				Dropped int     `json:"dropped"`
+				Pending string  `json:"pending"`
+				MoveMs  float64 `json:"move_ms"`
 			} `json:"outbox"`
 		}
 		resultOf(t, stdout, &r1)
+		t.Logf("prepare_next=%s: turn 1's outbox (%d files, 1 dropped) moved in %.1f ms", prepare, r1.Outbox.Files, r1.Outbox.MoveMs)
 		assert.Equal(t, r1.Outbox.Turn, 1)
 		assert.Equal(t, r1.Outbox.Files, 3, "%+v", r1.Outbox)
 		assert.Equal(t, r1.Outbox.Dropped, 1)
