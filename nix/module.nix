@@ -272,7 +272,9 @@ in
         default = "/var/lib/shrooms/outbox";
         description = ''
           Directory under which each task's outbox (`<root>/<task>`, mounted at
-          /outbox in the cage as a size-capped tmpfs while a turn runs) lives.
+          /outbox in the cage as a fresh size-capped tmpfs while a turn runs)
+          and its pending deliveries (`<root>/.pending/<task>/<turn>/`, what
+          each turn left there, root-only until `shrooms outbox collect`) live.
           Created at boot by systemd-tmpfiles with the owner and mode below. It
           must not contain symbolic links. Becomes `outbox.root`.
         '';

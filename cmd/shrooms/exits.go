@@ -64,7 +64,14 @@ func taskFlag() cli.Flag {
 func outboxCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "outbox",
-		Usage: "the task's outbox (/outbox in the cage): list, collect, release",
+		Usage: "the task's pending deliveries (what its turns left in /outbox): list, collect, release",
+		Description: `/outbox is one-way: every turn starts with an empty, size-capped tmpfs
+there, and what the turn put in it is moved out of every cage's reach when
+it ends, into <outbox.root>/.pending/<task>/<turn>/ (regular files only,
+copied through pinned file descriptors; links, FIFOs, devices, bad names and
+files past the [outbox] limits are dropped and listed). A turn whose shrooms
+was killed is moved by the next run or gc. These commands work on the
+pending deliveries, oldest turn first.`,
 		Subcommands: []*cli.Command{
 			{
 				Name:  "list",
@@ -85,11 +92,12 @@ func outboxCommand() *cli.Command {
 			},
 			{
 				Name:  "collect",
-				Usage: "move the outbox's valid regular files into a delivery directory with a manifest",
+				Usage: "move the pending deliveries' files into a delivery directory with a manifest",
 				Description: `Copies regular files only, through pinned file descriptors (openat2,
 no symlinks, no magic links), with normalised modes and no xattrs, within the
-[outbox] limits; writes manifest.json (name, size, sha256) last. Refused
-entries stay in the outbox and are listed with the reason.`,
+[outbox] limits, to <DIR>/files/<turn>/<name>; writes manifest.json (turn,
+name, path, size, sha256; and what was dropped at each turn's end) last.
+Files past the limits stay pending and are listed with the reason.`,
 				Flags: []cli.Flag{taskFlag(), &cli.StringFlag{Name: "to", Usage: "delivery `DIR` (new or empty; default <state.dir>/deliveries/<task>/<time>)"}},
 				Action: func(c *cli.Context) error {
 					r, ctx, stop, err := runnerFor(c, checkTask(c))
@@ -106,7 +114,7 @@ entries stay in the outbox and are listed with the reason.`,
 			},
 			{
 				Name:  "release",
-				Usage: "unmount the task's outbox, discarding what is left in it",
+				Usage: "discard the task's pending deliveries, and unmount its outbox wherever it is still mounted",
 				Flags: []cli.Flag{taskFlag()},
 				Action: func(c *cli.Context) error {
 					r, _, stop, err := runnerFor(c, checkTask(c))
@@ -139,16 +147,23 @@ func printOutbox(c *cli.Context, rep *outbox.Report, delivered bool) error {
 		textf(w, "delivery %s (manifest %s)\n", rep.Delivery, rep.Manifest)
 	}
 	for _, f := range rep.Files {
-		textf(w, "  %s %s  %d bytes  %s\n", verb, f.Name, f.Size, f.SHA256)
+		textf(w, "  %s %s (turn %d)  %d bytes  %s\n", verb, f.Name, f.Turn, f.Size, f.SHA256)
 	}
 	for _, r := range rep.Rejected {
-		textf(w, "  refused \"%s\": %s\n", r.Name, r.Reason)
+		if r.Dropped {
+			textf(w, "  refused \"%s\" (turn %d, dropped at its end): %s\n", r.Name, r.Turn, r.Reason)
+		} else {
+			textf(w, "  refused \"%s\" (turn %d, stays pending): %s\n", r.Name, r.Turn, r.Reason)
+		}
 	}
 	if rep.MoreRejected > 0 {
 		textf(w, "  … and %d more refused\n", rep.MoreRejected)
 	}
 	for _, l := range rep.Left {
-		textf(w, "  delivered but left in the outbox \"%s\": %s\n", l.Name, l.Reason)
+		textf(w, "  delivered but left pending \"%s\" (turn %d): %s\n", l.Name, l.Turn, l.Reason)
+	}
+	if len(rep.Files) == 0 && len(rep.Rejected) == 0 {
+		textln(w, "  nothing pending")
 	}
 	return nil
 }

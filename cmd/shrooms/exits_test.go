@@ -71,7 +71,7 @@ echo planted > /home/agent/.bashrc
 	assert.NilError(t, json.Unmarshal([]byte(stdout), &rep))
 	assert.Equal(t, len(rep.Files), 1)
 	assert.Equal(t, rep.Files[0].Name, "report.txt")
-	got, err := os.ReadFile(filepath.Join(to, "files", "report.txt"))
+	got, err := os.ReadFile(filepath.Join(to, "files", "1", "report.txt"))
 	assert.NilError(t, err)
 	assert.Equal(t, string(got), "report\n")
 	_, err = os.Stat(filepath.Join(to, "manifest.json"))

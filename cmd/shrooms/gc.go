@@ -7,7 +7,7 @@ import (
 func gcCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "gc",
-		Usage: "remove cages a crashed shrooms left behind, give their worktrees back and release idle HOME mounts (running turns are kept)",
+		Usage: "remove cages a crashed shrooms left behind, give their worktrees back, move their outboxes to the pending deliveries and release idle HOME mounts (running turns are kept)",
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runner(c)
 			if err != nil {
@@ -30,6 +30,9 @@ func gcCommand() *cli.Command {
 			}
 			for _, l := range rep.Released {
 				textln(c.App.Writer, "  released HOME "+l)
+			}
+			for _, o := range rep.Outboxes {
+				textln(c.App.Writer, "  moved the outbox of "+o+" to its pending deliveries")
 			}
 			for _, w := range rep.Worktrees {
 				textln(c.App.Writer, "  gave back worktree "+w)

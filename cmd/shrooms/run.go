@@ -130,6 +130,9 @@ With --tty the cage gets a terminal for a person at one.`,
 				warn(c.App.ErrWriter, fmt.Sprintf("masked agent config the owner has not trusted (review, then `shrooms trust --task %s`): %s",
 					c.String("task"), strings.Join(res.WorktreeGuard.Masked, ", ")))
 			}
+			if res != nil && res.Outbox != nil && res.Outbox.Error != "" {
+				fmt.Fprintln(c.App.ErrWriter, "shrooms: outbox: "+oneLine(res.Outbox.Error))
+			}
 			if err == nil && prepareNext && res.Teardown != "detached" {
 				next := turnRequest(c)
 				next.Args = nil

@@ -5,17 +5,21 @@ import (
 	"path/filepath"
 )
 
-// Outbox is the per-task host directory mounted at /outbox in the cage, and
-// the limits that `collect` and the size-capped outbox mount enforce.
+// Outbox is where the cage's /outbox lives on the host (a fresh tmpfs per
+// turn at Root/<task>, moved at the turn's end to Root/.pending/<task>/<turn>),
+// and the limits that the mount, the move and `collect` enforce.
 type Outbox struct {
-	// Root holds one outbox directory per task (Root/<task>).
+	// Root holds one outbox directory per task (Root/<task>) and the pending
+	// deliveries (Root/.pending/<task>/<turn>/).
 	Root string `toml:"root"`
 	// Size caps the outbox mount while a turn runs (a tmpfs of this size is
 	// mounted at Root/<task>), so a turn cannot fill the host's disk.
 	Size Size `toml:"size"`
 	// Inodes caps the number of files and directories the outbox mount holds.
 	Inodes int64 `toml:"inodes"`
-	// MaxFiles is how many files one collect delivers at most.
+	// MaxFiles is how many files one move (at a turn's end) or one collect
+	// takes at most; MaxTotalSize, MaxFileSize, MaxDepth and MaxNameLength
+	// bound both too.
 	MaxFiles int `toml:"max_files"`
 	// MaxTotalSize caps the bytes one collect delivers.
 	MaxTotalSize Size `toml:"max_total_size"`
@@ -29,7 +33,7 @@ type Outbox struct {
 	// AllowExec keeps the owner-execute bit of delivered files (mode 0755
 	// instead of 0644). setuid, setgid and sticky bits are always dropped.
 	AllowExec bool `toml:"allow_exec"`
-	// CollectTimeout bounds the run time of one collect.
+	// CollectTimeout bounds the run time of one move and of one collect.
 	CollectTimeout Duration `toml:"collect_timeout"`
 }
 

@@ -505,3 +505,11 @@ func ServiceNamespace(path string) (string, error) {
 	}
 	return fmt.Sprintf("/proc/%d/ns/mnt", cred.Pid), nil
 }
+
+// InNamespace runs fn on an OS thread that has joined the mount namespace
+// at nsPath (in the caller's thread when that is its own namespace): paths
+// fn opens resolve as processes of that namespace see them, and the file
+// descriptors it opens stay usable afterwards from any thread.
+func InNamespace(nsPath string, fn func() error) error {
+	return inNamespace(nsPath, func(string) error { return fn() })
+}

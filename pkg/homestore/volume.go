@@ -239,3 +239,8 @@ func (v *Volumes) Mounted(ctx context.Context, task string) (string, error) {
 	}
 	return vol.Mountpoint, nil
 }
+
+// ServiceNamespaces names the podman service's mount namespace (none when
+// the service is reached over TCP): what the cage is given is what that
+// namespace sees, so per-turn mounts (the outbox) are made there too.
+func (v *Volumes) ServiceNamespaces() ([]string, error) { return v.serviceNamespace() }

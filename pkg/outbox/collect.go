@@ -13,6 +13,7 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -22,8 +23,9 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
-// ManifestName and FilesDir lay out a delivery directory: the files under
-// FilesDir, the manifest beside them, written last.
+// ManifestName and FilesDir lay out a delivery directory (and a pending
+// turn): the files under FilesDir (a delivery: FilesDir/<turn>/), the
+// manifest beside them, written last.
 const (
 	ManifestName = "manifest.json"
 	FilesDir     = "files"
@@ -34,35 +36,49 @@ const maxListedRejections = 1000
 
 // File is one delivered (or, for List, deliverable) file.
 type File struct {
-	Name   string `json:"name"` // slash-separated, relative to the outbox
+	Name   string `json:"name"` // slash-separated, relative to the turn's /outbox
 	Size   int64  `json:"size"`
 	SHA256 string `json:"sha256"`
 	Mode   string `json:"mode"`
+	// Turn is the turn that left it in /outbox.
+	Turn int `json:"turn,omitempty"`
+	// Path is where Collect put it, relative to the delivery directory
+	// (files/<turn>/<name>).
+	Path string `json:"path,omitempty"`
 }
 
-// Rejected is an outbox entry collect did not deliver, and why.
+// Rejected is an outbox entry that was not delivered, and why.
 type Rejected struct {
 	Name   string `json:"name"`
 	Reason string `json:"reason"`
+	Turn   int    `json:"turn,omitempty"`
+	// Dropped is set for what was refused when the turn's outbox was moved
+	// at its end: it is gone. Without it, the file stays pending.
+	Dropped bool `json:"dropped,omitempty"`
 }
 
 // Report is the result of List or Collect.
 type Report struct {
-	Task     string     `json:"task"`
-	Delivery string     `json:"delivery,omitempty"` // the delivery directory (Collect)
-	Manifest string     `json:"manifest,omitempty"` // its manifest (Collect)
+	Task     string `json:"task"`
+	Delivery string `json:"delivery,omitempty"` // the delivery directory (Collect)
+	Manifest string `json:"manifest,omitempty"` // its manifest (Collect)
+	// Turns are the pending turns listed or collected, oldest first.
+	Turns    []int      `json:"turns"`
 	Files    []File     `json:"files"`
 	Rejected []Rejected `json:"rejected"`
 	// MoreRejected counts rejections left out of Rejected to bound its size.
 	MoreRejected int `json:"moreRejected,omitempty"`
-	// Left lists delivered files that could not be removed from the outbox.
+	// Left lists delivered files that could not be removed from the pending
+	// deliveries.
 	Left []Rejected `json:"left,omitempty"`
 }
 
 // Manifest is the JSON written to <delivery>/manifest.json.
 type Manifest struct {
-	Task  string `json:"task"`
-	Files []File `json:"files"`
+	Task     string     `json:"task"`
+	Turns    []int      `json:"turns,omitempty"`
+	Files    []File     `json:"files"`
+	Rejected []Rejected `json:"rejected,omitempty"`
 }
 
 // Request names what to collect and where to.
@@ -76,98 +92,247 @@ type Request struct {
 	Worktree string
 }
 
-// List reports what Collect would deliver and reject, reading file contents
-// (for the digests) the same way Collect does, and changing nothing.
+// List reports what Collect would deliver and reject of the task's pending
+// deliveries, reading file contents (for the digests) the same way Collect
+// does, and changing nothing.
 func List(ctx context.Context, root, task string, lim Limits) (*Report, error) {
-	w, closeFn, err := open(ctx, root, task, lim)
+	p, err := openPendings(ctx, root, task, lim)
 	if err != nil {
 		return nil, err
 	}
-	defer closeFn()
-	return w.run(nil)
+	defer p.close()
+	if err := p.walk(nil); err != nil {
+		return nil, err
+	}
+	return p.rep, nil
 }
 
-// Collect moves the valid regular files of the task's outbox into req.To:
-// each is copied by content through a pinned descriptor into
-// <To>/files/<name> (mode 0644, or 0755 when exec is allowed and the source
-// was executable; no setuid/setgid, no xattrs), the manifest is written last
-// and atomically, and only then are the delivered files removed from the
-// outbox. Rejected entries stay in the outbox and are listed with the reason.
-// On error nothing is removed from the outbox and a partial delivery
-// directory is removed again.
+// Collect moves the valid regular files of the task's pending deliveries
+// into req.To: each is copied by content through a pinned descriptor into
+// <To>/files/<turn>/<name> (mode 0644, or 0755 when exec is allowed and
+// the source was executable; no setuid/setgid, no xattrs), the manifest is
+// written last and atomically, and only then are the delivered files
+// removed from the pending deliveries (a turn with nothing left goes, with
+// the record of what was dropped at its end). Files past the limits stay
+// pending and are listed with the reason. On error nothing is removed and
+// a partial delivery directory is removed again.
 func Collect(ctx context.Context, req Request) (*Report, error) {
 	to, err := checkDelivery(req)
 	if err != nil {
 		return nil, err
 	}
-	w, closeFn, err := open(ctx, req.Root, req.Task, req.Limits)
+	p, err := openPendings(ctx, req.Root, req.Task, req.Limits)
 	if err != nil {
 		return nil, err
 	}
-	defer closeFn()
+	defer p.close()
 	created, err := makeDelivery(to)
 	if err != nil {
 		return nil, err
 	}
-	d := &delivery{dir: to, files: filepath.Join(to, FilesDir), exec: req.Limits.AllowExec}
-	rep, err := w.run(d)
+	d := &delivery{dir: to, exec: req.Limits.AllowExec}
+	err = p.walk(d)
 	if err == nil {
-		err = d.finish(req.Task, rep)
+		err = d.finish(Manifest{Task: req.Task, Turns: p.rep.Turns, Files: p.rep.Files, Rejected: p.rep.Rejected})
 	}
 	if err != nil {
 		d.abort(created)
 		return nil, err
 	}
-	rep.Delivery = to
-	rep.Manifest = filepath.Join(to, ManifestName)
-	rep.Left = w.removeDelivered(d.moved)
-	return rep, nil
+	p.rep.Delivery = to
+	p.rep.Manifest = filepath.Join(to, ManifestName)
+	p.rep.Left = p.removeDelivered()
+	return p.rep, nil
 }
 
-func open(ctx context.Context, root, task string, lim Limits) (*walker, func(), error) {
-	if _, err := taskid.Parse(task); err != nil {
-		return nil, nil, err
-	}
+func checkLimits(lim Limits) error {
 	if lim.MaxFiles < 1 || lim.MaxDepth < 1 || lim.MaxNameLength < 1 || lim.MaxFileSize < 1 || lim.MaxTotalSize < 1 || lim.Timeout <= 0 {
-		return nil, nil, fmt.Errorf("outbox limits are not set (use LimitsFrom)")
+		return fmt.Errorf("outbox limits are not set (use LimitsFrom)")
 	}
-	rootfd, err := openRoot(root)
-	if err != nil {
-		return nil, nil, err
+	return nil
+}
+
+// tally is what the walkers of one List, Collect or move share: the report
+// and the limits' counters.
+type tally struct {
+	rep   *Report
+	files int
+	total int64
+}
+
+func (t *tally) reject(r Rejected) {
+	if len(t.rep.Rejected) < maxListedRejections {
+		t.rep.Rejected = append(t.rep.Rejected, r)
+	} else {
+		t.rep.MoreRejected++
 	}
-	fd, err := openTask(rootfd, root, task, unix.O_RDONLY)
-	unix.Close(rootfd)
-	if err != nil {
-		return nil, nil, err
+}
+
+// pendings are the task's pending turns, opened for one List or Collect.
+type pendings struct {
+	ctx    context.Context
+	cancel func()
+	lim    Limits
+	dir    string // <root>/.pending/<task>
+	rep    *Report
+	turns  []pendingTurn
+}
+
+type pendingTurn struct {
+	turn    int
+	files   int // its pinned files directory, -1 for none
+	dropped []Rejected
+	more    int // dropped entries not listed in the record
+	w       *walker
+}
+
+// openPendings opens the task's complete pending turns (a turn directory
+// is complete once renamed to its number), oldest first.
+func openPendings(ctx context.Context, root, task string, lim Limits) (*pendings, error) {
+	if _, err := taskid.Parse(task); err != nil {
+		return nil, err
+	}
+	if err := checkLimits(lim); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, lim.Timeout)
-	w := &walker{ctx: ctx, lim: lim, top: fd, rep: &Report{Task: task, Files: []File{}, Rejected: []Rejected{}}}
-	return w, func() { cancel(); unix.Close(fd) }, nil
+	p := &pendings{ctx: ctx, cancel: cancel, lim: lim, dir: Pending(root, task), rep: &Report{Task: task, Turns: []int{}, Files: []File{}, Rejected: []Rejected{}}}
+	rootfd, err := openRoot(root)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	defer unix.Close(rootfd)
+	pfd, err := unix.Openat2(rootfd, PendingDir+"/"+task, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveIn})
+	if errors.Is(err, unix.ENOENT) {
+		return p, nil // nothing pending
+	}
+	if err != nil {
+		cancel()
+		var st unix.Stat_t
+		if unix.Lstat(p.dir, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+			return nil, fmt.Errorf("pending deliveries %s are a symbolic link (refused, not followed)", p.dir)
+		}
+		return nil, fmt.Errorf("pending deliveries %s: %w", p.dir, explain(err))
+	}
+	defer unix.Close(pfd)
+	names, err := readNames(pfd)
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("read pending deliveries %s: %w", p.dir, err)
+	}
+	var turns []int
+	for _, n := range names {
+		if t, err := strconv.Atoi(n); err == nil && t >= 0 && strconv.Itoa(t) == n {
+			turns = append(turns, t)
+		}
+	}
+	sort.Ints(turns)
+	for _, t := range turns {
+		pt, err := openTurn(pfd, p.dir, t)
+		if err != nil {
+			p.close()
+			return nil, err
+		}
+		p.turns = append(p.turns, pt)
+		p.rep.Turns = append(p.rep.Turns, t)
+	}
+	return p, nil
+}
+
+// openTurn reads a pending turn's record and pins its files directory.
+func openTurn(pfd int, dir string, turn int) (pendingTurn, error) {
+	pt := pendingTurn{turn: turn, files: -1}
+	name := strconv.Itoa(turn)
+	mfd, err := unix.Openat2(pfd, name+"/"+ManifestName, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC, Resolve: resolveIn})
+	if err != nil {
+		return pt, fmt.Errorf("pending turn %s: record: %w", filepath.Join(dir, name), explain(err))
+	}
+	f := os.NewFile(uintptr(mfd), ManifestName)
+	var m Moved
+	err = json.NewDecoder(io.LimitReader(f, 64<<20)).Decode(&m)
+	f.Close()
+	if err != nil || m.Turn != turn {
+		return pt, fmt.Errorf("pending turn %s: record is not readable (%v); `shrooms outbox release` discards the pending deliveries", filepath.Join(dir, name), err)
+	}
+	for _, r := range m.Rejected {
+		r.Turn, r.Dropped = turn, true
+		pt.dropped = append(pt.dropped, r)
+	}
+	pt.more = m.MoreRejected
+	fd, err := unix.Openat2(pfd, name+"/"+FilesDir, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveIn})
+	if err == nil {
+		pt.files = fd
+	} else if !errors.Is(err, unix.ENOENT) {
+		return pt, fmt.Errorf("pending turn %s: %w", filepath.Join(dir, name), explain(err))
+	}
+	return pt, nil
+}
+
+func (p *pendings) close() {
+	p.cancel()
+	for _, t := range p.turns {
+		if t.files >= 0 {
+			unix.Close(t.files)
+		}
+	}
+}
+
+// walk walks every pending turn in order, into d (nil for List).
+func (p *pendings) walk(d *delivery) error {
+	t := &tally{rep: p.rep}
+	for i := range p.turns {
+		pt := &p.turns[i]
+		for _, r := range pt.dropped {
+			t.reject(r)
+		}
+		t.rep.MoreRejected += pt.more
+		if pt.files < 0 {
+			continue
+		}
+		pt.w = &walker{ctx: p.ctx, lim: p.lim, top: pt.files, turn: pt.turn, t: t}
+		if d != nil {
+			d.sub = strconv.Itoa(pt.turn)
+		}
+		if err := pt.w.dir(d, pt.files, "", 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeDelivered removes what was delivered from the pending turns, and
+// the turns that have nothing left.
+func (p *pendings) removeDelivered() []Rejected {
+	var left []Rejected
+	for _, pt := range p.turns {
+		if pt.w != nil {
+			left = append(left, pt.w.removeDelivered()...)
+		}
+		if pt.files >= 0 {
+			if names, err := readNames(pt.files); err != nil || len(names) > 0 {
+				continue // files past the limits stay pending
+			}
+		}
+		if err := os.RemoveAll(filepath.Join(p.dir, strconv.Itoa(pt.turn))); err != nil {
+			left = append(left, Rejected{Name: strconv.Itoa(pt.turn) + "/", Turn: pt.turn, Reason: "delivered, but the pending turn was not removed: " + err.Error()})
+		}
+	}
+	return left
 }
 
 type walker struct {
 	ctx   context.Context
 	lim   Limits
-	top   int // the pinned outbox directory
-	rep   *Report
-	files int
-	total int64
+	top   int // the pinned directory walked
+	turn  int
+	t     *tally
 	dirs  []string // visited directories, parents first
+	moved []moved  // delivered files, for their removal afterwards
 }
 
 func (w *walker) reject(name, reason string) {
-	if len(w.rep.Rejected) < maxListedRejections {
-		w.rep.Rejected = append(w.rep.Rejected, Rejected{Name: name, Reason: reason})
-	} else {
-		w.rep.MoreRejected++
-	}
-}
-
-func (w *walker) run(d *delivery) (*Report, error) {
-	if err := w.dir(d, w.top, "", 1); err != nil {
-		return nil, err
-	}
-	return w.rep, nil
+	w.t.reject(Rejected{Name: name, Reason: reason, Turn: w.turn})
 }
 
 // dir walks the pinned directory fd (rel is its slash path, depth its level).
@@ -178,7 +343,7 @@ func (w *walker) dir(d *delivery, fd int, rel string, depth int) error {
 	}
 	for _, name := range names {
 		if err := w.ctx.Err(); err != nil {
-			return fmt.Errorf("collect did not finish within %s (nothing was moved): %w", w.lim.Timeout, err)
+			return fmt.Errorf("the outbox walk did not finish within %s (nothing was moved): %w", w.lim.Timeout, err)
 		}
 		relName := name
 		if rel != "" {
@@ -246,10 +411,10 @@ func (w *walker) regular(d *delivery, dirfd int, rel, name, relName string, st *
 	case st.Size > w.lim.MaxFileSize:
 		w.reject(relName, fmt.Sprintf("%d bytes exceeds max_file_size %d", st.Size, w.lim.MaxFileSize))
 		return nil
-	case w.files+1 > w.lim.MaxFiles:
+	case w.t.files+1 > w.lim.MaxFiles:
 		w.reject(relName, fmt.Sprintf("over max_files %d", w.lim.MaxFiles))
 		return nil
-	case w.total+st.Size > w.lim.MaxTotalSize:
+	case w.t.total+st.Size > w.lim.MaxTotalSize:
 		w.reject(relName, fmt.Sprintf("would exceed max_total_size %d", w.lim.MaxTotalSize))
 		return nil
 	}
@@ -289,15 +454,19 @@ func (w *walker) regular(d *delivery, dirfd int, rel, name, relName string, st *
 		return nil
 	}
 	mode := normalMode(st.Mode, w.lim.AllowExec)
+	file := File{Name: relName, Size: st.Size, SHA256: hex.EncodeToString(sumOf(h)), Mode: fmt.Sprintf("%04o", mode), Turn: w.turn}
 	if d != nil {
 		if err := out.Chmod(mode); err != nil {
 			return fmt.Errorf("delivery %s: %w", relName, err)
 		}
-		d.moved = append(d.moved, moved{dir: rel, name: name, dev: st.Dev, ino: st.Ino})
+		w.moved = append(w.moved, moved{dir: rel, name: name, dev: st.Dev, ino: st.Ino})
+		if d.sub != "" {
+			file.Path = path.Join(FilesDir, d.sub, relName)
+		}
 	}
-	w.files++
-	w.total += st.Size
-	w.rep.Files = append(w.rep.Files, File{Name: relName, Size: st.Size, SHA256: hex.EncodeToString(sumOf(h)), Mode: fmt.Sprintf("%04o", mode)})
+	w.t.files++
+	w.t.total += st.Size
+	w.t.rep.Files = append(w.t.rep.Files, file)
 	return nil
 }
 
@@ -443,14 +612,19 @@ type moved struct {
 }
 
 // delivery writes into a directory shrooms created; the cage never sees it.
+// Files go to <dir>/files/<sub>/ (sub is the turn for a collect, "" for a
+// pending turn).
 type delivery struct {
-	dir, files string
-	exec       bool
-	moved      []moved
+	dir, sub string
+	exec     bool
+}
+
+func (d *delivery) path(rel string) string {
+	return filepath.Join(d.dir, FilesDir, d.sub, filepath.FromSlash(rel))
 }
 
 func (d *delivery) create(rel string) (*os.File, error) {
-	p := filepath.Join(d.files, filepath.FromSlash(rel))
+	p := d.path(rel)
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return nil, fmt.Errorf("delivery: %w", err)
 	}
@@ -463,15 +637,15 @@ func (d *delivery) create(rel string) (*os.File, error) {
 
 func (d *delivery) discard(f *os.File, rel string) error {
 	f.Close()
-	if err := os.Remove(filepath.Join(d.files, filepath.FromSlash(rel))); err != nil {
+	if err := os.Remove(d.path(rel)); err != nil {
 		return fmt.Errorf("delivery: remove rejected copy: %w", err)
 	}
 	return nil
 }
 
 // finish makes the delivery durable, then writes the manifest atomically.
-func (d *delivery) finish(task string, rep *Report) error {
-	if err := os.MkdirAll(d.files, 0o755); err != nil {
+func (d *delivery) finish(manifest any) error {
+	if err := os.MkdirAll(filepath.Join(d.dir, FilesDir), 0o755); err != nil {
 		return fmt.Errorf("delivery: %w", err)
 	}
 	df, err := os.Open(d.dir)
@@ -482,7 +656,7 @@ func (d *delivery) finish(task string, rep *Report) error {
 	if err := unix.Syncfs(int(df.Fd())); err != nil {
 		return fmt.Errorf("delivery: sync: %w", err)
 	}
-	data, err := json.MarshalIndent(Manifest{Task: task, Files: rep.Files}, "", "  ")
+	data, err := json.MarshalIndent(manifest, "", "  ")
 	if err != nil {
 		return err
 	}
@@ -514,7 +688,7 @@ func (d *delivery) abort(created bool) {
 	if created {
 		os.RemoveAll(d.dir)
 	} else {
-		os.RemoveAll(d.files)
+		os.RemoveAll(filepath.Join(d.dir, FilesDir))
 	}
 }
 
@@ -522,12 +696,12 @@ func (d *delivery) abort(created bool) {
 // parent re-resolved beneath the pinned outbox and only if the name still
 // refers to the inode that was copied; then removes emptied directories.
 // What cannot be removed is reported, not fatal: the delivery is complete.
-func (w *walker) removeDelivered(ms []moved) []Rejected {
+func (w *walker) removeDelivered() []Rejected {
 	var left []Rejected
-	for _, m := range ms {
+	for _, m := range w.moved {
 		rel := path.Join(m.dir, m.name)
 		if err := w.unlinkIn(m.dir, m.name, 0, func(st *unix.Stat_t) bool { return st.Dev == m.dev && st.Ino == m.ino }); err != nil {
-			left = append(left, Rejected{Name: rel, Reason: "delivered but not removed from the outbox: " + err.Error()})
+			left = append(left, Rejected{Name: rel, Turn: w.turn, Reason: "delivered but not removed from the pending deliveries: " + err.Error()})
 		}
 	}
 	for i := len(w.dirs) - 1; i >= 0; i-- {

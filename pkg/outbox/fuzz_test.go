@@ -61,8 +61,7 @@ func FuzzPaths(f *testing.F) {
 		rep, err := List(context.Background(), root, task, DefaultLimits())
 		if err == nil {
 			assert.Assert(t, taskid.Valid(task), "List accepted task %q", task)
-			assert.Equal(t, task, "t1")
-			assert.Assert(t, rep != nil)
+			assert.Assert(t, rep != nil && rep.Task == task)
 		} else {
 			assert.Assert(t, !strings.Contains(err.Error(), "\n"), "%q", err)
 		}

@@ -43,9 +43,9 @@ func (r *Commands) withTask(task string, f func(id taskid.ID) error) error {
 	return f(id)
 }
 
-// Collect moves what the task's last turn left in its outbox into to (or a
-// new directory under the state dir), under the task lock so no turn is
-// writing meanwhile.
+// Collect moves the task's pending deliveries (what its turns left in
+// /outbox, moved out at each turn's end) into to (or a new directory under
+// the state dir), under the task lock so no turn adds to them meanwhile.
 func (r *Commands) Collect(ctx context.Context, task, to string) (*outbox.Report, error) {
 	var rep *outbox.Report
 	err := r.withTask(task, func(id taskid.ID) error {
@@ -81,10 +81,12 @@ func (r *Commands) ListOutbox(ctx context.Context, task string) (*outbox.Report,
 	return rep, err
 }
 
-// ReleaseOutbox unmounts the task's outbox, discarding what is left in it.
+// ReleaseOutbox discards the task's pending deliveries and unmounts its
+// outbox wherever it is still mounted (a prepared cage then no longer
+// matches, and is prepared afresh).
 func (r *Commands) ReleaseOutbox(task string) error {
 	return r.withTask(task, func(id taskid.ID) error {
-		if err := outbox.Release(r.Cfg.Outbox.Root, task); err != nil {
+		if err := r.releaseOutbox(task); err != nil {
 			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		return nil

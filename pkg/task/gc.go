@@ -29,6 +29,9 @@ type GCReport struct {
 	// Released lists HOME loop devices (and their mounts) let go: of idle
 	// tasks, and of deleted images (copied back first if their task exists).
 	Released []string `json:"released"`
+	// Outboxes lists the outboxes of idle tasks (left by a killed turn)
+	// moved to their pending deliveries.
+	Outboxes []string `json:"outboxes"`
 }
 
 // GC removes every shrooms cage whose task has no turn running (the cages a
@@ -38,7 +41,7 @@ func (r *Commands) GC(ctx context.Context) (*GCReport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
-	rep := &GCReport{Removed: []string{}, Busy: []string{}, Worktrees: []string{}, Released: []string{}}
+	rep := &GCReport{Removed: []string{}, Busy: []string{}, Worktrees: []string{}, Released: []string{}, Outboxes: []string{}}
 	tasks := map[string]bool{}
 	for _, c := range cages {
 		// A prepared cage that has not started waits for its turn.
@@ -95,6 +98,9 @@ func (r *Commands) GC(ctx context.Context) (*GCReport, error) {
 		}
 		rep.HomeTrees += len(cr.Trees)
 	}
+	if err := r.settleIdle(ctx, entries, cages, rep); err != nil {
+		return rep, err
+	}
 	given, err := r.GiveBackIdle()
 	rep.Worktrees = append(rep.Worktrees, given...)
 	if err != nil {
@@ -114,4 +120,38 @@ func (r *Commands) waitingPrepared(cages []podman.Cage, task string) []string {
 		}
 	}
 	return ids
+}
+
+// settleIdle moves what killed turns left in the outboxes of idle tasks
+// (no turn running, no cage left: a prepared one keeps its empty outbox)
+// to their pending deliveries.
+func (r *Commands) settleIdle(ctx context.Context, tasks []os.DirEntry, cages []podman.Cage, rep *GCReport) error {
+	for _, e := range tasks {
+		id, err := taskid.Parse(e.Name())
+		if err != nil || len(r.waitingPrepared(cages, e.Name())) > 0 {
+			continue
+		}
+		if _, err := os.Lstat(filepath.Join(r.Cfg.Outbox.Root, e.Name())); err != nil {
+			continue // no outbox was ever mounted
+		}
+		lock, err := r.Store.LockTask(id)
+		if err != nil {
+			continue // its turn runs
+		}
+		err = func() error {
+			defer lock.Release()
+			if busy, err := r.HomeInUse(ctx, e.Name()); err != nil || busy {
+				return err
+			}
+			m, err := r.SettleOutbox(ctx, id)
+			if m != nil && err == nil {
+				rep.Outboxes = append(rep.Outboxes, fmt.Sprintf("%s turn %d", e.Name(), m.Turn))
+			}
+			return err
+		}()
+		if err != nil {
+			return fmt.Errorf("%w: outbox of %s: %w", fault.HostNotReady, e.Name(), err)
+		}
+	}
+	return nil
 }

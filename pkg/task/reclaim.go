@@ -65,8 +65,10 @@ func (r *Commands) leftovers(ctx context.Context, task string, stateGone bool) [
 	for _, c := range r.Claims(task) {
 		left = append(left, "worktree claim "+c)
 	}
-	if fileExists(filepath.Join(r.Cfg.Outbox.Root, task)) {
-		left = append(left, "outbox "+filepath.Join(r.Cfg.Outbox.Root, task))
+	for _, p := range []string{filepath.Join(r.Cfg.Outbox.Root, task), outbox.Pending(r.Cfg.Outbox.Root, task)} {
+		if fileExists(p) {
+			left = append(left, "outbox "+p)
+		}
 	}
 	if stateGone && fileExists(r.TaskDir(task)) {
 		left = append(left, "state "+r.TaskDir(task))
@@ -172,9 +174,14 @@ func removeTaskDir(dir string) error {
 	return os.RemoveAll(dir)
 }
 
-// releaseOutbox unmounts and removes the task's outbox.
+// releaseOutbox unmounts and removes the task's outbox (in the podman
+// service's mount namespace too) and its pending deliveries.
 func (r *Commands) releaseOutbox(task string) error {
-	return outbox.Release(r.Cfg.Outbox.Root, task)
+	peers, err := r.OutboxNamespaces()
+	if err != nil {
+		return err
+	}
+	return outbox.Release(r.Cfg.Outbox.Root, task, peers...)
 }
 
 // ReleaseIdle releases the HOME mounts and loop devices of tasks with no

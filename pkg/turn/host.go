@@ -29,8 +29,17 @@ type Host interface {
 	// Cleanup removes the old HOME trees a reset set aside.
 	Cleanup(ctx context.Context, root string) error
 	PlaceFile(root, rel string, data []byte, mode uint32, uid, gid int) error
-	// PrepareOutbox mounts the task's size-capped outbox and returns it.
-	PrepareOutbox(root, task string, uid, gid int, lim outbox.Limits) (string, error)
+	// PrepareOutbox gives the turn an empty outbox: what turn last (the
+	// task's last counted turn) left is moved to its pending delivery
+	// first, then a fresh size-capped tmpfs is mounted where the podman
+	// service sees it. It returns the tmpfs's device.
+	PrepareOutbox(ctx context.Context, root, task string, last, uid, gid int, lim outbox.Limits) (uint64, error)
+	// SettleOutbox moves what turn left in the task's outbox to its pending
+	// delivery and unmounts it (outbox.Settle; nil when it held nothing).
+	SettleOutbox(ctx context.Context, root, task string, turn int, lim outbox.Limits) (*outbox.Moved, error)
+	// OutboxReady checks the outbox is still the empty tmpfs dev a prepared
+	// cage was given (outbox.Ready).
+	OutboxReady(root, task string, uid, gid int, lim outbox.Limits, dev uint64) error
 }
 
 // host is the runner's Host: Runner.Host, or the real one.
@@ -77,6 +86,37 @@ func (realHost) PlaceFile(root, rel string, data []byte, mode uint32, uid, gid i
 	return homereset.PlaceFile(root, rel, data, mode, uid, gid)
 }
 
-func (realHost) PrepareOutbox(root, task string, uid, gid int, lim outbox.Limits) (string, error) {
-	return outbox.Prepare(root, task, uid, gid, lim)
+func (h realHost) PrepareOutbox(ctx context.Context, root, task string, last, uid, gid int, lim outbox.Limits) (uint64, error) {
+	peers, err := h.v.ServiceNamespaces()
+	if err != nil {
+		return 0, err
+	}
+	if _, err := outbox.Settle(ctx, root, task, last, lim, peers...); err != nil {
+		return 0, err
+	}
+	ns := ""
+	if len(peers) > 0 {
+		ns = peers[0]
+	}
+	return outbox.Mount(root, task, uid, gid, lim, ns)
+}
+
+func (h realHost) SettleOutbox(ctx context.Context, root, task string, turn int, lim outbox.Limits) (*outbox.Moved, error) {
+	peers, err := h.v.ServiceNamespaces()
+	if err != nil {
+		return nil, err
+	}
+	return outbox.Settle(ctx, root, task, turn, lim, peers...)
+}
+
+func (h realHost) OutboxReady(root, task string, uid, gid int, lim outbox.Limits, dev uint64) error {
+	peers, err := h.v.ServiceNamespaces()
+	if err != nil {
+		return err
+	}
+	ns := ""
+	if len(peers) > 0 {
+		ns = peers[0]
+	}
+	return outbox.Ready(root, task, uid, gid, lim, ns, dev)
 }

@@ -274,12 +274,18 @@ func (h *fakeHost) Cleanup(context.Context, string) error {
 
 func (h *fakeHost) PlaceFile(string, string, []byte, uint32, int, int) error { return nil }
 
-func (h *fakeHost) PrepareOutbox(root, task string, _, _ int, _ outbox.Limits) (string, error) {
+func (h *fakeHost) PrepareOutbox(context.Context, string, string, int, int, int, outbox.Limits) (uint64, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.outboxes++
-	return filepath.Join(root, task), nil
+	return 1, nil
 }
+
+func (h *fakeHost) SettleOutbox(context.Context, string, string, int, outbox.Limits) (*outbox.Moved, error) {
+	return nil, nil
+}
+
+func (h *fakeHost) OutboxReady(string, string, int, int, outbox.Limits, uint64) error { return nil }
 
 // pipeRunner is a runner on a fake engine and a fake HOME, with a private
 // state dir, subordinate id files and one token, for the claude agent.

@@ -12,7 +12,6 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
@@ -359,8 +358,8 @@ func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, m mo
 	if err := p.policy.Write(); err != nil {
 		return fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
 	}
-	if _, err := host.PrepareOutbox(cfg.Outbox.Root, req.Task, p.home.UID, p.home.GID, outbox.LimitsFrom(cfg.Outbox)); err != nil {
-		return fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
+	if err := r.prepareOutbox(ctx, req.Task, p, m); err != nil {
+		return err
 	}
 	if err := p.git.Write(); err != nil {
 		return fmt.Errorf("%w: git metadata: %w", ErrInput, err)

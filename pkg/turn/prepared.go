@@ -222,6 +222,10 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 	if !r.host().HomeMounted(req.Task, p.home.Root) {
 		return nil, nil
 	}
+	// And its outbox the empty capped tmpfs it was given (outbox.go).
+	if !r.preparedOutboxReady(req.Task, p.Plan) {
+		return nil, nil
+	}
 	// Nothing may have changed HOME since it was reset for this cage.
 	rep, err := r.host().Reset(ctx, homereset.ResetInput{Task: p.home, DryRun: true})
 	if err != nil || rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0 || rep.BaselineDigest != c.Labels[labelBaseline] {

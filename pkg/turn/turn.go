@@ -28,6 +28,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
@@ -169,6 +170,9 @@ type Result struct {
 	SealDigest string `json:"sealDigest,omitempty"`
 	// WorktreeChanges is what the turn changed in the worktree.
 	WorktreeChanges *WorktreeChanges `json:"worktreeChanges,omitempty"`
+	// Outbox is what the turn left in /outbox, moved at its end to the
+	// task's pending deliveries (absent when it left nothing).
+	Outbox *outbox.Summary `json:"outbox,omitempty"`
 }
 
 type clock struct {
@@ -238,6 +242,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		// Last before the lock goes: the cage is gone, no turn can start.
 		defer func() { err = r.finishWorktree(in.task, in.worktree, res, err) }()
 	}
+	// First once the turn ends (no process of its cage runs): what it put
+	// in /outbox leaves the cages' reach.
+	defer r.settleOutbox(context.WithoutCancel(ctx), res)
 	c.lap("lock")
 
 	preparedID, prep, err := r.turnCage(ctx, req, in)
