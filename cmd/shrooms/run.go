@@ -131,7 +131,7 @@ With --tty the cage gets a terminal for a person at one.`,
 					c.String("task"), strings.Join(res.WorktreeGuard.Masked, ", ")))
 			}
 			if res != nil && res.Outbox != nil && res.Outbox.Error != "" {
-				fmt.Fprintln(c.App.ErrWriter, "shrooms: outbox: "+oneLine(res.Outbox.Error))
+				warn(c.App.ErrWriter, "outbox: "+res.Outbox.Error)
 			}
 			if err == nil && prepareNext && res.Teardown != "detached" {
 				next := turnRequest(c)
