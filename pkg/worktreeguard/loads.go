@@ -97,6 +97,7 @@ func (r *resolver) entry(rel string, e Entry) error {
 				}
 			}
 		case base == "CLAUDE.md" || base == "CLAUDE.local.md" || (e.Type == "dir" && strings.HasSuffix(base, ".md") && isMarkdownRoot(rel)):
+			r.queued[f.rel] = true
 			if err := r.claude(f.rel, f.data, f.rel, 1); err != nil {
 				return err
 			}
@@ -142,7 +143,9 @@ func (r *resolver) claude(rel string, data []byte, top string, depth int) error 
 func (r *resolver) add(rf ref, by, top, why string, depth int, claude bool) error {
 	target, outside := resolveSpec(rf)
 	if outside {
-		r.set.outside = append(r.set.outside, Outside{By: by, Spec: rf.spec})
+		if o := (Outside{By: by, Spec: rf.spec}); !slices.Contains(r.set.outside, o) {
+			r.set.outside = append(r.set.outside, o)
+		}
 		return nil
 	}
 	if target == "" || target == ".git" || strings.HasPrefix(target, ".git/") {
@@ -241,14 +244,9 @@ func (r *resolver) hostRef(rf ref, why string) {
 func captureLoad(root *os.File, rel string) (Load, []byte, error) {
 	parent := root
 	if d := path.Dir(rel); d != "." {
-		p, err := openDirAt(root, d)
-		switch {
-		case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
-			return Load{Type: "absent"}, nil, nil
-		case errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV):
-			return Load{Type: "symlink", Digest: linkDigest}, nil, nil
-		case err != nil:
-			return Load{}, nil, fmt.Errorf("worktree guard: open %s: %w", d, err)
+		p, l, err := openLoadDir(root, d)
+		if p == nil {
+			return l, nil, err
 		}
 		defer p.Close()
 		parent = p
@@ -287,6 +285,49 @@ func captureLoad(root *os.File, rel string) (Load, []byte, error) {
 }
 
 const linkDigest = "link"
+
+// openLoadDir opens the directory dir of a load one component at a time,
+// each looked at first (fstatat, no follow): a link on the way makes the
+// load a "symlink", a missing or non-directory component "absent" (nil
+// file, the load's state in l).
+func openLoadDir(root *os.File, dir string) (*os.File, Load, error) {
+	cur := root
+	for _, comp := range strings.Split(dir, "/") {
+		var st unix.Stat_t
+		err := unix.Fstatat(int(cur.Fd()), comp, &st, unix.AT_SYMLINK_NOFOLLOW)
+		var l Load
+		switch {
+		case errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR):
+			l = Load{Type: "absent"}
+		case err != nil:
+			l, err = Load{}, fmt.Errorf("worktree guard: stat %s: %w", dir, err)
+		case st.Mode&unix.S_IFMT == unix.S_IFLNK:
+			l = Load{Type: "symlink", Digest: linkDigest}
+		case st.Mode&unix.S_IFMT != unix.S_IFDIR:
+			l = Load{Type: "absent"}
+		}
+		if l.Type == "" && err == nil {
+			next, oerr := openDirAt(cur, comp)
+			switch {
+			case oerr == nil:
+				if cur != root {
+					cur.Close()
+				}
+				cur = next
+				continue
+			case errors.Is(oerr, unix.ENOENT):
+				l = Load{Type: "absent"}
+			default: // replaced under us: a link or not a directory now
+				l = Load{Type: "symlink", Digest: linkDigest}
+			}
+		}
+		if cur != root {
+			cur.Close()
+		}
+		return nil, l, err
+	}
+	return cur, Load{}, nil
+}
 
 func fileDigest(data []byte, exec bool) string {
 	h := sha256.New()

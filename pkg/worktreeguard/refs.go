@@ -21,8 +21,10 @@ import (
 // mise, VS Code tasks, dev containers) runs worktree scripts on the host:
 // those references are listed when a turn changes them (hostRefs).
 
-// maxImportDepth is Claude Code's import depth: its loader stops at five
-// (2.1.332: `lfs=5`, counted from the importing CLAUDE.md at 0).
+// maxImportDepth bounds the import chain the guard follows, in hops from
+// the trusted file: five, as Claude Code documents it (2.1.332's loader
+// skips depth 5 counted from CLAUDE.md at 0, so it reads four: the guard
+// follows one hop more than it needs).
 const maxImportDepth = 5
 
 // ref is one reference found in a trusted file, before resolution.
@@ -209,9 +211,13 @@ func opencodeRefs(rel string, content []byte) []ref {
 	return out
 }
 
-// jsoncToJSON strips // and /* */ comments and trailing commas outside
+// jsoncToJSON strips // and /* */ comments, then trailing commas, outside
 // strings.
 func jsoncToJSON(b []byte) []byte {
+	return dropTrailingCommas(stripComments(b))
+}
+
+func stripComments(b []byte) []byte {
 	var out bytes.Buffer
 	inStr := false
 	for i := 0; i < len(b); i++ {
@@ -239,6 +245,30 @@ func jsoncToJSON(b []byte) []byte {
 				i++
 			}
 			i++
+		default:
+			out.WriteByte(c)
+		}
+	}
+	return out.Bytes()
+}
+
+func dropTrailingCommas(b []byte) []byte {
+	var out bytes.Buffer
+	inStr := false
+	for i := 0; i < len(b); i++ {
+		c := b[i]
+		switch {
+		case inStr:
+			out.WriteByte(c)
+			if c == '\\' && i+1 < len(b) {
+				i++
+				out.WriteByte(b[i])
+			} else if c == '"' {
+				inStr = false
+			}
+		case c == '"':
+			inStr = true
+			out.WriteByte(c)
 		case c == ',':
 			j := i + 1
 			for j < len(b) && (b[j] == ' ' || b[j] == '\t' || b[j] == '\n' || b[j] == '\r') {

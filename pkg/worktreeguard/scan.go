@@ -68,9 +68,9 @@ func (s *Snapshot) paths() []string {
 // roots it hashes (only those in only, when only is non-nil) below copyTo,
 // so that a snapshot holds exactly the bytes its digest covers.
 type scanner struct {
-	ctx     context.Context
-	rootFd  int
-	copyTo  *os.File
+	ctx      context.Context
+	rootFd   int
+	copyTo   *os.File
 	only     map[string]bool
 	patterns []Pattern
 	snap     *Snapshot
