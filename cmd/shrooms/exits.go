@@ -254,6 +254,12 @@ task to another worktree (all of its config is then trusted as it is).`,
 			for _, p := range res.Forgotten {
 				fmt.Fprintln(w, "no longer trusted (gone) "+p)
 			}
+			for _, p := range res.Loads {
+				fmt.Fprintln(w, "trusted (loaded by trusted config) "+p)
+			}
+			for _, o := range res.Outside {
+				fmt.Fprintf(w, "not followed (out of the worktree): %s in %s\n", o.Spec, o.By)
+			}
 			fmt.Fprintf(w, "%s: %d trusted agent config paths in %s\n", res.Task, res.Entries, res.Worktree)
 			return nil
 		},

@@ -10,6 +10,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -143,13 +144,20 @@ func (r *resolver) claude(rel string, data []byte, top string, depth int) error 
 func (r *resolver) add(rf ref, by, top, why string, depth int, claude bool) error {
 	target, outside := resolveSpec(rf)
 	if outside {
-		if o := (Outside{By: by, Spec: rf.spec}); !slices.Contains(r.set.outside, o) {
+		spec := rf.spec
+		if checkName(spec) != nil {
+			spec = strconv.QuoteToASCII(spec)
+		}
+		if o := (Outside{By: by, Spec: spec}); !slices.Contains(r.set.outside, o) {
 			r.set.outside = append(r.set.outside, o)
 		}
 		return nil
 	}
 	if target == "" || target == ".git" || strings.HasPrefix(target, ".git/") {
 		return nil
+	}
+	if err := checkName(target); err != nil {
+		return err
 	}
 	if rf.glob {
 		r.set.patterns = append(r.set.patterns, Pattern{Glob: target, By: why})
@@ -456,6 +464,9 @@ func (s Store) guardLoads(root *os.File, m *Manifest, matches map[string]string,
 		cur[rel] = l
 	}
 	for rel, why := range matches {
+		if err := checkName(rel); err != nil {
+			return err
+		}
 		if _, ok := cur[rel]; !ok {
 			cur[rel] = Load{Type: "absent", By: why}
 		}
@@ -526,6 +537,9 @@ func (s Store) loadMask(rel string, t, now Load, why string) (string, error) {
 func (r *resolver) addMatch(rel, why string) error {
 	if r.queued[rel] {
 		return nil
+	}
+	if err := checkName(rel); err != nil {
+		return err
 	}
 	r.queued[rel] = true
 	l, _, err := r.load(rel, why)
