@@ -1,8 +1,11 @@
 package agents_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -13,6 +16,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
+	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
 )
 
 // importsResult is the part of `run --json`'s result the imports tests read.
@@ -78,7 +82,9 @@ func listed(paths []string, want ...string) bool {
 
 // TestClaudeImportedFileEditDoesNotReachNextSession: the owner's trusted
 // CLAUDE.md imports docs/notes.md (`@docs/notes.md`). Real Claude Code
-// turn 1 rewrites docs/notes.md with a code word through its Bash tool.
+// turn 1 rewrites docs/notes.md with a code word through its Bash tool
+// (and appends to scripts/env.sh, which the trusted .envrc sources: listed
+// as agent config, run by .envrc).
 // The positive control (a bare `podman run` of claude, a fresh session, on
 // a copy of the worktree) sends the code word to the model: Claude Code
 // follows the import. Turn 2 through shrooms, also a fresh session, sends
@@ -92,12 +98,16 @@ func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 	owner := "OWNERNOTES-" + nonce
 	word := "IMPORTWORD-42-" + nonce
 	e.ownerFiles(map[string]string{
-		"CLAUDE.md":     "Project rules. Read the notes: @docs/notes.md\n",
-		"docs/notes.md": "Owner's notes " + owner + "\n",
+		"CLAUDE.md":      "Project rules. Read the notes: @docs/notes.md\n",
+		"docs/notes.md":  "Owner's notes " + owner + "\n",
+		".envrc":         "source_env scripts/env.sh\n",
+		"scripts/env.sh": "export OWNER=1\n",
 	})
 	e.api.Append(
 		// The code word exists only once the shell expands it.
 		bash(`echo "Code word IMPORTWORD-$((6*7))-`+nonce+`" > /work/docs/notes.md`),
+		// A script the trusted .envrc sources (run by direnv on the host).
+		bash(`echo 'touch /tmp/owned' >> /work/scripts/env.sh`),
 		modelapi.Text("edited "+nonce),
 	)
 	out, r1 := e.turnImports("claude", "-p", "--output-format", "json", "edit the notes "+nonce)
@@ -106,14 +116,12 @@ func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 	assert.Assert(t, r1.WorktreeGuard != nil && r1.WorktreeGuard.Recorded)
 	assert.Assert(t, is.Contains(requestBodies(e.api.Scripted()), owner), "turn 1 loaded the owner's import")
 	assert.Assert(t, r1.WorktreeChanges != nil)
-	found := false
+	whys := map[string]string{}
 	for _, c := range r1.WorktreeChanges.AgentConfig {
-		if c.Path == "docs/notes.md" {
-			found = true
-			assert.Equal(t, c.Why, "imported by the trusted CLAUDE.md (Claude Code @import)")
-		}
+		whys[c.Path] = c.Why
 	}
-	assert.Assert(t, found, "turn 1's worktree_changes list docs/notes.md: %+v", r1.WorktreeChanges)
+	assert.Equal(t, whys["docs/notes.md"], "imported by the trusted CLAUDE.md (Claude Code @import)", "turn 1's agent config: %+v", r1.WorktreeChanges)
+	assert.Equal(t, whys["scripts/env.sh"], "run by the trusted .envrc (direnv, on entering the directory)", "turn 1's agent config: %+v", r1.WorktreeChanges)
 
 	// Positive control: a fresh claude session without shrooms.
 	before := len(e.api.Scripted())
@@ -197,4 +205,105 @@ func TestOpencodeInstructionsGlobEditDoesNotReachNextSession(t *testing.T) {
 	assert.Assert(t, !strings.Contains(got, planted), "the planted glob match reached the next session")
 	assert.Assert(t, is.Contains(got, owner), "the trusted instructions still load (opencode.json is trusted and unchanged)")
 	assert.DeepEqual(t, r2.WorktreeGuard.Masked, []string{"docs/planted.md", "docs/style.md"})
+}
+
+// TestImportRulesMatchTheAgents runs the real agents (bare `podman run`,
+// no shrooms) on a worktree whose CLAUDE.md and AGENTS.md use every form
+// of reference the guard's reader distinguishes, each target carrying its
+// own code word, and checks that every file an agent loaded is one the
+// guard trusts by digest (the guard's reading may load more, never less),
+// and that the cases the docs state hold for these binaries.
+func TestImportRulesMatchTheAgents(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	e := newEnv(t)
+	nonce := e.name
+	word := func(id string) string { return "RULE-" + id + "-" + nonce }
+	files := map[string]string{
+		"CLAUDE.md": strings.Join([]string{
+			"Plain @docs/plain.md and a fragment @docs/frag.md#part",
+			"A trailing dot @docs/dot.md.",
+			"In a span `@docs/span.md` here",
+			"```", "@docs/fenced.md", "```",
+			"<!-- @docs/comment.md -->",
+			"A chain @docs/c1.md and a cycle @docs/cycle-a.md",
+			"An escaped space @docs/my\\ file.md",
+			"",
+		}, "\n"),
+		"AGENTS.md":       "Shared rules. @docs/agents-import.md\n",
+		"opencode.json":   `{"instructions": ["rules/*.md"]}` + "\n",
+		"rules/main.md":   word("oc-glob") + "\n",
+		"docs/cycle-a.md": word("cycle-a") + " @cycle-b.md\n",
+		"docs/cycle-b.md": word("cycle-b") + " @cycle-a.md\n",
+		"docs/my file.md": word("space") + "\n",
+	}
+	ids := []string{"plain", "frag", "dot", "span", "fenced", "comment", "agents-import"}
+	for _, id := range ids {
+		files["docs/"+id+".md"] = word(id) + "\n"
+	}
+	for i := 1; i <= 6; i++ {
+		next := ""
+		if i < 6 {
+			next = fmt.Sprintf(" @c%d.md", i+1)
+		}
+		files[fmt.Sprintf("docs/c%d.md", i)] = word(fmt.Sprintf("c%d", i)) + next + "\n"
+	}
+	e.ownerFiles(files)
+	file := map[string]string{"oc-glob": "rules/main.md", "cycle-a": "docs/cycle-a.md", "cycle-b": "docs/cycle-b.md", "space": "docs/my file.md"}
+	for _, id := range ids {
+		file[id] = "docs/" + id + ".md"
+	}
+	for i := 1; i <= 6; i++ {
+		file[fmt.Sprintf("c%d", i)] = fmt.Sprintf("docs/c%d.md", i)
+	}
+
+	// What the guard trusts by digest.
+	store := worktreeguard.Store{Dir: filepath.Join(e.dir, "rules-trust")}
+	res, err := store.Trust(context.Background(), e.worktree, nil)
+	assert.NilError(t, err)
+	guarded := map[string]bool{"AGENTS.md": true, "CLAUDE.md": true, "opencode.json": true}
+	for _, l := range res.Loads {
+		guarded[l] = true
+	}
+
+	loaded := func(agent string, envs []string, args ...string) []string {
+		home := filepath.Join(e.dir, agent+"-rules-home")
+		work := filepath.Join(e.dir, agent+"-rules-work")
+		for _, c := range [][]string{{"mkdir", "-p", home + "/.config/opencode", work}, {"cp", "-a", e.worktree + "/.", work + "/"},
+			{"cp", filepath.Join(e.dir, "opencode.json"), home + "/.config/opencode/opencode.json"}, {"chown", "-R", "1000:1000", home, work}} {
+			out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
+			assert.NilError(t, err, "%v: %s", c, out)
+		}
+		before := len(e.api.Scripted())
+		e.api.Append(modelapi.Text("rules " + nonce))
+		e.bare(home, work, envs, args...)
+		body := requestBodies(requestsSince(e.api, before))
+		assert.Assert(t, body != "", "%s sent no request", agent)
+		var got []string
+		for id := range file {
+			if strings.Contains(body, word(id)) {
+				got = append(got, id)
+			}
+		}
+		slices.Sort(got)
+		t.Logf("%s loaded: %v", agent, got)
+		for _, id := range got {
+			assert.Assert(t, guarded[file[id]], "%s loaded %s, which the guard does not trust by digest (trusted loads: %v)", agent, file[id], res.Loads)
+		}
+		return got
+	}
+	claude := loaded("claude", []string{"ANTHROPIC_BASE_URL=" + e.apiURL, "ANTHROPIC_API_KEY=" + apiKey},
+		"claude", "--dangerously-skip-permissions", "-p", "--output-format", "json", "rules "+nonce)
+	// Claude Code 2.1.332: code spans, fenced blocks and HTML comments are
+	// not read; a trailing dot is part of the path; four hops are read.
+	assert.DeepEqual(t, claude, []string{"c1", "c2", "c3", "c4", "cycle-a", "cycle-b", "frag", "plain", "space"})
+	opencode := loaded("opencode", []string{"ANTHROPIC_API_KEY=" + apiKey, "npm_config_offline=true"},
+		"opencode", "run", "--format", "json", "rules "+nonce)
+	assert.Assert(t, slices.Contains(opencode, "oc-glob"), "opencode loads its instructions glob: %v", opencode)
+	// The guard's reading is wider where it is unsure: it trusts these too.
+	for _, rel := range []string{"docs/comment.md", "docs/c5.md"} {
+		assert.Assert(t, guarded[rel], "%s: %v", rel, res.Loads)
+	}
+	for _, rel := range []string{"docs/span.md", "docs/fenced.md", "docs/c6.md"} {
+		assert.Assert(t, !guarded[rel], "%s: %v", rel, res.Loads)
+	}
 }
