@@ -107,6 +107,12 @@ func (r *resolver) entry(rel string, e Entry) error {
 		for _, rf := range refs {
 			r.hostRef(rf, why)
 		}
+		refs, why = cageCommandRefs(f.rel, f.data)
+		for _, rf := range refs {
+			if err := r.command(rf, f.rel, why); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -227,6 +233,23 @@ func (r *resolver) load(rel, why string) (Load, []byte, error) {
 		r.set.data[rel] = data
 	}
 	return st, data, nil
+}
+
+// command records a file a trusted hook or server command names as a
+// load, when it is a file in the worktree now (a word that names nothing
+// is a program name or an argument).
+func (r *resolver) command(rf ref, by, why string) error {
+	target, outside := resolveSpec(rf)
+	if outside || target == "" || GuardedRoot(target) != "" || target == ".git" || strings.HasPrefix(target, ".git/") || r.queued[target] {
+		return nil
+	}
+	if _, ok := r.old.loads()[target]; !ok {
+		st, _, err := captureLoad(r.root, target)
+		if err != nil || st.Type != "file" {
+			return nil
+		}
+	}
+	return r.add(rf, by, by, why, 0, false)
 }
 
 // hostRef records a host-side reference that names a worktree file.

@@ -331,3 +331,26 @@ func sortedStrings(s []string) []string {
 	}
 	return out
 }
+
+func TestHookAndServerScriptsAreLoads(t *testing.T) {
+	wt, store := importRepo(t, map[string]string{
+		".claude/settings.json": `{"permissions": {"allow": ["Read(src/main.go)"]},
+  "hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": "sh \"$CLAUDE_PROJECT_DIR\"/scripts/hook.sh --quiet"}]}]},
+  "statusLine": {"type": "command", "command": "./scripts/status.sh"}}`,
+		".mcp.json":         `{"mcpServers": {"t": {"command": "node", "args": ["tools/server.js", "--config", "tools/mcp.yaml"]}}}`,
+		"opencode.json":     `{"mcp": {"o": {"type": "local", "command": ["python3", "tools/oc.py"]}}, "plugin": ["./plugins/p.js", "some-npm-plugin"]}`,
+		"scripts/hook.sh":   "echo hook\n",
+		"scripts/status.sh": "echo status\n",
+		"tools/server.js":   "server\n",
+		"tools/mcp.yaml":    "a: 1\n",
+		"tools/oc.py":       "oc\n",
+		"plugins/p.js":      "export {}\n",
+		"src/main.go":       "package main\n",
+	})
+	res, guard := trustAndGuard(t, wt, store)
+	assert.DeepEqual(t, res.Loads, []string{"plugins/p.js", "scripts/hook.sh", "scripts/status.sh", "tools/mcp.yaml", "tools/oc.py", "tools/server.js"})
+	tree(t, wt, map[string]string{"tools/server.js": "evil\n", "src/main.go": "package main // edited\n"})
+	c := guard()
+	assert.DeepEqual(t, c.Masked, []string{"tools/server.js"})
+	assert.Equal(t, c.Changes[0].Why, "run in the cage by a hook, MCP server or plugin of the trusted .mcp.json")
+}

@@ -295,6 +295,101 @@ func dirOf(rel string) string {
 	return d
 }
 
+// cageCommandRefs returns the worktree files a trusted agent config at rel
+// runs in the cage: Claude Code hook, status line and helper commands
+// (.claude/settings*.json), MCP server commands and args (.mcp.json,
+// opencode's mcp), opencode formatter and LSP commands and plugin paths.
+// Each word of a command is a candidate, relative to the worktree root
+// (the cage's working directory, where hooks and servers start);
+// `$CLAUDE_PROJECT_DIR` reads as the root. Only those fields: a word in
+// a permission rule or a prompt is not a command.
+func cageCommandRefs(rel string, content []byte) ([]ref, string) {
+	var v map[string]any
+	if json.Unmarshal(jsoncToJSON(content), &v) != nil {
+		return nil, ""
+	}
+	var cmds []string
+	base := path.Base(rel)
+	switch {
+	case strings.HasPrefix(base, "settings") && strings.HasSuffix(base, ".json") && strings.HasSuffix(GuardedRoot(rel), ".claude"):
+		if hooks, ok := v["hooks"].(map[string]any); ok {
+			for _, groups := range hooks {
+				for _, g := range asList(groups) {
+					gm, _ := g.(map[string]any)
+					for _, h := range asList(gm["hooks"]) {
+						hm, _ := h.(map[string]any)
+						cmds = append(cmds, asStrings(hm["command"])...)
+					}
+				}
+			}
+		}
+		for _, k := range []string{"statusLine", "fileSuggestion"} {
+			if m, ok := v[k].(map[string]any); ok {
+				cmds = append(cmds, asStrings(m["command"])...)
+			}
+		}
+		for _, k := range []string{"apiKeyHelper", "awsCredentialExport", "awsAuthRefresh", "otelHeadersHelper"} {
+			cmds = append(cmds, asStrings(v[k])...)
+		}
+	case base == ".mcp.json":
+		cmds = append(cmds, mcpCommands(v["mcpServers"])...)
+	case base == "opencode.json" || base == "opencode.jsonc":
+		cmds = append(cmds, mcpCommands(v["mcp"])...)
+		for _, k := range []string{"formatter", "lsp"} {
+			if m, ok := v[k].(map[string]any); ok {
+				for _, e := range m {
+					em, _ := e.(map[string]any)
+					cmds = append(cmds, asStrings(em["command"])...)
+				}
+			}
+		}
+		cmds = append(cmds, asStrings(v["plugin"])...)
+	default:
+		return nil, ""
+	}
+	var out []ref
+	for _, c := range cmds {
+		c = strings.NewReplacer("${CLAUDE_PROJECT_DIR}", ".", "$CLAUDE_PROJECT_DIR", ".", "file://", "").Replace(c)
+		for _, w := range shellWords(c) {
+			out = append(out, ref{spec: w})
+		}
+	}
+	return out, "run in the cage by a hook, MCP server or plugin of the trusted " + rel
+}
+
+func mcpCommands(servers any) []string {
+	m, _ := servers.(map[string]any)
+	var out []string
+	for _, s := range m {
+		sm, _ := s.(map[string]any)
+		out = append(out, asStrings(sm["command"])...)
+		out = append(out, asStrings(sm["args"])...)
+	}
+	return out
+}
+
+func asList(v any) []any {
+	l, _ := v.([]any)
+	return l
+}
+
+// asStrings reads a string or a list of strings.
+func asStrings(v any) []string {
+	switch x := v.(type) {
+	case string:
+		return []string{x}
+	case []any:
+		var out []string
+		for _, e := range x {
+			if s, ok := e.(string); ok {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	return nil
+}
+
 // Host-side tool config: what each guarded tool file runs, as far as it
 // can be read. Every word of a command that names a worktree file is a
 // reference; so is every path a direnv directive loads.

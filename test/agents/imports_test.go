@@ -307,3 +307,43 @@ func TestImportRulesMatchTheAgents(t *testing.T) {
 		assert.Assert(t, !guarded[rel], "%s: %v", rel, res.Loads)
 	}
 }
+
+// TestOpencodeTrustedMCPScriptEditDoesNotRun: the owner's trusted
+// opencode.json starts a local MCP server, `sh scripts/mcp.sh` (it only
+// drops a marker). Real opencode turn 1 appends a payload to
+// scripts/mcp.sh. The positive control (bare `podman run` of opencode on a
+// copy) runs the payload; turn 2 through shrooms runs the owner's script
+// (the trusted copy is mounted over the edit) and not the payload, and
+// run --json lists scripts/mcp.sh masked.
+func TestOpencodeTrustedMCPScriptEditDoesNotRun(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	e := newEnv(t)
+	nonce := e.name
+	e.ownerFiles(map[string]string{
+		// With $schema: opencode adds it to a project config that lacks it,
+		// which would be a change (masked, project config off).
+		"opencode.json":  `{"$schema": "https://opencode.ai/config.json", "mcp": {"tools": {"type": "local", "command": ["sh", "scripts/mcp.sh"]}}}` + "\n",
+		"scripts/mcp.sh": "mkdir -p /work/.m; touch /work/.m/owner-mcp\n",
+	})
+	e.api.Append(
+		ocBash(`echo 'touch /work/.m/evil-mcp' >> /work/scripts/mcp.sh`),
+		modelapi.Text("edited "+nonce),
+	)
+	_, r1 := e.turnImports("opencode", "--format", "json", "edit the server "+nonce)
+	assert.Equal(t, e.api.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.api.Log())
+	assert.Assert(t, r1.WorktreeGuard != nil && r1.WorktreeGuard.Recorded)
+	assert.Assert(t, slices.Contains(markers(t, e.worktree), "owner-mcp"), "turn 1 ran the owner's trusted server")
+	assert.NilError(t, os.RemoveAll(filepath.Join(e.worktree, ".m")))
+
+	e.api.Append(modelapi.Text("control " + nonce))
+	ctlWork, _ := e.control("opencode", []string{"ANTHROPIC_API_KEY=" + apiKey, "npm_config_offline=true"},
+		"opencode", "run", "--format", "json", "hello "+nonce)
+	assert.Assert(t, slices.Contains(markers(t, ctlWork), "evil-mcp"), "positive control: the edited server script runs without shrooms: %v", markers(t, ctlWork))
+
+	e.api.Append(modelapi.Text("fresh " + nonce))
+	_, r2 := e.turnImports("opencode", "--format", "json", "hello again "+nonce)
+	got := markers(t, e.worktree)
+	assert.Assert(t, !slices.Contains(got, "evil-mcp"), "the edited server script ran through shrooms: %v", got)
+	assert.Assert(t, slices.Contains(got, "owner-mcp"), "the trusted copy of the server script ran: %v", got)
+	assert.DeepEqual(t, r2.WorktreeGuard.Masked, []string{"scripts/mcp.sh"})
+}
