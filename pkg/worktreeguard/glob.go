@@ -115,3 +115,39 @@ func prefixSegs(pat, dir []string) bool {
 	ok, err := path.Match(pat[0], dir[0])
 	return err == nil && ok && prefixSegs(pat[1:], dir[1:])
 }
+
+// compiledPattern is a Pattern split for matching many paths.
+type compiledPattern struct {
+	alts [][]string
+	by   string
+}
+
+func compilePatterns(ps []Pattern) []compiledPattern {
+	out := make([]compiledPattern, 0, len(ps))
+	for _, p := range ps {
+		c := compiledPattern{by: p.By}
+		for _, a := range expandBraces(p.Glob) {
+			c.alts = append(c.alts, strings.Split(a, "/"))
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+func (c compiledPattern) match(segs []string) bool {
+	for _, a := range c.alts {
+		if matchSegs(a, segs) {
+			return true
+		}
+	}
+	return false
+}
+
+func (c compiledPattern) below(segs []string) bool {
+	for _, a := range c.alts {
+		if prefixSegs(a, segs) {
+			return true
+		}
+	}
+	return false
+}

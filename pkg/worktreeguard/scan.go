@@ -72,7 +72,7 @@ type scanner struct {
 	rootFd   int
 	copyTo   *os.File
 	only     map[string]bool
-	patterns []Pattern
+	patterns []compiledPattern
 	snap     *Snapshot
 	visited  int
 }
@@ -95,7 +95,7 @@ func scanWith(ctx context.Context, worktree string, copyTo *os.File, only map[st
 	}
 	root := os.NewFile(uintptr(fd), worktree)
 	defer root.Close()
-	s := &scanner{ctx: ctx, rootFd: int(root.Fd()), copyTo: copyTo, only: only, patterns: patterns,
+	s := &scanner{ctx: ctx, rootFd: int(root.Fd()), copyTo: copyTo, only: only, patterns: compilePatterns(patterns),
 		snap: &Snapshot{Entries: map[string]Entry{}, matches: map[string]string{}}}
 	if err := s.walk(root, "", 0); err != nil {
 		return nil, err
@@ -174,10 +174,13 @@ func (s *scanner) match(rel string, typ fs.FileMode) {
 	if path.Base(rel) == ".git" {
 		return
 	}
+	if len(s.patterns) == 0 || typ.IsDir() {
+		return
+	}
+	segs := strings.Split(rel, "/")
 	for _, p := range s.patterns {
-		isDir := typ.IsDir()
-		if (!isDir && globMatch(p.Glob, rel)) || (typ&fs.ModeSymlink != 0 && globBelow(p.Glob, rel)) {
-			s.snap.matches[rel] = p.By
+		if p.match(segs) || (typ&fs.ModeSymlink != 0 && p.below(segs)) {
+			s.snap.matches[rel] = p.by
 			return
 		}
 	}
