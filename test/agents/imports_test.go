@@ -154,6 +154,11 @@ func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 	code, stdout, stderr := e.run("commit", "--task", e.task("claude"), "-m", "notes")
 	assert.Equal(t, code, 121, "%s %s", stdout, stderr)
 	assert.Assert(t, is.Contains(stderr, "docs/notes.md (modified: imported by the trusted CLAUDE.md"))
+	code, stdout, stderr = e.run("commit", "--task", e.task("claude"), "-m", "notes", "--allow-agent-config", "docs/notes.md")
+	assert.Equal(t, code, 0, "%s %s", stdout, stderr)
+	code, stdout, stderr = e.run("spec", "--task", e.task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin")
+	assert.Equal(t, code, 0, stderr)
+	assert.Assert(t, !strings.Contains(stdout, `"/work/docs/notes.md"`), "the accepted import is still masked")
 }
 
 // TestOpencodeInstructionsGlobEditDoesNotReachNextSession: the owner's
