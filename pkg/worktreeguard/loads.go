@@ -413,17 +413,21 @@ func (s Store) trustedFile(m *Manifest, root, target string) ([]byte, bool, erro
 	if !ok || e.OutOfTree {
 		return nil, false, nil
 	}
-	p := filepath.Join(s.Dir, contentName, digestKey(e.Digest), "node")
+	node := filepath.Join(s.Dir, contentName, digestKey(e.Digest))
+	name := "node"
 	if target != root {
-		p = filepath.Join(p, filepath.FromSlash(strings.TrimPrefix(target, root+"/")))
+		name += "/" + strings.TrimPrefix(target, root+"/")
 	}
-	var st unix.Stat_t
-	if err := unix.Lstat(p, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, false, nil
-	}
-	data, err := os.ReadFile(p)
+	// The stored copy keeps the root's links as links: read beneath it,
+	// following none.
+	dir, err := openPlainDir(node)
 	if err != nil {
-		return nil, false, fmt.Errorf("worktree trust: read the trusted copy of %s: %w", target, err)
+		return nil, false, err
+	}
+	defer dir.Close()
+	data, err := readFileAt(dir, name, maxFileBytes)
+	if err != nil {
+		return nil, false, nil // not a regular file of the trusted copy
 	}
 	return data, true, nil
 }

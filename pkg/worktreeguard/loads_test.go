@@ -354,3 +354,13 @@ func TestHookAndServerScriptsAreLoads(t *testing.T) {
 	assert.DeepEqual(t, c.Masked, []string{"tools/server.js"})
 	assert.Equal(t, c.Changes[0].Why, "run in the cage by a hook, MCP server or plugin of the trusted .mcp.json")
 }
+
+func TestImportThroughALinkInATrustedRootIsNotFollowed(t *testing.T) {
+	outside := t.TempDir()
+	tree(t, outside, map[string]string{"secret.md": "@/work/docs/leak.md\n"})
+	wt, store := importRepo(t, map[string]string{"CLAUDE.md": "@.claude/link/secret.md\n", ".claude/settings.json": "{}"})
+	assert.NilError(t, os.Symlink(outside, filepath.Join(wt, ".claude/link")))
+	res, _ := trustAndGuard(t, wt, store)
+	// Read through the link, secret.md would name docs/leak.md.
+	assert.DeepEqual(t, res.Loads, []string{})
+}

@@ -88,7 +88,7 @@ func (s Store) trustLoads(ctx context.Context, dir *os.File, worktree string, ne
 		}
 	}
 	next.Loads, next.Patterns, next.HostRefs = r.set.loads, r.set.patterns, r.set.hostRefs
-	res.Loads = slices.Sorted(maps.Keys(r.set.loads))
+	res.Loads = append(res.Loads, slices.Sorted(maps.Keys(r.set.loads))...)
 	res.Outside = append(res.Outside, r.set.outside...)
 	return nil
 }
