@@ -81,6 +81,9 @@ func (s Store) resolveLoads(root *os.File, m, old *Manifest, only map[string]boo
 
 // entry reads one trusted root's files for references.
 func (r *resolver) entry(rel string, e Entry) error {
+	if e.Type == "symlink" && !e.OutOfTree {
+		return r.linkRoot(rel, e)
+	}
 	if e.OutOfTree || (e.Type != "file" && e.Type != "dir") {
 		return nil
 	}
@@ -115,6 +118,45 @@ func (r *resolver) entry(rel string, e Entry) error {
 		}
 	}
 	return nil
+}
+
+// linkRoot follows a trusted guarded root that is a link within the
+// worktree (CLAUDE.md -> AGENTS.md is common): agents read the target, so
+// the target is trusted too — from its trusted copy when it is guarded,
+// else as a load — and a CLAUDE.md's imports are resolved from the
+// target's directory, as Claude Code does. A link to a directory the guard
+// does not watch is refused (a load is a file). The link itself is trusted
+// by its target string (a turn that re-points it is refused).
+func (r *resolver) linkRoot(rel string, e Entry) error {
+	target, err := os.Readlink(filepath.Join(r.store.Dir, contentName, digestKey(e.Digest), "node"))
+	if err != nil {
+		return fmt.Errorf("worktree trust: the trusted copy of %s is missing (%v); run `shrooms trust` to record it again", rel, err)
+	}
+	t, outside := resolveSpec(ref{spec: target, base: dirOf(rel)})
+	if outside || t == "" || r.queued[t] {
+		return nil
+	}
+	r.queued[rel], r.queued[t] = true, true
+	claude := path.Base(rel) == "CLAUDE.md" || path.Base(rel) == "CLAUDE.local.md"
+	if root := GuardedRoot(t); root != "" {
+		data, ok, err := r.store.trustedFile(r.m, root, t)
+		if err != nil || !ok || !claude {
+			return err
+		}
+		return r.claude(t, data, rel, 1)
+	}
+	l, data, err := r.load(t, "the target of the trusted link "+rel+" (agents read it as "+rel+")")
+	if err != nil {
+		return err
+	}
+	if l.Type == "dir" {
+		return fmt.Errorf("worktree trust: %s links to the directory %s, which the guard does not watch; put the directory itself at %s, or remove the link", rel, t, rel)
+	}
+	r.set.loads[t] = l
+	if !claude || l.Type != "file" {
+		return nil
+	}
+	return r.claude(t, data, rel, 1)
 }
 
 // isMarkdownRoot: the guarded directories whose Markdown files the agents

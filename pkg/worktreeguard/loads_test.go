@@ -364,3 +364,33 @@ func TestImportThroughALinkInATrustedRootIsNotFollowed(t *testing.T) {
 	// Read through the link, secret.md would name docs/leak.md.
 	assert.DeepEqual(t, res.Loads, []string{})
 }
+
+func TestClaudeMDLinkedToAnotherFileIsFollowedInTheTree(t *testing.T) {
+	wt, store := importRepo(t, map[string]string{
+		"AGENTS.md":            "shared rules @docs/notes.md\n",
+		"docs/notes.md":        "notes\n",
+		"sub/real/claude.md":   "@x.md\n",
+		"sub/real/x.md":        "x\n",
+		"sub/CLAUDE.local.md/": "",
+	})
+	assert.NilError(t, os.Symlink("AGENTS.md", filepath.Join(wt, "CLAUDE.md")))
+	assert.NilError(t, os.Remove(filepath.Join(wt, "sub/CLAUDE.local.md")))
+	assert.NilError(t, os.Symlink("real/claude.md", filepath.Join(wt, "sub/CLAUDE.local.md")))
+	res, guard := trustAndGuard(t, wt, store)
+	assert.DeepEqual(t, res.Loads, []string{"docs/notes.md", "sub/real/claude.md", "sub/real/x.md"})
+	tree(t, wt, map[string]string{"sub/real/claude.md": "@x.md @evil.md\n"})
+	assert.DeepEqual(t, guard().Masked, []string{"sub/real/claude.md"})
+}
+
+func TestGuardedLinkTargetsAreTrusted(t *testing.T) {
+	wt, store := importRepo(t, map[string]string{"docs/agents.md": "rules\n", "config/claude/settings.json": "{}"})
+	assert.NilError(t, os.Symlink("docs/agents.md", filepath.Join(wt, "AGENTS.md")))
+	res, guard := trustAndGuard(t, wt, store)
+	assert.DeepEqual(t, res.Loads, []string{"docs/agents.md"})
+	tree(t, wt, map[string]string{"docs/agents.md": "CODEWORD\n"})
+	assert.DeepEqual(t, guard().Masked, []string{"docs/agents.md"})
+
+	assert.NilError(t, os.Symlink("config/claude", filepath.Join(wt, ".claude")))
+	_, err := store.Trust(context.Background(), wt, nil)
+	assert.ErrorContains(t, err, "worktree trust: .claude links to the directory config/claude, which the guard does not watch")
+}
