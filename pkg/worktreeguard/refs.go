@@ -398,7 +398,7 @@ func asStrings(v any) []string {
 // (or sources) when it exists.
 var direnvLoaders = map[string]bool{
 	"source_env": true, "source_env_if_exists": true, "dotenv": true, "dotenv_if_exists": true,
-	"source": true, ".": true, "watch_file": true, "env_vars_required": false,
+	"source": true, ".": true, "watch_file": true,
 }
 
 // hostRefs returns what a host-side tool file at rel (guarded by name)
