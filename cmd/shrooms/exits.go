@@ -275,6 +275,12 @@ task to another worktree (all of its config is then trusted as it is).`,
 			for _, p := range res.Forgotten {
 				textln(w, "no longer trusted (gone) "+p)
 			}
+			for _, p := range res.Loads {
+				textln(w, "trusted (loaded by trusted config) "+p)
+			}
+			for _, o := range res.Outside {
+				textf(w, "not followed (out of the worktree): %s in %s\n", o.Spec, o.By)
+			}
 			textf(w, "%s: %d trusted agent config paths in %s\n", res.Task, res.Entries, res.Worktree)
 			return nil
 		},

@@ -267,7 +267,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	handoff = prep
 	res, err = r.execute(ctx, req, prep, c, preparedID)
 	if before != nil {
-		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, in.worktree)
+		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, in.worktree, prep.guard)
 	}
 	return res, err
 }
@@ -319,12 +319,14 @@ type WorktreeChanges struct {
 	Error string `json:"error,omitempty"`
 }
 
-func worktreeChanges(ctx context.Context, before *wtdiff.Snapshot, worktree string) *WorktreeChanges {
+// worktreeChanges lists what the turn changed; guard (the turn's check)
+// adds the files trusted config loads or runs to its agent config.
+func worktreeChanges(ctx context.Context, before *wtdiff.Snapshot, worktree string, guard *worktreeguard.Check) *WorktreeChanges {
 	after, err := wtdiff.Scan(ctx, worktree)
 	if err != nil {
 		return &WorktreeChanges{Error: err.Error()}
 	}
-	sum := wtdiff.Diff(before, after)
+	sum := wtdiff.DiffRefs(before, after, guard.Referenced)
 	return &WorktreeChanges{Summary: &sum}
 }
 

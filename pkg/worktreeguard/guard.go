@@ -12,6 +12,14 @@
 // read-only over it, and the difference is reported. `shrooms commit` uses
 // the same comparison to refuse agent config the owner did not accept.
 //
+// Trusted files also load other files (invariant 10): the files a trusted
+// CLAUDE.md imports (`@path`, recursively), opencode's `instructions` and
+// `{file:}` references, the scripts trusted hooks and MCP servers run.
+// Those are resolved when the snapshot is taken and trusted by digest too
+// (loads, loads.go; the readers in refs.go); a changed one is masked like
+// a guarded root. Scripts that host-side tool config runs (.envrc,
+// pre-commit, husky, …) are recorded too, for the turn's change report.
+//
 // Every host-side access to the worktree is fd-relative and never follows a
 // link, opens a FIFO or device, or descends into .git.
 package worktreeguard

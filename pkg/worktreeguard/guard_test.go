@@ -304,7 +304,14 @@ func TestDiffAndExecutable(t *testing.T) {
 // BenchmarkGuard100kFiles: the guard's scan of a worktree with 100 000
 // ordinary files (and a handful of guarded ones), the cost added to every
 // turn with a worktree.
-func BenchmarkGuard100kFiles(b *testing.B) {
+func BenchmarkGuard100kFiles(b *testing.B) { benchGuard(b, false) }
+
+// BenchmarkGuard100kFilesWithImportsAndGlob: the same, with a CLAUDE.md
+// importing a file and an opencode.json instructions glob (matched
+// against every entry).
+func BenchmarkGuard100kFilesWithImportsAndGlob(b *testing.B) { benchGuard(b, true) }
+
+func benchGuard(b *testing.B, refs bool) {
 	wt := b.TempDir()
 	for d := 0; d < 100; d++ {
 		dir := filepath.Join(wt, fmt.Sprintf("pkg%03d", d))
@@ -320,6 +327,10 @@ func BenchmarkGuard100kFiles(b *testing.B) {
 	for _, p := range []string{"CLAUDE.md", "pkg001/AGENTS.md", ".claude/settings.json"} {
 		_ = os.MkdirAll(filepath.Dir(filepath.Join(wt, p)), 0o755)
 		_ = os.WriteFile(filepath.Join(wt, p), []byte("{}"), 0o644)
+	}
+	if refs {
+		_ = os.WriteFile(filepath.Join(wt, "CLAUDE.md"), []byte("@pkg002/f0001.go\n"), 0o644)
+		_ = os.WriteFile(filepath.Join(wt, "opencode.json"), []byte(`{"instructions": ["pkg0*/**/*.md", "docs/{a,b}/*.md"]}`), 0o644)
 	}
 	store := Store{Dir: filepath.Join(b.TempDir(), "trust")}
 	ctx := context.Background()

@@ -52,6 +52,9 @@ type Snapshot struct {
 	Entries map[string]Entry `json:"entries"`
 	// Visited counts the worktree entries the scan looked at.
 	Visited int `json:"visited"`
+	// matches are the files and links the scan's patterns matched (or
+	// could lead on below a link), with the pattern's why.
+	matches map[string]string
 }
 
 func (s *Snapshot) paths() []string {
@@ -65,12 +68,13 @@ func (s *Snapshot) paths() []string {
 // roots it hashes (only those in only, when only is non-nil) below copyTo,
 // so that a snapshot holds exactly the bytes its digest covers.
 type scanner struct {
-	ctx     context.Context
-	rootFd  int
-	copyTo  *os.File
-	only    map[string]bool
-	snap    *Snapshot
-	visited int
+	ctx      context.Context
+	rootFd   int
+	copyTo   *os.File
+	only     map[string]bool
+	patterns []compiledPattern
+	snap     *Snapshot
+	visited  int
 }
 
 // Scan finds and hashes every guarded root of worktree.
@@ -79,13 +83,20 @@ func Scan(ctx context.Context, worktree string) (*Snapshot, error) {
 }
 
 func scan(ctx context.Context, worktree string, copyTo *os.File, only map[string]bool) (*Snapshot, error) {
+	return scanWith(ctx, worktree, copyTo, only, nil)
+}
+
+// scanWith is scan that also collects what patterns match outside the
+// guarded roots.
+func scanWith(ctx context.Context, worktree string, copyTo *os.File, only map[string]bool, patterns []Pattern) (*Snapshot, error) {
 	fd, err := unix.Open(worktree, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("worktree guard: open %s: %w", worktree, err)
 	}
 	root := os.NewFile(uintptr(fd), worktree)
 	defer root.Close()
-	s := &scanner{ctx: ctx, rootFd: int(root.Fd()), copyTo: copyTo, only: only, snap: &Snapshot{Entries: map[string]Entry{}}}
+	s := &scanner{ctx: ctx, rootFd: int(root.Fd()), copyTo: copyTo, only: only, patterns: compilePatterns(patterns),
+		snap: &Snapshot{Entries: map[string]Entry{}, matches: map[string]string{}}}
 	if err := s.walk(root, "", 0); err != nil {
 		return nil, err
 	}
@@ -129,6 +140,7 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 			s.snap.Entries[childRel] = e
 			continue
 		}
+		s.match(childRel, ent.Type())
 		if ent.Type()&fs.ModeSymlink != 0 {
 			if err := s.link(dir, name, childRel); err != nil {
 				return err
@@ -154,6 +166,24 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 		}
 	}
 	return nil
+}
+
+// match records a file the scan's patterns match, and a link (or an entry
+// of another type) where one matches or could lead on below.
+func (s *scanner) match(rel string, typ fs.FileMode) {
+	if path.Base(rel) == ".git" {
+		return
+	}
+	if len(s.patterns) == 0 || typ.IsDir() {
+		return
+	}
+	segs := strings.Split(rel, "/")
+	for _, p := range s.patterns {
+		if p.match(segs) || (typ&fs.ModeSymlink != 0 && p.below(segs)) {
+			s.snap.matches[rel] = p.by
+			return
+		}
+	}
 }
 
 // link records a link whose target is outside the worktree: what it points

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -19,8 +20,9 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 )
 
-// manifestVersion changes when the manifest's meaning does.
-const manifestVersion = 1
+// manifestVersion changes when the manifest's meaning does (2: loads,
+// patterns and host references; a version 1 manifest never followed them).
+const manifestVersion = 2
 
 // Manifest is the trusted project config of one task's worktree.
 type Manifest struct {
@@ -29,6 +31,17 @@ type Manifest struct {
 	// Entries are the trusted guarded roots; their bytes are kept in the
 	// store under content/<digest>/node.
 	Entries map[string]Entry `json:"entries"`
+	// Loads are the worktree files the trusted entries load by reference
+	// (Claude Code @imports, opencode instructions and {file:}), trusted
+	// by digest; their bytes are kept like the entries'.
+	Loads map[string]Load `json:"loads,omitempty"`
+	// Patterns are opencode instructions globs: what they match later is
+	// a load too (trusted absent unless matched now).
+	Patterns []Pattern `json:"patterns,omitempty"`
+	// HostRefs are the worktree files trusted host-side tool config
+	// (.envrc, pre-commit, husky, git hooks, mise, VS Code tasks, dev
+	// containers) runs, with why: listed when a turn changes them.
+	HostRefs map[string]string `json:"hostRefs,omitempty"`
 }
 
 // Snapshot returns the manifest's entries as a snapshot for Diff.
@@ -37,6 +50,47 @@ func (m *Manifest) Snapshot() *Snapshot {
 		return &Snapshot{Entries: map[string]Entry{}}
 	}
 	return &Snapshot{Entries: m.Entries}
+}
+
+// trustLoads resolves what next's entries load, stores the captured
+// bytes, and records the loads in next and res. notRoots are named paths
+// that are no guarded root: each must be a load.
+func (s Store) trustLoads(ctx context.Context, dir *os.File, worktree string, next, old *Manifest, only map[string]bool, notRoots []string, res *TrustResult) error {
+	root, err := openPlainDir(worktree)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	r, err := s.resolveLoads(root, next, old, only)
+	if err != nil {
+		return err
+	}
+	if len(r.set.patterns) > 0 {
+		snap, err := scanWith(ctx, worktree, nil, nil, r.set.patterns)
+		if err != nil {
+			return err
+		}
+		for _, rel := range slices.Sorted(maps.Keys(snap.matches)) {
+			if err := r.addMatch(rel, snap.matches[rel]); err != nil {
+				return err
+			}
+		}
+	}
+	for _, p := range notRoots {
+		if _, ok := r.set.loads[p]; !ok {
+			return fmt.Errorf("worktree trust: %q is not a guarded path of %s, nor a file its trusted config loads (guarded: agent config such as .claude, .opencode, opencode.json, .mcp.json, CLAUDE.md, AGENTS.md, .envrc, .vscode)", p, worktree)
+		}
+		res.Trusted = append(res.Trusted, p)
+	}
+	for _, rel := range slices.Sorted(maps.Keys(r.set.data)) {
+		if err := s.storeLoad(dir, r.set.loads[rel].Digest, r.set.data[rel]); err != nil {
+			return err
+		}
+	}
+	next.Loads, next.Patterns, next.HostRefs = r.set.loads, r.set.patterns, r.set.hostRefs
+	res.Loads = append(res.Loads, slices.Sorted(maps.Keys(r.set.loads))...)
+	res.Outside = append(res.Outside, r.set.outside...)
+	return nil
 }
 
 // Store is the trust store of one task: Dir (inside shrooms' root-only
@@ -83,6 +137,11 @@ type TrustResult struct {
 	// Forgotten are paths trusted before that no longer exist.
 	Forgotten []string `json:"forgotten"`
 	Entries   int      `json:"entries"`
+	// Loads are the files the trusted config loads by reference, now
+	// trusted by digest (absent ones included); Outside the references
+	// out of the worktree, not followed.
+	Loads   []string  `json:"loads"`
+	Outside []Outside `json:"outside"`
 }
 
 // Trust records the worktree's current guarded config as trusted: all of
@@ -130,7 +189,8 @@ func (s Store) Trust(ctx context.Context, worktree string, paths []string) (*Tru
 	if err != nil {
 		return nil, err
 	}
-	res := &TrustResult{Worktree: worktree, Trusted: []string{}, Forgotten: []string{}}
+	res := &TrustResult{Worktree: worktree, Trusted: []string{}, Forgotten: []string{}, Loads: []string{}, Outside: []Outside{}}
+	var notRoots []string
 	next := &Manifest{Version: manifestVersion, Worktree: worktree, Entries: map[string]Entry{}}
 	if only == nil {
 		next.Entries = now.Entries
@@ -159,7 +219,7 @@ func (s Store) Trust(ctx context.Context, worktree string, paths []string) (*Tru
 				delete(next.Entries, p)
 				res.Forgotten = append(res.Forgotten, p)
 			default:
-				return nil, fmt.Errorf("worktree trust: %q is not a guarded path of %s (guarded: agent config such as .claude, .opencode, opencode.json, .mcp.json, CLAUDE.md, AGENTS.md, .envrc, .vscode)", p, worktree)
+				notRoots = append(notRoots, p) // a load, or an error below
 			}
 		}
 	}
@@ -172,6 +232,9 @@ func (s Store) Trust(ctx context.Context, worktree string, paths []string) (*Tru
 		if err := s.store(dir, st, rel, e.Digest); err != nil {
 			return nil, err
 		}
+	}
+	if err := s.trustLoads(ctx, dir, worktree, next, old, only, notRoots, res); err != nil {
+		return nil, err
 	}
 	slices.Sort(res.Forgotten)
 	b, err := json.MarshalIndent(next, "", "  ")
@@ -238,6 +301,9 @@ func (s Store) prune(m *Manifest) {
 	for _, e := range m.Entries {
 		keep[digestKey(e.Digest)] = true
 	}
+	for _, l := range m.Loads {
+		keep[digestKey(l.Digest)] = true
+	}
 	names, _ := os.ReadDir(filepath.Join(s.Dir, contentName))
 	for _, n := range names {
 		if !keep[n.Name()] {
@@ -285,6 +351,11 @@ type Check struct {
 	OpencodeProjectConfig bool `json:"opencodeProjectConfig"`
 	// Mounts mask the changed paths: read-only binds over /work/<path>.
 	Mounts []mounts.Mount `json:"-"`
+	// loadState is the loads' state now (part of Digest); refs and
+	// patterns what Referenced reads.
+	loadState []string
+	refs      map[string]string
+	patterns  []Pattern
 }
 
 // Guard compares worktree with the trusted manifest m (nil: none yet, so
@@ -292,13 +363,17 @@ type Check struct {
 // at guarded paths that the owner did not trust are refused: a mount over
 // them would follow the link.
 func (s Store) Guard(ctx context.Context, worktree string, m *Manifest) (*Check, error) {
-	now, err := Scan(ctx, worktree)
+	var patterns []Pattern
+	if m != nil {
+		patterns = m.Patterns
+	}
+	now, err := scanWith(ctx, worktree, nil, nil, patterns)
 	if err != nil {
 		return nil, err
 	}
 	c := &Check{Trusted: m != nil, Changes: []Change{}, Masked: []string{}, Visited: now.Visited}
-	c.Digest = snapshotDigest(now)
 	if m == nil {
+		c.Digest = snapshotDigest(now, nil)
 		c.OpencodeProjectConfig = hasOpencode(now)
 		return c, nil
 	}
@@ -316,12 +391,28 @@ func (s Store) Guard(ctx context.Context, worktree string, m *Manifest) (*Check,
 			return nil, err
 		}
 		c.Masked = append(c.Masked, ch.Path)
-		c.Mounts = append(c.Mounts, mounts.Mount{
-			Kind: mounts.Bind, Source: src, Dest: mounts.WorkDir + "/" + ch.Path, ReadOnly: true,
-			Options: []string{"rbind", "nosuid", "nodev"},
-		})
+		c.Mounts = append(c.Mounts, maskMount(src, ch.Path))
 	}
+	root, err := openPlainDir(worktree)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	if err := s.guardLoads(root, m, now.matches, c); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(c.Changes, func(a, b Change) int { return strings.Compare(a.Path, b.Path) })
+	slices.Sort(c.Masked)
+	slices.SortFunc(c.Mounts, func(a, b mounts.Mount) int { return strings.Compare(a.Dest, b.Dest) })
+	c.Digest = snapshotDigest(now, c.loadState)
 	c.OpencodeProjectConfig = !untrustedOpencode && hasOpencode(m.Snapshot())
+	c.refs, c.patterns = map[string]string{}, m.Patterns
+	for rel, l := range m.Loads {
+		c.refs[rel] = l.By
+	}
+	for rel, why := range m.HostRefs {
+		c.refs[rel] = why
+	}
 	return c, nil
 }
 
@@ -364,11 +455,14 @@ func hasOpencode(s *Snapshot) bool {
 	return false
 }
 
-func snapshotDigest(s *Snapshot) string {
+func snapshotDigest(s *Snapshot, loads []string) string {
 	h := sha256.New()
 	for _, rel := range s.paths() {
 		e := s.Entries[rel]
 		fmt.Fprintf(h, "%q %s %s %t\n", rel, e.Type, e.Digest, e.Oversize)
+	}
+	for _, l := range loads {
+		fmt.Fprintf(h, "load %q\n", l)
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
 }

@@ -147,16 +147,29 @@ type Summary struct {
 // Diff compares the worktree before a turn with the one after it.
 // Directories count when added or deleted, not when only their entries
 // changed.
-func Diff(before, after *Snapshot) Summary {
+func Diff(before, after *Snapshot) Summary { return DiffRefs(before, after, nil) }
+
+// DiffRefs is Diff that also lists, as agent config, the changed paths
+// referenced says are loaded or run by trusted config (worktreeguard's
+// Check.Referenced: a CLAUDE.md import, an opencode instructions file, a
+// script a trusted .envrc or hook runs), with referenced's why.
+func DiffRefs(before, after *Snapshot, referenced func(rel string) string) Summary {
 	sum := Summary{AgentConfig: []Change{}, Truncated: before.truncated || after.truncated,
 		ScanMS: float64(before.took+after.took) / float64(time.Millisecond)}
 	roots := map[string]string{}
+	whys := map[string]string{}
 	touch := func(rel, change string) {
 		root := worktreeguard.GuardedRoot(rel)
 		if root == "" {
 			root = nestedRepoRoot(rel, before, after)
 		}
 		if root == "" {
+			if referenced == nil {
+				return
+			}
+			if why := referenced(rel); why != "" {
+				roots[rel], whys[rel] = change, why
+			}
 			return
 		}
 		if root != rel {
@@ -195,7 +208,11 @@ func Diff(before, after *Snapshot) Summary {
 	slices.Sort(paths)
 	sum.AgentConfigCount = len(paths)
 	for _, p := range paths[:min(len(paths), maxListed)] {
-		sum.AgentConfig = append(sum.AgentConfig, Change{Path: p, Change: roots[p], Why: why(p, before, after)})
+		w, ok := whys[p]
+		if !ok {
+			w = why(p, before, after)
+		}
+		sum.AgentConfig = append(sum.AgentConfig, Change{Path: p, Change: roots[p], Why: w})
 	}
 	return sum
 }

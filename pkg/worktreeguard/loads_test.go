@@ -1,0 +1,396 @@
+package worktreeguard
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"gotest.tools/v3/assert"
+	is "gotest.tools/v3/assert/cmp"
+)
+
+func TestClaudeImportsAsClaudeCodeReadsThem(t *testing.T) {
+	md := strings.Join([]string{
+		"See @docs/notes.md and @./rel.md , also @~/home.md and @/abs/x.md. (a dot ends the last)",
+		"A fragment: @docs/frag.md#section, an escaped space: @docs/my\\ file.md",
+		"mail user@example.com is no import; @@twice, @#hash, @/ and @ alone are not either",
+		"`@docs/in-span.md` is code; ``a ` @docs/in-double-span.md`` too; \\` @docs/escaped-tick.md",
+		"```",
+		"@docs/in-fence.md",
+		"```",
+		"~~~~ text",
+		"@docs/in-tilde-fence.md",
+		"~~~",
+		"still fenced @docs/still-fenced.md",
+		"~~~~",
+		"    ```not a fence (indented four)",
+		"after @docs/after.md",
+		"@docs/after.md again, and @types/node",
+	}, "\n")
+	got := claudeImports([]byte(md))
+	assert.DeepEqual(t, got, []string{
+		"docs/notes.md", "./rel.md", "~/home.md", "/abs/x.md.",
+		"docs/frag.md", "docs/my file.md",
+		"docs/escaped-tick.md",
+		"docs/after.md", "types/node",
+	})
+}
+
+func TestResolveSpec(t *testing.T) {
+	for _, c := range []struct {
+		spec, base, want string
+		outside          bool
+	}{
+		{"docs/a.md", "", "docs/a.md", false},
+		{"./a.md", "sub", "sub/a.md", false},
+		{"../a.md", "sub", "a.md", false},
+		{"../../a.md", "sub", "", true},
+		{"~/a.md", "", "", true},
+		{"/etc/passwd", "", "", true},
+		{"/work/docs/a.md", "sub", "docs/a.md", false},
+		{"/work", "", "", false},
+		{"/outbox/x", "", "", true},
+		{"$HOME/x", "", "", false},
+		{"https://example.com/x", "", "", false},
+	} {
+		got, outside := resolveSpec(ref{spec: c.spec, base: c.base})
+		assert.Equal(t, got, c.want, "%+v", c)
+		assert.Equal(t, outside, c.outside, "%+v", c)
+	}
+}
+
+func TestGlob(t *testing.T) {
+	for _, c := range []struct {
+		pat, rel string
+		want     bool
+	}{
+		{"docs/*.md", "docs/a.md", true},
+		{"docs/*.md", "docs/sub/a.md", false},
+		{"docs/**/*.md", "docs/a.md", true},
+		{"docs/**/*.md", "docs/x/y/a.md", true},
+		{"**/*.md", ".hidden/a.md", true},
+		{"{docs,notes}/*.md", "notes/a.md", true},
+		{"{docs,notes}/*.md", "src/a.md", false},
+		{"rules/[ab].md", "rules/b.md", true},
+	} {
+		assert.Equal(t, globMatch(c.pat, c.rel), c.want, "%+v", c)
+	}
+	assert.Assert(t, globBelow("docs/**/*.md", "docs/sub"))
+	assert.Assert(t, globBelow("docs/*.md", "docs"))
+	assert.Assert(t, !globBelow("docs/*.md", "docs/sub"))
+	assert.Assert(t, !globBelow("docs/*.md", "src"))
+	assert.Equal(t, len(expandBraces(strings.Repeat("{a,b}", 10))), 1, "a brace bomb expands to a catch-all")
+}
+
+// importRepo is a worktree whose trusted CLAUDE.md imports a chain.
+func importRepo(t *testing.T, files map[string]string) (string, Store) {
+	t.Helper()
+	wt := t.TempDir()
+	tree(t, wt, files)
+	return wt, Store{Dir: filepath.Join(t.TempDir(), "trust")}
+}
+
+func trustAndGuard(t *testing.T, wt string, store Store) (*TrustResult, func() *Check) {
+	t.Helper()
+	ctx := context.Background()
+	res, err := store.Trust(ctx, wt, nil)
+	assert.NilError(t, err)
+	return res, func() *Check {
+		t.Helper()
+		m, err := store.Load()
+		assert.NilError(t, err)
+		c, err := store.Guard(ctx, wt, m)
+		assert.NilError(t, err)
+		return c
+	}
+}
+
+func TestImportsRecursionCyclesDepthAndOutside(t *testing.T) {
+	wt, store := importRepo(t, map[string]string{
+		"CLAUDE.md": "Read @docs/notes.md\n```\n@docs/fenced.md\n```\n`@docs/span.md`\n" +
+			"Home: @~/.claude/mine.md parent: @../up.md root: @/etc/hosts absolute in tree: @/work/docs/abs.md and missing: @docs/missing.md\n",
+		"docs/notes.md":        "more in @./deeper/one.md and back to @../CLAUDE.md and @notes.md itself\n",
+		"docs/deeper/one.md":   "@two.md\n",
+		"docs/deeper/two.md":   "@three.md\n",
+		"docs/deeper/three.md": "@four.md\n",
+		"docs/deeper/four.md":  "@five.md\n",
+		"docs/deeper/five.md":  "@six.md\n",
+		"docs/deeper/six.md":   "too deep\n",
+		"docs/abs.md":          "absolute\n",
+		"docs/fenced.md":       "not imported\n",
+		"docs/span.md":         "not imported\n",
+		"sub/CLAUDE.md":        "nested: @../docs/sub.md and @.claude/x.md\n",
+		"sub/.claude/x.md":     "@/work/docs/via-guarded.md\n",
+		"docs/sub.md":          "nested import\n",
+		"docs/via-guarded.md":  "through a guarded file\n",
+	})
+	res, guard := trustAndGuard(t, wt, store)
+	assert.DeepEqual(t, res.Loads, []string{
+		"docs/abs.md", "docs/deeper/four.md", "docs/deeper/one.md", "docs/deeper/three.md",
+		"docs/deeper/two.md", "docs/missing.md", "docs/notes.md", "docs/sub.md", "docs/via-guarded.md",
+	})
+	var outside []string
+	for _, o := range res.Outside {
+		outside = append(outside, o.By+": "+o.Spec)
+	}
+	assert.DeepEqual(t, outside, []string{"CLAUDE.md: ~/.claude/mine.md", "CLAUDE.md: ../up.md", "CLAUDE.md: /etc/hosts"})
+	m, err := store.Load()
+	assert.NilError(t, err)
+	assert.Equal(t, m.Loads["docs/missing.md"].Type, "absent")
+	assert.Equal(t, m.Loads["docs/deeper/one.md"].By, "imported by docs/notes.md, which the trusted CLAUDE.md imports (Claude Code @import)")
+	c := guard()
+	assert.Equal(t, len(c.Changes), 0, "%+v", c.Changes)
+	assert.Equal(t, c.Referenced("docs/notes.md"), "imported by the trusted CLAUDE.md (Claude Code @import)")
+	// Claude Code 2.1.332 reads imports down to four hops past CLAUDE.md
+	// (its loader skips depth 5); the guard follows five.
+	assert.Equal(t, c.Referenced("docs/deeper/four.md"), "imported by docs/deeper/three.md, which the trusted CLAUDE.md imports (Claude Code @import)")
+	assert.Equal(t, c.Referenced("docs/deeper/five.md"), "", "past the depth")
+}
+
+func TestChangedImportIsMaskedWithTheTrustedCopy(t *testing.T) {
+	wt, store := importRepo(t, map[string]string{
+		"CLAUDE.md":      "@docs/notes.md @docs/new.md @docs/gone.md @docs/linked.md @lnk/x.md\n",
+		"docs/notes.md":  "owner's notes\n",
+		"docs/gone.md":   "to delete\n",
+		"docs/linked.md": "to replace by a link\n",
+		"lnk/x.md":       "its directory becomes a link\n",
+		"other/x.md":     "planted\n",
+	})
+	_, guard := trustAndGuard(t, wt, store)
+	before := guard().Digest
+
+	// The turn edits, creates, deletes.
+	tree(t, wt, map[string]string{"docs/notes.md": "CODEWORD from the turn\n", "docs/new.md": "planted\n"})
+	assert.NilError(t, os.Remove(filepath.Join(wt, "docs/gone.md")))
+	c := guard()
+	assert.Assert(t, c.Digest != before)
+	var got []string
+	for _, ch := range c.Changes {
+		got = append(got, ch.Path+" "+ch.Change+" "+ch.Type)
+	}
+	assert.DeepEqual(t, got, []string{"docs/gone.md deleted absent", "docs/new.md added file", "docs/notes.md modified file"})
+	assert.DeepEqual(t, c.Masked, []string{"docs/new.md", "docs/notes.md"})
+	srcs := map[string]string{}
+	for _, mt := range c.Mounts {
+		srcs[mt.Dest] = mt.Source
+		assert.Assert(t, mt.ReadOnly)
+	}
+	b, err := os.ReadFile(srcs["/work/docs/notes.md"])
+	assert.NilError(t, err)
+	assert.Equal(t, string(b), "owner's notes\n", "the trusted copy is shown")
+	b, err = os.ReadFile(srcs["/work/docs/new.md"])
+	assert.NilError(t, err)
+	assert.Equal(t, string(b), "", "a target absent when trusted is masked empty")
+
+	// A link in place of a load, or on its way, is refused, not followed.
+	assert.NilError(t, os.Remove(filepath.Join(wt, "docs/linked.md")))
+	assert.NilError(t, os.Symlink("../other/x.md", filepath.Join(wt, "docs/linked.md")))
+	m, _ := store.Load()
+	_, err = store.Guard(context.Background(), wt, m)
+	assert.ErrorContains(t, err, "docs/linked.md (imported by the trusted CLAUDE.md (Claude Code @import)) is now a link")
+	assert.NilError(t, os.Remove(filepath.Join(wt, "docs/linked.md")))
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "docs/linked.md"), []byte("to replace by a link\n"), 0o644))
+	assert.NilError(t, os.RemoveAll(filepath.Join(wt, "lnk")))
+	assert.NilError(t, os.Symlink("other", filepath.Join(wt, "lnk")))
+	_, err = store.Guard(context.Background(), wt, m)
+	assert.ErrorContains(t, err, "lnk/x.md (imported by the trusted CLAUDE.md (Claude Code @import)) is now a link or leads through one")
+
+	// A FIFO is reported without being opened.
+	assert.NilError(t, os.Remove(filepath.Join(wt, "lnk")))
+	assert.NilError(t, os.MkdirAll(filepath.Join(wt, "lnk"), 0o755))
+	assert.NilError(t, syscall.Mkfifo(filepath.Join(wt, "lnk/x.md"), 0o644))
+	_, err = store.Guard(context.Background(), wt, m)
+	assert.ErrorContains(t, err, "lnk/x.md (imported by the trusted CLAUDE.md (Claude Code @import)) is now a FIFO")
+}
+
+func TestTrustRefusesALinkOnAnImportPath(t *testing.T) {
+	wt, store := importRepo(t, map[string]string{"CLAUDE.md": "@docs/notes.md\n", "real/notes.md": "x\n"})
+	assert.NilError(t, os.Symlink("real", filepath.Join(wt, "docs")))
+	_, err := store.Trust(context.Background(), wt, nil)
+	assert.ErrorContains(t, err, "docs/notes.md (imported by the trusted CLAUDE.md (Claude Code @import)) is a link or leads through one; the guard does not follow links")
+}
+
+func TestPartialTrustOfALoad(t *testing.T) {
+	wt, store := importRepo(t, map[string]string{"CLAUDE.md": "@docs/notes.md\n", "docs/notes.md": "v1\n"})
+	_, guard := trustAndGuard(t, wt, store)
+	ctx := context.Background()
+
+	// A turn edits the import and adds a new one to CLAUDE.md.
+	tree(t, wt, map[string]string{"docs/notes.md": "v2\n", "CLAUDE.md": "@docs/notes.md @docs/added.md\n", "docs/added.md": "unreviewed\n"})
+	_, err := store.Trust(ctx, wt, []string{"docs/elsewhere.md"})
+	assert.ErrorContains(t, err, `"docs/elsewhere.md" is not a guarded path`)
+	// The owner accepts CLAUDE.md only: the import it newly names is
+	// trusted as absent (its content unreviewed), the edited one keeps v1.
+	_, err = store.Trust(ctx, wt, []string{"CLAUDE.md"})
+	assert.NilError(t, err)
+	c := guard()
+	assert.DeepEqual(t, c.Masked, []string{"docs/added.md", "docs/notes.md"})
+	// Naming the load trusts it.
+	res, err := store.Trust(ctx, wt, []string{"docs/notes.md", "docs/added.md"})
+	assert.NilError(t, err)
+	assert.Assert(t, is.Contains(res.Trusted, "docs/notes.md"))
+	assert.Equal(t, len(guard().Changes), 0)
+}
+
+func TestOpencodeInstructionsGlobsAndFileSubstitutions(t *testing.T) {
+	wt, store := importRepo(t, map[string]string{
+		"opencode.jsonc": `{
+  // a comment
+  "instructions": ["docs/*.md", "rules/main.md", "https://example.com/x.md", "~/mine.md", "/work/abs/*.txt",],
+  "agent": {"build": {"prompt": "{file:./prompts/build.txt}"}},
+  // "x": "{file:./commented.txt}"
+}`,
+		"docs/a.md":         "instructions a\n",
+		"rules/main.md":     "main rules\n",
+		"prompts/build.txt": "prompt\n",
+		"abs/one.txt":       "abs\n",
+		"docs/sub/deep.md":  "not matched by docs/*.md\n",
+	})
+	res, guard := trustAndGuard(t, wt, store)
+	assert.DeepEqual(t, res.Loads, []string{"abs/one.txt", "docs/a.md", "prompts/build.txt", "rules/main.md"})
+	m, _ := store.Load()
+	assert.DeepEqual(t, m.Patterns, []Pattern{
+		{Glob: "docs/*.md", By: "an opencode instructions or {file:} reference of the trusted opencode.jsonc"},
+		{Glob: "abs/*.txt", By: "an opencode instructions or {file:} reference of the trusted opencode.jsonc"},
+	})
+	assert.Equal(t, len(guard().Changes), 0)
+
+	// A turn adds a file the glob matches and edits a literal entry.
+	tree(t, wt, map[string]string{"docs/planted.md": "CODEWORD\n", "rules/main.md": "changed\n", "docs/sub/deep.md": "changed\n"})
+	c := guard()
+	assert.DeepEqual(t, c.Masked, []string{"docs/planted.md", "rules/main.md"})
+	assert.Equal(t, c.Referenced("docs/other-new.md"), "an opencode instructions or {file:} reference of the trusted opencode.jsonc")
+	assert.Equal(t, c.Referenced("docs/sub/deep.md"), "")
+
+	// A link where the glob would match is refused.
+	assert.NilError(t, os.Symlink("../rules/main.md", filepath.Join(wt, "docs/link.md")))
+	_, err := store.Guard(context.Background(), wt, m)
+	assert.ErrorContains(t, err, "docs/link.md (an opencode instructions or {file:} reference of the trusted opencode.jsonc) is now a link")
+}
+
+func TestHostToolReferences(t *testing.T) {
+	wt, store := importRepo(t, map[string]string{
+		".envrc": "source_env scripts/env.sh\nsource_env_if_exists .envrc.local\nPATH_add bin\n./scripts/setup.sh --fast\nuse flake\nexport X=1 # not/a/file\n",
+		".pre-commit-config.yaml": `repos:
+- repo: local
+  hooks:
+  - id: lint
+    name: lint
+    entry: ./tools/lint.sh --strict
+    language: script
+- repo: https://github.com/pre-commit/pre-commit-hooks
+  rev: v4.0.0
+  hooks:
+  - id: trailing-whitespace
+`,
+		".husky/pre-commit":  "#!/bin/sh\nnode tools/check.js\n",
+		".vscode/tasks.json": `{"tasks": [{"label": "b", "command": "${workspaceFolder}/tools/build.sh", "args": ["-v"]}]}`,
+		"mise.toml":          "[tasks.test]\nrun = \"tools/test.sh\"\n",
+		"scripts/env.sh":     "export A=1\n",
+		"scripts/setup.sh":   "echo setup\n",
+		"tools/lint.sh":      "lint\n",
+		"tools/check.js":     "check\n",
+		"tools/build.sh":     "build\n",
+		"tools/test.sh":      "test\n",
+	})
+	_, guard := trustAndGuard(t, wt, store)
+	m, _ := store.Load()
+	var got []string
+	for rel := range m.HostRefs {
+		got = append(got, rel)
+	}
+	assert.DeepEqual(t, sortedStrings(got), []string{
+		".envrc.local", "flake.lock", "flake.nix", "scripts/env.sh", "scripts/setup.sh",
+		"tools/build.sh", "tools/check.js", "tools/lint.sh", "tools/test.sh",
+	})
+	c := guard()
+	assert.Equal(t, c.Referenced("scripts/env.sh"), "run by the trusted .envrc (direnv, on entering the directory)")
+	assert.Equal(t, c.Referenced("tools/lint.sh"), "run by a local hook of the trusted .pre-commit-config.yaml (pre-commit)")
+	assert.Equal(t, c.Referenced("tools/check.js"), "run by the trusted git hook .husky/pre-commit")
+	assert.Equal(t, len(c.Masked), 0, "host-side references are listed, not masked")
+}
+
+func TestVersionOneManifestFailsClosed(t *testing.T) {
+	store := Store{Dir: t.TempDir()}
+	assert.NilError(t, os.WriteFile(filepath.Join(store.Dir, manifestName), []byte(`{"version":1,"worktree":"/x","entries":{}}`), 0o600))
+	_, err := store.Load()
+	assert.ErrorContains(t, err, "has version 1, this shrooms reads 2; run `shrooms trust`")
+}
+
+func sortedStrings(s []string) []string {
+	out := append([]string{}, s...)
+	for i := range out {
+		for j := i + 1; j < len(out); j++ {
+			if out[j] < out[i] {
+				out[i], out[j] = out[j], out[i]
+			}
+		}
+	}
+	return out
+}
+
+func TestHookAndServerScriptsAreLoads(t *testing.T) {
+	wt, store := importRepo(t, map[string]string{
+		".claude/settings.json": `{"permissions": {"allow": ["Read(src/main.go)"]},
+  "hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": "sh \"$CLAUDE_PROJECT_DIR\"/scripts/hook.sh --quiet"}]}]},
+  "statusLine": {"type": "command", "command": "./scripts/status.sh"}}`,
+		".mcp.json":         `{"mcpServers": {"t": {"command": "node", "args": ["tools/server.js", "--config", "tools/mcp.yaml"]}}}`,
+		"opencode.json":     `{"mcp": {"o": {"type": "local", "command": ["python3", "tools/oc.py"]}}, "plugin": ["./plugins/p.js", "some-npm-plugin"]}`,
+		"scripts/hook.sh":   "echo hook\n",
+		"scripts/status.sh": "echo status\n",
+		"tools/server.js":   "server\n",
+		"tools/mcp.yaml":    "a: 1\n",
+		"tools/oc.py":       "oc\n",
+		"plugins/p.js":      "export {}\n",
+		"src/main.go":       "package main\n",
+	})
+	res, guard := trustAndGuard(t, wt, store)
+	assert.DeepEqual(t, res.Loads, []string{"plugins/p.js", "scripts/hook.sh", "scripts/status.sh", "tools/mcp.yaml", "tools/oc.py", "tools/server.js"})
+	tree(t, wt, map[string]string{"tools/server.js": "evil\n", "src/main.go": "package main // edited\n"})
+	c := guard()
+	assert.DeepEqual(t, c.Masked, []string{"tools/server.js"})
+	assert.Equal(t, c.Changes[0].Why, "run in the cage by a hook, MCP server or plugin of the trusted .mcp.json")
+}
+
+func TestImportThroughALinkInATrustedRootIsNotFollowed(t *testing.T) {
+	outside := t.TempDir()
+	tree(t, outside, map[string]string{"secret.md": "@/work/docs/leak.md\n"})
+	wt, store := importRepo(t, map[string]string{"CLAUDE.md": "@.claude/link/secret.md\n", ".claude/settings.json": "{}"})
+	assert.NilError(t, os.Symlink(outside, filepath.Join(wt, ".claude/link")))
+	res, _ := trustAndGuard(t, wt, store)
+	// Read through the link, secret.md would name docs/leak.md.
+	assert.DeepEqual(t, res.Loads, []string{})
+}
+
+func TestClaudeMDLinkedToAnotherFileIsFollowedInTheTree(t *testing.T) {
+	wt, store := importRepo(t, map[string]string{
+		"AGENTS.md":            "shared rules @docs/notes.md\n",
+		"docs/notes.md":        "notes\n",
+		"sub/real/claude.md":   "@x.md\n",
+		"sub/real/x.md":        "x\n",
+		"sub/CLAUDE.local.md/": "",
+	})
+	assert.NilError(t, os.Symlink("AGENTS.md", filepath.Join(wt, "CLAUDE.md")))
+	assert.NilError(t, os.Remove(filepath.Join(wt, "sub/CLAUDE.local.md")))
+	assert.NilError(t, os.Symlink("real/claude.md", filepath.Join(wt, "sub/CLAUDE.local.md")))
+	res, guard := trustAndGuard(t, wt, store)
+	assert.DeepEqual(t, res.Loads, []string{"docs/notes.md", "sub/real/claude.md", "sub/real/x.md"})
+	tree(t, wt, map[string]string{"sub/real/claude.md": "@x.md @evil.md\n"})
+	assert.DeepEqual(t, guard().Masked, []string{"sub/real/claude.md"})
+}
+
+func TestGuardedLinkTargetsAreTrusted(t *testing.T) {
+	wt, store := importRepo(t, map[string]string{"docs/agents.md": "rules\n", "config/claude/settings.json": "{}"})
+	assert.NilError(t, os.Symlink("docs/agents.md", filepath.Join(wt, "AGENTS.md")))
+	res, guard := trustAndGuard(t, wt, store)
+	assert.DeepEqual(t, res.Loads, []string{"docs/agents.md"})
+	tree(t, wt, map[string]string{"docs/agents.md": "CODEWORD\n"})
+	assert.DeepEqual(t, guard().Masked, []string{"docs/agents.md"})
+
+	assert.NilError(t, os.Symlink("config/claude", filepath.Join(wt, ".claude")))
+	_, err := store.Trust(context.Background(), wt, nil)
+	assert.ErrorContains(t, err, "worktree trust: .claude links to the directory config/claude, which the guard does not watch")
+}
