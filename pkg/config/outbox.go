@@ -35,6 +35,11 @@ type Outbox struct {
 	AllowExec bool `toml:"allow_exec"`
 	// CollectTimeout bounds the run time of one move and of one collect.
 	CollectTimeout Duration `toml:"collect_timeout"`
+	// MaxPending caps the bytes a task's pending deliveries (earlier turns'
+	// outboxes not yet collected or released) may hold on the host's disk: a
+	// turn does not start while they hold more, so turn after turn cannot
+	// fill the disk through the outbox.
+	MaxPending Size `toml:"max_pending"`
 }
 
 func defaultOutbox() Outbox {
@@ -49,6 +54,7 @@ func defaultOutbox() Outbox {
 		MaxNameLength:  255,
 		AllowExec:      false,
 		CollectTimeout: Duration(60e9),
+		MaxPending:     1 << 30,
 	}
 }
 
@@ -72,6 +78,8 @@ func (o *Outbox) validate() error {
 		return &Error{Key: "outbox.max_depth", Msg: fmt.Sprintf("%d is out of range 1..64", o.MaxDepth)}
 	case o.MaxNameLength < 1 || o.MaxNameLength > 255:
 		return &Error{Key: "outbox.max_name_length", Msg: fmt.Sprintf("%d is out of range 1..255", o.MaxNameLength)}
+	case o.MaxPending < o.Size:
+		return &Error{Key: "outbox.max_pending", Msg: fmt.Sprintf("%s is below outbox.size (%s): one turn's outbox could not wait to be collected", o.MaxPending, o.Size)}
 	case o.CollectTimeout.Std() <= 0:
 		return &Error{Key: "outbox.collect_timeout", Msg: "must be positive"}
 	}

@@ -24,6 +24,7 @@ func TestOutboxLimitsDecodeAndValidate(t *testing.T) {
 		{"[outbox]\nmax_depth = 100\n", "config t.toml:2: outbox.max_depth: 100 is out of range 1..64"},
 		{"[outbox]\nmax_name_length = 256\n", "config t.toml:2: outbox.max_name_length: 256 is out of range 1..255"},
 		{"[outbox]\ncollect_timeout = \"0s\"\n", "config t.toml:2: outbox.collect_timeout: must be positive"},
+		{"[outbox]\nmax_pending = \"1m\"\n", "config t.toml:2: outbox.max_pending: 1m is below outbox.size (256m): one turn's outbox could not wait to be collected"},
 	}
 	for _, tc := range cases {
 		_, err := Parse("t.toml", []byte(tc.toml))

@@ -288,3 +288,33 @@ func TestOutboxCapHoldsInServiceNamespace(t *testing.T) {
 		return nil
 	}))
 }
+
+// TestMountRefusedOverPendingCap: a turn's outbox is not mounted while the
+// task's pending deliveries hold more than MaxPending bytes, so turn after
+// turn cannot fill the host's disk; once they are released it mounts again.
+func TestMountRefusedOverPendingCap(t *testing.T) {
+	itest.Require(t, itest.Root)
+	root := filepath.Join(t.TempDir(), "outbox")
+	lim := DefaultLimits()
+	lim.Size, lim.Inodes, lim.MaxPending = 2<<20, 32, 3<<20
+	fill := func(turn int) {
+		t.Helper()
+		_, err := Mount(root, "t1", 101000, 101000, lim, "")
+		assert.NilError(t, err)
+		write(t, filepath.Join(root, "t1", "blob"), strings.Repeat("x", 1800<<10), 0o644)
+		m, err := Settle(context.Background(), root, "t1", turn, testLimits())
+		assert.NilError(t, err)
+		assert.Equal(t, len(m.Files), 1)
+	}
+	t.Cleanup(func() { _ = Release(root, "t1") })
+	fill(1) // 1.8 MiB pending: under the cap, the next outbox mounts
+	fill(2) // 3.6 MiB pending: over it
+	_, err := Mount(root, "t1", 101000, 101000, lim, "")
+	assert.ErrorContains(t, err, "over outbox.max_pending (3145728): collect them (`shrooms outbox collect --task t1`)")
+	var fs unix.Statfs_t
+	assert.NilError(t, unix.Statfs(filepath.Join(root, "t1"), &fs))
+	assert.Assert(t, fs.Type != unix.TMPFS_MAGIC, "a refused outbox was mounted")
+	assert.NilError(t, Release(root, "t1"))
+	_, err = Mount(root, "t1", 101000, 101000, lim, "")
+	assert.NilError(t, err, "released: the outbox mounts again")
+}

@@ -14,6 +14,7 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -37,6 +38,7 @@ type Limits struct {
 	MaxNameLength int // bytes per path component
 	AllowExec     bool
 	Timeout       time.Duration // bound of one move or collect
+	MaxPending    int64         // bytes the pending deliveries may hold before a new outbox is refused
 }
 
 // LimitsFrom takes the limits of the [outbox] config section.
@@ -45,7 +47,7 @@ func LimitsFrom(c config.Outbox) Limits {
 		Size: int64(c.Size), Inodes: c.Inodes, MaxFiles: c.MaxFiles,
 		MaxTotalSize: int64(c.MaxTotalSize), MaxFileSize: int64(c.MaxFileSize),
 		MaxDepth: c.MaxDepth, MaxNameLength: c.MaxNameLength, AllowExec: c.AllowExec,
-		Timeout: c.CollectTimeout.Std(),
+		Timeout: c.CollectTimeout.Std(), MaxPending: int64(c.MaxPending),
 	}
 }
 
@@ -182,6 +184,9 @@ func Mount(root, task string, uid, gid int, lim Limits, ns string) (dev uint64, 
 			return err
 		}
 		if err := checkEmpty(tfd, where, task); err != nil {
+			return err
+		}
+		if err := checkPending(root, task, lim); err != nil {
 			return err
 		}
 		// mount(2) on the magic link acts on the pinned directory itself, so
@@ -411,4 +416,48 @@ func quarantine(rootfd int, root, task, kind string) (string, error) {
 		return "", fmt.Errorf("create outbox %s: %w", filepath.Join(root, task), err)
 	}
 	return filepath.Join(Pending(root, task), name), nil
+}
+
+// checkPending refuses a new outbox while the task's pending deliveries
+// hold more than lim.MaxPending bytes (0: no cap), so a run of turns cannot
+// fill the host's disk through the outbox.
+func checkPending(root, task string, lim Limits) error {
+	if lim.MaxPending <= 0 {
+		return nil
+	}
+	n, err := pendingBytes(Pending(root, task))
+	if err != nil {
+		return err
+	}
+	if n > lim.MaxPending {
+		return fmt.Errorf("the pending deliveries of earlier turns hold %d bytes, over outbox.max_pending (%d): collect them (`shrooms outbox collect --task %s`) or release them (`shrooms outbox release --task %s`)", n, lim.MaxPending, task, task)
+	}
+	return nil
+}
+
+// pendingBytes adds up the sizes of the regular files below dir (written by
+// shrooms' own move, never by a cage; links are not followed).
+func pendingBytes(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if !d.Type().IsRegular() {
+			return nil
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		n += info.Size()
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("measure the pending deliveries: %w", err)
+	}
+	return n, nil
 }
