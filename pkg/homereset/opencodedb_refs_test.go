@@ -133,13 +133,13 @@ func TestOpencodeDBPointersPinned(t *testing.T) {
 func TestOpencodeRevertKept(t *testing.T) {
 	var tl tally
 	for in, keep := range map[string]bool{
-		`{"messageID":"msg_2339123000012kogboZguV2cHF"}`:                                              true,
+		`{"messageID":"msg_2339123000012kogboZguV2cHF"}`:                                               true,
 		`{"messageID":"msg_2","partID":"prt_3","snapshot":"` + ocSnapshot + `","diff":"--- a\n+++ b"}`: true,
 		`{"messageID":"msg_2","snapshot":"HEAD; touch /x"}`:                                            false,
-		`{"messageID":"../x"}`:                                                                         false,
-		`{"partID":"prt_3"}`:                                                                           false,
-		`{"messageID":"msg_2","url":"http://x"}`:                                                       false,
-		`["msg_2"]`:                                                                                    false,
+		`{"messageID":"../x"}`:                   false,
+		`{"partID":"prt_3"}`:                     false,
+		`{"messageID":"msg_2","url":"http://x"}`: false,
+		`["msg_2"]`:                              false,
 	} {
 		v, ok := decodeJSON(in)
 		assert.Assert(t, ok, in)
