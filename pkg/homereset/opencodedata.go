@@ -1,7 +1,6 @@
 package homereset
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -23,11 +22,12 @@ import (
 // included): opencode replays it to the model and never runs, opens or
 // fetches it. docs/kept-state.md lists every field and its treatment.
 
-// messageKeys are the keys of a stored message per role (id and sessionID
-// are columns, but opencode accepts them in data too).
+// messageKeys are the keys of a stored message per role. id and sessionID
+// are columns, which opencode never writes into data: in data they could
+// only make a row claim another message's identity.
 var messageKeys = map[string][]string{
-	"user": {"id", "sessionID", "role", "time", "format", "summary", "agent", "model", "system", "tools"},
-	"assistant": {"id", "sessionID", "role", "time", "error", "parentID", "modelID", "providerID", "mode", "agent",
+	"user": {"role", "time", "format", "summary", "agent", "model", "system", "tools"},
+	"assistant": {"role", "time", "error", "parentID", "modelID", "providerID", "mode", "agent",
 		"path", "summary", "cost", "tokens", "structured", "variant", "finish"},
 }
 
@@ -191,19 +191,16 @@ func rewriteRows(ctx context.Context, c *sql.Conn, table, col string, fix rowFix
 	}
 }
 
-// decodeJSON decodes a text value holding exactly one JSON value, numbers
-// kept as written.
+// decodeJSON decodes a TEXT value holding exactly one JSON value, numbers
+// kept as written (deeper than encoding/json's nesting limit: an error).
 func decodeJSON(raw any) (any, bool) {
-	var b []byte
-	switch x := raw.(type) {
-	case string:
-		b = []byte(x)
-	case []byte:
-		b = x
-	default:
+	// Only TEXT: opencode writes JSON as text, and a BLOB or number
+	// would be read by its driver in ways shrooms does not check.
+	x, ok := raw.(string)
+	if !ok {
 		return nil, false
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
+	dec := json.NewDecoder(strings.NewReader(x))
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil || dec.More() {
@@ -277,7 +274,7 @@ func pinPart(v any, t *tally) (any, bool) {
 		t.add("rows of part of an unknown type", "not a part of "+pinnedOpencode+"'s schema")
 		return nil, false
 	}
-	changed := keepKeys(m, append(keys, "id", "sessionID", "messageID"), "part.data", t)
+	changed := keepKeys(m, keys, "part.data", t)
 	switch typ {
 	case "file":
 		if u, _ := m["url"].(string); !strings.HasPrefix(u, "data:") {
