@@ -234,9 +234,15 @@ func pinMessage(v any, t *tally) (any, bool) {
 	}
 	changed := keepKeys(m, messageKeys[role], "message.data", t)
 	if role == "assistant" {
+		// root is the project's worktree: "/" in the global project
+		// (see globalRoot).
 		p, _ := m["path"].(map[string]any)
-		if len(p) != 2 || p["cwd"] != opencodeWork || p["root"] != opencodeWork {
-			m["path"] = map[string]any{"cwd": opencodeWork, "root": opencodeWork}
+		if len(p) != 2 || p["cwd"] != opencodeWork || p["root"] != opencodeWork && p["root"] != "/" {
+			root := opencodeWork
+			if p["root"] == "/" {
+				root = "/"
+			}
+			m["path"] = map[string]any{"cwd": opencodeWork, "root": root}
 			t.add("message.data path.cwd, path.root (pinned to "+opencodeWork+")", "the directories the agent worked in")
 			changed = true
 		}

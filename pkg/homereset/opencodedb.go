@@ -133,6 +133,13 @@ const opencodeWork = "/work"
 // workLiteral is opencodeWork as an SQL literal.
 const workLiteral = "'" + opencodeWork + "'"
 
+// globalRoot starts the SQL test for opencode's project of a directory that
+// is not a git repository (a shrooms cage's /work as opencode sees it: git
+// refuses the worktree, owned by another uid): its id is "global" and its
+// worktree "/", the cage image's read-only root, which holds no config a
+// turn can write. That one value is kept; every other worktree is /work.
+const globalRoot = `CASE WHEN "id" = 'global' AND "worktree" = '/'`
+
 // opencodeTables are the tables a session needs (checked with the real
 // opencode: `opencode run --session ID` continues a session from these alone).
 // Every other table is dropped: account, account_state, control_account
@@ -149,7 +156,7 @@ var opencodeTables = []tablePlan{
 	}, fixed: map[string][2]string{
 		"sandboxes": {"'[]'", "sandbox directories are opencode config, not session state"},
 	}, pin: map[string][2]string{
-		"worktree": {workLiteral, "a directory opencode loads project config from"},
+		"worktree": {globalRoot + ` THEN '/' ELSE ` + workLiteral + ` END`, "a directory opencode loads project config from"},
 	}},
 	{table: "session", drop: map[string]string{
 		"share_url":     "URL-bearing",
@@ -159,9 +166,10 @@ var opencodeTables = []tablePlan{
 		"summary_diffs": "file paths and patches of the change summary the UI shows",
 	}, pin: map[string][2]string{
 		"directory": {workLiteral, "the directory the next turn would start in"},
-		// path is directory relative to the project's worktree: "" for
-		// the worktree itself.
-		"path": {"''", "the directory the next turn would start in, relative to the project"},
+		// path is directory relative to the project's worktree: /work
+		// itself ("work" in the global project, "" in any other).
+		"path": {`CASE WHEN "project_id" = 'global' AND (SELECT p."worktree" FROM src."project" p WHERE p."id" = 'global') = '/' THEN 'work' ELSE '' END`,
+			"the directory the next turn would start in, relative to the project"},
 	}},
 	{table: "message"},
 	{table: "part"},

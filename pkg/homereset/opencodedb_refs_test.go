@@ -153,3 +153,58 @@ func TestOpencodeRevertKept(t *testing.T) {
 		assert.Equal(t, out != nil && !changed, keep, in)
 	}
 }
+
+// TestOpencodeDBGlobalProject: a shrooms cage's opencode sees /work as no
+// git repository (git refuses a worktree another uid owns), so it files
+// sessions under the "global" project, worktree "/", session path "work",
+// message root "/": that is kept as is, nothing reported. A global project
+// whose worktree is anything else is pinned to /work, and its sessions'
+// path with it.
+func TestOpencodeDBGlobalProject(t *testing.T) {
+	for name, tc := range map[string]struct {
+		worktree, path string
+		pinned         []string
+	}{
+		"as opencode writes it": {"/", "work", nil},
+		"pointed elsewhere": {"/outbox/x", "../outbox/x", []string{"column project.worktree (pinned to /work)",
+			"column session.path (pinned to /work)"}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			task := newTask(t, "opencode", "shell")
+			ctx := context.Background()
+			_, err := Bootstrap(ctx, task)
+			assert.NilError(t, err)
+			home := HomeDir(task.Root)
+			db := newOpencodeDB(t, filepath.Join(home, ocDB), false)
+			mustExec(t, db, `UPDATE project SET id = 'global', worktree = ?, vcs = NULL`, tc.worktree)
+			mustExec(t, db, `UPDATE session SET project_id = 'global', path = ?`, tc.path)
+			mustExec(t, db, `UPDATE message SET data = json_set(data, '$.path.root', '/') WHERE id = 'msg_2'`)
+			assert.NilError(t, db.Close())
+			rep, err := Reset(ctx, ResetInput{Task: task})
+			assert.NilError(t, err)
+			var pinned []string
+			for _, d := range rep.Dropped {
+				if d.Item != "table event_sequence" { // the fixture's, dropped always
+					pinned = append(pinned, d.Item)
+				}
+			}
+			assert.Equal(t, len(pinned), len(tc.pinned), "%+v", rep.Dropped)
+			for _, item := range tc.pinned {
+				assert.Assert(t, hasDrop(rep, item, 1), "report lacks %s: %+v", item, rep.Dropped)
+			}
+			out := readDB(t, filepath.Join(home, ocDB))
+			var worktree, path, data string
+			assert.NilError(t, out.QueryRow(`SELECT worktree FROM project`).Scan(&worktree))
+			assert.NilError(t, out.QueryRow(`SELECT path FROM session`).Scan(&path))
+			assert.NilError(t, out.QueryRow(`SELECT data FROM message WHERE id = 'msg_2'`).Scan(&data))
+			if tc.pinned == nil {
+				assert.Equal(t, worktree, "/")
+				assert.Equal(t, path, "work")
+			} else {
+				assert.Equal(t, worktree, "/work")
+				assert.Equal(t, path, "")
+			}
+			assert.Assert(t, is.Contains(data, `"root":"/"`), data)
+		})
+	}
+}
