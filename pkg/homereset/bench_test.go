@@ -2,6 +2,7 @@ package homereset
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -101,7 +102,8 @@ func benchConfig() *config.Config {
 // opencode.db holds about 100 MiB of session rows against the same HOME
 // without a database, side by side; the ratio is reported as x-vs-nodb on
 // the db=100MiB case. The rebuild copies the file, folds the WAL, checks the
-// schema and copies the allowlisted rows into a fresh database.
+// schema, copies the allowlisted rows into a fresh database and checks
+// every message and part row's JSON (pinning its pointers).
 func BenchmarkResetOpencodeDB(b *testing.B) {
 	var base time.Duration
 	for _, bc := range []struct {
@@ -116,11 +118,24 @@ func BenchmarkResetOpencodeDB(b *testing.B) {
 			if bc.size > 0 {
 				src = filepath.Join(b.TempDir(), "opencode.db")
 				db := newOpencodeDB(b, src, false)
-				row := strings.Repeat("x", 64<<10)
+				// Rows as opencode writes them: an assistant message per
+				// ten parts (text, tool calls), every row valid JSON that
+				// the row-by-row check parses and keeps.
+				text, _ := json.Marshal(strings.Repeat("lorem ipsum ", 8<<10/12))
+				tool := `{"type":"tool","callID":"c","tool":"bash","state":{"status":"completed","input":{"command":"go test ./..."},"output":` + string(text) + `,"title":"t","metadata":{},"time":{"start":1,"end":2}}}`
 				tx, err := db.Begin()
 				must(b, err)
-				for i := 0; i < bc.size/len(row); i++ {
-					_, err := tx.Exec(`INSERT INTO part VALUES (?, 'msg_1', ?, 1, 1, ?)`, fmt.Sprintf("prt_%06d", i), ocSession, row)
+				for i := 0; i < bc.size/len(text); i++ {
+					msg := fmt.Sprintf("msg_%06d", i/10)
+					if i%10 == 0 {
+						_, err := tx.Exec(`INSERT INTO message VALUES (?, ?, 1, 1, ?)`, msg, ocSession, ocAssistantMsg)
+						must(b, err)
+					}
+					data := `{"type":"text","text":` + string(text) + `}`
+					if i%3 == 0 {
+						data = tool
+					}
+					_, err := tx.Exec(`INSERT INTO part VALUES (?, ?, ?, 1, 1, ?)`, fmt.Sprintf("prt_%06d", i), msg, ocSession, data)
 					must(b, err)
 				}
 				must(b, tx.Commit())
@@ -146,6 +161,9 @@ func BenchmarkResetOpencodeDB(b *testing.B) {
 				}
 				if src != "" && len(rep.Rebuilt) == 0 {
 					b.Fatal("opencode.db was not rebuilt")
+				}
+				if len(rep.Dropped) > 1 || len(rep.Dropped) == 1 && rep.Dropped[0].Item != "table event_sequence" { // the fixture's
+					b.Fatalf("the rebuild dropped rows of a clean database: %+v", rep.Dropped)
 				}
 				b.StopTimer()
 				if _, err := Cleanup(ctx, task.Root); err != nil {

@@ -116,7 +116,29 @@ type tablePlan struct {
 	table string
 	drop  map[string]string
 	fixed map[string][2]string // column → {literal, reason}
+	// pin are path-valued columns set to a value of the cage's own paths
+	// (an SQL literal); rows that held anything else are reported as
+	// pinned, never with the value.
+	pin map[string][2]string // column → {literal, reason}
 }
+
+// opencodeWork is the cage's worktree: every kept directory pointer is
+// pinned to it. Exactly /work, not a path below it: the guard masks
+// .opencode/ directories at any depth, but a directory below /work is one
+// the turn chose (or made a link out of the worktree), and opencode walks up
+// from it for config and instructions; /work is where the cage starts the
+// agent anyway (its working directory), so the pin changes nothing else.
+const opencodeWork = "/work"
+
+// workLiteral is opencodeWork as an SQL literal.
+const workLiteral = "'" + opencodeWork + "'"
+
+// globalRoot starts the SQL test for opencode's project of a directory that
+// is not a git repository (a shrooms cage's /work as opencode sees it: git
+// refuses the worktree, owned by another uid): its id is "global" and its
+// worktree "/", the cage image's read-only root, which holds no config a
+// turn can write. That one value is kept; every other worktree is /work.
+const globalRoot = `CASE WHEN "id" = 'global' AND "worktree" = '/'`
 
 // opencodeTables are the tables a session needs (checked with the real
 // opencode: `opencode run --session ID` continues a session from these alone).
@@ -133,12 +155,21 @@ var opencodeTables = []tablePlan{
 		"icon_url_override": "URL-bearing",
 	}, fixed: map[string][2]string{
 		"sandboxes": {"'[]'", "sandbox directories are opencode config, not session state"},
+	}, pin: map[string][2]string{
+		"worktree": {globalRoot + ` THEN '/' ELSE ` + workLiteral + ` END`, "a directory opencode loads project config from"},
 	}},
 	{table: "session", drop: map[string]string{
-		"share_url":    "URL-bearing",
-		"workspace_id": "workspaces are not kept",
-		"metadata":     "not session state shrooms can judge",
-		"permission":   "only deny rules are kept",
+		"share_url":     "URL-bearing",
+		"workspace_id":  "workspaces are not kept",
+		"metadata":      "not session state shrooms can judge",
+		"permission":    "only deny rules are kept",
+		"summary_diffs": "file paths and patches of the change summary the UI shows",
+	}, pin: map[string][2]string{
+		"directory": {workLiteral, "the directory the next turn would start in"},
+		// path is directory relative to the project's worktree: /work
+		// itself ("work" in the global project, "" in any other).
+		"path": {`CASE WHEN "project_id" = 'global' AND (SELECT p."worktree" FROM src."project" p WHERE p."id" = 'global') = '/' THEN 'work' ELSE '' END`,
+			"the directory the next turn would start in, relative to the project"},
 	}},
 	{table: "message"},
 	{table: "part"},
@@ -433,6 +464,17 @@ func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema)
 				continue
 			}
 			into = append(into, q)
+			if f, ok := tp.pin[col]; ok {
+				from = append(from, `CASE WHEN `+q+` IS NULL THEN NULL ELSE `+f[0]+` END`)
+				var n int64
+				if err := c.QueryRowContext(ctx, `SELECT count(*) FROM src."`+tp.table+`" WHERE `+q+` IS NOT NULL AND `+q+` IS NOT `+f[0]).Scan(&n); err != nil {
+					return nil, err
+				}
+				if n > 0 {
+					drops = append(drops, dbDrop{item: "column " + tp.table + "." + col + " (pinned to " + opencodeWork + ")", rows: n, reason: f[1]})
+				}
+				continue
+			}
 			if f, ok := tp.fixed[col]; ok {
 				from = append(from, f[0])
 				var n int64
@@ -458,6 +500,11 @@ func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema)
 	if n > 0 {
 		drops = append(drops, dbDrop{item: "column session.permission", rows: n, reason: "permission rules other than deny"})
 	}
+	more, err := pinOpencodeData(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	drops = append(drops, more...)
 	if _, err := c.ExecContext(ctx, "COMMIT"); err != nil {
 		return nil, err
 	}

@@ -19,6 +19,15 @@ const ocDB = ".local/share/opencode/opencode.db"
 // ocSession is the session the fixture holds.
 const ocSession = "ses_dd1475017ffeI8xM9AbXoDmUD5"
 
+// The fixture's project id, snapshot id and messages, as opencode 1.18.33
+// writes them.
+const (
+	ocProject      = "4d48d255b60d0b09fc7db465df51ccb755658c7f"
+	ocSnapshot     = "31418df53795275a494630ee06a6ad6abbf0989e"
+	ocUserMsg      = `{"role":"user","time":{"created":1796161479424},"agent":"build","model":{"providerID":"anthropic","modelID":"claude-sonnet-4-5"},"summary":{"diffs":[]}}`
+	ocAssistantMsg = `{"parentID":"msg_1","role":"assistant","mode":"build","agent":"build","path":{"cwd":"/work","root":"/work"},"cost":0.000105,"tokens":{"total":15,"input":10,"output":5,"reasoning":0,"cache":{"write":0,"read":0}},"modelID":"claude-sonnet-4-5","providerID":"anthropic","time":{"created":1796161483434,"completed":1796161486487},"finish":"stop"}`
+)
+
 // newOpencodeDB creates, at path, a database with the pinned schema as the
 // pinned opencode leaves it after one session, and returns an open handle.
 func newOpencodeDB(t testing.TB, path string, wal bool) *sql.DB {
@@ -43,13 +52,18 @@ func newOpencodeDB(t testing.TB, path string, wal bool) *sql.DB {
 	for i, m := range pinned.migrations {
 		mustExec(t, db, `INSERT INTO migration VALUES (?, ?)`, m, 1796080145974+i)
 	}
-	mustExec(t, db, `INSERT INTO project (id, worktree, time_created, time_updated, sandboxes) VALUES ('global', '/', 1, 1, '[]')`)
+	// As the pinned opencode writes them for a git worktree at /work (the
+	// project id is the repository's root commit).
+	mustExec(t, db, `INSERT INTO project (id, worktree, vcs, time_created, time_updated, sandboxes) VALUES (?, '/work', 'git', 1, 1, '[]')`, ocProject)
 	mustExec(t, db, `INSERT INTO session (id, project_id, slug, directory, path, title, version, permission, agent, model, time_created, time_updated)
-		VALUES (?, 'global', 'proud-star', '/work', 'work', 'first prompt', '1.18.33',
+		VALUES (?, '`+ocProject+`', 'proud-star', '/work', '', 'first prompt', '1.18.33',
 		'[{"permission":"question","pattern":"*","action":"deny"},{"permission":"plan_enter","pattern":"*","action":"deny"}]',
 		'build', '{"id":"claude-sonnet-4-5","providerID":"anthropic","variant":"default"}', 1, 2)`, ocSession)
-	mustExec(t, db, `INSERT INTO message VALUES ('msg_1', ?, 1, 1, '{"role":"user"}')`, ocSession)
+	mustExec(t, db, `INSERT INTO message VALUES ('msg_1', ?, 1, 1, ?)`, ocSession, ocUserMsg)
 	mustExec(t, db, `INSERT INTO part VALUES ('prt_1', 'msg_1', ?, 1, 1, '{"type":"text","text":"first prompt"}')`, ocSession)
+	mustExec(t, db, `INSERT INTO message VALUES ('msg_2', ?, 2, 2, ?)`, ocSession, ocAssistantMsg)
+	mustExec(t, db, `INSERT INTO part VALUES ('prt_2', 'msg_2', ?, 2, 2, ?)`, ocSession, `{"snapshot":"`+ocSnapshot+`","type":"step-start"}`)
+	mustExec(t, db, `INSERT INTO part VALUES ('prt_3', 'msg_2', ?, 2, 2, '{"type":"text","text":"hello","time":{"start":1,"end":2}}')`, ocSession)
 	mustExec(t, db, `INSERT INTO todo VALUES (?, 'write tests', 'pending', 'high', 0, 1, 1)`, ocSession)
 	mustExec(t, db, `INSERT INTO event_sequence VALUES (?, 0, NULL)`, ocSession)
 	if wal {
@@ -124,7 +138,7 @@ func checkRebuilt(t *testing.T, home string) {
 	}
 	db := readDB(t, path)
 	assert.Equal(t, count(t, db, `SELECT count(*) FROM session WHERE id = '`+ocSession+`'`), 1)
-	assert.Equal(t, count(t, db, `SELECT count(*) FROM message`), 1)
+	assert.Equal(t, count(t, db, `SELECT count(*) FROM message`), 2)
 	assert.Equal(t, count(t, db, `SELECT count(*) FROM part WHERE data LIKE '%first prompt%'`), 1)
 	assert.Equal(t, count(t, db, `SELECT count(*) FROM todo`), 1)
 	assert.Equal(t, count(t, db, `SELECT count(*) FROM migration`), len(mustPinned(t).migrations))
@@ -213,7 +227,7 @@ func TestOpencodeDBWalFolded(t *testing.T) {
 	db := newOpencodeDB(t, scratch, true)
 	mustExec(t, db, `DELETE FROM message`)
 	mustExec(t, db, `PRAGMA wal_checkpoint(TRUNCATE)`)
-	mustExec(t, db, `INSERT INTO message VALUES ('msg_1', ?, 1, 1, '{"role":"user","wal":"WALONLY"}')`, ocSession)
+	mustExec(t, db, `INSERT INTO message VALUES ('msg_1', ?, 1, 1, '{"role":"user","agent":"WALONLY"}')`, ocSession)
 	for _, q := range hostileRows[:2] {
 		mustExec(t, db, q)
 	}
