@@ -177,7 +177,7 @@ func TestTurnScenariosInPodman(t *testing.T) {
 [ -f .claude/.credentials.json ] && printf '{"claudeAiOauth":{"accessToken":"at-2","refreshToken":"rt-2"}}' > .claude/.credentials.json
 [ -f .local/share/opencode/auth.json ] && printf '{"anthropic":{"key":"sk-2","type":"api"},"evil":{"type":"wellknown","key":"K","token":"touch $M/wellknown"}}' > .local/share/opencode/auth.json
 mkdir -p .claude/projects/-work .local/share/opencode/storage/session/p
-echo '{"type":"user","message":"hi"}' > .claude/projects/-work/` + sid + `.jsonl
+echo '{"cwd":"/work","message":{"content":"hi","role":"user"},"parentUuid":null,"type":"user","uuid":"u1"}' > .claude/projects/-work/` + sid + `.jsonl
 echo '{"id":"ses_1"}' > .local/share/opencode/storage/session/p/ses_1.json
 sh /markers/exec.sh /markers/t1`
 			write(t, filepath.Join(markers, "exec.sh"), execScript)

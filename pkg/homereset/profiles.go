@@ -11,20 +11,26 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 )
 
-// kind is how a keep-list entry is validated and carried over. Nothing is
-// carried over opaque except session transcripts: every other kept file is
-// parsed and rebuilt from an allowlist.
+// kind is how a keep-list entry is validated and carried over. Every kept
+// file is parsed and rebuilt from an allowlist except Claude's tool-results
+// files (output the model reads back on request; nothing parses them as
+// state), which are carried opaque.
 type kind int
 
 const (
 	// kindFilter: a small JSON object rebuilt from a key allowlist.
 	kindFilter kind = iota
-	// kindBlob: session transcripts, hard-linked into the new HOME after
-	// type, filesystem and size checks; their content is state.
+	// kindBlob: hard-linked into the new HOME after type, filesystem and
+	// size checks.
 	kindBlob
 	// kindOpencodeDB: opencode.db (with its -wal folded in), rebuilt from the
 	// pinned schema's table and column allowlist (opencodedb.go).
 	kindOpencodeDB
+	// kindTranscript: a Claude Code session transcript, rebuilt record by
+	// record (cctranscript.go).
+	kindTranscript
+	// kindHistory: ~/.claude/history.jsonl, rebuilt line by line.
+	kindHistory
 )
 
 // rule is one keep-list entry: a HOME-relative pattern whose segments are
@@ -69,21 +75,24 @@ func keepList(profile string) []rule {
 		return []rule{
 			rf(".claude/.credentials.json", filterClaudeCredentials),
 			rf(".claude.json", filterClaudeJSON),
-			// Transcripts and what --resume/--continue/rewind read, as
-			// Claude Code 2.1.332 writes them: <session>.jsonl, and below
-			// <session>/ subagents/agent-<id>.jsonl and
-			// tool-results/<id>.txt|.json. Never projects/<p>/memory/ (auto
-			// memory is loaded as instructions): the session-id segments
-			// cannot match it, and no "memory" segment matches anywhere.
-			// Not subagents/agent-<id>.meta.json either: it carries a
-			// revived subagent's permission mode and hook switches.
-			r(".claude/projects/*/{uuid}.jsonl", kindBlob),
-			r(".claude/projects/*/{uuid}/subagents/agent-*.jsonl", kindBlob),
+			// Transcripts and what --resume reads, as Claude Code 2.1.332
+			// writes them: <session>.jsonl, and below <session>/
+			// subagents/agent-<id>.jsonl (both rebuilt: conversation
+			// records only, cwd pinned) and tool-results/<id>.txt|.json
+			// (output the model reads back, carried opaque). Never
+			// projects/<p>/memory/ (auto memory is loaded as instructions):
+			// the session-id segments cannot match it, and no "memory"
+			// segment matches anywhere. Not subagents/agent-<id>.meta.json
+			// either: it carries a revived subagent's permission mode and
+			// hook switches. Not file-history/ (checkpoints): rewind writes
+			// them back to the paths the transcript's file-history records
+			// name, and those records are state, dropped from the rebuilt
+			// transcript (docs/kept-state.md).
+			r(".claude/projects/*/{uuid}.jsonl", kindTranscript),
+			r(".claude/projects/*/{uuid}/subagents/agent-*.jsonl", kindTranscript),
 			r(".claude/projects/*/{uuid}/tool-results/*.txt", kindBlob),
 			r(".claude/projects/*/{uuid}/tool-results/*.json", kindBlob),
-			// Checkpoints: file-history/<session>/<hash>@v<n>.
-			r(".claude/file-history/{uuid}/*@v*", kindBlob),
-			r(".claude/history.jsonl", kindBlob),
+			r(".claude/history.jsonl", kindHistory),
 		}
 	case "opencode":
 		db := r(".local/share/opencode/opencode.db", kindOpencodeDB)

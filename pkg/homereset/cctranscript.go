@@ -1,0 +1,474 @@
+package homereset
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// Claude Code's transcripts (projects/<p>/<session>.jsonl and subagent
+// transcripts) and ~/.claude/history.jsonl are rebuilt record by record,
+// never carried: a transcript line is either a conversation record (what the
+// model saw) or a state record that `claude --resume` restores (the
+// session's worktree to chdir into, its permission mode, agent, relocated
+// cwd, ...). Only conversation records are kept, from a field allowlist,
+// with every cwd pinned to the cage's worktree; state records, records of
+// an unknown type and lines that do not parse are dropped and counted by
+// type (never by value). The record types are Claude Code 2.1.332's, read
+// from its transcript loader (docs/kept-state.md has the table).
+
+// cageWork is the cage's worktree: every kept path is pinned to it.
+const cageWork = "/work"
+
+// ccMessageTypes are the conversation record types the loader chains by
+// uuid/parentUuid (its transcript-message set), plus summary.
+var ccMessageTypes = map[string]bool{"user": true, "assistant": true, "system": true, "attachment": true, "summary": true}
+
+// ccStateTypes are the other record types Claude Code 2.1.332 writes or
+// restores; they are dropped and reported by name. Any type not here or in
+// ccMessageTypes is reported as unknown.
+var ccStateTypes = map[string]bool{
+	"progress": true, "file-history-snapshot": true, "file-history-delta": true, "last-prompt": true,
+	"continued-in": true, "resume-head-vouch": true, "content-replacement": true, "data-flow-records": true,
+	"data-flow-incomplete": true, "derived-from": true, "api-request-shape": true, "api-request-blob": true,
+	"api-request": true, "api-request-resumed": true, "fork-context-ref": true, "frame-link": true,
+	"custom-title": true, "ended-by-model": true, "ai-title": true, "tag": true, "relocated": true,
+	"agent-name": true, "agent-color": true, "agent-setting": true, "pr-link": true,
+	"artifact-comment-monitor": true, "artifact-autoreact-ledger": true, "bridge-session": true,
+	"history-suppression": true, "attribution-snapshot": true, "mode": true, "permission-mode": true,
+	"isolation-latch": true, "session-owner": true, "dev-mods": true, "memory-mode": true, "atis-latch": true,
+	"tools-used": true, "worktree-state": true, "cost-state": true, "queue-operation": true,
+	"observer-ref": true, "repl-mode": true, "hybrid-organization": true, "host-row": true,
+}
+
+// ccRecordFields are the fields a kept conversation record keeps. Left out
+// on purpose: permissionMode (a user row's mode, which the resume path
+// reads back), toolUseResult (tool metadata with paths; the model saw the
+// tool_result in message), permissionDecision, sandboxed, wireToolInputs /
+// wireIngestContext (wire overrides of the stored content), requestRef
+// (points at api-request records, which are dropped).
+var ccRecordFields = map[string]bool{
+	"type": true, "subtype": true, "uuid": true, "parentUuid": true, "logicalParentUuid": true,
+	"isSidechain": true, "sessionId": true, "timestamp": true, "message": true, "attachment": true,
+	"rendered": true, "renderedRole": true, "renderedBesideToolResult": true, "content": true,
+	"level": true, "isMeta": true, "isCompactSummary": true, "isVisibleInTranscriptOnly": true,
+	"compactMetadata": true, "microcompactMetadata": true, "toolUseID": true,
+	"sourceToolAssistantUUID": true, "sourceToolUseID": true, "promptId": true, "userType": true,
+	"version": true, "gitBranch": true, "cwd": true, "agentId": true, "requestId": true,
+	"entrypoint": true, "apiBlockIndex": true, "requestedModel": true, "madeBy": true, "effort": true,
+	"perTurnEffort": true, "promptCacheRequested": true, "toolInputStreamMs": true,
+	"turnPosition": true, "turnOrigin": true, "promptSource": true, "rowSource": true, "sentAtMs": true,
+	"summary": true, "leafUuid": true, "error": true, "isApiErrorMessage": true, "slug": true,
+	"thinkingMetadata": true, "durationMs": true, "preventContinuation": true,
+}
+
+// ccDroppedFields are fields known to be left out, reported by name; any
+// other field is reported as "(other field)".
+var ccDroppedFields = map[string]bool{
+	"permissionMode": true, "toolUseResult": true, "permissionDecision": true, "sandboxed": true,
+	"wireToolInputs": true, "wireIngestContext": true, "requestRef": true, "batchToolUses": true,
+	"sentAsUuid": true, "dataFlowOn": true, "worktreeSession": true, "relocatedCwd": true,
+}
+
+// ccDroppedAttachments are attachment types that are not conversation but
+// the CLI's own bookkeeping of what it sent (a system prompt and tool list
+// snapshot the resume path reuses, render points, tool offers): dropped, so
+// the resumed request is built from the cage's own prompt and tools.
+var ccDroppedAttachments = map[string]bool{
+	"prompt_snapshot": true, "prompt_render_point": true, "deferred_tools_record": true,
+	"tool_offer_record": true, "whole_texts_withdrawn": true, "tool_results_cut": true,
+	"credential_org": true,
+}
+
+// lineDrop counts what a line rebuild left out of one file: item is a
+// record type, a field or "(unparseable line)", never a value.
+type lineDrop struct {
+	item, reason string
+	n            int64
+}
+
+// lineDrops accumulates lineDrop counts in first-seen order.
+type lineDrops struct {
+	order []string
+	by    map[string]*lineDrop
+}
+
+func (d *lineDrops) add(item, reason string) {
+	if d.by == nil {
+		d.by = map[string]*lineDrop{}
+	}
+	if x, ok := d.by[item]; ok {
+		x.n++
+		return
+	}
+	d.by[item] = &lineDrop{item: item, reason: reason, n: 1}
+	d.order = append(d.order, item)
+}
+
+func (d *lineDrops) list() []lineDrop {
+	out := make([]lineDrop, 0, len(d.order))
+	for _, k := range d.order {
+		out = append(out, *d.by[k])
+	}
+	return out
+}
+
+// lineFilter rebuilds one parsed JSONL record: it returns the record to
+// write, or nil to drop it (having counted why in drops).
+type lineFilter interface {
+	record(rec map[string]json.RawMessage, drops *lineDrops) map[string]json.RawMessage
+	// finish rewrites what the dropped records left dangling.
+	finish(out []map[string]json.RawMessage)
+}
+
+// rebuildLines reads a JSONL file from r and writes the records filter
+// keeps to w, one per line. Lines that are not a JSON object are dropped and
+// counted. max bounds the bytes read.
+func rebuildLines(ctx context.Context, r io.Reader, w io.Writer, max int64, f lineFilter) ([]lineDrop, error) {
+	br := bufio.NewReaderSize(io.LimitReader(r, max+1), 1<<16)
+	var drops lineDrops
+	var kept []map[string]json.RawMessage
+	var read int64
+	for n := 0; ; n++ {
+		if n%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
+		}
+		line, err := br.ReadBytes('\n')
+		read += int64(len(line))
+		if read > max {
+			return nil, fmt.Errorf("larger than %d bytes", max)
+		}
+		if len(bytes.TrimSpace(line)) > 0 {
+			var rec map[string]json.RawMessage
+			if json.Unmarshal(line, &rec) != nil || rec == nil {
+				drops.add("(unparseable line)", "not a JSON object")
+			} else if out := f.record(rec, &drops); out != nil {
+				kept = append(kept, out)
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	f.finish(kept)
+	bw := bufio.NewWriterSize(w, 1<<16)
+	for _, rec := range kept {
+		b, err := marshalSorted(rec)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := bw.Write(append(b, '\n')); err != nil {
+			return nil, err
+		}
+	}
+	return drops.list(), bw.Flush()
+}
+
+// marshalSorted writes a record with its keys in sorted order.
+func marshalSorted(rec map[string]json.RawMessage) ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i, k := range slices.Sorted(maps.Keys(rec)) {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		kb, _ := json.Marshal(k)
+		b.Write(kb)
+		b.WriteByte(':')
+		var c bytes.Buffer
+		if err := json.Compact(&c, rec[k]); err != nil {
+			return nil, err
+		}
+		b.Write(c.Bytes())
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+var pinnedWork = json.RawMessage(strconv.Quote(cageWork))
+
+// transcriptFilter keeps a session transcript's conversation records. A
+// dropped record that sat in the uuid chain is bypassed: its children are
+// re-parented to its nearest kept ancestor, so --resume still finds one
+// chain from the first message to the last.
+type transcriptFilter struct {
+	// parentOf maps a dropped record's uuid to its parentUuid (raw JSON:
+	// a string or null).
+	parentOf map[string]json.RawMessage
+}
+
+func newTranscriptFilter() *transcriptFilter {
+	return &transcriptFilter{parentOf: map[string]json.RawMessage{}}
+}
+
+func rawString(v json.RawMessage) (string, bool) {
+	var s string
+	if len(v) == 0 || v[0] != '"' || json.Unmarshal(v, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// dropInChain records a dropped record's place in the chain, if it had one.
+func (t *transcriptFilter) dropInChain(rec map[string]json.RawMessage) {
+	u, ok := rawString(rec["uuid"])
+	if !ok {
+		return
+	}
+	if p, ok := rec["parentUuid"]; ok {
+		t.parentOf[u] = p
+	} else {
+		t.parentOf[u] = json.RawMessage("null")
+	}
+}
+
+func (t *transcriptFilter) record(rec map[string]json.RawMessage, drops *lineDrops) map[string]json.RawMessage {
+	typ, ok := rawString(rec["type"])
+	switch {
+	case !ok:
+		drops.add("(record without a type)", "not a Claude Code transcript record")
+		t.dropInChain(rec)
+		return nil
+	case ccStateTypes[typ]:
+		drops.add("record type "+typ, "session state that --resume restores or acts on; only conversation records are kept")
+		t.dropInChain(rec)
+		return nil
+	case !ccMessageTypes[typ]:
+		drops.add("(record of an unknown type)", "not a conversation record of the pinned Claude Code")
+		t.dropInChain(rec)
+		return nil
+	}
+	if why := t.malformed(typ, rec); why != "" {
+		drops.add("malformed "+typ+" record", why)
+		t.dropInChain(rec)
+		return nil
+	}
+	if typ == "attachment" {
+		var a struct {
+			Type string `json:"type"`
+		}
+		_ = json.Unmarshal(rec["attachment"], &a)
+		if ccDroppedAttachments[a.Type] {
+			drops.add("attachment type "+a.Type, "the CLI's own record of what it sent, which a resume reuses; rebuilt by the cage's CLI")
+			t.dropInChain(rec)
+			return nil
+		}
+	}
+	out := make(map[string]json.RawMessage, len(rec))
+	for k, v := range rec {
+		switch {
+		case k == "cwd":
+			if s, _ := rawString(v); s != cageWork {
+				drops.add("field cwd (pinned to "+cageWork+")", "a path the next turn would start in")
+			}
+			out[k] = pinnedWork
+		case ccRecordFields[k]:
+			out[k] = v
+		case ccDroppedFields[k]:
+			drops.add("field "+k, "state or metadata a resume reads back; not conversation")
+		default:
+			drops.add("(other field)", "not on the allowlist of conversation record fields")
+		}
+	}
+	return out
+}
+
+// malformed says why a conversation record cannot be kept, or "".
+func (t *transcriptFilter) malformed(typ string, rec map[string]json.RawMessage) string {
+	if typ == "summary" {
+		if _, ok := rawString(rec["summary"]); !ok {
+			return "summary is not a string"
+		}
+		return ""
+	}
+	if u, ok := rawString(rec["uuid"]); !ok || u == "" {
+		return "no uuid"
+	}
+	if p, ok := rec["parentUuid"]; ok && string(p) != "null" {
+		if _, ok := rawString(p); !ok {
+			return "parentUuid is not a string"
+		}
+	}
+	if (typ == "user" || typ == "assistant") && !isRawObject(rec["message"]) {
+		return "message is not an object"
+	}
+	if typ == "attachment" && !isRawObject(rec["attachment"]) {
+		return "attachment is not an object"
+	}
+	return ""
+}
+
+func isRawObject(v json.RawMessage) bool {
+	v = bytes.TrimSpace(v)
+	return len(v) > 0 && v[0] == '{'
+}
+
+// resolve follows a uuid through dropped records to the nearest kept one
+// (raw JSON: a string or null).
+func (t *transcriptFilter) resolve(v json.RawMessage) json.RawMessage {
+	for i := 0; i < len(t.parentOf)+1; i++ {
+		u, ok := rawString(v)
+		if !ok {
+			return v
+		}
+		p, dropped := t.parentOf[u]
+		if !dropped {
+			return v
+		}
+		v = p
+	}
+	return json.RawMessage("null") // a cycle among dropped records
+}
+
+func (t *transcriptFilter) finish(out []map[string]json.RawMessage) {
+	if len(t.parentOf) == 0 {
+		return
+	}
+	for _, rec := range out {
+		for _, k := range []string{"parentUuid", "logicalParentUuid", "leafUuid"} {
+			if v, ok := rec[k]; ok {
+				rec[k] = t.resolve(v)
+			}
+		}
+	}
+}
+
+// historyFilter rebuilds ~/.claude/history.jsonl (the prompt history the
+// interactive CLI offers on the up arrow): the prompt text, its time and
+// session, with project pinned to the cage's worktree. pastedContents
+// (pasted text and images, by reference) is dropped.
+type historyFilter struct{}
+
+func (historyFilter) record(rec map[string]json.RawMessage, drops *lineDrops) map[string]json.RawMessage {
+	if _, ok := rawString(rec["display"]); !ok {
+		drops.add("(record without a prompt)", "not a prompt history record")
+		return nil
+	}
+	out := map[string]json.RawMessage{}
+	for k, v := range rec {
+		switch k {
+		case "display":
+			out[k] = v
+		case "timestamp":
+			if len(v) > 0 && (v[0] == '-' || '0' <= v[0] && v[0] <= '9') {
+				out[k] = v
+			} else {
+				drops.add("field timestamp", "not a number")
+			}
+		case "sessionId":
+			if s, ok := rawString(v); ok && isUUID(s) {
+				out[k] = v
+			} else {
+				drops.add("field sessionId", "not a session id")
+			}
+		case "project":
+			if s, _ := rawString(v); s != cageWork {
+				drops.add("field project (pinned to "+cageWork+")", "a path")
+			}
+			out[k] = pinnedWork
+		case "pastedContents":
+			if string(v) != "{}" {
+				drops.add("field pastedContents", "pasted content by reference; not kept")
+			}
+		default:
+			drops.add("(other field)", "not on the allowlist of prompt history fields")
+		}
+	}
+	return out
+}
+
+func (historyFilter) finish([]map[string]json.RawMessage) {}
+
+// lineFilterFor returns a fresh filter for a kept JSONL file.
+func lineFilterFor(ru *rule) lineFilter {
+	if ru.kind == kindHistory {
+		return historyFilter{}
+	}
+	return newTranscriptFilter()
+}
+
+// keepLines rebuilds a kept JSONL file (fd, already checked for type and
+// size) into the stage. A file that cannot be read whole is dropped; lines
+// that do not parse are dropped from it and counted.
+func (b *builder) keepLines(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, ru *rule, limit int64) error {
+	src, err := openRegular(fd)
+	if err != nil {
+		b.drop(rel, fmt.Sprintf("cannot be read (%v)", err))
+		return nil
+	}
+	defer src.Close()
+	var drops []lineDrop
+	var size int64
+	rebuild := func(w io.Writer) error {
+		cw := &countWriter{w: w}
+		var rerr error
+		drops, rerr = rebuildLines(b.ctx, src, cw, limit, lineFilterFor(ru))
+		size = cw.n
+		return rerr
+	}
+	if b.dry {
+		err = rebuild(io.Discard)
+	} else {
+		dir, derr := b.stageDir(fr)
+		if derr != nil {
+			return fmt.Errorf("stage %s: %w", rel, derr)
+		}
+		err = writeFileFrom(dir, name, ru.mode, b.s.in.UID, b.s.in.GID, rebuild)
+	}
+	if err != nil {
+		if cerr := b.ctx.Err(); cerr != nil {
+			return cerr
+		}
+		var pe *os.PathError
+		if errors.As(err, &pe) && pe.Op == "create" {
+			return fmt.Errorf("stage %s: %w", rel, err)
+		}
+		if u := errors.Unwrap(err); u != nil {
+			err = u
+		}
+		b.drop(rel, fmt.Sprintf("cannot be rebuilt (%v)", err))
+		return nil
+	}
+	b.files++
+	b.rep.KeptBytes += size
+	b.rep.Rebuilt = appendCapped(b.rep.Rebuilt, rel)
+	for _, d := range drops {
+		b.dropped(Drop{Path: rel, Item: d.item, Rows: d.n, Reason: d.reason},
+			fmt.Sprintf("rebuilt %s without %s (%d): %s", rel, d.item, d.n, d.reason))
+	}
+	return nil
+}
+
+// openRegular opens the regular file behind an O_PATH fd for reading,
+// refusing it if it is no longer that inode.
+func openRegular(fd int) (*os.File, error) {
+	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, err
+	}
+	var st, pst unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := unix.Fstat(fd, &pst); err != nil || st.Ino != pst.Ino || st.Dev != pst.Dev || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		f.Close()
+		return nil, errors.New("not the regular file that was checked")
+	}
+	return f, nil
+}
