@@ -270,7 +270,8 @@ func (t *transcriptFilter) record(rec map[string]json.RawMessage, drops *lineDro
 		}
 	}
 	out := make(map[string]json.RawMessage, len(rec))
-	for k, v := range rec {
+	for _, k := range slices.Sorted(maps.Keys(rec)) {
+		v := rec[k]
 		switch {
 		case k == "cwd":
 			if s, _ := rawString(v); s != cageWork {
@@ -360,7 +361,8 @@ func (historyFilter) record(rec map[string]json.RawMessage, drops *lineDrops) ma
 		return nil
 	}
 	out := map[string]json.RawMessage{}
-	for k, v := range rec {
+	for _, k := range slices.Sorted(maps.Keys(rec)) {
+		v := rec[k]
 		switch k {
 		case "display":
 			out[k] = v
