@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -127,17 +128,15 @@ func (d *lineDrops) list() []lineDrop {
 // write, or nil to drop it (having counted why in drops).
 type lineFilter interface {
 	record(rec map[string]json.RawMessage, drops *lineDrops) map[string]json.RawMessage
-	// finish rewrites what the dropped records left dangling.
-	finish(out []map[string]json.RawMessage)
 }
 
 // rebuildLines reads a JSONL file from r and writes the records filter
-// keeps to w, one per line. Lines that are not a JSON object are dropped and
-// counted. max bounds the bytes read.
+// keeps to w, one per line, as it goes. Lines that are not a JSON object
+// are dropped and counted. max bounds the bytes read.
 func rebuildLines(ctx context.Context, r io.Reader, w io.Writer, max int64, f lineFilter) ([]lineDrop, error) {
 	br := bufio.NewReaderSize(io.LimitReader(r, max+1), 1<<16)
+	bw := bufio.NewWriterSize(w, 1<<16)
 	var drops lineDrops
-	var kept []map[string]json.RawMessage
 	var read int64
 	for n := 0; ; n++ {
 		if n%4096 == 0 {
@@ -155,7 +154,9 @@ func rebuildLines(ctx context.Context, r io.Reader, w io.Writer, max int64, f li
 			if json.Unmarshal(line, &rec) != nil || rec == nil {
 				drops.add("(unparseable line)", "not a JSON object")
 			} else if out := f.record(rec, &drops); out != nil {
-				kept = append(kept, out)
+				if _, werr := bw.Write(append(marshalSorted(out), '\n')); werr != nil {
+					return nil, werr
+				}
 			}
 		}
 		if err == io.EOF {
@@ -165,39 +166,26 @@ func rebuildLines(ctx context.Context, r io.Reader, w io.Writer, max int64, f li
 			return nil, err
 		}
 	}
-	f.finish(kept)
-	bw := bufio.NewWriterSize(w, 1<<16)
-	for _, rec := range kept {
-		b, err := marshalSorted(rec)
-		if err != nil {
-			return nil, err
-		}
-		if _, err := bw.Write(append(b, '\n')); err != nil {
-			return nil, err
-		}
-	}
 	return drops.list(), bw.Flush()
 }
 
-// marshalSorted writes a record with its keys in sorted order.
-func marshalSorted(rec map[string]json.RawMessage) ([]byte, error) {
+// marshalSorted writes a record with its keys in sorted order. Its keys
+// are allowlisted names (plain ASCII) and its values raw JSON taken from
+// one input line, so neither needs escaping or compacting again.
+func marshalSorted(rec map[string]json.RawMessage) []byte {
 	var b bytes.Buffer
 	b.WriteByte('{')
 	for i, k := range slices.Sorted(maps.Keys(rec)) {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		kb, _ := json.Marshal(k)
-		b.Write(kb)
-		b.WriteByte(':')
-		var c bytes.Buffer
-		if err := json.Compact(&c, rec[k]); err != nil {
-			return nil, err
-		}
-		b.Write(c.Bytes())
+		b.WriteByte('"')
+		b.WriteString(k)
+		b.WriteString(`":`)
+		b.Write(bytes.TrimSpace(rec[k]))
 	}
 	b.WriteByte('}')
-	return b.Bytes(), nil
+	return b.Bytes()
 }
 
 var pinnedWork = json.RawMessage(strconv.Quote(cageWork))
@@ -205,7 +193,8 @@ var pinnedWork = json.RawMessage(strconv.Quote(cageWork))
 // transcriptFilter keeps a session transcript's conversation records. A
 // dropped record that sat in the uuid chain is bypassed: its children are
 // re-parented to its nearest kept ancestor, so --resume still finds one
-// chain from the first message to the last.
+// chain from the first message to the last. Claude Code appends a record
+// after its parent, so one pass sees every dropped parent first.
 type transcriptFilter struct {
 	// parentOf maps a dropped record's uuid to its parentUuid (raw JSON:
 	// a string or null).
@@ -286,6 +275,11 @@ func (t *transcriptFilter) record(rec map[string]json.RawMessage, drops *lineDro
 			drops.add("(other field)", "not on the allowlist of conversation record fields")
 		}
 	}
+	for _, k := range []string{"parentUuid", "logicalParentUuid", "leafUuid"} {
+		if v, ok := out[k]; ok && len(t.parentOf) > 0 {
+			out[k] = t.resolve(v)
+		}
+	}
 	return out
 }
 
@@ -336,19 +330,6 @@ func (t *transcriptFilter) resolve(v json.RawMessage) json.RawMessage {
 	return json.RawMessage("null") // a cycle among dropped records
 }
 
-func (t *transcriptFilter) finish(out []map[string]json.RawMessage) {
-	if len(t.parentOf) == 0 {
-		return
-	}
-	for _, rec := range out {
-		for _, k := range []string{"parentUuid", "logicalParentUuid", "leafUuid"} {
-			if v, ok := rec[k]; ok {
-				rec[k] = t.resolve(v)
-			}
-		}
-	}
-}
-
 // historyFilter rebuilds ~/.claude/history.jsonl (the prompt history the
 // interactive CLI offers on the up arrow): the prompt text, its time and
 // session, with project pinned to the cage's worktree. pastedContents
@@ -394,8 +375,6 @@ func (historyFilter) record(rec map[string]json.RawMessage, drops *lineDrops) ma
 	return out
 }
 
-func (historyFilter) finish([]map[string]json.RawMessage) {}
-
 // lineFilterFor returns a fresh filter for a kept JSONL file.
 func lineFilterFor(ru *rule) lineFilter {
 	if ru.kind == kindHistory {
@@ -406,7 +385,8 @@ func lineFilterFor(ru *rule) lineFilter {
 
 // keepLines rebuilds a kept JSONL file (fd, already checked for type and
 // size) into the stage. A file that cannot be read whole is dropped; lines
-// that do not parse are dropped from it and counted.
+// that do not parse are dropped from it and counted. What the last reset
+// provably wrote is not parsed again (cctranscache.go).
 func (b *builder) keepLines(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, ru *rule, limit int64) error {
 	src, err := openRegular(fd)
 	if err != nil {
@@ -414,13 +394,30 @@ func (b *builder) keepLines(fd int, st unix.Stat_t, fr *walkFrame, name, rel str
 		return nil
 	}
 	defer src.Close()
+	prefix := int64(0)
+	ph, proven := b.provenPrefix(src, rel, st.Size)
+	if proven && b.s.lines[rel].Size == st.Size {
+		return b.keepUnchanged(fd, fr, name, rel, ru, st.Size, ph.Sum(nil))
+	}
+	if proven {
+		prefix = b.s.lines[rel].Size
+	}
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		b.drop(rel, fmt.Sprintf("cannot be read (%v)", err))
+		return nil
+	}
 	var drops []lineDrop
 	var size int64
+	var digest []byte
 	rebuild := func(w io.Writer) error {
-		cw := &countWriter{w: w}
+		h := sha256.New()
+		cw := &countWriter{w: io.MultiWriter(w, h)}
+		if _, err := io.CopyN(cw, src, prefix); err != nil {
+			return err
+		}
 		var rerr error
-		drops, rerr = rebuildLines(b.ctx, src, cw, limit, lineFilterFor(ru))
-		size = cw.n
+		drops, rerr = rebuildLines(b.ctx, src, cw, limit-prefix, lineFilterFor(ru))
+		size, digest = cw.n, h.Sum(nil)
 		return rerr
 	}
 	if b.dry {
@@ -449,11 +446,30 @@ func (b *builder) keepLines(fd int, st unix.Stat_t, fr *walkFrame, name, rel str
 	b.files++
 	b.rep.KeptBytes += size
 	b.rep.Rebuilt = appendCapped(b.rep.Rebuilt, rel)
+	b.note(rel, size, digest)
 	for _, d := range drops {
 		b.dropped(Drop{Path: rel, Item: d.item, Rows: d.n, Reason: d.reason},
 			fmt.Sprintf("rebuilt %s without %s (%d): %s", rel, d.item, d.n, d.reason))
 	}
 	return nil
+}
+
+// keepUnchanged carries a JSONL file that is byte for byte what the last
+// reset wrote: it is hard-linked like a blob.
+func (b *builder) keepUnchanged(fd int, fr *walkFrame, name, rel string, ru *rule, size int64, digest []byte) error {
+	b.files++
+	b.rep.KeptBytes += size
+	b.rep.KeptCount++
+	b.rep.Kept = appendCapped(b.rep.Kept, rel)
+	b.note(rel, size, digest)
+	if b.dry {
+		return nil
+	}
+	dir, err := b.stageDir(fr)
+	if err != nil {
+		return fmt.Errorf("stage %s: %w", rel, err)
+	}
+	return b.link(fd, dir, name, rel, ru.mode)
 }
 
 // openRegular opens the regular file behind an O_PATH fd for reading,

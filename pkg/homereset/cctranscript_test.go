@@ -284,3 +284,67 @@ func TestClaudeCredentialsNamesNowhere(t *testing.T) {
 	out, _ = filterClaudeCredentials(map[string]any{"claudeAiOauth": map[string]any{"accessToken": "https://evil.invalid"}}, nil)
 	assert.DeepEqual(t, out, map[string]any{})
 }
+
+// TestTranscriptCache: a transcript the last reset wrote and nothing
+// changed is carried (the same inode); one the turn appended to keeps its
+// proven prefix and rebuilds the appended lines; one whose prefix changed
+// in place (same size, a state record swapped in) is rebuilt whole.
+func TestTranscriptCache(t *testing.T) {
+	task := newTask(t, "claude")
+	ctx := context.Background()
+	_, err := Bootstrap(ctx, task)
+	assert.NilError(t, err)
+	_, err = Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	home := HomeDir(task.Root)
+	rel := ".claude/projects/-work/" + sid + ".jsonl"
+	path := filepath.Join(home, rel)
+	write(t, path, ccTranscript)
+	rep, err := Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	assert.Assert(t, is.Contains(rep.Rebuilt, rel))
+	first, err := os.ReadFile(path)
+	assert.NilError(t, err)
+	st1, err := os.Stat(path)
+	assert.NilError(t, err)
+
+	rep, err = Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	assert.Assert(t, is.Contains(rep.Kept, rel), "an unchanged rebuilt transcript is carried: %+v", rep)
+	st2, err := os.Stat(path)
+	assert.NilError(t, err)
+	assert.Assert(t, os.SameFile(st1, st2))
+
+	forged := `{"type":"worktree-state","sessionId":"s","worktreeSession":{"worktreePath":"/work/deep"}}` + "\n"
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	assert.NilError(t, err)
+	_, err = f.WriteString(`{"type":"user","uuid":"u9","parentUuid":"u4","cwd":"/outbox","message":{"role":"user","content":"more"}}` + "\n" + forged)
+	assert.NilError(t, err)
+	assert.NilError(t, f.Close())
+	rep, err = Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	assert.Assert(t, is.Contains(rep.Rebuilt, rel))
+	got, err := os.ReadFile(path)
+	assert.NilError(t, err)
+	assert.Assert(t, bytes.HasPrefix(got, first))
+	assert.Equal(t, string(got[len(first):]), `{"cwd":"/work","message":{"role":"user","content":"more"},"parentUuid":"u4","type":"user","uuid":"u9"}`+"\n")
+	counts := map[string]int64{}
+	for _, d := range rep.Dropped {
+		counts[d.Item] = d.Rows
+	}
+	assert.DeepEqual(t, counts, map[string]int64{"record type worktree-state": 1, "field cwd (pinned to /work)": 1})
+
+	// Same size, prefix changed: the first kept line becomes a state record.
+	lines := strings.SplitAfter(string(got), "\n")
+	pad := len(lines[0]) - len(forged)
+	assert.Assert(t, pad > 0)
+	lines[0] = strings.TrimSuffix(forged, "}\n") + `,"x":"` + strings.Repeat("y", pad-7) + `"}` + "\n"
+	assert.Equal(t, len(strings.Join(lines, "")), len(got))
+	assert.NilError(t, os.WriteFile(path, []byte(strings.Join(lines, "")), 0o600))
+	rep, err = Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	assert.Assert(t, is.Contains(rep.Rebuilt, rel))
+	got, err = os.ReadFile(path)
+	assert.NilError(t, err)
+	assert.Assert(t, !bytes.Contains(got, []byte("worktree")), string(got))
+}
