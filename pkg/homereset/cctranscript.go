@@ -144,12 +144,14 @@ func rebuildLines(ctx context.Context, r io.Reader, w io.Writer, max int64, f li
 				return nil, err
 			}
 		}
-		line, err := br.ReadBytes('\n')
-		read += int64(len(line))
+		line, n, err := readLine(br, maxLine)
+		read += n
 		if read > max {
 			return nil, fmt.Errorf("larger than %d bytes", max)
 		}
-		if len(bytes.TrimSpace(line)) > 0 {
+		if line == nil && n > 0 {
+			drops.add("(line over 64 MiB)", "longer than any record the pinned Claude Code writes")
+		} else if len(bytes.TrimSpace(line)) > 0 {
 			var rec map[string]json.RawMessage
 			if json.Unmarshal(line, &rec) != nil || rec == nil {
 				drops.add("(unparseable line)", "not a JSON object")
@@ -167,6 +169,34 @@ func rebuildLines(ctx context.Context, r io.Reader, w io.Writer, max int64, f li
 		}
 	}
 	return drops.list(), bw.Flush()
+}
+
+// maxLine bounds one JSONL line: the rebuild holds a line in memory.
+const maxLine = 64 << 20
+
+// readLine returns the next line of br (with its newline) and the bytes it
+// consumed; a line longer than max is skipped without being held (nil
+// line, n > 0).
+func readLine(br *bufio.Reader, max int) ([]byte, int64, error) {
+	var line []byte
+	var n int64
+	for {
+		chunk, err := br.ReadSlice('\n')
+		n += int64(len(chunk))
+		if line != nil || n <= int64(max) {
+			if n > int64(max) {
+				line = nil
+			} else {
+				line = append(line, chunk...)
+			}
+		}
+		if err != bufio.ErrBufferFull {
+			if n > int64(max) {
+				return nil, n, err
+			}
+			return line, n, err
+		}
+	}
 }
 
 // marshalSorted writes a record with its keys in sorted order. Its keys

@@ -348,3 +348,17 @@ func TestTranscriptCache(t *testing.T) {
 	assert.NilError(t, err)
 	assert.Assert(t, !bytes.Contains(got, []byte("worktree")), string(got))
 }
+
+// TestTranscriptLongLine: a line longer than any record is skipped (not
+// held in memory) and counted; the lines around it are kept.
+func TestTranscriptLongLine(t *testing.T) {
+	in := `{"type":"user","uuid":"u1","message":{"role":"user","content":"a"}}` + "\n" +
+		`{"type":"user","uuid":"u2","message":{"role":"user","content":"` + strings.Repeat("x", maxLine) + `"}}` + "\n" +
+		`{"type":"user","uuid":"u3","parentUuid":"u1","message":{"role":"user","content":"b"}}` + "\n"
+	var out bytes.Buffer
+	drops, err := rebuildLines(context.Background(), strings.NewReader(in), &out, 1<<30, newTranscriptFilter())
+	assert.NilError(t, err)
+	assert.Equal(t, strings.Count(out.String(), "\n"), 2)
+	assert.Equal(t, len(drops), 1)
+	assert.Equal(t, drops[0].item, "(line over 64 MiB)")
+}
