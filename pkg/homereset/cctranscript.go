@@ -81,14 +81,43 @@ var ccDroppedFields = map[string]bool{
 	"sentAsUuid": true, "dataFlowOn": true, "worktreeSession": true, "relocatedCwd": true,
 }
 
-// ccDroppedAttachments are attachment types that are not conversation but
-// the CLI's own bookkeeping of what it sent (a system prompt and tool list
-// snapshot the resume path reuses, render points, tool offers): dropped, so
-// the resumed request is built from the cage's own prompt and tools.
+// ccKeptAttachments are the attachment types kept: context the CLI
+// rendered into the conversation (reminders, listings, file and memory
+// contents, hook output), which a resume replays as history and does not
+// act on. Any other attachment type is dropped.
+var ccKeptAttachments = map[string]bool{
+	"environment": true, "model": true, "date": true, "session_context": true, "language": true,
+	"deferred_tools_delta": true, "agent_listing_delta": true, "skill_listing": true, "mcp_instructions_delta": true,
+	"auto_mode": true, "auto_mode_exit": true, "remote_session_change": true, "critical_system_reminder": true,
+	"todo_reminder": true, "task_reminder": true, "total_tokens_reminder": true, "token_usage": true,
+	"output_limit_note": true, "max_turns_reached": true, "edited_text_file": true, "file": true,
+	"changed_files": true, "nested_memory": true, "instructions": true, "output_style_instructions": true,
+	"context_sections": true, "structured_output": true, "thinking_stripped": true, "advisor_stripped": true,
+	"read_truncation_notice": true, "batching_reminder": true, "batching_reminder_sent": true,
+	"secondary_reminder": true, "secondary_reminder_sent": true, "silent_turn_reminder": true,
+	"progress_reminder_sent": true, "plugin_note": true, "first_week": true, "claude_app_notice": true,
+	"dir_sync_notice": true, "tool_hosts_notice": true, "sandbox_instructions": true,
+	"message_pdf_reads": true, "project_doc_reads": true, "workflow_size_guideline_change": true,
+	"ultra_effort_enter": true, "ultra_effort_exit": true, "hook_success": true, "hook_additional_context": true,
+	"hook_system_message": true, "hook_blocking_error": true, "hook_non_blocking_error": true,
+	"hook_error_during_execution": true, "hook_stopped_continuation": true, "hook_cancelled": true,
+	"hook_permission_decision": true, "async_hook_response": true, "agent_ask_notice": true,
+	"tool_host_result_lines": true,
+}
+
+// ccDroppedAttachments are attachment types dropped and reported by name:
+// the CLI's own record of what it sent (a system prompt and tool list
+// snapshot the resume path reuses, render points, tool offers), and
+// attachments that carry state a resume re-arms or a path it acts on
+// (scheduled prompts, queued commands, skills to reload from a directory,
+// the plan file, a teammate's mailbox, a fork's briefing).
 var ccDroppedAttachments = map[string]bool{
 	"prompt_snapshot": true, "prompt_render_point": true, "deferred_tools_record": true,
 	"tool_offer_record": true, "whole_texts_withdrawn": true, "tool_results_cut": true,
-	"credential_org": true,
+	"credential_org": true, "session_cron_carry": true, "projects_thread_ask": true,
+	"queued_command": true, "invoked_skills": true, "dynamic_skill": true, "plan_mode": true,
+	"plan_mode_reentry": true, "plan_mode_exit": true, "plan_file_reference": true,
+	"teammate_mailbox": true, "fork_briefing": true,
 }
 
 // lineDrop counts what a line rebuild left out of one file: item is a
@@ -282,8 +311,13 @@ func (t *transcriptFilter) record(rec map[string]json.RawMessage, drops *lineDro
 			Type string `json:"type"`
 		}
 		_ = json.Unmarshal(rec["attachment"], &a)
-		if ccDroppedAttachments[a.Type] {
-			drops.add("attachment type "+a.Type, "the CLI's own record of what it sent, which a resume reuses; rebuilt by the cage's CLI")
+		switch {
+		case ccDroppedAttachments[a.Type]:
+			drops.add("attachment type "+a.Type, "the CLI's own bookkeeping, or state a resume re-arms; not conversation")
+			t.dropInChain(rec)
+			return nil
+		case !ccKeptAttachments[a.Type]:
+			drops.add("(attachment of an unknown type)", "not a conversation attachment of the pinned Claude Code")
 			t.dropInChain(rec)
 			return nil
 		}

@@ -362,3 +362,20 @@ func TestTranscriptLongLine(t *testing.T) {
 	assert.Equal(t, len(drops), 1)
 	assert.Equal(t, drops[0].item, "(line over 64 MiB)")
 }
+
+// TestTranscriptAttachments: attachments are kept from an allowlist of
+// rendered context; ones a resume re-arms (scheduled prompts, skills to
+// reload) and unknown ones are dropped, and the chain is re-linked.
+func TestTranscriptAttachments(t *testing.T) {
+	in := `{"type":"user","uuid":"u1","parentUuid":null,"message":{"role":"user","content":"a"}}
+{"type":"attachment","uuid":"a1","parentUuid":"u1","attachment":{"type":"session_cron_carry","tasks":[{"cron":"* * * * *","prompt":"EVIL"}]}}
+{"type":"attachment","uuid":"a2","parentUuid":"a1","attachment":{"type":"invoked_skills","skillsToReload":["/outbox/s"]}}
+{"type":"attachment","uuid":"a3","parentUuid":"a2","attachment":{"type":"from_the_future"}}
+{"type":"attachment","uuid":"a4","parentUuid":"a3","attachment":{"type":"nested_memory","content":{"content":"notes"}}}
+`
+	recs, drops := rebuild(t, in, newTranscriptFilter())
+	assert.Equal(t, len(recs), 2)
+	assert.Equal(t, recs[1]["uuid"], "a4")
+	assert.Equal(t, recs[1]["parentUuid"], "u1")
+	assert.DeepEqual(t, drops, map[string]int64{"attachment type session_cron_carry": 1, "attachment type invoked_skills": 1, "(attachment of an unknown type)": 1})
+}
