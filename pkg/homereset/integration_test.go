@@ -319,7 +319,7 @@ func TestKillDuringReset(t *testing.T) {
 	}
 	env, _ := json.Marshal(task)
 	midway := 0
-	for i, delay := range []time.Duration{2, 5, 10, 20, 40, 80} {
+	for i, delay := range []time.Duration{2, 5, 10, 20, 40, 80, 160, 320} {
 		junk := 1000
 		if i == 0 {
 			junk = 100000
