@@ -173,12 +173,12 @@ func rebuildLines(ctx context.Context, r io.Reader, w io.Writer, max int64, f li
 				return nil, err
 			}
 		}
-		line, n, err := readLine(br, maxLine)
-		read += n
+		line, used, err := readLine(br, maxLine)
+		read += used
 		if read > max {
 			return nil, fmt.Errorf("larger than %d bytes", max)
 		}
-		if line == nil && n > 0 {
+		if line == nil && used > 0 {
 			drops.add("(line over 64 MiB)", "longer than any record the pinned Claude Code writes")
 		} else if len(bytes.TrimSpace(line)) > 0 {
 			var rec map[string]json.RawMessage
@@ -258,10 +258,13 @@ type transcriptFilter struct {
 	// parentOf maps a dropped record's uuid to its parentUuid (raw JSON:
 	// a string or null).
 	parentOf map[string]json.RawMessage
+	// kept are the uuids of kept records: a dropped record reusing one
+	// cannot unlink it from the chain.
+	kept map[string]bool
 }
 
 func newTranscriptFilter() *transcriptFilter {
-	return &transcriptFilter{parentOf: map[string]json.RawMessage{}}
+	return &transcriptFilter{parentOf: map[string]json.RawMessage{}, kept: map[string]bool{}}
 }
 
 func rawString(v json.RawMessage) (string, bool) {
@@ -275,7 +278,7 @@ func rawString(v json.RawMessage) (string, bool) {
 // dropInChain records a dropped record's place in the chain, if it had one.
 func (t *transcriptFilter) dropInChain(rec map[string]json.RawMessage) {
 	u, ok := rawString(rec["uuid"])
-	if !ok {
+	if !ok || t.kept[u] {
 		return
 	}
 	if p, ok := rec["parentUuid"]; ok {
@@ -343,6 +346,10 @@ func (t *transcriptFilter) record(rec map[string]json.RawMessage, drops *lineDro
 		if v, ok := out[k]; ok && len(t.parentOf) > 0 {
 			out[k] = t.resolve(v)
 		}
+	}
+	if u, ok := rawString(out["uuid"]); ok {
+		t.kept[u] = true
+		delete(t.parentOf, u)
 	}
 	return out
 }

@@ -379,3 +379,15 @@ func TestTranscriptAttachments(t *testing.T) {
 	assert.Equal(t, recs[1]["parentUuid"], "u1")
 	assert.DeepEqual(t, drops, map[string]int64{"attachment type session_cron_carry": 1, "attachment type invoked_skills": 1, "(attachment of an unknown type)": 1})
 }
+
+// TestTranscriptDroppedRecordCannotUnlinkKept: a state record reusing a
+// kept record's uuid does not re-parent that record's children.
+func TestTranscriptDroppedRecordCannotUnlinkKept(t *testing.T) {
+	in := `{"type":"user","uuid":"u1","parentUuid":null,"message":{"role":"user","content":"a"}}
+{"type":"progress","uuid":"u1","parentUuid":"elsewhere"}
+{"type":"assistant","uuid":"x1","parentUuid":"u1","message":{"role":"assistant","content":[]}}
+`
+	recs, _ := rebuild(t, in, newTranscriptFilter())
+	assert.Equal(t, len(recs), 2)
+	assert.Equal(t, recs[1]["parentUuid"], "u1")
+}
