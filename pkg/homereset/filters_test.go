@@ -189,7 +189,6 @@ func TestTranscriptGlobsSkipMemory(t *testing.T) {
 		p + sid + "/subagents/agent-a1b2c3d4e5f60718.jsonl",
 		p + sid + "/tool-results/toolu_01.txt",
 		p + sid + "/tool-results/toolu_02.json",
-		".claude/file-history/" + sid + "/3f2a9c1e0b7d4a65@v2",
 		".claude/history.jsonl",
 	}
 	drop := []string{
@@ -206,6 +205,7 @@ func TestTranscriptGlobsSkipMemory(t *testing.T) {
 		p + "not-a-session/subagents/agent-x.jsonl",
 		p + "not-a-session.jsonl",
 		p + strings.ToUpper(sid) + ".jsonl",
+		".claude/file-history/" + sid + "/3f2a9c1e0b7d4a65@v2",
 		".claude/file-history/x/evil@v1",
 		".claude/file-history/" + sid + "/evil.sh",
 	}

@@ -1,8 +1,9 @@
 // Package homereset owns the task HOME: it bootstraps credentials once per
 // task, and before every turn rebuilds HOME from the agent profiles'
-// keep-lists (credentials, sessions; validated, and every kept file but a
-// transcript rebuilt from a field or row allowlist: JSON files from key
-// allowlists, opencode.db from the pinned opencode's schema) plus the
+// keep-lists (credentials, sessions; validated, and every kept file but
+// Claude's tool results rebuilt from a field, record or row allowlist: JSON
+// files from key allowlists, Claude transcripts record by record,
+// opencode.db from the pinned opencode's schema) plus the
 // owner's baseline, so that configuration a turn plants in HOME, or inside
 // a file HOME keeps, is gone before the next turn starts. It also writes the managed
 // policy the cage mounts read-only outside HOME.
@@ -90,8 +91,9 @@ type Report struct {
 	// a dry run, would be).
 	Recovered string   `json:"recovered,omitempty"`
 	Profiles  []string `json:"profiles"`
-	// Kept are the keep-list files carried over unchanged (transcripts,
-	// hard-linked); KeptBytes the total size of kept and rebuilt files.
+	// Kept are the keep-list files carried over unchanged, hard-linked
+	// (Claude's tool results, and transcripts byte for byte as the last
+	// reset rebuilt them); KeptBytes the total size of kept and rebuilt files.
 	Kept      []string `json:"kept"`
 	KeptCount int      `json:"keptCount"`
 	KeptBytes int64    `json:"keptBytes"`

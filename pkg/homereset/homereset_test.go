@@ -74,7 +74,7 @@ func plant(t *testing.T, home string) {
 		".claude/projects/-work/" + sid + ".jsonl":                    `{"type":"user"}` + "\n",
 		".claude/projects/-work/" + sid + "/subagents/agent-a1.jsonl": "{}\n",
 		".claude/history.jsonl":                                       "{}\n",
-		".claude.json":                                                `{"userID":"u1","hasCompletedOnboarding":true,"numStartups":3,"mcpServers":{"x":{"command":"evil"}},"customApiKeyResponses":{"approved":["x"]},"projects":{"/work":{"lastSessionId":"abc","mcpServers":{"y":{}},"allowedTools":["Bash"],"hasTrustDialogAccepted":true}}}`,
+		".claude.json":                                                `{"userID":"u1","hasCompletedOnboarding":true,"numStartups":3,"mcpServers":{"x":{"command":"evil"}},"customApiKeyResponses":{"approved":["x"]},"projects":{"/work":{"lastSessionId":"` + sid + `","mcpServers":{"y":{}},"allowedTools":["Bash"],"hasTrustDialogAccepted":true}}}`,
 		".local/share/opencode/auth.json":                             `{"anthropic":{"type":"api","key":"sk-1"},"evil":{"type":"wellknown","key":"K","token":"t"}}`,
 		".config/opencode/plugin/evil.js":                             "evil()",
 		".bashrc":                                                     "evil",
@@ -121,7 +121,7 @@ func TestResetKeepsStateDropsConfig(t *testing.T) {
 	assert.NilError(t, json.Unmarshal(data, &cj))
 	assert.Assert(t, cj["mcpServers"] == nil && cj["customApiKeyResponses"] == nil)
 	assert.Equal(t, cj["userID"], "u1")
-	assert.DeepEqual(t, cj["projects"], map[string]any{"/work": map[string]any{"lastSessionId": "abc"}})
+	assert.DeepEqual(t, cj["projects"], map[string]any{"/work": map[string]any{"lastSessionId": sid}})
 	data, _ = os.ReadFile(filepath.Join(home, ".local/share/opencode/auth.json"))
 	assert.Assert(t, !strings.Contains(string(data), "wellknown") && strings.Contains(string(data), "sk-1"))
 	assert.Assert(t, is.Contains(rep.Removed, ".bashrc"))

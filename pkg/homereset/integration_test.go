@@ -177,7 +177,7 @@ func TestTurnScenariosInPodman(t *testing.T) {
 [ -f .claude/.credentials.json ] && printf '{"claudeAiOauth":{"accessToken":"at-2","refreshToken":"rt-2"}}' > .claude/.credentials.json
 [ -f .local/share/opencode/auth.json ] && printf '{"anthropic":{"key":"sk-2","type":"api"},"evil":{"type":"wellknown","key":"K","token":"touch $M/wellknown"}}' > .local/share/opencode/auth.json
 mkdir -p .claude/projects/-work .local/share/opencode/storage/session/p
-echo '{"type":"user","message":"hi"}' > .claude/projects/-work/` + sid + `.jsonl
+echo '{"cwd":"/work","message":{"content":"hi","role":"user"},"parentUuid":null,"type":"user","uuid":"u1"}' > .claude/projects/-work/` + sid + `.jsonl
 echo '{"id":"ses_1"}' > .local/share/opencode/storage/session/p/ses_1.json
 sh /markers/exec.sh /markers/t1`
 			write(t, filepath.Join(markers, "exec.sh"), execScript)
@@ -319,7 +319,7 @@ func TestKillDuringReset(t *testing.T) {
 	}
 	env, _ := json.Marshal(task)
 	midway := 0
-	for i, delay := range []time.Duration{2, 5, 10, 20, 40, 80} {
+	for i, delay := range []time.Duration{2, 5, 10, 20, 40, 80, 160, 320} {
 		junk := 1000
 		if i == 0 {
 			junk = 100000

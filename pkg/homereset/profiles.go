@@ -11,20 +11,26 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 )
 
-// kind is how a keep-list entry is validated and carried over. Nothing is
-// carried over opaque except session transcripts: every other kept file is
-// parsed and rebuilt from an allowlist.
+// kind is how a keep-list entry is validated and carried over. Every kept
+// file is parsed and rebuilt from an allowlist except Claude's tool-results
+// files (output the model reads back on request; nothing parses them as
+// state), which are carried opaque.
 type kind int
 
 const (
 	// kindFilter: a small JSON object rebuilt from a key allowlist.
 	kindFilter kind = iota
-	// kindBlob: session transcripts, hard-linked into the new HOME after
-	// type, filesystem and size checks; their content is state.
+	// kindBlob: hard-linked into the new HOME after type, filesystem and
+	// size checks.
 	kindBlob
 	// kindOpencodeDB: opencode.db (with its -wal folded in), rebuilt from the
 	// pinned schema's table and column allowlist (opencodedb.go).
 	kindOpencodeDB
+	// kindTranscript: a Claude Code session transcript, rebuilt record by
+	// record (cctranscript.go).
+	kindTranscript
+	// kindHistory: ~/.claude/history.jsonl, rebuilt line by line.
+	kindHistory
 )
 
 // rule is one keep-list entry: a HOME-relative pattern whose segments are
@@ -69,21 +75,24 @@ func keepList(profile string) []rule {
 		return []rule{
 			rf(".claude/.credentials.json", filterClaudeCredentials),
 			rf(".claude.json", filterClaudeJSON),
-			// Transcripts and what --resume/--continue/rewind read, as
-			// Claude Code 2.1.332 writes them: <session>.jsonl, and below
-			// <session>/ subagents/agent-<id>.jsonl and
-			// tool-results/<id>.txt|.json. Never projects/<p>/memory/ (auto
-			// memory is loaded as instructions): the session-id segments
-			// cannot match it, and no "memory" segment matches anywhere.
-			// Not subagents/agent-<id>.meta.json either: it carries a
-			// revived subagent's permission mode and hook switches.
-			r(".claude/projects/*/{uuid}.jsonl", kindBlob),
-			r(".claude/projects/*/{uuid}/subagents/agent-*.jsonl", kindBlob),
+			// Transcripts and what --resume reads, as Claude Code 2.1.332
+			// writes them: <session>.jsonl, and below <session>/
+			// subagents/agent-<id>.jsonl (both rebuilt: conversation
+			// records only, cwd pinned) and tool-results/<id>.txt|.json
+			// (output the model reads back, carried opaque). Never
+			// projects/<p>/memory/ (auto memory is loaded as instructions):
+			// the session-id segments cannot match it, and no "memory"
+			// segment matches anywhere. Not subagents/agent-<id>.meta.json
+			// either: it carries a revived subagent's permission mode and
+			// hook switches. Not file-history/ (checkpoints): rewind writes
+			// them back to the paths the transcript's file-history records
+			// name, and those records are state, dropped from the rebuilt
+			// transcript (docs/kept-state.md).
+			r(".claude/projects/*/{uuid}.jsonl", kindTranscript),
+			r(".claude/projects/*/{uuid}/subagents/agent-*.jsonl", kindTranscript),
 			r(".claude/projects/*/{uuid}/tool-results/*.txt", kindBlob),
 			r(".claude/projects/*/{uuid}/tool-results/*.json", kindBlob),
-			// Checkpoints: file-history/<session>/<hash>@v<n>.
-			r(".claude/file-history/{uuid}/*@v*", kindBlob),
-			r(".claude/history.jsonl", kindBlob),
+			r(".claude/history.jsonl", kindHistory),
 		}
 	case "opencode":
 		db := r(".local/share/opencode/opencode.db", kindOpencodeDB)
@@ -201,8 +210,12 @@ var claudeKeep = map[string]string{
 var claudeForced = map[string]any{"autoConnectIde": false, "autoInstallIdeExtension": false}
 
 // filterClaudeJSON rebuilds ~/.claude.json from the allowlist: sign-in and
-// onboarding state, and per project only session ids, last-run metrics and
-// the onboarding counter. It returns the dropped key paths (never values).
+// onboarding state, and for the cage's one project (/work) only its last
+// session id and last-run metrics and the onboarding counter. No kept value
+// may name a path, a URL or a command: a string holding a slash, a
+// backslash or an address is dropped (none of the kept keys holds one in
+// what the pinned Claude Code writes). It returns the dropped key paths
+// (never values; a project path is named only when it is /work).
 func filterClaudeJSON(in map[string]any, _ *filterEnv) (map[string]any, []fieldDrop) {
 	out := map[string]any{}
 	var dropped []fieldDrop
@@ -215,26 +228,13 @@ func filterClaudeJSON(in map[string]any, _ *filterEnv) (map[string]any, []fieldD
 				dropped = append(dropped, fieldDrop{k, "not an object"})
 				continue
 			}
-			kept := map[string]any{}
-			for _, p := range slices.Sorted(maps.Keys(projects)) {
-				pv, ok := projects[p].(map[string]any)
-				if !ok {
-					dropped = append(dropped, fieldDrop{"projects." + p, "not an object"})
-					continue
-				}
-				np := map[string]any{}
-				for _, pk := range slices.Sorted(maps.Keys(pv)) {
-					if (strings.HasPrefix(pk, "last") || pk == "projectOnboardingSeenCount") && isScalar(pv[pk]) {
-						np[pk] = pv[pk]
-					} else {
-						dropped = append(dropped, fieldDrop{"projects." + p + "." + pk, "not per-project session state"})
-					}
-				}
-				kept[p] = np
-			}
+			kept, d := filterClaudeProjects(projects)
+			dropped = append(dropped, d...)
 			out[k] = kept
 		case strings.HasSuffix(k, "MigrationComplete") && isType(v, "bool"):
 			out[k] = v
+		case claudeKeep[k] != "" && isType(v, claudeKeep[k]) && namesSomewhere(v):
+			dropped = append(dropped, fieldDrop{k, "names a path, URL or command"})
 		case claudeKeep[k] != "" && isType(v, claudeKeep[k]):
 			out[k] = v
 		case claudeForced[k] != nil:
@@ -246,6 +246,60 @@ func filterClaudeJSON(in map[string]any, _ *filterEnv) (map[string]any, []fieldD
 		out[k] = v
 	}
 	return out, dropped
+}
+
+// otherProject stands in the report for a project key other than /work.
+const otherProject = "projects.(a project other than /work)"
+
+// filterClaudeProjects keeps ~/.claude.json's projects["/work"]: numbers
+// and booleans of its last* keys, lastSessionId when it is a session id,
+// and projectOnboardingSeenCount. Other projects are dropped: the cage's
+// one project is /work, and a project key is a path.
+func filterClaudeProjects(projects map[string]any) (map[string]any, []fieldDrop) {
+	kept := map[string]any{}
+	var dropped []fieldDrop
+	for _, p := range slices.Sorted(maps.Keys(projects)) {
+		if p != cageWork {
+			dropped = append(dropped, fieldDrop{otherProject, "a path other than the cage's worktree"})
+			continue
+		}
+		pv, ok := projects[p].(map[string]any)
+		if !ok {
+			dropped = append(dropped, fieldDrop{"projects." + p, "not an object"})
+			continue
+		}
+		np := map[string]any{}
+		for _, pk := range slices.Sorted(maps.Keys(pv)) {
+			x := pv[pk]
+			s, isStr := x.(string)
+			switch {
+			case pk == "lastSessionId" && isStr && isUUID(s):
+				np[pk] = x
+			case (strings.HasPrefix(pk, "last") || pk == "projectOnboardingSeenCount") && (isType(x, "number") || isType(x, "bool")):
+				np[pk] = x
+			default:
+				dropped = append(dropped, fieldDrop{"projects." + p + "." + pk, "not per-project session state"})
+			}
+		}
+		kept[p] = np
+	}
+	return kept, dropped
+}
+
+// namesSomewhere reports whether a kept value (or a value of a kept
+// object) is a string that could name a path, a URL or a command.
+func namesSomewhere(v any) bool {
+	switch x := v.(type) {
+	case string:
+		return strings.ContainsAny(x, "/\\") || looksLikeURL(x)
+	case map[string]any:
+		for _, e := range x {
+			if namesSomewhere(e) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // filterOpencodeAuth rebuilds opencode's auth.json per provider type from a

@@ -71,7 +71,7 @@ func Reset(ctx context.Context, in ResetInput) (*Report, error) {
 		return nil, err
 	}
 	defer trash.Close()
-	s := &resetter{in: in, v: v, trash: trash, rules: rules, base: base, env: newFilterEnv(base)}
+	s := &resetter{in: in, v: v, trash: trash, rules: rules, base: base, env: newFilterEnv(base), lines: loadLineCache(v.meta)}
 
 	id, err := readJournal(v.meta)
 	if err != nil {
@@ -116,6 +116,9 @@ type resetter struct {
 	rules []rule
 	base  []baseFile
 	env   *filterEnv
+	// lines is what the last reset wrote of each rebuilt JSONL file;
+	// nextLines what this one writes (cctranscache.go).
+	lines, nextLines lineCache
 }
 
 // Crash protocol for reset <id>:
@@ -183,6 +186,9 @@ func (s *resetter) finish(ctx context.Context, id string, rep *Report) error {
 		return fmt.Errorf("move new HOME into place: %w", err)
 	}
 	if err := s.v.root.Sync(); err != nil {
+		return err
+	}
+	if err := s.saveLineCache(); err != nil {
 		return err
 	}
 	if err := unix.Unlinkat(int(s.v.meta.Fd()), journal, 0); err != nil {
@@ -446,6 +452,9 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 		b.drop(rel, "would exceed home.max_keep_files")
 		return nil
 	}
+	if ru.kind == kindTranscript || ru.kind == kindHistory {
+		return b.keepLines(fd, st, fr, name, rel, ru, limit)
+	}
 	var data []byte
 	var dropped []fieldDrop
 	if ru.kind != kindBlob || ru.magic != "" {
@@ -495,15 +504,19 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 	if ru.kind != kindBlob {
 		return writeFileAt(dir, name, data, ru.mode, b.s.in.UID, b.s.in.GID)
 	}
-	// Link exactly the inode that was checked (AT_EMPTY_PATH on its O_PATH
-	// fd), then give it to the agent with the keep-list's mode.
+	return b.link(fd, dir, name, rel, ru.mode)
+}
+
+// link puts exactly the inode that was checked (AT_EMPTY_PATH on its O_PATH
+// fd) into dir, and gives it to the agent with the keep-list's mode.
+func (b *builder) link(fd int, dir *os.File, name, rel string, mode uint32) error {
 	if err := unix.Linkat(fd, "", int(dir.Fd()), name, unix.AT_EMPTY_PATH); err != nil {
 		return fmt.Errorf("stage %s: link: %w", rel, err)
 	}
 	if err := unix.Fchownat(fd, "", b.s.in.UID, b.s.in.GID, unix.AT_EMPTY_PATH); err != nil {
 		return fmt.Errorf("stage %s: chown: %w", rel, err)
 	}
-	if err := unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), ru.mode); err != nil {
+	if err := unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), mode); err != nil {
 		return fmt.Errorf("stage %s: chmod: %w", rel, err)
 	}
 	return nil

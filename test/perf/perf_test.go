@@ -367,7 +367,8 @@ func writeBig(b *testing.B, path string, size int64) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	line := []byte(`{"type":"user","message":{"role":"user","content":"` + strings.Repeat("x", 4000) + `"}}` + "\n")
+	// A conversation record the transcript rebuild keeps (it needs a uuid).
+	line := []byte(`{"type":"user","uuid":"u1","parentUuid":null,"message":{"role":"user","content":"` + strings.Repeat("x", 4000) + `"}}` + "\n")
 	w := bufio.NewWriterSize(f, 1<<20)
 	for written := int64(0); written < size; written += int64(len(line)) {
 		if _, err := w.Write(line); err != nil {
