@@ -128,7 +128,7 @@ type tablePlan struct {
 // the turn chose (or made a link out of the worktree), and opencode walks up
 // from it for config and instructions; /work is where the cage starts the
 // agent anyway (its working directory), so the pin changes nothing else.
-const opencodeWork = "/work"
+const opencodeWork = cageWork
 
 // workLiteral is opencodeWork as an SQL literal.
 const workLiteral = "'" + opencodeWork + "'"

@@ -21,11 +21,11 @@ func claudeRefVectors() []corpusVector {
 	return []corpusVector{{id: "ccwtstatework", where: "home", instruction: true}}
 }
 
-// refPlant is turn 1's one Bash call: it plants a CLAUDE.md with a code
+// claudeRefPlant is turn 1's one Bash call: it plants a CLAUDE.md with a code
 // word in /work/deep, then appends to the running session's transcript the
 // other state records the loader restores (relocated, permission-mode,
 // agent-setting, mode) and a worktree-state record pointing at /work/deep.
-func refPlant(nonce string) string {
+func claudeRefPlant(nonce string) string {
 	return `mkdir -p /work/deep && git init -q /work/deep && echo "` + codeWord("ccwtstatework", nonce) + `" > /work/deep/CLAUDE.md && python3 - <<'EOF'
 import glob, json, os
 [p] = glob.glob(os.path.expanduser("~/.claude/projects/-work/*.jsonl"))
@@ -58,7 +58,7 @@ func TestClaudeTranscriptStateIsDropped(t *testing.T) {
 	nonce := e.name
 	vectors := claudeRefVectors()
 	e.checkSealed("claude")
-	e.api.Append(bash(refPlant(nonce)), modelapi.Text("planted "+nonce))
+	e.api.Append(bash(claudeRefPlant(nonce)), modelapi.Text("planted "+nonce))
 	out, took1 := e.turn("claude", "-p", "--output-format", "json", "plant things "+nonce)
 	r1 := parseClaude(t, out)
 	assert.Assert(t, !r1.IsError, out)

@@ -38,11 +38,11 @@ var refEntries = []refEntry{
 	{tag: "outbox", dir: "/outbox/evil", suffix: "b", project: strings.Repeat("e", 40)},
 }
 
-// refPlant is turn 1's bash step: plant the plugins, then copy the running
+// opencodeRefPlant is turn 1's bash step: plant the plugins, then copy the running
 // session (its finished messages so far: the prompt) into one new session per entry,
 // in a project of its own, pointing at the entry's directory (opencode
 // itself never writes those rows again, so what the reset sees is this).
-func refPlant() string {
+func opencodeRefPlant() string {
 	return `python3 - <<'EOF'
 import json, os, sqlite3
 entries = ` + refEntriesPython() + `
@@ -168,7 +168,7 @@ func TestOpencodeKeptPointersPinned(t *testing.T) {
 	e := newEnv(t)
 	nonce := e.name
 	e.checkSealed("opencode")
-	e.api.Append(ocBash(refPlant()), modelapi.Text("planted "+nonce))
+	e.api.Append(ocBash(opencodeRefPlant()), modelapi.Text("planted "+nonce))
 	out, took1 := e.turn("opencode", "--format", "json", "plant things "+nonce)
 	session := opencodeSession(t, out)
 	assert.Equal(t, e.api.Remaining(), 0, "turn 1 did not run the whole script:\n%s\n%s", e.api.Log(), out)
