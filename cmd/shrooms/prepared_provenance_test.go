@@ -36,6 +36,8 @@ type markedImages struct {
 }
 
 func newMarkedImages(t *testing.T) *markedImages {
+	// Gated like integration(): the images are built with podman first.
+	itest.Require(t, itest.Root, itest.Podman)
 	m := &markedImages{t: t, name: "localhost/" + itest.UniqueName("pv") + ":latest"}
 	dir := t.TempDir()
 	// The test image's one layer, from a saved archive (no container is
