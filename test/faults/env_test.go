@@ -175,7 +175,7 @@ func (e *env) plant(task string) secrets {
 mkdir -p ~/.claude/projects/-work ~/.local/share/opencode
 printf '{"claudeAiOauth":{"accessToken":"%s"}}' > ~/.claude/.credentials.json
 printf '{"anthropic":{"type":"api","key":"%s"}}' > ~/.local/share/opencode/auth.json
-printf '{"type":"user","message":"%s"}\n' > ~/%s
+printf '{"message":{"content":"%s","role":"user"},"type":"user","uuid":"u1"}\n' > ~/%s
 echo planted`, s.claude, s.opencode, s.session, sessionPath))
 	assert.Equal(e.t, code, 0, "plant: %s %s", out, stderr)
 	assert.Assert(e.t, strings.Contains(out, "planted"), out)

@@ -317,7 +317,7 @@ func script(tk *task, n int, write bool, slow bool, code int) string {
 	if write {
 		switch tk.agent {
 		case "claude":
-			fmt.Fprintf(&b, "mkdir -p $(dirname %s)\necho '{\"turn\":%d}' >> %s\n", sessionFile, n, sessionFile)
+			fmt.Fprintf(&b, "mkdir -p $(dirname %s)\necho '%s' >> %s\n", sessionFile, soakRecord(n), sessionFile)
 			if n == 0 {
 				fmt.Fprintf(&b, "echo '{\"claudeAiOauth\":{\"accessToken\":\"a%d\",\"expiresAt\":1}}' > %s\n", n, claudeCred)
 			}
@@ -329,6 +329,13 @@ func script(tk *task, n int, write bool, slow bool, code int) string {
 	}
 	fmt.Fprintf(&b, "exit %d\n", code)
 	return b.String()
+}
+
+// soakRecord is turn n's line of the kept transcript: a user message in the
+// form the reset's record-level rebuild writes (keys sorted, compact), so a
+// rebuild keeps it byte for byte.
+func soakRecord(n int) string {
+	return fmt.Sprintf(`{"message":{"content":"turn %d","role":"user"},"type":"user","uuid":"soak-turn-%d"}`, n, n)
 }
 
 // foreignNetns reports podman failing to list containers because of
@@ -424,7 +431,7 @@ func (s *soak) turn(tk *task, n int, kill bool) {
 		assert.Equal(t, field(out, "KEPT"), md5hex(tk.transcript), "task %s turn %d: session file changed", tk.id, n)
 		s.checkCred(tk, n, out)
 		if write {
-			tk.transcript += fmt.Sprintf("{\"turn\":%d}\n", n)
+			tk.transcript += soakRecord(n) + "\n"
 		}
 	case "opencode":
 		s.checkCred(tk, n, out)
