@@ -134,21 +134,47 @@ func checkSealedPodSpec(t *testing.T, cfg *config.Config, s corev1.PodSpec) {
 	}
 	assert.Equal(t, volume(t, s, "home").PersistentVolumeClaim.ClaimName, cfg.Home.VolumePrefix+"t1")
 
-	// The reset runs first, as root of the pod's user namespace, on the
-	// whole claim, with the agent's uid and gid.
+	// The reset runs first, on the whole claim, as the agent's own uid with
+	// no capabilities; the claim is given to that group by the kubelet.
 	r := s.InitContainers[0]
 	assert.Equal(t, r.Name, "shrooms-reset")
 	assert.DeepEqual(t, r.Command, []string{kube.ShroomsPath})
 	assert.Check(t, is.Contains(strings.Join(r.Args, " "), "kube reset-home --agent claude --root /shrooms/volume/shrooms --policy /shrooms/policy --uid 1000 --gid 1000"))
-	assert.Equal(t, *r.SecurityContext.RunAsUser, int64(0))
-	assert.Equal(t, *r.SecurityContext.AllowPrivilegeEscalation, false)
-	assert.Equal(t, *r.SecurityContext.ReadOnlyRootFilesystem, true)
-	assert.DeepEqual(t, r.SecurityContext.Capabilities.Drop, []corev1.Capability{"ALL"})
-	for _, c := range r.SecurityContext.Capabilities.Add {
-		assert.Check(t, slices.Contains([]corev1.Capability{"CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID"}, c), "init capability %s", c)
+	assert.Equal(t, *s.SecurityContext.FSGroup, cfg.Cage.User)
+	assert.Equal(t, *s.SecurityContext.FSGroupChangePolicy, corev1.FSGroupChangeOnRootMismatch)
+	assert.Equal(t, *s.SecurityContext.RunAsNonRoot, true)
+	for _, c := range append(slices.Clone(s.InitContainers), s.Containers...) {
+		sc := c.SecurityContext
+		assert.Check(t, *sc.RunAsUser != 0, c.Name)
+		assert.Check(t, *sc.RunAsNonRoot, c.Name)
+		assert.Check(t, !*sc.AllowPrivilegeEscalation, c.Name)
+		assert.Check(t, *sc.ReadOnlyRootFilesystem, c.Name)
+		assert.DeepEqual(t, sc.Capabilities.Drop, []corev1.Capability{"ALL"})
+		assert.Check(t, is.Len(sc.Capabilities.Add, 0), c.Name)
+		assert.DeepEqual(t, sc.SeccompProfile, s.SecurityContext.SeccompProfile)
+		assert.Equal(t, c.ImagePullPolicy, kube.PullPolicy(c.Image), c.Name)
 	}
+	assert.Equal(t, *r.SecurityContext.RunAsUser, cfg.Cage.User)
+	assert.Equal(t, *r.SecurityContext.RunAsGroup, cfg.Cage.User)
 	assert.Equal(t, r.VolumeMounts[0].Name, "home")
 	assert.Equal(t, r.VolumeMounts[0].SubPath, "")
+}
+
+func TestPullPolicy(t *testing.T) {
+	for image, want := range map[string]corev1.PullPolicy{
+		"localhost/shrooms-agent:latest":      corev1.PullNever,
+		"localhost/shrooms:1":                 corev1.PullNever,
+		"registry.example/shrooms:1":          corev1.PullIfNotPresent,
+		"registry.example:5000/a/b:v2":        corev1.PullIfNotPresent,
+		"registry.example/a@sha256:0123abcd":  corev1.PullIfNotPresent,
+		"registry.example/shrooms:latest":     corev1.PullAlways,
+		"registry.example:5000/shrooms":       corev1.PullAlways,
+		"ghcr.io/shrooms-cage/agent":          corev1.PullAlways,
+		"localhost:5000/shrooms-agent:v1":     corev1.PullIfNotPresent,
+		"localhost:5000/shrooms-agent:latest": corev1.PullAlways,
+	} {
+		assert.Equal(t, kube.PullPolicy(image), want, image)
+	}
 }
 
 func volume(t *testing.T, s corev1.PodSpec, name string) corev1.Volume {
