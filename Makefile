@@ -48,8 +48,8 @@ kube-bin:
 		echo "kube-bin: cached in $(KUBECP_BIN)"; \
 	else \
 		set -e; cd internal/kubecp; start=$$(date +%s); \
-		go build -trimpath -o $(KUBECP_BIN)/kube-apiserver.tmp k8s.io/kubernetes/cmd/kube-apiserver; \
-		go build -trimpath -o $(KUBECP_BIN)/etcd.tmp go.etcd.io/etcd/server/v3; \
+		go build -trimpath -ldflags "-s -w" -o $(KUBECP_BIN)/kube-apiserver.tmp k8s.io/kubernetes/cmd/kube-apiserver; \
+		go build -trimpath -ldflags "-s -w" -o $(KUBECP_BIN)/etcd.tmp go.etcd.io/etcd/server/v3; \
 		mv $(KUBECP_BIN)/kube-apiserver.tmp $(KUBECP_BIN)/kube-apiserver; mv $(KUBECP_BIN)/etcd.tmp $(KUBECP_BIN)/etcd; \
 		echo "kube-bin: built kube-apiserver and etcd in $$(( $$(date +%s) - start ))s"; \
 	fi

@@ -509,7 +509,14 @@ var dnsPorts = []int32{53, 137, 138, 853, 5353, 5355}
 func Egress(n config.Network, clusterCIDRs []string, gatewayUpstream bool) ([]networkingv1.NetworkPolicyEgressRule, error) {
 	var deny4, deny6 []string
 	deny4 = append(deny4, firewall.Blocked4...)
-	deny6 = append(deny6, firewall.Blocked6...)
+	for _, b := range firewall.Blocked6 {
+		// The API server refuses IPv4-mapped prefixes in an ipBlock. None is
+		// needed: a pod's packet to ::ffff:a.b.c.d leaves as IPv4, judged
+		// by the IPv4 rules, and ::/3 (blocked too) covers the range.
+		if !netip.MustParsePrefix(b).Addr().Is4In6() {
+			deny6 = append(deny6, b)
+		}
+	}
 	for _, c := range clusterCIDRs {
 		p, err := netip.ParsePrefix(c)
 		if err != nil || p.Masked() != p {
@@ -560,6 +567,9 @@ func Egress(n config.Network, clusterCIDRs []string, gatewayUpstream bool) ([]ne
 					return nil, &config.Error{Key: fmt.Sprintf("network.allow[%d]", i), Msg: fmt.Sprintf("%q: a NetworkPolicy matches addresses, not host names; give its CIDRs (or use a CNI with FQDN policies)", a)}
 				}
 				p = netip.PrefixFrom(addr, addr.BitLen())
+			}
+			if p.Addr().Is4In6() {
+				return nil, &config.Error{Key: fmt.Sprintf("network.allow[%d]", i), Msg: fmt.Sprintf("%q is IPv4-mapped IPv6, which a NetworkPolicy cannot hold; give the IPv4 address", a)}
 			}
 			p = p.Masked()
 			if denied(p) {

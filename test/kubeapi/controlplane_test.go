@@ -109,7 +109,7 @@ func makePKI(t *testing.T, dir string) pki {
 // start runs bin with args, its output in dir/<name>.log; the cleanup ends
 // it (SIGTERM, then SIGKILL) by its pid and waits for it, before dir (a
 // t.TempDir registered earlier) is removed.
-func start(t *testing.T, dir, name, bin string, args ...string) {
+func start(t *testing.T, dir, name, bin string, args ...string) <-chan struct{} {
 	t.Helper()
 	logf, err := os.Create(filepath.Join(dir, name+".log"))
 	assert.NilError(t, err)
@@ -136,6 +136,7 @@ func start(t *testing.T, dir, name, bin string, args ...string) {
 			t.Logf("%s log (tail):\n%s", name, b)
 		}
 	})
+	return done
 }
 
 func startControlPlane(t *testing.T) *controlPlane {
@@ -152,18 +153,21 @@ func startControlPlane(t *testing.T) *controlPlane {
 	clientPort, peerPort, apiPort := freePort(t), freePort(t), freePort(t)
 	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", clientPort)
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", peerPort)
-	start(t, dir, "etcd", filepath.Join(bin, "etcd"),
+	etcdDone := start(t, dir, "etcd", filepath.Join(bin, "etcd"),
 		"--name=default", "--data-dir="+filepath.Join(dir, "etcd"),
 		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
 		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
 		"--initial-cluster=default="+peerURL, "--unsafe-no-fsync", "--log-level=warn")
-	start(t, dir, "kube-apiserver", filepath.Join(bin, "kube-apiserver"),
+	apiDone := start(t, dir, "kube-apiserver", filepath.Join(bin, "kube-apiserver"),
 		"--etcd-servers="+etcdURL,
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", "--secure-port="+strconv.Itoa(apiPort),
 		"--cert-dir="+filepath.Join(dir, "certs"),
 		"--tls-cert-file="+p.serverCert, "--tls-private-key-file="+p.serverKey, "--client-ca-file="+p.caPEM,
 		"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file="+p.saPub,
 		"--service-account-signing-key-file="+p.saKey, "--service-cluster-ip-range=10.0.0.0/24",
+		// No controller manages the kubernetes Service's endpoints, and a
+		// loopback address may not be one.
+		"--endpoint-reconciler-type=none",
 		"--authorization-mode=RBAC", "--disable-admission-plugins=DefaultStorageClass")
 
 	cert, err := tls.LoadX509KeyPair(p.clientCert, p.clientKey)
@@ -184,10 +188,15 @@ func startControlPlane(t *testing.T) *controlPlane {
 		if err == nil && code == http.StatusOK {
 			break
 		}
-		if ctx.Err() != nil {
+		select {
+		case <-ctx.Done():
 			t.Fatalf("kube-apiserver not ready: %d %s %v", code, body, err)
+		case <-apiDone:
+			t.Fatalf("kube-apiserver exited (its log follows)")
+		case <-etcdDone:
+			t.Fatalf("etcd exited (its log follows)")
+		case <-time.After(500 * time.Millisecond):
 		}
-		time.Sleep(500 * time.Millisecond)
 	}
 	t.Logf("control plane ready in %v (etcd %s, kube-apiserver %s)", time.Since(began).Round(time.Millisecond), etcdURL, cp.base)
 	return cp

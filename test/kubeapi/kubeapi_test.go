@@ -69,6 +69,9 @@ func TestRestrictedAdmission(t *testing.T) {
 	// The service account controller's part: ServiceAccount admission
 	// refuses a pod whose account does not exist.
 	cp.mustCreate(t, ctx, nsPath(ns, "", "serviceaccounts"), map[string]any{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": map[string]any{"name": "default"}})
+	// What a cluster with gVisor has (the RuntimeClass admission plugin
+	// refuses a pod naming one that does not exist).
+	cp.mustCreate(t, ctx, "/apis/node.k8s.io/v1/runtimeclasses", map[string]any{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": map[string]any{"name": "gvisor"}, "handler": "runsc"})
 	for _, c := range sandboxCRDs() {
 		cp.mustCreate(t, ctx, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", c)
 	}
