@@ -3,6 +3,9 @@ package kube_test
 import (
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -130,5 +133,19 @@ func TestPodSecurityRefusesPrivilege(t *testing.T) {
 		c.SecurityContext.RunAsUser = &root
 		p.Spec.HostUsers = nil
 		assert.Check(t, is.Contains(podSecurity(t, restricted, p.ObjectMeta, p.Spec), fmt.Sprintf(`runAsUser=0 (container %q must not set runAsUser=0)`, c.Name)))
+	}
+}
+
+// The evaluator (and the test-only case matrix) stay out of the shrooms
+// binary: only tests import them.
+func TestEvaluatorNotInBinary(t *testing.T) {
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	cmd := exec.Command(goBin, "list", "-deps", "-tags", "remote exclude_graphdriver_btrfs containers_image_openpgp exclude_graphdriver_devicemapper", "./cmd/shrooms")
+	cmd.Dir = "../.."
+	out, err := cmd.CombinedOutput()
+	assert.NilError(t, err, "%s", out)
+	assert.Check(t, is.Contains(string(out), "k8s.io/api/core/v1"), "positive control: the binary does use k8s.io/api")
+	for _, p := range []string{"k8s.io/pod-security-admission", "github.com/shrooms-cage/shrooms/internal/kubecases"} {
+		assert.Check(t, !strings.Contains(string(out), p), "%s is linked into shrooms", p)
 	}
 }
