@@ -33,8 +33,10 @@ container on the HOME claim before the agent starts, with the cage's seal
 (non-root cage.user, no capabilities, no privilege escalation, read-only
 root, seccomp Localhost "shrooms/<profile>" — install it on every node with
 "shrooms kube seccomp-profile", limits, memory emptyDirs, no service account
-token, hostUsers: false). An agent with a gateway gets a gateway sidecar that
-alone mounts the Secret shrooms-gateway-<name> (key "key").
+token, hostUsers: false); every container, the reset included, runs as
+cage.user with no capabilities, as PodSecurity "restricted" requires (the
+gateway as nobody). An agent with a gateway gets a gateway sidecar that alone
+mounts the Secret shrooms-gateway-<name> (key "key").
 See docs/kubernetes.md.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "task", Usage: "task `ID` (a-z 0-9 - . on a cluster)"},
@@ -94,9 +96,11 @@ func kubeResetHomeCommand() *cli.Command {
 		Name:  "reset-home",
 		Usage: "in a pod's init container: bootstrap (once) and reset the task HOME at --root, write the managed policy",
 		Description: `Runs pkg/homereset on a directory, with no podman and no state directory: the
-Kubernetes init container's half of a turn. --root (home/ + .shrooms/) is
-created root-owned if missing. Credentials are not seeded (on a cluster they
-reach the model through the gateway). Prints the reset report as JSON.`,
+Kubernetes init container's half of a turn, run there as the agent's own
+uid (--uid, --gid) with no capabilities. --root (home/ + .shrooms/) is
+created, owned by the user running the reset, if missing. Credentials are not
+seeded (on a cluster they reach the model through the gateway). Prints the
+reset report as JSON.`,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "agent", Required: true, Usage: "agent `NAME` whose HOME profiles apply"},
 			&cli.StringFlag{Name: "root", Required: true, Usage: "HOME volume `DIR` (home/ + .shrooms/)"},
@@ -117,6 +121,10 @@ reach the model through the gateway). Prints the reset report as JSON.`,
 			root := filepath.Clean(c.String("root"))
 			if !filepath.IsAbs(root) {
 				return fail(ExitUsage, fmt.Errorf("reset-home: --root %q must be absolute", root))
+			}
+			// Without privilege the reset can give files to no one but itself.
+			if euid, egid := os.Geteuid(), os.Getegid(); euid != 0 && (c.Int("uid") != euid || c.Int("gid") != egid) {
+				return fail(ExitUsage, fmt.Errorf("reset-home: running as uid %d gid %d without privilege, --uid/--gid must be those (got %d:%d)", euid, egid, c.Int("uid"), c.Int("gid")))
 			}
 			if err := unix.Mkdir(root, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
 				return fail(ExitHostNotReady, fmt.Errorf("reset-home: create %s: %w", root, err))

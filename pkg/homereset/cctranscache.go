@@ -14,7 +14,7 @@ import (
 
 // Rebuilding a JSONL file parses every line (~50 MB/s); hashing it runs at
 // ~1.4 GB/s. So each reset records, per rebuilt file, the size and SHA-256
-// of what it wrote (in .shrooms/, root-only and never mounted), and the
+// of what it wrote (in .shrooms/, the keeper's alone and never mounted in a cage), and the
 // next reset skips the parse of what it can prove it wrote itself: a file
 // whose bytes hash to the record is carried as is (hard-linked), and a file
 // that grew and whose first recorded-size bytes hash to it (a transcript
@@ -42,7 +42,7 @@ func loadLineCache(meta *os.File) lineCache {
 		return c
 	}
 	defer unix.Close(fd)
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != 0 {
+	if kuid, _ := keeper(); st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != kuid {
 		return c
 	}
 	data, err := readNode(fd, 64<<20)
@@ -64,7 +64,8 @@ func (s *resetter) saveLineCache() error {
 		return err
 	}
 	s.nextLines = nil
-	if err := writeFileAt(s.v.meta, lineCacheName, data, 0o600, 0, 0); err != nil {
+	kuid, kgid := keeper()
+	if err := writeFileAt(s.v.meta, lineCacheName, data, 0o600, kuid, kgid); err != nil {
 		return errors.Join(errors.New("record the rebuilt transcripts"), err)
 	}
 	return nil

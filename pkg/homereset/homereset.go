@@ -171,9 +171,10 @@ func openVolume(root string, shared bool) (*volume, error) {
 		v.close()
 		return nil, fmt.Errorf("stat %s: %w", root, err)
 	}
-	if st.Uid != 0 || st.Mode&0o022 != 0 {
+	kuid, _ := keeper()
+	if int(st.Uid) != kuid || st.Mode&0o022 != 0 {
 		v.close()
-		return nil, fmt.Errorf("task HOME root %s must be owned by root and not group/world-writable", root)
+		return nil, fmt.Errorf("task HOME root %s must be owned by uid %d (the reset's user) and not group/world-writable", root, kuid)
 	}
 	v.dev = uint64(st.Dev)
 	names, err := v.root.Readdirnames(16)
@@ -195,9 +196,9 @@ func openVolume(root string, shared bool) (*volume, error) {
 		v.close()
 		return nil, err
 	}
-	if err := unix.Fstat(int(v.meta.Fd()), &st); err != nil || st.Uid != 0 {
+	if err := unix.Fstat(int(v.meta.Fd()), &st); err != nil || int(st.Uid) != kuid {
 		v.close()
-		return nil, fmt.Errorf("%s/%s must be owned by root", root, metaName)
+		return nil, fmt.Errorf("%s/%s must be owned by uid %d (the reset's user)", root, metaName, kuid)
 	}
 	lfd, err := openat2(v.meta, lockName, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW)
 	if err != nil {
@@ -317,7 +318,8 @@ func Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
 	if err := refillReserve(v.meta); err != nil {
 		return nil, err
 	}
-	if err := writeFileAt(v.meta, markerName, marker, 0o600, 0, 0); err != nil {
+	kuid, kgid := keeper()
+	if err := writeFileAt(v.meta, markerName, marker, 0o600, kuid, kgid); err != nil {
 		return nil, err
 	}
 	if err := v.meta.Sync(); err != nil {

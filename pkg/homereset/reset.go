@@ -134,7 +134,8 @@ type resetter struct {
 // a fresh stage (the stage holds only links and copies; old-<id> is intact).
 func (s *resetter) run(ctx context.Context, id string, rep *Report) error {
 	j, _ := json.Marshal(map[string]string{"id": id})
-	if err := writeFileAt(s.v.meta, journal, j, 0o600, 0, 0); err != nil {
+	kuid, kgid := keeper()
+	if err := writeFileAt(s.v.meta, journal, j, 0o600, kuid, kgid); err != nil {
 		return fmt.Errorf("write reset journal: %w", err)
 	}
 	if err := s.v.meta.Sync(); err != nil {

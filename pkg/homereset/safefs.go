@@ -20,8 +20,14 @@ const resolve = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_N
 const maxDepth = 64
 
 func openat2(dir *os.File, name string, flags uint64) (int, error) {
+	how := unix.OpenHow{Flags: flags | unix.O_CLOEXEC, Resolve: resolve}
+	if flags&unix.O_CREAT != 0 {
+		// The owner's alone; readable by it, so a reset without
+		// CAP_DAC_OVERRIDE can open again what it made (the lock).
+		how.Mode = 0o600
+	}
 	for {
-		fd, err := unix.Openat2(int(dir.Fd()), name, &unix.OpenHow{Flags: flags | unix.O_CLOEXEC, Resolve: resolve})
+		fd, err := unix.Openat2(int(dir.Fd()), name, &how)
 		if err == unix.EINTR || err == unix.EAGAIN {
 			continue
 		}
@@ -220,6 +226,7 @@ func removeAll(ctx context.Context, dir *os.File, name string, dev uint64) (remo
 			if !errors.Is(err, unix.ENOTEMPTY) && !errors.Is(err, unix.EEXIST) || attempt > 8 {
 				return stats, &os.PathError{Op: "rmdir", Path: top, Err: err}
 			}
+			ownDirWritable(dir, top)
 			d, err := openDir(dir, top, dev)
 			if err != nil {
 				return stats, err
@@ -284,6 +291,7 @@ func removeAll(ctx context.Context, dir *os.File, name string, dev uint64) (remo
 					queue = append(queue, flat)
 					continue
 				}
+				ownDirWritable(fr.dir, child)
 				cd, err := openDir(fr.dir, child, dev)
 				if err != nil {
 					closeFrames(stack)

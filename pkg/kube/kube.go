@@ -314,7 +314,7 @@ func Build(cfg *config.Config, in Input) (*Objects, error) {
 
 func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gateway) (corev1.PodSpec, error) {
 	yes, no := true, false
-	root, user := int64(0), cfg.Cage.User
+	user := cfg.Cage.User
 	memSize := func(n config.Size) *resource.Quantity { return resource.NewQuantity(int64(n), resource.BinarySI) }
 	memDir := func(n config.Size) corev1.VolumeSource {
 		return corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory, SizeLimit: memSize(n)}}
@@ -322,9 +322,32 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 	grace := int64(math.Ceil(cfg.Cage.StopGrace.Std().Seconds()))
 	deadline := int64(math.Ceil(cfg.Cage.Timeout.Std().Seconds()))
 
-	sc := &corev1.PodSecurityContext{SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
-	if p := SeccompProfile(cfg); p != "" {
-		sc.SeccompProfile = &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: &p}
+	seccompProfile := func() *corev1.SeccompProfile {
+		if p := SeccompProfile(cfg); p != "" {
+			return &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: &p}
+		}
+		return &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
+	}
+	// Every container of the pod runs as cage.user; the kubelet gives the
+	// HOME claim to its group (fsGroup) the first time, so the reset can
+	// make its root there without privilege. OnRootMismatch: later pods
+	// find the claim's root in order and the kubelet does not walk (and
+	// make group-writable) the tree the reset keeps.
+	onRootMismatch := corev1.FSGroupChangeOnRootMismatch
+	sc := &corev1.PodSecurityContext{
+		RunAsUser: &user, RunAsGroup: &user, RunAsNonRoot: &yes,
+		FSGroup: &user, FSGroupChangePolicy: &onRootMismatch,
+		SeccompProfile: seccompProfile(),
+	}
+	// sealedContext is the securityContext of every container: the seal
+	// restricted PodSecurity asks for, and more.
+	sealedContext := func(uid int64) *corev1.SecurityContext {
+		return &corev1.SecurityContext{
+			RunAsUser: &uid, RunAsGroup: &uid, RunAsNonRoot: &yes,
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes, Privileged: &no,
+			SeccompProfile: seccompProfile(),
+		}
 	}
 
 	volumes := []corev1.Volume{
@@ -340,8 +363,9 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 		volumes = append(volumes, corev1.Volume{Name: "work", VolumeSource: memDir(cfg.Cage.TmpSize)})
 	}
 
-	// The reset: root in the pod's own user namespace, with only the
-	// capabilities that chown and rename in a HOME owned by the agent need.
+	// The reset: the agent's own uid, no capabilities. It owns the claim's
+	// shrooms/ (made there by the first reset); the agent never sees it,
+	// as it mounts only shrooms/home.
 	resetArgs := []string{"--config", ConfigDir + "/config.toml", "kube", "reset-home",
 		"--agent", in.Agent, "--root", VolumeDir + "/" + RootName, "--policy", PolicyDir,
 		"--uid", strconv.FormatInt(user, 10), "--gid", strconv.FormatInt(user, 10)}
@@ -349,18 +373,12 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 		resetArgs = append(resetArgs, "--gateway")
 	}
 	reset := corev1.Container{
-		Name:    "shrooms-reset",
-		Image:   in.ShroomsImage,
-		Command: []string{ShroomsPath},
-		Args:    resetArgs,
-		SecurityContext: &corev1.SecurityContext{
-			RunAsUser: &root, RunAsGroup: &root, RunAsNonRoot: &no,
-			Capabilities: &corev1.Capabilities{
-				Drop: []corev1.Capability{"ALL"},
-				Add:  []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID"},
-			},
-			AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes, Privileged: &no,
-		},
+		Name:            "shrooms-reset",
+		Image:           in.ShroomsImage,
+		ImagePullPolicy: PullPolicy(in.ShroomsImage),
+		Command:         []string{ShroomsPath},
+		Args:            resetArgs,
+		SecurityContext: sealedContext(user),
 		VolumeMounts: []corev1.VolumeMount{
 			{Name: "home", MountPath: VolumeDir},
 			{Name: "policy", MountPath: PolicyDir},
@@ -387,18 +405,15 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 		// A native sidecar: started after the reset, running beside the
 		// agent, holding the only copy of the credential in the pod.
 		initContainers = append(initContainers, corev1.Container{
-			Name:          "gateway",
-			Image:         in.ShroomsImage,
-			Command:       []string{ShroomsPath},
-			Args:          gatewayArgs(gw),
-			Env:           []corev1.EnvVar{{Name: "SHROOMS_PLACEHOLDER", Value: in.Placeholder}},
-			RestartPolicy: &always,
-			SecurityContext: &corev1.SecurityContext{
-				RunAsUser: &nobody, RunAsGroup: &nobody, RunAsNonRoot: &yes,
-				Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-				AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes, Privileged: &no,
-			},
-			VolumeMounts: []corev1.VolumeMount{{Name: "gateway-key", MountPath: GatewayKeyDir, ReadOnly: true}},
+			Name:            "gateway",
+			Image:           in.ShroomsImage,
+			ImagePullPolicy: PullPolicy(in.ShroomsImage),
+			Command:         []string{ShroomsPath},
+			Args:            gatewayArgs(gw),
+			Env:             []corev1.EnvVar{{Name: "SHROOMS_PLACEHOLDER", Value: in.Placeholder}},
+			RestartPolicy:   &always,
+			SecurityContext: sealedContext(nobody),
+			VolumeMounts:    []corev1.VolumeMount{{Name: "gateway-key", MountPath: GatewayKeyDir, ReadOnly: true}},
 			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
 				corev1.ResourceMemory: resource.MustParse("128Mi"), corev1.ResourceCPU: resource.MustParse("500m"),
 			}},
@@ -424,16 +439,13 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 	limits := corev1.ResourceList{corev1.ResourceMemory: *memSize(cfg.Cage.Memory), corev1.ResourceCPU: *cpu}
 	command := append(append([]string{}, agent.Command...), in.Args...)
 	agentC := corev1.Container{
-		Name:       "agent",
-		Image:      cfg.ImageFor(agent),
-		Command:    command,
-		Env:        envVars,
-		WorkingDir: mounts.WorkDir,
-		SecurityContext: &corev1.SecurityContext{
-			RunAsUser: &user, RunAsGroup: &user, RunAsNonRoot: &yes,
-			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-			AllowPrivilegeEscalation: &no, ReadOnlyRootFilesystem: &yes, Privileged: &no,
-		},
+		Name:                     "agent",
+		Image:                    cfg.ImageFor(agent),
+		ImagePullPolicy:          PullPolicy(cfg.ImageFor(agent)),
+		Command:                  command,
+		Env:                      envVars,
+		WorkingDir:               mounts.WorkDir,
+		SecurityContext:          sealedContext(user),
 		VolumeMounts:             agentMounts,
 		Resources:                corev1.ResourceRequirements{Limits: limits, Requests: limits},
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
@@ -463,6 +475,26 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 
 func ptr[T any](v T) *T { return &v }
 
+// PullPolicy is the imagePullPolicy of image. "localhost/..." is podman's
+// name for an image built or loaded on this machine: no registry serves
+// it, so a node must already hold it (imported, e.g. `ctr -n k8s.io images
+// import`) and never tries to pull it. A registry image pinned by digest,
+// or by a tag other than "latest", is pulled if absent; a "latest" or
+// untagged one every time (the tag moves).
+func PullPolicy(image string) corev1.PullPolicy {
+	if strings.HasPrefix(image, "localhost/") {
+		return corev1.PullNever
+	}
+	if strings.Contains(image, "@") {
+		return corev1.PullIfNotPresent
+	}
+	name := image[strings.LastIndex(image, "/")+1:]
+	if i := strings.LastIndex(name, ":"); i >= 0 && name[i+1:] != "latest" {
+		return corev1.PullIfNotPresent
+	}
+	return corev1.PullAlways
+}
+
 // dnsPorts mirror the seal: DNS, DoT, mDNS, LLMNR and NetBIOS name ports
 // reach nothing but the cluster's resolver.
 var dnsPorts = []int32{53, 137, 138, 853, 5353, 5355}
@@ -477,7 +509,14 @@ var dnsPorts = []int32{53, 137, 138, 853, 5353, 5355}
 func Egress(n config.Network, clusterCIDRs []string, gatewayUpstream bool) ([]networkingv1.NetworkPolicyEgressRule, error) {
 	var deny4, deny6 []string
 	deny4 = append(deny4, firewall.Blocked4...)
-	deny6 = append(deny6, firewall.Blocked6...)
+	for _, b := range firewall.Blocked6 {
+		// The API server refuses IPv4-mapped prefixes in an ipBlock. None is
+		// needed: a pod's packet to ::ffff:a.b.c.d leaves as IPv4, judged
+		// by the IPv4 rules, and ::/3 (blocked too) covers the range.
+		if !netip.MustParsePrefix(b).Addr().Is4In6() {
+			deny6 = append(deny6, b)
+		}
+	}
 	for _, c := range clusterCIDRs {
 		p, err := netip.ParsePrefix(c)
 		if err != nil || p.Masked() != p {
@@ -528,6 +567,9 @@ func Egress(n config.Network, clusterCIDRs []string, gatewayUpstream bool) ([]ne
 					return nil, &config.Error{Key: fmt.Sprintf("network.allow[%d]", i), Msg: fmt.Sprintf("%q: a NetworkPolicy matches addresses, not host names; give its CIDRs (or use a CNI with FQDN policies)", a)}
 				}
 				p = netip.PrefixFrom(addr, addr.BitLen())
+			}
+			if p.Addr().Is4In6() {
+				return nil, &config.Error{Key: fmt.Sprintf("network.allow[%d]", i), Msg: fmt.Sprintf("%q is IPv4-mapped IPv6, which a NetworkPolicy cannot hold; give the IPv4 address", a)}
 			}
 			p = p.Masked()
 			if denied(p) {

@@ -10,6 +10,8 @@ import (
 	is "gotest.tools/v3/assert/cmp"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
@@ -134,21 +136,47 @@ func checkSealedPodSpec(t *testing.T, cfg *config.Config, s corev1.PodSpec) {
 	}
 	assert.Equal(t, volume(t, s, "home").PersistentVolumeClaim.ClaimName, cfg.Home.VolumePrefix+"t1")
 
-	// The reset runs first, as root of the pod's user namespace, on the
-	// whole claim, with the agent's uid and gid.
+	// The reset runs first, on the whole claim, as the agent's own uid with
+	// no capabilities; the claim is given to that group by the kubelet.
 	r := s.InitContainers[0]
 	assert.Equal(t, r.Name, "shrooms-reset")
 	assert.DeepEqual(t, r.Command, []string{kube.ShroomsPath})
 	assert.Check(t, is.Contains(strings.Join(r.Args, " "), "kube reset-home --agent claude --root /shrooms/volume/shrooms --policy /shrooms/policy --uid 1000 --gid 1000"))
-	assert.Equal(t, *r.SecurityContext.RunAsUser, int64(0))
-	assert.Equal(t, *r.SecurityContext.AllowPrivilegeEscalation, false)
-	assert.Equal(t, *r.SecurityContext.ReadOnlyRootFilesystem, true)
-	assert.DeepEqual(t, r.SecurityContext.Capabilities.Drop, []corev1.Capability{"ALL"})
-	for _, c := range r.SecurityContext.Capabilities.Add {
-		assert.Check(t, slices.Contains([]corev1.Capability{"CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID"}, c), "init capability %s", c)
+	assert.Equal(t, *s.SecurityContext.FSGroup, cfg.Cage.User)
+	assert.Equal(t, *s.SecurityContext.FSGroupChangePolicy, corev1.FSGroupChangeOnRootMismatch)
+	assert.Equal(t, *s.SecurityContext.RunAsNonRoot, true)
+	for _, c := range append(slices.Clone(s.InitContainers), s.Containers...) {
+		sc := c.SecurityContext
+		assert.Check(t, *sc.RunAsUser != 0, c.Name)
+		assert.Check(t, *sc.RunAsNonRoot, c.Name)
+		assert.Check(t, !*sc.AllowPrivilegeEscalation, c.Name)
+		assert.Check(t, *sc.ReadOnlyRootFilesystem, c.Name)
+		assert.DeepEqual(t, sc.Capabilities.Drop, []corev1.Capability{"ALL"})
+		assert.Check(t, is.Len(sc.Capabilities.Add, 0), c.Name)
+		assert.DeepEqual(t, sc.SeccompProfile, s.SecurityContext.SeccompProfile)
+		assert.Equal(t, c.ImagePullPolicy, kube.PullPolicy(c.Image), c.Name)
 	}
+	assert.Equal(t, *r.SecurityContext.RunAsUser, cfg.Cage.User)
+	assert.Equal(t, *r.SecurityContext.RunAsGroup, cfg.Cage.User)
 	assert.Equal(t, r.VolumeMounts[0].Name, "home")
 	assert.Equal(t, r.VolumeMounts[0].SubPath, "")
+}
+
+func TestPullPolicy(t *testing.T) {
+	for image, want := range map[string]corev1.PullPolicy{
+		"localhost/shrooms-agent:latest":      corev1.PullNever,
+		"localhost/shrooms:1":                 corev1.PullNever,
+		"registry.example/shrooms:1":          corev1.PullIfNotPresent,
+		"registry.example:5000/a/b:v2":        corev1.PullIfNotPresent,
+		"registry.example/a@sha256:0123abcd":  corev1.PullIfNotPresent,
+		"registry.example/shrooms:latest":     corev1.PullAlways,
+		"registry.example:5000/shrooms":       corev1.PullAlways,
+		"ghcr.io/shrooms-cage/agent":          corev1.PullAlways,
+		"localhost:5000/shrooms-agent:v1":     corev1.PullIfNotPresent,
+		"localhost:5000/shrooms-agent:latest": corev1.PullAlways,
+	} {
+		assert.Equal(t, kube.PullPolicy(image), want, image)
+	}
 }
 
 func volume(t *testing.T, s corev1.PodSpec, name string) corev1.Volume {
@@ -293,7 +321,19 @@ func TestEgressInternet(t *testing.T) {
 		assert.Check(t, slices.Contains(except4, b), b)
 	}
 	for _, b := range firewall.Blocked6 {
+		if b == "::ffff:0:0/96" {
+			// Refused by the API server in an ipBlock; inside ::/3.
+			assert.Check(t, !slices.Contains(pub.To[1].IPBlock.Except, b))
+			continue
+		}
 		assert.Check(t, slices.Contains(pub.To[1].IPBlock.Except, b), b)
+	}
+	// Every CIDR passes the API server's own check (which refused
+	// ::ffff:0:0/96 before; found by test/kubeapi).
+	for _, peer := range pub.To {
+		for _, c := range append([]string{peer.IPBlock.CIDR}, peer.IPBlock.Except...) {
+			assert.Check(t, is.Len(validation.IsValidCIDR(field.NewPath("cidr"), c), 0), c)
+		}
 	}
 	assert.Check(t, slices.Contains(except4, "100.128.0.0/16"))
 	assert.Check(t, !slices.Contains(except4, "10.96.0.0/12"))
@@ -355,6 +395,8 @@ func TestEgressAllowlistAndNone(t *testing.T) {
 
 	_, err = kube.Egress(config.Network{Policy: "allowlist", Allow: []string{"api.example.com"}}, nil, false)
 	assert.ErrorContains(t, err, "not host names")
+	_, err = kube.Egress(config.Network{Policy: "allowlist", Allow: []string{"::ffff:203.0.113.7"}}, nil, false)
+	assert.ErrorContains(t, err, "IPv4-mapped")
 	_, err = kube.Egress(config.Network{Policy: "allowlist", Allow: []string{"169.254.169.254"}}, nil, false)
 	assert.ErrorContains(t, err, "overlaps")
 	_, err = kube.Egress(config.Network{Policy: "allowlist", Allow: []string{"0.0.0.0/0"}}, nil, false)
