@@ -122,8 +122,8 @@ func TestImportsRecursionCyclesDepthAndOutside(t *testing.T) {
 		"guide/abs.md":          "absolute\n",
 		"guide/fenced.md":       "not imported\n",
 		"guide/span.md":         "not imported\n",
-		"sub/CLAUDE.md":        "nested: @../guide/sub.md and @.claude/x.md\n",
-		"sub/.claude/x.md":     "@/work/guide/via-guarded.md\n",
+		"sub/CLAUDE.md":         "nested: @../guide/sub.md and @.claude/x.md\n",
+		"sub/.claude/x.md":      "@/work/guide/via-guarded.md\n",
 		"guide/sub.md":          "nested import\n",
 		"guide/via-guarded.md":  "through a guarded file\n",
 	})
@@ -152,12 +152,12 @@ func TestImportsRecursionCyclesDepthAndOutside(t *testing.T) {
 
 func TestChangedImportIsMaskedWithTheTrustedCopy(t *testing.T) {
 	wt, store := importRepo(t, map[string]string{
-		"CLAUDE.md":      "@guide/notes.md @guide/new.md @guide/gone.md @guide/linked.md @lnk/x.md\n",
+		"CLAUDE.md":       "@guide/notes.md @guide/new.md @guide/gone.md @guide/linked.md @lnk/x.md\n",
 		"guide/notes.md":  "owner's notes\n",
 		"guide/gone.md":   "to delete\n",
 		"guide/linked.md": "to replace by a link\n",
-		"lnk/x.md":       "its directory becomes a link\n",
-		"other/x.md":     "planted\n",
+		"lnk/x.md":        "its directory becomes a link\n",
+		"other/x.md":      "planted\n",
 	})
 	_, guard := trustAndGuard(t, wt, store)
 	before := guard().Digest
@@ -243,11 +243,11 @@ func TestOpencodeInstructionsGlobsAndFileSubstitutions(t *testing.T) {
   "agent": {"build": {"prompt": "{file:./prompts/build.txt}"}},
   // "x": "{file:./commented.txt}"
 }`,
-		"guide/a.md":         "instructions a\n",
+		"guide/a.md":        "instructions a\n",
 		"rules/main.md":     "main rules\n",
 		"prompts/build.txt": "prompt\n",
 		"abs/one.txt":       "abs\n",
-		"guide/sub/deep.md":  "not matched by guide/*.md\n",
+		"guide/sub/deep.md": "not matched by guide/*.md\n",
 	})
 	res, guard := trustAndGuard(t, wt, store)
 	assert.DeepEqual(t, res.Loads, []string{"abs/one.txt", "guide/a.md", "prompts/build.txt", "rules/main.md"})
@@ -368,7 +368,7 @@ func TestImportThroughALinkInATrustedRootIsNotFollowed(t *testing.T) {
 func TestClaudeMDLinkedToAnotherFileIsFollowedInTheTree(t *testing.T) {
 	wt, store := importRepo(t, map[string]string{
 		"AGENTS.md":            "shared rules @guide/notes.md\n",
-		"guide/notes.md":        "notes\n",
+		"guide/notes.md":       "notes\n",
 		"sub/real/claude.md":   "@x.md\n",
 		"sub/real/x.md":        "x\n",
 		"sub/CLAUDE.local.md/": "",

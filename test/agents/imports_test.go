@@ -99,7 +99,7 @@ func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 	word := "IMPORTWORD-42-" + nonce
 	e.ownerFiles(map[string]string{
 		"CLAUDE.md":      "Project rules. Read the notes: @guide/notes.md\n",
-		"guide/notes.md":  "Owner's notes " + owner + "\n",
+		"guide/notes.md": "Owner's notes " + owner + "\n",
 		".envrc":         "source_env scripts/env.sh\n",
 		"scripts/env.sh": "export OWNER=1\n",
 	})
@@ -176,7 +176,7 @@ func TestOpencodeInstructionsGlobEditDoesNotReachNextSession(t *testing.T) {
 	edited := "GLOBEDIT-42-" + nonce
 	planted := "GLOBNEW-42-" + nonce
 	e.ownerFiles(map[string]string{
-		"opencode.json": `{"$schema": "https://opencode.ai/config.json", "instructions": ["guide/*.md"]}` + "\n",
+		"opencode.json":  `{"$schema": "https://opencode.ai/config.json", "instructions": ["guide/*.md"]}` + "\n",
 		"guide/style.md": "Owner's style " + owner + "\n",
 	})
 	e.api.Append(
@@ -234,9 +234,9 @@ func TestImportRulesMatchTheAgents(t *testing.T) {
 			"An escaped space @guide/my\\ file.md",
 			"",
 		}, "\n"),
-		"AGENTS.md":       "Shared rules. @guide/agents-import.md\n",
-		"opencode.json":   `{"instructions": ["rules/*.md"]}` + "\n",
-		"rules/main.md":   word("oc-glob") + "\n",
+		"AGENTS.md":        "Shared rules. @guide/agents-import.md\n",
+		"opencode.json":    `{"instructions": ["rules/*.md"]}` + "\n",
+		"rules/main.md":    word("oc-glob") + "\n",
 		"guide/cycle-a.md": word("cycle-a") + " @cycle-b.md\n",
 		"guide/cycle-b.md": word("cycle-b") + " @cycle-a.md\n",
 		"guide/my file.md": word("space") + "\n",
