@@ -37,17 +37,17 @@ test: setup vet
 # What `shrooms kube` emits against a real kube-apiserver + etcd on loopback
 # (test/kubeapi): every object created under PodSecurity restricted:latest
 # with fieldValidation=Strict. The two binaries are built from the Go module
-# proxy at the versions internal/kubecp/go.mod pins, once per version set
+# proxy at the versions test/kubecp/go.mod pins, once per version set
 # (bin/kubecp/<key>, key = hash of its go.mod + go.sum + the Go version); a
 # cold build takes long (see README), later runs only the test. Needs no
 # root, podman or registry.
-KUBECP_KEY = $(shell cat internal/kubecp/go.mod internal/kubecp/go.sum | sha256sum | cut -c1-12)-$(shell go env GOVERSION)
+KUBECP_KEY = $(shell cat test/kubecp/go.mod test/kubecp/go.sum | sha256sum | cut -c1-12)-$(shell go env GOVERSION)
 KUBECP_BIN = $(CURDIR)/bin/kubecp/$(KUBECP_KEY)
 kube-bin:
 	@if [ -x $(KUBECP_BIN)/kube-apiserver ] && [ -x $(KUBECP_BIN)/etcd ]; then \
 		echo "kube-bin: cached in $(KUBECP_BIN)"; \
 	else \
-		set -e; cd internal/kubecp; start=$$(date +%s); \
+		set -e; cd test/kubecp; start=$$(date +%s); \
 		go build -trimpath -ldflags "-s -w" -o $(KUBECP_BIN)/kube-apiserver.tmp k8s.io/kubernetes/cmd/kube-apiserver; \
 		go build -trimpath -ldflags "-s -w" -o $(KUBECP_BIN)/etcd.tmp go.etcd.io/etcd/server/v3; \
 		mv $(KUBECP_BIN)/kube-apiserver.tmp $(KUBECP_BIN)/kube-apiserver; mv $(KUBECP_BIN)/etcd.tmp $(KUBECP_BIN)/etcd; \

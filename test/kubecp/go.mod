@@ -1,7 +1,7 @@
 // The control plane that `make kube-test` runs: kube-apiserver and etcd,
 // built from the Go module proxy at pinned versions. A module of its own so
 // the main module's go.mod stays small and `go test ./...` never builds it.
-module github.com/shrooms-cage/shrooms/internal/kubecp
+module github.com/shrooms-cage/shrooms/test/kubecp
 
 go 1.26.0
 
