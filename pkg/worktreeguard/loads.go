@@ -485,37 +485,12 @@ func (s Store) content(digest string) ([]byte, error) {
 
 // storeLoad writes a captured load's bytes to content/<digest>/node.
 func (s Store) storeLoad(dir *os.File, digest string, data []byte) error {
-	key := digestKey(digest)
-	if _, err := os.Lstat(filepath.Join(s.Dir, contentName, key, "node")); err == nil {
-		return nil
-	}
-	content, err := mkdirAllAt(dir, contentName)
-	if err != nil {
-		return fmt.Errorf("worktree trust: %w", err)
-	}
-	defer content.Close()
-	tmp := key + ".tmp-" + randHex()
-	if err := unix.Mkdirat(int(content.Fd()), tmp, 0o755); err != nil {
-		return fmt.Errorf("worktree trust: %w", err)
-	}
-	tdir, err := openDirAt(content, tmp)
-	if err != nil {
-		return fmt.Errorf("worktree trust: %w", err)
-	}
-	defer tdir.Close()
-	if err := unix.Fchmod(int(tdir.Fd()), 0o755); err != nil {
-		return fmt.Errorf("worktree trust: %w", err)
-	}
-	if err := writeFileAt(tdir, "node", data, 0o644); err != nil {
-		return fmt.Errorf("worktree trust: %w", err)
-	}
-	if err := unix.Renameat(int(content.Fd()), tmp, int(content.Fd()), key); err != nil {
-		if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
-			return os.RemoveAll(filepath.Join(s.Dir, contentName, tmp))
+	return s.storeContent(dir, digest, func(tdir *os.File) error {
+		if err := writeFileAt(tdir, "node", data, 0o644); err != nil {
+			return fmt.Errorf("worktree trust: %w", err)
 		}
-		return fmt.Errorf("worktree trust: %w", err)
-	}
-	return nil
+		return nil
+	})
 }
 
 func (m *Manifest) loads() map[string]Load {

@@ -255,6 +255,25 @@ func (s Store) Trust(ctx context.Context, worktree string, paths []string) (*Tru
 
 // store moves staging/rel into content/<digest>/node unless that exists.
 func (s Store) store(dir, staging *os.File, rel, digest string) error {
+	return s.storeContent(dir, digest, func(tdir *os.File) error {
+		parent, err := mkdirAllAt(staging, path.Dir(rel))
+		if err != nil {
+			return fmt.Errorf("worktree trust: %w", err)
+		}
+		if parent != staging {
+			defer parent.Close()
+		}
+		if err := unix.Renameat(int(parent.Fd()), path.Base(rel), int(tdir.Fd()), "node"); err != nil {
+			return fmt.Errorf("worktree trust: store %s: %w", rel, err)
+		}
+		return nil
+	})
+}
+
+// storeContent makes content/<digest>/ unless it exists: fill puts its node
+// into a fresh temporary directory, which is then renamed into place (a
+// concurrent store of the same digest wins and this one is discarded).
+func (s Store) storeContent(dir *os.File, digest string, fill func(tdir *os.File) error) error {
 	key := digestKey(digest)
 	if _, err := os.Lstat(filepath.Join(s.Dir, contentName, key, "node")); err == nil {
 		return nil
@@ -276,21 +295,14 @@ func (s Store) store(dir, staging *os.File, rel, digest string) error {
 	if err := unix.Fchmod(int(tdir.Fd()), 0o755); err != nil {
 		return fmt.Errorf("worktree trust: %w", err)
 	}
-	parent, err := mkdirAllAt(staging, path.Dir(rel))
-	if err != nil {
-		return fmt.Errorf("worktree trust: %w", err)
-	}
-	if parent != staging {
-		defer parent.Close()
-	}
-	if err := unix.Renameat(int(parent.Fd()), path.Base(rel), int(tdir.Fd()), "node"); err != nil {
-		return fmt.Errorf("worktree trust: store %s: %w", rel, err)
+	if err := fill(tdir); err != nil {
+		return err
 	}
 	if err := unix.Renameat(int(content.Fd()), tmp, int(content.Fd()), key); err != nil {
 		if errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
 			return os.RemoveAll(filepath.Join(s.Dir, contentName, tmp))
 		}
-		return fmt.Errorf("worktree trust: store %s: %w", rel, err)
+		return fmt.Errorf("worktree trust: store %s: %w", key, err)
 	}
 	return nil
 }
