@@ -9,6 +9,7 @@ require (
 	github.com/containers/storage v1.59.1
 	github.com/google/nftables v0.3.0
 	github.com/opencontainers/runtime-spec v1.2.1
+	github.com/tailscale/hujson v0.0.0-20260727124030-b80ff77dac4f
 	github.com/urfave/cli/v2 v2.27.7
 	golang.org/x/sys v0.47.0
 	gotest.tools/v3 v3.5.2

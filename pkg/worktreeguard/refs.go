@@ -1,7 +1,6 @@
 package worktreeguard
 
 import (
-	"bytes"
 	"encoding/json"
 	"path"
 	"regexp"
@@ -9,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+	"github.com/tailscale/hujson"
 	"sigs.k8s.io/yaml"
 )
 
@@ -211,78 +211,15 @@ func opencodeRefs(rel string, content []byte) []ref {
 	return out
 }
 
-// jsoncToJSON strips // and /* */ comments, then trailing commas, outside
-// strings.
+// jsoncToJSON turns JSONC (comments, trailing commas) into JSON, as opencode
+// reads opencode.jsonc; input it cannot parse is returned as is, so the
+// caller's json.Unmarshal fails on it.
 func jsoncToJSON(b []byte) []byte {
-	return dropTrailingCommas(stripComments(b))
-}
-
-func stripComments(b []byte) []byte {
-	var out bytes.Buffer
-	inStr := false
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		switch {
-		case inStr:
-			out.WriteByte(c)
-			if c == '\\' && i+1 < len(b) {
-				i++
-				out.WriteByte(b[i])
-			} else if c == '"' {
-				inStr = false
-			}
-		case c == '"':
-			inStr = true
-			out.WriteByte(c)
-		case c == '/' && i+1 < len(b) && b[i+1] == '/':
-			for i < len(b) && b[i] != '\n' {
-				i++
-			}
-			out.WriteByte('\n')
-		case c == '/' && i+1 < len(b) && b[i+1] == '*':
-			i += 2
-			for i+1 < len(b) && !(b[i] == '*' && b[i+1] == '/') {
-				i++
-			}
-			i++
-		default:
-			out.WriteByte(c)
-		}
+	out, err := hujson.Standardize(slices.Clone(b))
+	if err != nil {
+		return b
 	}
-	return out.Bytes()
-}
-
-func dropTrailingCommas(b []byte) []byte {
-	var out bytes.Buffer
-	inStr := false
-	for i := 0; i < len(b); i++ {
-		c := b[i]
-		switch {
-		case inStr:
-			out.WriteByte(c)
-			if c == '\\' && i+1 < len(b) {
-				i++
-				out.WriteByte(b[i])
-			} else if c == '"' {
-				inStr = false
-			}
-		case c == '"':
-			inStr = true
-			out.WriteByte(c)
-		case c == ',':
-			j := i + 1
-			for j < len(b) && (b[j] == ' ' || b[j] == '\t' || b[j] == '\n' || b[j] == '\r') {
-				j++
-			}
-			if j < len(b) && (b[j] == '}' || b[j] == ']') {
-				continue
-			}
-			out.WriteByte(c)
-		default:
-			out.WriteByte(c)
-		}
-	}
-	return out.Bytes()
+	return out
 }
 
 func hasGlobMeta(s string) bool { return strings.ContainsAny(s, "*?[{") }
