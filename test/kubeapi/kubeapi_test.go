@@ -72,7 +72,7 @@ func TestRestrictedAdmission(t *testing.T) {
 	// What a cluster with gVisor has (the RuntimeClass admission plugin
 	// refuses a pod naming one that does not exist).
 	cp.mustCreate(t, ctx, "/apis/node.k8s.io/v1/runtimeclasses", map[string]any{"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": map[string]any{"name": "gvisor"}, "handler": "runsc"})
-	for _, c := range sandboxCRDs() {
+	for _, c := range sandboxCRDs(t) {
 		cp.mustCreate(t, ctx, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", c)
 	}
 	cp.waitServed(t, ctx, nsPath(ns, kube.SandboxAPIVersion, "sandboxes"))

@@ -3,8 +3,10 @@
 package kubeapi_test
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
+	"testing"
 
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,8 +21,22 @@ import (
 // real type does not have fails strict field validation. It is how the
 // CRDs of the agent-sandbox types mirrored in pkg/kube/sandbox.go are
 // made; no fetched CRD text is used.
-func schemaOf(t reflect.Type) map[string]any {
-	return schemaFor(t, map[reflect.Type]bool{})
+// A type it cannot express (a recursive struct, a kind with no schema)
+// fails the test that asked for it.
+func schemaOf(tb testing.TB, t reflect.Type) map[string]any {
+	tb.Helper()
+	b := &schemaBuilder{visiting: map[reflect.Type]bool{}}
+	s := b.schemaFor(t)
+	if b.err != nil {
+		tb.Fatalf("schema of %s: %v", t, b.err)
+	}
+	return s
+}
+
+// schemaBuilder walks a type; err is the first type it could not express.
+type schemaBuilder struct {
+	visiting map[reflect.Type]bool
+	err      error
 }
 
 var (
@@ -29,7 +45,7 @@ var (
 	timeType     = reflect.TypeFor[metav1.Time]()
 )
 
-func schemaFor(t reflect.Type, visiting map[reflect.Type]bool) map[string]any {
+func (b *schemaBuilder) schemaFor(t reflect.Type) map[string]any {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -54,23 +70,31 @@ func schemaFor(t reflect.Type, visiting map[reflect.Type]bool) map[string]any {
 		if t.Elem().Kind() == reflect.Uint8 {
 			return map[string]any{"type": "string", "format": "byte"}
 		}
-		return map[string]any{"type": "array", "items": schemaFor(t.Elem(), visiting)}
+		return map[string]any{"type": "array", "items": b.schemaFor(t.Elem())}
 	case reflect.Map:
-		return map[string]any{"type": "object", "additionalProperties": schemaFor(t.Elem(), visiting)}
+		return map[string]any{"type": "object", "additionalProperties": b.schemaFor(t.Elem())}
 	case reflect.Struct:
-		if visiting[t] {
-			panic("schemaOf: recursive type " + t.String())
+		if b.visiting[t] {
+			b.fail(fmt.Errorf("recursive type %s", t))
+			return nil
 		}
-		visiting[t] = true
-		defer delete(visiting, t)
+		b.visiting[t] = true
+		defer delete(b.visiting, t)
 		props := map[string]any{}
-		addFields(t, props, visiting)
+		b.addFields(t, props)
 		return map[string]any{"type": "object", "properties": props}
 	}
-	panic("schemaOf: no schema for " + t.String())
+	b.fail(fmt.Errorf("no schema for %s (kind %s)", t, t.Kind()))
+	return nil
 }
 
-func addFields(t reflect.Type, props map[string]any, visiting map[reflect.Type]bool) {
+func (b *schemaBuilder) fail(err error) {
+	if b.err == nil {
+		b.err = err
+	}
+}
+
+func (b *schemaBuilder) addFields(t reflect.Type, props map[string]any) {
 	for i := range t.NumField() {
 		f := t.Field(i)
 		if !f.IsExported() {
@@ -86,19 +110,19 @@ func addFields(t reflect.Type, props map[string]any, visiting map[reflect.Type]b
 			for ft.Kind() == reflect.Pointer {
 				ft = ft.Elem()
 			}
-			addFields(ft, props, visiting)
+			b.addFields(ft, props)
 			continue
 		}
 		if name == "" {
 			name = f.Name
 		}
-		props[name] = schemaFor(f.Type, visiting)
+		props[name] = b.schemaFor(f.Type)
 	}
 }
 
 // crd is the CustomResourceDefinition of one agent-sandbox kind, its spec
 // the schema of the mirrored Go type.
-func crd(group, kind, plural string, spec reflect.Type) map[string]any {
+func crd(tb testing.TB, group, kind, plural string, spec reflect.Type) map[string]any {
 	return map[string]any{
 		"apiVersion": "apiextensions.k8s.io/v1",
 		"kind":       "CustomResourceDefinition",
@@ -115,7 +139,7 @@ func crd(group, kind, plural string, spec reflect.Type) map[string]any {
 						"apiVersion": map[string]any{"type": "string"},
 						"kind":       map[string]any{"type": "string"},
 						"metadata":   map[string]any{"type": "object"},
-						"spec":       schemaOf(spec),
+						"spec":       schemaOf(tb, spec),
 					},
 				}},
 			}},
@@ -123,9 +147,9 @@ func crd(group, kind, plural string, spec reflect.Type) map[string]any {
 	}
 }
 
-func sandboxCRDs() []map[string]any {
+func sandboxCRDs(tb testing.TB) []map[string]any {
 	return []map[string]any{
-		crd("agents.x-k8s.io", "Sandbox", "sandboxes", reflect.TypeFor[kube.SandboxSpec]()),
-		crd("extensions.agents.x-k8s.io", "SandboxTemplate", "sandboxtemplates", reflect.TypeFor[kube.SandboxTemplateSpec]()),
+		crd(tb, "agents.x-k8s.io", "Sandbox", "sandboxes", reflect.TypeFor[kube.SandboxSpec]()),
+		crd(tb, "extensions.agents.x-k8s.io", "SandboxTemplate", "sandboxtemplates", reflect.TypeFor[kube.SandboxTemplateSpec]()),
 	}
 }
