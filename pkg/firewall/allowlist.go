@@ -104,7 +104,7 @@ func Resolve(ctx context.Context, cfg config.Network, opts Options) (Resolved, e
 func checkResolved(c *nftables.Conn, p *plan) error {
 	for _, ts := range p.tables {
 		for _, s := range ts.sets {
-			if !s.resolved {
+			if !s.resolved && !s.pinned {
 				continue
 			}
 			set, err := c.GetSetByName(&nftables.Table{Family: ts.family, Name: ts.name}, s.name)
@@ -132,7 +132,7 @@ func checkResolved(c *nftables.Conn, p *plan) error {
 				if isBlocked(a) {
 					return fmt.Errorf("set %s holds blocked address %s (tampered): run `shrooms net apply`", s.name, a)
 				}
-				if n := a.Next(); n.IsValid() && !ends[n] {
+				if n := a.Next(); !s.pinned && n.IsValid() && !ends[n] {
 					return fmt.Errorf("set %s holds a range starting at %s, not a single address (tampered): run `shrooms net apply`", s.name, a)
 				}
 			}

@@ -106,6 +106,9 @@ func ApplyResolved(ctx context.Context, cfg config.Network, opts Options) (Resol
 	if err := checkBrNetfilter(opts); err != nil {
 		return fail(fmt.Errorf("seal not applied: %w", err))
 	}
+	if err := carryPins(c, cfg, p); err != nil {
+		return fail(fmt.Errorf("seal not applied: %w", err))
+	}
 	if err := ctx.Err(); err != nil {
 		return fail(err)
 	}

@@ -20,7 +20,7 @@ func render(p *plan) string {
 		sets := append([]setSpec(nil), ts.sets...)
 		sort.Slice(sets, func(i, j int) bool { return sets[i].name < sets[j].name })
 		for _, s := range sets {
-			renderSet(&b, s.name, s.keyType.Name, s.interval, s.tag(), s.elems)
+			renderSet(&b, s.name, s.keyType.Name, s.interval, s.pinned, s.tag(), s.elems)
 		}
 		chains := append([]chainSpec(nil), ts.chains...)
 		sort.Slice(chains, func(i, j int) bool { return chains[i].name < chains[j].name })
@@ -34,8 +34,11 @@ func render(p *plan) string {
 	return b.String()
 }
 
-func renderSet(b *strings.Builder, name, keyType string, interval bool, tag string, elems []nftables.SetElement) {
+func renderSet(b *strings.Builder, name, keyType string, interval, timeout bool, tag string, elems []nftables.SetElement) {
 	fmt.Fprintf(b, " set %s type=%s interval=%v", name, keyType, interval)
+	if timeout {
+		b.WriteString(" timeout")
+	}
 	if tag != "" {
 		// Filled from DNS or from the host's routes at apply time: checked
 		// by checkResolved or checkRouted instead.
@@ -89,7 +92,7 @@ func queue(c *nftables.Conn, ts tableSpec) error {
 	t := c.AddTable(&nftables.Table{Family: ts.family, Name: ts.name})
 	ids := map[string]uint32{}
 	for _, s := range ts.sets {
-		set := &nftables.Set{Table: t, Name: s.name, KeyType: s.keyType, Interval: s.interval}
+		set := &nftables.Set{Table: t, Name: s.name, KeyType: s.keyType, Interval: s.interval, HasTimeout: s.pinned}
 		if err := c.AddSet(set, s.elems); err != nil {
 			return fmt.Errorf("set %s: %w", s.name, err)
 		}
@@ -148,7 +151,7 @@ func readTable(c *nftables.Conn, ts tableSpec) (string, bool, error) {
 		if err != nil {
 			return "", true, fmt.Errorf("set %s: %w", s.Name, err)
 		}
-		renderSet(&b, s.Name, s.KeyType.Name, s.Interval, tags[s.Name], elems)
+		renderSet(&b, s.Name, s.KeyType.Name, s.Interval, s.HasTimeout, tags[s.Name], elems)
 	}
 	chains, err := c.ListChainsOfTableFamily(ts.family)
 	if err != nil {

@@ -82,6 +82,10 @@ type setSpec struct {
 	// Verify checks it still covers want (routes come and go).
 	routed bool
 	want   []netip.Prefix
+	// pinned marks a set the DNS resolver fills while cages run (Pin),
+	// each element with a timeout: Verify checks its elements are public
+	// single addresses rather than an exact list.
+	pinned bool
 }
 
 // tag is how render names a set whose elements are checked apart.
@@ -91,6 +95,8 @@ func (s setSpec) tag() string {
 		return "resolved"
 	case s.routed:
 		return "routed"
+	case s.pinned:
+		return "pinned"
 	}
 	return ""
 }
@@ -148,8 +154,7 @@ func build(cfg config.Network, names []netip.Addr, routes []netip.Prefix) (*plan
 	if cfg.Policy == "none" {
 		return &plan{}, nil
 	}
-	g4, g6, err := gateways(cfg)
-	if err != nil {
+	if _, _, err := gateways(cfg); err != nil {
 		return nil, err
 	}
 	no4, err := prefixSet("no4", Blocked4, false)
@@ -215,26 +220,21 @@ func build(cfg config.Network, names []netip.Addr, routes []netip.Prefix) (*plan
 			return nil, err
 		}
 		n4, n6 := addrSets(names)
-		sets = append(sets, allow4, allow6, n4, n6)
+		sets = append(sets, allow4, allow6, n4, n6,
+			setSpec{name: PinnedSet4, keyType: nftables.TypeIPAddr, pinned: true},
+			setSpec{name: PinnedSet6, keyType: nftables.TypeIP6Addr, pinned: true})
 		fwd.rules = append(fwd.rules,
-			cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), lookup("allow4", true), lookup("names4", true), drop),
-			cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), lookup("allow6", true), lookup("names6", true), drop),
+			cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), lookup("allow4", true), lookup("names4", true), lookup(PinnedSet4, true), drop),
+			cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), lookup("allow6", true), lookup("names6", true), lookup(PinnedSet6, true), drop),
 		)
 	}
 	// Nothing opens a connection into a cage, from anywhere.
 	fwd.rules = append(fwd.rules, cat(oif(br), ctNew(), drop))
 
+	// No DNS to the host either, under any policy: the cage's one resolver
+	// is shrooms' own, listening on the cage's loopback (pkg/dnsseal), so
+	// aardvark-dns on the gateway and every other host service stay shut.
 	in := chainSpec{name: "input", hook: nftables.ChainHookInput}
-	if cfg.Policy == "internet" {
-		// DNS to the resolver on the gateway (aardvark-dns). Under the
-		// allowlist the cage resolves from /etc/hosts only (see Resolve).
-		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			in.rules = append(in.rules, cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), eq(g4.AsSlice()), l4proto(proto), dport(), eq(binaryutil.BigEndian.PutUint16(53)), ret))
-			if g6.IsValid() {
-				in.rules = append(in.rules, cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), eq(g6.AsSlice()), l4proto(proto), dport(), eq(binaryutil.BigEndian.PutUint16(53)), ret))
-			}
-		}
-	}
 	in.rules = append(in.rules,
 		// Neighbour discovery, or IPv6 does not work at all; RAs stay out.
 		cat(iif(br), nfproto(unix.NFPROTO_IPV6), l4proto(unix.IPPROTO_ICMPV6), icmp6Type(), lookup("nd6", false), ret),

@@ -54,9 +54,11 @@ func TestBuildIsDeterministicAndPolicySpecific(t *testing.T) {
 	c, err := build(al, nil, nil)
 	assert.NilError(t, err)
 	assert.Assert(t, digest(render(a)) != digest(render(c)))
-	// Under allowlist the gateway DNS exception is gone.
-	assert.Assert(t, strings.Count(render(a), "data=0035") == 4, "internet: 4 DNS exceptions (udp/tcp, v4/v6)")
+	// No DNS to the gateway under any policy: the cage's resolver is
+	// shrooms' own, on the cage's loopback (pkg/dnsseal).
+	assert.Assert(t, !strings.Contains(render(a), "data=0035"))
 	assert.Assert(t, !strings.Contains(render(c), "data=0035"))
+	assert.Assert(t, strings.Contains(render(c), "set pinned4 type=ipv4_addr interval=false timeout pinned"), render(c))
 
 	none := testCfg()
 	none.Policy = "none"
