@@ -364,6 +364,9 @@ func newRunner(cfg *config.Config, client *podman.Client) *turn.Runner {
 	// While a networked cage runs, a lost seal is put back within a
 	// quarter second, or the cage is stopped.
 	r.WatchSeal = cagenet.Watcher(firewall.Options{})
+	// Each networked cage gets its own resolver on its loopback, pinning
+	// allowlist answers into the seal before it answers.
+	r.Resolver = cagenet.Resolver(firewall.Options{}, nil)
 	if exe, err := os.Executable(); err == nil {
 		if real, err := filepath.EvalSymlinks(exe); err == nil {
 			r.Binary = real

@@ -37,7 +37,8 @@ func TestNetworkedTurnInTestbed(t *testing.T) {
 	configFile := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: name,
 		Cage: map[string]any{"stop_grace": "1s"},
 		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
-			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000)}}.Write(t)
+			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000),
+			"dns_upstream": []string{"203.0.113.10"}}}.Write(t)
 	task := name + "-t"
 	t.Cleanup(func() {
 		if _, err := os.Stat(filepath.Join(dir, "outbox")); err == nil {

@@ -38,7 +38,8 @@ func TestProbeWithoutTargetsInTestbed(t *testing.T) {
 	configFile := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: name,
 		Cage: map[string]any{"timeout": "90s", "stop_grace": "1s"},
 		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
-			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 60+os.Getpid()%30, os.Getpid()%250), "subnet6": fmt.Sprintf("fd8b:5eed:%x::/64", os.Getpid()%65000)}}.Write(t)
+			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 60+os.Getpid()%30, os.Getpid()%250), "subnet6": fmt.Sprintf("fd8b:5eed:%x::/64", os.Getpid()%65000),
+			"dns_upstream": []string{"203.0.113.10"}}}.Write(t)
 	bin := itest.ShroomsBinary(t)
 	t.Cleanup(func() {
 		cfg, err := config.Load(configFile)

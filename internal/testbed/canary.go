@@ -28,6 +28,28 @@ type Hit struct {
 type log struct {
 	mu   sync.Mutex
 	hits []Hit
+	// names are the DNS canary's answers set by SetName (lower-case name
+	// without the trailing dot), instead of the internet canary's address.
+	names map[string][]netip.Addr
+}
+
+// SetName makes the internet's DNS canary (an authoritative server for
+// every name) answer name with addrs from now on, e.g. to rotate a name's
+// address between turns. No addrs restores the default answer.
+func (tb *Testbed) SetName(name string, addrs ...netip.Addr) {
+	tb.log.mu.Lock()
+	defer tb.log.mu.Unlock()
+	if tb.log.names == nil {
+		tb.log.names = map[string][]netip.Addr{}
+	}
+	tb.log.names[strings.ToLower(strings.TrimSuffix(name, "."))] = addrs
+}
+
+func (l *log) override(name string) ([]netip.Addr, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	a, ok := l.names[name]
+	return a, ok && len(a) > 0
 }
 
 func (l *log) add(h Hit) {
@@ -175,7 +197,7 @@ func (c *canaries) serveTCP(ln net.Listener, dns bool) {
 					return
 				}
 				c.log.add(Hit{NS: c.role, Proto: "dns", Local: local(conn.LocalAddr()), Payload: qname(q)})
-				if r := dnsAnswer(q); r != nil {
+				if r := c.log.dnsAnswer(q); r != nil {
 					conn.Write(append(binary.BigEndian.AppendUint16(nil, uint16(len(r))), r...))
 				}
 				return
@@ -198,7 +220,7 @@ func (c *canaries) serveUDP(pc net.PacketConn, dns bool) {
 		if dns {
 			q := append([]byte(nil), b[:n]...)
 			c.log.add(Hit{NS: c.role, Proto: "dns", Local: local(pc.LocalAddr()), Payload: qname(q)})
-			if r := dnsAnswer(q); r != nil {
+			if r := c.log.dnsAnswer(q); r != nil {
 				pc.WriteTo(r, from)
 			}
 			continue
@@ -265,7 +287,7 @@ func qname(q []byte) string {
 // dnsAnswer answers an A or AAAA question with the internet canary's
 // address (203.0.113.10 / 2001:db8:203::10), except AAAA for names under
 // "v4only."; anything else gets an empty NOERROR answer.
-func dnsAnswer(q []byte) []byte {
+func (l *log) dnsAnswer(q []byte) []byte {
 	if len(q) < 12 {
 		return nil
 	}
@@ -284,19 +306,27 @@ func dnsAnswer(q []byte) []byte {
 	binary.BigEndian.PutUint16(r[6:], 0) // ancount
 	binary.BigEndian.PutUint16(r[8:], 0)
 	binary.BigEndian.PutUint16(r[10:], 0)
-	var rdata []byte
 	name := strings.ToLower(qname(q))
-	if strings.HasPrefix(name, "v4only.") && qtype == 28 {
-		qtype = 0 // v4only.* names have no AAAA record
+	var rdatas [][]byte
+	if set, ok := l.override(name); ok {
+		for _, a := range set {
+			if (qtype == 1 && a.Is4()) || (qtype == 28 && a.Is6()) {
+				rdatas = append(rdatas, a.AsSlice())
+			}
+		}
+	} else {
+		if strings.HasPrefix(name, "v4only.") && qtype == 28 {
+			qtype = 0 // v4only.* names have no AAAA record
+		}
+		switch qtype {
+		case 1:
+			rdatas = [][]byte{InternetAddr4.AsSlice()}
+		case 28:
+			rdatas = [][]byte{InternetAddr6.AsSlice()}
+		}
 	}
-	switch qtype {
-	case 1:
-		rdata = InternetAddr4.AsSlice()
-	case 28:
-		rdata = InternetAddr6.AsSlice()
-	}
-	if rdata != nil {
-		binary.BigEndian.PutUint16(r[6:], 1)
+	binary.BigEndian.PutUint16(r[6:], uint16(len(rdatas)))
+	for _, rdata := range rdatas {
 		r = append(r, 0xc0, 0x0c)
 		r = binary.BigEndian.AppendUint16(r, qtype)
 		r = binary.BigEndian.AppendUint16(r, 1)

@@ -92,6 +92,12 @@ func checkNetwork(cfg *config.Config, have *podman.Network) error {
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		return fmt.Errorf("%w: podman network %q has subnets %v, the config %v; remove the network or fix the config", fault.HostNotReady, have.Name, got, want)
 	}
+	if have.DNSEnabled {
+		// aardvark-dns would be listed first in every cage's resolv.conf,
+		// ahead of the cage's own resolver, and the seal drops it: every
+		// lookup would wait out a timeout.
+		return fmt.Errorf("%w: podman network %q runs podman's DNS server (made by an older shrooms); cages use their own resolver now: remove it (`podman network rm %s`) and shrooms makes it again", fault.HostNotReady, have.Name, have.Name)
+	}
 	if have.Internal {
 		return fmt.Errorf("%w: podman network %q is internal; shrooms' seal expects a routed bridge", fault.HostNotReady, have.Name)
 	}

@@ -66,6 +66,7 @@ func TestCheckNetworkRefusesADifferentNetwork(t *testing.T) {
 		"bridge":   {Name: "shrooms", Bridge: "podman1", Subnets: []string{"10.89.7.0/24", "fd00:89:7::/64"}},
 		"subnets":  {Name: "shrooms", Bridge: "shrooms0", Subnets: []string{"10.89.8.0/24", "fd00:89:7::/64"}},
 		"internal": {Name: "shrooms", Bridge: "shrooms0", Subnets: []string{"fd00:89:7::/64", "10.89.7.0/24"}, Internal: true},
+		"dns":      {Name: "shrooms", Bridge: "shrooms0", Subnets: []string{"fd00:89:7::/64", "10.89.7.0/24"}, DNSEnabled: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			n := &nets{have: map[string]*podman.Network{}}

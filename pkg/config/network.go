@@ -23,6 +23,15 @@ type Network struct {
 	// ranges and the prefixes the host routes other than by its default
 	// route: networks of the owner's that sit behind the default route.
 	LAN []string `toml:"lan"`
+	// DNSUpstream are the resolvers the cage's resolver asks (addresses,
+	// optionally with :port); empty is the host's /etc/resolv.conf.
+	DNSUpstream []string `toml:"dns_upstream"`
+	// DNSRate and DNSBurst bound, per cage, the queries per second the
+	// resolver sends upstream under the internet policy (a token bucket;
+	// repeated names are answered from its cache for free). DNSRate 0 is
+	// no limit.
+	DNSRate  float64 `toml:"dns_rate"`
+	DNSBurst int     `toml:"dns_burst"`
 }
 
 func defaultNetwork() Network {
@@ -34,6 +43,11 @@ func defaultNetwork() Network {
 		Subnet6: "fd89:5eed:cafe::/64",
 		Allow:   []string{},
 		LAN:     []string{},
+		// 20 new names a second, 200 at once: more than a package manager
+		// resolving its mirrors needs, and it caps what names can carry out.
+		DNSUpstream: []string{},
+		DNSRate:     20,
+		DNSBurst:    200,
 	}
 }
 
@@ -66,6 +80,16 @@ func (n *Network) validate() error {
 		if msg := allowEntry(a); msg != "" {
 			return &Error{Key: fmt.Sprintf("network.allow[%d]", i), Msg: msg}
 		}
+	}
+	for i, u := range n.DNSUpstream {
+		if _, err := netip.ParseAddrPort(u); err != nil {
+			if _, aerr := netip.ParseAddr(u); aerr != nil {
+				return &Error{Key: fmt.Sprintf("network.dns_upstream[%d]", i), Msg: fmt.Sprintf("%q is not an address or address:port", u)}
+			}
+		}
+	}
+	if n.DNSRate < 0 || n.DNSBurst < 1 {
+		return &Error{Key: "network.dns_rate", Msg: "dns_rate must be >= 0 (0: no limit) and dns_burst >= 1"}
 	}
 	for i, l := range n.LAN {
 		if _, err := LANPrefix(l); err != nil {

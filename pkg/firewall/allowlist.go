@@ -140,3 +140,7 @@ func checkResolved(c *nftables.Conn, p *plan) error {
 	}
 	return nil
 }
+
+// IsBlocked reports whether a lies in a range no cage packet may reach
+// (Blocked4/Blocked6; an IPv4-mapped address counts as its IPv4 address).
+func IsBlocked(a netip.Addr) bool { return isBlocked(a) }

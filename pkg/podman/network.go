@@ -49,8 +49,8 @@ func (c *Client) InspectNetwork(ctx context.Context, name string) (*Network, err
 }
 
 // CreateNetwork creates the cage bridge network: the named bridge interface,
-// the given subnets and gateways, IPv6 when a v6 subnet is given, podman's DNS
-// server on the gateway, not internal (the seal, not podman, limits egress).
+// the given subnets and gateways, IPv6 when a v6 subnet is given, no DNS
+// server of podman's (each cage has its own resolver), not internal (the seal, not podman, limits egress).
 func (c *Client) CreateNetwork(ctx context.Context, s NetworkSpec) error {
 	cctx, done := c.scope(ctx)
 	defer done()
@@ -58,7 +58,7 @@ func (c *Client) CreateNetwork(ctx context.Context, s NetworkSpec) error {
 		Name:             s.Name,
 		Driver:           "bridge",
 		NetworkInterface: s.Bridge,
-		DNSEnabled:       true,
+		DNSEnabled:       false, // cages have their own resolver (pkg/dnsseal)
 		Labels:           s.Labels,
 		Subnets: []nettypes.Subnet{{
 			Subnet:  nettypes.IPNet{IPNet: *prefixNet(s.Subnet4)},

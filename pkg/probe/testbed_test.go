@@ -65,7 +65,7 @@ func newTBEnv(t *testing.T) *tbEnv {
 	sub6 := fmt.Sprintf("fd8a:%x::/64", n%65536)
 	cfg := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: prefix,
 		Cage:    map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": "90s"},
-		Network: map[string]any{"policy": "internet", "name": name, "bridge": name, "subnet4": sub4, "subnet6": sub6}}.Parse(t, "probe.toml")
+		Network: map[string]any{"policy": "internet", "name": name, "bridge": name, "subnet4": sub4, "subnet6": sub6, "dns_upstream": []string{testbed.InternetAddr4.String()}}}.Parse(t, "probe.toml")
 	assert.Equal(t, cfg.Cage.Seccomp, "shrooms", "the default config's seccomp profile")
 	client, err := podman.Connect(ctx, tb.PodmanURL)
 	assert.NilError(t, err)
@@ -165,6 +165,7 @@ func (e *tbEnv) run(t *testing.T, seal turn.SealChecker) (*Report, *inbound) {
 	e.n++
 	nonce := fmt.Sprintf("%s-%d", e.prefix, e.n)
 	r := turn.NewRunner(e.cfg, e.client, seal)
+	r.Resolver = cagenet.Resolver(e.fw, e.tb.DialContext("host"))
 	in := &inbound{}
 	var stderr strings.Builder
 	var mu sync.Mutex
@@ -375,6 +376,7 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 		nonce := fmt.Sprintf("%s-w%d", e.prefix, e.n)
 		r := turn.NewRunner(e.cfg, e.client, verified)
 		r.WatchSeal = watch
+		r.Resolver = cagenet.Resolver(e.fw, e.tb.DialContext("host"))
 		type ran struct {
 			res *turn.Result
 			err error

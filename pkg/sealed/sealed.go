@@ -173,12 +173,13 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	if cfg.Network.Networked() {
 		s.NetNS = specgen.Namespace{NSMode: specgen.Bridge}
 		s.Networks = map[string]nettypes.PerNetworkOptions{cfg.Network.Name: {}}
-		gw, err := Gateway4(cfg.Network)
-		if err != nil {
+		if _, err := Gateway4(cfg.Network); err != nil {
 			return nil, err
 		}
-		// The only resolver the seal lets a cage reach: the network's own.
-		s.DNSServers = []net.IP{net.IP(gw.AsSlice())}
+		// The only resolver a cage has: shrooms' own on the cage's loopback
+		// (pkg/dnsseal, opened by the turn before the agent starts); the
+		// seal drops DNS to the gateway and everywhere else.
+		s.DNSServers = []net.IP{net.IPv4(127, 0, 0, 1)}
 	} else {
 		s.NetNS = specgen.Namespace{NSMode: specgen.NoNetwork}
 		s.UseImageResolvConf = &yes

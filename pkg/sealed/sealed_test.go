@@ -95,7 +95,7 @@ func TestSpecIsSealed(t *testing.T) {
 	}
 	assert.DeepEqual(t, dests, []string{"/tmp", "/run", "/home/agent", "/work", "/outbox"})
 	assert.Assert(t, *s.UseImageHosts, "the host's /etc/hosts stays out")
-	assert.Equal(t, s.DNSServers[0].String(), "10.89.0.1", "the network's own resolver only")
+	assert.Equal(t, s.DNSServers[0].String(), "127.0.0.1", "the cage's own resolver only (pkg/dnsseal)")
 }
 
 func TestSpecRefusesUnsafeIDs(t *testing.T) {

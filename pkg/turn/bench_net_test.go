@@ -34,7 +34,7 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 	cfg := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: name,
 		Cage: map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": nil, "stop_grace": nil},
 		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
-			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, 1+os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", 1+os.Getpid()%65000)}}.Parse(b, "bench.toml")
+			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, 1+os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", 1+os.Getpid()%65000), "dns_upstream": []string{testbed.InternetAddr4.String()}}}.Parse(b, "bench.toml")
 	ctx := context.Background()
 	opts := firewall.Options{NetNS: tb.NSPath("host")}
 	if err := firewall.Apply(ctx, cfg.Network, opts); err != nil {
@@ -54,6 +54,7 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 		}
 		return SealState{Digest: st.Installed}, firewall.PinBridgeMAC(cfg.Network.Bridge, opts)
 	})
+	r.Resolver = cagenet.Resolver(opts, tb.DialContext("host"))
 	task := name + "-t"
 	b.Cleanup(func() {
 		if err := r.Home().Remove(context.Background(), task); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/shrooms-cage/shrooms/pkg/dnsseal"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
@@ -70,6 +71,20 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 			res.Usage = &u
 		}()
 		c.lap("gateway")
+	}
+	if r.Cfg.Network.Networked() {
+		// After the gateway, which initialised the cage: no process of it
+		// runs yet, and none will before the resolver listens.
+		stop, err := r.startResolver(ctx, id, preparedID != "" || p.gateway != nil)
+		if err != nil {
+			res.Error = err.Error()
+			return res, r.interrupted(ctx, err)
+		}
+		defer func() {
+			st := stop()
+			res.DNS = &st
+		}()
+		c.lap("resolver")
 	}
 	attachEnded, err := r.Podman.Start(waitCtx, id, req.Streams)
 	if err != nil {
@@ -187,6 +202,28 @@ func (r *Runner) startGateway(ctx context.Context, id string, initialised bool, 
 	}
 	gw.Serve(ln)
 	return gw, nil
+}
+
+// startResolver opens the cage's resolver on its own loopback (cagenet),
+// initialising the cage first unless it is already: no resolver, no turn.
+func (r *Runner) startResolver(ctx context.Context, id string, initialised bool) (func() dnsseal.Stats, error) {
+	if r.Resolver == nil {
+		return nil, fmt.Errorf("network policy %q needs the cage's resolver", r.Cfg.Network.Policy)
+	}
+	if !initialised {
+		if err := r.Podman.Init(ctx, id); err != nil {
+			return nil, err
+		}
+	}
+	pid, err := r.Podman.Pid(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	stop, err := r.Resolver(ctx, r.Cfg, fmt.Sprintf("/proc/%d/ns/net", pid))
+	if err != nil {
+		return nil, fmt.Errorf("cage resolver: %w", err)
+	}
+	return stop, nil
 }
 
 func (r *Runner) interrupted(ctx context.Context, err error) error {

@@ -209,7 +209,6 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 		IDs:             sealed.IDRange{UID: p.ids.UID, GID: p.ids.GID, Size: taskstate.SlotSize},
 		Plan:            mp,
 		SecretEnv:       secretEnv,
-		HostEntries:     in.hosts,
 		SeccompPath:     seccompPath,
 		DeadlineSeconds: uint(r.timeout(req).Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
 		Env:             env,

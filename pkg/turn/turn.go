@@ -23,6 +23,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/dnsseal"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
@@ -76,6 +77,11 @@ type Request struct {
 // cagenet.Checker is the real one.
 type SealChecker func(ctx context.Context, cfg *config.Config, dry bool) (SealState, error)
 
+// ResolverStarter opens a cage's resolver (pkg/dnsseal) in the network
+// namespace at nsPath for cfg's policy; the returned function stops it and
+// says what it did.
+type ResolverStarter func(ctx context.Context, cfg *config.Config, nsPath string) (stop func() dnsseal.Stats, err error)
+
 // SealState is what a seal check found: the allowlist's /etc/hosts entries
 // and the digest of the seal verified in the kernel.
 type SealState = cagenet.State
@@ -101,6 +107,10 @@ type Runner struct {
 	// Detach, when set, takes a turn's teardown off the caller's path once
 	// its exit code is known (detach.go).
 	Detach Detacher
+	// Resolver opens the cage's resolver in its network namespace before
+	// the agent starts (cagenet.Resolver is the real one); required when
+	// the policy is networked: without it no networked cage starts.
+	Resolver ResolverStarter
 	// Host is the task HOME and outbox on the host; nil is the real one
 	// (loop-mounted volumes, root only). Unit tests set a fake.
 	Host Host
@@ -155,6 +165,8 @@ type Result struct {
 	WorktreeGuard *worktreeguard.Check `json:"worktreeGuard,omitempty"`
 	// Usage is what the agent asked of its model through the gateway.
 	Usage *gateway.Usage `json:"usage,omitempty"`
+	// DNS is what the cage's resolver did (networked turns).
+	DNS *dnsseal.Stats `json:"dns,omitempty"`
 	// Worktree says who the worktree was given back to after the turn.
 	Worktree *WorktreeReport `json:"worktree,omitempty"`
 	// HomeBytes is the disk space the task HOME takes on the host after the
@@ -349,8 +361,7 @@ type checked struct {
 	task     taskid.ID
 	agent    config.Agent
 	tokens   map[string][]byte
-	worktree string   // cleaned; "" for none
-	hosts    []string // allowlisted "name:address" entries for /etc/hosts
+	worktree string // cleaned; "" for none
 	// sealDigest is the seal verified for a networked cage ("" otherwise).
 	sealDigest string
 	// image is the agent's image in podman's store.
@@ -390,11 +401,14 @@ func (r *Runner) check(ctx context.Context, req Request, m mode) (*checked, erro
 		if r.Seal == nil {
 			return nil, fmt.Errorf("%w: network policy %q needs the nftables seal and this runner cannot verify one; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
 		}
+		if r.Resolver == nil {
+			return nil, fmt.Errorf("%w: network policy %q needs the cage's resolver and this runner has none; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
+		}
 		st, err := r.Seal(ctx, cfg, !m.writes())
 		if err != nil {
 			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %w", ErrHostNotReady, err)
 		}
-		in.hosts, in.sealDigest = st.Hosts, st.Digest
+		in.sealDigest = st.Digest
 	}
 	image := cfg.ImageFor(in.agent)
 	if in.image, err = r.Podman.InspectImage(ctx, image); err != nil {

@@ -169,7 +169,8 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		Cage: map[string]any{"image": agentImage, "memory": "2g", "timeout": "120s", "prepare_next": false},
 		Network: map[string]any{"policy": policy, "name": e.name, "bridge": e.name,
 			// A subnet of its own: other suites may run cages at the same time.
-			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000)},
+			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000),
+			"dns_upstream": []string{"203.0.113.10"}},
 		Extra: fmt.Sprintf("%s[tokens]\nanthropic = %q\n%s%s", ocSettings, token, moreTokens, agents.String())}.Write(t)
 
 	t.Cleanup(func() {

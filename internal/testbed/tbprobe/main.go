@@ -1,7 +1,8 @@
 // Command tbprobe runs inside a test cage and sends one tagged packet per
 // argument, so the testbed's canaries can tell which probe reached them.
 // Each argument is PROTO,ADDR,PORT,NONCE with PROTO one of tcp, udp, icmp
-// (unprivileged ICMP echo; PORT ignored), mcast (UDP to a multicast or
+// (unprivileged ICMP echo; PORT ignored), tcpname (tcp to a host name
+// resolved through resolv.conf), mcast (UDP to a multicast or
 // broadcast group out of every interface, any answer counts), dns or dnstcp (a query for
 // NONCE.canary.test sent to ADDR:PORT over UDP or TCP). With the single argument "listen" it is a canary
 // instead: it logs every TCP (8080) and UDP (5000) payload to stdout. All probes run at once; one JSON line per probe is
@@ -11,6 +12,7 @@ package main
 
 import (
 	"context"
+	"encoding/base32"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -34,6 +36,10 @@ const timeout = 2 * time.Second
 func main() {
 	if len(os.Args) == 2 && os.Args[1] == "listen" {
 		listen()
+		return
+	}
+	if len(os.Args) == 5 && os.Args[1] == "exfil" {
+		exfil(os.Args[2], os.Args[3], os.Args[4])
 		return
 	}
 	if len(os.Args) == 5 && os.Args[1] == "stream" {
@@ -101,6 +107,27 @@ func run(arg string) (bool, string) {
 		return ping(addr, nonce)
 	case "mcast":
 		return group(addr, port, nonce)
+	case "tcpname":
+		// ADDR is a host name, resolved through the cage's resolv.conf.
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		as, err := (&net.Resolver{PreferGo: true}).LookupHost(ctx, addr)
+		if err != nil {
+			return false, "resolve: " + err.Error()
+		}
+		c, err := net.DialTimeout("tcp", net.JoinHostPort(as[0], port), timeout)
+		if err != nil {
+			return false, fmt.Sprintf("%v: %v", as, err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(timeout))
+		c.Write([]byte(nonce + "\n"))
+		b := make([]byte, 64)
+		n, err := c.Read(b)
+		if n > 0 {
+			return true, fmt.Sprintf("%v %s", as, strings.TrimSpace(string(b[:n])))
+		}
+		return false, fmt.Sprint("no reply: ", err)
 	case "dns", "dnstcp":
 		r := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
 			if proto == "dnstcp" {
@@ -266,4 +293,42 @@ func stream(hp, nonce, secs string) {
 		pc.WriteTo([]byte(fmt.Sprintf("%s-%d\n", nonce, seq)), dst)
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// exfil encodes BYTES bytes of data into query names under ZONE (base32,
+// 3 labels of at most 60 characters: 112 bytes a name, each name's first
+// label its sequence number) and looks each up through the cage's resolv.conf,
+// for at most SECONDS seconds; it prints how many names it sent and how
+// many were answered.
+func exfil(zone, bytesArg, secsArg string) {
+	var n, secs int
+	fmt.Sscan(bytesArg, &n)
+	fmt.Sscan(secsArg, &secs)
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(i*31 + 7)
+	}
+	const per = 112
+	enc := base32.StdEncoding.WithPadding(base32.NoPadding)
+	deadline := time.Now().Add(time.Duration(secs) * time.Second)
+	sent, answered := 0, 0
+	r := &net.Resolver{PreferGo: true}
+	for i := 0; i*per < len(data) && time.Now().Before(deadline); i++ {
+		chunk := strings.ToLower(enc.EncodeToString(data[i*per : min(len(data), (i+1)*per)]))
+		var labels []string
+		for len(chunk) > 0 {
+			l := chunk[:min(len(chunk), 60)]
+			chunk = chunk[len(l):]
+			labels = append(labels, l)
+		}
+		name := fmt.Sprintf("s%d.%s.%s", i, strings.Join(labels, "."), zone)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		_, err := r.LookupIPAddr(ctx, name)
+		cancel()
+		sent++
+		if err == nil {
+			answered++
+		}
+	}
+	json.NewEncoder(os.Stdout).Encode(map[string]int{"sent": sent, "answered": answered, "perName": per})
 }

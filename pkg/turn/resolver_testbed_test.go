@@ -1,0 +1,198 @@
+package turn
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/firewall"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+)
+
+// resolverEnv is a testbed with a cage network under policy, cages run by
+// a Runner whose resolver asks the testbed's DNS canary (an authoritative
+// server for every name that logs each query).
+type resolverEnv struct {
+	tb     *testbed.Testbed
+	cfg    *config.Config
+	runner *Runner
+	opts   firewall.Options
+	probe  string
+	name   string
+	n      int
+}
+
+func newResolverEnv(t *testing.T, policy string, allow []string, network map[string]any) *resolverEnv {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	tb := testbed.New(t)
+	tb.StartPodman()
+	name := itest.UniqueName("rs")
+	n := os.Getpid() + int(time.Now().UnixNano()%1000)
+	netw := map[string]any{"policy": policy, "name": name, "bridge": name, "allow": allow,
+		"subnet4": fmt.Sprintf("10.%d.%d.0/24", 120+n%30, n%250), "subnet6": fmt.Sprintf("fd8c:%x::/64", n%65536),
+		"dns_upstream": []string{testbed.InternetAddr4.String()}}
+	for k, v := range network {
+		netw[k] = v
+	}
+	cfg := testcfg.Config{Socket: tb.PodmanURL, Dir: t.TempDir(), Prefix: name,
+		Cage:    map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": "60s", "stop_grace": "1s"},
+		Network: netw}.Parse(t, "resolver.toml")
+	ctx := context.Background()
+	e := &resolverEnv{tb: tb, cfg: cfg, name: name, opts: firewall.Options{NetNS: tb.NSPath("host"),
+		Resolver: &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return tb.DialContext("host")(ctx, network, net.JoinHostPort(testbed.InternetAddr4.String(), "53"))
+		}}}}
+	assert.NilError(t, firewall.Apply(ctx, cfg.Network, e.opts))
+	client, err := podman.Connect(ctx, tb.PodmanURL)
+	assert.NilError(t, err)
+	// The seal is verified, not re-applied, before each turn: an address a
+	// name moves to after `net apply` is reachable only through the pins.
+	e.runner = NewRunner(cfg, client, func(ctx context.Context, cfg *config.Config, dry bool) (SealState, error) {
+		st, err := firewall.Verify(ctx, cfg.Network, e.opts)
+		if err != nil || !st.OK {
+			return SealState{}, fmt.Errorf("seal: %v %s", err, st.Reason)
+		}
+		if _, err := cagenet.EnsureNetwork(ctx, cfg, client); err != nil {
+			return SealState{}, err
+		}
+		return SealState{Digest: st.Installed}, firewall.PinBridgeMAC(cfg.Network.Bridge, e.opts)
+	})
+	e.runner.Resolver = cagenet.Resolver(e.opts, tb.DialContext("host"))
+	e.probe = tb.BuildProbe()
+	t.Cleanup(func() {
+		for i := 1; i <= e.n; i++ {
+			task := fmt.Sprintf("%s-%d", name, i)
+			if err := e.runner.Home().Remove(context.Background(), task); err != nil {
+				t.Errorf("remove HOME: %v", err)
+			}
+			_ = releaseOutbox(cfg, task)
+		}
+		_, _ = tb.Podman("network", "rm", "-f", name)
+		_ = firewall.Flush(context.Background(), cfg.Network, e.opts)
+	})
+	return e
+}
+
+type probeLine struct {
+	Probe  string `json:"probe"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+// run runs tbprobe with args in a fresh task's cage and returns its output.
+func (e *resolverEnv) run(t *testing.T, args ...string) (string, *Result) {
+	t.Helper()
+	e.n++
+	var out, errb bytes.Buffer
+	res, err := e.runner.Run(context.Background(), Request{
+		Task: fmt.Sprintf("%s-%d", e.name, e.n), Agent: "shell", Command: append([]string{"/tbprobe"}, args...),
+		ExtraMounts: []mounts.Mount{{Kind: mounts.Bind, Source: e.probe, Dest: "/tbprobe", ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev"}}},
+		Streams:     podman.Streams{Stdout: &out, Stderr: &errb},
+	})
+	assert.NilError(t, err, errb.String())
+	if res.DNS != nil {
+		t.Logf("resolver: %+v", *res.DNS)
+	}
+	return out.String(), res
+}
+
+func (e *resolverEnv) probes(t *testing.T, args ...string) map[string]probeLine {
+	t.Helper()
+	out, _ := e.run(t, args...)
+	got := map[string]probeLine{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		var p probeLine
+		assert.NilError(t, json.Unmarshal([]byte(l), &p), out)
+		got[p.Probe] = p
+	}
+	return got
+}
+
+// TestAllowlistResolverInTestbed is issue 29's allowlist-by-name
+// acceptance: a name whose address moves after the seal was applied keeps
+// working (its answer is pinned into the seal before the cage gets it, v4
+// and v6), the same address is dropped when not resolved, a name not on
+// the list gets no answer and never reaches the authoritative canary,
+// direct DNS to any resolver (the canary, the gateway) is dropped, and
+// 10 KiB encoded in query names reach the canary as 0 bytes.
+func TestAllowlistResolverInTestbed(t *testing.T) {
+	e := newResolverEnv(t, "allowlist", []string{"rot.allowed.test"}, nil)
+	gw4, _, _ := firewall.Gateways(e.cfg.Network)
+	nonce := e.name
+
+	t.Run("unresolved, unlisted and direct DNS are dropped", func(t *testing.T) {
+		got := e.probes(t,
+			"tcp,"+testbed.Internet2Addr4.String()+",80,"+nonce+"-direct",
+			"tcpname,"+nonce+"-unlisted.canary.test,80,"+nonce+"-unlisted",
+			"dns,"+testbed.InternetAddr4.String()+",53,"+nonce+"-d4",
+			"dnstcp,"+testbed.InternetAddr4.String()+",53,"+nonce+"-dt4",
+			"dns,"+testbed.InternetAddr6.String()+",53,"+nonce+"-d6",
+			"dns,"+gw4.String()+",53,"+nonce+"-gw",
+		)
+		for p, l := range got {
+			assert.Check(t, !l.OK, "%s: SEAL BREACHED: %s", p, l.Detail)
+		}
+		assert.Check(t, strings.Contains(got["tcpname,"+nonce+"-unlisted.canary.test,80,"+nonce+"-unlisted"].Detail, "resolve"))
+		time.Sleep(300 * time.Millisecond)
+		for _, n := range []string{"-direct", "-unlisted", "-d4", "-dt4", "-d6", "-gw"} {
+			assert.Check(t, len(e.tb.Hits(nonce+n)) == 0, "%s reached a canary: %v", n, e.tb.Hits(nonce+n))
+		}
+	})
+
+	t.Run("a name that moves keeps working, pinned before the answer", func(t *testing.T) {
+		for i, addr := range []netip.Addr{testbed.Internet2Addr4, testbed.Internet2Addr6, testbed.InternetAddr4} {
+			e.tb.SetName("rot.allowed.test", addr)
+			n := fmt.Sprintf("%s-rot%d", nonce, i)
+			got := e.probes(t, "tcpname,rot.allowed.test,80,"+n)
+			l := got["tcpname,rot.allowed.test,80,"+n]
+			assert.Check(t, l.OK, "rotation %d to %s: %s", i, addr, l.Detail)
+			missing := e.tb.AwaitHits(3*time.Second, n)
+			assert.Check(t, len(missing) == 0, "the canary at %s did not see %s", addr, n)
+			for _, h := range e.tb.Hits(n) {
+				assert.Check(t, h.Local.Addr() == addr, "%s reached %s, not %s", n, h.Local, addr)
+			}
+			pins, err := firewall.Pinned(e.cfg.Network, e.opts)
+			assert.NilError(t, err)
+			_, ok := pins[addr]
+			assert.Check(t, ok, "%s is not pinned: %v", addr, pins)
+		}
+	})
+
+	t.Run("10 KiB in query names: 0 bytes reach the canary", func(t *testing.T) {
+		zone := nonce + "-x.canary.test"
+		out, res := e.run(t, "exfil", zone, "10240", "30")
+		var r struct{ Sent, Answered int }
+		assert.NilError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &r), out)
+		assert.Equal(t, r.Sent, 92, "10 KiB in 112-byte names")
+		assert.Equal(t, r.Answered, 0)
+		time.Sleep(300 * time.Millisecond)
+		assert.Equal(t, len(e.tb.Hits(zone)), 0, "DNS queries of the exfiltration reached the canary")
+		assert.Assert(t, res.DNS != nil && res.DNS.Refused >= 92 && res.DNS.Upstream == 0, "%+v", res.DNS)
+	})
+}
+
+func (e *resolverEnv) runSh(t *testing.T, script string) (string, *Result) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	res, err := e.runner.Run(context.Background(), Request{
+		Task: fmt.Sprintf("%s-%d", e.name, e.n), Agent: "shell", Args: []string{"-c", script},
+		Streams: podman.Streams{Stdout: &out, Stderr: &errb},
+	})
+	assert.NilError(t, err, errb.String())
+	return out.String() + errb.String(), res
+}
