@@ -390,12 +390,26 @@ in
               "api.anthropic.com"
               "203.0.113.0/24"
             ];
-            description = "CIDRs, addresses and host names reachable under the `allowlist` policy.";
+            description = ''
+              CIDRs, addresses and host names reachable under the `allowlist`
+              policy. Names are answered by each cage's own resolver, which
+              pins every address it hands out into the seal first (so names
+              whose addresses rotate keep working) and refuses all others.
+            '';
+          };
+          network.dns_upstream = mkOption {
+            type = types.listOf types.str;
+            default = [ ];
+            example = [ "127.0.0.53" ];
+            description = ''
+              Resolvers the cages' resolver asks (addresses, optionally
+              `addr:port`); empty is the host's /etc/resolv.conf.
+            '';
           };
           network.bridge = mkOption {
             type = types.str;
             default = netDefaults.bridge;
-            description = "The cage network's bridge (its DNS port is opened in the NixOS firewall).";
+            description = "The cage network's bridge.";
           };
           network.subnet4 = mkOption {
             type = types.str;
@@ -512,15 +526,11 @@ in
       "net.bridge.bridge-nf-call-ip6tables" = 1;
     };
 
-    # Cages resolve names through aardvark-dns on their bridge's gateway, and
-    # their traffic is forwarded; the NixOS firewall drops both otherwise
-    # (podman's module opens DNS on podman0 only). These rules only let
-    # packets reach the seal's own chains, which still drop everything the
-    # policy forbids (a drop in any base chain is final).
-    networking.firewall.interfaces.${net.bridge} = mkIf networked {
-      allowedUDPPorts = [ 53 ];
-      allowedTCPPorts = [ 53 ];
-    };
+    # Cages resolve names through their own resolver on their loopback (shrooms
+    # serves it from the host; no DNS port is opened on the bridge), and
+    # their traffic is forwarded; the NixOS firewall drops it otherwise.
+    # These rules only let packets reach the seal's own chains, which still
+    # drop everything the policy forbids (a drop in any base chain is final).
     networking.firewall.extraForwardRules = mkIf (networked && nftables.enable) (
       lib.concatStringsSep "\n" (
         [ "iifname \"${net.bridge}\" ip saddr ${net.subnet4} accept comment \"shrooms cages\"" ]

@@ -45,7 +45,7 @@ buildGoModule {
 
   # The NAR hash of `go mod vendor` (vendor/ with modules.txt). Recompute
   # with nix/update-vendor-hash.sh; internal/nixcheck fails when it is stale.
-  vendorHash = "sha256-SOm11JHywJAC1d8RZR1zR2TZzOHJNhjrtygHJXE1kBE=";
+  vendorHash = "sha256-MH5VGTMKuKoeNZnEVhDNQrKgCMpHOVS6lMwpFAub+Ws=";
 
   env.CGO_ENABLED = 0;
   subPackages = [ "cmd/shrooms" ];

@@ -129,7 +129,7 @@ let
     {
       agents ? { },
       # The NixOS firewall with filterForward, as a hardened host runs it:
-      # the module must open cage DNS and forward cage traffic through it.
+      # the module must forward cage traffic through it.
       firewall ? false,
     }:
     { pkgs, lib, ... }:

