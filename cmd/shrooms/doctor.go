@@ -17,6 +17,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/wtcap"
 )
 
 // finding is one doctor check.
@@ -86,7 +87,34 @@ func diagnose(ctx context.Context, cfg *config.Config) []finding {
 	doctorState(cfg, add)
 	doctorTokens(cfg, add)
 	doctorSeal(ctx, cfg, add)
+	doctorWorktreeCap(cfg, add)
 	return fs
+}
+
+// doctorWorktreeCap says how worktrees are capped (worktree.max_size and
+// max_files by a project quota) and what happens where they cannot be: the
+// roots it can check are checked.
+func doctorWorktreeCap(cfg *config.Config, add func(string, string, string, string)) {
+	w := cfg.Worktree
+	limits := fmt.Sprintf("max_size %d bytes, max_files %d", w.MaxSize, w.MaxFiles)
+	if w.Uncapped == "allow" {
+		add("worktree cap", "warn", limits+" where the filesystem has project quotas; elsewhere turns run UNCAPPED (worktree.uncapped = \"allow\"): a turn can fill that filesystem", "mount worktree filesystems with prjquota (ext4/xfs), then set worktree.uncapped = \"refuse\"")
+	} else {
+		add("worktree cap", "ok", limits+"; a worktree on a filesystem without project quotas is refused at turn start (worktree.uncapped = \"refuse\")", "")
+	}
+	for _, r := range w.Roots {
+		s, err := wtcap.Probe(r)
+		switch {
+		case err != nil:
+			add("worktree cap", "warn", fmt.Sprintf("root %s: %v", r, err), "")
+		case !s.OK && w.Uncapped == "refuse":
+			add("worktree cap", "fail", fmt.Sprintf("root %s: %s: its worktrees will be refused", r, s.Reason), "mount it with prjquota (ext4: tune2fs -O quota,project and mount -o prjquota; xfs: -o prjquota), or set worktree.uncapped = \"allow\"")
+		case !s.OK:
+			add("worktree cap", "warn", fmt.Sprintf("root %s: %s: its worktrees run uncapped", r, s.Reason), "")
+		default:
+			add("worktree cap", "ok", fmt.Sprintf("root %s: %s %s enforces project quotas", r, s.FSType, s.Device), "")
+		}
+	}
 }
 
 func doctorPodman(ctx context.Context, cfg *config.Config, client *podman.Client, add func(string, string, string, string)) {

@@ -59,8 +59,16 @@ func (c Config) TOML() string {
 	fmt.Fprintf(&b, "\n[podman]\nsocket = %q\n[state]\ndir = %q\n", socket, filepath.Join(c.Dir, "state"))
 	table(&b, "cage", cage)
 	table(&b, "network", network)
+	// Test worktrees live on filesystems without project quotas: they run
+	// uncapped (pkg/wtcap's own tests mount a filesystem that has them).
+	extra := c.Extra
+	if strings.Contains(extra, "[worktree]\n") {
+		extra = strings.Replace(extra, "[worktree]\n", "[worktree]\nuncapped = \"allow\"\n", 1)
+	} else {
+		b.WriteString("[worktree]\nuncapped = \"allow\"\n")
+	}
 	fmt.Fprintf(&b, "[home]\nvolume_prefix = \"shrooms-home-%s-\"\n[outbox]\nroot = %q\n", c.Prefix, filepath.Join(c.Dir, "outbox"))
-	b.WriteString(c.Extra)
+	b.WriteString(extra)
 	return b.String()
 }
 

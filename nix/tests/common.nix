@@ -173,6 +173,8 @@ let
         settings.cage.memory = "1g";
         # The turns' worktrees are plain directories under /srv/work.
         settings.worktree.roots = [ "/srv/work" ];
+        # /srv/work is not mounted with prjquota: run uncapped, on purpose.
+        settings.worktree.uncapped = "allow";
         agents = {
           # bash from the real cage image, for scripted turns.
           bash = {

@@ -28,7 +28,7 @@ func Default() *Config {
 		Network:  defaultNetwork(),
 		Home:     defaultHome(),
 		Outbox:   defaultOutbox(),
-		Worktree: Worktree{Roots: []string{}},
+		Worktree: defaultWorktree(),
 		Tokens:   map[string]string{},
 		Gateway:  map[string]Gateway{},
 		Agents: map[string]Agent{

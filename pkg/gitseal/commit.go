@@ -221,10 +221,14 @@ func (g *git) stage(ctx context.Context) error {
 			return err
 		}
 	}
-	args := []string{"add", "-A", "--", "."}
+	spec := []string{"--", "."}
 	for p := range links {
-		args = append(args, ":(exclude,literal)"+p)
+		spec = append(spec, ":(exclude,literal)"+p)
 	}
+	if err := g.checkSizes(ctx, spec); err != nil {
+		return err
+	}
+	args := append([]string{"add", "-A"}, spec...)
 	if _, err := g.run(ctx, nil, args...); err != nil {
 		return err
 	}
@@ -317,6 +321,43 @@ func (g *git) args(sub ...string) []string {
 		a = append(a, "-c", "safe.directory="+d)
 	}
 	return append(a, sub...)
+}
+
+// MaxCommitFile and MaxCommitBytes bound in bytes what a sealed commit
+// reads: git hashes every new or changed file it stages, so a turn's 1 TB
+// sparse file would make each call run to gitCallTimeout. Past them the
+// commit is refused (naming the file) before git reads anything.
+const (
+	MaxCommitFile  = 1 << 30
+	MaxCommitBytes = 4 << 30
+)
+
+// checkSizes measures (lstat, nothing read) the files `add -A` would
+// stage: untracked ones not ignored, and tracked ones that changed.
+// spec is add's pathspec (submodules excluded: their repositories are
+// never read).
+func (g *git) checkSizes(ctx context.Context, spec []string) error {
+	out, err := g.run(ctx, nil, append([]string{"ls-files", "-z", "--others", "--modified", "--exclude-standard"}, spec...)...)
+	if err != nil {
+		return err
+	}
+	var total int64
+	for _, p := range strings.Split(out, "\x00") {
+		if p == "" {
+			continue
+		}
+		fi, err := os.Lstat(filepath.Join(g.l.Worktree, p))
+		if err != nil || !fi.Mode().IsRegular() {
+			continue // deleted, or not read as content (links are their target's name)
+		}
+		if fi.Size() > MaxCommitFile {
+			return fmt.Errorf("%s is %d bytes, over the sealed commit's %d per file (git would read all of it): remove it, or commit by hand", p, fi.Size(), MaxCommitFile)
+		}
+		if total += fi.Size(); total > MaxCommitBytes {
+			return fmt.Errorf("the changed files are over the sealed commit's %d bytes (at %s): remove some, or commit by hand", MaxCommitBytes, p)
+		}
+	}
+	return nil
 }
 
 // gitCallTimeout bounds every host git call: whatever the worktree holds,

@@ -498,3 +498,29 @@ func TestCommitRunsAsRepoOwner(t *testing.T) {
 		return nil
 	}))
 }
+
+// TestCommitBoundedInBytes: a 1 TB sparse file in the worktree is refused
+// by name within a second, before git reads it (it would hash it to the
+// call's timeout); ignored, it is no obstacle; the positive control commits
+// an ordinary change at once.
+func TestCommitBoundedInBytes(t *testing.T) {
+	wt := newRepo(t)
+	ctx := context.Background()
+	big := filepath.Join(wt, "big.bin")
+	f, err := os.Create(big)
+	assert.NilError(t, err)
+	assert.NilError(t, f.Truncate(1<<40))
+	assert.NilError(t, f.Close())
+	start := time.Now()
+	_, err = Commit(ctx, wt, "m", author)
+	assert.ErrorContains(t, err, "big.bin is 1099511627776 bytes")
+	assert.Assert(t, time.Since(start) < 10*time.Second, "took %s", time.Since(start))
+	assert.Equal(t, hostGit(t, wt, "rev-list", "--count", "HEAD"), "1", "nothing committed")
+
+	// Ignored: git never reads it, and neither does the bound.
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, ".gitignore"), []byte("big.bin\n"), 0o644))
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "README"), []byte("changed\n"), 0o644))
+	_, err = Commit(ctx, wt, "m", author)
+	assert.NilError(t, err)
+	assert.Equal(t, hostGit(t, wt, "rev-list", "--count", "HEAD"), "2")
+}

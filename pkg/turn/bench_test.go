@@ -250,6 +250,8 @@ dir = %q
 image = %q
 [network]
 policy = "none"
+[worktree]
+uncapped = "allow"
 [home]
 volume_prefix = %q
 [outbox]

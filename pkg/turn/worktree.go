@@ -13,9 +13,11 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/wtcap"
 )
 
 // A worktree claim records, in the state directory, which task a worktree
@@ -152,6 +154,27 @@ func (r *Runner) takeWorktree(task, worktree string, ids taskstate.IDs) error {
 	}
 	agent := int(r.Cfg.Cage.User)
 	if _, err := mounts.OwnWorktree(worktree, int(ids.UID)+agent, int(ids.GID)+agent); err != nil {
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
+	return capWorktree(r.Cfg.Worktree, worktree, ids)
+}
+
+// capWorktree puts the worktree under the task's project quota (its id the
+// task's first host uid: unique per task, never 0) before the cage starts;
+// where the filesystem has none the turn is refused, unless the owner
+// chose worktree.uncapped = "allow".
+func capWorktree(cfg config.Worktree, worktree string, ids taskstate.IDs) error {
+	s, err := wtcap.Probe(worktree)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
+	if !s.OK {
+		if cfg.Uncapped == "allow" {
+			return nil // the owner's choice (worktree.uncapped), said by doctor
+		}
+		return fmt.Errorf("%w: worktree cap: %s; mount it with prjquota, or set worktree.uncapped = \"allow\" to run turns whose worktree can fill that filesystem", ErrHostNotReady, s.Reason)
+	}
+	if err := wtcap.Apply(s, worktree, ids.UID, uint64(cfg.MaxSize), uint64(cfg.MaxFiles)); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	return nil

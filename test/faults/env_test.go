@@ -84,6 +84,7 @@ inodes = 4096
 root = %q
 [worktree]
 roots = [%q]
+uncapped = "allow"
 [tokens]
 tok = %q
 [agents.keep]

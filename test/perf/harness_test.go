@@ -82,6 +82,8 @@ name = %q
 bridge = %q
 subnet4 = "10.%d.%d.0/24"
 subnet6 = "fd8c:5eed:%x::/64"
+[worktree]
+uncapped = "allow"
 [home]
 volume_prefix = "shrooms-home-%s-"
 max_session_file = "2g"

@@ -209,6 +209,8 @@ timeout = "30s"
 stop_grace = "1s"
 # A prepared cage waits on purpose: the leak check below counts none.
 prepare_next = false
+[worktree]
+uncapped = "allow"
 [home]
 volume_prefix = "shrooms-home-%s-"
 size = "64m"
