@@ -67,6 +67,10 @@ type Config struct {
 	Timeout time.Duration
 }
 
+// RepinAfter is how long a cached answer's pin is trusted before a cache
+// hit pins it again.
+const RepinAfter = 5 * time.Second
+
 // Stats counts what the server did.
 type Stats struct {
 	Queries  int64 `json:"queries"`
@@ -84,6 +88,12 @@ type Server struct {
 	cache   *cache
 	limiter *bucket
 	servers []*dns.Server
+	// pinned is when each cached answer was last pinned and until when:
+	// a cache hit re-pins only after RepinAfter, as a pin is a netlink
+	// commit (milliseconds), yet a seal flushed and re-applied meanwhile
+	// gets the addresses back at the next lookup.
+	pinMu  sync.Mutex
+	pinned map[cacheKey][2]time.Time
 	stats   struct{ queries, answered, refused, limited, upstream, failed atomic.Int64 }
 	wg      sync.WaitGroup
 }
@@ -120,7 +130,7 @@ func New(cfg Config) (*Server, error) {
 		d := &net.Dialer{}
 		cfg.Dial = d.DialContext
 	}
-	s := &Server{cfg: cfg, names: map[string]bool{}, cache: newCache(4096)}
+	s := &Server{cfg: cfg, names: map[string]bool{}, cache: newCache(4096), pinned: map[cacheKey][2]time.Time{}}
 	for _, n := range cfg.Names {
 		s.names[dns.CanonicalName(n)] = true
 	}
@@ -199,8 +209,8 @@ func (s *Server) Answer(ctx context.Context, req *dns.Msg) *dns.Msg {
 	if s.cfg.Policy == Allowlist && q.Qtype != dns.TypeA && q.Qtype != dns.TypeAAAA {
 		return s.answered(reply(dns.RcodeSuccess)) // no data: only addresses are served
 	}
-	rrs, ttl, ok := s.cache.get(name, q.Qtype)
-	if !ok {
+	rrs, ttl, cached := s.cache.get(name, q.Qtype)
+	if !cached {
 		if s.limiter != nil && !s.limiter.take() {
 			s.stats.limited.Add(1)
 			return reply(dns.RcodeRefused)
@@ -227,8 +237,17 @@ func (s *Server) Answer(ctx context.Context, req *dns.Msg) *dns.Msg {
 			// Pinned before the answer leaves: the cage never holds an
 			// address the seal drops. A failed pin is a failed answer.
 			timeout := s.cfg.PinTimeout(ttl)
-			if err := s.cfg.Pin(ctx, addrs, timeout); err != nil {
-				return reply(dns.RcodeServerFailure)
+			key, now := cacheKey{name, q.Qtype}, time.Now()
+			s.pinMu.Lock()
+			last := s.pinned[key]
+			s.pinMu.Unlock()
+			if !cached || now.Sub(last[0]) >= RepinAfter || now.Add(ttl).After(last[1]) {
+				if err := s.cfg.Pin(ctx, addrs, timeout); err != nil {
+					return reply(dns.RcodeServerFailure)
+				}
+				s.pinMu.Lock()
+				s.pinned[key] = [2]time.Time{now, now.Add(timeout)}
+				s.pinMu.Unlock()
 			}
 			ttl = min(ttl, timeout)
 		}

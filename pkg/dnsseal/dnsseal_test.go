@@ -318,3 +318,22 @@ func BenchmarkAnswer(b *testing.B) {
 		}
 	})
 }
+
+// TestCachedAnswersRepinSparingly: a cache hit does not pin again within
+// RepinAfter (a pin is a netlink commit), but the first answer always does.
+func TestCachedAnswersRepinSparingly(t *testing.T) {
+	u := startUpstream(t)
+	u.set("api.example.", "203.0.113.5")
+	calls := 0
+	pin := func(context.Context, []netip.Addr, time.Duration) error { calls++; return nil }
+	s, err := New(Config{Policy: Allowlist, Names: []string{"api.example"}, Upstream: []string{u.addr}, Pin: pin, PinTimeout: pinTimeout, Blocked: blocked})
+	assert.NilError(t, err)
+	for i := 0; i < 5; i++ {
+		assert.Equal(t, ask(t, s, "api.example", dns.TypeA).Rcode, dns.RcodeSuccess)
+	}
+	assert.Equal(t, calls, 1)
+	assert.Equal(t, len(u.queries()), 1, "answered from the cache")
+	s.pinned[cacheKey{"api.example.", dns.TypeA}] = [2]time.Time{time.Now().Add(-RepinAfter), time.Now().Add(time.Minute)}
+	ask(t, s, "api.example", dns.TypeA)
+	assert.Equal(t, calls, 2, "an older pin is renewed")
+}
