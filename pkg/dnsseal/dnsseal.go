@@ -94,8 +94,8 @@ type Server struct {
 	// gets the addresses back at the next lookup.
 	pinMu  sync.Mutex
 	pinned map[cacheKey][2]time.Time
-	stats   struct{ queries, answered, refused, limited, upstream, failed atomic.Int64 }
-	wg      sync.WaitGroup
+	stats  struct{ queries, answered, refused, limited, upstream, failed atomic.Int64 }
+	wg     sync.WaitGroup
 }
 
 // New checks cfg and returns a server that is not serving yet.
