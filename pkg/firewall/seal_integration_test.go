@@ -527,6 +527,25 @@ func TestSealInTestbed(t *testing.T) {
 				assert.Check(t, !hit[p.name], "%s: SEAL BREACHED under allowlist", p.name)
 			}
 		}
+		// Pinned addresses (the cage resolver's answers): reachable while
+		// pinned, across a re-apply (another turn's check), and not after
+		// their timeout; a blocked address is never pinned.
+		pinned := []probe{{"pinned internet v4", "tcp", i2v4, 80, true, "tb"}, {"pinned internet v6", "tcp", i2v6, 80, true, "tb"}}
+		assert.ErrorContains(t, Pin(ctx, cfg, opts, []netip.Addr{testbed.RouterAddr4}, time.Minute), "blocked")
+		assert.NilError(t, Pin(ctx, cfg, opts, []netip.Addr{i2v4, i2v6}, 4*time.Second))
+		assert.NilError(t, Apply(ctx, cfg, opts))
+		st, err = Verify(ctx, cfg, opts)
+		assert.NilError(t, err)
+		assert.Assert(t, st.OK, "pins do not disturb the verified seal: %s", st.Reason)
+		hit = e.fire(t, "a", pinned, allowed)
+		for _, p := range pinned {
+			assert.Check(t, hit[p.name], "%s: pinned address not reachable after a re-apply", p.name)
+		}
+		time.Sleep(4500 * time.Millisecond)
+		hit = e.fire(t, "a", pinned, allowed)
+		for _, p := range pinned {
+			assert.Check(t, !hit[p.name], "%s: SEAL BREACHED: reachable after its pin expired", p.name)
+		}
 		// Back to the internet policy: Apply swaps the whole seal.
 		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
 	})
