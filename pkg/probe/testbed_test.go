@@ -469,3 +469,35 @@ func attempts(r *Report, id string) []Attempt {
 	}
 	return nil
 }
+
+// TestBatteryUnderAllowlist: with policy allowlist (the internet canary's
+// addresses and one name) the DNS rows are sealed: the cage's own resolver
+// answers only the listed name (D9a's and D9e's canary names are refused
+// before any query leaves), direct resolvers and DoT are dropped (D9b,
+// D9c); nothing escapes.
+func TestBatteryUnderAllowlist(t *testing.T) {
+	e := newTBEnv(t)
+	ctx := context.Background()
+	e.cfg.Network.Policy = "allowlist"
+	e.cfg.Network.Allow = []string{testbed.InternetAddr4.String() + "/32", testbed.InternetAddr6.String() + "/128", "api.allowed.test"}
+	e.fw.Resolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return e.tb.DialContext("host")(ctx, network, net.JoinHostPort(testbed.InternetAddr4.String(), "53"))
+	}}
+	assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw))
+	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
+		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
+		if err != nil {
+			return turn.SealState{}, err
+		}
+		if !st.OK {
+			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
+		}
+		return turn.SealState{Digest: st.Installed}, nil
+	}
+	rep, _ := e.run(t, verified)
+	assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))
+	v := rep.Verdicts()
+	for _, id := range []string{"D9a", "D9b", "D9c", "D9e"} {
+		assert.Check(t, v[id] == Sealed, "%s: %s", id, v[id])
+	}
+}
