@@ -125,6 +125,13 @@ func (f *pipeEngine) Create(_ context.Context, s *specgen.SpecGenerator) (string
 	return id, nil
 }
 
+// Pid is a process of the cage's, for the resolver's network namespace
+// (the test's resolvers do not open it).
+func (f *pipeEngine) Pid(context.Context, string) (int, error) {
+	f.call("pid")
+	return os.Getpid(), nil
+}
+
 func (f *pipeEngine) Init(_ context.Context, id string) error {
 	f.call("init")
 	if f.initErr != nil {

@@ -13,6 +13,8 @@ import (
 	is "gotest.tools/v3/assert/cmp"
 	"gotest.tools/v3/golden"
 
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/dnsseal"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -288,4 +290,35 @@ func TestPlanIsAFunctionOfItsInput(t *testing.T) {
 	f2 = *f
 	f2.root = h.root + "x"
 	assert.Assert(t, hash(req, &f2) != base, "HOME")
+}
+
+// TestNetworkedTurnNeedsItsResolver: no resolver, no networked turn — a
+// runner without one refuses before any cage exists, and a resolver that
+// cannot be opened stops the turn before the cage starts (fail closed).
+func TestNetworkedTurnNeedsItsResolver(t *testing.T) {
+	e := newPipeEngine()
+	r, _ := pipeRunner(t, e)
+	r.Cfg.Network.Policy = "allowlist"
+	r.Seal = func(context.Context, *config.Config, bool) (SealState, error) { return SealState{}, nil }
+	_, err := r.Run(context.Background(), claudeReq())
+	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
+	assert.ErrorContains(t, err, "needs the cage's resolver")
+	assert.Equal(t, e.called("create"), 0)
+
+	r.Resolver = func(context.Context, *config.Config, string) (func() dnsseal.Stats, error) { return nil, errBoom }
+	res, err := r.Run(context.Background(), claudeReq())
+	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
+	assert.ErrorContains(t, err, "cage resolver: boom")
+	assert.Equal(t, e.called("start"), 0, "the cage never starts without its resolver")
+	assert.Assert(t, res.Removed)
+
+	// Positive control: with a resolver the same turn runs, and its counts
+	// are in the result.
+	r.Resolver = func(context.Context, *config.Config, string) (func() dnsseal.Stats, error) {
+		return func() dnsseal.Stats { return dnsseal.Stats{Queries: 7} }, nil
+	}
+	res, err = r.Run(context.Background(), claudeReq())
+	assert.NilError(t, err)
+	assert.Equal(t, res.Status, "exited")
+	assert.Assert(t, res.DNS != nil && res.DNS.Queries == 7)
 }
