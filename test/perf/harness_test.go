@@ -82,6 +82,7 @@ name = %q
 bridge = %q
 subnet4 = "10.%d.%d.0/24"
 subnet6 = "fd8c:5eed:%x::/64"
+dns_upstream = ["203.0.113.10"]
 [worktree]
 uncapped = "allow"
 [home]
