@@ -47,6 +47,24 @@ type tbEnv struct {
 	// Discover finds; discovered is what it found last.
 	discover   bool
 	discovered Params
+	// noWall turns the in-cage wall off (negative controls only).
+	noWall bool
+}
+
+// sealState is the state a seal check reports for a verified seal: its
+// digest and the rule set (the in-cage wall is built from it).
+func (e *tbEnv) sealState(cfg *config.Config, st firewall.Status) (turn.SealState, error) {
+	rules, err := firewall.DescribeHost(cfg.Network, firewall.Resolved{}, e.fw)
+	if err != nil {
+		return turn.SealState{}, err
+	}
+	return turn.SealState{Digest: st.Installed, Rules: rules}, nil
+}
+
+// noWall is a CageWaller that installs nothing: with it a cage runs behind
+// the host seal alone, as before the in-cage wall (positive controls).
+func noWall(context.Context, turn.SealState, int, bool) (firewall.WallStatus, error) {
+	return firewall.WallStatus{}, nil
 }
 
 func newTBEnv(t *testing.T) *tbEnv {
@@ -165,6 +183,9 @@ func (e *tbEnv) run(t *testing.T, seal turn.SealChecker) (*Report, *inbound) {
 	e.n++
 	nonce := fmt.Sprintf("%s-%d", e.prefix, e.n)
 	r := turn.NewRunner(e.cfg, e.client, seal)
+	if e.noWall {
+		r.CageWall = noWall
+	}
 	in := &inbound{}
 	var stderr strings.Builder
 	var mu sync.Mutex
@@ -257,7 +278,10 @@ func TestBatteryInTestbed(t *testing.T) {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
 		_, err = cagenet.EnsureNetwork(ctx, cfg, e.client)
-		return turn.SealState{Digest: st.Installed}, err
+		if err != nil {
+			return turn.SealState{}, err
+		}
+		return e.sealState(cfg, st)
 	}
 
 	t.Run("sealed, default config", func(t *testing.T) {
@@ -285,6 +309,10 @@ func TestBatteryInTestbed(t *testing.T) {
 		permissive := func(context.Context, *config.Config, bool) (turn.SealState, error) { return turn.SealState{}, nil }
 		_, err := verified(ctx, e.cfg, false)
 		assert.ErrorContains(t, err, "missing", "the real checker refuses a flushed seal")
+		// And the in-cage wall off: with it the flushed host seal lets
+		// nothing through (TestCageWallHoldsWithoutHostSeal).
+		e.noWall = true
+		defer func() { e.noWall = false }()
 		rep, in := e.run(t, permissive)
 		// Not D5: its ICMPv6 echo needs an unprivileged ICMP socket, and
 		// podman's net.ipv4.ping_group_range ("0 0") denies the agent one,
@@ -324,7 +352,7 @@ func TestBatteryWithDiscoveredTargets(t *testing.T) {
 		if !st.OK {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		return turn.SealState{Digest: st.Installed}, nil
+		return e.sealState(cfg, st)
 	}
 	rep, _ := e.run(t, verified)
 	d := e.discovered
@@ -342,6 +370,7 @@ func TestBatteryWithDiscoveredTargets(t *testing.T) {
 	assert.NilError(t, firewall.Flush(ctx, e.cfg.Network, e.fw))
 	defer func() { assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw)) }()
 	permissive := func(context.Context, *config.Config, bool) (turn.SealState, error) { return turn.SealState{}, nil }
+	e.noWall = true
 	rep, _ = e.run(t, permissive)
 	escaped := rep.IDs(Escaped)
 	for _, id := range []string{"D4", "D6", "D7", "D8"} {
@@ -366,7 +395,7 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 		if !st.OK {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		return turn.SealState{Digest: st.Installed}, nil
+		return e.sealState(cfg, st)
 	}
 	turnWithFlush := func(t *testing.T, watch turn.SealWatcher, breakSeal ...string) (*turn.Result, error, []time.Duration) {
 		t.Helper()
