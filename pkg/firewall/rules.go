@@ -32,8 +32,9 @@ type Rules struct {
 	// and network.lan, minus what the fixed blocked ranges already cover.
 	Routed4 []netip.Prefix `json:"routed4"`
 	Routed6 []netip.Prefix `json:"routed6"`
-	// Host are the host's own addresses (the host seal's input chain drops
-	// them; the in-cage wall names them, having no input hook of the host).
+	// Host are the host's own addresses outside the blocked ranges (the
+	// host seal's input chain drops them; the in-cage wall names them,
+	// having no input hook of the host).
 	Host []netip.Addr `json:"host"`
 	// Allow4/6 are the allowlist's addresses and CIDRs; Names its host
 	// names as resolved into the seal (allowlist only).
@@ -87,7 +88,16 @@ func Describe(cfg config.Network, resolved Resolved, routes []netip.Prefix, host
 	if r.Routed4, r.Routed6, err = routedPrefixes(cfg, routes); err != nil {
 		return nil, err
 	}
-	r.Host = uniqueAddrs(host)
+	// Only what the fixed ranges do not block already: the rule set stays
+	// the same when a bridge, a veth's link-local address or a private
+	// LAN address comes and goes.
+	var own []netip.Addr
+	for _, a := range host {
+		if a = a.Unmap(); !isBlocked(a) {
+			own = append(own, a)
+		}
+	}
+	r.Host = uniqueAddrs(own)
 	r.DNS = Resolvers(cfg)
 	if cfg.Policy == "allowlist" {
 		if r.Allow4, r.Allow6, err = allowPrefixes(cfg.Allow); err != nil {
