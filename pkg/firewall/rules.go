@@ -38,8 +38,8 @@ type Rules struct {
 	Host []netip.Addr `json:"host"`
 	// Allow4/6 are the allowlist's addresses and CIDRs; Names its host
 	// names as resolved into the seal (allowlist only).
-	Allow4 []netip.Prefix           `json:"allow4,omitempty"`
-	Allow6 []netip.Prefix           `json:"allow6,omitempty"`
+	Allow4 []netip.Prefix          `json:"allow4,omitempty"`
+	Allow6 []netip.Prefix          `json:"allow6,omitempty"`
 	Names  map[string][]netip.Addr `json:"names,omitempty"`
 	// DNS are the resolver endpoints the cage is given (Resolvers): the
 	// only place a DNS-ish port may be reached.

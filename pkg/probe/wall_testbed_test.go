@@ -60,7 +60,6 @@ func (e *tbEnv) wallTurn(t *testing.T, off bool, cmd []string, during func()) (*
 	return res, out.String()
 }
 
-
 // TestCageWallFlood is issue 29's flood test: a turn's cage sends UDP to
 // the LAN router and the metadata service (v4 and v6) every millisecond
 // while the host runs `nft flush ruleset` twice. With the in-cage wall, 0

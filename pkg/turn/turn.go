@@ -116,9 +116,9 @@ type Runner struct {
 // NewRunner returns a runner for cfg with the system's state and id files.
 func NewRunner(cfg *config.Config, client engine.Engine, seal SealChecker) *Runner {
 	return &Runner{
-		Cfg:     cfg,
-		Podman:  client,
-		Store:   taskstate.Store{Dir: cfg.State.Dir},
+		Cfg:      cfg,
+		Podman:   client,
+		Store:    taskstate.Store{Dir: cfg.State.Dir},
 		IDFiles:  taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
 		Seal:     seal,
 		CageWall: InstallCageWall,

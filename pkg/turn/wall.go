@@ -51,4 +51,3 @@ func (r *Runner) wallCage(ctx context.Context, id string, p *Plan, initialised, 
 	}
 	return &st, nil
 }
-
