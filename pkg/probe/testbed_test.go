@@ -49,6 +49,8 @@ type tbEnv struct {
 	discovered Params
 	// noWall turns the in-cage wall off (negative controls only).
 	noWall bool
+	// v4Internet: the testbed's internet has no IPv6 (targets v4 only).
+	v4Internet bool
 }
 
 // sealState is the state a seal check reports for a verified seal: its
@@ -67,10 +69,10 @@ func noWall(context.Context, turn.SealState, int, bool) (firewall.WallStatus, er
 	return firewall.WallStatus{}, nil
 }
 
-func newTBEnv(t *testing.T) *tbEnv {
+func newTBEnv(t *testing.T, opts ...testbed.Option) *tbEnv {
 	t.Helper()
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
-	tb := testbed.New(t)
+	tb := testbed.New(t, opts...)
 	tb.StartPodman()
 	ctx := context.Background()
 	n, _ := strconv.Atoi(tb.ID)
@@ -147,17 +149,21 @@ func (e *tbEnv) params(nonce string) Params {
 		}
 		return out
 	}
+	internet := s(testbed.InternetAddr4, testbed.InternetAddr6)
+	if e.v4Internet {
+		internet = s(testbed.InternetAddr4)
+	}
 	return Params{
 		Policy:        e.cfg.Network.Policy,
 		StrictSeccomp: e.cfg.Cage.StrictSeccomp(),
-		Internet:      s(testbed.InternetAddr4, testbed.InternetAddr6),
+		Internet:      internet,
 		Gateway:       s(gw4, gw6),
 		Host:          s(testbed.HostAddr4, testbed.HostAddr6),
 		LAN: s(append([]netip.Addr{testbed.RouterAddr4, testbed.RouterAddr6, testbed.PublicLAN4, testbed.PublicLAN6,
 			testbed.VPN4, testbed.VPN6}, testbed.Private...)...),
 		Metadata:      s(testbed.Metadata4, testbed.Metadata6, testbed.WireServer),
 		Peers:         e.peer,
-		Resolvers:     s(testbed.InternetAddr4, testbed.InternetAddr6),
+		Resolvers:     internet,
 		TCPPorts:      testbed.TCPPorts,
 		UDPPorts:      testbed.UDPPorts,
 		DNSZone:       "canary.test",
@@ -333,6 +339,43 @@ func TestBatteryInTestbed(t *testing.T) {
 		}
 		assert.Equal(t, len(in.connected), 6, "with the seal flushed the host, LAN and internet connect into the cage: %v", in.connected)
 	})
+}
+
+// TestBatteryIPv4OnlyInternet is D14 on an IPv4-only internet (issue 29):
+// the internet and its resolvers have no IPv6, the LAN and the cage
+// network still do. No check escapes or errs — D14 compares like with like
+// — and the positive controls (D2, D9a) reach their canaries over IPv4.
+func TestBatteryIPv4OnlyInternet(t *testing.T) {
+	e := newTBEnv(t, testbed.IPv4OnlyInternet())
+	e.v4Internet = true
+	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
+		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
+		if err != nil {
+			return turn.SealState{}, err
+		}
+		if !st.OK {
+			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
+		}
+		return e.sealState(cfg, st)
+	}
+	rep, _ := e.run(t, verified)
+	assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))
+	assert.DeepEqual(t, rep.IDs(Error), []string(nil))
+	for _, c := range rep.Checks {
+		if c.ID == "D14" {
+			assert.Equal(t, c.Verdict, Sealed, "%s %v", c.Observed, c.Evidence)
+			t.Logf("D14: %s", c.Observed)
+		}
+	}
+	for _, id := range []string{"D2", "D9a"} {
+		seen := 0
+		for _, a := range attempts(rep, id) {
+			if a.Canary != nil && *a.Canary {
+				seen++
+			}
+		}
+		assert.Check(t, seen > 0, "%s: no allowed attempt reached its canary", id)
+	}
 }
 
 // TestBatteryWithDiscoveredTargets: the host, LAN and metadata rows aimed
