@@ -296,6 +296,8 @@ func TestBatteryInTestbed(t *testing.T) {
 		assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))
 		assert.DeepEqual(t, rep.IDs(Error), []string(nil))
 		assert.DeepEqual(t, rep.IDs(Residual), sorted("A4", "B10", "D9d", "D9e"))
+		// Both walls were in place and built from one rule set.
+		assert.Assert(t, rep.Walls != nil && rep.Walls.Agree, "%+v", rep.Walls)
 		// D2 and D9a are the positive controls: the canaries saw them.
 		for _, id := range []string{"D2", "D9a"} {
 			for _, a := range attempts(rep, id) {

@@ -176,6 +176,9 @@ type Result struct {
 	// SealDigest is the digest of the nftables seal verified before a
 	// networked cage started ("" under policy none: there is no seal).
 	SealDigest string `json:"sealDigest,omitempty"`
+	// SealRules is the digest of the rule set the seal check described
+	// (both walls are built from it).
+	SealRules string `json:"sealRules,omitempty"`
 	// CageWall is the in-cage wall verified in the cage's own network
 	// namespace before it started (networked policies).
 	CageWall *firewall.WallStatus `json:"cageWall,omitempty"`
@@ -221,6 +224,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// after the input check: bad input touches nothing).
 	c.starting, _ = r.Store.Starting()
 	res.Image, res.SealDigest = &in.image, in.sealDigest
+	if in.seal.Rules != nil {
+		res.SealRules = in.seal.Rules.Digest()
+	}
 	c.lap("check")
 
 	lock, err := r.Store.LockTask(in.task)
