@@ -57,6 +57,11 @@ func (e *tbEnv) wallTurn(t *testing.T, off bool, cmd []string, during func()) (*
 	}
 	<-done
 	assert.NilError(t, err, "%+v", res)
+	for _, p := range res.Phases {
+		if p.Name == "wall" {
+			t.Logf("fresh cage: wall phase (init, pid, install, verify) %.1f ms", p.Ms)
+		}
+	}
 	return res, out.String()
 }
 
@@ -181,4 +186,57 @@ func TestCageWallUnchangeable(t *testing.T) {
 	assert.NilError(t, json.Unmarshal(bytes.TrimSpace(b), &ctl), string(b))
 	assert.Equal(t, ctl["add"], "", "with CAP_NET_ADMIN: %v", ctl)
 	assert.Equal(t, ctl["flush_ruleset"], "", "with CAP_NET_ADMIN: %v", ctl)
+}
+
+// TestPreparedCageWall: a prepared networked cage gets its in-cage wall at
+// preparation (verified there, with no process of the cage running), and
+// the turn that takes it only checks it (the "wall" phase is the per-turn
+// cost on a prepared cage). A prepared cage whose wall was removed since is
+// walled again before it starts: the running cage has its wall.
+func TestPreparedCageWall(t *testing.T) {
+	e := newTBEnv(t)
+	ctx := context.Background()
+	r := turn.NewRunner(e.cfg, e.client, func(ctx context.Context, cfg *config.Config, dry bool) (turn.SealState, error) {
+		return cagenet.CheckSeal(ctx, cfg, e.client, e.fw, dry)
+	})
+	r.Binary = e.bin
+	st, err := cagenet.CheckSeal(ctx, e.cfg, e.client, e.fw, true)
+	assert.NilError(t, err)
+	req := turn.Request{Task: e.prefix + "-prep", Agent: "shell", Args: []string{"-c", "sleep 3"}, Timeout: 60 * time.Second}
+	cagePid := func(id string) int {
+		out := strings.TrimSpace(e.tb.MustPodman("inspect", "-f", "{{.State.Pid}}", id))
+		var pid int
+		_, err := fmt.Sscan(out, &pid)
+		assert.NilError(t, err, out)
+		return pid
+	}
+	for i, tamper := range []bool{false, true} {
+		id, err := r.PrepareNext(ctx, req)
+		assert.NilError(t, err)
+		ws, err := firewall.VerifyWall(ctx, st.Rules, firewall.Options{NetNS: cagenet.CageNetNS(cagePid(id))})
+		assert.NilError(t, err)
+		assert.Assert(t, ws.OK, "prepared cage %d has no wall: %s", i, ws.Reason)
+		if tamper {
+			b, err := e.tb.Exec("host", "nsenter", "--net="+cagenet.CageNetNS(cagePid(id)), "nft", "delete", "table", "inet", firewall.WallTable)
+			assert.NilError(t, err, string(b))
+		}
+		var during firewall.WallStatus
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			time.Sleep(1500 * time.Millisecond)
+			during, _ = firewall.VerifyWall(ctx, st.Rules, firewall.Options{NetNS: cagenet.CageNetNS(cagePid(id))})
+		}()
+		res, err := r.Run(ctx, req)
+		<-done
+		assert.NilError(t, err, "%+v", res)
+		assert.Assert(t, res.Prepared, "the prepared cage was not taken: %+v", res)
+		assert.Assert(t, res.CageWall != nil && res.CageWall.OK, "%+v", res.CageWall)
+		assert.Assert(t, during.OK, "the running prepared cage (tampered=%v) has no wall: %s", tamper, during.Reason)
+		for _, p := range res.Phases {
+			if p.Name == "wall" {
+				t.Logf("prepared cage (wall removed: %v): wall phase %.1f ms", tamper, p.Ms)
+			}
+		}
+	}
 }
