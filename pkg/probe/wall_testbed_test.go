@@ -20,6 +20,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -59,7 +60,7 @@ func (e *tbEnv) wallTurn(t *testing.T, off bool, cmd []string, during func()) (*
 	assert.NilError(t, err, "%+v", res)
 	for _, p := range res.Phases {
 		if p.Name == "wall" {
-			t.Logf("fresh cage: wall phase (init, pid, install, verify) %.1f ms", p.Ms)
+			t.Logf("fresh cage: wall phase (pid, install, verify) %.1f ms", p.Ms)
 		}
 	}
 	return res, out.String()
@@ -238,5 +239,63 @@ func TestPreparedCageWall(t *testing.T) {
 				t.Logf("prepared cage (wall removed: %v): wall phase %.1f ms", tamper, p.Ms)
 			}
 		}
+	}
+}
+
+// TestCageWallPerPolicyTurn: a shrooms turn under each networked policy
+// has the in-cage wall that policy implies, as nft lists it inside the
+// running cage, and it behaves so: the allowlisted internet address is
+// reached under both, the unlisted one only under internet, the LAN router
+// under neither.
+func TestCageWallPerPolicyTurn(t *testing.T) {
+	e := newTBEnv(t)
+	ctx := context.Background()
+	internet := e.cfg.Network
+	t.Cleanup(func() { e.cfg.Network = internet; _ = firewall.Apply(context.Background(), internet, e.fw) })
+	for _, tc := range []struct {
+		policy     string
+		want, nope []string
+		unlisted   bool
+	}{
+		{"internet", []string{"policy drop", "meta nfproto ipv4 accept", "daddr @routed4 counter", "udp dport 53 accept"}, []string{"@allow4"}, true},
+		{"allowlist", []string{"policy drop", "@allow4 accept", "@names4 accept"}, []string{"meta nfproto ipv4 accept", "dport 53 accept"}, false},
+	} {
+		t.Run(tc.policy, func(t *testing.T) {
+			e.cfg.Network = internet
+			e.cfg.Network.Policy = tc.policy
+			if tc.policy == "allowlist" {
+				e.cfg.Network.Allow = []string{testbed.InternetAddr4.String() + "/32"}
+			}
+			assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw))
+			n := fmt.Sprintf("%s-pp%d", e.prefix, e.n)
+			task := fmt.Sprintf("%s-wall%d", e.prefix, e.n+1)
+			var listing string
+			cmd := []string{"sh", "-c", fmt.Sprintf("/tbprobe tcp,%s,80,%s-in tcp,%s,80,%s-un udp,%s,5000,%s-lan; sleep 3",
+				testbed.InternetAddr4, n, testbed.Internet2Addr4, n, testbed.RouterAddr4, n)}
+			res, out := e.wallTurn(t, false, cmd, func() {
+				time.Sleep(2500 * time.Millisecond)
+				// By name, not by listing: podman's listing trips over
+				// cages of other testbeds (their namespaces are not ours).
+				pid, err := e.client.Pid(ctx, sealed.Name(task, 1))
+				if !assert.Check(t, err) {
+					return
+				}
+				b, err := e.tb.Exec("host", "nsenter", "--net="+cagenet.CageNetNS(pid), "nft", "list", "table", "inet", firewall.WallTable)
+				assert.Check(t, err, string(b))
+				listing = string(b)
+			})
+			assert.Equal(t, res.ExitCode, 0, out)
+			assert.Assert(t, res.CageWall != nil && res.CageWall.OK && res.CageWall.Rules == res.SealRules, "%+v %s", res.CageWall, res.SealRules)
+			for _, w := range tc.want {
+				assert.Check(t, strings.Contains(listing, w), "%s: no %q in the cage's wall:\n%s", tc.policy, w, listing)
+			}
+			for _, w := range tc.nope {
+				assert.Check(t, !strings.Contains(listing, w), "%s: %q in the cage's wall:\n%s", tc.policy, w, listing)
+			}
+			time.Sleep(300 * time.Millisecond)
+			assert.Check(t, len(e.tb.Hits(n+"-in")) > 0, "positive control: the allowed internet address was not reached")
+			assert.Check(t, (len(e.tb.Hits(n+"-un")) > 0) == tc.unlisted, "unlisted internet address reached: %v", len(e.tb.Hits(n+"-un")) > 0)
+			assert.Check(t, len(e.tb.Hits(n+"-lan")) == 0, "the LAN router was reached")
+		})
 	}
 }

@@ -60,13 +60,22 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 	defer cancelWait(nil)
 	// The in-cage wall before anything can run in the cage's namespace.
 	initialised := preparedID != ""
-	wall, err := r.wallCage(ctx, id, p.Plan, initialised, initialised)
+	if !initialised && r.Cfg.Network.Networked() {
+		// Its network namespace exists from here; no process of it runs.
+		if err := r.Podman.Init(ctx, id); err != nil {
+			res.Error = err.Error()
+			return res, r.interrupted(ctx, err)
+		}
+		c.lap("init")
+		initialised = true
+	}
+	wall, err := r.wallCage(ctx, id, p.Plan, preparedID != "")
 	if err != nil {
 		res.Error = err.Error()
 		return res, r.interrupted(ctx, err)
 	}
 	if wall != nil {
-		res.CageWall, initialised = wall, true
+		res.CageWall = wall
 		c.lap("wall")
 	}
 	if p.gateway != nil {

@@ -108,7 +108,7 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 	}
 	// Its in-cage wall now, off the path of the turn that takes it (which
 	// only verifies it).
-	if _, err := r.wallCage(ctx, id, p.Plan, true, false); err != nil {
+	if _, err := r.wallCage(ctx, id, p.Plan, false); err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)

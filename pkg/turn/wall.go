@@ -25,21 +25,16 @@ func InstallCageWall(ctx context.Context, seal SealState, pid int, prepared bool
 	return cagenet.InstallWall(ctx, seal, pid)
 }
 
-// wallCage initialises a networked cage (unless it already is) and puts
-// its in-cage wall in place; check says it is a prepared cage whose wall
-// went in at its preparation. Under policy none there is no interface but
-// loopback and nothing to wall.
-func (r *Runner) wallCage(ctx context.Context, id string, p *Plan, initialised, check bool) (*firewall.WallStatus, error) {
+// wallCage puts the in-cage wall of an initialised networked cage in
+// place; check says it is a prepared cage whose wall went in at its
+// preparation. Under policy none there is no interface but loopback and
+// nothing to wall.
+func (r *Runner) wallCage(ctx context.Context, id string, p *Plan, check bool) (*firewall.WallStatus, error) {
 	if !r.Cfg.Network.Networked() {
 		return nil, nil
 	}
 	if r.CageWall == nil {
 		return nil, fmt.Errorf("network policy %q needs the in-cage wall and this runner cannot install one", r.Cfg.Network.Policy)
-	}
-	if !initialised {
-		if err := r.Podman.Init(ctx, id); err != nil {
-			return nil, err
-		}
 	}
 	pid, err := r.Podman.Pid(ctx, id)
 	if err != nil {
