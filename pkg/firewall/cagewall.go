@@ -35,8 +35,8 @@ func cagePlan(r *Rules) (*plan, error) {
 	if r.Policy == "none" {
 		// No interface but loopback: still, nothing leaves it.
 		return &plan{tables: []tableSpec{{family: nftables.TableFamilyINet, name: WallTable, chains: []chainSpec{
-			{name: "input", hook: nftables.ChainHookInput, policy: "drop", rules: [][]expr.Any{cat(iifName("lo"), accept())}},
-			{name: "output", hook: nftables.ChainHookOutput, policy: "drop", rules: [][]expr.Any{cat(oifName("lo"), accept())}},
+			{name: "input", hook: nftables.ChainHookInput, policy: "drop", rules: [][]expr.Any{cat(iif("lo"), accept())}},
+			{name: "output", hook: nftables.ChainHookOutput, policy: "drop", rules: [][]expr.Any{cat(oif("lo"), accept())}},
 		}}}}, nil
 	}
 	var sets []setSpec
@@ -85,7 +85,7 @@ func cagePlan(r *Rules) (*plan, error) {
 	estab := cat(ctState(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED))
 	nd := cat(nfproto(unix.NFPROTO_IPV6), l4proto(unix.IPPROTO_ICMPV6), icmp6Type(), lookup("nd6", false))
 	out := chainSpec{name: "output", hook: nftables.ChainHookOutput, policy: "drop", rules: [][]expr.Any{
-		cat(oifName("lo"), accept()),
+		cat(oif("lo"), accept()),
 		cat(estab, accept()),
 		cat(nd, accept()),
 	}}
@@ -127,7 +127,7 @@ func cagePlan(r *Rules) (*plan, error) {
 		return nil, fmt.Errorf("in-cage wall: unknown policy %q", r.Policy)
 	}
 	in := chainSpec{name: "input", hook: nftables.ChainHookInput, policy: "drop", rules: [][]expr.Any{
-		cat(iifName("lo"), accept()),
+		cat(iif("lo"), accept()),
 		cat(estab, accept()),
 		cat(nd, accept()),
 	}}
@@ -246,9 +246,6 @@ func verifyWall(c *nftables.Conn, r *Rules, p *plan) (WallStatus, error) {
 	st.OK = true
 	return st, nil
 }
-
-func iifName(n string) []expr.Any { return iif(n) }
-func oifName(n string) []expr.Any { return oif(n) }
 
 func u16(v uint16) []byte { return []byte{byte(v >> 8), byte(v)} }
 
