@@ -191,14 +191,16 @@ func checkCageWalls(ctx context.Context, cfg *config.Config, ns *netStatus) bool
 		ns.CagesError = err.Error()
 		return true // the host seal is what status answers for without podman
 	}
-	list, err := client.ListByLabel(ctx, sealed.LabelManaged, "1")
+	// This shrooms' cages only (its state directory): a podman service may
+	// hold cages of other configurations, with other networks and rules.
+	list, err := client.ListByLabel(ctx, sealed.LabelState, sealed.StateLabel(cfg.State.Dir))
 	if err != nil {
 		ns.CagesError = err.Error()
 		return true
 	}
 	ok := true
 	for _, cg := range list {
-		if cg.State != "running" && cg.State != "initialized" {
+		if cg.Labels[sealed.LabelManaged] != "1" || (cg.State != "running" && cg.State != "initialized") {
 			continue
 		}
 		cs := cageStatus{Name: cg.Name}
