@@ -58,7 +58,15 @@ func StartResolver(ctx context.Context, cfg *config.Config, opts firewall.Option
 			}
 			dc.Names = append(dc.Names, a)
 		}
-		dc.Pin = Pinner(n, opts)
+		// Both walls: the host seal, then the in-cage wall in the cage's
+		// own namespace; the answer goes out once both have the addresses.
+		host, wall := Pinner(n, opts), firewall.Options{NetNS: nsPath}
+		dc.Pin = func(ctx context.Context, addrs []netip.Addr, timeout time.Duration) error {
+			if err := host(ctx, addrs, timeout); err != nil {
+				return err
+			}
+			return firewall.PinWall(ctx, wall, addrs, timeout)
+		}
 		dc.PinTimeout = firewall.PinTimeout
 	}
 	srv, err := dnsseal.New(dc)

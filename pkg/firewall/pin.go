@@ -48,6 +48,16 @@ func Pin(ctx context.Context, cfg config.Network, opts Options, addrs []netip.Ad
 	if !validIfName(cfg.Name) {
 		return fmt.Errorf("network.name: %q is not a network name", cfg.Name)
 	}
+	return pinInto(ctx, opts, tableName(cfg.Name), addrs, timeout)
+}
+
+// PinWall is Pin into the in-cage wall (WallTable) of the network
+// namespace opts names, under the allowlist policy.
+func PinWall(ctx context.Context, opts Options, addrs []netip.Addr, timeout time.Duration) error {
+	return pinInto(ctx, opts, WallTable, addrs, timeout)
+}
+
+func pinInto(ctx context.Context, opts Options, table string, addrs []netip.Addr, timeout time.Duration) error {
 	if timeout <= 0 || timeout > MaxPin {
 		return fmt.Errorf("pin: timeout %s out of range", timeout)
 	}
@@ -75,7 +85,7 @@ func Pin(ctx context.Context, cfg config.Network, opts Options, addrs []netip.Ad
 		return err
 	}
 	defer done()
-	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: tableName(cfg.Name)}
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: table}
 	for _, x := range []struct {
 		name  string
 		key   nftables.SetDatatype

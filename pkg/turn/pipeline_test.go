@@ -16,6 +16,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/dnsseal"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
+	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
@@ -305,6 +306,7 @@ func TestNetworkedTurnNeedsItsResolver(t *testing.T) {
 	assert.ErrorContains(t, err, "needs the cage's resolver")
 	assert.Equal(t, e.called("create"), 0)
 
+	r.CageWall = func(context.Context, SealState, int, bool) (firewall.WallStatus, error) { return firewall.WallStatus{OK: true}, nil }
 	r.Resolver = func(context.Context, *config.Config, string) (func() dnsseal.Stats, error) { return nil, errBoom }
 	res, err := r.Run(context.Background(), claudeReq())
 	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
