@@ -569,7 +569,7 @@ func TestBatteryUnderAllowlist(t *testing.T) {
 		if !st.OK {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		return turn.SealState{Digest: st.Installed}, nil
+		return e.sealState(cfg, st)
 	}
 	rep, _ := e.run(t, verified)
 	assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))

@@ -70,7 +70,13 @@ func newResolverEnv(t *testing.T, policy string, allow []string, network map[str
 		if _, err := cagenet.EnsureNetwork(ctx, cfg, client); err != nil {
 			return SealState{}, err
 		}
-		return SealState{Digest: st.Installed}, firewall.PinBridgeMAC(cfg.Network.Bridge, e.opts)
+		// The in-cage wall's rules, without the names resolved at apply:
+		// what a cage reaches by name it reaches through the pins alone.
+		rules, err := firewall.DescribeHost(cfg.Network, firewall.Resolved{}, e.opts)
+		if err != nil {
+			return SealState{}, err
+		}
+		return SealState{Digest: st.Installed, Rules: rules}, firewall.PinBridgeMAC(cfg.Network.Bridge, e.opts)
 	})
 	e.runner.Resolver = cagenet.Resolver(e.opts, tb.DialContext("host"))
 	e.probe = tb.BuildProbe()
