@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -392,9 +394,31 @@ func TestDoctor(t *testing.T) {
 	assert.Assert(t, is.Contains(stdout, "ok   image"), stdout)
 	assert.Assert(t, is.Contains(stdout, "ok   subids"), stdout)
 	assert.Assert(t, is.Contains(stdout, "ok   seal           network.policy = none"), stdout)
+	for _, check := range []string{"config", "loop", "mkfs.ext4", "git", "tiocsti"} {
+		assert.Check(t, is.Regexp("(?m)^ok +"+regexp.QuoteMeta(check)+" ", stdout))
+	}
 	assert.Equal(t, code, 0, stdout+stderr)
 
-	bad := newEnv(t, "[tokens]\nk = \"/nonexistent/token\"\n")
+	// The gateway's upstream: DNS and TCP, against loopback only.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	assert.NilError(t, err)
+	defer ln.Close()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	assert.NilError(t, err)
+	closedAddr := closed.Addr().String()
+	closed.Close()
+	token := filepath.Join(t.TempDir(), "key")
+	assert.NilError(t, os.WriteFile(token, []byte("sk-test\n"), 0o600))
+	gw := newEnv(t, fmt.Sprintf("[tokens]\nk = %q\n[gateway.up]\nupstream = \"http://%s\"\ntoken = \"k\"\n[gateway.down]\nupstream = \"http://%s\"\ntoken = \"k\"\n", token, ln.Addr(), closedAddr))
+	code, stdout, _ = gw.shrooms("doctor")
+	assert.Check(t, is.Equal(code, ExitHostNotReady), stdout)
+	assert.Check(t, is.Regexp(`(?m)^ok +gateway +gateway up: http://127\.0\.0\.1:\d+ resolves \(127\.0\.0\.1\) and accepts TCP`, stdout))
+	assert.Check(t, is.Regexp(`(?m)^fail gateway +gateway down: gateway upstream http://127\.0\.0\.1:\d+ is unreachable`, stdout))
+
+	// A token file others can read fails; a missing one only warns.
+	loose := filepath.Join(t.TempDir(), "loose")
+	assert.NilError(t, os.WriteFile(loose, []byte("sk-test\n"), 0o644))
+	bad := newEnv(t, fmt.Sprintf("[tokens]\nk = \"/nonexistent/token\"\nl = %q\n", loose))
 	data, _ := os.ReadFile(bad.config)
 	assert.NilError(t, os.WriteFile(bad.config, bytes.Replace(data, []byte(itest.Socket()), []byte("unix:///run/shrooms-test-nonexistent/podman.sock"), 1), 0o600))
 	code, stdout, _ = bad.shrooms("--json", "doctor")
@@ -413,6 +437,13 @@ func TestDoctor(t *testing.T) {
 		}
 	}
 	assert.Assert(t, failed["podman"] && failed["tokens"], "%+v", rep.Findings)
+	var tokens []string
+	for _, f := range rep.Findings {
+		if f.Check == "tokens" {
+			tokens = append(tokens, f.Status)
+		}
+	}
+	assert.Check(t, is.DeepEqual(tokens, []string{"warn", "fail"}), "%+v", rep.Findings)
 }
 
 func TestVersionAndHelp(t *testing.T) {

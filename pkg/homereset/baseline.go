@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -145,4 +146,26 @@ func unwrapPath(err error) error {
 		return pe.Err
 	}
 	return err
+}
+
+// CheckBaseline builds the baseline of profiles as a turn would — reading
+// every host file it names and checking it against the keep-list — and
+// changes nothing. A problem is a *config.Error (bad input, exit 121), so
+// `config check`, `doctor` and every turn refuse it before anything starts.
+func CheckBaseline(cfg *config.Config, profiles []string) error {
+	rules, err := rulesFor(profiles)
+	if err != nil {
+		return &config.Error{File: cfg.Source, Key: "agents", Msg: err.Error()}
+	}
+	if _, err := baseline(&cfg.Home, profiles, rules); err != nil {
+		var ce *config.Error
+		if errors.As(err, &ce) {
+			if ce.File == "" {
+				ce.File = cfg.Source
+			}
+			return ce
+		}
+		return &config.Error{File: cfg.Source, Key: "home", Msg: err.Error() + " (profiles " + strings.Join(profiles, ", ") + ")"}
+	}
+	return nil
 }

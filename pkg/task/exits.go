@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -54,7 +55,13 @@ func (r *Commands) Collect(ctx context.Context, task, to string) (*outbox.Report
 			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		if to == "" {
-			to = filepath.Join(r.Cfg.State.Dir, "deliveries", task, time.Now().UTC().Format("20060102T150405.000000000Z"))
+			// The default delivery directory's parents are shrooms' own,
+			// made here on first use (0700: deliveries are the owner's).
+			parent := filepath.Join(r.Cfg.State.Dir, "deliveries", task)
+			if err := mkdirPrivate(parent); err != nil {
+				return fmt.Errorf("%w: default delivery directory: %w", fault.HostNotReady, err)
+			}
+			to = filepath.Join(parent, time.Now().UTC().Format("20060102T150405.000000000Z"))
 		}
 		cctx, cancel := context.WithTimeout(ctx, r.Cfg.Outbox.CollectTimeout.Std())
 		defer cancel()
@@ -65,6 +72,22 @@ func (r *Commands) Collect(ctx context.Context, task, to string) (*outbox.Report
 		return nil
 	})
 	return rep, err
+}
+
+// mkdirPrivate makes dir and its missing parents with mode 0700, and
+// refuses one that is not a directory of its own (a symbolic link).
+func mkdirPrivate(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	return nil
 }
 
 // ListOutbox reports what Collect would deliver, changing nothing.

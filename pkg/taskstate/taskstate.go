@@ -116,6 +116,11 @@ func (s Store) LockTask(task taskid.ID) (*Lock, error) {
 		return nil, fmt.Errorf("task lock: %w", err)
 	}
 	l.dir = dl
+	// A turn whose shrooms died left its record to write: write it now.
+	if err := recordKilled(dir); err != nil {
+		l.Release()
+		return nil, err
+	}
 	return l, nil
 }
 
