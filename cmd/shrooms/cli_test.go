@@ -119,8 +119,9 @@ func TestUsageErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"run", "--agent", "shell"}, "required flag --task not set (see `shrooms run --help`)"},
-		{[]string{"run", "--task", "t", "--agent", "shell", "--bogus"}, "flag provided but not defined: -bogus"},
-		{[]string{"run", "--task", "t", "--agent", "shell", "--timeout", "soon"}, `invalid value "soon" for flag -timeout`},
+		{[]string{"run", "--task", "t", "--agent", "shell", "--bogus"}, "flag provided but not defined: --bogus"},
+		{[]string{"run", "--task", "t", "--agent", "shell", "--timeout", "soon"}, `invalid value "soon" for flag --timeout`},
+		{[]string{"run", "--task"}, "flag needs an argument: --task"},
 		{[]string{"outbox", "list"}, "required flag --task not set (see `shrooms outbox list --help`)"},
 		{[]string{"bogus"}, `unknown command "bogus" (see ` + "`shrooms --help`)"},
 		{[]string{"net", "bogus"}, `unknown command "bogus" (see ` + "`shrooms net --help`)"},

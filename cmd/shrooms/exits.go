@@ -211,20 +211,24 @@ path; the named paths become trusted for later turns.`,
 		Flags: []cli.Flag{
 			taskFlag(),
 			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Required: true, Usage: "commit `MESSAGE`"},
-			&cli.StringFlag{Name: "author", Value: "shrooms <shrooms@localhost>", Usage: "`\"NAME <EMAIL>\"`"},
+			&cli.StringFlag{Name: "author", Usage: "`\"NAME <EMAIL>\"`", DefaultText: "user.name <user.email> from the repository's own config (no includes), else shrooms <shrooms@localhost>"},
 			&cli.StringSliceFlag{Name: "allow-agent-config", Usage: "accept the changed agent config at worktree-relative `PATH` (repeat for each)"},
 		},
 		Action: func(c *cli.Context) error {
-			addr, err := mail.ParseAddress(c.String("author"))
-			if err != nil || addr.Name == "" {
-				return fail(ExitUsage, fmt.Errorf("--author %q is not \"Name <email>\"", c.String("author")))
+			var author gitseal.Author // the owner's, from the repository's config
+			if c.IsSet("author") {
+				addr, err := mail.ParseAddress(c.String("author"))
+				if err != nil || addr.Name == "" {
+					return fail(ExitUsage, fmt.Errorf("--author %q is not \"Name <email>\"", c.String("author")))
+				}
+				author = gitseal.Author{Name: addr.Name, Email: addr.Address}
 			}
 			r, ctx, stop, err := localRunner(c, checkTask(c))
 			if err != nil {
 				return err
 			}
 			defer stop()
-			res, err := r.Commit(ctx, c.String("task"), c.String("message"), gitseal.Author{Name: addr.Name, Email: addr.Address}, c.StringSlice("allow-agent-config"))
+			res, err := r.Commit(ctx, c.String("task"), c.String("message"), author, c.StringSlice("allow-agent-config"))
 			nothing := errors.Is(err, gitseal.ErrNothingToCommit)
 			if err != nil && !nothing {
 				if jsonMode(c) && errors.Is(err, task.ErrAgentConfig) {
@@ -233,7 +237,7 @@ path; the named paths become trusted for later turns.`,
 				return fail(codeFor(err), err)
 			}
 			if jsonMode(c) {
-				out := map[string]any{"task": res.Task, "commit": res.Commit, "agentConfig": res.AgentConfig, "accepted": res.Accepted}
+				out := map[string]any{"task": res.Task, "commit": res.Commit, "agentConfig": res.AgentConfig, "accepted": res.Accepted, "author": res.Author}
 				if nothing {
 					out["commit"] = nil
 					out["nothingToCommit"] = true

@@ -451,6 +451,15 @@ func TestVersionAndHelp(t *testing.T) {
 	code, stdout, _ := e.shrooms("version")
 	assert.Equal(t, code, 0)
 	assert.Assert(t, strings.HasPrefix(stdout, "shrooms "))
+	// --version and -v say the same as the command.
+	for _, flag := range []string{"--version", "-v"} {
+		c, out, _ := e.shrooms(flag)
+		assert.Equal(t, c, 0)
+		assert.Equal(t, out, stdout, flag)
+	}
+	_, jv, _ := e.shrooms("--json", "version")
+	_, jf, _ := e.shrooms("--json", "--version")
+	assert.Equal(t, jf, jv)
 	code, stdout, _ = e.shrooms("--help")
 	assert.Equal(t, code, 0)
 	for _, cmd := range []string{"run", "spec", "bootstrap", "doctor", "gc", "tasks", "status", "log", "stop", "version"} {

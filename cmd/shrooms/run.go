@@ -338,14 +338,17 @@ func bootstrapCommand() *cli.Command {
 
 func versionCommand() *cli.Command {
 	return &cli.Command{
-		Name:  "version",
-		Usage: "print shrooms' version",
-		Action: func(c *cli.Context) error {
-			if jsonMode(c) {
-				return printJSON(c.App.Writer, map[string]string{"version": version})
-			}
-			textln(c.App.Writer, "shrooms "+version)
-			return nil
-		},
+		Name:   "version",
+		Usage:  "print shrooms' version",
+		Action: printVersion,
 	}
+}
+
+// printVersion is `shrooms version` and `shrooms --version`.
+func printVersion(c *cli.Context) error {
+	if jsonMode(c) {
+		return printJSON(c.App.Writer, map[string]string{"version": version})
+	}
+	textln(c.App.Writer, "shrooms "+version)
+	return nil
 }

@@ -125,6 +125,8 @@ type CommitResult struct {
 	// version; Accepted those --allow-agent-config named (now trusted).
 	AgentConfig []worktreeguard.Change `json:"agentConfig"`
 	Accepted    []string               `json:"accepted"`
+	// Author is who the commit names as author and committer.
+	Author string `json:"author,omitempty"`
 }
 
 // Commit commits the task's worktree on the host in a sealed git
@@ -158,7 +160,8 @@ func (r *Commands) Commit(ctx context.Context, task, message string, author gits
 		if err := acceptAgentConfig(check.Changes, allow); err != nil {
 			return err
 		}
-		commit, err := gitseal.Commit(ctx, wt, message, author)
+		commit, used, err := gitseal.CommitAs(ctx, wt, message, author)
+		res.Author = used.Name + " <" + used.Email + ">"
 		if err != nil && !errors.Is(err, gitseal.ErrNothingToCommit) {
 			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
