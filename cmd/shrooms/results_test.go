@@ -198,3 +198,83 @@ func podmanDown(t *testing.T, e *env, task string) {
 		assert.Check(t, is.Equal(fi.Mode().Perm(), os.FileMode(0o700)), d)
 	}
 }
+
+// TestPreparedCagesShownAndExpired: a prepared cage shows in tasks and
+// status (prepared, its age); after cage.prepared_ttl, gc --dry-run lists
+// it and changes nothing, gc removes it, and so does the teardown of any
+// task's next turn.
+func TestPreparedCagesShownAndExpired(t *testing.T) {
+	e, client := integration(t, "")
+	data, err := os.ReadFile(e.config)
+	assert.NilError(t, err)
+	// The TTL is read by each command: an hour while the cages are made
+	// (turns take seconds under load), then one second.
+	setTTL := func(ttl string) {
+		assert.NilError(t, os.WriteFile(e.config, bytes.Replace(data, []byte("[cage]\n"), []byte("[cage]\nprepared_ttl = \""+ttl+"\"\n"), 1), 0o600))
+	}
+	setTTL("1h")
+	a, b := e.task("prep-a"), e.task("prep-b")
+	type listing struct {
+		Tasks []struct {
+			Task         string  `json:"task"`
+			Prepared     bool    `json:"prepared"`
+			PreparedAgeS float64 `json:"prepared_age_s"`
+			PreparedAt   string  `json:"prepared_at"`
+		} `json:"tasks"`
+	}
+	prepared := func() map[string]bool {
+		t.Helper()
+		code, stdout, stderr := e.shrooms("--json", "tasks")
+		assert.Equal(t, code, 0, stderr)
+		var l listing
+		assert.NilError(t, json.Unmarshal([]byte(stdout), &l))
+		out := map[string]bool{}
+		for _, ts := range l.Tasks {
+			out[ts.Task] = ts.Prepared
+			if ts.Prepared {
+				utcTime(t, "prepared_at", ts.PreparedAt)
+				assert.Check(t, ts.PreparedAgeS >= 0 && ts.PreparedAgeS < 60, "%v", ts.PreparedAgeS)
+			}
+		}
+		return out
+	}
+	for _, task := range []string{a, b} {
+		code, _, stderr := e.shrooms("run", "--prepare-next", "--task", task, "--agent", "shell", "--", "-c", "true")
+		assert.Equal(t, code, 0, stderr)
+		assert.Equal(t, e.cagesOf(client, task), 1, "the prepared cage waits")
+	}
+	assert.Check(t, is.DeepEqual(prepared(), map[string]bool{a: true, b: true}))
+	code, stdout, stderr := e.shrooms("status", "--task", a)
+	assert.Equal(t, code, 0, stderr)
+	assert.Check(t, is.Regexp(`(?m)^prepared  \d+s$`, stdout))
+
+	// Control: before the TTL nothing expires.
+	code, stdout, stderr = e.shrooms("--json", "gc", "--dry-run")
+	assert.Equal(t, code, 0, stderr)
+	assert.Check(t, is.DeepEqual(lastObject(t, stdout)["expired"], []any{}))
+	assert.Check(t, is.Equal(e.cagesOf(client, a)+e.cagesOf(client, b), 2), "before the TTL")
+	setTTL("1s")
+	time.Sleep(1100 * time.Millisecond)
+
+	code, stdout, stderr = e.shrooms("--json", "gc", "--dry-run")
+	assert.Equal(t, code, 0, stderr)
+	dry := lastObject(t, stdout)
+	assert.Check(t, is.Equal(dry["dry_run"], true))
+	assert.Check(t, is.Len(dry["expired"], 2), "%v", dry)
+	assert.Check(t, is.Equal(e.cagesOf(client, a)+e.cagesOf(client, b), 2), "dry run changed nothing")
+
+	// The next turn of another task expires a's cage in its teardown.
+	code, _, stderr = e.shrooms("run", "--prepare-next=false", "--task", e.task("prep-c"), "--agent", "shell", "--", "-c", "true")
+	assert.Equal(t, code, 0, stderr)
+	// The teardown expires it after it let its own task go: poll.
+	for i := 0; i < 100 && e.cagesOf(client, a) > 0; i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
+	assert.Check(t, is.Equal(e.cagesOf(client, a), 0), "expired by the next turn's teardown")
+
+	// gc expires what is left (nothing here) and releases what they held.
+	code, stdout, stderr = e.shrooms("--json", "gc")
+	assert.Equal(t, code, 0, stderr)
+	assert.Check(t, is.Equal(e.cagesOf(client, b), 0))
+	assert.Check(t, is.DeepEqual(prepared(), map[string]bool{a: false, b: false, e.task("prep-c"): false}))
+}

@@ -60,6 +60,10 @@ func teardownCommand() *cli.Command {
 			if err := r.FinishTeardown(ctx, lock, td, next); err != nil {
 				return fail(codeFor(err), err)
 			}
+			// Off every caller's path: prepared cages that waited too long.
+			if _, err := r.ExpirePrepared(ctx, false); err != nil {
+				return fail(codeFor(err), err)
+			}
 			return nil
 		},
 	}

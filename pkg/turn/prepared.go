@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/containers/podman/v5/pkg/specgen"
 	"golang.org/x/sys/unix"
@@ -36,8 +37,10 @@ const (
 // Labels of prepared cages.
 const (
 	LabelPrepared = "io.shrooms.prepared"
-	labelSpec     = "io.shrooms.spec"
-	labelBaseline = "io.shrooms.baseline"
+	// LabelPreparedAt is when a prepared cage was made (RFC 3339, UTC).
+	LabelPreparedAt = "io.shrooms.prepared-at"
+	labelSpec       = "io.shrooms.spec"
+	labelBaseline   = "io.shrooms.baseline"
 	// What a cage takes in when it is created and keeps whatever changes
 	// after: the image (podman resolves its name at create), the seccomp
 	// profile's content (read at create) and the token secrets' values.
@@ -92,6 +95,8 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 	p.spec.Labels[labelImage] = prov.image
 	p.spec.Labels[labelSeccomp] = prov.seccomp
 	p.spec.Labels[labelTokens] = prov.tokens
+	// When it was prepared: it expires after cage.prepared_ttl.
+	p.spec.Labels[LabelPreparedAt] = time.Now().UTC().Format(time.RFC3339)
 	if r.OnSpec != nil {
 		r.OnSpec(p.spec)
 	}
