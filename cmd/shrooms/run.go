@@ -21,7 +21,7 @@ func turnFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "task", Required: true, Usage: "task `ID` ([a-z0-9][a-z0-9_.-]{0,62})"},
 		&cli.StringFlag{Name: "agent", Required: true, Usage: "agent `NAME` from the config ([agents.NAME])"},
-		&cli.StringFlag{Name: "worktree", Usage: "host `DIR` mounted read-write at /work: a git work tree or a directory inside [worktree] roots (default: an empty tmpfs)"},
+		&cli.StringFlag{Name: "worktree", Usage: "host `DIR` mounted read-write at /work: a git work tree or a directory inside [worktree] roots (default: the task's worktree from its earlier turns, else an empty tmpfs)"},
 		&cli.DurationFlag{Name: "timeout", Usage: "turn deadline `DUR`", DefaultText: "cage.timeout of the config"},
 		&cli.BoolFlag{Name: "stdin", Usage: "attach shrooms' stdin to the agent (otherwise the cage's stdin is empty, so claude -p never waits for input)"},
 		&cli.BoolFlag{Name: "no-stdin", Hidden: true, Usage: "the default; accepted for older callers"},
