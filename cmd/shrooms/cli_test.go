@@ -293,3 +293,22 @@ func TestResultFile(t *testing.T) {
 	assert.NilError(t, err)
 	assert.Equal(t, string(kept), "keep", "the link was replaced, not followed")
 }
+
+// TestEmptyListsPrintAsBrackets: a nil slice anywhere in an object shrooms
+// prints — a struct field, behind a pointer or an embedded pointer, a map
+// value — is [] (docs/json.md), and a nil pointer stays absent or null.
+func TestEmptyListsPrintAsBrackets(t *testing.T) {
+	type inner struct {
+		Changes []string `json:"changes"`
+	}
+	type outer struct {
+		*inner
+		List  []int   `json:"list"`
+		Ptr   *inner  `json:"ptr"`
+		Nil   *inner  `json:"nil,omitempty"`
+		Items []inner `json:"items"`
+	}
+	b, err := schemaJSON(map[string]any{"o": &outer{inner: &inner{}, Ptr: &inner{}, Items: []inner{{}}}, "m": []string(nil)})
+	assert.NilError(t, err)
+	assert.Equal(t, string(b), `{"m":[],"o":{"changes":[],"items":[{"changes":[]}],"list":[],"ptr":{"changes":[]}},"schema":1}`)
+}
