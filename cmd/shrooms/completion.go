@@ -3,13 +3,13 @@ package main
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // completionCommand prints shell completion scripts generated from the CLI's
@@ -56,7 +56,7 @@ func completeTasksCommand() *cli.Command {
 			if err != nil {
 				return nil
 			}
-			entries, _ := os.ReadDir(filepath.Join(cfg.State.Dir, "tasks"))
+			entries, _ := os.ReadDir(taskstate.Layout{Dir: cfg.State.Dir}.Tasks())
 			for _, e := range entries {
 				if e.IsDir() && taskid.Valid(e.Name()) {
 					fmt.Fprintln(c.App.Writer, e.Name())

@@ -57,11 +57,10 @@ func (r *Commands) Collect(ctx context.Context, task, to string) (*outbox.Report
 		if to == "" {
 			// The default delivery directory's parents are shrooms' own,
 			// made here on first use (0700: deliveries are the owner's).
-			parent := filepath.Join(r.Cfg.State.Dir, "deliveries", task)
-			if err := mkdirPrivate(parent); err != nil {
+			to = taskstate.Layout{Dir: r.Cfg.State.Dir}.Delivery(id, time.Now().UTC().Format("20060102T150405.000000000Z"))
+			if err := mkdirPrivate(filepath.Dir(to)); err != nil {
 				return fmt.Errorf("%w: default delivery directory: %w", fault.HostNotReady, err)
 			}
-			to = filepath.Join(parent, time.Now().UTC().Format("20060102T150405.000000000Z"))
 		}
 		cctx, cancel := context.WithTimeout(ctx, r.Cfg.Outbox.CollectTimeout.Std())
 		defer cancel()

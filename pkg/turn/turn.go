@@ -444,7 +444,7 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (
 			return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
 		}
 		plan.oauth = &gateway.OAuth{
-			Path:     filepath.Join(r.Cfg.State.Dir, "gateway", agent.Gateway, "credentials.json"),
+			Path:     taskstate.Layout{Dir: r.Cfg.State.Dir}.GatewayCredentials(agent.Gateway),
 			Seed:     r.Cfg.Tokens[g.Token],
 			TokenURL: cmp.Or(g.TokenURL, gateway.DefaultTokenURL),
 			ClientID: cmp.Or(g.ClientID, gateway.DefaultClientID),
