@@ -86,6 +86,9 @@ func (l *Lock) HandOff() (file, dir *os.File, err error) {
 	if err := setHolder(l.f, unix.F_RDLCK); err != nil {
 		return nil, nil, err
 	}
+	if err := l.mark(teardownMark); err != nil {
+		return nil, nil, err
+	}
 	return l.f, l.dir, nil
 }
 
