@@ -68,9 +68,10 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 	return r.prepareNextLocked(ctx, req, in)
 }
 
-// prepareNextLocked is PrepareNext with the task lock held.
-func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked) (string, error) {
-	if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
+// prepareNextLocked is PrepareNext with the task lock held; the cages in
+// keep (an exited one the caller removes itself) are left alone.
+func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked, keep ...string) (string, error) {
+	if _, err := r.RemoveLeftovers(ctx, req.Task, keep...); err != nil {
 		return "", fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
 	p, err := r.prepare(ctx, req, in, modeAhead)
