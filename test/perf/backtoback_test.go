@@ -31,6 +31,9 @@ func BenchmarkBackToBack(b *testing.B) {
 	if err := os.WriteFile(filepath.Join(wt, "README"), []byte("x\n"), 0o644); err != nil {
 		b.Fatal(err)
 	}
+	if out, err := exec.Command("git", "init", "-q", wt).CombinedOutput(); err != nil {
+		b.Fatalf("git init: %v: %s", err, out)
+	}
 	args := func() []string {
 		return []string{be.bin, "--config", be.cfgFile, "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "echo x"}
 	}
