@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 )
 
 // racyWindow is how close to the fingerprint's walk an entry may have
@@ -41,7 +43,7 @@ func Fingerprint(ctx context.Context, t Task) (string, error) {
 	if err := checkTask(t); err != nil {
 		return "", err
 	}
-	rules, _ := rulesFor(t.Profiles)
+	rules, _ := profile.KeepList(t.Profiles)
 	base, err := baseline(&t.Config.Home, t.Profiles, rules)
 	if err != nil {
 		return "", fmt.Errorf("HOME baseline: %w", err)

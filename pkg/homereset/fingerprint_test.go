@@ -76,11 +76,11 @@ func TestFingerprintSeesEveryChange(t *testing.T) {
 			assert.NilError(t, os.Rename(settings+".x", settings))
 		},
 		"baseline file changed on the host": func() {
-			p := task.Config.Home.Shell.Files[".profile"]
+			p := task.Config.Home.Profile("shell").Files[".profile"]
 			assert.NilError(t, os.WriteFile(p, []byte("export PATH=/tmp:/usr/bin:/bin\n"), 0o644))
 		},
 		"config changed": func() {
-			task.Config.Home.Claude.Instructions = "Work elsewhere.\n"
+			task.Config.Home.Profile("claude").Instructions = "Work elsewhere.\n"
 		},
 		"interrupted reset's journal": func() {
 			assert.NilError(t, os.WriteFile(filepath.Join(task.Root, metaName, journal), []byte(`{"id":"1"}`), 0o600))
@@ -98,7 +98,7 @@ func TestFingerprintSeesEveryChange(t *testing.T) {
 			assert.Assert(t, after != before, "the fingerprint missed: %s", name)
 			// Undo what is outside HOME, for the next case.
 			_ = os.Remove(filepath.Join(task.Root, metaName, journal))
-			task.Config.Home.Claude.Instructions = "Work in /work.\n"
+			task.Config.Home.Profile("claude").Instructions = "Work in /work.\n"
 		})
 	}
 }
