@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -88,11 +89,25 @@ func waitTaskIdle(stateDir, task string) {
 		return
 	}
 	defer f.Close()
-	mark := make([]byte, 9)
-	if n, _ := f.ReadAt(mark, 0); string(mark[:n]) != "teardown " {
+	mark := make([]byte, 32)
+	n, _ := f.ReadAt(mark, 0)
+	rest, ok := strings.CutPrefix(string(mark[:n]), "teardown ")
+	if !ok {
 		return
 	}
 	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+	// With its next cage prepared, a teardown drops the lock before it
+	// removes the exited cage: wait for the process too.
+	pid, err := strconv.Atoi(strings.TrimSpace(rest))
+	if err != nil || pid <= 0 {
+		return
+	}
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil || strings.Contains(string(b), ") Z ") {
+			return
+		}
+	}
 }
 
 // command returns the CLI as a separate process.
