@@ -44,6 +44,15 @@ func Default() *Config {
 				Home:     []string{"opencode", "shell"},
 				TokenEnv: map[string]string{},
 			},
+			// Codex: approvals and its own sandbox off (the cage is the
+			// boundary); its model is reached through a gateway, whose
+			// provider the managed config pins.
+			"codex": {
+				Command:  []string{"codex", "exec", "--dangerously-bypass-approvals-and-sandbox", "--skip-git-repo-check"},
+				Env:      map[string]string{},
+				Home:     []string{"codex", "shell"},
+				TokenEnv: map[string]string{},
+			},
 			"shell": {
 				Command:  []string{"/bin/sh"},
 				Env:      map[string]string{},

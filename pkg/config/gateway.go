@@ -64,7 +64,7 @@ func validateGatewayAllow(key string, list []string) error {
 }
 
 // GatewayAPIs are the protocols a [gateway.NAME] table may name.
-var GatewayAPIs = []string{"anthropic"}
+var GatewayAPIs = []string{"anthropic", "openai"}
 
 func (c *Config) validateGateways() error {
 	for _, name := range slices.Sorted(maps.Keys(c.Gateway)) {
@@ -80,6 +80,9 @@ func (c *Config) validateGateways() error {
 		c.Gateway[name] = g
 		if g.Auth != "api-key" && g.Auth != "oauth" {
 			return &Error{Key: key + ".auth", Msg: fmt.Sprintf("%q is not api-key or oauth", g.Auth)}
+		}
+		if g.Auth == "oauth" && g.API != "anthropic" {
+			return &Error{Key: key + ".auth", Msg: "oauth is the Claude subscription sign-in; an openai gateway signs in with an API key (auth = \"api-key\")"}
 		}
 		if g.TokenURL != "" {
 			if u, err := url.Parse(g.TokenURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
@@ -121,6 +124,8 @@ func GatewayEnv(api string) []string {
 	switch api {
 	case "anthropic":
 		return []string{"ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN"}
+	case "openai":
+		return []string{"OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_API_KEY"}
 	}
 	return nil
 }
@@ -135,6 +140,9 @@ func (c *Config) validateAgentGateway(key string, a Agent) error {
 	}
 	if g.Auth == "oauth" && !slices.Contains(a.Home, "claude") {
 		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("gateway %q signs in with a Claude subscription (auth = \"oauth\"), which needs the claude HOME profile", a.Gateway)}
+	}
+	if slices.Contains(a.Home, "codex") && g.API != "openai" {
+		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("gateway %q speaks the %s API; Codex needs an api = \"openai\" gateway", a.Gateway, g.API)}
 	}
 	for _, v := range GatewayEnv(g.API) {
 		if _, dup := a.Env[v]; dup {

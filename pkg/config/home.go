@@ -29,9 +29,10 @@ type Home struct {
 	MaxKeepSize Size `toml:"max_keep_size"`
 	// MaxKeepFiles caps the number of files kept from one turn to the next.
 	MaxKeepFiles int64 `toml:"max_keep_files"`
-	// Claude, Opencode and Shell are the per-profile baselines.
+	// Claude, Opencode, Codex and Shell are the per-profile baselines.
 	Claude   HomeProfile `toml:"claude"`
 	Opencode HomeProfile `toml:"opencode"`
+	Codex    HomeProfile `toml:"codex"`
 	Shell    HomeProfile `toml:"shell"`
 }
 
@@ -70,6 +71,8 @@ func (h *Home) Profile(name string) *HomeProfile {
 		return &h.Claude
 	case "opencode":
 		return &h.Opencode
+	case "codex":
+		return &h.Codex
 	case "shell":
 		return &h.Shell
 	}

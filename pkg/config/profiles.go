@@ -8,6 +8,8 @@ type AgentProfile struct {
 	// Settings and Instructions are the HOME paths the baseline's user
 	// settings file and global instructions go to ("" for none).
 	Settings, Instructions string
+	// SettingsTOML: the settings file is TOML (Codex), not JSON.
+	SettingsTOML bool
 	// BootstrapTargets are the keep-list files a token may seed at bootstrap.
 	BootstrapTargets []string
 	// PolicyDir is the managed policy's subdirectory of the task's policy
@@ -33,6 +35,15 @@ func agentProfiles() []AgentProfile {
 			BootstrapTargets: []string{".local/share/opencode/auth.json", ".local/share/opencode/mcp-auth.json"},
 			PolicyDir:        "opencode",
 			PolicyDest:       "/etc/opencode",
+		},
+		{
+			Name:             "codex",
+			Settings:         ".codex/config.toml",
+			SettingsTOML:     true,
+			Instructions:     ".codex/AGENTS.md",
+			BootstrapTargets: []string{".codex/auth.json"},
+			PolicyDir:        "codex",
+			PolicyDest:       "/etc/codex",
 		},
 		// Generic dotfiles: a baseline of files only; no keep-list, no policy.
 		{Name: "shell", BootstrapTargets: []string{}},

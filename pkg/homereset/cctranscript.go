@@ -451,6 +451,9 @@ func lineFilterFor(ru *rule) lineFilter {
 	if ru.kind == kindHistory {
 		return historyFilter{}
 	}
+	if ru.kind == kindCodexRollout {
+		return codexRolloutFilter{}
+	}
 	return newTranscriptFilter()
 }
 

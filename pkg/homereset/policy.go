@@ -1,6 +1,7 @@
 package homereset
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -10,6 +11,8 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+
+	"github.com/BurntSushi/toml"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 )
@@ -48,6 +51,41 @@ var opencodeEnforced = map[string]any{
 	"mcp":        map[string]any{},
 }
 
+// codexEnforced are the keys of /etc/codex/managed_config.toml shrooms
+// always sets: Codex 0.171.0 layers this file over the user's
+// ~/.codex/config.toml, so a config.toml planted during a turn cannot add a
+// notify program, turn the update check or web search on, or compress
+// request bodies (which the gateway does not read). With a gateway, the
+// provider is pinned too (codexGatewayProvider).
+var codexEnforced = map[string]any{
+	"notify":                      []any{},
+	"check_for_update_on_startup": false,
+	"web_search":                  "disabled",
+	"features":                    map[string]any{"enable_request_compression": false},
+}
+
+// codexRequirements is /etc/codex/requirements.toml, the constraints Codex
+// enforces over every config layer: no hooks (user, project, plugin or
+// inline), and an MCP server allowlist that names none (user, project and
+// plugin servers alike are refused).
+var codexRequirements = map[string]any{
+	"features":    map[string]any{"hooks": false},
+	"mcp_servers": map[string]any{},
+}
+
+// codexGatewayProvider pins Codex's model provider to the turn's gateway:
+// the Responses API over HTTP (no WebSocket, which the gateway does not
+// forward), the per-turn placeholder from OPENAI_API_KEY.
+func codexGatewayProvider(baseURL string) map[string]any {
+	return map[string]any{
+		"model_provider": "shrooms",
+		"model_providers": map[string]any{"shrooms": map[string]any{
+			"name": "shrooms gateway", "base_url": baseURL + "/v1", "env_key": "OPENAI_API_KEY",
+			"wire_api": "responses", "supports_websockets": false,
+		}},
+	}
+}
+
 // Policy is the managed policy of a turn, computed and not yet written.
 type Policy struct {
 	// Mounts are the read-only mounts the cage needs, with the digests of
@@ -64,7 +102,10 @@ type Policy struct {
 //     (claudeEnforced + home.claude.managed) and managed-mcp.json
 //     ({"mcpServers":{}}: no MCP server at all, plugin servers included);
 //   - opencode: dir/opencode → /etc/opencode with opencode.json
-//     (opencodeEnforced + home.opencode.managed, and gw's pins).
+//     (opencodeEnforced + home.opencode.managed, and gw's pins);
+//   - codex:    dir/codex → /etc/codex with managed_config.toml
+//     (codexEnforced + home.codex.managed, and gw's provider) and
+//     requirements.toml (codexRequirements).
 //
 // The shell profile has no managed policy.
 func PlanPolicy(dir string, cfg *config.Config, profiles []string, gw PolicyGateway) (*Policy, error) {
@@ -83,11 +124,20 @@ func PlanPolicy(dir string, cfg *config.Config, profiles []string, gw PolicyGate
 		m := PolicyMount{Source: filepath.Join(dir, sub), Dest: dest, Files: map[string]string{}}
 		data := map[string][]byte{}
 		for _, name := range slices.Sorted(maps.Keys(files)) {
-			b, err := json.MarshalIndent(files[name], "", "  ")
-			if err != nil {
-				return nil, fmt.Errorf("managed policy %s: %w", name, err)
+			var b []byte
+			if filepath.Ext(name) == ".toml" {
+				var buf bytes.Buffer
+				if err := toml.NewEncoder(&buf).Encode(files[name]); err != nil {
+					return nil, fmt.Errorf("managed policy %s: %w", name, err)
+				}
+				b = buf.Bytes()
+			} else {
+				var err error
+				if b, err = json.MarshalIndent(files[name], "", "  "); err != nil {
+					return nil, fmt.Errorf("managed policy %s: %w", name, err)
+				}
+				b = append(b, '\n')
 			}
-			b = append(b, '\n')
 			sum := sha256.Sum256(b)
 			m.Files[name] = "sha256:" + hex.EncodeToString(sum[:])
 			data[name] = b
@@ -123,6 +173,16 @@ func policyFiles(profile string, cfg *config.Config, gw PolicyGateway) (files ma
 			return nil, "", "", err
 		}
 		files = map[string]any{"opencode.json": oc}
+	case "codex":
+		enforced := maps.Clone(codexEnforced)
+		if gw.OpenAIBaseURL != "" {
+			maps.Copy(enforced, codexGatewayProvider(gw.OpenAIBaseURL))
+		}
+		mc, err := merge(enforced, cfg.Home.Codex.Managed, "home.codex.managed")
+		if err != nil {
+			return nil, "", "", err
+		}
+		files = map[string]any{"managed_config.toml": mc, "requirements.toml": codexRequirements}
 	}
 	if files == nil || prof.PolicyDir == "" {
 		return nil, "", "", nil
@@ -136,6 +196,8 @@ type PolicyGateway struct {
 	// AnthropicBaseURL, when set, is pinned as opencode's anthropic provider
 	// base URL (Claude Code takes ANTHROPIC_BASE_URL from the environment).
 	AnthropicBaseURL string
+	// OpenAIBaseURL, when set, is pinned as Codex's model provider.
+	OpenAIBaseURL string
 }
 
 // Write puts the policy's files in place: directories created if needed,

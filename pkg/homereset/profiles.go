@@ -31,6 +31,9 @@ const (
 	kindTranscript
 	// kindHistory: ~/.claude/history.jsonl, rebuilt line by line.
 	kindHistory
+	// kindCodexRollout: a Codex session rollout, rebuilt record by record
+	// (codex.go).
+	kindCodexRollout
 )
 
 // rule is one keep-list entry: a HOME-relative pattern whose segments are
@@ -105,6 +108,11 @@ func keepList(profile string) []rule {
 			rf(".local/share/opencode/auth.json", filterOpencodeAuth),
 			rf(".local/share/opencode/mcp-auth.json", filterMcpAuth),
 			db,
+		}
+	case "codex":
+		return []rule{
+			rf(".codex/auth.json", filterCodexAuth),
+			r(".codex/sessions/[0-9][0-9][0-9][0-9]/[0-9][0-9]/[0-9][0-9]/rollout-*.jsonl", kindCodexRollout),
 		}
 	}
 	// shell: generic dotfiles keep nothing; they come from the baseline.

@@ -453,7 +453,7 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 		b.drop(rel, "would exceed home.max_keep_files")
 		return nil
 	}
-	if ru.kind == kindTranscript || ru.kind == kindHistory {
+	if ru.kind == kindTranscript || ru.kind == kindHistory || ru.kind == kindCodexRollout {
 		return b.keepLines(fd, st, fr, name, rel, ru, limit)
 	}
 	var data []byte
