@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"maps"
 	"slices"
+	"strings"
 )
 
 // Codex's kept state (the pinned Codex 0.171.0): the sign-in
@@ -100,8 +101,13 @@ func (codexRolloutFilter) record(rec map[string]json.RawMessage, drops *lineDrop
 			return nil
 		}
 		if it == "message" {
-			if role, _ := rawString(payload["role"]); role != "user" && role != "assistant" {
+			role, _ := rawString(payload["role"])
+			if role != "user" && role != "assistant" {
 				drops.add("message of role "+printableType(role), "instructions the harness writes each turn; not kept")
+				return nil
+			}
+			if role == "user" && codexContextMessage(payload["content"]) {
+				drops.add("user message of harness context (AGENTS.md, environment, skills)", "instructions the harness re-reads each turn; the old copy would carry a planted AGENTS.md")
 				return nil
 			}
 		}
@@ -122,6 +128,38 @@ func (codexRolloutFilter) record(rec map[string]json.RawMessage, drops *lineDrop
 		return nil
 	}
 	return out
+}
+
+// codexContextPrefixes open the user-role messages Codex writes itself at
+// a turn's start: the AGENTS.md files it loaded, the environment context,
+// user instructions and skills. They are re-read from the (reset) HOME and
+// the (guarded) worktree every turn.
+var codexContextPrefixes = []string{"# AGENTS.md instructions", "<environment_context>", "<user_instructions>", "<INSTRUCTIONS>", "<skills_instructions>"}
+
+// codexContextMessage reports whether a user message's content holds a
+// context block Codex writes itself.
+func codexContextMessage(content json.RawMessage) bool {
+	var parts []struct {
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(content, &parts) != nil {
+		var text string
+		if json.Unmarshal(content, &text) != nil {
+			return false
+		}
+		parts = append(parts, struct {
+			Text string `json:"text"`
+		}{text})
+	}
+	for _, p := range parts {
+		t := strings.TrimLeft(p.Text, " \t\r\n")
+		for _, pre := range codexContextPrefixes {
+			if strings.HasPrefix(t, pre) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // printableType bounds a type name from a hostile file for the report.

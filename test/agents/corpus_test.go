@@ -198,6 +198,9 @@ func runCorpus(t *testing.T, e *env, agent string, vectors []corpusVector, tool 
 			}
 			if hit {
 				fired = append(fired, v.where+":"+v.id)
+				if i := strings.Index(body.String(), v.word(nonce)); v.instruction && !wantFired && i >= 0 {
+					t.Logf("%s reached the model in: …%q…", v.id, body.String()[max(0, i-300):min(body.Len(), i+100)])
+				}
 			} else {
 				missed = append(missed, v.where+":"+v.id)
 			}
