@@ -212,3 +212,37 @@ func TestCodexPersistenceCorpus(t *testing.T) {
 			return out, res
 		})
 }
+
+// TestCodexBadKeptState: a turn leaves an auth.json shrooms cannot parse,
+// a rollout of an unknown format (unknown record types, a line that is not
+// JSON) next to the real one, and a config.toml with a key Codex does not
+// know. The next turn's reset drops each and reports it (the config with
+// all of HOME's other files), and the session still resumes.
+func TestCodexBadKeptState(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	e := newEnvWith(t, envOptions{policy: "none"})
+	nonce := e.name
+	const day = "~/.codex/sessions/2026/01/01"
+	bad := `printf '{not json' > ~/.codex/auth.json && mkdir -p ` + day + ` && ` +
+		`printf '{"type":"vendor_blob","payload":{"x":1}}\nnot json\n{"type":"response_item","payload":{"type":"teleport"}}\n' > ` + day + `/rollout-2026-01-01T00-00-00-00000000-0000-0000-0000-000000000000.jsonl && ` +
+		`sed -i '1i unknown_codex_key = "x"' ~/.codex/config.toml`
+	e.api.Append(cxExec(bad), modelapi.Text("left "+nonce))
+	out, _ := e.turnJSON("codex", "--json", "bad input "+nonce)
+	thread := codexThread(t, out)
+	assert.Assert(t, !exitedNonZero.MatchString(requestBodies(e.api.Scripted())), "the plant ran")
+
+	e.api.Append(modelapi.Text("resumed " + nonce))
+	out, rep, _ := e.turnReset("codex", "--json", "resume", thread, "again "+nonce)
+	assert.Equal(t, codexThread(t, out), thread)
+	assert.Equal(t, codexAnswer(out), "resumed "+nonce)
+	bogus := ".codex/sessions/2026/01/01/rollout-2026-01-01T00-00-00-00000000-0000-0000-0000-000000000000.jsonl"
+	assert.Check(t, rep.has(".codex/auth.json", "", 0), "auth.json dropped with a reason: %+v", rep.Dropped)
+	assert.Check(t, rep.has(bogus, "record vendor_blob", 1), "%+v", rep.Dropped)
+	assert.Check(t, rep.has(bogus, "response_item teleport", 1), "%+v", rep.Dropped)
+	home := e.home("codex")
+	cfg, err := os.ReadFile(filepath.Join(home, ".codex", "config.toml"))
+	assert.NilError(t, err)
+	assert.Assert(t, !strings.Contains(string(cfg), "unknown_codex_key"), "config.toml is the baseline again: %s", cfg)
+	_, err = os.Stat(filepath.Join(home, ".codex", "auth.json"))
+	assert.Assert(t, os.IsNotExist(err), "the unparseable auth.json is gone")
+}
