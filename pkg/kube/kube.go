@@ -226,6 +226,9 @@ func Build(cfg *config.Config, in Input) (*Objects, error) {
 		if g.Auth != "api-key" {
 			return nil, fmt.Errorf("kube: gateway %q uses auth %q; on a cluster only api-key gateways are supported (the key comes from a Secret)", agent.Gateway, g.Auth)
 		}
+		if g.API != "anthropic" {
+			return nil, fmt.Errorf("kube: gateway %q speaks the %s API; on a cluster only anthropic gateways are supported so far (Codex runs with `shrooms run`)", agent.Gateway, g.API)
+		}
 		if in.Placeholder == "" {
 			return nil, fmt.Errorf("kube: agent %q uses gateway %q but no placeholder was given", in.Agent, agent.Gateway)
 		}
