@@ -226,9 +226,6 @@ func Build(cfg *config.Config, in Input) (*Objects, error) {
 		if g.Auth != "api-key" {
 			return nil, fmt.Errorf("kube: gateway %q uses auth %q; on a cluster only api-key gateways are supported (the key comes from a Secret)", agent.Gateway, g.Auth)
 		}
-		if g.API != "anthropic" {
-			return nil, fmt.Errorf("kube: gateway %q speaks the %s API; on a cluster only anthropic gateways are supported so far (Codex runs with `shrooms run`)", agent.Gateway, g.API)
-		}
 		if in.Placeholder == "" {
 			return nil, fmt.Errorf("kube: agent %q uses gateway %q but no placeholder was given", in.Agent, agent.Gateway)
 		}
@@ -373,7 +370,7 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 		"--agent", in.Agent, "--root", VolumeDir + "/" + RootName, "--policy", PolicyDir,
 		"--uid", strconv.FormatInt(user, 10), "--gid", strconv.FormatInt(user, 10)}
 	if gw != nil {
-		resetArgs = append(resetArgs, "--gateway")
+		resetArgs = append(resetArgs, "--gateway", "--gateway-api", gw.API)
 	}
 	reset := corev1.Container{
 		Name:            "shrooms-reset",
@@ -400,8 +397,13 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 	maps.Copy(env, agent.Env)
 	initContainers := []corev1.Container{reset}
 	if gw != nil {
-		env["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
-		env["ANTHROPIC_API_KEY"] = in.Placeholder
+		if gw.API == "openai" {
+			env["OPENAI_BASE_URL"] = gateway.BaseURL() + "/v1"
+			env["OPENAI_API_KEY"] = in.Placeholder
+		} else {
+			env["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
+			env["ANTHROPIC_API_KEY"] = in.Placeholder
+		}
 		always := corev1.ContainerRestartPolicyAlways
 		nobody := int64(65534)
 		volumes = append(volumes, corev1.Volume{Name: "gateway-key", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: GatewaySecretName(agent.Gateway), DefaultMode: ptr(int32(0o400))}}})
