@@ -176,7 +176,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		} else {
 			writeJSON(w, message(id, model, step, true))
 		}
-	case req.Method == http.MethodPost && (strings.HasSuffix(path, "/v1/responses") || strings.HasSuffix(path, "/v1/chat/completions")):
+	// "/responses": the ChatGPT backend serves it as .../codex/responses.
+	case req.Method == http.MethodPost && (strings.HasSuffix(path, "/responses") || strings.HasSuffix(path, "/v1/chat/completions")):
 		s.serveOpenAI(w, rec, strings.HasSuffix(path, "/v1/chat/completions"))
 	case req.Method == http.MethodGet && strings.HasSuffix(path, "/v1/models"):
 		s.record(rec)

@@ -57,6 +57,10 @@ type Config struct {
 	// leaves this process except on requests to Upstream.
 	Key   []byte
 	OAuth *OAuth
+	// ChatGPT is a ChatGPT sign-in (api "openai" only): the upstream is the
+	// ChatGPT backend's Codex API (https://chatgpt.com/backend-api/codex),
+	// which takes the Responses paths without /v1 and the account's id.
+	ChatGPT *ChatGPT
 	// Placeholder is the only credential the gateway accepts from the cage.
 	Placeholder string
 	// MaxRequests and MaxOutputTokens (0: none) end the turn: once one is
@@ -119,8 +123,17 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.Upstream == nil || (cfg.Upstream.Scheme != "https" && cfg.Upstream.Scheme != "http") || cfg.Upstream.Host == "" {
 		return nil, fmt.Errorf("gateway: upstream must be an http(s) URL")
 	}
-	if (len(cfg.Key) == 0) == (cfg.OAuth == nil) || len(cfg.Placeholder) < 32 {
+	creds := 0
+	for _, set := range []bool{len(cfg.Key) > 0, cfg.OAuth != nil, cfg.ChatGPT != nil} {
+		if set {
+			creds++
+		}
+	}
+	if creds != 1 || len(cfg.Placeholder) < 32 {
 		return nil, fmt.Errorf("gateway: a key or a sign-in (one of them) and a placeholder of at least 32 characters are required")
+	}
+	if cfg.ChatGPT != nil && cfg.API != "openai" || cfg.OAuth != nil && cfg.API != "anthropic" {
+		return nil, fmt.Errorf("gateway: a ChatGPT sign-in needs api openai, a Claude sign-in api anthropic")
 	}
 	g := &Gateway{cfg: cfg, usage: Usage{Models: []string{}}}
 	transport := cfg.Transport
@@ -230,6 +243,14 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		r = r.WithContext(context.WithValue(r.Context(), bearerKey{}, access))
 	}
+	if g.cfg.ChatGPT != nil {
+		access, account, err := g.cfg.ChatGPT.Access(r.Context())
+		if err != nil {
+			g.apiError(w, http.StatusBadGateway, "api_error", "shrooms "+oneLine(err))
+			return
+		}
+		r = r.WithContext(context.WithValue(context.WithValue(r.Context(), bearerKey{}, access), accountKey{}, account))
+	}
 	r.Body, r.ContentLength = http.NoBody, 0
 	if len(body) > 0 {
 		r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
@@ -267,8 +288,12 @@ func (g *Gateway) readRequest(w http.ResponseWriter, r *http.Request) ([]byte, e
 	return body, g.cfg.Policy.checkBody(body)
 }
 
-// bearerKey carries a request's upstream access token to rewrite.
-type bearerKey struct{}
+// bearerKey carries a request's upstream access token to rewrite;
+// accountKey the ChatGPT account id.
+type (
+	bearerKey  struct{}
+	accountKey struct{}
+)
 
 // authorized checks the turn's placeholder in x-api-key or a bearer token.
 func (g *Gateway) authorized(r *http.Request) bool {
@@ -322,7 +347,13 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	out := pr.Out
 	out.URL.Scheme = up.Scheme
 	out.URL.Host = up.Host
-	out.URL.Path = strings.TrimSuffix(up.Path, "/") + path.Clean("/"+pr.In.URL.Path)
+	p := path.Clean("/" + pr.In.URL.Path)
+	if g.cfg.ChatGPT != nil {
+		// The ChatGPT backend serves the Responses API below its own base,
+		// without the /v1 prefix.
+		p = strings.TrimPrefix(p, "/v1")
+	}
+	out.URL.Path = strings.TrimSuffix(up.Path, "/") + p
 	out.URL.RawPath = ""
 	out.URL.RawQuery = pr.In.URL.RawQuery
 	out.Host = up.Host
@@ -332,8 +363,12 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	for _, h := range []string{"Authorization", "X-Api-Key", "Cookie", "Proxy-Authorization", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip"} {
 		out.Header.Del(h)
 	}
+	out.Header.Del("Chatgpt-Account-Id")
 	if access, ok := pr.In.Context().Value(bearerKey{}).(string); ok {
 		out.Header.Set("Authorization", "Bearer "+access)
+		if account, ok := pr.In.Context().Value(accountKey{}).(string); ok {
+			out.Header.Set("Chatgpt-Account-Id", account)
+		}
 		return
 	}
 	if g.cfg.API == "openai" {
