@@ -23,7 +23,10 @@ type Gateway struct {
 	// key) or "oauth" (Token holds the owner's Claude Code .credentials.json,
 	// a subscription sign-in: it seeds the account's tokens in the state
 	// directory once; the gateway refreshes them there, and the cage gets
-	// placeholder credentials).
+	// placeholder credentials), or "chatgpt" (api "openai": Token holds the
+	// owner's Codex auth.json with a ChatGPT sign-in, seeded and refreshed
+	// the same way; the upstream is then the ChatGPT backend's Codex API,
+	// https://chatgpt.com/backend-api/codex, and the cage gets no tokens).
 	Auth string `toml:"auth"`
 	// Token names the [tokens] entry holding the real key (or sign-in).
 	Token string `toml:"token"`
@@ -78,19 +81,22 @@ func (c *Config) validateGateways() error {
 			g.Auth = "api-key"
 		}
 		c.Gateway[name] = g
-		if g.Auth != "api-key" && g.Auth != "oauth" {
-			return &Error{Key: key + ".auth", Msg: fmt.Sprintf("%q is not api-key or oauth", g.Auth)}
+		if g.Auth != "api-key" && g.Auth != "oauth" && g.Auth != "chatgpt" {
+			return &Error{Key: key + ".auth", Msg: fmt.Sprintf("%q is not api-key, oauth or chatgpt", g.Auth)}
 		}
 		if g.Auth == "oauth" && g.API != "anthropic" {
-			return &Error{Key: key + ".auth", Msg: "oauth is the Claude subscription sign-in; an openai gateway signs in with an API key (auth = \"api-key\")"}
+			return &Error{Key: key + ".auth", Msg: "oauth is the Claude subscription sign-in (api = \"anthropic\"); an openai gateway signs in with auth = \"api-key\" or \"chatgpt\""}
+		}
+		if g.Auth == "chatgpt" && g.API != "openai" {
+			return &Error{Key: key + ".auth", Msg: "chatgpt is Codex's ChatGPT sign-in, for api = \"openai\""}
 		}
 		if g.TokenURL != "" {
 			if u, err := url.Parse(g.TokenURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 				return &Error{Key: key + ".token_url", Msg: fmt.Sprintf("%q must be an http(s) URL", g.TokenURL)}
 			}
 		}
-		if g.Auth != "oauth" && (g.TokenURL != "" || g.ClientID != "") {
-			return &Error{Key: key, Msg: "token_url and client_id apply to auth = \"oauth\" only"}
+		if g.Auth == "api-key" && (g.TokenURL != "" || g.ClientID != "") {
+			return &Error{Key: key, Msg: "token_url and client_id apply to auth = \"oauth\" or \"chatgpt\" only"}
 		}
 		if !tokenName.MatchString(name) {
 			return &Error{Key: key, Msg: "gateway names are 1-63 of a-z 0-9 _ -"}

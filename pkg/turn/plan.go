@@ -259,7 +259,7 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 	env := map[string]string{}
 	if g := in.gateway; g != nil {
 		p.gateway = &gateway.Config{
-			API: g.cfg.API, Upstream: g.upstream, Key: g.key, OAuth: g.oauth, Placeholder: placeholder,
+			API: g.cfg.API, Upstream: g.upstream, Key: g.key, OAuth: g.oauth, ChatGPT: g.chatgpt, Placeholder: placeholder,
 			MaxRequests: g.cfg.MaxRequests, MaxOutputTokens: g.cfg.MaxOutputTokens,
 			Policy: gateway.Policy{AllowBetas: g.cfg.AllowBetas, AllowServerTools: g.cfg.AllowServerTools},
 		}

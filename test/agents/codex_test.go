@@ -1,13 +1,17 @@
 package agents_test
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
@@ -245,4 +249,103 @@ func TestCodexBadKeptState(t *testing.T) {
 	assert.Assert(t, !strings.Contains(string(cfg), "unknown_codex_key"), "config.toml is the baseline again: %s", cfg)
 	_, err = os.Stat(filepath.Join(home, ".codex", "auth.json"))
 	assert.Assert(t, os.IsNotExist(err), "the unparseable auth.json is gone")
+}
+
+// unsignedJWT is a JWT (no signature) whose exp is exp.
+func unsignedJWT(name string, exp time.Time) string {
+	enc := base64.RawURLEncoding.EncodeToString
+	claims, _ := json.Marshal(map[string]any{"exp": exp.Unix(), "sub": name})
+	return enc([]byte(`{"alg":"none"}`)) + "." + enc(claims) + "." + enc([]byte(name))
+}
+
+// chatgptTokens is a ChatGPT token endpoint whose refresh tokens rotate on
+// use and are refused when used again.
+type chatgptTokens struct {
+	mu      sync.Mutex
+	current string
+	n       int
+	reused  int
+}
+
+func (s *chatgptTokens) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var body map[string]string
+	_ = json.NewDecoder(r.Body).Decode(&body)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if body["grant_type"] != "refresh_token" || body["refresh_token"] != s.current {
+		s.reused++
+		w.WriteHeader(http.StatusUnauthorized)
+		fmt.Fprint(w, `{"error":"refresh_token_reused"}`)
+		return
+	}
+	s.n++
+	s.current = fmt.Sprintf("rt-%d", s.n)
+	_ = json.NewEncoder(w).Encode(map[string]string{"access_token": unsignedJWT(fmt.Sprintf("at-%d", s.n), time.Now().Add(time.Hour)), "refresh_token": s.current, "id_token": "id"})
+}
+
+// TestCodexChatGPTSignInTwoTasksAtOnce: the owner's ChatGPT auth.json (its
+// access token expired) seeds the openai gateway's store; two tasks run a
+// Codex turn at the same time on that account. The account is refreshed
+// once, no rotated refresh token is used again, both turns succeed, every
+// upstream request carries the fresh token and the account id, and neither
+// cage holds the refresh token.
+func TestCodexChatGPTSignInTwoTasksAtOnce(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	tokens := &chatgptTokens{current: "rt-0"}
+	seed, _ := json.Marshal(map[string]any{"auth_mode": "chatgpt", "OPENAI_API_KEY": nil, "tokens": map[string]string{
+		"id_token": "id", "access_token": unsignedJWT("at-0", time.Now().Add(-time.Minute)), "refresh_token": "rt-0", "account_id": "acct-shrooms"}})
+	e := newEnvWith(t, envOptions{policy: "none", chatgpt: seed, tokenHandler: tokens})
+	nonce := e.name
+	dump := cxExec("cat ~/.codex/auth.json > /work/.cageauth 2>&1; env > /work/.cageenv; echo ok")
+	e.api.Append(dump, dump, modelapi.Text("done "+nonce), modelapi.Text("done "+nonce))
+	assert.NilError(t, os.MkdirAll(e.worktree+"2", 0o755))
+	git(t, e.worktree+"2", "init", "-q")
+	var wg sync.WaitGroup
+	codes := make([]int, 2)
+	outs := make([]string, 2)
+	for i, task := range []string{e.task("codex"), e.task("codex2")} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var errb string
+			codes[i], outs[i], errb = e.run("run", "--task", task, "--agent", "codex", "--no-stdin", "--worktree", e.worktree+map[int]string{0: "", 1: "2"}[i], "--", "--json", "go "+nonce)
+			outs[i] += errb
+		}()
+	}
+	wg.Wait()
+	for i := range codes {
+		assert.Equal(t, codes[i], 0, "task %d: %s\n%s", i, outs[i], e.api.Log())
+	}
+	assert.Equal(t, tokens.n, 1, "one refresh for the account")
+	assert.Equal(t, tokens.reused, 0, "no rotated refresh token used again")
+	reqs := e.api.Requests()
+	assert.Assert(t, len(reqs) >= 4, e.api.Log())
+	for _, r := range reqs {
+		assert.Equal(t, r.Path, "/backend-api/codex/responses")
+		assert.Equal(t, jwtSubject(t, strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")), "at-1", "the fresh token upstream")
+		assert.Equal(t, r.Header.Get("Chatgpt-Account-Id"), "acct-shrooms")
+	}
+	dumped := 0
+	for _, w := range []string{e.worktree, e.worktree + "2"} {
+		if _, err := os.Stat(filepath.Join(w, ".cageenv")); err == nil {
+			dumped++
+		}
+		assert.Equal(t, searchKey(t, w, "rt-"), 0, "a refresh token is readable in the cage")
+		assert.Equal(t, searchKey(t, w, "acct-shrooms"), 0, "the account's tokens are not in the cage")
+	}
+	assert.Assert(t, dumped >= 1, "positive control: a cage dumped its HOME's auth.json and environment")
+}
+
+// jwtSubject is the sub claim of an unsigned test JWT.
+func jwtSubject(t *testing.T, token string) string {
+	t.Helper()
+	parts := strings.Split(token, ".")
+	assert.Equal(t, len(parts), 3, token)
+	b, err := base64.RawURLEncoding.DecodeString(parts[1])
+	assert.NilError(t, err)
+	var c struct {
+		Sub string `json:"sub"`
+	}
+	assert.NilError(t, json.Unmarshal(b, &c))
+	return c.Sub
 }

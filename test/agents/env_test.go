@@ -80,6 +80,10 @@ type envOptions struct {
 	signin []byte
 	// tokenHandler serves the OAuth token endpoint on the internet host.
 	tokenHandler http.Handler
+	// chatgpt, when set, is a Codex auth.json: the openai gateway signs in
+	// with it (auth = "chatgpt", upstream the model API's
+	// /backend-api/codex, token_url tokenHandler's) instead of the key.
+	chatgpt []byte
 }
 
 func newEnvWith(t testing.TB, o envOptions) *env {
@@ -171,7 +175,18 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	cx, err := example.Agent("codex")
 	assert.NilError(t, err)
 	fmt.Fprintf(&agents, "[agents.codex]\ncommand = %s\nhome = %s\ngateway = \"openai\"\n", tomlList(cx.Command), tomlList(cx.Home))
-	fmt.Fprintf(&agents, "[gateway.openai]\napi = \"openai\"\nupstream = %q\ntoken = \"openai\"\n", e.apiURL)
+	if o.chatgpt != nil {
+		assert.NilError(t, os.WriteFile(openaiToken, o.chatgpt, 0o600))
+		ln, err := listenIn(e.tb.NSPath("internet"), net.JoinHostPort(testbed.InternetAddr4.String(), "0"))
+		assert.NilError(t, err)
+		srv := &http.Server{Handler: o.tokenHandler, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(func() { srv.Close() })
+		fmt.Fprintf(&agents, "[gateway.openai]\napi = \"openai\"\nupstream = %q\ntoken = \"openai\"\nauth = \"chatgpt\"\ntoken_url = %q\n",
+			e.apiURL+"/backend-api/codex", "http://"+ln.Addr().String()+"/oauth/token")
+	} else {
+		fmt.Fprintf(&agents, "[gateway.openai]\napi = \"openai\"\nupstream = %q\ntoken = \"openai\"\n", e.apiURL)
+	}
 	ocSettings += fmt.Sprintf("[home.codex]\nsettings = { model = %q }\nfiles = { \".codex/cw.config.toml\" = %q }\n", codexModel, cxProfile)
 
 	e.config = testcfg.Config{Socket: e.tb.PodmanURL, Dir: e.dir, Prefix: e.name,
@@ -199,7 +214,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 			return
 		}
 		store := taskstate.Store{Dir: cfg.State.Dir}
-		for _, task := range []string{e.task("claude"), e.task("opencode"), e.task("probe"), e.task("claude2"), e.task("codex")} {
+		for _, task := range []string{e.task("claude"), e.task("opencode"), e.task("probe"), e.task("claude2"), e.task("codex"), e.task("codex2")} {
 			// The last turn's detached teardown may still be removing its
 			// cage and releasing HOME: the task lock waits for it.
 			if id, err := taskid.Parse(task); err == nil {
