@@ -6,6 +6,9 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
+	"strings"
+
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 )
 
 // Gateway is one model provider served by shrooms' per-turn gateway
@@ -144,11 +147,13 @@ func (c *Config) validateAgentGateway(key string, a Agent) error {
 	if !ok {
 		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("names gateway %q, which [gateway] does not define", a.Gateway)}
 	}
-	if g.Auth == "oauth" && !slices.Contains(a.Home, "claude") {
-		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("gateway %q signs in with a Claude subscription (auth = \"oauth\"), which needs the claude HOME profile", a.Gateway)}
+	if g.Auth == "oauth" && !slices.ContainsFunc(a.Home, func(p string) bool { return slices.Contains(profile.SignInProfiles(), p) }) {
+		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("gateway %q signs in with a subscription (auth = \"oauth\"), which needs a HOME profile it can sign in (%s)", a.Gateway, strings.Join(profile.SignInProfiles(), ", "))}
 	}
-	if slices.Contains(a.Home, "codex") && g.API != "openai" {
-		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("gateway %q speaks the %s API; Codex needs an api = \"openai\" gateway", a.Gateway, g.API)}
+	for _, name := range a.Home {
+		if p, ok := profile.Lookup(name); ok && p.API != "" && p.API != g.API {
+			return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("gateway %q speaks the %s API; the %s profile's agent needs an api = %q gateway", a.Gateway, g.API, name, p.API)}
+		}
 	}
 	for _, v := range GatewayEnv(g.API) {
 		if _, dup := a.Env[v]; dup {

@@ -13,10 +13,10 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/BurntSushi/toml"
 	"golang.org/x/sys/unix"
-
-	"github.com/shrooms-cage/shrooms/pkg/config"
 )
 
 // baseFile is one file of the baseline, laid down fresh every turn.
@@ -29,7 +29,7 @@ type baseFile struct {
 // baseline computes the profiles' baseline from config, reading the host
 // files it names, and checks that no baseline path collides with a keep-list
 // entry or another baseline file.
-func baseline(home *config.Home, profiles []string, rules []rule) ([]baseFile, error) {
+func baseline(home *config.Home, profiles []string, rules []profile.Rule) ([]baseFile, error) {
 	var files []baseFile
 	for _, name := range profiles {
 		p := home.Profile(name)
@@ -37,7 +37,7 @@ func baseline(home *config.Home, profiles []string, rules []rule) ([]baseFile, e
 			return nil, fmt.Errorf("unknown HOME profile %q", name)
 		}
 		key := "home." + name
-		if prof, _ := config.Profile(name); prof.Settings != "" {
+		if prof, _ := profile.Lookup(name); prof.Settings != "" {
 			paths := [2]string{prof.Settings, prof.Instructions}
 			switch {
 			case p.Settings != nil && prof.SettingsTOML:
@@ -46,12 +46,6 @@ func baseline(home *config.Home, profiles []string, rules []rule) ([]baseFile, e
 					return nil, &config.Error{Key: key + ".settings", Msg: fmt.Sprintf("cannot be written as TOML: %v", err)}
 				}
 				files = append(files, baseFile{paths[0], buf.Bytes(), 0o644})
-			case p.Settings != nil:
-				data, err := json.MarshalIndent(p.Settings, "", "  ")
-				if err != nil {
-					return nil, &config.Error{Key: key + ".settings", Msg: fmt.Sprintf("cannot be written as JSON: %v", err)}
-				}
-				files = append(files, baseFile{paths[0], append(data, '\n'), 0o644})
 			case p.SettingsFile != "" && prof.SettingsTOML:
 				data, err := readHostFile(p.SettingsFile, int64(home.MaxFileSize))
 				if err != nil {
@@ -62,6 +56,12 @@ func baseline(home *config.Home, profiles []string, rules []rule) ([]baseFile, e
 					return nil, &config.Error{Key: key + ".settings_file", Msg: fmt.Sprintf("%s is not a TOML document: %s", p.SettingsFile, strings.Join(strings.Fields(err.Error()), " "))}
 				}
 				files = append(files, baseFile{paths[0], data, 0o644})
+			case p.Settings != nil:
+				data, err := json.MarshalIndent(p.Settings, "", "  ")
+				if err != nil {
+					return nil, &config.Error{Key: key + ".settings", Msg: fmt.Sprintf("cannot be written as JSON: %v", err)}
+				}
+				files = append(files, baseFile{paths[0], append(data, '\n'), 0o644})
 			case p.SettingsFile != "":
 				data, err := readHostFile(p.SettingsFile, int64(home.MaxFileSize))
 				if err != nil {
@@ -97,20 +97,12 @@ func baseline(home *config.Home, profiles []string, rules []rule) ([]baseFile, e
 		if !config.ValidHomeRel(f.rel) {
 			return nil, fmt.Errorf("baseline path %q is not a clean HOME-relative path", f.rel)
 		}
-		segs := strings.Split(f.rel, "/")
-		if matchFile(rules, segs) != nil || mayContain(rules, segs) {
-			return nil, fmt.Errorf("baseline path %q overlaps the keep-list; the baseline cannot replace kept state", f.rel)
+		if why := profile.Overlap(rules, f.rel); why != "" {
+			return nil, fmt.Errorf("baseline path %q %s", f.rel, why)
 		}
 		for j := 0; j < i; j++ {
 			if files[j].rel == f.rel || strings.HasPrefix(f.rel, files[j].rel+"/") {
 				return nil, fmt.Errorf("baseline paths %q and %q collide", files[j].rel, f.rel)
-			}
-		}
-		// A baseline file inside a kept directory's parent chain is fine; one
-		// whose parent is a kept file is not.
-		for k := 1; k < len(segs); k++ {
-			if matchFile(rules, segs[:k]) != nil {
-				return nil, fmt.Errorf("baseline path %q lies under kept file %q", f.rel, strings.Join(segs[:k], "/"))
 			}
 		}
 	}

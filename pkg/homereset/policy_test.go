@@ -55,7 +55,7 @@ func TestPlanPolicyThenWrite(t *testing.T) {
 func TestPlanPolicyCodex(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "policy")
 	cfg := config.Default()
-	cfg.Home.Codex.Managed = map[string]any{"model": "gpt-x"}
+	cfg.Home.Profile("codex").Managed = map[string]any{"model": "gpt-x"}
 	pol, err := PlanPolicy(dir, cfg, []string{"codex", "shell"}, PolicyGateway{OpenAIBaseURL: "http://127.0.0.1:1"})
 	assert.NilError(t, err)
 	assert.Equal(t, len(pol.Mounts), 1)
@@ -84,7 +84,7 @@ func TestPlanPolicyCodex(t *testing.T) {
 	_, pinned := managed["model_provider"]
 	assert.Assert(t, !pinned, "no gateway, no provider pinned")
 
-	cfg.Home.Codex.Managed = map[string]any{"notify": []any{"sh", "-c", "x"}}
+	cfg.Home.Profile("codex").Managed = map[string]any{"notify": []any{"sh", "-c", "x"}}
 	_, err = PlanPolicy(dir, cfg, []string{"codex"}, PolicyGateway{})
 	assert.ErrorContains(t, err, "home.codex.managed.notify")
 }

@@ -1,4 +1,4 @@
-package homereset
+package profile
 
 import (
 	"encoding/json"

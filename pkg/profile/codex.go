@@ -1,4 +1,4 @@
-package homereset
+package profile
 
 import (
 	"encoding/json"
@@ -6,6 +6,86 @@ import (
 	"slices"
 	"strings"
 )
+
+// Codex is OpenAI's Codex CLI (pinned: 0.171.0, scripts/build-agent-image.sh).
+func (table) Codex() Profile {
+	return Profile{
+		Name:             "codex",
+		Settings:         ".codex/config.toml",
+		SettingsTOML:     true,
+		API:              "openai",
+		Instructions:     ".codex/AGENTS.md",
+		BootstrapTargets: []string{".codex/auth.json"},
+		PolicyDir:        "codex",
+		PolicyDest:       "/etc/codex",
+		Keep:             codexKeepList(),
+		Policy:           codexPolicy,
+		// Approvals and its own sandbox off (the cage is the boundary); the
+		// model is reached through a gateway whose provider the managed
+		// config pins.
+		Agent: &Agent{
+			Command: []string{"codex", "exec", "--dangerously-bypass-approvals-and-sandbox", "--skip-git-repo-check"},
+			Env:     map[string]string{},
+			Home:    []string{"codex", "shell"},
+		},
+	}
+}
+
+func codexKeepList() []Rule {
+	rollouts := r(".codex/sessions/[0-9][0-9][0-9][0-9]/[0-9][0-9]/[0-9][0-9]/rollout-*.jsonl", KindLines)
+	rollouts.Lines = func() LineFilter { return codexRolloutFilter{} }
+	return []Rule{rf(".codex/auth.json", filterCodexAuth), rollouts}
+}
+
+// codexEnforced are the keys of /etc/codex/managed_config.toml shrooms
+// always sets: Codex 0.171.0 layers this file over the user's
+// ~/.codex/config.toml, so a config.toml planted during a turn cannot add a
+// notify program, turn the update check or web search on, or compress
+// request bodies (which the gateway does not read). With a gateway, the
+// provider is pinned too (codexGatewayProvider).
+var codexEnforced = map[string]any{
+	"notify":                      []any{},
+	"check_for_update_on_startup": false,
+	"web_search":                  "disabled",
+	"features":                    map[string]any{"enable_request_compression": false},
+}
+
+// codexRequirements is /etc/codex/requirements.toml, the constraints Codex
+// enforces over every config layer: no hooks (user, project, plugin or
+// inline), and an MCP server allowlist that names none (user, project and
+// plugin servers alike are refused).
+var codexRequirements = map[string]any{
+	"features":    map[string]any{"hooks": false},
+	"mcp_servers": map[string]any{},
+}
+
+// codexGatewayProvider pins Codex's model provider to the turn's gateway:
+// the Responses API over HTTP (no WebSocket, which the gateway does not
+// forward), the per-turn placeholder from OPENAI_API_KEY.
+func codexGatewayProvider(baseURL string) map[string]any {
+	return map[string]any{
+		"model_provider": "shrooms",
+		"model_providers": map[string]any{"shrooms": map[string]any{
+			"name": "shrooms gateway", "base_url": baseURL + "/v1", "env_key": "OPENAI_API_KEY",
+			"wire_api": "responses", "supports_websockets": false,
+		}},
+	}
+}
+
+// codexPolicy is /etc/codex/managed_config.toml (codexEnforced, the owner's
+// keys, gw's provider) and requirements.toml; the policy writer encodes
+// *.toml files as TOML.
+func codexPolicy(managed map[string]any, gw Gateway) (map[string]any, error) {
+	enforced := maps.Clone(codexEnforced)
+	if gw.OpenAIBaseURL != "" {
+		maps.Copy(enforced, codexGatewayProvider(gw.OpenAIBaseURL))
+	}
+	mc, err := Merge(enforced, managed)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"managed_config.toml": mc, "requirements.toml": codexRequirements}, nil
+}
 
 // Codex's kept state (the pinned Codex 0.171.0): the sign-in
 // ~/.codex/auth.json, rebuilt from its fields, and the session rollouts
@@ -16,7 +96,7 @@ import (
 
 // filterCodexAuth rebuilds ~/.codex/auth.json: the sign-in mode, an API key
 // and the ChatGPT tokens, nothing else.
-func filterCodexAuth(in map[string]any, _ *filterEnv) (map[string]any, []fieldDrop) {
+func filterCodexAuth(in map[string]any, _ *FilterEnv) (map[string]any, []FieldDrop) {
 	out, dropped, _ := filterFields(in, []field{
 		{"auth_mode", "string", false},
 		{"OPENAI_API_KEY", "string?", false},
@@ -25,7 +105,7 @@ func filterCodexAuth(in map[string]any, _ *filterEnv) (map[string]any, []fieldDr
 	}, "")
 	if m, ok := out["auth_mode"].(string); ok && m != "apikey" && m != "chatgpt" {
 		delete(out, "auth_mode")
-		dropped = append(dropped, fieldDrop{"auth_mode", "not apikey or chatgpt"})
+		dropped = append(dropped, FieldDrop{"auth_mode", "not apikey or chatgpt"})
 	}
 	if t, ok := out["tokens"].(map[string]any); ok {
 		nt, d, _ := filterFields(t, []field{
