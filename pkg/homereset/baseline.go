@@ -13,9 +13,9 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/BurntSushi/toml"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
-	"github.com/BurntSushi/toml"
 	"golang.org/x/sys/unix"
 )
 
