@@ -463,7 +463,7 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (
 			return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
 		}
 		plan.chatgpt = &gateway.ChatGPT{
-			Path:     filepath.Join(r.Cfg.State.Dir, "gateway", agent.Gateway, "auth.json"),
+			Path:     taskstate.Layout{Dir: r.Cfg.State.Dir}.GatewayChatGPT(agent.Gateway),
 			Seed:     r.Cfg.Tokens[g.Token],
 			TokenURL: cmp.Or(g.TokenURL, gateway.DefaultChatGPTTokenURL),
 			ClientID: cmp.Or(g.ClientID, gateway.DefaultChatGPTClientID),
