@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/BurntSushi/toml"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"golang.org/x/sys/unix"
@@ -40,6 +41,22 @@ func baseline(home *config.Home, profiles []string, rules []profile.Rule) ([]bas
 		if prof, _ := profile.Lookup(name); prof.Settings != "" {
 			paths := [2]string{prof.Settings, prof.Instructions}
 			switch {
+			case p.Settings != nil && prof.SettingsTOML:
+				var buf bytes.Buffer
+				if err := toml.NewEncoder(&buf).Encode(p.Settings); err != nil {
+					return nil, &config.Error{Key: key + ".settings", Msg: fmt.Sprintf("cannot be written as TOML: %v", err)}
+				}
+				files = append(files, baseFile{paths[0], buf.Bytes(), 0o644})
+			case p.SettingsFile != "" && prof.SettingsTOML:
+				data, err := readHostFile(p.SettingsFile, int64(home.MaxFileSize))
+				if err != nil {
+					return nil, &config.Error{Key: key + ".settings_file", Msg: err.Error()}
+				}
+				var obj map[string]any
+				if err := toml.Unmarshal(data, &obj); err != nil {
+					return nil, &config.Error{Key: key + ".settings_file", Msg: fmt.Sprintf("%s is not a TOML document: %s", p.SettingsFile, strings.Join(strings.Fields(err.Error()), " "))}
+				}
+				files = append(files, baseFile{paths[0], data, 0o644})
 			case p.Settings != nil:
 				data, err := json.MarshalIndent(p.Settings, "", "  ")
 				if err != nil {

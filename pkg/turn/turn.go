@@ -396,6 +396,7 @@ type gatewayPlan struct {
 	upstream *url.URL
 	key      []byte // the real credential: host memory only
 	oauth    *gateway.OAuth
+	chatgpt  *gateway.ChatGPT
 }
 
 // check validates the request and the host: input (task id, agent, paths,
@@ -467,6 +468,18 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (
 			Seed:     r.Cfg.Tokens[g.Token],
 			TokenURL: cmp.Or(g.TokenURL, gateway.DefaultTokenURL),
 			ClientID: cmp.Or(g.ClientID, gateway.DefaultClientID),
+		}
+	} else if g.Auth == "chatgpt" {
+		// Codex's ChatGPT sign-in: the account's tokens live in the state
+		// dir, seeded once from the owner's auth.json; the cage gets none.
+		if err := mounts.CheckHostFile(r.Cfg.Tokens[g.Token], "token "+g.Token); err != nil {
+			return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
+		}
+		plan.chatgpt = &gateway.ChatGPT{
+			Path:     taskstate.Layout{Dir: r.Cfg.State.Dir}.GatewayChatGPT(agent.Gateway),
+			Seed:     r.Cfg.Tokens[g.Token],
+			TokenURL: cmp.Or(g.TokenURL, gateway.DefaultChatGPTTokenURL),
+			ClientID: cmp.Or(g.ClientID, gateway.DefaultChatGPTClientID),
 		}
 	} else if plan.key, err = readToken(r.Cfg, g.Token); err != nil {
 		return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
