@@ -306,7 +306,9 @@ func TestNetworkedTurnNeedsItsResolver(t *testing.T) {
 	assert.ErrorContains(t, err, "needs the cage's resolver")
 	assert.Equal(t, e.called("create"), 0)
 
-	r.CageWall = func(context.Context, SealState, int, bool) (firewall.WallStatus, error) { return firewall.WallStatus{OK: true}, nil }
+	r.CageWall = func(context.Context, SealState, int, bool) (firewall.WallStatus, error) {
+		return firewall.WallStatus{OK: true}, nil
+	}
 	r.Resolver = func(context.Context, *config.Config, string) (func() dnsseal.Stats, error) { return nil, errBoom }
 	res, err := r.Run(context.Background(), claudeReq())
 	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
