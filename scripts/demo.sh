@@ -34,6 +34,11 @@ memory = "512m"
 policy = "none"
 [outbox]
 root = "$work/outbox"
+# The demo's worktree is a throw-away directory on whatever filesystem
+# holds $TMPDIR, rarely one mounted with prjquota: run it uncapped, by
+# choice, as a real config must say too (docs/security-model.md).
+[worktree]
+uncapped = "allow"
 [home]
 size = "256m"
 inodes = 65536
