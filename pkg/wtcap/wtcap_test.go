@@ -61,7 +61,23 @@ func TestProjectQuotaCapsTheWorktree(t *testing.T) {
 		// kernels lack CONFIG_QFMT_V2): what shrooms does then is refuse,
 		// which TestNoQuotaIsRefusedWithTheReason checks. The enforcement
 		// below needs a kernel that has it; say so loudly.
-		t.Log("KERNEL WITHOUT QUOTA SUPPORT (CONFIG_QFMT_V2): enforcement not exercised here; see TestNoQuotaIsRefusedWithTheReason")
+		// The kernel's word is checked, not assumed: a prjquota mount of
+		// a quota-formatted image must fail here. If it mounts, the
+		// detection is wrong and this test must run the enforcement.
+		itest.Require(t, itest.Root)
+		dir := t.TempDir()
+		img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")
+		assert.NilError(t, os.Mkdir(mnt, 0o755))
+		for _, c := range [][]string{{"truncate", "-s", "64M", img}, {"mkfs.ext4", "-q", "-O", "quota,project", "-E", "quotatype=prjquota", img}} {
+			out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
+			assert.NilError(t, err, "%v: %s", c, out)
+		}
+		out, err := exec.Command("mount", "-o", "loop,prjquota", img, mnt).CombinedOutput()
+		if err == nil {
+			_ = exec.Command("umount", mnt).Run()
+			t.Fatalf("the kernel config says no quota support, yet a prjquota mount worked: fix kernelQuota")
+		}
+		t.Logf("KERNEL WITHOUT QUOTA SUPPORT (CONFIG_QFMT_V2; prjquota mount refused: %s): ENOSPC enforcement not exercised here; the refusal is TestNoQuotaIsRefusedWithTheReason", strings.TrimSpace(string(out)))
 		return
 	}
 	mnt := quotaFS(t, "96M", true)
