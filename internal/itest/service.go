@@ -16,6 +16,8 @@ import (
 // and restart it; only the process it started is ever signalled.
 type Service struct {
 	t    testing.TB
+	// args go before `system service` (e.g. --runtime PATH).
+	args []string
 	dir  string
 	URI  string
 	cmd  *exec.Cmd
@@ -24,7 +26,11 @@ type Service struct {
 
 // StartService starts a private podman API service and stops it when the
 // test ends.
-func StartService(t testing.TB) *Service {
+func StartService(t testing.TB) *Service { return StartServiceWith(t) }
+
+// StartServiceWith starts a private podman API service with podman's
+// global options args (e.g. "--runtime", "/usr/sbin/runc").
+func StartServiceWith(t testing.TB, args ...string) *Service {
 	t.Helper()
 	Require(t, Root, Podman)
 	// A short path: unix socket paths are limited to 108 bytes.
@@ -32,7 +38,7 @@ func StartService(t testing.TB) *Service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Service{t: t, dir: dir, URI: "unix://" + filepath.Join(dir, "podman.sock")}
+	s := &Service{t: t, args: args, dir: dir, URI: "unix://" + filepath.Join(dir, "podman.sock")}
 	t.Cleanup(func() {
 		s.Stop()
 		_ = os.RemoveAll(dir)
@@ -55,7 +61,7 @@ func (s *Service) Start() {
 	}
 	defer log.Close()
 	// As scripts/podman-service.sh: a clean environment, its own session.
-	cmd := exec.Command("podman", "system", "service", "--time=0", s.URI)
+	cmd := exec.Command("podman", append(append([]string{}, s.args...), "system", "service", "--time=0", s.URI)...)
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

@@ -36,6 +36,11 @@ type Cage struct {
 	// Seccomp is "shrooms" (the built-in strict profile), "podman" (podman's
 	// default profile) or the absolute path of a profile.
 	Seccomp string `toml:"seccomp"`
+	// Runtime is the OCI runtime cages run under: "default" (the podman
+	// service's own), a name podman knows (runc, crun, runsc, kata) or the
+	// absolute path of one. Podman before 5.x ignores a per-container
+	// runtime over its API, so the turn checks what the cage really got.
+	Runtime string `toml:"runtime"`
 	// HostnameFmt formats the cage hostname from the task id.
 	HostnameFmt string `toml:"hostname_format"`
 	// PrepareNext makes every `run` prepare the task's next cage after the
@@ -78,6 +83,9 @@ func (c *Cage) validate() error {
 		return &Error{Key: "cage.user", Msg: "must be a non-root uid in 1..65535 (the cage's user namespace has 65536 ids)"}
 	case c.Seccomp != "shrooms" && c.Seccomp != "podman" && !filepath.IsAbs(c.Seccomp):
 		return &Error{Key: "cage.seccomp", Msg: fmt.Sprintf("%q: use \"shrooms\", \"podman\" or an absolute path", c.Seccomp)}
+	}
+	if err := validateRuntime(c.Runtime); err != nil {
+		return err
 	}
 	if msg := hostnameFormat(c.HostnameFmt); msg != "" {
 		return &Error{Key: "cage.hostname_format", Msg: msg}

@@ -28,6 +28,7 @@ func Default() *Config {
 			SubIDUser:   "shrooms",
 			User:        1000,
 			Seccomp:     "shrooms",
+			Runtime:     RuntimeDefault,
 			PrepareNext: true,
 			PreparedTTL: Duration(time.Hour),
 			HostnameFmt: "cage-%s",

@@ -20,7 +20,7 @@ func (c *Client) CageNamed(ctx context.Context, name string) (*Cage, error) {
 		}
 		return nil, fmt.Errorf("inspect cage %s: %s", name, oneLine(err))
 	}
-	cg := &Cage{ID: data.ID, Name: data.Name, Image: data.Image}
+	cg := &Cage{ID: data.ID, Name: data.Name, Image: data.Image, Runtime: data.OCIRuntime}
 	if data.State != nil {
 		cg.State = data.State.Status
 	}

@@ -82,11 +82,15 @@ func (c *Client) Version(ctx context.Context) (server, api string, err error) {
 
 // HostInfo is what doctor needs from `podman info`.
 type HostInfo struct {
-	OCIRuntime    string
-	CgroupVersion string
-	CgroupManager string
-	Rootless      bool
-	GraphRoot     string
+	// OCIRuntime is the service's default runtime: its name, path and the
+	// first line of its --version.
+	OCIRuntime        string
+	OCIRuntimePath    string
+	OCIRuntimeVersion string
+	CgroupVersion     string
+	CgroupManager     string
+	Rootless          bool
+	GraphRoot         string
 }
 
 // Info returns facts about the podman host.
@@ -105,6 +109,8 @@ func (c *Client) Info(ctx context.Context) (*HostInfo, error) {
 	}
 	if info.Host.OCIRuntime != nil {
 		h.OCIRuntime = info.Host.OCIRuntime.Name
+		h.OCIRuntimePath = info.Host.OCIRuntime.Path
+		h.OCIRuntimeVersion, _, _ = strings.Cut(info.Host.OCIRuntime.Version, "\n")
 	}
 	return h, nil
 }
@@ -428,6 +434,10 @@ type Cage struct {
 	// Image is the id of the image the cage was created from (CageNamed
 	// only; podman resolved its name then).
 	Image string
+	// Runtime is the OCI runtime podman runs the cage with: a name of its
+	// containers.conf or, for a service started with --runtime PATH, that
+	// path (CageNamed only).
+	Runtime string
 }
 
 // ListByLabel lists all containers (running or not) carrying label=value.

@@ -153,6 +153,11 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	// output, secrets it prints) outliving the turn.
 	s.LogConfiguration = &specgen.LogConfig{Driver: "none"}
 	s.Systemd = "false"
+	// Podman 5.x+ honours it per container; older services ignore it and
+	// the turn refuses a cage whose runtime is not this one (turn.ranRuntime).
+	if cfg.Cage.Runtime != config.RuntimeDefault {
+		s.OCIRuntime = cfg.Cage.Runtime
+	}
 	s.Hostname = fmt.Sprintf(cfg.Cage.HostnameFmt, t.Task)
 	s.WorkDir = mounts.WorkDir
 	s.User = fmt.Sprintf("%d:%d", cfg.Cage.User, cfg.Cage.User)

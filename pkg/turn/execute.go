@@ -52,6 +52,10 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		res.Error = err.Error()
 		return res, err
 	}
+	if err := r.ranRuntime(ctx, id, p, res); err != nil {
+		res.Error = err.Error()
+		return res, err
+	}
 
 	deadline := r.timeout(req)
 	timeoutCtx, cancel := context.WithTimeout(ctx, deadline)

@@ -102,6 +102,8 @@ type prepared struct {
 	reset   *homereset.Report
 	// image is the id of the image a prepared cage was created from.
 	image string
+	// runtime is the OCI runtime podman runs the cage with (its inspect).
+	runtime string
 	// detach is set once the turn's exit code is known and Runner.Detach
 	// will take the teardown.
 	detach bool

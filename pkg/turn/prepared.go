@@ -22,6 +22,7 @@ import (
 	"github.com/containers/podman/v5/pkg/specgen"
 	"golang.org/x/sys/unix"
 
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
@@ -272,7 +273,7 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 	if !r.sameProvenance(req.Task, in, p, c) {
 		return nil, nil
 	}
-	p.image = c.Image
+	p.image, p.runtime = c.Image, c.Runtime
 	// The turn reports what the preparation's reset removed.
 	p.reset = saved.Reset
 	// The secrets were put when the cage was prepared; they go with it.
@@ -462,7 +463,7 @@ func (r *Runner) ranImage(ctx context.Context, id string, p *prepared, res *Resu
 		if c == nil || c.Image == "" {
 			return fmt.Errorf("%w: cage %s: podman does not say which image it was created from", ErrHostNotReady, id)
 		}
-		ran = c.Image
+		ran, p.runtime = c.Image, c.Runtime
 	}
 	if res.Image != nil && res.Image.ID == ran {
 		return nil
@@ -476,4 +477,24 @@ func (r *Runner) ranImage(ctx context.Context, id string, p *prepared, res *Resu
 	}
 	res.Image = &img
 	return nil
+}
+
+// ranRuntime puts the OCI runtime the cage runs with in the result and,
+// when cage.runtime asks for one, refuses a cage that has another: podman
+// before 5.x ignores a per-container runtime over its API and would run
+// the service's own without a word.
+func (r *Runner) ranRuntime(ctx context.Context, id string, p *prepared, res *Result) error {
+	res.Runtime = p.runtime
+	want := r.Cfg.Cage.Runtime
+	if want == config.RuntimeDefault || podman.RuntimeIs(want, p.runtime, nil) {
+		return nil
+	}
+	info, err := r.Podman.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: cage.runtime: %w", ErrHostNotReady, err)
+	}
+	if podman.RuntimeIs(want, p.runtime, info) {
+		return nil
+	}
+	return fmt.Errorf("%w: cage.runtime is %q but podman runs cage %s with %q (%s): a podman service before 5.x takes no per-cage runtime, start it with --runtime %s", ErrHostNotReady, want, id, p.runtime, info.OCIRuntimePath, want)
 }

@@ -190,6 +190,10 @@ type Result struct {
 	HomeBytes int64 `json:"homeBytes"`
 	// Image is the cage image as podman's store had it at the turn's check.
 	Image *podman.Image `json:"image,omitempty"`
+	// Runtime is the OCI runtime podman ran the cage with, as its inspect
+	// names it (cage.runtime: a name, or the path of a service started
+	// with --runtime PATH).
+	Runtime string `json:"runtime,omitempty"`
 	// ConfigDigest identifies the configuration the turn ran under
 	// (config.Config.Digest).
 	ConfigDigest string `json:"configDigest,omitempty"`

@@ -1,0 +1,75 @@
+package turn
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+)
+
+// runtimeHarness is a harness whose config asks for OCI runtime rt, on the
+// shared test service or, with serviceArgs, on a private one.
+func runtimeHarness(t *testing.T, rt string, serviceArgs ...string) *harness {
+	t.Helper()
+	socket := ""
+	if len(serviceArgs) > 0 {
+		// Started first, so it stops after the harness's cleanup.
+		socket = itest.StartServiceWith(t, serviceArgs...).URI
+	}
+	h := newHarness(t, "")
+	cfg := testcfg.Config{Socket: socket, Dir: filepath.Dir(h.cfg.State.Dir), Prefix: h.prefix,
+		Cage: map[string]any{"pids": 128, "cpus": 1.0, "nofile": 512, "nproc": 256, "tmp_size": "16m", "run_size": "4m", "runtime": rt}}.Parse(t, "test.toml")
+	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
+	assert.NilError(t, err)
+	h.cfg, h.client, h.runner = cfg, client, NewRunner(cfg, client, nil)
+	return h
+}
+
+// An explicit runtime path (not the "default" choice) reaches the spec, and
+// the turn runs where the service's runtime is that file.
+func TestRuntimeExplicitPathRuns(t *testing.T) {
+	h := runtimeHarness(t, "/usr/bin/runc")
+	spec, err := h.runner.Spec(context.Background(), Request{Task: h.task("rt"), Agent: "shell", Args: []string{"-c", "true"}})
+	assert.NilError(t, err)
+	assert.Equal(t, spec.OCIRuntime, "/usr/bin/runc")
+	res, out, _, err := h.sh(h.task("rt"), "", "echo ran")
+	assert.NilError(t, err)
+	assert.Equal(t, res.ExitCode, 0)
+	assert.Equal(t, out, "ran\n")
+	// The test service names its default runtime "runc" (containers.conf);
+	// /usr/bin/runc is that runtime's file.
+	assert.Equal(t, res.Runtime, "runc")
+}
+
+// A service started with --runtime PATH names the cage's runtime by that
+// path: a cage.runtime of the same file through a symlink matches it.
+func TestRuntimeOfAServiceStartedWithAPath(t *testing.T) {
+	h := runtimeHarness(t, "/usr/bin/runc", "--runtime", "/usr/sbin/runc")
+	res, out, _, err := h.sh(h.task("rtp"), "", "echo ran")
+	assert.NilError(t, err)
+	assert.Equal(t, out, "ran\n")
+	assert.Equal(t, res.Runtime, "/usr/sbin/runc")
+}
+
+// Podman 4.3 ignores the spec's runtime over its API: a cage.runtime the
+// service does not run is refused before the cage starts, and no cage is
+// left (the harness's cleanup fails the test on one).
+func TestRuntimeTheServiceDoesNotRunIsRefused(t *testing.T) {
+	for _, rt := range []string{"crun", "/usr/bin/true"} {
+		t.Run(rt, func(t *testing.T) {
+			h := runtimeHarness(t, rt)
+			res, out, _, err := h.sh(h.task("rtx"), "", "echo ran")
+			assert.Assert(t, errors.Is(err, ErrHostNotReady), "%v", err)
+			assert.ErrorContains(t, err, `cage.runtime is "`+rt+`" but podman runs cage`)
+			assert.ErrorContains(t, err, `with "runc"`)
+			assert.Equal(t, out, "", "the agent never ran")
+			assert.Equal(t, res.Runtime, "runc")
+		})
+	}
+}
