@@ -15,7 +15,7 @@ import (
 // the host's usual storage (so the test image is there). The test may kill
 // and restart it; only the process it started is ever signalled.
 type Service struct {
-	t    testing.TB
+	t testing.TB
 	// args go before `system service` (e.g. --runtime PATH).
 	args []string
 	dir  string
