@@ -143,12 +143,7 @@ func doctorPodman(ctx context.Context, cfg *config.Config, client *podman.Client
 	if info.Rootless {
 		add("rootful", "fail", "the podman service is rootless; shrooms needs rootful podman for per-task user namespaces and the nftables seal", "point podman.socket at the root service (/run/podman/podman.sock)")
 	}
-	switch info.OCIRuntime {
-	case "runc", "crun":
-		add("oci-runtime", "ok", fmt.Sprintf("%s, cgroups %s (%s)", info.OCIRuntime, info.CgroupVersion, info.CgroupManager), "")
-	default:
-		add("oci-runtime", "warn", fmt.Sprintf("untested OCI runtime %q", info.OCIRuntime), "use runc or crun")
-	}
+	doctorRuntime(cfg, info, add)
 	images := map[string]bool{cfg.Cage.Image: true}
 	for _, a := range cfg.Agents {
 		images[cfg.ImageFor(a)] = true
@@ -368,5 +363,32 @@ func doctorSeal(ctx context.Context, cfg *config.Config, add func(string, string
 		add("seal", "fail", st.Reason, "run `shrooms net apply` as root (NixOS: the shrooms-seal unit)")
 	default:
 		add("seal", "ok", fmt.Sprintf("policy %s, digest %.12s", st.Policy, st.Installed), "")
+	}
+}
+
+// doctorRuntime checks the OCI runtime cages will get against cage.runtime.
+// A podman service before 5.x takes no per-cage runtime over its API: the
+// service's own runtime is the one every cage gets, and a turn refuses a
+// cage whose runtime is not cage.runtime.
+func doctorRuntime(cfg *config.Config, info *podman.HostInfo, add func(string, string, string, string)) {
+	got := fmt.Sprintf("%s at %s (%s), cgroups %s (%s)", info.OCIRuntime, info.OCIRuntimePath, info.OCIRuntimeVersion, info.CgroupVersion, info.CgroupManager)
+	want := cfg.Cage.Runtime
+	switch {
+	case want != config.RuntimeDefault && !podman.RuntimeIs(want, info.OCIRuntime, info):
+		add("oci-runtime", "fail", fmt.Sprintf("cage.runtime is %q but the podman service runs %s: every turn would be refused", want, got),
+			fmt.Sprintf("start the podman service with --runtime %s (podman before 5.x takes no per-cage runtime), or set cage.runtime = \"default\"", want))
+		return
+	case strings.HasPrefix(info.OCIRuntimeVersion, "runsc"):
+		// runsc enforces the OCI seccomp profile only with --oci-seccomp,
+		// and its flags are podman's --runtime-flag or a wrapper's, which
+		// podman's API does not show.
+		add("oci-runtime", "warn", got+": gVisor; its flags are not visible through podman's API", "give runsc --oci-seccomp and --platform=systrap (podman --runtime-flag or a wrapper); see docs/gvisor.md")
+		return
+	}
+	switch info.OCIRuntime {
+	case "runc", "crun":
+		add("oci-runtime", "ok", got, "")
+	default:
+		add("oci-runtime", "warn", "untested OCI runtime "+got, "use runc or crun")
 	}
 }
