@@ -70,6 +70,7 @@ let
   # The cage user namespaces come from this user's /etc/subuid and
   # /etc/subgid ranges (the module creates "shrooms" itself).
   subidUser = cfg.settings.cage.subid_user;
+  cageRuntime = cfg.settings.cage.runtime;
   subidEntry = config.users.users.${subidUser} or null;
   subidOK =
     subidUser == "shrooms"
@@ -369,6 +370,20 @@ in
               creates that system user with {option}`services.shrooms.subIdRange`.
             '';
           };
+          cage.runtime = mkOption {
+            type = types.str;
+            default = "default";
+            example = "/run/current-system/sw/bin/runsc";
+            description = ''
+              The OCI runtime cages run under: "default" (podman's own), a
+              name (runc, crun, runsc, kata) or an absolute path. Podman
+              before 5.x takes no per-container runtime over its API, so
+              when it is not "default" the module makes it the runtime of
+              the host's rootful podman (containers.conf engine.runtime, for
+              every container of that podman), and shrooms refuses a cage
+              that runs any other. gVisor: see docs/gvisor.md.
+            '';
+          };
           network.policy = mkOption {
             type = types.enum [
               "internet"
@@ -513,6 +528,9 @@ in
     # /run/podman/podman.sock); the docker-compatible socket is not needed.
     virtualisation.podman.enable = mkDefault true;
     virtualisation.podman.dockerSocket.enable = mkDefault false;
+    virtualisation.containers.containersConf.settings = mkIf (cageRuntime != "default") {
+      engine.runtime = cageRuntime;
+    };
 
     # overlay: podman's storage driver. br_netfilter: the seal's rules for
     # bridged cage traffic (IPv6 link-local between cages) only see packets

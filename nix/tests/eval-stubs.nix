@@ -169,6 +169,10 @@ let
           default = fakePkgs.podman;
         };
       };
+      virtualisation.containers.containersConf.settings = mkOption {
+        type = types.attrsOf types.anything;
+        default = { };
+      };
       boot.kernelModules = strList;
       networking.nftables.enable = flag false;
       networking.nftables.flushRuleset = flag false;
