@@ -26,6 +26,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
+	"github.com/shrooms-cage/shrooms/pkg/history"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
@@ -155,6 +156,8 @@ type Result struct {
 	WorktreeGuard *worktreeguard.Check `json:"worktreeGuard,omitempty"`
 	// Usage is what the agent asked of its model through the gateway.
 	Usage *gateway.Usage `json:"usage,omitempty"`
+	// History is each provider session's conversation pin in this turn.
+	History []history.SessionReport `json:"history,omitempty"`
 	// Worktree says who the worktree was given back to after the turn.
 	Worktree *WorktreeReport `json:"worktree,omitempty"`
 	// HomeBytes is the disk space the task HOME takes on the host after the
