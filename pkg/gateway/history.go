@@ -24,7 +24,7 @@ func (g *Gateway) checkHistory(r *http.Request, info requestInfo) (*history.Exch
 	if ended != "" {
 		return nil, ended
 	}
-	session := sessionOf(r.Header, info)
+	session := sessionOf(r.Header)
 	ex, err := g.cfg.History.Check(session, info.messages, info.tools > 0)
 	var mm *history.Mismatch
 	switch {
@@ -57,10 +57,17 @@ func (g *Gateway) HistoryReports() []history.SessionReport {
 }
 
 // sessionOf names the provider session a request belongs to, from what the
-// client sends: Claude Code's X-Claude-Code-Session-Id header.
-func sessionOf(h http.Header, info requestInfo) string {
+// client sends (measured through this gateway): Claude Code 2.1.332 sends
+// X-Claude-Code-Session-Id (the transcript's id, the same on --resume),
+// opencode 1.18.33 X-Session-Id (its ses_… id, the same on --session).
+// A request with neither cannot be pinned and is refused when it carries
+// a conversation.
+func sessionOf(h http.Header) string {
 	if id := h.Get("X-Claude-Code-Session-Id"); id != "" {
-		return id
+		return "claude:" + id
+	}
+	if id := h.Get("X-Session-Id"); id != "" {
+		return "opencode:" + id
 	}
 	return ""
 }

@@ -306,3 +306,33 @@ func contentBlocks(canonical []byte) ([]Digest, error) {
 	}
 	return out, nil
 }
+
+// PrefixStats compares a request's messages with the next request's, as a
+// client rewrites them: of the earlier request's messages, how many the
+// next one repeats byte for byte, and how many canonically (the pin's
+// measure). For tests and measurements.
+func PrefixStats(prev, next []byte) (total, byteIdentical, canonicalEqual int, err error) {
+	a, err := splitArray(prev)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	b, err := splitArray(next)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	for i := range a {
+		if i >= len(b) {
+			break
+		}
+		total++
+		if bytes.Equal(a[i], b[i]) {
+			byteIdentical++
+		}
+		x, err1 := Sum(a[i])
+		y, err2 := Sum(b[i])
+		if err1 == nil && err2 == nil && x == y {
+			canonicalEqual++
+		}
+	}
+	return total, byteIdentical, canonicalEqual, nil
+}

@@ -241,7 +241,7 @@ func (s *session) compare(msgs []Message, elems [][]byte) *Mismatch {
 		// A session the gateway never saw must be a new one: no answer in
 		// its history.
 		for i, m := range msgs {
-			if m.Role != "user" {
+			if !newRole(m.Role) {
 				return &Mismatch{Session: s.id, Index: i, Role: m.Role, Why: "a history the gateway never forwarded"}
 			}
 		}
@@ -274,16 +274,23 @@ func (s *session) compare(msgs []Message, elems [][]byte) *Mismatch {
 	return &Mismatch{Session: s.id, Index: i, Role: role, Why: why}
 }
 
-// newContent checks that what follows the pinned history is new user
-// content: an assistant message there is one the provider never sent.
+// newContent checks that what follows the pinned history is new user or
+// harness content: an assistant message there is one the provider never
+// sent.
 func newContent(session string, msgs []Message, from int) *Mismatch {
 	for i := from; i < len(msgs); i++ {
-		if msgs[i].Role != "user" {
+		if !newRole(msgs[i].Role) {
 			return &Mismatch{Session: session, Index: i, Role: msgs[i].Role, Why: "an answer the provider never gave"}
 		}
 	}
 	return nil
 }
+
+// newRole reports whether a message of role may be new content: the
+// user's (prompts, tool results) or the harness's own system messages
+// (Claude Code 2.1.332 sends its environment as a "system" message); an
+// assistant message never is.
+func newRole(role string) bool { return role == "user" || role == "system" }
 
 func firstDiff(a, b []Message) int {
 	n := min(len(a), len(b))
