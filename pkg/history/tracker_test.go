@@ -135,6 +135,18 @@ func TestUnknownSessionWithHistory(t *testing.T) {
 	assert.Assert(t, errors.As(err, &mm))
 }
 
+// TestHarnessAnswerAccepted: Claude Code's synthetic "No response
+// requested." after an interrupted turn is new content; any other
+// assistant text there is not.
+func TestHarnessAnswerAccepted(t *testing.T) {
+	dir := t.TempDir()
+	turn1(t, dir)
+	_, err := NewTracker(dir, Refuse).Check("s", conv("u:hello", "a:a1", "u:more", "a:a2", "u:interrupted", "a:No response requested.", "u:next"), true)
+	assert.NilError(t, err)
+	_, err = NewTracker(dir, Refuse).Check("s", conv("u:hello", "a:a1", "u:more", "a:a2", "u:interrupted", "a:No response requested!", "u:next"), true)
+	assert.Assert(t, err != nil)
+}
+
 // TestUndeliveredAnswer: an answer the agent may not have read whole (the
 // turn was killed while it streamed) may be missing on resume; a
 // delivered one may not.

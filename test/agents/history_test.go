@@ -139,6 +139,25 @@ func TestHistoryForgedClaudeTranscriptRefused(t *testing.T) {
 	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "honest "+nonce)
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
 	assert.Equal(t, res.History[0].Verdict, "continued", out)
+
+	// Crash safety: shrooms is killed (-9) while a tool runs; the pin is the
+	// history forwarded last (with the tool call). A forged transcript is
+	// refused, the one the killed turn left is accepted.
+	e.api.Append(bash("touch /work/.inside-kill; sleep 300"))
+	e.interruptedTurn("claude", filepath.Join(e.worktree, ".inside-kill"), false, "-p", "--output-format", "json", "--resume", sid, "killed "+nonce)
+	left, err := os.ReadFile(transcript)
+	assert.NilError(t, err)
+	assert.Assert(t, bytes.Contains(left, []byte("killed "+nonce)), "the killed turn's prompt is in the transcript")
+	marker = "FORGED-after-kill-" + nonce
+	assert.NilError(t, os.WriteFile(transcript, forgeClaude(t, left, "changed-tool-result", marker, nonce), 0o600))
+	before = len(e.api.Requests())
+	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "after kill "+nonce)
+	e.refusedForgery("after kill", marker, before, code, out, errb, res)
+	assert.NilError(t, os.WriteFile(transcript, left, 0o600))
+	e.api.Append(modelapi.Text("after kill " + nonce))
+	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "after kill "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	assert.Equal(t, res.History[0].Verdict, "continued", out)
 }
 
 // forgeClaude returns transcript (Claude Code's .jsonl) forged by kind:
