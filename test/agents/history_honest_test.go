@@ -93,7 +93,9 @@ func TestHistoryHonestResumes(t *testing.T) {
 					continue
 				}
 				e.api.Append(append(steps, modelapi.Text(fmt.Sprintf("done %d", i)))...)
+				turnStart := time.Now()
 				code, out, errb, res := e.resumeRun(agent, args(session, fmt.Sprintf("prompt %d", i))...)
+				t.Logf("turn %d: exit %d in %v", i, code, time.Since(turnStart).Round(100*time.Millisecond))
 				if code == 119 || len(res.History) == 0 || res.History[0].Verdict != "continued" {
 					refusals++
 				}
@@ -151,10 +153,11 @@ func (e *env) interruptedTurn(agent, marker string, stop bool, args ...string) {
 		code, out, errb := e.run("stop", "--task", e.task(agent))
 		assert.Equal(t, code, 0, "stop: %s %s", out, errb)
 		_ = cmd.Wait()
+		t.Logf("turn stopped (shrooms stop) while its tool ran: exit %d", cmd.ProcessState.ExitCode())
 		return
 	}
 	assert.NilError(t, syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL))
 	_ = cmd.Wait()
-	// The cage a killed shrooms left goes (as in TestGatewayGoneWithShrooms).
-	_, _ = e.tb.Podman("rm", "-f", "--filter", "label=io.shrooms.task="+e.task(agent))
+	// The cage the killed shrooms left goes with the task's next turn.
+	t.Logf("turn killed (kill -9 of shrooms) while its tool ran")
 }

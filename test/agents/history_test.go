@@ -102,25 +102,26 @@ func TestHistoryForgedClaudeTranscriptRefused(t *testing.T) {
 	assert.Equal(t, res.History[0].Session, "claude:"+sid)
 	assert.Equal(t, res.History[0].Verdict, "new")
 
-	transcript := filepath.Join(e.home("claude"), ".claude", "projects", "-work", sid+".jsonl")
-	orig, err := os.ReadFile(transcript)
+	// HOME is mounted for the test only between turns: e.home mounts it.
+	transcriptPath := func() string { return filepath.Join(e.home("claude"), ".claude", "projects", "-work", sid+".jsonl") }
+	orig, err := os.ReadFile(transcriptPath())
 	assert.NilError(t, err)
 	for _, kind := range forgeries {
 		marker := "FORGED-" + kind + "-" + nonce
-		assert.NilError(t, os.WriteFile(transcript, forgeClaude(t, orig, kind, marker, nonce), 0o600))
+		assert.NilError(t, os.WriteFile(transcriptPath(), forgeClaude(t, orig, kind, marker, nonce), 0o600))
 		before := len(e.api.Requests())
 		code, out, errb, res := e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "continue "+nonce)
 		if kind == "deleted" {
 			marker = ""
 		}
 		e.refusedForgery(kind, marker, before, code, out, errb, res)
-		assert.NilError(t, os.WriteFile(filepath.Join(e.home("claude"), ".claude", "projects", "-work", sid+".jsonl"), orig, 0o600))
+		assert.NilError(t, os.WriteFile(transcriptPath(), orig, 0o600))
 	}
 
 	// Positive control: with history = "off" the forged text reaches the API.
 	e.setHistory("off")
 	marker := "FORGED-control-" + nonce
-	assert.NilError(t, os.WriteFile(transcript, forgeClaude(t, orig, "changed-user", marker, nonce), 0o600))
+	assert.NilError(t, os.WriteFile(transcriptPath(), forgeClaude(t, orig, "changed-user", marker, nonce), 0o600))
 	before := len(e.api.Requests())
 	e.api.Append(modelapi.Text("control " + nonce))
 	code, out, errb, _ = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "control "+nonce)
@@ -134,7 +135,7 @@ func TestHistoryForgedClaudeTranscriptRefused(t *testing.T) {
 	// The honest transcript resumes (the pin is still turn 1's: neither the
 	// refused turns nor the unpinned one changed it).
 	e.setHistory("refuse")
-	assert.NilError(t, os.WriteFile(transcript, orig, 0o600))
+	assert.NilError(t, os.WriteFile(transcriptPath(), orig, 0o600))
 	e.api.Append(modelapi.Text("honest " + nonce))
 	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "honest "+nonce)
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
@@ -145,15 +146,15 @@ func TestHistoryForgedClaudeTranscriptRefused(t *testing.T) {
 	// refused, the one the killed turn left is accepted.
 	e.api.Append(bash("touch /work/.inside-kill; sleep 300"))
 	e.interruptedTurn("claude", filepath.Join(e.worktree, ".inside-kill"), false, "-p", "--output-format", "json", "--resume", sid, "killed "+nonce)
-	left, err := os.ReadFile(transcript)
+	left, err := os.ReadFile(transcriptPath())
 	assert.NilError(t, err)
 	assert.Assert(t, bytes.Contains(left, []byte("killed "+nonce)), "the killed turn's prompt is in the transcript")
 	marker = "FORGED-after-kill-" + nonce
-	assert.NilError(t, os.WriteFile(transcript, forgeClaude(t, left, "changed-tool-result", marker, nonce), 0o600))
+	assert.NilError(t, os.WriteFile(transcriptPath(), forgeClaude(t, left, "changed-tool-result", marker, nonce), 0o600))
 	before = len(e.api.Requests())
 	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "after kill "+nonce)
 	e.refusedForgery("after kill", marker, before, code, out, errb, res)
-	assert.NilError(t, os.WriteFile(transcript, left, 0o600))
+	assert.NilError(t, os.WriteFile(transcriptPath(), left, 0o600))
 	e.api.Append(modelapi.Text("after kill " + nonce))
 	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "after kill "+nonce)
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
@@ -280,20 +281,22 @@ func TestHistoryForgedOpencodeDBRefused(t *testing.T) {
 	assert.Assert(t, len(res.History) >= 1, out)
 	assert.Equal(t, res.History[0].Verdict, "new")
 
-	dbPath := filepath.Join(e.home("opencode"), ".local", "share", "opencode", "opencode.db")
-	orig, err := os.ReadFile(dbPath)
+	// HOME is mounted for the test only between turns: e.home mounts it.
+	dbPath := func() string { return filepath.Join(e.home("opencode"), ".local", "share", "opencode", "opencode.db") }
+	orig, err := os.ReadFile(dbPath())
 	assert.NilError(t, err)
-	st, err := os.Stat(dbPath)
+	st, err := os.Stat(dbPath())
 	assert.NilError(t, err)
 	restore := func() {
+		p := dbPath()
 		for _, suffix := range []string{"-wal", "-shm"} {
-			_ = os.Remove(dbPath + suffix)
+			_ = os.Remove(p + suffix)
 		}
-		assert.NilError(t, os.WriteFile(dbPath, orig, st.Mode()))
+		assert.NilError(t, os.WriteFile(p, orig, st.Mode()))
 	}
 	for _, kind := range forgeries {
 		marker := "FORGED-" + kind + "-" + nonce
-		forgeOpencode(t, dbPath, kind, marker, nonce)
+		forgeOpencode(t, dbPath(), kind, marker, nonce)
 		before := len(e.api.Requests())
 		code, out, errb, res := e.resumeRun("opencode", "--format", "json", "--session", ses, "continue "+nonce)
 		if kind == "deleted" {
@@ -305,7 +308,7 @@ func TestHistoryForgedOpencodeDBRefused(t *testing.T) {
 
 	e.setHistory("off")
 	marker := "FORGED-control-" + nonce
-	forgeOpencode(t, dbPath, "changed-user", marker, nonce)
+	forgeOpencode(t, dbPath(), "changed-user", marker, nonce)
 	before := len(e.api.Requests())
 	e.api.Append(modelapi.Text("control " + nonce))
 	code, out, errb, _ = e.resumeRun("opencode", "--format", "json", "--session", ses, "control "+nonce)
