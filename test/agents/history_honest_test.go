@@ -141,7 +141,14 @@ func (e *env) interruptedTurn(agent, marker string, stop bool, args ...string) {
 		"--json", "run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	assert.NilError(t, cmd.Start())
-	deadline := time.Now().Add(120 * time.Second)
+	defer func() {
+		// A failed wait must not leave the turn running into the next test.
+		if cmd.ProcessState == nil {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = cmd.Wait()
+		}
+	}()
+	deadline := time.Now().Add(110 * time.Second)
 	for {
 		if _, err := os.Stat(marker); err == nil {
 			break

@@ -15,6 +15,9 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // historyResult is the part of `run --json`'s result the history tests read.
@@ -103,7 +106,10 @@ func TestHistoryForgedClaudeTranscriptRefused(t *testing.T) {
 	assert.Equal(t, res.History[0].Verdict, "new")
 
 	// HOME is mounted for the test only between turns: e.home mounts it.
-	transcriptPath := func() string { return filepath.Join(e.home("claude"), ".claude", "projects", "-work", sid+".jsonl") }
+	transcriptPath := func() string {
+		e.settled("claude")
+		return filepath.Join(e.home("claude"), ".claude", "projects", "-work", sid+".jsonl")
+	}
 	orig, err := os.ReadFile(transcriptPath())
 	assert.NilError(t, err)
 	for _, kind := range forgeries {
@@ -282,7 +288,16 @@ func TestHistoryForgedOpencodeDBRefused(t *testing.T) {
 	assert.Equal(t, res.History[0].Verdict, "new")
 
 	// HOME is mounted for the test only between turns: e.home mounts it.
-	dbPath := func() string { return filepath.Join(e.home("opencode"), ".local", "share", "opencode", "opencode.db") }
+	dbPath := func() string {
+		e.settled("opencode")
+		return filepath.Join(e.home("opencode"), ".local", "share", "opencode", "opencode.db")
+	}
+	// The session as one file: opencode left part of it in the WAL.
+	db, err := sql.Open("sqlite", "file:"+dbPath())
+	assert.NilError(t, err)
+	_, err = db.Exec(`PRAGMA wal_checkpoint(TRUNCATE)`)
+	assert.NilError(t, err)
+	assert.NilError(t, db.Close())
 	orig, err := os.ReadFile(dbPath())
 	assert.NilError(t, err)
 	st, err := os.Stat(dbPath())
@@ -327,9 +342,24 @@ func TestHistoryForgedOpencodeDBRefused(t *testing.T) {
 	assert.Equal(t, res.History[0].Verdict, "continued", out)
 }
 
+// settled waits until the task's last turn has let go of HOME (its
+// detached teardown holds the task lock).
+func (e *env) settled(agent string) {
+	e.t.Helper()
+	cfg, err := config.Load(e.config)
+	assert.NilError(e.t, err)
+	id, err := taskid.Parse(e.task(agent))
+	assert.NilError(e.t, err)
+	l, err := (taskstate.Store{Dir: cfg.State.Dir}).LockTask(id)
+	assert.NilError(e.t, err)
+	assert.NilError(e.t, l.Release())
+}
+
 // forgeOpencode forges the opencode.db at path by kind.
 func forgeOpencode(t *testing.T, path, kind, marker, nonce string) {
 	t.Helper()
+	_, err := os.Stat(path)
+	assert.NilError(t, err, "no opencode.db to forge")
 	db, err := sql.Open("sqlite", "file:"+path)
 	assert.NilError(t, err)
 	defer db.Close()
