@@ -137,6 +137,9 @@ func TestHistoryHonestResumes(t *testing.T) {
 func (e *env) interruptedTurn(agent, marker string, stop bool, args ...string) {
 	t := e.t
 	t.Helper()
+	// The last turn's detached teardown may hold the task lock for a while:
+	// the wait for the tool starts once the turn can start.
+	e.settled(agent)
 	cmd := exec.Command("nsenter", append([]string{"--net=" + e.tb.NSPath("host"), "--", e.shrooms, "--config", e.config,
 		"--json", "run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -148,7 +151,7 @@ func (e *env) interruptedTurn(agent, marker string, stop bool, args ...string) {
 			_ = cmd.Wait()
 		}
 	}()
-	deadline := time.Now().Add(110 * time.Second)
+	deadline := time.Now().Add(240 * time.Second)
 	for {
 		if _, err := os.Stat(marker); err == nil {
 			break
