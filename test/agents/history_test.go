@@ -393,8 +393,9 @@ func forgeOpencode(t *testing.T, path, kind, marker, nonce string) {
 	case "changed-tool-result":
 		exec(`UPDATE part SET data=json_set(data,'$.state.output',?) WHERE json_extract(data,'$.type')='tool'`, marker)
 	case "deleted":
-		exec(`DELETE FROM part WHERE message_id=?`, finalMsg)
-		exec(`DELETE FROM message WHERE id=?`, finalMsg)
+		// The final answer's text goes (its message row stays: a session
+		// whose last assistant row is gone makes opencode wait, not send).
+		exec(`DELETE FROM part WHERE id=?`, finalPart)
 	case "reordered":
 		// The prompt and the final answer trade their texts.
 		exec(`UPDATE part SET data=CASE id WHEN ?1 THEN json_set(data,'$.text',(SELECT json_extract(data,'$.text') FROM part WHERE id=?2)) ELSE json_set(data,'$.text',(SELECT json_extract(data,'$.text') FROM part WHERE id=?1)) END WHERE id IN (?1, ?2)`, promptPart, finalPart)
