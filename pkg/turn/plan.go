@@ -88,6 +88,9 @@ type Plan struct {
 	secrets map[string][]byte
 	// argv is a prepared cage's command line, handed over at its run.
 	argv []string
+	// seal is the seal check's state: the rule set the cage's in-cage
+	// wall is built from (wall.go).
+	seal SealState
 	spec *specgen.SpecGenerator
 }
 
@@ -166,6 +169,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 		task: in.task, turn: f.turn, ids: f.ids, worktree: in.worktree, root: f.root, guard: f.guard,
 		home:   r.HomeTask(f.root, f.ids, in.agent.Home),
 		outbox: filepath.Join(filepath.Clean(cfg.Outbox.Root), req.Task),
+		seal:   in.seal,
 	}
 	var pg homereset.PolicyGateway
 	if in.gateway != nil {
@@ -265,7 +269,7 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 		if mode := history.Mode(g.cfg.History); mode != history.Off {
 			// The pins live in the task's state, never in a cage; the
 			// tracker reads them when the turn's first request comes.
-			p.gateway.History = history.NewTracker(filepath.Join(r.TaskDir(in.task.String()), "history"), mode)
+			p.gateway.History = history.NewTracker(taskstate.Layout{Dir: r.Cfg.State.Dir}.History(in.task), mode)
 		}
 		// The agent talks to the gateway on its own loopback, with a
 		// placeholder that is worthless anywhere else.
