@@ -36,6 +36,7 @@ const (
 	ExitDeadline     = 124 // the turn hit its deadline (cage stopped, removed)
 	ExitInternal     = 125 // anything else shrooms could not do
 	ExitLimit        = 120 // a per-turn model usage limit ended the turn (cage stopped, removed)
+	ExitHistory      = 119 // a resumed session's history is not the one the gateway pinned (cage stopped, removed)
 	ExitInterrupted  = 130 // SIGINT/SIGTERM (cage stopped, removed)
 )
 
@@ -115,6 +116,8 @@ Exit status: the agent's own exit code, or one of shrooms' own:
   124 deadline (the cage was stopped and removed)
   125 internal error
   120 a per-turn model usage limit (gateway.*.max_*) ended the turn
+  119 a resumed session's history differs from the one the model gateway
+      forwarded before (gateway.*.history = "refuse")
   130 interrupted: SIGINT, SIGTERM or ` + "`shrooms stop`" + ` (the cage was stopped and removed)`,
 		Version:   version,
 		Reader:    stdin,
@@ -410,6 +413,8 @@ func codeFor(err error) int {
 		return ExitDeadline
 	case fault.Limit:
 		return ExitLimit
+	case fault.History:
+		return ExitHistory
 	case fault.Interrupted:
 		return ExitInterrupted
 	case fault.HostNotReady:

@@ -21,6 +21,9 @@ func (l Layout) TaskFile(task taskid.ID, name string) string {
 	return filepath.Join(l.Task(task), name)
 }
 
+// History is the directory of a task's conversation pins (pkg/history).
+func (l Layout) History(task taskid.ID) string { return l.TaskFile(task, "history") }
+
 // Homes is the directory of the task HOME images.
 func (l Layout) Homes() string { return filepath.Join(l.Dir, "homes") }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
+	"github.com/shrooms-cage/shrooms/pkg/history"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
@@ -267,6 +268,11 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 			API: g.cfg.API, Upstream: g.upstream, Key: g.key, OAuth: g.oauth, ChatGPT: g.chatgpt, Placeholder: placeholder,
 			MaxRequests: g.cfg.MaxRequests, MaxOutputTokens: g.cfg.MaxOutputTokens,
 			Policy: gateway.Policy{AllowBetas: g.cfg.AllowBetas, AllowServerTools: g.cfg.AllowServerTools},
+		}
+		if mode := history.Mode(g.cfg.History); mode != history.Off {
+			// The pins live in the task's state, never in a cage; the
+			// tracker reads them when the turn's first request comes.
+			p.gateway.History = history.NewTracker(taskstate.Layout{Dir: r.Cfg.State.Dir}.History(in.task), mode)
 		}
 		// The agent talks to the gateway on its own loopback, with a
 		// placeholder that is worthless anywhere else.
