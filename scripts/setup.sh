@@ -25,11 +25,13 @@ ok() { ensured+=("$*"); }
 # 1.4 programs iptables). catatonit: --init. conmon: podman's monitor.
 # runc is named explicitly so apt satisfies podman's "crun | runc" with runc
 # (crun fails on hybrid cgroup hosts). systemd: systemd-analyze verifies the
-# unit `make install` writes. Recommends are not installed.
+# unit `make install` writes. tmux: the terminal tests drive `run --tty`
+# (and interactive Claude Code) in a tmux server of their own, and hang it
+# up. Recommends are not installed.
 packages=(
 	podman runc conmon netavark aardvark-dns iptables catatonit slirp4netns
 	nftables uidmap busybox-static iproute2 git jq ca-certificates curl
-	util-linux procps tar nix-bin systemd
+	util-linux procps tar nix-bin systemd tmux
 )
 # npm builds the agent image (scripts/build-agent-image.sh). Debian's npm
 # package, unless a nodejs that ships its own npm (NodeSource) is there.
