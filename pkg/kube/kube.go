@@ -32,6 +32,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
+	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
@@ -395,6 +396,7 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 		"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
 	}
 	maps.Copy(env, agent.Env)
+	maps.Copy(env, gitseal.CageEnv())
 	initContainers := []corev1.Container{reset}
 	if gw != nil {
 		env["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
