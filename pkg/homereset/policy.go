@@ -28,13 +28,17 @@ type PolicyMount struct {
 
 // claudeEnforced are the managed-settings keys shrooms always sets: only
 // managed hooks run, only managed (that is: no) MCP servers load, no project
-// MCP servers are auto-approved, no plugin marketplace is trusted.
+// MCP servers are auto-approved, no plugin marketplace is trusted; and the
+// bypass-permissions warning is accepted (the cage, not the prompts, is the
+// boundary: an interactive Claude would otherwise ask at every turn, as the
+// reset drops the user-level acceptance).
 var claudeEnforced = map[string]any{
-	"allowManagedHooksOnly":      true,
-	"allowManagedMcpServersOnly": true,
-	"allowedMcpServers":          []any{},
-	"enableAllProjectMcpServers": false,
-	"strictKnownMarketplaces":    []any{},
+	"skipDangerousModePermissionPrompt": true,
+	"allowManagedHooksOnly":             true,
+	"allowManagedMcpServersOnly":        true,
+	"allowedMcpServers":                 []any{},
+	"enableAllProjectMcpServers":        false,
+	"strictKnownMarketplaces":           []any{},
 }
 
 // opencodeEnforced are the keys of /etc/opencode/opencode.json shrooms always

@@ -54,6 +54,41 @@ type filterEnv struct {
 	// mcpURLs are the MCP server URLs the owner's opencode baseline config
 	// names, by server name.
 	mcpURLs map[string]string
+	// claude is set in a turn of Claude Code (the claude profile among the
+	// turn's own): the rebuilt ~/.claude.json gets shrooms' seeds.
+	claude *claudeSeed
+}
+
+// claudeSeed is what shrooms itself puts in ~/.claude.json for a Claude
+// turn, so that an interactive Claude Code in the cage asks nothing: the
+// onboarding done, /work trusted, and the API key the cage's environment
+// holds (the gateway placeholder) approved. Never taken from what a turn
+// wrote: the filter drops those keys from the kept file first.
+type claudeSeed struct {
+	// apiKey is the ANTHROPIC_API_KEY of the cage ("" for none, or a real
+	// key handed in through token_env, which is never written to HOME).
+	apiKey string
+}
+
+// apply sets the seeds in a rebuilt ~/.claude.json.
+func (c *claudeSeed) apply(out map[string]any) {
+	out["hasCompletedOnboarding"] = true
+	projects, _ := out["projects"].(map[string]any)
+	if projects == nil {
+		projects = map[string]any{}
+		out["projects"] = projects
+	}
+	work, _ := projects[cageWork].(map[string]any)
+	if work == nil {
+		work = map[string]any{}
+		projects[cageWork] = work
+	}
+	work["hasTrustDialogAccepted"] = true
+	if c.apiKey != "" {
+		// Claude Code approves a key by its last 20 characters (trimmed).
+		key := strings.TrimSpace(c.apiKey)
+		out["customApiKeyResponses"] = map[string]any{"approved": []any{key[max(0, len(key)-20):]}, "rejected": []any{}}
+	}
 }
 
 func r(pattern string, k kind) rule {
@@ -216,7 +251,7 @@ var claudeForced = map[string]any{"autoConnectIde": false, "autoInstallIdeExtens
 // backslash or an address is dropped (none of the kept keys holds one in
 // what the pinned Claude Code writes). It returns the dropped key paths
 // (never values; a project path is named only when it is /work).
-func filterClaudeJSON(in map[string]any, _ *filterEnv) (map[string]any, []fieldDrop) {
+func filterClaudeJSON(in map[string]any, env *filterEnv) (map[string]any, []fieldDrop) {
 	out := map[string]any{}
 	var dropped []fieldDrop
 	for _, k := range slices.Sorted(maps.Keys(in)) {
@@ -228,7 +263,7 @@ func filterClaudeJSON(in map[string]any, _ *filterEnv) (map[string]any, []fieldD
 				dropped = append(dropped, fieldDrop{k, "not an object"})
 				continue
 			}
-			kept, d := filterClaudeProjects(projects)
+			kept, d := filterClaudeProjects(projects, env != nil && env.claude != nil)
 			dropped = append(dropped, d...)
 			out[k] = kept
 		case strings.HasSuffix(k, "MigrationComplete") && isType(v, "bool"):
@@ -238,12 +273,17 @@ func filterClaudeJSON(in map[string]any, _ *filterEnv) (map[string]any, []fieldD
 		case claudeKeep[k] != "" && isType(v, claudeKeep[k]):
 			out[k] = v
 		case claudeForced[k] != nil:
+		case k == "customApiKeyResponses" && env != nil && env.claude != nil:
+			// Replaced by the seed below, not a drop to report.
 		default:
 			dropped = append(dropped, fieldDrop{k, "not on the allowlist of sign-in and onboarding state"})
 		}
 	}
 	for k, v := range claudeForced {
 		out[k] = v
+	}
+	if env != nil && env.claude != nil {
+		env.claude.apply(out)
 	}
 	return out, dropped
 }
@@ -255,7 +295,7 @@ const otherProject = "projects.(a project other than /work)"
 // and booleans of its last* keys, lastSessionId when it is a session id,
 // and projectOnboardingSeenCount. Other projects are dropped: the cage's
 // one project is /work, and a project key is a path.
-func filterClaudeProjects(projects map[string]any) (map[string]any, []fieldDrop) {
+func filterClaudeProjects(projects map[string]any, seeding bool) (map[string]any, []fieldDrop) {
 	kept := map[string]any{}
 	var dropped []fieldDrop
 	for _, p := range slices.Sorted(maps.Keys(projects)) {
@@ -277,6 +317,8 @@ func filterClaudeProjects(projects map[string]any) (map[string]any, []fieldDrop)
 				np[pk] = x
 			case (strings.HasPrefix(pk, "last") || pk == "projectOnboardingSeenCount") && (isType(x, "number") || isType(x, "bool")):
 				np[pk] = x
+			case pk == "hasTrustDialogAccepted" && seeding:
+				// Replaced by the seed, not a drop to report.
 			default:
 				dropped = append(dropped, fieldDrop{"projects." + p + "." + pk, "not per-project session state"})
 			}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -34,10 +35,19 @@ func Reset(ctx context.Context, in ResetInput) (*Report, error) {
 	if err := checkTask(in.Task); err != nil {
 		return nil, err
 	}
-	rules, _ := rulesFor(in.Profiles)
+	all := in.keptProfiles()
+	rules, _ := rulesFor(all)
 	base, err := baseline(&in.Config.Home, in.Profiles, rules)
 	if err != nil {
 		return nil, fmt.Errorf("HOME baseline: %w", err)
+	}
+	// The filters read the owner's config of every kept profile (opencode's
+	// MCP server URLs), also in a turn whose agent does not lay it down.
+	envBase := base
+	if len(all) > len(in.Profiles) {
+		if b, err := baseline(&in.Config.Home, all, rules); err == nil {
+			envBase = b
+		}
 	}
 	v, err := openVolume(in.Root, in.DryRun)
 	if err != nil {
@@ -49,8 +59,8 @@ func Reset(ctx context.Context, in ResetInput) (*Report, error) {
 	} else if !ok {
 		return nil, fmt.Errorf("task HOME %s is not bootstrapped; run bootstrap first", in.Root)
 	}
-	rep := &Report{Home: HomeDir(in.Root), DryRun: in.DryRun, Profiles: in.Profiles,
-		Kept: []string{}, Rebuilt: []string{}, Removed: []string{}, Warnings: []string{}, Dropped: []Drop{}, Baseline: []string{}}
+	rep := &Report{Home: HomeDir(in.Root), DryRun: in.DryRun, Profiles: in.Profiles, KeptProfiles: all[len(in.Profiles):],
+		Kept: []string{}, Rebuilt: []string{}, Seeded: []string{}, Removed: []string{}, Warnings: []string{}, Dropped: []Drop{}, Baseline: []string{}}
 	for _, f := range base {
 		rep.Baseline = append(rep.Baseline, f.rel)
 	}
@@ -71,7 +81,10 @@ func Reset(ctx context.Context, in ResetInput) (*Report, error) {
 		return nil, err
 	}
 	defer trash.Close()
-	s := &resetter{in: in, v: v, trash: trash, rules: rules, base: base, env: newFilterEnv(base), lines: loadLineCache(v.meta)}
+	s := &resetter{in: in, v: v, trash: trash, rules: rules, base: base, env: newFilterEnv(envBase), lines: loadLineCache(v.meta)}
+	if slices.Contains(in.Profiles, "claude") {
+		s.env.claude = &claudeSeed{apiKey: in.APIKey}
+	}
 
 	id, err := readJournal(v.meta)
 	if err != nil {
@@ -180,6 +193,9 @@ func (s *resetter) finish(ctx context.Context, id string, rep *Report) error {
 	if err := s.layBaseline(sd); err != nil {
 		return err
 	}
+	if err := s.laySeeds(sd, rep); err != nil {
+		return err
+	}
 	if err := sd.Sync(); err != nil {
 		return err
 	}
@@ -226,6 +242,28 @@ func (s *resetter) recover(ctx context.Context, id string) (string, error) {
 		}
 		return "discarded interrupted reset " + id + " (HOME had not been moved)", nil
 	}
+}
+
+// laySeeds writes, in a Claude turn whose HOME kept no ~/.claude.json (a
+// fresh task), one holding shrooms' seeds alone (claudeSeed).
+func (s *resetter) laySeeds(stage *os.File, rep *Report) error {
+	if s.env.claude == nil {
+		return nil
+	}
+	const rel = ".claude.json"
+	if ok, err := exists(stage, rel); err != nil || ok {
+		return err
+	}
+	seeded, _ := filterClaudeJSON(map[string]any{}, s.env)
+	b, err := json.MarshalIndent(seeded, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := writeFileAt(stage, rel, append(b, '\n'), 0o600, s.in.UID, s.in.GID); err != nil {
+		return fmt.Errorf("seed %s: %w", rel, err)
+	}
+	rep.Seeded = append(rep.Seeded, rel)
+	return nil
 }
 
 func (s *resetter) layBaseline(stage *os.File) error {
