@@ -17,6 +17,9 @@ import (
 type Tmux struct {
 	t    testing.TB
 	name string
+	// pids are the programs Start ran: the cleanup waits for them to end
+	// after it hangs their terminals up.
+	pids []int
 }
 
 // NewTmux returns a tmux server for t (started by Start); it is killed at
@@ -33,6 +36,9 @@ func NewTmux(t testing.TB) *Tmux {
 	x := &Tmux{t: t, name: UniqueName("shrooms-test-")}
 	t.Cleanup(func() {
 		_ = x.cmd("kill-server").Run()
+		for _, pid := range x.pids {
+			WaitGone(t, pid, 2*time.Minute)
+		}
 		if dir := os.Getenv("TMUX_TMPDIR"); dir == "" {
 			os.Remove(filepath.Join("/tmp", fmt.Sprintf("tmux-%d", os.Geteuid()), x.name))
 		}
@@ -61,6 +67,7 @@ func (x *Tmux) Start(cols, rows int, env []string, argv ...string) {
 	if out, err := x.cmd("set-option", "-g", "remain-on-exit", "on").CombinedOutput(); err != nil {
 		x.t.Fatalf("tmux set-option: %v: %s", err, out)
 	}
+	x.pids = append(x.pids, x.PanePID())
 }
 
 // PanePID is the pid of the program Start ran.
