@@ -11,7 +11,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 GOFLAGS_TEST := -tags "$(TAGS)" -count=1 -p 1 -timeout 25m
 SOCKET := unix:///run/shrooms-test/podman.sock
 
-.PHONY: all build setup test unit vet demo bench fuzz soak clean install kube-test kube-bin
+.PHONY: all build setup test unit vet demo bench fuzz soak clean install kube-test kube-bin shape
 
 all: build
 
@@ -25,6 +25,10 @@ bin/shrooms: $(shell find cmd pkg internal -name '*.go' 2>/dev/null) go.mod go.s
 # builds the test image without any registry. Idempotent.
 setup:
 	bash scripts/setup.sh
+
+# The code-shape figures of issue 25 (before: docs/code-shape.md).
+shape:
+	@bash scripts/shape.sh
 
 vet:
 	@unformatted=$$(gofmt -l cmd pkg internal test); if [ -n "$$unformatted" ]; then echo "not gofmt-formatted: $$unformatted"; exit 1; fi

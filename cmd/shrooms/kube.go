@@ -12,10 +12,10 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/sys/unix"
 
-	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/kube"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 )
 
@@ -130,7 +130,7 @@ reset report as JSON.`,
 				return fail(ExitHostNotReady, fmt.Errorf("reset-home: create %s: %w", root, err))
 			}
 			// Seeding reads token files of the host; a cluster has none.
-			for _, p := range config.HomeProfiles {
+			for _, p := range profile.Names() {
 				cfg.Home.Profile(p).Bootstrap = nil
 			}
 			t := homereset.Task{Root: root, UID: c.Int("uid"), GID: c.Int("gid"), Config: cfg, Profiles: agent.Home}

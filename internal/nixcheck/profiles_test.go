@@ -8,7 +8,7 @@ import (
 
 	"gotest.tools/v3/assert"
 
-	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 )
 
 // TestNixModuleListsTheProfileTable: the NixOS module validates agents'
@@ -24,5 +24,5 @@ func TestNixModuleListsTheProfileTable(t *testing.T) {
 	for _, f := range strings.Fields(string(m[1])) {
 		nix = append(nix, strings.Trim(f, `"`))
 	}
-	assert.DeepEqual(t, nix, config.HomeProfiles)
+	assert.DeepEqual(t, nix, profile.Names())
 }

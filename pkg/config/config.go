@@ -9,13 +9,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/BurntSushi/toml"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 )
 
 // Config is the whole of shrooms' configuration. Load fills every field that
@@ -139,20 +142,15 @@ func parse(name string, data []byte, c *Config) (*Config, error) {
 		}
 		return nil, &Error{File: name, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
 	}
-	var keys []string
-	for _, k := range md.Undecoded() {
-		// Free-form tables (agent settings, managed policy) are decoded
-		// whole into maps; the decoder still lists their nested keys.
-		if freeform(k) {
-			continue
-		}
-		keys = append(keys, k.String())
-	}
-	if len(keys) > 0 {
-		sort.Strings(keys)
-		return nil, &Error{File: name, Line: lineOf(data, keys[0]), Key: keys[0], Msg: "unknown key"}
+	if e := unknownKeys(md, data); e != nil {
+		e.File = name
+		return nil, e
 	}
 	if e := tableKeys(md, data); e != nil {
+		e.File = name
+		return nil, e
+	}
+	if e := decodeHomeProfiles(data, c); e != nil {
 		e.File = name
 		return nil, e
 	}
@@ -173,6 +171,66 @@ func parse(name string, data []byte, c *Config) (*Config, error) {
 // home.<profile>.settings and home.<profile>.managed.
 func freeform(k toml.Key) bool {
 	return len(k) > 3 && k[0] == "home" && (k[2] == "settings" || k[2] == "managed")
+}
+
+// homeProfileKey reports whether k lies inside a [home.<profile>] table,
+// which decodeHomeProfiles decodes.
+func homeProfileKey(k toml.Key) bool {
+	if len(k) < 2 || k[0] != "home" {
+		return false
+	}
+	_, ok := profile.Lookup(k[1])
+	return ok
+}
+
+// unknownKeys refuses the first key (in sorted order) the decoder did not
+// use. Free-form tables (agent settings, managed policy) are decoded whole
+// into maps; the decoder still lists their nested keys.
+func unknownKeys(md toml.MetaData, data []byte) *Error {
+	var keys []string
+	for _, k := range md.Undecoded() {
+		if freeform(k) || homeProfileKey(k) {
+			continue
+		}
+		keys = append(keys, k.String())
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	sort.Strings(keys)
+	return &Error{Line: lineOf(data, keys[0]), Key: keys[0], Msg: "unknown key"}
+}
+
+// decodeHomeProfiles decodes each [home.<profile>] table into its baseline:
+// the profiles are pkg/profile's, not fields of Home.
+func decodeHomeProfiles(data []byte, c *Config) *Error {
+	var raw struct {
+		Home map[string]toml.Primitive `toml:"home"`
+	}
+	md, err := toml.Decode(string(data), &raw)
+	if err != nil {
+		return &Error{Msg: strings.TrimPrefix(err.Error(), "toml: ")}
+	}
+	for _, name := range slices.Sorted(maps.Keys(raw.Home)) {
+		if _, ok := profile.Lookup(name); !ok {
+			continue
+		}
+		if err := md.PrimitiveDecode(raw.Home[name], c.Home.Profile(name)); err != nil {
+			key := "home." + name
+			return &Error{Line: lineOf(data, key), Key: key, Msg: strings.TrimPrefix(err.Error(), "toml: ")}
+		}
+	}
+	var keys []string
+	for _, k := range md.Undecoded() {
+		if homeProfileKey(k) && !freeform(k) {
+			keys = append(keys, k.String())
+		}
+	}
+	if len(keys) > 0 {
+		sort.Strings(keys)
+		return &Error{Line: lineOf(data, keys[0]), Key: keys[0], Msg: "unknown key"}
+	}
+	return nil
 }
 
 // Agent returns the named agent or an error listing the known ones.

@@ -130,7 +130,7 @@ managed = { permissions = { deny = ["Bash(curl:*)"] } }
 x = { y = 1 }
 `))
 	assert.NilError(t, err)
-	p := c.Home.Opencode.Settings["provider"].(map[string]any)["anthropic"].(map[string]any)["options"].(map[string]any)
+	p := c.Home.Profile("opencode").Settings["provider"].(map[string]any)["anthropic"].(map[string]any)["options"].(map[string]any)
 	assert.Equal(t, p["baseURL"], "http://x")
 	_, err = Parse("t.toml", []byte("[home.claude]\nsettingz = { a = { b = 1 } }\n"))
 	assert.ErrorContains(t, err, "home.claude.settingz", "outside the free-form tables keys stay strict")

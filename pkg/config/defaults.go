@@ -1,6 +1,12 @@
 package config
 
-import "time"
+import (
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/shrooms-cage/shrooms/pkg/profile"
+)
 
 // Default returns the built-in configuration: every key with a safe default.
 func Default() *Config {
@@ -31,25 +37,23 @@ func Default() *Config {
 		Worktree: Worktree{Roots: []string{}},
 		Tokens:   map[string]string{},
 		Gateway:  map[string]Gateway{},
-		Agents: map[string]Agent{
-			"claude": {
-				Command:  []string{"claude", "--dangerously-skip-permissions"},
-				Env:      map[string]string{"DISABLE_AUTOUPDATER": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
-				Home:     []string{"claude", "shell"},
-				TokenEnv: map[string]string{},
-			},
-			"opencode": {
-				Command:  []string{"opencode", "run", "--auto"},
-				Env:      map[string]string{"OPENCODE_DISABLE_AUTOUPDATE": "1", "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_LSP_DOWNLOAD": "1"},
-				Home:     []string{"opencode", "shell"},
-				TokenEnv: map[string]string{},
-			},
-			"shell": {
-				Command:  []string{"/bin/sh"},
-				Env:      map[string]string{},
-				Home:     []string{"shell"},
-				TokenEnv: map[string]string{},
-			},
-		},
+		Agents:   defaultAgents(),
 	}
+}
+
+// defaultAgents are the profiles' built-in agents, by profile name.
+func defaultAgents() map[string]Agent {
+	agents := map[string]Agent{}
+	for _, p := range profile.All() {
+		if p.Agent == nil {
+			continue
+		}
+		agents[p.Name] = Agent{
+			Command:  slices.Clone(p.Agent.Command),
+			Env:      maps.Clone(p.Agent.Env),
+			Home:     slices.Clone(p.Agent.Home),
+			TokenEnv: map[string]string{},
+		}
+	}
+	return agents
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"golang.org/x/sys/unix"
 )
 
@@ -30,7 +31,7 @@ func (c *Config) CheckFiles() error {
 			return err
 		}
 	}
-	for _, name := range HomeProfiles {
+	for _, name := range profile.Names() {
 		p := c.Home.Profile(name)
 		key := "home." + name
 		if p.SettingsFile != "" {

@@ -6,6 +6,9 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
+	"strings"
+
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 )
 
 // Gateway is one model provider served by shrooms' per-turn gateway
@@ -133,8 +136,8 @@ func (c *Config) validateAgentGateway(key string, a Agent) error {
 	if !ok {
 		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("names gateway %q, which [gateway] does not define", a.Gateway)}
 	}
-	if g.Auth == "oauth" && !slices.Contains(a.Home, "claude") {
-		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("gateway %q signs in with a Claude subscription (auth = \"oauth\"), which needs the claude HOME profile", a.Gateway)}
+	if g.Auth == "oauth" && !slices.ContainsFunc(a.Home, func(p string) bool { return slices.Contains(profile.SignInProfiles(), p) }) {
+		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("gateway %q signs in with a subscription (auth = \"oauth\"), which needs a HOME profile it can sign in (%s)", a.Gateway, strings.Join(profile.SignInProfiles(), ", "))}
 	}
 	for _, v := range GatewayEnv(g.API) {
 		if _, dup := a.Env[v]; dup {

@@ -2,12 +2,15 @@ package config
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"path"
 	"path/filepath"
 	"slices"
 	"strings"
+
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 )
 
 // Home is the task HOME: a podman volume per task, reset every turn to the
@@ -29,15 +32,14 @@ type Home struct {
 	MaxKeepSize Size `toml:"max_keep_size"`
 	// MaxKeepFiles caps the number of files kept from one turn to the next.
 	MaxKeepFiles int64 `toml:"max_keep_files"`
-	// Claude, Opencode and Shell are the per-profile baselines.
-	Claude   HomeProfile `toml:"claude"`
-	Opencode HomeProfile `toml:"opencode"`
-	Shell    HomeProfile `toml:"shell"`
+	// Profiles are the per-profile baselines, [home.<profile>], one for each
+	// of profile.Names() (decoded by decodeHomeProfiles).
+	Profiles map[string]*HomeProfile `toml:"-"`
 }
 
 // HomeProfile is the owner-declared baseline of one HOME profile, laid down
 // fresh at the start of every turn. Settings and Instructions apply to the
-// claude and opencode profiles only.
+// profiles that have them (see pkg/profile).
 type HomeProfile struct {
 	// Settings is the agent's user settings file as an inline table
 	// (claude: ~/.claude/settings.json, opencode:
@@ -58,26 +60,18 @@ type HomeProfile struct {
 	// every turn (e.g. ".gitconfig" = "/etc/shrooms/gitconfig").
 	Files map[string]string `toml:"files"`
 	// Bootstrap maps a keep-list credential path to a [tokens] name whose
-	// file seeds it once per task (see HomeBootstrapTargets). That the token
+	// file seeds it once per task (see profile.Profile.BootstrapTargets). That the token
 	// exists is checked at bootstrap, against [tokens].
 	Bootstrap map[string]string `toml:"bootstrap"`
 }
 
-// Profile returns the baseline of the named profile (claude, opencode, shell).
+// Profile returns the baseline of the named profile (nil for an unknown one).
 func (h *Home) Profile(name string) *HomeProfile {
-	switch name {
-	case "claude":
-		return &h.Claude
-	case "opencode":
-		return &h.Opencode
-	case "shell":
-		return &h.Shell
-	}
-	return nil
+	return h.Profiles[name]
 }
 
 func defaultHome() Home {
-	return Home{
+	h := Home{
 		VolumePrefix:   "shrooms-home-",
 		Size:           8 << 30,
 		Inodes:         1 << 20,
@@ -85,7 +79,12 @@ func defaultHome() Home {
 		MaxSessionFile: 1 << 30,
 		MaxKeepSize:    8 << 30,
 		MaxKeepFiles:   100000,
+		Profiles:       map[string]*HomeProfile{},
 	}
+	for _, name := range profile.Names() {
+		h.Profiles[name] = &HomeProfile{}
+	}
+	return h
 }
 
 func (h *Home) validate() error {
@@ -106,7 +105,7 @@ func (h *Home) validate() error {
 	case h.MaxKeepFiles < 1 || h.MaxKeepFiles > 10_000_000:
 		return &Error{Key: "home.max_keep_files", Msg: fmt.Sprintf("%d is out of range 1..10000000", h.MaxKeepFiles)}
 	}
-	for _, name := range HomeProfiles {
+	for _, name := range profile.Names() {
 		if err := h.Profile(name).validate("home."+name, name); err != nil {
 			return err
 		}
@@ -114,17 +113,15 @@ func (h *Home) validate() error {
 	return nil
 }
 
-func (p *HomeProfile) validate(key, profile string) error {
-	agent := profile != "shell"
-	if !agent {
-		switch {
-		case p.Settings != nil || p.SettingsFile != "":
-			return &Error{Key: key + ".settings", Msg: "the shell profile has no settings file; use files"}
-		case p.Instructions != "" || p.InstructionsFile != "":
-			return &Error{Key: key + ".instructions", Msg: "the shell profile has no instructions; use files"}
-		case p.Managed != nil:
-			return &Error{Key: key + ".managed", Msg: "the shell profile has no managed policy"}
-		}
+func (p *HomeProfile) validate(key, name string) error {
+	prof, _ := profile.Lookup(name)
+	switch {
+	case prof.Settings == "" && (p.Settings != nil || p.SettingsFile != ""):
+		return &Error{Key: key + ".settings", Msg: fmt.Sprintf("the %s profile has no settings file; use files", name)}
+	case prof.Instructions == "" && (p.Instructions != "" || p.InstructionsFile != ""):
+		return &Error{Key: key + ".instructions", Msg: fmt.Sprintf("the %s profile has no instructions; use files", name)}
+	case prof.Policy == nil && p.Managed != nil:
+		return &Error{Key: key + ".managed", Msg: fmt.Sprintf("the %s profile has no managed policy", name)}
 	}
 	if p.Settings != nil && p.SettingsFile != "" {
 		return &Error{Key: key + ".settings_file", Msg: "set settings or settings_file, not both"}
@@ -162,11 +159,64 @@ func (p *HomeProfile) validate(key, profile string) error {
 	}
 	for _, rel := range slices.Sorted(maps.Keys(p.Bootstrap)) {
 		bk := fmt.Sprintf("%s.bootstrap.%q", key, rel)
-		if !slices.Contains(HomeBootstrapTargets[profile], rel) {
-			return &Error{Key: bk, Msg: fmt.Sprintf("not a credential file of the %s profile (use %s)", profile, strings.Join(HomeBootstrapTargets[profile], ", "))}
+		if !prof.IsBootstrapTarget(rel) {
+			return &Error{Key: bk, Msg: fmt.Sprintf("not a credential file of the %s profile (use %s)", name, strings.Join(prof.BootstrapTargets, ", "))}
 		}
 		if !tokenName.MatchString(p.Bootstrap[rel]) {
 			return &Error{Key: bk, Msg: fmt.Sprintf("%q is not a token name", p.Bootstrap[rel])}
+		}
+	}
+	if prof.Policy != nil && p.Managed != nil {
+		// Refused here rather than at the first turn. (The keys a gateway
+		// pins are checked when a turn uses one.)
+		if _, err := prof.Policy(p.Managed, profile.Gateway{}); err != nil {
+			var ee *profile.EnforcedError
+			if errors.As(err, &ee) {
+				return &Error{Key: key + ".managed." + ee.Key, Msg: ee.Error()}
+			}
+			return &Error{Key: key + ".managed", Msg: err.Error()}
+		}
+	}
+	return nil
+}
+
+// baselinePaths are the HOME paths the profile's baseline lays down, by
+// the config key that declares each.
+func (p *HomeProfile) baselinePaths(key string, prof profile.Profile) map[string]string {
+	paths := map[string]string{}
+	switch {
+	case p.Settings != nil:
+		paths[key+".settings"] = prof.Settings
+	case p.SettingsFile != "":
+		paths[key+".settings_file"] = prof.Settings
+	}
+	switch {
+	case p.Instructions != "":
+		paths[key+".instructions"] = prof.Instructions
+	case p.InstructionsFile != "":
+		paths[key+".instructions_file"] = prof.Instructions
+	}
+	for rel := range p.Files {
+		paths[fmt.Sprintf("%s.files.%q", key, rel)] = rel
+	}
+	return paths
+}
+
+// validateBaseline refuses a baseline file of the agent's profiles that the
+// keep-list of those profiles would carry or lie over (the HOME reset
+// refuses it too, at the first turn).
+func (c *Config) validateBaseline(key string, a Agent) error {
+	rules, err := profile.KeepList(a.Home)
+	if err != nil {
+		return &Error{Key: key + ".home", Msg: err.Error()}
+	}
+	for _, name := range a.Home {
+		prof, _ := profile.Lookup(name)
+		paths := c.Home.Profile(name).baselinePaths("home."+name, prof)
+		for _, k := range slices.Sorted(maps.Keys(paths)) {
+			if why := profile.Overlap(rules, paths[k]); why != "" {
+				return &Error{Key: k, Msg: fmt.Sprintf("baseline path %q %s (agent %s keeps it)", paths[k], why, strings.TrimPrefix(key, "agents."))}
+			}
 		}
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/BurntSushi/toml"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 )
 
 // tableKeys refuses a scalar or array where the schema wants a table
@@ -40,6 +41,10 @@ func schemaType(t reflect.Type, k toml.Key) (reflect.Type, bool) {
 			}
 			t = t.Elem()
 		case reflect.Struct:
+			if _, ok := profile.Lookup(part); ok && t == reflect.TypeOf(Home{}) {
+				t = reflect.TypeOf(HomeProfile{})
+				continue
+			}
 			f, ok := fieldByTag(t, part)
 			if !ok {
 				return nil, false

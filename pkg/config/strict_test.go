@@ -31,7 +31,7 @@ func TestScalarWhereTableBelongs(t *testing.T) {
 	c, err := Parse("t.toml", []byte(agentX+"env = { FOO = \"1\" }\n[agents.x.token_env]\n[home.claude.settings]\nmodel = \"m\"\n"))
 	assert.NilError(t, err)
 	assert.Equal(t, c.Agents["x"].Env["FOO"], "1")
-	assert.Equal(t, c.Home.Claude.Settings["model"], "m")
+	assert.Equal(t, c.Home.Profile("claude").Settings["model"], "m")
 }
 
 func TestHostnameFormat(t *testing.T) {

@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 )
 
 var (
@@ -80,12 +82,12 @@ func (c *Config) validateAgent(name string, a Agent) error {
 		}
 	}
 	if len(a.Home) == 0 {
-		return &Error{Key: key + ".home", Msg: fmt.Sprintf("must list at least one HOME profile (%s)", strings.Join(HomeProfiles, ", "))}
+		return &Error{Key: key + ".home", Msg: fmt.Sprintf("must list at least one HOME profile (%s)", strings.Join(profile.Names(), ", "))}
 	}
 	seen := map[string]bool{}
 	for i, p := range a.Home {
-		if !slices.Contains(HomeProfiles, p) {
-			return &Error{Key: fmt.Sprintf("%s.home[%d]", key, i), Msg: fmt.Sprintf("unknown HOME profile %q (use %s)", p, strings.Join(HomeProfiles, ", "))}
+		if _, ok := profile.Lookup(p); !ok {
+			return &Error{Key: fmt.Sprintf("%s.home[%d]", key, i), Msg: fmt.Sprintf("unknown HOME profile %q (use %s)", p, strings.Join(profile.Names(), ", "))}
 		}
 		if seen[p] {
 			return &Error{Key: fmt.Sprintf("%s.home[%d]", key, i), Msg: fmt.Sprintf("profile %q listed twice", p)}
@@ -113,6 +115,9 @@ func (c *Config) validateAgent(name string, a Agent) error {
 		}
 	}
 	if err := c.validateAgentGateway(key, a); err != nil {
+		return err
+	}
+	if err := c.validateBaseline(key, a); err != nil {
 		return err
 	}
 	if a.Image != "" && strings.ContainsAny(a.Image, " \t\n") {

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"golang.org/x/sys/unix"
 )
 
@@ -27,7 +28,7 @@ type baseFile struct {
 // baseline computes the profiles' baseline from config, reading the host
 // files it names, and checks that no baseline path collides with a keep-list
 // entry or another baseline file.
-func baseline(home *config.Home, profiles []string, rules []rule) ([]baseFile, error) {
+func baseline(home *config.Home, profiles []string, rules []profile.Rule) ([]baseFile, error) {
 	var files []baseFile
 	for _, name := range profiles {
 		p := home.Profile(name)
@@ -35,7 +36,7 @@ func baseline(home *config.Home, profiles []string, rules []rule) ([]baseFile, e
 			return nil, fmt.Errorf("unknown HOME profile %q", name)
 		}
 		key := "home." + name
-		if prof, _ := config.Profile(name); prof.Settings != "" {
+		if prof, _ := profile.Lookup(name); prof.Settings != "" {
 			paths := [2]string{prof.Settings, prof.Instructions}
 			switch {
 			case p.Settings != nil:
@@ -79,20 +80,12 @@ func baseline(home *config.Home, profiles []string, rules []rule) ([]baseFile, e
 		if !config.ValidHomeRel(f.rel) {
 			return nil, fmt.Errorf("baseline path %q is not a clean HOME-relative path", f.rel)
 		}
-		segs := strings.Split(f.rel, "/")
-		if matchFile(rules, segs) != nil || mayContain(rules, segs) {
-			return nil, fmt.Errorf("baseline path %q overlaps the keep-list; the baseline cannot replace kept state", f.rel)
+		if why := profile.Overlap(rules, f.rel); why != "" {
+			return nil, fmt.Errorf("baseline path %q %s", f.rel, why)
 		}
 		for j := 0; j < i; j++ {
 			if files[j].rel == f.rel || strings.HasPrefix(f.rel, files[j].rel+"/") {
 				return nil, fmt.Errorf("baseline paths %q and %q collide", files[j].rel, f.rel)
-			}
-		}
-		// A baseline file inside a kept directory's parent chain is fine; one
-		// whose parent is a kept file is not.
-		for k := 1; k < len(segs); k++ {
-			if matchFile(rules, segs[:k]) != nil {
-				return nil, fmt.Errorf("baseline path %q lies under kept file %q", f.rel, strings.Join(segs[:k], "/"))
 			}
 		}
 	}

@@ -93,8 +93,8 @@ func must(b *testing.B, err error) {
 
 func benchConfig() *config.Config {
 	cfg := config.Default()
-	cfg.Home.Claude.Settings = map[string]any{"model": "opus"}
-	cfg.Home.Claude.Instructions = "Work in /work.\n"
+	cfg.Home.Profile("claude").Settings = map[string]any{"model": "opus"}
+	cfg.Home.Profile("claude").Instructions = "Work in /work.\n"
 	return cfg
 }
 

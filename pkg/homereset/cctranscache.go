@@ -5,10 +5,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"hash"
 	"io"
 	"os"
+	"strconv"
 
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"golang.org/x/sys/unix"
 )
 
@@ -92,4 +95,112 @@ func (b *builder) provenPrefix(src *os.File, rel string, size int64) (hash.Hash,
 		return nil, false
 	}
 	return h, hex.EncodeToString(h.Sum(nil)) == ent.Digest
+}
+
+// keepLines rebuilds a kept JSONL file (fd, already checked for type and
+// size) into the stage. A file that cannot be read whole is dropped; lines
+// that do not parse are dropped from it and counted. What the last reset
+// provably wrote is not parsed again (cctranscache.go).
+func (b *builder) keepLines(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, ru *profile.Rule, limit int64) error {
+	src, err := openRegular(fd)
+	if err != nil {
+		b.drop(rel, fmt.Sprintf("cannot be read (%v)", err))
+		return nil
+	}
+	defer src.Close()
+	prefix := int64(0)
+	ph, proven := b.provenPrefix(src, rel, st.Size)
+	if proven && b.s.lines[rel].Size == st.Size {
+		return b.keepUnchanged(fd, fr, name, rel, ru, st.Size, ph.Sum(nil))
+	}
+	if proven {
+		prefix = b.s.lines[rel].Size
+	}
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		b.drop(rel, fmt.Sprintf("cannot be read (%v)", err))
+		return nil
+	}
+	var drops []profile.RowDrop
+	var size int64
+	var digest []byte
+	rebuild := func(w io.Writer) error {
+		h := sha256.New()
+		cw := &countWriter{w: io.MultiWriter(w, h)}
+		if _, err := io.CopyN(cw, src, prefix); err != nil {
+			return err
+		}
+		var rerr error
+		drops, rerr = profile.RebuildLines(b.ctx, src, cw, limit-prefix, ru.Lines())
+		size, digest = cw.n, h.Sum(nil)
+		return rerr
+	}
+	if b.dry {
+		err = rebuild(io.Discard)
+	} else {
+		dir, derr := b.stageDir(fr)
+		if derr != nil {
+			return fmt.Errorf("stage %s: %w", rel, derr)
+		}
+		err = writeFileFrom(dir, name, ru.Mode, b.s.in.UID, b.s.in.GID, rebuild)
+	}
+	if err != nil {
+		if cerr := b.ctx.Err(); cerr != nil {
+			return cerr
+		}
+		var pe *os.PathError
+		if errors.As(err, &pe) && pe.Op == "create" {
+			return fmt.Errorf("stage %s: %w", rel, err)
+		}
+		if u := errors.Unwrap(err); u != nil {
+			err = u
+		}
+		b.drop(rel, fmt.Sprintf("cannot be rebuilt (%v)", err))
+		return nil
+	}
+	b.files++
+	b.rep.KeptBytes += size
+	b.rep.Rebuilt = appendCapped(b.rep.Rebuilt, rel)
+	b.note(rel, size, digest)
+	for _, d := range drops {
+		b.dropped(Drop{Path: rel, Item: d.Item, Rows: d.Rows, Reason: d.Reason},
+			fmt.Sprintf("rebuilt %s without %s (%d): %s", rel, d.Item, d.Rows, d.Reason))
+	}
+	return nil
+}
+
+// keepUnchanged carries a JSONL file that is byte for byte what the last
+// reset wrote: it is hard-linked like a blob.
+func (b *builder) keepUnchanged(fd int, fr *walkFrame, name, rel string, ru *profile.Rule, size int64, digest []byte) error {
+	b.files++
+	b.rep.KeptBytes += size
+	b.rep.KeptCount++
+	b.rep.Kept = appendCapped(b.rep.Kept, rel)
+	b.note(rel, size, digest)
+	if b.dry {
+		return nil
+	}
+	dir, err := b.stageDir(fr)
+	if err != nil {
+		return fmt.Errorf("stage %s: %w", rel, err)
+	}
+	return b.link(fd, dir, name, rel, ru.Mode)
+}
+
+// openRegular opens the regular file behind an O_PATH fd for reading,
+// refusing it if it is no longer that inode.
+func openRegular(fd int) (*os.File, error) {
+	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, err
+	}
+	var st, pst unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := unix.Fstat(fd, &pst); err != nil || st.Ino != pst.Ino || st.Dev != pst.Dev || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		f.Close()
+		return nil, errors.New("not the regular file that was checked")
+	}
+	return f, nil
 }

@@ -1,12 +1,9 @@
 package homereset
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -155,28 +152,4 @@ func BenchmarkResetTranscripts(b *testing.B) {
 			b.ReportMetric(float64((per - base).Milliseconds()), "added-ms/op")
 		})
 	}
-}
-
-// BenchmarkTranscriptParseVsHash compares the two ways to carry a 5 MiB
-// transcript: parse and rebuild it, or prove by SHA-256 that the last reset
-// wrote it (MB/s of each).
-func BenchmarkTranscriptParseVsHash(b *testing.B) {
-	p := filepath.Join(b.TempDir(), "s.jsonl")
-	writeBenchTranscript(b, p, 5<<20, "00000000-1111-4111-8111-111111111111")
-	data, err := os.ReadFile(p)
-	must(b, err)
-	b.Run("parse", func(b *testing.B) {
-		b.SetBytes(int64(len(data)))
-		for i := 0; i < b.N; i++ {
-			if _, err := rebuildLines(context.Background(), bytes.NewReader(data), io.Discard, 1<<30, newTranscriptFilter()); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	b.Run("sha256", func(b *testing.B) {
-		b.SetBytes(int64(len(data)))
-		for i := 0; i < b.N; i++ {
-			sha256.Sum256(data)
-		}
-	})
 }

@@ -39,12 +39,12 @@ func newTask(t *testing.T, profiles ...string) Task {
 	write(t, filepath.Join(host, "profile"), "export PATH=/usr/bin:/bin\n")
 	cfg := config.Default()
 	cfg.Tokens = map[string]string{"claude": filepath.Join(tok, "claude"), "opencode": filepath.Join(tok, "opencode")}
-	cfg.Home.Claude.Settings = map[string]any{"model": "opus", "permissions": map[string]any{"deny": []any{"Read(/etc/shadow)"}}}
-	cfg.Home.Claude.Instructions = "Work in /work.\n"
-	cfg.Home.Claude.Bootstrap = map[string]string{".claude/.credentials.json": "claude"}
-	cfg.Home.Opencode.Settings = map[string]any{"theme": "system"}
-	cfg.Home.Opencode.Bootstrap = map[string]string{".local/share/opencode/auth.json": "opencode"}
-	cfg.Home.Shell.Files = map[string]string{".gitconfig": filepath.Join(host, "gitconfig"), ".profile": filepath.Join(host, "profile")}
+	cfg.Home.Profile("claude").Settings = map[string]any{"model": "opus", "permissions": map[string]any{"deny": []any{"Read(/etc/shadow)"}}}
+	cfg.Home.Profile("claude").Instructions = "Work in /work.\n"
+	cfg.Home.Profile("claude").Bootstrap = map[string]string{".claude/.credentials.json": "claude"}
+	cfg.Home.Profile("opencode").Settings = map[string]any{"theme": "system"}
+	cfg.Home.Profile("opencode").Bootstrap = map[string]string{".local/share/opencode/auth.json": "opencode"}
+	cfg.Home.Profile("shell").Files = map[string]string{".gitconfig": filepath.Join(host, "gitconfig"), ".profile": filepath.Join(host, "profile")}
 	assert.NilError(t, cfg.Validate())
 	return Task{Root: root, UID: testBase + agentUID, GID: testBase + agentUID, Config: cfg, Profiles: profiles}
 }

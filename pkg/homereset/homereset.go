@@ -34,6 +34,7 @@ import (
 	"time"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"golang.org/x/sys/unix"
 )
 
@@ -257,7 +258,7 @@ func checkTask(t Task) error {
 	if len(t.Profiles) == 0 {
 		return errors.New("homereset: no HOME profile")
 	}
-	_, err := rulesFor(t.keptProfiles())
+	_, err := profile.KeepList(t.keptProfiles())
 	return err
 }
 
@@ -284,14 +285,14 @@ func Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
 		res.Result = AlreadyBootstrapped
 		return res, nil
 	}
-	rules, _ := rulesFor(t.Profiles)
+	rules, _ := profile.KeepList(t.Profiles)
 	// A baseline error is Reset's to report; here it only means no MCP URLs.
 	base, _ := baseline(&t.Config.Home, t.Profiles, rules)
 	env := newFilterEnv(base)
 	type seed struct {
 		rel  string
 		data []byte
-		rule *rule
+		rule *profile.Rule
 	}
 	var seeds []seed
 	for _, p := range t.Profiles {
@@ -303,8 +304,8 @@ func Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
 			if !ok {
 				return nil, &config.Error{Key: key, Msg: fmt.Sprintf("names token %q, which [tokens] does not define", tok)}
 			}
-			ru := matchFile(rules, strings.Split(rel, "/"))
-			if ru == nil || ru.kind != kindFilter {
+			ru := profile.Match(rules, strings.Split(rel, "/"))
+			if ru == nil || ru.Kind != profile.KindFilter {
 				return nil, &config.Error{Key: key, Msg: "is not a credential file of the profile's keep-list"}
 			}
 			data, err := readHostFile(path, int64(t.Config.Home.MaxFileSize))
@@ -335,7 +336,7 @@ func Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
 		if err != nil {
 			return nil, fmt.Errorf("bootstrap %s: %w", s.rel, err)
 		}
-		err = writeFileAt(d, base, s.data, s.rule.mode, t.UID, t.GID)
+		err = writeFileAt(d, base, s.data, s.rule.Mode, t.UID, t.GID)
 		if d != home {
 			d.Close()
 		}
@@ -393,7 +394,7 @@ func mkdirAll(dir *os.File, rel string, uid, gid int, dev uint64) (*os.File, err
 
 // validateJSON checks a small keep-list file: a JSON object, rebuilt through
 // the rule's filter. It returns the bytes to write and the dropped keys.
-func validateJSON(data []byte, ru *rule, env *filterEnv) ([]byte, []fieldDrop, error) {
+func validateJSON(data []byte, ru *profile.Rule, env *profile.FilterEnv) ([]byte, []profile.FieldDrop, error) {
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.UseNumber()
 	var obj map[string]any
@@ -403,10 +404,10 @@ func validateJSON(data []byte, ru *rule, env *filterEnv) ([]byte, []fieldDrop, e
 	if dec.More() {
 		return nil, nil, errors.New("trailing data after the JSON object")
 	}
-	if ru.filter == nil {
+	if ru.Filter == nil {
 		return nil, nil, errors.New("no allowlist for this file")
 	}
-	out, dropped := ru.filter(obj, env)
+	out, dropped := ru.Filter(obj, env)
 	b, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {
 		return nil, nil, err
@@ -443,27 +444,11 @@ func validID(id string) bool {
 	return err == nil && id != ""
 }
 
-// newFilterEnv reads what the filters need from the baseline: the MCP
-// server URLs of the owner's opencode config.
-func newFilterEnv(base []baseFile) *filterEnv {
-	env := &filterEnv{mcpURLs: map[string]string{}}
-	oc, _ := config.Profile("opencode")
+// newFilterEnv hands the filters the baseline's contents.
+func newFilterEnv(base []baseFile) *profile.FilterEnv {
+	files := map[string][]byte{}
 	for _, f := range base {
-		if f.rel != oc.Settings {
-			continue
-		}
-		var cfg struct {
-			MCP map[string]struct {
-				URL string `json:"url"`
-			} `json:"mcp"`
-		}
-		if json.Unmarshal(f.data, &cfg) == nil {
-			for name, s := range cfg.MCP {
-				if s.URL != "" {
-					env.mcpURLs[name] = s.URL
-				}
-			}
-		}
+		files[f.rel] = f.data
 	}
-	return env
+	return profile.NewFilterEnv(files)
 }

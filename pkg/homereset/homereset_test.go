@@ -48,7 +48,7 @@ func TestBootstrapRejectsBadToken(t *testing.T) {
 	write(t, task.Config.Tokens["claude"], "not json")
 	_, err := Bootstrap(context.Background(), task)
 	assert.ErrorContains(t, err, "not a JSON object")
-	task.Config.Home.Claude.Bootstrap = map[string]string{".claude/.credentials.json": "nope"}
+	task.Config.Home.Profile("claude").Bootstrap = map[string]string{".claude/.credentials.json": "nope"}
 	_, err = Bootstrap(context.Background(), task)
 	assert.ErrorContains(t, err, `names token "nope"`)
 }
@@ -178,7 +178,7 @@ func TestDryRunChangesNothing(t *testing.T) {
 
 func TestBaselineConflictsAndPolicy(t *testing.T) {
 	task := newTask(t, "claude", "shell")
-	task.Config.Home.Shell.Files[".claude/.credentials.json"] = task.Config.Tokens["claude"]
+	task.Config.Home.Profile("shell").Files[".claude/.credentials.json"] = task.Config.Tokens["claude"]
 	_, err := Bootstrap(context.Background(), task)
 	assert.NilError(t, err)
 	_, err = Reset(context.Background(), ResetInput{Task: task})
@@ -200,7 +200,7 @@ func TestBaselineConflictsAndPolicy(t *testing.T) {
 	assert.Equal(t, ms["allowManagedHooksOnly"], true)
 	data, _ = os.ReadFile(filepath.Join(mounts[0].Source, "managed-mcp.json"))
 	assert.Equal(t, string(data), "{\n  \"mcpServers\": {}\n}\n")
-	task.Config.Home.Claude.Managed = map[string]any{"allowManagedHooksOnly": false}
+	task.Config.Home.Profile("claude").Managed = map[string]any{"allowManagedHooksOnly": false}
 	_, err = PlanPolicy(dir, task.Config, []string{"claude"}, PolicyGateway{})
 	assert.Assert(t, config.IsConfigError(err))
 	assert.ErrorContains(t, err, "home.claude.managed.allowManagedHooksOnly: is enforced by shrooms")

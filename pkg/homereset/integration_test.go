@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"gotest.tools/v3/assert"
 )
 
@@ -154,8 +155,8 @@ func TestTurnScenariosInPodman(t *testing.T) {
 			write(t, filepath.Join(filepath.Dir(task.Config.Tokens["claude"]), "mcpauth"), `{"srv":{"access":"x"}}`)
 			task.Config.Tokens["claudejson"] = filepath.Join(filepath.Dir(task.Config.Tokens["claude"]), "claudejson")
 			task.Config.Tokens["mcpauth"] = filepath.Join(filepath.Dir(task.Config.Tokens["claude"]), "mcpauth")
-			task.Config.Home.Claude.Bootstrap[".claude.json"] = "claudejson"
-			task.Config.Home.Opencode.Bootstrap[".local/share/opencode/mcp-auth.json"] = "mcpauth"
+			task.Config.Home.Profile("claude").Bootstrap[".claude.json"] = "claudejson"
+			task.Config.Home.Profile("opencode").Bootstrap[".local/share/opencode/mcp-auth.json"] = "mcpauth"
 			ctx := context.Background()
 			res, err := Bootstrap(ctx, task)
 			assert.NilError(t, err)
@@ -217,8 +218,9 @@ sh /markers/exec.sh /markers/t1`
 				}
 				if rel == ".claude.json" {
 					// Turn 1 rewrote it: what survives is its allowlisted part.
-					cj := rule{filter: filterClaudeJSON}
-					want, _, err = validateJSON([]byte(vectors[rel]), &cj, &filterEnv{})
+					rules, _ := profile.KeepList([]string{"claude"})
+					cj := profile.Match(rules, []string{".claude.json"})
+					want, _, err = validateJSON([]byte(vectors[rel]), cj, profile.NewFilterEnv(nil))
 					assert.NilError(t, err)
 					assert.Assert(t, !bytes.Contains(want, []byte("touch")))
 				}
@@ -279,7 +281,7 @@ func configLines(snapshot string) []string {
 		}
 		p = strings.TrimPrefix(p, "./")
 		segs := strings.Split(p, "/")
-		if matchFile(allRules(), segs) != nil || mayContain(allRules(), segs) {
+		if profile.Match(allRules(), segs) != nil || profile.MayContain(allRules(), segs) {
 			continue
 		}
 		out = append(out, l)
@@ -287,8 +289,8 @@ func configLines(snapshot string) []string {
 	return out
 }
 
-func allRules() []rule {
-	r, _ := rulesFor([]string{"claude", "opencode"})
+func allRules() []profile.Rule {
+	r, _ := profile.KeepList([]string{"claude", "opencode"})
 	return r
 }
 

@@ -134,26 +134,6 @@ func TestOpencodeDBPointersPinned(t *testing.T) {
 	assert.Equal(t, len(rep.Dropped), 0, "%+v", rep.Dropped)
 }
 
-// TestOpencodeRevertKept: a revert point of opencode's own form is kept
-// (the next prompt needs it to drop the reverted messages).
-func TestOpencodeRevertKept(t *testing.T) {
-	var tl tally
-	for in, keep := range map[string]bool{
-		`{"messageID":"msg_2339123000012kogboZguV2cHF"}`:                                               true,
-		`{"messageID":"msg_2","partID":"prt_3","snapshot":"` + ocSnapshot + `","diff":"--- a\n+++ b"}`: true,
-		`{"messageID":"msg_2","snapshot":"HEAD; touch /x"}`:                                            false,
-		`{"messageID":"../x"}`:                   false,
-		`{"partID":"prt_3"}`:                     false,
-		`{"messageID":"msg_2","url":"http://x"}`: false,
-		`["msg_2"]`:                              false,
-	} {
-		v, ok := decodeJSON(in)
-		assert.Assert(t, ok, in)
-		out, changed := checkRevert(v, &tl)
-		assert.Equal(t, out != nil && !changed, keep, in)
-	}
-}
-
 // TestOpencodeDBGlobalProject: a shrooms cage's opencode sees /work as no
 // git repository (git refuses a worktree another uid owns), so it files
 // sessions under the "global" project, worktree "/", session path "work",

@@ -4,14 +4,15 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 )
 
 // PolicyMount is one directory of managed policy that the cage must mount
@@ -26,32 +27,6 @@ type PolicyMount struct {
 	Files map[string]string `json:"files"`
 }
 
-// claudeEnforced are the managed-settings keys shrooms always sets: only
-// managed hooks run, only managed (that is: no) MCP servers load, no project
-// MCP servers are auto-approved, no plugin marketplace is trusted; and the
-// bypass-permissions warning is accepted (the cage, not the prompts, is the
-// boundary: an interactive Claude would otherwise ask at every turn, as the
-// reset drops the user-level acceptance).
-var claudeEnforced = map[string]any{
-	"skipDangerousModePermissionPrompt": true,
-	"allowManagedHooksOnly":             true,
-	"allowManagedMcpServersOnly":        true,
-	"allowedMcpServers":                 []any{},
-	"enableAllProjectMcpServers":        false,
-	"strictKnownMarketplaces":           []any{},
-}
-
-// opencodeEnforced are the keys of /etc/opencode/opencode.json shrooms always
-// sets. opencode merges user config over nothing it can subtract, so these
-// only add safe defaults; the HOME reset is what removes planted plugins.
-var opencodeEnforced = map[string]any{
-	"$schema":    "https://opencode.ai/config.json",
-	"autoupdate": false,
-	"share":      "disabled",
-	"plugin":     []any{},
-	"mcp":        map[string]any{},
-}
-
 // Policy is the managed policy of a turn, computed and not yet written.
 type Policy struct {
 	// Mounts are the read-only mounts the cage needs, with the digests of
@@ -62,15 +37,10 @@ type Policy struct {
 }
 
 // PlanPolicy computes the managed policy of the given profiles in dir (a
-// per-task directory under config state.dir), writing nothing:
-//
-//   - claude:   dir/claude-code → /etc/claude-code with managed-settings.json
-//     (claudeEnforced + home.claude.managed) and managed-mcp.json
-//     ({"mcpServers":{}}: no MCP server at all, plugin servers included);
-//   - opencode: dir/opencode → /etc/opencode with opencode.json
-//     (opencodeEnforced + home.opencode.managed, and gw's pins).
-//
-// The shell profile has no managed policy.
+// per-task directory under config state.dir), writing nothing: each
+// profile's policy files (its enforced keys, the owner's home.<profile>.managed
+// keys and gw's pins) in dir/<its policy dir>, mounted read-only at its
+// policy destination. A profile without managed policy has none.
 func PlanPolicy(dir string, cfg *config.Config, profiles []string, gw PolicyGateway) (*Policy, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("policy directory %q must be absolute", dir)
@@ -104,43 +74,28 @@ func PlanPolicy(dir string, cfg *config.Config, profiles []string, gw PolicyGate
 
 // policyFiles is one profile's managed policy files, the subdirectory of
 // the policy dir they go to and where the cage mounts it (nil files: none).
-func policyFiles(profile string, cfg *config.Config, gw PolicyGateway) (files map[string]any, sub, dest string, err error) {
-	prof, ok := config.Profile(profile)
+func policyFiles(name string, cfg *config.Config, gw PolicyGateway) (files map[string]any, sub, dest string, err error) {
+	prof, ok := profile.Lookup(name)
 	if !ok {
-		return nil, "", "", fmt.Errorf("unknown HOME profile %q", profile)
+		return nil, "", "", fmt.Errorf("unknown HOME profile %q", name)
 	}
-	switch profile {
-	case "claude":
-		settings, err := merge(claudeEnforced, cfg.Home.Claude.Managed, "home.claude.managed")
-		if err != nil {
-			return nil, "", "", err
-		}
-		files = map[string]any{"managed-settings.json": settings, "managed-mcp.json": map[string]any{"mcpServers": map[string]any{}}}
-	case "opencode":
-		enforced := opencodeEnforced
-		if gw.AnthropicBaseURL != "" {
-			enforced = maps.Clone(opencodeEnforced)
-			enforced["provider"] = map[string]any{"anthropic": map[string]any{"options": map[string]any{"baseURL": gw.AnthropicBaseURL + "/v1"}}}
-		}
-		oc, err := merge(enforced, cfg.Home.Opencode.Managed, "home.opencode.managed")
-		if err != nil {
-			return nil, "", "", err
-		}
-		files = map[string]any{"opencode.json": oc}
-	}
-	if files == nil || prof.PolicyDir == "" {
+	if prof.Policy == nil || prof.PolicyDir == "" {
 		return nil, "", "", nil
+	}
+	files, err = prof.Policy(cfg.Home.Profile(name).Managed, gw)
+	var ee *profile.EnforcedError
+	if errors.As(err, &ee) {
+		return nil, "", "", &config.Error{Key: "home." + name + ".managed." + ee.Key, Msg: ee.Error()}
+	}
+	if err != nil {
+		return nil, "", "", err
 	}
 	return files, prof.PolicyDir, prof.PolicyDest, nil
 }
 
 // PolicyGateway is what the managed policy must pin when the turn's model
 // requests go through shrooms' gateway.
-type PolicyGateway struct {
-	// AnthropicBaseURL, when set, is pinned as opencode's anthropic provider
-	// base URL (Claude Code takes ANTHROPIC_BASE_URL from the environment).
-	AnthropicBaseURL string
-}
+type PolicyGateway = profile.Gateway
 
 // Write puts the policy's files in place: directories created if needed,
 // owned by root; files world-readable (the cage user must read them) and
@@ -171,32 +126,4 @@ func writeAtomic(path string, data []byte) error {
 		return err
 	}
 	return os.Rename(tmp, path)
-}
-
-// merge returns enforced plus the owner's extra keys; an owner key that
-// would change an enforced one is a config error.
-func merge(enforced, extra map[string]any, key string) (map[string]any, error) {
-	out := map[string]any{}
-	for k, v := range extra {
-		if ev, ok := enforced[k]; ok && !reflect.DeepEqual(normalize(ev), normalize(v)) {
-			want, _ := json.Marshal(ev)
-			return nil, &config.Error{Key: key + "." + k, Msg: fmt.Sprintf("is enforced by shrooms (%s) and cannot be changed", want)}
-		}
-		out[k] = v
-	}
-	for k, v := range enforced {
-		out[k] = v
-	}
-	return out, nil
-}
-
-// normalize maps a value through JSON so TOML and Go literals compare equal.
-func normalize(v any) any {
-	data, err := json.Marshal(v)
-	if err != nil {
-		return v
-	}
-	var out any
-	_ = json.Unmarshal(data, &out)
-	return out
 }

@@ -8,12 +8,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"golang.org/x/sys/unix"
 )
 
@@ -36,7 +36,7 @@ func Reset(ctx context.Context, in ResetInput) (*Report, error) {
 		return nil, err
 	}
 	all := in.keptProfiles()
-	rules, _ := rulesFor(all)
+	rules, _ := profile.KeepList(all)
 	base, err := baseline(&in.Config.Home, in.Profiles, rules)
 	if err != nil {
 		return nil, fmt.Errorf("HOME baseline: %w", err)
@@ -82,9 +82,7 @@ func Reset(ctx context.Context, in ResetInput) (*Report, error) {
 	}
 	defer trash.Close()
 	s := &resetter{in: in, v: v, trash: trash, rules: rules, base: base, env: newFilterEnv(envBase), lines: loadLineCache(v.meta)}
-	if slices.Contains(in.Profiles, "claude") {
-		s.env.claude = &claudeSeed{apiKey: in.APIKey}
-	}
+	s.env.Own, s.env.APIKey = in.Profiles, in.APIKey
 
 	id, err := readJournal(v.meta)
 	if err != nil {
@@ -126,9 +124,9 @@ type resetter struct {
 	in    ResetInput
 	v     *volume
 	trash *os.File
-	rules []rule
+	rules []profile.Rule
 	base  []baseFile
-	env   *filterEnv
+	env   *profile.FilterEnv
 	// lines is what the last reset wrote of each rebuilt JSONL file;
 	// nextLines what this one writes (cctranscache.go).
 	lines, nextLines lineCache
@@ -244,25 +242,43 @@ func (s *resetter) recover(ctx context.Context, id string) (string, error) {
 	}
 }
 
-// laySeeds writes, in a Claude turn whose HOME kept no ~/.claude.json (a
-// fresh task), one holding shrooms' seeds alone (claudeSeed).
+// laySeeds writes the seeded files of the turn's own profiles that the
+// HOME did not keep (a fresh task's ~/.claude.json): their filters' seeds
+// alone (profile.Profile.Seeded).
 func (s *resetter) laySeeds(stage *os.File, rep *Report) error {
-	if s.env.claude == nil {
-		return nil
+	for _, name := range s.in.Profiles {
+		p, _ := profile.Lookup(name)
+		for _, rel := range p.Seeded {
+			ru := profile.Match(s.rules, strings.Split(rel, "/"))
+			if ru == nil || ru.Kind != profile.KindFilter {
+				return fmt.Errorf("seed %s: not a filtered file of the keep-list", rel)
+			}
+			dir, base := "", rel
+			if i := strings.LastIndexByte(rel, '/'); i >= 0 {
+				dir, base = rel[:i], rel[i+1:]
+			}
+			d, err := mkdirAll(stage, dir, s.in.UID, s.in.GID, s.v.dev)
+			if err != nil {
+				return fmt.Errorf("seed %s: %w", rel, err)
+			}
+			ok, err := exists(d, base)
+			if err == nil && !ok {
+				var data []byte
+				if data, _, err = validateJSON([]byte("{}"), ru, s.env); err == nil {
+					err = writeFileAt(d, base, data, ru.Mode, s.in.UID, s.in.GID)
+				}
+				if err == nil {
+					rep.Seeded = append(rep.Seeded, rel)
+				}
+			}
+			if d != stage {
+				d.Close()
+			}
+			if err != nil {
+				return fmt.Errorf("seed %s: %w", rel, err)
+			}
+		}
 	}
-	const rel = ".claude.json"
-	if ok, err := exists(stage, rel); err != nil || ok {
-		return err
-	}
-	seeded, _ := filterClaudeJSON(map[string]any{}, s.env)
-	b, err := json.MarshalIndent(seeded, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := writeFileAt(stage, rel, append(b, '\n'), 0o600, s.in.UID, s.in.GID); err != nil {
-		return fmt.Errorf("seed %s: %w", rel, err)
-	}
-	rep.Seeded = append(rep.Seeded, rel)
 	return nil
 }
 
@@ -345,8 +361,8 @@ func (s *resetter) build(ctx context.Context, srcParent *os.File, srcName string
 		fr.pending = fr.pending[1:]
 		segs := append(append([]string{}, fr.segs...), name)
 		rel := strings.Join(segs, "/")
-		ru := matchFile(s.rules, segs)
-		descend := mayContain(s.rules, segs)
+		ru := profile.Match(s.rules, segs)
+		descend := profile.MayContain(s.rules, segs)
 		if ru == nil && !descend {
 			b.removed(rel)
 			continue
@@ -471,10 +487,10 @@ func (b *builder) stageDir(fr *walkFrame) (*os.File, error) {
 // keep validates one kept regular file (fd is its O_PATH descriptor) and
 // carries it into the stage. Validation failures drop the entry with a
 // warning; only failures to write the stage are errors.
-func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, ru *rule) error {
+func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, ru *profile.Rule) error {
 	h := &b.s.in.Config.Home
 	limit := int64(h.MaxFileSize)
-	if ru.kind != kindFilter {
+	if ru.Kind != profile.KindFilter {
 		limit = int64(h.MaxSessionFile)
 	}
 	switch {
@@ -491,23 +507,23 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 		b.drop(rel, "would exceed home.max_keep_files")
 		return nil
 	}
-	if ru.kind == kindTranscript || ru.kind == kindHistory {
+	if ru.Kind == profile.KindLines {
 		return b.keepLines(fd, st, fr, name, rel, ru, limit)
 	}
 	var data []byte
-	var dropped []fieldDrop
-	if ru.kind != kindBlob || ru.magic != "" {
+	var dropped []profile.FieldDrop
+	if ru.Kind != profile.KindBlob || ru.Magic != "" {
 		max := limit
-		if ru.kind != kindFilter {
-			max = int64(len(ru.magic))
+		if ru.Kind != profile.KindFilter {
+			max = int64(len(ru.Magic))
 		}
-		raw, err := readHead(fd, max, ru.kind != kindFilter)
+		raw, err := readHead(fd, max, ru.Kind != profile.KindFilter)
 		if err != nil {
 			b.drop(rel, fmt.Sprintf("cannot be read (%v)", err))
 			return nil
 		}
-		if ru.kind != kindFilter {
-			if (st.Size > 0 || ru.kind == kindOpencodeDB) && string(raw) != ru.magic {
+		if ru.Kind != profile.KindFilter {
+			if (st.Size > 0 || ru.Kind == profile.KindDatabase) && string(raw) != ru.Magic {
 				b.drop(rel, "does not start with the expected file signature")
 				return nil
 			}
@@ -519,15 +535,15 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 			}
 		}
 	}
-	if ru.kind == kindOpencodeDB {
-		return b.keepOpencodeDB(fd, st, fr, name, rel, ru, limit)
+	if ru.Kind == profile.KindDatabase {
+		return b.keepDatabase(fd, st, fr, name, rel, ru, limit)
 	}
 	b.files++
 	b.rep.KeptBytes += st.Size
-	if ru.kind == kindFilter {
+	if ru.Kind == profile.KindFilter {
 		b.rep.Rebuilt = appendCapped(b.rep.Rebuilt, rel)
 		for _, d := range dropped {
-			b.dropped(Drop{Path: rel, Item: d.key, Reason: d.reason}, fmt.Sprintf("rebuilt %s without key %q: %s", rel, d.key, d.reason))
+			b.dropped(Drop{Path: rel, Item: d.Key, Reason: d.Reason}, fmt.Sprintf("rebuilt %s without key %q: %s", rel, d.Key, d.Reason))
 		}
 	} else {
 		b.rep.KeptCount++
@@ -540,10 +556,10 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 	if err != nil {
 		return fmt.Errorf("stage %s: %w", rel, err)
 	}
-	if ru.kind != kindBlob {
-		return writeFileAt(dir, name, data, ru.mode, b.s.in.UID, b.s.in.GID)
+	if ru.Kind != profile.KindBlob {
+		return writeFileAt(dir, name, data, ru.Mode, b.s.in.UID, b.s.in.GID)
 	}
-	return b.link(fd, dir, name, rel, ru.mode)
+	return b.link(fd, dir, name, rel, ru.Mode)
 }
 
 // link puts exactly the inode that was checked (AT_EMPTY_PATH on its O_PATH
@@ -561,10 +577,10 @@ func (b *builder) link(fd int, dir *os.File, name, rel string, mode uint32) erro
 	return nil
 }
 
-// keepOpencodeDB rebuilds opencode.db (fd, already checked for type, size
-// and signature) with its -wal folded in, into the stage. A database of an
+// keepDatabase rebuilds an SQLite database (fd, already checked for type,
+// size and signature; opencode.db) with its -wal folded in, into the stage. A database of an
 // unknown schema fails the reset; one SQLite cannot read is dropped.
-func (b *builder) keepOpencodeDB(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, ru *rule, limit int64) error {
+func (b *builder) keepDatabase(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, ru *profile.Rule, limit int64) error {
 	walFd := -1
 	wfd, wst, err := openNode(fr.dir, name+"-wal")
 	switch {
@@ -590,26 +606,26 @@ func (b *builder) keepOpencodeDB(fd int, st unix.Stat_t, fr *walkFrame, name, re
 		b.drop(rel, "would exceed home.max_keep_size")
 		return nil
 	}
-	var drops []dbDrop
+	var drops []profile.RowDrop
 	var size int64
 	if b.dry {
-		drops, err = rebuildOpencodeDB(b.ctx, fd, walFd, limit, nil)
+		drops, err = ru.Rebuild(b.ctx, fd, walFd, limit, nil)
 	} else {
 		dir, derr := b.stageDir(fr)
 		if derr != nil {
 			return fmt.Errorf("stage %s: %w", rel, derr)
 		}
-		err = writeFileFrom(dir, name, ru.mode, b.s.in.UID, b.s.in.GID, func(w io.Writer) error {
+		err = writeFileFrom(dir, name, ru.Mode, b.s.in.UID, b.s.in.GID, func(w io.Writer) error {
 			cw := &countWriter{w: w}
 			var rerr error
-			drops, rerr = rebuildOpencodeDB(b.ctx, fd, walFd, limit, cw)
+			drops, rerr = ru.Rebuild(b.ctx, fd, walFd, limit, cw)
 			size = cw.n
 			return rerr
 		})
 	}
-	var se *errSchema
+	var se *profile.SchemaError
 	if errors.As(err, &se) {
-		return fmt.Errorf("%s: %s (to start this task without its opencode sessions, delete %s/%s*)", rel, se.msg, b.src, rel)
+		return fmt.Errorf("%s: %s (to start this task without its sessions, delete %s/%s*)", rel, se.Error(), b.src, rel)
 	}
 	if err != nil {
 		if cerr := b.ctx.Err(); cerr != nil {
@@ -629,11 +645,11 @@ func (b *builder) keepOpencodeDB(fd int, st unix.Stat_t, fr *walkFrame, name, re
 	}
 	b.rep.Rebuilt = appendCapped(b.rep.Rebuilt, what)
 	for _, d := range drops {
-		w := fmt.Sprintf("rebuilt %s without %s: %s", rel, d.item, d.reason)
-		if d.rows > 0 {
-			w = fmt.Sprintf("rebuilt %s without %s (%d rows): %s", rel, d.item, d.rows, d.reason)
+		w := fmt.Sprintf("rebuilt %s without %s: %s", rel, d.Item, d.Reason)
+		if d.Rows > 0 {
+			w = fmt.Sprintf("rebuilt %s without %s (%d rows): %s", rel, d.Item, d.Rows, d.Reason)
 		}
-		b.dropped(Drop{Path: rel, Item: d.item, Rows: d.rows, Reason: d.reason}, w)
+		b.dropped(Drop{Path: rel, Item: d.Item, Rows: d.Rows, Reason: d.Reason}, w)
 	}
 	return nil
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
@@ -433,7 +434,7 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 		{Name: "run", MountPath: "/run"},
 	}
 	for _, p := range slices.Sorted(slices.Values(agent.Home)) {
-		if prof, _ := config.Profile(p); prof.PolicyDir != "" {
+		if prof, _ := profile.Lookup(p); prof.PolicyDir != "" {
 			agentMounts = append(agentMounts, corev1.VolumeMount{Name: "policy", MountPath: prof.PolicyDest, SubPath: prof.PolicyDir, ReadOnly: true})
 		}
 	}

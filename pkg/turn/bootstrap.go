@@ -12,9 +12,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -171,8 +171,8 @@ func (r *Runner) KeptProfiles(task taskid.ID, home []string) ([]string, error) {
 	}
 	var kept []string
 	for _, p := range known {
-		if _, ok := config.Profile(p); !ok {
-			return nil, fmt.Errorf("%w: task %s's profiles fact names %q, which is no HOME profile (%s)", ErrHostNotReady, task, p, strings.Join(config.HomeProfiles, ", "))
+		if _, ok := profile.Lookup(p); !ok {
+			return nil, fmt.Errorf("%w: task %s's profiles fact names %q, which is no HOME profile (%s)", ErrHostNotReady, task, p, strings.Join(profile.Names(), ", "))
 		}
 		if !slices.Contains(home, p) && !slices.Contains(kept, p) {
 			kept = append(kept, p)

@@ -12,6 +12,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
@@ -83,8 +84,9 @@ type Plan struct {
 	// included (nil without one); execute starts it in the cage's netns.
 	gateway *gateway.Config
 	// oauth is set when the cage gets subscription credentials holding the
-	// placeholder.
-	oauth *gateway.OAuth
+	// placeholder, at the HOME path signIn.
+	oauth  *gateway.OAuth
+	signIn string
 	// secrets are the podman secrets of the turn's tokens, by name.
 	secrets map[string][]byte
 	// argv is a prepared cage's command line, handed over at its run.
@@ -286,6 +288,7 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 			// A subscription sign-in: apply places credentials holding the
 			// placeholder in HOME.
 			p.oauth = g.oauth
+			p.signIn = profile.SignInPath(in.agent.Home)
 		}
 	}
 	if p.guard == nil || !p.guard.OpencodeProjectConfig {
@@ -391,13 +394,16 @@ func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, m mo
 		}
 	}
 	if p.oauth != nil {
-		// The cage's .credentials.json holds the placeholder as its access
+		// The cage's sign-in file holds the placeholder as its access
 		// token, no refresh token, and an expiry the agent never reaches.
+		if p.signIn == "" {
+			return fmt.Errorf("%w: a subscription sign-in needs a HOME profile that has a sign-in file", ErrInput)
+		}
 		creds, err := p.oauth.CageCredentials(ctx, p.gateway.Placeholder)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrInput, err)
 		}
-		if err := host.PlaceFile(p.root, ".claude/.credentials.json", creds, 0o600, p.home.UID, p.home.GID); err != nil {
+		if err := host.PlaceFile(p.root, p.signIn, creds, 0o600, p.home.UID, p.home.GID); err != nil {
 			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -609,7 +610,7 @@ func (r *Runner) Bootstrap(ctx context.Context, name string, profiles []string) 
 		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	if len(profiles) == 0 {
-		profiles = config.HomeProfiles
+		profiles = profile.Names()
 	}
 	lock, err := r.Store.LockTask(task)
 	if err != nil {

@@ -1,20 +1,15 @@
-package homereset
+package profile
 
 import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"slices"
 	"strconv"
-
-	"golang.org/x/sys/unix"
 )
 
 // Claude Code's transcripts (projects/<p>/<session>.jsonl and subagent
@@ -120,49 +115,43 @@ var ccDroppedAttachments = map[string]bool{
 	"teammate_mailbox": true, "fork_briefing": true,
 }
 
-// lineDrop counts what a line rebuild left out of one file: item is a
-// record type, a field or "(unparseable line)", never a value.
-type lineDrop struct {
-	item, reason string
-	n            int64
-}
-
-// lineDrops accumulates lineDrop counts in first-seen order.
+// lineDrops accumulates RowDrop counts (Item: a record type, a field or
+// "(unparseable line)", never a value) in first-seen order.
 type lineDrops struct {
 	order []string
-	by    map[string]*lineDrop
+	by    map[string]*RowDrop
 }
 
 func (d *lineDrops) add(item, reason string) {
 	if d.by == nil {
-		d.by = map[string]*lineDrop{}
+		d.by = map[string]*RowDrop{}
 	}
 	if x, ok := d.by[item]; ok {
-		x.n++
+		x.Rows++
 		return
 	}
-	d.by[item] = &lineDrop{item: item, reason: reason, n: 1}
+	d.by[item] = &RowDrop{Item: item, Reason: reason, Rows: 1}
 	d.order = append(d.order, item)
 }
 
-func (d *lineDrops) list() []lineDrop {
-	out := make([]lineDrop, 0, len(d.order))
+func (d *lineDrops) list() []RowDrop {
+	out := make([]RowDrop, 0, len(d.order))
 	for _, k := range d.order {
 		out = append(out, *d.by[k])
 	}
 	return out
 }
 
-// lineFilter rebuilds one parsed JSONL record: it returns the record to
+// LineFilter rebuilds one parsed JSONL record: it returns the record to
 // write, or nil to drop it (having counted why in drops).
-type lineFilter interface {
+type LineFilter interface {
 	record(rec map[string]json.RawMessage, drops *lineDrops) map[string]json.RawMessage
 }
 
-// rebuildLines reads a JSONL file from r and writes the records filter
+// RebuildLines reads a JSONL file from r and writes the records filter
 // keeps to w, one per line, as it goes. Lines that are not a JSON object
 // are dropped and counted. max bounds the bytes read.
-func rebuildLines(ctx context.Context, r io.Reader, w io.Writer, max int64, f lineFilter) ([]lineDrop, error) {
+func RebuildLines(ctx context.Context, r io.Reader, w io.Writer, max int64, f LineFilter) ([]RowDrop, error) {
 	br := bufio.NewReaderSize(io.LimitReader(r, max+1), 1<<16)
 	bw := bufio.NewWriterSize(w, 1<<16)
 	var drops lineDrops
@@ -444,120 +433,4 @@ func (historyFilter) record(rec map[string]json.RawMessage, drops *lineDrops) ma
 		}
 	}
 	return out
-}
-
-// lineFilterFor returns a fresh filter for a kept JSONL file.
-func lineFilterFor(ru *rule) lineFilter {
-	if ru.kind == kindHistory {
-		return historyFilter{}
-	}
-	return newTranscriptFilter()
-}
-
-// keepLines rebuilds a kept JSONL file (fd, already checked for type and
-// size) into the stage. A file that cannot be read whole is dropped; lines
-// that do not parse are dropped from it and counted. What the last reset
-// provably wrote is not parsed again (cctranscache.go).
-func (b *builder) keepLines(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, ru *rule, limit int64) error {
-	src, err := openRegular(fd)
-	if err != nil {
-		b.drop(rel, fmt.Sprintf("cannot be read (%v)", err))
-		return nil
-	}
-	defer src.Close()
-	prefix := int64(0)
-	ph, proven := b.provenPrefix(src, rel, st.Size)
-	if proven && b.s.lines[rel].Size == st.Size {
-		return b.keepUnchanged(fd, fr, name, rel, ru, st.Size, ph.Sum(nil))
-	}
-	if proven {
-		prefix = b.s.lines[rel].Size
-	}
-	if _, err := src.Seek(0, io.SeekStart); err != nil {
-		b.drop(rel, fmt.Sprintf("cannot be read (%v)", err))
-		return nil
-	}
-	var drops []lineDrop
-	var size int64
-	var digest []byte
-	rebuild := func(w io.Writer) error {
-		h := sha256.New()
-		cw := &countWriter{w: io.MultiWriter(w, h)}
-		if _, err := io.CopyN(cw, src, prefix); err != nil {
-			return err
-		}
-		var rerr error
-		drops, rerr = rebuildLines(b.ctx, src, cw, limit-prefix, lineFilterFor(ru))
-		size, digest = cw.n, h.Sum(nil)
-		return rerr
-	}
-	if b.dry {
-		err = rebuild(io.Discard)
-	} else {
-		dir, derr := b.stageDir(fr)
-		if derr != nil {
-			return fmt.Errorf("stage %s: %w", rel, derr)
-		}
-		err = writeFileFrom(dir, name, ru.mode, b.s.in.UID, b.s.in.GID, rebuild)
-	}
-	if err != nil {
-		if cerr := b.ctx.Err(); cerr != nil {
-			return cerr
-		}
-		var pe *os.PathError
-		if errors.As(err, &pe) && pe.Op == "create" {
-			return fmt.Errorf("stage %s: %w", rel, err)
-		}
-		if u := errors.Unwrap(err); u != nil {
-			err = u
-		}
-		b.drop(rel, fmt.Sprintf("cannot be rebuilt (%v)", err))
-		return nil
-	}
-	b.files++
-	b.rep.KeptBytes += size
-	b.rep.Rebuilt = appendCapped(b.rep.Rebuilt, rel)
-	b.note(rel, size, digest)
-	for _, d := range drops {
-		b.dropped(Drop{Path: rel, Item: d.item, Rows: d.n, Reason: d.reason},
-			fmt.Sprintf("rebuilt %s without %s (%d): %s", rel, d.item, d.n, d.reason))
-	}
-	return nil
-}
-
-// keepUnchanged carries a JSONL file that is byte for byte what the last
-// reset wrote: it is hard-linked like a blob.
-func (b *builder) keepUnchanged(fd int, fr *walkFrame, name, rel string, ru *rule, size int64, digest []byte) error {
-	b.files++
-	b.rep.KeptBytes += size
-	b.rep.KeptCount++
-	b.rep.Kept = appendCapped(b.rep.Kept, rel)
-	b.note(rel, size, digest)
-	if b.dry {
-		return nil
-	}
-	dir, err := b.stageDir(fr)
-	if err != nil {
-		return fmt.Errorf("stage %s: %w", rel, err)
-	}
-	return b.link(fd, dir, name, rel, ru.mode)
-}
-
-// openRegular opens the regular file behind an O_PATH fd for reading,
-// refusing it if it is no longer that inode.
-func openRegular(fd int) (*os.File, error) {
-	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
-	if err != nil {
-		return nil, err
-	}
-	var st, pst unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		f.Close()
-		return nil, err
-	}
-	if err := unix.Fstat(fd, &pst); err != nil || st.Ino != pst.Ino || st.Dev != pst.Dev || st.Mode&unix.S_IFMT != unix.S_IFREG {
-		f.Close()
-		return nil, errors.New("not the regular file that was checked")
-	}
-	return f, nil
 }

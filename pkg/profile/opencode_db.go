@@ -1,4 +1,4 @@
-package homereset
+package profile
 
 import (
 	"context"
@@ -176,26 +176,14 @@ var opencodeTables = []tablePlan{
 	{table: "todo"},
 }
 
-// dbDrop is one thing the rebuild left out.
-type dbDrop struct {
-	item   string // "table account", "column session.share_url", "trigger t"
-	rows   int64
-	reason string
-}
-
-// errSchema marks a database shrooms cannot judge: the reset fails closed.
-type errSchema struct{ msg string }
-
-func (e *errSchema) Error() string { return e.msg }
-
 // rebuildOpencodeDB copies the checked inode fd (and, if walFd >= 0, its
 // -wal) into a private directory, folds the WAL in, verifies the schema
 // against the pinned one and writes a fresh database holding only the
 // allowlisted rows and columns to out (nil: a dry run). A database whose
 // migrations or allowlisted tables differ from the pinned version returns an
-// *errSchema; one SQLite cannot read returns another error (the caller drops
+// *SchemaError; one SQLite cannot read returns another error (the caller drops
 // it).
-func rebuildOpencodeDB(ctx context.Context, fd, walFd int, max int64, out io.Writer) ([]dbDrop, error) {
+func rebuildOpencodeDB(ctx context.Context, fd, walFd int, max int64, out io.Writer) ([]RowDrop, error) {
 	pinned, err := parseSchema(opencodeSchemaText)
 	if err != nil {
 		return nil, err
@@ -296,7 +284,7 @@ func openSQLite(ctx context.Context, path string) (*sql.DB, *sql.Conn, error) {
 // integrity, and compares its schema with the pinned one. It returns what a
 // rebuild leaves out that is not in the pinned schema (triggers, views,
 // tables, indexes) and the rows of pinned tables outside the allowlist.
-func foldAndCheck(ctx context.Context, path string, pinned *pinnedSchema) ([]dbDrop, error) {
+func foldAndCheck(ctx context.Context, path string, pinned *pinnedSchema) ([]RowDrop, error) {
 	db, c, err := openSQLite(ctx, path)
 	if err != nil {
 		return nil, err
@@ -323,7 +311,7 @@ func foldAndCheck(ctx context.Context, path string, pinned *pinnedSchema) ([]dbD
 	// The version: the migration ids must be exactly the pinned ones.
 	mig := pinned.object("table", "migration")
 	if got := findObject(objs, "table", "migration"); got == nil || mig == nil || got.sql != mig.sql {
-		return nil, &errSchema{fmt.Sprintf("opencode.db has no migration table of %s's form; shrooms cannot tell its schema version", pinned.agent)}
+		return nil, &SchemaError{fmt.Sprintf("opencode.db has no migration table of %s's form; shrooms cannot tell its schema version", pinned.agent)}
 	}
 	ids, err := queryStrings(ctx, c, `SELECT id FROM "migration" ORDER BY id`)
 	if err != nil {
@@ -331,22 +319,22 @@ func foldAndCheck(ctx context.Context, path string, pinned *pinnedSchema) ([]dbD
 	}
 	for _, id := range ids {
 		if !slices.Contains(pinned.migrations, id) {
-			return nil, &errSchema{fmt.Sprintf("opencode.db has migration %q, which %s (the version shrooms pins) does not have: a newer opencode or a forged row; refusing to carry it over", id, pinned.agent)}
+			return nil, &SchemaError{fmt.Sprintf("opencode.db has migration %q, which %s (the version shrooms pins) does not have: a newer opencode or a forged row; refusing to carry it over", id, pinned.agent)}
 		}
 	}
 	for _, id := range pinned.migrations {
 		if !slices.Contains(ids, id) {
-			return nil, &errSchema{fmt.Sprintf("opencode.db lacks migration %q of %s (the version shrooms pins): an older opencode; refusing to carry it over", id, pinned.agent)}
+			return nil, &SchemaError{fmt.Sprintf("opencode.db lacks migration %q of %s (the version shrooms pins): an older opencode; refusing to carry it over", id, pinned.agent)}
 		}
 	}
 	for _, tp := range opencodeTables {
 		want := pinned.object("table", tp.table)
 		got := findObject(objs, "table", tp.table)
 		if want == nil || got == nil || got.sql != want.sql {
-			return nil, &errSchema{fmt.Sprintf("opencode.db table %q does not match %s's schema; refusing to carry it over", tp.table, pinned.agent)}
+			return nil, &SchemaError{fmt.Sprintf("opencode.db table %q does not match %s's schema; refusing to carry it over", tp.table, pinned.agent)}
 		}
 	}
-	var drops []dbDrop
+	var drops []RowDrop
 	for _, o := range objs {
 		if strings.HasPrefix(o.name, "sqlite_autoindex_") {
 			continue
@@ -354,14 +342,14 @@ func foldAndCheck(ctx context.Context, path string, pinned *pinnedSchema) ([]dbD
 		want := pinned.object(o.typ, o.name)
 		switch {
 		case want == nil || want.sql != o.sql || want.table != o.table:
-			drops = append(drops, dbDrop{item: o.typ + " " + o.name, reason: "not in " + pinned.agent + "'s schema"})
+			drops = append(drops, RowDrop{Item: o.typ + " " + o.name, Reason: "not in " + pinned.agent + "'s schema"})
 		case o.typ == "table" && o.name != "migration" && !slices.ContainsFunc(opencodeTables, func(tp tablePlan) bool { return tp.table == o.name }):
 			var n int64
 			if err := c.QueryRowContext(ctx, `SELECT count(*) FROM "`+o.name+`"`).Scan(&n); err != nil {
 				return nil, fmt.Errorf("count %s: %w", o.name, err)
 			}
 			if n > 0 {
-				drops = append(drops, dbDrop{item: "table " + o.name, rows: n, reason: "not session state"})
+				drops = append(drops, RowDrop{Item: "table " + o.name, Rows: n, Reason: "not session state"})
 			}
 		}
 	}
@@ -413,7 +401,7 @@ func queryStrings(ctx context.Context, c *sql.Conn, q string, args ...any) ([]st
 
 // copyAllowlisted creates dst with the pinned schema and copies the
 // allowlisted rows and columns of the (checked) database src into it.
-func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema) ([]dbDrop, error) {
+func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema) ([]RowDrop, error) {
 	db, c, err := openSQLite(ctx, dst)
 	if err != nil {
 		return nil, err
@@ -444,7 +432,7 @@ func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema)
 	if _, err := c.ExecContext(ctx, `INSERT INTO main."migration" (id, time_completed) SELECT id, time_completed FROM src."migration"`); err != nil {
 		return nil, fmt.Errorf("copy migrations: %w", err)
 	}
-	var drops []dbDrop
+	var drops []RowDrop
 	for _, tp := range opencodeTables {
 		cols, err := queryStrings(ctx, c, "SELECT name FROM pragma_table_info(?, 'main')", tp.table)
 		if err != nil {
@@ -459,7 +447,7 @@ func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema)
 					return nil, err
 				}
 				if n > 0 && col != "permission" {
-					drops = append(drops, dbDrop{item: "column " + tp.table + "." + col, rows: n, reason: why})
+					drops = append(drops, RowDrop{Item: "column " + tp.table + "." + col, Rows: n, Reason: why})
 				}
 				continue
 			}
@@ -471,7 +459,7 @@ func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema)
 					return nil, err
 				}
 				if n > 0 {
-					drops = append(drops, dbDrop{item: "column " + tp.table + "." + col + " (pinned to " + opencodeWork + ")", rows: n, reason: f[1]})
+					drops = append(drops, RowDrop{Item: "column " + tp.table + "." + col + " (pinned to " + opencodeWork + ")", Rows: n, Reason: f[1]})
 				}
 				continue
 			}
@@ -482,7 +470,7 @@ func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema)
 					return nil, err
 				}
 				if n > 0 {
-					drops = append(drops, dbDrop{item: "column " + tp.table + "." + col, rows: n, reason: f[1]})
+					drops = append(drops, RowDrop{Item: "column " + tp.table + "." + col, Rows: n, Reason: f[1]})
 				}
 				continue
 			}
@@ -498,7 +486,7 @@ func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema)
 		return nil, err
 	}
 	if n > 0 {
-		drops = append(drops, dbDrop{item: "column session.permission", rows: n, reason: "permission rules other than deny"})
+		drops = append(drops, RowDrop{Item: "column session.permission", Rows: n, Reason: "permission rules other than deny"})
 	}
 	more, err := pinOpencodeData(ctx, c)
 	if err != nil {

@@ -1,4 +1,4 @@
-package homereset
+package profile
 
 import (
 	"encoding/json"
@@ -14,10 +14,10 @@ import (
 // a path, a URL or a command; each is dropped (and named in the drops), and
 // the credential next to it is kept.
 func TestOpencodeKeptFileFields(t *testing.T) {
-	env := &filterEnv{mcpURLs: map[string]string{"docs": "https://docs.example/mcp"}}
+	env := &FilterEnv{mcpURLs: map[string]string{"docs": "https://docs.example/mcp"}}
 	for _, tc := range []struct {
 		name, in, drop string
-		filter         func(map[string]any, *filterEnv) (map[string]any, []fieldDrop)
+		filter         func(map[string]any, *FilterEnv) (map[string]any, []FieldDrop)
 		keep           string // a key path still there after the filter
 	}{
 		{"auth wellknown name", `{"https://evil.invalid/wk":{"type":"wellknown","key":"K","token":"t"},"a":{"type":"api","key":"k"}}`, badName, filterOpencodeAuth, "a.key"},

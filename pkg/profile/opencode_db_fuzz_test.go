@@ -1,4 +1,4 @@
-package homereset
+package profile
 
 import (
 	"bytes"
@@ -13,7 +13,7 @@ import (
 
 // rebuildBytes runs the opencode database rebuild on data (as the kept
 // file's inode) and returns the rebuilt database.
-func rebuildBytes(t testing.TB, dir string, data []byte) ([]byte, []dbDrop, error) {
+func rebuildBytes(t testing.TB, dir string, data []byte) ([]byte, []RowDrop, error) {
 	p := filepath.Join(dir, "opencode.db")
 	_ = os.Remove(p)
 	assert.NilError(t, os.WriteFile(p, data, 0o600))

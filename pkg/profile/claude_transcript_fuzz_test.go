@@ -1,4 +1,4 @@
-package homereset
+package profile
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ func FuzzTranscriptRebuild(f *testing.F) {
 	f.Add("{\"type\":\"summary\",\"summary\":\"s\",\"leafUuid\":null}\r\n\n\n{")
 	f.Fuzz(func(t *testing.T, in string) {
 		var once bytes.Buffer
-		if _, err := rebuildLines(context.Background(), strings.NewReader(in), &once, 1<<20, newTranscriptFilter()); err != nil {
+		if _, err := RebuildLines(context.Background(), strings.NewReader(in), &once, 1<<20, newTranscriptFilter()); err != nil {
 			t.Fatal(err)
 		}
 		for _, l := range strings.Split(strings.TrimSuffix(once.String(), "\n"), "\n") {
@@ -36,7 +36,7 @@ func FuzzTranscriptRebuild(f *testing.F) {
 			}
 		}
 		var twice bytes.Buffer
-		drops, err := rebuildLines(context.Background(), bytes.NewReader(once.Bytes()), &twice, 1<<20, newTranscriptFilter())
+		drops, err := RebuildLines(context.Background(), bytes.NewReader(once.Bytes()), &twice, 1<<20, newTranscriptFilter())
 		if err != nil || len(drops) != 0 || twice.String() != once.String() {
 			t.Fatalf("not stable: %v %+v\n%q\n%q", err, drops, once.String(), twice.String())
 		}

@@ -1,4 +1,4 @@
-package homereset
+package profile
 
 import (
 	"context"
@@ -65,23 +65,23 @@ var (
 // tally counts rows per reported item, in first-seen order.
 type tally struct {
 	order []string
-	by    map[string]*dbDrop
+	by    map[string]*RowDrop
 }
 
 func (t *tally) add(item, reason string) {
 	if t.by == nil {
-		t.by = map[string]*dbDrop{}
+		t.by = map[string]*RowDrop{}
 	}
 	if d, ok := t.by[item]; ok {
-		d.rows++
+		d.Rows++
 		return
 	}
-	t.by[item] = &dbDrop{item: item, rows: 1, reason: reason}
+	t.by[item] = &RowDrop{Item: item, Rows: 1, Reason: reason}
 	t.order = append(t.order, item)
 }
 
-func (t *tally) list() []dbDrop {
-	var out []dbDrop
+func (t *tally) list() []RowDrop {
+	var out []RowDrop
 	for _, k := range t.order {
 		out = append(out, *t.by[k])
 	}
@@ -90,7 +90,7 @@ func (t *tally) list() []dbDrop {
 
 // pinOpencodeData rewrites the JSON columns of the copied tables in main
 // (see above) and returns what it pinned and dropped.
-func pinOpencodeData(ctx context.Context, c *sql.Conn) ([]dbDrop, error) {
+func pinOpencodeData(ctx context.Context, c *sql.Conn) ([]RowDrop, error) {
 	var t tally
 	if err := rewriteRows(ctx, c, "session", "revert", func(v any, _ *tally) (any, bool) { return checkRevert(v, &t) }, &t); err != nil {
 		return nil, err
@@ -107,7 +107,7 @@ func pinOpencodeData(ctx context.Context, c *sql.Conn) ([]dbDrop, error) {
 		return nil, fmt.Errorf("drop orphaned parts: %w", err)
 	}
 	if n, _ := res.RowsAffected(); n > 0 {
-		d := dbDrop{item: "rows of part whose message is not kept", rows: n, reason: "their message was dropped or never existed"}
+		d := RowDrop{Item: "rows of part whose message is not kept", Rows: n, Reason: "their message was dropped or never existed"}
 		return append(t.list(), d), nil
 	}
 	return t.list(), nil

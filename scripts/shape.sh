@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The code-shape figures of issue 25, one line each: `make shape`.
+# Counts are of non-test Go files unless a line says otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TAGS="remote exclude_graphdriver_btrfs containers_image_openpgp exclude_graphdriver_devicemapper"
+nontest() { find "$@" -name '*.go' ! -name '*_test.go' 2>/dev/null; }
+count() { grep -cE "$1" || true; }
+
+echo "imports of homestore/homereset from turn, task, cmd: $(go list -tags "$TAGS" -f '{{join .Imports "\n"}}' ./pkg/turn ./pkg/task ./cmd/shrooms | count '/pkg/home(store|reset)$')"
+echo "state-dir paths joined outside taskstate: $(nontest pkg cmd internal | grep -v '^pkg/taskstate/' | xargs grep -hE 'filepath\.Join\([^)]*(State\.Dir|[sS]tateDir)' | wc -l)"
+echo "exported turn.Runner methods: $(nontest pkg/turn | xargs grep -hE '^func \(\w+ \*?Runner\) [A-Z]' | wc -l)"
+echo "turn.Runner uses in pkg/task: $(nontest pkg/task | xargs grep -ho 'turn\.Runner' | wc -l)"
+echo "\"claude\"/\"opencode\" literals outside pkg/profile: $(nontest pkg cmd internal | grep -v '^pkg/profile/' | xargs grep -hoE '"(claude|opencode)"' | wc -l)"
+echo "shrooms imports of pkg/profile: $( [ -d pkg/profile ] && go list -tags "$TAGS" -f '{{join .Imports "\n"}}' ./pkg/profile | count 'shrooms-cage/shrooms/' || echo n/a)"
+echo "homereset lines (non-test; code lines, i.e. not blank or comment / wc -l): $(nontest pkg/homereset | xargs cat | grep -v '^\s*$' | grep -cv '^\s*//') / $(nontest pkg/homereset | xargs cat | wc -l)"
+echo "funcs taking task string in pkg/: $(nontest pkg | xargs grep -hE '^func .*\btask string' | wc -l)"
+echo "test harness types (env, harness, cageEnv, fixture, world in tests and internal/itest): $(find cmd pkg internal test -name '*.go' | xargs grep -hE '^type (env|harness|cageEnv|fixture|world|Env) struct' | wc -l)"
+echo "fault-kind wrapping sites (lines with fmt.Errorf(… fault.X …)): $(nontest pkg cmd | xargs grep -hE 'Errorf\(.*fault\.[A-Z]' | wc -l)"
