@@ -220,7 +220,9 @@ sh /markers/exec.sh /markers/t1`
 					// Turn 1 rewrote it: what survives is its allowlisted part.
 					rules, _ := profile.KeepList([]string{"claude"})
 					cj := profile.Match(rules, []string{".claude.json"})
-					want, _, err = validateJSON([]byte(vectors[rel]), cj, profile.NewFilterEnv(nil))
+					env := profile.NewFilterEnv(nil)
+					env.Own = profiles // a Claude turn's seeds too
+					want, _, err = validateJSON([]byte(vectors[rel]), cj, env)
 					assert.NilError(t, err)
 					assert.Assert(t, !bytes.Contains(want, []byte("touch")))
 				}
