@@ -10,13 +10,15 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
 func netCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "net",
-		Usage: "the cage network and its nftables seal: apply, status, flush",
+		Usage: "the cage network and its nftables seal: apply, status, check, flush",
 		Subcommands: []*cli.Command{
+			netCheckCommand(),
 			{
 				Name:  "apply",
 				Usage: "install the seal (atomic, idempotent) and create the cage network if missing",
@@ -50,10 +52,15 @@ seal before it starts, and a running turn within a quarter second.`,
 			},
 			{
 				Name:  "status",
-				Usage: "verify the installed seal against the config (exit 122 when it differs or is missing)",
+				Usage: "verify the installed seal, and the in-cage wall of every running or prepared cage, against the config (exit 122 when one differs or is missing)",
+				Description: `Both walls are built from one rule set (its digest is shown): the host
+seal around the cage bridge, and the in-cage wall (table inet shrooms_wall)
+inside each cage's network namespace, installed before the cage starts.
+Under the allowlist policy a cage's wall keeps the addresses resolved at its
+turn's start; status compares it with the names resolved now.`,
 				Action: func(c *cli.Context) error {
 					return withNet(c, func(ctx context.Context, cfg *config.Config) error {
-						return printStatus(c, ctx, cfg)
+						return printStatusOf(c, ctx, cfg, true)
 					})
 				},
 			},
@@ -88,22 +95,126 @@ func withNet(c *cli.Context, f func(context.Context, *config.Config) error) erro
 }
 
 func printStatus(c *cli.Context, ctx context.Context, cfg *config.Config) error {
+	return printStatusOf(c, ctx, cfg, false)
+}
+
+// netStatus is `net status`: the host seal and the in-cage walls, both
+// from one rule set.
+type netStatus struct {
+	firewall.Status
+	// Rules is the digest of the rule set both walls are built from now.
+	Rules string `json:"rules,omitempty"`
+	// CageWall is the wall a cage started now gets (its digest), and
+	// Cages the walls of the cages running or prepared now.
+	CageWall string       `json:"cageWall,omitempty"`
+	Cages    []cageStatus `json:"cages,omitempty"`
+	// CagesError says why the cages could not be checked.
+	CagesError string `json:"cagesError,omitempty"`
+}
+
+type cageStatus struct {
+	Name string `json:"name"`
+	firewall.WallStatus
+}
+
+// printStatusOf prints the host seal's status; with cages also the
+// in-cage wall of every running or prepared cage, checked against the rule
+// set the host seal is built from now.
+func printStatusOf(c *cli.Context, ctx context.Context, cfg *config.Config, cages bool) error {
 	st, err := firewall.Verify(ctx, cfg.Network, firewall.Options{})
 	if err != nil {
 		return fail(ExitHostNotReady, err)
 	}
+	ns := netStatus{Status: st}
+	walls := true
+	if cages && cfg.Network.Networked() {
+		walls = checkCageWalls(ctx, cfg, &ns)
+	}
 	if jsonMode(c) {
-		if err := printJSON(c.App.Writer, st); err != nil {
+		if err := printJSON(c.App.Writer, ns); err != nil {
 			return err
 		}
-	} else if st.OK {
-		textf(c.App.Writer, "sealed: policy %s, tables %v, digest %s\n", st.Policy, st.Tables, st.Installed)
-		if st.Reason != "" {
-			textln(c.App.Writer, st.Reason)
+	} else {
+		if st.OK {
+			textf(c.App.Writer, "sealed: policy %s, tables %v, digest %s\n", st.Policy, st.Tables, st.Installed)
+			if st.Reason != "" {
+				textln(c.App.Writer, st.Reason)
+			}
+		}
+		if ns.Rules != "" {
+			textf(c.App.Writer, "in-cage wall: table inet %s in each cage's network namespace, digest %s; rule set %s (the host seal's)\n", firewall.WallTable, ns.CageWall, ns.Rules)
+		}
+		for _, cs := range ns.Cages {
+			if cs.OK {
+				textf(c.App.Writer, "  cage %s: wall in place\n", cs.Name)
+			} else {
+				textf(c.App.Writer, "  cage %s: %s\n", cs.Name, cs.Reason)
+			}
+		}
+		if ns.CagesError != "" {
+			textf(c.App.Writer, "  cages not checked: %s\n", ns.CagesError)
 		}
 	}
 	if !st.OK {
 		return fail(ExitHostNotReady, fmt.Errorf("seal not in place: %s", st.Reason))
 	}
+	if !walls {
+		return fail(ExitHostNotReady, fmt.Errorf("an in-cage wall is not as the rule set implies (see above)"))
+	}
 	return nil
+}
+
+// checkCageWalls fills ns with the rule set and the walls of the cages
+// podman runs or holds prepared; it reports whether every wall verified.
+func checkCageWalls(ctx context.Context, cfg *config.Config, ns *netStatus) bool {
+	var res firewall.Resolved
+	if cfg.Network.Policy == "allowlist" {
+		r, err := firewall.Resolve(ctx, cfg.Network, firewall.Options{})
+		if err != nil {
+			ns.CagesError = err.Error()
+			return false
+		}
+		res = r
+	}
+	rules, err := firewall.DescribeHost(cfg.Network, res, firewall.Options{})
+	if err != nil {
+		ns.CagesError = err.Error()
+		return false
+	}
+	ns.Rules = rules.Digest()
+	if ns.CageWall, err = firewall.WallDigest(rules); err != nil {
+		ns.CagesError = err.Error()
+		return false
+	}
+	client, err := connect(ctx, cfg)
+	if err != nil {
+		ns.CagesError = err.Error()
+		return true // the host seal is what status answers for without podman
+	}
+	// This shrooms' cages only (its state directory): a podman service may
+	// hold cages of other configurations, with other networks and rules.
+	list, err := client.ListByLabel(ctx, sealed.LabelState, sealed.StateLabel(cfg.State.Dir))
+	if err != nil {
+		ns.CagesError = err.Error()
+		return true
+	}
+	ok := true
+	for _, cg := range list {
+		if cg.Labels[sealed.LabelManaged] != "1" || (cg.State != "running" && cg.State != "initialized") {
+			continue
+		}
+		cs := cageStatus{Name: cg.Name}
+		pid, err := client.Pid(ctx, cg.ID)
+		if err == nil {
+			cs.WallStatus, err = firewall.VerifyWall(ctx, rules, firewall.Options{NetNS: cagenet.CageNetNS(pid)})
+		}
+		if err != nil {
+			cs.Reason = err.Error()
+		} else if !cs.OK && cfg.Network.Policy == "allowlist" {
+			cs.Reason += " (under allowlist a cage keeps the addresses resolved at its turn's start)"
+		}
+		ok = ok && cs.OK
+		ns.Cages = append(ns.Cages, cs)
+	}
+	return ok
 }

@@ -101,6 +101,22 @@ func TestNetworkedTurnInTestbed(t *testing.T) {
 	assert.Equal(t, code, 0, stderr)
 	// The result names the seal the turn verified: the one net status saw.
 	assert.Equal(t, lastObject(t, stdout)["seal_digest"], status.Installed)
+	// And its in-cage wall, verified in the cage's namespace before it
+	// started, built from the rule set net status reports.
+	wall, _ := lastObject(t, stdout)["cage_wall"].(map[string]any)
+	assert.Assert(t, wall != nil && wall["ok"] == true, "turn result: %s", stdout)
+	code, stdout2, stderr := shrooms("--json", "net", "status")
+	assert.Equal(t, code, 0, stderr)
+	var st2 map[string]any
+	assert.NilError(t, json.Unmarshal([]byte(stdout2), &st2))
+	assert.Equal(t, st2["rules"], wall["rules"], "net status and the turn's wall name different rule sets: %s", stdout2)
+	// net check answers without a cage, for both walls.
+	code, stdout2, stderr = shrooms("net", "check", "--proto", "udp", testbed.RouterAddr4.String()+":5000")
+	assert.Equal(t, code, ExitBlocked, stderr)
+	assert.Assert(t, is.Contains(stdout2, "in-cage wall BLOCKED"), stdout2)
+	code, stdout2, stderr = shrooms("net", "check", testbed.InternetAddr4.String()+":80")
+	assert.Equal(t, code, 0, stderr)
+	assert.Assert(t, is.Contains(stdout2, "ALLOWED"), stdout2)
 	time.Sleep(300 * time.Millisecond) // canaries log asynchronously
 	assert.Assert(t, len(tb.Hits(net1)) > 0, "positive control: the internet canary was not reached")
 	assert.Equal(t, len(tb.Hits(lan1)), 0, "the LAN router was reached through the seal: %+v", tb.Hits(lan1))

@@ -83,6 +83,9 @@ peer cage the probe starts itself.`,
 					return err
 				}
 			}
+			if rep.Walls != nil && !rep.Walls.Agree {
+				return fail(1, fmt.Errorf("breakout battery: the in-cage wall and the host seal do not agree (%+v)", *rep.Walls))
+			}
 			if rep.Failed() {
 				return fail(1, fmt.Errorf("breakout battery: %d escaped, %d error (%s)", rep.Summary.Escaped, rep.Summary.Error, strings.Join(append(rep.IDs(probe.Escaped), rep.IDs(probe.Error)...), " ")))
 			}

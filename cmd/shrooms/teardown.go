@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
@@ -96,7 +96,11 @@ func detacher(c *cli.Context, r *turn.Runner, prepareNext bool) turn.Detacher {
 				args = append(args, "--timeout", c.Duration("timeout").String())
 			}
 		}
-		logPath := filepath.Join(r.Cfg.State.Dir, "tasks", td.Task, "teardown.log")
+		id, err := taskid.Parse(td.Task)
+		if err != nil {
+			return 0, fmt.Errorf("detach teardown: %w", err)
+		}
+		logPath := taskstate.Layout{Dir: r.Cfg.State.Dir}.TaskFile(id, "teardown.log")
 		logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
 		if err != nil {
 			return 0, fmt.Errorf("detach teardown: %w", err)

@@ -84,24 +84,37 @@ type Testbed struct {
 	// Dir holds the service socket, its resolv.conf and logs.
 	Dir string
 
-	t        testing.TB
-	log      log
-	canaries []*canaries
-	svc      *exec.Cmd
-	holder   *exec.Cmd // holds the service's mount namespace
+	t testing.TB
+	// v4Internet: the internet has no IPv6 (IPv4OnlyInternet).
+	v4Internet bool
+	log        log
+	canaries   []*canaries
+	svc        *exec.Cmd
+	holder     *exec.Cmd // holds the service's mount namespace
 }
 
 // NSPath is the bind-mount path of role's namespace (for nsenter, setns).
 func (tb *Testbed) NSPath(role string) string { return "/run/netns/" + tb.NS[role] }
 
+// Option changes the topology New builds.
+type Option func(*Testbed)
+
+// IPv4OnlyInternet gives the "internet" no IPv6 at all: no addresses on
+// its link to the router, no IPv6 routes there, no IPv6 default route on
+// the host (the LANs keep theirs), as behind an IPv4-only provider.
+func IPv4OnlyInternet() Option { return func(tb *Testbed) { tb.v4Internet = true } }
+
 // New builds a testbed, or fails t. Everything is removed in t.Cleanup.
-func New(t testing.TB) *Testbed {
+func New(t testing.TB, opts ...Option) *Testbed {
 	t.Helper()
 	itest.Require(t, itest.Root, itest.Netns, itest.Nftables)
 	id := itest.UniqueName("")
 	tb := &Testbed{ID: id, t: t, NS: map[string]string{
 		"host": "stb-h-" + id, "router": "stb-r-" + id, "internet": "stb-i-" + id,
 	}}
+	for _, o := range opts {
+		o(tb)
+	}
 	tb.Dir = filepath.Join("/run", "shrooms-tb-"+id)
 	t.Cleanup(tb.teardown)
 	if err := os.MkdirAll(tb.Dir, 0o700); err != nil {
@@ -123,7 +136,9 @@ func New(t testing.TB) *Testbed {
 	tb.in("router", "ip", "addr", "add", "192.168.1.1/24", "dev", "lan0")
 	tb.in("router", "ip", "addr", "add", "fd00:1::1/64", "dev", "lan0", "nodad")
 	tb.in("router", "ip", "addr", "add", "203.0.113.1/24", "dev", "wan0")
-	tb.in("router", "ip", "addr", "add", "2001:db8:203::1/64", "dev", "wan0", "nodad")
+	if !tb.v4Internet {
+		tb.in("router", "ip", "addr", "add", "2001:db8:203::1/64", "dev", "wan0", "nodad")
+	}
 	tb.in("host", "ip", "addr", "add", "198.51.100.2/24", "dev", "lan1")
 	tb.in("host", "ip", "addr", "add", "2001:db8:1::2/64", "dev", "lan1", "nodad")
 	tb.in("router", "ip", "addr", "add", "198.51.100.1/24", "dev", "lan1")
@@ -134,11 +149,15 @@ func New(t testing.TB) *Testbed {
 	tb.in("router", "ip", "addr", "add", "fd00:200::1/64", "dev", "vpn0", "nodad")
 	tb.in("internet", "ip", "addr", "add", "203.0.113.10/24", "dev", "wan0")
 	tb.in("internet", "ip", "addr", "add", "203.0.113.20/24", "dev", "wan0")
-	tb.in("internet", "ip", "addr", "add", "2001:db8:203::10/64", "dev", "wan0", "nodad")
+	if !tb.v4Internet {
+		tb.in("internet", "ip", "addr", "add", "2001:db8:203::10/64", "dev", "wan0", "nodad")
+	}
 	// Deprecated (preferred_lft 0): it still receives, but is never picked
 	// as the source of a reply, so a canary on the wildcard address answers
 	// a datagram to ::10 from ::10, as a connected client expects.
-	tb.in("internet", "ip", "addr", "add", "2001:db8:203::20/64", "dev", "wan0", "nodad", "preferred_lft", "0")
+	if !tb.v4Internet {
+		tb.in("internet", "ip", "addr", "add", "2001:db8:203::20/64", "dev", "wan0", "nodad", "preferred_lft", "0")
+	}
 	for _, a := range append([]netip.Addr{Metadata4, Metadata6, WireServer, VPN4, VPN6}, Private...) {
 		tb.in("router", "ip", "addr", "add", netip.PrefixFrom(a, a.BitLen()).String(), "dev", "lo")
 	}
@@ -157,7 +176,9 @@ func New(t testing.TB) *Testbed {
 	// is unreachable from every namespace. The VPN-style prefixes are
 	// routed over vpn0, not by the default route.
 	tb.in("host", "ip", "route", "add", "default", "via", "192.168.1.1", "dev", "lan0")
-	tb.in("host", "ip", "-6", "route", "add", "default", "via", "fd00:1::1", "dev", "lan0")
+	if !tb.v4Internet {
+		tb.in("host", "ip", "-6", "route", "add", "default", "via", "fd00:1::1", "dev", "lan0")
+	}
 	tb.in("host", "ip", "route", "add", "192.0.2.0/24", "via", "10.200.0.1", "dev", "vpn0")
 	tb.in("host", "ip", "-6", "route", "add", "2001:db8:2::/48", "via", "fd00:200::1", "dev", "vpn0")
 	for _, a := range append([]netip.Addr{Metadata4, Metadata6}, Private...) {
@@ -168,10 +189,14 @@ func New(t testing.TB) *Testbed {
 		tb.in("host", "ip", "route", "add", netip.PrefixFrom(a, a.BitLen()).String(), "via", via)
 	}
 	tb.in("internet", "ip", "route", "add", "192.168.1.0/24", "via", "203.0.113.1")
-	tb.in("internet", "ip", "-6", "route", "add", "fd00:1::/64", "via", "2001:db8:203::1")
+	if !tb.v4Internet {
+		tb.in("internet", "ip", "-6", "route", "add", "fd00:1::/64", "via", "2001:db8:203::1")
+	}
 	// Return routes for host traffic routed out over the public LAN.
 	tb.in("internet", "ip", "route", "add", "198.51.100.0/24", "via", "203.0.113.1")
-	tb.in("internet", "ip", "-6", "route", "add", "2001:db8:1::/64", "via", "2001:db8:203::1")
+	if !tb.v4Internet {
+		tb.in("internet", "ip", "-6", "route", "add", "2001:db8:1::/64", "via", "2001:db8:203::1")
+	}
 
 	if err := tb.CheckIsolated(); err != nil {
 		t.Fatalf("testbed is not isolated, refusing to probe: %v", err)
@@ -515,7 +540,9 @@ func (tb *Testbed) Route(p netip.Prefix) {
 		tb.in("internet", "ip", "route", "replace", p.String(), "via", "203.0.113.1")
 	} else {
 		tb.in("router", "ip", "-6", "route", "replace", p.String(), "via", HostAddr6.String())
-		tb.in("internet", "ip", "-6", "route", "replace", p.String(), "via", "2001:db8:203::1")
+		if !tb.v4Internet {
+			tb.in("internet", "ip", "-6", "route", "replace", p.String(), "via", "2001:db8:203::1")
+		}
 	}
 }
 

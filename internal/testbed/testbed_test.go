@@ -31,3 +31,19 @@ func TestTopology(t *testing.T) {
 	assert.Assert(t, err != nil, "internet namespace reached 8.8.8.8: %s", out)
 	assert.Assert(t, strings.Contains(string(out), "unreachable"), string(out))
 }
+
+func TestIPv4OnlyInternet(t *testing.T) {
+	tb := New(t, IPv4OnlyInternet())
+	out, err := tb.Exec("host", "sh", "-c", "echo tbv4-1 | busybox nc -w 2 "+InternetAddr4.String()+" 80")
+	assert.NilError(t, err, string(out))
+	assert.Equal(t, len(tb.Hits("tbv4-1")), 1, "positive control: the internet over IPv4")
+	out, err = tb.Exec("internet", "ip", "-6", "addr", "show", "scope", "global")
+	assert.NilError(t, err, string(out))
+	assert.Equal(t, strings.TrimSpace(string(out)), "", "the internet has IPv6 addresses")
+	out, err = tb.Exec("host", "ip", "route", "get", InternetAddr6.String())
+	assert.Assert(t, err != nil && strings.Contains(string(out), "unreachable"), "the host routes IPv6 to the internet: %s", out)
+	// The LAN keeps its IPv6.
+	out, err = tb.Exec("host", "sh", "-c", "echo tbv4-2 | busybox nc -w 2 fd00:ec2::254 80")
+	assert.NilError(t, err, string(out))
+	assert.Equal(t, len(tb.Hits("tbv4-2")), 1)
+}

@@ -3,6 +3,7 @@ package cagenet
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
@@ -17,6 +18,9 @@ type State struct {
 	// Digest is the digest of the seal verified in the kernel
 	// (firewall.Status.Installed; "" when a checker does not report one).
 	Digest string
+	// Rules is the rule set the seal was checked against; the in-cage
+	// wall of the turn's cage is built from the same (InstallWall).
+	Rules *firewall.Rules
 }
 
 // CheckSeal verifies the nftables seal in the network namespace opts names
@@ -27,8 +31,8 @@ type State struct {
 // the cage's /etc/hosts, with the digest of the seal it verified.
 func CheckSeal(ctx context.Context, cfg *config.Config, client engine.Networks, opts firewall.Options, dry bool) (State, error) {
 	var hosts []string
+	var r firewall.Resolved
 	if cfg.Network.Policy == "allowlist" {
-		var r firewall.Resolved
 		var err error
 		if dry {
 			r, err = firewall.Resolve(ctx, cfg.Network, opts)
@@ -51,7 +55,11 @@ func CheckSeal(ctx context.Context, cfg *config.Config, client engine.Networks, 
 	if !st.OK {
 		return State{}, errors.New(st.Reason)
 	}
-	state := State{Hosts: hosts, Digest: st.Installed}
+	rules, err := firewall.DescribeHost(cfg.Network, r, opts)
+	if err != nil {
+		return State{}, err
+	}
+	state := State{Hosts: hosts, Digest: st.Installed, Rules: rules}
 	if dry {
 		if n, err := client.InspectNetwork(ctx, cfg.Network.Name); err != nil || n == nil {
 			return state, err // a missing network is created by the turn itself
@@ -76,3 +84,36 @@ func Checker(client engine.Networks) func(ctx context.Context, cfg *config.Confi
 		return CheckSeal(ctx, cfg, client, firewall.Options{}, dry)
 	}
 }
+
+// InstallWall installs and verifies the in-cage wall (firewall.ApplyWall)
+// in the network namespace of the cage whose process is pid, from the rule
+// set the turn's seal check described. A cage whose wall is not in place
+// must not start: every error is final.
+func InstallWall(ctx context.Context, seal State, pid int) (firewall.WallStatus, error) {
+	if pid <= 0 {
+		return firewall.WallStatus{}, fmt.Errorf("in-cage wall: cage has no process")
+	}
+	return firewall.ApplyWall(ctx, seal.Rules, firewall.Options{NetNS: CageNetNS(pid)})
+}
+
+// CheckWall verifies the wall of a prepared cage against the turn's rule
+// set, and installs it again (atomically replacing it) when it differs —
+// the host's routes or the allowlist's addresses moved since it was
+// prepared. Only a verified wall lets the cage start.
+func CheckWall(ctx context.Context, seal State, pid int) (firewall.WallStatus, error) {
+	if pid <= 0 {
+		return firewall.WallStatus{}, fmt.Errorf("in-cage wall: cage has no process")
+	}
+	st, err := firewall.VerifyWall(ctx, seal.Rules, firewall.Options{NetNS: CageNetNS(pid)})
+	if err == nil && st.OK {
+		return st, nil
+	}
+	return InstallWall(ctx, seal, pid)
+}
+
+// CageNetNS is the network namespace of a cage's process. podman's own
+// path for it (inspect's SandboxKey, /run/netns/netns-…) is a bind mount in
+// the podman service's mount namespace, which need not be shrooms' (the
+// testbed's service has its own); /proc/PID/ns/net is the same namespace
+// from anywhere in the host's pid namespace.
+func CageNetNS(pid int) string { return fmt.Sprintf("/proc/%d/ns/net", pid) }

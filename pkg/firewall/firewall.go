@@ -74,24 +74,18 @@ func ApplyResolved(ctx context.Context, cfg config.Network, opts Options) (Resol
 	if err := checkCfg(cfg); err != nil {
 		return fail(fmt.Errorf("seal not applied: %w", err))
 	}
-	var names []netip.Addr
 	if cfg.Policy == "allowlist" {
 		r, err := Resolve(ctx, cfg, opts)
 		if err != nil {
 			return fail(fmt.Errorf("seal not applied: %w", err))
 		}
 		resolved = r
-		names = r.Addrs()
 	}
-	var routes []netip.Prefix
-	if cfg.Policy != "none" {
-		r, err := hostRoutes(opts.NetNS, cfg.Bridge)
-		if err != nil {
-			return fail(fmt.Errorf("seal not applied: %w", err))
-		}
-		routes = r
+	rules, err := DescribeHost(cfg, resolved, opts)
+	if err != nil {
+		return fail(fmt.Errorf("seal not applied: %w", err))
 	}
-	p, err := build(cfg, names, routes)
+	p, err := build(rules)
 	if err != nil {
 		return fail(fmt.Errorf("seal not applied: %w", err))
 	}
@@ -168,15 +162,11 @@ func Verify(ctx context.Context, cfg config.Network, opts Options) (Status, erro
 	if err := ctx.Err(); err != nil {
 		return Status{Policy: cfg.Policy}, err
 	}
-	var routes []netip.Prefix
-	if cfg.Policy != "none" {
-		r, err := hostRoutes(opts.NetNS, cfg.Bridge)
-		if err != nil {
-			return Status{Policy: cfg.Policy}, err
-		}
-		routes = r
+	rules, err := DescribeHost(cfg, Resolved{}, opts)
+	if err != nil {
+		return Status{Policy: cfg.Policy}, err
 	}
-	p, err := build(cfg, nil, routes)
+	p, err := build(rules)
 	if err != nil {
 		return Status{Policy: cfg.Policy}, err
 	}

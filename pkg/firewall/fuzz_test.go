@@ -41,13 +41,13 @@ func FuzzBuildRender(f *testing.F) {
 				rs = append(rs, p)
 			}
 		}
-		p, err := build(cfg, addrs, rs)
+		p, err := buildFor(cfg, addrs, rs)
 		if err != nil {
 			assert.Assert(t, !strings.Contains(err.Error(), "\n"), "error is not one line: %q", err)
 			return
 		}
 		out := render(p)
-		again, err := build(cfg, addrs, rs)
+		again, err := buildFor(cfg, addrs, rs)
 		assert.NilError(t, err)
 		assert.Equal(t, render(again), out, "render is not deterministic")
 		if policy == "none" {

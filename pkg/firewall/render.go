@@ -25,7 +25,7 @@ func render(p *plan) string {
 		chains := append([]chainSpec(nil), ts.chains...)
 		sort.Slice(chains, func(i, j int) bool { return chains[i].name < chains[j].name })
 		for _, c := range chains {
-			fmt.Fprintf(&b, " chain %s type=filter hook=%d prio=%d policy=accept\n", c.name, *c.hook, chainPriority)
+			fmt.Fprintf(&b, " chain %s type=filter hook=%d prio=%d policy=%s\n", c.name, *c.hook, chainPriority, c.policyName())
 			for _, r := range c.rules {
 				renderRule(&b, r)
 			}
@@ -95,8 +95,11 @@ func queue(c *nftables.Conn, ts tableSpec) error {
 		}
 		ids[s.name] = set.ID
 	}
-	policy := nftables.ChainPolicyAccept
 	for _, cs := range ts.chains {
+		policy := nftables.ChainPolicyAccept
+		if cs.policyName() == "drop" {
+			policy = nftables.ChainPolicyDrop
+		}
 		ch := c.AddChain(&nftables.Chain{
 			Name: cs.name, Table: t, Type: nftables.ChainTypeFilter,
 			Hooknum: cs.hook, Priority: nftables.ChainPriorityRef(chainPriority), Policy: &policy,

@@ -96,9 +96,19 @@ func (s setSpec) tag() string {
 }
 
 type chainSpec struct {
-	name  string
-	hook  *nftables.ChainHook
-	rules [][]expr.Any
+	name string
+	hook *nftables.ChainHook
+	// policy is "accept" (the host seal's drop-only chains; "" means it)
+	// or "drop" (the in-cage wall).
+	policy string
+	rules  [][]expr.Any
+}
+
+func (c chainSpec) policyName() string {
+	if c.policy == "" {
+		return "accept"
+	}
+	return c.policy
 }
 
 type tableSpec struct {
@@ -138,19 +148,10 @@ func gateways(cfg config.Network) (g4, g6 netip.Addr, err error) {
 // network: podman must create the network with exactly these gateways.
 func Gateways(cfg config.Network) (gw4, gw6 netip.Addr, err error) { return gateways(cfg) }
 
-// build computes the seal for cfg. names holds the resolved addresses of
-// the allowlist's host names (nil outside the allowlist policy); routes the
-// host's non-default routes (hostRoutes).
-func build(cfg config.Network, names []netip.Addr, routes []netip.Prefix) (*plan, error) {
-	if err := checkCfg(cfg); err != nil {
-		return nil, err
-	}
-	if cfg.Policy == "none" {
+// build computes the host seal from the rule set r (Describe).
+func build(r *Rules) (*plan, error) {
+	if r.Policy == "none" {
 		return &plan{}, nil
-	}
-	g4, g6, err := gateways(cfg)
-	if err != nil {
-		return nil, err
 	}
 	no4, err := prefixSet("no4", Blocked4, false)
 	if err != nil {
@@ -160,90 +161,74 @@ func build(cfg config.Network, names []netip.Addr, routes []netip.Prefix) (*plan
 	if err != nil {
 		return nil, err
 	}
-	r4, r6, err := routedPrefixes(cfg, routes)
+	routed4, err := prefixesSet("routed4", r.Routed4, false)
 	if err != nil {
 		return nil, err
 	}
-	routed4, err := prefixesSet("routed4", r4, false)
+	routed6, err := prefixesSet("routed6", r.Routed6, true)
 	if err != nil {
 		return nil, err
 	}
-	routed6, err := prefixesSet("routed6", r6, true)
-	if err != nil {
-		return nil, err
-	}
-	routed4.routed, routed4.want = true, r4
-	routed6.routed, routed6.want = true, r6
-	ports := setSpec{name: "dnsports", keyType: nftables.TypeInetService}
-	for _, p := range dnsPorts {
-		ports.elems = append(ports.elems, nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(p)})
-	}
-	nd := setSpec{name: "nd6", keyType: nftables.TypeICMP6Type, elems: []nftables.SetElement{
-		{Key: []byte{135}}, {Key: []byte{136}}, // neighbour solicitation, advertisement
-	}}
+	routed4.routed, routed4.want = true, r.Routed4
+	routed6.routed, routed6.want = true, r.Routed6
+	ports := dnsPortSet()
+	nd := ndSet()
 	sets := []setSpec{no4, no6, routed4, routed6, ports, nd}
 
-	br := cfg.Bridge
-	drop := []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}}
-	ret := []expr.Any{&expr.Verdict{Kind: expr.VerdictReturn}}
-	cat := func(parts ...[]expr.Any) []expr.Any {
-		var out []expr.Any
-		for _, p := range parts {
-			out = append(out, p...)
-		}
-		return out
-	}
-
+	br := r.Bridge
 	fwd := chainSpec{name: "forward", hook: nftables.ChainHookForward}
 	fwd.rules = append(fwd.rules,
 		// No private, local, multicast or embedding destination, ever.
-		cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), lookup("no4", false), drop),
-		cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), lookup("no6", false), drop),
+		cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), lookup("no4", false), drop()),
+		cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), lookup("no6", false), drop()),
 		// Nor any network the host routes to other than by its default
 		// route, nor the owner's network.lan.
-		cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), lookup("routed4", false), drop),
-		cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), lookup("routed6", false), drop),
+		cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), lookup("routed4", false), drop()),
+		cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), lookup("routed6", false), drop()),
 		// No resolver but the one the cage is given (input chain).
-		cat(iif(br), l4proto(unix.IPPROTO_TCP), dport(), lookup("dnsports", false), drop),
-		cat(iif(br), l4proto(unix.IPPROTO_UDP), dport(), lookup("dnsports", false), drop),
+		cat(iif(br), l4proto(unix.IPPROTO_TCP), dport(), lookup("dnsports", false), drop()),
+		cat(iif(br), l4proto(unix.IPPROTO_UDP), dport(), lookup("dnsports", false), drop()),
 		// Nothing hairpins back onto the bridge (cage to cage, routed).
-		cat(iif(br), oif(br), drop),
+		cat(iif(br), oif(br), drop()),
 	)
-	if cfg.Policy == "allowlist" {
-		allow4, allow6, err := allowSets(cfg.Allow)
+	if r.Policy == "allowlist" {
+		allow4, err := prefixesSet("allow4", r.Allow4, false)
 		if err != nil {
 			return nil, err
 		}
-		n4, n6 := addrSets(names)
-		sets = append(sets, allow4, allow6, n4, n6)
+		allow6, err := prefixesSet("allow6", r.Allow6, true)
+		if err != nil {
+			return nil, err
+		}
+		n4, n6 := r.names()
+		names4, _ := prefixesSet("names4", n4, false)
+		names6, _ := prefixesSet("names6", n6, true)
+		names4.resolved, names6.resolved = true, true
+		sets = append(sets, allow4, allow6, names4, names6)
 		fwd.rules = append(fwd.rules,
-			cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), lookup("allow4", true), lookup("names4", true), drop),
-			cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), lookup("allow6", true), lookup("names6", true), drop),
+			cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), lookup("allow4", true), lookup("names4", true), drop()),
+			cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), lookup("allow6", true), lookup("names6", true), drop()),
 		)
 	}
 	// Nothing opens a connection into a cage, from anywhere.
-	fwd.rules = append(fwd.rules, cat(oif(br), ctNew(), drop))
+	fwd.rules = append(fwd.rules, cat(oif(br), ctNew(), drop()))
 
 	in := chainSpec{name: "input", hook: nftables.ChainHookInput}
-	if cfg.Policy == "internet" {
-		// DNS to the resolver on the gateway (aardvark-dns). Under the
-		// allowlist the cage resolves from /etc/hosts only (see Resolve).
-		for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
-			in.rules = append(in.rules, cat(iif(br), nfproto(unix.NFPROTO_IPV4), daddr4(), eq(g4.AsSlice()), l4proto(proto), dport(), eq(binaryutil.BigEndian.PutUint16(53)), ret))
-			if g6.IsValid() {
-				in.rules = append(in.rules, cat(iif(br), nfproto(unix.NFPROTO_IPV6), daddr6(), eq(g6.AsSlice()), l4proto(proto), dport(), eq(binaryutil.BigEndian.PutUint16(53)), ret))
-			}
+	// DNS to the resolvers the cage is given (Resolvers), nothing else.
+	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+		for _, d := range r.DNS {
+			in.rules = append(in.rules, cat(iif(br), daddrIs(d.Addr()), l4proto(proto), dport(), eq(binaryutil.BigEndian.PutUint16(d.Port())), ret()))
 		}
 	}
 	in.rules = append(in.rules,
 		// Neighbour discovery, or IPv6 does not work at all; RAs stay out.
-		cat(iif(br), nfproto(unix.NFPROTO_IPV6), l4proto(unix.IPPROTO_ICMPV6), icmp6Type(), lookup("nd6", false), ret),
+		cat(iif(br), nfproto(unix.NFPROTO_IPV6), l4proto(unix.IPPROTO_ICMPV6), icmp6Type(), lookup("nd6", false), ret()),
 		// Everything else addressed to the host: gateway, other host
 		// addresses, link-local, multicast, router advertisements.
-		cat(iif(br), drop),
+		cat(iif(br), drop()),
 	)
 	out := chainSpec{name: "output", hook: nftables.ChainHookOutput, rules: [][]expr.Any{
-		cat(oif(br), ctNew(), drop), // the host opens nothing into a cage
+		cat(oif(br), ctNew(), drop()), // the host opens nothing into a cage
 	}}
 
 	// Frames bridged port to port never reach the inet hooks unless
@@ -253,33 +238,66 @@ func build(cfg config.Network, names []netip.Addr, routes []netip.Prefix) (*plan
 	// on br_netfilter: no frame from or to a cage address (IP or ARP) is
 	// bridged. (meta ibrname would be simpler, but needs
 	// CONFIG_NFT_BRIDGE_META, which Debian cloud kernels lack.)
-	p4 := netip.MustParsePrefix(cfg.Subnet4)
-	cage4, err := prefixesSet("cage4", []netip.Prefix{p4}, false)
+	cage4, err := prefixesSet("cage4", []netip.Prefix{r.Subnet4}, false)
 	if err != nil {
 		return nil, err
 	}
 	l2sets := []setSpec{cage4}
 	l2 := chainSpec{name: "forward", hook: nftables.ChainHookForward, rules: [][]expr.Any{
-		cat(etherType(0x0800), saddr4(), lookup("cage4", false), drop),
-		cat(etherType(0x0800), daddr4(), lookup("cage4", false), drop),
-		cat(etherType(0x0806), arpAddr(14), lookup("cage4", false), drop),
-		cat(etherType(0x0806), arpAddr(24), lookup("cage4", false), drop),
+		cat(etherType(0x0800), saddr4(), lookup("cage4", false), drop()),
+		cat(etherType(0x0800), daddr4(), lookup("cage4", false), drop()),
+		cat(etherType(0x0806), arpAddr(14), lookup("cage4", false), drop()),
+		cat(etherType(0x0806), arpAddr(24), lookup("cage4", false), drop()),
 	}}
-	if cfg.Subnet6 != "" {
-		cage6, err := prefixesSet("cage6", []netip.Prefix{netip.MustParsePrefix(cfg.Subnet6)}, true)
+	if r.Subnet6.IsValid() {
+		cage6, err := prefixesSet("cage6", []netip.Prefix{r.Subnet6}, true)
 		if err != nil {
 			return nil, err
 		}
 		l2sets = append(l2sets, cage6)
 		l2.rules = append(l2.rules,
-			cat(etherType(0x86dd), saddr6(), lookup("cage6", false), drop),
-			cat(etherType(0x86dd), daddr6(), lookup("cage6", false), drop),
+			cat(etherType(0x86dd), saddr6(), lookup("cage6", false), drop()),
+			cat(etherType(0x86dd), daddr6(), lookup("cage6", false), drop()),
 		)
 	}
 	return &plan{tables: []tableSpec{
-		{family: nftables.TableFamilyINet, name: tableName(cfg.Name), sets: sets, chains: []chainSpec{fwd, in, out}},
-		{family: nftables.TableFamilyBridge, name: tableName(cfg.Name), sets: l2sets, chains: []chainSpec{l2}},
+		{family: nftables.TableFamilyINet, name: tableName(r.Network), sets: sets, chains: []chainSpec{fwd, in, out}},
+		{family: nftables.TableFamilyBridge, name: tableName(r.Network), sets: l2sets, chains: []chainSpec{l2}},
 	}}, nil
+}
+
+func dnsPortSet() setSpec {
+	ports := setSpec{name: "dnsports", keyType: nftables.TypeInetService}
+	for _, p := range dnsPorts {
+		ports.elems = append(ports.elems, nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(p)})
+	}
+	return ports
+}
+
+func ndSet() setSpec {
+	return setSpec{name: "nd6", keyType: nftables.TypeICMP6Type, elems: []nftables.SetElement{
+		{Key: []byte{135}}, {Key: []byte{136}}, // neighbour solicitation, advertisement
+	}}
+}
+
+func cat(parts ...[]expr.Any) []expr.Any {
+	var out []expr.Any
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func drop() []expr.Any   { return []expr.Any{&expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}} }
+func ret() []expr.Any    { return []expr.Any{&expr.Verdict{Kind: expr.VerdictReturn}} }
+func accept() []expr.Any { return []expr.Any{&expr.Verdict{Kind: expr.VerdictAccept}} }
+
+// daddrIs matches the destination address a (its family included).
+func daddrIs(a netip.Addr) []expr.Any {
+	if a.Is4() {
+		return cat(nfproto(unix.NFPROTO_IPV4), daddr4(), eq(a.AsSlice()))
+	}
+	return cat(nfproto(unix.NFPROTO_IPV6), daddr6(), eq(a.AsSlice()))
 }
 
 // checkCfg re-validates what the seal depends on, so a Network value that
@@ -303,7 +321,7 @@ func checkCfg(cfg config.Network) error {
 		return err
 	}
 	if cfg.Policy == "allowlist" {
-		if _, _, err := allowSets(cfg.Allow); err != nil {
+		if _, _, err := allowPrefixes(cfg.Allow); err != nil {
 			return err
 		}
 	}
@@ -320,56 +338,6 @@ func validIfName(s string) bool {
 		}
 	}
 	return true
-}
-
-// allowSets splits the allowlist's CIDRs and addresses into v4 and v6 sets.
-// An entry inside a blocked range is refused: the seal never opens the LAN,
-// the host or metadata, whatever the allowlist says.
-func allowSets(allow []string) (setSpec, setSpec, error) {
-	var p4, p6 []netip.Prefix
-	for i, a := range allow {
-		p, err := netip.ParsePrefix(a)
-		if err != nil {
-			addr, aerr := netip.ParseAddr(a)
-			if aerr != nil {
-				continue // a host name: resolved into names4/names6
-			}
-			p = netip.PrefixFrom(addr, addr.BitLen())
-		}
-		if p.Masked() != p {
-			return setSpec{}, setSpec{}, fmt.Errorf("network.allow[%d]: %q has host bits set (did you mean %s?)", i, a, p.Masked())
-		}
-		if b := blockedOverlap(p); b != "" {
-			return setSpec{}, setSpec{}, fmt.Errorf("network.allow[%d]: %q overlaps blocked range %s; the seal never opens private, local or metadata ranges", i, a, b)
-		}
-		if p.Addr().Is4() {
-			p4 = append(p4, p)
-		} else {
-			p6 = append(p6, p)
-		}
-	}
-	s4, err := prefixesSet("allow4", p4, false)
-	if err != nil {
-		return setSpec{}, setSpec{}, err
-	}
-	s6, err := prefixesSet("allow6", p6, true)
-	return s4, s6, err
-}
-
-// addrSets holds resolved host-name addresses (blocked ones already removed).
-func addrSets(addrs []netip.Addr) (setSpec, setSpec) {
-	var p4, p6 []netip.Prefix
-	for _, a := range addrs {
-		if a.Is4() {
-			p4 = append(p4, netip.PrefixFrom(a, 32))
-		} else {
-			p6 = append(p6, netip.PrefixFrom(a, 128))
-		}
-	}
-	s4, _ := prefixesSet("names4", p4, false)
-	s6, _ := prefixesSet("names6", p6, true)
-	s4.resolved, s6.resolved = true, true
-	return s4, s6
 }
 
 func blockedOverlap(p netip.Prefix) string {

@@ -35,23 +35,23 @@ func TestBuildRefusesBadInput(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testCfg()
 			tc.mod(&cfg)
-			_, err := build(cfg, nil, nil)
+			_, err := buildFor(cfg, nil, nil)
 			assert.ErrorContains(t, err, tc.msg)
 		})
 	}
 }
 
 func TestBuildIsDeterministicAndPolicySpecific(t *testing.T) {
-	a, err := build(testCfg(), nil, nil)
+	a, err := buildFor(testCfg(), nil, nil)
 	assert.NilError(t, err)
-	b, err := build(testCfg(), nil, nil)
+	b, err := buildFor(testCfg(), nil, nil)
 	assert.NilError(t, err)
 	assert.Equal(t, render(a), render(b))
 
 	al := testCfg()
 	al.Policy = "allowlist"
 	al.Allow = []string{"203.0.113.0/24"}
-	c, err := build(al, nil, nil)
+	c, err := buildFor(al, nil, nil)
 	assert.NilError(t, err)
 	assert.Assert(t, digest(render(a)) != digest(render(c)))
 	// Under allowlist the gateway DNS exception is gone.
@@ -60,7 +60,7 @@ func TestBuildIsDeterministicAndPolicySpecific(t *testing.T) {
 
 	none := testCfg()
 	none.Policy = "none"
-	p, err := build(none, nil, nil)
+	p, err := buildFor(none, nil, nil)
 	assert.NilError(t, err)
 	assert.Equal(t, len(p.tables), 0)
 }
@@ -137,7 +137,7 @@ func TestRoutedPrefixes(t *testing.T) {
 	assert.DeepEqual(t, fmt.Sprint(v6), "[2001:db8:1::/64 2001:db8:5::1/128]")
 
 	cfg.LAN = []string{"0.0.0.0/0"}
-	_, err = build(cfg, nil, nil)
+	_, err = buildFor(cfg, nil, nil)
 	assert.ErrorContains(t, err, "network.lan[0]")
 
 	// The set holds them, and intervals/covers read it back.
@@ -252,4 +252,18 @@ func BenchmarkVerify1000Routes(b *testing.B) {
 			b.Fatalf("%v %s", err, st.Reason)
 		}
 	}
+}
+
+// buildFor is the host seal for cfg with names resolved to addrs and the
+// host routing routes.
+func buildFor(cfg config.Network, addrs []netip.Addr, routes []netip.Prefix) (*plan, error) {
+	var res Resolved
+	if len(addrs) > 0 {
+		res.Hosts = map[string][]netip.Addr{"name.test": addrs}
+	}
+	r, err := Describe(cfg, res, routes, nil)
+	if err != nil {
+		return nil, err
+	}
+	return build(r)
 }

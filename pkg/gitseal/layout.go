@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // CageCommonDir is where a linked worktree's (or separate git dir's) common
@@ -210,7 +211,7 @@ func PlanCage(worktree, stateDir string) (CagePlan, error) {
 		return CagePlan{}, fmt.Errorf("state directory %q must be an absolute path", stateDir)
 	}
 	sum := sha256.Sum256([]byte(l.Worktree))
-	file := filepath.Join(stateDir, "gitseal", hex.EncodeToString(sum[:8]), "dotgit")
+	file := taskstate.Layout{Dir: stateDir}.GitsealDotgit(hex.EncodeToString(sum[:8]))
 	return CagePlan{
 		Mounts: []mounts.Mount{
 			{Kind: mounts.Bind, Source: l.CommonDir, Dest: CageCommonDir, ReadOnly: true, Options: ro},

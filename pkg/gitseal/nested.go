@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 
+	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"golang.org/x/sys/unix"
 )
 
@@ -67,7 +68,7 @@ func nestedRepos(ctx context.Context, worktree string) (repos, bare []string, er
 			}
 			sfd, err := unix.Openat2(int(dir.Fd()), e.Name(), &unix.OpenHow{
 				Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-				Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+				Resolve: resolve.BeneathAnyMount,
 			})
 			if errors.Is(err, unix.ENOENT) {
 				continue

@@ -8,19 +8,16 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"golang.org/x/sys/unix"
 )
-
-// resolve confines every lookup below a directory fd: no symlink (not even
-// the last component), no magic link, no mount crossing, no "..".
-const resolve = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 
 // maxDepth bounds the directories held open while walking or deleting; the
 // deleter flattens anything deeper, the keep-list walk drops it.
 const maxDepth = 64
 
 func openat2(dir *os.File, name string, flags uint64) (int, error) {
-	how := unix.OpenHow{Flags: flags | unix.O_CLOEXEC, Resolve: resolve}
+	how := unix.OpenHow{Flags: flags | unix.O_CLOEXEC, Resolve: resolve.Beneath}
 	if flags&unix.O_CREAT != 0 {
 		// The owner's alone; readable by it, so a reset without
 		// CAP_DAC_OVERRIDE can open again what it made (the lock).

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"golang.org/x/sys/unix"
 )
 
@@ -56,7 +57,7 @@ const (
 
 // ImagePath is where the HOME image of a volume lives: <stateDir>/homes/<volume>.img.
 func ImagePath(stateDir, volume string) string {
-	return filepath.Join(stateDir, "homes", volume+".img")
+	return taskstate.Layout{Dir: stateDir}.HomeImage(volume)
 }
 
 // Ensure makes mountpoint (a HOME volume's directory) the mount of the ext4

@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 
+	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"golang.org/x/sys/unix"
 )
 
@@ -115,7 +116,7 @@ func (g *giver) entry(fd int, name, rel string, depth int) error {
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		child, err := unix.Openat2(fd, name, &unix.OpenHow{
 			Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NONBLOCK,
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_XDEV | unix.RESOLVE_NO_MAGICLINKS,
+			Resolve: resolve.Beneath,
 		})
 		switch {
 		case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.EXDEV):

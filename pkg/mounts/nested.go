@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"golang.org/x/sys/unix"
 )
 
@@ -76,7 +77,7 @@ func (g *giver) keep(fd int, name, rel string, st *unix.Stat_t) error {
 	}
 	efd, err := unix.Openat2(fd, name, &unix.OpenHow{
 		Flags:   unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NONBLOCK | unix.O_NOCTTY,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_XDEV | unix.RESOLVE_NO_MAGICLINKS,
+		Resolve: resolve.Beneath,
 	})
 	switch {
 	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):

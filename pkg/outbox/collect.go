@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
@@ -203,7 +204,7 @@ func openPendings(ctx context.Context, root, task string, lim Limits) (*pendings
 		return nil, err
 	}
 	defer unix.Close(rootfd)
-	pfd, err := unix.Openat2(rootfd, PendingDir+"/"+task, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveIn})
+	pfd, err := unix.Openat2(rootfd, PendingDir+"/"+task, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolve.Beneath})
 	if errors.Is(err, unix.ENOENT) {
 		return p, nil // nothing pending
 	}
@@ -244,7 +245,7 @@ func openPendings(ctx context.Context, root, task string, lim Limits) (*pendings
 func openTurn(pfd int, dir string, turn int) (pendingTurn, error) {
 	pt := pendingTurn{turn: turn, files: -1}
 	name := strconv.Itoa(turn)
-	mfd, err := unix.Openat2(pfd, name+"/"+ManifestName, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC, Resolve: resolveIn})
+	mfd, err := unix.Openat2(pfd, name+"/"+ManifestName, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_NONBLOCK | unix.O_CLOEXEC, Resolve: resolve.Beneath})
 	if err != nil {
 		return pt, fmt.Errorf("pending turn %s: record: %w", filepath.Join(dir, name), explain(err))
 	}
@@ -260,7 +261,7 @@ func openTurn(pfd int, dir string, turn int) (pendingTurn, error) {
 		pt.dropped = append(pt.dropped, r)
 	}
 	pt.more = m.MoreRejected
-	fd, err := unix.Openat2(pfd, name+"/"+FilesDir, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveIn})
+	fd, err := unix.Openat2(pfd, name+"/"+FilesDir, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolve.Beneath})
 	if err == nil {
 		pt.files = fd
 	} else if !errors.Is(err, unix.ENOENT) {
@@ -362,7 +363,7 @@ func (w *walker) dir(d *delivery, fd int, rel string, depth int) error {
 
 func (w *walker) entry(d *delivery, dirfd int, rel, name, relName string, depth int) error {
 	// O_PATH opens nothing: FIFOs, sockets and devices are typed unopened.
-	pfd, err := unix.Openat2(dirfd, name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveIn})
+	pfd, err := unix.Openat2(dirfd, name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolve.Beneath})
 	if err != nil {
 		w.reject(relName, "cannot be pinned: "+explain(err).Error())
 		return nil
@@ -475,7 +476,7 @@ func sumOf(h hash.Hash) []byte { return h.Sum(nil) }
 // reopen opens name in dirfd again for reading and checks it is still the
 // object first pinned with O_PATH (same device, inode and type).
 func reopen(dirfd int, name string, flags uint64, want *unix.Stat_t) (int, error) {
-	fd, err := unix.Openat2(dirfd, name, &unix.OpenHow{Flags: flags | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveIn})
+	fd, err := unix.Openat2(dirfd, name, &unix.OpenHow{Flags: flags | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolve.Beneath})
 	if err != nil {
 		return -1, fmt.Errorf("cannot be opened: %v", explain(err))
 	}
@@ -503,7 +504,7 @@ func normalMode(m uint32, allowExec bool) os.FileMode {
 // readNames lists a directory through its pinned fd (a duplicate, so the
 // walker's fd keeps its own offset), sorted.
 func readNames(fd int) ([]string, error) {
-	dup, err := unix.Openat2(fd, ".", &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolveIn})
+	dup, err := unix.Openat2(fd, ".", &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC, Resolve: resolve.Beneath})
 	if err != nil {
 		return nil, err
 	}
@@ -716,7 +717,7 @@ func (w *walker) unlinkIn(dir, name string, flags int, same func(*unix.Stat_t) b
 	if dir == "" {
 		dir = "."
 	}
-	pfd, err := unix.Openat2(w.top, dir, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveIn})
+	pfd, err := unix.Openat2(w.top, dir, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolve.Beneath})
 	if err != nil {
 		return explain(err)
 	}

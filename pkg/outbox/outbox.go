@@ -24,6 +24,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
@@ -62,10 +63,6 @@ const PendingDir = ".pending"
 // Pending is the directory of task's pending deliveries.
 func Pending(root, task string) string { return filepath.Join(filepath.Clean(root), PendingDir, task) }
 
-// resolveIn is how every path below a pinned directory is resolved: never
-// above it, through no symbolic link, magic link or mount point.
-const resolveIn = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
-
 // openRoot opens the outbox root (an absolute, admin-configured path) as an
 // O_PATH directory, refusing a symbolic link in any component.
 func openRoot(root string) (int, error) {
@@ -74,7 +71,7 @@ func openRoot(root string) (int, error) {
 	}
 	fd, err := unix.Openat2(unix.AT_FDCWD, filepath.Clean(root), &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		Resolve: resolve.NoLinks,
 	})
 	if err != nil {
 		return -1, fmt.Errorf("outbox root %s: %w", root, explain(err))
@@ -87,7 +84,7 @@ func openRoot(root string) (int, error) {
 func openTask(rootfd int, root, task string, flags uint64) (int, error) {
 	fd, err := unix.Openat2(rootfd, task, &unix.OpenHow{
 		Flags:   flags | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		Resolve: resolve.BeneathAnyMount,
 	})
 	if errors.Is(err, unix.ENOENT) {
 		return -1, fmt.Errorf("task %q has no outbox (%s does not exist): %w", task, filepath.Join(root, task), err)
@@ -341,7 +338,7 @@ func unmountLive(root, task string) error {
 	for i := 0; ; i++ {
 		tfd, err := unix.Openat2(rootfd, task, &unix.OpenHow{
 			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+			Resolve: resolve.BeneathAnyMount,
 		})
 		if errors.Is(err, unix.ENOENT) {
 			return nil
@@ -387,7 +384,7 @@ func openPending(rootfd int, root, task string) (int, error) {
 		if err := unix.Mkdirat(fd, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
 			return -1, fmt.Errorf("create pending deliveries %s: %w", Pending(root, task), err)
 		}
-		nfd, err := unix.Openat2(fd, name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolveIn})
+		nfd, err := unix.Openat2(fd, name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolve.Beneath})
 		if fd != rootfd {
 			unix.Close(fd)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
@@ -158,7 +159,7 @@ func openLive(root, task string) (*source, error) {
 	if s.aside, err = quarantine(rootfd, root, task, "aside"); err != nil {
 		return nil, err
 	}
-	s.src, err = unix.Openat2(unix.AT_FDCWD, s.aside, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+	s.src, err = unix.Openat2(unix.AT_FDCWD, s.aside, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolve.NoLinks})
 	if err != nil {
 		return nil, fmt.Errorf("outbox moved aside to %s: %w", s.aside, err)
 	}

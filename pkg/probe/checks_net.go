@@ -488,8 +488,13 @@ func raSocket(_ context.Context, _ Params, c *Check) {
 func (s *netState) parity(_ context.Context, p Params, c *Check) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// Like with like: per check and protocol, only the attempts the
+	// policy does not allow (an allowed one reaching is no escape), and
+	// only where both families made such attempts (a check aimed at IPv4
+	// targets alone has nothing to compare on an IPv4-only network).
 	type key struct{ id, proto string }
-	v4, v6 := map[key]int{}, map[key]int{}
+	type tally struct{ tried, reached int }
+	v4, v6 := map[key]*tally{}, map[key]*tally{}
 	n4, n6 := 0, 0
 	for id, as := range s.byCheck {
 		if id < "D3" || id > "D9z" {
@@ -498,35 +503,46 @@ func (s *netState) parity(_ context.Context, p Params, c *Check) {
 		for _, a := range as {
 			f := strings.SplitN(a.Target, ":", 2)
 			addr := a.Target[len(f[0])+1 : strings.LastIndex(a.Target, ":")]
-			k := key{id, f[0]}
 			ip, err := netip.ParseAddr(addr)
 			if err != nil {
 				continue
 			}
-			r := 0
-			if a.Reached {
-				r = 1
-			}
 			if ip.Is4() {
 				n4++
-				v4[k] += r
 			} else {
 				n6++
-				v6[k] += r
+			}
+			if a.Allowed {
+				continue
+			}
+			k, m := key{id, f[0]}, v4
+			if !ip.Is4() {
+				m = v6
+			}
+			if m[k] == nil {
+				m[k] = &tally{}
+			}
+			m[k].tried++
+			if a.Reached {
+				m[k].reached++
 			}
 		}
 	}
-	c.Observed = fmt.Sprintf("%d IPv4 and %d IPv6 attempts in D3–D9", n4, n6)
-	for k, r := range v6 {
-		if r > 0 && v4[k] == 0 {
-			c.escape("%s %s: IPv6 got through where IPv4 did not", k.id, k.proto)
+	compared := 0
+	for k, t6 := range v6 {
+		t4 := v4[k]
+		if t4 == nil {
+			continue
+		}
+		compared++
+		switch {
+		case t6.reached > 0 && t4.reached == 0:
+			c.escape("%s %s: IPv6 got through where IPv4 did not (%d of %d IPv6 attempts, 0 of %d IPv4)", k.id, k.proto, t6.reached, t6.tried, t4.tried)
+		case t4.reached > 0 && t6.reached == 0:
+			c.escape("%s %s: IPv4 got through where IPv6 did not (%d of %d IPv4 attempts, 0 of %d IPv6)", k.id, k.proto, t4.reached, t4.tried, t6.tried)
 		}
 	}
-	for k, r := range v4 {
-		if r > 0 && v6[k] == 0 && n6 > 0 {
-			c.escape("%s %s: IPv4 got through where IPv6 did not", k.id, k.proto)
-		}
-	}
+	c.Observed = fmt.Sprintf("%d IPv4 and %d IPv6 attempts in D3–D9; %d check/protocol pairs tried over both families compared (allowed attempts left out)", n4, n6, compared)
 	if n6 == 0 && len(ifaces()) > 0 {
 		hasV6 := false
 		for _, i := range ifaces() {

@@ -99,6 +99,10 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*Report, *turn.Result,
 	if perr != nil {
 		return nil, res, fmt.Errorf("probe: cage exited %d without a report: %w (stderr: %s)", res.ExitCode, perr, oneLine(stderr.tail()))
 	}
+	if res.SealDigest != "" {
+		rep.Walls = &Walls{HostSeal: res.SealDigest, Rules: res.SealRules, CageWall: res.CageWall}
+		rep.Walls.Agree = res.CageWall != nil && res.CageWall.OK && res.SealRules != "" && res.CageWall.Rules == res.SealRules
+	}
 	return rep, res, nil
 }
 
@@ -249,6 +253,17 @@ func WriteTable(w io.Writer, r *Report, color bool) error {
 	}
 	s := r.Summary
 	fmt.Fprintf(bw, "%d checks: %d sealed, %d escaped, %d residual, %d error\n", len(r.Checks), s.Sealed, s.Escaped, s.Residual, s.Error)
+	if w := r.Walls; w != nil {
+		state := "in-cage wall missing"
+		if w.CageWall != nil && w.CageWall.OK {
+			state = "in-cage wall " + w.CageWall.Installed
+		}
+		agree := "agree"
+		if !w.Agree {
+			agree = "DO NOT AGREE"
+		}
+		fmt.Fprintf(bw, "walls: host seal %s, %s; rule set %s: %s\n", w.HostSeal, state, w.Rules, agree)
+	}
 	return bw.Flush()
 }
 

@@ -34,6 +34,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+
+	"github.com/shrooms-cage/shrooms/pkg/firewall"
 )
 
 // SchemaVersion is the version of the Report JSON.
@@ -93,6 +95,21 @@ type Report struct {
 	Schema  int     `json:"schema"`
 	Checks  []Check `json:"checks"`
 	Summary Summary `json:"summary"`
+	// Walls is what the host verified before the probe's cage started
+	// (networked policies; set by Run, not by the cage).
+	Walls *Walls `json:"walls,omitempty"`
+}
+
+// Walls are the two network walls of the probe's cage: the host seal
+// around the bridge and the in-cage wall in the cage's own namespace.
+// They agree when the wall verified and was built from the rule set the
+// host seal was checked against.
+type Walls struct {
+	HostSeal string `json:"hostSeal"` // digest of the verified host seal
+	Rules    string `json:"rules"`    // digest of the seal check's rule set
+	// CageWall is the in-cage wall as verified (nil: none installed).
+	CageWall *firewall.WallStatus `json:"cageWall"`
+	Agree    bool                 `json:"agree"`
 }
 
 // Params is what the host side tells the inside: the policy the cage is

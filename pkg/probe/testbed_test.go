@@ -47,12 +47,32 @@ type tbEnv struct {
 	// Discover finds; discovered is what it found last.
 	discover   bool
 	discovered Params
+	// noWall turns the in-cage wall off (negative controls only).
+	noWall bool
+	// v4Internet: the testbed's internet has no IPv6 (targets v4 only).
+	v4Internet bool
 }
 
-func newTBEnv(t *testing.T) *tbEnv {
+// sealState is the state a seal check reports for a verified seal: its
+// digest and the rule set (the in-cage wall is built from it).
+func (e *tbEnv) sealState(cfg *config.Config, st firewall.Status) (turn.SealState, error) {
+	rules, err := firewall.DescribeHost(cfg.Network, firewall.Resolved{}, e.fw)
+	if err != nil {
+		return turn.SealState{}, err
+	}
+	return turn.SealState{Digest: st.Installed, Rules: rules}, nil
+}
+
+// noWall is a CageWaller that installs nothing: with it a cage runs behind
+// the host seal alone, as before the in-cage wall (positive controls).
+func noWall(context.Context, turn.SealState, int, bool) (firewall.WallStatus, error) {
+	return firewall.WallStatus{}, nil
+}
+
+func newTBEnv(t *testing.T, opts ...testbed.Option) *tbEnv {
 	t.Helper()
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
-	tb := testbed.New(t)
+	tb := testbed.New(t, opts...)
 	tb.StartPodman()
 	ctx := context.Background()
 	n, _ := strconv.Atoi(tb.ID)
@@ -129,17 +149,21 @@ func (e *tbEnv) params(nonce string) Params {
 		}
 		return out
 	}
+	internet := s(testbed.InternetAddr4, testbed.InternetAddr6)
+	if e.v4Internet {
+		internet = s(testbed.InternetAddr4)
+	}
 	return Params{
 		Policy:        e.cfg.Network.Policy,
 		StrictSeccomp: e.cfg.Cage.StrictSeccomp(),
-		Internet:      s(testbed.InternetAddr4, testbed.InternetAddr6),
+		Internet:      internet,
 		Gateway:       s(gw4, gw6),
 		Host:          s(testbed.HostAddr4, testbed.HostAddr6),
 		LAN: s(append([]netip.Addr{testbed.RouterAddr4, testbed.RouterAddr6, testbed.PublicLAN4, testbed.PublicLAN6,
 			testbed.VPN4, testbed.VPN6}, testbed.Private...)...),
 		Metadata:      s(testbed.Metadata4, testbed.Metadata6, testbed.WireServer),
 		Peers:         e.peer,
-		Resolvers:     s(testbed.InternetAddr4, testbed.InternetAddr6),
+		Resolvers:     internet,
 		TCPPorts:      testbed.TCPPorts,
 		UDPPorts:      testbed.UDPPorts,
 		DNSZone:       "canary.test",
@@ -165,6 +189,9 @@ func (e *tbEnv) run(t *testing.T, seal turn.SealChecker) (*Report, *inbound) {
 	e.n++
 	nonce := fmt.Sprintf("%s-%d", e.prefix, e.n)
 	r := turn.NewRunner(e.cfg, e.client, seal)
+	if e.noWall {
+		r.CageWall = noWall
+	}
 	in := &inbound{}
 	var stderr strings.Builder
 	var mu sync.Mutex
@@ -257,7 +284,10 @@ func TestBatteryInTestbed(t *testing.T) {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
 		_, err = cagenet.EnsureNetwork(ctx, cfg, e.client)
-		return turn.SealState{Digest: st.Installed}, err
+		if err != nil {
+			return turn.SealState{}, err
+		}
+		return e.sealState(cfg, st)
 	}
 
 	t.Run("sealed, default config", func(t *testing.T) {
@@ -266,6 +296,8 @@ func TestBatteryInTestbed(t *testing.T) {
 		assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))
 		assert.DeepEqual(t, rep.IDs(Error), []string(nil))
 		assert.DeepEqual(t, rep.IDs(Residual), sorted("A4", "B10", "D9d", "D9e"))
+		// Both walls were in place and built from one rule set.
+		assert.Assert(t, rep.Walls != nil && rep.Walls.Agree, "%+v", rep.Walls)
 		// D2 and D9a are the positive controls: the canaries saw them.
 		for _, id := range []string{"D2", "D9a"} {
 			for _, a := range attempts(rep, id) {
@@ -285,6 +317,10 @@ func TestBatteryInTestbed(t *testing.T) {
 		permissive := func(context.Context, *config.Config, bool) (turn.SealState, error) { return turn.SealState{}, nil }
 		_, err := verified(ctx, e.cfg, false)
 		assert.ErrorContains(t, err, "missing", "the real checker refuses a flushed seal")
+		// And the in-cage wall off: with it the flushed host seal lets
+		// nothing through (TestCageWallHoldsWithoutHostSeal).
+		e.noWall = true
+		defer func() { e.noWall = false }()
 		rep, in := e.run(t, permissive)
 		// Not D5: its ICMPv6 echo needs an unprivileged ICMP socket, and
 		// podman's net.ipv4.ping_group_range ("0 0") denies the agent one,
@@ -307,6 +343,43 @@ func TestBatteryInTestbed(t *testing.T) {
 	})
 }
 
+// TestBatteryIPv4OnlyInternet is D14 on an IPv4-only internet (issue 29):
+// the internet and its resolvers have no IPv6, the LAN and the cage
+// network still do. No check escapes or errs — D14 compares like with like
+// — and the positive controls (D2, D9a) reach their canaries over IPv4.
+func TestBatteryIPv4OnlyInternet(t *testing.T) {
+	e := newTBEnv(t, testbed.IPv4OnlyInternet())
+	e.v4Internet = true
+	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
+		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
+		if err != nil {
+			return turn.SealState{}, err
+		}
+		if !st.OK {
+			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
+		}
+		return e.sealState(cfg, st)
+	}
+	rep, _ := e.run(t, verified)
+	assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))
+	assert.DeepEqual(t, rep.IDs(Error), []string(nil))
+	for _, c := range rep.Checks {
+		if c.ID == "D14" {
+			assert.Equal(t, c.Verdict, Sealed, "%s %v", c.Observed, c.Evidence)
+			t.Logf("D14: %s", c.Observed)
+		}
+	}
+	for _, id := range []string{"D2", "D9a"} {
+		seen := 0
+		for _, a := range attempts(rep, id) {
+			if a.Canary != nil && *a.Canary {
+				seen++
+			}
+		}
+		assert.Check(t, seen > 0, "%s: no allowed attempt reached its canary", id)
+	}
+}
+
 // TestBatteryWithDiscoveredTargets: the host, LAN and metadata rows aimed
 // at what Discover finds in the testbed's host namespace instead of a
 // targets file, and D8 at a peer cage the probe starts itself: sealed,
@@ -324,7 +397,7 @@ func TestBatteryWithDiscoveredTargets(t *testing.T) {
 		if !st.OK {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		return turn.SealState{Digest: st.Installed}, nil
+		return e.sealState(cfg, st)
 	}
 	rep, _ := e.run(t, verified)
 	d := e.discovered
@@ -342,6 +415,7 @@ func TestBatteryWithDiscoveredTargets(t *testing.T) {
 	assert.NilError(t, firewall.Flush(ctx, e.cfg.Network, e.fw))
 	defer func() { assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw)) }()
 	permissive := func(context.Context, *config.Config, bool) (turn.SealState, error) { return turn.SealState{}, nil }
+	e.noWall = true
 	rep, _ = e.run(t, permissive)
 	escaped := rep.IDs(Escaped)
 	for _, id := range []string{"D4", "D6", "D7", "D8"} {
@@ -366,7 +440,7 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 		if !st.OK {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		return turn.SealState{Digest: st.Installed}, nil
+		return e.sealState(cfg, st)
 	}
 	turnWithFlush := func(t *testing.T, watch turn.SealWatcher, breakSeal ...string) (*turn.Result, error, []time.Duration) {
 		t.Helper()
@@ -375,6 +449,9 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 		nonce := fmt.Sprintf("%s-w%d", e.prefix, e.n)
 		r := turn.NewRunner(e.cfg, e.client, verified)
 		r.WatchSeal = watch
+		// The host seal's watcher on its own: with the in-cage wall a
+		// flush opens nothing (TestCageWallFlood).
+		r.CageWall = noWall
 		type ran struct {
 			res *turn.Result
 			err error

@@ -21,6 +21,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 //go:embed shrooms.json
@@ -32,7 +34,7 @@ func Profile() []byte { return append([]byte{}, profile...) }
 // Path is where Install puts the profile under stateDir.
 func Path(stateDir string) string {
 	sum := sha256.Sum256(profile)
-	return filepath.Join(stateDir, "seccomp", "shrooms-"+hex.EncodeToString(sum[:6])+".json")
+	return taskstate.Layout{Dir: stateDir}.SeccompProfile("shrooms-" + hex.EncodeToString(sum[:6]) + ".json")
 }
 
 // Install writes the profile to Path(stateDir) unless it is already there

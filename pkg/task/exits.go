@@ -54,7 +54,7 @@ func (r *Commands) Collect(ctx context.Context, task, to string) (*outbox.Report
 			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		if to == "" {
-			to = filepath.Join(r.Cfg.State.Dir, "deliveries", task, time.Now().UTC().Format("20060102T150405.000000000Z"))
+			to = taskstate.Layout{Dir: r.Cfg.State.Dir}.Delivery(id, time.Now().UTC().Format("20060102T150405.000000000Z"))
 		}
 		cctx, cancel := context.WithTimeout(ctx, r.Cfg.Outbox.CollectTimeout.Std())
 		defer cancel()

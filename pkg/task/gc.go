@@ -72,7 +72,7 @@ func (r *Commands) GC(ctx context.Context) (*GCReport, error) {
 		}
 	}
 	// Old HOME trees whose cleanup a crash interrupted.
-	entries, err := os.ReadDir(filepath.Join(r.Cfg.State.Dir, "tasks"))
+	entries, err := os.ReadDir(taskstate.Layout{Dir: r.Cfg.State.Dir}.Tasks())
 	if err != nil && !os.IsNotExist(err) {
 		return rep, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}

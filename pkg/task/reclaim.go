@@ -15,6 +15,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -190,7 +191,7 @@ func (r *Commands) releaseOutbox(task string) error {
 // task still exists is copied back first, one whose task was forgotten is
 // let go. It returns what it released and, as an error, what it could not.
 func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
-	homes := filepath.Join(r.Cfg.State.Dir, "homes")
+	homes := taskstate.Layout{Dir: r.Cfg.State.Dir}.Homes()
 	atts, err := homestore.Attachments(homes)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)

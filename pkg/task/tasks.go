@@ -110,7 +110,7 @@ type TaskStatus struct {
 
 // Tasks lists every task in the state directory, by id.
 func (r *Commands) Tasks() ([]TaskStatus, error) {
-	entries, err := os.ReadDir(filepath.Join(r.Cfg.State.Dir, "tasks"))
+	entries, err := os.ReadDir(taskstate.Layout{Dir: r.Cfg.State.Dir}.Tasks())
 	if errors.Is(err, os.ErrNotExist) {
 		return []TaskStatus{}, nil
 	}

@@ -45,14 +45,7 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 		b.Fatal(err)
 	}
 	r := NewRunner(cfg, client, func(ctx context.Context, cfg *config.Config, dry bool) (SealState, error) {
-		st, err := firewall.Verify(ctx, cfg.Network, opts)
-		if err != nil || !st.OK {
-			return SealState{}, fmt.Errorf("seal: %v %s", err, st.Reason)
-		}
-		if _, err := cagenet.EnsureNetwork(ctx, cfg, client); err != nil {
-			return SealState{}, err
-		}
-		return SealState{Digest: st.Installed}, firewall.PinBridgeMAC(cfg.Network.Bridge, opts)
+		return cagenet.CheckSeal(ctx, cfg, client, opts, dry)
 	})
 	task := name + "-t"
 	b.Cleanup(func() {

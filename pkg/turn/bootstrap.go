@@ -130,13 +130,13 @@ func (r *Runner) noSpaceHint(err error) string {
 	if !errors.Is(err, unix.ENOSPC) && !strings.Contains(err.Error(), unix.ENOSPC.Error()) {
 		return ""
 	}
-	return "; free space on the filesystem of " + filepath.Join(r.Cfg.State.Dir, "homes") + " (the HOME images)"
+	return "; free space on the filesystem of " + taskstate.Layout{Dir: r.Cfg.State.Dir}.Homes() + " (the HOME images)"
 }
 
 // Claims lists the worktree claim files of task (for forget's check that
 // nothing of the task is left).
 func (r *Runner) Claims(task string) []string {
-	dir := filepath.Join(r.Cfg.State.Dir, "worktrees")
+	dir := taskstate.Layout{Dir: r.Cfg.State.Dir}.Worktrees()
 	entries, _ := os.ReadDir(dir)
 	var out []string
 	for _, e := range entries {

@@ -58,8 +58,28 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 	// A gateway limit ends the turn like its deadline does, with its cause.
 	waitCtx, cancelWait := context.WithCancelCause(timeoutCtx)
 	defer cancelWait(nil)
+	// The in-cage wall before anything can run in the cage's namespace.
+	initialised := preparedID != ""
+	if !initialised && r.Cfg.Network.Networked() {
+		// Its network namespace exists from here; no process of it runs.
+		if err := r.Podman.Init(ctx, id); err != nil {
+			res.Error = err.Error()
+			return res, r.interrupted(ctx, err)
+		}
+		c.lap("init")
+		initialised = true
+	}
+	wall, err := r.wallCage(ctx, id, p.Plan, preparedID != "")
+	if err != nil {
+		res.Error = err.Error()
+		return res, r.interrupted(ctx, err)
+	}
+	if wall != nil {
+		res.CageWall = wall
+		c.lap("wall")
+	}
 	if p.gateway != nil {
-		gw, err := r.startGateway(ctx, id, preparedID != "", p.gateway, func(reason string) { cancelWait(&limitError{reason}) })
+		gw, err := r.startGateway(ctx, id, initialised, p.gateway, func(reason string) { cancelWait(&limitError{reason}) })
 		if err != nil {
 			res.Error = err.Error()
 			return res, r.interrupted(ctx, err)

@@ -91,6 +91,9 @@ type Plan struct {
 	secrets map[string][]byte
 	// argv is a prepared cage's command line, handed over at its run.
 	argv []string
+	// seal is the seal check's state: the rule set the cage's in-cage
+	// wall is built from (wall.go).
+	seal SealState
 	spec *specgen.SpecGenerator
 }
 
@@ -175,6 +178,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 		task: in.task, turn: f.turn, ids: f.ids, worktree: in.worktree, root: f.root, guard: f.guard,
 		home:   r.HomeTask(f.root, f.ids, in.agent.Home, f.kept),
 		outbox: filepath.Join(filepath.Clean(cfg.Outbox.Root), req.Task),
+		seal:   in.seal,
 	}
 	var pg homereset.PolicyGateway
 	if in.gateway != nil {

@@ -106,6 +106,13 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
+	// Its in-cage wall now, off the path of the turn that takes it (which
+	// only verifies it).
+	if _, err := r.wallCage(ctx, id, p.Plan, false); err != nil {
+		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
+		r.removeSecrets(p.secrets)
+		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
 	// The reset's report belongs to the turn that takes this cage: it is
 	// what that turn's HOME was cleaned of.
 	if err := saveResetReport(r.TaskDir(req.Task), id, p.reset); err != nil {

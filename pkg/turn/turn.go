@@ -25,6 +25,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
+	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
@@ -96,6 +97,12 @@ type Runner struct {
 	// OnSpec, when set, sees the exact spec sent to podman. Tests use it to
 	// record the spec, and to weaken a cage on purpose for negative controls.
 	OnSpec func(*specgen.SpecGenerator)
+	// CageWall installs the in-cage wall into a networked cage's network
+	// namespace before it starts (wall.go; NewRunner sets the real one,
+	// InstallCageWall). Required when the policy is networked: without it
+	// no networked cage starts. Tests replace it for positive controls;
+	// nothing in the config reaches it.
+	CageWall CageWaller
 	// WatchSeal, when set, watches the seal while a networked cage runs
 	// (sealwatch.go; cagenet.Watcher is the real one).
 	WatchSeal SealWatcher
@@ -110,11 +117,12 @@ type Runner struct {
 // NewRunner returns a runner for cfg with the system's state and id files.
 func NewRunner(cfg *config.Config, client engine.Engine, seal SealChecker) *Runner {
 	return &Runner{
-		Cfg:     cfg,
-		Podman:  client,
-		Store:   taskstate.Store{Dir: cfg.State.Dir},
-		IDFiles: taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
-		Seal:    seal,
+		Cfg:      cfg,
+		Podman:   client,
+		Store:    taskstate.Store{Dir: cfg.State.Dir},
+		IDFiles:  taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
+		Seal:     seal,
+		CageWall: InstallCageWall,
 	}
 }
 
@@ -169,6 +177,12 @@ type Result struct {
 	// SealDigest is the digest of the nftables seal verified before a
 	// networked cage started ("" under policy none: there is no seal).
 	SealDigest string `json:"sealDigest,omitempty"`
+	// SealRules is the digest of the rule set the seal check described
+	// (both walls are built from it).
+	SealRules string `json:"sealRules,omitempty"`
+	// CageWall is the in-cage wall verified in the cage's own network
+	// namespace before it started (networked policies).
+	CageWall *firewall.WallStatus `json:"cageWall,omitempty"`
 	// WorktreeChanges is what the turn changed in the worktree.
 	WorktreeChanges *WorktreeChanges `json:"worktreeChanges,omitempty"`
 	// Outbox is what the turn left in /outbox, moved at its end to the
@@ -211,6 +225,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// after the input check: bad input touches nothing).
 	c.starting, _ = r.Store.Starting()
 	res.Image, res.SealDigest = &in.image, in.sealDigest
+	if in.seal.Rules != nil {
+		res.SealRules = in.seal.Rules.Digest()
+	}
 	c.lap("check")
 
 	lock, err := r.Store.LockTask(in.task)
@@ -354,6 +371,8 @@ type checked struct {
 	hosts    []string // allowlisted "name:address" entries for /etc/hosts
 	// sealDigest is the seal verified for a networked cage ("" otherwise).
 	sealDigest string
+	// seal is the whole seal check's state (its rule set for the wall).
+	seal SealState
 	// image is the agent's image in podman's store.
 	image podman.Image
 	// gateway is the agent's model gateway, nil when it has none.
@@ -395,7 +414,7 @@ func (r *Runner) check(ctx context.Context, req Request, m mode) (*checked, erro
 		if err != nil {
 			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %w", ErrHostNotReady, err)
 		}
-		in.hosts, in.sealDigest = st.Hosts, st.Digest
+		in.hosts, in.sealDigest, in.seal = st.Hosts, st.Digest, st
 	}
 	image := cfg.ImageFor(in.agent)
 	if in.image, err = r.Podman.InspectImage(ctx, image); err != nil {
@@ -431,7 +450,7 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (
 			return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
 		}
 		plan.oauth = &gateway.OAuth{
-			Path:     filepath.Join(r.Cfg.State.Dir, "gateway", agent.Gateway, "credentials.json"),
+			Path:     taskstate.Layout{Dir: r.Cfg.State.Dir}.GatewayCredentials(agent.Gateway),
 			Seed:     r.Cfg.Tokens[g.Token],
 			TokenURL: cmp.Or(g.TokenURL, gateway.DefaultTokenURL),
 			ClientID: cmp.Or(g.ClientID, gateway.DefaultClientID),

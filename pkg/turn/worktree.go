@@ -54,7 +54,7 @@ func claimPath(stateDir, worktree string) string {
 		key = fmt.Sprintf("inode:%d:%d", st.Dev, st.Ino)
 	}
 	sum := sha256.Sum256([]byte(key))
-	return filepath.Join(stateDir, "worktrees", hex.EncodeToString(sum[:16])+".json")
+	return taskstate.Layout{Dir: stateDir}.WorktreeClaim(hex.EncodeToString(sum[:16]))
 }
 
 // readClaim returns the worktree's claim, nil if it has none.
@@ -204,7 +204,7 @@ func (r *Runner) finishWorktree(task taskid.ID, worktree string, res *Result, er
 // ReleaseWorktrees gives back and unclaims every worktree of the task (for
 // forget, under the task lock).
 func (r *Runner) ReleaseWorktrees(task taskid.ID) error {
-	dir := filepath.Join(r.Cfg.State.Dir, "worktrees")
+	dir := taskstate.Layout{Dir: r.Cfg.State.Dir}.Worktrees()
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -235,7 +235,7 @@ func (r *Runner) ReleaseWorktrees(task taskid.ID) error {
 // crashed or killed shrooms leaves its worktree with the task's user). It
 // takes each task's lock only for the give-back, skipping busy tasks.
 func (r *Runner) GiveBackIdle() ([]string, error) {
-	dir := filepath.Join(r.Cfg.State.Dir, "worktrees")
+	dir := taskstate.Layout{Dir: r.Cfg.State.Dir}.Worktrees()
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil

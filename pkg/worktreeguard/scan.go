@@ -16,6 +16,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"golang.org/x/sys/unix"
 )
 
@@ -488,11 +489,9 @@ func readNames(dir *os.File) ([]string, error) {
 	return names, nil
 }
 
-const resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
-
 func openat2(dir *os.File, name string, flags uint64) (int, error) {
 	for {
-		fd, err := unix.Openat2(int(dir.Fd()), name, &unix.OpenHow{Flags: flags | unix.O_CLOEXEC, Resolve: resolveFlags})
+		fd, err := unix.Openat2(int(dir.Fd()), name, &unix.OpenHow{Flags: flags | unix.O_CLOEXEC, Resolve: resolve.BeneathAnyMount})
 		if err == unix.EINTR || err == unix.EAGAIN {
 			continue
 		}

@@ -6,7 +6,9 @@
 // NONCE.canary.test sent to ADDR:PORT over UDP or TCP). With the single argument "listen" it is a canary
 // instead: it logs every TCP (8080) and UDP (5000) payload to stdout. All probes run at once; one JSON line per probe is
 // printed with what the prober saw. Verdicts come from the canaries. With "stream ADDR:PORT NONCE SECONDS" it sends a
-// UDP datagram "NONCE-SEQ" every 10 ms for SECONDS seconds, for tests that watch traffic stop.
+// UDP datagram "NONCE-SEQ" every 10 ms for SECONDS seconds, for tests that watch traffic stop. With
+// "flood NONCE SECONDS ADDR:PORT..." it sends "NONCE-tI-SEQ" to the I-th target every millisecond. With "nft" it tries
+// to change the nftables ruleset of its own network namespace over netlink and prints the errno.
 package main
 
 import (
@@ -20,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
 )
 
@@ -38,6 +41,14 @@ func main() {
 	}
 	if len(os.Args) == 5 && os.Args[1] == "stream" {
 		stream(os.Args[2], os.Args[3], os.Args[4])
+		return
+	}
+	if len(os.Args) >= 5 && os.Args[1] == "flood" {
+		flood(os.Args[2], os.Args[3], os.Args[4:])
+		return
+	}
+	if len(os.Args) == 2 && os.Args[1] == "nft" {
+		tryNft()
 		return
 	}
 	results := make([]result, len(os.Args)-1)
@@ -266,4 +277,67 @@ func stream(hp, nonce, secs string) {
 		pc.WriteTo([]byte(fmt.Sprintf("%s-%d\n", nonce, seq)), dst)
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// flood sends numbered datagrams to every target every millisecond until
+// the time is up, then prints how many it sent and how many the kernel
+// refused (EPERM from a local firewall).
+func flood(nonce, secs string, targets []string) {
+	var n int
+	fmt.Sscan(secs, &n)
+	var dsts []*net.UDPAddr
+	for _, t := range targets {
+		d, err := net.ResolveUDPAddr("udp", t)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		dsts = append(dsts, d)
+	}
+	pc, err := net.ListenPacket("udp", ":0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	defer pc.Close()
+	sent, refused := 0, 0
+	end := time.Now().Add(time.Duration(n) * time.Second)
+	for seq := 0; time.Now().Before(end); seq++ {
+		for i, d := range dsts {
+			if _, err := pc.WriteTo([]byte(fmt.Sprintf("%s-t%d-%d\n", nonce, i, seq)), d); err != nil {
+				refused++
+			} else {
+				sent++
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
+	json.NewEncoder(os.Stdout).Encode(map[string]int{"sent": sent, "refused": refused})
+}
+
+// tryNft asks the kernel, over netlink, to add a table, to list the
+// ruleset and to delete shrooms' in-cage wall in this network namespace,
+// and prints each errno ("" when it worked).
+func tryNft() {
+	res := map[string]string{}
+	errStr := func(err error) string {
+		if err == nil {
+			return ""
+		}
+		return err.Error()
+	}
+	c, err := nftables.New()
+	if err != nil {
+		res["open"] = errStr(err)
+	} else {
+		c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "cage_owned"})
+		res["add"] = errStr(c.Flush())
+		c.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: "shrooms_wall"})
+		res["delete_wall"] = errStr(c.Flush())
+		c.FlushRuleset()
+		res["flush_ruleset"] = errStr(c.Flush())
+		_, err := c.ListTables()
+		res["list"] = errStr(err)
+	}
+	json.NewEncoder(os.Stdout).Encode(res)
 }

@@ -1,0 +1,52 @@
+package taskstate
+
+import (
+	"path/filepath"
+
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+)
+
+// Layout names every path under the state directory (config state.dir),
+// once: no other package joins a path onto the state directory.
+type Layout struct{ Dir string }
+
+// Tasks is the directory of the tasks' state directories.
+func (l Layout) Tasks() string { return filepath.Join(l.Dir, "tasks") }
+
+// Task is one task's state directory.
+func (l Layout) Task(task taskid.ID) string { return filepath.Join(l.Tasks(), task.String()) }
+
+// TaskFile is a file of one task's state directory.
+func (l Layout) TaskFile(task taskid.ID, name string) string {
+	return filepath.Join(l.Task(task), name)
+}
+
+// Homes is the directory of the task HOME images.
+func (l Layout) Homes() string { return filepath.Join(l.Dir, "homes") }
+
+// HomeImage is the HOME image of a volume: homes/<volume>.img.
+func (l Layout) HomeImage(volume string) string { return filepath.Join(l.Homes(), volume+".img") }
+
+// Worktrees is the directory of the worktree claims.
+func (l Layout) Worktrees() string { return filepath.Join(l.Dir, "worktrees") }
+
+// WorktreeClaim is a worktree's claim file, by the worktree's key.
+func (l Layout) WorktreeClaim(key string) string { return filepath.Join(l.Worktrees(), key+".json") }
+
+// Delivery is one delivery of a task's outbox, moved aside at stamp.
+func (l Layout) Delivery(task taskid.ID, stamp string) string {
+	return filepath.Join(l.Dir, "deliveries", task.String(), stamp)
+}
+
+// GatewayCredentials is where a gateway keeps its refreshed sign-in.
+func (l Layout) GatewayCredentials(gateway string) string {
+	return filepath.Join(l.Dir, "gateway", gateway, "credentials.json")
+}
+
+// SeccompProfile is an installed seccomp profile, by file name.
+func (l Layout) SeccompProfile(name string) string { return filepath.Join(l.Dir, "seccomp", name) }
+
+// GitsealDotgit is a worktree's sealed .git file, by the worktree's key.
+func (l Layout) GitsealDotgit(key string) string {
+	return filepath.Join(l.Dir, "gitseal", key, "dotgit")
+}

@@ -1,0 +1,48 @@
+package turn
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
+	"github.com/shrooms-cage/shrooms/pkg/firewall"
+)
+
+// CageWaller puts the in-cage wall in place in the network namespace of a
+// created cage's process pid (the cage initialised, not started), from the
+// turn's seal state; prepared says the cage was prepared ahead (its wall
+// went in then and only needs checking). An error keeps the cage from
+// starting.
+type CageWaller func(ctx context.Context, seal SealState, pid int, prepared bool) (firewall.WallStatus, error)
+
+// InstallCageWall is the real CageWaller: cagenet.InstallWall for a fresh
+// cage, cagenet.CheckWall (verify, reinstall on any difference) for a
+// prepared one.
+func InstallCageWall(ctx context.Context, seal SealState, pid int, prepared bool) (firewall.WallStatus, error) {
+	if prepared {
+		return cagenet.CheckWall(ctx, seal, pid)
+	}
+	return cagenet.InstallWall(ctx, seal, pid)
+}
+
+// wallCage puts the in-cage wall of an initialised networked cage in
+// place; check says it is a prepared cage whose wall went in at its
+// preparation. Under policy none there is no interface but loopback and
+// nothing to wall.
+func (r *Runner) wallCage(ctx context.Context, id string, p *Plan, check bool) (*firewall.WallStatus, error) {
+	if !r.Cfg.Network.Networked() {
+		return nil, nil
+	}
+	if r.CageWall == nil {
+		return nil, fmt.Errorf("network policy %q needs the in-cage wall and this runner cannot install one", r.Cfg.Network.Policy)
+	}
+	pid, err := r.Podman.Pid(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	st, err := r.CageWall(ctx, p.seal, pid, check)
+	if err != nil {
+		return nil, fmt.Errorf("in-cage wall not in place, refusing to start the cage: %w", err)
+	}
+	return &st, nil
+}
