@@ -259,7 +259,7 @@ func PlanSystemConfig(stateDir string) (SystemConfig, error) {
 	if !filepath.IsAbs(stateDir) {
 		return SystemConfig{}, fmt.Errorf("state directory %q must be an absolute path", stateDir)
 	}
-	return SystemConfig{Path: filepath.Join(stateDir, "gitseal", "gitconfig")}, nil
+	return SystemConfig{Path: taskstate.Layout{Dir: stateDir}.GitsealConfig()}, nil
 }
 
 // Mount is the read-only bind mount of the file at /etc/gitconfig.
