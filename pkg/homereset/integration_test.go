@@ -342,7 +342,8 @@ func TestKillDuringReset(t *testing.T) {
 		assert.NilError(t, err)
 		t.Logf("kill after %v: recovered=%q kept=%d", delay*time.Millisecond, rep.Recovered, rep.KeptCount)
 		got := files(t, home)
-		assert.Equal(t, len(got), 4000+5, "HOME after recovery: %d files", len(got))
+		// The transcripts, the baseline's 5 files and the seeded ~/.claude.json.
+		assert.Equal(t, len(got), 4000+6, "HOME after recovery: %d files", len(got))
 		for _, f := range got {
 			assert.Assert(t, !strings.HasPrefix(f, "junk") && f != ".bashrc", f)
 		}
