@@ -353,7 +353,7 @@ func TestKillDuringReset(t *testing.T) {
 	assert.Assert(t, midway > 0, "no kill landed mid-reset; the test proved nothing")
 	out := cage(t, home, t.TempDir(), "cd /home/agent && ls -A && find . -type f | wc -l")
 	assert.Assert(t, !strings.Contains(out, "junk") && !strings.Contains(out, ".bashrc"), out)
-	assert.Assert(t, strings.HasSuffix(strings.TrimSpace(out), "4005"), out)
+	assert.Assert(t, strings.HasSuffix(strings.TrimSpace(out), "4006"), out)
 	ents, _ := os.ReadDir(filepath.Join(task.Root, ".shrooms/trash"))
 	assert.Equal(t, len(ents), 0)
 }
