@@ -11,7 +11,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 GOFLAGS_TEST := -tags "$(TAGS)" -count=1 -p 1 -timeout 25m
 SOCKET := unix:///run/shrooms-test/podman.sock
 
-.PHONY: all build setup test unit vet demo bench fuzz soak clean install kube-test kube-bin shape
+.PHONY: all build setup test unit vet demo bench fuzz soak clean install uninstall kube-test kube-bin shape
 
 all: build
 
@@ -66,7 +66,8 @@ kube-test: kube-bin
 unit:
 	go test -tags "$(TAGS)" -count=1 ./...
 
-# Outside NixOS: the binary, /etc/shrooms/config.toml from the example (an
+# Outside NixOS: the binary, its man page and shell completions (made by the
+# binary itself), /etc/shrooms/config.toml from the example (an
 # existing one is never overwritten), the shrooms-seal unit that applies the
 # seal at boot before podman, the br_netfilter module and bridge sysctls the
 # seal needs, and a drop-in that re-applies the seal after nftables restarts.
@@ -76,10 +77,18 @@ PREFIX ?= /usr/local
 BINDIR ?= $(PREFIX)/bin
 SYSCONFDIR ?= /etc
 UNITDIR ?= $(SYSCONFDIR)/systemd/system
+MANDIR ?= $(PREFIX)/share/man
+DATADIR ?= $(PREFIX)/share
 DESTDIR ?=
 SHROOMS_BIN ?= bin/shrooms
 install: $(SHROOMS_BIN)
 	install -D -m 0755 $(SHROOMS_BIN) $(DESTDIR)$(BINDIR)/shrooms
+	install -d -m 0755 $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(DATADIR)/bash-completion/completions $(DESTDIR)$(DATADIR)/zsh/site-functions $(DESTDIR)$(DATADIR)/fish/vendor_completions.d
+	$(SHROOMS_BIN) man > $(DESTDIR)$(MANDIR)/man1/shrooms.1
+	$(SHROOMS_BIN) completion bash > $(DESTDIR)$(DATADIR)/bash-completion/completions/shrooms
+	$(SHROOMS_BIN) completion zsh > $(DESTDIR)$(DATADIR)/zsh/site-functions/_shrooms
+	$(SHROOMS_BIN) completion fish > $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/shrooms.fish
+	chmod 0644 $(DESTDIR)$(MANDIR)/man1/shrooms.1 $(DESTDIR)$(DATADIR)/bash-completion/completions/shrooms $(DESTDIR)$(DATADIR)/zsh/site-functions/_shrooms $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/shrooms.fish
 	@if [ -e $(DESTDIR)$(SYSCONFDIR)/shrooms/config.toml ]; then \
 		echo "install: kept the existing $(DESTDIR)$(SYSCONFDIR)/shrooms/config.toml"; \
 	else \
@@ -98,6 +107,24 @@ install: $(SHROOMS_BIN)
 	else \
 		echo "install: systemd is not running here (or DESTDIR is set): enable podman.socket and shrooms-seal.service at boot yourself"; \
 	fi
+
+# What `make install` put there, with the same variables. The config
+# (/etc/shrooms/config.toml, the owner's) and shrooms' state (tasks, HOMEs,
+# outboxes: `shrooms forget` each task first, or remove state.dir) stay.
+# Without DESTDIR, on a host where systemd runs, shrooms-seal is stopped and
+# disabled first (which flushes the seal).
+uninstall:
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then \
+		set -x; systemctl disable --now shrooms-seal.service || true; \
+	fi
+	rm -f $(DESTDIR)$(BINDIR)/shrooms $(DESTDIR)$(MANDIR)/man1/shrooms.1 \
+		$(DESTDIR)$(DATADIR)/bash-completion/completions/shrooms $(DESTDIR)$(DATADIR)/zsh/site-functions/_shrooms \
+		$(DESTDIR)$(DATADIR)/fish/vendor_completions.d/shrooms.fish \
+		$(DESTDIR)$(UNITDIR)/shrooms-seal.service $(DESTDIR)$(UNITDIR)/nftables.service.d/shrooms-seal.conf \
+		$(DESTDIR)$(SYSCONFDIR)/modules-load.d/shrooms.conf $(DESTDIR)$(SYSCONFDIR)/sysctl.d/50-shrooms.conf
+	-rmdir $(DESTDIR)$(UNITDIR)/nftables.service.d 2>/dev/null
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+	@echo "uninstall: kept $(DESTDIR)$(SYSCONFDIR)/shrooms/config.toml and shrooms' state (forget each task first to remove it)"
 
 # A demonstration turn in a sealed cage.
 demo: setup build

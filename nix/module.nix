@@ -46,7 +46,7 @@ let
   # cannot know (store paths, users, podman being on).
   uncheckedConfig = settingsFormat.generate "shrooms-config-unchecked.toml" cfg.settings;
   configFile = pkgs.runCommand "shrooms-config.toml" { unchecked = uncheckedConfig; } ''
-    ${exe} config check "$unchecked"
+    ${exe} config check --syntax "$unchecked"
     cp "$unchecked" "$out"
   '';
   exe = lib.getExe cfg.package;
@@ -375,7 +375,7 @@ in
               "allowlist"
               "none"
             ];
-            default = "internet";
+            default = netDefaults.policy;
             description = ''
               `internet`: public internet only (no LAN, host, metadata or other
               cages); `allowlist`: only `network.allow`; `none`: no network

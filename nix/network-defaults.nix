@@ -2,6 +2,8 @@
 # evaluation time (firewall rules for the bridge). internal/nixcheck checks
 # them against config.Default().
 {
+  # The recommended policy with the model gateway: no network interface.
+  policy = "none";
   bridge = "shrooms0";
   subnet4 = "10.89.0.0/24";
   subnet6 = "fd89:5eed:cafe::/64";

@@ -66,12 +66,16 @@ buildGoModule {
     makeBinaryWrapper
     installShellFiles
   ];
-  # Completions come from the binary itself (`shrooms completion bash|fish`).
+  # Completions and the man page come from the binary itself (`shrooms
+  # completion bash|zsh|fish`, `shrooms man`).
   postInstall =
     lib.optionalString (stdenv.buildPlatform.canExecute stdenv.hostPlatform) ''
       installShellCompletion --cmd shrooms \
         --bash <("$out/bin/shrooms" completion bash) \
+        --zsh <("$out/bin/shrooms" completion zsh) \
         --fish <("$out/bin/shrooms" completion fish)
+      "$out/bin/shrooms" man > shrooms.1
+      installManPage shrooms.1
     ''
     + ''
       wrapProgram "$out/bin/shrooms" --prefix PATH : ${lib.makeBinPath runtimeInputs}
@@ -92,8 +96,8 @@ buildGoModule {
     description = "Run AI coding agents with permission prompts off, each turn in a sealed podman cage";
     homepage = "https://github.com/shrooms-cage/shrooms";
     mainProgram = "shrooms";
-    # The repository carries no licence grant yet: all rights reserved.
-    license = lib.licenses.unfree;
+    # LICENSE at the repository's root.
+    license = lib.licenses.asl20;
     platforms = lib.platforms.linux;
   };
 }

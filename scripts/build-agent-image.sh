@@ -7,11 +7,14 @@
 # The rootfs is Debian 12 (mmdebstrap --variant=minbase from the mirror this
 # machine's apt already uses) with bash, coreutils, git, ca-certificates,
 # python3 and nodejs, plus the agents from their npm packages at pinned
-# versions: @anthropic-ai/claude-code and opencode-ai. Both ship native
-# linux-x64 binaries as optional dependencies; the install runs no package
+# versions: @anthropic-ai/claude-code, opencode-ai and @openai/codex. All ship
+# native linux-x64 binaries as optional dependencies; the install runs no package
 # scripts, and this script puts the native binaries in place itself (what the
 # packages' postinstall would do), root-owned under /usr/local, outside HOME.
-# opencode gets its "baseline" build, which runs on any x86-64 CPU.
+# opencode gets its "baseline" build, which runs on any x86-64 CPU. Codex's
+# platform package (a static musl binary plus its rg and bwrap helpers) is
+# run directly: /usr/local/bin/codex links to the native binary, which finds
+# its helpers next to its own real path, so no node launcher runs.
 # Autoupdate is off through the image environment (and a read-only root).
 # User agent is 1000:1000 with HOME /home/agent; /work and /outbox exist.
 #
@@ -25,6 +28,7 @@ IMAGE=${1:-localhost/shrooms-agent:latest}
 LABEL=io.shrooms.agent.inputs
 CLAUDE_CODE_VERSION=2.1.332
 OPENCODE_VERSION=1.18.33
+CODEX_VERSION=0.171.0
 SUITE=bookworm
 DEBS=bash,coreutils,git,ca-certificates,python3,nodejs
 CACHE=${SHROOMS_AGENT_IMAGE_CACHE:-/var/cache/shrooms-agent-image}
@@ -48,7 +52,7 @@ done
 
 self=$(readlink -f "${BASH_SOURCE[0]}")
 inputs=$(printf '%s\n' "$(sha256sum "$self" | cut -d' ' -f1)" "$SUITE" "$DEBS" \
-	"claude-code=$CLAUDE_CODE_VERSION" "opencode=$OPENCODE_VERSION" | sha256sum | cut -d' ' -f1)
+	"claude-code=$CLAUDE_CODE_VERSION" "opencode=$OPENCODE_VERSION" "codex=$CODEX_VERSION" | sha256sum | cut -d' ' -f1)
 
 if [ "${SHROOMS_AGENT_IMAGE_FORCE:-0}" != 1 ]; then
 	have=$(podman image inspect --format "{{index .Labels \"$LABEL\"}}" "$IMAGE" 2>/dev/null || true)
@@ -119,16 +123,19 @@ fi
 # Installed into a staging prefix with the host's npm (Debian 12's node 18 is
 # older than the packages' engines field; the binaries need no node at all).
 stage=$work/stage
-log "npm install @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION opencode-ai@$OPENCODE_VERSION"
+log "npm install @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION opencode-ai@$OPENCODE_VERSION @openai/codex@$CODEX_VERSION"
 npm install -g --prefix "$stage" --ignore-scripts --no-audit --no-fund --loglevel=error \
 	--cache "$CACHE/npm" --os=linux --cpu=x64 \
-	"@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "opencode-ai@$OPENCODE_VERSION" >&2
+	"@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "opencode-ai@$OPENCODE_VERSION" \
+	"@openai/codex@$CODEX_VERSION" >&2
 mods=$stage/lib/node_modules
 cc=$mods/@anthropic-ai/claude-code
 ccbin=$cc/node_modules/@anthropic-ai/claude-code-linux-x64/claude
 ocbin=$mods/opencode-ai/node_modules/opencode-linux-x64-baseline/bin/opencode
 [ -x "$ccbin" ] || die "npm did not install the native Claude Code binary ($ccbin)"
 [ -x "$ocbin" ] || die "npm did not install the opencode baseline binary ($ocbin)"
+cxrel=@openai/codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex
+[ -x "$mods/$cxrel" ] || die "npm did not install the native Codex binary ($mods/$cxrel)"
 # The packages' bin entries are placeholders their postinstall overwrites
 # with the native binary; do the same with a hard link (no second copy).
 ln -f "$ccbin" "$cc/bin/claude.exe"
@@ -136,10 +143,12 @@ ln -f "$ocbin" "$mods/opencode-ai/bin/opencode.exe"
 # Keep only the platform packages in use: the rest are other OSes and CPUs.
 find "$cc/node_modules/@anthropic-ai" -mindepth 1 -maxdepth 1 ! -name claude-code-linux-x64 -exec rm -rf {} +
 find "$mods/opencode-ai/node_modules" -mindepth 1 -maxdepth 1 ! -name opencode-linux-x64-baseline -exec rm -rf {} +
+find "$mods/@openai/codex/node_modules/@openai" -mindepth 1 -maxdepth 1 ! -name codex-linux-x64 -exec rm -rf {} +
 mkdir -p "$root/usr/local/lib" "$root/usr/local/bin"
 cp -a "$mods" "$root/usr/local/lib/"
 ln -sfn ../lib/node_modules/@anthropic-ai/claude-code/bin/claude.exe "$root/usr/local/bin/claude"
 ln -sfn ../lib/node_modules/opencode-ai/bin/opencode.exe "$root/usr/local/bin/opencode"
+ln -sfn "../lib/node_modules/$cxrel" "$root/usr/local/bin/codex"
 chown -R 0:0 "$root/usr/local"
 chmod -R go-w "$root/usr/local"
 
@@ -147,7 +156,7 @@ chmod -R go-w "$root/usr/local"
 grep -q '^agent:' "$root/etc/passwd" || echo 'agent:x:1000:1000:agent:/home/agent:/bin/bash' >>"$root/etc/passwd"
 grep -q '^agent:' "$root/etc/group" || echo 'agent:x:1000:' >>"$root/etc/group"
 grep -q '^agent:' "$root/etc/shadow" || echo 'agent:!:20000:0:99999:7:::' >>"$root/etc/shadow"
-mkdir -p "$root/home/agent" "$root/work" "$root/outbox" "$root/etc/claude-code" "$root/etc/opencode"
+mkdir -p "$root/home/agent" "$root/work" "$root/outbox" "$root/etc/claude-code" "$root/etc/opencode" "$root/etc/codex"
 chown 1000:1000 "$root/home/agent" "$root/work" "$root/outbox"
 chmod 0755 "$root/home/agent" "$root/work" "$root/outbox"
 # Placeholders podman bind-mounts over (a read-only root cannot grow them).
@@ -174,7 +183,8 @@ podman import \
 	--change "LABEL $LABEL=$inputs" \
 	--change "LABEL io.shrooms.agent.claude-code=$CLAUDE_CODE_VERSION" \
 	--change "LABEL io.shrooms.agent.opencode=$OPENCODE_VERSION" \
-	--quiet --message "shrooms agent image (Debian $SUITE, Claude Code $CLAUDE_CODE_VERSION, opencode $OPENCODE_VERSION)" \
+	--change "LABEL io.shrooms.agent.codex=$CODEX_VERSION" \
+	--quiet --message "shrooms agent image (Debian $SUITE, Claude Code $CLAUDE_CODE_VERSION, opencode $OPENCODE_VERSION, Codex $CODEX_VERSION)" \
 	"$work/rootfs.tar" "$IMAGE" >/dev/null
 
 new_id=$(podman image inspect --format '{{.Id}}' "$IMAGE")
@@ -182,13 +192,13 @@ new_id=$(podman image inspect --format '{{.Id}}' "$IMAGE")
 # (Not in a chroot: the agents are Bun/Node single-file executables that
 # read /proc/self/exe.) A failing image is removed so no label vouches for it.
 got=$(podman run --rm --network none --read-only --user 1000:1000 -e HOME=/tmp "$IMAGE" \
-	bash -c 'claude --version && opencode --version && git --version && python3 --version && node --version' 2>&1) || {
+	bash -c 'claude --version && opencode --version && codex --version && git --version && python3 --version && node --version' 2>&1) || {
 	podman image rm -f "$new_id" >/dev/null 2>&1 || true
 	die "smoke test of $IMAGE failed: $got"
 }
-if [[ $got != *"$CLAUDE_CODE_VERSION"* || $got != *"$OPENCODE_VERSION"* ]]; then
+if [[ $got != *"$CLAUDE_CODE_VERSION"* || $got != *"$OPENCODE_VERSION"* || $got != *"codex-cli $CODEX_VERSION"* ]]; then
 	podman image rm -f "$new_id" >/dev/null 2>&1 || true
-	die "smoke test of $IMAGE: want Claude Code $CLAUDE_CODE_VERSION and opencode $OPENCODE_VERSION, got: $got"
+	die "smoke test of $IMAGE: want Claude Code $CLAUDE_CODE_VERSION, opencode $OPENCODE_VERSION and Codex $CODEX_VERSION, got: $got"
 fi
 if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ]; then
 	podman image rm "$old_id" >/dev/null 2>&1 || true

@@ -19,8 +19,9 @@ func configCommand() *cli.Command {
 		Usage: "check a configuration file",
 		Subcommands: []*cli.Command{{
 			Name:      "check",
-			Usage:     "validate FILE (default: --config, SHROOMS_CONFIG or " + defaultConfigPath + ") with shrooms' own loader; contacts nothing",
+			Usage:     "validate FILE (default: --config, SHROOMS_CONFIG or " + defaultConfigPath + ") with shrooms' own loader and load the files it names as a turn would; contacts nothing",
 			ArgsUsage: "[FILE]",
+			Flags:     []cli.Flag{&cli.BoolFlag{Name: "syntax", Usage: "run the loader only, loading none of the files the config names (a Nix build's sandbox has none of them)"}},
 			Action: func(c *cli.Context) error {
 				if c.NArg() > 1 {
 					return fail(ExitUsage, fmt.Errorf("config check takes at most one FILE, got %d arguments", c.NArg()))
@@ -34,9 +35,13 @@ func configCommand() *cli.Command {
 						path = defaultConfigPath
 					}
 				}
-				_, err := config.Load(path)
+				notes := []string{}
+				cfg, err := config.Load(path)
+				if err == nil && !c.Bool("syntax") {
+					notes, err = checkConfig(cfg)
+				}
 				if jsonMode(c) {
-					res := map[string]any{"ok": err == nil, "file": path}
+					res := map[string]any{"ok": err == nil, "file": path, "notes": notes}
 					if err != nil {
 						res["error"] = oneLine(err.Error())
 					}
@@ -48,6 +53,9 @@ func configCommand() *cli.Command {
 					return fail(ExitUsage, err)
 				}
 				if !jsonMode(c) {
+					for _, n := range notes {
+						textln(c.App.Writer, "note: "+n)
+					}
 					textln(c.App.Writer, "ok")
 				}
 				return nil

@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"net"
+	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -14,8 +18,11 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
+	"github.com/shrooms-cage/shrooms/pkg/gateway"
+	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
@@ -75,6 +82,7 @@ func diagnose(ctx context.Context, cfg *config.Config) []finding {
 		src = "built-in defaults"
 	}
 	add("config", "ok", "loaded from "+src, "")
+	doctorConfig(cfg, add)
 
 	client, err := podman.Connect(ctx, cfg.Podman.Socket)
 	if err != nil {
@@ -85,7 +93,10 @@ func diagnose(ctx context.Context, cfg *config.Config) []finding {
 	doctorSubIDs(cfg, add)
 	doctorState(cfg, add)
 	doctorTokens(cfg, add)
+	doctorTools(cfg, add)
+	doctorBridge(cfg, add)
 	doctorSeal(ctx, cfg, add)
+	doctorGateways(ctx, cfg, add)
 	return fs
 }
 
@@ -189,24 +200,130 @@ func doctorTokens(cfg *config.Config, add func(string, string, string, string)) 
 	if len(cfg.Tokens) == 0 {
 		add("tokens", "ok", "no tokens configured", "")
 	}
-	names := make([]string, 0, len(cfg.Tokens))
-	for n := range cfg.Tokens {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(cfg.Tokens)) {
 		path := cfg.Tokens[n]
+		if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+			// Only the turns of the agents that use it need it.
+			add("tokens", "warn", fmt.Sprintf("token %s: %s does not exist; turns of %s refuse until it does", n, path, agentsUsing(cfg, n)), "create it, owned by root, mode 0600")
+			continue
+		}
 		if err := mounts.CheckHostFile(path, "token "+n); err != nil {
-			add("tokens", "fail", err.Error(), "create the file, readable by root only")
+			add("tokens", "fail", err.Error(), "make it a regular file, owned by root, mode 0600")
 			continue
 		}
-		f, err := os.Open(path)
+		if err := cfg.CheckToken(n); err != nil {
+			add("tokens", "fail", err.Error(), fmt.Sprintf("chown root %s && chmod 0600 %s", path, path))
+			continue
+		}
+		add("tokens", "ok", fmt.Sprintf("token %s: %s (root, owner-only)", n, path), "")
+	}
+}
+
+// doctorConfig loads what a turn would: the files the config names and each
+// agent's baseline against the keep-list.
+func doctorConfig(cfg *config.Config, add func(string, string, string, string)) {
+	if err := cfg.CheckFiles(); err != nil {
+		add("config", "fail", err.Error(), "fix the file or the key it names")
+		return
+	}
+	for _, name := range slices.Sorted(maps.Keys(cfg.Agents)) {
+		if err := homereset.CheckBaseline(cfg, cfg.Agents[name].Home); err != nil {
+			add("config", "fail", fmt.Sprintf("agent %s: %v", name, err), "drop the baseline file from the keep-list path, or the key it names")
+			return
+		}
+	}
+	add("config", "ok", "every file the config names loads, and no baseline file overlaps the keep-list", "")
+}
+
+// doctorTools checks what turns run on the host: loop devices and
+// mkfs.ext4 (each task HOME is a capped ext4 image on a loop device), git
+// (commit and the worktree guard), and TIOCSTI closed (run --tty).
+func doctorTools(cfg *config.Config, add func(string, string, string, string)) {
+	if fi, err := os.Stat("/dev/loop-control"); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		add("loop", "fail", "/dev/loop-control is missing: task HOMEs are loop-mounted images", "modprobe loop (NixOS: it is built in)")
+	} else {
+		add("loop", "ok", "/dev/loop-control", "")
+	}
+	for _, tool := range []struct{ name, why, fix string }{
+		{"mkfs.ext4", "makes each task HOME's capped filesystem", "install e2fsprogs"},
+		{"git", "commit and the worktree guard run it, sealed", "install git"},
+	} {
+		if p, err := lookTool(tool.name); err != nil {
+			add(tool.name, "fail", tool.name+" not found ("+tool.why+")", tool.fix)
+		} else {
+			add(tool.name, "ok", p, "")
+		}
+	}
+	if err := seccomp.TIOCSTIClosed(cfg.Cage.Seccomp, seccomp.LegacyTIOCSTIKnob); err != nil {
+		add("tiocsti", "warn", err.Error()+" (only `run --tty` needs it)", "keep cage.seccomp = \"shrooms\", or sysctl dev.tty.legacy_tiocsti=0")
+	} else {
+		add("tiocsti", "ok", "a cage cannot push input into its terminal", "")
+	}
+}
+
+// lookTool finds a host tool on PATH or in the sbin directories (root's
+// PATH is not always the one shrooms runs with).
+func lookTool(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, dir := range []string{"/usr/sbin", "/sbin", "/run/current-system/sw/bin"} {
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found", name)
+}
+
+// doctorBridge checks what the seal needs under a networked policy: the
+// br_netfilter module with both bridge sysctls on (so bridged cage traffic
+// passes the seal's forward hook), and iptables for netavark, podman's
+// network backend, which sets up the cage network with it.
+func doctorBridge(cfg *config.Config, add func(string, string, string, string)) {
+	if !cfg.Network.Networked() {
+		return
+	}
+	for _, k := range []string{"bridge-nf-call-iptables", "bridge-nf-call-ip6tables"} {
+		b, err := os.ReadFile("/proc/sys/net/bridge/" + k)
+		switch {
+		case err != nil:
+			add("br_netfilter", "fail", "br_netfilter is not loaded (no /proc/sys/net/bridge): bridged cage traffic would bypass the seal", "modprobe br_netfilter (the shrooms-seal unit and make install load it at boot)")
+			return
+		case strings.TrimSpace(string(b)) != "1":
+			add("br_netfilter", "fail", "net.bridge."+k+" is "+strings.TrimSpace(string(b))+": bridged cage traffic would bypass the seal", "sysctl -w net.bridge."+k+"=1")
+			return
+		}
+	}
+	add("br_netfilter", "ok", "loaded, net.bridge.bridge-nf-call-ip{,6}tables = 1", "")
+	if p, err := lookTool("iptables"); err != nil {
+		add("iptables", "fail", "iptables not found: netavark sets up the cage network with it", "install iptables (nft backend is fine)")
+	} else {
+		add("iptables", "ok", p+" (netavark)", "")
+	}
+}
+
+// doctorGateways checks that each gateway's upstream resolves and accepts
+// TCP connections (DNS and TCP only: nothing is sent).
+func doctorGateways(ctx context.Context, cfg *config.Config, add func(string, string, string, string)) {
+	for _, name := range slices.Sorted(maps.Keys(cfg.Gateway)) {
+		u, err := url.Parse(cfg.Gateway[name].Upstream)
 		if err != nil {
-			add("tokens", "fail", fmt.Sprintf("token %s: cannot read %s", n, path), "")
+			add("gateway", "fail", fmt.Sprintf("gateway %s: upstream: %v", name, err), "")
 			continue
 		}
-		f.Close()
-		add("tokens", "ok", fmt.Sprintf("token %s: %s readable", n, path), "")
+		dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		addrs, err := net.DefaultResolver.LookupHost(dctx, u.Hostname())
+		cancel()
+		if err != nil {
+			add("gateway", "fail", fmt.Sprintf("gateway %s: cannot resolve %s: %v", name, u.Hostname(), err), "check the host's DNS")
+			continue
+		}
+		if err := gateway.Preflight(ctx, u); err != nil {
+			add("gateway", "fail", fmt.Sprintf("gateway %s: %v", name, err), "check the host's route to the upstream")
+			continue
+		}
+		add("gateway", "ok", fmt.Sprintf("gateway %s: %s resolves (%s) and accepts TCP", name, u.Redacted(), strings.Join(addrs, ", ")), "")
 	}
 }
 

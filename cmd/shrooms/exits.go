@@ -14,6 +14,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/safetext"
 	"github.com/shrooms-cage/shrooms/pkg/task"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // runner loads the config, connects to podman and returns a turn runner
@@ -51,6 +52,30 @@ func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *task.Commands
 	return task.New(newRunner(cfg, client)), ctx, stop, nil
 }
 
+// localRunner is runnerFor for the task commands that work on the state
+// directory, the outbox and the worktree only (outbox, commit, trust): it
+// never connects to podman, so they work while podman is down.
+func localRunner(c *cli.Context, pre func(*config.Config) error) (r *task.Commands, ctx context.Context, stop context.CancelFunc, err error) {
+	cfg, err := loadConfig(c)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if err := cfg.CheckFiles(); err != nil {
+		return nil, nil, nil, fail(ExitUsage, err)
+	}
+	if pre != nil {
+		if err := pre(cfg); err != nil {
+			code := ExitUsage
+			if fault.Of(err) == fault.HostNotReady {
+				code = ExitHostNotReady
+			}
+			return nil, nil, nil, fail(code, err)
+		}
+	}
+	ctx, stop = signalContext(c.Context)
+	return task.New(turn.NewRunner(cfg, nil, nil)), ctx, stop, nil
+}
+
 // checkTask validates --task of a command on an existing task before
 // shrooms connects anywhere: a valid id that shrooms has state of.
 func checkTask(c *cli.Context) func(*config.Config) error {
@@ -78,7 +103,7 @@ pending deliveries, oldest turn first.`,
 				Usage: "show what collect would deliver and refuse, changing nothing",
 				Flags: []cli.Flag{taskFlag()},
 				Action: func(c *cli.Context) error {
-					r, ctx, stop, err := runnerFor(c, checkTask(c))
+					r, ctx, stop, err := localRunner(c, checkTask(c))
 					if err != nil {
 						return err
 					}
@@ -100,7 +125,7 @@ name, path, size, sha256; and what was dropped at each turn's end) last.
 Files past the limits stay pending and are listed with the reason.`,
 				Flags: []cli.Flag{taskFlag(), &cli.StringFlag{Name: "to", Usage: "delivery `DIR` (new or empty; default <state.dir>/deliveries/<task>/<time>)"}},
 				Action: func(c *cli.Context) error {
-					r, ctx, stop, err := runnerFor(c, checkTask(c))
+					r, ctx, stop, err := localRunner(c, checkTask(c))
 					if err != nil {
 						return err
 					}
@@ -117,7 +142,7 @@ Files past the limits stay pending and are listed with the reason.`,
 				Usage: "discard the task's pending deliveries, and unmount its outbox wherever it is still mounted",
 				Flags: []cli.Flag{taskFlag()},
 				Action: func(c *cli.Context) error {
-					r, _, stop, err := runnerFor(c, checkTask(c))
+					r, _, stop, err := localRunner(c, checkTask(c))
 					if err != nil {
 						return err
 					}
@@ -186,20 +211,24 @@ path; the named paths become trusted for later turns.`,
 		Flags: []cli.Flag{
 			taskFlag(),
 			&cli.StringFlag{Name: "message", Aliases: []string{"m"}, Required: true, Usage: "commit `MESSAGE`"},
-			&cli.StringFlag{Name: "author", Value: "shrooms <shrooms@localhost>", Usage: "`\"NAME <EMAIL>\"`"},
+			&cli.StringFlag{Name: "author", Usage: "`\"NAME <EMAIL>\"`", DefaultText: "user.name <user.email> from the repository's own config (no includes), else shrooms <shrooms@localhost>"},
 			&cli.StringSliceFlag{Name: "allow-agent-config", Usage: "accept the changed agent config at worktree-relative `PATH` (repeat for each)"},
 		},
 		Action: func(c *cli.Context) error {
-			addr, err := mail.ParseAddress(c.String("author"))
-			if err != nil || addr.Name == "" {
-				return fail(ExitUsage, fmt.Errorf("--author %q is not \"Name <email>\"", c.String("author")))
+			var author gitseal.Author // the owner's, from the repository's config
+			if c.IsSet("author") {
+				addr, err := mail.ParseAddress(c.String("author"))
+				if err != nil || addr.Name == "" {
+					return fail(ExitUsage, fmt.Errorf("--author %q is not \"Name <email>\"", c.String("author")))
+				}
+				author = gitseal.Author{Name: addr.Name, Email: addr.Address}
 			}
-			r, ctx, stop, err := runnerFor(c, checkTask(c))
+			r, ctx, stop, err := localRunner(c, checkTask(c))
 			if err != nil {
 				return err
 			}
 			defer stop()
-			res, err := r.Commit(ctx, c.String("task"), c.String("message"), gitseal.Author{Name: addr.Name, Email: addr.Address}, c.StringSlice("allow-agent-config"))
+			res, err := r.Commit(ctx, c.String("task"), c.String("message"), author, c.StringSlice("allow-agent-config"))
 			nothing := errors.Is(err, gitseal.ErrNothingToCommit)
 			if err != nil && !nothing {
 				if jsonMode(c) && errors.Is(err, task.ErrAgentConfig) {
@@ -208,7 +237,7 @@ path; the named paths become trusted for later turns.`,
 				return fail(codeFor(err), err)
 			}
 			if jsonMode(c) {
-				out := map[string]any{"task": res.Task, "commit": res.Commit, "agentConfig": res.AgentConfig, "accepted": res.Accepted}
+				out := map[string]any{"task": res.Task, "commit": res.Commit, "agentConfig": res.AgentConfig, "accepted": res.Accepted, "author": res.Author}
 				if nothing {
 					out["commit"] = nil
 					out["nothingToCommit"] = true
@@ -249,7 +278,7 @@ task to another worktree (all of its config is then trusted as it is).`,
 			&cli.StringFlag{Name: "worktree", Usage: "the task's worktree `DIR` (default: the one its turns ran on)"},
 		},
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runnerFor(c, checkTask(c))
+			r, ctx, stop, err := localRunner(c, checkTask(c))
 			if err != nil {
 				return err
 			}
@@ -294,11 +323,20 @@ func forgetCommand() *cli.Command {
 		Description: `The task's worktree and delivered outboxes are left alone. Its user-namespace
 slot becomes free for a new task. HOME goes with every mount and loop device
 of it, in any mount namespace, one whose image file was deleted included.
-Afterwards forget looks again: anything of the task still there is listed
+A task of which nothing is kept (never run, or forgotten already) is not an
+error: forget exits 0 and --json says "forgotten": false. Afterwards forget looks again: anything of the task still there is listed
 and it exits 122 instead of reporting success.`,
 		Flags: []cli.Flag{taskFlag()},
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) error { return task.CheckForget(cfg, c.String("task")) })
+			if errors.Is(err, task.ErrUnknownTask) {
+				// Nothing is kept of the task: forgetting it again is done.
+				if jsonMode(c) {
+					return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "forgotten": false})
+				}
+				textln(c.App.Writer, "nothing kept of "+c.String("task"))
+				return nil
+			}
 			if err != nil {
 				return err
 			}

@@ -111,8 +111,12 @@ echo planted > /home/agent/.bashrc
 	_, err = os.Stat(filepath.Join(wt, "new.txt"))
 	assert.NilError(t, err, "forget touched the worktree")
 
+	// forget of a task of which nothing is kept is done already: exit 0.
+	code, stdout, stderr = e.shrooms("--json", "forget", "--task", e.task("never"))
+	assert.Equal(t, code, 0, stderr)
+	assert.Assert(t, strings.Contains(stdout, `"forgotten":false`), stdout)
 	for _, args := range [][]string{
-		{"forget", "--task", e.task("never")},
+		{"forget", "--task", "../x"},
 		{"commit", "--task", e.task("never"), "-m", "x"},
 		{"outbox", "collect", "--task", e.task("never")},
 		{"reset", "--task", e.task("never")},

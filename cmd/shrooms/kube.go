@@ -108,6 +108,7 @@ reset report as JSON.`,
 			&cli.IntFlag{Name: "uid", Required: true, Usage: "agent `UID` owning HOME"},
 			&cli.IntFlag{Name: "gid", Required: true, Usage: "agent `GID` owning HOME"},
 			&cli.BoolFlag{Name: "gateway", Usage: "the agent's model requests go through the gateway (pinned in the policy)"},
+			&cli.StringFlag{Name: "gateway-api", Value: "anthropic", Usage: "the gateway's API (anthropic or openai): which agent's provider the policy pins"},
 		},
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c)
@@ -147,7 +148,14 @@ reset report as JSON.`,
 			}
 			var pg homereset.PolicyGateway
 			if c.Bool("gateway") {
-				pg.AnthropicBaseURL = gateway.BaseURL()
+				switch c.String("gateway-api") {
+				case "anthropic":
+					pg.AnthropicBaseURL = gateway.BaseURL()
+				case "openai":
+					pg.OpenAIBaseURL = gateway.BaseURL()
+				default:
+					return fail(ExitUsage, fmt.Errorf("reset-home: --gateway-api %q is not anthropic or openai", c.String("gateway-api")))
+				}
 			}
 			pol, err := homereset.PlanPolicy(c.String("policy"), cfg, agent.Home, pg)
 			if err == nil {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 
@@ -120,7 +121,9 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 		Writer:    stdout,
 		ErrWriter: stderr,
 		// --help is added by hand: urfave adds it only without a "help" command.
-		Flags: append(globalFlags(true), cli.HelpFlag),
+		// --version is shrooms' own, so that it prints what `version` prints.
+		HideVersion: true,
+		Flags:       append(globalFlags(true), cli.HelpFlag, &cli.BoolFlag{Name: "version", Aliases: []string{"v"}, Usage: "print shrooms' version (as `shrooms version`)"}),
 		// shrooms' own help command: urfave's shared one makes its fish
 		// completion generator recurse forever.
 		HideHelpCommand: true,
@@ -148,11 +151,18 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			helpCommand(),
 			configCommand(),
 			completionCommand(),
+			completeTasksCommand(),
+			manCommand(),
 			kubeCommand(),
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // run() maps errors to codes
 		OnUsageError:   usageError,
-		Action:         unknownCommand,
+		Action: func(c *cli.Context) error {
+			if c.Bool("version") {
+				return printVersion(c)
+			}
+			return unknownCommand(c)
+		},
 	}
 	globalize(app.Commands)
 	return app
@@ -266,8 +276,15 @@ func commandPath(c *cli.Context) string {
 }
 
 func usageError(c *cli.Context, err error, _ bool) error {
-	return fail(ExitUsage, fmt.Errorf("%v (see `shrooms%s --help`)", err, commandPath(c)))
+	return fail(ExitUsage, fmt.Errorf("%s (see `shrooms%s --help`)", doubleDash(err.Error()), commandPath(c)))
 }
+
+// singleDash finds a flag name as Go's flag package writes it in errors
+// ("flag provided but not defined: -foo", "invalid value … for flag -timeout").
+var singleDash = regexp.MustCompile(`(defined: |argument: |for flag )-([A-Za-z][A-Za-z0-9-]+)`)
+
+// doubleDash writes flag names in errors the way shrooms' help shows them.
+func doubleDash(msg string) string { return singleDash.ReplaceAllString(msg, "$1--$2") }
 
 // jsonMode reports whether --json was given, before or after the command.
 func jsonMode(c *cli.Context) bool {

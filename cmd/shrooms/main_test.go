@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -86,11 +89,25 @@ func waitTaskIdle(stateDir, task string) {
 		return
 	}
 	defer f.Close()
-	mark := make([]byte, 9)
-	if n, _ := f.ReadAt(mark, 0); string(mark[:n]) != "teardown " {
+	mark := make([]byte, 32)
+	n, _ := f.ReadAt(mark, 0)
+	rest, ok := strings.CutPrefix(string(mark[:n]), "teardown ")
+	if !ok {
 		return
 	}
 	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+	// With its next cage prepared, a teardown drops the lock before it
+	// removes the exited cage: wait for the process too.
+	pid, err := strconv.Atoi(strings.TrimSpace(rest))
+	if err != nil || pid <= 0 {
+		return
+	}
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil || strings.Contains(string(b), ") Z ") {
+			return
+		}
+	}
 }
 
 // command returns the CLI as a separate process.
@@ -392,9 +409,31 @@ func TestDoctor(t *testing.T) {
 	assert.Assert(t, is.Contains(stdout, "ok   image"), stdout)
 	assert.Assert(t, is.Contains(stdout, "ok   subids"), stdout)
 	assert.Assert(t, is.Contains(stdout, "ok   seal           network.policy = none"), stdout)
+	for _, check := range []string{"config", "loop", "mkfs.ext4", "git", "tiocsti"} {
+		assert.Check(t, is.Regexp("(?m)^ok +"+regexp.QuoteMeta(check)+" ", stdout))
+	}
 	assert.Equal(t, code, 0, stdout+stderr)
 
-	bad := newEnv(t, "[tokens]\nk = \"/nonexistent/token\"\n")
+	// The gateway's upstream: DNS and TCP, against loopback only.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	assert.NilError(t, err)
+	defer ln.Close()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	assert.NilError(t, err)
+	closedAddr := closed.Addr().String()
+	closed.Close()
+	token := filepath.Join(t.TempDir(), "key")
+	assert.NilError(t, os.WriteFile(token, []byte("sk-test\n"), 0o600))
+	gw := newEnv(t, fmt.Sprintf("[tokens]\nk = %q\n[gateway.up]\nupstream = \"http://%s\"\ntoken = \"k\"\n[gateway.down]\nupstream = \"http://%s\"\ntoken = \"k\"\n", token, ln.Addr(), closedAddr))
+	code, stdout, _ = gw.shrooms("doctor")
+	assert.Check(t, is.Equal(code, ExitHostNotReady), stdout)
+	assert.Check(t, is.Regexp(`(?m)^ok +gateway +gateway up: http://127\.0\.0\.1:\d+ resolves \(127\.0\.0\.1\) and accepts TCP`, stdout))
+	assert.Check(t, is.Regexp(`(?m)^fail gateway +gateway down: gateway upstream http://127\.0\.0\.1:\d+ is unreachable`, stdout))
+
+	// A token file others can read fails; a missing one only warns.
+	loose := filepath.Join(t.TempDir(), "loose")
+	assert.NilError(t, os.WriteFile(loose, []byte("sk-test\n"), 0o644))
+	bad := newEnv(t, fmt.Sprintf("[tokens]\nk = \"/nonexistent/token\"\nl = %q\n", loose))
 	data, _ := os.ReadFile(bad.config)
 	assert.NilError(t, os.WriteFile(bad.config, bytes.Replace(data, []byte(itest.Socket()), []byte("unix:///run/shrooms-test-nonexistent/podman.sock"), 1), 0o600))
 	code, stdout, _ = bad.shrooms("--json", "doctor")
@@ -413,6 +452,13 @@ func TestDoctor(t *testing.T) {
 		}
 	}
 	assert.Assert(t, failed["podman"] && failed["tokens"], "%+v", rep.Findings)
+	var tokens []string
+	for _, f := range rep.Findings {
+		if f.Check == "tokens" {
+			tokens = append(tokens, f.Status)
+		}
+	}
+	assert.Check(t, is.DeepEqual(tokens, []string{"warn", "fail"}), "%+v", rep.Findings)
 }
 
 func TestVersionAndHelp(t *testing.T) {
@@ -420,6 +466,15 @@ func TestVersionAndHelp(t *testing.T) {
 	code, stdout, _ := e.shrooms("version")
 	assert.Equal(t, code, 0)
 	assert.Assert(t, strings.HasPrefix(stdout, "shrooms "))
+	// --version and -v say the same as the command.
+	for _, flag := range []string{"--version", "-v"} {
+		c, out, _ := e.shrooms(flag)
+		assert.Equal(t, c, 0)
+		assert.Equal(t, out, stdout, flag)
+	}
+	_, jv, _ := e.shrooms("--json", "version")
+	_, jf, _ := e.shrooms("--json", "--version")
+	assert.Equal(t, jf, jv)
 	code, stdout, _ = e.shrooms("--help")
 	assert.Equal(t, code, 0)
 	for _, cmd := range []string{"run", "spec", "bootstrap", "doctor", "gc", "tasks", "status", "log", "stop", "version"} {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -76,6 +77,7 @@ func printJSON(w io.Writer, v any) error {
 }
 
 func schemaJSON(v any) ([]byte, error) {
+	emptyLists(reflect.ValueOf(v))
 	raw, err := json.Marshal(v)
 	if err != nil {
 		return nil, fmt.Errorf("render JSON: %w", err)
@@ -93,6 +95,47 @@ func schemaJSON(v any) ([]byte, error) {
 		}
 	}
 	return json.Marshal(tree)
+}
+
+// emptyLists makes every nil slice reachable from v (through pointers,
+// struct fields, interfaces, maps and slices) an empty one, so that an
+// empty list prints as [] and never as null (docs/json.md).
+func emptyLists(v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			emptyLists(v.Elem())
+		}
+	case reflect.Struct:
+		for i := 0; i < v.NumField(); i++ {
+			f := v.Field(i)
+			if sf := v.Type().Field(i); !sf.IsExported() && !sf.Anonymous {
+				continue // encoding/json prints neither (but an embedded struct's fields)
+			}
+			if f.Kind() == reflect.Slice && f.IsNil() && f.CanSet() {
+				f.Set(reflect.MakeSlice(f.Type(), 0, 0))
+				continue
+			}
+			emptyLists(f)
+		}
+	case reflect.Slice, reflect.Array:
+		for i := 0; i < v.Len(); i++ {
+			emptyLists(v.Index(i))
+		}
+	case reflect.Map:
+		iter := v.MapRange()
+		for iter.Next() {
+			val := iter.Value()
+			if val.Kind() == reflect.Interface && !val.IsNil() {
+				val = val.Elem()
+			}
+			if val.Kind() == reflect.Slice && val.IsNil() {
+				v.SetMapIndex(iter.Key(), reflect.MakeSlice(val.Type(), 0, 0))
+				continue
+			}
+			emptyLists(val)
+		}
+	}
 }
 
 // normalize rewrites object keys to snake_case and nanosecond durations

@@ -4,6 +4,7 @@ import (
 	"context"
 	"debug/elf"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -107,5 +108,43 @@ func TestPreparedCages(t *testing.T) {
 	r = lastJSON(t, stdout)
 	assert.Assert(t, !r.Prepared, "a prepared cage ran on a HOME changed after its reset")
 	assert.Assert(t, !strings.Contains(stdout, "PWNED"), stdout)
+	assert.Equal(t, len(cageStates(t, client, task)), 0)
+}
+
+// TestPreparedCageHomeRewritten: a file the reset laid down, rewritten in
+// place on the host at the same size with its mtime set back, after the
+// next cage was prepared. Nothing is removed, so a dry-run reset (the
+// check before the HOME fingerprint) saw no difference; the fingerprint
+// (ctime) does, and the turn resets HOME in a fresh cage.
+func TestPreparedCageHomeRewritten(t *testing.T) {
+	requireStatic(t)
+	profile := filepath.Join(t.TempDir(), "profile")
+	assert.NilError(t, os.WriteFile(profile, []byte("export OWNER_PROFILE=1\n"), 0o644))
+	e, client := integration(t, fmt.Sprintf("[home.shell]\nfiles = { \".profile\" = %q }\n", profile))
+	task := e.task("rewrite")
+	code, _, stderr := e.shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
+	assert.Equal(t, code, 0, stderr)
+	v, err := client.InspectVolume(context.Background(), "shrooms-home-"+e.prefix+"-"+task)
+	assert.NilError(t, err)
+	victim := filepath.Join(v.Mountpoint, "home", ".profile")
+	before, err := os.Stat(victim)
+	assert.NilError(t, err, "the reset laid down the owner's .profile")
+	size := before.Size()
+	assert.NilError(t, os.WriteFile(victim, []byte("PWNED"+strings.Repeat("\n", int(size)-5)), before.Mode()))
+	assert.NilError(t, os.Chtimes(victim, before.ModTime(), before.ModTime()))
+	rel := ".profile"
+	code, stdout, stderr := e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "cat ~/"+rel+"; true")
+	assert.Equal(t, code, 0, stderr)
+	r := lastJSON(t, stdout)
+	assert.Assert(t, !r.Prepared, "a prepared cage ran on a HOME file rewritten after its reset")
+	assert.Assert(t, !strings.Contains(stdout, "PWNED"), stdout)
+	assert.Assert(t, strings.Contains(stdout, "OWNER_PROFILE"), "the reset laid the owner's file down again: %s", stdout)
+
+	// Positive control: prepared, HOME left alone, the cage is used.
+	code, _, stderr = e.shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
+	assert.Equal(t, code, 0, stderr)
+	code, stdout, stderr = e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "true")
+	assert.Equal(t, code, 0, stderr)
+	assert.Assert(t, lastJSON(t, stdout).Prepared, "an untouched HOME's prepared cage was not used: %s", stdout)
 	assert.Equal(t, len(cageStates(t, client, task)), 0)
 }

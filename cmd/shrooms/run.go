@@ -10,8 +10,10 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -19,7 +21,7 @@ func turnFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "task", Required: true, Usage: "task `ID` ([a-z0-9][a-z0-9_.-]{0,62})"},
 		&cli.StringFlag{Name: "agent", Required: true, Usage: "agent `NAME` from the config ([agents.NAME])"},
-		&cli.StringFlag{Name: "worktree", Usage: "host `DIR` mounted read-write at /work: a git work tree or a directory inside [worktree] roots (default: an empty tmpfs)"},
+		&cli.StringFlag{Name: "worktree", Usage: "host `DIR` mounted read-write at /work: a git work tree or a directory inside [worktree] roots (default: the task's worktree from its earlier turns, else an empty tmpfs)"},
 		&cli.DurationFlag{Name: "timeout", Usage: "turn deadline `DUR`", DefaultText: "cage.timeout of the config"},
 		&cli.BoolFlag{Name: "stdin", Usage: "attach shrooms' stdin to the agent (otherwise the cage's stdin is empty, so claude -p never waits for input)"},
 		&cli.BoolFlag{Name: "no-stdin", Hidden: true, Usage: "the default; accepted for older callers"},
@@ -34,6 +36,7 @@ func turnRequest(c *cli.Context) turn.Request {
 		Worktree: c.String("worktree"),
 		Args:     c.Args().Slice(),
 		Timeout:  c.Duration("timeout"),
+		Wait:     c.Duration("wait"),
 		Streams:  podman.Streams{Stdout: c.App.Writer, Stderr: c.App.ErrWriter},
 	}
 	if c.Bool("stdin") {
@@ -76,6 +79,11 @@ func checkTurn(c *cli.Context) func(*config.Config) error {
 		if err := turn.ValidateRequest(cfg, turnRequest(c)); err != nil {
 			return err
 		}
+		// The agent's baseline as its reset will lay it down: a file that
+		// overlaps the keep-list is bad config (121), not a host problem.
+		if agent, err := cfg.Agent(c.String("agent")); err == nil {
+			return homereset.CheckBaseline(cfg, agent.Home)
+		}
 		return nil
 	}
 }
@@ -102,8 +110,19 @@ digests, and what the turn changed in the worktree (agent config flagged).
 With --tty the cage gets a terminal for a person at one.`,
 		Flags: append(turnFlags(),
 			&cli.BoolFlag{Name: "prepare-next", Usage: "after the turn, prepare the task's next cage (see the prepare command); =false skips it", DefaultText: "cage.prepare_next of the config"},
-			&cli.StringFlag{Name: "result-file", Usage: "also write the result object (docs/json.md) to `FILE`, replaced atomically, on every path once the flags are parsed"}),
+			&cli.StringFlag{Name: "result-file", Usage: "also write the result object (docs/json.md) to `FILE`, replaced atomically: at the start with {\"status\":\"running\",…}, at the end with the result, on every path once the flags are parsed"},
+			&cli.DurationFlag{Name: "wait", Usage: "if another turn of the task runs, wait up to `DUR` for it to end (default: exit 123 at once)"}),
 		Action: func(c *cli.Context) error {
+			if path := c.String("result-file"); path != "" {
+				// A result file never shows the previous turn's result while
+				// this one runs, nor after this shrooms was killed.
+				if err := writeResultFile(path, runningResult{Task: c.String("task"), Agent: c.String("agent"), Status: "running", StartedAt: taskstate.Now(), PID: os.Getpid()}); err != nil {
+					return fail(ExitUsage, err)
+				}
+			}
+			if c.Duration("wait") < 0 {
+				return finishRun(c, nil, fail(ExitUsage, fmt.Errorf("--wait must not be negative")))
+			}
 			r, ctx, stop, err := runnerFor(c, checkTurn(c))
 			if err != nil {
 				return finishRun(c, nil, err)
@@ -149,7 +168,8 @@ With --tty the cage gets a terminal for a person at one.`,
 // known when the turn never started) and maps it to the exit status.
 func finishRun(c *cli.Context, res *turn.Result, err error) error {
 	if res == nil {
-		res = &turn.Result{Task: c.String("task"), Agent: c.String("agent"), Status: "error", ExitCode: -1, Phases: []turn.Phase{}}
+		now := taskstate.Now()
+		res = &turn.Result{Task: c.String("task"), Agent: c.String("agent"), Status: "error", ExitCode: -1, Phases: []turn.Phase{}, StartedAt: now, EndedAt: now}
 	}
 	if err != nil && res.Error == "" {
 		res.Error = oneLine(errorText(err))
@@ -183,7 +203,7 @@ func finishRun(c *cli.Context, res *turn.Result, err error) error {
 // writeResultFile replaces path with the result object: written to a new
 // file beside it, then renamed over it, so a reader sees all of it or the
 // previous one; a symbolic link at path is replaced, never followed.
-func writeResultFile(path string, res *turn.Result) error {
+func writeResultFile(path string, res any) error {
 	b, err := schemaJSON(res)
 	if err != nil {
 		return err
@@ -204,6 +224,15 @@ func writeResultFile(path string, res *turn.Result) error {
 		return fmt.Errorf("--result-file: %w", err)
 	}
 	return nil
+}
+
+// runningResult is the result file while the turn runs.
+type runningResult struct {
+	Task      string `json:"task"`
+	Agent     string `json:"agent"`
+	Status    string `json:"status"`
+	StartedAt string `json:"startedAt"`
+	PID       int    `json:"pid"`
 }
 
 func errorText(err error) string {
@@ -309,14 +338,17 @@ func bootstrapCommand() *cli.Command {
 
 func versionCommand() *cli.Command {
 	return &cli.Command{
-		Name:  "version",
-		Usage: "print shrooms' version",
-		Action: func(c *cli.Context) error {
-			if jsonMode(c) {
-				return printJSON(c.App.Writer, map[string]string{"version": version})
-			}
-			textln(c.App.Writer, "shrooms "+version)
-			return nil
-		},
+		Name:   "version",
+		Usage:  "print shrooms' version",
+		Action: printVersion,
 	}
+}
+
+// printVersion is `shrooms version` and `shrooms --version`.
+func printVersion(c *cli.Context) error {
+	if jsonMode(c) {
+		return printJSON(c.App.Writer, map[string]string{"version": version})
+	}
+	textln(c.App.Writer, "shrooms "+version)
+	return nil
 }

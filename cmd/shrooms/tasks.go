@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/task"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
@@ -40,16 +43,17 @@ func tasksCommand() *cli.Command {
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
+			showPrepared(c, r, ts)
 			if jsonMode(c) {
 				return printJSON(c.App.Writer, map[string]any{"tasks": ts})
 			}
-			textf(c.App.Writer, "%-32s %5s %-5s %-12s %5s %10s\n", "TASK", "TURNS", "BUSY", "LAST", "EXIT", "HOME")
+			textf(c.App.Writer, "%-32s %5s %-5s %-12s %5s %10s %-9s %s\n", "TASK", "TURNS", "BUSY", "LAST", "EXIT", "HOME", "PREPARED", "ENDED")
 			for _, t := range ts {
-				last, exit := "-", "-"
+				last, exit, ended := "-", "-", "-"
 				if t.Last != nil {
-					last, exit = t.Last.Status, fmt.Sprint(t.Last.ExitCode)
+					last, exit, ended = t.Last.Status, fmt.Sprint(t.Last.ExitCode), t.Last.EndedAt
 				}
-				textf(c.App.Writer, "%-32s %5d %-5v %-12s %5s %10s\n", t.Task, t.Turns, t.Busy, last, exit, config.Size(t.HomeBytes>>20<<20))
+				textf(c.App.Writer, "%-32s %5d %-5v %-12s %5s %10s %-9s %s\n", t.Task, t.Turns, t.Busy, last, exit, config.Size(t.HomeBytes>>20<<20), preparedText(t), ended)
 			}
 			return nil
 		},
@@ -70,6 +74,9 @@ func statusCommand() *cli.Command {
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
+			sts := []task.TaskStatus{*st}
+			showPrepared(c, r, sts)
+			st = &sts[0]
 			if jsonMode(c) {
 				return printJSON(c.App.Writer, st)
 			}
@@ -81,12 +88,32 @@ func statusCommand() *cli.Command {
 				textln(w, "busy      no")
 			}
 			textf(w, "agent     %s\nworktree  %s\nhome      %d bytes\n", st.Agent, st.Worktree, st.HomeBytes)
+			textf(w, "prepared  %s\n", preparedText(*st))
 			if st.Last != nil {
-				textf(w, "last      turn %d: %s, exit %d, %.0f ms%s\n", st.Last.Turn, st.Last.Status, st.Last.ExitCode, st.Last.TotalMs, errSuffix(st.Last.Error))
+				textf(w, "last      turn %d: %s, exit %d, %.0f ms, %s .. %s%s\n", st.Last.Turn, st.Last.Status, st.Last.ExitCode, st.Last.TotalMs, st.Last.StartedAt, st.Last.EndedAt, errSuffix(st.Last.Error))
 			}
 			return nil
 		},
 	}
+}
+
+// showPrepared adds the tasks' waiting prepared cages when podman answers
+// within five seconds; without podman the listing is complete otherwise.
+func showPrepared(c *cli.Context, r *task.Commands, sts []task.TaskStatus) {
+	ctx, cancel := context.WithTimeout(c.Context, 5*time.Second)
+	defer cancel()
+	client, err := podman.Connect(ctx, r.Cfg.Podman.Socket)
+	if err != nil {
+		return
+	}
+	r.ShowPrepared(ctx, client, sts)
+}
+
+func preparedText(t task.TaskStatus) string {
+	if !t.Prepared {
+		return "-"
+	}
+	return (time.Duration(t.PreparedAgeS) * time.Second).String()
 }
 
 func errSuffix(e string) string {

@@ -25,6 +25,7 @@ func teardownCommand() *cli.Command {
 		Hidden: true,
 		Flags: append(append(turnFlags(), globalFlags(false)...),
 			&cli.StringSliceFlag{Name: "secret"},
+			&cli.StringFlag{Name: "cage"},
 			&cli.BoolFlag{Name: "prepare-next"}),
 		Action: func(c *cli.Context) error {
 			lockFile, lockDir := os.NewFile(3, "task-lock"), os.NewFile(4, "task-dir-lock")
@@ -56,8 +57,12 @@ func teardownCommand() *cli.Command {
 				req.Args = nil
 				next = &req
 			}
-			td := turn.Teardown{Task: c.String("task"), Agent: c.String("agent"), Secrets: c.StringSlice("secret")}
+			td := turn.Teardown{Task: c.String("task"), Agent: c.String("agent"), Cage: c.String("cage"), Secrets: c.StringSlice("secret")}
 			if err := r.FinishTeardown(ctx, lock, td, next); err != nil {
+				return fail(codeFor(err), err)
+			}
+			// Off every caller's path: prepared cages that waited too long.
+			if _, err := r.ExpirePrepared(ctx, false); err != nil {
 				return fail(codeFor(err), err)
 			}
 			return nil
@@ -83,6 +88,9 @@ func detacher(c *cli.Context, r *turn.Runner, prepareNext bool) turn.Detacher {
 		}
 		for _, s := range td.Secrets {
 			args = append(args, "--secret", s)
+		}
+		if td.Cage != "" {
+			args = append(args, "--cage", td.Cage)
 		}
 		if prepareNext {
 			args = append(args, "--prepare-next")

@@ -1,8 +1,10 @@
-// Package modelapi is a scripted stand-in for the Anthropic Messages API, for
-// tests that run real agents (Claude Code, opencode) against a model whose
-// every answer the test decides. Each POST /v1/messages that offers tools is
-// the agent's own loop and gets the next step of the script: a tool call or a
-// final text, streamed as server-sent events when the request asks for it.
+// Package modelapi is a scripted stand-in for the Anthropic Messages API and
+// the OpenAI Responses and Chat Completions APIs, for tests that run real
+// agents (Claude Code, opencode, Codex) against a model whose every answer
+// the test decides. Each POST /v1/messages, /v1/responses or
+// /v1/chat/completions that offers tools is the agent's own loop and gets the
+// next step of the script: a tool call or a final text, streamed as
+// server-sent events when the request asks for it.
 // Requests without tools (titles, summaries) get a short fixed text and
 // consume no step. Every request is recorded, body and all, so a test can
 // assert what the agent sent (e.g. that a resumed session replays turn 1).
@@ -174,9 +176,14 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		} else {
 			writeJSON(w, message(id, model, step, true))
 		}
+	// "/responses": the ChatGPT backend serves it as .../codex/responses.
+	case req.Method == http.MethodPost && (strings.HasSuffix(path, "/responses") || strings.HasSuffix(path, "/v1/chat/completions")):
+		s.serveOpenAI(w, rec, strings.HasSuffix(path, "/v1/chat/completions"))
 	case req.Method == http.MethodGet && strings.HasSuffix(path, "/v1/models"):
 		s.record(rec)
-		writeJSON(w, map[string]any{"data": []any{}, "has_more": false})
+		// Both APIs' list shapes at once (Anthropic: data/has_more;
+		// OpenAI: object/data; Codex's model discovery: models).
+		writeJSON(w, map[string]any{"object": "list", "data": []any{}, "models": []any{}, "has_more": false})
 	default:
 		s.record(rec)
 		apiError(w, http.StatusNotFound, "not_found_error", "modelapi: no such endpoint: "+req.Method+" "+req.URL.Path)

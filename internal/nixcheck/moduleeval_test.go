@@ -144,7 +144,7 @@ func TestModuleEvaluates(t *testing.T) {
 		assert.Check(t, is.Equal(cfg.Network.Subnet6, config.Default().Network.Subnet6))
 		// The file /etc/shrooms/config.toml points at is built by running
 		// the CLI's strict check on the generated TOML.
-		assert.Check(t, is.Contains(g.ConfigScript, "/bin/shrooms config check \"$unchecked\""))
+		assert.Check(t, is.Contains(g.ConfigScript, "/bin/shrooms config check --syntax \"$unchecked\""))
 
 		// Control: the loader is strict, so a typo the freeform settings
 		// let through is caught at run time, not silently ignored.

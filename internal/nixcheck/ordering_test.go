@@ -2,6 +2,7 @@ package nixcheck
 
 import (
 	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -195,9 +196,19 @@ func TestSealOrdering(t *testing.T) {
 // evaluation time are pkg/config's.
 func TestNetworkDefaults(t *testing.T) {
 	requireNix(t)
-	var d struct{ Bridge, Subnet4, Subnet6 string }
+	var d struct{ Policy, Bridge, Subnet4, Subnet6 string }
 	evalJSON(t, "nix/network-defaults.nix", &d)
 	def := config.Default().Network
+	// One network default everywhere: the built-in config, the module's
+	// option (netDefaults.policy) and the example config.
+	assert.Check(t, is.Equal(def.Policy, "none"))
+	assert.Check(t, is.Equal(d.Policy, def.Policy))
+	module, err := os.ReadFile(filepath.Join(repo, "nix/module.nix"))
+	assert.NilError(t, err)
+	assert.Check(t, is.Contains(string(module), "default = netDefaults.policy;"))
+	example, err := config.Load(filepath.Join(repo, "config.example.toml"))
+	assert.NilError(t, err)
+	assert.Check(t, is.Equal(example.Network.Policy, def.Policy))
 	assert.Check(t, is.Equal(d.Bridge, def.Bridge))
 	assert.Check(t, is.Equal(d.Subnet4, def.Subnet4))
 	assert.Check(t, is.Equal(d.Subnet6, def.Subnet6))

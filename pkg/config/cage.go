@@ -42,6 +42,10 @@ type Cage struct {
 	// turn, off the caller's path (as run --prepare-next does); a next turn
 	// that differs in anything discards it.
 	PrepareNext bool `toml:"prepare_next"`
+	// PreparedTTL is how long a prepared cage waits for its turn: an older
+	// one (its conmon, loop device and HOME mount) is removed by `gc` and
+	// by the detached teardown of any task's next turn.
+	PreparedTTL Duration `toml:"prepared_ttl"`
 }
 
 func (c *Cage) validate() error {
@@ -62,6 +66,8 @@ func (c *Cage) validate() error {
 		return &Error{Key: "cage.timeout", Msg: "must be positive"}
 	case c.StopGrace.Std() < 0:
 		return &Error{Key: "cage.stop_grace", Msg: "must not be negative"}
+	case c.PreparedTTL.Std() <= 0:
+		return &Error{Key: "cage.prepared_ttl", Msg: "must be positive (prepare_next = false prepares none)"}
 	case c.TmpSize < 1<<20:
 		return &Error{Key: "cage.tmp_size", Msg: "must be at least 1m"}
 	case c.RunSize < 1<<20:

@@ -14,7 +14,7 @@ func TestDefaultsAreValid(t *testing.T) {
 	c, err := Load("")
 	assert.NilError(t, err)
 	assert.Equal(t, c.Cage.Memory, Size(4<<30))
-	assert.Equal(t, c.Network.Policy, "internet")
+	assert.Equal(t, c.Network.Policy, "none")
 	_, err = c.Agent("claude")
 	assert.NilError(t, err)
 }

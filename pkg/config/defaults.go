@@ -29,6 +29,7 @@ func Default() *Config {
 			User:        1000,
 			Seccomp:     "shrooms",
 			PrepareNext: true,
+			PreparedTTL: Duration(time.Hour),
 			HostnameFmt: "cage-%s",
 		},
 		Network:  defaultNetwork(),

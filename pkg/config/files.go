@@ -13,19 +13,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// CheckFiles checks the host files the configuration names — token files,
-// a seccomp profile path, HOME settings, instructions and files — without
+// CheckFiles checks the host files the configuration names — a seccomp
+// profile path, HOME settings, instructions and files — without
 // changing anything: each must be a readable regular file within its size
 // cap, and a settings file a JSON object. The first problem is returned as
 // *Error naming the key and its line, so that bad input is refused before
 // shrooms contacts podman or touches the host.
 func (c *Config) CheckFiles() error {
 	max := int64(c.Home.MaxFileSize)
-	for _, name := range slices.Sorted(maps.Keys(c.Tokens)) {
-		if err := c.checkFile("tokens."+name, c.Tokens[name], 64<<10, false, true); err != nil {
-			return err
-		}
-	}
 	if filepathIsAbs(c.Cage.Seccomp) {
 		if err := c.checkFile("cage.seccomp", c.Cage.Seccomp, 4<<20, true, false); err != nil {
 			return err
@@ -51,6 +46,45 @@ func (c *Config) CheckFiles() error {
 		}
 	}
 	return nil
+}
+
+// CheckToken checks the file of token name as a turn of an agent that uses
+// it reads it: a regular, non-empty file within 64 KiB, owned by root and
+// readable by its owner only (mode 0600 or 0400). Tokens are checked only
+// for the agents that use them: a missing token of another agent stops no
+// turn.
+func (c *Config) CheckToken(name string) error {
+	path, ok := c.Tokens[name]
+	key := "tokens." + name
+	if !ok {
+		return &Error{File: c.Source, Key: key, Msg: "no such token"}
+	}
+	if err := c.checkFile(key, path, 64<<10, false, true); err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return &Error{File: c.Source, Line: lineOf(c.raw, key), Key: key, Msg: fmt.Sprintf("cannot stat %s: %v", path, err)}
+	}
+	if perm := st.Mode & 0o7777; perm != 0o600 && perm != 0o400 {
+		return &Error{File: c.Source, Line: lineOf(c.raw, key), Key: key, Msg: fmt.Sprintf("%s has mode %04o; a token file must be readable by its owner only (chmod 0600 %s)", path, perm, path)}
+	}
+	if st.Uid != 0 {
+		return &Error{File: c.Source, Line: lineOf(c.raw, key), Key: key, Msg: fmt.Sprintf("%s is owned by uid %d; a token file must belong to root (chown root %s)", path, st.Uid, path)}
+	}
+	return nil
+}
+
+// TokensOf lists the tokens agent uses (its token_env and gateway), sorted.
+func (c *Config) TokensOf(a Agent) []string {
+	set := map[string]bool{}
+	for _, tok := range a.TokenEnv {
+		set[tok] = true
+	}
+	if g, ok := c.Gateway[a.Gateway]; ok && g.Token != "" {
+		set[g.Token] = true
+	}
+	return slices.Sorted(maps.Keys(set))
 }
 
 func filepathIsAbs(p string) bool { return len(p) > 0 && p[0] == '/' }

@@ -26,7 +26,10 @@ type Gateway struct {
 	// key) or "oauth" (Token holds the owner's Claude Code .credentials.json,
 	// a subscription sign-in: it seeds the account's tokens in the state
 	// directory once; the gateway refreshes them there, and the cage gets
-	// placeholder credentials).
+	// placeholder credentials), or "chatgpt" (api "openai": Token holds the
+	// owner's Codex auth.json with a ChatGPT sign-in, seeded and refreshed
+	// the same way; the upstream is then the ChatGPT backend's Codex API,
+	// https://chatgpt.com/backend-api/codex, and the cage gets no tokens).
 	Auth string `toml:"auth"`
 	// Token names the [tokens] entry holding the real key (or sign-in).
 	Token string `toml:"token"`
@@ -67,7 +70,7 @@ func validateGatewayAllow(key string, list []string) error {
 }
 
 // GatewayAPIs are the protocols a [gateway.NAME] table may name.
-var GatewayAPIs = []string{"anthropic"}
+var GatewayAPIs = []string{"anthropic", "openai"}
 
 func (c *Config) validateGateways() error {
 	for _, name := range slices.Sorted(maps.Keys(c.Gateway)) {
@@ -81,16 +84,22 @@ func (c *Config) validateGateways() error {
 			g.Auth = "api-key"
 		}
 		c.Gateway[name] = g
-		if g.Auth != "api-key" && g.Auth != "oauth" {
-			return &Error{Key: key + ".auth", Msg: fmt.Sprintf("%q is not api-key or oauth", g.Auth)}
+		if g.Auth != "api-key" && g.Auth != "oauth" && g.Auth != "chatgpt" {
+			return &Error{Key: key + ".auth", Msg: fmt.Sprintf("%q is not api-key, oauth or chatgpt", g.Auth)}
+		}
+		if g.Auth == "oauth" && g.API != "anthropic" {
+			return &Error{Key: key + ".auth", Msg: "oauth is the Claude subscription sign-in (api = \"anthropic\"); an openai gateway signs in with auth = \"api-key\" or \"chatgpt\""}
+		}
+		if g.Auth == "chatgpt" && g.API != "openai" {
+			return &Error{Key: key + ".auth", Msg: "chatgpt is Codex's ChatGPT sign-in, for api = \"openai\""}
 		}
 		if g.TokenURL != "" {
 			if u, err := url.Parse(g.TokenURL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
 				return &Error{Key: key + ".token_url", Msg: fmt.Sprintf("%q must be an http(s) URL", g.TokenURL)}
 			}
 		}
-		if g.Auth != "oauth" && (g.TokenURL != "" || g.ClientID != "") {
-			return &Error{Key: key, Msg: "token_url and client_id apply to auth = \"oauth\" only"}
+		if g.Auth == "api-key" && (g.TokenURL != "" || g.ClientID != "") {
+			return &Error{Key: key, Msg: "token_url and client_id apply to auth = \"oauth\" or \"chatgpt\" only"}
 		}
 		if !tokenName.MatchString(name) {
 			return &Error{Key: key, Msg: "gateway names are 1-63 of a-z 0-9 _ -"}
@@ -124,6 +133,8 @@ func GatewayEnv(api string) []string {
 	switch api {
 	case "anthropic":
 		return []string{"ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN"}
+	case "openai":
+		return []string{"OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_API_KEY"}
 	}
 	return nil
 }
@@ -138,6 +149,11 @@ func (c *Config) validateAgentGateway(key string, a Agent) error {
 	}
 	if g.Auth == "oauth" && !slices.ContainsFunc(a.Home, func(p string) bool { return slices.Contains(profile.SignInProfiles(), p) }) {
 		return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("gateway %q signs in with a subscription (auth = \"oauth\"), which needs a HOME profile it can sign in (%s)", a.Gateway, strings.Join(profile.SignInProfiles(), ", "))}
+	}
+	for _, name := range a.Home {
+		if p, ok := profile.Lookup(name); ok && p.API != "" && p.API != g.API {
+			return &Error{Key: key + ".gateway", Msg: fmt.Sprintf("gateway %q speaks the %s API; the %s profile's agent needs an api = %q gateway", a.Gateway, g.API, name, p.API)}
+		}
 	}
 	for _, v := range GatewayEnv(g.API) {
 		if _, dup := a.Env[v]; dup {

@@ -27,7 +27,7 @@ type Network struct {
 
 func defaultNetwork() Network {
 	return Network{
-		Policy:  "internet",
+		Policy:  "none",
 		Name:    "shrooms",
 		Bridge:  "shrooms0",
 		Subnet4: "10.89.0.0/24",

@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -96,6 +97,10 @@ func TestCheckFiles(t *testing.T) {
 	}
 	good := load("[tokens]\nk = \"" + tok + "\"\n[home.claude]\nsettings_file = \"" + settings + "\"\n")
 	assert.NilError(t, good.CheckFiles(), "positive control")
+	assert.NilError(t, good.CheckToken("k"), "positive control")
+	loose := filepath.Join(dir, "loose")
+	assert.NilError(t, os.WriteFile(loose, []byte("sk\n"), 0o644))
+	assert.NilError(t, os.Chmod(loose, 0o644))
 
 	for _, tc := range []struct{ name, toml, want string }{
 		{"missing token", "[tokens]\n\nk = \"" + filepath.Join(dir, "nope") + "\"\n", "config t.toml:3: tokens.k: cannot read " + filepath.Join(dir, "nope") + ": no such file or directory"},
@@ -105,8 +110,15 @@ func TestCheckFiles(t *testing.T) {
 		{"settings not an object", "[home.claude]\nsettings_file = \"" + notJSON + "\"\n", "config t.toml:2: home.claude.settings_file: " + notJSON + " is not a JSON object"},
 		{"missing instructions", "[home.opencode]\ninstructions_file = \"/nonexistent/AGENTS.md\"\n", "home.opencode.instructions_file: cannot read /nonexistent/AGENTS.md"},
 		{"missing file", "[home.shell.files]\n\".gitconfig\" = \"/nonexistent/gitconfig\"\n", `home.shell.files.".gitconfig": cannot read /nonexistent/gitconfig`},
+		{"world-readable token", "[tokens]\nk = \"" + loose + "\"\n", "config t.toml:2: tokens.k: " + loose + " has mode 0644"},
 	} {
-		err := load(tc.toml).CheckFiles()
+		c := load(tc.toml)
+		err := c.CheckFiles()
+		if strings.Contains(tc.name, "token") {
+			// Token files are checked for the agents that use them only.
+			assert.NilError(t, err, tc.name)
+			err = c.CheckToken("k")
+		}
 		assert.ErrorContains(t, err, tc.want, tc.name)
 		assert.Assert(t, IsConfigError(err), tc.name)
 	}

@@ -217,3 +217,85 @@ func BenchmarkRequestCheck(b *testing.B) {
 		})
 	}
 }
+
+// benchResponsesUpstream serves a streamed Responses answer: created, size
+// bytes of output_text.delta events, then completed with usage.
+func benchResponsesUpstream(b *testing.B, size int) string {
+	b.Helper()
+	chunk := "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"output_index\":0,\"content_index\":0,\"delta\":\"" + strings.Repeat("x", 900) + "\"}\n\n"
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"model\":\"m\",\"usage\":null}}\n\n")
+		w.(http.Flusher).Flush()
+		for n := 0; n < size; n += len(chunk) {
+			fmt.Fprint(w, chunk)
+		}
+		fmt.Fprint(w, "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"model\":\"m\",\"usage\":{\"input_tokens\":1,\"output_tokens\":99}}}\n\n")
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	b.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// benchResponsesRequest posts a streamed Responses request (through an
+// "openai" gateway when viaGateway) and reads its first byte or all of it.
+func benchResponses(b *testing.B, size int, firstByteOnly bool) {
+	up := benchResponsesUpstream(b, size)
+	for _, via := range []bool{false, true} {
+		name := map[bool]string{false: "direct", true: "gateway"}[via]
+		b.Run(name, func(b *testing.B) {
+			target, key := up, realKey
+			if via {
+				u, _ := url.Parse(up)
+				ph, _ := NewPlaceholder()
+				g, err := New(Config{API: "openai", Upstream: u, Key: []byte(realKey), Placeholder: ph})
+				if err != nil {
+					b.Fatal(err)
+				}
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					b.Fatal(err)
+				}
+				g.Serve(ln)
+				b.Cleanup(func() { g.Close() })
+				target, key = "http://"+ln.Addr().String(), ph
+			}
+			client := &http.Client{Transport: &http.Transport{}}
+			var n int64
+			for i := 0; i < b.N; i++ {
+				req, _ := http.NewRequest(http.MethodPost, target+"/v1/responses", strings.NewReader(`{"model":"m","stream":true,"input":"hi","tools":[{"type":"function","name":"exec_command"}]}`))
+				req.Header.Set("Authorization", "Bearer "+key)
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := client.Do(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if firstByteOnly {
+					if _, err := bufio.NewReader(resp.Body).ReadByte(); err != nil {
+						b.Fatal(err)
+					}
+					n = 1
+				} else if n, err = io.Copy(io.Discard, resp.Body); err != nil {
+					b.Fatal(err)
+				}
+				resp.Body.Close()
+			}
+			if !firstByteOnly {
+				b.SetBytes(n)
+			}
+		})
+	}
+}
+
+// BenchmarkResponsesFirstByte: the Responses API's first byte, direct vs
+// through an "openai" gateway (same upstream, one run).
+func BenchmarkResponsesFirstByte(b *testing.B) { benchResponses(b, 1<<20, true) }
+
+// BenchmarkResponsesStream64MiB: a 64 MiB streamed Responses answer read
+// whole, direct vs through the gateway (which scans it for usage).
+func BenchmarkResponsesStream64MiB(b *testing.B) { benchResponses(b, 64<<20, false) }

@@ -46,7 +46,9 @@ const maxRequestBody = 64 << 20
 
 // Config is one turn's gateway.
 type Config struct {
-	// API is the provider protocol ("anthropic").
+	// API is the provider protocol: "anthropic" (the Messages API, the key
+	// in x-api-key) or "openai" (Responses and Chat Completions, the key as
+	// a bearer token).
 	API string
 	// Upstream is the provider's base URL.
 	Upstream *url.URL
@@ -55,6 +57,10 @@ type Config struct {
 	// leaves this process except on requests to Upstream.
 	Key   []byte
 	OAuth *OAuth
+	// ChatGPT is a ChatGPT sign-in (api "openai" only): the upstream is the
+	// ChatGPT backend's Codex API (https://chatgpt.com/backend-api/codex),
+	// which takes the Responses paths without /v1 and the account's id.
+	ChatGPT *ChatGPT
 	// Placeholder is the only credential the gateway accepts from the cage.
 	Placeholder string
 	// MaxRequests and MaxOutputTokens (0: none) end the turn: once one is
@@ -111,14 +117,23 @@ func NewPlaceholder() (string, error) {
 
 // New returns a gateway for cfg; Serve starts it.
 func New(cfg Config) (*Gateway, error) {
-	if cfg.API != "anthropic" {
+	if cfg.API != "anthropic" && cfg.API != "openai" {
 		return nil, fmt.Errorf("gateway: unsupported API %q", cfg.API)
 	}
 	if cfg.Upstream == nil || (cfg.Upstream.Scheme != "https" && cfg.Upstream.Scheme != "http") || cfg.Upstream.Host == "" {
 		return nil, fmt.Errorf("gateway: upstream must be an http(s) URL")
 	}
-	if (len(cfg.Key) == 0) == (cfg.OAuth == nil) || len(cfg.Placeholder) < 32 {
+	creds := 0
+	for _, set := range []bool{len(cfg.Key) > 0, cfg.OAuth != nil, cfg.ChatGPT != nil} {
+		if set {
+			creds++
+		}
+	}
+	if creds != 1 || len(cfg.Placeholder) < 32 {
 		return nil, fmt.Errorf("gateway: a key or a sign-in (one of them) and a placeholder of at least 32 characters are required")
+	}
+	if cfg.ChatGPT != nil && cfg.API != "openai" || cfg.OAuth != nil && cfg.API != "anthropic" {
+		return nil, fmt.Errorf("gateway: a ChatGPT sign-in needs api openai, a Claude sign-in api anthropic")
 	}
 	g := &Gateway{cfg: cfg, usage: Usage{Models: []string{}}}
 	transport := cfg.Transport
@@ -143,16 +158,16 @@ func New(cfg Config) (*Gateway, error) {
 			if err := decodeBody(resp); err != nil {
 				return err
 			}
-			resp.Body = &usageReader{body: resp.Body, g: g, sse: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), length: resp.ContentLength}
+			resp.Body = &usageReader{body: resp.Body, g: g, openai: cfg.API == "openai", sse: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), length: resp.ContentLength}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			var enc *encodingError
 			if errors.As(err, &enc) {
-				apiError(w, http.StatusBadGateway, "api_error", "shrooms gateway: "+enc.Error())
+				g.apiError(w, http.StatusBadGateway, "api_error", "shrooms gateway: "+enc.Error())
 				return
 			}
-			apiError(w, http.StatusBadGateway, "api_error", "shrooms gateway: upstream unreachable: "+oneLine(err))
+			g.apiError(w, http.StatusBadGateway, "api_error", "shrooms gateway: upstream unreachable: "+oneLine(err))
 		},
 	}
 	g.srv = &http.Server{Handler: g, ReadHeaderTimeout: 30 * time.Second}
@@ -188,6 +203,8 @@ func allowed(api, method, p string) bool {
 		case method == http.MethodGet && (p == "/v1/models" || strings.HasPrefix(p, "/v1/models/") && !strings.Contains(p[len("/v1/models/"):], "/")):
 			return true
 		}
+	case "openai":
+		return openaiAllowed(method, p)
 	}
 	return false
 }
@@ -195,12 +212,12 @@ func allowed(api, method, p string) bool {
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !g.authorized(r) {
 		g.refuse()
-		apiError(w, http.StatusUnauthorized, "authentication_error", "shrooms gateway: this turn's credential is required")
+		g.apiError(w, http.StatusUnauthorized, "authentication_error", "shrooms gateway: this turn's credential is required")
 		return
 	}
 	if !allowed(g.cfg.API, r.Method, r.URL.Path) || r.URL.RawPath != "" && r.URL.RawPath != r.URL.Path {
 		g.refuse()
-		apiError(w, http.StatusForbidden, "permission_error", fmt.Sprintf("shrooms gateway: %s %s is not an API path this gateway forwards", r.Method, r.URL.Path))
+		g.apiError(w, http.StatusForbidden, "permission_error", fmt.Sprintf("shrooms gateway: %s %s is not an API path this gateway forwards", r.Method, r.URL.Path))
 		return
 	}
 	body, err := g.readRequest(w, r)
@@ -208,23 +225,31 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.refuse()
 		var ref *refusal
 		if errors.As(err, &ref) {
-			apiError(w, http.StatusForbidden, "permission_error", "shrooms gateway: "+ref.msg)
+			g.apiError(w, http.StatusForbidden, "permission_error", "shrooms gateway: "+ref.msg)
 			return
 		}
-		apiError(w, http.StatusBadRequest, "invalid_request_error", "shrooms gateway: "+oneLine(err))
+		g.apiError(w, http.StatusBadRequest, "invalid_request_error", "shrooms gateway: "+oneLine(err))
 		return
 	}
 	if reason := g.admit(); reason != "" {
-		apiError(w, http.StatusTooManyRequests, "rate_limit_error", "shrooms gateway: "+reason)
+		g.apiError(w, http.StatusTooManyRequests, "rate_limit_error", "shrooms gateway: "+reason)
 		return
 	}
 	if g.cfg.OAuth != nil {
 		access, err := g.cfg.OAuth.Access(r.Context())
 		if err != nil {
-			apiError(w, http.StatusBadGateway, "api_error", "shrooms "+oneLine(err))
+			g.apiError(w, http.StatusBadGateway, "api_error", "shrooms "+oneLine(err))
 			return
 		}
 		r = r.WithContext(context.WithValue(r.Context(), bearerKey{}, access))
+	}
+	if g.cfg.ChatGPT != nil {
+		access, account, err := g.cfg.ChatGPT.Access(r.Context())
+		if err != nil {
+			g.apiError(w, http.StatusBadGateway, "api_error", "shrooms "+oneLine(err))
+			return
+		}
+		r = r.WithContext(context.WithValue(context.WithValue(r.Context(), bearerKey{}, access), accountKey{}, account))
 	}
 	r.Body, r.ContentLength = http.NoBody, 0
 	if len(body) > 0 {
@@ -236,8 +261,10 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // readRequest reads the whole request body and checks it and its betas
 // against the policy: nothing is forwarded before the gateway has read it.
 func (g *Gateway) readRequest(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	if err := g.cfg.Policy.checkBetas(r.Header); err != nil {
-		return nil, err
+	if g.cfg.API == "anthropic" {
+		if err := g.cfg.Policy.checkBetas(r.Header); err != nil {
+			return nil, err
+		}
 	}
 	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 		return nil, refused("a request body with Content-Encoding %q is not read", printable(ce))
@@ -255,11 +282,18 @@ func (g *Gateway) readRequest(w http.ResponseWriter, r *http.Request) ([]byte, e
 	if g.noBodyCheck {
 		return body, nil
 	}
+	if g.cfg.API == "openai" {
+		return body, g.cfg.Policy.checkOpenAIBody(body)
+	}
 	return body, g.cfg.Policy.checkBody(body)
 }
 
-// bearerKey carries a request's upstream access token to rewrite.
-type bearerKey struct{}
+// bearerKey carries a request's upstream access token to rewrite;
+// accountKey the ChatGPT account id.
+type (
+	bearerKey  struct{}
+	accountKey struct{}
+)
 
 // authorized checks the turn's placeholder in x-api-key or a bearer token.
 func (g *Gateway) authorized(r *http.Request) bool {
@@ -313,7 +347,13 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	out := pr.Out
 	out.URL.Scheme = up.Scheme
 	out.URL.Host = up.Host
-	out.URL.Path = strings.TrimSuffix(up.Path, "/") + path.Clean("/"+pr.In.URL.Path)
+	p := path.Clean("/" + pr.In.URL.Path)
+	if g.cfg.ChatGPT != nil {
+		// The ChatGPT backend serves the Responses API below its own base,
+		// without the /v1 prefix.
+		p = strings.TrimPrefix(p, "/v1")
+	}
+	out.URL.Path = strings.TrimSuffix(up.Path, "/") + p
 	out.URL.RawPath = ""
 	out.URL.RawQuery = pr.In.URL.RawQuery
 	out.Host = up.Host
@@ -323,8 +363,16 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	for _, h := range []string{"Authorization", "X-Api-Key", "Cookie", "Proxy-Authorization", "Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Real-Ip"} {
 		out.Header.Del(h)
 	}
+	out.Header.Del("Chatgpt-Account-Id")
 	if access, ok := pr.In.Context().Value(bearerKey{}).(string); ok {
 		out.Header.Set("Authorization", "Bearer "+access)
+		if account, ok := pr.In.Context().Value(accountKey{}).(string); ok {
+			out.Header.Set("Chatgpt-Account-Id", account)
+		}
+		return
+	}
+	if g.cfg.API == "openai" {
+		out.Header.Set("Authorization", "Bearer "+string(g.cfg.Key))
 		return
 	}
 	out.Header.Set("X-Api-Key", string(g.cfg.Key))
@@ -336,7 +384,9 @@ type usageReader struct {
 	body io.ReadCloser
 	g    *Gateway
 	sse  bool
-	line []byte // SSE: the partial line so far
+	// openai: the body is an OpenAI answer (its usage fields differ).
+	openai bool
+	line   []byte // SSE: the partial line so far
 	// streamOut is the output count the stream reported last (its
 	// message_delta events carry cumulative counts).
 	streamOut int64
@@ -365,7 +415,11 @@ func (u *usageReader) Read(p []byte) (int, error) {
 	}
 	if (errors.Is(err, io.EOF) || u.length >= 0 && u.read >= u.length) && !u.sse && !u.done {
 		u.done = true
-		u.g.record(u.json.Bytes(), nil)
+		if u.openai {
+			u.g.recordOpenAI(u.json.Bytes(), false)
+		} else {
+			u.g.record(u.json.Bytes(), nil)
+		}
 	}
 	return n, err
 }
@@ -396,7 +450,11 @@ func (u *usageReader) scanSSE(b []byte) {
 			continue
 		}
 		if bytes.Contains(data, []byte(`"usage"`)) {
-			u.g.record(bytes.TrimSpace(data), &u.streamOut)
+			if u.openai {
+				u.g.recordOpenAI(bytes.TrimSpace(data), true)
+			} else {
+				u.g.record(bytes.TrimSpace(data), &u.streamOut)
+			}
 		}
 	}
 }
@@ -435,9 +493,7 @@ func (g *Gateway) record(data []byte, streamOut *int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	add := func(model string, u *usage) {
-		if model != "" && !slices.Contains(g.usage.Models, model) && len(g.usage.Models) < 32 {
-			g.usage.Models = append(g.usage.Models, model)
-		}
+		g.addModel(model)
 		if u == nil {
 			return
 		}
@@ -458,6 +514,22 @@ func (g *Gateway) record(data []byte, streamOut *int64) {
 	case f.Type == "message" && streamOut == nil:
 		add(f.Model, f.Usage)
 	}
+}
+
+// addModel notes a model the turn used (g.mu held).
+func (g *Gateway) addModel(model string) {
+	if model != "" && !slices.Contains(g.usage.Models, model) && len(g.usage.Models) < 32 {
+		g.usage.Models = append(g.usage.Models, model)
+	}
+}
+
+// apiError writes an error in the shape of the gateway's API.
+func (g *Gateway) apiError(w http.ResponseWriter, status int, typ, msg string) {
+	if g.cfg.API == "openai" {
+		openaiError(w, status, typ, msg)
+		return
+	}
+	apiError(w, status, typ, msg)
 }
 
 func apiError(w http.ResponseWriter, status int, typ, msg string) {

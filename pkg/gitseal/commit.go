@@ -84,29 +84,67 @@ var emailOK = regexp.MustCompile(`^[^<>\s\x00]+$`)
 // as the owner of the git common dir, so the repository gets no root-owned
 // files.
 func Commit(ctx context.Context, worktree, message string, author Author) (string, error) {
-	if strings.TrimSpace(message) == "" || strings.ContainsRune(message, 0) {
-		return "", fmt.Errorf("commit message must be non-empty text without NUL bytes")
-	}
+	id, _, err := CommitAs(ctx, worktree, message, author)
+	return id, err
+}
+
+// DefaultAuthor authors a commit when neither the caller nor the
+// repository's config names anyone.
+func DefaultAuthor() Author { return Author{Name: "shrooms", Email: "shrooms@localhost"} }
+
+// checkAuthor refuses a name or email git would mangle or misread.
+func checkAuthor(author Author) error {
 	for _, s := range []string{author.Name, author.Email} {
 		if strings.TrimSpace(s) == "" || strings.ContainsAny(s, "<>\n\r\x00") {
-			return "", fmt.Errorf("author %q <%s>: name and email must be non-empty, one line, without < or >", author.Name, author.Email)
+			return fmt.Errorf("author %q <%s>: name and email must be non-empty, one line, without < or >", author.Name, author.Email)
 		}
 	}
 	if !emailOK.MatchString(author.Email) {
-		return "", fmt.Errorf("author email %q is not an address", author.Email)
+		return fmt.Errorf("author email %q is not an address", author.Email)
+	}
+	return nil
+}
+
+// CommitAs is Commit that returns the author it used. A zero author means
+// the owner's: user.name and user.email as the repository's own config
+// files set them (read by the sealed git, no includes, no conditionals, no
+// global or system config), else DefaultAuthor.
+func CommitAs(ctx context.Context, worktree, message string, author Author) (string, Author, error) {
+	if strings.TrimSpace(message) == "" || strings.ContainsRune(message, 0) {
+		return "", author, fmt.Errorf("commit message must be non-empty text without NUL bytes")
+	}
+	owners := author == (Author{})
+	if !owners {
+		if err := checkAuthor(author); err != nil {
+			return "", author, err
+		}
 	}
 	l, err := Resolve(worktree)
 	if err != nil {
-		return "", err
+		return "", author, err
 	}
 	g, err := newGit(l, author)
 	if err != nil {
-		return "", err
+		return "", author, err
 	}
 	defer g.close()
 	if err := g.checkConfig(ctx); err != nil {
-		return "", err
+		return "", author, err
 	}
+	if owners {
+		author = DefaultAuthor()
+		if checkAuthor(g.identity) == nil {
+			author = g.identity
+		}
+		g.setAuthor(author)
+	}
+	id, err := g.commit(ctx, message)
+	return id, author, err
+}
+
+// commit stages, writes and records the commit (CommitAs, once the
+// repository passed its checks).
+func (g *git) commit(ctx context.Context, message string) (string, error) {
 	parent, err := g.run(ctx, nil, "rev-parse", "--verify", "-q", "HEAD^{commit}")
 	var ee *exec.ExitError
 	if errors.As(err, &ee) && ee.ExitCode() == 1 {
@@ -249,6 +287,20 @@ type git struct {
 	tmpIndex bool // run against the private index
 	env      []string
 	cred     *syscall.Credential
+	// identity is user.name and user.email as the repository's config
+	// files set them (checkConfig).
+	identity Author
+}
+
+// setAuthor makes a the author and committer of the commit.
+func (g *git) setAuthor(a Author) {
+	env := g.env[:0:0]
+	for _, kv := range g.env {
+		if !strings.HasPrefix(kv, "GIT_AUTHOR_") && !strings.HasPrefix(kv, "GIT_COMMITTER_") {
+			env = append(env, kv)
+		}
+	}
+	g.env = append(env, "GIT_AUTHOR_NAME="+a.Name, "GIT_AUTHOR_EMAIL="+a.Email, "GIT_COMMITTER_NAME="+a.Name, "GIT_COMMITTER_EMAIL="+a.Email)
 }
 
 func newGit(l *Layout, a Author) (*git, error) {
@@ -374,6 +426,12 @@ func (g *git) checkConfig(ctx context.Context) error {
 				continue
 			}
 			key, val, _ := strings.Cut(kv, "\n")
+			switch strings.ToLower(key) {
+			case "user.name":
+				g.identity.Name = val
+			case "user.email":
+				g.identity.Email = val
+			}
 			if !allowedKey(key) {
 				return fmt.Errorf("repository config %s sets %q, which the sealed commit path does not allow (it could run or redirect code on the host); remove it or commit by hand", f, key)
 			}

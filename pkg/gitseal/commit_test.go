@@ -498,3 +498,46 @@ func TestCommitRunsAsRepoOwner(t *testing.T) {
 		return nil
 	}))
 }
+
+// TestCommitAuthorsAsTheOwner: with no author given, the commit names the
+// user.name and user.email the repository's own config sets — read with no
+// includes (an include naming another identity is not followed) and no
+// global config — else shrooms' default; a given author still wins.
+func TestCommitAuthorsAsTheOwner(t *testing.T) {
+	wt := newRepo(t)
+	other := filepath.Join(t.TempDir(), "other.gitconfig")
+	assert.NilError(t, os.WriteFile(other, []byte("[user]\n\tname = Included Impostor\n\temail = impostor@example.invalid\n"), 0o644))
+	home := t.TempDir()
+	assert.NilError(t, os.WriteFile(filepath.Join(home, ".gitconfig"), []byte("[user]\n\tname = Global Impostor\n\temail = global@example.invalid\n"), 0o644))
+	t.Setenv("HOME", home)
+
+	// No identity in the repository: shrooms' default, not the global one.
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "a"), []byte("a\n"), 0o644))
+	_, used, err := CommitAs(context.Background(), wt, "a", Author{})
+	assert.NilError(t, err)
+	assert.Equal(t, used, DefaultAuthor())
+	assert.Equal(t, hostGit(t, wt, "log", "-1", "--format=%an <%ae>|%cn <%ce>"), "shrooms <shrooms@localhost>|shrooms <shrooms@localhost>")
+
+	// The owner's identity in .git/config.
+	hostGit(t, wt, "config", "user.name", "Owner Name")
+	hostGit(t, wt, "config", "user.email", "owner@example.invalid")
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "b"), []byte("b\n"), 0o644))
+	_, used, err = CommitAs(context.Background(), wt, "b", Author{})
+	assert.NilError(t, err)
+	assert.Equal(t, used, Author{Name: "Owner Name", Email: "owner@example.invalid"})
+	assert.Equal(t, hostGit(t, wt, "log", "-1", "--format=%an <%ae>|%cn <%ce>"), "Owner Name <owner@example.invalid>|Owner Name <owner@example.invalid>")
+
+	// A given author wins.
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "c"), []byte("c\n"), 0o644))
+	_, used, err = CommitAs(context.Background(), wt, "c", author)
+	assert.NilError(t, err)
+	assert.Equal(t, used, author)
+	assert.Equal(t, hostGit(t, wt, "log", "-1", "--format=%an <%ae>"), "Shrooms Test <shrooms@example.invalid>")
+
+	// An include (conditional or not) naming another identity is never
+	// followed: the sealed read refuses the repository.
+	hostGit(t, wt, "config", "includeIf.gitdir:/.path", other)
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "d"), []byte("d\n"), 0o644))
+	_, _, err = CommitAs(context.Background(), wt, "d", Author{})
+	assert.ErrorContains(t, err, "includeif")
+}

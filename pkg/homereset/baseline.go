@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -13,6 +14,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/BurntSushi/toml"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"golang.org/x/sys/unix"
@@ -39,6 +41,22 @@ func baseline(home *config.Home, profiles []string, rules []profile.Rule) ([]bas
 		if prof, _ := profile.Lookup(name); prof.Settings != "" {
 			paths := [2]string{prof.Settings, prof.Instructions}
 			switch {
+			case p.Settings != nil && prof.SettingsTOML:
+				var buf bytes.Buffer
+				if err := toml.NewEncoder(&buf).Encode(p.Settings); err != nil {
+					return nil, &config.Error{Key: key + ".settings", Msg: fmt.Sprintf("cannot be written as TOML: %v", err)}
+				}
+				files = append(files, baseFile{paths[0], buf.Bytes(), 0o644})
+			case p.SettingsFile != "" && prof.SettingsTOML:
+				data, err := readHostFile(p.SettingsFile, int64(home.MaxFileSize))
+				if err != nil {
+					return nil, &config.Error{Key: key + ".settings_file", Msg: err.Error()}
+				}
+				var obj map[string]any
+				if err := toml.Unmarshal(data, &obj); err != nil {
+					return nil, &config.Error{Key: key + ".settings_file", Msg: fmt.Sprintf("%s is not a TOML document: %s", p.SettingsFile, strings.Join(strings.Fields(err.Error()), " "))}
+				}
+				files = append(files, baseFile{paths[0], data, 0o644})
 			case p.Settings != nil:
 				data, err := json.MarshalIndent(p.Settings, "", "  ")
 				if err != nil {
@@ -138,4 +156,26 @@ func unwrapPath(err error) error {
 		return pe.Err
 	}
 	return err
+}
+
+// CheckBaseline builds the baseline of profiles as a turn would — reading
+// every host file it names and checking it against the keep-list — and
+// changes nothing. A problem is a *config.Error (bad input, exit 121), so
+// `config check`, `doctor` and every turn refuse it before anything starts.
+func CheckBaseline(cfg *config.Config, profiles []string) error {
+	rules, err := profile.KeepList(profiles)
+	if err != nil {
+		return &config.Error{File: cfg.Source, Key: "agents", Msg: err.Error()}
+	}
+	if _, err := baseline(&cfg.Home, profiles, rules); err != nil {
+		var ce *config.Error
+		if errors.As(err, &ce) {
+			if ce.File == "" {
+				ce.File = cfg.Source
+			}
+			return ce
+		}
+		return &config.Error{File: cfg.Source, Key: "home", Msg: err.Error() + " (profiles " + strings.Join(profiles, ", ") + ")"}
+	}
+	return nil
 }

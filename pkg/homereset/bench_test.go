@@ -116,30 +116,7 @@ func BenchmarkResetOpencodeDB(b *testing.B) {
 			ctx := context.Background()
 			var src string
 			if bc.size > 0 {
-				src = filepath.Join(b.TempDir(), "opencode.db")
-				db := newOpencodeDB(b, src, false)
-				// Rows as opencode writes them: an assistant message per
-				// ten parts (text, tool calls), every row valid JSON that
-				// the row-by-row check parses and keeps.
-				text, _ := json.Marshal(strings.Repeat("lorem ipsum ", 8<<10/12))
-				tool := `{"type":"tool","callID":"c","tool":"bash","state":{"status":"completed","input":{"command":"go test ./..."},"output":` + string(text) + `,"title":"t","metadata":{},"time":{"start":1,"end":2}}}`
-				tx, err := db.Begin()
-				must(b, err)
-				for i := 0; i < bc.size/len(text); i++ {
-					msg := fmt.Sprintf("msg_%06d", i/10)
-					if i%10 == 0 {
-						_, err := tx.Exec(`INSERT INTO message VALUES (?, ?, 1, 1, ?)`, msg, ocSession, ocAssistantMsg)
-						must(b, err)
-					}
-					data := `{"type":"text","text":` + string(text) + `}`
-					if i%3 == 0 {
-						data = tool
-					}
-					_, err := tx.Exec(`INSERT INTO part VALUES (?, ?, ?, 1, 1, ?)`, fmt.Sprintf("prt_%06d", i), msg, ocSession, data)
-					must(b, err)
-				}
-				must(b, tx.Commit())
-				must(b, db.Close())
+				src = benchOpencodeDB(b, bc.size)
 			}
 			var total time.Duration
 			b.ResetTimer()
@@ -179,4 +156,75 @@ func BenchmarkResetOpencodeDB(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchOpencodeDB writes an opencode.db of about size bytes of session rows
+// as opencode writes them: an assistant message per ten parts (text, tool
+// calls), every row valid JSON that the row-by-row check parses and keeps.
+func benchOpencodeDB(b *testing.B, size int) string {
+	src := filepath.Join(b.TempDir(), "opencode.db")
+	db := newOpencodeDB(b, src, false)
+	text, _ := json.Marshal(strings.Repeat("lorem ipsum ", 8<<10/12))
+	tool := `{"type":"tool","callID":"c","tool":"bash","state":{"status":"completed","input":{"command":"go test ./..."},"output":` + string(text) + `,"title":"t","metadata":{},"time":{"start":1,"end":2}}}`
+	tx, err := db.Begin()
+	must(b, err)
+	for i := 0; i < size/len(text); i++ {
+		msg := fmt.Sprintf("msg_%06d", i/10)
+		if i%10 == 0 {
+			_, err := tx.Exec(`INSERT INTO message VALUES (?, ?, 1, 1, ?)`, msg, ocSession, ocAssistantMsg)
+			must(b, err)
+		}
+		data := `{"type":"text","text":` + string(text) + `}`
+		if i%3 == 0 {
+			data = tool
+		}
+		_, err := tx.Exec(`INSERT INTO part VALUES (?, ?, ?, 1, 1, ?)`, fmt.Sprintf("prt_%06d", i), msg, ocSession, data)
+		must(b, err)
+	}
+	must(b, tx.Commit())
+	must(b, db.Close())
+	return src
+}
+
+// BenchmarkPreparedMatchOpencodeDB measures what a prepared turn checks
+// HOME with, in front of the caller, with a kept 100 MiB opencode.db: the
+// dry-run reset it ran before (which rebuilds the db in full) against the
+// HOME's fingerprint it checks now, on the same reset HOME, side by side;
+// x-vs-dryrun is the ratio.
+func BenchmarkPreparedMatchOpencodeDB(b *testing.B) {
+	task := benchTask(b)
+	task.Profiles = []string{"opencode", "shell"}
+	ctx := context.Background()
+	src := benchOpencodeDB(b, 100<<20)
+	dst := filepath.Join(HomeDir(task.Root), ".local/share/opencode/opencode.db")
+	must(b, os.MkdirAll(filepath.Dir(dst), 0o755))
+	data, err := os.ReadFile(src)
+	must(b, err)
+	must(b, os.WriteFile(dst, data, 0o600))
+	if _, err := Reset(ctx, ResetInput{Task: task}); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := Cleanup(ctx, task.Root); err != nil {
+		b.Fatal(err)
+	}
+	time.Sleep(racyWindow)
+	var dry, fp time.Duration
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		rep, err := Reset(ctx, ResetInput{Task: task, DryRun: true})
+		dry += time.Since(t0)
+		if err != nil || rep.RemovedCount != 0 {
+			b.Fatalf("dry run: %v %+v", err, rep)
+		}
+		t0 = time.Now()
+		f, err := Fingerprint(ctx, task)
+		fp += time.Since(t0)
+		if err != nil || f == "" {
+			b.Fatalf("fingerprint %q: %v", f, err)
+		}
+	}
+	b.ReportMetric(float64(dry.Microseconds())/1000/float64(b.N), "dryrun-ms")
+	b.ReportMetric(float64(fp.Microseconds())/1000/float64(b.N), "fingerprint-ms")
+	b.ReportMetric(float64(fp)/float64(dry), "x-vs-dryrun")
+	b.ReportMetric(0, "ns/op")
 }

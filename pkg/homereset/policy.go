@@ -1,6 +1,7 @@
 package homereset
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -10,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+
+	"github.com/BurntSushi/toml"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
@@ -57,11 +60,20 @@ func PlanPolicy(dir string, cfg *config.Config, profiles []string, gw PolicyGate
 		m := PolicyMount{Source: filepath.Join(dir, sub), Dest: dest, Files: map[string]string{}}
 		data := map[string][]byte{}
 		for _, name := range slices.Sorted(maps.Keys(files)) {
-			b, err := json.MarshalIndent(files[name], "", "  ")
-			if err != nil {
-				return nil, fmt.Errorf("managed policy %s: %w", name, err)
+			var b []byte
+			if filepath.Ext(name) == ".toml" {
+				var buf bytes.Buffer
+				if err := toml.NewEncoder(&buf).Encode(files[name]); err != nil {
+					return nil, fmt.Errorf("managed policy %s: %w", name, err)
+				}
+				b = buf.Bytes()
+			} else {
+				var err error
+				if b, err = json.MarshalIndent(files[name], "", "  "); err != nil {
+					return nil, fmt.Errorf("managed policy %s: %w", name, err)
+				}
+				b = append(b, '\n')
 			}
-			b = append(b, '\n')
 			sum := sha256.Sum256(b)
 			m.Files[name] = "sha256:" + hex.EncodeToString(sum[:])
 			data[name] = b

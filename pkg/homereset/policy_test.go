@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/BurntSushi/toml"
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
@@ -46,4 +47,44 @@ func TestPlanPolicyThenWrite(t *testing.T) {
 	assert.ErrorContains(t, err, "must be absolute")
 	_, err = PlanPolicy(dir, config.Default(), []string{"zsh"}, PolicyGateway{})
 	assert.ErrorContains(t, err, `unknown HOME profile "zsh"`)
+}
+
+// TestPlanPolicyCodex: Codex's managed config pins notify off and, with a
+// gateway, the provider; its requirements turn hooks off and allow no MCP
+// server; an owner key that would change an enforced one is refused.
+func TestPlanPolicyCodex(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "policy")
+	cfg := config.Default()
+	cfg.Home.Profile("codex").Managed = map[string]any{"model": "gpt-x"}
+	pol, err := PlanPolicy(dir, cfg, []string{"codex", "shell"}, PolicyGateway{OpenAIBaseURL: "http://127.0.0.1:1"})
+	assert.NilError(t, err)
+	assert.Equal(t, len(pol.Mounts), 1)
+	assert.Equal(t, pol.Mounts[0].Dest, "/etc/codex")
+	assert.NilError(t, pol.Write())
+	var managed, req map[string]any
+	_, err = toml.DecodeFile(filepath.Join(dir, "codex", "managed_config.toml"), &managed)
+	assert.NilError(t, err)
+	_, err = toml.DecodeFile(filepath.Join(dir, "codex", "requirements.toml"), &req)
+	assert.NilError(t, err)
+	assert.DeepEqual(t, managed["notify"], []any{})
+	assert.Equal(t, managed["model"], "gpt-x")
+	assert.Equal(t, managed["model_provider"], "shrooms")
+	prov := managed["model_providers"].(map[string]any)["shrooms"].(map[string]any)
+	assert.Equal(t, prov["base_url"], "http://127.0.0.1:1/v1")
+	assert.Equal(t, prov["env_key"], "OPENAI_API_KEY")
+	assert.Equal(t, prov["supports_websockets"], false)
+	assert.DeepEqual(t, req, map[string]any{"features": map[string]any{"hooks": false}, "mcp_servers": map[string]any{}})
+
+	pol, err = PlanPolicy(dir, config.Default(), []string{"codex"}, PolicyGateway{})
+	assert.NilError(t, err)
+	assert.NilError(t, pol.Write())
+	managed = nil
+	_, err = toml.DecodeFile(filepath.Join(dir, "codex", "managed_config.toml"), &managed)
+	assert.NilError(t, err)
+	_, pinned := managed["model_provider"]
+	assert.Assert(t, !pinned, "no gateway, no provider pinned")
+
+	cfg.Home.Profile("codex").Managed = map[string]any{"notify": []any{"sh", "-c", "x"}}
+	_, err = PlanPolicy(dir, cfg, []string{"codex"}, PolicyGateway{})
+	assert.ErrorContains(t, err, "home.codex.managed.notify")
 }

@@ -310,12 +310,27 @@ func detach(name string, dev uint64) error {
 		}
 		return fmt.Errorf("/dev/%s: %v", name, err)
 	}
-	defer unix.Close(fd)
-	if err := unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
+	err = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
+	unix.Close(fd)
+	if err != nil && !errors.Is(err, unix.ENXIO) {
 		return fmt.Errorf("/dev/%s still holds a HOME image (%v): `losetup -d /dev/%s`", name, err, name)
 	}
-	return nil
+	// LOOP_CLR_FD on a device someone still has open (a mount copied into
+	// a mount namespace made after the namespaces were listed, a runtime
+	// setting one up) only marks it to clear on the last close: wait for
+	// that, or fail so that Release looks again for who holds it.
+	for deadline := time.Now().Add(loopClearWait); ; time.Sleep(5 * time.Millisecond) {
+		if _, err := os.Stat("/sys/block/" + name + "/loop/backing_file"); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("/dev/%s is still held open after its HOME was unmounted everywhere this process saw", name)
+		}
+	}
 }
+
+// loopClearWait bounds how long detach waits for a loop device to clear.
+const loopClearWait = time.Second
 
 // Salvage saves a HOME whose image file was deleted while it was still
 // attached to a loop device (the deleted file lives on in the device): it

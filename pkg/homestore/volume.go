@@ -2,6 +2,7 @@ package homestore
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,6 +51,10 @@ func (v *Volumes) serviceNamespace() ([]string, error) {
 		return nil, nil
 	}
 	ns, err := ServiceNamespace(sock)
+	if errors.Is(err, unix.ECONNREFUSED) || errors.Is(err, unix.ENOENT) {
+		// No service runs: no mount namespace of its holds anything.
+		return nil, nil
+	}
 	if err != nil {
 		return nil, fault.Wrapf(fault.HostNotReady, "podman service: %w", err)
 	}

@@ -372,7 +372,7 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 		"--agent", in.Agent, "--root", VolumeDir + "/" + RootName, "--policy", PolicyDir,
 		"--uid", strconv.FormatInt(user, 10), "--gid", strconv.FormatInt(user, 10)}
 	if gw != nil {
-		resetArgs = append(resetArgs, "--gateway")
+		resetArgs = append(resetArgs, "--gateway", "--gateway-api", gw.API)
 	}
 	reset := corev1.Container{
 		Name:            "shrooms-reset",
@@ -400,8 +400,13 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 	maps.Copy(env, gitseal.CageEnv())
 	initContainers := []corev1.Container{reset}
 	if gw != nil {
-		env["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
-		env["ANTHROPIC_API_KEY"] = in.Placeholder
+		if gw.API == "openai" {
+			env["OPENAI_BASE_URL"] = gateway.BaseURL() + "/v1"
+			env["OPENAI_API_KEY"] = in.Placeholder
+		} else {
+			env["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
+			env["ANTHROPIC_API_KEY"] = in.Placeholder
+		}
 		always := corev1.ContainerRestartPolicyAlways
 		nobody := int64(65534)
 		volumes = append(volumes, corev1.Volume{Name: "gateway-key", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: GatewaySecretName(agent.Gateway), DefaultMode: ptr(int32(0o400))}}})

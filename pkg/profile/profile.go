@@ -18,6 +18,10 @@ type Profile struct {
 	// Settings and Instructions are the HOME paths the baseline's user
 	// settings file and global instructions go to ("" for none).
 	Settings, Instructions string
+	// SettingsTOML: the settings file is TOML (Codex), not JSON.
+	SettingsTOML bool
+	// API is the only gateway API the agent can speak ("" for any).
+	API string
 	// BootstrapTargets are the keep-list files a token may seed at bootstrap.
 	BootstrapTargets []string
 	// PolicyDir is the managed policy's subdirectory of the task's policy
@@ -54,6 +58,8 @@ type Agent struct {
 type Gateway struct {
 	// AnthropicBaseURL, when set, is the gateway's Anthropic API base URL.
 	AnthropicBaseURL string
+	// OpenAIBaseURL, when set, is the gateway's OpenAI API base URL.
+	OpenAIBaseURL string
 }
 
 // table's methods are the profiles, one per agent file

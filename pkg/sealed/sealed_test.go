@@ -48,6 +48,8 @@ func TestSpecGolden(t *testing.T) {
 // TestSpecIsSealed asserts each sealing property on the generated spec.
 func TestSpecIsSealed(t *testing.T) {
 	cfg := config.Default()
+	// The networked cage (the built-in default is policy none).
+	cfg.Network.Policy = "internet"
 	s, err := Spec(cfg, testTurn(t, cfg))
 	assert.NilError(t, err)
 	assert.DeepEqual(t, s.CapDrop, []string{"ALL"})

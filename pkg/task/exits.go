@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -54,7 +55,12 @@ func (r *Commands) Collect(ctx context.Context, task, to string) (*outbox.Report
 			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
 		if to == "" {
+			// The default delivery directory's parents are shrooms' own,
+			// made here on first use (0700: deliveries are the owner's).
 			to = taskstate.Layout{Dir: r.Cfg.State.Dir}.Delivery(id, time.Now().UTC().Format("20060102T150405.000000000Z"))
+			if err := mkdirPrivate(filepath.Dir(to)); err != nil {
+				return fmt.Errorf("%w: default delivery directory: %w", fault.HostNotReady, err)
+			}
 		}
 		cctx, cancel := context.WithTimeout(ctx, r.Cfg.Outbox.CollectTimeout.Std())
 		defer cancel()
@@ -65,6 +71,22 @@ func (r *Commands) Collect(ctx context.Context, task, to string) (*outbox.Report
 		return nil
 	})
 	return rep, err
+}
+
+// mkdirPrivate makes dir and its missing parents with mode 0700, and
+// refuses one that is not a directory of its own (a symbolic link).
+func mkdirPrivate(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a directory", dir)
+	}
+	return nil
 }
 
 // ListOutbox reports what Collect would deliver, changing nothing.
@@ -102,6 +124,8 @@ type CommitResult struct {
 	// version; Accepted those --allow-agent-config named (now trusted).
 	AgentConfig []worktreeguard.Change `json:"agentConfig"`
 	Accepted    []string               `json:"accepted"`
+	// Author is who the commit names as author and committer.
+	Author string `json:"author,omitempty"`
 }
 
 // Commit commits the task's worktree on the host in a sealed git
@@ -135,7 +159,8 @@ func (r *Commands) Commit(ctx context.Context, task, message string, author gits
 		if err := acceptAgentConfig(check.Changes, allow); err != nil {
 			return err
 		}
-		commit, err := gitseal.Commit(ctx, wt, message, author)
+		commit, used, err := gitseal.CommitAs(ctx, wt, message, author)
+		res.Author = used.Name + " <" + used.Email + ">"
 		if err != nil && !errors.Is(err, gitseal.ErrNothingToCommit) {
 			return fmt.Errorf("%w: %w", fault.Input, err)
 		}

@@ -32,16 +32,55 @@ type GCReport struct {
 	// Outboxes lists the outboxes of idle tasks (left by a killed turn)
 	// moved to their pending deliveries.
 	Outboxes []string `json:"outboxes"`
+	// Expired lists prepared cages removed for waiting longer than
+	// cage.prepared_ttl.
+	Expired []string `json:"expired"`
+	// DryRun is true when gc only listed the cages it would remove and the
+	// prepared cages it would expire (Removed, Expired), changing nothing.
+	DryRun bool `json:"dryRun"`
 }
 
 // GC removes every shrooms cage whose task has no turn running (the cages a
 // crash left behind). Cages of running turns are left alone.
 func (r *Commands) GC(ctx context.Context) (*GCReport, error) {
+	return r.gc(ctx, false)
+}
+
+// GCDryRun lists the leftover cages GC would remove and the prepared cages
+// it would expire, changing nothing.
+func (r *Commands) GCDryRun(ctx context.Context) (*GCReport, error) {
+	return r.gc(ctx, true)
+}
+
+func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
+	rep := &GCReport{Removed: []string{}, Busy: []string{}, Worktrees: []string{}, Released: []string{}, Outboxes: []string{}, DryRun: dryRun}
+	// First: a prepared cage that waited too long goes, and what it held
+	// (HOME mount, secrets, outbox) is released below like any idle task's.
+	expired, err := r.ExpirePrepared(ctx, dryRun)
+	rep.Expired = expired
+	if err != nil {
+		return rep, err
+	}
 	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
-	rep := &GCReport{Removed: []string{}, Busy: []string{}, Worktrees: []string{}, Released: []string{}, Outboxes: []string{}}
+	if dryRun {
+		for _, c := range cages {
+			if r.Ours(c) && !waiting(c) {
+				id, err := taskid.Parse(c.Labels[sealed.LabelTask])
+				if err != nil {
+					continue
+				}
+				if pid, _ := r.lockHolder(id.String()); pid != 0 {
+					rep.Busy = append(rep.Busy, id.String())
+					continue
+				}
+				rep.Removed = append(rep.Removed, c.Name)
+			}
+		}
+		return rep, nil
+	}
 	tasks := map[string]bool{}
 	for _, c := range cages {
 		// A prepared cage that has not started waits for its turn.

@@ -106,6 +106,13 @@ type TaskStatus struct {
 	Last *turn.Result `json:"last,omitempty"`
 	// HomeBytes is the disk space the task HOME's filesystem image uses.
 	HomeBytes int64 `json:"homeBytes"`
+	// Prepared is true while a cage prepared for the task's next turn
+	// waits (it holds a conmon, a loop device and the HOME mount), made
+	// PreparedAt, PreparedAgeS seconds ago; it expires after
+	// cage.prepared_ttl. Known only while podman answers.
+	Prepared     bool    `json:"prepared"`
+	PreparedAt   string  `json:"preparedAt,omitempty"`
+	PreparedAgeS float64 `json:"preparedAgeS,omitempty"`
 }
 
 // Tasks lists every task in the state directory, by id.

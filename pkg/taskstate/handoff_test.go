@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -65,9 +66,10 @@ func TestHandOff(t *testing.T) {
 	assert.NilError(t, dead.Release()) // the kernel drops a killed process's locks
 	l, err = s.LockTask(taskid.Must("t1"))
 	assert.NilError(t, err, "a dead teardown's mark kept the task busy")
+	assert.Equal(t, s.TeardownHolder(taskid.Must("t1")), 0, "a turn holds it, not the dead teardown")
 	b, err := os.ReadFile(s.Dir + "/tasks/t1/lock")
 	assert.NilError(t, err)
-	assert.Equal(t, string(b), "", "the mark is cleared by the next holder")
+	assert.Equal(t, strings.TrimSpace(string(b)), "", "the mark is cleared by the next holder")
 	// Reclaim: a hand-off whose child never started leaves a plain turn lock.
 	_, _, err = l.HandOff()
 	assert.NilError(t, err)
@@ -126,4 +128,64 @@ func TestWaitStarts(t *testing.T) {
 	assert.NilError(t, err)
 	defer c.Release()
 	s.WaitStarts(context.Background(), 50*time.Millisecond)
+}
+
+// TestHandOffNeverLooksBusy: a taker arriving while a turn hands its lock
+// to a teardown (the moment the next turn of an orchestrator's loop
+// starts) waits for the teardown; it never sees a lock held by nobody in
+// particular and reports a running turn. Before the holder was a byte-range
+// lock, the mark was emptied then written, and 1 in ~60 such turns failed
+// as busy.
+func TestHandOffNeverLooksBusy(t *testing.T) {
+	s := Store{Dir: t.TempDir()}
+	id := taskid.Must("race")
+	const rounds = 2000
+	busy := 0
+	for i := 0; i < rounds; i++ {
+		l, err := s.LockTask(id)
+		assert.NilError(t, err, "round %d", i)
+		// The turn hands off (before its result is printed), then the
+		// next turn starts while the turn names the child, the child
+		// adopts and writes its own pid, the turn's process exits, the
+		// child works and exits: every step the taker may land on.
+		f, dir, err := l.HandOff()
+		assert.NilError(t, err)
+		taken := make(chan error, 1)
+		go func() {
+			next, err := s.LockTask(id)
+			if err == nil {
+				err = next.Release()
+			}
+			taken <- err
+		}()
+		child, err := AdoptLock(inherit(t, f), inherit(t, dir))
+		assert.NilError(t, err)
+		assert.NilError(t, l.MarkTeardown(os.Getpid()))
+		assert.NilError(t, l.Release())
+		if i%2 == 0 {
+			time.Sleep(50 * time.Microsecond)
+		}
+		assert.NilError(t, child.Release())
+		if err := <-taken; err != nil {
+			assert.Assert(t, errors.Is(err, ErrBusy), "round %d: %v", i, err)
+			busy++
+		}
+	}
+	assert.Equal(t, busy, 0, "spurious busy in %d of %d hand-offs", busy, rounds)
+
+	// Positive control: a turn that keeps its lock is busy at once.
+	l, err := s.LockTask(id)
+	assert.NilError(t, err)
+	start := time.Now()
+	_, err = s.LockTask(id)
+	assert.Assert(t, errors.Is(err, ErrBusy), "%v", err)
+	assert.Assert(t, time.Since(start) < time.Second, "busy took %s", time.Since(start))
+	// A teardown's hold is seen for what it is.
+	_, _, err = l.HandOff()
+	assert.NilError(t, err)
+	assert.NilError(t, l.MarkTeardown(4242))
+	assert.Equal(t, s.TeardownHolder(id), 4242)
+	assert.NilError(t, l.Reclaim())
+	assert.Equal(t, s.TeardownHolder(id), 0)
+	assert.NilError(t, l.Release())
 }

@@ -43,6 +43,12 @@ func (l Layout) GatewayCredentials(gateway string) string {
 	return filepath.Join(l.Dir, "gateway", gateway, "credentials.json")
 }
 
+// GatewayChatGPT is where an openai gateway keeps its refreshed ChatGPT
+// sign-in (a Codex auth.json).
+func (l Layout) GatewayChatGPT(gateway string) string {
+	return filepath.Join(l.Dir, "gateway", gateway, "auth.json")
+}
+
 // SeccompProfile is an installed seccomp profile, by file name.
 func (l Layout) SeccompProfile(name string) string { return filepath.Join(l.Dir, "seccomp", name) }
 

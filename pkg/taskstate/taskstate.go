@@ -78,23 +78,20 @@ func (s Store) LockTask(task taskid.ID) (*Lock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("task lock: %w", err)
 	}
-	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-	if errors.Is(err, unix.EWOULDBLOCK) && heldByTeardown(f) {
-		// The previous turn's cage is being removed (handoff.go): wait.
-		if err = waitTeardown(f); errors.Is(err, unix.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("%w: task %q: the previous turn's teardown still holds it after %s (see teardown.log in its state directory)", ErrBusy, task, TeardownWait)
-		}
-	}
+	h, err := takeLock(f)
 	if err != nil {
 		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
+		switch {
+		case h == holderTeardown:
+			return nil, fmt.Errorf("%w: task %q: the previous turn's teardown still holds it after %s (see teardown.log in its state directory)", ErrBusy, task, TeardownWait)
+		case errors.Is(err, unix.EWOULDBLOCK):
 			return nil, fmt.Errorf("%w: task %q has a turn running (turns of one task never overlap)", ErrBusy, task)
 		}
 		return nil, fmt.Errorf("task lock: %w", err)
 	}
 	l := &Lock{f: f}
-	// A detached teardown that died leaves its mark: it holds nothing now.
+	// This process holds it as a turn; a teardown that died left at most
+	// its text, which goes too.
 	if err := l.Reclaim(); err != nil {
 		f.Close()
 		return nil, err
@@ -116,6 +113,11 @@ func (s Store) LockTask(task taskid.ID) (*Lock, error) {
 		return nil, fmt.Errorf("task lock: %w", err)
 	}
 	l.dir = dl
+	// A turn whose shrooms died left its record to write: write it now.
+	if err := recordKilled(dir); err != nil {
+		l.Release()
+		return nil, err
+	}
 	return l, nil
 }
 

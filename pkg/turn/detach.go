@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
@@ -15,8 +16,10 @@ import (
 // cage, the turn's token secrets and the old HOME tree. A Detacher hands it
 // to a child process that outlives the caller's shrooms.
 type Teardown struct {
-	Task    string
-	Agent   string
+	Task  string
+	Agent string
+	// Cage is the turn's cage (exited); "" when not known.
+	Cage    string
 	Secrets []string
 	// Lock and LockDir are the task lock's files (taskstate.Lock.HandOff):
 	// the child inherits them and holds the task until its work is done.
@@ -33,7 +36,7 @@ func (r *Runner) handOff(lock *taskstate.Lock, req Request, p *prepared, res *Re
 	f, dir, err := lock.HandOff()
 	if err == nil {
 		var pid int
-		if pid, err = r.Detach(Teardown{Task: req.Task, Agent: req.Agent, Secrets: p.secrets, Lock: f, LockDir: dir}); err == nil {
+		if pid, err = r.Detach(Teardown{Task: req.Task, Agent: req.Agent, Cage: res.Cage, Secrets: p.secrets, Lock: f, LockDir: dir}); err == nil {
 			res.Teardown, res.TeardownPID = "detached", pid
 			_ = lock.MarkTeardown(pid)
 			return
@@ -57,6 +60,29 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 	defer lock.Release()
 	// Turns that are starting go first (a burst of them, typically).
 	r.Store.WaitStarts(ctx, 2*time.Second)
+	if next != nil && td.Cage != "" && len(td.Secrets) == 0 {
+		// The next cage first, the exited one's removal after the lock is
+		// free: the task's next turn waits for its cage, not for podman's
+		// removal of the last one (an exited cage runs nothing and holds
+		// nothing a turn uses; a turn that sweeps it meanwhile is harmless,
+		// a removal of a removed cage is not an error). A turn with token
+		// secrets keeps the old order: its next cage's secrets have the
+		// same names.
+		if in, err := r.check(ctx, *next, modeAhead); err == nil {
+			if _, err := r.prepareNextLocked(ctx, *next, in, td.Cage); err == nil {
+				var errs []error
+				if err := r.ReleaseHome(ctx, td.Task); err != nil {
+					errs = append(errs, fmt.Errorf("release HOME: %w", err))
+				}
+				lock.Release()
+				if err := r.removeTaskCage(ctx, td.Task, td.Cage); err != nil {
+					errs = append(errs, fmt.Errorf("remove cage: %w", err))
+				}
+				return errors.Join(errs...)
+			}
+		}
+		// The next cage could not be prepared: the usual order says why.
+	}
 	var errs []error
 	// The turn's cage is the task's only one: a prepared cage was taken by
 	// the turn, or swept before it.
@@ -91,4 +117,19 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		errs = append(errs, fmt.Errorf("release HOME: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// removeTaskCage removes the task's cage id (and no other: without the
+// task lock, another turn of the task may be running), if it is there.
+func (r *Runner) removeTaskCage(ctx context.Context, task, id string) error {
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task)
+	if err != nil {
+		return err
+	}
+	for _, c := range cages {
+		if c.ID == id && r.Ours(c) {
+			return r.Podman.Remove(ctx, c.ID)
+		}
+	}
+	return nil
 }

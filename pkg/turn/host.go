@@ -26,6 +26,9 @@ type Host interface {
 	DiscardHome(ctx context.Context, task, root string)
 	Bootstrap(ctx context.Context, t homereset.Task) (*homereset.BootstrapResult, error)
 	Reset(ctx context.Context, in homereset.ResetInput) (*homereset.Report, error)
+	// HomeFingerprint identifies the reset HOME (homereset.Fingerprint;
+	// "" when it changed too recently to be told apart).
+	HomeFingerprint(ctx context.Context, t homereset.Task) (string, error)
 	// Cleanup removes the old HOME trees a reset set aside.
 	Cleanup(ctx context.Context, root string) error
 	PlaceFile(root, rel string, data []byte, mode uint32, uid, gid int) error
@@ -75,6 +78,10 @@ func (realHost) Bootstrap(ctx context.Context, t homereset.Task) (*homereset.Boo
 
 func (realHost) Reset(ctx context.Context, in homereset.ResetInput) (*homereset.Report, error) {
 	return homereset.Reset(ctx, in)
+}
+
+func (realHost) HomeFingerprint(ctx context.Context, t homereset.Task) (string, error) {
+	return homereset.Fingerprint(ctx, t)
 }
 
 func (realHost) Cleanup(ctx context.Context, root string) error {

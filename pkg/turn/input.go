@@ -8,6 +8,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // ValidateRequest checks a request's input against cfg — task id, agent,
@@ -37,8 +38,23 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	in := &checked{task: task, agent: agent, tokens: tokens}
-	if req.Worktree != "" {
-		if in.worktree, err = worktreePath(cfg, req.Worktree); err != nil {
+	worktree := req.Worktree
+	if worktree == "" {
+		// The task's worktree is sticky: a turn without --worktree runs on
+		// the one its earlier turns ran on (an empty /work only for a task
+		// that never had one).
+		recorded, err := taskstate.Store{Dir: cfg.State.Dir}.Recall(task, taskstate.FactWorktree)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		}
+		if worktree = recorded; worktree != "" {
+			if _, err := worktreePath(cfg, worktree); err != nil {
+				return nil, fmt.Errorf("task %s runs on the worktree its earlier turns ran on (%s), which is no longer usable; pass --worktree DIR to move it, or start a new task: %w", req.Task, worktree, err)
+			}
+		}
+	}
+	if worktree != "" {
+		if in.worktree, err = worktreePath(cfg, worktree); err != nil {
 			return nil, err
 		}
 		if err := checkClaim(cfg.State.Dir, req.Task, in.worktree); err != nil {

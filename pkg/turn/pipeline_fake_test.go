@@ -265,6 +265,10 @@ func (h *fakeHost) Reset(_ context.Context, in homereset.ResetInput) (*homereset
 	return &homereset.Report{Home: homereset.HomeDir(in.Task.Root), DryRun: in.DryRun, BaselineDigest: "sha256:baseline"}, nil
 }
 
+func (h *fakeHost) HomeFingerprint(context.Context, homereset.Task) (string, error) {
+	return "fp:fake", nil
+}
+
 func (h *fakeHost) Cleanup(context.Context, string) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()

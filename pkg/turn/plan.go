@@ -182,7 +182,11 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 	}
 	var pg homereset.PolicyGateway
 	if in.gateway != nil {
-		pg.AnthropicBaseURL = gateway.BaseURL()
+		if in.gateway.cfg.API == "openai" {
+			pg.OpenAIBaseURL = gateway.BaseURL()
+		} else {
+			pg.AnthropicBaseURL = gateway.BaseURL()
+		}
 	}
 	var err error
 	if p.policy, err = homereset.PlanPolicy(filepath.Join(r.TaskDir(req.Task), "policy"), cfg, in.agent.Home, pg); err != nil {
@@ -275,22 +279,30 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 	env := map[string]string{}
 	if g := in.gateway; g != nil {
 		p.gateway = &gateway.Config{
-			API: g.cfg.API, Upstream: g.upstream, Key: g.key, OAuth: g.oauth, Placeholder: placeholder,
+			API: g.cfg.API, Upstream: g.upstream, Key: g.key, OAuth: g.oauth, ChatGPT: g.chatgpt, Placeholder: placeholder,
 			MaxRequests: g.cfg.MaxRequests, MaxOutputTokens: g.cfg.MaxOutputTokens,
 			Policy: gateway.Policy{AllowBetas: g.cfg.AllowBetas, AllowServerTools: g.cfg.AllowServerTools},
 		}
 		// The agent talks to the gateway on its own loopback, with a
 		// placeholder that is worthless anywhere else.
-		env["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
-		if g.oauth == nil {
+		switch {
+		case g.cfg.API == "openai":
+			// Codex reads the placeholder through the provider the
+			// managed config pins (env_key); other OpenAI clients from
+			// these two.
+			env["OPENAI_BASE_URL"] = gateway.BaseURL() + "/v1"
+			env["OPENAI_API_KEY"] = placeholder
+		case g.oauth == nil:
+			env["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
 			env["ANTHROPIC_API_KEY"] = placeholder
 			// Approved in ~/.claude.json by the reset: an interactive
 			// Claude Code would ask, and its default answer turns the
 			// gateway off.
 			p.home.APIKey = placeholder
-		} else {
+		default:
 			// A subscription sign-in: apply places credentials holding the
 			// placeholder in HOME.
+			env["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
 			p.oauth = g.oauth
 			p.signIn = profile.SignInPath(in.agent.Home)
 		}

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/containers/podman/v5/pkg/specgen"
 	"golang.org/x/sys/unix"
@@ -36,8 +37,10 @@ const (
 // Labels of prepared cages.
 const (
 	LabelPrepared = "io.shrooms.prepared"
-	labelSpec     = "io.shrooms.spec"
-	labelBaseline = "io.shrooms.baseline"
+	// LabelPreparedAt is when a prepared cage was made (RFC 3339, UTC).
+	LabelPreparedAt = "io.shrooms.prepared-at"
+	labelSpec       = "io.shrooms.spec"
+	labelBaseline   = "io.shrooms.baseline"
 	// What a cage takes in when it is created and keeps whatever changes
 	// after: the image (podman resolves its name at create), the seccomp
 	// profile's content (read at create) and the token secrets' values.
@@ -68,9 +71,10 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 	return r.prepareNextLocked(ctx, req, in)
 }
 
-// prepareNextLocked is PrepareNext with the task lock held.
-func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked) (string, error) {
-	if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
+// prepareNextLocked is PrepareNext with the task lock held; the cages in
+// keep (an exited one the caller removes itself) are left alone.
+func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked, keep ...string) (string, error) {
+	if _, err := r.RemoveLeftovers(ctx, req.Task, keep...); err != nil {
 		return "", fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
 	p, err := r.prepare(ctx, req, in, modeAhead)
@@ -92,6 +96,8 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 	p.spec.Labels[labelImage] = prov.image
 	p.spec.Labels[labelSeccomp] = prov.seccomp
 	p.spec.Labels[labelTokens] = prov.tokens
+	// When it was prepared: it expires after cage.prepared_ttl.
+	p.spec.Labels[LabelPreparedAt] = time.Now().UTC().Format(time.RFC3339)
 	if r.OnSpec != nil {
 		r.OnSpec(p.spec)
 	}
@@ -114,8 +120,15 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	// The reset's report belongs to the turn that takes this cage: it is
-	// what that turn's HOME was cleaned of.
-	if err := saveResetReport(r.TaskDir(req.Task), id, p.reset); err != nil {
+	// what that turn's HOME was cleaned of. The HOME's fingerprint, taken
+	// now that the cage is initialised, is what the turn checks it by.
+	fp, err := r.host().HomeFingerprint(ctx, p.home)
+	if err != nil {
+		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
+		r.removeSecrets(p.secrets)
+		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
+	if err := saveResetReport(r.TaskDir(req.Task), id, p.reset, fp); err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
@@ -131,10 +144,13 @@ const preparedResetFile = "prepared-reset.json"
 type preparedReset struct {
 	Cage  string            `json:"cage"`
 	Reset *homereset.Report `json:"reset"`
+	// Home is the HOME's fingerprint once the cage was initialised on it
+	// (homereset.Fingerprint), "" when it could not be taken.
+	Home string `json:"home,omitempty"`
 }
 
-func saveResetReport(taskDir, cage string, rep *homereset.Report) error {
-	b, err := json.Marshal(preparedReset{Cage: cage, Reset: rep})
+func saveResetReport(taskDir, cage string, rep *homereset.Report, home string) error {
+	b, err := json.Marshal(preparedReset{Cage: cage, Reset: rep, Home: home})
 	if err != nil {
 		return fmt.Errorf("prepared cage's reset report: %w", err)
 	}
@@ -158,17 +174,18 @@ func saveResetReport(taskDir, cage string, rep *homereset.Report) error {
 }
 
 // loadResetReport returns the report of the reset made for prepared cage
-// cage, or nil when the file is missing or names another cage.
-func loadResetReport(taskDir, cage string) *homereset.Report {
+// cage and the HOME's fingerprint then, or nil when the file is missing or
+// names another cage.
+func loadResetReport(taskDir, cage string) *preparedReset {
 	b, err := os.ReadFile(filepath.Join(taskDir, preparedResetFile))
 	if err != nil {
 		return nil
 	}
 	var pr preparedReset
-	if json.Unmarshal(b, &pr) != nil || pr.Cage != cage {
+	if json.Unmarshal(b, &pr) != nil || pr.Cage != cage || pr.Reset == nil {
 		return nil
 	}
-	return pr.Reset
+	return &pr
 }
 
 // takePrepared returns the id of a prepared cage that runs req exactly as a
@@ -233,10 +250,22 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 	if !r.preparedOutboxReady(req.Task, p.Plan) {
 		return nil, nil
 	}
-	// Nothing may have changed HOME since it was reset for this cage.
-	rep, err := r.host().Reset(ctx, homereset.ResetInput{Task: p.home, DryRun: true})
-	if err != nil || rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0 || rep.BaselineDigest != c.Labels[labelBaseline] {
-		return nil, nil
+	// Nothing may have changed HOME since it was reset for this cage: its
+	// fingerprint is still the one taken then (metadata only; a dry-run
+	// reset would rebuild every kept file, a 100 MiB opencode.db in full).
+	// Without one (a racy or older preparation) the dry run decides.
+	saved := loadResetReport(r.TaskDir(req.Task), c.ID)
+	if saved != nil && saved.Home != "" {
+		fp, err := r.host().HomeFingerprint(ctx, p.home)
+		if err != nil || fp != saved.Home || saved.Reset.BaselineDigest != c.Labels[labelBaseline] {
+			return nil, nil
+		}
+	} else {
+		rep, err := r.host().Reset(ctx, homereset.ResetInput{Task: p.home, DryRun: true})
+		if err != nil || rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0 || rep.BaselineDigest != c.Labels[labelBaseline] {
+			return nil, nil
+		}
+		saved = &preparedReset{Reset: rep}
 	}
 	// The cage must run what a fresh one would: the image, seccomp profile
 	// and tokens as they are now, not as they were when it was created.
@@ -244,12 +273,8 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 		return nil, nil
 	}
 	p.image = c.Image
-	// The turn reports what the preparation's reset removed (this
-	// check's dry run finds nothing by construction).
-	p.reset = rep
-	if saved := loadResetReport(r.TaskDir(req.Task), c.ID); saved != nil {
-		p.reset = saved
-	}
+	// The turn reports what the preparation's reset removed.
+	p.reset = saved.Reset
 	// The secrets were put when the cage was prepared; they go with it.
 	p.secrets = slices.Sorted(maps.Keys(p.Plan.secrets))
 	return p, nil

@@ -3,19 +3,19 @@ package turn
 import (
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // TurnsFile holds one JSON line per turn of a task (its Result, reset
 // report included), kept with the task until forget.
-const TurnsFile = "turns.jsonl"
+const TurnsFile = taskstate.TurnsFile
 
 // recordTurn appends the turn's result to the task's log. Called at the end
 // of Run with the task lock held; a turn that never started (turn 0) is not
@@ -26,6 +26,7 @@ func (r *Runner) recordTurn(res *Result, err error, start time.Time) error {
 	}
 	rec := *res
 	rec.TotalMs = ms(time.Since(start))
+	rec.EndedAt = taskstate.Now()
 	if err != nil && rec.Error == "" {
 		rec.Error = strings.Join(strings.Fields(err.Error()), " ")
 	}
@@ -33,15 +34,26 @@ func (r *Runner) recordTurn(res *Result, err error, start time.Time) error {
 	if merr != nil {
 		return fmt.Errorf("turn record: %w", merr)
 	}
-	f, oerr := os.OpenFile(filepath.Join(r.TaskDir(res.Task), TurnsFile), os.O_WRONLY|os.O_APPEND|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if oerr != nil {
-		return fmt.Errorf("turn record: %w", oerr)
+	id, perr := taskid.Parse(res.Task)
+	if perr != nil {
+		return fmt.Errorf("turn record: %w", perr)
 	}
-	defer f.Close()
-	if _, werr := f.Write(append(b, '\n')); werr != nil {
-		return fmt.Errorf("turn record: %w", werr)
+	return r.Store.AppendRecord(id, b)
+}
+
+// markRunning keeps what is known of the running turn as its record, should
+// its shrooms die before recordTurn (taskstate.Store.MarkRunning). Best
+// effort: without the mark a killed turn only goes unrecorded.
+func (r *Runner) markRunning(res *Result) {
+	id, err := taskid.Parse(res.Task)
+	if err != nil {
+		return
 	}
-	return nil
+	rec := Result{Task: res.Task, Agent: res.Agent, Turn: res.Turn, Status: "killed", ExitCode: -1, StartedAt: res.StartedAt,
+		Prepared: res.Prepared, ConfigDigest: res.ConfigDigest, SealDigest: res.SealDigest, Image: res.Image, Phases: []Phase{}}
+	if b, err := json.Marshal(&rec); err == nil {
+		_ = r.Store.MarkRunning(id, b)
+	}
 }
 
 // HomeBytes is the disk space the task HOME's filesystem image takes.

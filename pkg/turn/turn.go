@@ -65,6 +65,9 @@ type Request struct {
 	Timeout time.Duration
 	// Streams are attached to the cage; a nil Stdin leaves stdin closed.
 	Streams podman.Streams
+	// Wait is how long the turn waits for a running turn of the task to
+	// end before it gives up as busy (run --wait); 0 does not wait.
+	Wait time.Duration
 	// Terminal gives the cage a terminal (run --tty): Streams are then the
 	// person's terminal (Streams.Terminal). Refused unless TIOCSTI is
 	// closed (seccomp.TIOCSTIClosed).
@@ -140,7 +143,11 @@ type Result struct {
 	Cage     string `json:"cage,omitempty"`
 	CageName string `json:"cageName,omitempty"`
 	ExitCode int    `json:"exitCode"`
-	Status   string `json:"status"` // exited, deadline, interrupted, seal-lost, error
+	Status   string `json:"status"` // exited, deadline, interrupted, seal-lost, error; killed in a record whose shrooms died
+	// StartedAt and EndedAt are when shrooms started and ended the turn
+	// (RFC 3339, UTC).
+	StartedAt string `json:"startedAt"`
+	EndedAt   string `json:"endedAt"`
 	// OOMKilled is true when the kernel's OOM killer ended a cage process.
 	OOMKilled bool    `json:"oomKilled"`
 	Error     string  `json:"error,omitempty"`
@@ -212,9 +219,9 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // Run runs one turn. The error is nil when the agent ran to its own exit,
 // whatever its exit code (in Result.ExitCode).
 func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
-	res := &Result{Task: req.Task, Agent: req.Agent, Status: "error", ExitCode: -1, ConfigDigest: r.Cfg.Digest()}
+	res := &Result{Task: req.Task, Agent: req.Agent, Status: "error", ExitCode: -1, ConfigDigest: r.Cfg.Digest(), StartedAt: taskstate.Now()}
 	c := &clock{start: time.Now(), last: time.Now(), res: res}
-	defer func() { res.TotalMs = ms(time.Since(c.start)) }()
+	defer func() { res.TotalMs, res.EndedAt = ms(time.Since(c.start)), taskstate.Now() }()
 	defer c.started()
 
 	in, err := r.check(ctx, req, modeRun)
@@ -230,7 +237,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}
 	c.lap("check")
 
-	lock, err := r.Store.LockTask(in.task)
+	lock, err := r.Store.LockTaskWait(in.task, req.Wait)
 	if err != nil {
 		return res, Classify(err)
 	}
@@ -271,6 +278,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}
 	res.Prepared = preparedID != ""
 	res.Turn = prep.turn
+	// Should this shrooms die now, the next command that takes the lock
+	// records the turn as killed.
+	r.markRunning(res)
 	res.Reset = prep.reset
 	res.WorktreeGuard = prep.guard
 	c.lap("prepare")
@@ -386,6 +396,7 @@ type gatewayPlan struct {
 	upstream *url.URL
 	key      []byte // the real credential: host memory only
 	oauth    *gateway.OAuth
+	chatgpt  *gateway.ChatGPT
 }
 
 // check validates the request and the host: input (task id, agent, paths,
@@ -446,6 +457,9 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (
 	if g.Auth == "oauth" {
 		// The account's tokens live in the state dir (seeded from the token
 		// file at the first turn); only the seed file is checked here.
+		if err := r.Cfg.CheckToken(g.Token); err != nil {
+			return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
+		}
 		if err := mounts.CheckHostFile(r.Cfg.Tokens[g.Token], "token "+g.Token); err != nil {
 			return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
 		}
@@ -454,6 +468,18 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (
 			Seed:     r.Cfg.Tokens[g.Token],
 			TokenURL: cmp.Or(g.TokenURL, gateway.DefaultTokenURL),
 			ClientID: cmp.Or(g.ClientID, gateway.DefaultClientID),
+		}
+	} else if g.Auth == "chatgpt" {
+		// Codex's ChatGPT sign-in: the account's tokens live in the state
+		// dir, seeded once from the owner's auth.json; the cage gets none.
+		if err := mounts.CheckHostFile(r.Cfg.Tokens[g.Token], "token "+g.Token); err != nil {
+			return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
+		}
+		plan.chatgpt = &gateway.ChatGPT{
+			Path:     taskstate.Layout{Dir: r.Cfg.State.Dir}.GatewayChatGPT(agent.Gateway),
+			Seed:     r.Cfg.Tokens[g.Token],
+			TokenURL: cmp.Or(g.TokenURL, gateway.DefaultChatGPTTokenURL),
+			ClientID: cmp.Or(g.ClientID, gateway.DefaultChatGPTClientID),
 		}
 	} else if plan.key, err = readToken(r.Cfg, g.Token); err != nil {
 		return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
@@ -566,6 +592,9 @@ func (r *Runner) placeholder(task string, m mode) (string, error) {
 // readToken reads one token file; its contents are never named in errors.
 func readToken(cfg *config.Config, tok string) ([]byte, error) {
 	path := cfg.Tokens[tok]
+	if err := cfg.CheckToken(tok); err != nil {
+		return nil, err
+	}
 	if err := mounts.CheckHostFile(path, "token "+tok); err != nil {
 		return nil, err
 	}

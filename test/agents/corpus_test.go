@@ -173,7 +173,7 @@ func runCorpus(t *testing.T, e *env, agent string, vectors []corpusVector, tool 
 	assert.Equal(t, e.api.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.api.Log())
 	for _, r := range e.api.Scripted() {
 		// Every plant command succeeded in the cage.
-		assert.Assert(t, !strings.Contains(string(r.Body), "Exit code"), "a plant command failed: %.2000s", r.Body)
+		assert.Assert(t, !strings.Contains(string(r.Body), "Exit code") && !exitedNonZero.Match(r.Body), "a plant command failed: %.2000s", r.Body)
 	}
 	assert.NilError(t, os.RemoveAll(filepath.Join(e.worktree, ".m")))
 
@@ -186,6 +186,8 @@ func runCorpus(t *testing.T, e *env, agent string, vectors []corpusVector, tool 
 		}
 		var body strings.Builder
 		for _, r := range reqs {
+			// The path too: a planted provider's base URL carries a code word.
+			body.WriteString(r.Path)
 			body.Write(r.Body)
 		}
 		var missed, fired []string
@@ -196,6 +198,9 @@ func runCorpus(t *testing.T, e *env, agent string, vectors []corpusVector, tool 
 			}
 			if hit {
 				fired = append(fired, v.where+":"+v.id)
+				if i := strings.Index(body.String(), v.word(nonce)); v.instruction && !wantFired && i >= 0 {
+					t.Logf("%s reached the model in: …%q…", v.id, body.String()[max(0, i-300):min(body.Len(), i+100)])
+				}
 			} else {
 				missed = append(missed, v.where+":"+v.id)
 			}

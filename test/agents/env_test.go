@@ -80,6 +80,10 @@ type envOptions struct {
 	signin []byte
 	// tokenHandler serves the OAuth token endpoint on the internet host.
 	tokenHandler http.Handler
+	// chatgpt, when set, is a Codex auth.json: the openai gateway signs in
+	// with it (auth = "chatgpt", upstream the model API's
+	// /backend-api/codex, token_url tokenHandler's) instead of the key.
+	chatgpt []byte
 }
 
 func newEnvWith(t testing.TB, o envOptions) *env {
@@ -163,6 +167,30 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	assert.NilError(t, os.WriteFile(ocFile, ocJSON, 0o644))
 	ocSettings := fmt.Sprintf("[home.opencode]\nsettings_file = %q\n", ocFile)
 
+	// Codex always reaches the model API through the openai gateway (its
+	// provider is pinned there by the managed config), with the fake key
+	// openaiKey; its baseline names the model and owns one profile file.
+	openaiToken := filepath.Join(e.dir, "openai-key")
+	assert.NilError(t, os.WriteFile(openaiToken, []byte(openaiKey+"\n"), 0o600))
+	cxProfile := filepath.Join(e.dir, "cw.config.toml")
+	assert.NilError(t, os.WriteFile(cxProfile, []byte("model = \""+codexModel+"\"\n"), 0o644))
+	cx, err := example.Agent("codex")
+	assert.NilError(t, err)
+	fmt.Fprintf(&agents, "[agents.codex]\ncommand = %s\nhome = %s\ngateway = \"openai\"\n", tomlList(cx.Command), tomlList(cx.Home))
+	if o.chatgpt != nil {
+		assert.NilError(t, os.WriteFile(openaiToken, o.chatgpt, 0o600))
+		ln, err := listenIn(e.tb.NSPath("internet"), net.JoinHostPort(testbed.InternetAddr4.String(), "0"))
+		assert.NilError(t, err)
+		srv := &http.Server{Handler: o.tokenHandler, ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		t.Cleanup(func() { srv.Close() })
+		fmt.Fprintf(&agents, "[gateway.openai]\napi = \"openai\"\nupstream = %q\ntoken = \"openai\"\nauth = \"chatgpt\"\ntoken_url = %q\n",
+			e.apiURL+"/backend-api/codex", "http://"+ln.Addr().String()+"/oauth/token")
+	} else {
+		fmt.Fprintf(&agents, "[gateway.openai]\napi = \"openai\"\nupstream = %q\ntoken = \"openai\"\n", e.apiURL)
+	}
+	ocSettings += fmt.Sprintf("[home.codex]\nsettings = { model = %q }\nfiles = { \".codex/cw.config.toml\" = %q }\n", codexModel, cxProfile)
+
 	e.config = testcfg.Config{Socket: e.tb.PodmanURL, Dir: e.dir, Prefix: e.name,
 		// prepare_next off: the positive controls copy HOME as turn 1 left
 		// it, which a cage prepared for turn 2 would already have reset
@@ -172,7 +200,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		Network: map[string]any{"policy": policy, "name": e.name, "bridge": e.name,
 			// A subnet of its own: other suites may run cages at the same time.
 			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000)},
-		Extra: fmt.Sprintf("%s[tokens]\nanthropic = %q\n%s%s", ocSettings, token, moreTokens, agents.String())}.Write(t)
+		Extra: fmt.Sprintf("%s[tokens]\nanthropic = %q\nopenai = %q\n%s%s", ocSettings, token, openaiToken, moreTokens, agents.String())}.Write(t)
 
 	t.Cleanup(func() {
 		// A HOME's capped filesystem goes before its volume, in both mount
@@ -188,7 +216,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 			return
 		}
 		store := taskstate.Store{Dir: cfg.State.Dir}
-		for _, task := range []string{e.task("claude"), e.task("opencode"), e.task("probe"), e.task("claude2")} {
+		for _, task := range []string{e.task("claude"), e.task("opencode"), e.task("probe"), e.task("claude2"), e.task("codex"), e.task("codex2")} {
 			// The last turn's detached teardown may still be removing its
 			// cage and releasing HOME: the task lock waits for it.
 			if id, err := taskid.Parse(task); err == nil {

@@ -45,7 +45,7 @@ func files(t *testing.T, dirs []string, exts ...string) []string {
 
 func TestMarkdownLinksResolve(t *testing.T) {
 	link := regexp.MustCompile(`\]\(([^)#\s]+)(#[^)]*)?\)`)
-	docs := append(files(t, []string{"docs", "scripts", "nix"}, ".md"), filepath.Join(root(), "README.md"))
+	docs := append(files(t, []string{"docs", "scripts", "nix"}, ".md"), filepath.Join(root(), "README.md"), filepath.Join(root(), "SECURITY.md"))
 	assert.Assert(t, len(docs) > 3)
 	for _, f := range docs {
 		b, err := os.ReadFile(f)
@@ -81,5 +81,17 @@ func TestNamedDocumentsExist(t *testing.T) {
 			}
 			assert.Check(t, !strings.Contains(s, absent), "%s points to %q, which is not in the repository", f, absent)
 		}
+	}
+}
+
+// TestReadmeIsAFrontPage: README.md stays a front page (what, for whom,
+// how it compares, how to start); the detail lives in docs/.
+func TestReadmeIsAFrontPage(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root(), "README.md"))
+	assert.NilError(t, err)
+	lines := strings.Count(string(b), "\n")
+	assert.Assert(t, lines <= 250, "README.md has %d lines; move detail to docs/", lines)
+	for _, want := range []string{"## Compared with", "## Quick start", "## First real turn in five steps", "## The guarantees", "## Residual risks"} {
+		assert.Assert(t, strings.Contains(string(b), want), "README.md lacks %q", want)
 	}
 }

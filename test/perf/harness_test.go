@@ -1,7 +1,7 @@
 // Package perf measures shrooms as an orchestrator sees it: the shrooms
 // binary itself, on a sealed cage network in the testbed's namespaces,
 // against bare `podman run --rm` on podman's default network, side by side
-// in one run (the round-2 goals in README's Performance; `make bench`).
+// in one run (the round-2 goals in docs/performance.md; `make bench`).
 // Every figure is a ratio or a distribution from paired runs; nothing here
 // asserts a time.
 package perf

@@ -1,0 +1,114 @@
+package task
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/shrooms-cage/shrooms/pkg/engine"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
+)
+
+// PreparedCage is a task's cage prepared ahead, waiting for its turn.
+type PreparedCage struct {
+	Task string `json:"task"`
+	Name string `json:"name"`
+	// PreparedAt is when it was made (RFC 3339, UTC; "" for a cage made
+	// before shrooms labelled it); AgeS its age in seconds.
+	PreparedAt string  `json:"preparedAt,omitempty"`
+	AgeS       float64 `json:"ageS"`
+	// Expired is true once it is older than cage.prepared_ttl.
+	Expired bool `json:"expired"`
+}
+
+// waiting reports whether c is a prepared cage that has not started.
+func waiting(c podman.Cage) bool {
+	return c.Labels[turn.LabelPrepared] == "1" && (c.State == "initialized" || c.State == "created")
+}
+
+// PreparedCages lists the waiting prepared cages of this state dir, by
+// task, from podman (cages: what a listing of managed cages returned).
+func (r *Commands) PreparedCages(cages []podman.Cage, now time.Time) []PreparedCage {
+	out := []PreparedCage{}
+	for _, c := range cages {
+		if !r.Ours(c) || !waiting(c) {
+			continue
+		}
+		p := PreparedCage{Task: c.Labels[sealed.LabelTask], Name: c.Name, PreparedAt: c.Labels[turn.LabelPreparedAt], Expired: true}
+		if at, err := time.Parse(time.RFC3339, p.PreparedAt); err == nil {
+			age := now.Sub(at)
+			p.AgeS = float64(age.Milliseconds()) / 1000
+			p.Expired = age >= r.Cfg.Cage.PreparedTTL.Std()
+		}
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Task < out[j].Task })
+	return out
+}
+
+// ExpirePrepared removes the prepared cages older than cage.prepared_ttl
+// (with dryRun, only lists them), each under its task's lock: a task whose
+// turn runs keeps its cage. Its HOME mount and token secrets go with the
+// next ReleaseIdle (gc), or the task's next turn.
+func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) ([]string, error) {
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+	}
+	expired := []string{}
+	for _, p := range r.PreparedCages(cages, time.Now()) {
+		if !p.Expired {
+			continue
+		}
+		id, err := taskid.Parse(p.Task)
+		if err != nil {
+			continue // a label that is no task id is not ours to trust
+		}
+		if dryRun {
+			expired = append(expired, p.Name)
+			continue
+		}
+		lock, err := r.Store.LockTask(id)
+		if errors.Is(err, taskstate.ErrBusy) {
+			continue // its turn runs (and takes or discards it)
+		}
+		if err != nil {
+			return expired, turn.Classify(err)
+		}
+		removed, err := r.RemoveLeftovers(ctx, p.Task)
+		lock.Release()
+		expired = append(expired, removed...)
+		if err != nil {
+			return expired, fmt.Errorf("%w: expire prepared cage of %s: %w", fault.HostNotReady, p.Task, err)
+		}
+	}
+	return expired, nil
+}
+
+// ShowPrepared adds each task's waiting prepared cage (and its age) to
+// sts, from the engine when it answers; without it, sts stay as they are.
+func (r *Commands) ShowPrepared(ctx context.Context, eng engine.Engine, sts []TaskStatus) {
+	if eng == nil {
+		return
+	}
+	cages, err := eng.ListByLabel(ctx, sealed.LabelManaged, "1")
+	if err != nil {
+		return
+	}
+	byTask := map[string]PreparedCage{}
+	for _, p := range r.PreparedCages(cages, time.Now()) {
+		byTask[p.Task] = p
+	}
+	for i := range sts {
+		if p, ok := byTask[sts[i].Task]; ok {
+			sts[i].Prepared, sts[i].PreparedAgeS, sts[i].PreparedAt = true, p.AgeS, p.PreparedAt
+		}
+	}
+}
