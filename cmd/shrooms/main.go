@@ -37,7 +37,7 @@ const (
 	ExitInternal     = 125 // anything else shrooms could not do
 	ExitLimit        = 120 // a per-turn model usage limit ended the turn (cage stopped, removed)
 	ExitHistory      = 119 // a resumed session's history is not the one the gateway pinned (cage stopped, removed)
-	ExitInterrupted  = 130 // SIGINT/SIGTERM (cage stopped, removed)
+	ExitInterrupted  = 130 // SIGINT/SIGTERM/SIGHUP (cage stopped, removed)
 )
 
 // defaultConfigPath is read when neither --config nor SHROOMS_CONFIG is set
@@ -118,7 +118,7 @@ Exit status: the agent's own exit code, or one of shrooms' own:
   120 a per-turn model usage limit (gateway.*.max_*) ended the turn
   119 a resumed session's history differs from the one the model gateway
       forwarded before (gateway.*.history = "refuse")
-  130 interrupted: SIGINT, SIGTERM or ` + "`shrooms stop`" + ` (the cage was stopped and removed)`,
+  130 interrupted: SIGINT, SIGTERM, SIGHUP or ` + "`shrooms stop`" + ` (the cage was stopped and removed)`,
 		Version:   version,
 		Reader:    stdin,
 		Writer:    stdout,
@@ -395,9 +395,13 @@ func newRunner(cfg *config.Config, client *podman.Client) *turn.Runner {
 	return r
 }
 
-// signalContext is cancelled by SIGINT or SIGTERM.
+// signalContext is cancelled by SIGINT, SIGTERM or SIGHUP. A hang-up (the
+// terminal of `run --tty` closed, an ssh connection dropped) ends the turn
+// like SIGTERM does: the cage stopped and removed, the worktree given back,
+// the result and the turn record written; it must never kill shrooms with
+// the cage left running.
 func signalContext(parent context.Context) (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 }
 
 // codeFor maps an error to shrooms' exit code by its kind (pkg/fault),

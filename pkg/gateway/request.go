@@ -26,6 +26,8 @@ import (
 var BuiltinBetas = []string{
 	// Claude Code 2.1.332 (-p).
 	"claude-code-20250219",
+	// Claude Code 2.1.332 interactive (run --tty): how thinking is shown.
+	"thinking-display-updates-2026-08-18",
 	"interleaved-thinking-2025-05-14",
 	"context-management-2025-06-27",
 	"per-turn-control-2026-07-01",

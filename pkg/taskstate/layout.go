@@ -55,6 +55,9 @@ func (l Layout) GatewayChatGPT(gateway string) string {
 // SeccompProfile is an installed seccomp profile, by file name.
 func (l Layout) SeccompProfile(name string) string { return filepath.Join(l.Dir, "seccomp", name) }
 
+// GitsealConfig is the cages' system git configuration (/etc/gitconfig).
+func (l Layout) GitsealConfig() string { return filepath.Join(l.Dir, "gitseal", "gitconfig") }
+
 // GitsealDotgit is a worktree's sealed .git file, by the worktree's key.
 func (l Layout) GitsealDotgit(key string) string {
 	return filepath.Join(l.Dir, "gitseal", key, "dotgit")
