@@ -26,11 +26,13 @@ ok() { ensured+=("$*"); }
 # runc is named explicitly so apt satisfies podman's "crun | runc" with runc
 # (crun fails on hybrid cgroup hosts). systemd: systemd-analyze verifies the
 # unit `make install` writes. zsh: the zsh completion test sources the
-# generated script in a real zsh. Recommends are not installed.
+# generated script in a real zsh. tmux: the terminal tests drive `run --tty`
+# (and interactive Claude Code) in a tmux server of their own, and hang it
+# up. Recommends are not installed.
 packages=(
 	podman runc conmon netavark aardvark-dns iptables catatonit slirp4netns
 	nftables uidmap busybox-static iproute2 git jq ca-certificates curl
-	util-linux procps tar nix-bin systemd zsh
+	util-linux procps tar nix-bin systemd zsh tmux
 )
 # npm builds the agent image (scripts/build-agent-image.sh). Debian's npm
 # package, unless a nodejs that ships its own npm (NodeSource) is there.

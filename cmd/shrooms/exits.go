@@ -18,7 +18,7 @@ import (
 )
 
 // runner loads the config, connects to podman and returns a turn runner
-// and a context that SIGINT or SIGTERM cancel (call stop when done).
+// and a context that SIGINT, SIGTERM or SIGHUP cancel (call stop when done).
 func runner(c *cli.Context) (r *task.Commands, ctx context.Context, stop context.CancelFunc, err error) {
 	return runnerFor(c, nil)
 }

@@ -36,7 +36,8 @@ const (
 	ExitDeadline     = 124 // the turn hit its deadline (cage stopped, removed)
 	ExitInternal     = 125 // anything else shrooms could not do
 	ExitLimit        = 120 // a per-turn model usage limit ended the turn (cage stopped, removed)
-	ExitInterrupted  = 130 // SIGINT/SIGTERM (cage stopped, removed)
+	ExitHistory      = 119 // a resumed session's history is not the one the gateway pinned (cage stopped, removed)
+	ExitInterrupted  = 130 // SIGINT/SIGTERM/SIGHUP (cage stopped, removed)
 )
 
 // defaultConfigPath is read when neither --config nor SHROOMS_CONFIG is set
@@ -115,7 +116,9 @@ Exit status: the agent's own exit code, or one of shrooms' own:
   124 deadline (the cage was stopped and removed)
   125 internal error
   120 a per-turn model usage limit (gateway.*.max_*) ended the turn
-  130 interrupted: SIGINT, SIGTERM or ` + "`shrooms stop`" + ` (the cage was stopped and removed)`,
+  119 a resumed session's history differs from the one the model gateway
+      forwarded before (gateway.*.history = "refuse")
+  130 interrupted: SIGINT, SIGTERM, SIGHUP or ` + "`shrooms stop`" + ` (the cage was stopped and removed)`,
 		Version:   version,
 		Reader:    stdin,
 		Writer:    stdout,
@@ -392,9 +395,13 @@ func newRunner(cfg *config.Config, client *podman.Client) *turn.Runner {
 	return r
 }
 
-// signalContext is cancelled by SIGINT or SIGTERM.
+// signalContext is cancelled by SIGINT, SIGTERM or SIGHUP. A hang-up (the
+// terminal of `run --tty` closed, an ssh connection dropped) ends the turn
+// like SIGTERM does: the cage stopped and removed, the worktree given back,
+// the result and the turn record written; it must never kill shrooms with
+// the cage left running.
 func signalContext(parent context.Context) (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	return signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 }
 
 // codeFor maps an error to shrooms' exit code by its kind (pkg/fault),
@@ -410,6 +417,8 @@ func codeFor(err error) int {
 		return ExitDeadline
 	case fault.Limit:
 		return ExitLimit
+	case fault.History:
+		return ExitHistory
 	case fault.Interrupted:
 		return ExitInterrupted
 	case fault.HostNotReady:

@@ -52,6 +52,12 @@ type Gateway struct {
 	// provider fetches). Each is an egress path that network.policy does
 	// not see.
 	AllowServerTools []string `toml:"allow_server_tools"`
+	// History is what the gateway does when a resumed session's history is
+	// not the one it forwarded before (the conversation pin, invariant
+	// 10): "refuse" (the default) ends the turn before the provider gets
+	// the request (status history-mismatch); "report" forwards it and
+	// records the mismatch in `run --json`; "off" neither pins nor checks.
+	History string `toml:"history"`
 }
 
 // gatewayAllowItem is one allow_betas or allow_server_tools entry.
@@ -83,7 +89,13 @@ func (c *Config) validateGateways() error {
 		if g.Auth == "" {
 			g.Auth = "api-key"
 		}
+		if g.History == "" {
+			g.History = "refuse"
+		}
 		c.Gateway[name] = g
+		if g.History != "refuse" && g.History != "report" && g.History != "off" {
+			return &Error{Key: key + ".history", Msg: fmt.Sprintf("%q is not refuse, report or off", g.History)}
+		}
 		if g.Auth != "api-key" && g.Auth != "oauth" && g.Auth != "chatgpt" {
 			return &Error{Key: key + ".auth", Msg: fmt.Sprintf("%q is not api-key, oauth or chatgpt", g.Auth)}
 		}

@@ -35,3 +35,18 @@ func TestGatewayAllowLists(t *testing.T) {
 		assert.Assert(t, IsConfigError(err), extra)
 	}
 }
+
+// TestGatewayHistory: the conversation pin is "refuse" by default; only
+// refuse, report and off are accepted, the error naming the key.
+func TestGatewayHistory(t *testing.T) {
+	c, err := Parse("t.toml", []byte(gatewayBase))
+	assert.NilError(t, err)
+	assert.Equal(t, c.Gateway["anthropic"].History, "refuse")
+	for _, mode := range []string{"refuse", "report", "off"} {
+		c, err := Parse("t.toml", []byte(gatewayBase+"history = \""+mode+"\"\n"))
+		assert.NilError(t, err)
+		assert.Equal(t, c.Gateway["anthropic"].History, mode)
+	}
+	_, err = Parse("t.toml", []byte(gatewayBase+"history = \"warn\"\n"))
+	assert.ErrorContains(t, err, "gateway.anthropic.history")
+}

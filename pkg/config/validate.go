@@ -22,7 +22,15 @@ var (
 // reservedEnv are variables the cage sets itself; an agent may not override
 // them. PATH among them: no directory the agent can write (its HOME) may
 // come before the image's own.
-var reservedEnv = map[string]bool{"HOME": true, "USER": true, "LOGNAME": true, "HOSTNAME": true, "PATH": true, "container": true}
+var reservedEnv = map[string]bool{"HOME": true, "USER": true, "LOGNAME": true, "HOSTNAME": true, "PATH": true, "container": true,
+	// The cage's git configuration (safe.directory=/work) comes from the
+	// environment; an agent's env may neither replace nor extend it.
+	"GIT_CONFIG_COUNT": true, "GIT_CONFIG_PARAMETERS": true}
+
+// reserved reports whether the cage sets variable k itself.
+func reserved(k string) bool {
+	return reservedEnv[k] || strings.HasPrefix(k, "GIT_CONFIG_KEY_") || strings.HasPrefix(k, "GIT_CONFIG_VALUE_")
+}
 
 // Validate checks every value; the first problem is returned as *Error.
 func (c *Config) Validate() error {
@@ -87,7 +95,7 @@ func (c *Config) validateAgent(name string, a Agent) error {
 		seen[p] = true
 	}
 	for _, k := range slices.Sorted(maps.Keys(a.Env)) {
-		if !envName.MatchString(k) || reservedEnv[k] {
+		if !envName.MatchString(k) || reserved(k) {
 			return &Error{Key: key + ".env." + k, Msg: "not a settable environment variable name"}
 		}
 		if strings.ContainsRune(a.Env[k], 0) {
@@ -96,7 +104,7 @@ func (c *Config) validateAgent(name string, a Agent) error {
 	}
 	for _, k := range slices.Sorted(maps.Keys(a.TokenEnv)) {
 		tok := a.TokenEnv[k]
-		if !envName.MatchString(k) || reservedEnv[k] {
+		if !envName.MatchString(k) || reserved(k) {
 			return &Error{Key: key + ".token_env." + k, Msg: "not a settable environment variable name"}
 		}
 		if _, dup := a.Env[k]; dup {

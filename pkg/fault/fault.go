@@ -1,5 +1,5 @@
 // Package fault names the kinds of failure shrooms tells apart — bad input,
-// a host not ready, a busy task, a deadline, an interrupt, a usage limit —
+// a host not ready, a busy task, a deadline, an interrupt, a usage limit, a history mismatch —
 // so the CLI maps exit codes from the kind, never from an error's text.
 // A Kind is itself an error (the kind's old sentinel), and Wrap keeps the
 // cause: errors.Is and errors.As see through a wrapped error to both.
@@ -23,6 +23,9 @@ const (
 	Deadline
 	Interrupted
 	Limit
+	// History is a resumed conversation whose history is not the one the
+	// model gateway forwarded before (gateway.NAME.history = "refuse").
+	History
 )
 
 // Error is the kind's text; wrapped errors print it before their cause.
@@ -40,6 +43,8 @@ func (k Kind) Error() string {
 		return "interrupted"
 	case Limit:
 		return "model usage limit reached"
+	case History:
+		return "conversation history mismatch"
 	}
 	return "internal error"
 }

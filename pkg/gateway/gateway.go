@@ -32,6 +32,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/shrooms-cage/shrooms/pkg/history"
 )
 
 // Port is where the gateway listens on the cage's loopback. Every cage has
@@ -71,6 +73,11 @@ type Config struct {
 	// Policy is what requests may ask of the provider beyond the built-in
 	// set (betas, server-side tools).
 	Policy Policy
+	// History pins each provider session's conversation (nil: off). On a
+	// mismatch under history.Refuse the request is not forwarded and
+	// OnHistory is called once.
+	History   *history.Tracker
+	OnHistory func(reason string)
 	// Transport overrides the upstream transport (tests).
 	Transport http.RoundTripper
 }
@@ -103,6 +110,9 @@ type Gateway struct {
 	mu      sync.Mutex
 	usage   Usage
 	limited bool
+	// historyEnded: a history mismatch ended the turn; every later
+	// request is refused.
+	historyEnded string
 }
 
 // NewPlaceholder returns a fresh per-turn placeholder credential. It is
@@ -158,7 +168,11 @@ func New(cfg Config) (*Gateway, error) {
 			if err := decodeBody(resp); err != nil {
 				return err
 			}
-			resp.Body = &usageReader{body: resp.Body, g: g, openai: cfg.API == "openai", sse: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), length: resp.ContentLength}
+			ur := &usageReader{body: resp.Body, g: g, openai: cfg.API == "openai", sse: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), length: resp.ContentLength}
+			if ex, ok := resp.Request.Context().Value(exchangeKey{}).(*history.Exchange); ok && resp.StatusCode == http.StatusOK && cfg.API != "openai" {
+				ur.answer = &ex.Answer
+			}
+			resp.Body = ur
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -220,7 +234,7 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.apiError(w, http.StatusForbidden, "permission_error", fmt.Sprintf("shrooms gateway: %s %s is not an API path this gateway forwards", r.Method, r.URL.Path))
 		return
 	}
-	body, err := g.readRequest(w, r)
+	body, info, err := g.readRequest(w, r)
 	if err != nil {
 		g.refuse()
 		var ref *refusal
@@ -231,9 +245,19 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		g.apiError(w, http.StatusBadRequest, "invalid_request_error", "shrooms gateway: "+oneLine(err))
 		return
 	}
+	ex, refusal := g.checkHistory(r, info)
+	if refusal != "" {
+		g.refuse()
+		g.apiError(w, http.StatusForbidden, "permission_error", "shrooms gateway: "+refusal)
+		return
+	}
 	if reason := g.admit(); reason != "" {
 		g.apiError(w, http.StatusTooManyRequests, "rate_limit_error", "shrooms gateway: "+reason)
 		return
+	}
+	if ex != nil {
+		r = r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex))
+		defer func() { g.historyDone(ex, r.Context().Err() == nil) }()
 	}
 	if g.cfg.OAuth != nil {
 		access, err := g.cfg.OAuth.Access(r.Context())
@@ -260,32 +284,35 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // readRequest reads the whole request body and checks it and its betas
 // against the policy: nothing is forwarded before the gateway has read it.
-func (g *Gateway) readRequest(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+func (g *Gateway) readRequest(w http.ResponseWriter, r *http.Request) ([]byte, requestInfo, error) {
 	if g.cfg.API == "anthropic" {
 		if err := g.cfg.Policy.checkBetas(r.Header); err != nil {
-			return nil, err
+			return nil, requestInfo{}, err
 		}
 	}
 	if ce := r.Header.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		return nil, refused("a request body with Content-Encoding %q is not read", printable(ce))
+		return nil, requestInfo{}, refused("a request body with Content-Encoding %q is not read", printable(ce))
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
 	if err != nil {
-		return nil, fmt.Errorf("request body: %w", err)
+		return nil, requestInfo{}, fmt.Errorf("request body: %w", err)
 	}
 	if r.Method != http.MethodPost {
 		if len(body) != 0 {
-			return nil, refused("a %s request has no body", r.Method)
+			return nil, requestInfo{}, refused("a %s request has no body", r.Method)
 		}
-		return body, nil
+		return body, requestInfo{}, nil
 	}
 	if g.noBodyCheck {
-		return body, nil
+		return body, requestInfo{}, nil
 	}
 	if g.cfg.API == "openai" {
-		return body, g.cfg.Policy.checkOpenAIBody(body)
+		// The conversation pin reads Messages API histories only: an
+		// openai gateway's requests are not pinned (docs/kept-state.md).
+		return body, requestInfo{}, g.cfg.Policy.checkOpenAIBody(body)
 	}
-	return body, g.cfg.Policy.checkBody(body)
+	info, err := g.cfg.Policy.parseBody(body)
+	return body, info, err
 }
 
 // bearerKey carries a request's upstream access token to rewrite;
@@ -397,6 +424,8 @@ type usageReader struct {
 	// limit holds for the very next request.
 	length int64
 	read   int64
+	// answer reassembles the answer for the history pin (nil: not pinned).
+	answer *history.Answer
 }
 
 // maxUsageJSON bounds how much of a non-streamed answer is kept to read
@@ -419,6 +448,9 @@ func (u *usageReader) Read(p []byte) (int, error) {
 			u.g.recordOpenAI(u.json.Bytes(), false)
 		} else {
 			u.g.record(u.json.Bytes(), nil)
+			if u.answer != nil && u.json.Len() < maxUsageJSON {
+				u.answer.Message(u.json.Bytes())
+			}
 		}
 	}
 	return n, err
@@ -455,6 +487,9 @@ func (u *usageReader) scanSSE(b []byte) {
 			} else {
 				u.g.record(bytes.TrimSpace(data), &u.streamOut)
 			}
+		}
+		if u.answer != nil {
+			u.answer.Event(data)
 		}
 	}
 }

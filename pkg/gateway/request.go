@@ -26,6 +26,8 @@ import (
 var BuiltinBetas = []string{
 	// Claude Code 2.1.332 (-p).
 	"claude-code-20250219",
+	// Claude Code 2.1.332 interactive (run --tty): how thinking is shown.
+	"thinking-display-updates-2026-08-18",
 	"interleaved-thinking-2025-05-14",
 	"context-management-2025-06-27",
 	"per-turn-control-2026-07-01",
@@ -105,6 +107,24 @@ func isDate(s string) bool {
 // JSON object. Keys are matched exactly; a key given twice (or twice up to
 // case) is refused, so the provider cannot read a member the gateway did not.
 func (p Policy) checkBody(body []byte) error {
+	_, err := p.parseBody(body)
+	return err
+}
+
+// requestInfo is what the history pin reads of a checked request.
+type requestInfo struct {
+	// messages is the raw "messages" value (nil when absent).
+	messages []byte
+	// tools is the number of tools offered: the agent's own loop offers
+	// its tools, side requests (titles, summaries) offer none.
+	tools int
+	// metadata is the raw "metadata" value.
+	metadata []byte
+}
+
+// parseBody is checkBody, returning what the history pin reads.
+func (p Policy) parseBody(body []byte) (requestInfo, error) {
+	var info requestInfo
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	err := object(dec, func(key string) error {
@@ -115,35 +135,50 @@ func (p Policy) checkBody(body []byte) error {
 			}
 			return skip(dec)
 		case "tools":
-			return p.checkTools(dec)
-		case "messages", "system":
-			return p.checkContent(dec, key)
+			n, err := p.checkTools(dec)
+			info.tools = n
+			return err
+		case "messages":
+			raw, err := p.checkContent(dec, key)
+			info.messages = raw
+			return err
+		case "system":
+			_, err := p.checkContent(dec, key)
+			return err
+		case "metadata":
+			var raw json.RawMessage
+			if err := dec.Decode(&raw); err != nil {
+				return refused("the request body is not JSON: %s", oneLine(err))
+			}
+			info.metadata = raw
+			return nil
 		}
 		return skip(dec)
 	})
 	if err != nil {
-		return err
+		return info, err
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return refused("the request body is not one JSON object")
+		return info, refused("the request body is not one JSON object")
 	}
-	return nil
+	return info, nil
 }
 
 // checkTools reads the tools array: a tool with a type other than "custom"
 // runs on the provider's side.
-func (p Policy) checkTools(dec *json.Decoder) error {
+func (p Policy) checkTools(dec *json.Decoder) (int, error) {
 	t, err := dec.Token()
 	if err != nil {
-		return refused("tools: %s", oneLine(err))
+		return 0, refused("tools: %s", oneLine(err))
 	}
 	if t == nil {
-		return nil
+		return 0, nil
 	}
 	if t != json.Delim('[') {
-		return refused("tools is not an array")
+		return 0, refused("tools is not an array")
 	}
-	for i := 0; dec.More(); i++ {
+	i := 0
+	for ; dec.More(); i++ {
 		err := object(dec, func(key string) error {
 			if key != "type" {
 				return skip(dec)
@@ -162,13 +197,13 @@ func (p Policy) checkTools(dec *json.Decoder) error {
 			return refused("tools[%d] is a server tool (%q), run by the provider with the owner's key (gateway.NAME.allow_server_tools)", i, printable(typ))
 		})
 		if err != nil {
-			return err
+			return i, err
 		}
 	}
 	if _, err := dec.Token(); err != nil {
-		return refused("tools: %s", oneLine(err))
+		return i, refused("tools: %s", oneLine(err))
 	}
-	return nil
+	return i, nil
 }
 
 // Content blocks whose source the provider fetches itself: an image or a
@@ -179,17 +214,17 @@ var fetchedSources = map[string]string{"url": "url_sources", "file": "file_sourc
 // checkContent reads a messages or system value. Its content blocks are
 // walked only when a "source" key may be there: most requests have none,
 // and the walk costs several times the plain syntax check.
-func (p Policy) checkContent(dec *json.Decoder, key string) error {
+func (p Policy) checkContent(dec *json.Decoder, key string) ([]byte, error) {
 	var raw json.RawMessage
 	if err := dec.Decode(&raw); err != nil {
-		return refused("the request body is not JSON: %s", oneLine(err))
+		return nil, refused("the request body is not JSON: %s", oneLine(err))
 	}
 	if !maySpellSource(raw) {
-		return nil
+		return raw, nil
 	}
 	inner := json.NewDecoder(bytes.NewReader(raw))
 	inner.UseNumber()
-	return p.walk(inner, key)
+	return raw, p.walk(inner, key)
 }
 
 // maySpellSource reports whether raw (valid JSON) may hold the key

@@ -69,6 +69,30 @@ type Task struct {
 	// profiles (config agents.<name>.home).
 	Config   *config.Config
 	Profiles []string
+	// Kept are the HOME profiles the task bootstrapped or used before that
+	// this turn's agent does not use (a shell turn on a Claude task: claude).
+	// Their keep-lists are carried over too, validated and rebuilt exactly
+	// as in their own agents' turns, so switching agent never deletes
+	// another agent's sign-in and sessions; their baseline and policy are
+	// not laid down.
+	Kept []string
+	// APIKey is the model API key the cage's environment holds when it is
+	// shrooms' gateway placeholder: a Claude turn's ~/.claude.json approves
+	// it, so an interactive Claude Code does not ask (and, answered with
+	// its default, turn the gateway off). Never a real key.
+	APIKey string
+}
+
+// keptProfiles is every profile whose keep-list the reset carries over:
+// the turn's own, then the task's others, each once.
+func (t Task) keptProfiles() []string {
+	all := slices.Clone(t.Profiles)
+	for _, p := range t.Kept {
+		if !slices.Contains(all, p) {
+			all = append(all, p)
+		}
+	}
+	return all
 }
 
 // BootstrapResult says what Bootstrap did.
@@ -92,6 +116,9 @@ type Report struct {
 	// a dry run, would be).
 	Recovered string   `json:"recovered,omitempty"`
 	Profiles  []string `json:"profiles"`
+	// KeptProfiles are the task's other agents' profiles whose kept state
+	// was carried over (rebuilt) though this turn's agent does not use them.
+	KeptProfiles []string `json:"keptProfiles"`
 	// Kept are the keep-list files carried over unchanged, hard-linked
 	// (Claude's tool results, and transcripts byte for byte as the last
 	// reset rebuilt them); KeptBytes the total size of kept and rebuilt files.
@@ -100,6 +127,9 @@ type Report struct {
 	KeptBytes int64    `json:"keptBytes"`
 	// Rebuilt are kept files rewritten from a field or row allowlist.
 	Rebuilt []string `json:"rebuilt"`
+	// Seeded are files shrooms wrote from its own seeds alone, none having
+	// been kept (a fresh task's ~/.claude.json for an interactive Claude).
+	Seeded []string `json:"seeded"`
 	// Removed are the outermost HOME paths not carried over (at most
 	// maxListed are listed; RemovedCount counts them all).
 	Removed          []string `json:"removed"`
@@ -228,7 +258,7 @@ func checkTask(t Task) error {
 	if len(t.Profiles) == 0 {
 		return errors.New("homereset: no HOME profile")
 	}
-	_, err := profile.KeepList(t.Profiles)
+	_, err := profile.KeepList(t.keptProfiles())
 	return err
 }
 

@@ -121,7 +121,9 @@ func TestResetKeepsStateDropsConfig(t *testing.T) {
 	assert.NilError(t, json.Unmarshal(data, &cj))
 	assert.Assert(t, cj["mcpServers"] == nil && cj["customApiKeyResponses"] == nil)
 	assert.Equal(t, cj["userID"], "u1")
-	assert.DeepEqual(t, cj["projects"], map[string]any{"/work": map[string]any{"lastSessionId": sid}})
+	// The trust of /work is shrooms' seed in a Claude turn, never what HOME held.
+	assert.DeepEqual(t, cj["projects"], map[string]any{"/work": map[string]any{"lastSessionId": sid, "hasTrustDialogAccepted": true}})
+	assert.Equal(t, cj["hasCompletedOnboarding"], true)
 	data, _ = os.ReadFile(filepath.Join(home, ".local/share/opencode/auth.json"))
 	assert.Assert(t, !strings.Contains(string(data), "wellknown") && strings.Contains(string(data), "sk-1"))
 	assert.Assert(t, is.Contains(rep.Removed, ".bashrc"))

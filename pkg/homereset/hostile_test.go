@@ -87,7 +87,9 @@ func TestHostileTrees(t *testing.T) {
 	} {
 		assert.Assert(t, strings.Contains(w, want), "missing warning %q in:\n%s", want, w)
 	}
-	assert.DeepEqual(t, files(t, home), []string{".claude/CLAUDE.md", ".claude/settings.json", ".config/opencode/opencode.json", ".gitconfig", ".profile"})
+	// The dropped ~/.claude.json is replaced by shrooms' seeds alone.
+	assert.DeepEqual(t, files(t, home), []string{".claude.json", ".claude/CLAUDE.md", ".claude/settings.json", ".config/opencode/opencode.json", ".gitconfig", ".profile"})
+	assert.DeepEqual(t, rep.Seeded, []string{".claude.json"})
 	crep, err := Cleanup(ctx, task.Root)
 	assert.NilError(t, err)
 	assert.Equal(t, len(crep.Errors), 0, "%v", crep.Errors)

@@ -220,7 +220,9 @@ sh /markers/exec.sh /markers/t1`
 					// Turn 1 rewrote it: what survives is its allowlisted part.
 					rules, _ := profile.KeepList([]string{"claude"})
 					cj := profile.Match(rules, []string{".claude.json"})
-					want, _, err = validateJSON([]byte(vectors[rel]), cj, profile.NewFilterEnv(nil))
+					env := profile.NewFilterEnv(nil)
+					env.Own = profiles // a Claude turn's seeds too
+					want, _, err = validateJSON([]byte(vectors[rel]), cj, env)
 					assert.NilError(t, err)
 					assert.Assert(t, !bytes.Contains(want, []byte("touch")))
 				}
@@ -340,7 +342,8 @@ func TestKillDuringReset(t *testing.T) {
 		assert.NilError(t, err)
 		t.Logf("kill after %v: recovered=%q kept=%d", delay*time.Millisecond, rep.Recovered, rep.KeptCount)
 		got := files(t, home)
-		assert.Equal(t, len(got), 4000+5, "HOME after recovery: %d files", len(got))
+		// The transcripts, the baseline's 5 files and the seeded ~/.claude.json.
+		assert.Equal(t, len(got), 4000+6, "HOME after recovery: %d files", len(got))
 		for _, f := range got {
 			assert.Assert(t, !strings.HasPrefix(f, "junk") && f != ".bashrc", f)
 		}
@@ -350,7 +353,7 @@ func TestKillDuringReset(t *testing.T) {
 	assert.Assert(t, midway > 0, "no kill landed mid-reset; the test proved nothing")
 	out := cage(t, home, t.TempDir(), "cd /home/agent && ls -A && find . -type f | wc -l")
 	assert.Assert(t, !strings.Contains(out, "junk") && !strings.Contains(out, ".bashrc"), out)
-	assert.Assert(t, strings.HasSuffix(strings.TrimSpace(out), "4005"), out)
+	assert.Assert(t, strings.HasSuffix(strings.TrimSpace(out), "4006"), out)
 	ents, _ := os.ReadDir(filepath.Join(task.Root, ".shrooms/trash"))
 	assert.Equal(t, len(ents), 0)
 }

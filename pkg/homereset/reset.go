@@ -35,10 +35,19 @@ func Reset(ctx context.Context, in ResetInput) (*Report, error) {
 	if err := checkTask(in.Task); err != nil {
 		return nil, err
 	}
-	rules, _ := profile.KeepList(in.Profiles)
+	all := in.keptProfiles()
+	rules, _ := profile.KeepList(all)
 	base, err := baseline(&in.Config.Home, in.Profiles, rules)
 	if err != nil {
 		return nil, fmt.Errorf("HOME baseline: %w", err)
+	}
+	// The filters read the owner's config of every kept profile (opencode's
+	// MCP server URLs), also in a turn whose agent does not lay it down.
+	envBase := base
+	if len(all) > len(in.Profiles) {
+		if b, err := baseline(&in.Config.Home, all, rules); err == nil {
+			envBase = b
+		}
 	}
 	v, err := openVolume(in.Root, in.DryRun)
 	if err != nil {
@@ -50,8 +59,8 @@ func Reset(ctx context.Context, in ResetInput) (*Report, error) {
 	} else if !ok {
 		return nil, fmt.Errorf("task HOME %s is not bootstrapped; run bootstrap first", in.Root)
 	}
-	rep := &Report{Home: HomeDir(in.Root), DryRun: in.DryRun, Profiles: in.Profiles,
-		Kept: []string{}, Rebuilt: []string{}, Removed: []string{}, Warnings: []string{}, Dropped: []Drop{}, Baseline: []string{}}
+	rep := &Report{Home: HomeDir(in.Root), DryRun: in.DryRun, Profiles: in.Profiles, KeptProfiles: all[len(in.Profiles):],
+		Kept: []string{}, Rebuilt: []string{}, Seeded: []string{}, Removed: []string{}, Warnings: []string{}, Dropped: []Drop{}, Baseline: []string{}}
 	for _, f := range base {
 		rep.Baseline = append(rep.Baseline, f.rel)
 	}
@@ -72,7 +81,8 @@ func Reset(ctx context.Context, in ResetInput) (*Report, error) {
 		return nil, err
 	}
 	defer trash.Close()
-	s := &resetter{in: in, v: v, trash: trash, rules: rules, base: base, env: newFilterEnv(base), lines: loadLineCache(v.meta)}
+	s := &resetter{in: in, v: v, trash: trash, rules: rules, base: base, env: newFilterEnv(envBase), lines: loadLineCache(v.meta)}
+	s.env.Own, s.env.APIKey = in.Profiles, in.APIKey
 
 	id, err := readJournal(v.meta)
 	if err != nil {
@@ -181,6 +191,9 @@ func (s *resetter) finish(ctx context.Context, id string, rep *Report) error {
 	if err := s.layBaseline(sd); err != nil {
 		return err
 	}
+	if err := s.laySeeds(sd, rep); err != nil {
+		return err
+	}
 	if err := sd.Sync(); err != nil {
 		return err
 	}
@@ -227,6 +240,46 @@ func (s *resetter) recover(ctx context.Context, id string) (string, error) {
 		}
 		return "discarded interrupted reset " + id + " (HOME had not been moved)", nil
 	}
+}
+
+// laySeeds writes the seeded files of the turn's own profiles that the
+// HOME did not keep (a fresh task's ~/.claude.json): their filters' seeds
+// alone (profile.Profile.Seeded).
+func (s *resetter) laySeeds(stage *os.File, rep *Report) error {
+	for _, name := range s.in.Profiles {
+		p, _ := profile.Lookup(name)
+		for _, rel := range p.Seeded {
+			ru := profile.Match(s.rules, strings.Split(rel, "/"))
+			if ru == nil || ru.Kind != profile.KindFilter {
+				return fmt.Errorf("seed %s: not a filtered file of the keep-list", rel)
+			}
+			dir, base := "", rel
+			if i := strings.LastIndexByte(rel, '/'); i >= 0 {
+				dir, base = rel[:i], rel[i+1:]
+			}
+			d, err := mkdirAll(stage, dir, s.in.UID, s.in.GID, s.v.dev)
+			if err != nil {
+				return fmt.Errorf("seed %s: %w", rel, err)
+			}
+			ok, err := exists(d, base)
+			if err == nil && !ok {
+				var data []byte
+				if data, _, err = validateJSON([]byte("{}"), ru, s.env); err == nil {
+					err = writeFileAt(d, base, data, ru.Mode, s.in.UID, s.in.GID)
+				}
+				if err == nil {
+					rep.Seeded = append(rep.Seeded, rel)
+				}
+			}
+			if d != stage {
+				d.Close()
+			}
+			if err != nil {
+				return fmt.Errorf("seed %s: %w", rel, err)
+			}
+		}
+	}
+	return nil
 }
 
 func (s *resetter) layBaseline(stage *os.File) error {

@@ -32,6 +32,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
+	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
@@ -396,6 +397,7 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 		"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
 	}
 	maps.Copy(env, agent.Env)
+	maps.Copy(env, gitseal.CageEnv())
 	initContainers := []corev1.Container{reset}
 	if gw != nil {
 		if gw.API == "openai" {

@@ -16,6 +16,7 @@ func (table) Claude() Profile {
 		PolicyDir:        "claude-code",
 		PolicyDest:       "/etc/claude-code",
 		Keep:             claudeKeepList(),
+		Seeded:           []string{".claude.json"},
 		Policy:           claudePolicy,
 		SignIn:           ".claude/.credentials.json",
 		Agent: &Agent{
@@ -61,13 +62,18 @@ func claudeKeepList() []Rule {
 
 // claudeEnforced are the managed-settings keys shrooms always sets: only
 // managed hooks run, only managed (that is: no) MCP servers load, no project
-// MCP servers are auto-approved, no plugin marketplace is trusted.
+// MCP servers are auto-approved, no plugin marketplace is trusted; and the
+// bypass-permissions warning is accepted (the cage, not the prompts, is the
+// boundary: an interactive Claude would otherwise ask at every turn, as the
+// reset drops the user-level acceptance; Claude Code reads the key from
+// the policy scope too).
 var claudeEnforced = map[string]any{
-	"allowManagedHooksOnly":      true,
-	"allowManagedMcpServersOnly": true,
-	"allowedMcpServers":          []any{},
-	"enableAllProjectMcpServers": false,
-	"strictKnownMarketplaces":    []any{},
+	"skipDangerousModePermissionPrompt": true,
+	"allowManagedHooksOnly":             true,
+	"allowManagedMcpServersOnly":        true,
+	"allowedMcpServers":                 []any{},
+	"enableAllProjectMcpServers":        false,
+	"strictKnownMarketplaces":           []any{},
 }
 
 // claudePolicy is /etc/claude-code: managed-settings.json (claudeEnforced
@@ -109,7 +115,11 @@ var claudeForced = map[string]any{"autoConnectIde": false, "autoInstallIdeExtens
 // backslash or an address is dropped (none of the kept keys holds one in
 // what the pinned Claude Code writes). It returns the dropped key paths
 // (never values; a project path is named only when it is /work).
-func filterClaudeJSON(in map[string]any, _ *FilterEnv) (map[string]any, []FieldDrop) {
+//
+// In a Claude turn (env owns "claude") it also sets shrooms' own seeds
+// (claudeSeed), whatever the file held.
+func filterClaudeJSON(in map[string]any, env *FilterEnv) (map[string]any, []FieldDrop) {
+	seeding := env.owns("claude")
 	out := map[string]any{}
 	var dropped []FieldDrop
 	for _, k := range slices.Sorted(maps.Keys(in)) {
@@ -121,7 +131,7 @@ func filterClaudeJSON(in map[string]any, _ *FilterEnv) (map[string]any, []FieldD
 				dropped = append(dropped, FieldDrop{k, "not an object"})
 				continue
 			}
-			kept, d := filterClaudeProjects(projects)
+			kept, d := filterClaudeProjects(projects, seeding)
 			dropped = append(dropped, d...)
 			out[k] = kept
 		case strings.HasSuffix(k, "MigrationComplete") && isType(v, "bool"):
@@ -131,6 +141,8 @@ func filterClaudeJSON(in map[string]any, _ *FilterEnv) (map[string]any, []FieldD
 		case claudeKeep[k] != "" && isType(v, claudeKeep[k]):
 			out[k] = v
 		case claudeForced[k] != nil:
+		case (k == "customApiKeyResponses" || k == "fullscreenUpsellSeenCount") && seeding:
+			// Replaced by the seed below, not a drop to report.
 		default:
 			dropped = append(dropped, FieldDrop{k, "not on the allowlist of sign-in and onboarding state"})
 		}
@@ -138,7 +150,38 @@ func filterClaudeJSON(in map[string]any, _ *FilterEnv) (map[string]any, []FieldD
 	for k, v := range claudeForced {
 		out[k] = v
 	}
+	if seeding {
+		claudeSeed(out, env.APIKey)
+	}
 	return out, dropped
+}
+
+// claudeSeed sets what shrooms itself puts in ~/.claude.json for a Claude
+// turn, so that an interactive Claude Code in the cage asks nothing: the
+// onboarding done (which also skips its first-run connectivity check to
+// api.anthropic.com), /work trusted, and apiKey (the gateway placeholder
+// in the cage's environment) approved. Never taken from what a turn wrote:
+// the filter drops those keys from the kept file first.
+func claudeSeed(out map[string]any, apiKey string) {
+	out["hasCompletedOnboarding"] = true
+	// The fullscreen-renderer upsell (a dialog on a later start) counts as
+	// seen: Claude Code shows it while this is below 3.
+	out["fullscreenUpsellSeenCount"] = 3
+	projects, _ := out["projects"].(map[string]any)
+	if projects == nil {
+		projects = map[string]any{}
+		out["projects"] = projects
+	}
+	work, _ := projects[cageWork].(map[string]any)
+	if work == nil {
+		work = map[string]any{}
+		projects[cageWork] = work
+	}
+	work["hasTrustDialogAccepted"] = true
+	if key := strings.TrimSpace(apiKey); key != "" {
+		// Claude Code records an approved key by its last 20 characters.
+		out["customApiKeyResponses"] = map[string]any{"approved": []any{key[max(0, len(key)-20):]}, "rejected": []any{}}
+	}
 }
 
 // otherProject stands in the report for a project key other than /work.
@@ -148,7 +191,7 @@ const otherProject = "projects.(a project other than /work)"
 // and booleans of its last* keys, lastSessionId when it is a session id,
 // and projectOnboardingSeenCount. Other projects are dropped: the cage's
 // one project is /work, and a project key is a path.
-func filterClaudeProjects(projects map[string]any) (map[string]any, []FieldDrop) {
+func filterClaudeProjects(projects map[string]any, seeding bool) (map[string]any, []FieldDrop) {
 	kept := map[string]any{}
 	var dropped []FieldDrop
 	for _, p := range slices.Sorted(maps.Keys(projects)) {
@@ -170,6 +213,8 @@ func filterClaudeProjects(projects map[string]any) (map[string]any, []FieldDrop)
 				np[pk] = x
 			case (strings.HasPrefix(pk, "last") || pk == "projectOnboardingSeenCount") && (isType(x, "number") || isType(x, "bool")):
 				np[pk] = x
+			case pk == "hasTrustDialogAccepted" && seeding:
+				// Replaced by the seed, not a drop to report.
 			default:
 				dropped = append(dropped, FieldDrop{"projects." + p + "." + pk, "not per-project session state"})
 			}

@@ -68,11 +68,22 @@ type SchemaError struct{ msg string }
 
 func (e *SchemaError) Error() string { return e.msg }
 
-// FilterEnv is what filters know of the owner's configuration.
+// FilterEnv is what filters know of the owner's configuration and the turn.
 type FilterEnv struct {
 	// mcpURLs are the MCP server URLs the owner's opencode baseline config
 	// names, by server name.
 	mcpURLs map[string]string
+	// Own are the turn's agent's profiles. A profile whose kept state is
+	// carried over for another agent's later turn (not Own) gets no seeds.
+	Own []string
+	// APIKey is the model API key the cage's environment holds when it is
+	// shrooms' gateway placeholder ("" otherwise: never a real key).
+	APIKey string
+}
+
+// owns reports whether profile name is one of the turn's agent's.
+func (e *FilterEnv) owns(name string) bool {
+	return e != nil && slices.Contains(e.Own, name)
 }
 
 func r(pattern string, k Kind) Rule {

@@ -35,6 +35,10 @@ type Profile struct {
 	// the owner's extra keys; nil for a profile without managed policy. An
 	// owner key that would change an enforced one is an *EnforcedError.
 	Policy func(managed map[string]any, gw Gateway) (map[string]any, error)
+	// Seeded are kept files (KindFilter) the reset writes in a turn of the
+	// profile's own agent when none was kept: the file's filter applied to
+	// an empty object, that is the seeds the filter sets itself.
+	Seeded []string
 	// SignIn is the HOME path of the credentials file a gateway with a
 	// subscription sign-in (auth = "oauth") writes ("" for none).
 	SignIn string

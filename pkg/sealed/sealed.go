@@ -26,6 +26,7 @@ import (
 	spec "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 )
 
@@ -126,6 +127,9 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	s.Command = append(append([]string{}, command...), t.Args...)
 	s.Env = environment(agent)
 	for k, v := range t.Env {
+		s.Env[k] = v
+	}
+	for k, v := range gitseal.CageEnv() {
 		s.Env[k] = v
 	}
 	s.EnvSecrets = copyMap(t.SecretEnv)

@@ -287,7 +287,11 @@ func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (
 		if err != nil {
 			return err
 		}
-		rep, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(root, ids, a.Home), DryRun: dryRun})
+		kept, err := r.KeptProfiles(id, a.Home)
+		if err != nil {
+			return err
+		}
+		rep, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(root, ids, a.Home, kept), DryRun: dryRun})
 		if err != nil {
 			return fmt.Errorf("%w: HOME reset: %w", fault.HostNotReady, err)
 		}

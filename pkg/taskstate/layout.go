@@ -21,6 +21,9 @@ func (l Layout) TaskFile(task taskid.ID, name string) string {
 	return filepath.Join(l.Task(task), name)
 }
 
+// History is the directory of a task's conversation pins (pkg/history).
+func (l Layout) History(task taskid.ID) string { return l.TaskFile(task, "history") }
+
 // Homes is the directory of the task HOME images.
 func (l Layout) Homes() string { return filepath.Join(l.Dir, "homes") }
 
@@ -51,6 +54,9 @@ func (l Layout) GatewayChatGPT(gateway string) string {
 
 // SeccompProfile is an installed seccomp profile, by file name.
 func (l Layout) SeccompProfile(name string) string { return filepath.Join(l.Dir, "seccomp", name) }
+
+// GitsealConfig is the cages' system git configuration (/etc/gitconfig).
+func (l Layout) GitsealConfig() string { return filepath.Join(l.Dir, "gitseal", "gitconfig") }
 
 // GitsealDotgit is a worktree's sealed .git file, by the worktree's key.
 func (l Layout) GitsealDotgit(key string) string {

@@ -214,6 +214,10 @@ const (
 	// FactHome names the task's HOME volume once it was made: from then on
 	// a missing HOME image is drift to repair or refuse, never a new start.
 	FactHome = "home"
+	// FactProfiles lists (comma-separated, sorted) every HOME profile the
+	// task bootstrapped or used: the reset keeps their kept state whatever
+	// the turn's agent.
+	FactProfiles = "profiles"
 )
 
 // Remember stores a fact of the task (a single line).

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -29,14 +31,16 @@ func (r *Runner) Home() *homestore.Volumes {
 	}
 }
 
-// HomeTask describes the task HOME to the reset.
-func (r *Runner) HomeTask(root string, ids taskstate.IDs, profiles []string) homereset.Task {
+// HomeTask describes the task HOME to the reset: the turn's HOME profiles,
+// and kept, the task's other profiles whose kept state stays (KeptProfiles).
+func (r *Runner) HomeTask(root string, ids taskstate.IDs, profiles, kept []string) homereset.Task {
 	return homereset.Task{
 		Root:     root,
 		UID:      int(ids.UID) + int(r.Cfg.Cage.User),
 		GID:      int(ids.GID) + int(r.Cfg.Cage.User),
 		Config:   r.Cfg,
 		Profiles: profiles,
+		Kept:     kept,
 	}
 }
 
@@ -58,12 +62,17 @@ func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, 
 	if err != nil {
 		return "", nil, err
 	}
-	res, err := home.Bootstrap(ctx, r.HomeTask(root, ids, profiles))
+	res, err := home.Bootstrap(ctx, r.HomeTask(root, ids, profiles, nil))
 	if err != nil {
 		if created {
 			home.DiscardHome(ctx, task, root)
 		}
 		return "", nil, fmt.Errorf("%w: bootstrap HOME: %w", ErrHostNotReady, err)
+	}
+	if res.Result == homereset.Bootstrapped {
+		if err := r.rememberProfiles(id, profiles, nil); err != nil {
+			return "", nil, err
+		}
 	}
 	if !kept {
 		if err := r.Store.Remember(id, taskstate.FactHome, r.Home().Name(task)); err != nil {
@@ -141,4 +150,45 @@ func (r *Runner) Claims(task string) []string {
 		}
 	}
 	return out
+}
+
+// KeptProfiles returns the HOME profiles of task that a turn of an agent
+// with HOME profiles home must keep besides its own: every profile the task
+// bootstrapped or used before (its profiles fact; for a task from before
+// that fact, the profiles of its last agent, when the config still has it).
+func (r *Runner) KeptProfiles(task taskid.ID, home []string) ([]string, error) {
+	used, err := r.Store.Recall(task, taskstate.FactProfiles)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
+	var known []string
+	if used != "" {
+		known = strings.Split(used, ",")
+	} else if last, err := r.Store.Recall(task, taskstate.FactAgent); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	} else if a, err := r.Cfg.Agent(last); last != "" && err == nil {
+		known = a.Home
+	}
+	var kept []string
+	for _, p := range known {
+		if _, ok := profile.Lookup(p); !ok {
+			return nil, fmt.Errorf("%w: task %s's profiles fact names %q, which is no HOME profile (%s)", ErrHostNotReady, task, p, strings.Join(profile.Names(), ", "))
+		}
+		if !slices.Contains(home, p) && !slices.Contains(kept, p) {
+			kept = append(kept, p)
+		}
+	}
+	return kept, nil
+}
+
+// rememberProfiles records that task's HOME holds state of profiles (with
+// kept, those it held before), before the reset that may carry it over.
+func (r *Runner) rememberProfiles(task taskid.ID, profiles, kept []string) error {
+	all := append(slices.Clone(kept), profiles...)
+	slices.Sort(all)
+	all = slices.Compact(all)
+	if err := r.Store.Remember(task, taskstate.FactProfiles, strings.Join(all, ",")); err != nil {
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
+	return nil
 }

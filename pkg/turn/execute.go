@@ -84,7 +84,8 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		c.lap("wall")
 	}
 	if p.gateway != nil {
-		gw, err := r.startGateway(ctx, id, initialised, p.gateway, func(reason string) { cancelWait(&limitError{reason}) })
+		gw, err := r.startGateway(ctx, id, initialised, p.gateway, func(reason string) { cancelWait(&limitError{reason}) },
+			func(reason string) { cancelWait(&historyError{reason}) })
 		if err != nil {
 			res.Error = err.Error()
 			return res, r.interrupted(ctx, err)
@@ -93,6 +94,7 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 			gw.Close()
 			u := gw.Usage()
 			res.Usage = &u
+			res.History = gw.HistoryReports()
 		}()
 		c.lap("gateway")
 	}
@@ -175,7 +177,12 @@ func (r *Runner) stopped(ctx, waitCtx context.Context, id string, res *Result, c
 	defer cancel()
 	_ = r.Podman.Stop(stopCtx, id, r.Cfg.Cage.StopGrace.Std())
 	var limit *limitError
+	var hist *historyError
 	switch {
+	case errors.As(context.Cause(waitCtx), &hist):
+		res.Status = "history-mismatch"
+		res.Error = hist.reason + "; cage stopped and removed"
+		return fmt.Errorf("%w: %s", ErrHistory, hist.reason)
 	case errors.As(context.Cause(waitCtx), &limit):
 		res.Status = "limit"
 		res.Error = "the model gateway ended the turn: " + limit.reason + "; cage stopped and removed"
@@ -198,13 +205,20 @@ var ErrLimit error = fault.Limit
 
 type limitError struct{ reason string }
 
+// ErrHistory is a turn ended by a conversation history mismatch.
+var ErrHistory error = fault.History
+
+type historyError struct{ reason string }
+
+func (e *historyError) Error() string { return e.reason }
+
 func (e *limitError) Error() string { return e.reason }
 
 // startGateway opens the turn's model gateway on the cage's own loopback:
 // the cage is initialised first (a prepared one already is), so its network
 // namespace exists and no process of it runs yet. The listener is this
 // process's: it goes when the turn ends, or with shrooms if it is killed.
-func (r *Runner) startGateway(ctx context.Context, id string, initialised bool, cfg *gateway.Config, onLimit func(string)) (*gateway.Gateway, error) {
+func (r *Runner) startGateway(ctx context.Context, id string, initialised bool, cfg *gateway.Config, onLimit, onHistory func(string)) (*gateway.Gateway, error) {
 	if !initialised {
 		if err := r.Podman.Init(ctx, id); err != nil {
 			return nil, err
@@ -216,6 +230,7 @@ func (r *Runner) startGateway(ctx context.Context, id string, initialised bool, 
 	}
 	c := *cfg
 	c.OnLimit = onLimit
+	c.OnHistory = onHistory
 	gw, err := gateway.New(c)
 	if err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
+	"github.com/shrooms-cage/shrooms/pkg/history"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
@@ -57,6 +58,8 @@ type facts struct {
 	guard *worktreeguard.Check
 	// placeholder is the gateway placeholder ("" without a gateway).
 	placeholder string
+	// kept are the task's other HOME profiles, whose kept state stays.
+	kept []string
 }
 
 // Plan is everything a turn will do, computed without side effects.
@@ -68,9 +71,11 @@ type Plan struct {
 	// root is the HOME volume's host directory; home is it for the reset.
 	root string
 	home homereset.Task
-	// policy is the managed policy, git the worktree's git metadata.
-	policy *homereset.Policy
-	git    gitseal.CagePlan
+	// policy is the managed policy, git the worktree's git metadata,
+	// gitConfig the cage's system git configuration.
+	policy    *homereset.Policy
+	git       gitseal.CagePlan
+	gitConfig gitseal.SystemConfig
 	// outbox is the task's outbox directory, mounted size-capped by apply.
 	outbox string
 	// seccomp says whether shrooms' seccomp profile is installed.
@@ -143,8 +148,14 @@ func (r *Runner) gather(ctx context.Context, req Request, in *checked, m mode) (
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	f := &facts{ids: ids, turn: last + 1}
+	if f.kept, err = r.KeptProfiles(in.task, in.agent.Home); err != nil {
+		return nil, err
+	}
 	if m.writes() {
 		f.root, _, err = r.bootstrap(ctx, req.Task, ids, in.agent.Home)
+		if err == nil {
+			err = r.rememberProfiles(in.task, in.agent.Home, f.kept)
+		}
 	} else {
 		f.root, err = r.host().HomeRoot(ctx, req.Task)
 	}
@@ -168,7 +179,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 	cfg := r.Cfg
 	p := &Plan{
 		task: in.task, turn: f.turn, ids: f.ids, worktree: in.worktree, root: f.root, guard: f.guard,
-		home:   r.HomeTask(f.root, f.ids, in.agent.Home),
+		home:   r.HomeTask(f.root, f.ids, in.agent.Home, f.kept),
 		outbox: filepath.Join(filepath.Clean(cfg.Outbox.Root), req.Task),
 		seal:   in.seal,
 	}
@@ -183,6 +194,9 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 	var err error
 	if p.policy, err = homereset.PlanPolicy(filepath.Join(r.TaskDir(req.Task), "policy"), cfg, in.agent.Home, pg); err != nil {
 		return nil, fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
+	}
+	if p.gitConfig, err = gitseal.PlanSystemConfig(cfg.State.Dir); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if in.worktree != "" && hasGit(in.worktree) {
 		if p.git, err = gitseal.PlanCage(in.worktree, cfg.State.Dir); err != nil {
@@ -252,6 +266,7 @@ func (r *Runner) planMounts(req Request, in *checked, p *Plan) (*mounts.Plan, er
 	for _, m := range p.policy.Mounts {
 		mp.Mounts = append(mp.Mounts, mounts.Mount{Kind: mounts.Bind, Source: m.Source, Dest: m.Dest, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
 	}
+	mp.Mounts = append(mp.Mounts, p.gitConfig.Mount())
 	mp.Mounts = append(mp.Mounts, p.git.Mounts...)
 	if p.guard != nil {
 		mp.Mounts = append(mp.Mounts, p.guard.Mounts...)
@@ -270,6 +285,11 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 			MaxRequests: g.cfg.MaxRequests, MaxOutputTokens: g.cfg.MaxOutputTokens,
 			Policy: gateway.Policy{AllowBetas: g.cfg.AllowBetas, AllowServerTools: g.cfg.AllowServerTools},
 		}
+		if mode := history.Mode(g.cfg.History); mode != history.Off {
+			// The pins live in the task's state, never in a cage; the
+			// tracker reads them when the turn's first request comes.
+			p.gateway.History = history.NewTracker(taskstate.Layout{Dir: r.Cfg.State.Dir}.History(in.task), mode)
+		}
 		// The agent talks to the gateway on its own loopback, with a
 		// placeholder that is worthless anywhere else.
 		switch {
@@ -282,6 +302,10 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 		case g.oauth == nil:
 			env["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
 			env["ANTHROPIC_API_KEY"] = placeholder
+			// Approved in ~/.claude.json by the reset: an interactive
+			// Claude Code would ask, and its default answer turns the
+			// gateway off.
+			p.home.APIKey = placeholder
 		default:
 			// A subscription sign-in: apply places credentials holding the
 			// placeholder in HOME.
@@ -383,6 +407,9 @@ func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, m mo
 	}
 	if err := p.git.Write(); err != nil {
 		return fmt.Errorf("%w: git metadata: %w", ErrInput, err)
+	}
+	if err := p.gitConfig.Write(); err != nil {
+		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if p.gateway != nil && m == modeAhead {
 		if err := os.WriteFile(filepath.Join(r.TaskDir(req.Task), placeholderFile), []byte(p.gateway.Placeholder), 0o600); err != nil {

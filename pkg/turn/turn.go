@@ -28,6 +28,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
+	"github.com/shrooms-cage/shrooms/pkg/history"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
@@ -183,6 +184,8 @@ type Result struct {
 	Usage *gateway.Usage `json:"usage,omitempty"`
 	// DNS is what the cage's resolver did (networked turns).
 	DNS *dnsseal.Stats `json:"dns,omitempty"`
+	// History is each provider session's conversation pin in this turn.
+	History []history.SessionReport `json:"history,omitempty"`
 	// Worktree says who the worktree was given back to after the turn.
 	Worktree *WorktreeReport `json:"worktree,omitempty"`
 	// HomeBytes is the disk space the task HOME takes on the host after the

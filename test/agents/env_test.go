@@ -123,6 +123,8 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		fmt.Fprintf(&agents, "[agents.%s]\ncommand = %s\nhome = %s\nenv = %s\ntoken_env = %s\n",
 			name, tomlList(a.Command), tomlList(a.Home), tomlTable(env), tomlTable(map[string]string{"ANTHROPIC_API_KEY": "anthropic"}))
 	}
+	// A plain shell, for turns of another agent on an agent's task.
+	fmt.Fprintf(&agents, "[agents.sh]\ncommand = [\"/bin/sh\"]\nhome = [\"shell\"]\n")
 	// More of [tokens] (the agents' tables follow it in the config).
 	moreTokens := ""
 	gatewayAuth := ""

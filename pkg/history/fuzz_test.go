@@ -1,0 +1,148 @@
+package history
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+)
+
+// seedRequests are the "messages" values of real requests (testdata,
+// captured through the gateway from Claude Code 2.1.332 and opencode
+// 1.18.33 against the scripted model API).
+func seedRequests(f *testing.F) [][]byte {
+	f.Helper()
+	files, _ := filepath.Glob(filepath.Join("testdata", "requests", "*.json"))
+	var out [][]byte
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			f.Fatal(err)
+		}
+		var req struct {
+			Messages json.RawMessage `json:"messages"`
+		}
+		if json.Unmarshal(b, &req) == nil && len(req.Messages) > 0 {
+			out = append(out, req.Messages)
+		}
+	}
+	return out
+}
+
+// reference decodes a messages array the plain way (encoding/json) and
+// applies the canonical form's two rewrites, for comparison.
+func reference(raw []byte) ([]any, bool) {
+	var msgs []any
+	if json.Unmarshal(raw, &msgs) != nil {
+		return nil, false
+	}
+	for _, m := range msgs {
+		if o, ok := m.(map[string]any); ok {
+			o["content"] = canonicalContent(o["content"])
+		}
+	}
+	return msgs, true
+}
+
+// FuzzPinnedPrefix: a history pinned from a real request, then a mutated
+// one checked against it. Whatever the mutation, an accepted history
+// holds the pinned messages unchanged (as encoding/json reads them, up to
+// the canonical form's rewrites) followed only by user messages.
+func FuzzPinnedPrefix(f *testing.F) {
+	for _, s := range seedRequests(f) {
+		f.Add(s, s)
+	}
+	f.Add(conv("u:hello", "a:a1"), conv("u:hello", "a:a1", "u:x"))
+	f.Add([]byte(`[{"role":"user","content":"\u00e9"}]`), []byte(`[{"role":"user","content":"é"}]`))
+	f.Fuzz(func(t *testing.T, pinned, got []byte) {
+		if !json.Valid(pinned) || !json.Valid(got) {
+			return
+		}
+		dir := t.TempDir()
+		if pinRaw(dir, "s", pinned) != nil {
+			return
+		}
+		if _, err := NewTracker(dir, Refuse).Check("s", got, true); err != nil {
+			return
+		}
+		want, ok1 := reference(pinned)
+		have, ok2 := reference(got)
+		if !ok1 || !ok2 {
+			t.Fatalf("accepted a history encoding/json cannot read")
+		}
+		if len(have) < len(want) {
+			t.Fatalf("accepted a shorter history: %d < %d", len(have), len(want))
+		}
+		for i := range want {
+			if i == len(want)-1 && mergedInto(want[i], have[i]) {
+				continue // new content merged into a last user message
+			}
+			if !reflect.DeepEqual(want[i], have[i]) {
+				t.Fatalf("accepted a changed message %d:\n%v\n%v", i, want[i], have[i])
+			}
+		}
+		for i := len(want); i < len(have); i++ {
+			if m, _ := have[i].(map[string]any); m["role"] != "user" {
+				t.Fatalf("accepted a new message %d that is not the user's", i)
+			}
+		}
+	})
+}
+
+// FuzzCanonical: the canonical form is a fixed point and never panics.
+func FuzzCanonical(f *testing.F) {
+	for _, s := range seedRequests(f) {
+		elems, err := splitArray(s)
+		if err != nil {
+			f.Fatal(err)
+		}
+		for _, e := range elems {
+			f.Add(e)
+		}
+	}
+	f.Add([]byte(`{"role":"user","content":"x"}`))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		role, c, err := Canonical(raw)
+		if err != nil {
+			return
+		}
+		role2, c2, err := Canonical(c)
+		if err != nil || role2 != role || string(c2) != string(c) {
+			t.Fatalf("canonical form is not a fixed point: %s -> %s (%v)", c, c2, err)
+		}
+	})
+}
+
+// pinRaw pins a raw history for session as a previous turn would have
+// (no answer after it).
+func pinRaw(dir, id string, raw []byte) error {
+	elems, err := splitArray(raw)
+	if err != nil {
+		return err
+	}
+	msgs := make([]Message, len(elems))
+	for i, e := range elems {
+		if msgs[i], err = Sum(e); err != nil {
+			return err
+		}
+	}
+	s := &session{id: id, ref: msgs}
+	if n := len(msgs); n > 0 && msgs[n-1].Role == "user" {
+		s.lastUser = blockDigests(elems[n-1])
+	}
+	return savePin(dir, s.pin())
+}
+
+// mergedInto reports whether have is the user message want with content
+// blocks appended.
+func mergedInto(want, have any) bool {
+	w, _ := want.(map[string]any)
+	h, _ := have.(map[string]any)
+	if w == nil || h == nil || w["role"] != "user" || h["role"] != "user" || len(w) != 2 || len(h) != 2 {
+		return false
+	}
+	wc, _ := w["content"].([]any)
+	hc, _ := h["content"].([]any)
+	return len(hc) >= len(wc) && reflect.DeepEqual(wc, hc[:len(wc)])
+}

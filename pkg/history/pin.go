@@ -1,0 +1,137 @@
+package history
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+
+	"golang.org/x/sys/unix"
+)
+
+// Pin is the last accepted history of one provider session, as the state
+// directory keeps it: per message its role and digest, and the chain head
+// over them (h_i = SHA-256(h_{i-1} || role || digest_i)).
+type Pin struct {
+	Session string `json:"session"`
+	// Messages is the history the gateway last forwarded in full; when
+	// Answered, its last message is the provider's answer to it.
+	Messages []pinnedMessage `json:"messages"`
+	// Answered: the last message is an answer the gateway passed back in
+	// full. Delivered: the agent read all of it (else, a turn that was
+	// killed while the answer streamed, the agent may not have kept it).
+	Answered  bool   `json:"answered"`
+	Delivered bool   `json:"delivered"`
+	Chain     string `json:"chain"`
+	// LastUser are the digests of the last message's content blocks when
+	// it is a user message without an answer: a client resuming after a
+	// failed or killed request merges new content into it.
+	LastUser []string `json:"last_user,omitempty"`
+}
+
+type pinnedMessage struct {
+	Role   string `json:"role"`
+	Digest string `json:"digest"`
+}
+
+// chain returns the digest chain head over msgs.
+func chain(msgs []Message) string {
+	var h [sha256.Size]byte
+	for _, m := range msgs {
+		s := sha256.New()
+		s.Write(h[:])
+		s.Write([]byte(m.Role))
+		s.Write([]byte{0})
+		s.Write(m.Digest[:])
+		copy(h[:], s.Sum(nil))
+	}
+	return hex.EncodeToString(h[:])
+}
+
+func newPin(session string, msgs []Message, answered, delivered bool) *Pin {
+	p := &Pin{Session: session, Answered: answered, Delivered: delivered, Chain: chain(msgs), Messages: make([]pinnedMessage, len(msgs))}
+	for i, m := range msgs {
+		p.Messages[i] = pinnedMessage{Role: m.Role, Digest: hex.EncodeToString(m.Digest[:])}
+	}
+	return p
+}
+
+// messages decodes the pin, checking its chain.
+func (p *Pin) messages() ([]Message, error) {
+	out := make([]Message, len(p.Messages))
+	for i, m := range p.Messages {
+		b, err := hex.DecodeString(m.Digest)
+		if err != nil || len(b) != sha256.Size || m.Role == "" {
+			return nil, fmt.Errorf("pinned message %d is malformed", i)
+		}
+		out[i].Role = m.Role
+		copy(out[i].Digest[:], b)
+	}
+	if chain(out) != p.Chain {
+		return nil, errors.New("the pin's digest chain does not match its messages")
+	}
+	return out, nil
+}
+
+// sessionID is what a provider session id may look like to be a file name.
+var sessionID = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
+
+// pinFile is where the pin of session lives under dir: the id itself is
+// the client's, so the file is named by its digest.
+func pinFile(dir, session string) string {
+	s := sha256.Sum256([]byte(session))
+	return filepath.Join(dir, hex.EncodeToString(s[:16])+".json")
+}
+
+// loadPin reads a session's pin; (nil, nil) when there is none.
+func loadPin(dir, session string) (*Pin, error) {
+	f, err := os.OpenFile(pinFile(dir, session), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("history pin of session %s: %w", session, err)
+	}
+	defer f.Close()
+	var p Pin
+	if err := json.NewDecoder(f).Decode(&p); err != nil {
+		return nil, fmt.Errorf("history pin of session %s: %w", session, err)
+	}
+	if p.Session != session {
+		return nil, fmt.Errorf("history pin of session %s names session %q", session, p.Session)
+	}
+	return &p, nil
+}
+
+// savePin writes a session's pin atomically (beside it, then renamed): a
+// kill at any point leaves the old pin or the new one.
+func savePin(dir string, p *Pin) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("history pins: %w", err)
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	path := pinFile(dir, p.Session)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("history pin: %w", err)
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return fmt.Errorf("history pin: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("history pin: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("history pin: %w", err)
+	}
+	return nil
+}

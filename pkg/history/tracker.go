@@ -1,0 +1,366 @@
+package history
+
+import (
+	"bytes"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"sync"
+)
+
+// Mode is gateway.NAME.history.
+type Mode string
+
+// The modes.
+const (
+	// Refuse ends the turn on a mismatch before the provider gets the
+	// request (the default).
+	Refuse Mode = "refuse"
+	// Report forwards a mismatched history and records it.
+	Report Mode = "report"
+	// Off neither checks nor pins.
+	Off Mode = "off"
+)
+
+// Verdicts of a session in one turn.
+const (
+	VerdictNew       = "new"
+	VerdictContinued = "continued"
+	VerdictCompacted = "compacted"
+	VerdictMismatch  = "mismatch"
+)
+
+// SessionReport is one session's history in a turn, for `run --json`.
+type SessionReport struct {
+	Session string `json:"session"`
+	// Messages is the number of messages pinned at the end of the turn.
+	Messages int    `json:"messages"`
+	Verdict  string `json:"verdict"`
+	// Index and Role name the first message that differs from the pinned
+	// history (verdict mismatch).
+	Index *int   `json:"index,omitempty"`
+	Role  string `json:"role,omitempty"`
+}
+
+// Mismatch is a request whose history is not the pinned one.
+type Mismatch struct {
+	Session string
+	Index   int
+	Role    string
+	Why     string
+}
+
+func (m *Mismatch) Error() string {
+	return fmt.Sprintf("the history of session %s differs from the one the model saw at message %d (%s): %s", m.Session, m.Index, m.Role, m.Why)
+}
+
+// Tracker pins the sessions of one task, for one turn. It is safe for
+// concurrent use.
+type Tracker struct {
+	dir  string
+	mode Mode
+
+	mu       sync.Mutex
+	sessions map[string]*session
+	order    []string
+}
+
+// NewTracker returns a tracker keeping its pins in dir (the task's state,
+// never mounted in a cage).
+func NewTracker(dir string, mode Mode) *Tracker {
+	return &Tracker{dir: dir, mode: mode, sessions: map[string]*session{}}
+}
+
+// session is one provider session as this turn has seen it.
+type session struct {
+	id string
+	// ref is the history a request must extend: the pin, then the last
+	// request forwarded with its answer.
+	ref                 []Message
+	answered, delivered bool
+	// lastUser holds the digests of the content blocks of ref's last
+	// message when it is a user message with no answer after it: the
+	// client may merge new content into it.
+	lastUser []Digest
+	pinned   bool // ref came from a pin (or this turn forwarded one)
+
+	verdict string
+	index   int
+	role    string
+
+	// The last forwarded request's raw messages and their digests: a
+	// message whose bytes did not change is not canonicalised again.
+	lastRaw  [][]byte
+	lastMsgs []Message
+}
+
+// Exchange is one checked request: the gateway forwards it and passes its
+// answer through Answer.
+type Exchange struct {
+	t       *Tracker
+	s       *session
+	msgs    []Message
+	Answer  Answer
+	tracked bool
+}
+
+// Check checks one Messages request of session (its raw "messages" value)
+// before it is forwarded, and pins it. main says whether the request is the
+// session's conversation (it offers the agent's tools) rather than a side
+// request (a title, a summary of its own). A mismatch is returned as a
+// *Mismatch; under Report the exchange is still returned and the request
+// may be forwarded.
+func (t *Tracker) Check(sessionID string, messages []byte, main bool) (*Exchange, error) {
+	if !main {
+		return &Exchange{t: t}, nil
+	}
+	if !validSession(sessionID) {
+		return nil, &Mismatch{Session: printable(sessionID), Index: 0, Role: "-", Why: "the session id is not one the gateway can pin"}
+	}
+	elems, err := splitArray(messages)
+	if err != nil {
+		return nil, &Mismatch{Session: sessionID, Index: 0, Role: "-", Why: err.Error()}
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s, err := t.session(sessionID)
+	if err != nil {
+		return nil, err
+	}
+	msgs := make([]Message, len(elems))
+	for i, e := range elems {
+		if i < len(s.lastRaw) && bytes.Equal(e, s.lastRaw[i]) {
+			msgs[i] = s.lastMsgs[i]
+			continue
+		}
+		if msgs[i], err = Sum(e); err != nil {
+			return nil, &Mismatch{Session: sessionID, Index: i, Role: "-", Why: err.Error()}
+		}
+	}
+	mm := s.compare(msgs, elems)
+	first := s.verdict == ""
+	switch {
+	case mm != nil:
+		s.verdict, s.index, s.role = VerdictMismatch, mm.Index, mm.Role
+		if t.mode != Report {
+			return nil, mm
+		}
+	case first && s.pinned:
+		s.verdict = VerdictContinued
+	case first:
+		s.verdict = VerdictNew
+	}
+	// Pinned before it is forwarded: after a kill the pin is the last
+	// history forwarded in full (or the one before it).
+	s.ref, s.answered, s.delivered, s.pinned = msgs, false, false, true
+	s.lastUser = nil
+	if n := len(msgs); n > 0 && msgs[n-1].Role == "user" {
+		s.lastUser = blockDigests(elems[n-1])
+	}
+	s.lastRaw, s.lastMsgs = elems, msgs
+	if err := savePin(t.dir, s.pin()); err != nil {
+		return nil, err
+	}
+	ex := &Exchange{t: t, s: s, msgs: msgs, tracked: true}
+	if mm != nil {
+		return ex, mm
+	}
+	return ex, nil
+}
+
+// Done records the end of an exchange: the answer, when it arrived whole,
+// joins the pinned history; delivered says whether the agent read it all.
+func (ex *Exchange) Done(delivered bool) error {
+	if ex == nil || !ex.tracked {
+		return nil
+	}
+	raw, err := ex.Answer.assistant()
+	if err != nil {
+		return nil // no answer: the pin stays the request's history
+	}
+	m, err := Sum(raw)
+	if err != nil {
+		return nil
+	}
+	t := ex.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := ex.s
+	// Only the answer to the session's latest request extends it.
+	if len(s.ref) != len(ex.msgs) || s.answered || !slices.Equal(s.ref, ex.msgs) {
+		return nil
+	}
+	s.ref = append(slices.Clip(ex.msgs), m)
+	s.answered, s.delivered, s.lastUser = true, delivered, nil
+	return savePin(t.dir, s.pin())
+}
+
+func (s *session) pin() *Pin {
+	p := newPin(s.id, s.ref, s.answered, s.delivered)
+	for _, d := range s.lastUser {
+		p.LastUser = append(p.LastUser, hex.EncodeToString(d[:]))
+	}
+	return p
+}
+
+// session returns the session, loading its pin on first sight.
+func (t *Tracker) session(id string) (*session, error) {
+	if s, ok := t.sessions[id]; ok {
+		return s, nil
+	}
+	s := &session{id: id}
+	p, err := loadPin(t.dir, id)
+	if err != nil {
+		return nil, err
+	}
+	if p != nil {
+		if s.ref, err = p.messages(); err != nil {
+			return nil, fmt.Errorf("history pin of session %s: %w", id, err)
+		}
+		s.answered, s.delivered, s.pinned = p.Answered, p.Delivered, true
+		for _, h := range p.LastUser {
+			var d Digest
+			if b, err := hex.DecodeString(h); err == nil && len(b) == len(d) {
+				copy(d[:], b)
+				s.lastUser = append(s.lastUser, d)
+			}
+		}
+	}
+	t.sessions[id] = s
+	t.order = append(t.order, id)
+	return s, nil
+}
+
+// compare checks msgs against the session's reference history: it must
+// start with it, then hold only new user content. An answer the agent may
+// not have read whole may be missing; new content may be merged into a
+// last user message that had no answer.
+func (s *session) compare(msgs []Message, elems [][]byte) *Mismatch {
+	ref := s.ref
+	if !s.pinned {
+		// A session the gateway never saw must be a new one: no answer in
+		// its history.
+		for i, m := range msgs {
+			if !newRole(m.Role) {
+				return &Mismatch{Session: s.id, Index: i, Role: m.Role, Why: "a history the gateway never forwarded"}
+			}
+		}
+		return nil
+	}
+	if s.answered && !s.delivered && len(msgs) >= len(ref)-1 {
+		n := len(ref) - 1
+		if i := firstDiff(ref[:n], msgs); i == n && (len(msgs) == n || msgs[n] != ref[n]) {
+			// The undelivered answer is not in the history.
+			return newContent(s.id, msgs, n)
+		}
+	}
+	i := firstDiff(ref, msgs)
+	if i == len(ref) {
+		return newContent(s.id, msgs, len(ref))
+	}
+	if i == len(ref)-1 && i < len(msgs) && len(s.lastUser) > 0 && msgs[i].Role == "user" {
+		if got := blockDigests(elems[i]); len(got) >= len(s.lastUser) && slices.Equal(got[:len(s.lastUser)], s.lastUser) {
+			return newContent(s.id, msgs, i+1)
+		}
+	}
+	role := "missing"
+	if i < len(msgs) {
+		role = msgs[i].Role
+	}
+	why := "it differs from the pinned history"
+	if i >= len(msgs) {
+		why = fmt.Sprintf("the history is shorter than the %d pinned messages", len(ref))
+	}
+	return &Mismatch{Session: s.id, Index: i, Role: role, Why: why}
+}
+
+// newContent checks that what follows the pinned history is new user or
+// harness content: an assistant message there is one the provider never
+// sent.
+func newContent(session string, msgs []Message, from int) *Mismatch {
+	for i := from; i < len(msgs); i++ {
+		if !newRole(msgs[i].Role) && !harnessAnswers[msgs[i].Digest] {
+			return &Mismatch{Session: session, Index: i, Role: msgs[i].Role, Why: "an answer the provider never gave"}
+		}
+	}
+	return nil
+}
+
+// harnessAnswers are the assistant messages the pinned agents write
+// themselves, never the provider: Claude Code 2.1.332 inserts "No response
+// requested." (model "<synthetic>") after a trailing user message when it
+// resumes an interrupted turn (read from the binary's resume path,
+// measured in test/agents TestHistoryHonestResumes). It carries nothing.
+var harnessAnswers = func() map[Digest]bool {
+	m := map[Digest]bool{}
+	for _, raw := range []string{`{"role":"assistant","content":"No response requested."}`} {
+		msg, err := Sum([]byte(raw))
+		if err != nil {
+			panic(err)
+		}
+		m[msg.Digest] = true
+	}
+	return m
+}()
+
+// newRole reports whether a message of role may be new content: the
+// user's (prompts, tool results) or the harness's own system messages
+// (Claude Code 2.1.332 sends its environment as a "system" message); an
+// assistant message never is.
+func newRole(role string) bool { return role == "user" || role == "system" }
+
+func firstDiff(a, b []Message) int {
+	n := min(len(a), len(b))
+	for i := 0; i < n; i++ {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
+
+// blockDigests returns the digests of a user message's canonical content
+// blocks (nil when it is not canonicalisable).
+func blockDigests(raw []byte) []Digest {
+	_, c, err := Canonical(raw)
+	if err != nil {
+		return nil
+	}
+	blocks, err := contentBlocks(c)
+	if err != nil {
+		return nil
+	}
+	return blocks
+}
+
+// Reports returns each session's report, in the order the turn met them.
+func (t *Tracker) Reports() []SessionReport {
+	if t == nil {
+		return nil
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	out := make([]SessionReport, 0, len(t.order))
+	for _, id := range t.order {
+		s := t.sessions[id]
+		if s.verdict == "" {
+			continue
+		}
+		r := SessionReport{Session: id, Messages: len(s.ref), Verdict: s.verdict}
+		if s.verdict == VerdictMismatch {
+			i := s.index
+			r.Index, r.Role = &i, s.role
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+func validSession(id string) bool { return sessionID.MatchString(id) }
+
+func printable(s string) string {
+	if len(s) > 64 {
+		s = s[:64]
+	}
+	return fmt.Sprintf("%q", s)
+}

@@ -1,0 +1,179 @@
+package agents_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/modelapi"
+	"github.com/shrooms-cage/shrooms/pkg/history"
+)
+
+// honestTurns is how many resumed turns each agent runs in
+// TestHistoryHonestResumes (SHROOMS_HISTORY_TURNS overrides it).
+func honestTurns(t *testing.T) int {
+	if s := os.Getenv("SHROOMS_HISTORY_TURNS"); s != "" {
+		n, err := strconv.Atoi(s)
+		assert.NilError(t, err)
+		return n
+	}
+	return 50
+}
+
+// TestHistoryHonestResumes: no false positive. Real Claude Code and real
+// opencode each run one session through the gateway with history =
+// "refuse" for many resumed turns, each with tool calls (every fifth
+// turn three deep), one turn stopped (`shrooms stop`) and one killed
+// (kill -9 of shrooms) while a tool runs, each then resumed: every turn is
+// accepted (verdict continued, never a refusal). The byte-identical rate
+// of the repeated messages before the canonical form is logged.
+func TestHistoryHonestResumes(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
+	n := honestTurns(t)
+	for _, agent := range []string{"claude", "opencode"} {
+		t.Run(agent, func(t *testing.T) {
+			e.t = t
+			wt := filepath.Join(e.dir, "work-"+agent)
+			assert.NilError(t, os.MkdirAll(wt, 0o755))
+			git(t, wt, "init", "-q")
+			e.worktree = wt
+			tool := bash
+			args := func(session, prompt string) []string {
+				a := []string{"-p", "--output-format", "json"}
+				if session != "" {
+					a = append(a, "--resume", session)
+				}
+				return append(a, prompt)
+			}
+			if agent == "opencode" {
+				tool = ocBash
+				args = func(session, prompt string) []string {
+					a := []string{"--format", "json"}
+					if session != "" {
+						a = append(a, "--session", session)
+					}
+					return append(a, prompt)
+				}
+			}
+			start := time.Now()
+			first := len(e.api.Requests())
+			e.api.Append(tool("echo turn-0"), modelapi.Text("done 0"))
+			code, out, errb, res := e.resumeRun(agent, args("", "start the work")...)
+			assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+			assert.Equal(t, res.History[0].Verdict, "new")
+			session := ""
+			if agent == "claude" {
+				session = parseClaude(t, out).SessionID
+			} else {
+				session = opencodeSession(t, out)
+			}
+			refusals := 0
+			for i := 1; i <= n; i++ {
+				steps := []modelapi.Step{tool(fmt.Sprintf("echo turn-%d", i))}
+				if i%5 == 0 {
+					steps = append(steps, tool(fmt.Sprintf("ls /work; echo deep-%d", i)), tool(fmt.Sprintf("cat /work/.git/HEAD; echo deeper-%d", i)))
+				}
+				switch i {
+				case n / 3, 2 * n / 3:
+					// A tool call that blocks until the turn is stopped or
+					// killed: the script's next steps belong to the turn after.
+					marker := fmt.Sprintf(".inside-%d", i)
+					e.api.Append(tool(fmt.Sprintf("touch /work/%s; sleep 300", marker)))
+					e.interruptedTurn(agent, filepath.Join(wt, marker), i == n/3, args(session, fmt.Sprintf("prompt %d", i))...)
+					continue
+				}
+				e.api.Append(append(steps, modelapi.Text(fmt.Sprintf("done %d", i)))...)
+				turnStart := time.Now()
+				code, out, errb, res := e.resumeRun(agent, args(session, fmt.Sprintf("prompt %d", i))...)
+				if code == 123 {
+					// The last turn's detached teardown still held the task
+					// (seen once under load): wait for it, run the turn again.
+					e.settled(agent)
+					code, out, errb, res = e.resumeRun(agent, args(session, fmt.Sprintf("prompt %d", i))...)
+				}
+				t.Logf("turn %d: exit %d in %v", i, code, time.Since(turnStart).Round(100*time.Millisecond))
+				if code == 119 || len(res.History) == 0 || res.History[0].Verdict != "continued" {
+					refusals++
+				}
+				assert.Equal(t, code, 0, "turn %d: %s %s\n%s", i, out, errb, e.api.Log())
+				assert.Equal(t, res.History[0].Verdict, "continued", "turn %d: %s", i, out)
+			}
+			took := time.Since(start)
+			assert.Equal(t, refusals, 0)
+
+			// The byte-identical rate of the messages each request repeats
+			// from the one before, before and after the canonical form.
+			header := map[string]string{"claude": "X-Claude-Code-Session-Id", "opencode": "X-Session-Id"}[agent]
+			var prev []byte
+			var total, same, canon int
+			for _, r := range e.api.Requests()[first:] {
+				var body struct {
+					Tools    []json.RawMessage `json:"tools"`
+					Messages json.RawMessage   `json:"messages"`
+				}
+				if r.Header.Get(header) == "" || json.Unmarshal(r.Body, &body) != nil || len(body.Tools) == 0 {
+					continue
+				}
+				if prev != nil {
+					a, b, c, err := history.PrefixStats(prev, body.Messages)
+					assert.NilError(t, err)
+					total, same, canon = total+a, same+b, canon+c
+				}
+				prev = body.Messages
+			}
+			t.Logf("%s: %d resumed turns (2 of them interrupted: stop, kill -9), 0 refusals, %v wall (%v per turn); repeated messages byte-identical %d/%d (%.1f%%), canonically equal %d/%d",
+				agent, n, took.Round(time.Second), (took / time.Duration(n+1)).Round(100*time.Millisecond), same, total, 100*float64(same)/float64(max(total, 1)), canon, total)
+		})
+	}
+}
+
+// interruptedTurn runs a turn whose tool blocks, waits until the tool runs
+// (marker exists), then stops the turn (`shrooms stop`) or kills shrooms
+// with SIGKILL. The next turn resumes after it.
+func (e *env) interruptedTurn(agent, marker string, stop bool, args ...string) {
+	t := e.t
+	t.Helper()
+	// The last turn's detached teardown may hold the task lock for a while:
+	// the wait for the tool starts once the turn can start.
+	e.settled(agent)
+	cmd := exec.Command("nsenter", append([]string{"--net=" + e.tb.NSPath("host"), "--", e.shrooms, "--config", e.config,
+		"--json", "run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	assert.NilError(t, cmd.Start())
+	defer func() {
+		// A failed wait must not leave the turn running into the next test.
+		if cmd.ProcessState == nil {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = cmd.Wait()
+		}
+	}()
+	deadline := time.Now().Add(240 * time.Second)
+	for {
+		if _, err := os.Stat(marker); err == nil {
+			break
+		}
+		assert.Assert(t, time.Now().Before(deadline), "the blocking tool never ran\n%s", e.api.Log())
+		time.Sleep(200 * time.Millisecond)
+	}
+	if stop {
+		code, out, errb := e.run("stop", "--task", e.task(agent))
+		assert.Equal(t, code, 0, "stop: %s %s", out, errb)
+		_ = cmd.Wait()
+		t.Logf("turn stopped (shrooms stop) while its tool ran: exit %d", cmd.ProcessState.ExitCode())
+		return
+	}
+	assert.NilError(t, syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL))
+	_ = cmd.Wait()
+	// The cage the killed shrooms left goes with the task's next turn.
+	t.Logf("turn killed (kill -9 of shrooms) while its tool ran")
+}
