@@ -232,7 +232,9 @@ func refresh(atts []Attachment) []Attachment {
 			continue
 		}
 		for _, b := range all {
-			if b.Loop == a.Loop && b.Dev == a.Dev {
+			// The same device now backed by another image is another
+			// task's HOME: never ours to release.
+			if b.Loop == a.Loop && b.Dev == a.Dev && b.Image == a.Image {
 				out = append(out, b)
 			}
 		}
@@ -266,7 +268,7 @@ func release(atts []Attachment) error {
 				left = append(left, err.Error())
 			}
 		}
-		if err := detach(a.Loop, a.Dev); err != nil {
+		if err := detach(a.Loop, a.Dev, a.Image); err != nil {
 			left = append(left, err.Error())
 		}
 	}
@@ -299,8 +301,11 @@ func unmountDev(mountinfo string, dev uint64) error {
 // detach clears a loop device that no mount holds any more (autoclear does
 // it by itself once the last user closes the device; this covers one
 // attached without autoclear). A device already free is not an error.
-func detach(name string, dev uint64) error {
-	if _, err := os.Stat("/sys/block/" + name + "/loop/backing_file"); errors.Is(err, os.ErrNotExist) {
+func detach(name string, dev uint64, image string) error {
+	// The device is ours only while it is backed by our image: once it was
+	// cleared it can at once be attached again for another task's HOME.
+	backing, err := os.ReadFile("/sys/block/" + name + "/loop/backing_file")
+	if errors.Is(err, os.ErrNotExist) || err == nil && !namesImage(backing, image) {
 		return nil
 	}
 	fd, err := openLoop(name, dev, unix.O_RDONLY)
@@ -309,6 +314,12 @@ func detach(name string, dev uint64) error {
 			return nil
 		}
 		return fmt.Errorf("/dev/%s: %v", name, err)
+	}
+	// Held open by us the device cannot be cleared and taken by another
+	// image: look once more before clearing it.
+	if backing, err = os.ReadFile("/sys/block/" + name + "/loop/backing_file"); err != nil || !namesImage(backing, image) {
+		unix.Close(fd)
+		return nil
 	}
 	err = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
 	unix.Close(fd)
@@ -319,14 +330,24 @@ func detach(name string, dev uint64) error {
 	// a mount namespace made after the namespaces were listed, a runtime
 	// setting one up) only marks it to clear on the last close: wait for
 	// that, or fail so that Release looks again for who holds it.
+	// Once cleared, the device may at once be attached again for another
+	// task's HOME: a different backing file means ours is gone.
 	for deadline := time.Now().Add(loopClearWait); ; time.Sleep(5 * time.Millisecond) {
-		if _, err := os.Stat("/sys/block/" + name + "/loop/backing_file"); errors.Is(err, os.ErrNotExist) {
+		now, err := os.ReadFile("/sys/block/" + name + "/loop/backing_file")
+		if errors.Is(err, os.ErrNotExist) || err == nil && (!bytes.Equal(now, backing) || !namesImage(now, image)) {
 			return nil
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("/dev/%s is still held open after its HOME was unmounted everywhere this process saw", name)
 		}
 	}
+}
+
+// namesImage reports whether a backing_file's content names image (live or
+// deleted).
+func namesImage(backing []byte, image string) bool {
+	p := strings.TrimSuffix(string(backing), "\n")
+	return strings.TrimSuffix(p, " (deleted)") == image
 }
 
 // loopClearWait bounds how long detach waits for a loop device to clear.
