@@ -205,11 +205,17 @@ func Of(atts []Attachment, image string) []Attachment {
 // lazily (a detached mount would keep the image in use where nobody can
 // see it).
 func Release(atts []Attachment, peers ...string) error {
+	return releaseRetrying(atts, true)
+}
+
+// releaseRetrying is Release; wait=false leaves a device the caller itself
+// holds open marked to clear on its last close instead of waiting for it.
+func releaseRetrying(atts []Attachment, wait bool) error {
 	// A copy in a namespace being set up (a container runtime before its
 	// pivot_root) refuses to be unmounted there, and goes by itself soon.
 	var err error
 	for try := 0; try < 20; try++ {
-		if err = release(atts); err == nil {
+		if err = release(atts, wait); err == nil {
 			return nil
 		}
 		time.Sleep(150 * time.Millisecond)
@@ -242,7 +248,7 @@ func refresh(atts []Attachment) []Attachment {
 	return out
 }
 
-func release(atts []Attachment) error {
+func release(atts []Attachment, wait bool) error {
 	var left []string
 	for _, a := range atts {
 		done := map[string]bool{}
@@ -268,7 +274,7 @@ func release(atts []Attachment) error {
 				left = append(left, err.Error())
 			}
 		}
-		if err := detach(a.Loop, a.Dev, a.Image); err != nil {
+		if err := detach(a.Loop, a.Dev, a.Image, wait); err != nil {
 			left = append(left, err.Error())
 		}
 	}
@@ -301,7 +307,7 @@ func unmountDev(mountinfo string, dev uint64) error {
 // detach clears a loop device that no mount holds any more (autoclear does
 // it by itself once the last user closes the device; this covers one
 // attached without autoclear). A device already free is not an error.
-func detach(name string, dev uint64, image string) error {
+func detach(name string, dev uint64, image string, wait bool) error {
 	// The device is ours only while it is backed by our image: once it was
 	// cleared it can at once be attached again for another task's HOME.
 	backing, err := os.ReadFile("/sys/block/" + name + "/loop/backing_file")
@@ -325,6 +331,9 @@ func detach(name string, dev uint64, image string) error {
 	unix.Close(fd)
 	if err != nil && !errors.Is(err, unix.ENXIO) {
 		return fmt.Errorf("/dev/%s still holds a HOME image (%v): `losetup -d /dev/%s`", name, err, name)
+	}
+	if !wait {
+		return nil
 	}
 	// LOOP_CLR_FD on a device someone still has open (a mount copied into
 	// a mount namespace made after the namespaces were listed, a runtime
@@ -389,7 +398,9 @@ func Salvage(ctx context.Context, image string, peers ...string) (bool, error) {
 	// Held open, the device survives its last unmount (autoclear waits for
 	// the last close), and unmounted its filesystem is clean to copy.
 	defer unix.Close(fd)
-	if err := Release([]Attachment{{Loop: a.Loop, Dev: a.Dev, Image: a.Image, Mounts: a.Mounts}}, peers...); err != nil && !strings.Contains(err.Error(), "losetup") {
+	// Salvage holds the device open (fd) to copy it: its clearing waits
+	// for that close, so Release must not wait for it.
+	if err := releaseRetrying([]Attachment{{Loop: a.Loop, Dev: a.Dev, Image: a.Image, Mounts: a.Mounts}}, false); err != nil && !strings.Contains(err.Error(), "losetup") {
 		return false, fmt.Errorf("HOME image %s was deleted while mounted; its contents are only in /dev/%s: %w", image, a.Loop, err)
 	}
 	if err := copyDevice(ctx, fd, image); err != nil {

@@ -135,14 +135,14 @@ func TestDetachLeavesAReusedDeviceAlone(t *testing.T) {
 	assert.NilError(t, err)
 	dev, err := loopDev(name)
 	assert.NilError(t, err)
-	assert.NilError(t, detach(name, dev, imgB))
+	assert.NilError(t, detach(name, dev, imgB, true))
 	assert.Assert(t, attached(t, imgA), "detach cleared a device backed by another image")
 
 	// Ours, still held open (fdA): detach waits; the holder lets go and B
 	// takes the same device at once. detach must see ours gone.
 	for try := 0; ; try++ {
 		done := make(chan error, 1)
-		go func() { done <- detach(name, dev, imgA) }()
+		go func() { done <- detach(name, dev, imgA, true) }()
 		time.Sleep(50 * time.Millisecond)
 		unix.Close(fdA)
 		fdB, nameB, err := attach(fb, imgB)
