@@ -82,6 +82,7 @@ let
 
   profiles = [
     "claude"
+    "codex"
     "opencode"
     "shell"
   ];
@@ -250,7 +251,7 @@ in
       description = ''
         Agents (`[agents.NAME]` of the configuration), typed. Merged into
         `settings.agents`; an agent here replaces the built-in agent of the same
-        name (claude, opencode, shell).
+        name (claude, codex, opencode, shell).
       '';
     };
 
