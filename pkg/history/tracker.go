@@ -157,8 +157,12 @@ func (t *Tracker) Check(sessionID string, messages []byte, main bool) (*Exchange
 	}
 	mm := s.compare(msgs, elems)
 	compacted := false
-	if mm != nil && s.compacted(msgs, elems) {
-		mm, compacted = nil, true
+	if mm != nil && s.compaction != nil {
+		if s.compacted(msgs, elems) {
+			mm, compacted = nil, true
+		} else {
+			mm.Why += ", nor the compaction derived from the recorded summary"
+		}
 	}
 	switch {
 	case mm != nil:
