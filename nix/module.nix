@@ -81,6 +81,7 @@ let
 
   profiles = [
     "claude"
+    "codex"
     "opencode"
     "shell"
   ];
@@ -249,7 +250,7 @@ in
       description = ''
         Agents (`[agents.NAME]` of the configuration), typed. Merged into
         `settings.agents`; an agent here replaces the built-in agent of the same
-        name (claude, opencode, shell).
+        name (claude, codex, opencode, shell).
       '';
     };
 

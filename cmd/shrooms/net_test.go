@@ -21,6 +21,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -44,6 +45,16 @@ func TestNetworkedTurnInTestbed(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(dir, "outbox")); err == nil {
 			if err := outbox.Release(filepath.Join(dir, "outbox"), task); err != nil {
 				t.Errorf("release outbox: %v", err)
+			}
+		}
+		// The task's cages go first, as `forget` does: the cage the
+		// detached teardown prepared for the next turn holds HOME mounted
+		// in its own mount namespace until it is removed.
+		if out, err := tb.Podman("ps", "-aq", "--filter", "label="+sealed.LabelTask+"="+task); err == nil {
+			for _, id := range strings.Fields(out) {
+				if out, err := tb.Podman("rm", "-f", "-t", "0", id); err != nil {
+					t.Errorf("remove cage %s: %v: %s", id, err, out)
+				}
 			}
 		}
 		// The HOME's capped filesystem goes before its volume, in both

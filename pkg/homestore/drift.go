@@ -205,11 +205,17 @@ func Of(atts []Attachment, image string) []Attachment {
 // lazily (a detached mount would keep the image in use where nobody can
 // see it).
 func Release(atts []Attachment, peers ...string) error {
+	return releaseRetrying(atts, true)
+}
+
+// releaseRetrying is Release; wait=false leaves a device the caller itself
+// holds open marked to clear on its last close instead of waiting for it.
+func releaseRetrying(atts []Attachment, wait bool) error {
 	// A copy in a namespace being set up (a container runtime before its
 	// pivot_root) refuses to be unmounted there, and goes by itself soon.
 	var err error
 	for try := 0; try < 20; try++ {
-		if err = release(atts); err == nil {
+		if err = release(atts, wait); err == nil {
 			return nil
 		}
 		time.Sleep(150 * time.Millisecond)
@@ -232,7 +238,9 @@ func refresh(atts []Attachment) []Attachment {
 			continue
 		}
 		for _, b := range all {
-			if b.Loop == a.Loop && b.Dev == a.Dev {
+			// The same device now backed by another image is another
+			// task's HOME: never ours to release.
+			if b.Loop == a.Loop && b.Dev == a.Dev && b.Image == a.Image {
 				out = append(out, b)
 			}
 		}
@@ -240,7 +248,7 @@ func refresh(atts []Attachment) []Attachment {
 	return out
 }
 
-func release(atts []Attachment) error {
+func release(atts []Attachment, wait bool) error {
 	var left []string
 	for _, a := range atts {
 		done := map[string]bool{}
@@ -266,7 +274,7 @@ func release(atts []Attachment) error {
 				left = append(left, err.Error())
 			}
 		}
-		if err := detach(a.Loop, a.Dev); err != nil {
+		if err := detach(a.Loop, a.Dev, a.Image, wait); err != nil {
 			left = append(left, err.Error())
 		}
 	}
@@ -299,8 +307,11 @@ func unmountDev(mountinfo string, dev uint64) error {
 // detach clears a loop device that no mount holds any more (autoclear does
 // it by itself once the last user closes the device; this covers one
 // attached without autoclear). A device already free is not an error.
-func detach(name string, dev uint64) error {
-	if _, err := os.Stat("/sys/block/" + name + "/loop/backing_file"); errors.Is(err, os.ErrNotExist) {
+func detach(name string, dev uint64, image string, wait bool) error {
+	// The device is ours only while it is backed by our image: once it was
+	// cleared it can at once be attached again for another task's HOME.
+	backing, err := os.ReadFile("/sys/block/" + name + "/loop/backing_file")
+	if errors.Is(err, os.ErrNotExist) || err == nil && !namesImage(backing, image) {
 		return nil
 	}
 	fd, err := openLoop(name, dev, unix.O_RDONLY)
@@ -310,23 +321,42 @@ func detach(name string, dev uint64) error {
 		}
 		return fmt.Errorf("/dev/%s: %v", name, err)
 	}
+	// Held open by us the device cannot be cleared and taken by another
+	// image: look once more before clearing it.
+	if backing, err = os.ReadFile("/sys/block/" + name + "/loop/backing_file"); err != nil || !namesImage(backing, image) {
+		unix.Close(fd)
+		return nil
+	}
 	err = unix.IoctlSetInt(fd, unix.LOOP_CLR_FD, 0)
 	unix.Close(fd)
 	if err != nil && !errors.Is(err, unix.ENXIO) {
 		return fmt.Errorf("/dev/%s still holds a HOME image (%v): `losetup -d /dev/%s`", name, err, name)
 	}
+	if !wait {
+		return nil
+	}
 	// LOOP_CLR_FD on a device someone still has open (a mount copied into
 	// a mount namespace made after the namespaces were listed, a runtime
 	// setting one up) only marks it to clear on the last close: wait for
 	// that, or fail so that Release looks again for who holds it.
+	// Once cleared, the device may at once be attached again for another
+	// task's HOME: a different backing file means ours is gone.
 	for deadline := time.Now().Add(loopClearWait); ; time.Sleep(5 * time.Millisecond) {
-		if _, err := os.Stat("/sys/block/" + name + "/loop/backing_file"); errors.Is(err, os.ErrNotExist) {
+		now, err := os.ReadFile("/sys/block/" + name + "/loop/backing_file")
+		if errors.Is(err, os.ErrNotExist) || err == nil && (!bytes.Equal(now, backing) || !namesImage(now, image)) {
 			return nil
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("/dev/%s is still held open after its HOME was unmounted everywhere this process saw", name)
 		}
 	}
+}
+
+// namesImage reports whether a backing_file's content names image (live or
+// deleted).
+func namesImage(backing []byte, image string) bool {
+	p := strings.TrimSuffix(string(backing), "\n")
+	return strings.TrimSuffix(p, " (deleted)") == image
 }
 
 // loopClearWait bounds how long detach waits for a loop device to clear.
@@ -368,7 +398,9 @@ func Salvage(ctx context.Context, image string, peers ...string) (bool, error) {
 	// Held open, the device survives its last unmount (autoclear waits for
 	// the last close), and unmounted its filesystem is clean to copy.
 	defer unix.Close(fd)
-	if err := Release([]Attachment{{Loop: a.Loop, Dev: a.Dev, Image: a.Image, Mounts: a.Mounts}}, peers...); err != nil && !strings.Contains(err.Error(), "losetup") {
+	// Salvage holds the device open (fd) to copy it: its clearing waits
+	// for that close, so Release must not wait for it.
+	if err := releaseRetrying([]Attachment{{Loop: a.Loop, Dev: a.Dev, Image: a.Image, Mounts: a.Mounts}}, false); err != nil && !strings.Contains(err.Error(), "losetup") {
 		return false, fmt.Errorf("HOME image %s was deleted while mounted; its contents are only in /dev/%s: %w", image, a.Loop, err)
 	}
 	if err := copyDevice(ctx, fd, image); err != nil {

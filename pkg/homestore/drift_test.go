@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
 )
 
@@ -110,4 +111,57 @@ func is2(ms []Mount, ns string) bool {
 		}
 	}
 	return false
+}
+
+// TestDetachLeavesAReusedDeviceAlone: once our HOME's loop device clears,
+// the kernel may hand it at once to another task's HOME. detach must then
+// call ours gone, and must never clear the device for the other image.
+func TestDetachLeavesAReusedDeviceAlone(t *testing.T) {
+	f := newFixture(t)
+	dir := filepath.Dir(f.image)
+	assert.NilError(t, os.MkdirAll(dir, 0o700))
+	imgA, imgB := filepath.Join(dir, "a.img"), filepath.Join(dir, "b.img")
+	open := func(p string) *os.File {
+		fh, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+		assert.NilError(t, err)
+		assert.NilError(t, fh.Truncate(8<<20))
+		t.Cleanup(func() { fh.Close() })
+		return fh
+	}
+	fa, fb := open(imgA), open(imgB)
+
+	// Not ours: a device backed by another image is left attached.
+	fdA, name, err := attach(fa, imgA)
+	assert.NilError(t, err)
+	dev, err := loopDev(name)
+	assert.NilError(t, err)
+	assert.NilError(t, detach(name, dev, imgB, true))
+	assert.Assert(t, attached(t, imgA), "detach cleared a device backed by another image")
+
+	// Ours, still held open (fdA): detach waits; the holder lets go and B
+	// takes the same device at once. detach must see ours gone.
+	for try := 0; ; try++ {
+		done := make(chan error, 1)
+		go func() { done <- detach(name, dev, imgA, true) }()
+		time.Sleep(50 * time.Millisecond)
+		unix.Close(fdA)
+		fdB, nameB, err := attach(fb, imgB)
+		assert.NilError(t, err)
+		errDetach := <-done
+		if nameB != name {
+			// Another test took the device first: try again on B's.
+			assert.NilError(t, errDetach)
+			assert.Assert(t, try < 5, "the freed device was never handed to the next image")
+			fa, imgA, fb, imgB = fb, imgB, fa, imgA
+			fdA, name = fdB, nameB
+			dev, err = loopDev(name)
+			assert.NilError(t, err)
+			continue
+		}
+		assert.NilError(t, errDetach, "the reused device was taken for ours")
+		assert.Assert(t, attached(t, imgB), "detach cleared the other image's device")
+		_ = unix.IoctlSetInt(fdB, unix.LOOP_CLR_FD, 0)
+		unix.Close(fdB)
+		return
+	}
 }

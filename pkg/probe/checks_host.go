@@ -120,8 +120,9 @@ func checkFDs(_ context.Context, _ Params, c *Check) {
 
 // sanctionedBinds are the only places a cage may see host files: the
 // worktree and its git metadata, HOME (a volume), the outbox, shrooms'
-// own binary and podman's per-container files.
-var sanctionedBinds = []string{"/work", "/home/agent", "/outbox", "/.shrooms", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/run/.containerenv", "/run/secrets", "/dev/shm", "/dev/mqueue"}
+// own binary, podman's per-container files and the read-only git system
+// config shrooms writes (safe.directory for /work).
+var sanctionedBinds = []string{"/work", "/home/agent", "/outbox", "/.shrooms", "/etc/gitconfig", "/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/run/.containerenv", "/run/secrets", "/dev/shm", "/dev/mqueue"}
 
 // pseudoFS never carry host files.
 var pseudoFS = map[string]bool{"proc": true, "sysfs": true, "tmpfs": true, "devpts": true, "mqueue": true, "cgroup": true, "cgroup2": true, "overlay": true, "securityfs": true, "devtmpfs": true}
@@ -144,6 +145,9 @@ func checkHostMounts(_ context.Context, _ Params, c *Check) {
 		}
 		if pseudoFS[m.fstype] || m.point == "/" {
 			continue
+		}
+		if m.point == "/etc/gitconfig" && hasOpt(m.opts, "rw") {
+			c.escape("/etc/gitconfig is rw: a turn could point git at config of its own")
 		}
 		if underAny(m.point, sanctionedBinds) {
 			c.ev("%s ← %s:%s (%s) sanctioned", m.point, m.source, m.root, m.fstype)
