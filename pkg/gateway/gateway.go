@@ -107,9 +107,11 @@ type Gateway struct {
 	// cost against plain forwarding).
 	noBodyCheck bool
 
-	mu      sync.Mutex
-	usage   Usage
-	limited bool
+	mu sync.Mutex
+	// exchanges counts the history exchanges in flight (Close waits).
+	exchanges sync.WaitGroup
+	usage     Usage
+	limited   bool
 	// historyEnded: a history mismatch ended the turn; every later
 	// request is refused.
 	historyEnded string
@@ -194,7 +196,20 @@ func (g *Gateway) Serve(ln net.Listener) {
 }
 
 // Close stops the gateway at once: the listener and every connection.
-func (g *Gateway) Close() error { return g.srv.Close() }
+//
+// It waits (a bounded while) for the answers in flight to be pinned: the
+// client may have read an answer before its handler recorded it, and the
+// next turn reads the pin.
+func (g *Gateway) Close() error {
+	err := g.srv.Close()
+	done := make(chan struct{})
+	go func() { g.exchanges.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+	}
+	return err
+}
 
 // Usage returns the turn's usage so far.
 func (g *Gateway) Usage() Usage {
@@ -257,7 +272,11 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if ex != nil {
 		r = r.WithContext(context.WithValue(r.Context(), exchangeKey{}, ex))
-		defer func() { g.historyDone(ex, r.Context().Err() == nil) }()
+		g.exchanges.Add(1)
+		defer func() {
+			g.historyDone(ex, r.Context().Err() == nil)
+			g.exchanges.Done()
+		}()
 	}
 	if g.cfg.OAuth != nil {
 		access, err := g.cfg.OAuth.Access(r.Context())

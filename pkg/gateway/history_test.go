@@ -38,13 +38,20 @@ func TestHistoryRefusedNotForwarded(t *testing.T) {
 	u, _ := url.Parse("http://" + ln.Addr().String())
 	dir := t.TempDir()
 	ph := strings.Repeat("p", 40)
+	// Each turn's gateway is closed before the next starts, as a turn's
+	// is: Close waits for the last answer to be pinned.
+	var last *Gateway
 	serve := func(mode history.Mode, onHistory func(string)) string {
+		if last != nil {
+			last.Close()
+		}
 		g, err := New(Config{API: "anthropic", Upstream: u, Key: []byte(realKey), Placeholder: ph, History: history.NewTracker(dir, mode), OnHistory: onHistory})
 		assert.NilError(t, err)
 		gl, err := net.Listen("tcp", "127.0.0.1:0")
 		assert.NilError(t, err)
 		g.Serve(gl)
 		t.Cleanup(func() { g.Close() })
+		last = g
 		return "http://" + gl.Addr().String() + "/v1/messages"
 	}
 	send := func(target, messages string) (int, string) {

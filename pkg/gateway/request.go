@@ -37,6 +37,9 @@ var BuiltinBetas = []string{
 	// in the body unless allowed; the beta alone runs nothing.
 	"advanced-tool-use-2025-11-20",
 	"effort-2025-11-24",
+	// Claude Code 2.1.332's compaction request (/compact, auto-compact):
+	// a billing fallback, no capability on the provider's side.
+	"fallback-credit-2026-06-01",
 	// With a subscription sign-in, also these.
 	"oauth-2025-04-20",
 	"extended-cache-ttl-2025-04-11",

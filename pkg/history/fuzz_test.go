@@ -5,15 +5,19 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 )
 
 // seedRequests are the "messages" values of real requests (testdata,
 // captured through the gateway from Claude Code 2.1.332 and opencode
-// 1.18.33 against the scripted model API).
+// 1.18.33 against the scripted model API; testdata/compact: a compaction
+// request and the histories before and after it).
 func seedRequests(f *testing.F) [][]byte {
 	f.Helper()
 	files, _ := filepath.Glob(filepath.Join("testdata", "requests", "*.json"))
+	compact, _ := filepath.Glob(filepath.Join("testdata", "compact", "*.json"))
+	files = append(files, compact...)
 	var out [][]byte
 	for _, p := range files {
 		b, err := os.ReadFile(p)
@@ -72,7 +76,13 @@ func FuzzPinnedPrefix(f *testing.F) {
 			t.Fatalf("accepted a history encoding/json cannot read")
 		}
 		if len(have) < len(want) {
-			t.Fatalf("accepted a shorter history: %d < %d", len(have), len(want))
+			// Only a compaction request may be shorter: a prefix of the
+			// pinned history, the instruction appended to its last message.
+			n := len(have)
+			if n == 0 || !reflect.DeepEqual(want[:n-1], have[:n-1]) || !compactionOf(want[n-1], have[n-1]) {
+				t.Fatalf("accepted a shorter history: %d < %d", len(have), len(want))
+			}
+			return
 		}
 		for i := range want {
 			if i == len(want)-1 && mergedInto(want[i], have[i]) {
@@ -145,4 +155,24 @@ func mergedInto(want, have any) bool {
 	wc, _ := w["content"].([]any)
 	hc, _ := h["content"].([]any)
 	return len(hc) >= len(wc) && reflect.DeepEqual(wc, hc[:len(wc)])
+}
+
+// compactionOf reports whether have is the user message want with the
+// compaction instruction appended as its last block (or the instruction
+// alone).
+func compactionOf(want, have any) bool {
+	h, _ := have.(map[string]any)
+	hc, _ := h["content"].([]any)
+	if h == nil || h["role"] != "user" || len(h) != 2 || len(hc) == 0 {
+		return false
+	}
+	last, _ := hc[len(hc)-1].(map[string]any)
+	if text, _ := last["text"].(string); last["type"] != "text" || !strings.HasPrefix(text, compactInstruction) {
+		return false
+	}
+	w, _ := want.(map[string]any)
+	if w == nil || w["role"] != "user" {
+		return false
+	}
+	return reflect.DeepEqual(w["content"], hc[:len(hc)-1])
 }

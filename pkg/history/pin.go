@@ -31,6 +31,44 @@ type Pin struct {
 	// it is a user message without an answer: a client resuming after a
 	// failed or killed request merges new content into it.
 	LastUser []string `json:"last_user,omitempty"`
+	// Compaction is a compaction summary the gateway passed back: the
+	// session's next history may be the one derived from it.
+	Compaction *pinCompaction `json:"compaction,omitempty"`
+}
+
+// pinCompaction is a recorded compaction: the digest of the formatted
+// summary, the tool names the summarized history called, and the pinned
+// messages the compacted history keeps verbatim.
+type pinCompaction struct {
+	Summary string          `json:"summary"`
+	Tools   []string        `json:"tools"`
+	Tail    []pinnedMessage `json:"tail"`
+}
+
+// compaction decodes the pin's recorded compaction (nil when none).
+func (p *Pin) compaction() (*compaction, error) {
+	pc := p.Compaction
+	if pc == nil {
+		return nil, nil
+	}
+	c := &compaction{tools: pc.Tools}
+	b, err := hex.DecodeString(pc.Summary)
+	if err != nil || len(b) != sha256.Size {
+		return nil, errors.New("the pin's compaction summary is malformed")
+	}
+	copy(c.summary[:], b)
+	if c.tail, err = decodeMessages(pc.Tail); err != nil {
+		return nil, fmt.Errorf("the pin's compaction: %w", err)
+	}
+	return c, nil
+}
+
+func pinned(msgs []Message) []pinnedMessage {
+	out := make([]pinnedMessage, len(msgs))
+	for i, m := range msgs {
+		out[i] = pinnedMessage{Role: m.Role, Digest: hex.EncodeToString(m.Digest[:])}
+	}
+	return out
 }
 
 type pinnedMessage struct {
@@ -62,17 +100,25 @@ func newPin(session string, msgs []Message, answered, delivered bool) *Pin {
 
 // messages decodes the pin, checking its chain.
 func (p *Pin) messages() ([]Message, error) {
-	out := make([]Message, len(p.Messages))
-	for i, m := range p.Messages {
+	out, err := decodeMessages(p.Messages)
+	if err != nil {
+		return nil, err
+	}
+	if chain(out) != p.Chain {
+		return nil, errors.New("the pin's digest chain does not match its messages")
+	}
+	return out, nil
+}
+
+func decodeMessages(pm []pinnedMessage) ([]Message, error) {
+	out := make([]Message, len(pm))
+	for i, m := range pm {
 		b, err := hex.DecodeString(m.Digest)
 		if err != nil || len(b) != sha256.Size || m.Role == "" {
 			return nil, fmt.Errorf("pinned message %d is malformed", i)
 		}
 		out[i].Role = m.Role
 		copy(out[i].Digest[:], b)
-	}
-	if chain(out) != p.Chain {
-		return nil, errors.New("the pin's digest chain does not match its messages")
 	}
 	return out, nil
 }

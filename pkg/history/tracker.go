@@ -2,6 +2,7 @@ package history
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"slices"
@@ -92,6 +93,10 @@ type session struct {
 	// message whose bytes did not change is not canonicalised again.
 	lastRaw  [][]byte
 	lastMsgs []Message
+
+	// compaction is the last compaction the gateway passed a summary back
+	// for: the next history may be the one derived from it.
+	compaction *compaction
 }
 
 // Exchange is one checked request: the gateway forwards it and passes its
@@ -102,6 +107,9 @@ type Exchange struct {
 	msgs    []Message
 	Answer  Answer
 	tracked bool
+	// compact is set when the request is a compaction request: its answer
+	// is a summary, recorded instead of joining the history.
+	compact *compactRequest
 }
 
 // Check checks one Messages request of session (its raw "messages" value)
@@ -137,14 +145,34 @@ func (t *Tracker) Check(sessionID string, messages []byte, main bool) (*Exchange
 			return nil, &Mismatch{Session: sessionID, Index: i, Role: "-", Why: err.Error()}
 		}
 	}
-	mm := s.compare(msgs, elems)
 	first := s.verdict == ""
+	if req := s.compactionRequest(msgs, elems); req != nil {
+		// The pin stays the history it extends; the summary is recorded
+		// when it has passed back whole (Done).
+		if first {
+			s.verdict = VerdictContinued
+		}
+		s.lastRaw, s.lastMsgs = elems, msgs
+		return &Exchange{t: t, s: s, msgs: msgs, tracked: true, compact: req}, nil
+	}
+	mm := s.compare(msgs, elems)
+	compacted := false
+	if mm != nil && s.compaction != nil {
+		if s.compacted(msgs, elems) {
+			mm, compacted = nil, true
+		} else {
+			mm.Why += ", nor the compaction derived from the recorded summary"
+		}
+	}
 	switch {
 	case mm != nil:
 		s.verdict, s.index, s.role = VerdictMismatch, mm.Index, mm.Role
 		if t.mode != Report {
 			return nil, mm
 		}
+	case compacted:
+		s.verdict = VerdictCompacted
+		s.compaction = nil
 	case first && s.pinned:
 		s.verdict = VerdictContinued
 	case first:
@@ -178,6 +206,9 @@ func (ex *Exchange) Done(delivered bool) error {
 	if err != nil {
 		return nil // no answer: the pin stays the request's history
 	}
+	if ex.compact != nil {
+		return ex.compactionDone(raw)
+	}
 	m, err := Sum(raw)
 	if err != nil {
 		return nil
@@ -195,8 +226,36 @@ func (ex *Exchange) Done(delivered bool) error {
 	return savePin(t.dir, s.pin())
 }
 
+// compactionDone records a compaction request's summary: the session's
+// next history may be the one Claude Code derives from it.
+func (ex *Exchange) compactionDone(answer []byte) error {
+	text, ok := summaryText(answer)
+	if !ok {
+		return nil // not a summary: a compacted history will not match
+	}
+	t := ex.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := ex.s
+	if !slices.Equal(s.ref, ex.compact.ref) {
+		return nil // the session moved on meanwhile
+	}
+	s.compaction = &compaction{
+		summary: sha256.Sum256([]byte(formatSummary(text))),
+		tools:   ex.compact.tools,
+		tail:    ex.compact.tail,
+	}
+	if s.verdict != VerdictMismatch {
+		s.verdict = VerdictCompacted
+	}
+	return savePin(t.dir, s.pin())
+}
+
 func (s *session) pin() *Pin {
 	p := newPin(s.id, s.ref, s.answered, s.delivered)
+	if c := s.compaction; c != nil {
+		p.Compaction = &pinCompaction{Summary: hex.EncodeToString(c.summary[:]), Tools: c.tools, Tail: pinned(c.tail)}
+	}
 	for _, d := range s.lastUser {
 		p.LastUser = append(p.LastUser, hex.EncodeToString(d[:]))
 	}
@@ -218,6 +277,9 @@ func (t *Tracker) session(id string) (*session, error) {
 			return nil, fmt.Errorf("history pin of session %s: %w", id, err)
 		}
 		s.answered, s.delivered, s.pinned = p.Answered, p.Delivered, true
+		if s.compaction, err = p.compaction(); err != nil {
+			return nil, fmt.Errorf("history pin of session %s: %w", id, err)
+		}
 		for _, h := range p.LastUser {
 			var d Digest
 			if b, err := hex.DecodeString(h); err == nil && len(b) == len(d) {
