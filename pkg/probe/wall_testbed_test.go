@@ -35,6 +35,7 @@ func (e *tbEnv) wallTurn(t *testing.T, off bool, cmd []string, during func()) (*
 	r := turn.NewRunner(e.cfg, e.client, func(ctx context.Context, cfg *config.Config, dry bool) (turn.SealState, error) {
 		return cagenet.CheckSeal(ctx, cfg, e.client, e.fw, dry)
 	})
+	r.Resolver = cagenet.Resolver(e.fw, e.tb.DialContext("host"))
 	r.WatchSeal = cagenet.Watcher(e.fw)
 	if off {
 		r.CageWall = noWall
@@ -200,6 +201,7 @@ func TestPreparedCageWall(t *testing.T) {
 	r := turn.NewRunner(e.cfg, e.client, func(ctx context.Context, cfg *config.Config, dry bool) (turn.SealState, error) {
 		return cagenet.CheckSeal(ctx, cfg, e.client, e.fw, dry)
 	})
+	r.Resolver = cagenet.Resolver(e.fw, e.tb.DialContext("host"))
 	r.Binary = e.bin
 	st, err := cagenet.CheckSeal(ctx, e.cfg, e.client, e.fw, true)
 	assert.NilError(t, err)
@@ -257,7 +259,9 @@ func TestCageWallPerPolicyTurn(t *testing.T) {
 		want, nope []string
 		unlisted   bool
 	}{
-		{"internet", []string{"policy drop", "meta nfproto ipv4 accept", "daddr @routed4 counter", "udp dport 53 accept"}, []string{"@allow4"}, true},
+		// DNS leaves the cage only through its own resolver on loopback:
+		// every DNS port outward is dropped under every policy.
+		{"internet", []string{"policy drop", "meta nfproto ipv4 accept", "daddr @routed4 counter", "udp dport @dnsports counter"}, []string{"@allow4", "dport 53 accept"}, true},
 		{"allowlist", []string{"policy drop", "@allow4 accept", "@names4 accept"}, []string{"meta nfproto ipv4 accept", "dport 53 accept"}, false},
 	} {
 		t.Run(tc.policy, func(t *testing.T) {
