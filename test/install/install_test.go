@@ -105,7 +105,8 @@ func TestMakeInstallIntoEmptyRoot(t *testing.T) {
 	assert.NilError(t, err, string(out))
 	// The example's token file does not exist yet: a note naming the agents
 	// that need it, not a failure (a shell turn runs without it).
-	assert.Equal(t, string(out), "note: token anthropic: /run/secrets/anthropic-api-key does not exist yet; turns of agent claude, opencode refuse until it does\nok\n")
+	assert.Equal(t, string(out), "note: token anthropic: /run/secrets/anthropic-api-key does not exist yet; turns of agent claude, opencode refuse until it does\n"+
+		"note: token openai: /run/secrets/openai-api-key does not exist yet; turns of agent codex refuse until it does\nok\n")
 
 	// The man page and completions come from the binary.
 	for _, p := range []string{"usr/local/share/man/man1/shrooms.1", "usr/local/share/bash-completion/completions/shrooms",
