@@ -65,8 +65,11 @@ func TestGatewayRefusesServerSideCapabilities(t *testing.T) {
 		}
 	}
 
-	// Positive control: allowed, the same requests reach the upstream.
-	c := newEnvWith(t, envOptions{gateway: true, policy: "none", gatewayExtra: `allow_server_tools = ["mcp_servers", "web_fetch", "container"]` + "\n" + `allow_betas = ["mcp-client-2025-04-04"]`})
+	// Positive control: allowed, the same requests reach the upstream. The
+	// probe's raw requests carry no session id, which the conversation pin
+	// refuses (and ends the turn for) under history = "refuse": it is off
+	// here, this control is about the server-side capabilities alone.
+	c := newEnvWith(t, envOptions{gateway: true, policy: "none", gatewayExtra: `allow_server_tools = ["mcp_servers", "web_fetch", "container"]` + "\n" + `allow_betas = ["mcp-client-2025-04-04"]` + "\n" + `history = "off"`})
 	c.api.Append(probe, modelapi.Text("web_fetch probe's answer"), modelapi.Text("probed"))
 	code, out, errb = c.run("--json", "run", "--task", c.task("claude"), "--agent", "claude", "--worktree", c.worktree, "--no-stdin", "--",
 		"-p", "--output-format", "json", "probe the gateway")
