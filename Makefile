@@ -62,6 +62,13 @@ kube-test: kube-bin
 	go vet -tags "$(TAGS) kubeapi" ./test/kubeapi
 	SHROOMS_KUBE_BIN=$(KUBECP_BIN) go test -tags "$(TAGS) kubeapi" -count=1 -timeout 20m -v ./test/kubeapi
 
+# Turns under gVisor (docs/gvisor.md): not part of `make test` while setup
+# does not build runsc. RUNSC names a static upstream runsc (built with
+# CGO_ENABLED=0); a missing one fails.
+RUNSC ?=
+runsc-test: setup
+	SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -count=1 -p 1 -timeout 20m -run 'Runsc' ./pkg/turn
+
 # Unit tests only (no root, podman or nftables needed).
 unit:
 	go test -tags "$(TAGS)" -count=1 ./...

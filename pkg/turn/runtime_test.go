@@ -3,9 +3,7 @@ package turn
 import (
 	"context"
 	"errors"
-	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"gotest.tools/v3/assert"
@@ -74,47 +72,4 @@ func TestRuntimeTheServiceDoesNotRunIsRefused(t *testing.T) {
 			assert.Equal(t, res.Runtime, "runc")
 		})
 	}
-}
-
-// runscPath is a static upstream runsc (docs/gvisor.md says how to build
-// it); "" when SHROOMS_TEST_RUNSC is unset.
-func runscPath(t *testing.T) string {
-	p := os.Getenv("SHROOMS_TEST_RUNSC")
-	if p == "" {
-		t.Skip("SHROOMS_TEST_RUNSC is unset: no upstream runsc to run cages under (docs/gvisor.md)")
-	}
-	return p
-}
-
-// A turn under gVisor: the service runs runsc with the flags shrooms
-// requires of it, the cage gets the task's user namespace and runs as the
-// cage user, and the kernel it sees is gVisor's, not the host's.
-func TestRuntimeRunscTurn(t *testing.T) {
-	runsc := runscPath(t)
-	h := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
-	res, out, errOut, err := h.sh(h.task("gv"), "", "id -u; cat /proc/self/uid_map; uname -r; dmesg 2>&1 | head -1")
-	assert.NilError(t, err, errOut)
-	assert.Equal(t, res.ExitCode, 0, errOut)
-	assert.Equal(t, res.Runtime, runsc)
-	t.Logf("under runsc:\n%s", out)
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	assert.Equal(t, lines[0], "1000")
-	assert.Assert(t, strings.Contains(out, "-gvisor") || strings.Contains(out, "gVisor"), out)
-}
-
-// --oci-seccomp is what makes gVisor enforce shrooms' seccomp profile: with
-// it a new user namespace (denied by the profile) is refused in the cage;
-// without it (the positive control) the same call succeeds in the Sentry.
-func TestRuntimeRunscEnforcesSeccompOnlyWithOCISeccomp(t *testing.T) {
-	runsc := runscPath(t)
-	probe := "unshare -U true && echo unshare-ok || echo unshare-denied"
-	with := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
-	_, out, errOut, err := with.sh(with.task("sc"), "", probe)
-	assert.NilError(t, err, errOut)
-	assert.Equal(t, out, "unshare-denied\n", errOut)
-
-	without := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap")
-	_, out, errOut, err = without.sh(without.task("sc"), "", probe)
-	assert.NilError(t, err, errOut)
-	assert.Equal(t, out, "unshare-ok\n", errOut)
 }
