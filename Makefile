@@ -11,7 +11,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 GOFLAGS_TEST := -tags "$(TAGS)" -count=1 -p 1 -timeout 25m
 SOCKET := unix:///run/shrooms-test/podman.sock
 
-.PHONY: all build setup test unit vet demo bench fuzz soak clean install uninstall kube-test kube-bin shape
+.PHONY: all build setup test unit vet demo bench fuzz soak clean install uninstall kube-test kube-bin shape runsc-test
 
 all: build
 
