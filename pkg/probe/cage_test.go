@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -180,6 +181,13 @@ func TestNegativeControls(t *testing.T) {
 		{"podman socket bind-mounted", false, func(s *specgen.SpecGenerator) {
 			s.Mounts = append(s.Mounts, spec.Mount{Destination: "/run/podman/podman.sock", Type: "bind", Source: itest.SocketPath(), Options: []string{"rbind", "rw"}})
 		}, sorted("C1", "C3"), false},
+		{"git system config read-write", false, func(s *specgen.SpecGenerator) {
+			for i := range s.Mounts {
+				if s.Mounts[i].Destination == "/etc/gitconfig" {
+					s.Mounts[i].Options = append(slices.DeleteFunc(slices.Clone(s.Mounts[i].Options), func(o string) bool { return o == "ro" }), "rw")
+				}
+			}
+		}, sorted("A7", "C3"), false},
 		{"host directory mounted", false, func(s *specgen.SpecGenerator) {
 			s.Mounts = append(s.Mounts, spec.Mount{Destination: "/mnt/host", Type: "bind", Source: hostDir, Options: []string{"rbind", "ro"}})
 		}, sorted("C3", "C4"), false},
