@@ -53,6 +53,8 @@ type Request struct {
 	Step int
 	// Stream reports whether it asked for server-sent events.
 	Stream bool
+	// At is when it arrived.
+	At time.Time
 }
 
 // SideText answers model requests that offer no tools.
@@ -147,7 +149,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		apiError(w, http.StatusBadRequest, "invalid_request_error", "read body: "+err.Error())
 		return
 	}
-	rec := Request{Method: req.Method, Path: req.URL.Path, Header: req.Header.Clone(), Body: body, Step: -1}
+	rec := Request{Method: req.Method, Path: req.URL.Path, Header: req.Header.Clone(), Body: body, Step: -1, At: time.Now()}
 	path := strings.TrimSuffix(req.URL.Path, "/")
 	switch {
 	case req.Method == http.MethodPost && strings.HasSuffix(path, "/v1/messages/count_tokens"):

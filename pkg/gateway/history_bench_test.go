@@ -60,7 +60,9 @@ func (c *historyConversation) answered() {
 // 1 MiB and a 20 MiB history: the same gateway forwarding the same growing
 // conversation (each request the last one plus the answer and a new
 // message) with history off and with the pin, side by side; p50 of each
-// request's round trip and the p50 added.
+// request's round trip and the p50 added. "steady" requests follow one
+// another in a turn; "first" is each a turn's first (a new tracker that
+// loads the pin, as a new turn's gateway does).
 func BenchmarkHistoryPin(b *testing.B) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -75,84 +77,93 @@ func BenchmarkHistoryPin(b *testing.B) {
 	b.Cleanup(func() { srv.Close() })
 	u, _ := url.Parse("http://" + ln.Addr().String())
 	for _, size := range []int{1 << 20, 20 << 20} {
-		b.Run(fmt.Sprintf("%dMiB", size>>20), func(b *testing.B) {
-			var targets [2]string
-			var ph string
-			var pinned *Gateway
-			dir := b.TempDir()
-			for i, pin := range []bool{false, true} {
-				ph, _ = NewPlaceholder()
-				cfg := Config{API: "anthropic", Upstream: u, Key: []byte(realKey), Placeholder: ph}
-				if pin {
-					// The first request pins the history (a session the
-					// gateway has not seen may not start with one).
-					cfg.History = history.NewTracker(dir, history.Report)
+		for _, mode := range []string{"steady", "first"} {
+			b.Run(fmt.Sprintf("%dMiB/%s", size>>20, mode), func(b *testing.B) {
+				var targets [2]string
+				var ph string
+				var pinned *Gateway
+				dir := b.TempDir()
+				for i, pin := range []bool{false, true} {
+					ph, _ = NewPlaceholder()
+					cfg := Config{API: "anthropic", Upstream: u, Key: []byte(realKey), Placeholder: ph}
+					if pin {
+						// The first request pins the history (a session the
+						// gateway has not seen may not start with one).
+						cfg.History = history.NewTracker(dir, history.Report)
+					}
+					g, err := New(cfg)
+					if err != nil {
+						b.Fatal(err)
+					}
+					// One placeholder for both gateways.
+					g.cfg.Placeholder = "benchmark-placeholder-0123456789abcdef"
+					gl, err := net.Listen("tcp", "127.0.0.1:0")
+					if err != nil {
+						b.Fatal(err)
+					}
+					g.Serve(gl)
+					b.Cleanup(func() { g.Close() })
+					if pin {
+						pinned = g
+					}
+					targets[i] = "http://" + gl.Addr().String() + "/v1/messages"
 				}
-				g, err := New(cfg)
-				if err != nil {
-					b.Fatal(err)
+				convs := [2]*historyConversation{newHistoryConversation(size), newHistoryConversation(size)}
+				client := &http.Client{Transport: &http.Transport{}}
+				var lat [2][]time.Duration
+				send := func(i int) {
+					body := convs[i].body()
+					req, _ := http.NewRequest(http.MethodPost, targets[i], bytes.NewReader(body))
+					req.Header.Set("X-Api-Key", "benchmark-placeholder-0123456789abcdef")
+					req.Header.Set("X-Claude-Code-Session-Id", "bench-session")
+					start := time.Now()
+					resp, err := client.Do(req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					lat[i] = append(lat[i], time.Since(start))
+					if resp.StatusCode != 200 {
+						b.Fatalf("status %d", resp.StatusCode)
+					}
+					convs[i].answered()
 				}
-				// One placeholder for both gateways.
-				g.cfg.Placeholder = "benchmark-placeholder-0123456789abcdef"
-				gl, err := net.Listen("tcp", "127.0.0.1:0")
-				if err != nil {
-					b.Fatal(err)
-				}
-				g.Serve(gl)
-				b.Cleanup(func() { g.Close() })
-				if pin {
-					pinned = g
-				}
-				targets[i] = "http://" + gl.Addr().String() + "/v1/messages"
-			}
-			convs := [2]*historyConversation{newHistoryConversation(size), newHistoryConversation(size)}
-			client := &http.Client{Transport: &http.Transport{}}
-			var lat [2][]time.Duration
-			send := func(i int) {
-				body := convs[i].body()
-				req, _ := http.NewRequest(http.MethodPost, targets[i], bytes.NewReader(body))
-				req.Header.Set("X-Api-Key", "benchmark-placeholder-0123456789abcdef")
-				req.Header.Set("X-Claude-Code-Session-Id", "bench-session")
-				start := time.Now()
-				resp, err := client.Do(req)
-				if err != nil {
-					b.Fatal(err)
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				lat[i] = append(lat[i], time.Since(start))
-				if resp.StatusCode != 200 {
-					b.Fatalf("status %d", resp.StatusCode)
-				}
-				convs[i].answered()
-			}
-			// The first request of each (the whole history canonicalised:
-			// a turn's first) is not the steady state measured.
-			send(0)
-			send(1)
-			pinned.cfg.History = history.NewTracker(dir, history.Refuse)
-			send(0)
-			send(1)
-			lat = [2][]time.Duration{}
-			b.ResetTimer()
-			for n := 0; n < b.N; n++ {
+				// The first request of each (the whole history canonicalised:
+				// a turn's first) is not the steady state measured.
 				send(0)
 				send(1)
-			}
-			b.StopTimer()
-			if r := pinned.HistoryReports(); len(r) != 1 || r[0].Verdict != history.VerdictContinued {
-				b.Fatalf("the pin did not follow the conversation: %+v", r)
-			}
-			p50 := func(d []time.Duration) float64 {
-				s := slices.Clone(d)
-				slices.Sort(s)
-				return float64(s[len(s)/2].Microseconds()) / 1000
-			}
-			off, on := p50(lat[0]), p50(lat[1])
-			b.ReportMetric(off, "p50-off-ms")
-			b.ReportMetric(on, "p50-pin-ms")
-			b.ReportMetric(on-off, "p50-added-ms")
-			b.ReportMetric(on/off, "ratio")
-		})
+				pinned.cfg.History = history.NewTracker(dir, history.Refuse)
+				send(0)
+				send(1)
+				lat = [2][]time.Duration{}
+				b.ResetTimer()
+				for n := 0; n < b.N; n++ {
+					send(0)
+					if mode == "first" {
+						// The last answer pinned, then a new turn's tracker.
+						b.StopTimer()
+						pinned.exchanges.Wait()
+						pinned.cfg.History = history.NewTracker(dir, history.Refuse)
+						b.StartTimer()
+					}
+					send(1)
+				}
+				b.StopTimer()
+				if r := pinned.HistoryReports(); len(r) != 1 || r[0].Verdict != history.VerdictContinued {
+					b.Fatalf("the pin did not follow the conversation: %+v", r)
+				}
+				p50 := func(d []time.Duration) float64 {
+					s := slices.Clone(d)
+					slices.Sort(s)
+					return float64(s[len(s)/2].Microseconds()) / 1000
+				}
+				off, on := p50(lat[0]), p50(lat[1])
+				b.ReportMetric(off, "p50-off-ms")
+				b.ReportMetric(on, "p50-pin-ms")
+				b.ReportMetric(on-off, "p50-added-ms")
+				b.ReportMetric(on/off, "ratio")
+			})
+		}
 	}
 }

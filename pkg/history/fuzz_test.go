@@ -1,10 +1,13 @@
 package history
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -70,32 +73,101 @@ func FuzzPinnedPrefix(f *testing.F) {
 		if _, err := NewTracker(dir, Refuse).Check("s", got, true); err != nil {
 			return
 		}
-		want, ok1 := reference(pinned)
-		have, ok2 := reference(got)
-		if !ok1 || !ok2 {
-			t.Fatalf("accepted a history encoding/json cannot read")
+		acceptedAsPinned(t, pinned, got)
+	})
+}
+
+// acceptedAsPinned fails t unless got, accepted after pinned, holds the
+// pinned messages unchanged (as encoding/json reads them, up to the
+// canonical form's rewrites) followed only by user messages.
+func acceptedAsPinned(t *testing.T, pinned, got []byte) {
+	t.Helper()
+	want, ok1 := reference(pinned)
+	have, ok2 := reference(got)
+	if !ok1 || !ok2 {
+		t.Fatalf("accepted a history encoding/json cannot read")
+	}
+	if len(have) < len(want) {
+		// Only a compaction request may be shorter: a prefix of the
+		// pinned history, the instruction appended to its last message.
+		n := len(have)
+		if n == 0 || !reflect.DeepEqual(want[:n-1], have[:n-1]) || !compactionOf(want[n-1], have[n-1]) {
+			t.Fatalf("accepted a shorter history: %d < %d", len(have), len(want))
 		}
-		if len(have) < len(want) {
-			// Only a compaction request may be shorter: a prefix of the
-			// pinned history, the instruction appended to its last message.
-			n := len(have)
-			if n == 0 || !reflect.DeepEqual(want[:n-1], have[:n-1]) || !compactionOf(want[n-1], have[n-1]) {
-				t.Fatalf("accepted a shorter history: %d < %d", len(have), len(want))
-			}
+		return
+	}
+	for i := range want {
+		if i == len(want)-1 && mergedInto(want[i], have[i]) {
+			continue // new content merged into a last user message
+		}
+		if !reflect.DeepEqual(want[i], have[i]) {
+			t.Fatalf("accepted a changed message %d:\n%v\n%v", i, want[i], have[i])
+		}
+	}
+	for i := len(want); i < len(have); i++ {
+		if m, _ := have[i].(map[string]any); m["role"] != "user" {
+			t.Fatalf("accepted a new message %d that is not the user's", i)
+		}
+	}
+}
+
+// FuzzCachedPrefix: the raw-digest path of a turn's first request. A
+// history is pinned with the digests of its raw messages; the next
+// request repeats its first k messages byte for byte, puts mutated in
+// place of message k and repeats the rest. The verdict is the one of a
+// pin without raw digests (every message canonicalised) and of another
+// session pinned with the same history in other bytes (its raw digests
+// name none of these messages): the digests only spare work, and an
+// accepted history is the pinned one.
+func FuzzCachedPrefix(f *testing.F) {
+	for _, s := range seedRequests(f) {
+		f.Add(s, uint(1), []byte(`{"role":"user","content":"forged"}`))
+		f.Add(s, uint(0), []byte(`{"role":"user","content":[{"type":"text","text":"x"}]}`))
+	}
+	f.Add(conv("u:hello", "a:a1", "u:go"), uint(1), []byte(`{"content":[{"text":"a1","type":"text"}],"role":"assistant"}`))
+	f.Add(conv("u:hello", "a:a1", "u:go"), uint(1), []byte(`{"role":"assistant","content":"a2"}`))
+	f.Add(conv("u:hello", "a:a1", "u:go"), uint(3), []byte(`{"role":"assistant","content":"a2"}`))
+	f.Fuzz(func(t *testing.T, pinned []byte, k uint, mutated []byte) {
+		elems, err := splitArray(pinned)
+		if err != nil || !json.Valid(pinned) || len(elems) == 0 {
 			return
 		}
-		for i := range want {
-			if i == len(want)-1 && mergedInto(want[i], have[i]) {
-				continue // new content merged into a last user message
-			}
-			if !reflect.DeepEqual(want[i], have[i]) {
-				t.Fatalf("accepted a changed message %d:\n%v\n%v", i, want[i], have[i])
+		k %= uint(len(elems) + 1)
+		got := slices.Clone(elems)
+		if k < uint(len(elems)) {
+			got[k] = mutated
+		} else {
+			got = append(got, mutated)
+		}
+		gotRaw := append(append([]byte("["), bytes.Join(got, []byte(","))...), ']')
+		if !json.Valid(gotRaw) {
+			return
+		}
+		// The same history in other bytes: each message canonical.
+		other := make([][]byte, len(elems))
+		for i, e := range elems {
+			if _, other[i], err = Canonical(e); err != nil {
+				return
 			}
 		}
-		for i := len(want); i < len(have); i++ {
-			if m, _ := have[i].(map[string]any); m["role"] != "user" {
-				t.Fatalf("accepted a new message %d that is not the user's", i)
+		otherRaw := append(append([]byte("["), bytes.Join(other, []byte(","))...), ']')
+		verdict := func(id string, raw []byte, sums bool) string {
+			dir := t.TempDir()
+			if err := pinRawSums(dir, id, raw, sums); err != nil {
+				t.Fatal(err)
 			}
+			tr := NewTracker(dir, Refuse)
+			if _, err := tr.Check(id, gotRaw, true); err != nil {
+				return err.Error()
+			}
+			return "accepted"
+		}
+		cached, plain, elsewhere := verdict("a", pinned, true), verdict("a", pinned, false), verdict("a", otherRaw, true)
+		if cached != plain || cached != elsewhere {
+			t.Fatalf("the raw digests changed the verdict: cached %q, canonicalised %q, other bytes %q", cached, plain, elsewhere)
+		}
+		if cached == "accepted" {
+			acceptedAsPinned(t, pinned, gotRaw)
 		}
 	})
 }
@@ -125,19 +197,27 @@ func FuzzCanonical(f *testing.F) {
 }
 
 // pinRaw pins a raw history for session as a previous turn would have
-// (no answer after it).
-func pinRaw(dir, id string, raw []byte) error {
+// (no answer after it), with the digests of its raw messages.
+func pinRaw(dir, id string, raw []byte) error { return pinRawSums(dir, id, raw, true) }
+
+// pinRawSums is pinRaw; without sums, as a pin written before the raw
+// digests were kept.
+func pinRawSums(dir, id string, raw []byte, sums bool) error {
 	elems, err := splitArray(raw)
 	if err != nil {
 		return err
 	}
 	msgs := make([]Message, len(elems))
+	var rawSums []Digest
 	for i, e := range elems {
 		if msgs[i], err = Sum(e); err != nil {
 			return err
 		}
+		if sums {
+			rawSums = append(rawSums, sha256.Sum256(e))
+		}
 	}
-	s := &session{id: id, ref: msgs}
+	s := &session{id: id, ref: msgs, refSums: rawSums}
 	if n := len(msgs); n > 0 && msgs[n-1].Role == "user" {
 		s.lastUser = blockDigests(elems[n-1])
 	}

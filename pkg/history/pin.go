@@ -74,6 +74,13 @@ func pinned(msgs []Message) []pinnedMessage {
 type pinnedMessage struct {
 	Role   string `json:"role"`
 	Digest string `json:"digest"`
+	// Raw is the SHA-256 of the message's bytes as the client last sent
+	// them (absent for an answer the gateway reassembled, and in pins
+	// written before it was kept). It only spares the next turn
+	// canonicalising a message sent byte for byte as before; it is not in
+	// the chain: a damaged one is, but for a SHA-256 collision, the digest
+	// of no message, and a message it fails to match is canonicalised.
+	Raw string `json:"raw,omitempty"`
 }
 
 // chain returns the digest chain head over msgs.
@@ -90,24 +97,43 @@ func chain(msgs []Message) string {
 	return hex.EncodeToString(h[:])
 }
 
-func newPin(session string, msgs []Message, answered, delivered bool) *Pin {
+// newPin returns the pin of msgs; sums, when it has a non-zero entry for a
+// message, is the digest of that message's raw bytes.
+func newPin(session string, msgs []Message, sums []Digest, answered, delivered bool) *Pin {
 	p := &Pin{Session: session, Answered: answered, Delivered: delivered, Chain: chain(msgs), Messages: make([]pinnedMessage, len(msgs))}
 	for i, m := range msgs {
 		p.Messages[i] = pinnedMessage{Role: m.Role, Digest: hex.EncodeToString(m.Digest[:])}
+		if i < len(sums) && sums[i] != (Digest{}) {
+			p.Messages[i].Raw = hex.EncodeToString(sums[i][:])
+		}
 	}
 	return p
 }
 
-// messages decodes the pin, checking its chain.
-func (p *Pin) messages() ([]Message, error) {
+// messages decodes the pin, checking its chain, and returns with it the
+// map from the recorded raw digests to their messages.
+func (p *Pin) messages() ([]Message, map[Digest]Message, error) {
 	out, err := decodeMessages(p.Messages)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if chain(out) != p.Chain {
-		return nil, errors.New("the pin's digest chain does not match its messages")
+		return nil, nil, errors.New("the pin's digest chain does not match its messages")
 	}
-	return out, nil
+	known := make(map[Digest]Message, len(out))
+	for i, m := range p.Messages {
+		if m.Raw == "" {
+			continue
+		}
+		var d Digest
+		b, err := hex.DecodeString(m.Raw)
+		if err != nil || len(b) != len(d) {
+			return nil, nil, fmt.Errorf("pinned message %d is malformed", i)
+		}
+		copy(d[:], b)
+		known[d] = out[i]
+	}
+	return out, known, nil
 }
 
 func decodeMessages(pm []pinnedMessage) ([]Message, error) {

@@ -89,10 +89,25 @@ type session struct {
 	index   int
 	role    string
 
-	// The last forwarded request's raw messages and their digests: a
-	// message whose bytes did not change is not canonicalised again.
+	// refSums are the SHA-256 digests of ref's messages' raw bytes as the
+	// client last sent them (zero for an answer the gateway reassembled):
+	// kept in the pin for the next turn's first request.
+	refSums []Digest
+
+	// The last forwarded request's raw messages, their digests and the
+	// digests of their raw bytes: a message whose bytes did not change is
+	// not canonicalised again.
 	lastRaw  [][]byte
 	lastMsgs []Message
+	lastSums []Digest
+
+	// known maps the SHA-256 of a message's raw bytes, as this session's
+	// pin recorded them, to the message's canonical digest: on a turn's
+	// first request a message the client sends byte for byte as before is
+	// not canonicalised again. The canonical form is a function of the
+	// bytes, so equal raw digests mean equal canonical digests. Loaded
+	// from this session's own pin only.
+	known map[Digest]Message
 
 	// compaction is the last compaction the gateway passed a summary back
 	// for: the next history may be the one derived from it.
@@ -105,6 +120,7 @@ type Exchange struct {
 	t       *Tracker
 	s       *session
 	msgs    []Message
+	sums    []Digest
 	Answer  Answer
 	tracked bool
 	// compact is set when the request is a compaction request: its answer
@@ -136,9 +152,15 @@ func (t *Tracker) Check(sessionID string, messages []byte, main bool) (*Exchange
 		return nil, err
 	}
 	msgs := make([]Message, len(elems))
+	sums := make([]Digest, len(elems))
 	for i, e := range elems {
 		if i < len(s.lastRaw) && bytes.Equal(e, s.lastRaw[i]) {
-			msgs[i] = s.lastMsgs[i]
+			msgs[i], sums[i] = s.lastMsgs[i], s.lastSums[i]
+			continue
+		}
+		sums[i] = sha256.Sum256(e)
+		if m, ok := s.known[sums[i]]; ok {
+			msgs[i] = m
 			continue
 		}
 		if msgs[i], err = Sum(e); err != nil {
@@ -152,8 +174,8 @@ func (t *Tracker) Check(sessionID string, messages []byte, main bool) (*Exchange
 		if first {
 			s.verdict = VerdictContinued
 		}
-		s.lastRaw, s.lastMsgs = elems, msgs
-		return &Exchange{t: t, s: s, msgs: msgs, tracked: true, compact: req}, nil
+		s.lastRaw, s.lastMsgs, s.lastSums = elems, msgs, sums
+		return &Exchange{t: t, s: s, msgs: msgs, sums: sums, tracked: true, compact: req}, nil
 	}
 	mm := s.compare(msgs, elems)
 	compacted := false
@@ -180,16 +202,16 @@ func (t *Tracker) Check(sessionID string, messages []byte, main bool) (*Exchange
 	}
 	// Pinned before it is forwarded: after a kill the pin is the last
 	// history forwarded in full (or the one before it).
-	s.ref, s.answered, s.delivered, s.pinned = msgs, false, false, true
+	s.ref, s.refSums, s.answered, s.delivered, s.pinned = msgs, sums, false, false, true
 	s.lastUser = nil
 	if n := len(msgs); n > 0 && msgs[n-1].Role == "user" {
 		s.lastUser = blockDigests(elems[n-1])
 	}
-	s.lastRaw, s.lastMsgs = elems, msgs
+	s.lastRaw, s.lastMsgs, s.lastSums = elems, msgs, sums
 	if err := savePin(t.dir, s.pin()); err != nil {
 		return nil, err
 	}
-	ex := &Exchange{t: t, s: s, msgs: msgs, tracked: true}
+	ex := &Exchange{t: t, s: s, msgs: msgs, sums: sums, tracked: true}
 	if mm != nil {
 		return ex, mm
 	}
@@ -222,6 +244,7 @@ func (ex *Exchange) Done(delivered bool) error {
 		return nil
 	}
 	s.ref = append(slices.Clip(ex.msgs), m)
+	s.refSums = append(slices.Clip(ex.sums), Digest{})
 	s.answered, s.delivered, s.lastUser = true, delivered, nil
 	return savePin(t.dir, s.pin())
 }
@@ -252,7 +275,7 @@ func (ex *Exchange) compactionDone(answer []byte) error {
 }
 
 func (s *session) pin() *Pin {
-	p := newPin(s.id, s.ref, s.answered, s.delivered)
+	p := newPin(s.id, s.ref, s.refSums, s.answered, s.delivered)
 	if c := s.compaction; c != nil {
 		p.Compaction = &pinCompaction{Summary: hex.EncodeToString(c.summary[:]), Tools: c.tools, Tail: pinned(c.tail)}
 	}
@@ -273,7 +296,7 @@ func (t *Tracker) session(id string) (*session, error) {
 		return nil, err
 	}
 	if p != nil {
-		if s.ref, err = p.messages(); err != nil {
+		if s.ref, s.known, err = p.messages(); err != nil {
 			return nil, fmt.Errorf("history pin of session %s: %w", id, err)
 		}
 		s.answered, s.delivered, s.pinned = p.Answered, p.Delivered, true

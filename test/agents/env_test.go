@@ -84,6 +84,8 @@ type envOptions struct {
 	// with it (auth = "chatgpt", upstream the model API's
 	// /backend-api/codex, token_url tokenHandler's) instead of the key.
 	chatgpt []byte
+	// shrooms, when set, is a shrooms binary already built (else one is).
+	shrooms string
 }
 
 func newEnvWith(t testing.TB, o envOptions) *env {
@@ -93,7 +95,10 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		t.Fatalf("agent image %s is missing (run `make setup`, which runs scripts/build-agent-image.sh): %v %s", agentImage, err, out)
 	}
 	e := &env{t: t, name: itest.UniqueName("ag"), dir: t.TempDir()}
-	e.shrooms = buildShrooms(t, e.dir)
+	e.shrooms = o.shrooms
+	if e.shrooms == "" {
+		e.shrooms = buildShrooms(t, e.dir)
+	}
 	e.tb = testbed.New(t)
 	e.tb.StartPodman()
 	e.api, e.apiURL = e.startAPI()

@@ -19,17 +19,22 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/history"
 )
 
-// honestTurns is how many resumed turns each agent runs in
-// TestHistoryHonestResumes (SHROOMS_HISTORY_TURNS overrides it).
-func honestTurns(t *testing.T) int {
+// honestTurns is how many resumed turns agent runs in
+// TestHistoryHonestResumes (SHROOMS_HISTORY_TURNS overrides it for both).
+func honestTurns(t *testing.T, agent string) int {
 	if s := os.Getenv("SHROOMS_HISTORY_TURNS"); s != "" {
 		n, err := strconv.Atoi(s)
 		assert.NilError(t, err)
 		return n
 	}
-	// 20 per agent keeps make test inside its time budget (a resumed real
-	// turn costs 4-14 s here); SHROOMS_HISTORY_TURNS=50 is the long run.
-	return 20
+	// 100 in all. An opencode turn costs 10-40 s here, nearly all of it
+	// opencode's own start before its first request (measured: the first
+	// request 10 s after the cage starts at load 4, 38 s at load 14); a
+	// Claude Code turn 3-4 s. The two series run at once.
+	if agent == "opencode" {
+		return 30
+	}
+	return 70
 }
 
 // TestHistoryHonestResumes: no false positive. Real Claude Code and real
@@ -37,15 +42,21 @@ func honestTurns(t *testing.T) int {
 // "refuse" for many resumed turns, each with tool calls (every fifth
 // turn three deep), one turn stopped (`shrooms stop`) and one killed
 // (kill -9 of shrooms) while a tool runs, each then resumed: every turn is
-// accepted (verdict continued, never a refusal). The byte-identical rate
-// of the repeated messages before the canonical form is logged.
+// accepted (verdict continued, never a refusal); Claude Code also compacts
+// (/compact) halfway. The two agents' series run at once, each in its own
+// testbed with its own scripted API; each turn logs its phases and when
+// its requests arrived. The byte-identical rate of the repeated messages
+// before the canonical form is logged.
 func TestHistoryHonestResumes(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
-	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
-	n := honestTurns(t)
+	bin := buildShrooms(t, t.TempDir())
 	for _, agent := range []string{"claude", "opencode"} {
 		t.Run(agent, func(t *testing.T) {
-			e.t = t
+			// Most of a turn is waiting (the agent's node start, podman):
+			// the two series share the machine well.
+			t.Parallel()
+			e := newEnvWith(t, envOptions{gateway: true, policy: "none", shrooms: bin})
+			n := honestTurns(t, agent)
 			wt := filepath.Join(e.dir, "work-"+agent)
 			assert.NilError(t, os.MkdirAll(wt, 0o755))
 			git(t, wt, "init", "-q")
@@ -113,6 +124,7 @@ func TestHistoryHonestResumes(t *testing.T) {
 				}
 				e.api.Append(append(steps, modelapi.Text(fmt.Sprintf("done %d", i)))...)
 				turnStart := time.Now()
+				nreq := len(e.api.Requests())
 				code, out, errb, res := e.resumeRun(agent, args(session, fmt.Sprintf("prompt %d", i))...)
 				if code == 123 {
 					// The last turn's detached teardown still held the task
@@ -120,7 +132,11 @@ func TestHistoryHonestResumes(t *testing.T) {
 					e.settled(agent)
 					code, out, errb, res = e.resumeRun(agent, args(session, fmt.Sprintf("prompt %d", i))...)
 				}
-				t.Logf("turn %d: exit %d in %v", i, code, time.Since(turnStart).Round(100*time.Millisecond))
+				var at []string
+				for _, r := range e.api.Requests()[nreq:] {
+					at = append(at, fmt.Sprintf("%s+%.1fs", r.Path, r.At.Sub(turnStart).Seconds()))
+				}
+				t.Logf("turn %d: exit %d in %v (prepared %v, total %.0f ms: %v) requests %v", i, code, time.Since(turnStart).Round(100*time.Millisecond), res.Prepared, res.TotalMs, res.Phases, at)
 				if code == 119 || len(res.History) == 0 || res.History[0].Verdict != want {
 					refusals++
 				}

@@ -22,10 +22,16 @@ import (
 
 // historyResult is the part of `run --json`'s result the history tests read.
 type historyResult struct {
-	ExitCode int    `json:"exit_code"`
-	Status   string `json:"status"`
-	Error    string `json:"error"`
-	History  []struct {
+	ExitCode int     `json:"exit_code"`
+	Status   string  `json:"status"`
+	Error    string  `json:"error"`
+	Prepared bool    `json:"prepared"`
+	TotalMs  float64 `json:"totalMs"`
+	Phases   []struct {
+		Name string  `json:"name"`
+		Ms   float64 `json:"ms"`
+	} `json:"phases"`
+	History []struct {
 		Session  string `json:"session"`
 		Messages int    `json:"messages"`
 		Verdict  string `json:"verdict"`
