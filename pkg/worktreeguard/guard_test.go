@@ -349,9 +349,11 @@ func benchGuard(b *testing.B, refs bool) {
 
 func TestGuardedNamesPassFirstByteTest(t *testing.T) {
 	for _, g := range guardedNames() {
-		assert.Assert(t, isGuardedName(g.name), g.name)
+		assert.Assert(t, isGuardedName(g.parent, g.name), g.name)
 	}
-	assert.Assert(t, !isGuardedName("main.go"))
+	assert.Assert(t, !isGuardedName("", "main.go"))
+	assert.Assert(t, !isGuardedName("", "hooks"), "hooks is guarded only in .github")
+	assert.Assert(t, !isGuardedName("src", "hooks"))
 }
 
 func TestLinkOutOfTheWorktreeIsRefusedUnlessTrusted(t *testing.T) {
