@@ -401,9 +401,9 @@ func TestGuardedLinkTargetsAreTrusted(t *testing.T) {
 func TestGeminiImportsAndCrushrcSources(t *testing.T) {
 	wt, store := ownerRepo(t)
 	tree(t, wt, map[string]string{
-		"GEMINI.md":       "Read @docs/style.md first.\n",
-		"docs/style.md":   "See @./more.md\n",
-		"docs/more.md":    "owner's more\n",
+		"GEMINI.md":       "Read @guide/style.md first.\n",
+		"guide/style.md":  "See @./more.md\n",
+		"guide/more.md":   "owner's more\n",
 		".crushrc":        "source ./crush/extra.sh\n",
 		"crush/extra.sh":  "permissions allow view\n",
 		"notes/unrelated": "x\n",
@@ -411,13 +411,13 @@ func TestGeminiImportsAndCrushrcSources(t *testing.T) {
 	ctx := context.Background()
 	res, err := store.Trust(ctx, wt, nil)
 	assert.NilError(t, err)
-	assert.Check(t, is.Contains(res.Loads, "docs/style.md"))
-	assert.Check(t, is.Contains(res.Loads, "docs/more.md"))
+	assert.Check(t, is.Contains(res.Loads, "guide/style.md"))
+	assert.Check(t, is.Contains(res.Loads, "guide/more.md"))
 	m, _ := store.Load()
 	assert.Check(t, is.Contains(m.HostRefs["crush/extra.sh"], "Crush"))
-	tree(t, wt, map[string]string{"docs/more.md": "planted\n", "notes/unrelated": "y\n"})
+	tree(t, wt, map[string]string{"guide/more.md": "planted\n", "notes/unrelated": "y\n"})
 	c, err := store.Guard(ctx, wt, m)
 	assert.NilError(t, err)
-	assert.DeepEqual(t, c.Masked, []string{"docs/more.md"})
+	assert.DeepEqual(t, c.Masked, []string{"guide/more.md"})
 	assert.Check(t, is.Contains(c.Changes[0].Why, "Gemini CLI @import"))
 }
