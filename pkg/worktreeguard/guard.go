@@ -34,44 +34,61 @@ import (
 // as configuration, wherever it appears in the worktree.
 type guarded struct {
 	name string
-	why  string
+	// parent, when set, is the name the directory holding name must have:
+	// Copilot's hooks live in .github/hooks, and the rest of .github
+	// (workflows, templates) is no agent config.
+	parent string
+	why    string
 }
 
 // guardedNames lists what is guarded. Names match one path element at any
 // depth (opencode and Claude Code also read nested instruction files and
-// config dirs of subprojects); a guarded directory is compared as a whole.
+// config dirs of subprojects; Gemini CLI, Crush, Aider and Amp search from
+// the working directory, which may be any subdirectory, upward); a guarded
+// directory is compared as a whole. docs/security-model.md says which tool
+// loads each and how it searches.
 func guardedNames() []guarded {
 	return []guarded{
 		// opencode: project config, plugins, agents, commands, tools, MCP.
-		{"opencode.json", "opencode project config (MCP servers, plugins, providers, permissions)"},
-		{"opencode.jsonc", "opencode project config (MCP servers, plugins, providers, permissions)"},
-		{".opencode", "opencode project dir (plugins, agents, commands, tools)"},
-		{"AGENTS.md", "agent instructions (opencode, Codex)"},
+		{"opencode.json", "", "opencode project config (MCP servers, plugins, providers, permissions)"},
+		{"opencode.jsonc", "", "opencode project config (MCP servers, plugins, providers, permissions)"},
+		{".opencode", "", "opencode project dir (plugins, agents, commands, tools)"},
+		{"AGENTS.md", "", "agent instructions (opencode, Codex)"},
 		// Claude Code: settings with hooks, MCP servers, skills, commands.
-		{".claude", "Claude Code project dir (settings hooks, commands, agents, skills, rules)"},
-		{".mcp.json", "Claude Code project MCP servers"},
-		{"CLAUDE.md", "Claude Code instructions"},
-		{"CLAUDE.local.md", "Claude Code instructions"},
-		{"CONTEXT.md", "agent instructions (opencode)"},
-		{".agents", "skills shared by agents (opencode, Claude Code)"},
-		{".claude-plugin", "Claude Code plugin or marketplace (hooks, MCP servers, skills)"},
-		{".cursor", "Cursor config that Claude Code imports (MCP servers, hooks, rules, skills)"},
-		{".cursorrules", "Cursor rules (agent instructions)"},
-		{".windsurfrules", "Windsurf rules (agent instructions)"},
-		// Other agents that may share the worktree.
-		{".gemini", "Gemini CLI project config"},
-		{"GEMINI.md", "Gemini CLI instructions"},
-		{".codex", "Codex project config"},
+		{".claude", "", "Claude Code project dir (settings hooks, commands, agents, skills, rules)"},
+		{".mcp.json", "", "Claude Code project MCP servers"},
+		{"CLAUDE.md", "", "Claude Code instructions"},
+		{"CLAUDE.local.md", "", "Claude Code instructions"},
+		{"CONTEXT.md", "", "agent instructions (opencode)"},
+		{".agents", "", "skills shared by agents (opencode, Claude Code)"},
+		{".claude-plugin", "", "Claude Code plugin or marketplace (hooks, MCP servers, skills)"},
+		{".cursor", "", "Cursor project dir: Cursor's CLI runs hooks.json hooks and mcp.json servers (mcp.json also from parent directories); rules; Claude Code imports it too"},
+		{".cursorrules", "", "Cursor rules (agent instructions)"},
+		{".windsurfrules", "", "Windsurf rules (agent instructions)"},
+		// Other agents that may share the worktree (run by shrooms or by the
+		// owner by hand).
+		{".gemini", "", "Gemini CLI project dir: settings.json (MCP servers, hooks), .env, commands, extensions (each with MCP servers and context)"},
+		{"GEMINI.md", "", "Gemini CLI instructions (found from the working directory up and in subdirectories; @file imports)"},
+		{".env", "", "environment file Gemini CLI (searched from the working directory up) and Aider (git root and working directory) load at start: API keys, base URLs, any option"},
+		{".codex", "", "Codex project config"},
+		{".crushrc", "", "Crush config script: Bash run at start (found from the working directory up to the git root)"},
+		{"crushrc", "", "Crush config script: Bash run at start (found from the working directory up to the git root)"},
+		{".crush.json", "", "Crush project config (MCP servers, LSP commands, hooks, providers; $(...) runs at load)"},
+		{"crush.json", "", "Crush project config (MCP servers, LSP commands, hooks, providers; $(...) runs at load)"},
+		{"hooks", ".github", "GitHub Copilot CLI hooks (.github/hooks/*.json from the working directory: shell commands at session and tool events)"},
+		{".aider.conf.yml", "", "Aider config (git root and working directory): commands it runs (test-cmd, lint-cmd), API base URLs, files it reads"},
+		{".aider.model.settings.yml", "", "Aider model settings (git root and working directory): extra_params passed to every model request (API base, headers)"},
+		{".amp", "", "Amp workspace settings (.amp/settings.json, found from the working directory up to the repository root: MCP servers, permissions that delegate to commands)"},
 		// Tools that run code when the owner (or an agent) enters the tree.
-		{".envrc", "direnv script, run on entering the directory"},
-		{".vscode", "editor tasks and settings that run commands"},
-		{".devcontainer", "dev container definition (runs commands)"},
-		{".husky", "git hook scripts installed by husky"},
-		{".githooks", "git hook scripts"},
-		{".pre-commit-config.yaml", "pre-commit hooks"},
-		{".tool-versions", "asdf/mise tool versions (installs and runs tools)"},
-		{".mise.toml", "mise config (runs tasks and hooks)"},
-		{"mise.toml", "mise config (runs tasks and hooks)"},
+		{".envrc", "", "direnv script, run on entering the directory"},
+		{".vscode", "", "editor tasks and settings that run commands"},
+		{".devcontainer", "", "dev container definition (runs commands)"},
+		{".husky", "", "git hook scripts installed by husky"},
+		{".githooks", "", "git hook scripts"},
+		{".pre-commit-config.yaml", "", "pre-commit hooks"},
+		{".tool-versions", "", "asdf/mise tool versions (installs and runs tools)"},
+		{".mise.toml", "", "mise config (runs tasks and hooks)"},
+		{"mise.toml", "", "mise config (runs tasks and hooks)"},
 	}
 }
 
@@ -81,26 +98,45 @@ const linkWhy = "a link out of the worktree: agents read what it points to, whic
 // Why says why a guarded path is guarded ("" when rel is not guarded by
 // name).
 func Why(rel string) string {
-	base := path.Base(rel)
-	for _, g := range guardedNames() {
-		if g.name == base {
-			return g.why
-		}
+	if g, ok := guardedAt(parentName(rel), path.Base(rel)); ok {
+		return g.why
 	}
 	return ""
 }
 
-func isGuardedName(name string) bool {
+// parentName is the name of the directory holding rel ("" at the root).
+func parentName(rel string) string {
+	d := path.Dir(rel)
+	if d == "." {
+		return ""
+	}
+	return path.Base(d)
+}
+
+// isGuardedName reports whether an entry called name, in a directory
+// called parent, is guarded.
+func isGuardedName(parent, name string) bool {
+	_, ok := guardedAt(parent, name)
+	return ok
+}
+
+func guardedAt(parent, name string) (guarded, bool) {
 	// Cheap first test on every worktree entry: each guarded name starts
 	// with one of these (TestGuardedNamesPassFirstByteTest keeps it so).
 	if name == "" {
-		return false
+		return guarded{}, false
 	}
 	switch name[0] {
-	case '.', 'A', 'C', 'G', 'o', 'm':
-		return slices.ContainsFunc(guardedNames(), func(g guarded) bool { return g.name == name })
+	case '.', 'A', 'C', 'G', 'o', 'm', 'c', 'h':
+		gs := guardedNames()
+		i := slices.IndexFunc(gs, func(g guarded) bool {
+			return g.name == name && (g.parent == "" || g.parent == parent)
+		})
+		if i >= 0 {
+			return gs[i], true
+		}
 	}
-	return false
+	return guarded{}, false
 }
 
 // IsOpencode reports whether a guarded path is one opencode loads.
@@ -173,15 +209,16 @@ func Executable(changes []Change) []Change {
 // is (the path up to its first component with a guarded name, as the guard
 // matches at any depth), or "" when no component of rel is guarded.
 func GuardedRoot(rel string) string {
-	end := 0
+	end, parent := 0, ""
 	for _, comp := range strings.Split(rel, "/") {
 		if end > 0 {
 			end++
 		}
 		end += len(comp)
-		if isGuardedName(comp) {
+		if isGuardedName(parent, comp) {
 			return rel[:end]
 		}
+		parent = comp
 	}
 	return ""
 }

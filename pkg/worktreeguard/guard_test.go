@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -349,9 +350,11 @@ func benchGuard(b *testing.B, refs bool) {
 
 func TestGuardedNamesPassFirstByteTest(t *testing.T) {
 	for _, g := range guardedNames() {
-		assert.Assert(t, isGuardedName(g.name), g.name)
+		assert.Assert(t, isGuardedName(g.parent, g.name), g.name)
 	}
-	assert.Assert(t, !isGuardedName("main.go"))
+	assert.Assert(t, !isGuardedName("", "main.go"))
+	assert.Assert(t, !isGuardedName("", "hooks"), "hooks is guarded only in .github")
+	assert.Assert(t, !isGuardedName("src", "hooks"))
 }
 
 func TestLinkOutOfTheWorktreeIsRefusedUnlessTrusted(t *testing.T) {
@@ -419,4 +422,62 @@ func TestLinkChainsResolvedAsInTheCage(t *testing.T) {
 		}
 	}
 	assert.DeepEqual(t, out, []string{"abs-out", "loop1", "loop2", "p/q/escape", "p/q/up", "via"})
+}
+
+// TestOtherAgentsConfigIsMaskedAtAnyDepth: each file another agent loads
+// (Gemini CLI, Crush, Copilot CLI, Cursor CLI, Aider, Amp), planted after
+// the owner's trust at the root and in a subdirectory (those tools search
+// from the working directory up), is a change with a why, masked, and
+// accepted by a trust of exactly that path. Controls: look-alikes the
+// tools do not load (.github/workflows, a hooks dir outside .github,
+// .env.example) are not guarded.
+func TestOtherAgentsConfigIsMaskedAtAnyDepth(t *testing.T) {
+	planted := []string{
+		".gemini/settings.json", ".gemini/.env", ".gemini/commands/x.toml", ".gemini/extensions/e/gemini-extension.json",
+		"GEMINI.md", ".env", "crushrc", ".crushrc", "crush.json", ".crush.json",
+		".github/hooks/h.json", ".cursor/hooks.json", ".cursor/mcp.json",
+		".aider.conf.yml", ".aider.model.settings.yml", ".amp/settings.json",
+	}
+	roots := map[string]string{}
+	for _, p := range planted {
+		for _, dir := range []string{"", "sub/pkg/"} {
+			rel := dir + p
+			root := GuardedRoot(rel)
+			assert.Assert(t, root != "", "%s is not guarded", rel)
+			assert.Assert(t, Why(root) != "", "%s has no why", root)
+			roots[root] = rel
+		}
+	}
+	wt, store := ownerRepo(t)
+	ctx := context.Background()
+	_, err := store.Trust(ctx, wt, nil)
+	assert.NilError(t, err)
+	files := map[string]string{".github/workflows/ci.yml": "on: push\n", "src/hooks/useX.ts": "x\n", ".env.example": "A=1\n"}
+	for _, rel := range roots {
+		files[rel] = "planted\n"
+	}
+	tree(t, wt, files)
+	m, err := store.Load()
+	assert.NilError(t, err)
+	c, err := store.Guard(ctx, wt, m)
+	assert.NilError(t, err)
+	var want []string
+	for root := range roots {
+		want = append(want, root)
+	}
+	slices.Sort(want)
+	assert.DeepEqual(t, c.Masked, want)
+	for _, ch := range c.Changes {
+		assert.Check(t, ch.Why != "" && ch.Change == "added", "%+v", ch)
+	}
+	for _, notGuarded := range []string{".github/workflows/ci.yml", "src/hooks/useX.ts", ".env.example"} {
+		assert.Equal(t, GuardedRoot(notGuarded), "", notGuarded)
+	}
+	// `shrooms trust PATH` accepts each as a guarded path.
+	_, err = store.Trust(ctx, wt, []string{".github/hooks", "sub/pkg/.crushrc", ".env"})
+	assert.NilError(t, err)
+	m, _ = store.Load()
+	c, err = store.Guard(ctx, wt, m)
+	assert.NilError(t, err)
+	assert.Equal(t, len(c.Masked), len(want)-3)
 }

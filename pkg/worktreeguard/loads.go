@@ -100,6 +100,11 @@ func (r *resolver) entry(rel string, e Entry) error {
 					return err
 				}
 			}
+		case base == "GEMINI.md":
+			r.queued[f.rel] = true
+			if err := r.gemini(f.rel, f.data, f.rel, 1); err != nil {
+				return err
+			}
 		case base == "CLAUDE.md" || base == "CLAUDE.local.md" || (e.Type == "dir" && strings.HasSuffix(base, ".md") && isMarkdownRoot(rel)):
 			r.queued[f.rel] = true
 			if err := r.claude(f.rel, f.data, f.rel, 1); err != nil {
@@ -182,6 +187,35 @@ func (r *resolver) claude(rel string, data []byte, top string, depth int) error 
 	for _, spec := range claudeImports(data) {
 		if err := r.add(ref{spec: spec, base: dirOf(rel)}, rel, top, why, depth, true); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// gemini records the imports of a trusted GEMINI.md (Gemini CLI's
+// `@file`, relative to the file, depth 5 like Claude's); an imported file
+// is a load trusted by digest, and its own imports are followed in turn.
+func (r *resolver) gemini(rel string, data []byte, top string, depth int) error {
+	if depth > maxImportDepth {
+		return nil
+	}
+	why := "imported by the trusted " + top + " (Gemini CLI @import)"
+	if rel != top {
+		why = "imported by " + rel + ", which the trusted " + top + " imports (Gemini CLI @import)"
+	}
+	for _, spec := range geminiImports(data) {
+		target, outside := resolveSpec(ref{spec: spec, base: dirOf(rel)})
+		if err := r.add(ref{spec: spec, base: dirOf(rel)}, rel, top, why, depth, false); err != nil {
+			return err
+		}
+		if outside || target == "" || GuardedRoot(target) != "" {
+			continue
+		}
+		if l, ok := r.set.loads[target]; ok && l.Type == "file" && r.set.data[target] != nil && !r.queued[target+"\x00gemini"] {
+			r.queued[target+"\x00gemini"] = true
+			if err := r.gemini(target, r.set.data[target], top, depth+1); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

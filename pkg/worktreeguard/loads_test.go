@@ -394,3 +394,30 @@ func TestGuardedLinkTargetsAreTrusted(t *testing.T) {
 	_, err := store.Trust(context.Background(), wt, nil)
 	assert.ErrorContains(t, err, "worktree trust: .claude links to the directory config/claude, which the guard does not watch")
 }
+
+// TestGeminiImportsAndCrushrcSources: a trusted GEMINI.md's `@file`
+// imports (nested ones too) are loads: a turn's change to one is masked
+// with the trusted copy. What a trusted .crushrc sources is listed.
+func TestGeminiImportsAndCrushrcSources(t *testing.T) {
+	wt, store := ownerRepo(t)
+	tree(t, wt, map[string]string{
+		"GEMINI.md":       "Read @guide/style.md first.\n",
+		"guide/style.md":  "See @./more.md\n",
+		"guide/more.md":   "owner's more\n",
+		".crushrc":        "source ./crush/extra.sh\n",
+		"crush/extra.sh":  "permissions allow view\n",
+		"notes/unrelated": "x\n",
+	})
+	ctx := context.Background()
+	res, err := store.Trust(ctx, wt, nil)
+	assert.NilError(t, err)
+	assert.Check(t, is.Contains(res.Loads, "guide/style.md"))
+	assert.Check(t, is.Contains(res.Loads, "guide/more.md"))
+	m, _ := store.Load()
+	assert.Check(t, is.Contains(m.HostRefs["crush/extra.sh"], "Crush"))
+	tree(t, wt, map[string]string{"guide/more.md": "planted\n", "notes/unrelated": "y\n"})
+	c, err := store.Guard(ctx, wt, m)
+	assert.NilError(t, err)
+	assert.DeepEqual(t, c.Masked, []string{"guide/more.md"})
+	assert.Check(t, is.Contains(c.Changes[0].Why, "Gemini CLI @import"))
+}

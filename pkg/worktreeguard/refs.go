@@ -77,6 +77,26 @@ func claudeImports(content []byte) []string {
 	return out
 }
 
+// geminiImports returns the import specs of a GEMINI.md as Gemini CLI
+// finds them (memoryImportProcessor.ts: `@` at the start or after white
+// space, the path up to white space, starting with `.`, `/` or a letter),
+// together with Claude's reading, and in code too: a spare import is one
+// more file guarded, never one fewer.
+func geminiImports(content []byte) []string {
+	out := claudeImports(content)
+	for _, f := range strings.Fields(string(content)) {
+		if !strings.HasPrefix(f, "@") || len(f) < 2 {
+			continue
+		}
+		h := f[1:]
+		c := h[0]
+		if (c == '.' || c == '/' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) && !slices.Contains(out, h) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
 // proseLines returns the lines of a Markdown text outside fenced code
 // blocks, with code spans blanked out.
 func proseLines(s string) []string {
@@ -344,6 +364,10 @@ func hostRefs(rel string, content []byte) ([]ref, string) {
 	base := path.Base(rel)
 	root := GuardedRoot(rel)
 	switch {
+	case base == ".crushrc" || base == "crushrc":
+		// Bash that Crush runs at start: what it sources or runs is read
+		// as direnv's loaders are (source and . name files to record).
+		return shellRefs(rel, string(content), true), "run or sourced by the trusted " + rel + " (Crush, at start)"
 	case base == ".envrc":
 		return shellRefs(rel, string(content), true), "run by the trusted " + rel + " (direnv, on entering the directory)"
 	case base == ".pre-commit-config.yaml":

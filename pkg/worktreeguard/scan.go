@@ -126,7 +126,7 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 			return fmt.Errorf("worktree guard: the worktree has more than %d entries (refusing to start the turn)", maxWalkVisits)
 		}
 		childRel := join(rel, name)
-		if isGuardedName(name) {
+		if isGuardedName(path.Base(rel), name) {
 			if err := checkName(childRel); err != nil {
 				return err
 			}
