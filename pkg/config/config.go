@@ -11,13 +11,13 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"regexp"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/BurntSushi/toml"
+	"github.com/shrooms-cage/shrooms/internal/lazyre"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 )
 
@@ -105,7 +105,7 @@ func IsConfigError(err error) bool {
 	return errors.As(err, &ce)
 }
 
-var decodeErr = regexp.MustCompile(`^toml: line (\d+) \(last key "([^"]*)"\): (.*)$`)
+var decodeErr = lazyre.New(`^toml: line (\d+) \(last key "([^"]*)"\): (.*)$`)
 
 // Load reads path over the built-in defaults and validates the result. An
 // empty path means defaults only.
@@ -136,7 +136,7 @@ func parse(name string, data []byte, c *Config) (*Config, error) {
 			return nil, &Error{File: name, Line: pe.Position.Line, Key: pe.LastKey, Msg: pe.Message}
 		}
 		// Type mismatches come as "toml: line N (last key "k"): msg".
-		if m := decodeErr.FindStringSubmatch(err.Error()); m != nil {
+		if m := decodeErr().FindStringSubmatch(err.Error()); m != nil {
 			line, _ := strconv.Atoi(m[1])
 			return nil, &Error{File: name, Line: line, Key: m[2], Msg: m[3]}
 		}

@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"maps"
 	"net/url"
-	"regexp"
 	"slices"
 	"strings"
 
+	"github.com/shrooms-cage/shrooms/internal/lazyre"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 )
 
@@ -61,11 +61,11 @@ type Gateway struct {
 }
 
 // gatewayAllowItem is one allow_betas or allow_server_tools entry.
-var gatewayAllowItem = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,99}$`)
+var gatewayAllowItem = lazyre.New(`^[a-z0-9][a-z0-9_.-]{0,99}$`)
 
 func validateGatewayAllow(key string, list []string) error {
 	for i, v := range list {
-		if !gatewayAllowItem.MatchString(v) {
+		if !gatewayAllowItem().MatchString(v) {
 			return &Error{Key: fmt.Sprintf("%s[%d]", key, i), Msg: fmt.Sprintf("%q is not a beta or tool name (1-100 of a-z 0-9 _ . -)", v)}
 		}
 		if slices.Index(list, v) != i {
@@ -113,7 +113,7 @@ func (c *Config) validateGateways() error {
 		if g.Auth == "api-key" && (g.TokenURL != "" || g.ClientID != "") {
 			return &Error{Key: key, Msg: "token_url and client_id apply to auth = \"oauth\" or \"chatgpt\" only"}
 		}
-		if !tokenName.MatchString(name) {
+		if !tokenName().MatchString(name) {
 			return &Error{Key: key, Msg: "gateway names are 1-63 of a-z 0-9 _ -"}
 		}
 		if !slices.Contains(GatewayAPIs, g.API) {

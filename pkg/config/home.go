@@ -162,7 +162,7 @@ func (p *HomeProfile) validate(key, name string) error {
 		if !prof.IsBootstrapTarget(rel) {
 			return &Error{Key: bk, Msg: fmt.Sprintf("not a credential file of the %s profile (use %s)", name, strings.Join(prof.BootstrapTargets, ", "))}
 		}
-		if !tokenName.MatchString(p.Bootstrap[rel]) {
+		if !tokenName().MatchString(p.Bootstrap[rel]) {
 			return &Error{Key: bk, Msg: fmt.Sprintf("%q is not a token name", p.Bootstrap[rel])}
 		}
 	}

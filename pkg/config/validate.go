@@ -6,17 +6,17 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 
+	"github.com/shrooms-cage/shrooms/internal/lazyre"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 )
 
 var (
-	envName   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-	tokenName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
-	agentName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+	envName   = lazyre.New(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	tokenName = lazyre.New(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+	agentName = lazyre.New(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 )
 
 // reservedEnv are variables the cage sets itself; an agent may not override
@@ -47,7 +47,7 @@ func (c *Config) Validate() error {
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.Tokens)) {
 		path := c.Tokens[name]
-		if !tokenName.MatchString(name) {
+		if !tokenName().MatchString(name) {
 			return &Error{Key: "tokens." + name, Msg: "token names are 1-63 of a-z 0-9 _ -"}
 		}
 		if !filepath.IsAbs(path) {
@@ -70,7 +70,7 @@ func (c *Config) Validate() error {
 
 func (c *Config) validateAgent(name string, a Agent) error {
 	key := "agents." + name
-	if !agentName.MatchString(name) {
+	if !agentName().MatchString(name) {
 		return &Error{Key: key, Msg: "agent names are 1-63 of a-z 0-9 _ -"}
 	}
 	if len(a.Command) == 0 || a.Command[0] == "" {
@@ -95,7 +95,7 @@ func (c *Config) validateAgent(name string, a Agent) error {
 		seen[p] = true
 	}
 	for _, k := range slices.Sorted(maps.Keys(a.Env)) {
-		if !envName.MatchString(k) || reserved(k) {
+		if !envName().MatchString(k) || reserved(k) {
 			return &Error{Key: key + ".env." + k, Msg: "not a settable environment variable name"}
 		}
 		if strings.ContainsRune(a.Env[k], 0) {
@@ -104,7 +104,7 @@ func (c *Config) validateAgent(name string, a Agent) error {
 	}
 	for _, k := range slices.Sorted(maps.Keys(a.TokenEnv)) {
 		tok := a.TokenEnv[k]
-		if !envName.MatchString(k) || reserved(k) {
+		if !envName().MatchString(k) || reserved(k) {
 			return &Error{Key: key + ".token_env." + k, Msg: "not a settable environment variable name"}
 		}
 		if _, dup := a.Env[k]; dup {

@@ -4,9 +4,10 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
-	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/shrooms-cage/shrooms/internal/lazyre"
 )
 
 // Compaction (Claude Code's /compact and auto-compact) replaces a history
@@ -50,7 +51,7 @@ const (
 
 // compactTranscript is the path the wrapper names: the session's own
 // transcript under a .claude/projects directory (its id is the file name).
-var compactTranscript = regexp.MustCompile(`^/[A-Za-z0-9._/-]{0,512}/\.claude/projects/[A-Za-z0-9._-]{1,255}/([0-9A-Za-z-]{1,128})\.jsonl$`)
+var compactTranscript = lazyre.New(`^/[A-Za-z0-9._/-]{0,512}/\.claude/projects/[A-Za-z0-9._-]{1,255}/([0-9A-Za-z-]{1,128})\.jsonl$`)
 
 // emptySystem reports whether a message is the empty system message
 // Claude Code 2.1.332 puts after the wrapper (measured:
@@ -70,7 +71,7 @@ func emptySystem(raw []byte) bool {
 		case "role", "content":
 		case "output_config":
 			var oc map[string]string
-			if json.Unmarshal(v, &oc) != nil || len(oc) != 1 || !effortLevel.MatchString(oc["effort"]) {
+			if json.Unmarshal(v, &oc) != nil || len(oc) != 1 || !effortLevel().MatchString(oc["effort"]) {
 				return false
 			}
 		default:
@@ -80,7 +81,7 @@ func emptySystem(raw []byte) bool {
 	return true
 }
 
-var effortLevel = regexp.MustCompile(`^[a-z]{1,16}$`)
+var effortLevel = lazyre.New(`^[a-z]{1,16}$`)
 
 // compaction is a summary the gateway passed back for a compaction
 // request, and what the compacted history must keep.
@@ -226,9 +227,9 @@ func summaryText(answer []byte) (string, bool) {
 }
 
 var (
-	analysisBlock = regexp.MustCompile(`<analysis>[\s\S]*?</analysis>`)
-	summaryBlock  = regexp.MustCompile(`<summary>([\s\S]*?)</summary>`)
-	blankLines    = regexp.MustCompile(`\n\n+`)
+	analysisBlock = lazyre.New(`<analysis>[\s\S]*?</analysis>`)
+	summaryBlock  = lazyre.New(`<summary>([\s\S]*?)</summary>`)
+	blankLines    = lazyre.New(`\n\n+`)
 )
 
 // formatSummary formats a compaction answer as Claude Code 2.1.332 puts it
@@ -237,13 +238,13 @@ var (
 // made one, the whole trimmed (measured: test/agents
 // TestHistoryCompaction's summaries, and unit cases in compact_test.go).
 func formatSummary(s string) string {
-	if loc := analysisBlock.FindStringIndex(s); loc != nil {
+	if loc := analysisBlock().FindStringIndex(s); loc != nil {
 		s = s[:loc[0]] + s[loc[1]:]
 	}
-	if loc := summaryBlock.FindStringSubmatchIndex(s); loc != nil {
+	if loc := summaryBlock().FindStringSubmatchIndex(s); loc != nil {
 		s = s[:loc[0]] + "Summary:\n" + jsTrim(s[loc[2]:loc[3]]) + s[loc[1]:]
 	}
-	s = blankLines.ReplaceAllString(s, "\n\n")
+	s = blankLines().ReplaceAllString(s, "\n\n")
 	return jsTrim(s)
 }
 
@@ -310,7 +311,7 @@ func (c *compaction) wrapper(text, sid string) bool {
 	if at < 0 {
 		return false
 	}
-	m := compactTranscript.FindStringSubmatch(rest[at+len(compactPath):])
+	m := compactTranscript().FindStringSubmatch(rest[at+len(compactPath):])
 	if m == nil || m[1] != sid || strings.Contains(m[0]+"/", "/../") || strings.Contains(m[0], "/./") || strings.Contains(m[0], "//") {
 		return false
 	}

@@ -8,9 +8,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/internal/lazyre"
 )
 
 // Pin is the last accepted history of one provider session, as the state
@@ -150,7 +151,7 @@ func decodeMessages(pm []pinnedMessage) ([]Message, error) {
 }
 
 // sessionID is what a provider session id may look like to be a file name.
-var sessionID = regexp.MustCompile(`^[A-Za-z0-9_.:-]{1,128}$`)
+var sessionID = lazyre.New(`^[A-Za-z0-9_.:-]{1,128}$`)
 
 // pinFile is where the pin of session lives under dir: the id itself is
 // the client's, so the file is named by its digest.

@@ -364,7 +364,7 @@ func (s *session) compare(msgs []Message, elems [][]byte) *Mismatch {
 // sent.
 func newContent(session string, msgs []Message, from int) *Mismatch {
 	for i := from; i < len(msgs); i++ {
-		if !newRole(msgs[i].Role) && !harnessAnswers[msgs[i].Digest] {
+		if !newRole(msgs[i].Role) && !harnessAnswers()[msgs[i].Digest] {
 			return &Mismatch{Session: session, Index: i, Role: msgs[i].Role, Why: "an answer the provider never gave"}
 		}
 	}
@@ -376,7 +376,7 @@ func newContent(session string, msgs []Message, from int) *Mismatch {
 // requested." (model "<synthetic>") after a trailing user message when it
 // resumes an interrupted turn (read from the binary's resume path,
 // measured in test/agents TestHistoryHonestResumes). It carries nothing.
-var harnessAnswers = func() map[Digest]bool {
+var harnessAnswers = sync.OnceValue(func() map[Digest]bool {
 	m := map[Digest]bool{}
 	for _, raw := range []string{`{"role":"assistant","content":"No response requested."}`} {
 		msg, err := Sum([]byte(raw))
@@ -386,7 +386,7 @@ var harnessAnswers = func() map[Digest]bool {
 		m[msg.Digest] = true
 	}
 	return m
-}()
+})
 
 // newRole reports whether a message of role may be new content: the
 // user's (prompts, tool results) or the harness's own system messages
@@ -441,7 +441,7 @@ func (t *Tracker) Reports() []SessionReport {
 	return out
 }
 
-func validSession(id string) bool { return sessionID.MatchString(id) }
+func validSession(id string) bool { return sessionID().MatchString(id) }
 
 func printable(s string) string {
 	if len(s) > 64 {

@@ -6,9 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/shrooms-cage/shrooms/internal/lazyre"
 )
 
 // The JSON columns of the kept tables (message.data, part.data,
@@ -55,11 +56,11 @@ var droppedParts = map[string]string{
 
 // snapshotID is a git object id, the only thing opencode's snapshot fields
 // hold (anything else would reach git's command line).
-var snapshotID = regexp.MustCompile(`^(?:[0-9a-f]{40}|[0-9a-f]{64})$`)
+var snapshotID = lazyre.New(`^(?:[0-9a-f]{40}|[0-9a-f]{64})$`)
 
 var (
-	messageID = regexp.MustCompile(`^msg_[0-9A-Za-z]{1,64}$`)
-	partID    = regexp.MustCompile(`^prt_[0-9A-Za-z]{1,64}$`)
+	messageID = lazyre.New(`^msg_[0-9A-Za-z]{1,64}$`)
+	partID    = lazyre.New(`^prt_[0-9A-Za-z]{1,64}$`)
 )
 
 // tally counts rows per reported item, in first-seen order.
@@ -294,7 +295,7 @@ func pinPart(v any, t *tally) (any, bool) {
 		}
 	case "step-start", "step-finish":
 		if s, ok := m["snapshot"]; ok {
-			if str, _ := s.(string); !snapshotID.MatchString(str) {
+			if str, _ := s.(string); !snapshotID().MatchString(str) {
 				delete(m, "snapshot")
 				t.add("part.data snapshot (not a git object id)", "opencode hands snapshot ids to git")
 				changed = true
@@ -347,11 +348,11 @@ func checkRevert(v any, t *tally) (any, bool) {
 		case !isStr:
 			good = false
 		case k == "messageID":
-			good = good && messageID.MatchString(s)
+			good = good && messageID().MatchString(s)
 		case k == "partID":
-			good = good && partID.MatchString(s)
+			good = good && partID().MatchString(s)
 		case k == "snapshot":
-			good = good && snapshotID.MatchString(s)
+			good = good && snapshotID().MatchString(s)
 		case k == "diff":
 		default:
 			good = false

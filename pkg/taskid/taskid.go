@@ -6,7 +6,8 @@ package taskid
 import (
 	"errors"
 	"fmt"
-	"regexp"
+
+	"github.com/shrooms-cage/shrooms/internal/lazyre"
 )
 
 // ID is a valid task id: [a-z0-9][a-z0-9_.-]{0,62}, so it is safe as a
@@ -18,11 +19,11 @@ type ID struct{ s string }
 // ErrInvalid is a string that is no task id.
 var ErrInvalid = errors.New("invalid task id")
 
-var pattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
+var pattern = lazyre.New(`^[a-z0-9][a-z0-9_.-]{0,62}$`)
 
 // Parse returns s as an ID, or an error wrapping ErrInvalid.
 func Parse(s string) (ID, error) {
-	if !pattern.MatchString(s) {
+	if !pattern().MatchString(s) {
 		return ID{}, fmt.Errorf("%w %q: use 1-63 of a-z 0-9 _ . - starting with a letter or digit", ErrInvalid, truncate(s, 80))
 	}
 	return ID{s}, nil
@@ -39,7 +40,7 @@ func Must(s string) ID {
 }
 
 // Valid reports whether s is a task id.
-func Valid(s string) bool { return pattern.MatchString(s) }
+func Valid(s string) bool { return pattern().MatchString(s) }
 
 // String is the id ("" for the zero ID).
 func (id ID) String() string { return id.s }
