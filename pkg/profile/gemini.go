@@ -15,7 +15,9 @@ func (table) Gemini() Profile {
 		API:          "gemini",
 		Instructions: ".gemini/GEMINI.md",
 		PolicyDir:    "gemini",
-		PolicyDest:   "/etc/gemini-cli",
+		// No credential file: the API key is the gateway's.
+		BootstrapTargets: []string{},
+		PolicyDest:       "/etc/gemini-cli",
 		// Gemini CLI 0.61.0 skips a system settings file that is not owned
 		// by root (uid 0 in the cage) in a root-owned directory.
 		PolicyRootOwned: true,
