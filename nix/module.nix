@@ -83,6 +83,7 @@ let
   profiles = [
     "claude"
     "codex"
+    "gemini"
     "opencode"
     "shell"
   ];
@@ -251,7 +252,7 @@ in
       description = ''
         Agents (`[agents.NAME]` of the configuration), typed. Merged into
         `settings.agents`; an agent here replaces the built-in agent of the same
-        name (claude, codex, opencode, shell).
+        name (claude, codex, gemini, opencode, shell).
       '';
     };
 

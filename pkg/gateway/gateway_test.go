@@ -260,7 +260,7 @@ func TestUpstreamPathPrefix(t *testing.T) {
 func TestNewRejectsBadConfig(t *testing.T) {
 	u, _ := url.Parse("https://api.example")
 	for _, c := range []Config{
-		{API: "gemini", Upstream: u, Key: []byte("k"), Placeholder: strings.Repeat("p", 40)},
+		{API: "bedrock", Upstream: u, Key: []byte("k"), Placeholder: strings.Repeat("p", 40)},
 		{API: "anthropic", Upstream: u, Placeholder: strings.Repeat("p", 40)},
 		{API: "anthropic", Upstream: u, Key: []byte("k"), Placeholder: "short"},
 		{API: "anthropic", Key: []byte("k"), Placeholder: strings.Repeat("p", 40)},

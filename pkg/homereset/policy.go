@@ -28,6 +28,9 @@ type PolicyMount struct {
 	Dest   string `json:"dest"`
 	// Files maps each file name in Source to the sha256 of its content.
 	Files map[string]string `json:"files"`
+	// RootOwned: Source and its files must belong to the cage's root
+	// (profile.PolicyRootOwned), set by OwnRoot.
+	RootOwned bool `json:"root_owned,omitempty"`
 }
 
 // Policy is the managed policy of a turn, computed and not yet written.
@@ -57,7 +60,8 @@ func PlanPolicy(dir string, cfg *config.Config, profiles []string, gw PolicyGate
 		if files == nil {
 			continue
 		}
-		m := PolicyMount{Source: filepath.Join(dir, sub), Dest: dest, Files: map[string]string{}}
+		prof, _ := profile.Lookup(p)
+		m := PolicyMount{Source: filepath.Join(dir, sub), Dest: dest, Files: map[string]string{}, RootOwned: prof.PolicyRootOwned}
 		data := map[string][]byte{}
 		for _, name := range slices.Sorted(maps.Keys(files)) {
 			var b []byte
@@ -122,6 +126,26 @@ func (pol *Policy) Write() error {
 		}
 		for _, name := range slices.Sorted(maps.Keys(pol.files[i])) {
 			if err := writeAtomic(filepath.Join(m.Source, name), pol.files[i][name]); err != nil {
+				return fmt.Errorf("managed policy: %w", err)
+			}
+		}
+	}
+	return nil
+}
+
+// OwnRoot gives the RootOwned mounts' directories and files to the host
+// ids of the cage's root, after Write. The files stay 0644 and the mount
+// read-only: the agent, the cage user, still cannot change them.
+func (pol *Policy) OwnRoot(uid, gid int) error {
+	for i, m := range pol.Mounts {
+		if !m.RootOwned {
+			continue
+		}
+		if err := os.Lchown(m.Source, uid, gid); err != nil {
+			return fmt.Errorf("managed policy: %w", err)
+		}
+		for _, name := range slices.Sorted(maps.Keys(pol.files[i])) {
+			if err := os.Lchown(filepath.Join(m.Source, name), uid, gid); err != nil {
 				return fmt.Errorf("managed policy: %w", err)
 			}
 		}

@@ -1,5 +1,5 @@
 // Package profile is what shrooms knows of each agent, one file per agent
-// (claude.go, opencode.go, shell.go): the HOME paths of its settings and
+// (claude.go, codex.go, gemini.go, opencode.go, shell.go): the HOME paths of its settings and
 // instructions, the credential files a token may seed, its keep-list with
 // the filters and record-level rebuilds that carry state from one turn to
 // the next, its managed policy, how a gateway signs it in, and its default
@@ -27,6 +27,10 @@ type Profile struct {
 	// PolicyDir is the managed policy's subdirectory of the task's policy
 	// dir, mounted read-only at PolicyDest in the cage ("" for none).
 	PolicyDir, PolicyDest string
+	// PolicyRootOwned: the agent ignores policy files not owned by root,
+	// so the policy dir and files belong to the cage's root (read-only
+	// still: the mount is, and the agent runs as the cage user).
+	PolicyRootOwned bool
 	// Keep is the keep-list: credentials and sessions, nothing that runs
 	// code or instructs the agent. Everything else under HOME is removed
 	// every turn.
@@ -60,6 +64,8 @@ type Gateway struct {
 	AnthropicBaseURL string
 	// OpenAIBaseURL, when set, is the gateway's OpenAI API base URL.
 	OpenAIBaseURL string
+	// GeminiBaseURL, when set, is the gateway's Gemini API base URL.
+	GeminiBaseURL string
 }
 
 // table's methods are the profiles, one per agent file

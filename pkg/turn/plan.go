@@ -185,9 +185,12 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 	}
 	var pg homereset.PolicyGateway
 	if in.gateway != nil {
-		if in.gateway.cfg.API == "openai" {
+		switch in.gateway.cfg.API {
+		case "openai":
 			pg.OpenAIBaseURL = gateway.BaseURL()
-		} else {
+		case "gemini":
+			pg.GeminiBaseURL = gateway.BaseURL()
+		default:
 			pg.AnthropicBaseURL = gateway.BaseURL()
 		}
 	}
@@ -299,6 +302,11 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 			// these two.
 			env["OPENAI_BASE_URL"] = gateway.BaseURL() + "/v1"
 			env["OPENAI_API_KEY"] = placeholder
+		case g.cfg.API == "gemini":
+			// Gemini CLI sends GEMINI_API_KEY as x-goog-api-key to this
+			// base URL (the system settings pin the API-key sign-in).
+			env["GOOGLE_GEMINI_BASE_URL"] = gateway.BaseURL()
+			env["GEMINI_API_KEY"] = placeholder
 		case g.oauth == nil:
 			env["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
 			env["ANTHROPIC_API_KEY"] = placeholder
@@ -400,6 +408,10 @@ func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, m mo
 		return fmt.Errorf("%w: HOME reset failed, the turn does not start: %w%s", ErrHostNotReady, err, r.noSpaceHint(err))
 	}
 	if err := p.policy.Write(); err != nil {
+		return fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
+	}
+	// The cage's root is the task's first host id.
+	if err := p.policy.OwnRoot(int(p.ids.UID), int(p.ids.GID)); err != nil {
 		return fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
 	}
 	if err := r.prepareOutbox(ctx, req.Task, p, m); err != nil {

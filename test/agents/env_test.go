@@ -196,6 +196,17 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	}
 	ocSettings += fmt.Sprintf("[home.codex]\nsettings = { model = %q }\nfiles = { \".codex/cw.config.toml\" = %q }\n", codexModel, cxProfile)
 
+	// Gemini CLI reaches the model API through the gemini gateway, with
+	// the fake key geminiKey; its baseline names the model (no routing
+	// classifier requests).
+	geminiToken := filepath.Join(e.dir, "gemini-key")
+	assert.NilError(t, os.WriteFile(geminiToken, []byte(geminiKey+"\n"), 0o600))
+	gm, err := example.Agent("gemini")
+	assert.NilError(t, err)
+	fmt.Fprintf(&agents, "[agents.gemini]\ncommand = %s\nhome = %s\nenv = %s\ngateway = \"gemini\"\n", tomlList(gm.Command), tomlList(gm.Home), tomlTable(gm.Env))
+	fmt.Fprintf(&agents, "[gateway.gemini]\napi = \"gemini\"\nupstream = %q\ntoken = \"gemini\"\n", e.apiURL)
+	ocSettings += fmt.Sprintf("[home.gemini]\nsettings = { model = { name = %q } }\n", geminiModel)
+
 	e.config = testcfg.Config{Socket: e.tb.PodmanURL, Dir: e.dir, Prefix: e.name,
 		// prepare_next off: the positive controls copy HOME as turn 1 left
 		// it, which a cage prepared for turn 2 would already have reset
@@ -206,7 +217,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 			// A subnet of its own: other suites may run cages at the same time.
 			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000),
 			"dns_upstream": []string{"203.0.113.10"}},
-		Extra: fmt.Sprintf("%s[tokens]\nanthropic = %q\nopenai = %q\n%s%s", ocSettings, token, openaiToken, moreTokens, agents.String())}.Write(t)
+		Extra: fmt.Sprintf("%s[tokens]\nanthropic = %q\nopenai = %q\ngemini = %q\n%s%s", ocSettings, token, openaiToken, geminiToken, moreTokens, agents.String())}.Write(t)
 
 	t.Cleanup(func() {
 		// A HOME's capped filesystem goes before its volume, in both mount
@@ -222,7 +233,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 			return
 		}
 		store := taskstate.Store{Dir: cfg.State.Dir}
-		for _, task := range []string{e.task("claude"), e.task("opencode"), e.task("probe"), e.task("claude2"), e.task("codex"), e.task("codex2")} {
+		for _, task := range []string{e.task("claude"), e.task("opencode"), e.task("probe"), e.task("claude2"), e.task("codex"), e.task("codex2"), e.task("gemini")} {
 			// The last turn's detached teardown may still be removing its
 			// cage and releasing HOME: the task lock waits for it.
 			if id, err := taskid.Parse(task); err == nil {
