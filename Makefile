@@ -123,6 +123,7 @@ install: $(SHROOMS_BIN)
 	install -m 0644 dist/nftables-shrooms-seal.conf $(DESTDIR)$(UNITDIR)/nftables.service.d/shrooms-seal.conf
 	install -m 0644 dist/modules-load-shrooms.conf $(DESTDIR)$(SYSCONFDIR)/modules-load.d/shrooms.conf
 	install -m 0644 dist/sysctl-shrooms.conf $(DESTDIR)$(SYSCONFDIR)/sysctl.d/50-shrooms.conf
+	@command -v iptables >/dev/null || echo "install: no iptables here: netavark (podman's cage network) needs it; apt-get install iptables (shrooms doctor checks it)"
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then \
 		set -x; modprobe br_netfilter && sysctl -q -p $(SYSCONFDIR)/sysctl.d/50-shrooms.conf && \
 		systemctl daemon-reload && systemctl enable --now podman.socket shrooms-seal.service; \
