@@ -9,7 +9,9 @@ set -u
 exec 3>/dev/ttyS1
 R() { printf 'VMTEST %s\n' "$*" >&3; printf 'VMTEST %s\n' "$*"; }
 # Multi-line output, one line each, under a key.
-RB() { local k=$1; shift; "$@" 2>&1 | head -n 200 | while IFS= read -r l; do R "$k| $l"; done; }
+# Its exit status goes in $S/rc (read by RC).
+RB() { local k=$1; shift; { "$@"; echo $? >$S/rc; } 2>&1 | head -n 200 | while IFS= read -r l; do R "$k| $l"; done; }
+RC() { cat $S/rc; }
 T() { timeout "${TMO:-300}" "$@"; } # every command bounded
 D=/mnt/data
 S=/var/lib/vmtest
@@ -34,7 +36,7 @@ case $phase in
 	# docs/install.md: the per-task uid ranges (make setup writes the same).
 	for f in /etc/subuid /etc/subgid; do echo 'shrooms:1879048192:268435456' >>$f; done
 	RB install env -C /root/src make install
-	R "install_rc ${PIPESTATUS[0]}"
+	R "install_rc $(RC)"
 	# The owner's configuration: a networked policy (so the seal matters),
 	# the busybox test image, worktrees under /srv/work, and a gateway to the
 	# scripted model API on the VM's loopback. No token file is created for
@@ -62,6 +64,9 @@ gateway = "vm"
 token_env = {}
 TOML
 	mkdir -p /srv/work
+	# A networked cage's resolver needs an upstream; the VM has no network,
+	# so a loopback one (nothing answers; no turn here resolves a name).
+	echo 'nameserver 127.0.0.1' >/etc/resolv.conf
 	RB config_diff diff /root/src/config.example.toml $c
 	RB testimage T bash /root/src/scripts/build-test-image.sh localhost/shrooms-test:latest
 	echo 2 >$S/phase
@@ -75,15 +80,15 @@ TOML
 	done
 	RB journal journalctl -b -o short-monotonic --no-pager -u shrooms-seal.service -u podman.socket
 	RB netstatus T shrooms net status
-	R "netstatus_rc ${PIPESTATUS[0]}"
+	R "netstatus_rc $(RC)"
 	RB doctor T shrooms doctor
-	R "doctor_rc ${PIPESTATUS[0]}"
+	R "doctor_rc $(RC)"
 	R "secrets $(ls /run/secrets 2>&1 | tr '\n' ' ')"
 	# Turn 1 plants a hook and an rc line in HOME and shows they are there.
 	RB turn1 turn vmshell shell 'mkdir -p ~/.claude && printf "{\"hooks\":{\"SessionStart\":[{\"hooks\":[{\"type\":\"command\",\"command\":\"touch /work/PWNED\"}]}]}}" >~/.claude/settings.json && echo "touch /work/PWNED" >>~/.profile && echo PLANTED=$(cat ~/.claude/settings.json | wc -c)'
-	R "turn1_rc ${PIPESTATUS[0]}"
+	R "turn1_rc $(RC)"
 	RB turn2 turn vmshell shell 'test -e ~/.claude/settings.json && echo HOOK=present || echo HOOK=gone; grep -q PWNED ~/.profile 2>/dev/null && echo RC=present || echo RC=gone; test -e /work/PWNED && echo PWNED=yes || echo PWNED=no'
-	R "turn2_rc ${PIPESTATUS[0]}"
+	R "turn2_rc $(RC)"
 	# A turn through the gateway: the cage holds a placeholder, the scripted
 	# API (on the VM's loopback) sees the real key.
 	key=vm-real-key-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
@@ -93,7 +98,7 @@ TOML
 	api=$!
 	sleep 1
 	RB gwturn turn vmgw shellgw 'echo BASE=$ANTHROPIC_BASE_URL; env | grep -c "'"$key"'" | sed s/^/REALKEY_IN_ENV=/; wget -q -O- --header "x-api-key: $ANTHROPIC_API_KEY" --header "content-type: application/json" --header "anthropic-version: 2023-06-01" --post-data "{\"model\":\"m\",\"max_tokens\":16,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}" "$ANTHROPIC_BASE_URL/v1/messages"; echo; echo WGET_RC=$?'
-	R "gwturn_rc ${PIPESTATUS[0]}"
+	R "gwturn_rc $(RC)"
 	kill $api
 	RB modelapi cat $S/modelapi.log
 	RB forget T shrooms forget --task vmshell
@@ -117,14 +122,14 @@ TOML
 		R "unit $u $(systemctl show -p ActiveState -p ActiveEnterTimestampMonotonic "$u" | tr '\n' ' ')"
 	done
 	RB netstatus_failed T shrooms net status
-	R "netstatus_failed_rc ${PIPESTATUS[0]}"
+	R "netstatus_failed_rc $(RC)"
 	RB failturn turn vmfail shell 'echo CAGE-RAN'
-	R "failturn_rc ${PIPESTATUS[0]}"
+	R "failturn_rc $(RC)"
 	R "failturn_containers $(podman ps -a --format '{{.Names}}' | grep -c . )"
 	T shrooms forget --task vmfail >/dev/null 2>&1
 	rm -rf /etc/systemd/system/shrooms-seal.service.d
 	RB uninstall env -C /root/src make uninstall
-	R "uninstall_rc ${PIPESTATUS[0]}"
+	R "uninstall_rc $(RC)"
 	filelist >$S/after
 	# What is new since before `make install`: the config is kept by design
 	# (docs/install.md), the rest must be gone.
