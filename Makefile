@@ -11,7 +11,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION)
 GOFLAGS_TEST := -tags "$(TAGS)" -count=1 -p 1 -timeout 25m
 SOCKET := unix:///run/shrooms-test/podman.sock
 
-.PHONY: all build setup test unit vet demo bench fuzz soak clean install uninstall kube-test kube-bin shape runsc-test
+.PHONY: all build setup test unit vet demo bench fuzz soak clean install uninstall kube-test kube-bin shape runsc-test vm-test
 
 all: build
 
@@ -69,6 +69,21 @@ RUNSC ?=
 runsc-test: setup
 	SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -count=1 -p 1 -timeout 20m -run 'Runsc' ./pkg/turn
 
+# shrooms installed on a booted Debian 12 VM (test/vm): `make install` with
+# systemd running, a reboot (the seal before podman.socket), turns, a
+# gateway turn, forget/gc, the seal unit made to fail (nothing networked
+# starts), `make uninstall`. The VM image is built from Debian packages and
+# cached in VM_CACHE by its inputs; qemu uses KVM when it can, TCG otherwise.
+VM_CACHE ?= /var/cache/shrooms-vm
+vm-test: setup build
+	@missing=; for p in qemu-system-x86 mmdebstrap e2fsprogs; do \
+		[ "$$(dpkg-query -W -f='$${db:Status-Status}' $$p 2>/dev/null)" = installed ] || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "vm-test: installing$$missing"; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing || \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; }; fi
+	go vet -tags "$(TAGS) vmtest" ./test/vm/...
+	SHROOMS_VM_CACHE=$(VM_CACHE) SHROOMS_REQUIRE_INTEGRATION=1 go test -tags "$(TAGS) vmtest" -count=1 -timeout 90m -v ./test/vm
+
 # Unit tests only (no root, podman or nftables needed).
 unit:
 	go test -tags "$(TAGS)" -count=1 ./...
@@ -108,6 +123,7 @@ install: $(SHROOMS_BIN)
 	install -m 0644 dist/nftables-shrooms-seal.conf $(DESTDIR)$(UNITDIR)/nftables.service.d/shrooms-seal.conf
 	install -m 0644 dist/modules-load-shrooms.conf $(DESTDIR)$(SYSCONFDIR)/modules-load.d/shrooms.conf
 	install -m 0644 dist/sysctl-shrooms.conf $(DESTDIR)$(SYSCONFDIR)/sysctl.d/50-shrooms.conf
+	@command -v iptables >/dev/null || echo "install: no iptables here: netavark (podman's cage network) needs it; apt-get install iptables (shrooms doctor checks it)"
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then \
 		set -x; modprobe br_netfilter && sysctl -q -p $(SYSCONFDIR)/sysctl.d/50-shrooms.conf && \
 		systemctl daemon-reload && systemctl enable --now podman.socket shrooms-seal.service; \
