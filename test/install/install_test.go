@@ -106,6 +106,7 @@ func TestMakeInstallIntoEmptyRoot(t *testing.T) {
 	// The example's token file does not exist yet: a note naming the agents
 	// that need it, not a failure (a shell turn runs without it).
 	assert.Equal(t, string(out), "note: token anthropic: /run/secrets/anthropic-api-key does not exist yet; turns of agent claude, opencode refuse until it does\n"+
+		"note: token gemini: /run/secrets/gemini-api-key does not exist yet; turns of agent gemini refuse until it does\n"+
 		"note: token openai: /run/secrets/openai-api-key does not exist yet; turns of agent codex refuse until it does\nok\n")
 
 	// The man page and completions come from the binary.
