@@ -131,12 +131,19 @@ install: $(SHROOMS_BIN)
 		echo "install: systemd is not running here (or DESTDIR is set): enable podman.socket and shrooms-seal.service at boot yourself"; \
 	fi
 
-# What `make install` put there, with the same variables. The config
-# (/etc/shrooms/config.toml, the owner's) and shrooms' state (tasks, HOMEs,
-# outboxes: `shrooms forget` each task first, or remove state.dir) stay.
-# Without DESTDIR, on a host where systemd runs, shrooms-seal is stopped and
-# disabled first (which flushes the seal).
+# What `make install` put there, with the same variables, and the empty
+# directories it made for it. The config (/etc/shrooms/config.toml, the
+# owner's) stays, and so does shrooms' state unless PURGE=1: then, before
+# anything is removed, `shrooms purge` removes the cage network, the seal,
+# the outbox root and the state directory, and refuses (the uninstall
+# stops, nothing removed) while a task, HOME, delivery or cage remains
+# (`shrooms forget` each task first). Without DESTDIR, on a host where
+# systemd runs, shrooms-seal is stopped and disabled first (which flushes
+# the seal).
+PURGE ?=
 uninstall:
+	@if [ -n "$(PURGE)" ] && [ -n "$(DESTDIR)" ]; then echo "uninstall: PURGE=1 removes this host's shrooms state, not DESTDIR's: not with DESTDIR"; exit 2; fi
+	@if [ -n "$(PURGE)" ]; then set -x; $(BINDIR)/shrooms --config $(SYSCONFDIR)/shrooms/config.toml purge; fi
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then \
 		set -x; systemctl disable --now shrooms-seal.service || true; \
 	fi
@@ -146,8 +153,15 @@ uninstall:
 		$(DESTDIR)$(UNITDIR)/shrooms-seal.service $(DESTDIR)$(UNITDIR)/nftables.service.d/shrooms-seal.conf \
 		$(DESTDIR)$(SYSCONFDIR)/modules-load.d/shrooms.conf $(DESTDIR)$(SYSCONFDIR)/sysctl.d/50-shrooms.conf
 	-rmdir $(DESTDIR)$(UNITDIR)/nftables.service.d 2>/dev/null
+	@# The directories install -d made, where now empty (never a parent
+	@# such as $(MANDIR) itself).
+	-rmdir --ignore-fail-on-non-empty $(DESTDIR)$(MANDIR)/man1 \
+		$(DESTDIR)$(DATADIR)/bash-completion/completions $(DESTDIR)$(DATADIR)/bash-completion \
+		$(DESTDIR)$(DATADIR)/zsh/site-functions $(DESTDIR)$(DATADIR)/zsh \
+		$(DESTDIR)$(DATADIR)/fish/vendor_completions.d $(DESTDIR)$(DATADIR)/fish 2>/dev/null
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
-	@echo "uninstall: kept $(DESTDIR)$(SYSCONFDIR)/shrooms/config.toml and shrooms' state (forget each task first to remove it)"
+	@if [ -n "$(PURGE)" ]; then echo "uninstall: kept $(DESTDIR)$(SYSCONFDIR)/shrooms/config.toml"; \
+	else echo "uninstall: kept $(DESTDIR)$(SYSCONFDIR)/shrooms/config.toml and shrooms' state (make uninstall PURGE=1 removes the state once every task is forgotten)"; fi
 
 # A demonstration turn in a sealed cage.
 demo: setup build

@@ -146,6 +146,7 @@ Exit status: the agent's own exit code, or one of shrooms' own:
 			trustCommand(),
 			resetCommand(),
 			forgetCommand(),
+			purgeCommand(),
 			tasksCommand(),
 			statusCommand(),
 			logCommand(),

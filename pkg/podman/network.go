@@ -81,3 +81,14 @@ func (c *Client) CreateNetwork(ctx context.Context, s NetworkSpec) error {
 func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
+
+// RemoveNetwork removes the named network; one that does not exist is not
+// an error.
+func (c *Client) RemoveNetwork(ctx context.Context, name string) error {
+	cctx, done := c.scope(ctx)
+	defer done()
+	if _, err := network.Remove(cctx, name, nil); err != nil && !isNotFound(err) {
+		return fmt.Errorf("remove network %s: %s", name, oneLine(err))
+	}
+	return nil
+}

@@ -556,3 +556,18 @@ func (c *Client) ExitCode(ctx context.Context, id string) (code int32, ok bool, 
 	}
 	return -1, false, nil
 }
+
+// VolumesByLabel lists the names of the volumes carrying label=value.
+func (c *Client) VolumesByLabel(ctx context.Context, label, value string) ([]string, error) {
+	cctx, done := c.scope(ctx)
+	defer done()
+	vs, err := volumes.List(cctx, new(volumes.ListOptions).WithFilters(map[string][]string{"label": {label + "=" + value}}))
+	if err != nil {
+		return nil, fmt.Errorf("list volumes: %s", oneLine(err))
+	}
+	names := make([]string, 0, len(vs))
+	for _, v := range vs {
+		names = append(names, v.Name)
+	}
+	return names, nil
+}

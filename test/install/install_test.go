@@ -231,4 +231,19 @@ func TestMakeUninstall(t *testing.T) {
 	}))
 	assert.DeepEqual(t, after, []string{"etc/shrooms/config.toml"})
 	assert.Check(t, is.Contains(string(out), "kept "+root+"/etc/shrooms/config.toml"))
+	// The directories install made for shrooms' files go too; their
+	// parents (as on a real host, where they exist before) stay.
+	for _, d := range []string{"usr/local/share/man/man1", "usr/local/share/bash-completion", "usr/local/share/zsh", "usr/local/share/fish"} {
+		_, err := os.Lstat(filepath.Join(root, d))
+		assert.Check(t, os.IsNotExist(err), "%s is left: %v", d, err)
+	}
+	_, err = os.Stat(filepath.Join(root, "usr/local/share/man"))
+	assert.Check(t, err, "uninstall removed a parent directory")
+
+	// PURGE acts on this host's state, never with DESTDIR.
+	out, err = exec.Command("make", "-s", "-C", repoRoot(t), "uninstall", "DESTDIR="+root, "PURGE=1").CombinedOutput()
+	assert.Assert(t, err != nil, "PURGE=1 with DESTDIR ran: %s", out)
+	assert.Check(t, is.Contains(string(out), "not with DESTDIR"))
+	_, err = os.Stat(filepath.Join(root, "etc/shrooms/config.toml"))
+	assert.Check(t, err)
 }

@@ -128,7 +128,9 @@ TOML
 	R "failturn_containers $(podman ps -a --format '{{.Names}}' | grep -c . )"
 	T shrooms forget --task vmfail >/dev/null 2>&1
 	rm -rf /etc/systemd/system/shrooms-seal.service.d
-	RB uninstall env -C /root/src make uninstall
+	# Every task is forgotten: PURGE=1 also removes the cage network, the
+	# seal and the state directory (shrooms purge).
+	RB uninstall env -C /root/src make uninstall PURGE=1
 	R "uninstall_rc $(RC)"
 	filelist >$S/after
 	# What is new since before `make install`: the config is kept by design

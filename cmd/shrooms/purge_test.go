@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"gotest.tools/v3/assert"
+	is "gotest.tools/v3/assert/cmp"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
+)
+
+// TestPurgeRemovesOnlyTheSkeleton is `make uninstall PURGE=1`'s step in
+// the testbed's host namespace: after a real networked turn, purge refuses
+// (changing nothing) while the task is known and while a file shrooms does
+// not know is in the state directory; once the task is forgotten it removes
+// the podman network, the seal, the outbox root and the state directory,
+// and nothing else. A network of the same name shrooms did not make stays.
+func TestPurgeRemovesOnlyTheSkeleton(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	tb := testbed.New(t)
+	tb.StartPodman()
+	name := itest.UniqueName("sp")
+	dir := t.TempDir()
+	state, box := filepath.Join(dir, "state"), filepath.Join(dir, "outbox")
+	configFile := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: name,
+		Cage: map[string]any{"stop_grace": "1s"},
+		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
+			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, (os.Getpid()+7)%250), "subnet6": fmt.Sprintf("fd89:5eee:%x::/64", os.Getpid()%65000),
+			"dns_upstream": []string{"203.0.113.10"}}}.Write(t)
+	task := name + "-t"
+	nft := func(args ...string) error {
+		return exec.Command("nsenter", append([]string{"--net=" + tb.NSPath("host"), "--", "nft"}, args...)...).Run()
+	}
+	t.Cleanup(func() {
+		if _, err := os.Stat(box); err == nil {
+			_ = outbox.Release(box, task)
+		}
+		if out, err := tb.Podman("ps", "-aq", "--filter", "label="+sealed.LabelTask+"="+task); err == nil {
+			for _, id := range strings.Fields(out) {
+				_, _ = tb.Podman("rm", "-f", "-t", "0", id)
+			}
+		}
+		if cfg, err := config.Load(configFile); err == nil {
+			if client, err := podman.Connect(context.Background(), tb.PodmanURL); err == nil {
+				_ = turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), task)
+			}
+		}
+		_, _ = tb.Podman("network", "rm", "-f", name)
+		_ = nft("delete", "table", "inet", "shrooms_"+name)
+		_ = nft("delete", "table", "bridge", "shrooms_"+name)
+	})
+	shrooms := func(args ...string) (int, string, string) {
+		cmd := exec.Command("nsenter", append([]string{"--net=" + tb.NSPath("host"), "--", os.Args[0], "--config", configFile}, args...)...)
+		cmd.Env = append(os.Environ(), "SHROOMS_TEST_MAIN=1")
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		_ = cmd.Run()
+		return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+	}
+	networkExists := func() bool { _, err := tb.Podman("network", "exists", name); return err == nil }
+
+	code, _, stderr := shrooms("net", "apply")
+	assert.Equal(t, code, 0, stderr)
+	code, _, stderr = shrooms("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "echo kept > /home/agent/note")
+	assert.Equal(t, code, 0, stderr)
+
+	// The task is known: refused, nothing removed.
+	code, _, stderr = shrooms("purge")
+	assert.Equal(t, code, ExitBusy, stderr)
+	assert.Check(t, is.Contains(stderr, "tasks/"+task))
+	assert.Check(t, is.Contains(stderr, "nothing removed"))
+	assert.Check(t, networkExists(), "a refused purge removed the network")
+	assert.Check(t, nft("list", "table", "inet", "shrooms_"+name) == nil, "a refused purge removed the seal")
+	_, err := os.Stat(filepath.Join(state, "tasks", task))
+	assert.Check(t, err, "a refused purge removed the task")
+
+	code, _, stderr = shrooms("forget", "--task", task)
+	assert.Equal(t, code, 0, stderr)
+
+	// A file shrooms does not know: refused, kept.
+	stray := filepath.Join(state, "owner-notes.txt")
+	assert.NilError(t, os.WriteFile(stray, []byte("mine"), 0o600))
+	code, _, stderr = shrooms("purge")
+	assert.Equal(t, code, ExitBusy, stderr)
+	assert.Check(t, is.Contains(stderr, "owner-notes.txt"))
+	_, err = os.Stat(stray)
+	assert.Check(t, err)
+	assert.Check(t, networkExists())
+	assert.NilError(t, os.Remove(stray))
+
+	code, stdout, stderr := shrooms("purge", "--dry-run")
+	assert.Equal(t, code, 0, stderr)
+	assert.Check(t, is.Contains(stdout, "would remove podman network "+name))
+	assert.Check(t, is.Contains(stdout, "would remove state directory "+state))
+	assert.Check(t, networkExists(), "--dry-run removed the network")
+
+	code, stdout, stderr = shrooms("purge")
+	assert.Equal(t, code, 0, stderr)
+	assert.Check(t, is.Contains(stdout, "removed podman network "+name))
+	assert.Check(t, !networkExists(), "the network is still there")
+	assert.Check(t, nft("list", "table", "inet", "shrooms_"+name) != nil, "the inet seal table is still there")
+	assert.Check(t, nft("list", "table", "bridge", "shrooms_"+name) != nil, "the bridge seal table is still there")
+	for _, p := range []string{state, box} {
+		_, err := os.Lstat(p)
+		assert.Check(t, os.IsNotExist(err), "%s is still there: %v", p, err)
+	}
+	_, err = os.Stat(dir)
+	assert.Check(t, err, "purge removed more than the state directory")
+
+	// A network of that name shrooms did not make is left alone.
+	out, err := tb.Podman("network", "create", "--label", "owner=someone-else", name)
+	assert.NilError(t, err, out)
+	code, stdout, stderr = shrooms("purge")
+	assert.Equal(t, code, 0, stderr)
+	assert.Check(t, is.Contains(stdout, "kept podman network "+name+": shrooms did not make it"))
+	assert.Check(t, networkExists(), "purge removed a network shrooms did not make")
+
+}
