@@ -72,19 +72,9 @@ func TestNetworkedTurnInTestbed(t *testing.T) {
 		if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), task); err != nil {
 			t.Errorf("remove HOME: %v", err)
 		}
-		_, _ = tb.Podman("network", "rm", "-f", name)
-		_ = exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "nft", "delete", "table", "inet", "shrooms_"+name).Run()
-		_ = exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "nft", "delete", "table", "bridge", "shrooms_"+name).Run()
+		removeTestbedNetwork(tb, name)
 	})
-	// shrooms, as a process inside the testbed's host network namespace.
-	shrooms := func(args ...string) (int, string, string) {
-		cmd := exec.Command("nsenter", append([]string{"--net=" + tb.NSPath("host"), "--", os.Args[0], "--config", configFile}, args...)...)
-		cmd.Env = append(os.Environ(), "SHROOMS_TEST_MAIN=1")
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		_ = cmd.Run()
-		return cmd.ProcessState.ExitCode(), out.String(), errb.String()
-	}
+	shrooms := inTestbedHost(tb, os.Args[0], configFile, "SHROOMS_TEST_MAIN=1")
 	probe := func(nonceNet, nonceLAN string) string {
 		return fmt.Sprintf("echo %s | nc -w 3 %s 80; echo %s | nc -w 3 %s 80; true", nonceNet, testbed.InternetAddr4, nonceLAN, testbed.RouterAddr4)
 	}
@@ -152,4 +142,27 @@ func TestNetworkedTurnInTestbed(t *testing.T) {
 	assert.Assert(t, !strings.Contains(stderr, "\n"+"shrooms:"), "one line: %q", stderr)
 	time.Sleep(300 * time.Millisecond)
 	assert.Equal(t, len(tb.Hits(net2))+len(tb.Hits(lan2)), 0, "a refused turn sent packets")
+}
+
+// inTestbedHost runs shrooms (bin, with configFile and the extra
+// environment) as a process in the testbed's host network namespace, and
+// returns its exit code, stdout and stderr.
+func inTestbedHost(tb *testbed.Testbed, bin, configFile string, env ...string) func(args ...string) (int, string, string) {
+	return func(args ...string) (int, string, string) {
+		cmd := exec.Command("nsenter", append([]string{"--net=" + tb.NSPath("host"), "--", bin, "--config", configFile}, args...)...)
+		cmd.Env = append(os.Environ(), env...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		_ = cmd.Run()
+		return cmd.ProcessState.ExitCode(), out.String(), errb.String()
+	}
+}
+
+// removeTestbedNetwork removes the cage network name and its seal tables
+// from the testbed (cleanup: errors mean they are gone already).
+func removeTestbedNetwork(tb *testbed.Testbed, name string) {
+	_, _ = tb.Podman("network", "rm", "-f", name)
+	for _, fam := range []string{"inet", "bridge"} {
+		_ = exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "nft", "delete", "table", fam, "shrooms_"+name).Run()
+	}
 }

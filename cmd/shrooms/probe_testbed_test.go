@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -60,18 +58,9 @@ func TestProbeWithoutTargetsInTestbed(t *testing.T) {
 				t.Errorf("release outbox: %v", err)
 			}
 		}
-		_, _ = tb.Podman("network", "rm", "-f", name)
-		for _, fam := range []string{"inet", "bridge"} {
-			_ = exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "nft", "delete", "table", fam, "shrooms_"+name).Run()
-		}
+		removeTestbedNetwork(tb, name)
 	})
-	shrooms := func(args ...string) (int, string, string) {
-		cmd := exec.Command("nsenter", append([]string{"--net=" + tb.NSPath("host"), "--", bin, "--config", configFile}, args...)...)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		_ = cmd.Run()
-		return cmd.ProcessState.ExitCode(), out.String(), errb.String()
-	}
+	shrooms := inTestbedHost(tb, bin, configFile)
 	code, _, stderr := shrooms("net", "apply")
 	assert.Equal(t, code, 0, stderr)
 

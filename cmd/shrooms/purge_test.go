@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -59,18 +58,9 @@ func TestPurgeRemovesOnlyTheSkeleton(t *testing.T) {
 				_ = turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), task)
 			}
 		}
-		_, _ = tb.Podman("network", "rm", "-f", name)
-		_ = nft("delete", "table", "inet", "shrooms_"+name)
-		_ = nft("delete", "table", "bridge", "shrooms_"+name)
+		removeTestbedNetwork(tb, name)
 	})
-	shrooms := func(args ...string) (int, string, string) {
-		cmd := exec.Command("nsenter", append([]string{"--net=" + tb.NSPath("host"), "--", os.Args[0], "--config", configFile}, args...)...)
-		cmd.Env = append(os.Environ(), "SHROOMS_TEST_MAIN=1")
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		_ = cmd.Run()
-		return cmd.ProcessState.ExitCode(), out.String(), errb.String()
-	}
+	shrooms := inTestbedHost(tb, os.Args[0], configFile, "SHROOMS_TEST_MAIN=1")
 	networkExists := func() bool { _, err := tb.Podman("network", "exists", name); return err == nil }
 
 	code, _, stderr := shrooms("net", "apply")
