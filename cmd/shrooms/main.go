@@ -112,7 +112,8 @@ stdout, on every path (see docs/json.md).
 Exit status: the agent's own exit code, or one of shrooms' own:
   121 bad input (config, flags, task id, paths, tokens)
   122 host not ready (podman, image, seal, state directory)
-  123 task busy (another turn of the task is running)
+  123 task busy (another turn of the task is running; for purge: a task,
+      delivery or cage is left)
   124 deadline (the cage was stopped and removed)
   125 internal error
   120 a per-turn model usage limit (gateway.*.max_*) ended the turn
