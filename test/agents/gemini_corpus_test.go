@@ -3,6 +3,7 @@ package agents_test
 import (
 	"encoding/base64"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -89,6 +90,9 @@ func geminiVectors(nonce string) []corpusVector {
 // gmToolOutputs finds the shell tool's answers in a Gemini API request.
 var gmToolOutputs = regexp.MustCompile(`"output":"(?:[^"\\]|\\.)*"`)
 
+// gmWorktreeRoots are the guarded roots the worktree vectors plant.
+var gmWorktreeRoots = []string{".gemini", "GEMINI.md", ".env", ".agents"}
+
 // geminiEnvRuns are the control's extra runs: the .env search loads only
 // the first file it finds, so each run removes the one the run before
 // loaded and starts the CLI again.
@@ -122,7 +126,22 @@ func TestGeminiPersistenceCorpus(t *testing.T) {
 	gemini := []string{"gemini", "--skip-trust", "--yolo"}
 	runCorpus(t, e, "gemini", vectors, plant,
 		func(prompt string) string {
-			_, _ = e.turnJSON("gemini", "-p", prompt)
+			code, out, errb := e.run("--json", "run", "--task", e.task("gemini"), "--agent", "gemini", "--worktree", e.worktree, "--no-stdin", "--", "-p", prompt)
+			assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.api.Log())
+			var res struct {
+				Changes struct {
+					AgentConfig []struct{ Path, Why string } `json:"agent_config"`
+				} `json:"worktree_changes"`
+			}
+			lastJSON(t, out, &res)
+			var listed []string
+			for _, a := range res.Changes.AgentConfig {
+				assert.Check(t, a.Why != "", "%+v", a)
+				listed = append(listed, a.Path)
+			}
+			for _, root := range gmWorktreeRoots {
+				assert.Check(t, slices.Contains(listed, root), "run --json lists %s as agent config: %v", root, listed)
+			}
 			bodies := requestBodies(e.api.Scripted())
 			for _, v := range vectors {
 				if v.plant != "" {
@@ -147,6 +166,10 @@ func TestGeminiPersistenceCorpus(t *testing.T) {
 		[]string{"GEMINI_API_KEY=" + geminiKey, "GOOGLE_GEMINI_BASE_URL=" + e.apiURL, "GEMINI_TELEMETRY_ENABLED=false"},
 		func(session, prompt string) (string, guardResult) {
 			out, res := e.turnJSON("gemini", "--resume", session, "-p", gmCommand+" "+prompt)
+			assert.Assert(t, res.WorktreeGuard != nil, out)
+			for _, root := range gmWorktreeRoots {
+				assert.Check(t, slices.Contains(res.WorktreeGuard.Masked, root), "%s is masked in the next cage: %v", root, res.WorktreeGuard.Masked)
+			}
 			return out, res
 		})
 }
