@@ -2,6 +2,8 @@ package agents_test
 
 import (
 	"encoding/base64"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -172,4 +174,11 @@ func TestGeminiPersistenceCorpus(t *testing.T) {
 			}
 			return out, res
 		})
+	// In turn 2 the masked /work/.env (an empty stand-in) ends the .env
+	// search before HOME: HOME's two are shown gone by the reset itself.
+	home := e.home("gemini")
+	for _, f := range []string{".env", ".gemini/.env", ".gemini/trustedFolders.json"} {
+		_, err := os.Lstat(filepath.Join(home, f))
+		assert.Assert(t, os.IsNotExist(err), "~/%s survived the reset: %v", f, err)
+	}
 }
