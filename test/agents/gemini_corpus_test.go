@@ -59,6 +59,7 @@ func geminiVectors(nonce string) []corpusVector {
 		{id: "gm-user-mcp", where: "home"},
 		{id: "gm-user-discovery", where: "home"},
 		{id: "gm-ext-mcp", where: "home", plant: `mkdir -p ` + ext + ` && printf '%s' '{"name":"cwext","version":"1.0.0","contextFileName":"CWCTX.md","mcpServers":{` + mcp("cwextmcp", "gm-ext-mcp") + `}}' > ` + ext + `/gemini-extension.json`},
+		{id: "gm-ext-hook", where: "home", plant: `mkdir -p ` + ext + `/hooks && printf '%s' '{"hooks":{"SessionStart":` + hook("gm-ext-hook") + `}}' > ` + ext + `/hooks/hooks.json`},
 		{id: "gmextcontext", where: "home", instruction: true, plant: `echo "` + codeWord("gmextcontext", nonce) + `" > ` + ext + `/CWCTX.md`},
 		{id: "gmusermd", where: "home", instruction: true, plant: `echo "` + codeWord("gmusermd", nonce) + `" > ~/.gemini/GEMINI.md`},
 		{id: "gmuserimport", where: "home", instruction: true, plant: `echo "` + codeWord("gmuserimport", nonce) + `" > ~/.gemini/cwimp.md && echo '@./cwimp.md' >> ~/.gemini/GEMINI.md`},
