@@ -81,7 +81,8 @@ func geminiVectors(nonce string) []corpusVector {
 		// Not in the corpus, because they did not fire in the bare control
 		// (both are guarded all the same: .gemini and GEMINI.md are masked):
 		// a subdirectory's GEMINI.md (0.61.0 loads it only when a tool reads
-		// that directory) and a project subagent in .gemini/agents.
+		// that directory) and a project subagent in .gemini/agents (0.61.0
+		// registers it only once acknowledged by content hash in HOME).
 		{id: "gmprojmd", where: "worktree", instruction: true, plant: `echo "` + codeWord("gmprojmd", nonce) + `" > /work/GEMINI.md`},
 		{id: "gmprojskill", where: "worktree", instruction: true, plant: skill("/work/.gemini/skills", "gmprojskill")},
 		{id: "gmprojagentsskill", where: "worktree", instruction: true, plant: skill("/work/.agents/skills", "gmprojagentsskill")},
