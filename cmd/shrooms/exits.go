@@ -264,7 +264,9 @@ func trustCommand() *cli.Command {
 		ArgsUsage: "[PATH...]",
 		Description: `Agents load configuration from the worktree: opencode.json(c), .opencode/,
 AGENTS.md, .claude/, .mcp.json, CLAUDE.md, CLAUDE.local.md, .gemini/,
-GEMINI.md, .codex/, and tools run .envrc, .vscode/, .devcontainer/, .husky/,
+GEMINI.md, .env, .codex/, other agents' (.crushrc, crush.json, CRUSH.md,
+.github/hooks/, .cursor/, .aider.conf.yml, .amp/; docs/security-model.md
+lists them), and tools run .envrc, .vscode/, .devcontainer/, .husky/,
 .githooks/, .pre-commit-config.yaml, .tool-versions, mise.toml — at any depth.
 A task's first turn records them as the owner's trusted version; in every
 later turn, any of them that differs is masked in the cage (the trusted

@@ -23,6 +23,8 @@ var otherAgentFiles = []struct{ file, root string }{
 	{".github/hooks/h.json", ".github/hooks"},
 	{".cursor/hooks.json", ".cursor"}, {".cursor/mcp.json", ".cursor"},
 	{".aider.conf.yml", ".aider.conf.yml"}, {".amp/settings.json", ".amp"},
+	{"CRUSH.md", "CRUSH.md"}, {"CRUSH.local.md", "CRUSH.local.md"}, {"crush.md", "crush.md"}, {"Crush.local.md", "Crush.local.md"},
+	{"gemini.md", "gemini.md"}, {"agents.md", "agents.md"}, {".github/copilot-instructions.md", ".github/copilot-instructions.md"},
 }
 
 // TestOtherAgentsWorktreeFilesMaskedListedAndRefused: turn 1 plants each

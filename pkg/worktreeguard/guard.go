@@ -75,6 +75,18 @@ func guardedNames() []guarded {
 		{"crushrc", "", "Crush config script: Bash run at start (found from the working directory up to the git root)"},
 		{".crush.json", "", "Crush project config (MCP servers, LSP commands, hooks, providers; $(...) runs at load)"},
 		{"crush.json", "", "Crush project config (MCP servers, LSP commands, hooks, providers; $(...) runs at load)"},
+		// Crush's context files (its defaultContextPaths, in every spelling it
+		// tries; besides CLAUDE.md, GEMINI.md, AGENTS.md and .cursorrules).
+		{"CRUSH.md", "", "Crush context file (agent instructions, read from the working directory)"},
+		{"CRUSH.local.md", "", "Crush context file (agent instructions, read from the working directory)"},
+		{"Crush.md", "", "Crush context file (agent instructions, read from the working directory)"},
+		{"Crush.local.md", "", "Crush context file (agent instructions, read from the working directory)"},
+		{"crush.md", "", "Crush context file (agent instructions, read from the working directory)"},
+		{"crush.local.md", "", "Crush context file (agent instructions, read from the working directory)"},
+		{"gemini.md", "", "Crush context file (agent instructions, read from the working directory)"},
+		{"agents.md", "", "Crush context file (agent instructions, read from the working directory)"},
+		{"Agents.md", "", "Crush context file (agent instructions, read from the working directory)"},
+		{"copilot-instructions.md", ".github", "GitHub Copilot and Crush instructions (.github/copilot-instructions.md)"},
 		{"hooks", ".github", "GitHub Copilot CLI hooks (.github/hooks/*.json from the working directory: shell commands at session and tool events)"},
 		{".aider.conf.yml", "", "Aider config (git root and working directory): commands it runs (test-cmd, lint-cmd), API base URLs, files it reads"},
 		{".aider.model.settings.yml", "", "Aider model settings (git root and working directory): extra_params passed to every model request (API base, headers)"},
@@ -127,7 +139,7 @@ func guardedAt(parent, name string) (guarded, bool) {
 		return guarded{}, false
 	}
 	switch name[0] {
-	case '.', 'A', 'C', 'G', 'o', 'm', 'c', 'h':
+	case '.', 'A', 'C', 'G', 'o', 'm', 'c', 'h', 'a', 'g':
 		gs := guardedNames()
 		i := slices.IndexFunc(gs, func(g guarded) bool {
 			return g.name == name && (g.parent == "" || g.parent == parent)

@@ -437,6 +437,8 @@ func TestOtherAgentsConfigIsMaskedAtAnyDepth(t *testing.T) {
 		"GEMINI.md", ".env", "crushrc", ".crushrc", "crush.json", ".crush.json",
 		".github/hooks/h.json", ".cursor/hooks.json", ".cursor/mcp.json",
 		".aider.conf.yml", ".aider.model.settings.yml", ".amp/settings.json",
+		"CRUSH.md", "CRUSH.local.md", "Crush.md", "Crush.local.md", "crush.md", "crush.local.md",
+		"gemini.md", "agents.md", "Agents.md", ".github/copilot-instructions.md",
 	}
 	roots := map[string]string{}
 	for _, p := range planted {

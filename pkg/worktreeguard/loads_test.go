@@ -383,12 +383,12 @@ func TestClaudeMDLinkedToAnotherFileIsFollowedInTheTree(t *testing.T) {
 }
 
 func TestGuardedLinkTargetsAreTrusted(t *testing.T) {
-	wt, store := importRepo(t, map[string]string{"guide/agents.md": "rules\n", "config/claude/settings.json": "{}"})
-	assert.NilError(t, os.Symlink("guide/agents.md", filepath.Join(wt, "AGENTS.md")))
+	wt, store := importRepo(t, map[string]string{"guide/rules.md": "rules\n", "config/claude/settings.json": "{}"})
+	assert.NilError(t, os.Symlink("guide/rules.md", filepath.Join(wt, "AGENTS.md")))
 	res, guard := trustAndGuard(t, wt, store)
-	assert.DeepEqual(t, res.Loads, []string{"guide/agents.md"})
-	tree(t, wt, map[string]string{"guide/agents.md": "CODEWORD\n"})
-	assert.DeepEqual(t, guard().Masked, []string{"guide/agents.md"})
+	assert.DeepEqual(t, res.Loads, []string{"guide/rules.md"})
+	tree(t, wt, map[string]string{"guide/rules.md": "CODEWORD\n"})
+	assert.DeepEqual(t, guard().Masked, []string{"guide/rules.md"})
 
 	assert.NilError(t, os.Symlink("config/claude", filepath.Join(wt, ".claude")))
 	_, err := store.Trust(context.Background(), wt, nil)

@@ -78,7 +78,7 @@ func (s Store) trustLoads(ctx context.Context, dir *os.File, worktree string, ne
 	}
 	for _, p := range notRoots {
 		if _, ok := r.set.loads[p]; !ok {
-			return fmt.Errorf("worktree trust: %q is not a guarded path of %s, nor a file its trusted config loads (guarded: agent config such as .claude, .opencode, opencode.json, .mcp.json, CLAUDE.md, AGENTS.md, .gemini, GEMINI.md, .env, .crushrc, crush.json, .github/hooks, .cursor, .aider.conf.yml, .amp, .envrc, .vscode; see docs/security-model.md)", p, worktree)
+			return fmt.Errorf("worktree trust: %q is not a guarded path of %s, nor a file its trusted config loads (guarded: agent config such as .claude, .opencode, opencode.json, .mcp.json, CLAUDE.md, AGENTS.md, .gemini, GEMINI.md, .env, .crushrc, crush.json, CRUSH.md, .github/hooks, .cursor, .aider.conf.yml, .amp, .envrc, .vscode; see docs/security-model.md)", p, worktree)
 		}
 		res.Trusted = append(res.Trusted, p)
 	}
