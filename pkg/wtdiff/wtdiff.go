@@ -5,11 +5,13 @@
 // hostile tree cannot steer it.
 //
 // An entry counts as modified when its type, size, modification time,
-// permission bits or inode differ. Ownership and ctime are left out: shrooms
-// itself hands the worktree to the task's user and back around every turn.
-// A turn can hide a content change from this summary by restoring size and
-// mtime in place; it is a report for the owner and the orchestrator, not a
-// boundary (the guard and the sealed commit path read content).
+// status-change time (ctime), permission bits or inode differ. Ownership is
+// left out: shrooms itself hands the worktree to the task's user and back
+// around every turn, outside the two scans (so those chowns never show in
+// ctime either). ctime is what catches a file rewritten in place with its
+// size and mtime restored: no process but the kernel sets it. It is still a
+// report for the owner and the orchestrator, not a boundary (the guard and
+// the sealed commit path read content).
 package wtdiff
 
 import (
@@ -38,6 +40,7 @@ type entry struct {
 	mode  uint32 // type and permission bits
 	size  int64
 	mtime int64 // ns
+	ctime int64 // ns: set by the kernel only, a rewrite cannot restore it
 	ino   uint64
 }
 
@@ -96,7 +99,7 @@ func (s *Snapshot) walk(ctx context.Context, dir *os.File, rel string, depth int
 			return fmt.Errorf("worktree changes: stat %s: %w", join(rel, name), err)
 		}
 		child := join(rel, name)
-		s.entries[child] = entry{mode: st.Mode, size: st.Size, mtime: st.Mtim.Nano(), ino: st.Ino}
+		s.entries[child] = entry{mode: st.Mode, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), ino: st.Ino}
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			continue
 		}
