@@ -98,7 +98,7 @@ type worktreeResult struct {
 		Added    int `json:"added"`
 		Modified int `json:"modified"`
 		Deleted  int `json:"deleted"`
-	} `json:"worktreeChanges"`
+	} `json:"worktree_changes"`
 }
 
 func (b *bench) runWorktree(task, wt, script string) (*timing, *worktreeResult, error) {
