@@ -24,36 +24,55 @@ import (
 // under the task lock, so no cage of the task writes the tree meanwhile;
 // an entry the host replaces under the walk is left alone.
 func OwnWorktree(dir string, uid, gid int) (bool, error) {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
-	if err != nil {
-		return false, fmt.Errorf("worktree %s: %w", dir, err)
+	h, err := NewHandOver(dir, uid, gid)
+	if err != nil || h == nil {
+		return false, err
 	}
-	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return false, fmt.Errorf("worktree %s: %w", dir, err)
-	}
-	if int(st.Uid) == uid && int(st.Gid) == gid {
-		return false, nil
-	}
-	o := &handOver{uid: uid, gid: gid, dev: st.Dev}
-	if err := unix.Fchown(fd, uid, gid); err != nil {
-		return true, fmt.Errorf("worktree %s: give it to the task's user: %w", dir, err)
-	}
-	if err := o.dir(fd, 0); err != nil {
+	defer h.Close()
+	if err := h.walk(h.fd, 0); err != nil {
 		return true, fmt.Errorf("worktree %s: give it to the task's user: %w", dir, err)
 	}
 	return true, nil
 }
 
-type handOver struct {
+// HandOver is OwnWorktree one entry at a time, for a walk that also takes
+// the worktree's change snapshot (wtdiff.ScanHook): the root is handed
+// over by NewHandOver, each entry below by Entry.
+type HandOver struct {
+	fd       int
 	uid, gid int
 	dev      uint64
 }
 
-// dir hands over the entries of the open directory fd (which it does not
+// NewHandOver opens the worktree dir and gives its root to uid:gid; it
+// returns nil when the root is theirs already (nothing to hand over).
+func NewHandOver(dir string, uid, gid int) (*HandOver, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("worktree %s: %w", dir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("worktree %s: %w", dir, err)
+	}
+	if int(st.Uid) == uid && int(st.Gid) == gid {
+		unix.Close(fd)
+		return nil, nil
+	}
+	if err := unix.Fchown(fd, uid, gid); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("worktree %s: give it to the task's user: %w", dir, err)
+	}
+	return &HandOver{fd: fd, uid: uid, gid: gid, dev: st.Dev}, nil
+}
+
+// Close releases the worktree's descriptor.
+func (o *HandOver) Close() error { return unix.Close(o.fd) }
+
+// walk hands over the entries of the open directory fd (which it does not
 // close), descending into subdirectories.
-func (o *handOver) dir(fd, depth int) error {
+func (o *HandOver) walk(fd, depth int) error {
 	if depth > maxGiveBackDepth {
 		return fmt.Errorf("directories nested deeper than %d levels", maxGiveBackDepth)
 	}
@@ -66,7 +85,14 @@ func (o *handOver) dir(fd, depth int) error {
 	for {
 		names, err := f.Readdirnames(1024)
 		for _, name := range names {
-			if err := o.entry(fd, name, depth); err != nil {
+			var st unix.Stat_t
+			if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				if errors.Is(err, unix.ENOENT) {
+					continue
+				}
+				return fmt.Errorf("stat %s: %w", name, err)
+			}
+			if err := o.descend(fd, name, depth, &st); err != nil {
 				return err
 			}
 		}
@@ -79,27 +105,50 @@ func (o *handOver) dir(fd, depth int) error {
 	}
 }
 
-func (o *handOver) entry(fd int, name string, depth int) error {
+func (o *HandOver) descend(fd int, name string, depth int, st *unix.Stat_t) error {
+	_, child, err := o.entry(fd, name, st)
+	if err != nil || child < 0 {
+		return err
+	}
+	defer unix.Close(child)
+	if err := o.walk(child, depth+1); err != nil {
+		return fmt.Errorf("%s/%w", name, err)
+	}
+	return nil
+}
+
+// Entry hands over the entry name of the directory dirFd, which st (its
+// lstat) describes. It reports whether it changed the entry, and whether
+// what lies below it is to be handed over too (a directory of the
+// worktree's own filesystem that is no git repository).
+func (o *HandOver) Entry(dirFd int, name string, st *unix.Stat_t) (changed, below bool, err error) {
+	changed, child, err := o.entry(dirFd, name, st)
+	if child >= 0 {
+		unix.Close(child)
+	}
+	return changed, child >= 0, err
+}
+
+// entry is Entry that returns the directory it handed over, open (-1 for
+// none), for the walk to descend into.
+func (o *HandOver) entry(fd int, name string, st *unix.Stat_t) (bool, int, error) {
 	if name == ".git" {
 		// The root's own stays root's (a directory, or a linked
 		// worktree's gitdir pointer); a nested one stays its owner's.
-		return nil
-	}
-	var st unix.Stat_t
-	if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		return fmt.Errorf("stat %s: %w", name, err)
+		return false, -1, nil
 	}
 	if st.Dev != o.dev {
-		return nil // another filesystem mounted inside: not ours to change
+		return false, -1, nil // another filesystem mounted inside: not ours to change
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		if err := unix.Fchownat(fd, name, o.uid, o.gid, unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("chown %s: %w", name, err)
+		err := unix.Fchownat(fd, name, o.uid, o.gid, unix.AT_SYMLINK_NOFOLLOW)
+		if errors.Is(err, unix.ENOENT) {
+			return false, -1, nil
 		}
-		return nil
+		if err != nil {
+			return false, -1, fmt.Errorf("chown %s: %w", name, err)
+		}
+		return true, -1, nil
 	}
 	child, err := unix.Openat2(fd, name, &unix.OpenHow{
 		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NONBLOCK,
@@ -107,26 +156,24 @@ func (o *handOver) entry(fd int, name string, depth int) error {
 	})
 	switch {
 	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.EXDEV):
-		return nil // replaced under the walk: never followed
+		return false, -1, nil // replaced under the walk, or a mount point: never followed
 	case err != nil:
-		return fmt.Errorf("open %s: %w", name, err)
+		return false, -1, fmt.Errorf("open %s: %w", name, err)
 	}
-	defer unix.Close(child)
 	var cst unix.Stat_t
 	if err := unix.Fstat(child, &cst); err != nil {
-		return fmt.Errorf("stat %s: %w", name, err)
+		unix.Close(child)
+		return false, -1, fmt.Errorf("stat %s: %w", name, err)
 	}
-	if cst.Dev != st.Dev || cst.Ino != st.Ino {
-		return nil
-	}
-	if looksLikeGitDir(child) {
-		return nil // the owner's nested repository stays the owner's (nested.go)
+	if cst.Dev != st.Dev || cst.Ino != st.Ino || looksLikeGitDir(child) {
+		// Replaced under the walk, or the owner's nested repository,
+		// which stays the owner's (nested.go).
+		unix.Close(child)
+		return false, -1, nil
 	}
 	if err := unix.Fchown(child, o.uid, o.gid); err != nil {
-		return fmt.Errorf("chown %s: %w", name, err)
+		unix.Close(child)
+		return false, -1, fmt.Errorf("chown %s: %w", name, err)
 	}
-	if err := o.dir(child, depth+1); err != nil {
-		return fmt.Errorf("%s/%w", name, err)
-	}
-	return nil
+	return true, child, nil
 }

@@ -54,6 +54,22 @@ type Snapshot struct {
 
 // Scan takes a snapshot of the worktree at root.
 func Scan(ctx context.Context, root string) (*Snapshot, error) {
+	return ScanHook(ctx, root, nil)
+}
+
+// Hook changes entries while a scan passes (mounts.HandOver: the chown to
+// the task's user before a turn), so that one walk does both. Entry gets
+// each entry's directory descriptor, name and lstat before the scan
+// records it; it says whether it changed the entry (the scan then records
+// it as it is now) and whether it is to see what lies below it.
+type Hook interface {
+	Entry(dirFd int, name string, st *unix.Stat_t) (changed, below bool, err error)
+}
+
+// ScanHook is Scan with hook called on every entry it records (below a
+// directory the hook declined, no more). The snapshot is the one Scan
+// would take once the hook has run.
+func ScanHook(ctx context.Context, root string, hook Hook) (*Snapshot, error) {
 	start := time.Now()
 	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -62,14 +78,14 @@ func Scan(ctx context.Context, root string) (*Snapshot, error) {
 	dir := os.NewFile(uintptr(fd), root)
 	defer dir.Close()
 	s := &Snapshot{entries: map[string]entry{}}
-	if err := s.walk(ctx, dir, "", 0); err != nil {
+	if err := s.walk(ctx, dir, "", 0, hook); err != nil {
 		return nil, err
 	}
 	s.took = time.Since(start)
 	return s, nil
 }
 
-func (s *Snapshot) walk(ctx context.Context, dir *os.File, rel string, depth int) error {
+func (s *Snapshot) walk(ctx context.Context, dir *os.File, rel string, depth int, hook Hook) error {
 	if depth > maxDepth {
 		s.truncated = true
 		return nil
@@ -99,6 +115,24 @@ func (s *Snapshot) walk(ctx context.Context, dir *os.File, rel string, depth int
 			return fmt.Errorf("worktree changes: stat %s: %w", join(rel, name), err)
 		}
 		child := join(rel, name)
+		below := hook
+		if hook != nil {
+			changed, down, err := hook.Entry(int(dir.Fd()), name, &st)
+			if err != nil {
+				return fmt.Errorf("%s: %w", child, err)
+			}
+			if !down {
+				below = nil
+			}
+			if changed {
+				if err := unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					if errors.Is(err, unix.ENOENT) {
+						continue
+					}
+					return fmt.Errorf("worktree changes: stat %s: %w", child, err)
+				}
+			}
+		}
 		s.entries[child] = entry{mode: st.Mode, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), ino: st.Ino}
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			continue
@@ -111,7 +145,15 @@ func (s *Snapshot) walk(ctx context.Context, dir *os.File, rel string, depth int
 			return fmt.Errorf("worktree changes: open %s: %w", child, err)
 		}
 		sub := os.NewFile(uintptr(fd), child)
-		err = s.walk(ctx, sub, child, depth+1)
+		if below != nil {
+			// The hook vetted the directory it saw; one replaced since
+			// is walked, not changed.
+			var now unix.Stat_t
+			if unix.Fstat(fd, &now) != nil || now.Dev != st.Dev || now.Ino != st.Ino {
+				below = nil
+			}
+		}
+		err = s.walk(ctx, sub, child, depth+1, below)
 		sub.Close()
 		if err != nil {
 			return err

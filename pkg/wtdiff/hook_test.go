@@ -1,0 +1,80 @@
+package wtdiff
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
+)
+
+// The hand-over in the scan's walk (one walk before a turn, not two):
+// ownership as OwnWorktree leaves it, and a snapshot equal to a scan taken
+// after it — nothing reported changed.
+func TestScanHookHandsOverAndSnapshotsTheResult(t *testing.T) {
+	itest.Require(t, itest.Root)
+	build := func() string {
+		root := t.TempDir()
+		write(t, root, "a.txt", "a")
+		write(t, root, "dir/b.txt", "b")
+		write(t, root, "dir/deeper/c.txt", "c")
+		write(t, root, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, root, "vendor/lib/.git/HEAD", "ref: refs/heads/main\n")
+		write(t, root, "vendor/lib/x.go", "package x\n")
+		write(t, root, "bare/HEAD", "ref: refs/heads/main\n")
+		write(t, root, "bare/objects/o", "")
+		write(t, root, "bare/refs/r", "")
+		assert.NilError(t, os.Symlink("/etc/passwd", filepath.Join(root, "link")))
+		assert.NilError(t, syscall.Mkfifo(filepath.Join(root, "fifo"), 0o644))
+		return root
+	}
+	const uid = 4242
+	owners := func(root string) map[string]uint32 {
+		m := map[string]uint32{}
+		assert.NilError(t, filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			assert.NilError(t, err)
+			var st syscall.Stat_t
+			assert.NilError(t, syscall.Lstat(p, &st))
+			rel, _ := filepath.Rel(root, p)
+			m[rel] = st.Uid
+			return nil
+		}))
+		return m
+	}
+
+	hooked := build()
+	h, err := mounts.NewHandOver(hooked, uid, uid)
+	assert.NilError(t, err)
+	snap, err := ScanHook(context.Background(), hooked, h)
+	assert.NilError(t, err)
+	assert.NilError(t, h.Close())
+	sum := Diff(snap, scan(t, hooked))
+	assert.DeepEqual(t, sum, Summary{AgentConfig: []Change{}, ScanMS: sum.ScanMS})
+
+	walked := build()
+	changed, err := mounts.OwnWorktree(walked, uid, uid)
+	assert.NilError(t, err)
+	assert.Assert(t, changed)
+	got, want := owners(hooked), owners(walked)
+	assert.DeepEqual(t, got, want)
+	// And what that is: the task's, but for git metadata and the owner's
+	// nested repositories.
+	for rel, u := range got {
+		switch rel {
+		case ".git", ".git/HEAD", "vendor/lib/.git", "vendor/lib/.git/HEAD", "bare", "bare/HEAD", "bare/objects", "bare/objects/o", "bare/refs", "bare/refs/r":
+			assert.Equal(t, u, uint32(0), rel)
+		default:
+			assert.Equal(t, u, uint32(uid), rel)
+		}
+	}
+
+	// Root's already the task's: no hand-over, and Scan's snapshot.
+	h, err = mounts.NewHandOver(hooked, uid, uid)
+	assert.NilError(t, err)
+	assert.Assert(t, h == nil)
+}
