@@ -310,7 +310,10 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// What the turn changes in the worktree: a scan now, before the cage
 	// starts, and one after it ended (on every path out of execute; no
 	// process of it runs, even when a detached child removes it later).
-	before := scanWorktree(ctx, in.worktree, res)
+	before := prep.before // taken by the hand-over's walk
+	if before == nil {
+		before = scanWorktree(ctx, in.worktree, res)
+	}
 	handoff = prep
 	res, err = r.execute(ctx, req, prep, c, preparedID)
 	if before != nil {
@@ -339,7 +342,7 @@ func (r *Runner) turnCage(ctx context.Context, req Request, in *checked) (prepar
 		return "", prep, err
 	}
 	if in.worktree != "" {
-		if err := r.takeWorktree(req.Task, in.worktree, prep.ids); err != nil {
+		if prep.before, err = r.takeWorktree(ctx, req.Task, in.worktree, prep.ids); err != nil {
 			return "", nil, err
 		}
 	}
