@@ -32,8 +32,8 @@ func BenchmarkWorktreeSize(b *testing.B) {
 	sizes := []int{1_000, 100_000}
 	type arm struct {
 		bin, task, wt, name string
-		firsts, walls     []time.Duration
-		results           []*result
+		firsts, walls       []time.Duration
+		results             []*result
 	}
 	var arms []*arm
 	for bi, bin := range bins {
