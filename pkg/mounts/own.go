@@ -117,11 +117,11 @@ func (o *HandOver) descend(fd int, name string, depth int, st *unix.Stat_t) erro
 	return nil
 }
 
-// Entry hands over the entry name of the directory dirFd, which st (its
-// lstat) describes. It reports whether it changed the entry, and whether
+// Entry hands over the entry name of the directory dirFd (rel below the
+// worktree root), which st (its lstat) describes. It reports whether it changed the entry, and whether
 // what lies below it is to be handed over too (a directory of the
 // worktree's own filesystem that is no git repository).
-func (o *HandOver) Entry(dirFd int, name string, st *unix.Stat_t) (changed, below bool, err error) {
+func (o *HandOver) Entry(dirFd int, name, _ string, st *unix.Stat_t) (changed, below bool, err error) {
 	changed, child, err := o.entry(dirFd, name, st)
 	if child >= 0 {
 		unix.Close(child)

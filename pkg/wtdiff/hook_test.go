@@ -78,3 +78,72 @@ func TestScanHookHandsOverAndSnapshotsTheResult(t *testing.T) {
 	assert.NilError(t, err)
 	assert.Assert(t, h == nil)
 }
+
+// The give-back in the scan's walk after a turn: ownership, kept nested
+// repositories and the report as GiveBack leaves them, and a snapshot
+// equal to a scan taken before it (what the turn left).
+func TestScanThenHookGivesBackAsGiveBack(t *testing.T) {
+	itest.Require(t, itest.Root)
+	const lo, hi, task = 300000, 365536, 301000
+	build := func() string {
+		root := t.TempDir()
+		write(t, root, "a.txt", "a")
+		write(t, root, "dir/b.txt", "b")
+		write(t, root, ".git/HEAD", "ref: refs/heads/main\n")
+		write(t, root, "owners/lib/.git/HEAD", "ref: refs/heads/main\n")
+		changed, err := mounts.OwnWorktree(root, task, task)
+		assert.NilError(t, err)
+		assert.Assert(t, changed)
+		// What the turn made, as the task's user.
+		write(t, root, "dir/new.txt", "n")
+		write(t, root, "planted/.git/hooks/pre-commit", "evil")
+		write(t, root, "bare/HEAD", "ref: refs/heads/main\n")
+		write(t, root, "bare/objects/o", "")
+		write(t, root, "bare/refs/r", "")
+		assert.NilError(t, os.Symlink("/etc/shadow", filepath.Join(root, "dir/link")))
+		for _, p := range []string{"dir/new.txt", "planted", "planted/.git", "planted/.git/hooks", "planted/.git/hooks/pre-commit", "bare", "bare/HEAD", "bare/objects", "bare/objects/o", "bare/refs", "bare/refs/r"} {
+			assert.NilError(t, os.Chown(filepath.Join(root, p), task, task))
+			assert.NilError(t, os.Chmod(filepath.Join(root, p), 0o755))
+		}
+		assert.NilError(t, os.Lchown(filepath.Join(root, "dir/link"), task, task))
+		return root
+	}
+	state := func(root string) map[string][2]uint32 {
+		m := map[string][2]uint32{}
+		assert.NilError(t, filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			assert.NilError(t, err)
+			var st syscall.Stat_t
+			assert.NilError(t, syscall.Lstat(p, &st))
+			rel, _ := filepath.Rel(root, p)
+			m[rel] = [2]uint32{st.Uid, st.Mode}
+			return nil
+		}))
+		return m
+	}
+
+	hooked := build()
+	left := scan(t, hooked)
+	h, err := mounts.NewGiveBackHook(hooked, 4242, 4242, lo, hi)
+	assert.NilError(t, err)
+	snap, err := ScanThenHook(context.Background(), hooked, h)
+	assert.NilError(t, err)
+	rep, err := h.Finish()
+	assert.NilError(t, err)
+	sum := Diff(left, snap)
+	assert.DeepEqual(t, sum, Summary{AgentConfig: []Change{}, ScanMS: sum.ScanMS})
+
+	walked := build()
+	want, err := mounts.GiveBack(walked, 4242, 4242, lo, hi)
+	assert.NilError(t, err)
+	assert.DeepEqual(t, state(hooked), state(walked))
+	assert.DeepEqual(t, rep, want)
+	assert.DeepEqual(t, rep.KeptPaths, []string{"bare", "planted/.git"})
+	for rel, s := range state(hooked) {
+		switch {
+		case rel == "bare" || rel == "planted/.git" || filepath.Dir(rel) == "bare" || filepath.Dir(filepath.Dir(rel)) == "bare" || len(rel) > len("planted/.git/") && rel[:len("planted/.git/")] == "planted/.git/":
+			assert.Equal(t, s[0], uint32(task), rel) // kept with the task's uid
+		default:
+			assert.Assert(t, s[0] < lo || s[0] >= hi, "%s still the task's", rel)
+		}
+	}
+}

@@ -57,19 +57,31 @@ func Scan(ctx context.Context, root string) (*Snapshot, error) {
 	return ScanHook(ctx, root, nil)
 }
 
-// Hook changes entries while a scan passes (mounts.HandOver: the chown to
-// the task's user before a turn), so that one walk does both. Entry gets
-// each entry's directory descriptor, name and lstat before the scan
-// records it; it says whether it changed the entry (the scan then records
-// it as it is now) and whether it is to see what lies below it.
+// Hook changes entries while a scan passes, so that one walk does both:
+// mounts.HandOver (the chown to the task's user before a turn) and
+// mounts.GiveBackHook (the chown back after it). Entry gets each entry's
+// directory descriptor, name, worktree-relative path and lstat (never the
+// root's own .git, which scans leave out); it says whether it changed the
+// entry and whether it is to see what lies below it.
 type Hook interface {
-	Entry(dirFd int, name string, st *unix.Stat_t) (changed, below bool, err error)
+	Entry(dirFd int, name, rel string, st *unix.Stat_t) (changed, below bool, err error)
 }
 
 // ScanHook is Scan with hook called on every entry it records (below a
-// directory the hook declined, no more). The snapshot is the one Scan
-// would take once the hook has run.
+// directory the hook declined, no more), recording each entry as the hook
+// left it: the snapshot before a turn, taken by the hand-over's walk.
 func ScanHook(ctx context.Context, root string, hook Hook) (*Snapshot, error) {
+	return scanHook(ctx, root, hook, true)
+}
+
+// ScanThenHook is ScanHook recording each entry as it was before the hook
+// changed it: the snapshot after a turn, taken by the give-back's walk.
+// A truncated snapshot (Truncated) means the hook did not see everything.
+func ScanThenHook(ctx context.Context, root string, hook Hook) (*Snapshot, error) {
+	return scanHook(ctx, root, hook, false)
+}
+
+func scanHook(ctx context.Context, root string, hook Hook, after bool) (*Snapshot, error) {
 	start := time.Now()
 	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -78,14 +90,19 @@ func ScanHook(ctx context.Context, root string, hook Hook) (*Snapshot, error) {
 	dir := os.NewFile(uintptr(fd), root)
 	defer dir.Close()
 	s := &Snapshot{entries: map[string]entry{}}
-	if err := s.walk(ctx, dir, "", 0, hook); err != nil {
+	w := walker{after: after}
+	if err := w.walk(ctx, s, dir, "", 0, hook); err != nil {
 		return nil, err
 	}
 	s.took = time.Since(start)
 	return s, nil
 }
 
-func (s *Snapshot) walk(ctx context.Context, dir *os.File, rel string, depth int, hook Hook) error {
+// walker is a scan's walk: with a hook, after says whether entries are
+// recorded as the hook left them.
+type walker struct{ after bool }
+
+func (w walker) walk(ctx context.Context, s *Snapshot, dir *os.File, rel string, depth int, hook Hook) error {
 	if depth > maxDepth {
 		s.truncated = true
 		return nil
@@ -117,14 +134,15 @@ func (s *Snapshot) walk(ctx context.Context, dir *os.File, rel string, depth int
 		child := join(rel, name)
 		below := hook
 		if hook != nil {
-			changed, down, err := hook.Entry(int(dir.Fd()), name, &st)
+			found := st
+			changed, down, err := hook.Entry(int(dir.Fd()), name, child, &found)
 			if err != nil {
 				return fmt.Errorf("%s: %w", child, err)
 			}
 			if !down {
 				below = nil
 			}
-			if changed {
+			if changed && w.after {
 				if err := unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 					if errors.Is(err, unix.ENOENT) {
 						continue
@@ -153,7 +171,7 @@ func (s *Snapshot) walk(ctx context.Context, dir *os.File, rel string, depth int
 				below = nil
 			}
 		}
-		err = s.walk(ctx, sub, child, depth+1, below)
+		err = w.walk(ctx, s, sub, child, depth+1, below)
 		sub.Close()
 		if err != nil {
 			return err
