@@ -219,10 +219,43 @@ func (r *Runner) giveBackWorktree(task taskid.ID, worktree string) (*WorktreeRep
 	return rep, err
 }
 
+// giveBackScanning gives the worktree back in the walk of the change scan
+// after the turn (call it once no process of the cage runs) and returns
+// the scan and the give-back's report; a nil report (an error, or a scan
+// that stopped at its bounds) leaves the give-back to finishWorktree's
+// full walk.
+func (r *Runner) giveBackScanning(ctx context.Context, task taskid.ID, worktree string) (*wtdiff.Snapshot, *WorktreeReport) {
+	c, err := readClaim(r.Cfg.State.Dir, worktree)
+	if err != nil || c == nil || c.Task != task.String() {
+		return nil, nil
+	}
+	ids, err := r.Store.TaskIDs(task, r.IDFiles, false)
+	if err != nil {
+		return nil, nil
+	}
+	start := time.Now()
+	h, err := mounts.NewGiveBackHook(worktree, int(c.UID), int(c.GID), ids.UID, ids.UID+taskstate.SlotSize)
+	if err != nil {
+		return nil, nil
+	}
+	after, err := wtdiff.ScanThenHook(ctx, worktree, h)
+	gb, ferr := h.Finish()
+	if err != nil || ferr != nil || after.Truncated() {
+		return nil, nil
+	}
+	return after, &WorktreeReport{Path: worktree, OwnerUID: c.UID, OwnerGID: c.GID, GivenBack: gb.Changed, Skipped: gb.Skipped, GiveBackMs: ms(time.Since(start)), KeptNestedRepos: gb.KeptPaths}
+}
+
 // finishWorktree gives the worktree back at the end of a turn, on every path
-// out of Run (agent exit, deadline, interruption, errors). A failure is the
-// turn's error unless it already has one.
-func (r *Runner) finishWorktree(task taskid.ID, worktree string, res *Result, err error) error {
+// out of Run (agent exit, deadline, interruption, errors), unless the change
+// scan's walk did (given). A failure is the turn's error unless it already
+// has one.
+func (r *Runner) finishWorktree(task taskid.ID, worktree string, given *WorktreeReport, res *Result, err error) error {
+	if given != nil {
+		res.Worktree = given
+		res.Phases = append(res.Phases, Phase{Name: "give-back", Ms: given.GiveBackMs})
+		return err
+	}
 	rep, gerr := r.giveBackWorktree(task, worktree)
 	if rep != nil {
 		res.Worktree = rep

@@ -183,6 +183,10 @@ func (w walker) walk(ctx context.Context, s *Snapshot, dir *os.File, rel string,
 // Entries is how many entries the snapshot holds.
 func (s *Snapshot) Entries() int { return len(s.entries) }
 
+// Truncated reports whether the scan stopped at its bounds (a hook then
+// did not see the whole tree either).
+func (s *Snapshot) Truncated() bool { return s.truncated }
+
 // Change is one guarded root (agent or tool config) the turn touched.
 type Change struct {
 	Path string `json:"path"`
