@@ -7,8 +7,10 @@
 // An entry counts as modified when its type, size, modification time,
 // status-change time (ctime), permission bits or inode differ. Ownership is
 // left out: shrooms itself hands the worktree to the task's user and back
-// around every turn, outside the two scans (so those chowns never show in
-// ctime either). ctime is what catches a file rewritten in place with its
+// around every turn, and the two scans record the tree as the turn found
+// and left it (the hand-over's walk after its chowns, ScanHook; the
+// give-back's before its own, ScanThenHook), so those chowns never show in
+// ctime either. ctime is what catches a file rewritten in place with its
 // size and mtime restored: no process but the kernel sets it. It is still a
 // report for the owner and the orchestrator, not a boundary (the guard and
 // the sealed commit path read content).
