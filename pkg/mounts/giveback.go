@@ -161,3 +161,104 @@ func (g *giver) entry(fd int, name, rel string, depth int) error {
 	g.rep.Changed++
 	return nil
 }
+
+// GiveBackHook is GiveBack one entry at a time, for the walk that also
+// takes the worktree's change snapshot after a turn (wtdiff.ScanThenHook):
+// the same decisions per entry, the root given back by Finish. A walk that
+// stopped short of the whole tree (its bounds) must be followed by GiveBack.
+type GiveBackHook struct {
+	fd      int
+	rootUID uint32
+	g       *giver
+}
+
+// NewGiveBackHook opens the worktree dir for a give-back to uid:gid of
+// what the task's uids [lo, hi) own.
+func NewGiveBackHook(dir string, uid, gid int, lo, hi uint32) (*GiveBackHook, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, fmt.Errorf("give worktree %s back: %w", dir, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("give worktree %s back: %w", dir, err)
+	}
+	return &GiveBackHook{fd: fd, rootUID: st.Uid, g: &giver{uid: uid, gid: gid, lo: lo, hi: hi, dev: st.Dev, rep: &GiveBackReport{}}}, nil
+}
+
+// Entry gives back the entry name of the directory dirFd (rel below the
+// worktree root, never the root's own .git), which st describes. It
+// reports whether it changed the entry and whether what lies below it is
+// to be given back too (a directory of the worktree's filesystem that is
+// no git repository).
+func (h *GiveBackHook) Entry(dirFd int, name, rel string, st *unix.Stat_t) (changed, below bool, err error) {
+	g := h.g
+	if st.Dev != g.dev {
+		return false, false, nil // a mount point inside: not ours to change
+	}
+	if name == ".git" {
+		return false, false, g.keep(dirFd, name, rel, st)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		if st.Uid < g.lo || st.Uid >= g.hi {
+			return false, false, nil
+		}
+		err := unix.Fchownat(dirFd, name, g.uid, g.gid, unix.AT_SYMLINK_NOFOLLOW)
+		if errors.Is(err, unix.ENOENT) {
+			g.rep.Skipped++
+			return false, false, nil
+		}
+		if err != nil {
+			return false, false, fmt.Errorf("chown %s: %w", name, err)
+		}
+		g.rep.Changed++
+		return true, false, nil
+	}
+	child, err := unix.Openat2(dirFd, name, &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NONBLOCK,
+		Resolve: resolve.Beneath,
+	})
+	switch {
+	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ELOOP), errors.Is(err, unix.ENOTDIR), errors.Is(err, unix.EXDEV):
+		g.rep.Skipped++ // replaced under the walk: never followed
+		return false, false, nil
+	case err != nil:
+		return false, false, fmt.Errorf("open %s: %w", name, err)
+	}
+	defer unix.Close(child)
+	var cst unix.Stat_t
+	if err := unix.Fstat(child, &cst); err != nil {
+		return false, false, fmt.Errorf("stat %s: %w", name, err)
+	}
+	if cst.Dev != st.Dev || cst.Ino != st.Ino {
+		g.rep.Skipped++
+		return false, false, nil
+	}
+	if looksLikeGitDir(child) {
+		return false, false, g.keep(dirFd, name, rel, &cst)
+	}
+	if cst.Uid >= g.lo && cst.Uid < g.hi {
+		if err := unix.Fchown(child, g.uid, g.gid); err != nil {
+			return false, false, fmt.Errorf("chown %s: %w", name, err)
+		}
+		g.rep.Changed++
+		return true, true, nil
+	}
+	return false, true, nil
+}
+
+// Finish gives the root back and closes it; what it reports covers the
+// whole walk.
+func (h *GiveBackHook) Finish() (GiveBackReport, error) {
+	defer unix.Close(h.fd)
+	rep := h.g.rep
+	slices.Sort(rep.KeptPaths)
+	if h.rootUID >= h.g.lo && h.rootUID < h.g.hi {
+		if err := unix.Fchown(h.fd, h.g.uid, h.g.gid); err != nil {
+			return *rep, fmt.Errorf("give the worktree back: %w", err)
+		}
+		rep.Changed++
+	}
+	return *rep, nil
+}

@@ -44,17 +44,6 @@ func looksLikeGitDir(fd int) bool {
 	return has("HEAD") && ((has("objects") && has("refs")) || has("commondir"))
 }
 
-// looksLikeGitDirPath is looksLikeGitDir for a path (OwnWorktree's walk,
-// which runs while no cage of the task does).
-func looksLikeGitDirPath(dir string) bool {
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
-	if err != nil {
-		return false
-	}
-	defer unix.Close(fd)
-	return looksLikeGitDir(fd)
-}
-
 // keep leaves the nested repository entry name of directory fd with whoever
 // owns it; one the task's uid range owns loses its permissions for others
 // (its owner and group, the task's, keep theirs for the next turn). A link

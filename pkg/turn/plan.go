@@ -19,6 +19,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/wtdiff"
 )
 
 // A turn is prepared in three steps, as podman's specgen keeps computing a
@@ -109,6 +110,8 @@ type prepared struct {
 	image string
 	// runtime is the OCI runtime podman runs the cage with (its inspect).
 	runtime string
+	// before is the worktree as the hand-over left it (nil: scan it).
+	before *wtdiff.Snapshot
 	// detach is set once the turn's exit code is known and Runner.Detach
 	// will take the teardown.
 	detach bool
@@ -375,9 +378,11 @@ func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, m
 	// A cage prepared ahead takes the worktree when its turn runs, so the
 	// owner keeps it between turns.
 	if in.worktree != "" && m == modeRun {
-		if err := r.takeWorktree(req.Task, in.worktree, p.ids); err != nil {
+		before, err := r.takeWorktree(ctx, req.Task, in.worktree, p.ids)
+		if err != nil {
 			return nil, err
 		}
+		out.before = before
 	}
 	for name, value := range p.secrets {
 		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: req.Task}); err != nil {

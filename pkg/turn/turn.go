@@ -282,9 +282,10 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 			err = fmt.Errorf("%w: %w", ErrHostNotReady, rerr)
 		}
 	}()
+	var given *WorktreeReport // the give-back, when the change scan's walk did it
 	if in.worktree != "" {
 		// Last before the lock goes: the cage is gone, no turn can start.
-		defer func() { err = r.finishWorktree(in.task, in.worktree, res, err) }()
+		defer func() { err = r.finishWorktree(in.task, in.worktree, given, res, err) }()
 	}
 	// First once the turn ends (no process of its cage runs): what it put
 	// in /outbox leaves the cages' reach.
@@ -310,11 +311,20 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// What the turn changes in the worktree: a scan now, before the cage
 	// starts, and one after it ended (on every path out of execute; no
 	// process of it runs, even when a detached child removes it later).
-	before := scanWorktree(ctx, in.worktree, res)
+	before := prep.before // taken by the hand-over's walk
+	if before == nil {
+		before = scanWorktree(ctx, in.worktree, res)
+	}
 	handoff = prep
 	res, err = r.execute(ctx, req, prep, c, preparedID)
 	if before != nil {
-		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, in.worktree, prep.guard)
+		// After a turn that ended cleanly the scan also gives the worktree
+		// back; on any other path the give-back stays the last step.
+		var after *wtdiff.Snapshot
+		if err == nil {
+			after, given = r.giveBackScanning(context.WithoutCancel(ctx), in.task, in.worktree)
+		}
+		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, after, in.worktree, prep.guard)
 	}
 	return res, err
 }
@@ -339,7 +349,7 @@ func (r *Runner) turnCage(ctx context.Context, req Request, in *checked) (prepar
 		return "", prep, err
 	}
 	if in.worktree != "" {
-		if err := r.takeWorktree(req.Task, in.worktree, prep.ids); err != nil {
+		if prep.before, err = r.takeWorktree(ctx, req.Task, in.worktree, prep.ids); err != nil {
 			return "", nil, err
 		}
 	}
@@ -366,12 +376,15 @@ type WorktreeChanges struct {
 	Error string `json:"error,omitempty"`
 }
 
-// worktreeChanges lists what the turn changed; guard (the turn's check)
-// adds the files trusted config loads or runs to its agent config.
-func worktreeChanges(ctx context.Context, before *wtdiff.Snapshot, worktree string, guard *worktreeguard.Check) *WorktreeChanges {
-	after, err := wtdiff.Scan(ctx, worktree)
-	if err != nil {
-		return &WorktreeChanges{Error: err.Error()}
+// worktreeChanges lists what the turn changed (after: the scan after it,
+// nil to take one now); guard (the turn's check) adds the files trusted
+// config loads or runs to its agent config.
+func worktreeChanges(ctx context.Context, before, after *wtdiff.Snapshot, worktree string, guard *worktreeguard.Check) *WorktreeChanges {
+	if after == nil {
+		var err error
+		if after, err = wtdiff.Scan(ctx, worktree); err != nil {
+			return &WorktreeChanges{Error: err.Error()}
+		}
 	}
 	sum := wtdiff.DiffRefs(before, after, guard.Referenced)
 	return &WorktreeChanges{Summary: &sum}

@@ -1,6 +1,7 @@
 package turn
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -18,6 +19,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/wtcap"
+	"github.com/shrooms-cage/shrooms/pkg/wtdiff"
 )
 
 // A worktree claim records, in the state directory, which task a worktree
@@ -124,22 +126,24 @@ func writeClaim(stateDir string, c *worktreeClaim) error {
 
 // takeWorktree claims the worktree for the task (recording its owner) and
 // hands it to the task's agent user for the turn. Call it with the task
-// lock held.
-func (r *Runner) takeWorktree(task, worktree string, ids taskstate.IDs) error {
+// lock held. The hand-over's walk is also the change scan before the turn:
+// it returns that snapshot (nil when there was nothing to hand over; the
+// turn then scans on its own).
+func (r *Runner) takeWorktree(ctx context.Context, task, worktree string, ids taskstate.IDs) (*wtdiff.Snapshot, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(worktree, &st); err != nil {
-		return fmt.Errorf("%w: worktree %s: %w", ErrInput, worktree, err)
+		return nil, fmt.Errorf("%w: worktree %s: %w", ErrInput, worktree, err)
 	}
 	c, err := readClaim(r.Cfg.State.Dir, worktree)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	inRange := st.Uid >= ids.UID && st.Uid < ids.UID+taskstate.SlotSize
 	switch {
 	case c != nil && c.Task != task:
-		return fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree)", ErrInput, worktree, c.Task)
+		return nil, fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree)", ErrInput, worktree, c.Task)
 	case c == nil && inRange:
-		return fmt.Errorf("%w: worktree %q is owned by task %s's user namespace and shrooms has no record of its owner; chown -R it to its owner and retry", ErrInput, worktree, task)
+		return nil, fmt.Errorf("%w: worktree %q is owned by task %s's user namespace and shrooms has no record of its owner; chown -R it to its owner and retry", ErrInput, worktree, task)
 	case c == nil:
 		c = &worktreeClaim{Worktree: worktree, Task: task}
 	}
@@ -148,15 +152,29 @@ func (r *Runner) takeWorktree(task, worktree string, ids taskstate.IDs) error {
 	}
 	if err := writeClaim(r.Cfg.State.Dir, c); err != nil {
 		if errors.Is(err, ErrInput) {
-			return err
+			return nil, err
 		}
-		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
+	// The cap first: setting project ids changes ctimes, which the
+	// snapshot below must already see.
+	if err := capWorktree(r.Cfg.Worktree, worktree, ids); err != nil {
+		return nil, err
 	}
 	agent := int(r.Cfg.Cage.User)
-	if _, err := mounts.OwnWorktree(worktree, int(ids.UID)+agent, int(ids.GID)+agent); err != nil {
-		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	h, err := mounts.NewHandOver(worktree, int(ids.UID)+agent, int(ids.GID)+agent)
+	if err != nil || h == nil {
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		}
+		return nil, nil
 	}
-	return capWorktree(r.Cfg.Worktree, worktree, ids)
+	defer h.Close()
+	before, err := wtdiff.ScanHook(ctx, worktree, h)
+	if err != nil {
+		return nil, fmt.Errorf("%w: worktree %s: give it to the task's user: %w", ErrHostNotReady, worktree, err)
+	}
+	return before, nil
 }
 
 // capWorktree puts the worktree under the task's project quota (its id the
@@ -201,10 +219,43 @@ func (r *Runner) giveBackWorktree(task taskid.ID, worktree string) (*WorktreeRep
 	return rep, err
 }
 
+// giveBackScanning gives the worktree back in the walk of the change scan
+// after the turn (call it once no process of the cage runs) and returns
+// the scan and the give-back's report; a nil report (an error, or a scan
+// that stopped at its bounds) leaves the give-back to finishWorktree's
+// full walk.
+func (r *Runner) giveBackScanning(ctx context.Context, task taskid.ID, worktree string) (*wtdiff.Snapshot, *WorktreeReport) {
+	c, err := readClaim(r.Cfg.State.Dir, worktree)
+	if err != nil || c == nil || c.Task != task.String() {
+		return nil, nil
+	}
+	ids, err := r.Store.TaskIDs(task, r.IDFiles, false)
+	if err != nil {
+		return nil, nil
+	}
+	start := time.Now()
+	h, err := mounts.NewGiveBackHook(worktree, int(c.UID), int(c.GID), ids.UID, ids.UID+taskstate.SlotSize)
+	if err != nil {
+		return nil, nil
+	}
+	after, err := wtdiff.ScanThenHook(ctx, worktree, h)
+	gb, ferr := h.Finish()
+	if err != nil || ferr != nil || after.Truncated() {
+		return nil, nil
+	}
+	return after, &WorktreeReport{Path: worktree, OwnerUID: c.UID, OwnerGID: c.GID, GivenBack: gb.Changed, Skipped: gb.Skipped, GiveBackMs: ms(time.Since(start)), KeptNestedRepos: gb.KeptPaths}
+}
+
 // finishWorktree gives the worktree back at the end of a turn, on every path
-// out of Run (agent exit, deadline, interruption, errors). A failure is the
-// turn's error unless it already has one.
-func (r *Runner) finishWorktree(task taskid.ID, worktree string, res *Result, err error) error {
+// out of Run (agent exit, deadline, interruption, errors), unless the change
+// scan's walk did (given). A failure is the turn's error unless it already
+// has one.
+func (r *Runner) finishWorktree(task taskid.ID, worktree string, given *WorktreeReport, res *Result, err error) error {
+	if given != nil {
+		res.Worktree = given
+		res.Phases = append(res.Phases, Phase{Name: "give-back", Ms: given.GiveBackMs})
+		return err
+	}
 	rep, gerr := r.giveBackWorktree(task, worktree)
 	if rep != nil {
 		res.Worktree = rep

@@ -5,11 +5,15 @@
 // hostile tree cannot steer it.
 //
 // An entry counts as modified when its type, size, modification time,
-// permission bits or inode differ. Ownership and ctime are left out: shrooms
-// itself hands the worktree to the task's user and back around every turn.
-// A turn can hide a content change from this summary by restoring size and
-// mtime in place; it is a report for the owner and the orchestrator, not a
-// boundary (the guard and the sealed commit path read content).
+// status-change time (ctime), permission bits or inode differ. Ownership is
+// left out: shrooms itself hands the worktree to the task's user and back
+// around every turn, and the two scans record the tree as the turn found
+// and left it (the hand-over's walk after its chowns, ScanHook; the
+// give-back's before its own, ScanThenHook), so those chowns never show in
+// ctime either. ctime is what catches a file rewritten in place with its
+// size and mtime restored: no process but the kernel sets it. It is still a
+// report for the owner and the orchestrator, not a boundary (the guard and
+// the sealed commit path read content).
 package wtdiff
 
 import (
@@ -38,6 +42,7 @@ type entry struct {
 	mode  uint32 // type and permission bits
 	size  int64
 	mtime int64 // ns
+	ctime int64 // ns: set by the kernel only, a rewrite cannot restore it
 	ino   uint64
 }
 
@@ -51,6 +56,34 @@ type Snapshot struct {
 
 // Scan takes a snapshot of the worktree at root.
 func Scan(ctx context.Context, root string) (*Snapshot, error) {
+	return ScanHook(ctx, root, nil)
+}
+
+// Hook changes entries while a scan passes, so that one walk does both:
+// mounts.HandOver (the chown to the task's user before a turn) and
+// mounts.GiveBackHook (the chown back after it). Entry gets each entry's
+// directory descriptor, name, worktree-relative path and lstat (never the
+// root's own .git, which scans leave out); it says whether it changed the
+// entry and whether it is to see what lies below it.
+type Hook interface {
+	Entry(dirFd int, name, rel string, st *unix.Stat_t) (changed, below bool, err error)
+}
+
+// ScanHook is Scan with hook called on every entry it records (below a
+// directory the hook declined, no more), recording each entry as the hook
+// left it: the snapshot before a turn, taken by the hand-over's walk.
+func ScanHook(ctx context.Context, root string, hook Hook) (*Snapshot, error) {
+	return scanHook(ctx, root, hook, true)
+}
+
+// ScanThenHook is ScanHook recording each entry as it was before the hook
+// changed it: the snapshot after a turn, taken by the give-back's walk.
+// A truncated snapshot (Truncated) means the hook did not see everything.
+func ScanThenHook(ctx context.Context, root string, hook Hook) (*Snapshot, error) {
+	return scanHook(ctx, root, hook, false)
+}
+
+func scanHook(ctx context.Context, root string, hook Hook, after bool) (*Snapshot, error) {
 	start := time.Now()
 	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -59,14 +92,19 @@ func Scan(ctx context.Context, root string) (*Snapshot, error) {
 	dir := os.NewFile(uintptr(fd), root)
 	defer dir.Close()
 	s := &Snapshot{entries: map[string]entry{}}
-	if err := s.walk(ctx, dir, "", 0); err != nil {
+	w := walker{after: after}
+	if err := w.walk(ctx, s, dir, "", 0, hook); err != nil {
 		return nil, err
 	}
 	s.took = time.Since(start)
 	return s, nil
 }
 
-func (s *Snapshot) walk(ctx context.Context, dir *os.File, rel string, depth int) error {
+// walker is a scan's walk: with a hook, after says whether entries are
+// recorded as the hook left them.
+type walker struct{ after bool }
+
+func (w walker) walk(ctx context.Context, s *Snapshot, dir *os.File, rel string, depth int, hook Hook) error {
 	if depth > maxDepth {
 		s.truncated = true
 		return nil
@@ -96,7 +134,26 @@ func (s *Snapshot) walk(ctx context.Context, dir *os.File, rel string, depth int
 			return fmt.Errorf("worktree changes: stat %s: %w", join(rel, name), err)
 		}
 		child := join(rel, name)
-		s.entries[child] = entry{mode: st.Mode, size: st.Size, mtime: st.Mtim.Nano(), ino: st.Ino}
+		below := hook
+		if hook != nil {
+			found := st
+			changed, down, err := hook.Entry(int(dir.Fd()), name, child, &found)
+			if err != nil {
+				return fmt.Errorf("%s: %w", child, err)
+			}
+			if !down {
+				below = nil
+			}
+			if changed && w.after {
+				if err := unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					if errors.Is(err, unix.ENOENT) {
+						continue
+					}
+					return fmt.Errorf("worktree changes: stat %s: %w", child, err)
+				}
+			}
+		}
+		s.entries[child] = entry{mode: st.Mode, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), ino: st.Ino}
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			continue
 		}
@@ -108,7 +165,15 @@ func (s *Snapshot) walk(ctx context.Context, dir *os.File, rel string, depth int
 			return fmt.Errorf("worktree changes: open %s: %w", child, err)
 		}
 		sub := os.NewFile(uintptr(fd), child)
-		err = s.walk(ctx, sub, child, depth+1)
+		if below != nil {
+			// The hook vetted the directory it saw; one replaced since
+			// is walked, not changed.
+			var now unix.Stat_t
+			if unix.Fstat(fd, &now) != nil || now.Dev != st.Dev || now.Ino != st.Ino {
+				below = nil
+			}
+		}
+		err = w.walk(ctx, s, sub, child, depth+1, below)
 		sub.Close()
 		if err != nil {
 			return err
@@ -119,6 +184,10 @@ func (s *Snapshot) walk(ctx context.Context, dir *os.File, rel string, depth int
 
 // Entries is how many entries the snapshot holds.
 func (s *Snapshot) Entries() int { return len(s.entries) }
+
+// Truncated reports whether the scan stopped at its bounds (a hook then
+// did not see the whole tree either).
+func (s *Snapshot) Truncated() bool { return s.truncated }
 
 // Change is one guarded root (agent or tool config) the turn touched.
 type Change struct {

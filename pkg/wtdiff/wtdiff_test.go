@@ -54,8 +54,8 @@ func TestDiffCountsAndFlagsAgentConfig(t *testing.T) {
 	write(t, root, "tmp", "dddd")
 	assert.NilError(t, os.Chtimes(filepath.Join(root, "tmp"), fi.ModTime(), fi.ModTime()))
 	assert.NilError(t, os.Rename(filepath.Join(root, "tmp"), filepath.Join(root, "replaced.txt")))
-	// Ownership and ctime alone are not changes (shrooms itself chowns);
-	// a chown to the same owner changes ctime, and works unprivileged.
+	// A chown changes ctime: a change (shrooms' own chowns happen outside
+	// the two scans of a turn). A chown to the same owner works unprivileged.
 	if os.Geteuid() == 0 {
 		assert.NilError(t, os.Chown(filepath.Join(root, "owner-only.txt"), 4242, 4242))
 	} else {
@@ -73,8 +73,9 @@ func TestDiffCountsAndFlagsAgentConfig(t *testing.T) {
 	sum := Diff(before, after)
 	// added: new.txt, src, src/deep, src/deep/.claude, settings.json, etc-link
 	assert.Equal(t, sum.Added, 6)
-	// modified: main.go, same-size.txt, chmod.sh, replaced.txt, AGENTS.md
-	assert.Equal(t, sum.Modified, 5)
+	// modified: main.go, same-size.txt, chmod.sh, replaced.txt, AGENTS.md,
+	// owner-only.txt
+	assert.Equal(t, sum.Modified, 6)
 	// deleted: gone, gone/a.txt, gone/b.txt, .opencode, .opencode/plugin, ok.js
 	assert.Equal(t, sum.Deleted, 6)
 	assert.DeepEqual(t, sum.AgentConfig, []Change{
@@ -135,4 +136,46 @@ func BenchmarkScan100k(b *testing.B) {
 			b.Fatalf("%d entries", s.Entries())
 		}
 	}
+}
+
+// A file rewritten in place with its size and mtime restored is modified
+// (ctime, which only the kernel sets); so is a file swapped for a symbolic
+// link, a link retargeted, and a directory swapped for a link to it.
+func TestInPlaceRewriteAndSymlinkSwaps(t *testing.T) {
+	root := t.TempDir()
+	write(t, root, "same.txt", "aaaa")
+	write(t, root, "file-to-link", "x")
+	write(t, root, "dir/inner", "y")
+	assert.NilError(t, os.Symlink("same.txt", filepath.Join(root, "link")))
+	old := time.Now().Add(-time.Hour)
+	p := filepath.Join(root, "same.txt")
+	assert.NilError(t, os.Chtimes(p, old, old))
+	fi, err := os.Lstat(p)
+	assert.NilError(t, err)
+	before := scan(t, root)
+
+	time.Sleep(10 * time.Millisecond) // past the filesystem's timestamp granularity
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	assert.NilError(t, err)
+	_, err = f.WriteAt([]byte("bbbb"), 0)
+	assert.NilError(t, err)
+	assert.NilError(t, f.Close())
+	assert.NilError(t, os.Chtimes(p, fi.ModTime(), fi.ModTime()))
+	now, err := os.Lstat(p)
+	assert.NilError(t, err)
+	assert.Equal(t, now.Size(), fi.Size())
+	assert.Equal(t, now.ModTime(), fi.ModTime()) // only ctime tells
+	assert.NilError(t, os.Remove(filepath.Join(root, "file-to-link")))
+	assert.NilError(t, os.Symlink("same.txt", filepath.Join(root, "file-to-link")))
+	assert.NilError(t, os.Remove(filepath.Join(root, "link")))
+	assert.NilError(t, os.Symlink("dir/inner", filepath.Join(root, "link")))
+	assert.NilError(t, os.Rename(filepath.Join(root, "dir"), filepath.Join(root, "moved")))
+	assert.NilError(t, os.Symlink("moved", filepath.Join(root, "dir")))
+
+	sum := Diff(before, scan(t, root))
+	// modified: same.txt, file-to-link, link, dir (now a link)
+	assert.Equal(t, sum.Modified, 4)
+	// added: moved, moved/inner; deleted: dir/inner
+	assert.Equal(t, sum.Added, 2)
+	assert.Equal(t, sum.Deleted, 1)
 }

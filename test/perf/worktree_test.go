@@ -1,0 +1,135 @@
+package perf
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// BenchmarkWorktreeSize runs the same turn — a prepared cage that prints a
+// line, then changes the 99 files of one directory — in a worktree of
+// 1 000 entries and in one of 100 000 (directories of 100 entries, a git
+// work tree), alternating the tasks turn by turn so that all see the same
+// load, and reports first output and whole `run` for each and their ratios
+// (issue 28's goal: 100 000 ≤ 1.2× 1 000). With
+// SHROOMS_PERF_BASELINE_BINARY=FILE the same turns also run with that
+// build (its own tasks and worktrees), interleaved: before and after in
+// one run.
+func BenchmarkWorktreeSize(b *testing.B) {
+	if b.N == 1 {
+		return
+	}
+	be := newBench(b, "")
+	bins := []string{be.bin}
+	if base := os.Getenv("SHROOMS_PERF_BASELINE_BINARY"); base != "" {
+		bins = append(bins, base)
+	}
+	sizes := []int{1_000, 100_000}
+	type arm struct {
+		bin, task, wt, name string
+		firsts, walls       []time.Duration
+		results             []*result
+	}
+	var arms []*arm
+	for bi, bin := range bins {
+		for _, n := range sizes {
+			name := fmt.Sprintf("%dk", n/1000)
+			if bi > 0 {
+				name = "baseline-" + name
+			}
+			arms = append(arms, &arm{bin: bin, name: name, task: be.task(fmt.Sprintf("wt%d-%d", bi, n)), wt: makeWorktree(b, n)})
+		}
+	}
+	// Print first, then change ≤ 100 files (the turn's own work).
+	const script = `echo x; for f in /work/d0000/*; do echo y >> "$f"; done`
+	for _, a := range arms { // bootstrap HOME, claim the worktree, prepare the next cage
+		if _, _, err := be.runWorktree(a.bin, a.task, a.wt, script); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for round := 0; round < b.N; round++ {
+		for _, a := range arms {
+			be.waitIdle(a.task)
+			t, res, err := be.runWorktree(a.bin, a.task, a.wt, script)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if !res.Prepared {
+				b.Fatalf("%s, round %d: the turn did not run in a prepared cage", a.name, round)
+			}
+			if res.Changes == nil || res.Changes.Modified != 99 || res.Changes.Added != 0 || res.Changes.Deleted != 0 {
+				b.Fatalf("%s, round %d: worktree changes %+v, want 99 modified", a.name, round, res.Changes)
+			}
+			a.firsts = append(a.firsts, t.first)
+			a.walls = append(a.walls, t.wall)
+			a.results = append(a.results, &res.result)
+		}
+	}
+	for _, a := range arms {
+		b.ReportMetric(msOf(median(a.firsts)), "first-"+a.name+"-ms")
+		b.ReportMetric(msOf(median(a.walls)), "whole-"+a.name+"-ms")
+		b.Logf("%s entries: first output p50 %.0f ms, whole run p50 %.0f ms; phases (median ms): %s",
+			a.name, msOf(median(a.firsts)), msOf(median(a.walls)), phaseString(phaseMedians(a.results)))
+	}
+	for i := 0; i+1 < len(arms); i += 2 {
+		small, big := arms[i], arms[i+1]
+		fr := msOf(median(big.firsts)) / msOf(median(small.firsts))
+		wr := msOf(median(big.walls)) / msOf(median(small.walls))
+		prefix := ""
+		if i > 0 {
+			prefix = "baseline-"
+		}
+		b.ReportMetric(fr, prefix+"first-ratio")
+		b.ReportMetric(wr, prefix+"whole-ratio")
+		b.Logf("%s100 000 ÷ 1 000 entries: first output %.2f×, whole run %.2f× (goal ≤ 1.2×)", prefix, fr, wr)
+	}
+	b.ReportMetric(0, "ns/op")
+}
+
+// makeWorktree makes a git work tree of n entries: directories d0000… of
+// 99 files each (100 entries with the directory).
+func makeWorktree(b *testing.B, n int) string {
+	wt := b.TempDir()
+	for d := 0; d*100 < n; d++ {
+		sub := filepath.Join(wt, fmt.Sprintf("d%04d", d))
+		if err := os.Mkdir(sub, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		for f := 0; f < 99; f++ {
+			if err := os.WriteFile(filepath.Join(sub, fmt.Sprintf("f%02d", f)), []byte("x\n"), 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	if out, err := exec.Command("git", "init", "-q", wt).CombinedOutput(); err != nil {
+		b.Fatalf("git init: %v: %s", err, out)
+	}
+	return wt
+}
+
+type worktreeResult struct {
+	result
+	Changes *struct {
+		Added    int `json:"added"`
+		Modified int `json:"modified"`
+		Deleted  int `json:"deleted"`
+	} `json:"worktree_changes"`
+}
+
+func (b *bench) runWorktree(bin, task, wt, script string) (*timing, *worktreeResult, error) {
+	t, err := timed(b.inHost(bin, "--config", b.cfgFile, "--json", "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", script))
+	if err != nil {
+		return t, nil, err
+	}
+	lines := strings.Split(strings.TrimSpace(t.stdout.String()), "\n")
+	var res worktreeResult
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		return t, nil, fmt.Errorf("result: %v: %s", err, t.stdout.String())
+	}
+	return t, &res, nil
+}
