@@ -10,7 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -82,7 +82,7 @@ func checkTurn(c *cli.Context) func(*config.Config) error {
 		// The agent's baseline as its reset will lay it down: a file that
 		// overlaps the keep-list is bad config (121), not a host problem.
 		if agent, err := cfg.Agent(c.String("agent")); err == nil {
-			return homereset.CheckBaseline(cfg, agent.Home)
+			return home.CheckBaseline(cfg, agent.Home)
 		}
 		return nil
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -263,8 +263,8 @@ func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []str
 
 // Reset resets the task HOME now (or, with dryRun, reports what a reset
 // would do). agent "" means the agent of the task's last turn.
-func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (*homereset.Report, error) {
-	var rep *homereset.Report
+func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (*home.Report, error) {
+	var rep *home.Report
 	err := r.withTask(task, func(id taskid.ID) error {
 		if agent == "" {
 			var err error
@@ -291,12 +291,12 @@ func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (
 		if err != nil {
 			return err
 		}
-		rep, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(root, ids, a.Home, kept), DryRun: dryRun})
+		rep, err = home.Reset(ctx, home.ResetInput{Task: r.HomeTask(root, ids, a.Home, kept), DryRun: dryRun})
 		if err != nil {
 			return fmt.Errorf("%w: HOME reset: %w", fault.HostNotReady, err)
 		}
 		if !dryRun {
-			if _, err := homereset.Cleanup(ctx, root); err != nil {
+			if _, err := home.Cleanup(ctx, root); err != nil {
 				return fmt.Errorf("%w: HOME cleanup: %w", fault.HostNotReady, err)
 			}
 		}

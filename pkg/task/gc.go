@@ -8,8 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/shrooms-cage/shrooms/pkg/fault"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
-	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
@@ -123,19 +122,19 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 		// it runs, so an interrupted cleanup is one whose shrooms was killed
 		// with HOME mounted (mounting every idle HOME here would cost a
 		// mount per task per gc).
-		home := r.Home()
-		root, err := home.Root(ctx, e.Name())
+		homes := r.Home()
+		root, err := homes.Root(ctx, e.Name())
 		if err != nil {
 			return rep, err
 		}
-		if !homestore.IsMounted(home.Image(e.Name()), root) {
+		if !homes.IsMounted(e.Name(), root) {
 			continue
 		}
-		cr, err := homereset.Cleanup(ctx, root)
+		trees, err := home.Cleanup(ctx, root)
 		if err != nil {
 			return rep, fmt.Errorf("%w: HOME cleanup of %s: %w", fault.HostNotReady, e.Name(), err)
 		}
-		rep.HomeTrees += len(cr.Trees)
+		rep.HomeTrees += trees
 	}
 	if err := r.settleIdle(ctx, entries, cages, rep); err != nil {
 		return rep, err

@@ -11,11 +11,10 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
-	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
-	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -37,21 +36,22 @@ func (r *Commands) leftovers(ctx context.Context, task string, stateGone bool) [
 			left = append(left, "cage "+c.Name)
 		}
 	}
-	name := r.Home().Name(task)
+	homes := r.Home()
+	name := homes.Name(task)
 	if ok, err := r.Podman.VolumeExists(ctx, name); err != nil || ok {
 		left = append(left, "volume "+name)
 	}
-	image := homestore.ImagePath(r.Cfg.State.Dir, name)
+	image := homes.Image(task)
 	for _, p := range []string{image, image + ".new"} {
 		if fileExists(p) {
 			left = append(left, "image "+p)
 		}
 	}
-	atts, err := homestore.Attachments(filepath.Dir(image))
+	atts, err := homes.AttachmentsOf(task)
 	if err != nil {
 		left = append(left, "loop devices (cannot list: "+oneLine(err)+")")
 	}
-	for _, a := range homestore.Of(atts, image) {
+	for _, a := range atts {
 		left = append(left, "loop device "+a.String())
 	}
 	secrets, err := r.Podman.ListSecrets(ctx)
@@ -161,7 +161,7 @@ func checkForget(cfg *config.Config, task string) error {
 	if err == nil || !errors.Is(err, ErrUnknownTask) {
 		return err
 	}
-	if fileExists(homestore.ImagePath(cfg.State.Dir, cfg.Home.VolumePrefix+task)) {
+	if fileExists(home.NewStore(nil, cfg).Image(task)) {
 		return nil
 	}
 	return err
@@ -191,8 +191,7 @@ func (r *Commands) releaseOutbox(task string) error {
 // task still exists is copied back first, one whose task was forgotten is
 // let go. It returns what it released and, as an error, what it could not.
 func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
-	homes := taskstate.Layout{Dir: r.Cfg.State.Dir}.Homes()
-	atts, err := homestore.Attachments(homes)
+	atts, err := r.Home().Attachments()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
 	}
@@ -245,7 +244,7 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 		known, _ := r.Store.Exists(id)
 		if !known {
 			// The task was forgotten: nothing of it is to be kept.
-			if err := homestore.Release([]homestore.Attachment{a}); err != nil {
+			if err := home.LetGo(a); err != nil {
 				left = append(left, err.Error())
 			} else {
 				released = append(released, a.String())
@@ -262,11 +261,11 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 				return err // a prepared cage waits on it, or a cage was left
 			}
 			if a.Deleted {
-				if _, err := homestore.Salvage(ctx, a.Image); err != nil {
+				if err := home.Salvage(ctx, a); err != nil {
 					return fmt.Errorf("%v (or `shrooms forget --task %s` discards it)", err, task)
 				}
 			}
-			if err := homestore.ReleaseImage(a.Image, false); err != nil {
+			if err := home.ReleaseImage(a); err != nil {
 				return err
 			}
 			released = append(released, a.String())

@@ -12,8 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
-	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
@@ -21,20 +20,12 @@ import (
 )
 
 // Home is the task HOME volumes of the runner's config on its engine.
-func (r *Runner) Home() *homestore.Volumes {
-	return &homestore.Volumes{
-		Engine:   r.Podman,
-		StateDir: r.Cfg.State.Dir,
-		Prefix:   r.Cfg.Home.VolumePrefix,
-		Socket:   r.Cfg.Podman.Socket,
-		Limits:   homestore.Limits{Size: int64(r.Cfg.Home.Size), Inodes: r.Cfg.Home.Inodes},
-	}
-}
+func (r *Runner) Home() *home.Store { return home.NewStore(r.Podman, r.Cfg) }
 
 // HomeTask describes the task HOME to the reset: the turn's HOME profiles,
 // and kept, the task's other profiles whose kept state stays (KeptProfiles).
-func (r *Runner) HomeTask(root string, ids taskstate.IDs, profiles, kept []string) homereset.Task {
-	return homereset.Task{
+func (r *Runner) HomeTask(root string, ids taskstate.IDs, profiles, kept []string) home.Task {
+	return home.Task{
 		Root:     root,
 		UID:      int(ids.UID) + int(r.Cfg.Cage.User),
 		GID:      int(ids.GID) + int(r.Cfg.Cage.User),
@@ -48,7 +39,7 @@ func (r *Runner) HomeTask(root string, ids taskstate.IDs, profiles, kept []strin
 // when missing, repairing drift or refusing it with the fix) and seeds its
 // credentials once; an existing, bootstrapped HOME is left as it is. It
 // returns the volume's host directory.
-func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, profiles []string) (string, *homereset.BootstrapResult, error) {
+func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, profiles []string) (string, *home.BootstrapResult, error) {
 	id, err := taskid.Parse(task)
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: %w", ErrInput, err)
@@ -57,19 +48,19 @@ func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, 
 	if err != nil {
 		return "", nil, err
 	}
-	home := r.host()
-	root, created, err := home.OpenHome(ctx, task, kept)
+	h := r.host()
+	root, created, err := h.OpenHome(ctx, id, kept)
 	if err != nil {
 		return "", nil, err
 	}
-	res, err := home.Bootstrap(ctx, r.HomeTask(root, ids, profiles, nil))
+	res, err := h.Bootstrap(ctx, r.HomeTask(root, ids, profiles, nil))
 	if err != nil {
 		if created {
-			home.DiscardHome(ctx, task, root)
+			h.DiscardHome(ctx, task, root)
 		}
 		return "", nil, fmt.Errorf("%w: bootstrap HOME: %w", ErrHostNotReady, err)
 	}
-	if res.Result == homereset.Bootstrapped {
+	if res.Result == home.Bootstrapped {
 		if err := r.rememberProfiles(id, profiles, nil); err != nil {
 			return "", nil, err
 		}

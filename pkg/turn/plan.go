@@ -11,7 +11,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/history"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
@@ -70,10 +70,10 @@ type Plan struct {
 	worktree string // cleaned; "" for none
 	// root is the HOME volume's host directory; home is it for the reset.
 	root string
-	home homereset.Task
+	home home.Task
 	// policy is the managed policy, git the worktree's git metadata,
 	// gitConfig the cage's system git configuration.
-	policy    *homereset.Policy
+	policy    *home.Policy
 	git       gitseal.CagePlan
 	gitConfig gitseal.SystemConfig
 	// outbox is the task's outbox directory, mounted size-capped by apply.
@@ -104,7 +104,7 @@ type prepared struct {
 	// secrets are the podman secrets holding this turn's tokens, removed
 	// once the cage is gone so no copy outlives the turn.
 	secrets []string
-	reset   *homereset.Report
+	reset   *home.Report
 	// image is the id of the image a prepared cage was created from.
 	image string
 	// runtime is the OCI runtime podman runs the cage with (its inspect).
@@ -183,7 +183,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 		outbox: filepath.Join(filepath.Clean(cfg.Outbox.Root), req.Task),
 		seal:   in.seal,
 	}
-	var pg homereset.PolicyGateway
+	var pg home.PolicyGateway
 	if in.gateway != nil {
 		switch in.gateway.cfg.API {
 		case "openai":
@@ -195,7 +195,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 		}
 	}
 	var err error
-	if p.policy, err = homereset.PlanPolicy(filepath.Join(r.TaskDir(req.Task), "policy"), cfg, in.agent.Home, pg); err != nil {
+	if p.policy, err = home.PlanPolicy(filepath.Join(r.TaskDir(req.Task), "policy"), cfg, in.agent.Home, pg); err != nil {
 		return nil, fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
 	}
 	if p.gitConfig, err = gitseal.PlanSystemConfig(cfg.State.Dir); err != nil {
@@ -257,7 +257,7 @@ func (r *Runner) planMounts(req Request, in *checked, p *Plan) (*mounts.Plan, er
 	mp, err := mounts.Build(mounts.Input{
 		Task:      in.task,
 		Worktree:  in.worktree,
-		HomeDir:   homereset.HomeDir(p.root),
+		HomeDir:   home.Dir(p.root),
 		OutboxDir: p.outbox,
 		TmpSize:   int64(cfg.Cage.TmpSize),
 		RunSize:   int64(cfg.Cage.RunSize),
@@ -404,7 +404,7 @@ func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, m
 func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, m mode) error {
 	p, cfg, host := out.Plan, r.Cfg, r.host()
 	var err error
-	if out.reset, err = host.Reset(ctx, homereset.ResetInput{Task: p.home}); err != nil {
+	if out.reset, err = host.Reset(ctx, home.ResetInput{Task: p.home}); err != nil {
 		return fmt.Errorf("%w: HOME reset failed, the turn does not start: %w%s", ErrHostNotReady, err, r.noSpaceHint(err))
 	}
 	if err := p.policy.Write(); err != nil {

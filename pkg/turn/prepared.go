@@ -23,7 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
@@ -143,14 +143,14 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 const preparedResetFile = "prepared-reset.json"
 
 type preparedReset struct {
-	Cage  string            `json:"cage"`
-	Reset *homereset.Report `json:"reset"`
+	Cage  string       `json:"cage"`
+	Reset *home.Report `json:"reset"`
 	// Home is the HOME's fingerprint once the cage was initialised on it
-	// (homereset.Fingerprint), "" when it could not be taken.
+	// (home.Fingerprint), "" when it could not be taken.
 	Home string `json:"home,omitempty"`
 }
 
-func saveResetReport(taskDir, cage string, rep *homereset.Report, home string) error {
+func saveResetReport(taskDir, cage string, rep *home.Report, home string) error {
 	b, err := json.Marshal(preparedReset{Cage: cage, Reset: rep, Home: home})
 	if err != nil {
 		return fmt.Errorf("prepared cage's reset report: %w", err)
@@ -262,7 +262,7 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 			return nil, nil
 		}
 	} else {
-		rep, err := r.host().Reset(ctx, homereset.ResetInput{Task: p.home, DryRun: true})
+		rep, err := r.host().Reset(ctx, home.ResetInput{Task: p.home, DryRun: true})
 		if err != nil || rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0 || rep.BaselineDigest != c.Labels[labelBaseline] {
 			return nil, nil
 		}

@@ -29,7 +29,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/history"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -176,7 +176,7 @@ type Result struct {
 	// Prepared is true when the turn ran in a cage prepared ahead.
 	Prepared bool `json:"prepared"`
 	// Reset is the HOME reset's report for this turn.
-	Reset *homereset.Report `json:"reset,omitempty"`
+	Reset *home.Report `json:"reset,omitempty"`
 	// WorktreeGuard says which agent config in the worktree differed from
 	// the owner's trusted version and was masked in the cage.
 	WorktreeGuard *worktreeguard.Check `json:"worktreeGuard,omitempty"`
@@ -673,7 +673,7 @@ func SpecJSON(s *specgen.SpecGenerator) ([]byte, error) {
 
 // Bootstrap creates the task HOME once, under the task lock, seeding the
 // credentials of the given HOME profiles (all profiles when none are given).
-func (r *Runner) Bootstrap(ctx context.Context, name string, profiles []string) (*homereset.BootstrapResult, error) {
+func (r *Runner) Bootstrap(ctx context.Context, name string, profiles []string) (*home.BootstrapResult, error) {
 	task, err := taskid.Parse(name)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInput, err)
