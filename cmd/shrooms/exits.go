@@ -27,6 +27,16 @@ func runner(c *cli.Context) (r *task.Commands, ctx context.Context, stop context
 // files it names and pre (when not nil) are validated before shrooms
 // connects to podman, so bad input exits 121 even when podman is down.
 func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *task.Commands, ctx context.Context, stop context.CancelFunc, err error) {
+	turns, ctx, stop, err := pipelineFor(c, pre)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return task.New(turns.Cfg, turns.Podman, turns), ctx, stop, nil
+}
+
+// pipelineFor is runnerFor for the commands of the turn pipeline (run,
+// prepare, spec, bootstrap, probe, teardown): the turn runner itself.
+func pipelineFor(c *cli.Context, pre func(*config.Config) error) (r *turn.Runner, ctx context.Context, stop context.CancelFunc, err error) {
 	cfg, err := loadConfig(c)
 	if err != nil {
 		return nil, nil, nil, err
@@ -49,7 +59,7 @@ func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *task.Commands
 		stop()
 		return nil, nil, nil, err
 	}
-	return task.New(newRunner(cfg, client)), ctx, stop, nil
+	return newRunner(cfg, client), ctx, stop, nil
 }
 
 // localRunner is runnerFor for the task commands that work on the state
@@ -73,7 +83,7 @@ func localRunner(c *cli.Context, pre func(*config.Config) error) (r *task.Comman
 		}
 	}
 	ctx, stop = signalContext(c.Context)
-	return task.New(turn.NewRunner(cfg, nil, nil)), ctx, stop, nil
+	return task.New(cfg, nil, turn.NewRunner(cfg, nil, nil)), ctx, stop, nil
 }
 
 // checkTask validates --task of a command on an existing task before

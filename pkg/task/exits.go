@@ -143,7 +143,7 @@ func (r *Commands) Commit(ctx context.Context, task, message string, author gits
 		if wt == "" {
 			return fmt.Errorf("%w: task %q has no worktree (run it with --worktree)", fault.Input, task)
 		}
-		store := r.TrustStore(task)
+		store := r.Turns.TrustStore(task)
 		m, err := store.Load()
 		if err != nil {
 			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
@@ -238,11 +238,11 @@ func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []str
 				return fmt.Errorf("%w: task %q has no worktree; pass --worktree", fault.Input, task)
 			}
 		}
-		wt, err := r.CheckWorktree(worktree)
+		wt, err := r.Turns.CheckWorktree(worktree)
 		if err != nil {
 			return err
 		}
-		store := r.TrustStore(task)
+		store := r.Turns.TrustStore(task)
 		if m, err := store.Load(); err == nil && m != nil && m.Worktree == wt {
 			if c, err := store.Guard(ctx, wt, m); err == nil {
 				res.Changes = c.Changes
@@ -283,15 +283,15 @@ func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (
 		if err != nil {
 			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
-		root, err := r.Home().Mounted(ctx, task)
+		root, err := r.Homes.Mounted(ctx, task)
 		if err != nil {
 			return err
 		}
-		kept, err := r.KeptProfiles(id, a.Home)
+		kept, err := r.Turns.KeptProfiles(id, a.Home)
 		if err != nil {
 			return err
 		}
-		rep, err = home.Reset(ctx, home.ResetInput{Task: r.HomeTask(root, ids, a.Home, kept), DryRun: dryRun})
+		rep, err = home.Reset(ctx, home.ResetInput{Task: r.Turns.HomeTask(root, ids, a.Home, kept), DryRun: dryRun})
 		if err != nil {
 			return fmt.Errorf("%w: HOME reset: %w", fault.HostNotReady, err)
 		}
@@ -300,7 +300,7 @@ func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (
 				return fmt.Errorf("%w: HOME cleanup: %w", fault.HostNotReady, err)
 			}
 		}
-		return r.ReleaseHome(ctx, task)
+		return r.Turns.ReleaseHome(ctx, task)
 	})
 	return rep, err
 }

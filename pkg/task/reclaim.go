@@ -32,11 +32,11 @@ func (r *Commands) leftovers(ctx context.Context, task string, stateGone bool) [
 		left = append(left, "cages (cannot list: "+oneLine(err)+")")
 	}
 	for _, c := range cages {
-		if r.Ours(c) {
+		if r.Turns.Ours(c) {
 			left = append(left, "cage "+c.Name)
 		}
 	}
-	homes := r.Home()
+	homes := r.Homes
 	name := homes.Name(task)
 	if ok, err := r.Podman.VolumeExists(ctx, name); err != nil || ok {
 		left = append(left, "volume "+name)
@@ -63,7 +63,7 @@ func (r *Commands) leftovers(ctx context.Context, task string, stateGone bool) [
 			left = append(left, "secret "+s.Name)
 		}
 	}
-	for _, c := range r.Claims(task) {
+	for _, c := range r.Turns.Claims(task) {
 		left = append(left, "worktree claim "+c)
 	}
 	for _, p := range []string{filepath.Join(r.Cfg.Outbox.Root, task), outbox.Pending(r.Cfg.Outbox.Root, task)} {
@@ -71,8 +71,8 @@ func (r *Commands) leftovers(ctx context.Context, task string, stateGone bool) [
 			left = append(left, "outbox "+p)
 		}
 	}
-	if stateGone && fileExists(r.TaskDir(task)) {
-		left = append(left, "state "+r.TaskDir(task))
+	if stateGone && fileExists(r.taskDir(task)) {
+		left = append(left, "state "+r.taskDir(task))
 	}
 	return left
 }
@@ -117,10 +117,10 @@ func (r *Commands) Forget(ctx context.Context, task string) error {
 				errs = append(errs, what+": "+oneLine(err))
 			}
 		}
-		_, err := r.RemoveLeftovers(ctx, task)
+		_, err := r.Turns.RemoveLeftovers(ctx, task)
 		step("cages", err)
-		step("worktree", r.ReleaseWorktrees(id))
-		step("HOME", r.Home().Remove(ctx, task))
+		step("worktree", r.Turns.ReleaseWorktrees(id))
+		step("HOME", r.Homes.Remove(ctx, task))
 		if _, err := os.Stat(r.Cfg.Outbox.Root); err == nil {
 			step("outbox", r.releaseOutbox(task))
 		}
@@ -141,7 +141,7 @@ func (r *Commands) Forget(ctx context.Context, task string) error {
 		if len(left) == 0 {
 			// The state (and the lock file in it) goes last, once nothing
 			// else of the task is there to be found by it.
-			step("state", removeTaskDir(r.TaskDir(task)))
+			step("state", removeTaskDir(r.taskDir(task)))
 		}
 		left = r.leftovers(ctx, task, len(left) == 0)
 		if len(left) > 0 {
@@ -178,7 +178,7 @@ func removeTaskDir(dir string) error {
 // releaseOutbox unmounts and removes the task's outbox (in the podman
 // service's mount namespace too) and its pending deliveries.
 func (r *Commands) releaseOutbox(task string) error {
-	peers, err := r.OutboxNamespaces()
+	peers, err := r.Homes.ServiceNamespaces()
 	if err != nil {
 		return err
 	}
@@ -191,7 +191,7 @@ func (r *Commands) releaseOutbox(task string) error {
 // task still exists is copied back first, one whose task was forgotten is
 // let go. It returns what it released and, as an error, what it could not.
 func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
-	atts, err := r.Home().Attachments()
+	atts, err := r.Homes.Attachments()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
 	}
@@ -257,7 +257,7 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 		}
 		err = func() error {
 			defer lock.Release()
-			if busy, err := r.HomeInUse(ctx, task); err != nil || busy {
+			if busy, err := r.Turns.HomeInUse(ctx, task); err != nil || busy {
 				return err // a prepared cage waits on it, or a cage was left
 			}
 			if a.Deleted {

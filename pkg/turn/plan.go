@@ -195,7 +195,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 		}
 	}
 	var err error
-	if p.policy, err = home.PlanPolicy(filepath.Join(r.TaskDir(req.Task), "policy"), cfg, in.agent.Home, pg); err != nil {
+	if p.policy, err = home.PlanPolicy(filepath.Join(r.taskDir(req.Task), "policy"), cfg, in.agent.Home, pg); err != nil {
 		return nil, fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
 	}
 	if p.gitConfig, err = gitseal.PlanSystemConfig(cfg.State.Dir); err != nil {
@@ -343,7 +343,7 @@ func (r *Runner) planCommand(req Request, in *checked, p *Plan, mp *mounts.Plan,
 	}
 	mp.Mounts = append(mp.Mounts,
 		mounts.Mount{Kind: mounts.Bind, Source: r.Binary, Dest: CageBinary, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev"}},
-		mounts.Mount{Kind: mounts.Bind, Source: filepath.Join(r.TaskDir(req.Task), "argv"), Dest: CageArgv, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
+		mounts.Mount{Kind: mounts.Bind, Source: filepath.Join(r.taskDir(req.Task), "argv"), Dest: CageArgv, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
 	full := in.agent.Command
 	if len(req.Command) > 0 {
 		full = req.Command
@@ -387,7 +387,7 @@ func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, m
 		out.secrets = append(out.secrets, name)
 	}
 	if m == modeAhead {
-		if err := writeArgvFile(filepath.Join(r.TaskDir(req.Task), "argv"), nil); err != nil {
+		if err := writeArgvFile(filepath.Join(r.taskDir(req.Task), "argv"), nil); err != nil {
 			r.removeSecrets(out.secrets)
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
@@ -424,7 +424,7 @@ func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, m mo
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if p.gateway != nil && m == modeAhead {
-		if err := os.WriteFile(filepath.Join(r.TaskDir(req.Task), placeholderFile), []byte(p.gateway.Placeholder), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(r.taskDir(req.Task), placeholderFile), []byte(p.gateway.Placeholder), 0o600); err != nil {
 			return fmt.Errorf("%w: gateway placeholder: %w", ErrHostNotReady, err)
 		}
 	}

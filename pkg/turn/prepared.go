@@ -129,7 +129,7 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if err := saveResetReport(r.TaskDir(req.Task), id, p.reset, fp); err != nil {
+	if err := saveResetReport(r.taskDir(req.Task), id, p.reset, fp); err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
@@ -220,7 +220,7 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 		if err != nil || p == nil {
 			return "", nil, err
 		}
-		if err := writeArgvFile(r.TaskDir(req.Task)+"/argv", p.argv); err != nil {
+		if err := writeArgvFile(r.taskDir(req.Task)+"/argv", p.argv); err != nil {
 			return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		if err := r.countTurn(req, in); err != nil {
@@ -255,7 +255,7 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 	// fingerprint is still the one taken then (metadata only; a dry-run
 	// reset would rebuild every kept file, a 100 MiB opencode.db in full).
 	// Without one (a racy or older preparation) the dry run decides.
-	saved := loadResetReport(r.TaskDir(req.Task), c.ID)
+	saved := loadResetReport(r.taskDir(req.Task), c.ID)
 	if saved != nil && saved.Home != "" {
 		fp, err := r.host().HomeFingerprint(ctx, p.home)
 		if err != nil || fp != saved.Home || saved.Reset.BaselineDigest != c.Labels[labelBaseline] {
@@ -282,7 +282,7 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 }
 
 // TaskDir is the task's directory in the state directory.
-func (r *Runner) TaskDir(task string) string { return r.Cfg.State.Dir + "/tasks/" + task }
+func (r *Runner) taskDir(task string) string { return r.Cfg.State.Dir + "/tasks/" + task }
 
 // preparedLabels are the labels a prepared cage gets beyond its spec's.
 var preparedLabels = []string{LabelPrepared, labelSpec, labelBaseline, labelImage, labelSeccomp, labelTokens}
@@ -336,7 +336,7 @@ func (r *Runner) provenance(task string, in *checked, p *prepared, create bool) 
 	if err != nil {
 		return provenance{}, err
 	}
-	key, err := tokenKey(r.TaskDir(task), create)
+	key, err := tokenKey(r.taskDir(task), create)
 	if err != nil {
 		return provenance{}, err
 	}

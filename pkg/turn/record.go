@@ -52,8 +52,3 @@ func (r *Runner) markRunning(res *Result) {
 		_ = r.Store.MarkRunning(id, b)
 	}
 }
-
-// HomeBytes is the disk space the task HOME's filesystem image takes.
-func (r *Runner) HomeBytes(task string) int64 {
-	return r.Home().Bytes(task)
-}

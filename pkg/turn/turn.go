@@ -277,7 +277,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}()
 	// The turn's record, after the worktree is given back, before the lock goes.
 	defer func() {
-		res.HomeBytes = r.HomeBytes(req.Task)
+		res.HomeBytes = r.Home().Bytes(req.Task)
 		if rerr := r.recordTurn(res, err, c.start); rerr != nil && err == nil {
 			err = fmt.Errorf("%w: %w", ErrHostNotReady, rerr)
 		}
@@ -518,7 +518,7 @@ func (r *Runner) CheckWorktree(path string) (string, error) { return worktreePat
 
 // TrustStore is the task's store of trusted worktree config.
 func (r *Runner) TrustStore(task string) worktreeguard.Store {
-	return worktreeguard.Store{Dir: filepath.Join(r.TaskDir(task), "trust")}
+	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
 }
 
 // guardWorktree compares the worktree's agent config with what the owner
@@ -595,7 +595,7 @@ const placeholderFile = "gateway-placeholder"
 func (r *Runner) placeholder(task string, m mode) (string, error) {
 	switch m {
 	case modeMatch:
-		b, err := os.ReadFile(filepath.Join(r.TaskDir(task), placeholderFile))
+		b, err := os.ReadFile(filepath.Join(r.taskDir(task), placeholderFile))
 		if err != nil {
 			return "", nil // no prepared placeholder: the prepared cage will not match
 		}
