@@ -35,8 +35,6 @@ type (
 	PolicyGateway = homereset.PolicyGateway
 	// Attachment is one loop device of a HOME image and its mounts.
 	Attachment = homestore.Attachment
-	// Engine is what the HOME volumes ask of podman.
-	Engine = homestore.VolumeEngine
 )
 
 // Bootstrap results.
@@ -45,19 +43,16 @@ const (
 	AlreadyBootstrapped = homereset.AlreadyBootstrapped
 )
 
-// Store is the task HOMEs of one config on one engine.
-type Store struct{ v homestore.Volumes }
-
 // NewStore is the task HOMEs of cfg on eng (nil for a Store that only names
 // volumes and images).
 func NewStore(eng Engine, cfg *config.Config) *Store {
-	return &Store{homestore.Volumes{
+	return &Store{
 		Engine:   eng,
 		StateDir: cfg.State.Dir,
 		Prefix:   cfg.Home.VolumePrefix,
 		Socket:   cfg.Podman.Socket,
 		Limits:   homestore.Limits{Size: int64(cfg.Home.Size), Inodes: cfg.Home.Inodes},
-	}}
+	}
 }
 
 // Home is one task's HOME, open: its volume's host directory with the
@@ -74,9 +69,9 @@ type Home struct {
 
 // Open opens id's HOME, creating its volume and capped filesystem when
 // missing; kept says the task had a HOME made, so a missing part of it is
-// drift, repaired or refused with the fix (homestore.Volumes.OpenKept).
+// drift, repaired or refused with the fix (open).
 func (s *Store) Open(ctx context.Context, id taskid.ID, kept bool) (*Home, error) {
-	root, created, err := s.v.OpenKept(ctx, id.String(), kept)
+	root, created, err := s.open(ctx, id.String(), kept)
 	if err != nil {
 		return nil, err
 	}
@@ -111,59 +106,27 @@ func (h *Home) Discard(ctx context.Context) {
 // Bytes is the disk space the HOME's filesystem image takes.
 func (h *Home) Bytes() int64 { return h.store.Bytes(h.task) }
 
-// Name is the task HOME volume's name.
-func (s *Store) Name(task string) string { return s.v.Name(task) }
-
-// Image is the path of the task HOME's filesystem image.
-func (s *Store) Image(task string) string { return s.v.Image(task) }
-
-// Root is the host directory task's HOME volume has, or will have once
-// created; it creates nothing.
-func (s *Store) Root(ctx context.Context, task string) (string, error) { return s.v.Root(ctx, task) }
-
-// Mounted returns the host directory of task's existing HOME with its
-// capped filesystem mounted (mounting it again when needed): code that
-// touches a HOME outside a turn must use it.
-func (s *Store) Mounted(ctx context.Context, task string) (string, error) {
-	return s.v.Mounted(ctx, task)
-}
-
 // IsMounted reports whether root shows task's HOME filesystem.
-func (s *Store) IsMounted(task, root string) bool { return homestore.IsMounted(s.v.Image(task), root) }
-
-// Release unmounts task's HOME and frees its loop device; the caller makes
-// sure no cage uses it.
-func (s *Store) Release(task string) error { return s.v.Release(task) }
-
-// Discard undoes an Open that created task's volume, best effort.
-func (s *Store) Discard(ctx context.Context, task, root string) { s.v.Discard(ctx, task, root) }
-
-// Remove removes task's HOME as a whole: filesystem, loop devices, volume.
-// A missing HOME is not an error.
-func (s *Store) Remove(ctx context.Context, task string) error { return s.v.Remove(ctx, task) }
+func (s *Store) IsMounted(task, root string) bool { return homestore.IsMounted(s.Image(task), root) }
 
 // Bytes is the disk space task's HOME image takes (0 when there is none).
 func (s *Store) Bytes(task string) int64 {
 	var fs unix.Stat_t
-	if unix.Lstat(s.v.Image(task), &fs) != nil {
+	if unix.Lstat(s.Image(task), &fs) != nil {
 		return 0
 	}
 	return fs.Blocks * 512
 }
 
-// ServiceNamespaces names the podman service's mount namespace when it is
-// not shrooms' own: per-turn mounts are made there too.
-func (s *Store) ServiceNamespaces() ([]string, error) { return s.v.ServiceNamespaces() }
-
 // Attachments lists the loop devices of every HOME image of the store.
 func (s *Store) Attachments() ([]Attachment, error) {
-	return homestore.Attachments(taskstate.Layout{Dir: s.v.StateDir}.Homes())
+	return homestore.Attachments(taskstate.Layout{Dir: s.StateDir}.Homes())
 }
 
 // AttachmentsOf lists the loop devices of task's HOME image.
 func (s *Store) AttachmentsOf(task string) ([]Attachment, error) {
 	atts, err := s.Attachments()
-	return homestore.Of(atts, s.v.Image(task)), err
+	return homestore.Of(atts, s.Image(task)), err
 }
 
 // LetGo releases a of a forgotten task: nothing of it is kept.
