@@ -39,11 +39,8 @@ func (r *Runner) HomeTask(root string, ids taskstate.IDs, profiles, kept []strin
 // when missing, repairing drift or refusing it with the fix) and seeds its
 // credentials once; an existing, bootstrapped HOME is left as it is. It
 // returns the volume's host directory.
-func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, profiles []string) (string, *home.BootstrapResult, error) {
-	id, err := taskid.Parse(task)
-	if err != nil {
-		return "", nil, fmt.Errorf("%w: %w", ErrInput, err)
-	}
+func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, ids taskstate.IDs, profiles []string) (string, *home.BootstrapResult, error) {
+	task := id.String()
 	kept, err := r.hadHome(id)
 	if err != nil {
 		return "", nil, err

@@ -152,7 +152,7 @@ func (r *Runner) gather(ctx context.Context, req Request, in *checked, m mode) (
 		return nil, err
 	}
 	if m.writes() {
-		f.root, _, err = r.bootstrap(ctx, req.Task, ids, in.agent.Home)
+		f.root, _, err = r.bootstrap(ctx, in.task, ids, in.agent.Home)
 		if err == nil {
 			err = r.rememberProfiles(in.task, in.agent.Home, f.kept)
 		}

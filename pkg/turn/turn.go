@@ -690,7 +690,7 @@ func (r *Runner) Bootstrap(ctx context.Context, name string, profiles []string) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	_, res, err := r.bootstrap(ctx, name, ids, profiles)
+	_, res, err := r.bootstrap(ctx, task, ids, profiles)
 	if err == nil {
 		err = r.ReleaseHome(ctx, name)
 	}
