@@ -287,11 +287,11 @@ func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (
 		if err != nil {
 			return err
 		}
-		kept, err := r.Turns.KeptProfiles(id, a.Home)
+		kept, err := home.KeptProfiles(r.Cfg, r.Store, id, a.Home)
 		if err != nil {
 			return err
 		}
-		rep, err = home.Reset(ctx, home.ResetInput{Task: r.Turns.HomeTask(root, ids, a.Home, kept), DryRun: dryRun})
+		rep, err = home.Reset(ctx, home.ResetInput{Task: home.TaskOf(r.Cfg, root, ids, a.Home, kept), DryRun: dryRun})
 		if err != nil {
 			return fmt.Errorf("%w: HOME reset: %w", fault.HostNotReady, err)
 		}

@@ -48,11 +48,6 @@ type Pipeline interface {
 	HomeInUse(ctx context.Context, task string) (bool, error)
 	// ReleaseHome unmounts task's HOME when no cage of it is left.
 	ReleaseHome(ctx context.Context, task string) error
-	// KeptProfiles are the HOME profiles whose kept state a turn keeps
-	// besides its own.
-	KeptProfiles(task taskid.ID, home []string) ([]string, error)
-	// HomeTask describes the task HOME to the reset.
-	HomeTask(root string, ids taskstate.IDs, profiles, kept []string) home.Task
 	// SettleOutbox moves what the last turn left in the outbox to its
 	// pending delivery.
 	SettleOutbox(ctx context.Context, task taskid.ID) (*outbox.Moved, error)

@@ -148,7 +148,7 @@ func (r *Runner) gather(ctx context.Context, req Request, in *checked, m mode) (
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	f := &facts{ids: ids, turn: last + 1}
-	if f.kept, err = r.KeptProfiles(in.task, in.agent.Home); err != nil {
+	if f.kept, err = home.KeptProfiles(r.Cfg, r.Store, in.task, in.agent.Home); err != nil {
 		return nil, err
 	}
 	if m.writes() {
@@ -179,7 +179,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 	cfg := r.Cfg
 	p := &Plan{
 		task: in.task, turn: f.turn, ids: f.ids, worktree: in.worktree, root: f.root, guard: f.guard,
-		home:   r.HomeTask(f.root, f.ids, in.agent.Home, f.kept),
+		home:   r.homeTask(f.root, f.ids, in.agent.Home, f.kept),
 		outbox: filepath.Join(filepath.Clean(cfg.Outbox.Root), req.Task),
 		seal:   in.seal,
 	}
