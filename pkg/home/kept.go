@@ -32,22 +32,27 @@ func TaskOf(cfg *config.Config, root string, ids taskstate.IDs, profiles, kept [
 // bootstrapped or used before (its profiles fact; for a task from before
 // that fact, the profiles of its last agent, when cfg still has it).
 func KeptProfiles(cfg *config.Config, st taskstate.Store, task taskid.ID, home []string) ([]string, error) {
+	kept, err := keptProfiles(cfg, st, task, home)
+	return kept, fault.Wrap(fault.HostNotReady, err)
+}
+
+func keptProfiles(cfg *config.Config, st taskstate.Store, task taskid.ID, home []string) ([]string, error) {
 	used, err := st.Recall(task, taskstate.FactProfiles)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, err
 	}
 	var known []string
 	if used != "" {
 		known = strings.Split(used, ",")
 	} else if last, err := st.Recall(task, taskstate.FactAgent); err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, err
 	} else if a, err := cfg.Agent(last); last != "" && err == nil {
 		known = a.Home
 	}
 	var kept []string
 	for _, p := range known {
 		if _, ok := profile.Lookup(p); !ok {
-			return nil, fmt.Errorf("%w: task %s's profiles fact names %q, which is no HOME profile (%s)", fault.HostNotReady, task, p, strings.Join(profile.Names(), ", "))
+			return nil, fmt.Errorf("task %s's profiles fact names %q, which is no HOME profile (%s)", task, p, strings.Join(profile.Names(), ", "))
 		}
 		if !slices.Contains(home, p) && !slices.Contains(kept, p) {
 			kept = append(kept, p)
