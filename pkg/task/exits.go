@@ -143,7 +143,7 @@ func (r *Commands) Commit(ctx context.Context, task, message string, author gits
 		if wt == "" {
 			return fmt.Errorf("%w: task %q has no worktree (run it with --worktree)", fault.Input, task)
 		}
-		store := r.Turns.TrustStore(task)
+		store := r.trustStore(task)
 		m, err := store.Load()
 		if err != nil {
 			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
@@ -242,7 +242,7 @@ func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []str
 		if err != nil {
 			return err
 		}
-		store := r.Turns.TrustStore(task)
+		store := r.trustStore(task)
 		if m, err := store.Load(); err == nil && m != nil && m.Worktree == wt {
 			if c, err := store.Guard(ctx, wt, m); err == nil {
 				res.Changes = c.Changes

@@ -66,7 +66,7 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 	}
 	if dryRun {
 		for _, c := range cages {
-			if r.Turns.Ours(c) && !waiting(c) {
+			if r.ours(c) && !waiting(c) {
 				id, err := taskid.Parse(c.Labels[sealed.LabelTask])
 				if err != nil {
 					continue
@@ -84,7 +84,7 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 	for _, c := range cages {
 		// A prepared cage that has not started waits for its turn.
 		waiting := c.Labels[turn.LabelPrepared] == "1" && (c.State == "initialized" || c.State == "created")
-		if r.Turns.Ours(c) && !waiting {
+		if r.ours(c) && !waiting {
 			tasks[c.Labels[sealed.LabelTask]] = true
 		}
 	}

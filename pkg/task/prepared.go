@@ -38,7 +38,7 @@ func waiting(c podman.Cage) bool {
 func (r *Commands) PreparedCages(cages []podman.Cage, now time.Time) []PreparedCage {
 	out := []PreparedCage{}
 	for _, c := range cages {
-		if !r.Turns.Ours(c) || !waiting(c) {
+		if !r.ours(c) || !waiting(c) {
 			continue
 		}
 		p := PreparedCage{Task: c.Labels[sealed.LabelTask], Name: c.Name, PreparedAt: c.Labels[turn.LabelPreparedAt], Expired: true}

@@ -32,7 +32,7 @@ func (r *Commands) leftovers(ctx context.Context, task string, stateGone bool) [
 		left = append(left, "cages (cannot list: "+oneLine(err)+")")
 	}
 	for _, c := range cages {
-		if r.Turns.Ours(c) {
+		if r.ours(c) {
 			left = append(left, "cage "+c.Name)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
@@ -40,8 +41,6 @@ type Commands struct {
 // runner): its cages, the HOME and outbox a turn leaves mounted, and
 // the worktree it hands out.
 type Pipeline interface {
-	// Ours reports whether a cage was made by a shrooms with this state dir.
-	Ours(c podman.Cage) bool
 	// RemoveLeftovers removes the task's cages a crashed shrooms left.
 	RemoveLeftovers(ctx context.Context, task string, keep ...string) ([]string, error)
 	// HomeInUse reports whether any cage of task exists.
@@ -53,8 +52,6 @@ type Pipeline interface {
 	SettleOutbox(ctx context.Context, task taskid.ID) (*outbox.Moved, error)
 	// CheckWorktree validates a worktree path and returns it cleaned.
 	CheckWorktree(path string) (string, error)
-	// TrustStore is the task's store of trusted worktree config.
-	TrustStore(task string) worktreeguard.Store
 	// Claims lists the worktree claim files of task.
 	Claims(task string) []string
 	// ReleaseWorktrees gives back the worktrees task holds.
@@ -82,6 +79,14 @@ func state(cfg *config.Config) *Commands {
 		Homes:   home.NewStore(nil, cfg),
 		Layout:  taskstate.Layout{Dir: cfg.State.Dir},
 	}
+}
+
+// ours reports whether a cage was made by a shrooms with this state dir.
+func (r *Commands) ours(c podman.Cage) bool { return sealed.Ours(r.Cfg.State.Dir, c.Labels) }
+
+// trustStore is the task's store of trusted worktree config.
+func (r *Commands) trustStore(task string) worktreeguard.Store {
+	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
 }
 
 // taskDir is the state directory of task.

@@ -96,7 +96,7 @@ func (r *Runner) HomeInUse(ctx context.Context, task string) (bool, error) {
 		return false, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	for _, c := range cages {
-		if r.Ours(c) {
+		if r.ours(c) {
 			return true, nil
 		}
 	}

@@ -210,7 +210,7 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 		return "", nil, nil
 	}
 	for _, c := range []podman.Cage{*cage} {
-		if !r.Ours(c) || c.Labels[LabelPrepared] != "1" || c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1) {
+		if !r.ours(c) || c.Labels[LabelPrepared] != "1" || c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1) {
 			continue
 		}
 		if c.State != "initialized" && c.State != "created" {

@@ -516,8 +516,8 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (
 // CheckWorktree validates a worktree path and returns it cleaned.
 func (r *Runner) CheckWorktree(path string) (string, error) { return worktreePath(r.Cfg, path) }
 
-// TrustStore is the task's store of trusted worktree config.
-func (r *Runner) TrustStore(task string) worktreeguard.Store {
+// trustStore is the task's store of trusted worktree config.
+func (r *Runner) trustStore(task string) worktreeguard.Store {
 	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
 }
 
@@ -529,7 +529,7 @@ func (r *Runner) guardWorktree(ctx context.Context, task, worktree string, commi
 	if worktree == "" {
 		return nil, nil
 	}
-	store := r.TrustStore(task)
+	store := r.trustStore(task)
 	m, err := store.Load()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
