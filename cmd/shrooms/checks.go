@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 )
 
 // checkConfig loads what a turn would load from a config, for `config
@@ -23,7 +23,7 @@ func checkConfig(cfg *config.Config) (notes []string, err error) {
 		return notes, err
 	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Agents)) {
-		if err := homereset.CheckBaseline(cfg, cfg.Agents[name].Home); err != nil {
+		if err := home.CheckBaseline(cfg, cfg.Agents[name].Home); err != nil {
 			return notes, fmt.Errorf("agent %s: %w", name, err)
 		}
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
@@ -250,7 +250,7 @@ func doctorConfig(cfg *config.Config, add func(string, string, string, string)) 
 		return
 	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.Agents)) {
-		if err := homereset.CheckBaseline(cfg, cfg.Agents[name].Home); err != nil {
+		if err := home.CheckBaseline(cfg, cfg.Agents[name].Home); err != nil {
 			add("config", "fail", fmt.Sprintf("agent %s: %v", name, err), "drop the baseline file from the keep-list path, or the key it names")
 			return
 		}

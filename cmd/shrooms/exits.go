@@ -27,21 +27,19 @@ func runner(c *cli.Context) (r *task.Commands, ctx context.Context, stop context
 // files it names and pre (when not nil) are validated before shrooms
 // connects to podman, so bad input exits 121 even when podman is down.
 func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *task.Commands, ctx context.Context, stop context.CancelFunc, err error) {
-	cfg, err := loadConfig(c)
+	turns, ctx, stop, err := pipelineFor(c, pre)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if err := cfg.CheckFiles(); err != nil {
-		return nil, nil, nil, fail(ExitUsage, err)
-	}
-	if pre != nil {
-		if err := pre(cfg); err != nil {
-			code := ExitUsage // bad input, unless shrooms' own state could not be read
-			if fault.Of(err) == fault.HostNotReady {
-				code = ExitHostNotReady
-			}
-			return nil, nil, nil, fail(code, err)
-		}
+	return task.New(turns.Cfg, turns.Podman, turns), ctx, stop, nil
+}
+
+// pipelineFor is runnerFor for the commands of the turn pipeline (run,
+// prepare, spec, bootstrap, probe, teardown): the turn runner itself.
+func pipelineFor(c *cli.Context, pre func(*config.Config) error) (r *turn.Runner, ctx context.Context, stop context.CancelFunc, err error) {
+	cfg, err := checkedConfig(c, pre)
+	if err != nil {
+		return nil, nil, nil, err
 	}
 	ctx, stop = signalContext(c.Context)
 	client, err := connect(ctx, cfg)
@@ -49,32 +47,73 @@ func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *task.Commands
 		stop()
 		return nil, nil, nil, err
 	}
-	return task.New(newRunner(cfg, client)), ctx, stop, nil
+	return newRunner(cfg, client), ctx, stop, nil
+}
+
+// checkedConfig loads the config and checks the files it names and the
+// command's own input (pre, when not nil), before anything is contacted.
+func checkedConfig(c *cli.Context, pre func(*config.Config) error) (*config.Config, error) {
+	cfg, err := loadConfig(c)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.CheckFiles(); err != nil {
+		return nil, fail(ExitUsage, err)
+	}
+	if pre != nil {
+		if err := pre(cfg); err != nil {
+			code := ExitUsage // bad input, unless shrooms' own state could not be read
+			if fault.Of(err) == fault.HostNotReady {
+				code = ExitHostNotReady
+			}
+			return nil, fail(code, err)
+		}
+	}
+	return cfg, nil
 }
 
 // localRunner is runnerFor for the task commands that work on the state
 // directory, the outbox and the worktree only (outbox, commit, trust): it
 // never connects to podman, so they work while podman is down.
 func localRunner(c *cli.Context, pre func(*config.Config) error) (r *task.Commands, ctx context.Context, stop context.CancelFunc, err error) {
-	cfg, err := loadConfig(c)
+	cfg, err := checkedConfig(c, pre)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if err := cfg.CheckFiles(); err != nil {
-		return nil, nil, nil, fail(ExitUsage, err)
-	}
-	if pre != nil {
-		if err := pre(cfg); err != nil {
-			code := ExitUsage
-			if fault.Of(err) == fault.HostNotReady {
-				code = ExitHostNotReady
-			}
-			return nil, nil, nil, fail(code, err)
-		}
-	}
 	ctx, stop = signalContext(c.Context)
-	return task.New(turn.NewRunner(cfg, nil, nil)), ctx, stop, nil
+	return task.New(cfg, nil, turn.NewRunner(cfg, nil, nil)), ctx, stop, nil
 }
+
+// withTask is the one preamble of a command on one existing task: the
+// config and --task checked before anything is contacted (pre, when the
+// command checks more, instead of checkTask), a context that SIGINT,
+// SIGTERM or SIGHUP cancel, and podman connected only when the command
+// needs it (withPodman). fn gets the task commands and the task id.
+func withTask(c *cli.Context, need taskNeed, pre func(*config.Config) error, fn func(ctx context.Context, r *task.Commands, id string) error) error {
+	open := localRunner
+	if need == withPodman {
+		open = runnerFor
+	}
+	if pre == nil {
+		pre = checkTask(c)
+	}
+	r, ctx, stop, err := open(c, pre)
+	if err != nil {
+		return err
+	}
+	defer stop()
+	return fn(ctx, r, c.String("task"))
+}
+
+// taskNeed says whether a task command needs podman.
+type taskNeed int
+
+const (
+	// local commands work on the state directory, the outbox and the
+	// worktree only, and work while podman is down.
+	local taskNeed = iota
+	withPodman
+)
 
 // checkTask validates --task of a command on an existing task before
 // shrooms connects anywhere: a valid id that shrooms has state of.
@@ -103,16 +142,13 @@ pending deliveries, oldest turn first.`,
 				Usage: "show what collect would deliver and refuse, changing nothing",
 				Flags: []cli.Flag{taskFlag()},
 				Action: func(c *cli.Context) error {
-					r, ctx, stop, err := localRunner(c, checkTask(c))
-					if err != nil {
-						return err
-					}
-					defer stop()
-					rep, err := r.ListOutbox(ctx, c.String("task"))
-					if err != nil {
-						return fail(codeFor(err), err)
-					}
-					return printOutbox(c, rep, false)
+					return withTask(c, local, nil, func(ctx context.Context, r *task.Commands, id string) error {
+						rep, err := r.ListOutbox(ctx, id)
+						if err != nil {
+							return fail(codeFor(err), err)
+						}
+						return printOutbox(c, rep, false)
+					})
 				},
 			},
 			{
@@ -125,16 +161,13 @@ name, path, size, sha256; and what was dropped at each turn's end) last.
 Files past the limits stay pending and are listed with the reason.`,
 				Flags: []cli.Flag{taskFlag(), &cli.StringFlag{Name: "to", Usage: "delivery `DIR` (new or empty; default <state.dir>/deliveries/<task>/<time>)"}},
 				Action: func(c *cli.Context) error {
-					r, ctx, stop, err := localRunner(c, checkTask(c))
-					if err != nil {
-						return err
-					}
-					defer stop()
-					rep, err := r.Collect(ctx, c.String("task"), c.String("to"))
-					if err != nil {
-						return fail(codeFor(err), err)
-					}
-					return printOutbox(c, rep, true)
+					return withTask(c, local, nil, func(ctx context.Context, r *task.Commands, id string) error {
+						rep, err := r.Collect(ctx, id, c.String("to"))
+						if err != nil {
+							return fail(codeFor(err), err)
+						}
+						return printOutbox(c, rep, true)
+					})
 				},
 			},
 			{
@@ -142,19 +175,16 @@ Files past the limits stay pending and are listed with the reason.`,
 				Usage: "discard the task's pending deliveries, and unmount its outbox wherever it is still mounted",
 				Flags: []cli.Flag{taskFlag()},
 				Action: func(c *cli.Context) error {
-					r, _, stop, err := localRunner(c, checkTask(c))
-					if err != nil {
-						return err
-					}
-					defer stop()
-					if err := r.ReleaseOutbox(c.String("task")); err != nil {
-						return fail(codeFor(err), err)
-					}
-					if jsonMode(c) {
-						return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "released": true})
-					}
-					textln(c.App.Writer, "released the outbox of "+c.String("task"))
-					return nil
+					return withTask(c, local, nil, func(_ context.Context, r *task.Commands, id string) error {
+						if err := r.ReleaseOutbox(id); err != nil {
+							return fail(codeFor(err), err)
+						}
+						if jsonMode(c) {
+							return printJSON(c.App.Writer, map[string]any{"task": id, "released": true})
+						}
+						textln(c.App.Writer, "released the outbox of "+id)
+						return nil
+					})
 				},
 			},
 		},
@@ -223,36 +253,33 @@ path; the named paths become trusted for later turns.`,
 				}
 				author = gitseal.Author{Name: addr.Name, Email: addr.Address}
 			}
-			r, ctx, stop, err := localRunner(c, checkTask(c))
-			if err != nil {
-				return err
-			}
-			defer stop()
-			res, err := r.Commit(ctx, c.String("task"), c.String("message"), author, c.StringSlice("allow-agent-config"))
-			nothing := errors.Is(err, gitseal.ErrNothingToCommit)
-			if err != nil && !nothing {
-				if jsonMode(c) && errors.Is(err, task.ErrAgentConfig) {
-					_ = printJSON(c.App.Writer, map[string]any{"task": res.Task, "commit": nil, "refused": err.Error(), "agentConfig": res.AgentConfig})
+			return withTask(c, local, nil, func(ctx context.Context, r *task.Commands, id string) error {
+				res, err := r.Commit(ctx, id, c.String("message"), author, c.StringSlice("allow-agent-config"))
+				nothing := errors.Is(err, gitseal.ErrNothingToCommit)
+				if err != nil && !nothing {
+					if jsonMode(c) && errors.Is(err, task.ErrAgentConfig) {
+						_ = printJSON(c.App.Writer, map[string]any{"task": res.Task, "commit": nil, "refused": err.Error(), "agentConfig": res.AgentConfig})
+					}
+					return fail(codeFor(err), err)
 				}
-				return fail(codeFor(err), err)
-			}
-			if jsonMode(c) {
-				out := map[string]any{"task": res.Task, "commit": res.Commit, "agentConfig": res.AgentConfig, "accepted": res.Accepted, "author": res.Author}
+				if jsonMode(c) {
+					out := map[string]any{"task": res.Task, "commit": res.Commit, "agentConfig": res.AgentConfig, "accepted": res.Accepted, "author": res.Author}
+					if nothing {
+						out["commit"] = nil
+						out["nothingToCommit"] = true
+					}
+					return printJSON(c.App.Writer, out)
+				}
+				for _, p := range res.Accepted {
+					textln(c.App.Writer, "accepted agent config "+p)
+				}
 				if nothing {
-					out["commit"] = nil
-					out["nothingToCommit"] = true
+					textln(c.App.Writer, "nothing to commit")
+					return nil
 				}
-				return printJSON(c.App.Writer, out)
-			}
-			for _, p := range res.Accepted {
-				textln(c.App.Writer, "accepted agent config "+p)
-			}
-			if nothing {
-				textln(c.App.Writer, "nothing to commit")
+				textln(c.App.Writer, res.Commit)
 				return nil
-			}
-			textln(c.App.Writer, res.Commit)
-			return nil
+			})
 		},
 	}
 }
@@ -280,40 +307,37 @@ task to another worktree (all of its config is then trusted as it is).`,
 			&cli.StringFlag{Name: "worktree", Usage: "the task's worktree `DIR` (default: the one its turns ran on)"},
 		},
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := localRunner(c, checkTask(c))
-			if err != nil {
-				return err
-			}
-			defer stop()
-			paths, err := shownPaths(c.Args().Slice())
-			if err != nil {
-				return fail(ExitUsage, err)
-			}
-			res, err := r.Trust(ctx, c.String("task"), c.String("worktree"), paths)
-			if err != nil {
-				return fail(codeFor(err), err)
-			}
-			if jsonMode(c) {
-				return printJSON(c.App.Writer, res)
-			}
-			w := c.App.Writer
-			for _, ch := range res.Changes {
-				textf(w, "  was %s: %s\n", ch.Change, ch.Path)
-			}
-			for _, p := range res.Trusted {
-				textln(w, "trusted "+p)
-			}
-			for _, p := range res.Forgotten {
-				textln(w, "no longer trusted (gone) "+p)
-			}
-			for _, p := range res.Loads {
-				textln(w, "trusted (loaded by trusted config) "+p)
-			}
-			for _, o := range res.Outside {
-				textf(w, "not followed (out of the worktree): %s in %s\n", o.Spec, o.By)
-			}
-			textf(w, "%s: %d trusted agent config paths in %s\n", res.Task, res.Entries, res.Worktree)
-			return nil
+			return withTask(c, local, nil, func(ctx context.Context, r *task.Commands, id string) error {
+				paths, err := shownPaths(c.Args().Slice())
+				if err != nil {
+					return fail(ExitUsage, err)
+				}
+				res, err := r.Trust(ctx, id, c.String("worktree"), paths)
+				if err != nil {
+					return fail(codeFor(err), err)
+				}
+				if jsonMode(c) {
+					return printJSON(c.App.Writer, res)
+				}
+				w := c.App.Writer
+				for _, ch := range res.Changes {
+					textf(w, "  was %s: %s\n", ch.Change, ch.Path)
+				}
+				for _, p := range res.Trusted {
+					textln(w, "trusted "+p)
+				}
+				for _, p := range res.Forgotten {
+					textln(w, "no longer trusted (gone) "+p)
+				}
+				for _, p := range res.Loads {
+					textln(w, "trusted (loaded by trusted config) "+p)
+				}
+				for _, o := range res.Outside {
+					textf(w, "not followed (out of the worktree): %s in %s\n", o.Spec, o.By)
+				}
+				textf(w, "%s: %d trusted agent config paths in %s\n", res.Task, res.Entries, res.Worktree)
+				return nil
+			})
 		},
 	}
 }
@@ -365,7 +389,7 @@ func resetCommand() *cli.Command {
 			&cli.BoolFlag{Name: "dry-run", Usage: "report what would be kept, rebuilt and removed; change nothing"},
 		},
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) error {
+			check := func(cfg *config.Config) error {
 				if err := task.CheckTask(cfg, c.String("task")); err != nil {
 					return err
 				}
@@ -375,30 +399,28 @@ func resetCommand() *cli.Command {
 					}
 				}
 				return nil
+			}
+			return withTask(c, withPodman, check, func(ctx context.Context, r *task.Commands, id string) error {
+				rep, err := r.Reset(ctx, id, c.String("agent"), c.Bool("dry-run"))
+				if err != nil {
+					return fail(codeFor(err), err)
+				}
+				if jsonMode(c) {
+					return printJSON(c.App.Writer, rep)
+				}
+				verb := "reset"
+				if rep.DryRun {
+					verb = "would reset"
+				}
+				textf(c.App.Writer, "%s %s: kept %d, rebuilt %d, removed %d; baseline %s\n", verb, id, rep.KeptCount, len(rep.Rebuilt), rep.RemovedCount, rep.BaselineDigest)
+				for _, w := range rep.Warnings {
+					textln(c.App.Writer, "  warning: "+w)
+				}
+				for _, p := range rep.Removed {
+					textln(c.App.Writer, "  removed "+p)
+				}
+				return nil
 			})
-			if err != nil {
-				return err
-			}
-			defer stop()
-			rep, err := r.Reset(ctx, c.String("task"), c.String("agent"), c.Bool("dry-run"))
-			if err != nil {
-				return fail(codeFor(err), err)
-			}
-			if jsonMode(c) {
-				return printJSON(c.App.Writer, rep)
-			}
-			verb := "reset"
-			if rep.DryRun {
-				verb = "would reset"
-			}
-			textf(c.App.Writer, "%s %s: kept %d, rebuilt %d, removed %d; baseline %s\n", verb, c.String("task"), rep.KeptCount, len(rep.Rebuilt), rep.RemovedCount, rep.BaselineDigest)
-			for _, w := range rep.Warnings {
-				textln(c.App.Writer, "  warning: "+w)
-			}
-			for _, p := range rep.Removed {
-				textln(c.App.Writer, "  removed "+p)
-			}
-			return nil
 		},
 	}
 }

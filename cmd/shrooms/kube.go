@@ -13,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/kube"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
@@ -134,19 +134,12 @@ reset report as JSON.`,
 			for _, p := range profile.Names() {
 				cfg.Home.Profile(p).Bootstrap = nil
 			}
-			t := homereset.Task{Root: root, UID: c.Int("uid"), GID: c.Int("gid"), Config: cfg, Profiles: agent.Home}
-			ctx := c.Context
-			if _, err := homereset.Bootstrap(ctx, t); err != nil {
-				return fail(ExitHostNotReady, fmt.Errorf("reset-home: bootstrap: %w", err))
-			}
-			rep, err := homereset.Reset(ctx, homereset.ResetInput{Task: t})
+			t := home.Task{Root: root, UID: c.Int("uid"), GID: c.Int("gid"), Config: cfg, Profiles: agent.Home}
+			rep, err := home.ResetDir(c.Context, t)
 			if err != nil {
-				return fail(ExitHostNotReady, fmt.Errorf("reset-home: HOME reset failed, the turn does not start: %w", err))
+				return fail(ExitHostNotReady, fmt.Errorf("reset-home: %w", err))
 			}
-			if _, err := homereset.Cleanup(ctx, root); err != nil {
-				return fail(ExitHostNotReady, fmt.Errorf("reset-home: cleanup: %w", err))
-			}
-			var pg homereset.PolicyGateway
+			var pg home.PolicyGateway
 			if c.Bool("gateway") {
 				switch c.String("gateway-api") {
 				case "anthropic":
@@ -157,7 +150,7 @@ reset report as JSON.`,
 					return fail(ExitUsage, fmt.Errorf("reset-home: --gateway-api %q is not anthropic or openai", c.String("gateway-api")))
 				}
 			}
-			pol, err := homereset.PlanPolicy(c.String("policy"), cfg, agent.Home, pg)
+			pol, err := home.PlanPolicy(c.String("policy"), cfg, agent.Home, pg)
 			if err == nil {
 				err = pol.Write()
 			}

@@ -45,7 +45,7 @@ peer cage the probe starts itself.`,
 		},
 		Subcommands: []*cli.Command{probeInsideCommand()},
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) error {
+			r, ctx, stop, err := pipelineFor(c, func(cfg *config.Config) error {
 				if _, err := taskid.Parse(c.String("task")); err != nil {
 					return err
 				}
@@ -69,7 +69,7 @@ peer cage the probe starts itself.`,
 			}
 			// Without a targets file the probe brings its own peer cage (D8).
 			o.Peer = c.String("targets") == ""
-			rep, _, err := probe.Run(ctx, r.Runner, o)
+			rep, _, err := probe.Run(ctx, r, o)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}

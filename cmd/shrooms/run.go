@@ -10,7 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -82,7 +82,7 @@ func checkTurn(c *cli.Context) func(*config.Config) error {
 		// The agent's baseline as its reset will lay it down: a file that
 		// overlaps the keep-list is bad config (121), not a host problem.
 		if agent, err := cfg.Agent(c.String("agent")); err == nil {
-			return homereset.CheckBaseline(cfg, agent.Home)
+			return home.CheckBaseline(cfg, agent.Home)
 		}
 		return nil
 	}
@@ -123,7 +123,7 @@ With --tty the cage gets a terminal for a person at one.`,
 			if c.Duration("wait") < 0 {
 				return finishRun(c, nil, fail(ExitUsage, fmt.Errorf("--wait must not be negative")))
 			}
-			r, ctx, stop, err := runnerFor(c, checkTurn(c))
+			r, ctx, stop, err := pipelineFor(c, checkTurn(c))
 			if err != nil {
 				return finishRun(c, nil, err)
 			}
@@ -136,7 +136,7 @@ With --tty the cage gets a terminal for a person at one.`,
 			}
 			// The result is printed as soon as the exit code is known; the
 			// cage's removal and the next preparation go on in a child.
-			r.Detach = detacher(c, r.Runner, prepareNext)
+			r.Detach = detacher(c, r, prepareNext)
 			req := turnRequest(c)
 			res, err := r.Run(ctx, req)
 			if req.Terminal && jsonMode(c) {
@@ -252,7 +252,7 @@ only hands the cage its argv and starts it. Anything different, or anything
 found in HOME since, discards the prepared cage and the turn runs as usual.`,
 		Flags: turnFlags(),
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runnerFor(c, checkTurn(c))
+			r, ctx, stop, err := pipelineFor(c, checkTurn(c))
 			if err != nil {
 				return err
 			}
@@ -277,7 +277,7 @@ func specCommand() *cli.Command {
 		ArgsUsage: "[-- ARGS...]",
 		Flags:     turnFlags(),
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runnerFor(c, checkTurn(c))
+			r, ctx, stop, err := pipelineFor(c, checkTurn(c))
 			if err != nil {
 				return err
 			}
@@ -306,7 +306,7 @@ func bootstrapCommand() *cli.Command {
 		},
 		Action: func(c *cli.Context) error {
 			var profiles []string
-			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) error {
+			r, ctx, stop, err := pipelineFor(c, func(cfg *config.Config) error {
 				if _, err := taskid.Parse(c.String("task")); err != nil {
 					return err
 				}

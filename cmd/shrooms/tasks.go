@@ -27,7 +27,7 @@ func stateRunner(c *cli.Context, withTask bool) (*task.Commands, error) {
 			return nil, fail(ExitUsage, err)
 		}
 	}
-	return task.New(turn.NewRunner(cfg, nil, nil)), nil
+	return task.New(cfg, nil, turn.NewRunner(cfg, nil, nil)), nil
 }
 
 func tasksCommand() *cli.Command {

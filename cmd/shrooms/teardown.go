@@ -10,6 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/shrooms-cage/shrooms/pkg/task"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
@@ -45,7 +46,7 @@ func teardownCommand() *cli.Command {
 					}
 				}
 			}
-			r, ctx, stop, err := runnerFor(c, checkTurn(c))
+			r, ctx, stop, err := pipelineFor(c, checkTurn(c))
 			if err != nil {
 				lock.Release()
 				return err
@@ -62,7 +63,7 @@ func teardownCommand() *cli.Command {
 				return fail(codeFor(err), err)
 			}
 			// Off every caller's path: prepared cages that waited too long.
-			if _, err := r.ExpirePrepared(ctx, false); err != nil {
+			if _, err := task.New(r.Cfg, r.Podman, r).ExpirePrepared(ctx, false); err != nil {
 				return fail(codeFor(err), err)
 			}
 			return nil

@@ -5,7 +5,7 @@
 // while the host loses at most that much disk. The image persists across
 // turns and reboots; Ensure mounts it again whenever it finds it unmounted,
 // and refuses anything at the mount point that is not exactly that image.
-// It is mounted for a turn only (Volumes.Release after it); drift.go finds
+// It is mounted for a turn only (home.Store.Release after it); drift.go finds
 // every loop device and mount of an image — deleted, or copied into other
 // mount namespaces — to salvage or release it.
 package homestore

@@ -50,6 +50,12 @@ func StateLabel(stateDir string) string {
 	return hex.EncodeToString(sum[:8])
 }
 
+// Ours reports whether a cage with labels was made by a shrooms with
+// state directory stateDir (gc and leftover removal touch no other).
+func Ours(stateDir string, labels map[string]string) bool {
+	return labels[LabelManaged] == "1" && labels[LabelState] == StateLabel(stateDir)
+}
+
 // IDRange is the slice of host uids and gids a task's user namespace maps
 // container ids 0..Size-1 onto.
 type IDRange struct {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -143,7 +143,7 @@ func (r *Commands) Commit(ctx context.Context, task, message string, author gits
 		if wt == "" {
 			return fmt.Errorf("%w: task %q has no worktree (run it with --worktree)", fault.Input, task)
 		}
-		store := r.TrustStore(task)
+		store := r.trustStore(task)
 		m, err := store.Load()
 		if err != nil {
 			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
@@ -238,11 +238,11 @@ func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []str
 				return fmt.Errorf("%w: task %q has no worktree; pass --worktree", fault.Input, task)
 			}
 		}
-		wt, err := r.CheckWorktree(worktree)
+		wt, err := r.Turns.CheckWorktree(worktree)
 		if err != nil {
 			return err
 		}
-		store := r.TrustStore(task)
+		store := r.trustStore(task)
 		if m, err := store.Load(); err == nil && m != nil && m.Worktree == wt {
 			if c, err := store.Guard(ctx, wt, m); err == nil {
 				res.Changes = c.Changes
@@ -263,8 +263,8 @@ func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []str
 
 // Reset resets the task HOME now (or, with dryRun, reports what a reset
 // would do). agent "" means the agent of the task's last turn.
-func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (*homereset.Report, error) {
-	var rep *homereset.Report
+func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (*home.Report, error) {
+	var rep *home.Report
 	err := r.withTask(task, func(id taskid.ID) error {
 		if agent == "" {
 			var err error
@@ -283,24 +283,24 @@ func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (
 		if err != nil {
 			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 		}
-		root, err := r.Home().Mounted(ctx, task)
+		root, err := r.Homes.Mounted(ctx, task)
 		if err != nil {
 			return err
 		}
-		kept, err := r.KeptProfiles(id, a.Home)
+		kept, err := home.KeptProfiles(r.Cfg, r.Store, id, a.Home)
 		if err != nil {
 			return err
 		}
-		rep, err = homereset.Reset(ctx, homereset.ResetInput{Task: r.HomeTask(root, ids, a.Home, kept), DryRun: dryRun})
+		rep, err = home.Reset(ctx, home.ResetInput{Task: home.TaskOf(r.Cfg, root, ids, a.Home, kept), DryRun: dryRun})
 		if err != nil {
 			return fmt.Errorf("%w: HOME reset: %w", fault.HostNotReady, err)
 		}
 		if !dryRun {
-			if _, err := homereset.Cleanup(ctx, root); err != nil {
+			if _, err := home.Cleanup(ctx, root); err != nil {
 				return fmt.Errorf("%w: HOME cleanup: %w", fault.HostNotReady, err)
 			}
 		}
-		return r.ReleaseHome(ctx, task)
+		return r.Turns.ReleaseHome(ctx, task)
 	})
 	return rep, err
 }

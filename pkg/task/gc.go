@@ -8,8 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/shrooms-cage/shrooms/pkg/fault"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
-	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
@@ -67,7 +66,7 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 	}
 	if dryRun {
 		for _, c := range cages {
-			if r.Ours(c) && !waiting(c) {
+			if r.ours(c) && !waiting(c) {
 				id, err := taskid.Parse(c.Labels[sealed.LabelTask])
 				if err != nil {
 					continue
@@ -85,7 +84,7 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 	for _, c := range cages {
 		// A prepared cage that has not started waits for its turn.
 		waiting := c.Labels[turn.LabelPrepared] == "1" && (c.State == "initialized" || c.State == "created")
-		if r.Ours(c) && !waiting {
+		if r.ours(c) && !waiting {
 			tasks[c.Labels[sealed.LabelTask]] = true
 		}
 	}
@@ -103,7 +102,7 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 			// A label that is no valid task id is not ours to trust: leave it.
 			continue
 		}
-		removed, err := r.RemoveLeftovers(ctx, task, r.waitingPrepared(cages, task)...)
+		removed, err := r.Turns.RemoveLeftovers(ctx, task, r.waitingPrepared(cages, task)...)
 		lock.Release()
 		rep.Removed = append(rep.Removed, removed...)
 		if err != nil {
@@ -116,31 +115,31 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 		return rep, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	for _, e := range entries {
-		if ok, err := r.Podman.VolumeExists(ctx, r.Home().Name(e.Name())); err != nil || !ok {
+		if ok, err := r.Podman.VolumeExists(ctx, r.Homes.Name(e.Name())); err != nil || !ok {
 			continue // no HOME volume (yet): nothing to clean
 		}
 		// Only a HOME still mounted: a turn cleans its own old tree while
 		// it runs, so an interrupted cleanup is one whose shrooms was killed
 		// with HOME mounted (mounting every idle HOME here would cost a
 		// mount per task per gc).
-		home := r.Home()
-		root, err := home.Root(ctx, e.Name())
+		homes := r.Homes
+		root, err := homes.Root(ctx, e.Name())
 		if err != nil {
 			return rep, err
 		}
-		if !homestore.IsMounted(home.Image(e.Name()), root) {
+		if !homes.IsMounted(e.Name(), root) {
 			continue
 		}
-		cr, err := homereset.Cleanup(ctx, root)
+		trees, err := home.Cleanup(ctx, root)
 		if err != nil {
 			return rep, fmt.Errorf("%w: HOME cleanup of %s: %w", fault.HostNotReady, e.Name(), err)
 		}
-		rep.HomeTrees += len(cr.Trees)
+		rep.HomeTrees += trees
 	}
 	if err := r.settleIdle(ctx, entries, cages, rep); err != nil {
 		return rep, err
 	}
-	given, err := r.GiveBackIdle()
+	given, err := r.Turns.GiveBackIdle()
 	rep.Worktrees = append(rep.Worktrees, given...)
 	if err != nil {
 		return rep, fmt.Errorf("%w: %w", fault.HostNotReady, err)
@@ -179,10 +178,10 @@ func (r *Commands) settleIdle(ctx context.Context, tasks []os.DirEntry, cages []
 		}
 		err = func() error {
 			defer lock.Release()
-			if busy, err := r.HomeInUse(ctx, e.Name()); err != nil || busy {
+			if busy, err := r.Turns.HomeInUse(ctx, e.Name()); err != nil || busy {
 				return err
 			}
-			m, err := r.SettleOutbox(ctx, id)
+			m, err := r.Turns.SettleOutbox(ctx, id)
 			if m != nil && err == nil {
 				rep.Outboxes = append(rep.Outboxes, fmt.Sprintf("%s turn %d", e.Name(), m.Turn))
 			}

@@ -38,7 +38,7 @@ func waiting(c podman.Cage) bool {
 func (r *Commands) PreparedCages(cages []podman.Cage, now time.Time) []PreparedCage {
 	out := []PreparedCage{}
 	for _, c := range cages {
-		if !r.Ours(c) || !waiting(c) {
+		if !r.ours(c) || !waiting(c) {
 			continue
 		}
 		p := PreparedCage{Task: c.Labels[sealed.LabelTask], Name: c.Name, PreparedAt: c.Labels[turn.LabelPreparedAt], Expired: true}
@@ -82,7 +82,7 @@ func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) ([]string, e
 		if err != nil {
 			return expired, turn.Classify(err)
 		}
-		removed, err := r.RemoveLeftovers(ctx, p.Task)
+		removed, err := r.Turns.RemoveLeftovers(ctx, p.Task)
 		lock.Release()
 		expired = append(expired, removed...)
 		if err != nil {

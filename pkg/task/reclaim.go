@@ -11,11 +11,10 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
-	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
-	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -33,25 +32,26 @@ func (r *Commands) leftovers(ctx context.Context, task string, stateGone bool) [
 		left = append(left, "cages (cannot list: "+oneLine(err)+")")
 	}
 	for _, c := range cages {
-		if r.Ours(c) {
+		if r.ours(c) {
 			left = append(left, "cage "+c.Name)
 		}
 	}
-	name := r.Home().Name(task)
+	homes := r.Homes
+	name := homes.Name(task)
 	if ok, err := r.Podman.VolumeExists(ctx, name); err != nil || ok {
 		left = append(left, "volume "+name)
 	}
-	image := homestore.ImagePath(r.Cfg.State.Dir, name)
+	image := homes.Image(task)
 	for _, p := range []string{image, image + ".new"} {
 		if fileExists(p) {
 			left = append(left, "image "+p)
 		}
 	}
-	atts, err := homestore.Attachments(filepath.Dir(image))
+	atts, err := homes.AttachmentsOf(task)
 	if err != nil {
 		left = append(left, "loop devices (cannot list: "+oneLine(err)+")")
 	}
-	for _, a := range homestore.Of(atts, image) {
+	for _, a := range atts {
 		left = append(left, "loop device "+a.String())
 	}
 	secrets, err := r.Podman.ListSecrets(ctx)
@@ -63,7 +63,7 @@ func (r *Commands) leftovers(ctx context.Context, task string, stateGone bool) [
 			left = append(left, "secret "+s.Name)
 		}
 	}
-	for _, c := range r.Claims(task) {
+	for _, c := range r.Turns.Claims(task) {
 		left = append(left, "worktree claim "+c)
 	}
 	for _, p := range []string{filepath.Join(r.Cfg.Outbox.Root, task), outbox.Pending(r.Cfg.Outbox.Root, task)} {
@@ -71,8 +71,8 @@ func (r *Commands) leftovers(ctx context.Context, task string, stateGone bool) [
 			left = append(left, "outbox "+p)
 		}
 	}
-	if stateGone && fileExists(r.TaskDir(task)) {
-		left = append(left, "state "+r.TaskDir(task))
+	if stateGone && fileExists(r.taskDir(task)) {
+		left = append(left, "state "+r.taskDir(task))
 	}
 	return left
 }
@@ -117,10 +117,10 @@ func (r *Commands) Forget(ctx context.Context, task string) error {
 				errs = append(errs, what+": "+oneLine(err))
 			}
 		}
-		_, err := r.RemoveLeftovers(ctx, task)
+		_, err := r.Turns.RemoveLeftovers(ctx, task)
 		step("cages", err)
-		step("worktree", r.ReleaseWorktrees(id))
-		step("HOME", r.Home().Remove(ctx, task))
+		step("worktree", r.Turns.ReleaseWorktrees(id))
+		step("HOME", r.Homes.Remove(ctx, task))
 		if _, err := os.Stat(r.Cfg.Outbox.Root); err == nil {
 			step("outbox", r.releaseOutbox(task))
 		}
@@ -141,7 +141,7 @@ func (r *Commands) Forget(ctx context.Context, task string) error {
 		if len(left) == 0 {
 			// The state (and the lock file in it) goes last, once nothing
 			// else of the task is there to be found by it.
-			step("state", removeTaskDir(r.TaskDir(task)))
+			step("state", removeTaskDir(r.taskDir(task)))
 		}
 		left = r.leftovers(ctx, task, len(left) == 0)
 		if len(left) > 0 {
@@ -161,7 +161,7 @@ func checkForget(cfg *config.Config, task string) error {
 	if err == nil || !errors.Is(err, ErrUnknownTask) {
 		return err
 	}
-	if fileExists(homestore.ImagePath(cfg.State.Dir, cfg.Home.VolumePrefix+task)) {
+	if fileExists(home.NewStore(nil, cfg).Image(task)) {
 		return nil
 	}
 	return err
@@ -178,7 +178,7 @@ func removeTaskDir(dir string) error {
 // releaseOutbox unmounts and removes the task's outbox (in the podman
 // service's mount namespace too) and its pending deliveries.
 func (r *Commands) releaseOutbox(task string) error {
-	peers, err := r.OutboxNamespaces()
+	peers, err := r.Homes.ServiceNamespaces()
 	if err != nil {
 		return err
 	}
@@ -191,8 +191,7 @@ func (r *Commands) releaseOutbox(task string) error {
 // task still exists is copied back first, one whose task was forgotten is
 // let go. It returns what it released and, as an error, what it could not.
 func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
-	homes := taskstate.Layout{Dir: r.Cfg.State.Dir}.Homes()
-	atts, err := homestore.Attachments(homes)
+	atts, err := r.Homes.Attachments()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
 	}
@@ -245,7 +244,7 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 		known, _ := r.Store.Exists(id)
 		if !known {
 			// The task was forgotten: nothing of it is to be kept.
-			if err := homestore.Release([]homestore.Attachment{a}); err != nil {
+			if err := home.LetGo(a); err != nil {
 				left = append(left, err.Error())
 			} else {
 				released = append(released, a.String())
@@ -258,15 +257,15 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 		}
 		err = func() error {
 			defer lock.Release()
-			if busy, err := r.HomeInUse(ctx, task); err != nil || busy {
+			if busy, err := r.Turns.HomeInUse(ctx, task); err != nil || busy {
 				return err // a prepared cage waits on it, or a cage was left
 			}
 			if a.Deleted {
-				if _, err := homestore.Salvage(ctx, a.Image); err != nil {
+				if err := home.Salvage(ctx, a); err != nil {
 					return fmt.Errorf("%v (or `shrooms forget --task %s` discards it)", err, task)
 				}
 			}
-			if err := homestore.ReleaseImage(a.Image, false); err != nil {
+			if err := home.ReleaseImage(a); err != nil {
 				return err
 			}
 			released = append(released, a.String())

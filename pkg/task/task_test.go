@@ -68,6 +68,7 @@ type harness struct {
 	cfg    *config.Config
 	client *podman.Client
 	cmds   *Commands
+	turns  *turn.Runner
 	prefix string
 }
 
@@ -79,7 +80,8 @@ func newHarness(t *testing.T) *harness {
 	cfg := testcfg.Config{Dir: dir, Prefix: prefix, Cage: map[string]any{"pids": 128}}.Parse(t, "test.toml")
 	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
 	assert.NilError(t, err)
-	h := &harness{t: t, cfg: cfg, client: client, cmds: New(turn.NewRunner(cfg, client, nil)), prefix: prefix}
+	turns := turn.NewRunner(cfg, client, nil)
+	h := &harness{t: t, cfg: cfg, client: client, cmds: New(cfg, client, turns), turns: turns, prefix: prefix}
 	t.Cleanup(h.cleanup)
 	return h
 }
@@ -100,7 +102,7 @@ func (h *harness) cleanup() {
 	}
 	entries, _ := os.ReadDir(filepath.Join(h.cfg.State.Dir, "tasks"))
 	for _, e := range entries {
-		if err := h.cmds.Home().Remove(ctx, e.Name()); err != nil {
+		if err := h.cmds.Homes.Remove(ctx, e.Name()); err != nil {
 			h.t.Errorf("remove HOME: %v", err)
 		}
 		if _, err := os.Stat(h.cfg.Outbox.Root); err != nil {
@@ -126,13 +128,13 @@ func TestLeftoverCageIsRemovedByGC(t *testing.T) {
 	task := h.task("left")
 	// A first turn leaves what a turn writes (seccomp profile, HOME policy);
 	// the leftover is the cage of the next one.
-	res, err := h.cmds.Run(ctx, turn.Request{Task: task, Agent: "shell", Args: []string{"-c", "true"}})
+	res, err := h.turns.Run(ctx, turn.Request{Task: task, Agent: "shell", Args: []string{"-c", "true"}})
 	assert.NilError(t, err)
 	assert.Equal(t, res.ExitCode, 0)
-	spec, err := h.cmds.Spec(ctx, turn.Request{Task: task, Agent: "shell", Args: []string{"-c", "sleep 600"}})
+	spec, err := h.turns.Spec(ctx, turn.Request{Task: task, Agent: "shell", Args: []string{"-c", "sleep 600"}})
 	assert.NilError(t, err)
 	// A crashed shrooms leaves its HOME mounted (a turn releases it at its end).
-	_, err = h.cmds.Home().Mounted(ctx, task)
+	_, err = h.cmds.Homes.Mounted(ctx, task)
 	assert.NilError(t, err)
 	id, err := h.client.Create(ctx, spec)
 	assert.NilError(t, err)
@@ -153,18 +155,18 @@ func TestForgetRemovesTheTask(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	task := h.task("forget")
-	_, err := h.cmds.Bootstrap(ctx, task, nil)
+	_, err := h.turns.Bootstrap(ctx, task, nil)
 	assert.NilError(t, err)
-	ok, err := h.client.VolumeExists(ctx, h.cmds.Home().Name(task))
+	ok, err := h.client.VolumeExists(ctx, h.cmds.Homes.Name(task))
 	assert.NilError(t, err)
 	assert.Assert(t, ok, "the positive control: the HOME volume exists")
 	assert.NilError(t, CheckTask(h.cfg, task))
 
 	assert.NilError(t, h.cmds.Forget(ctx, task))
-	ok, err = h.client.VolumeExists(ctx, h.cmds.Home().Name(task))
+	ok, err = h.client.VolumeExists(ctx, h.cmds.Homes.Name(task))
 	assert.NilError(t, err)
 	assert.Assert(t, !ok, "the HOME volume is gone")
-	_, err = os.Stat(h.cmds.TaskDir(task))
+	_, err = os.Stat(h.cmds.taskDir(task))
 	assert.Assert(t, os.IsNotExist(err), "the task state is gone: %v", err)
 	err = h.cmds.Forget(ctx, task)
 	assert.Assert(t, errors.Is(err, ErrUnknownTask), "%v", err)

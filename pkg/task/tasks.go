@@ -31,7 +31,7 @@ func (r *Commands) Log(task string, n int) ([]turn.Result, error) {
 	if _, err := r.knownTask(task); err != nil {
 		return nil, err
 	}
-	f, err := os.Open(filepath.Join(r.TaskDir(task), turn.TurnsFile))
+	f, err := os.Open(filepath.Join(r.taskDir(task), turn.TurnsFile))
 	if errors.Is(err, os.ErrNotExist) {
 		return r.noTurn(task, n, nil)
 	}
@@ -71,7 +71,7 @@ func (r *Commands) noTurn(task string, n int, out []turn.Result) ([]turn.Result,
 // of (fault.Input), reading only the state directory, so commands on an
 // existing task can refuse a typo before they connect to podman.
 func CheckTask(cfg *config.Config, task string) error {
-	r := &Commands{Runner: &turn.Runner{Cfg: cfg, Store: taskstate.Store{Dir: cfg.State.Dir}}}
+	r := state(cfg)
 	_, err := r.knownTask(task)
 	return err
 }
@@ -164,7 +164,7 @@ func (r *Commands) Status(task string) (*TaskStatus, error) {
 		st.Last = &recs[len(recs)-1]
 		st.Last.Reset = nil // the full report is in the log
 	}
-	st.HomeBytes = r.HomeBytes(task)
+	st.HomeBytes = r.Homes.Bytes(task)
 	return st, nil
 }
 
@@ -172,7 +172,7 @@ func (r *Commands) Status(task string) (*TaskStatus, error) {
 // none), read from /proc/locks so that looking never takes the lock.
 func (r *Commands) lockHolder(task string) (int, error) {
 	var st unix.Stat_t
-	if err := unix.Lstat(filepath.Join(r.TaskDir(task), "lock"), &st); err != nil {
+	if err := unix.Lstat(filepath.Join(r.taskDir(task), "lock"), &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return 0, nil
 		}

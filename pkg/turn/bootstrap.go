@@ -12,64 +12,43 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
-	"github.com/shrooms-cage/shrooms/pkg/homestore"
-	"github.com/shrooms-cage/shrooms/pkg/profile"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // Home is the task HOME volumes of the runner's config on its engine.
-func (r *Runner) Home() *homestore.Volumes {
-	return &homestore.Volumes{
-		Engine:   r.Podman,
-		StateDir: r.Cfg.State.Dir,
-		Prefix:   r.Cfg.Home.VolumePrefix,
-		Socket:   r.Cfg.Podman.Socket,
-		Limits:   homestore.Limits{Size: int64(r.Cfg.Home.Size), Inodes: r.Cfg.Home.Inodes},
-	}
-}
+func (r *Runner) Home() *home.Store { return home.NewStore(r.Podman, r.Cfg) }
 
-// HomeTask describes the task HOME to the reset: the turn's HOME profiles,
-// and kept, the task's other profiles whose kept state stays (KeptProfiles).
-func (r *Runner) HomeTask(root string, ids taskstate.IDs, profiles, kept []string) homereset.Task {
-	return homereset.Task{
-		Root:     root,
-		UID:      int(ids.UID) + int(r.Cfg.Cage.User),
-		GID:      int(ids.GID) + int(r.Cfg.Cage.User),
-		Config:   r.Cfg,
-		Profiles: profiles,
-		Kept:     kept,
-	}
+// homeTask describes the task HOME to the reset (home.TaskOf).
+func (r *Runner) homeTask(root string, ids taskstate.IDs, profiles, kept []string) home.Task {
+	return home.TaskOf(r.Cfg, root, ids, profiles, kept)
 }
 
 // bootstrap opens the task HOME (creating its volume and capped filesystem
 // when missing, repairing drift or refusing it with the fix) and seeds its
 // credentials once; an existing, bootstrapped HOME is left as it is. It
 // returns the volume's host directory.
-func (r *Runner) bootstrap(ctx context.Context, task string, ids taskstate.IDs, profiles []string) (string, *homereset.BootstrapResult, error) {
-	id, err := taskid.Parse(task)
-	if err != nil {
-		return "", nil, fmt.Errorf("%w: %w", ErrInput, err)
-	}
+func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, ids taskstate.IDs, profiles []string) (string, *home.BootstrapResult, error) {
+	task := id.String()
 	kept, err := r.hadHome(id)
 	if err != nil {
 		return "", nil, err
 	}
-	home := r.host()
-	root, created, err := home.OpenHome(ctx, task, kept)
+	h := r.host()
+	root, created, err := h.OpenHome(ctx, id, kept)
 	if err != nil {
 		return "", nil, err
 	}
-	res, err := home.Bootstrap(ctx, r.HomeTask(root, ids, profiles, nil))
+	res, err := h.Bootstrap(ctx, r.homeTask(root, ids, profiles, nil))
 	if err != nil {
 		if created {
-			home.DiscardHome(ctx, task, root)
+			h.DiscardHome(ctx, task, root)
 		}
 		return "", nil, fmt.Errorf("%w: bootstrap HOME: %w", ErrHostNotReady, err)
 	}
-	if res.Result == homereset.Bootstrapped {
+	if res.Result == home.Bootstrapped {
 		if err := r.rememberProfiles(id, profiles, nil); err != nil {
 			return "", nil, err
 		}
@@ -117,7 +96,7 @@ func (r *Runner) HomeInUse(ctx context.Context, task string) (bool, error) {
 		return false, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	for _, c := range cages {
-		if r.Ours(c) {
+		if r.ours(c) {
 			return true, nil
 		}
 	}
@@ -150,35 +129,6 @@ func (r *Runner) Claims(task string) []string {
 		}
 	}
 	return out
-}
-
-// KeptProfiles returns the HOME profiles of task that a turn of an agent
-// with HOME profiles home must keep besides its own: every profile the task
-// bootstrapped or used before (its profiles fact; for a task from before
-// that fact, the profiles of its last agent, when the config still has it).
-func (r *Runner) KeptProfiles(task taskid.ID, home []string) ([]string, error) {
-	used, err := r.Store.Recall(task, taskstate.FactProfiles)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	}
-	var known []string
-	if used != "" {
-		known = strings.Split(used, ",")
-	} else if last, err := r.Store.Recall(task, taskstate.FactAgent); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	} else if a, err := r.Cfg.Agent(last); last != "" && err == nil {
-		known = a.Home
-	}
-	var kept []string
-	for _, p := range known {
-		if _, ok := profile.Lookup(p); !ok {
-			return nil, fmt.Errorf("%w: task %s's profiles fact names %q, which is no HOME profile (%s)", ErrHostNotReady, task, p, strings.Join(profile.Names(), ", "))
-		}
-		if !slices.Contains(home, p) && !slices.Contains(kept, p) {
-			kept = append(kept, p)
-		}
-	}
-	return kept, nil
 }
 
 // rememberProfiles records that task's HOME holds state of profiles (with

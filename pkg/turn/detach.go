@@ -127,7 +127,7 @@ func (r *Runner) removeTaskCage(ctx context.Context, task, id string) error {
 		return err
 	}
 	for _, c := range cages {
-		if c.ID == id && r.Ours(c) {
+		if c.ID == id && r.ours(c) {
 			return r.Podman.Remove(ctx, c.ID)
 		}
 	}

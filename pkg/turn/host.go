@@ -3,9 +3,9 @@ package turn
 import (
 	"context"
 
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
-	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // Host is what a turn does to the host outside podman: the task HOME (its
@@ -14,8 +14,8 @@ import (
 type Host interface {
 	// OpenHome opens the task HOME volume, creating it when missing; kept
 	// says the task had one made, so a missing part of it is drift
-	// (homestore.Volumes.OpenKept).
-	OpenHome(ctx context.Context, task string, kept bool) (root string, created bool, err error)
+	// (home.Store.Open).
+	OpenHome(ctx context.Context, task taskid.ID, kept bool) (root string, created bool, err error)
 	// ReleaseHome unmounts the task HOME and frees its loop device.
 	ReleaseHome(task string) error
 	// HomeMounted reports whether root shows the task's HOME filesystem.
@@ -24,11 +24,11 @@ type Host interface {
 	HomeRoot(ctx context.Context, task string) (string, error)
 	// DiscardHome removes a HOME volume created by a turn that then failed.
 	DiscardHome(ctx context.Context, task, root string)
-	Bootstrap(ctx context.Context, t homereset.Task) (*homereset.BootstrapResult, error)
-	Reset(ctx context.Context, in homereset.ResetInput) (*homereset.Report, error)
-	// HomeFingerprint identifies the reset HOME (homereset.Fingerprint;
+	Bootstrap(ctx context.Context, t home.Task) (*home.BootstrapResult, error)
+	Reset(ctx context.Context, in home.ResetInput) (*home.Report, error)
+	// HomeFingerprint identifies the reset HOME (home.Fingerprint;
 	// "" when it changed too recently to be told apart).
-	HomeFingerprint(ctx context.Context, t homereset.Task) (string, error)
+	HomeFingerprint(ctx context.Context, t home.Task) (string, error)
 	// Cleanup removes the old HOME trees a reset set aside.
 	Cleanup(ctx context.Context, root string) error
 	PlaceFile(root, rel string, data []byte, mode uint32, uid, gid int) error
@@ -53,17 +53,21 @@ func (r *Runner) host() Host {
 	return realHost{r.Home()}
 }
 
-// realHost is Host on the real HOME volumes, homereset and outbox.
-type realHost struct{ v *homestore.Volumes }
+// realHost is Host on the real HOMEs (pkg/home) and outbox.
+type realHost struct{ v *home.Store }
 
-func (h realHost) OpenHome(ctx context.Context, task string, kept bool) (string, bool, error) {
-	return h.v.OpenKept(ctx, task, kept)
+func (h realHost) OpenHome(ctx context.Context, task taskid.ID, kept bool) (string, bool, error) {
+	o, err := h.v.Open(ctx, task, kept)
+	if err != nil {
+		return "", false, err
+	}
+	return o.Root, o.Created, nil
 }
 
 func (h realHost) ReleaseHome(task string) error { return h.v.Release(task) }
 
 func (h realHost) HomeMounted(task, root string) bool {
-	return homestore.IsMounted(h.v.Image(task), root)
+	return h.v.IsMounted(task, root)
 }
 
 func (h realHost) HomeRoot(ctx context.Context, task string) (string, error) {
@@ -72,25 +76,25 @@ func (h realHost) HomeRoot(ctx context.Context, task string) (string, error) {
 
 func (h realHost) DiscardHome(ctx context.Context, task, root string) { h.v.Discard(ctx, task, root) }
 
-func (realHost) Bootstrap(ctx context.Context, t homereset.Task) (*homereset.BootstrapResult, error) {
-	return homereset.Bootstrap(ctx, t)
+func (realHost) Bootstrap(ctx context.Context, t home.Task) (*home.BootstrapResult, error) {
+	return home.Bootstrap(ctx, t)
 }
 
-func (realHost) Reset(ctx context.Context, in homereset.ResetInput) (*homereset.Report, error) {
-	return homereset.Reset(ctx, in)
+func (realHost) Reset(ctx context.Context, in home.ResetInput) (*home.Report, error) {
+	return home.Reset(ctx, in)
 }
 
-func (realHost) HomeFingerprint(ctx context.Context, t homereset.Task) (string, error) {
-	return homereset.Fingerprint(ctx, t)
+func (realHost) HomeFingerprint(ctx context.Context, t home.Task) (string, error) {
+	return home.Fingerprint(ctx, t)
 }
 
 func (realHost) Cleanup(ctx context.Context, root string) error {
-	_, err := homereset.Cleanup(ctx, root)
+	_, err := home.Cleanup(ctx, root)
 	return err
 }
 
 func (realHost) PlaceFile(root, rel string, data []byte, mode uint32, uid, gid int) error {
-	return homereset.PlaceFile(root, rel, data, mode, uid, gid)
+	return home.PlaceFile(root, rel, data, mode, uid, gid)
 }
 
 func (h realHost) PrepareOutbox(ctx context.Context, root, task string, last, uid, gid int, lim outbox.Limits) (uint64, error) {

@@ -17,7 +17,7 @@ func (r *Runner) RemoveLeftovers(ctx context.Context, task string, keep ...strin
 	}
 	var removed []string
 	for _, c := range cages {
-		if !r.Ours(c) || slices.Contains(keep, c.ID) {
+		if !r.ours(c) || slices.Contains(keep, c.ID) {
 			continue
 		}
 		if err := r.Podman.Remove(ctx, c.ID); err != nil {
@@ -28,7 +28,5 @@ func (r *Runner) RemoveLeftovers(ctx context.Context, task string, keep ...strin
 	return removed, nil
 }
 
-// Ours reports whether a cage was made by a shrooms with this state dir.
-func (r *Runner) Ours(c podman.Cage) bool {
-	return c.Labels[sealed.LabelManaged] == "1" && c.Labels[sealed.LabelState] == sealed.StateLabel(r.Cfg.State.Dir)
-}
+// ours reports whether a cage was made by a shrooms with this state dir.
+func (r *Runner) ours(c podman.Cage) bool { return sealed.Ours(r.Cfg.State.Dir, c.Labels) }

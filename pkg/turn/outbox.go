@@ -32,7 +32,7 @@ func (r *Runner) prepareOutbox(ctx context.Context, task string, p *Plan, m mode
 	if m != modeAhead {
 		return nil
 	}
-	if err := os.WriteFile(filepath.Join(r.TaskDir(task), outboxDevFile), []byte(strconv.FormatUint(dev, 10)), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(r.taskDir(task), outboxDevFile), []byte(strconv.FormatUint(dev, 10)), 0o600); err != nil {
 		return fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
 	}
 	return nil
@@ -42,7 +42,7 @@ func (r *Runner) prepareOutbox(ctx context.Context, task string, p *Plan, m mode
 // was given is still mounted, capped and empty: a cage whose outbox went
 // (a reboot, `outbox release`) would get the bare directory when started.
 func (r *Runner) preparedOutboxReady(task string, p *Plan) bool {
-	b, err := os.ReadFile(filepath.Join(r.TaskDir(task), outboxDevFile))
+	b, err := os.ReadFile(filepath.Join(r.taskDir(task), outboxDevFile))
 	if err != nil {
 		return false
 	}
@@ -95,7 +95,3 @@ func (r *Runner) SettleOutbox(ctx context.Context, task taskid.ID) (*outbox.Move
 	}
 	return m, nil
 }
-
-// OutboxNamespaces are the mount namespaces besides shrooms' own where a
-// task's outbox may be mounted: the podman service's.
-func (r *Runner) OutboxNamespaces() ([]string, error) { return r.Home().ServiceNamespaces() }

@@ -18,6 +18,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
@@ -249,7 +250,7 @@ type fakeHost struct {
 	outboxes int
 }
 
-func (h *fakeHost) OpenHome(context.Context, string, bool) (string, bool, error) {
+func (h *fakeHost) OpenHome(context.Context, taskid.ID, bool) (string, bool, error) {
 	return h.root, false, nil
 }
 func (h *fakeHost) ReleaseHome(string) error                         { return nil }

@@ -50,7 +50,7 @@ func TestRunToItsExitOnFakes(t *testing.T) {
 	last, err := r.Store.LastTurn(taskid.Must("t1"))
 	assert.NilError(t, err)
 	assert.Equal(t, last, 1, "the turn is counted")
-	_, err = os.Stat(filepath.Join(r.TaskDir("t1"), TurnsFile))
+	_, err = os.Stat(filepath.Join(r.taskDir("t1"), TurnsFile))
 	assert.NilError(t, err, "the turn is recorded")
 }
 
@@ -195,7 +195,7 @@ func TestPreparedCageMatchesItsPlan(t *testing.T) {
 	assert.Assert(t, res.Prepared)
 	assert.Equal(t, res.Cage, id)
 	assert.Equal(t, e.called("create"), 1, "the prepared cage ran, no other was created")
-	argv, err := os.ReadFile(filepath.Join(r.TaskDir("t1"), "argv"))
+	argv, err := os.ReadFile(filepath.Join(r.taskDir("t1"), "argv"))
 	assert.NilError(t, err)
 	assert.Equal(t, string(argv), `["claude","--dangerously-skip-permissions","-p","hi"]`)
 	assertNoSecrets(t, e, true)

@@ -11,7 +11,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/history"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
@@ -71,10 +71,10 @@ type Plan struct {
 	worktree string // cleaned; "" for none
 	// root is the HOME volume's host directory; home is it for the reset.
 	root string
-	home homereset.Task
+	home home.Task
 	// policy is the managed policy, git the worktree's git metadata,
 	// gitConfig the cage's system git configuration.
-	policy    *homereset.Policy
+	policy    *home.Policy
 	git       gitseal.CagePlan
 	gitConfig gitseal.SystemConfig
 	// outbox is the task's outbox directory, mounted size-capped by apply.
@@ -105,7 +105,7 @@ type prepared struct {
 	// secrets are the podman secrets holding this turn's tokens, removed
 	// once the cage is gone so no copy outlives the turn.
 	secrets []string
-	reset   *homereset.Report
+	reset   *home.Report
 	// image is the id of the image a prepared cage was created from.
 	image string
 	// runtime is the OCI runtime podman runs the cage with (its inspect).
@@ -151,11 +151,11 @@ func (r *Runner) gather(ctx context.Context, req Request, in *checked, m mode) (
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	f := &facts{ids: ids, turn: last + 1}
-	if f.kept, err = r.KeptProfiles(in.task, in.agent.Home); err != nil {
+	if f.kept, err = home.KeptProfiles(r.Cfg, r.Store, in.task, in.agent.Home); err != nil {
 		return nil, err
 	}
 	if m.writes() {
-		f.root, _, err = r.bootstrap(ctx, req.Task, ids, in.agent.Home)
+		f.root, _, err = r.bootstrap(ctx, in.task, ids, in.agent.Home)
 		if err == nil {
 			err = r.rememberProfiles(in.task, in.agent.Home, f.kept)
 		}
@@ -182,11 +182,11 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 	cfg := r.Cfg
 	p := &Plan{
 		task: in.task, turn: f.turn, ids: f.ids, worktree: in.worktree, root: f.root, guard: f.guard,
-		home:   r.HomeTask(f.root, f.ids, in.agent.Home, f.kept),
+		home:   r.homeTask(f.root, f.ids, in.agent.Home, f.kept),
 		outbox: filepath.Join(filepath.Clean(cfg.Outbox.Root), req.Task),
 		seal:   in.seal,
 	}
-	var pg homereset.PolicyGateway
+	var pg home.PolicyGateway
 	if in.gateway != nil {
 		switch in.gateway.cfg.API {
 		case "openai":
@@ -198,7 +198,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 		}
 	}
 	var err error
-	if p.policy, err = homereset.PlanPolicy(filepath.Join(r.TaskDir(req.Task), "policy"), cfg, in.agent.Home, pg); err != nil {
+	if p.policy, err = home.PlanPolicy(filepath.Join(r.taskDir(req.Task), "policy"), cfg, in.agent.Home, pg); err != nil {
 		return nil, fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
 	}
 	if p.gitConfig, err = gitseal.PlanSystemConfig(cfg.State.Dir); err != nil {
@@ -260,7 +260,7 @@ func (r *Runner) planMounts(req Request, in *checked, p *Plan) (*mounts.Plan, er
 	mp, err := mounts.Build(mounts.Input{
 		Task:      in.task,
 		Worktree:  in.worktree,
-		HomeDir:   homereset.HomeDir(p.root),
+		HomeDir:   home.Dir(p.root),
 		OutboxDir: p.outbox,
 		TmpSize:   int64(cfg.Cage.TmpSize),
 		RunSize:   int64(cfg.Cage.RunSize),
@@ -346,7 +346,7 @@ func (r *Runner) planCommand(req Request, in *checked, p *Plan, mp *mounts.Plan,
 	}
 	mp.Mounts = append(mp.Mounts,
 		mounts.Mount{Kind: mounts.Bind, Source: r.Binary, Dest: CageBinary, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev"}},
-		mounts.Mount{Kind: mounts.Bind, Source: filepath.Join(r.TaskDir(req.Task), "argv"), Dest: CageArgv, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
+		mounts.Mount{Kind: mounts.Bind, Source: filepath.Join(r.taskDir(req.Task), "argv"), Dest: CageArgv, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
 	full := in.agent.Command
 	if len(req.Command) > 0 {
 		full = req.Command
@@ -392,7 +392,7 @@ func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, m
 		out.secrets = append(out.secrets, name)
 	}
 	if m == modeAhead {
-		if err := writeArgvFile(filepath.Join(r.TaskDir(req.Task), "argv"), nil); err != nil {
+		if err := writeArgvFile(filepath.Join(r.taskDir(req.Task), "argv"), nil); err != nil {
 			r.removeSecrets(out.secrets)
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
@@ -409,7 +409,7 @@ func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, m
 func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, m mode) error {
 	p, cfg, host := out.Plan, r.Cfg, r.host()
 	var err error
-	if out.reset, err = host.Reset(ctx, homereset.ResetInput{Task: p.home}); err != nil {
+	if out.reset, err = host.Reset(ctx, home.ResetInput{Task: p.home}); err != nil {
 		return fmt.Errorf("%w: HOME reset failed, the turn does not start: %w%s", ErrHostNotReady, err, r.noSpaceHint(err))
 	}
 	if err := p.policy.Write(); err != nil {
@@ -429,7 +429,7 @@ func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, m mo
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if p.gateway != nil && m == modeAhead {
-		if err := os.WriteFile(filepath.Join(r.TaskDir(req.Task), placeholderFile), []byte(p.gateway.Placeholder), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(r.taskDir(req.Task), placeholderFile), []byte(p.gateway.Placeholder), 0o600); err != nil {
 			return fmt.Errorf("%w: gateway placeholder: %w", ErrHostNotReady, err)
 		}
 	}

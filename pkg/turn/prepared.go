@@ -23,7 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
@@ -129,7 +129,7 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if err := saveResetReport(r.TaskDir(req.Task), id, p.reset, fp); err != nil {
+	if err := saveResetReport(r.taskDir(req.Task), id, p.reset, fp); err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
@@ -143,14 +143,14 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 const preparedResetFile = "prepared-reset.json"
 
 type preparedReset struct {
-	Cage  string            `json:"cage"`
-	Reset *homereset.Report `json:"reset"`
+	Cage  string       `json:"cage"`
+	Reset *home.Report `json:"reset"`
 	// Home is the HOME's fingerprint once the cage was initialised on it
-	// (homereset.Fingerprint), "" when it could not be taken.
+	// (home.Fingerprint), "" when it could not be taken.
 	Home string `json:"home,omitempty"`
 }
 
-func saveResetReport(taskDir, cage string, rep *homereset.Report, home string) error {
+func saveResetReport(taskDir, cage string, rep *home.Report, home string) error {
 	b, err := json.Marshal(preparedReset{Cage: cage, Reset: rep, Home: home})
 	if err != nil {
 		return fmt.Errorf("prepared cage's reset report: %w", err)
@@ -210,7 +210,7 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 		return "", nil, nil
 	}
 	for _, c := range []podman.Cage{*cage} {
-		if !r.Ours(c) || c.Labels[LabelPrepared] != "1" || c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1) {
+		if !r.ours(c) || c.Labels[LabelPrepared] != "1" || c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1) {
 			continue
 		}
 		if c.State != "initialized" && c.State != "created" {
@@ -220,7 +220,7 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 		if err != nil || p == nil {
 			return "", nil, err
 		}
-		if err := writeArgvFile(r.TaskDir(req.Task)+"/argv", p.argv); err != nil {
+		if err := writeArgvFile(r.taskDir(req.Task)+"/argv", p.argv); err != nil {
 			return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		if err := r.countTurn(req, in); err != nil {
@@ -255,14 +255,14 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 	// fingerprint is still the one taken then (metadata only; a dry-run
 	// reset would rebuild every kept file, a 100 MiB opencode.db in full).
 	// Without one (a racy or older preparation) the dry run decides.
-	saved := loadResetReport(r.TaskDir(req.Task), c.ID)
+	saved := loadResetReport(r.taskDir(req.Task), c.ID)
 	if saved != nil && saved.Home != "" {
 		fp, err := r.host().HomeFingerprint(ctx, p.home)
 		if err != nil || fp != saved.Home || saved.Reset.BaselineDigest != c.Labels[labelBaseline] {
 			return nil, nil
 		}
 	} else {
-		rep, err := r.host().Reset(ctx, homereset.ResetInput{Task: p.home, DryRun: true})
+		rep, err := r.host().Reset(ctx, home.ResetInput{Task: p.home, DryRun: true})
 		if err != nil || rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0 || rep.BaselineDigest != c.Labels[labelBaseline] {
 			return nil, nil
 		}
@@ -282,7 +282,7 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 }
 
 // TaskDir is the task's directory in the state directory.
-func (r *Runner) TaskDir(task string) string { return r.Cfg.State.Dir + "/tasks/" + task }
+func (r *Runner) taskDir(task string) string { return r.Cfg.State.Dir + "/tasks/" + task }
 
 // preparedLabels are the labels a prepared cage gets beyond its spec's.
 var preparedLabels = []string{LabelPrepared, labelSpec, labelBaseline, labelImage, labelSeccomp, labelTokens}
@@ -336,7 +336,7 @@ func (r *Runner) provenance(task string, in *checked, p *prepared, create bool) 
 	if err != nil {
 		return provenance{}, err
 	}
-	key, err := tokenKey(r.TaskDir(task), create)
+	key, err := tokenKey(r.taskDir(task), create)
 	if err != nil {
 		return provenance{}, err
 	}

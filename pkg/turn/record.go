@@ -6,9 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/shrooms-cage/shrooms/pkg/homestore"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
@@ -54,13 +51,4 @@ func (r *Runner) markRunning(res *Result) {
 	if b, err := json.Marshal(&rec); err == nil {
 		_ = r.Store.MarkRunning(id, b)
 	}
-}
-
-// HomeBytes is the disk space the task HOME's filesystem image takes.
-func (r *Runner) HomeBytes(task string) int64 {
-	var fs unix.Stat_t
-	if unix.Lstat(homestore.ImagePath(r.Cfg.State.Dir, r.Home().Name(task)), &fs) != nil {
-		return 0
-	}
-	return fs.Blocks * 512
 }

@@ -29,7 +29,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/history"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -176,7 +176,7 @@ type Result struct {
 	// Prepared is true when the turn ran in a cage prepared ahead.
 	Prepared bool `json:"prepared"`
 	// Reset is the HOME reset's report for this turn.
-	Reset *homereset.Report `json:"reset,omitempty"`
+	Reset *home.Report `json:"reset,omitempty"`
 	// WorktreeGuard says which agent config in the worktree differed from
 	// the owner's trusted version and was masked in the cage.
 	WorktreeGuard *worktreeguard.Check `json:"worktreeGuard,omitempty"`
@@ -277,7 +277,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}()
 	// The turn's record, after the worktree is given back, before the lock goes.
 	defer func() {
-		res.HomeBytes = r.HomeBytes(req.Task)
+		res.HomeBytes = r.Home().Bytes(req.Task)
 		if rerr := r.recordTurn(res, err, c.start); rerr != nil && err == nil {
 			err = fmt.Errorf("%w: %w", ErrHostNotReady, rerr)
 		}
@@ -529,9 +529,9 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (
 // CheckWorktree validates a worktree path and returns it cleaned.
 func (r *Runner) CheckWorktree(path string) (string, error) { return worktreePath(r.Cfg, path) }
 
-// TrustStore is the task's store of trusted worktree config.
-func (r *Runner) TrustStore(task string) worktreeguard.Store {
-	return worktreeguard.Store{Dir: filepath.Join(r.TaskDir(task), "trust")}
+// trustStore is the task's store of trusted worktree config.
+func (r *Runner) trustStore(task string) worktreeguard.Store {
+	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
 }
 
 // guardWorktree compares the worktree's agent config with what the owner
@@ -542,7 +542,7 @@ func (r *Runner) guardWorktree(ctx context.Context, task, worktree string, commi
 	if worktree == "" {
 		return nil, nil
 	}
-	store := r.TrustStore(task)
+	store := r.trustStore(task)
 	m, err := store.Load()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
@@ -608,7 +608,7 @@ const placeholderFile = "gateway-placeholder"
 func (r *Runner) placeholder(task string, m mode) (string, error) {
 	switch m {
 	case modeMatch:
-		b, err := os.ReadFile(filepath.Join(r.TaskDir(task), placeholderFile))
+		b, err := os.ReadFile(filepath.Join(r.taskDir(task), placeholderFile))
 		if err != nil {
 			return "", nil // no prepared placeholder: the prepared cage will not match
 		}
@@ -686,7 +686,7 @@ func SpecJSON(s *specgen.SpecGenerator) ([]byte, error) {
 
 // Bootstrap creates the task HOME once, under the task lock, seeding the
 // credentials of the given HOME profiles (all profiles when none are given).
-func (r *Runner) Bootstrap(ctx context.Context, name string, profiles []string) (*homereset.BootstrapResult, error) {
+func (r *Runner) Bootstrap(ctx context.Context, name string, profiles []string) (*home.BootstrapResult, error) {
 	task, err := taskid.Parse(name)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInput, err)
@@ -703,7 +703,7 @@ func (r *Runner) Bootstrap(ctx context.Context, name string, profiles []string) 
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	_, res, err := r.bootstrap(ctx, name, ids, profiles)
+	_, res, err := r.bootstrap(ctx, task, ids, profiles)
 	if err == nil {
 		err = r.ReleaseHome(ctx, name)
 	}

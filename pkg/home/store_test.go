@@ -1,4 +1,4 @@
-package homestore
+package home
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
-// vols is an in-memory VolumeEngine.
+// vols is an in-memory Engine.
 type vols struct {
 	have    map[string]*podman.Volume
 	err     error
@@ -44,7 +44,7 @@ func (f *vols) Info(context.Context) (*podman.HostInfo, error) {
 }
 
 func TestVolumesRootOfAMissingVolume(t *testing.T) {
-	v := &Volumes{Engine: &vols{have: map[string]*podman.Volume{}}, StateDir: t.TempDir(), Prefix: "shrooms-home-"}
+	v := &Store{Engine: &vols{have: map[string]*podman.Volume{}}, StateDir: t.TempDir(), Prefix: "shrooms-home-"}
 	root, err := v.Root(context.Background(), "t1")
 	assert.NilError(t, err)
 	assert.Equal(t, root, "/var/lib/containers/storage/volumes/shrooms-home-t1/_data")
@@ -54,8 +54,8 @@ func TestVolumesRootOfAMissingVolume(t *testing.T) {
 func TestVolumesRefuseAnotherTasksVolume(t *testing.T) {
 	ctx := context.Background()
 	e := &vols{have: map[string]*podman.Volume{"shrooms-home-t1": {Mountpoint: "/nowhere", Labels: map[string]string{sealed.LabelTask: "t2"}}}}
-	v := &Volumes{Engine: e, StateDir: t.TempDir(), Prefix: "shrooms-home-"}
-	_, _, err := v.Open(ctx, "t1")
+	v := &Store{Engine: e, StateDir: t.TempDir(), Prefix: "shrooms-home-"}
+	_, _, err := v.open(ctx, "t1", false)
 	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
 	assert.ErrorContains(t, err, "is not task t1's HOME")
 	_, err = v.Mounted(ctx, "t1")
@@ -65,10 +65,10 @@ func TestVolumesRefuseAnotherTasksVolume(t *testing.T) {
 
 func TestVolumesEngineFailureIsHostNotReady(t *testing.T) {
 	cause := errors.New("podman API unreachable")
-	v := &Volumes{Engine: &vols{err: cause}, StateDir: t.TempDir(), Prefix: "p-"}
+	v := &Store{Engine: &vols{err: cause}, StateDir: t.TempDir(), Prefix: "p-"}
 	for name, f := range map[string]func() error{
 		"root":   func() error { _, err := v.Root(context.Background(), "t"); return err },
-		"open":   func() error { _, _, err := v.Open(context.Background(), "t"); return err },
+		"open":   func() error { _, _, err := v.open(context.Background(), "t", false); return err },
 		"remove": func() error { return v.Remove(context.Background(), "t") },
 	} {
 		err := f()

@@ -1,0 +1,62 @@
+package home
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+)
+
+// TaskOf describes a task HOME under root to the reset: the agent's host
+// ids from the task's ids and cfg's cage user, the turn's HOME profiles,
+// and kept, the task's other profiles whose kept state stays
+// (KeptProfiles).
+func TaskOf(cfg *config.Config, root string, ids taskstate.IDs, profiles, kept []string) Task {
+	return Task{
+		Root:     root,
+		UID:      int(ids.UID) + int(cfg.Cage.User),
+		GID:      int(ids.GID) + int(cfg.Cage.User),
+		Config:   cfg,
+		Profiles: profiles,
+		Kept:     kept,
+	}
+}
+
+// KeptProfiles returns the HOME profiles of task that a turn of an agent
+// with HOME profiles home must keep besides its own: every profile the task
+// bootstrapped or used before (its profiles fact; for a task from before
+// that fact, the profiles of its last agent, when cfg still has it).
+func KeptProfiles(cfg *config.Config, st taskstate.Store, task taskid.ID, home []string) ([]string, error) {
+	kept, err := keptProfiles(cfg, st, task, home)
+	return kept, fault.Wrap(fault.HostNotReady, err)
+}
+
+func keptProfiles(cfg *config.Config, st taskstate.Store, task taskid.ID, home []string) ([]string, error) {
+	used, err := st.Recall(task, taskstate.FactProfiles)
+	if err != nil {
+		return nil, err
+	}
+	var known []string
+	if used != "" {
+		known = strings.Split(used, ",")
+	} else if last, err := st.Recall(task, taskstate.FactAgent); err != nil {
+		return nil, err
+	} else if a, err := cfg.Agent(last); last != "" && err == nil {
+		known = a.Home
+	}
+	var kept []string
+	for _, p := range known {
+		if _, ok := profile.Lookup(p); !ok {
+			return nil, fmt.Errorf("task %s's profiles fact names %q, which is no HOME profile (%s)", task, p, strings.Join(profile.Names(), ", "))
+		}
+		if !slices.Contains(home, p) && !slices.Contains(kept, p) {
+			kept = append(kept, p)
+		}
+	}
+	return kept, nil
+}
