@@ -105,8 +105,10 @@ func field(t *testing.T, status, name string) string {
 
 // TestCageIsSealedFromInside observes every property of the sealed spec from
 // inside a real cage.
-func TestCageIsSealedFromInside(t *testing.T) {
-	h := newHarness(t, "")
+func TestCageIsSealedFromInside(t *testing.T) { cageIsSealedFromInside(t, newHarness(t, "")) }
+
+// cageIsSealedFromInside is also run under gVisor (runtime_runsc_test.go).
+func cageIsSealedFromInside(t *testing.T, h *harness) {
 	wt := filepath.Join(t.TempDir(), "wt")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	h.cfg.Worktree.Roots = []string{filepath.Dir(wt)} // a plain directory, not a git work tree
@@ -222,8 +224,9 @@ func TestTwoTasksHaveDisjointIDRanges(t *testing.T) {
 // TestExitCodeAndHomeReset: the agent's exit code is the turn's, and what a
 // turn leaves in HOME outside the keep-list is gone at the next turn, while
 // its outbox files wait, out of the next turn's reach, to be collected.
-func TestExitCodeAndHomeReset(t *testing.T) {
-	h := newHarness(t, "")
+func TestExitCodeAndHomeReset(t *testing.T) { exitCodeAndHomeReset(t, newHarness(t, "")) }
+
+func exitCodeAndHomeReset(t *testing.T, h *harness) {
 	task := h.task("exit")
 	res, _, errOut, err := h.sh(task, "", "echo planted > /home/agent/.profile; echo report > /outbox/r.txt; exit 7")
 	assert.NilError(t, err, errOut)
@@ -243,8 +246,9 @@ func TestExitCodeAndHomeReset(t *testing.T) {
 	assert.Assert(t, res.Reset.BaselineDigest != "")
 }
 
-func TestDeadlineStopsAndRemovesTheCage(t *testing.T) {
-	h := newHarness(t, "")
+func TestDeadlineStopsAndRemovesTheCage(t *testing.T) { deadlineStopsAndRemoves(t, newHarness(t, "")) }
+
+func deadlineStopsAndRemoves(t *testing.T, h *harness) {
 	var out bytes.Buffer
 	start := time.Now()
 	res, err := h.runner.Run(context.Background(), Request{
@@ -261,7 +265,10 @@ func TestDeadlineStopsAndRemovesTheCage(t *testing.T) {
 }
 
 func TestInterruptStopsAndRemovesTheCage(t *testing.T) {
-	h := newHarness(t, "")
+	interruptStopsAndRemoves(t, newHarness(t, ""))
+}
+
+func interruptStopsAndRemoves(t *testing.T, h *harness) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r, w, _ := os.Pipe()
 	defer r.Close()
