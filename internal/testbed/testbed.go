@@ -105,6 +105,10 @@ type Option func(*Testbed)
 // the host (the LANs keep theirs), as behind an IPv4-only provider.
 func IPv4OnlyInternet() Option { return func(tb *Testbed) { tb.v4Internet = true } }
 
+// PodmanFlags are podman's global flags for the testbed's service (e.g.
+// --runtime for the gVisor suites).
+func PodmanFlags(args ...string) Option { return func(tb *Testbed) { tb.svcArgs = args } }
+
 // New builds a testbed, or fails t. Everything is removed in t.Cleanup.
 func New(t testing.TB, opts ...Option) *Testbed {
 	t.Helper()

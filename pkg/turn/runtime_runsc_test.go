@@ -21,6 +21,27 @@ func runscPath(t *testing.T) string {
 	return p
 }
 
+// runscFlags are the podman flags of a service that runs runsc with the
+// profile shrooms requires of it (docs/gvisor.md).
+func runscFlags(runsc string) []string {
+	return []string{"--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp", "--runtime-flag", "network=host"}
+}
+
+// runscHarness is a harness whose turns run under runsc on a private service.
+func runscHarness(t *testing.T) *harness {
+	runsc := runscPath(t)
+	return runtimeHarness(t, runsc, runscFlags(runsc)...)
+}
+
+// The turn suites under gVisor: the same bodies as under the default
+// runtime (turn_test.go).
+func TestRuntimeRunscExitCodeAndHomeReset(t *testing.T) { exitCodeAndHomeReset(t, runscHarness(t)) }
+func TestRuntimeRunscDeadline(t *testing.T)             { deadlineStopsAndRemoves(t, runscHarness(t)) }
+func TestRuntimeRunscInterrupt(t *testing.T)            { interruptStopsAndRemoves(t, runscHarness(t)) }
+func TestRuntimeRunscCageIsSealedFromInside(t *testing.T) {
+	cageIsSealedFromInside(t, runscHarness(t))
+}
+
 // A turn under gVisor: the service runs runsc with the flags shrooms
 // requires of it, the cage gets the task's user namespace and runs as the
 // cage user, and the kernel it sees is gVisor's, not the host's.
