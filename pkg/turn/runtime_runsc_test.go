@@ -39,7 +39,7 @@ func TestRuntimeRunscExitCodeAndHomeReset(t *testing.T) { exitCodeAndHomeReset(t
 func TestRuntimeRunscDeadline(t *testing.T)             { deadlineStopsAndRemoves(t, runscHarness(t)) }
 func TestRuntimeRunscInterrupt(t *testing.T)            { interruptStopsAndRemoves(t, runscHarness(t)) }
 func TestRuntimeRunscCageIsSealedFromInside(t *testing.T) {
-	cageIsSealedFromInside(t, runscHarness(t))
+	cageIsSealedFromInside(t, runscHarness(t), true)
 }
 
 // A turn under gVisor: the service runs runsc with the flags shrooms
