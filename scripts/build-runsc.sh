@@ -13,6 +13,12 @@ dest=$cache/$version/runsc
 
 die() { echo "build-runsc: $*" >&2; exit 1; }
 
+# --path: where the pinned runsc is (built or not), for the Makefile.
+if [ "${1:-}" = --path ]; then
+	echo "$dest"
+	exit 0
+fi
+
 if [ -x "$dest" ] && "$dest" --version 2>/dev/null | grep -qx "runsc version $version"; then
 	echo "$dest"
 	exit 0
