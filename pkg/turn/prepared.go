@@ -361,7 +361,7 @@ func (r *Runner) sameProvenance(task string, in *checked, p *prepared, c podman.
 // whatever the state dir's copy holds.
 func (r *Runner) seccompDigest(path string) (string, error) {
 	if r.Cfg.Cage.Seccomp == "shrooms" {
-		sum := sha256.Sum256(seccomp.Profile())
+		sum := sha256.Sum256(seccomp.ProfileFor(gvisor(r.Cfg.Cage.Runtime)))
 		return "sha256:" + hex.EncodeToString(sum[:]), nil
 	}
 	return profileDigest(path)

@@ -51,7 +51,7 @@ func TestRunscClaudeThroughGateway(t *testing.T) {
 	}
 	var prov struct {
 		Runtime        string `json:"runtime"`
-		RuntimeVersion string `json:"runtimeVersion"`
+		RuntimeVersion string `json:"runtime_version"`
 	}
 	lastJSON(t, out, &prov)
 	assert.Equal(t, prov.Runtime, os.Getenv("SHROOMS_TEST_RUNSC"))
