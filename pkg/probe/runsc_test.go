@@ -41,18 +41,17 @@ func runscService(runsc string, extra ...string) []string {
 // TestBatteryInTestbedRunsc runs the whole battery in the testbed under
 // runsc — with gVisor's own netstack (network=sandbox) and with the
 // profile shrooms requires (network=host: the Sentry's sockets are the
-// cage netns's) — next to the same battery under runc, and fails on any
+// cage netns's) — and fails on any
 // verdict that is not the one docs/gvisor.md's table records: a row that
 // regresses is never silent. The network rows are judged by the canaries
-// (D2, D9a: the positive controls reached them).
+// (D2: the positive control reached them). The runc column is
+// TestBatteryInTestbed's (A4, B10, D9d, D9e residual, nothing else).
 func TestBatteryInTestbedRunsc(t *testing.T) {
 	runsc := runscPath(t)
 	cases := []struct {
 		mode                    string
 		escaped, errs, residual []string
 	}{
-		// runc: TestBatteryInTestbed's sealed default config.
-		{"runc", nil, nil, sorted("A4", "B10", "D9d", "D9e")},
 		// A3: the gVisor profile allows clone3 (the Sentry's; runsc makes
 		// its ENOSYS an EPERM, which breaks glibc). The Sentry's own
 		// uid_map, cgroupfs, /dev/fuse, /dev/net/tun and mounts read as
@@ -66,14 +65,8 @@ func TestBatteryInTestbedRunsc(t *testing.T) {
 	var ids []string
 	for _, tc := range cases {
 		t.Run(tc.mode, func(t *testing.T) {
-			var opts []testbed.Option
-			if tc.mode != "runc" {
-				opts = append(opts, testbed.PodmanFlags(runscService(runsc, "network="+tc.mode)...))
-			}
-			e := newTBEnv(t, opts...)
-			if tc.mode != "runc" {
-				e.cfg.Cage.Runtime = runsc
-			}
+			e := newTBEnv(t, testbed.PodmanFlags(runscService(runsc, "network="+tc.mode)...))
+			e.cfg.Cage.Runtime = runsc
 			rep, in := e.run(t, e.verifiedSeal)
 			assert.DeepEqual(t, in.connected, []string(nil))
 			assert.Check(t, cmpSlices(rep.IDs(Escaped), tc.escaped), "escaped: %v", rep.IDs(Escaped))
@@ -91,9 +84,9 @@ func TestBatteryInTestbedRunsc(t *testing.T) {
 		})
 	}
 	var b strings.Builder
-	b.WriteString("| row | runc | runsc network=sandbox | runsc network=host |\n|---|---|---|---|\n")
+	b.WriteString("| row | runsc network=sandbox | runsc network=host |\n|---|---|---|\n")
 	for _, id := range ids {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", id, table["runc"][id], table["sandbox"][id], table["host"][id])
+		fmt.Fprintf(&b, "| %s | %s | %s |\n", id, table["sandbox"][id], table["host"][id])
 	}
 	t.Logf("verdicts side by side:\n%s", b.String())
 }
