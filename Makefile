@@ -69,7 +69,7 @@ kube-test: kube-bin
 # Only the gVisor suites (docs/gvisor.md; also part of `make test`), under
 # RUNSC (default: the pinned runsc make setup builds; a missing one fails).
 runsc-test: setup
-	SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -count=1 -p 1 -timeout 20m -run 'Runsc' ./pkg/turn ./pkg/probe ./test/agents
+	SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -count=1 -p 1 -timeout 20m -run 'Runsc' ./pkg/turn ./pkg/probe ./test/agents ./cmd/shrooms
 
 # shrooms installed on a booted Debian 12 VM (test/vm): `make install` with
 # systemd running, a reboot (the seal before podman.socket), turns, a
