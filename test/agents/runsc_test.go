@@ -59,3 +59,23 @@ func TestRunscClaudeThroughGateway(t *testing.T) {
 	assert.Equal(t, prov.Runtime, os.Getenv("SHROOMS_TEST_RUNSC"))
 	assert.Assert(t, strings.HasPrefix(prov.RuntimeVersion, "runsc version v0.0.0-"), "%+v", prov)
 }
+
+// TestRunscOpencodeThroughGateway: real opencode (Bun) runs a turn under
+// gVisor through the gateway, streaming, with a real tool call; the
+// upstream sees the real key.
+func TestRunscOpencodeThroughGateway(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	e := newEnvWith(t, runscOptions(t, envOptions{gateway: true, policy: "internet"}))
+	nonce := e.name
+	e.api.Append(ocBash(`echo "$(uname -r) $(echo $ANTHROPIC_API_KEY | cut -c1-27)" > /work/.ocrunsc`), modelapi.Text("done "+nonce))
+	code, out, errb := e.run("--json", "run", "--task", e.task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
+		"--format", "json", "hello "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	assert.Equal(t, e.api.Remaining(), 0, e.api.Log())
+	b, err := os.ReadFile(e.worktree + "/.ocrunsc")
+	assert.NilError(t, err)
+	assert.Assert(t, strings.Contains(string(b), "gvisor") && strings.HasSuffix(string(b), " sk-ant-shrooms-placeholder-\n"), "%q", b)
+	for _, r := range e.api.Scripted() {
+		assert.Equal(t, r.Header.Get("X-Api-Key"), apiKey)
+	}
+}
