@@ -29,14 +29,14 @@ func runscOptions(t *testing.T, o envOptions) envOptions {
 
 // TestRunscClaudeThroughGateway: real Claude Code (Node: io_uring, clone3)
 // runs one turn under gVisor through the model gateway on the cage's
-// loopback, under policy internet, with a real Bash tool call; the upstream sees the real key,
+// loopback, under policy none, with a real Bash tool call; the upstream sees the real key,
 // the cage only the placeholder; run --json names the runtime and its
 // pinned version.
 func TestRunscClaudeThroughGateway(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
-	// Policy internet: under policy none runsc's network=host finds no
-	// route even to 127.0.0.1 (ENETUNREACH, docs/gvisor.md).
-	e := newEnvWith(t, runscOptions(t, envOptions{gateway: true, policy: "internet"}))
+	// Policy none: a cage that reaches its model and nothing else (the
+	// gateway sets the netns's lo up, which podman leaves down for runsc).
+	e := newEnvWith(t, runscOptions(t, envOptions{gateway: true, policy: "none"}))
 	nonce := e.name
 	e.api.Append(bash(`echo "$(uname -r) $(echo $ANTHROPIC_API_KEY | cut -c1-27)" > /work/.runsc`), modelapi.Text("ran "+nonce))
 	code, out, errb := e.run("--json", "run", "--task", e.task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
