@@ -32,11 +32,15 @@ shape:
 
 vet:
 	@unformatted=$$(gofmt -l cmd pkg internal test); if [ -n "$$unformatted" ]; then echo "not gofmt-formatted: $$unformatted"; exit 1; fi
-	go vet -tags "$(TAGS)" ./...
+	go vet -tags "$(TAGS) runsc" ./...
+
+# The pinned static runsc `make setup` builds (scripts/build-runsc.sh).
+RUNSC ?= $(shell bash scripts/build-runsc.sh --path)
 
 # The whole suite, integration tests included: a missing prerequisite fails.
+# The runsc tag adds the gVisor suites (docs/gvisor.md) under the pinned runsc.
 test: setup vet
-	SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test $(GOFLAGS_TEST) ./...
+	SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -count=1 -p 1 -timeout 25m ./...
 
 # What `shrooms kube` emits against a real kube-apiserver + etcd on loopback
 # (test/kubeapi): every object created under PodSecurity restricted:latest
@@ -62,12 +66,10 @@ kube-test: kube-bin
 	go vet -tags "$(TAGS) kubeapi" ./test/kubeapi
 	SHROOMS_KUBE_BIN=$(KUBECP_BIN) go test -tags "$(TAGS) kubeapi" -count=1 -timeout 20m -v ./test/kubeapi
 
-# Turns under gVisor (docs/gvisor.md): not part of `make test` while setup
-# does not build runsc. RUNSC names a static upstream runsc (built with
-# CGO_ENABLED=0); a missing one fails.
-RUNSC ?=
+# Only the gVisor suites (docs/gvisor.md; also part of `make test`), under
+# RUNSC (default: the pinned runsc make setup builds; a missing one fails).
 runsc-test: setup
-	SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -count=1 -p 1 -timeout 20m -run 'Runsc' ./pkg/turn
+	SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -count=1 -p 1 -timeout 20m -run 'Runsc' ./pkg/turn ./pkg/probe ./test/agents ./cmd/shrooms
 
 # shrooms installed on a booted Debian 12 VM (test/vm): `make install` with
 # systemd running, a reboot (the seal before podman.socket), turns, a
@@ -169,7 +171,7 @@ demo: setup build
 
 # Benchmarks (not part of `make test`).
 bench: setup build
-	set -o pipefail; SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS)" -run '^$$' -bench . -benchtime 10x -timeout 60m ./pkg/... ./test/perf 2>&1 | tee bench.out
+	set -o pipefail; SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -run '^$$' -bench . -benchtime 10x -timeout 60m ./pkg/... ./test/perf 2>&1 | tee bench.out
 
 # Every Fuzz target for FUZZTIME each (their seed corpora already run as
 # ordinary tests in `make test`).

@@ -383,7 +383,9 @@ in
               when it is not "default" the module makes it the runtime of
               the host's rootful podman (containers.conf engine.runtime, for
               every container of that podman), and shrooms refuses a cage
-              that runs any other. gVisor: see docs/gvisor.md.
+              that runs any other. gVisor: containers.conf takes no runtime
+              flags, so name a wrapper called runsc that runs it with --platform=systrap
+              --oci-seccomp --network=host (docs/gvisor.md).
             '';
           };
           network.policy = mkOption {

@@ -9,6 +9,7 @@
 #   4. the podman API service on unix:///run/shrooms-test/podman.sock
 #   5. the test image localhost/shrooms-test:latest
 #   6. a smoke test: one container through the service
+#   7. the pinned upstream gVisor runsc (/var/cache/shrooms-runsc/<version>)
 # No container registry is needed at any point.
 set -euo pipefail
 
@@ -180,6 +181,12 @@ smoke=$(podman --url unix:///run/shrooms-test/podman.sock run --rm --network non
 	die "smoke test failed: $smoke"
 [ "$smoke" = "0 1024" ] || die "smoke test: expected uid 0 and nofile 1024, got: $smoke"
 ok "smoke test: podman --url ... run --rm localhost/shrooms-test works"
+
+# ------------------------------------------------------------- 7. runsc
+# The pinned upstream gVisor runsc, static, cached by version (the runsc
+# suites of `make test`; docs/gvisor.md). A cold build takes ~7 min.
+runsc=$(bash "$here/build-runsc.sh") || die "runsc build failed"
+ok "runsc: $runsc ($("$runsc" --version 2>&1 | head -1))"
 
 # ------------------------------------------------------------------- report
 for line in "${ensured[@]}"; do

@@ -90,6 +90,7 @@ type Testbed struct {
 	log        log
 	canaries   []*canaries
 	svc        *exec.Cmd
+	svcArgs    []string
 	holder     *exec.Cmd // holds the service's mount namespace
 }
 
@@ -103,6 +104,10 @@ type Option func(*Testbed)
 // its link to the router, no IPv6 routes there, no IPv6 default route on
 // the host (the LANs keep theirs), as behind an IPv4-only provider.
 func IPv4OnlyInternet() Option { return func(tb *Testbed) { tb.v4Internet = true } }
+
+// PodmanFlags are podman's global flags for the testbed's service (e.g.
+// --runtime for the gVisor suites).
+func PodmanFlags(args ...string) Option { return func(tb *Testbed) { tb.svcArgs = args } }
 
 // New builds a testbed, or fails t. Everything is removed in t.Cleanup.
 func New(t testing.TB, opts ...Option) *Testbed {
@@ -380,8 +385,15 @@ func realAddrs() []netip.Addr {
 // state and aardvark-dns) is private, so it never signals the machine's
 // aardvark, and /etc/resolv.conf names the internet DNS canary, so
 // aardvark forwards there. Storage is the machine's.
-func (tb *Testbed) StartPodman() {
+func (tb *Testbed) StartPodman() { tb.t.Helper(); tb.StartPodmanWith() }
+
+// StartPodmanWith is StartPodman with podman's global flags args (e.g.
+// --runtime for the gVisor suites); a restart keeps them.
+func (tb *Testbed) StartPodmanWith(args ...string) {
 	tb.t.Helper()
+	if len(args) > 0 {
+		tb.svcArgs = args
+	}
 	itest.Require(tb.t, itest.Podman)
 	resolv := filepath.Join(tb.Dir, "resolv.conf")
 	if err := os.WriteFile(resolv, []byte("nameserver 203.0.113.10\n"), 0o644); err != nil {
@@ -418,7 +430,8 @@ func (tb *Testbed) StartPodman() {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	cmd := exec.Command("nsenter", "-t", fmt.Sprint(tb.holder.Process.Pid), "-m", "-n", "--", "podman", "system", "service", "--time=0", "unix://"+sock)
+	cmd := exec.Command("nsenter", "-t", fmt.Sprint(tb.holder.Process.Pid), "-m", "-n", "--", "podman")
+	cmd.Args = append(append(cmd.Args, tb.svcArgs...), "system", "service", "--time=0", "unix://"+sock)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		tb.t.Fatalf("start podman service: %v", err)

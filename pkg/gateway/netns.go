@@ -41,7 +41,11 @@ func ListenInNetNS(nsPath, addr string) (net.Listener, error) {
 			c <- result{err: fmt.Errorf("gateway: enter the cage's network namespace: %w", err)}
 			return
 		}
-		ln, lerr := (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
+		var ln net.Listener
+		lerr := loopbackUp()
+		if lerr == nil {
+			ln, lerr = (&net.ListenConfig{}).Listen(context.Background(), "tcp", addr)
+		}
 		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
 			if ln != nil {
 				ln.Close()
@@ -57,4 +61,32 @@ func ListenInNetNS(nsPath, addr string) (net.Listener, error) {
 	}()
 	r := <-c
 	return r.ln, r.err
+}
+
+// loopbackUp sets the namespace's lo up. Podman leaves it down in the
+// network-none namespace it gives a runsc cage, and gVisor's network=host
+// then fails every connect to 127.0.0.1 with ENETUNREACH (docs/gvisor.md);
+// under runc it is already up and this changes nothing.
+func loopbackUp() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("gateway: loopback: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return fmt.Errorf("gateway: loopback: %w", err)
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("gateway: loopback flags: %w", err)
+	}
+	flags := ifr.Uint16()
+	if flags&unix.IFF_UP != 0 {
+		return nil
+	}
+	ifr.SetUint16(flags | unix.IFF_UP)
+	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("gateway: set loopback up: %w", err)
+	}
+	return nil
 }

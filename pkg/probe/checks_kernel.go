@@ -438,14 +438,28 @@ func checkTIOCSTI(_ context.Context, p Params, c *Check) {
 	c.settle(Sealed, "")
 }
 
-func checkKernelInfo(_ context.Context, _ Params, c *Check) {
+// kernelRelease is uname's release of the kernel this process runs on.
+func kernelRelease() string {
 	var uts unix.Utsname
-	unix.Uname(&uts)
-	rel := string(bytes.TrimRight(uts.Release[:], "\x00"))
+	if err := unix.Uname(&uts); err != nil {
+		return ""
+	}
+	return string(bytes.TrimRight(uts.Release[:], "\x00"))
+}
+
+func checkKernelInfo(_ context.Context, p Params, c *Check) {
+	rel := kernelRelease()
 	c.Observed = "kernel " + rel
-	buf := make([]byte, 256)
+	// A kernel of the cage's own (gVisor's Sentry) answers uname with
+	// another release; its log, addresses and files are its own.
+	own := p.HostKernel != "" && rel != "" && rel != p.HostKernel
+	buf := make([]byte, 4096)
 	if n, err := unix.Klogctl(unix.SYSLOG_ACTION_READ_ALL, buf); err == nil && n > 0 {
-		c.escape("dmesg is readable")
+		if !own || bytes.Contains(buf[:n], []byte(p.HostKernel)) {
+			c.escape("dmesg is readable")
+		} else {
+			c.ev("dmesg: the cage kernel's own log (%q), no host release in it", firstLine(buf[:n]))
+		}
 	} else {
 		c.ev("dmesg: %s", errnoName(err))
 	}
@@ -474,6 +488,10 @@ func checkKernelInfo(_ context.Context, _ Params, c *Check) {
 			c.ev("/proc/config.gz readable (kernel build config)")
 		}
 		f.Close()
+	}
+	if own {
+		c.settle(Sealed, "the cage runs on a kernel of its own ("+rel+", not the host's "+p.HostKernel+"): host kernel bugs are behind it")
+		return
 	}
 	c.settle(Residual, "the cage shares the host kernel: its version ("+rel+", "+runtime.GOARCH+") is visible and kernel bugs are in reach; keep the host kernel patched")
 }
@@ -558,4 +576,9 @@ func checkSocketFamilies(_ context.Context, p Params, c *Check) {
 		return
 	}
 	c.settle(Sealed, "")
+}
+
+func firstLine(b []byte) string {
+	l, _, _ := bytes.Cut(bytes.TrimSpace(b), []byte("\n"))
+	return string(l)
 }

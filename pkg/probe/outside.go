@@ -74,6 +74,9 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*Report, *turn.Result,
 		defer stop()
 		o.Params.Peers = peers
 	}
+	if o.Params.HostKernel == "" {
+		o.Params.HostKernel = kernelRelease()
+	}
 	params, err := json.Marshal(o.Params)
 	if err != nil {
 		return nil, nil, fmt.Errorf("probe: params: %w", err)

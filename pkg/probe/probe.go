@@ -137,6 +137,10 @@ type Params struct {
 	Multicast     bool     `json:"multicast"` // send discovery multicast (D5, D13)
 	InboundPort   int      `json:"inboundPort"`
 	InboundWaitMs int      `json:"inboundWaitMs"`
+	// HostKernel is the host's kernel release, as the outside sees it:
+	// B10 judges whether the cage's kernel is the host's (runc) or one of
+	// its own (gVisor's Sentry). Run fills it.
+	HostKernel string `json:"hostKernel,omitempty"`
 }
 
 // Summarize recomputes r.Summary from its checks and sorts nothing: the

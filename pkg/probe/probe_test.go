@@ -2,6 +2,7 @@ package probe
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"slices"
@@ -153,4 +154,17 @@ func TestSeccompProfile(t *testing.T) {
 	}
 	assert.Check(t, !uncond["socket"], "socket is allowed unconditionally")
 	assert.DeepEqual(t, families, map[string]bool{"1": true, "2": true, "10": true, "16": true})
+}
+
+// B10 flips to sealed only when the cage's kernel is not the host's (a
+// gVisor Sentry answers uname with a release of its own); on the host's
+// kernel it never does.
+func TestKernelInfoJudgesTheHostKernel(t *testing.T) {
+	// (The sealed side needs a kernel of the cage's own: runsc_test.go.)
+	var shared Check
+	checkKernelInfo(context.Background(), Params{HostKernel: kernelRelease()}, &shared)
+	assert.Assert(t, shared.Verdict == Residual || shared.Verdict == Escaped, "%+v", shared)
+	var unknown Check
+	checkKernelInfo(context.Background(), Params{}, &unknown)
+	assert.Equal(t, unknown.Verdict, shared.Verdict, "without the host's release B10 judges as before")
 }

@@ -2,6 +2,7 @@ package seccomp
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"slices"
 	"syscall"
@@ -186,4 +187,34 @@ func TestIoctlTIOCSTIDenied(t *testing.T) {
 		got := outcome(t, prof.Syscalls, "ioctl", [6]uint64{0, r})
 		assert.Check(t, got == "SCMP_ACT_ALLOW", "ioctl(0, %#x) = %s", r, got)
 	}
+}
+
+// The gVisor profile differs from the built-in one in clone3 alone, which
+// it allows (runsc turns its ENOSYS into EPERM: ProfileFor).
+func TestGVisorProfileAllowsOnlyClone3More(t *testing.T) {
+	assert.DeepEqual(t, ProfileFor(false), Profile())
+	decode := func(b []byte) map[string]map[string]any {
+		var p struct{ Syscalls []map[string]any }
+		assert.NilError(t, json.Unmarshal(b, &p))
+		out := map[string]map[string]any{}
+		for i, r := range p.Syscalls {
+			delete(r, "comment")
+			out[fmt.Sprint(i, r["names"])] = r
+		}
+		return out
+	}
+	base, gv := decode(Profile()), decode(ProfileFor(true))
+	assert.Equal(t, len(gv), len(base))
+	changed := 0
+	for k, r := range base {
+		if fmt.Sprint(r["names"]) == "[clone3]" {
+			assert.Equal(t, r["action"], "SCMP_ACT_ERRNO")
+			assert.Equal(t, gv[k]["action"], "SCMP_ACT_ALLOW")
+			changed++
+			continue
+		}
+		assert.DeepEqual(t, gv[k], r)
+	}
+	assert.Equal(t, changed, 1)
+	assert.Assert(t, PathFor("/s", true) != Path("/s"))
 }

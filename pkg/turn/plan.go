@@ -355,6 +355,11 @@ func (r *Runner) planCommand(req Request, in *checked, p *Plan, mp *mounts.Plan,
 	return []string{CageBinary, "cage-exec", CageArgv}, nil, nil
 }
 
+// gvisor says whether cage.runtime is gVisor's runsc: its cages get
+// seccomp.ProfileFor(true). Only such cages run it — a cage whose runtime is
+// not cage.runtime is refused before it starts.
+func gvisor(runtime string) bool { return filepath.Base(runtime) == "runsc" }
+
 // planSeccomp returns the seccomp profile's path ("" for podman's default).
 func (r *Runner) planSeccomp(p *Plan) string {
 	switch r.Cfg.Cage.Seccomp {
@@ -362,7 +367,7 @@ func (r *Runner) planSeccomp(p *Plan) string {
 		return ""
 	case "shrooms":
 		p.seccomp = true
-		return seccomp.Path(r.Cfg.State.Dir)
+		return seccomp.PathFor(r.Cfg.State.Dir, gvisor(r.Cfg.Cage.Runtime))
 	}
 	return r.Cfg.Cage.Seccomp
 }
@@ -448,7 +453,7 @@ func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, m mo
 		}
 	}
 	if p.seccomp {
-		if _, err := seccomp.Install(cfg.State.Dir); err != nil {
+		if _, err := seccomp.InstallFor(cfg.State.Dir, gvisor(cfg.Cage.Runtime)); err != nil {
 			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}

@@ -361,7 +361,7 @@ func (r *Runner) sameProvenance(task string, in *checked, p *prepared, c podman.
 // whatever the state dir's copy holds.
 func (r *Runner) seccompDigest(path string) (string, error) {
 	if r.Cfg.Cage.Seccomp == "shrooms" {
-		sum := sha256.Sum256(seccomp.Profile())
+		sum := sha256.Sum256(seccomp.ProfileFor(gvisor(r.Cfg.Cage.Runtime)))
 		return "sha256:" + hex.EncodeToString(sum[:]), nil
 	}
 	return profileDigest(path)
@@ -486,14 +486,19 @@ func (r *Runner) ranImage(ctx context.Context, id string, p *prepared, res *Resu
 func (r *Runner) ranRuntime(ctx context.Context, id string, p *prepared, res *Result) error {
 	res.Runtime = p.runtime
 	want := r.Cfg.Cage.Runtime
-	if want == config.RuntimeDefault || podman.RuntimeIs(want, p.runtime, nil) {
+	if want == config.RuntimeDefault {
 		return nil
 	}
+	// An explicit runtime is provenance worth its version (the pinned
+	// runsc's): podman's info reports its default runtime's.
 	info, err := r.Podman.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: cage.runtime: %w", ErrHostNotReady, err)
 	}
 	if podman.RuntimeIs(want, p.runtime, info) {
+		if info.OCIRuntimePath != "" && podman.RuntimeIs(info.OCIRuntimePath, p.runtime, info) {
+			res.RuntimeVersion = info.OCIRuntimeVersion
+		}
 		return nil
 	}
 	return fmt.Errorf("%w: cage.runtime is %q but podman runs cage %s with %q (%s): a podman service before 5.x takes no per-cage runtime, start it with --runtime %s", ErrHostNotReady, want, id, p.runtime, info.OCIRuntimePath, want)

@@ -38,9 +38,15 @@ type resolverEnv struct {
 }
 
 func newResolverEnv(t *testing.T, policy string, allow []string, network map[string]any) *resolverEnv {
+	return newResolverEnvOn(t, "default", nil, policy, allow, network)
+}
+
+// newResolverEnvOn is newResolverEnv with cage.runtime rt on a testbed
+// service started with podman flags svc (the gVisor suite).
+func newResolverEnvOn(t *testing.T, rt string, svc []string, policy string, allow []string, network map[string]any) *resolverEnv {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	tb := testbed.New(t)
-	tb.StartPodman()
+	tb.StartPodmanWith(svc...)
 	name := itest.UniqueName("rs")
 	n := os.Getpid() + int(time.Now().UnixNano()%1000)
 	netw := map[string]any{"policy": policy, "name": name, "bridge": name, "allow": allow,
@@ -50,7 +56,7 @@ func newResolverEnv(t *testing.T, policy string, allow []string, network map[str
 		netw[k] = v
 	}
 	cfg := testcfg.Config{Socket: tb.PodmanURL, Dir: t.TempDir(), Prefix: name,
-		Cage:    map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": "60s", "stop_grace": "1s"},
+		Cage:    map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": "60s", "stop_grace": "1s", "runtime": rt},
 		Network: netw}.Parse(t, "resolver.toml")
 	ctx := context.Background()
 	e := &resolverEnv{tb: tb, cfg: cfg, name: name, opts: firewall.Options{NetNS: tb.NSPath("host"),

@@ -197,6 +197,10 @@ type Result struct {
 	// names it (cage.runtime: a name, or the path of a service started
 	// with --runtime PATH).
 	Runtime string `json:"runtime,omitempty"`
+	// RuntimeVersion is that runtime's own version line (`runsc version
+	// v0.0.0-…`), as the podman service reports it: set when cage.runtime
+	// names a runtime and the cage ran the service's runtime.
+	RuntimeVersion string `json:"runtimeVersion,omitempty"`
 	// ConfigDigest identifies the configuration the turn ran under
 	// (config.Config.Digest).
 	ConfigDigest string `json:"configDigest,omitempty"`

@@ -7,6 +7,7 @@ package agents_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -86,6 +87,10 @@ type envOptions struct {
 	chatgpt []byte
 	// shrooms, when set, is a shrooms binary already built (else one is).
 	shrooms string
+	// runtime, when set, is cage.runtime, and service the podman flags
+	// the testbed's service runs it with (the gVisor suite).
+	runtime string
+	service []string
 }
 
 func newEnvWith(t testing.TB, o envOptions) *env {
@@ -100,7 +105,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		e.shrooms = buildShrooms(t, e.dir)
 	}
 	e.tb = testbed.New(t)
-	e.tb.StartPodman()
+	e.tb.StartPodmanWith(o.service...)
 	e.api, e.apiURL = e.startAPI()
 
 	example, err := config.Load(filepath.Join(repoRoot(t), "config.example.toml"))
@@ -212,7 +217,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		// it, which a cage prepared for turn 2 would already have reset
 		// (prepared turns have their own tests, with the reset report
 		// carried over: test/demo, cmd/shrooms).
-		Cage: map[string]any{"image": agentImage, "memory": "2g", "timeout": "120s", "prepare_next": false},
+		Cage: map[string]any{"image": agentImage, "memory": "2g", "timeout": "120s", "prepare_next": false, "runtime": cmp.Or(o.runtime, "default")},
 		Network: map[string]any{"policy": policy, "name": e.name, "bridge": e.name,
 			// A subnet of its own: other suites may run cages at the same time.
 			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000),
