@@ -8,7 +8,6 @@ export CGO_ENABLED := 0
 TAGS := remote exclude_graphdriver_btrfs containers_image_openpgp exclude_graphdriver_devicemapper
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
-GOFLAGS_TEST := -tags "$(TAGS)" -count=1 -p 1 -timeout 25m
 SOCKET := unix:///run/shrooms-test/podman.sock
 
 .PHONY: all build setup test unit vet demo bench fuzz soak clean install uninstall kube-test kube-bin shape runsc-test vm-test
@@ -40,7 +39,7 @@ RUNSC ?= $(shell bash scripts/build-runsc.sh --path)
 # The whole suite, integration tests included: a missing prerequisite fails.
 # The runsc tag adds the gVisor suites (docs/gvisor.md) under the pinned runsc.
 test: setup vet
-	SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -count=1 -p 1 -timeout 25m ./...
+	SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -count=1 -p 1 -timeout 40m ./...
 
 # What `shrooms kube` emits against a real kube-apiserver + etcd on loopback
 # (test/kubeapi): every object created under PodSecurity restricted:latest
