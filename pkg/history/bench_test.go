@@ -97,9 +97,7 @@ func dropRawDigests(b *testing.B, dir, session string) {
 	if err != nil || p == nil {
 		b.Fatal(err)
 	}
-	for i := range p.Messages {
-		p.Messages[i].Raw = ""
-	}
+	p.sums = make([]Digest, len(p.msgs))
 	if err := savePin(dir, p); err != nil {
 		b.Fatal(err)
 	}

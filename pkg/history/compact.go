@@ -105,12 +105,12 @@ type compactRequest struct {
 // last block is the compaction instruction, and without that block it is
 // the reference history up to some message (or the reference history
 // with new content). It returns nil when the request is not one.
-func (s *session) compactionRequest(msgs []Message, elems [][]byte) *compactRequest {
+func (s *session) compactionRequest(msgs []Message, elems [][]byte, last *canonical) *compactRequest {
 	n := len(msgs)
-	if !s.pinned || n == 0 || msgs[n-1].Role != "user" {
+	if !s.pinned || n == 0 || msgs[n-1].Role != "user" || last.index != n-1 {
 		return nil
 	}
-	stripped, ok := withoutInstruction(elems[n-1])
+	stripped, ok := withoutInstruction(last)
 	if !ok {
 		return nil
 	}
@@ -138,9 +138,17 @@ func (s *session) compactionRequest(msgs []Message, elems [][]byte) *compactRequ
 // withoutInstruction returns a compaction request's last message without
 // its trailing instruction block (nil when nothing else is left), and
 // whether it carried one.
-func withoutInstruction(raw []byte) (*Message, bool) {
-	role, c, err := Canonical(raw)
+func withoutInstruction(last *canonical) (*Message, bool) {
+	role, c, err := last.form()
 	if err != nil || role != "user" {
+		return nil, false
+	}
+	// The canonical form of a text block {"type":"text","text":T} is
+	// {"text":<T as encoding/json writes it>,"type":"text"}, and a string's
+	// encoding starts with its prefix's: a message without these bytes
+	// has no instruction block (and most are not parsed again).
+	instr, _ := json.Marshal(compactInstruction)
+	if !bytes.Contains(c, append([]byte(`{"text":`), instr[:len(instr)-1]...)) {
 		return nil, false
 	}
 	dec := json.NewDecoder(bytes.NewReader(c))
@@ -154,9 +162,9 @@ func withoutInstruction(raw []byte) (*Message, bool) {
 	if len(blocks) == 0 {
 		return nil, false
 	}
-	last, _ := blocks[len(blocks)-1].(map[string]any)
-	text, _ := last["text"].(string)
-	if last["type"] != "text" || len(last) != 2 || !strings.HasPrefix(text, compactInstruction) {
+	blk, _ := blocks[len(blocks)-1].(map[string]any)
+	text, _ := blk["text"].(string)
+	if blk["type"] != "text" || len(blk) != 2 || !strings.HasPrefix(text, compactInstruction) {
 		return nil, false
 	}
 	if len(blocks) == 1 {

@@ -1,0 +1,104 @@
+package history
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"testing"
+
+	"gotest.tools/v3/assert"
+)
+
+// loadPin reads session's pin as a new turn's tracker does.
+func loadPin(dir, session string) (*Pin, error) {
+	return (&pinStore{dir: dir, session: session}).load()
+}
+
+// savePin writes p as session's newest pin.
+func savePin(dir string, p *Pin) error {
+	st := &pinStore{dir: dir, session: p.Session}
+	if _, err := st.load(); err != nil {
+		return err
+	}
+	return st.save(p)
+}
+
+// pinBytes is what the state directory holds of session's pin.
+func pinBytes(t *testing.T, dir, session string) string {
+	t.Helper()
+	var out string
+	for _, f := range []string{slotFile(dir, session, 0), slotFile(dir, session, 1), legacyPinFile(dir, session)} {
+		b, err := os.ReadFile(f)
+		if !errors.Is(err, os.ErrNotExist) {
+			assert.NilError(t, err)
+		}
+		out += string(b) + "\x00"
+	}
+	return out
+}
+
+// TestTornSlotKeepsThePinBefore: a kill while a slot is written leaves it
+// torn (any prefix of the new bytes over the old ones): the other slot's
+// pin, the one before, is read; a whole write is read as the newest.
+func TestTornSlotKeepsThePinBefore(t *testing.T) {
+	dir := t.TempDir()
+	turn1(t, dir) // four messages, in two requests and two answers
+	p, err := loadPin(dir, "s")
+	assert.NilError(t, err)
+	assert.Equal(t, len(p.msgs), 4)
+	st := &pinStore{dir: dir, session: "s"}
+	_, err = st.load()
+	assert.NilError(t, err)
+	next := slotFile(dir, "s", 1-st.slot)
+	old, err := os.ReadFile(next)
+	assert.NilError(t, err)
+
+	// The next pin: the history with a new user message.
+	tr := NewTracker(dir, Refuse)
+	_, err = tr.Check("s", conv("u:hello", "a:a1", "u:more", "a:a2", "u:next"), true)
+	assert.NilError(t, err)
+	whole, err := os.ReadFile(next)
+	assert.NilError(t, err)
+	p, err = loadPin(dir, "s")
+	assert.NilError(t, err)
+	assert.Equal(t, len(p.msgs), 5, "control: the whole write is the pin")
+
+	for _, cut := range []int{0, 1, 8, 12, 20, 30, len(whole) / 2, len(whole) - 1} {
+		torn := append([]byte{}, whole[:cut]...)
+		if len(old) > cut {
+			torn = append(torn, old[cut:]...)
+		}
+		assert.NilError(t, os.WriteFile(next, torn, 0o600))
+		p, err := loadPin(dir, "s")
+		assert.NilError(t, err)
+		assert.Equal(t, len(p.msgs), 4, "a slot torn at %d was read", cut)
+	}
+}
+
+// TestLegacyPinRead: a pin of the earlier format (one JSON file) is read,
+// and the first write replaces it by the slots.
+func TestLegacyPinRead(t *testing.T) {
+	dir := t.TempDir()
+	msgs := []Message{}
+	for _, raw := range []string{`{"role":"user","content":"hello"}`, `{"role":"assistant","content":"a1"}`} {
+		m, err := Sum([]byte(raw))
+		assert.NilError(t, err)
+		msgs = append(msgs, m)
+	}
+	legacy := Pin{Session: "s", Messages: pinned(msgs), Answered: true, Delivered: true, Chain: chain(msgs)}
+	b, err := json.Marshal(legacy)
+	assert.NilError(t, err)
+	assert.NilError(t, os.MkdirAll(dir, 0o700))
+	assert.NilError(t, os.WriteFile(legacyPinFile(dir, "s"), b, 0o600))
+
+	tr := NewTracker(dir, Refuse)
+	_, err = tr.Check("s", []byte(`[{"role":"user","content":"hello"},{"role":"assistant","content":"a1"},{"role":"user","content":"next"}]`), true)
+	assert.NilError(t, err)
+	assert.Equal(t, tr.Reports()[0].Verdict, VerdictContinued)
+	_, err = os.Stat(legacyPinFile(dir, "s"))
+	assert.Assert(t, errors.Is(err, os.ErrNotExist), "the legacy pin stayed beside the slots")
+	_, err = NewTracker(dir, Refuse).Check("s", []byte(`[{"role":"user","content":"hello"},{"role":"assistant","content":"forged"},{"role":"user","content":"next"}]`), true)
+	var mm *Mismatch
+	assert.Assert(t, errors.As(err, &mm))
+	assert.Equal(t, mm.Index, 1)
+}
