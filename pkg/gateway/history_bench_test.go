@@ -62,7 +62,8 @@ func (c *historyConversation) answered() {
 // message) with history off and with the pin, side by side; p50 of each
 // request's round trip and the p50 added. "steady" requests follow one
 // another in a turn; "first" is each a turn's first (a new tracker that
-// loads the pin, as a new turn's gateway does).
+// loads the pin, as a new turn's gateway does, after the last turn's
+// gateway closed).
 func BenchmarkHistoryPin(b *testing.B) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -144,6 +145,7 @@ func BenchmarkHistoryPin(b *testing.B) {
 						// The last answer pinned, then a new turn's tracker.
 						b.StopTimer()
 						pinned.exchanges.Wait()
+						_ = pinned.cfg.History.Close() // the turn ends
 						pinned.cfg.History = history.NewTracker(dir, history.Refuse)
 						b.StartTimer()
 					}

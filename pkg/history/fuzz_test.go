@@ -200,24 +200,33 @@ func FuzzSplitResume(f *testing.F) {
 		if (wantErr == nil) != (gotErr == nil) || !slices.Equal(want, got) {
 			t.Fatalf("resumed split %v (%v), from scratch %v (%v)", got, gotErr, want, wantErr)
 		}
-		verdict := func(warm bool) string {
+		// warm: prev forwarded earlier in the turn; kept: in the last turn,
+		// whose tracker kept it at its end; else every message
+		// canonicalised.
+		verdict := func(warm, kept bool) string {
 			dir := t.TempDir()
 			if err := pinRawSums(dir, "s", prev, false); err != nil {
 				return "unpinnable"
 			}
 			tr := NewTracker(dir, Refuse)
-			if warm {
+			if warm || kept {
 				if _, err := tr.Check("s", prev, true); err != nil {
 					t.Fatalf("the pinned history itself refused: %v", err)
 				}
+			}
+			if kept {
+				if err := tr.Close(); err != nil {
+					t.Fatal(err)
+				}
+				tr = NewTracker(dir, Refuse)
 			}
 			if _, err := tr.Check("s", next, true); err != nil {
 				return err.Error()
 			}
 			return "accepted"
 		}
-		if w, c := verdict(true), verdict(false); w != c {
-			t.Fatalf("the same turn's compare gave %q, a new turn's %q", w, c)
+		if w, k, c := verdict(true, false), verdict(false, true), verdict(false, false); w != c || k != c {
+			t.Fatalf("the same turn's compare gave %q, the kept request's %q, a new turn's %q", w, k, c)
 		}
 	})
 }

@@ -102,3 +102,47 @@ func TestLegacyPinRead(t *testing.T) {
 	assert.Assert(t, errors.As(err, &mm))
 	assert.Equal(t, mm.Index, 1)
 }
+
+// TestKeptRequest: a closed tracker keeps each session's last request; the
+// next turn's first request is compared with its bytes and gets the
+// verdicts of a tracker without it (control: the kept file is read); a
+// damaged or another session's file is ignored.
+func TestKeptRequest(t *testing.T) {
+	hist := conv("u:hello", "a:a1", "u:more")
+	next := []byte(`[{"role":"user","content":[{"type":"text","text":"hello"}]},{"role":"assistant","content":[{"type":"text","text":"a1"}]},{"role":"user","content":[{"type":"text","text":"more"}]},{"role":"user","content":"next"}]`)
+	forged := []byte(`[{"role":"user","content":[{"type":"text","text":"hello"}]},{"role":"assistant","content":[{"type":"text","text":"A1"}]},{"role":"user","content":[{"type":"text","text":"more"}]},{"role":"user","content":"next"}]`)
+	setup := func(t *testing.T) string {
+		dir := t.TempDir()
+		assert.NilError(t, pinRaw(dir, "s", hist))
+		tr := NewTracker(dir, Refuse)
+		_, err := tr.Check("s", hist, true)
+		assert.NilError(t, err)
+		assert.NilError(t, tr.Close())
+		return dir
+	}
+	dir := setup(t)
+	s := &session{id: "s"}
+	loadRaw(dir, s)
+	assert.Equal(t, string(s.lastBody), string(hist), "the last request was not kept")
+	_, err := NewTracker(dir, Refuse).Check("s", next, true)
+	assert.NilError(t, err)
+	_, err = NewTracker(setup(t), Refuse).Check("s", forged, true)
+	var mm *Mismatch
+	assert.Assert(t, errors.As(err, &mm))
+	assert.Equal(t, mm.Index, 1)
+
+	// Damaged, or another session's: ignored.
+	dir = setup(t)
+	b, err := os.ReadFile(rawFile(dir, "s"))
+	assert.NilError(t, err)
+	b[len(b)-3] ^= 1
+	assert.NilError(t, os.WriteFile(rawFile(dir, "s"), b, 0o600))
+	s = &session{id: "s"}
+	loadRaw(dir, s)
+	assert.Assert(t, s.lastBody == nil, "a damaged cache was read")
+	dir = setup(t)
+	assert.NilError(t, os.Rename(rawFile(dir, "s"), rawFile(dir, "other")))
+	s = &session{id: "other"}
+	loadRaw(dir, s)
+	assert.Assert(t, s.lastBody == nil, "another session's cache was read")
+}

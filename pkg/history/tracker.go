@@ -332,6 +332,7 @@ func (t *Tracker) session(id string) (*session, error) {
 		}
 		s.chained = s.ref
 		s.answered, s.delivered, s.pinned = p.Answered, p.Delivered, true
+		loadRaw(t.dir, s)
 		if s.compaction, err = p.compaction(); err != nil {
 			return nil, fmt.Errorf("history pin of session %s: %w", id, err)
 		}
