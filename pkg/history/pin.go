@@ -46,6 +46,7 @@ type pinCompaction struct {
 	Summary string          `json:"summary"`
 	Tools   []string        `json:"tools"`
 	Tail    []pinnedMessage `json:"tail"`
+	Context []string        `json:"context,omitempty"`
 }
 
 // compaction decodes the pin's recorded compaction (nil when none).
@@ -55,6 +56,15 @@ func (p *Pin) compaction() (*compaction, error) {
 		return nil, nil
 	}
 	c := &compaction{tools: pc.Tools}
+	for _, h := range pc.Context {
+		var d Digest
+		if b, err := hex.DecodeString(h); err != nil || len(b) != len(d) {
+			return nil, errors.New("the pin's compaction context is malformed")
+		} else {
+			copy(d[:], b)
+		}
+		c.context = append(c.context, d)
+	}
 	b, err := hex.DecodeString(pc.Summary)
 	if err != nil || len(b) != sha256.Size {
 		return nil, errors.New("the pin's compaction summary is malformed")

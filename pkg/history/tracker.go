@@ -287,6 +287,7 @@ func (ex *Exchange) compactionDone(answer []byte) error {
 		summary: sha256.Sum256([]byte(formatSummary(text))),
 		tools:   ex.compact.tools,
 		tail:    ex.compact.tail,
+		context: ex.compact.context,
 	}
 	if s.verdict != VerdictMismatch {
 		s.verdict = VerdictCompacted
@@ -309,6 +310,9 @@ func (s *session) pin() *Pin {
 	p := newPin(s.id, s.ref, s.refSums, chainHex(s.heads), s.answered, s.delivered)
 	if c := s.compaction; c != nil {
 		p.Compaction = &pinCompaction{Summary: hex.EncodeToString(c.summary[:]), Tools: c.tools, Tail: pinned(c.tail)}
+		for _, d := range c.context {
+			p.Compaction.Context = append(p.Compaction.Context, hex.EncodeToString(d[:]))
+		}
 	}
 	for _, d := range s.lastUser {
 		p.LastUser = append(p.LastUser, hex.EncodeToString(d[:]))

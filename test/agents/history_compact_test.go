@@ -2,6 +2,7 @@ package agents_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -108,8 +109,14 @@ func TestHistoryAutoCompact(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
 	nonce := e.name
-	full := bash("echo tool-" + nonce)
-	full.InputTokens = 199_000
+	// Claude Code 2.1.332 sees a 1M window for the model here (its debug
+	// log: effectiveWindow=980000) and compacts from 967,000 tokens; the
+	// newest messages are kept verbatim, so the summary needs older ones.
+	for i := 0; i < 6; i++ {
+		e.api.Append(bash(fmt.Sprintf("echo tool-%d-%s", i, nonce)))
+	}
+	full := bash("echo tool-full-" + nonce)
+	full.InputTokens = 970_000
 	e.api.Append(full, modelapi.Text(compactSummary(nonce)), modelapi.Text("after auto-compact "+nonce))
 	code, out, errb, res := e.resumeRun("claude", "-p", "--output-format", "json", "first prompt "+nonce)
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
