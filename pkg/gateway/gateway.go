@@ -192,6 +192,9 @@ func New(cfg Config) (*Gateway, error) {
 
 // Serve serves ln until Close.
 func (g *Gateway) Serve(ln net.Listener) {
+	// The pins of the sessions the turn most likely resumes are read while
+	// the cage starts, not on its first request.
+	g.cfg.History.Preload()
 	go func() { _ = g.srv.Serve(ln) }()
 }
 

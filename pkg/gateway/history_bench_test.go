@@ -151,6 +151,7 @@ func BenchmarkHistoryPin(b *testing.B) {
 							_ = pinned.cfg.History.Close() // the turn ends
 						}
 						pinned.cfg.History = history.NewTracker(dir, history.Refuse)
+						<-pinned.cfg.History.Preload() // as Serve does, while the cage starts
 						// A new turn's gateway is a new process: the last
 						// turn's garbage is not collected on its first
 						// request.

@@ -12,6 +12,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -112,6 +115,48 @@ func (st *pinStore) load() (*Pin, error) {
 		return nil, fmt.Errorf("history pin of session %s names session %q", st.session, p.Session)
 	}
 	return &p, nil
+}
+
+// recentSessions returns the ids of the n sessions whose slots under dir
+// were written last (read from the slots themselves: a file's name is a
+// digest of its session's id).
+func recentSessions(dir string, n int) []string {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	type slot struct {
+		path string
+		mod  int64
+	}
+	var slots []slot
+	for _, e := range ents {
+		if !e.Type().IsRegular() || filepath.Ext(e.Name()) != ".pin" {
+			continue
+		}
+		if fi, err := e.Info(); err == nil {
+			slots = append(slots, slot{filepath.Join(dir, e.Name()), fi.ModTime().UnixNano()})
+		}
+	}
+	sort.Slice(slots, func(i, j int) bool { return slots[i].mod > slots[j].mod })
+	var ids []string
+	for _, sl := range slots {
+		if len(ids) == n {
+			break
+		}
+		b, err := readPinFile(sl.path)
+		if err != nil || b == nil {
+			continue
+		}
+		// The file's name must be its session's: a slot names its session.
+		base := strings.TrimSuffix(strings.TrimSuffix(sl.path, ".a.pin"), ".b.pin")
+		p, _, ok := decodeSlot(b)
+		if !ok || !validSession(p.Session) || pinBase(dir, p.Session) != base || slices.Contains(ids, p.Session) {
+			continue
+		}
+		ids = append(ids, p.Session)
+	}
+	return ids
 }
 
 // readPinFile reads a regular file that is not a link; nil when absent.

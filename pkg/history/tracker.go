@@ -64,12 +64,14 @@ type Tracker struct {
 	mu       sync.Mutex
 	sessions map[string]*session
 	order    []string
+	// preloaded are sessions Preload read, not yet met in this turn.
+	preloaded map[string]*session
 }
 
 // NewTracker returns a tracker keeping its pins in dir (the task's state,
 // never mounted in a cage).
 func NewTracker(dir string, mode Mode) *Tracker {
-	return &Tracker{dir: dir, mode: mode, sessions: map[string]*session{}}
+	return &Tracker{dir: dir, mode: mode, sessions: map[string]*session{}, preloaded: map[string]*session{}}
 }
 
 // session is one provider session as this turn has seen it.
@@ -325,32 +327,75 @@ func (t *Tracker) session(id string) (*session, error) {
 	if s, ok := t.sessions[id]; ok {
 		return s, nil
 	}
-	s := &session{id: id, store: &pinStore{dir: t.dir, session: id}}
-	p, err := s.store.load()
-	if err != nil {
-		return nil, err
-	}
-	if p != nil {
-		if s.ref, s.heads, s.known, err = p.messages(); err != nil {
-			return nil, fmt.Errorf("history pin of session %s: %w", id, err)
-		}
-		s.chained = s.ref
-		s.answered, s.delivered, s.pinned = p.Answered, p.Delivered, true
-		loadRaw(t.dir, s)
-		if s.compaction, err = p.compaction(); err != nil {
-			return nil, fmt.Errorf("history pin of session %s: %w", id, err)
-		}
-		for _, h := range p.LastUser {
-			var d Digest
-			if b, err := hex.DecodeString(h); err == nil && len(b) == len(d) {
-				copy(d[:], b)
-				s.lastUser = append(s.lastUser, d)
-			}
+	s, ok := t.preloaded[id]
+	if !ok {
+		var err error
+		if s, err = loadSession(t.dir, id); err != nil {
+			return nil, err
 		}
 	}
+	delete(t.preloaded, id)
 	t.sessions[id] = s
 	t.order = append(t.order, id)
 	return s, nil
+}
+
+// loadSession reads session id's pin (and the last turn's kept request).
+func loadSession(dir, id string) (*session, error) {
+	s := &session{id: id, store: &pinStore{dir: dir, session: id}}
+	p, err := s.store.load()
+	if err != nil || p == nil {
+		return s, err
+	}
+	if s.ref, s.heads, s.known, err = p.messages(); err != nil {
+		return nil, fmt.Errorf("history pin of session %s: %w", id, err)
+	}
+	s.chained = s.ref
+	s.answered, s.delivered, s.pinned = p.Answered, p.Delivered, true
+	loadRaw(dir, s)
+	if s.compaction, err = p.compaction(); err != nil {
+		return nil, fmt.Errorf("history pin of session %s: %w", id, err)
+	}
+	for _, h := range p.LastUser {
+		var d Digest
+		if b, err := hex.DecodeString(h); err == nil && len(b) == len(d) {
+			copy(d[:], b)
+			s.lastUser = append(s.lastUser, d)
+		}
+	}
+	return s, nil
+}
+
+// preloadSessions is how many of the task's most recently pinned sessions
+// Preload reads: a resumed session is most often the last one.
+const preloadSessions = 2
+
+// Preload reads the pins of the task's most recently pinned sessions in
+// the background, while the cage starts, so that a turn's first request
+// does not wait for them; the channel is closed when done. A session it
+// did not read, or read with an error, is read on its first request as
+// before.
+func (t *Tracker) Preload() <-chan struct{} {
+	done := make(chan struct{})
+	if t == nil {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		for _, id := range recentSessions(t.dir, preloadSessions) {
+			s, err := loadSession(t.dir, id)
+			if err != nil {
+				continue
+			}
+			t.mu.Lock()
+			if _, used := t.sessions[id]; !used {
+				t.preloaded[id] = s
+			}
+			t.mu.Unlock()
+		}
+	}()
+	return done
 }
 
 // compare checks msgs against the session's reference history: it must
