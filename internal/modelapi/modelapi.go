@@ -29,6 +29,9 @@ type Step struct {
 	Tool  string          // tool name, e.g. "Bash"
 	Input json.RawMessage // the tool's input object
 	Text  string          // text sent before the tool call, or the final text
+	// InputTokens is the usage the answer reports as read (10 when 0): a
+	// test sets it near the context window to make an agent compact.
+	InputTokens int
 }
 
 // ToolCall is a step that calls tool with input (marshalled to JSON).
@@ -242,8 +245,12 @@ func (st Step) blocks(id string) []map[string]any {
 	return out
 }
 
-func usage(out int) map[string]any {
-	return map[string]any{"input_tokens": 10, "output_tokens": out, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+func usage(st Step, out int) map[string]any {
+	in := st.InputTokens
+	if in == 0 {
+		in = 10
+	}
+	return map[string]any{"input_tokens": in, "output_tokens": out, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
 }
 
 // message is the non-streaming answer (with full content), or the
@@ -251,12 +258,12 @@ func usage(out int) map[string]any {
 func message(id, model string, st Step, full bool) map[string]any {
 	m := map[string]any{
 		"id": id, "type": "message", "role": "assistant", "model": model,
-		"content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": usage(1),
+		"content": []any{}, "stop_reason": nil, "stop_sequence": nil, "usage": usage(st, 1),
 	}
 	if full {
 		m["content"] = st.blocks(id)
 		m["stop_reason"] = st.stopReason()
-		m["usage"] = usage(5)
+		m["usage"] = usage(st, 5)
 	}
 	return m
 }
@@ -293,7 +300,7 @@ func stream(w http.ResponseWriter, id, model string, st Step) {
 		}
 		ev("content_block_stop", map[string]any{"index": i})
 	}
-	ev("message_delta", map[string]any{"delta": map[string]any{"stop_reason": st.stopReason(), "stop_sequence": nil}, "usage": map[string]any{"output_tokens": 5}})
+	ev("message_delta", map[string]any{"delta": map[string]any{"stop_reason": st.stopReason(), "stop_sequence": nil}, "usage": map[string]any{"input_tokens": usage(st, 5)["input_tokens"], "output_tokens": 5}})
 	ev("message_stop", map[string]any{})
 }
 

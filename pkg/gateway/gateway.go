@@ -192,6 +192,9 @@ func New(cfg Config) (*Gateway, error) {
 
 // Serve serves ln until Close.
 func (g *Gateway) Serve(ln net.Listener) {
+	// The pins of the sessions the turn most likely resumes are read while
+	// the cage starts, not on its first request.
+	g.cfg.History.Preload()
 	go func() { _ = g.srv.Serve(ln) }()
 }
 
@@ -199,7 +202,8 @@ func (g *Gateway) Serve(ln net.Listener) {
 //
 // It waits (a bounded while) for the answers in flight to be pinned: the
 // client may have read an answer before its handler recorded it, and the
-// next turn reads the pin.
+// next turn reads the pin. Then the history tracker keeps each session's
+// last request for the next turn.
 func (g *Gateway) Close() error {
 	err := g.srv.Close()
 	done := make(chan struct{})
@@ -208,6 +212,9 @@ func (g *Gateway) Close() error {
 	case <-done:
 	case <-time.After(5 * time.Second):
 	}
+	// The sessions' last requests, kept for the next turn's first
+	// compare (a cache: an error leaves the pins as they are).
+	_ = g.cfg.History.Close()
 	return err
 }
 

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -62,7 +63,9 @@ func (c *historyConversation) answered() {
 // message) with history off and with the pin, side by side; p50 of each
 // request's round trip and the p50 added. "steady" requests follow one
 // another in a turn; "first" is each a turn's first (a new tracker that
-// loads the pin, as a new turn's gateway does).
+// loads the pin, as a new turn's gateway does, after the last turn's
+// gateway closed and kept its last request); "first-hash" the same after
+// a killed turn (nothing kept: the pin's raw digests).
 func BenchmarkHistoryPin(b *testing.B) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -77,7 +80,7 @@ func BenchmarkHistoryPin(b *testing.B) {
 	b.Cleanup(func() { srv.Close() })
 	u, _ := url.Parse("http://" + ln.Addr().String())
 	for _, size := range []int{1 << 20, 20 << 20} {
-		for _, mode := range []string{"steady", "first"} {
+		for _, mode := range []string{"steady", "first", "first-hash"} {
 			b.Run(fmt.Sprintf("%dMiB/%s", size>>20, mode), func(b *testing.B) {
 				var targets [2]string
 				var ph string
@@ -140,11 +143,19 @@ func BenchmarkHistoryPin(b *testing.B) {
 				b.ResetTimer()
 				for n := 0; n < b.N; n++ {
 					send(0)
-					if mode == "first" {
+					if mode != "steady" {
 						// The last answer pinned, then a new turn's tracker.
 						b.StopTimer()
 						pinned.exchanges.Wait()
+						if mode == "first" {
+							_ = pinned.cfg.History.Close() // the turn ends
+						}
 						pinned.cfg.History = history.NewTracker(dir, history.Refuse)
+						<-pinned.cfg.History.Preload() // as Serve does, while the cage starts
+						// A new turn's gateway is a new process: the last
+						// turn's garbage is not collected on its first
+						// request.
+						runtime.GC()
 						b.StartTimer()
 					}
 					send(1)

@@ -85,6 +85,65 @@ func Sum(raw []byte) (Message, error) {
 	return Message{Role: role, Digest: sha256.Sum256(c)}, nil
 }
 
+// canonical is one message's canonical form, made at most once in a
+// request however many checks read it (the last message: its digest,
+// the compaction instruction, its blocks).
+type canonical struct {
+	raw   []byte
+	index int  // the message's index in its request
+	lazy  bool // not made yet
+	role  string
+	c     []byte
+	err   error
+}
+
+// canonicalOf makes raw's canonical form; raw is message i.
+func canonicalOf(raw []byte, i int) canonical {
+	role, c, err := Canonical(raw)
+	return canonical{raw: raw, index: i, role: role, c: c, err: err}
+}
+
+func (k *canonical) form() (string, []byte, error) {
+	if k.raw == nil {
+		return "", nil, errors.New("no message")
+	}
+	if k.lazy {
+		k.role, k.c, k.err = Canonical(k.raw)
+		k.lazy = false
+	}
+	return k.role, k.c, k.err
+}
+
+func (k *canonical) sum() (Message, error) {
+	role, c, err := k.form()
+	if err != nil {
+		return Message{}, err
+	}
+	return Message{Role: role, Digest: sha256.Sum256(c)}, nil
+}
+
+// blocks returns the digests of the message's canonical content blocks
+// (nil when it has none readable).
+func (k *canonical) blocks() []Digest {
+	_, c, err := k.form()
+	if err != nil {
+		return nil
+	}
+	b, err := contentBlocks(c)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// blocksAt is blocks of message i of elems.
+func (k *canonical) blocksAt(elems [][]byte, i int) []Digest {
+	if k.raw != nil && i == k.index {
+		return k.blocks()
+	}
+	return blockDigests(elems[i])
+}
+
 // canonicalContent makes a content value (a message's, or a tool result's)
 // a list of blocks: a string is one text block; cache_control is dropped
 // from every block (clients move the cache breakpoint every request).

@@ -53,17 +53,25 @@ const (
 // transcript under a .claude/projects directory (its id is the file name).
 var compactTranscript = lazyre.New(`^/[A-Za-z0-9._/-]{0,512}/\.claude/projects/[A-Za-z0-9._-]{1,255}/([0-9A-Za-z-]{1,128})\.jsonl$`)
 
-// emptySystem reports whether a message is the empty system message
-// Claude Code 2.1.332 puts after the wrapper (measured:
-// {"role":"system","content":[],"output_config":{"effort":"medium"}}): no
-// content, at most the turn's effort setting. It carries nothing.
+// emptySystem reports whether a message is a system message Claude Code
+// 2.1.332 puts after the wrapper (measured:
+// {"role":"system","content":[],"output_config":{"effort":"medium"}} after
+// /compact, and {"role":"system","content":"Today's date is 2026-12-06.",
+// "output_config":{"effort":"medium"}} after auto-compact): no content or
+// the date, at most the turn's effort setting. It carries nothing else.
 func emptySystem(raw []byte) bool {
 	var m map[string]json.RawMessage
 	if json.Unmarshal(raw, &m) != nil || string(m["role"]) != `"system"` {
 		return false
 	}
 	var content []json.RawMessage
-	if json.Unmarshal(m["content"], &content) != nil || content == nil || len(content) != 0 {
+	var date string
+	switch {
+	case json.Unmarshal(m["content"], &date) == nil:
+		if !todaysDate().MatchString(date) {
+			return false
+		}
+	case json.Unmarshal(m["content"], &content) != nil || content == nil || len(content) != 0:
 		return false
 	}
 	for k, v := range m {
@@ -81,6 +89,8 @@ func emptySystem(raw []byte) bool {
 	return true
 }
 
+var todaysDate = lazyre.New(`^Today's date is [0-9]{4}-[0-9]{2}-[0-9]{2}\.$`)
+
 var effortLevel = lazyre.New(`^[a-z]{1,16}$`)
 
 // compaction is a summary the gateway passed back for a compaction
@@ -89,15 +99,21 @@ type compaction struct {
 	summary Digest    // SHA-256 of the summary as formatSummary makes it
 	tools   []string  // tool names the summarized history called
 	tail    []Message // the pinned messages after the summarized ones
+	// context are the digests of the <system-reminder> text blocks that
+	// open the summarized history's first message (the harness's context,
+	// trailing newlines trimmed): auto-compact puts them again before the
+	// wrapper.
+	context []Digest
 }
 
 // compactRequest is a recognised compaction request: the tool names its
 // history called and the pinned messages it left out (the tail the
 // compacted history keeps).
 type compactRequest struct {
-	tools []string
-	tail  []Message
-	ref   []Message // the reference history it was checked against
+	tools   []string
+	tail    []Message
+	context []Digest
+	ref     []Message // the reference history it was checked against
 }
 
 // compactionRequest recognises a compaction request derived from the
@@ -105,12 +121,12 @@ type compactRequest struct {
 // last block is the compaction instruction, and without that block it is
 // the reference history up to some message (or the reference history
 // with new content). It returns nil when the request is not one.
-func (s *session) compactionRequest(msgs []Message, elems [][]byte) *compactRequest {
+func (s *session) compactionRequest(msgs []Message, elems [][]byte, last *canonical) *compactRequest {
 	n := len(msgs)
-	if !s.pinned || n == 0 || msgs[n-1].Role != "user" {
+	if !s.pinned || n == 0 || msgs[n-1].Role != "user" || last.index != n-1 {
 		return nil
 	}
-	stripped, ok := withoutInstruction(elems[n-1])
+	stripped, ok := withoutInstruction(last)
 	if !ok {
 		return nil
 	}
@@ -121,7 +137,7 @@ func (s *session) compactionRequest(msgs []Message, elems [][]byte) *compactRequ
 	if len(base) == 0 {
 		return nil
 	}
-	req := &compactRequest{tools: toolNames(elems), ref: s.ref}
+	req := &compactRequest{tools: toolNames(elems), context: contextBlocks(elems[0]), ref: s.ref}
 	switch k := firstDiff(s.ref, base); {
 	case k == len(base) && k <= len(s.ref):
 		req.tail = slices.Clone(s.ref[k:])
@@ -138,9 +154,17 @@ func (s *session) compactionRequest(msgs []Message, elems [][]byte) *compactRequ
 // withoutInstruction returns a compaction request's last message without
 // its trailing instruction block (nil when nothing else is left), and
 // whether it carried one.
-func withoutInstruction(raw []byte) (*Message, bool) {
-	role, c, err := Canonical(raw)
+func withoutInstruction(last *canonical) (*Message, bool) {
+	role, c, err := last.form()
 	if err != nil || role != "user" {
+		return nil, false
+	}
+	// The canonical form of a text block {"type":"text","text":T} is
+	// {"text":<T as encoding/json writes it>,"type":"text"}, and a string's
+	// encoding starts with its prefix's: a message without these bytes
+	// has no instruction block (and most are not parsed again).
+	instr, _ := json.Marshal(compactInstruction)
+	if !bytes.Contains(c, append([]byte(`{"text":`), instr[:len(instr)-1]...)) {
 		return nil, false
 	}
 	dec := json.NewDecoder(bytes.NewReader(c))
@@ -154,9 +178,9 @@ func withoutInstruction(raw []byte) (*Message, bool) {
 	if len(blocks) == 0 {
 		return nil, false
 	}
-	last, _ := blocks[len(blocks)-1].(map[string]any)
-	text, _ := last["text"].(string)
-	if last["type"] != "text" || len(last) != 2 || !strings.HasPrefix(text, compactInstruction) {
+	blk, _ := blocks[len(blocks)-1].(map[string]any)
+	text, _ := blk["text"].(string)
+	if blk["type"] != "text" || len(blk) != 2 || !strings.HasPrefix(text, compactInstruction) {
 		return nil, false
 	}
 	if len(blocks) == 1 {
@@ -262,16 +286,23 @@ func jsTrim(s string) string {
 }
 
 // compacted reports whether msgs is the compacted history the session's
-// recorded compaction allows: the wrapper of its summary, empty system
-// messages, the kept tail verbatim, then new content.
+// recorded compaction allows: one user message of text blocks — the
+// harness's context blocks the summarized history opened with (auto-
+// compact puts them again), then the wrapper of its summary —, the
+// harness's system messages, the kept tail verbatim, then new content.
 func (s *session) compacted(msgs []Message, elems [][]byte) bool {
 	c := s.compaction
 	if c == nil || len(msgs) == 0 || msgs[0].Role != "user" {
 		return false
 	}
-	text, ok := soleText(elems[0])
-	if !ok || !c.wrapper(text, strings.TrimPrefix(s.id, "claude:")) {
+	texts, ok := textBlocks(elems[0])
+	if !ok || len(texts) == 0 || !c.wrapper(texts[len(texts)-1], strings.TrimPrefix(s.id, "claude:")) {
 		return false
+	}
+	for _, text := range texts[:len(texts)-1] {
+		if !slices.Contains(c.context, sha256.Sum256([]byte(strings.TrimRight(text, "\n")))) {
+			return false
+		}
 	}
 	i := 1
 	for i < len(msgs) && msgs[i].Role == "system" && emptySystem(elems[i]) {
@@ -281,6 +312,27 @@ func (s *session) compacted(msgs []Message, elems [][]byte) bool {
 		return false
 	}
 	return newContent(s.id, msgs, i+len(c.tail)) == nil
+}
+
+// contextBlocks returns the digests of the <system-reminder> text blocks
+// that open a history's first message, trailing newlines trimmed.
+func contextBlocks(first []byte) []Digest {
+	var m struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if json.Unmarshal(first, &m) != nil || m.Role != "user" {
+		return nil
+	}
+	texts, _ := textBlocks(first)
+	var out []Digest
+	for _, t := range texts {
+		if !strings.HasPrefix(t, "<system-reminder>\n") {
+			break
+		}
+		out = append(out, sha256.Sum256([]byte(strings.TrimRight(t, "\n"))))
+	}
+	return out
 }
 
 // wrapper reports whether text is Claude Code's wrapper of the recorded
@@ -318,21 +370,29 @@ func (c *compaction) wrapper(text, sid string) bool {
 	return sha256.Sum256([]byte(rest[:at])) == c.summary
 }
 
-// soleText returns the text of a message whose canonical content is
-// exactly one text block.
-func soleText(raw []byte) (string, bool) {
+// textBlocks returns the texts of a message whose canonical content is
+// text blocks only (no other key in a block, no other key but role and
+// content in the message).
+func textBlocks(raw []byte) ([]string, bool) {
 	_, c, err := Canonical(raw)
 	if err != nil {
-		return "", false
+		return nil, false
 	}
 	var m map[string]json.RawMessage
 	if json.Unmarshal(c, &m) != nil || len(m) != 2 {
-		return "", false
+		return nil, false
 	}
 	var blocks []map[string]any
-	if json.Unmarshal(m["content"], &blocks) != nil || len(blocks) != 1 || len(blocks[0]) != 2 || blocks[0]["type"] != "text" {
-		return "", false
+	if json.Unmarshal(m["content"], &blocks) != nil {
+		return nil, false
 	}
-	text, ok := blocks[0]["text"].(string)
-	return text, ok
+	out := make([]string, len(blocks))
+	for i, b := range blocks {
+		text, ok := b["text"].(string)
+		if len(b) != 2 || b["type"] != "text" || !ok {
+			return nil, false
+		}
+		out[i] = text
+	}
+	return out, true
 }

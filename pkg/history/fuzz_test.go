@@ -172,6 +172,65 @@ func FuzzCachedPrefix(f *testing.F) {
 	})
 }
 
+// FuzzSplitResume: a request split from where it repeats the last one's
+// bytes is split as from scratch, and a tracker that compares it with the
+// last request it forwarded gives the verdict of a new turn's tracker that
+// canonicalises every message.
+func FuzzSplitResume(f *testing.F) {
+	for _, s := range seedRequests(f) {
+		elems, err := splitArray(s)
+		if err != nil || len(elems) < 2 {
+			continue
+		}
+		f.Add(s, append(append([]byte("["), bytes.Join(elems[:len(elems)-1], []byte(","))...), []byte(`,{"role":"user","content":"forged"}]`)...))
+		f.Add(s, append(append([]byte("["), bytes.Join(elems, []byte(" , "))...), []byte(`,{"role":"user","content":"next"}]`)...))
+	}
+	f.Add([]byte(`[1,2,{"a":"b"}]`), []byte(`[1,23,{"a":"b"}]`))
+	f.Add([]byte(`[{"role":"user","content":"a"} ,{"role":"user","content":"b"}]`), []byte(`[{"role":"user","content":"a"} ]`))
+	f.Fuzz(func(t *testing.T, prev, next []byte) {
+		if !json.Valid(prev) || !json.Valid(next) {
+			return
+		}
+		prevSpans, _, err := splitSpans(prev, nil, nil)
+		if err != nil {
+			return
+		}
+		want, _, wantErr := splitSpans(next, nil, nil)
+		got, _, gotErr := splitSpans(next, prev, prevSpans)
+		if (wantErr == nil) != (gotErr == nil) || !slices.Equal(want, got) {
+			t.Fatalf("resumed split %v (%v), from scratch %v (%v)", got, gotErr, want, wantErr)
+		}
+		// warm: prev forwarded earlier in the turn; kept: in the last turn,
+		// whose tracker kept it at its end; else every message
+		// canonicalised.
+		verdict := func(warm, kept bool) string {
+			dir := t.TempDir()
+			if err := pinRawSums(dir, "s", prev, false); err != nil {
+				return "unpinnable"
+			}
+			tr := NewTracker(dir, Refuse)
+			if warm || kept {
+				if _, err := tr.Check("s", prev, true); err != nil {
+					t.Fatalf("the pinned history itself refused: %v", err)
+				}
+			}
+			if kept {
+				if err := tr.Close(); err != nil {
+					t.Fatal(err)
+				}
+				tr = NewTracker(dir, Refuse)
+			}
+			if _, err := tr.Check("s", next, true); err != nil {
+				return err.Error()
+			}
+			return "accepted"
+		}
+		if w, k, c := verdict(true, false), verdict(false, true), verdict(false, false); w != c || k != c {
+			t.Fatalf("the same turn's compare gave %q, the kept request's %q, a new turn's %q", w, k, c)
+		}
+	})
+}
+
 // FuzzCanonical: the canonical form is a fixed point and never panics.
 func FuzzCanonical(f *testing.F) {
 	for _, s := range seedRequests(f) {

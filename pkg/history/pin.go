@@ -3,13 +3,8 @@ package history
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/internal/lazyre"
 )
@@ -35,6 +30,13 @@ type Pin struct {
 	// Compaction is a compaction summary the gateway passed back: the
 	// session's next history may be the one derived from it.
 	Compaction *pinCompaction `json:"compaction,omitempty"`
+
+	// msgs and sums are the messages and their raw digests (zero: none)
+	// of a pin written or read as a slot (pinstore.go); Messages is only
+	// read, from a pin of the earlier JSON format.
+	msgs   []Message
+	sums   []Digest
+	binary bool
 }
 
 // pinCompaction is a recorded compaction: the digest of the formatted
@@ -44,6 +46,7 @@ type pinCompaction struct {
 	Summary string          `json:"summary"`
 	Tools   []string        `json:"tools"`
 	Tail    []pinnedMessage `json:"tail"`
+	Context []string        `json:"context,omitempty"`
 }
 
 // compaction decodes the pin's recorded compaction (nil when none).
@@ -53,6 +56,15 @@ func (p *Pin) compaction() (*compaction, error) {
 		return nil, nil
 	}
 	c := &compaction{tools: pc.Tools}
+	for _, h := range pc.Context {
+		var d Digest
+		if b, err := hex.DecodeString(h); err != nil || len(b) != len(d) {
+			return nil, errors.New("the pin's compaction context is malformed")
+		} else {
+			copy(d[:], b)
+		}
+		c.context = append(c.context, d)
+	}
 	b, err := hex.DecodeString(pc.Summary)
 	if err != nil || len(b) != sha256.Size {
 		return nil, errors.New("the pin's compaction summary is malformed")
@@ -84,57 +96,96 @@ type pinnedMessage struct {
 	Raw string `json:"raw,omitempty"`
 }
 
-// chain returns the digest chain head over msgs.
-func chain(msgs []Message) string {
-	var h [sha256.Size]byte
-	for _, m := range msgs {
-		s := sha256.New()
-		s.Write(h[:])
-		s.Write([]byte(m.Role))
-		s.Write([]byte{0})
-		s.Write(m.Digest[:])
-		copy(h[:], s.Sum(nil))
+// chainStep is one link of the chain: SHA-256(h || role || 0 || digest).
+func chainStep(h Digest, m Message) Digest {
+	var buf [2*sha256.Size + 32]byte
+	b := append(buf[:0], h[:]...)
+	b = append(b, m.Role...)
+	b = append(b, 0)
+	b = append(b, m.Digest[:]...)
+	return sha256.Sum256(b)
+}
+
+// chainHeads extends heads, the chain heads of msgs[:len(heads)], over
+// msgs.
+func chainHeads(heads []Digest, msgs []Message) []Digest {
+	for i := len(heads); i < len(msgs); i++ {
+		var h Digest
+		if i > 0 {
+			h = heads[i-1]
+		}
+		heads = append(heads, chainStep(h, msgs[i]))
+	}
+	return heads
+}
+
+// chainHex is the chain head of heads as the pin records it.
+func chainHex(heads []Digest) string {
+	var h Digest
+	if len(heads) > 0 {
+		h = heads[len(heads)-1]
 	}
 	return hex.EncodeToString(h[:])
 }
 
-// newPin returns the pin of msgs; sums, when it has a non-zero entry for a
-// message, is the digest of that message's raw bytes.
-func newPin(session string, msgs []Message, sums []Digest, answered, delivered bool) *Pin {
-	p := &Pin{Session: session, Answered: answered, Delivered: delivered, Chain: chain(msgs), Messages: make([]pinnedMessage, len(msgs))}
-	for i, m := range msgs {
-		p.Messages[i] = pinnedMessage{Role: m.Role, Digest: hex.EncodeToString(m.Digest[:])}
-		if i < len(sums) && sums[i] != (Digest{}) {
-			p.Messages[i].Raw = hex.EncodeToString(sums[i][:])
-		}
-	}
-	return p
+// chain returns the digest chain head over msgs.
+func chain(msgs []Message) string { return chainHex(chainHeads(nil, msgs)) }
+
+// newPin returns the pin of msgs, whose chain head is head; sums, when
+// it has a non-zero entry for a message, is the digest of that message's
+// raw bytes.
+func newPin(session string, msgs []Message, sums []Digest, head string, answered, delivered bool) *Pin {
+	return &Pin{Session: session, Answered: answered, Delivered: delivered, Chain: head, msgs: msgs, sums: sums}
 }
 
-// messages decodes the pin, checking its chain, and returns with it the
-// map from the recorded raw digests to their messages.
-func (p *Pin) messages() ([]Message, map[Digest]Message, error) {
-	out, err := decodeMessages(p.Messages)
+// entries returns the pin's messages and raw digests (zero: none), from a
+// slot or from a pin of the earlier JSON format.
+func (p *Pin) entries() ([]Message, []Digest, error) {
+	if p.binary || p.msgs != nil {
+		return p.msgs, p.sums, nil
+	}
+	msgs, err := decodeMessages(p.Messages)
 	if err != nil {
 		return nil, nil, err
 	}
-	if chain(out) != p.Chain {
-		return nil, nil, errors.New("the pin's digest chain does not match its messages")
-	}
-	known := make(map[Digest]Message, len(out))
+	sums := make([]Digest, len(msgs))
 	for i, m := range p.Messages {
 		if m.Raw == "" {
 			continue
 		}
-		var d Digest
 		b, err := hex.DecodeString(m.Raw)
-		if err != nil || len(b) != len(d) {
+		if err != nil || len(b) != sha256.Size {
 			return nil, nil, fmt.Errorf("pinned message %d is malformed", i)
 		}
-		copy(d[:], b)
-		known[d] = out[i]
+		copy(sums[i][:], b)
 	}
-	return out, known, nil
+	return msgs, sums, nil
+}
+
+// messages decodes the pin, checking its chain, and returns with it the
+// chain heads and the map from the recorded raw digests to their
+// messages.
+func (p *Pin) messages() ([]Message, []Digest, map[Digest]Message, error) {
+	out, sums, err := p.entries()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	for i, m := range out {
+		if m.Role == "" {
+			return nil, nil, nil, fmt.Errorf("pinned message %d is malformed", i)
+		}
+	}
+	heads := chainHeads(make([]Digest, 0, len(out)), out)
+	if chainHex(heads) != p.Chain {
+		return nil, nil, nil, errors.New("the pin's digest chain does not match its messages")
+	}
+	known := make(map[Digest]Message, len(out))
+	for i, d := range sums {
+		if i < len(out) && d != (Digest{}) {
+			known[d] = out[i]
+		}
+	}
+	return out, heads, known, nil
 }
 
 func decodeMessages(pm []pinnedMessage) ([]Message, error) {
@@ -152,59 +203,3 @@ func decodeMessages(pm []pinnedMessage) ([]Message, error) {
 
 // sessionID is what a provider session id may look like to be a file name.
 var sessionID = lazyre.New(`^[A-Za-z0-9_.:-]{1,128}$`)
-
-// pinFile is where the pin of session lives under dir: the id itself is
-// the client's, so the file is named by its digest.
-func pinFile(dir, session string) string {
-	s := sha256.Sum256([]byte(session))
-	return filepath.Join(dir, hex.EncodeToString(s[:16])+".json")
-}
-
-// loadPin reads a session's pin; (nil, nil) when there is none.
-func loadPin(dir, session string) (*Pin, error) {
-	f, err := os.OpenFile(pinFile(dir, session), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("history pin of session %s: %w", session, err)
-	}
-	defer f.Close()
-	var p Pin
-	if err := json.NewDecoder(f).Decode(&p); err != nil {
-		return nil, fmt.Errorf("history pin of session %s: %w", session, err)
-	}
-	if p.Session != session {
-		return nil, fmt.Errorf("history pin of session %s names session %q", session, p.Session)
-	}
-	return &p, nil
-}
-
-// savePin writes a session's pin atomically (beside it, then renamed): a
-// kill at any point leaves the old pin or the new one.
-func savePin(dir string, p *Pin) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("history pins: %w", err)
-	}
-	b, err := json.Marshal(p)
-	if err != nil {
-		return err
-	}
-	path := pinFile(dir, p.Session)
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return fmt.Errorf("history pin: %w", err)
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return fmt.Errorf("history pin: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("history pin: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("history pin: %w", err)
-	}
-	return nil
-}

@@ -64,12 +64,14 @@ type Tracker struct {
 	mu       sync.Mutex
 	sessions map[string]*session
 	order    []string
+	// preloaded are sessions Preload read, not yet met in this turn.
+	preloaded map[string]*session
 }
 
 // NewTracker returns a tracker keeping its pins in dir (the task's state,
 // never mounted in a cage).
 func NewTracker(dir string, mode Mode) *Tracker {
-	return &Tracker{dir: dir, mode: mode, sessions: map[string]*session{}}
+	return &Tracker{dir: dir, mode: mode, sessions: map[string]*session{}, preloaded: map[string]*session{}}
 }
 
 // session is one provider session as this turn has seen it.
@@ -97,9 +99,17 @@ type session struct {
 	// The last forwarded request's raw messages, their digests and the
 	// digests of their raw bytes: a message whose bytes did not change is
 	// not canonicalised again.
-	lastRaw  [][]byte
-	lastMsgs []Message
-	lastSums []Digest
+	lastBody  []byte
+	lastSpans []span
+	lastRaw   [][]byte
+	lastMsgs  []Message
+	lastSums  []Digest
+
+	// store writes the pin; heads are the chain heads of chained (the
+	// history last pinned).
+	store   *pinStore
+	heads   []Digest
+	chained []Message
 
 	// known maps the SHA-256 of a message's raw bytes, as this session's
 	// pin recorded them, to the message's canonical digest: on a turn's
@@ -141,20 +151,22 @@ func (t *Tracker) Check(sessionID string, messages []byte, main bool) (*Exchange
 	if !validSession(sessionID) {
 		return nil, &Mismatch{Session: printable(sessionID), Index: 0, Role: "-", Why: "the session id is not one the gateway can pin"}
 	}
-	elems, err := splitArray(messages)
-	if err != nil {
-		return nil, &Mismatch{Session: sessionID, Index: 0, Role: "-", Why: err.Error()}
-	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s, err := t.session(sessionID)
 	if err != nil {
 		return nil, err
 	}
+	spans, reused, err := splitSpans(messages, s.lastBody, s.lastSpans)
+	if err != nil {
+		return nil, &Mismatch{Session: sessionID, Index: 0, Role: "-", Why: err.Error()}
+	}
+	elems := elements(messages, spans)
 	msgs := make([]Message, len(elems))
 	sums := make([]Digest, len(elems))
+	var last canonical // the last message's canonical form, made once
 	for i, e := range elems {
-		if i < len(s.lastRaw) && bytes.Equal(e, s.lastRaw[i]) {
+		if i < reused || i < len(s.lastRaw) && bytes.Equal(e, s.lastRaw[i]) {
 			msgs[i], sums[i] = s.lastMsgs[i], s.lastSums[i]
 			continue
 		}
@@ -163,21 +175,31 @@ func (t *Tracker) Check(sessionID string, messages []byte, main bool) (*Exchange
 			msgs[i] = m
 			continue
 		}
+		if i == len(elems)-1 {
+			last = canonicalOf(e, i)
+			if msgs[i], err = last.sum(); err != nil {
+				return nil, &Mismatch{Session: sessionID, Index: i, Role: "-", Why: err.Error()}
+			}
+			continue
+		}
 		if msgs[i], err = Sum(e); err != nil {
 			return nil, &Mismatch{Session: sessionID, Index: i, Role: "-", Why: err.Error()}
 		}
 	}
+	if last.raw == nil && len(elems) > 0 {
+		last = canonical{raw: elems[len(elems)-1], index: len(elems) - 1, lazy: true}
+	}
 	first := s.verdict == ""
-	if req := s.compactionRequest(msgs, elems); req != nil {
+	if req := s.compactionRequest(msgs, elems, &last); req != nil {
 		// The pin stays the history it extends; the summary is recorded
 		// when it has passed back whole (Done).
 		if first {
 			s.verdict = VerdictContinued
 		}
-		s.lastRaw, s.lastMsgs, s.lastSums = elems, msgs, sums
+		s.remember(messages, spans, elems, msgs, sums)
 		return &Exchange{t: t, s: s, msgs: msgs, sums: sums, tracked: true, compact: req}, nil
 	}
-	mm := s.compare(msgs, elems)
+	mm := s.compare(msgs, elems, &last)
 	compacted := false
 	if mm != nil && s.compaction != nil {
 		if s.compacted(msgs, elems) {
@@ -205,10 +227,10 @@ func (t *Tracker) Check(sessionID string, messages []byte, main bool) (*Exchange
 	s.ref, s.refSums, s.answered, s.delivered, s.pinned = msgs, sums, false, false, true
 	s.lastUser = nil
 	if n := len(msgs); n > 0 && msgs[n-1].Role == "user" {
-		s.lastUser = blockDigests(elems[n-1])
+		s.lastUser = last.blocks()
 	}
-	s.lastRaw, s.lastMsgs, s.lastSums = elems, msgs, sums
-	if err := savePin(t.dir, s.pin()); err != nil {
+	s.remember(messages, spans, elems, msgs, sums)
+	if err := s.store.save(s.pin()); err != nil {
 		return nil, err
 	}
 	ex := &Exchange{t: t, s: s, msgs: msgs, sums: sums, tracked: true}
@@ -246,7 +268,7 @@ func (ex *Exchange) Done(delivered bool) error {
 	s.ref = append(slices.Clip(ex.msgs), m)
 	s.refSums = append(slices.Clip(ex.sums), Digest{})
 	s.answered, s.delivered, s.lastUser = true, delivered, nil
-	return savePin(t.dir, s.pin())
+	return s.store.save(s.pin())
 }
 
 // compactionDone records a compaction request's summary: the session's
@@ -267,17 +289,32 @@ func (ex *Exchange) compactionDone(answer []byte) error {
 		summary: sha256.Sum256([]byte(formatSummary(text))),
 		tools:   ex.compact.tools,
 		tail:    ex.compact.tail,
+		context: ex.compact.context,
 	}
 	if s.verdict != VerdictMismatch {
 		s.verdict = VerdictCompacted
 	}
-	return savePin(t.dir, s.pin())
+	return s.store.save(s.pin())
+}
+
+// remember keeps a forwarded request's messages: the next request is
+// compared with their bytes.
+func (s *session) remember(body []byte, spans []span, elems [][]byte, msgs []Message, sums []Digest) {
+	s.lastBody, s.lastSpans, s.lastRaw, s.lastMsgs, s.lastSums = body, spans, elems, msgs, sums
 }
 
 func (s *session) pin() *Pin {
-	p := newPin(s.id, s.ref, s.refSums, s.answered, s.delivered)
+	// The chain heads of the messages ref shares with the last pin's are
+	// kept: a request extends its history, so only new links are hashed.
+	k := firstDiff(s.chained, s.ref)
+	s.heads = chainHeads(s.heads[:k], s.ref)
+	s.chained = s.ref
+	p := newPin(s.id, s.ref, s.refSums, chainHex(s.heads), s.answered, s.delivered)
 	if c := s.compaction; c != nil {
 		p.Compaction = &pinCompaction{Summary: hex.EncodeToString(c.summary[:]), Tools: c.tools, Tail: pinned(c.tail)}
+		for _, d := range c.context {
+			p.Compaction.Context = append(p.Compaction.Context, hex.EncodeToString(d[:]))
+		}
 	}
 	for _, d := range s.lastUser {
 		p.LastUser = append(p.LastUser, hex.EncodeToString(d[:]))
@@ -290,37 +327,82 @@ func (t *Tracker) session(id string) (*session, error) {
 	if s, ok := t.sessions[id]; ok {
 		return s, nil
 	}
-	s := &session{id: id}
-	p, err := loadPin(t.dir, id)
-	if err != nil {
-		return nil, err
-	}
-	if p != nil {
-		if s.ref, s.known, err = p.messages(); err != nil {
-			return nil, fmt.Errorf("history pin of session %s: %w", id, err)
-		}
-		s.answered, s.delivered, s.pinned = p.Answered, p.Delivered, true
-		if s.compaction, err = p.compaction(); err != nil {
-			return nil, fmt.Errorf("history pin of session %s: %w", id, err)
-		}
-		for _, h := range p.LastUser {
-			var d Digest
-			if b, err := hex.DecodeString(h); err == nil && len(b) == len(d) {
-				copy(d[:], b)
-				s.lastUser = append(s.lastUser, d)
-			}
+	s, ok := t.preloaded[id]
+	if !ok {
+		var err error
+		if s, err = loadSession(t.dir, id); err != nil {
+			return nil, err
 		}
 	}
+	delete(t.preloaded, id)
 	t.sessions[id] = s
 	t.order = append(t.order, id)
 	return s, nil
+}
+
+// loadSession reads session id's pin (and the last turn's kept request).
+func loadSession(dir, id string) (*session, error) {
+	s := &session{id: id, store: &pinStore{dir: dir, session: id}}
+	p, err := s.store.load()
+	if err != nil || p == nil {
+		return s, err
+	}
+	if s.ref, s.heads, s.known, err = p.messages(); err != nil {
+		return nil, fmt.Errorf("history pin of session %s: %w", id, err)
+	}
+	s.chained = s.ref
+	s.answered, s.delivered, s.pinned = p.Answered, p.Delivered, true
+	loadRaw(dir, s)
+	if s.compaction, err = p.compaction(); err != nil {
+		return nil, fmt.Errorf("history pin of session %s: %w", id, err)
+	}
+	for _, h := range p.LastUser {
+		var d Digest
+		if b, err := hex.DecodeString(h); err == nil && len(b) == len(d) {
+			copy(d[:], b)
+			s.lastUser = append(s.lastUser, d)
+		}
+	}
+	return s, nil
+}
+
+// preloadSessions is how many of the task's most recently pinned sessions
+// Preload reads: a resumed session is most often the last one.
+const preloadSessions = 2
+
+// Preload reads the pins of the task's most recently pinned sessions in
+// the background, while the cage starts, so that a turn's first request
+// does not wait for them; the channel is closed when done. A session it
+// did not read, or read with an error, is read on its first request as
+// before.
+func (t *Tracker) Preload() <-chan struct{} {
+	done := make(chan struct{})
+	if t == nil {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		for _, id := range recentSessions(t.dir, preloadSessions) {
+			s, err := loadSession(t.dir, id)
+			if err != nil {
+				continue
+			}
+			t.mu.Lock()
+			if _, used := t.sessions[id]; !used {
+				t.preloaded[id] = s
+			}
+			t.mu.Unlock()
+		}
+	}()
+	return done
 }
 
 // compare checks msgs against the session's reference history: it must
 // start with it, then hold only new user content. An answer the agent may
 // not have read whole may be missing; new content may be merged into a
 // last user message that had no answer.
-func (s *session) compare(msgs []Message, elems [][]byte) *Mismatch {
+func (s *session) compare(msgs []Message, elems [][]byte, last *canonical) *Mismatch {
 	ref := s.ref
 	if !s.pinned {
 		// A session the gateway never saw must be a new one: no answer in
@@ -344,7 +426,7 @@ func (s *session) compare(msgs []Message, elems [][]byte) *Mismatch {
 		return newContent(s.id, msgs, len(ref))
 	}
 	if i == len(ref)-1 && i < len(msgs) && len(s.lastUser) > 0 && msgs[i].Role == "user" {
-		if got := blockDigests(elems[i]); len(got) >= len(s.lastUser) && slices.Equal(got[:len(s.lastUser)], s.lastUser) {
+		if got := last.blocksAt(elems, i); len(got) >= len(s.lastUser) && slices.Equal(got[:len(s.lastUser)], s.lastUser) {
 			return newContent(s.id, msgs, i+1)
 		}
 	}

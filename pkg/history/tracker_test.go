@@ -3,7 +3,6 @@ package history
 import (
 	"bytes"
 	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -97,8 +96,7 @@ func TestForgeriesRefused(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
 			turn1(t, dir)
-			before, err := os.ReadFile(pinFile(dir, "s"))
-			assert.NilError(t, err)
+			before := pinBytes(t, dir, "s")
 			tr := NewTracker(dir, Refuse)
 			ex, err := tr.Check("s", c.msgs, true)
 			var mm *Mismatch
@@ -110,9 +108,7 @@ func TestForgeriesRefused(t *testing.T) {
 			r := tr.Reports()
 			assert.Equal(t, r[0].Verdict, VerdictMismatch)
 			assert.Equal(t, *r[0].Index, c.index)
-			after, err := os.ReadFile(pinFile(dir, "s"))
-			assert.NilError(t, err)
-			assert.Equal(t, string(after), string(before), "a refused history changed the pin")
+			assert.Equal(t, pinBytes(t, dir, "s"), before, "a refused history changed the pin")
 
 			// report: forwarded, recorded, and the forwarded history pinned.
 			tr = NewTracker(dir, Report)
@@ -193,17 +189,17 @@ func TestKilledBeforeAnswer(t *testing.T) {
 func TestPinTampered(t *testing.T) {
 	dir := t.TempDir()
 	turn1(t, dir)
-	p := pinFile(dir, "s")
-	b, _ := os.ReadFile(p)
-	var pin Pin
-	assert.NilError(t, json.Unmarshal(b, &pin))
-	pin.Messages = pin.Messages[:2]
-	b, _ = json.Marshal(pin)
-	assert.NilError(t, os.WriteFile(p, b, 0o600))
-	_, err := NewTracker(dir, Refuse).Check("s", conv("u:hello", "a:a1", "u:x"), true)
+	pin, err := loadPin(dir, "s")
+	assert.NilError(t, err)
+	pin.msgs, pin.sums = pin.msgs[:2], pin.sums[:2]
+	assert.NilError(t, savePin(dir, pin))
+	_, err = NewTracker(dir, Refuse).Check("s", conv("u:hello", "a:a1", "u:x"), true)
 	assert.ErrorContains(t, err, "chain")
-	assert.NilError(t, os.Remove(p))
-	assert.NilError(t, os.Symlink("/etc/passwd", p))
+	for slot := 0; slot < 2; slot++ {
+		p := slotFile(dir, "s", slot)
+		assert.NilError(t, os.Remove(p))
+		assert.NilError(t, os.Symlink("/etc/passwd", p))
+	}
 	_, err = NewTracker(dir, Refuse).Check("s", conv("u:hello"), true)
 	assert.Assert(t, err != nil)
 	_ = filepath.Join
@@ -269,15 +265,11 @@ func TestRawDigestsStayInTheirSession(t *testing.T) {
 	}
 
 	// Session a's pin: its raw digest of message 1 now names the forgery.
-	b, err := os.ReadFile(pinFile(dir, "a"))
+	p, err := loadPin(dir, "a")
 	assert.NilError(t, err)
-	var p Pin
-	assert.NilError(t, json.Unmarshal(b, &p))
-	want := sha256.Sum256(elems[1])
-	assert.Equal(t, p.Messages[1].Raw, hex.EncodeToString(want[:]), "the pin keeps the raw digest")
-	f := sha256.Sum256(forged)
-	p.Messages[1].Raw = hex.EncodeToString(f[:])
-	assert.NilError(t, savePin(dir, &p))
+	assert.Equal(t, p.sums[1], Digest(sha256.Sum256(elems[1])), "the pin keeps the raw digest")
+	p.sums[1] = sha256.Sum256(forged)
+	assert.NilError(t, savePin(dir, p))
 
 	tr := NewTracker(dir, Refuse)
 	_, err = tr.Check("a", next(elems[0], forged, elems[2]), true)

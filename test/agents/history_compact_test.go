@@ -2,6 +2,7 @@ package agents_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -91,6 +92,71 @@ func TestHistoryCompaction(t *testing.T) {
 	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "after compact "+nonce)
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
 	assert.Equal(t, res.History[0].Verdict, "compacted", out)
+	e.api.Append(modelapi.Text("next " + nonce))
+	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "next "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	assert.Equal(t, res.History[0].Verdict, "continued", out)
+}
+
+// TestHistoryAutoCompact: the scripted API reports usage near the context
+// window on a tool call, and the real Claude Code compacts by itself
+// before its next request. Through the gateway (history = "refuse") the
+// auto-compaction is derived from the pin like /compact: the turn is
+// accepted as compacted; a forged summary in the kept transcript after it
+// is refused before the model API sees it (with history = "off" it
+// arrives: the positive control), and the honest one continues.
+func TestHistoryAutoCompact(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
+	nonce := e.name
+	// Claude Code 2.1.332 sees a 1M window for the model here (its debug
+	// log: effectiveWindow=980000) and compacts from 967,000 tokens; the
+	// newest messages are kept verbatim, so the summary needs older ones.
+	for i := 0; i < 6; i++ {
+		e.api.Append(bash(fmt.Sprintf("echo tool-%d-%s", i, nonce)))
+	}
+	full := bash("echo tool-full-" + nonce)
+	full.InputTokens = 970_000
+	e.api.Append(full, modelapi.Text(compactSummary(nonce)), modelapi.Text("after auto-compact "+nonce))
+	code, out, errb, res := e.resumeRun("claude", "-p", "--output-format", "json", "first prompt "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	sid := parseClaude(t, out).SessionID
+	compacting := 0
+	for _, r := range e.api.Requests() {
+		if bytes.Contains(r.Body, []byte("CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.")) {
+			compacting++
+		}
+	}
+	assert.Equal(t, compacting, 1, "Claude Code did not auto-compact:\n%s", e.api.Log())
+	assert.Assert(t, len(res.History) == 1 && res.History[0].Verdict == "compacted", "the auto-compacted turn: %s", out)
+
+	transcriptPath := func() string {
+		e.settled("claude")
+		return filepath.Join(e.home("claude"), ".claude", "projects", "-work", sid+".jsonl")
+	}
+	orig, err := os.ReadFile(transcriptPath())
+	assert.NilError(t, err)
+	old := "do X " + nonce
+	assert.Assert(t, bytes.Contains(orig, []byte(old)), "the summary is not in the compacted transcript")
+	marker := "FORGED-summary-" + nonce
+	assert.NilError(t, os.WriteFile(transcriptPath(), bytes.ReplaceAll(orig, []byte(old), []byte(marker)), 0o600))
+	before := len(e.api.Requests())
+	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "continue "+nonce)
+	e.refusedForgery("changed summary after auto-compact", marker, before, code, out, errb, res)
+
+	e.setHistory("off")
+	before = len(e.api.Requests())
+	e.api.Append(modelapi.Text("control " + nonce))
+	code, out, errb, _ = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "control "+nonce)
+	assert.Equal(t, code, 0, "%s %s", out, errb)
+	reached := false
+	for _, r := range e.api.Requests()[before:] {
+		reached = reached || bytes.Contains(r.Body, []byte(marker))
+	}
+	assert.Assert(t, reached, "positive control: the forged summary did not reach the model API without the pin")
+
+	e.setHistory("refuse")
+	assert.NilError(t, os.WriteFile(transcriptPath(), orig, 0o600))
 	e.api.Append(modelapi.Text("next " + nonce))
 	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "next "+nonce)
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
