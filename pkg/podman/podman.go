@@ -1,7 +1,8 @@
-// Package podman is shrooms' only door to podman: a thin client over podman's
-// REST bindings for the few calls a turn needs (images, volumes, secrets,
-// networks, and a container's create → attach/start → wait → remove).
-// Nothing else in shrooms talks to podman.
+// Package podman is shrooms' only door to podman: a small client of podman's
+// libpod REST API, spoken over the service's unix socket, for the few calls
+// a turn needs (images, volumes, secrets, networks, and a container's create
+// → attach/start → wait → remove). The spec sent is podman's own specgen
+// type. Nothing else in shrooms talks to podman.
 package podman
 
 import (
