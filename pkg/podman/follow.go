@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/url"
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/containers/podman/v5/pkg/bindings/containers"
 )
 
 // ErrCageGone marks a cage that podman no longer knows: it was removed
@@ -95,9 +95,7 @@ func (c *Client) Follow(ctx context.Context, id string, st Streams, attached <-c
 func (c *Client) start(ctx context.Context, id string) error {
 	delay := reconnectFirst
 	for retried := false; ; retried = true {
-		cctx, done := c.scope(ctx)
-		err := containers.Start(cctx, id, nil)
-		done()
+		err := c.do(ctx, http.MethodPost, nil, nil, nil, "containers", id, "start")
 		if err != nil && retried && !IsConnectionError(err) {
 			// The killed service may have run the OCI runtime's start
 			// without recording it: the runtime then refuses a second one.
@@ -139,9 +137,8 @@ func waiting(status string) bool {
 // exited, ...), synced with the OCI runtime first: a service killed in the
 // middle of a start leaves its record at "created" while the cage runs.
 func (c *Client) status(ctx context.Context, id string) (string, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	list, err := containers.List(cctx, new(containers.ListOptions).WithAll(true).WithSync(true).WithFilters(map[string][]string{"id": {id}}))
+	q := url.Values{"all": {"true"}, "sync": {"true"}, "filters": {jsonString(map[string][]string{"id": {id}})}}
+	list, err := c.listContainers(ctx, q)
 	if err != nil {
 		return "", fmt.Errorf("list cage: %w", err)
 	}
@@ -177,45 +174,6 @@ func (c *Client) reattach(ctx context.Context, id string, st Streams) (<-chan er
 			done <- err
 			return done, nil
 		}
-	}
-}
-
-// attach opens a stream from a running cage; the returned channel yields
-// its end. The error of a failed attachment keeps its cause (for
-// IsConnectionError and isNotFound).
-func (c *Client) attach(ctx context.Context, id string, st Streams) (<-chan error, error) {
-	// Attach replaces the transport of the connection it is given, so it
-	// gets a connection of its own.
-	conn, release, err := c.streamConn(ctx)
-	if err != nil {
-		return nil, err
-	}
-	actx, cancel := context.WithCancel(conn)
-	stop := context.AfterFunc(ctx, cancel)
-	ready := make(chan bool, 1)
-	ended := make(chan error, 1)
-	var out, errOut io.Writer
-	if st.Stdout != nil {
-		out = &writer{st.Stdout}
-	}
-	if st.Stderr != nil {
-		errOut = &writer{st.Stderr}
-	}
-	go func() {
-		defer stop()
-		defer cancel()
-		err := containers.Attach(actx, id, nil, out, errOut, ready, new(containers.AttachOptions).WithStream(true))
-		release()
-		ended <- err
-	}()
-	select {
-	case <-ready:
-		return ended, nil
-	case err := <-ended:
-		return nil, err
-	case <-ctx.Done():
-		cancel()
-		return nil, ctx.Err()
 	}
 }
 

@@ -3,17 +3,13 @@ package podman
 import (
 	"context"
 	"fmt"
-
-	"github.com/containers/podman/v5/pkg/bindings/containers"
 )
 
 // CageNamed returns the container of that name or id as ListByLabel lists
 // it, or nil when there is none: one inspection of a known cage instead of a
 // listing of all containers.
 func (c *Client) CageNamed(ctx context.Context, name string) (*Cage, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	data, err := containers.Inspect(cctx, name, new(containers.InspectOptions).WithSize(false))
+	data, err := c.inspect(ctx, name)
 	if err != nil {
 		if isNotFound(err) {
 			return nil, nil

@@ -3,11 +3,8 @@ package podman
 import (
 	"context"
 	"fmt"
-	"net"
+	"net/http"
 	"net/netip"
-
-	nettypes "github.com/containers/common/libnetwork/types"
-	"github.com/containers/podman/v5/pkg/bindings/network"
 )
 
 // NetworkSpec is the cage network as shrooms wants it.
@@ -29,13 +26,29 @@ type Network struct {
 	Labels       map[string]string
 }
 
+// subnet is a network's subnet as podman's network API spells it.
+type subnet struct {
+	Subnet  string `json:"subnet"`
+	Gateway string `json:"gateway,omitempty"`
+}
+
+// network is the part of podman's network record shrooms writes and reads.
+type network struct {
+	Name             string            `json:"name"`
+	Driver           string            `json:"driver,omitempty"`
+	NetworkInterface string            `json:"network_interface,omitempty"`
+	Subnets          []subnet          `json:"subnets,omitempty"`
+	IPv6Enabled      bool              `json:"ipv6_enabled"`
+	Internal         bool              `json:"internal"`
+	DNSEnabled       bool              `json:"dns_enabled"`
+	Labels           map[string]string `json:"labels,omitempty"`
+}
+
 // InspectNetwork returns the named network, or nil if it does not exist.
 func (c *Client) InspectNetwork(ctx context.Context, name string) (*Network, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
 	// One call, not exists + inspect: every networked turn makes it.
-	r, err := network.Inspect(cctx, name, nil)
-	if err != nil {
+	var r network
+	if err := c.do(ctx, http.MethodGet, nil, nil, &r, "networks", name, "json"); err != nil {
 		if isNotFound(err) {
 			return nil, nil
 		}
@@ -43,7 +56,12 @@ func (c *Client) InspectNetwork(ctx context.Context, name string) (*Network, err
 	}
 	n := &Network{Name: r.Name, Bridge: r.NetworkInterface, Internal: r.Internal, DNSEnabled: r.DNSEnabled, Labels: r.Labels}
 	for _, s := range r.Subnets {
-		n.Subnets = append(n.Subnets, s.Subnet.String())
+		// Canonical CIDR, as the bindings' net.IPNet printed it.
+		if p, err := netip.ParsePrefix(s.Subnet); err == nil {
+			n.Subnets = append(n.Subnets, p.Masked().String())
+		} else {
+			n.Subnets = append(n.Subnets, s.Subnet)
+		}
 	}
 	return n, nil
 }
@@ -52,42 +70,42 @@ func (c *Client) InspectNetwork(ctx context.Context, name string) (*Network, err
 // the given subnets and gateways, IPv6 when a v6 subnet is given, no DNS
 // server of podman's (each cage has its own resolver), not internal (the seal, not podman, limits egress).
 func (c *Client) CreateNetwork(ctx context.Context, s NetworkSpec) error {
-	cctx, done := c.scope(ctx)
-	defer done()
-	n := &nettypes.Network{
+	n := network{
 		Name:             s.Name,
 		Driver:           "bridge",
 		NetworkInterface: s.Bridge,
 		DNSEnabled:       false, // cages have their own resolver (pkg/dnsseal)
 		Labels:           s.Labels,
-		Subnets: []nettypes.Subnet{{
-			Subnet:  nettypes.IPNet{IPNet: *prefixNet(s.Subnet4)},
-			Gateway: net.IP(s.Gateway4.AsSlice()),
-		}},
+		Subnets:          []subnet{netSubnet(s.Subnet4, s.Gateway4)},
 	}
 	if s.Subnet6.IsValid() {
 		n.IPv6Enabled = true
-		n.Subnets = append(n.Subnets, nettypes.Subnet{
-			Subnet:  nettypes.IPNet{IPNet: *prefixNet(s.Subnet6)},
-			Gateway: net.IP(s.Gateway6.AsSlice()),
-		})
+		n.Subnets = append(n.Subnets, netSubnet(s.Subnet6, s.Gateway6))
 	}
-	if _, err := network.Create(cctx, n); err != nil {
+	body, err := jsonBody(n)
+	if err != nil {
+		return fmt.Errorf("create network %s: %w", s.Name, err)
+	}
+	if err := c.do(ctx, http.MethodPost, nil, body, nil, "networks", "create"); err != nil {
 		return fmt.Errorf("create network %s: %s", s.Name, oneLine(err))
 	}
 	return nil
 }
 
-func prefixNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+// netSubnet spells a subnet and its gateway (none when gw is the zero
+// value) as the network API reads them; podman refuses an unmasked subnet.
+func netSubnet(p netip.Prefix, gw netip.Addr) subnet {
+	s := subnet{Subnet: p.String()}
+	if gw.IsValid() {
+		s.Gateway = gw.String()
+	}
+	return s
 }
 
 // RemoveNetwork removes the named network; one that does not exist is not
 // an error.
 func (c *Client) RemoveNetwork(ctx context.Context, name string) error {
-	cctx, done := c.scope(ctx)
-	defer done()
-	if _, err := network.Remove(cctx, name, nil); err != nil && !isNotFound(err) {
+	if err := c.do(ctx, http.MethodDelete, nil, nil, nil, "networks", name); err != nil && !isNotFound(err) {
 		return fmt.Errorf("remove network %s: %s", name, oneLine(err))
 	}
 	return nil

@@ -1,39 +1,31 @@
-// Package podman is shrooms' only door to podman: a thin client over podman's
-// REST bindings for the few calls a turn needs (images, volumes, secrets,
-// networks, and a container's create → attach/start → wait → remove).
-// Nothing else in shrooms talks to podman.
+// Package podman is shrooms' only door to podman: a small client of podman's
+// libpod REST API, spoken over the service's unix socket, for the few calls
+// a turn needs (images, volumes, secrets, networks, and a container's create
+// → attach/start → wait → remove). The spec sent is podman's own specgen
+// type. Nothing else in shrooms talks to podman.
 package podman
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
-	"os"
+	"net/url"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/containers/podman/v5/libpod/define"
-	"github.com/containers/podman/v5/pkg/bindings"
-	"github.com/containers/podman/v5/pkg/bindings/containers"
-	"github.com/containers/podman/v5/pkg/bindings/images"
-	"github.com/containers/podman/v5/pkg/bindings/secrets"
-	"github.com/containers/podman/v5/pkg/bindings/system"
-	"github.com/containers/podman/v5/pkg/bindings/volumes"
-	"github.com/containers/podman/v5/pkg/domain/entities/types"
-	"github.com/containers/podman/v5/pkg/errorhandling"
 	"github.com/containers/podman/v5/pkg/specgen"
 )
 
-// Client is a connection to one podman service.
+// Client is a connection to one podman service. It speaks podman's libpod
+// REST API over the unix socket itself: podman's own bindings would pull
+// in a dependency tree whose init functions cost most of shrooms' start.
 type Client struct {
-	// conn is the bindings' connection context; every call derives from it.
-	conn context.Context
-	// uri is dialled again for each attach (Start).
-	uri string
+	http *http.Client
+	// path is the socket, dialled again for each attach stream.
+	path string
+	uri  string
 }
 
 // ErrUnreachable marks a podman service that does not answer.
@@ -47,37 +39,30 @@ func Connect(ctx context.Context, uri string) (*Client, error) {
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 	}
-	// The bindings keep the connection in the context they return, and they
-	// ping the service while connecting.
-	conn, err := bindings.NewConnection(context.WithoutCancel(ctx), uri)
+	path, err := socketPath(uri)
 	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnreachable, err)
+	}
+	c := &Client{http: &http.Client{Transport: unixTransport(path)}, path: path, uri: uri}
+	if err := c.do(ctx, http.MethodGet, nil, nil, nil, "_ping"); err != nil {
 		return nil, fmt.Errorf("%w at %s: %v", ErrUnreachable, uri, oneLine(err))
 	}
-	return &Client{conn: conn, uri: uri}, nil
-}
-
-// scope returns a bindings context that is cancelled with ctx.
-func (c *Client) scope(ctx context.Context) (context.Context, context.CancelFunc) {
-	cctx, cancel := context.WithCancel(c.conn)
-	if d, ok := ctx.Deadline(); ok {
-		cctx, cancel = context.WithDeadline(c.conn, d)
-	}
-	stop := context.AfterFunc(ctx, cancel)
-	return cctx, func() { stop(); cancel() }
+	return c, nil
 }
 
 // Version returns the service's podman version and its API version.
 func (c *Client) Version(ctx context.Context) (server, api string, err error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	v, err := system.Version(cctx, nil)
-	if err != nil {
+	var v struct {
+		Version    string `json:"Version"`
+		APIVersion string `json:"ApiVersion"`
+	}
+	if err := c.do(ctx, http.MethodGet, nil, nil, &v, "version"); err != nil {
 		return "", "", fmt.Errorf("podman version: %w", err)
 	}
-	if v.Server == nil {
+	if v.Version == "" {
 		return "", "", errors.New("podman version: the service reported no server version")
 	}
-	return v.Server.Version, v.Server.APIVersion, nil
+	return v.Version, v.APIVersion, nil
 }
 
 // HostInfo is what doctor needs from `podman info`.
@@ -95,31 +80,43 @@ type HostInfo struct {
 
 // Info returns facts about the podman host.
 func (c *Client) Info(ctx context.Context) (*HostInfo, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	info, err := system.Info(cctx, nil)
-	if err != nil {
+	var info struct {
+		Host struct {
+			CgroupVersion string `json:"cgroupVersion"`
+			CgroupManager string `json:"cgroupManager"`
+			Security      struct {
+				Rootless bool `json:"rootless"`
+			} `json:"security"`
+			OCIRuntime *struct {
+				Name    string `json:"name"`
+				Path    string `json:"path"`
+				Version string `json:"version"`
+			} `json:"ociRuntime"`
+		} `json:"host"`
+		Store struct {
+			GraphRoot string `json:"graphRoot"`
+		} `json:"store"`
+	}
+	if err := c.do(ctx, http.MethodGet, nil, nil, &info, "info"); err != nil {
 		return nil, fmt.Errorf("podman info: %w", err)
 	}
 	h := &HostInfo{
-		CgroupVersion: info.Host.CgroupsVersion,
+		CgroupVersion: info.Host.CgroupVersion,
 		CgroupManager: info.Host.CgroupManager,
 		Rootless:      info.Host.Security.Rootless,
 		GraphRoot:     info.Store.GraphRoot,
 	}
-	if info.Host.OCIRuntime != nil {
-		h.OCIRuntime = info.Host.OCIRuntime.Name
-		h.OCIRuntimePath = info.Host.OCIRuntime.Path
-		h.OCIRuntimeVersion, _, _ = strings.Cut(info.Host.OCIRuntime.Version, "\n")
+	if r := info.Host.OCIRuntime; r != nil {
+		h.OCIRuntime = r.Name
+		h.OCIRuntimePath = r.Path
+		h.OCIRuntimeVersion, _, _ = strings.Cut(r.Version, "\n")
 	}
 	return h, nil
 }
 
 // ImageExists reports whether ref is in the local store. Nothing is pulled.
 func (c *Client) ImageExists(ctx context.Context, ref string) (bool, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	ok, err := images.Exists(cctx, ref, nil)
+	ok, err := c.exists(ctx, "images", ref, "exists")
 	if err != nil {
 		return false, fmt.Errorf("image %s: %w", ref, err)
 	}
@@ -138,20 +135,19 @@ type Image struct {
 
 // InspectImage identifies ref in the local store. Nothing is pulled.
 func (c *Client) InspectImage(ctx context.Context, ref string) (Image, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	r, err := images.GetImage(cctx, ref, nil)
-	if err != nil {
+	var r struct {
+		ID     string `json:"Id"`
+		Digest string `json:"Digest"`
+	}
+	if err := c.do(ctx, http.MethodGet, nil, nil, &r, "images", ref, "json"); err != nil {
 		return Image{}, fmt.Errorf("image %s: %s", ref, oneLine(err))
 	}
-	return Image{Name: ref, ID: r.ID, Digest: string(r.Digest)}, nil
+	return Image{Name: ref, ID: r.ID, Digest: r.Digest}, nil
 }
 
 // VolumeExists reports whether the named volume exists.
 func (c *Client) VolumeExists(ctx context.Context, name string) (bool, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	ok, err := volumes.Exists(cctx, name, nil)
+	ok, err := c.exists(ctx, "volumes", name, "exists")
 	if err != nil {
 		return false, fmt.Errorf("volume %s: %w", name, err)
 	}
@@ -161,10 +157,19 @@ func (c *Client) VolumeExists(ctx context.Context, name string) (bool, error) {
 // CreateVolume creates a named local volume with labels. It fails if the
 // volume exists.
 func (c *Client) CreateVolume(ctx context.Context, name string, labels map[string]string) (mountpoint string, err error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	r, err := volumes.Create(cctx, types.VolumeCreateOptions{Name: name, Driver: "local", Label: labels}, nil)
+	// The libpod API's field names (its VolumeCreateOptions has no JSON tags).
+	body, err := jsonBody(struct {
+		Name   string
+		Driver string
+		Label  map[string]string
+	}{name, "local", labels})
 	if err != nil {
+		return "", fmt.Errorf("create volume %s: %w", name, err)
+	}
+	var r struct {
+		Mountpoint string `json:"Mountpoint"`
+	}
+	if err := c.do(ctx, http.MethodPost, nil, body, &r, "volumes", "create"); err != nil {
 		return "", fmt.Errorf("create volume %s: %w", name, err)
 	}
 	return r.Mountpoint, nil
@@ -179,20 +184,16 @@ type Volume struct {
 
 // InspectVolume returns a volume's host mountpoint and labels.
 func (c *Client) InspectVolume(ctx context.Context, name string) (*Volume, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	r, err := volumes.Inspect(cctx, name, nil)
-	if err != nil {
+	var r Volume
+	if err := c.do(ctx, http.MethodGet, nil, nil, &r, "volumes", name, "json"); err != nil {
 		return nil, fmt.Errorf("inspect volume %s: %w", name, err)
 	}
-	return &Volume{Name: r.Name, Mountpoint: r.Mountpoint, Labels: r.Labels}, nil
+	return &r, nil
 }
 
 // RemoveVolume removes a volume (force: also if a container uses it).
 func (c *Client) RemoveVolume(ctx context.Context, name string) error {
-	cctx, done := c.scope(ctx)
-	defer done()
-	if err := volumes.Remove(cctx, name, new(volumes.RemoveOptions).WithForce(true)); err != nil {
+	if err := c.do(ctx, http.MethodDelete, url.Values{"force": {"true"}}, nil, nil, "volumes", name); err != nil {
 		return fmt.Errorf("remove volume %s: %w", name, err)
 	}
 	return nil
@@ -202,16 +203,17 @@ func (c *Client) RemoveVolume(ctx context.Context, name string) error {
 // Secrets carry tokens into a cage's environment so that the spec names them
 // and never holds their value.
 func (c *Client) PutSecret(ctx context.Context, name string, data []byte, labels map[string]string) error {
-	cctx, done := c.scope(ctx)
-	defer done()
 	// Removed unconditionally: podman 4.3 has no secrets/NAME/exists
-	// endpoint (the bindings' Exists then says false), and a secret a
-	// killed turn left behind would make every later create fail.
-	if err := secrets.Remove(cctx, name); err != nil && !isNotFound(err) {
+	// endpoint, and a secret a killed turn left behind would make every
+	// later create fail.
+	if err := c.do(ctx, http.MethodDelete, nil, nil, nil, "secrets", name); err != nil && !isNotFound(err) {
 		return fmt.Errorf("replace secret %s: %w", name, err)
 	}
-	opts := new(secrets.CreateOptions).WithName(name).WithLabels(labels)
-	if _, err := secrets.Create(cctx, strings.NewReader(string(data)), opts); err != nil {
+	q := url.Values{"name": {name}}
+	if len(labels) > 0 {
+		q.Set("labels", jsonString(labels))
+	}
+	if err := c.do(ctx, http.MethodPost, q, strings.NewReader(string(data)), nil, "secrets", "create"); err != nil {
 		// The error may quote the request, never the data: only name it.
 		return fmt.Errorf("create secret %s failed", name)
 	}
@@ -220,9 +222,7 @@ func (c *Client) PutSecret(ctx context.Context, name string, data []byte, labels
 
 // RemoveSecret deletes a secret; a missing one is not an error.
 func (c *Client) RemoveSecret(ctx context.Context, name string) error {
-	cctx, done := c.scope(ctx)
-	defer done()
-	if err := secrets.Remove(cctx, name); err != nil && !isNotFound(err) {
+	if err := c.do(ctx, http.MethodDelete, nil, nil, nil, "secrets", name); err != nil && !isNotFound(err) {
 		return fmt.Errorf("remove secret %s: %w", name, err)
 	}
 	return nil
@@ -230,141 +230,26 @@ func (c *Client) RemoveSecret(ctx context.Context, name string) error {
 
 // Create creates (does not start) a container from a spec.
 func (c *Client) Create(ctx context.Context, s *specgen.SpecGenerator) (string, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	r, err := containers.CreateWithSpec(cctx, s, nil)
+	body, err := jsonBody(s)
 	if err != nil {
+		return "", fmt.Errorf("create cage: %w", err)
+	}
+	var r struct {
+		ID string `json:"Id"`
+	}
+	if err := c.do(ctx, http.MethodPost, nil, body, &r, "containers", "create"); err != nil {
 		return "", fmt.Errorf("create cage: %s", oneLine(err))
 	}
 	return r.ID, nil
 }
 
-// Streams are the process's standard streams wired to a cage. A nil Stdin
-// means the cage's stdin is not attached.
-type Streams struct {
-	Stdin          io.Reader
-	Stdout, Stderr io.Writer
-	// Terminal: the cage has a terminal and Stdin and Stdout are the
-	// person's (*os.File): they go to the bindings as they are, which put
-	// the terminal in raw mode for the turn, pass on window size changes and
-	// restore it afterwards. The cage's output then comes as one stream.
-	Terminal bool
-}
-
-// Start attaches the streams to a created container, then starts it. It
-// returns once the container runs; the returned channel yields the attach
-// stream's end (nil when the output was fully copied).
-func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error, error) {
-	// Attach replaces the transport of the connection it is given, so it
-	// gets a connection of its own; the shared one stays usable.
-	attachConn, release, err := c.streamConn(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("%w at %s: %v", ErrUnreachable, c.uri, oneLine(err))
-	}
-	actx, cancel := context.WithCancel(attachConn)
-	stopAttach := context.AfterFunc(ctx, cancel)
-	ready := make(chan bool, 1)
-	ended := make(chan error, 1)
-	go func() {
-		defer stopAttach()
-		// The bindings reflect on the streams and panic on non-pointer
-		// values (io.Discard), so each is passed behind a pointer.
-		var in io.Reader
-		var out, errOut io.Writer
-		if st.Stdin != nil {
-			in = &reader{st.Stdin}
-		}
-		if st.Stdout != nil {
-			out = &writer{st.Stdout}
-		}
-		if f, ok := st.Stdin.(*os.File); ok && st.Terminal {
-			in = f // the bindings look for an *os.File terminal
-		}
-		if f, ok := st.Stdout.(*os.File); ok && st.Terminal {
-			out = f
-		}
-		if st.Stderr != nil {
-			errOut = &writer{st.Stderr}
-		}
-		err := containers.Attach(actx, id, in, out, errOut, ready, new(containers.AttachOptions).WithStream(true))
-		release()
-		ended <- err
-	}()
-	select {
-	case <-ready:
-	case err := <-ended:
-		cancel()
-		return nil, fmt.Errorf("attach to cage: %s", oneLine(err))
-	case <-ctx.Done():
-		cancel()
-		return nil, ctx.Err()
-	}
-	if err := c.start(ctx, id); err != nil {
-		cancel()
-		return nil, fmt.Errorf("start cage: %s", oneLine(err))
-	}
-	return ended, nil
-}
-
-// streamConn returns a bindings connection of its own for one attach
-// stream, and release, which closes every socket it dialled. The bindings
-// never close the stream's upgraded socket, nor the keep-alive connection of
-// the inspect that precedes it: without release each turn would leave a
-// socket and two goroutines behind in a long-lived process.
-func (c *Client) streamConn(ctx context.Context) (context.Context, func(), error) {
-	conn, err := bindings.NewConnection(context.WithoutCancel(ctx), c.uri)
-	if err != nil {
-		return nil, nil, err
-	}
-	bc, err := bindings.GetClient(conn)
-	if err != nil {
-		return nil, nil, err
-	}
-	tr, ok := bc.Client.Transport.(*http.Transport)
-	if !ok {
-		return nil, nil, fmt.Errorf("podman bindings: unexpected transport %T", bc.Client.Transport)
-	}
-	var mu sync.Mutex
-	var dialled []net.Conn
-	dial := tr.DialContext
-	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
-		nc, err := dial(ctx, network, addr)
-		if err == nil {
-			mu.Lock()
-			dialled = append(dialled, nc)
-			mu.Unlock()
-		}
-		return nc, err
-	}
-	release := func() {
-		tr.CloseIdleConnections()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, nc := range dialled {
-			_ = nc.Close()
-		}
-		dialled = nil
-	}
-	return conn, release, nil
-}
-
-type reader struct{ r io.Reader }
-
-func (r *reader) Read(p []byte) (int, error) { return r.r.Read(p) }
-
-type writer struct{ w io.Writer }
-
-func (w *writer) Write(p []byte) (int, error) { return w.w.Write(p) }
-
 // Wait blocks until the container exits and returns its exit code.
 func (c *Client) Wait(ctx context.Context, id string) (int32, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
 	// podman polls the state at this interval (250 ms by default, which
 	// would be most of a short turn's overhead).
-	opts := new(containers.WaitOptions).WithCondition([]define.ContainerStatus{define.ContainerStateExited, define.ContainerStateStopped}).WithInterval("10ms")
-	code, err := containers.Wait(cctx, id, opts)
-	if err != nil {
+	q := url.Values{"condition": {"exited", "stopped"}, "interval": {"10ms"}}
+	var code int32
+	if err := c.do(ctx, http.MethodPost, q, nil, &code, "containers", id, "wait"); err != nil {
 		if ctx.Err() != nil {
 			return -1, ctx.Err()
 		}
@@ -375,11 +260,9 @@ func (c *Client) Wait(ctx context.Context, id string) (int32, error) {
 
 // Stop sends the stop signal, then SIGKILL after grace.
 func (c *Client) Stop(ctx context.Context, id string, grace time.Duration) error {
-	cctx, done := c.scope(ctx)
-	defer done()
 	secs := uint(grace.Round(time.Second) / time.Second)
-	err := containers.Stop(cctx, id, new(containers.StopOptions).WithTimeout(secs).WithIgnore(true))
-	if err != nil && !isNotFound(err) {
+	q := url.Values{"timeout": {fmt.Sprint(secs)}, "ignore": {"true"}}
+	if err := c.do(ctx, http.MethodPost, q, nil, nil, "containers", id, "stop"); err != nil && !isNotFound(err) {
 		return fmt.Errorf("stop cage %s: %s", short(id), oneLine(err))
 	}
 	return nil
@@ -410,19 +293,35 @@ func (c *Client) Remove(ctx context.Context, id string) error {
 }
 
 func (c *Client) removeOnce(ctx context.Context, id string) error {
-	cctx, done := c.scope(ctx)
-	defer done()
-	opts := new(containers.RemoveOptions).WithForce(true).WithVolumes(true).WithIgnore(true).WithTimeout(0)
-	reports, err := containers.Remove(cctx, id, opts)
+	q := url.Values{"force": {"true"}, "volumes": {"true"}, "ignore": {"true"}, "timeout": {"0"}}
+	var reports []struct {
+		ID  string          `json:"Id"`
+		Err json.RawMessage `json:"Err"`
+	}
+	err := c.do(ctx, http.MethodDelete, q, nil, &reports, "containers", id)
 	if err != nil && !isNotFound(err) {
 		return fmt.Errorf("remove cage %s: %s", short(id), oneLine(err))
 	}
 	for _, r := range reports {
-		if r.Err != nil && !isNotFound(r.Err) {
-			return fmt.Errorf("remove cage %s: %s", short(id), oneLine(r.Err))
+		if msg := reportErr(r.Err); msg != "" && !isNotFound(errors.New(msg)) {
+			return fmt.Errorf("remove cage %s: %s", short(id), oneLine(errors.New(msg)))
 		}
 	}
 	return nil
+}
+
+// reportErr is the text of a removal report's error: podman encodes a Go
+// error value, a string or an object, or leaves it out.
+func reportErr(raw json.RawMessage) string {
+	t := strings.TrimSpace(string(raw))
+	if t == "" || t == "null" {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	return t
 }
 
 // Cage is a container shrooms created, as listed by its labels.
@@ -442,25 +341,22 @@ type Cage struct {
 
 // ListByLabel lists all containers (running or not) carrying label=value.
 func (c *Client) ListByLabel(ctx context.Context, label, value string) ([]Cage, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
 	filter := label
 	if value != "" {
 		filter += "=" + value
 	}
-	opts := new(containers.ListOptions).WithAll(true).WithFilters(map[string][]string{"label": {filter}})
-	list, err := containers.List(cctx, opts)
+	q := url.Values{"all": {"true"}, "filters": {jsonString(map[string][]string{"label": {filter}})}}
+	list, err := c.listContainers(ctx, q)
 	// Podman 4.3 fails a whole listing when any container (ours or not) is
 	// between netns teardown and removal (podman#16140: "unknown FS magic on
 	// /run/netns/…"). That window is milliseconds, and detached teardowns
-	// make it common, so the listing is asked again for a few seconds.
-	for wait := 20 * time.Millisecond; err != nil && netnsTeardownRace(err) && wait < 3*time.Second; wait *= 2 {
-		select {
-		case <-cctx.Done():
-			return nil, fmt.Errorf("list cages: %w", cctx.Err())
-		case <-time.After(wait):
+	// make it common, so the listing is asked again for ~10 s (on a loaded
+	// host one teardown was seen to outlast 5 s).
+	for wait := 20 * time.Millisecond; err != nil && netnsTeardownRace(err) && wait < 6*time.Second; wait *= 2 {
+		if sleep(ctx, wait) != nil {
+			return nil, fmt.Errorf("list cages: %w", ctx.Err())
 		}
-		list, err = containers.List(cctx, opts)
+		list, err = c.listContainers(ctx, q)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list cages: %s", oneLine(err))
@@ -476,6 +372,20 @@ func (c *Client) ListByLabel(ctx context.Context, label, value string) ([]Cage, 
 	return out, nil
 }
 
+// listed is a container as podman's listing gives it.
+type listed struct {
+	ID     string            `json:"Id"`
+	Names  []string          `json:"Names"`
+	State  string            `json:"State"`
+	Labels map[string]string `json:"Labels"`
+}
+
+func (c *Client) listContainers(ctx context.Context, q url.Values) ([]listed, error) {
+	var list []listed
+	err := c.do(ctx, http.MethodGet, q, nil, &list, "containers", "json")
+	return list, err
+}
+
 // netnsTeardownRace is podman#16140's error: podman itself reports it as
 // text only.
 func netnsTeardownRace(err error) bool {
@@ -489,9 +399,9 @@ func isNotFound(err error) bool {
 	if IsConnectionError(err) {
 		return false
 	}
-	var ee *errorhandling.ErrorModel
-	if errors.As(err, &ee) {
-		return ee.ResponseCode == http.StatusNotFound
+	var ae *apiError
+	if errors.As(err, &ae) {
+		return ae.Response == http.StatusNotFound
 	}
 	return strings.Contains(err.Error(), "no such")
 }
@@ -514,20 +424,42 @@ func oneLine(err error) string {
 // Init prepares a created container to start (the OCI runtime's create:
 // namespaces, mounts, cgroups, network), so a later Start only runs it.
 func (c *Client) Init(ctx context.Context, id string) error {
-	cctx, done := c.scope(ctx)
-	defer done()
-	if err := containers.ContainerInit(cctx, id, nil); err != nil {
+	if err := c.do(ctx, http.MethodPost, nil, nil, nil, "containers", id, "init"); err != nil {
 		return fmt.Errorf("init cage: %s", oneLine(err))
 	}
 	return nil
 }
 
+// inspected is what shrooms reads of podman's container inspection.
+type inspected struct {
+	ID         string `json:"Id"`
+	Name       string `json:"Name"`
+	Image      string `json:"Image"`
+	OCIRuntime string `json:"OCIRuntime"`
+	State      *struct {
+		Status    string `json:"Status"`
+		Pid       int    `json:"Pid"`
+		ExitCode  int32  `json:"ExitCode"`
+		OOMKilled bool   `json:"OOMKilled"`
+	} `json:"State"`
+	Config *struct {
+		Labels map[string]string `json:"Labels"`
+		Tty    bool              `json:"Tty"`
+	} `json:"Config"`
+}
+
+func (c *Client) inspect(ctx context.Context, id string) (*inspected, error) {
+	var data inspected
+	if err := c.do(ctx, http.MethodGet, url.Values{"size": {"false"}}, nil, &data, "containers", id, "json"); err != nil {
+		return nil, err
+	}
+	return &data, nil
+}
+
 // Pid returns the host pid of an initialised or running container's
 // process (its namespaces are reachable under /proc/PID/ns).
 func (c *Client) Pid(ctx context.Context, id string) (int, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	data, err := containers.Inspect(cctx, id, new(containers.InspectOptions).WithSize(false))
+	data, err := c.inspect(ctx, id)
 	if err != nil {
 		return 0, fmt.Errorf("inspect cage: %s", oneLine(err))
 	}
@@ -541,9 +473,7 @@ func (c *Client) Pid(ctx context.Context, id string) (int, error) {
 // or ok false while it still runs. Inspecting makes podman read the
 // runtime's exit file at once, where Wait polls only every 250 ms.
 func (c *Client) ExitCode(ctx context.Context, id string) (code int32, ok bool, err error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	data, err := containers.Inspect(cctx, id, new(containers.InspectOptions).WithSize(false))
+	data, err := c.inspect(ctx, id)
 	if err != nil {
 		return -1, false, fmt.Errorf("inspect cage: %s", oneLine(err))
 	}
@@ -559,10 +489,11 @@ func (c *Client) ExitCode(ctx context.Context, id string) (code int32, ok bool, 
 
 // VolumesByLabel lists the names of the volumes carrying label=value.
 func (c *Client) VolumesByLabel(ctx context.Context, label, value string) ([]string, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	vs, err := volumes.List(cctx, new(volumes.ListOptions).WithFilters(map[string][]string{"label": {label + "=" + value}}))
-	if err != nil {
+	q := url.Values{"filters": {jsonString(map[string][]string{"label": {label + "=" + value}})}}
+	var vs []struct {
+		Name string `json:"Name"`
+	}
+	if err := c.do(ctx, http.MethodGet, q, nil, &vs, "volumes", "json"); err != nil {
 		return nil, fmt.Errorf("list volumes: %s", oneLine(err))
 	}
 	names := make([]string, 0, len(vs))

@@ -3,8 +3,7 @@ package podman
 import (
 	"context"
 	"fmt"
-
-	"github.com/containers/podman/v5/pkg/bindings/secrets"
+	"net/http"
 )
 
 // Secret is what shrooms needs of a stored secret (never its value).
@@ -15,10 +14,13 @@ type Secret struct {
 
 // ListSecrets lists every secret's name and labels.
 func (c *Client) ListSecrets(ctx context.Context) ([]Secret, error) {
-	cctx, done := c.scope(ctx)
-	defer done()
-	rs, err := secrets.List(cctx, nil)
-	if err != nil {
+	var rs []struct {
+		Spec struct {
+			Name   string            `json:"Name"`
+			Labels map[string]string `json:"Labels"`
+		} `json:"Spec"`
+	}
+	if err := c.do(ctx, http.MethodGet, nil, nil, &rs, "secrets", "json"); err != nil {
 		return nil, fmt.Errorf("list secrets: %w", err)
 	}
 	out := make([]Secret, 0, len(rs))

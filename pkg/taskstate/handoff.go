@@ -150,16 +150,27 @@ const transitionWait = 200 * time.Millisecond
 // EWOULDBLOCK, and what held it, when a turn holds it.
 func takeLock(f *os.File) (holder, error) {
 	start := time.Now()
+	// How long the flock has been held with no holder mark: counted from
+	// when that was first seen, not from start. A teardown's last close
+	// drops its byte lock a moment before its flock (the kernel removes
+	// them one after the other), and a taker that had waited for it longer
+	// than transitionWait must not read that moment as another tool.
+	var unmarked time.Time
 	for delay := time.Millisecond; ; delay = min(delay*2, 20*time.Millisecond) {
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil || !errors.Is(err, unix.EWOULDBLOCK) {
 			return holderNone, err
 		}
 		h := holderOf(f)
+		if h != holderNone {
+			unmarked = time.Time{}
+		} else if unmarked.IsZero() {
+			unmarked = time.Now()
+		}
 		switch {
 		case h == holderTurn:
 			return h, err
-		case h == holderNone && time.Since(start) > transitionWait:
+		case h == holderNone && time.Since(unmarked) > transitionWait:
 			// A flock without a mark for this long: an older shrooms, or
 			// another tool holding the file. Not a teardown: busy.
 			return h, err

@@ -189,3 +189,52 @@ func TestHandOffNeverLooksBusy(t *testing.T) {
 	assert.Equal(t, s.TeardownHolder(id), 0)
 	assert.NilError(t, l.Release())
 }
+
+// TestTeardownEndNeverLooksBusy: a teardown's last close drops its byte
+// lock a moment before its flock. A taker that has already waited for the
+// teardown longer than transitionWait must wait that moment out, not
+// report a running turn (seen in back-to-back turns: a spurious 123). The
+// moment is stretched here to 50 ms; a flock held with no mark for longer
+// than transitionWait is still busy (the control).
+func TestTeardownEndNeverLooksBusy(t *testing.T) {
+	s := Store{Dir: t.TempDir()}
+	task := taskid.Must("t4")
+	l, err := s.LockTask(task)
+	assert.NilError(t, err)
+	f, dir, err := l.HandOff()
+	assert.NilError(t, err)
+	child, err := AdoptLock(inherit(t, f), inherit(t, dir))
+	assert.NilError(t, err)
+	assert.NilError(t, l.Release()) // the run process exits
+
+	end := func(unmarkedFor time.Duration, done chan<- struct{}) {
+		defer close(done)
+		time.Sleep(transitionWait + 100*time.Millisecond) // the taker waits for the teardown
+		// The byte lock goes first, then (after the moment) the flock.
+		lk := unix.Flock_t{Type: unix.F_UNLCK, Whence: 0, Start: holderByte, Len: 1}
+		assert.NilError(t, unix.FcntlFlock(child.f.Fd(), unix.F_OFD_SETLK, &lk))
+		time.Sleep(unmarkedFor)
+		assert.NilError(t, child.Release())
+	}
+	ended := make(chan struct{})
+	go end(50*time.Millisecond, ended)
+	got, err := s.LockTask(task)
+	<-ended
+	assert.NilError(t, err, "the end of a teardown looked like a running turn")
+	assert.NilError(t, got.Release())
+
+	// The control: a flock with no mark for longer than transitionWait is
+	// another tool's (or an older shrooms'), and busy.
+	l, err = s.LockTask(task)
+	assert.NilError(t, err)
+	f, dir, err = l.HandOff()
+	assert.NilError(t, err)
+	child, err = AdoptLock(inherit(t, f), inherit(t, dir))
+	assert.NilError(t, err)
+	assert.NilError(t, l.Release())
+	ended = make(chan struct{})
+	go end(2*transitionWait, ended)
+	_, err = s.LockTask(task)
+	<-ended
+	assert.Assert(t, errors.Is(err, ErrBusy), "a flock held with no mark for %v: %v", 2*transitionWait, err)
+}

@@ -251,9 +251,6 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if err != nil {
 		return res, err
 	}
-	// Detached teardowns of other turns wait while this one starts (taken
-	// after the input check: bad input touches nothing).
-	c.starting, _ = r.Store.Starting()
 	res.Image, res.SealDigest = &in.image, in.sealDigest
 	if in.seal.Rules != nil {
 		res.SealRules = in.seal.Rules.Digest()
@@ -265,6 +262,11 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		return res, Classify(err)
 	}
 	defer lock.Release()
+	// Detached teardowns wait while this turn starts; marked only once the
+	// task's lock is ours: a turn waiting for it marked as starting made
+	// the teardown that holds it wait its full 2 s for the turn that waits
+	// for it.
+	c.starting, _ = r.Store.Starting()
 	// Last before the lock goes: HOME is unmounted until the next turn (a
 	// failure only leaves it mounted; the next turn or gc releases it).
 	// A detached teardown (its own lock, its own release) owns HOME then.

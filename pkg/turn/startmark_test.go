@@ -1,0 +1,67 @@
+package turn
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+)
+
+// TestWaitingForTheLockIsNotStarting: a turn that waits for its task's lock
+// (held by the previous turn's detached teardown) does not count as
+// starting. The teardown lets starting turns go first (WaitStarts, up to
+// 2 s); with the mark taken before the lock, it waited its full time for
+// the very turn that waited for it, and back-to-back turns of one task ran
+// at ~0.5 turns/s. The control: a turn marked starting does hold a
+// teardown back.
+func TestWaitingForTheLockIsNotStarting(t *testing.T) {
+	h := newHarness(t, "")
+	task := h.task("startmark")
+	_, _, _, err := h.sh(task, "", "true") // bootstrap, outside the measure
+	assert.NilError(t, err)
+
+	// The previous turn's teardown holds the task's lock.
+	l, err := h.runner.Store.LockTask(taskid.Must(task))
+	assert.NilError(t, err)
+	f, dir, err := l.HandOff()
+	assert.NilError(t, err)
+	teardown, err := taskstate.AdoptLock(dupFile(t, f), dupFile(t, dir))
+	assert.NilError(t, err)
+	assert.NilError(t, l.Release())
+	defer teardown.Release()
+
+	done := make(chan error, 1)
+	go func() { _, _, _, err := h.sh(task, "", "true"); done <- err }()
+	time.Sleep(2 * time.Second) // the turn's check is done; it waits for the lock
+	start := time.Now()
+	h.runner.Store.WaitStarts(context.Background(), time.Second)
+	waited := time.Since(start)
+	select {
+	case err := <-done:
+		t.Fatalf("the turn ended while the teardown held its lock: %v", err)
+	default:
+	}
+	assert.Assert(t, waited < 500*time.Millisecond, "the teardown waited %v for a turn that waits for its lock", waited)
+	assert.NilError(t, teardown.Release())
+	assert.NilError(t, <-done)
+
+	// The control: a turn that is starting holds the teardown back.
+	mark, err := h.runner.Store.Starting()
+	assert.NilError(t, err)
+	start = time.Now()
+	h.runner.Store.WaitStarts(context.Background(), time.Second)
+	assert.Assert(t, time.Since(start) >= time.Second, "a starting turn did not hold the teardown back")
+	assert.NilError(t, mark.Release())
+}
+
+func dupFile(t *testing.T, f *os.File) *os.File {
+	fd, err := unix.Dup(int(f.Fd()))
+	assert.NilError(t, err)
+	return os.NewFile(uintptr(fd), f.Name())
+}
