@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 
 	"gotest.tools/v3/assert"
+	is "gotest.tools/v3/assert/cmp"
 )
 
 // The in-place update of a kept opencode.db (pkg/profile
@@ -154,6 +156,7 @@ func TestOpencodeDBUpdateEqualsRebuild(t *testing.T) {
 	rep, err = Reset(ctx, ResetInput{Task: task})
 	assert.NilError(t, err)
 	assert.Equal(t, len(rep.Dropped), 0)
+	assert.Assert(t, is.Contains(rep.Kept, ocDB), "an untouched file is carried as it is: %+v", rep)
 	after, err := os.ReadFile(path)
 	assert.NilError(t, err)
 	assert.Assert(t, bytes.Equal(before, after))
@@ -322,6 +325,24 @@ func TestOpencodeDBUpdateSurvivalTricks(t *testing.T) {
 			assert.Equal(t, pragma(t, path, "page_size"), "4096")
 		},
 	}, {
+		// Same size, mtime set back: only the bytes tell it from the
+		// file the last reset wrote (so it is not carried as it is).
+		name: "header bytes changed in place",
+		plant: func(t *testing.T, path string) {
+			st, err := os.Stat(path)
+			assert.NilError(t, err)
+			f, err := os.OpenFile(path, os.O_WRONLY, 0)
+			assert.NilError(t, err)
+			_, err = f.WriteAt([]byte(marker), 72) // the header's reserved bytes
+			assert.NilError(t, err)
+			assert.NilError(t, f.Close())
+			assert.NilError(t, os.Chtimes(path, st.ModTime(), st.ModTime()))
+		},
+		control: func(t *testing.T, path string) bool {
+			return fileHas(t, path, marker)
+		},
+		check: func(t *testing.T, path string) {},
+	}, {
 		name: "text encoding",
 		plant: func(t *testing.T, path string) {
 			tmp := path + ".utf16"
@@ -379,6 +400,7 @@ func TestOpencodeDBUpdateSurvivalTricks(t *testing.T) {
 				return
 			}
 			assertUpdated(t, task, ino)
+			assert.Assert(t, slices.ContainsFunc(rep.Rebuilt, func(s string) bool { return strings.HasPrefix(s, ocDB) }), "carried as it is: %+v", rep)
 			assert.Assert(t, !fileHas(t, path, marker), "the planted bytes survived the reset")
 			assert.Equal(t, renderSchema(dumpSchema(t, path, pinnedOpencode)), opencodeSchemaText)
 			assert.Equal(t, pragma(t, path, "journal_mode"), "delete")

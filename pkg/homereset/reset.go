@@ -622,6 +622,14 @@ func (b *builder) keepDatabase(fd int, st unix.Stat_t, fr *walkFrame, name, rel 
 			if state, err = b.dbState(rel); err != nil {
 				return fmt.Errorf("stage %s: %w", rel, err)
 			}
+			if ru.Unchanged != nil && ru.Unchanged(fd, walFd, state) {
+				// Byte for byte what the last reset wrote.
+				b.files++
+				b.rep.KeptBytes += st.Size
+				b.rep.KeptCount++
+				b.rep.Kept = appendCapped(b.rep.Kept, rel)
+				return b.link(fd, dir, name, rel, ru.Mode)
+			}
 		}
 		err = writeFileFrom(dir, name, ru.Mode, b.s.in.UID, b.s.in.GID, func(w io.Writer) error {
 			cw := &countWriter{w: w}

@@ -51,6 +51,9 @@ type Rule struct {
 	// from reset to reset and never seen by a cage, where it keeps what it
 	// needs to rebuild in place (see updateOpencodeDB).
 	Update func(ctx context.Context, fd, walFd int, max int64, state string, out io.Writer) ([]RowDrop, error)
+	// Unchanged, when set, reports whether the file is byte for byte what
+	// Update last wrote (kept in state): it is then carried as it is.
+	Unchanged func(fd, walFd int, state string) bool
 	// Magic is the first bytes a kept file must start with ("" for any).
 	Magic string
 	Mode  uint32

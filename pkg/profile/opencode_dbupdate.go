@@ -1,6 +1,7 @@
 package profile
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -249,4 +251,46 @@ func foldWAL(ctx context.Context, path string) error {
 		return fmt.Errorf("leave WAL mode: %w", err)
 	}
 	return nil
+}
+
+// sameAsTrusted is opencode.db's Rule.Unchanged: whether the turn's file
+// (with no -wal beside it) is byte for byte the trusted copy the last
+// reset wrote, so that it can be carried as it is (the proof is the bytes,
+// not metadata the cage controls).
+func sameAsTrusted(fd, walFd int, state string) bool {
+	if walFd >= 0 {
+		return false
+	}
+	t, err := os.Open(filepath.Join(state, trustedDB))
+	if err != nil {
+		return false
+	}
+	defer t.Close()
+	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var fst, pst, tst unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &fst) != nil || unix.Fstat(fd, &pst) != nil || unix.Fstat(int(t.Fd()), &tst) != nil ||
+		fst.Ino != pst.Ino || fst.Dev != pst.Dev || fst.Mode&unix.S_IFMT != unix.S_IFREG || tst.Mode&unix.S_IFMT != unix.S_IFREG ||
+		fst.Size != tst.Size {
+		return false
+	}
+	a, b := make([]byte, 1<<20), make([]byte, 1<<20)
+	for {
+		n, err := io.ReadFull(f, a)
+		m, err2 := io.ReadFull(t, b[:n])
+		if m != n || !bytes.Equal(a[:n], b[:n]) {
+			return false
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			// Both at their end: the sizes were equal.
+			_, err3 := t.Read(b[:1])
+			return err2 == nil && err3 == io.EOF
+		}
+		if err != nil || err2 != nil {
+			return false
+		}
+	}
 }
