@@ -425,3 +425,36 @@ func hasDropReason(rep *Report, reason string) bool {
 	}
 	return false
 }
+
+// TestOpencodeDBUpdateTrustedCopyDamaged: a trusted copy SQLite cannot use
+// (zeroed, as a crash before its data reached the disk could leave it)
+// falls back to the full rebuild, which replaces it; a journal beside it
+// (an interrupted update) keeps even an untouched file from being carried
+// as it is.
+func TestOpencodeDBUpdateTrustedCopyDamaged(t *testing.T) {
+	ctx := context.Background()
+	t.Run("zeroed", func(t *testing.T) {
+		task, path, ino := updateTask(t)
+		want := dumpRows(t, path)
+		m, _ := filepath.Glob(filepath.Join(task.Root, metaName, dbStateName, "*", "trusted.db"))
+		st, err := os.Stat(m[0])
+		assert.NilError(t, err)
+		assert.NilError(t, os.WriteFile(m[0], make([]byte, st.Size()), 0o644))
+		rep, err := Reset(ctx, ResetInput{Task: task})
+		assert.NilError(t, err)
+		assert.Assert(t, slices.ContainsFunc(rep.Rebuilt, func(s string) bool { return strings.HasPrefix(s, ocDB) }), "%+v", rep)
+		assert.Equal(t, dumpRows(t, path), want)
+		assert.Assert(t, trustedIno(t, task) != ino, "the damaged trusted copy was kept")
+		checkRebuilt(t, HomeDir(task.Root))
+	})
+	t.Run("journal beside it", func(t *testing.T) {
+		task, path, _ := updateTask(t)
+		want := dumpRows(t, path)
+		m, _ := filepath.Glob(filepath.Join(task.Root, metaName, dbStateName, "*", "trusted.db"))
+		assert.NilError(t, os.WriteFile(m[0]+"-journal", []byte("not a journal"), 0o600))
+		rep, err := Reset(ctx, ResetInput{Task: task})
+		assert.NilError(t, err)
+		assert.Assert(t, !slices.Contains(rep.Kept, ocDB), "%+v", rep)
+		assert.Equal(t, dumpRows(t, path), want)
+	})
+}

@@ -69,14 +69,22 @@ func updateOpencodeDB(ctx context.Context, fd, walFd int, max int64, state strin
 		return nil, err
 	case err != nil:
 		// No usable trusted.db (or the update failed): rebuild in
-		// full; the result is the next trusted.db.
-		dst, full, err := rebuildOpencodeDBIn(ctx, fd, walFd, max, work)
+		// full; the result is the next trusted.db (in a
+		// directory of its own: the update's files are still in work).
+		dir := filepath.Join(work, "full")
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return nil, err
+		}
+		dst, full, err := rebuildOpencodeDBIn(ctx, fd, walFd, max, dir)
 		if err != nil {
 			return nil, err
 		}
 		// A hot journal of the old trusted.db must never be rolled
 		// back into the new one.
 		if err := os.Remove(trusted + "-journal"); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		if err := syncFile(dst); err != nil {
 			return nil, err
 		}
 		if err := os.Rename(dst, trusted); err != nil {
@@ -261,6 +269,11 @@ func sameAsTrusted(fd, walFd int, state string) bool {
 	if walFd >= 0 {
 		return false
 	}
+	// A hot journal: an update was interrupted, and SQLite rolls it
+	// back when the update opens the trusted copy.
+	if _, err := os.Lstat(filepath.Join(state, trustedDB+"-journal")); !errors.Is(err, os.ErrNotExist) {
+		return false
+	}
 	t, err := os.Open(filepath.Join(state, trustedDB))
 	if err != nil {
 		return false
@@ -293,4 +306,13 @@ func sameAsTrusted(fd, walFd int, state string) bool {
 			return false
 		}
 	}
+}
+
+func syncFile(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
