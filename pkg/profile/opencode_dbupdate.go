@@ -138,7 +138,9 @@ func updateTrusted(ctx context.Context, fd, walFd int, max int64, trusted, work 
 	}
 	defer db.Close()
 	defer c.Close()
-	for _, p := range []string{"PRAGMA secure_delete=ON", "PRAGMA temp_store=MEMORY", "PRAGMA cache_size=-65536"} {
+	// mmap only for the trusted copy (main): the turn's file is read
+	// with plain reads, as SQLite advises for files one does not trust.
+	for _, p := range []string{"PRAGMA secure_delete=ON", "PRAGMA temp_store=MEMORY", "PRAGMA cache_size=-65536", "PRAGMA main.mmap_size=1073741824"} {
 		if _, err := c.ExecContext(ctx, p); err != nil {
 			return nil, err
 		}
