@@ -2,6 +2,7 @@ package homereset
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -100,16 +101,21 @@ func benchConfig() *config.Config {
 
 // BenchmarkResetOpencodeDB measures the reset of an opencode HOME whose
 // opencode.db holds about 100 MiB of session rows against the same HOME
-// without a database, side by side; the ratio is reported as x-vs-nodb on
-// the db=100MiB case. The rebuild copies the file, folds the WAL, checks the
-// schema, copies the allowlisted rows into a fresh database and checks
-// every message and part row's JSON (pinning its pointers).
+// without a database, side by side; the ratio is reported as x-vs-nodb.
+// db=100MiB/full rebuilds it in full every time (no trusted copy: the
+// first reset of a task, and every reset before the in-place update):
+// copy, WAL fold, schema and integrity check, the allowlisted rows copied
+// into a fresh database, every message and part row's JSON checked.
+// db=100MiB/unchanged is a reset after a turn that left the file as the
+// last reset wrote it, db=100MiB/changed one after a turn that changed,
+// added and deleted a few rows (the in-place update, opencode_dbupdate.go).
 func BenchmarkResetOpencodeDB(b *testing.B) {
 	var base time.Duration
 	for _, bc := range []struct {
 		name string
 		size int
-	}{{"nodb", 0}, {"db=100MiB", 100 << 20}} {
+		mode string
+	}{{"nodb", 0, ""}, {"db=100MiB/full", 100 << 20, "full"}, {"db=100MiB/unchanged", 100 << 20, "unchanged"}, {"db=100MiB/changed", 100 << 20, "changed"}} {
 		b.Run(bc.name, func(b *testing.B) {
 			task := benchTask(b)
 			task.Profiles = []string{"opencode", "shell"}
@@ -118,16 +124,30 @@ func BenchmarkResetOpencodeDB(b *testing.B) {
 			if bc.size > 0 {
 				src = benchOpencodeDB(b, bc.size)
 			}
+			dst := filepath.Join(HomeDir(task.Root), ".local/share/opencode/opencode.db")
+			put := func() {
+				must(b, os.MkdirAll(filepath.Dir(dst), 0o755))
+				data, err := os.ReadFile(src)
+				must(b, err)
+				must(b, os.WriteFile(dst, data, 0o600))
+			}
+			if bc.mode != "" && bc.mode != "full" {
+				put()
+				_, err := Reset(ctx, ResetInput{Task: task})
+				must(b, err)
+				_, err = Cleanup(ctx, task.Root)
+				must(b, err)
+			}
 			var total time.Duration
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				if src != "" {
-					dst := filepath.Join(HomeDir(task.Root), ".local/share/opencode/opencode.db")
-					must(b, os.MkdirAll(filepath.Dir(dst), 0o755))
-					data, err := os.ReadFile(src)
-					must(b, err)
-					must(b, os.WriteFile(dst, data, 0o600))
+				switch bc.mode {
+				case "full":
+					put()
+					must(b, os.RemoveAll(filepath.Join(task.Root, metaName, dbStateName)))
+				case "changed":
+					benchTurnChanges(b, dst, i)
 				}
 				b.StartTimer()
 				t0 := time.Now()
@@ -136,7 +156,7 @@ func BenchmarkResetOpencodeDB(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if src != "" && len(rep.Rebuilt) == 0 {
+				if src != "" && len(rep.Rebuilt) == 0 && (bc.mode != "unchanged" || len(rep.Kept) == 0) {
 					b.Fatal("opencode.db was not rebuilt")
 				}
 				if len(rep.Dropped) > 1 || len(rep.Dropped) == 1 && rep.Dropped[0].Item != "table event_sequence" { // the fixture's
@@ -154,7 +174,27 @@ func BenchmarkResetOpencodeDB(b *testing.B) {
 			} else if base > 0 {
 				b.ReportMetric(float64(per)/float64(base), "x-vs-nodb")
 			}
+			b.ReportMetric(float64(per.Microseconds())/1000, "reset-ms")
 		})
+	}
+}
+
+// benchTurnChanges changes the kept database at path as a turn of opencode
+// does: a few parts rewritten, a message with two parts added, one part
+// deleted (round i: new ids each time).
+func benchTurnChanges(b *testing.B, path string, i int) {
+	db, err := sql.Open("sqlite", "file:"+path)
+	must(b, err)
+	defer db.Close()
+	for _, q := range []string{
+		`UPDATE part SET data = '{"type":"text","text":"edited"}' WHERE rowid IN (SELECT rowid FROM part ORDER BY rowid LIMIT 3 OFFSET ` + fmt.Sprint(100+i*3) + `)`,
+		`DELETE FROM part WHERE rowid = (SELECT max(rowid) FROM part)`,
+		fmt.Sprintf(`INSERT INTO message VALUES ('msg_t%d', '%s', 9, 9, '%s')`, i, ocSession, ocAssistantMsg),
+		fmt.Sprintf(`INSERT INTO part VALUES ('prt_t%da', 'msg_t%d', '%s', 9, 9, '{"type":"text","text":"new"}')`, i, i, ocSession),
+		fmt.Sprintf(`INSERT INTO part VALUES ('prt_t%db', 'msg_t%d', '%s', 9, 9, '{"type":"text","text":"newer"}')`, i, i, ocSession),
+	} {
+		_, err := db.Exec(q)
+		must(b, err)
 	}
 }
 

@@ -48,6 +48,8 @@ const (
 	trashName  = "trash"
 	stagePfx   = "stage-"
 	oldPfx     = "old-"
+	// dbStateName holds a KindDatabase rule's state (profile.Rule.Update).
+	dbStateName = "kept-db"
 )
 
 // Bootstrap results.

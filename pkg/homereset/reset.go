@@ -2,6 +2,8 @@ package homereset
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -615,10 +617,28 @@ func (b *builder) keepDatabase(fd int, st unix.Stat_t, fr *walkFrame, name, rel 
 		if derr != nil {
 			return fmt.Errorf("stage %s: %w", rel, derr)
 		}
+		state := ""
+		if ru.Update != nil {
+			if state, err = b.dbState(rel); err != nil {
+				return fmt.Errorf("stage %s: %w", rel, err)
+			}
+			if ru.Unchanged != nil && ru.Unchanged(fd, walFd, state) {
+				// Byte for byte what the last reset wrote.
+				b.files++
+				b.rep.KeptBytes += st.Size
+				b.rep.KeptCount++
+				b.rep.Kept = appendCapped(b.rep.Kept, rel)
+				return b.link(fd, dir, name, rel, ru.Mode)
+			}
+		}
 		err = writeFileFrom(dir, name, ru.Mode, b.s.in.UID, b.s.in.GID, func(w io.Writer) error {
 			cw := &countWriter{w: w}
 			var rerr error
-			drops, rerr = ru.Rebuild(b.ctx, fd, walFd, limit, cw)
+			if state != "" {
+				drops, rerr = ru.Update(b.ctx, fd, walFd, limit, state, cw)
+			} else {
+				drops, rerr = ru.Rebuild(b.ctx, fd, walFd, limit, cw)
+			}
 			size = cw.n
 			return rerr
 		})
@@ -657,6 +677,33 @@ func (b *builder) keepDatabase(fd int, st unix.Stat_t, fr *walkFrame, name, rel 
 type countWriter struct {
 	w io.Writer
 	n int64
+}
+
+// ReadFrom lets io.Copy reach the file underneath (copy_file_range).
+func (c *countWriter) ReadFrom(r io.Reader) (int64, error) {
+	n, err := io.Copy(c.w, r)
+	c.n += n
+	return n, err
+}
+
+// dbState returns the root-only directory (in the volume's metadata, on
+// HOME's filesystem, never mounted in a cage) a KindDatabase rule's Update
+// keeps its state for rel in, creating it.
+func (b *builder) dbState(rel string) (string, error) {
+	kuid, kgid := keeper()
+	d, err := mkdirOwned(b.s.v.meta, dbStateName, 0o700, kuid, kgid, b.s.v.dev)
+	if err != nil {
+		return "", err
+	}
+	defer d.Close()
+	sum := sha256.Sum256([]byte(rel))
+	name := hex.EncodeToString(sum[:8])
+	sd, err := mkdirOwned(d, name, 0o700, kuid, kgid, b.s.v.dev)
+	if err != nil {
+		return "", err
+	}
+	sd.Close()
+	return filepath.Join(b.s.in.Root, metaName, dbStateName, name), nil
 }
 
 func (c *countWriter) Write(p []byte) (int, error) {

@@ -46,6 +46,14 @@ type Rule struct {
 	Lines func() LineFilter
 	// Rebuild rebuilds a KindDatabase file (see rebuildOpencodeDB).
 	Rebuild func(ctx context.Context, fd, walFd int, max int64, out io.Writer) ([]RowDrop, error)
+	// Update, when set, is Rebuild for a real (not dry-run) reset, given a
+	// root-only directory state of its own on the HOME's filesystem, kept
+	// from reset to reset and never seen by a cage, where it keeps what it
+	// needs to rebuild in place (see updateOpencodeDB).
+	Update func(ctx context.Context, fd, walFd int, max int64, state string, out io.Writer) ([]RowDrop, error)
+	// Unchanged, when set, reports whether the file is byte for byte what
+	// Update last wrote (kept in state): it is then carried as it is.
+	Unchanged func(fd, walFd int, state string) bool
 	// Magic is the first bytes a kept file must start with ("" for any).
 	Magic string
 	Mode  uint32

@@ -30,6 +30,8 @@ func opencodeKeepList() []Rule {
 	db := r(".local/share/opencode/opencode.db", KindDatabase)
 	db.Magic = "SQLite format 3\x00"
 	db.Rebuild = rebuildOpencodeDB
+	db.Update = updateOpencodeDB
+	db.Unchanged = sameAsTrusted
 	// opencode.db-wal is folded into the rebuilt opencode.db and -shm
 	// is rebuilt by SQLite, so neither is kept. The pre-SQLite session
 	// tree (storage/) is not kept either: the pinned opencode keeps its

@@ -90,20 +90,34 @@ func (t *tally) list() []RowDrop {
 }
 
 // pinOpencodeData rewrites the JSON columns of the copied tables in main
-// (see above) and returns what it pinned and dropped.
-func pinOpencodeData(ctx context.Context, c *sql.Conn) ([]RowDrop, error) {
+// (see above) and returns what it pinned and dropped. With only set, just
+// the rows whose rowid is in the temp table only[table] (see copyRows).
+func pinOpencodeData(ctx context.Context, c *sql.Conn, only map[string]string) ([]RowDrop, error) {
 	var t tally
-	if err := rewriteRows(ctx, c, "session", "revert", func(v any, _ *tally) (any, bool) { return checkRevert(v, &t) }, &t); err != nil {
+	where := func(table string) string {
+		if only == nil {
+			return ""
+		}
+		return ` AND rowid IN (SELECT r FROM temp."` + only[table] + `")`
+	}
+	if err := rewriteRows(ctx, c, "session", "revert", where("session"), func(v any, _ *tally) (any, bool) { return checkRevert(v, &t) }, &t); err != nil {
 		return nil, err
 	}
-	if err := rewriteRows(ctx, c, "message", "data", pinMessage, &t); err != nil {
+	if err := rewriteRows(ctx, c, "message", "data", where("message"), pinMessage, &t); err != nil {
 		return nil, err
 	}
-	if err := rewriteRows(ctx, c, "part", "data", pinPart, &t); err != nil {
+	if err := rewriteRows(ctx, c, "part", "data", where("part"), pinPart, &t); err != nil {
 		return nil, err
 	}
 	// Parts of a dropped message would be orphans opencode never loads.
-	res, err := c.ExecContext(ctx, `DELETE FROM main."part" WHERE message_id NOT IN (SELECT id FROM main."message")`)
+	// Updating in place (only set), a part can only lose its message
+	// when the part is new or changed or its message was deleted or
+	// changed (temp.gone_msg): trusted.db had no orphans.
+	sweep := ""
+	if only != nil {
+		sweep = ` AND (rowid IN (SELECT r FROM temp."` + only["part"] + `") OR message_id IN (SELECT id FROM temp.gone_msg))`
+	}
+	res, err := c.ExecContext(ctx, `DELETE FROM main."part" WHERE message_id NOT IN (SELECT id FROM main."message")`+sweep)
 	if err != nil {
 		return nil, fmt.Errorf("drop orphaned parts: %w", err)
 	}
@@ -119,10 +133,10 @@ func pinOpencodeData(ctx context.Context, c *sql.Conn) ([]RowDrop, error) {
 // differs from the input.
 type rowFix func(v any, t *tally) (any, bool)
 
-// rewriteRows runs fix over column col of every row of main.table, in
-// batches by rowid, and writes back only what changed (unchanged rows keep
-// their exact bytes).
-func rewriteRows(ctx context.Context, c *sql.Conn, table, col string, fix rowFix, t *tally) error {
+// rewriteRows runs fix over column col of every row of main.table (that
+// also meets the SQL condition and, "" or " AND …"), in batches by rowid,
+// and writes back only what changed (unchanged rows keep their exact bytes).
+func rewriteRows(ctx context.Context, c *sql.Conn, table, col, and string, fix rowFix, t *tally) error {
 	nullable := table == "session"
 	var last int64 = -1 << 62
 	for {
@@ -131,7 +145,7 @@ func rewriteRows(ctx context.Context, c *sql.Conn, table, col string, fix rowFix
 			data  *string // nil: delete (or NULL)
 		}
 		var changes []change
-		rows, err := c.QueryContext(ctx, fmt.Sprintf(`SELECT rowid, %q FROM main.%q WHERE rowid > ? AND %q IS NOT NULL ORDER BY rowid LIMIT 2000`, col, table, col), last)
+		rows, err := c.QueryContext(ctx, fmt.Sprintf(`SELECT rowid, %q FROM main.%q WHERE rowid > ? AND %q IS NOT NULL%s ORDER BY rowid LIMIT 2000`, col, table, col, and), last)
 		if err != nil {
 			return fmt.Errorf("read %s.%s: %w", table, col, err)
 		}

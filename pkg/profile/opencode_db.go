@@ -184,35 +184,17 @@ var opencodeTables = []tablePlan{
 // *SchemaError; one SQLite cannot read returns another error (the caller drops
 // it).
 func rebuildOpencodeDB(ctx context.Context, fd, walFd int, max int64, out io.Writer) ([]RowDrop, error) {
-	pinned, err := parseSchema(opencodeSchemaText)
-	if err != nil {
-		return nil, err
-	}
 	tmp, err := os.MkdirTemp("", "shrooms-opencode-db-")
 	if err != nil {
 		return nil, fmt.Errorf("private copy: %w", err)
 	}
 	defer os.RemoveAll(tmp)
-	src := filepath.Join(tmp, "src.db")
-	if err := copyNode(fd, src, max); err != nil {
-		return nil, fmt.Errorf("copy: %w", err)
-	}
-	if walFd >= 0 {
-		if err := copyNode(walFd, src+"-wal", max); err != nil {
-			return nil, fmt.Errorf("copy -wal: %w", err)
-		}
-	}
-	drops, err := foldAndCheck(ctx, src, pinned)
+	dst, drops, err := rebuildOpencodeDBIn(ctx, fd, walFd, max, tmp)
 	if err != nil {
 		return nil, err
 	}
 	if out == nil {
-		out = io.Discard // a dry run: build it anyway, to report what it drops
-	}
-	dst := filepath.Join(tmp, "out.db")
-	more, err := copyAllowlisted(ctx, src, dst, pinned)
-	if err != nil {
-		return nil, err
+		return drops, nil // a dry run: built anyway, to report what it drops
 	}
 	f, err := os.Open(dst)
 	if err != nil {
@@ -222,7 +204,35 @@ func rebuildOpencodeDB(ctx context.Context, fd, walFd int, max int64, out io.Wri
 	if _, err := io.Copy(out, f); err != nil {
 		return nil, err
 	}
-	return append(drops, more...), nil
+	return drops, nil
+}
+
+// rebuildOpencodeDBIn is rebuildOpencodeDB's work in the private directory
+// tmp: it returns the path of the rebuilt database there.
+func rebuildOpencodeDBIn(ctx context.Context, fd, walFd int, max int64, tmp string) (string, []RowDrop, error) {
+	pinned, err := parseSchema(opencodeSchemaText)
+	if err != nil {
+		return "", nil, err
+	}
+	src := filepath.Join(tmp, "src.db")
+	if err := copyNode(fd, src, max); err != nil {
+		return "", nil, fmt.Errorf("copy: %w", err)
+	}
+	if walFd >= 0 {
+		if err := copyNode(walFd, src+"-wal", max); err != nil {
+			return "", nil, fmt.Errorf("copy -wal: %w", err)
+		}
+	}
+	drops, err := foldAndCheck(ctx, src, pinned)
+	if err != nil {
+		return "", nil, err
+	}
+	dst := filepath.Join(tmp, "out.db")
+	more, err := copyAllowlisted(ctx, src, dst, pinned)
+	if err != nil {
+		return "", nil, err
+	}
+	return dst, append(drops, more...), nil
 }
 
 // copyNode copies the regular file behind an O_PATH fd (exactly that inode)
@@ -304,7 +314,13 @@ func foldAndCheck(ctx context.Context, path string, pinned *pinnedSchema) ([]Row
 	if check != "ok" {
 		return nil, fmt.Errorf("integrity check: %s", check)
 	}
-	objs, err := readMaster(ctx, c)
+	return checkSchema(ctx, c, "main", pinned)
+}
+
+// checkSchema compares the schema of the attached database schema (main or
+// src) with the pinned one; see foldAndCheck.
+func checkSchema(ctx context.Context, c *sql.Conn, schema string, pinned *pinnedSchema) ([]RowDrop, error) {
+	objs, err := readMasterOf(ctx, c, schema)
 	if err != nil {
 		return nil, err
 	}
@@ -313,7 +329,7 @@ func foldAndCheck(ctx context.Context, path string, pinned *pinnedSchema) ([]Row
 	if got := findObject(objs, "table", "migration"); got == nil || mig == nil || got.sql != mig.sql {
 		return nil, &SchemaError{fmt.Sprintf("opencode.db has no migration table of %s's form; shrooms cannot tell its schema version", pinned.agent)}
 	}
-	ids, err := queryStrings(ctx, c, `SELECT id FROM "migration" ORDER BY id`)
+	ids, err := queryStrings(ctx, c, `SELECT id FROM `+schema+`."migration" ORDER BY id`)
 	if err != nil {
 		return nil, fmt.Errorf("read migrations: %w", err)
 	}
@@ -345,7 +361,7 @@ func foldAndCheck(ctx context.Context, path string, pinned *pinnedSchema) ([]Row
 			drops = append(drops, RowDrop{Item: o.typ + " " + o.name, Reason: "not in " + pinned.agent + "'s schema"})
 		case o.typ == "table" && o.name != "migration" && !slices.ContainsFunc(opencodeTables, func(tp tablePlan) bool { return tp.table == o.name }):
 			var n int64
-			if err := c.QueryRowContext(ctx, `SELECT count(*) FROM "`+o.name+`"`).Scan(&n); err != nil {
+			if err := c.QueryRowContext(ctx, `SELECT count(*) FROM `+schema+`."`+o.name+`"`).Scan(&n); err != nil {
 				return nil, fmt.Errorf("count %s: %w", o.name, err)
 			}
 			if n > 0 {
@@ -357,7 +373,11 @@ func foldAndCheck(ctx context.Context, path string, pinned *pinnedSchema) ([]Row
 }
 
 func readMaster(ctx context.Context, c *sql.Conn) ([]schemaObject, error) {
-	rows, err := c.QueryContext(ctx, "SELECT type, name, tbl_name, coalesce(sql, '') FROM sqlite_master ORDER BY rowid")
+	return readMasterOf(ctx, c, "main")
+}
+
+func readMasterOf(ctx context.Context, c *sql.Conn, schema string) ([]schemaObject, error) {
+	rows, err := c.QueryContext(ctx, "SELECT type, name, tbl_name, coalesce(sql, '') FROM "+schema+".sqlite_master ORDER BY rowid")
 	if err != nil {
 		return nil, fmt.Errorf("read schema: %w", err)
 	}
@@ -429,7 +449,38 @@ func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema)
 	if _, err := c.ExecContext(ctx, "BEGIN"); err != nil {
 		return nil, err
 	}
-	if _, err := c.ExecContext(ctx, `INSERT INTO main."migration" (id, time_completed) SELECT id, time_completed FROM src."migration"`); err != nil {
+	drops, err := copyRows(ctx, c, nil)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.ExecContext(ctx, "COMMIT"); err != nil {
+		return nil, err
+	}
+	if _, err := c.ExecContext(ctx, "DETACH DATABASE src"); err != nil {
+		return nil, err
+	}
+	return drops, nil
+}
+
+// copyRows copies the allowlisted rows and columns of src into main (both
+// attached to c, in a transaction), filtered and pinned. With only nil it
+// copies every row (new rowids); otherwise only the rows of src whose rowid
+// is in the temp table only[table] (a table of one column r), keeping their
+// rowids (opencode_dbupdate.go).
+func copyRows(ctx context.Context, c *sql.Conn, only map[string]string) ([]RowDrop, error) {
+	where := func(table, op string) string {
+		if only == nil {
+			return ""
+		}
+		return op + `rowid IN (SELECT r FROM temp."` + only[table] + `")`
+	}
+	rowid := func(table string) string {
+		if only == nil {
+			return ""
+		}
+		return "rowid, "
+	}
+	if _, err := c.ExecContext(ctx, `INSERT INTO main."migration" (`+rowid("migration")+`id, time_completed) SELECT `+rowid("migration")+`id, time_completed FROM src."migration"`+where("migration", " WHERE ")); err != nil {
 		return nil, fmt.Errorf("copy migrations: %w", err)
 	}
 	var drops []RowDrop
@@ -439,11 +490,14 @@ func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema)
 			return nil, fmt.Errorf("columns of %s: %w", tp.table, err)
 		}
 		var into, from []string
+		if only != nil {
+			into, from = []string{"rowid"}, []string{"rowid"}
+		}
 		for _, col := range cols {
 			q := `"` + col + `"`
 			if why, ok := tp.drop[col]; ok {
 				var n int64
-				if err := c.QueryRowContext(ctx, `SELECT count(*) FROM src."`+tp.table+`" WHERE `+q+` IS NOT NULL`).Scan(&n); err != nil {
+				if err := c.QueryRowContext(ctx, `SELECT count(*) FROM src."`+tp.table+`" WHERE `+q+` IS NOT NULL`+where(tp.table, " AND ")).Scan(&n); err != nil {
 					return nil, err
 				}
 				if n > 0 && col != "permission" {
@@ -455,7 +509,7 @@ func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema)
 			if f, ok := tp.pin[col]; ok {
 				from = append(from, `CASE WHEN `+q+` IS NULL THEN NULL ELSE `+f[0]+` END`)
 				var n int64
-				if err := c.QueryRowContext(ctx, `SELECT count(*) FROM src."`+tp.table+`" WHERE `+q+` IS NOT NULL AND `+q+` IS NOT `+f[0]).Scan(&n); err != nil {
+				if err := c.QueryRowContext(ctx, `SELECT count(*) FROM src."`+tp.table+`" WHERE `+q+` IS NOT NULL AND `+q+` IS NOT `+f[0]+where(tp.table, " AND ")).Scan(&n); err != nil {
 					return nil, err
 				}
 				if n > 0 {
@@ -466,7 +520,7 @@ func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema)
 			if f, ok := tp.fixed[col]; ok {
 				from = append(from, f[0])
 				var n int64
-				if err := c.QueryRowContext(ctx, `SELECT count(*) FROM src."`+tp.table+`" WHERE `+q+` IS NOT `+f[0]).Scan(&n); err != nil {
+				if err := c.QueryRowContext(ctx, `SELECT count(*) FROM src."`+tp.table+`" WHERE `+q+` IS NOT `+f[0]+where(tp.table, " AND ")).Scan(&n); err != nil {
 					return nil, err
 				}
 				if n > 0 {
@@ -476,36 +530,30 @@ func copyAllowlisted(ctx context.Context, src, dst string, pinned *pinnedSchema)
 			}
 			from = append(from, q)
 		}
-		stmt := fmt.Sprintf(`INSERT INTO main."%s" (%s) SELECT %s FROM src."%s"`, tp.table, strings.Join(into, ", "), strings.Join(from, ", "), tp.table)
+		stmt := fmt.Sprintf(`INSERT INTO main."%s" (%s) SELECT %s FROM src."%s"`, tp.table, strings.Join(into, ", "), strings.Join(from, ", "), tp.table) + where(tp.table, " WHERE ")
 		if _, err := c.ExecContext(ctx, stmt); err != nil {
 			return nil, fmt.Errorf("copy %s: %w", tp.table, err)
 		}
 	}
-	n, err := keepDenyRules(ctx, c)
+	n, err := keepDenyRules(ctx, c, where("session", " AND "))
 	if err != nil {
 		return nil, err
 	}
 	if n > 0 {
 		drops = append(drops, RowDrop{Item: "column session.permission", Rows: n, Reason: "permission rules other than deny"})
 	}
-	more, err := pinOpencodeData(ctx, c)
+	more, err := pinOpencodeData(ctx, c, only)
 	if err != nil {
 		return nil, err
 	}
 	drops = append(drops, more...)
-	if _, err := c.ExecContext(ctx, "COMMIT"); err != nil {
-		return nil, err
-	}
-	if _, err := c.ExecContext(ctx, "DETACH DATABASE src"); err != nil {
-		return nil, err
-	}
 	return drops, nil
 }
 
 // keepDenyRules restores each session's permission rules that only deny
 // (opencode run adds those itself), and returns how many sessions lost rules.
-func keepDenyRules(ctx context.Context, c *sql.Conn) (int64, error) {
-	rows, err := c.QueryContext(ctx, `SELECT id, permission FROM src."session" WHERE permission IS NOT NULL`)
+func keepDenyRules(ctx context.Context, c *sql.Conn, where string) (int64, error) {
+	rows, err := c.QueryContext(ctx, `SELECT id, permission FROM src."session" WHERE permission IS NOT NULL`+where)
 	if err != nil {
 		return 0, err
 	}
