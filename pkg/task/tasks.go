@@ -27,7 +27,7 @@ import (
 const maxRecord = 4 << 20
 
 // Log returns the task's turn records, oldest first; n > 0 selects turn n.
-func (r *Commands) Log(task string, n int) ([]turn.Result, error) {
+func (r *Commands) Log(task taskid.ID, n int) ([]turn.Result, error) {
 	if _, err := r.knownTask(task); err != nil {
 		return nil, err
 	}
@@ -57,7 +57,7 @@ func (r *Commands) Log(task string, n int) ([]turn.Result, error) {
 	return r.noTurn(task, n, out)
 }
 
-func (r *Commands) noTurn(task string, n int, out []turn.Result) ([]turn.Result, error) {
+func (r *Commands) noTurn(task taskid.ID, n int, out []turn.Result) ([]turn.Result, error) {
 	if n > 0 && len(out) == 0 {
 		return nil, fmt.Errorf("%w: task %q has no record of turn %d", fault.Input, task, n)
 	}
@@ -70,18 +70,15 @@ func (r *Commands) noTurn(task string, n int, out []turn.Result) ([]turn.Result,
 // CheckTask refuses a task id that is invalid or that shrooms has no state
 // of (fault.Input), reading only the state directory, so commands on an
 // existing task can refuse a typo before they connect to podman.
-func CheckTask(cfg *config.Config, task string) error {
+func CheckTask(cfg *config.Config, task taskid.ID) error {
 	r := state(cfg)
 	_, err := r.knownTask(task)
 	return err
 }
 
 // knownTask parses task and checks that shrooms has state of it.
-func (r *Commands) knownTask(task string) (taskid.ID, error) {
-	id, err := taskid.Parse(task)
-	if err != nil {
-		return id, fmt.Errorf("%w: %w", fault.Input, err)
-	}
+func (r *Commands) knownTask(task taskid.ID) (taskid.ID, error) {
+	id := task
 	ok, err := r.Store.Exists(id)
 	if err != nil {
 		return id, fmt.Errorf("%w: %w", fault.HostNotReady, err)
@@ -126,10 +123,11 @@ func (r *Commands) Tasks() ([]TaskStatus, error) {
 	}
 	out := []TaskStatus{}
 	for _, e := range entries {
-		if !e.IsDir() || !taskid.Valid(e.Name()) {
+		id, perr := taskid.Parse(e.Name())
+		if !e.IsDir() || perr != nil {
 			continue
 		}
-		st, err := r.Status(e.Name())
+		st, err := r.Status(id)
 		if err != nil {
 			return nil, err
 		}
@@ -141,12 +139,12 @@ func (r *Commands) Tasks() ([]TaskStatus, error) {
 
 // Status reports one task without taking its lock (a running turn is never
 // disturbed).
-func (r *Commands) Status(task string) (*TaskStatus, error) {
+func (r *Commands) Status(task taskid.ID) (*TaskStatus, error) {
 	id, err := r.knownTask(task)
 	if err != nil {
 		return nil, err
 	}
-	st := &TaskStatus{Task: task}
+	st := &TaskStatus{Task: task.String()}
 	if st.Turns, err = r.Store.LastTurn(id); err != nil {
 		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
@@ -170,7 +168,7 @@ func (r *Commands) Status(task string) (*TaskStatus, error) {
 
 // lockHolder returns the pid of the process holding the task's lock (0 when
 // none), read from /proc/locks so that looking never takes the lock.
-func (r *Commands) lockHolder(task string) (int, error) {
+func (r *Commands) lockHolder(task taskid.ID) (int, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(filepath.Join(r.taskDir(task), "lock"), &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -186,10 +184,8 @@ func (r *Commands) lockHolder(task string) (int, error) {
 	if pid != 0 {
 		// A detached teardown holds the lock its turn's process took (and
 		// /proc/locks still names that process): it wrote its own pid.
-		if id, err := taskid.Parse(task); err == nil {
-			if tp := r.Store.TeardownHolder(id); tp != 0 {
-				return tp, nil
-			}
+		if tp := r.Store.TeardownHolder(task); tp != 0 {
+			return tp, nil
 		}
 	}
 	return pid, nil
@@ -225,12 +221,12 @@ type StopResult struct {
 // to the shrooms process holding the task's lock, which stops and removes
 // the cage, gives the worktree back, records the turn and exits 130, and
 // waits until the lock is free. No turn running is not an error.
-func (r *Commands) Stop(task string, wait time.Duration) (*StopResult, error) {
+func (r *Commands) Stop(task taskid.ID, wait time.Duration) (*StopResult, error) {
 	id, err := r.knownTask(task)
 	if err != nil {
 		return nil, err
 	}
-	res := &StopResult{Task: task}
+	res := &StopResult{Task: task.String()}
 	pid, err := r.lockHolder(task)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"net"
 	"net/netip"
 	"os"
@@ -83,7 +84,7 @@ func newResolverEnv(t *testing.T, policy string, allow []string, network map[str
 	t.Cleanup(func() {
 		for i := 1; i <= e.n; i++ {
 			task := fmt.Sprintf("%s-%d", name, i)
-			if err := e.runner.Home().Remove(context.Background(), task); err != nil {
+			if err := e.runner.Home().Remove(context.Background(), taskid.Must(task)); err != nil {
 				t.Errorf("remove HOME: %v", err)
 			}
 			_ = releaseOutbox(cfg, task)
@@ -106,7 +107,7 @@ func (e *resolverEnv) run(t *testing.T, args ...string) (string, *Result) {
 	e.n++
 	var out, errb bytes.Buffer
 	res, err := e.runner.Run(context.Background(), Request{
-		Task: fmt.Sprintf("%s-%d", e.name, e.n), Agent: "shell", Command: append([]string{"/tbprobe"}, args...),
+		Task: taskid.Must(fmt.Sprintf("%s-%d", e.name, e.n)), Agent: "shell", Command: append([]string{"/tbprobe"}, args...),
 		ExtraMounts: []mounts.Mount{{Kind: mounts.Bind, Source: e.probe, Dest: "/tbprobe", ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev"}}},
 		Streams:     podman.Streams{Stdout: &out, Stderr: &errb},
 	})
@@ -196,7 +197,7 @@ func (e *resolverEnv) runSh(t *testing.T, script string) (string, *Result) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	res, err := e.runner.Run(context.Background(), Request{
-		Task: fmt.Sprintf("%s-%d", e.name, e.n), Agent: "shell", Args: []string{"-c", script},
+		Task: taskid.Must(fmt.Sprintf("%s-%d", e.name, e.n)), Agent: "shell", Args: []string{"-c", script},
 		Streams: podman.Streams{Stdout: &out, Stderr: &errb},
 	})
 	assert.NilError(t, err, errb.String())
