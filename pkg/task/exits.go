@@ -47,9 +47,9 @@ func (r *Commands) withTask(task taskid.ID, f func(id taskid.ID) error) error {
 func (r *Commands) Collect(ctx context.Context, task taskid.ID, to string) (*outbox.Report, error) {
 	var rep *outbox.Report
 	err := r.withTask(task, func(id taskid.ID) error {
-		wt, err := r.Store.Recall(id, taskstate.FactWorktree)
+		wt, err := r.recall(id, taskstate.FactWorktree)
 		if err != nil {
-			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			return err
 		}
 		if to == "" {
 			// The default delivery directory's parents are shrooms' own,
@@ -133,9 +133,9 @@ type CommitResult struct {
 func (r *Commands) Commit(ctx context.Context, task taskid.ID, message string, author gitseal.Author, allow []string) (*CommitResult, error) {
 	res := &CommitResult{Task: task.String(), AgentConfig: []worktreeguard.Change{}, Accepted: []string{}}
 	err := r.withTask(task, func(id taskid.ID) error {
-		wt, err := r.Store.Recall(id, taskstate.FactWorktree)
+		wt, err := r.recall(id, taskstate.FactWorktree)
 		if err != nil {
-			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			return err
 		}
 		if wt == "" {
 			return fmt.Errorf("%w: task %q has no worktree (run it with --worktree)", fault.Input, task)
@@ -225,8 +225,8 @@ func (r *Commands) Trust(ctx context.Context, task taskid.ID, worktree string, p
 	err := r.withTask(task, func(id taskid.ID) error {
 		if worktree == "" {
 			var err error
-			if worktree, err = r.Store.Recall(id, taskstate.FactWorktree); err != nil {
-				return fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			if worktree, err = r.recall(id, taskstate.FactWorktree); err != nil {
+				return err
 			}
 			if worktree == "" {
 				return fmt.Errorf("%w: task %q has no worktree; pass --worktree", fault.Input, task)
@@ -262,8 +262,8 @@ func (r *Commands) Reset(ctx context.Context, task taskid.ID, agent string, dryR
 	err := r.withTask(task, func(id taskid.ID) error {
 		if agent == "" {
 			var err error
-			if agent, err = r.Store.Recall(id, taskstate.FactAgent); err != nil {
-				return fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			if agent, err = r.recall(id, taskstate.FactAgent); err != nil {
+				return err
 			}
 			if agent == "" {
 				return fmt.Errorf("%w: task %q has run no agent yet; pass --agent", fault.Input, task)

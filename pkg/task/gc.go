@@ -60,9 +60,9 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
+	cages, err := r.managedCages(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, err
 	}
 	if dryRun {
 		for _, c := range cages {

@@ -195,9 +195,9 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
 	}
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
+	cages, err := r.managedCages(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return nil, err
 	}
 	released := []string{}
 	var left []string

@@ -31,12 +31,22 @@ func (r *Commands) Log(task taskid.ID, n int) ([]turn.Result, error) {
 	if _, err := r.knownTask(task); err != nil {
 		return nil, err
 	}
+	out, err := r.readLog(task, n)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+	}
+	return r.noTurn(task, n, out)
+}
+
+// readLog reads the task's turn records (turn n, or all when n is 0); no
+// log yet is no record.
+func (r *Commands) readLog(task taskid.ID, n int) ([]turn.Result, error) {
 	f, err := os.Open(filepath.Join(r.taskDir(task), turn.TurnsFile))
 	if errors.Is(err, os.ErrNotExist) {
-		return r.noTurn(task, n, nil)
+		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: turn log: %w", fault.HostNotReady, err)
+		return nil, fmt.Errorf("turn log: %w", err)
 	}
 	defer f.Close()
 	var out []turn.Result
@@ -45,16 +55,16 @@ func (r *Commands) Log(task taskid.ID, n int) ([]turn.Result, error) {
 	for sc.Scan() {
 		var rec turn.Result
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			return nil, fmt.Errorf("%w: turn log of %s is damaged: %w", fault.HostNotReady, task, err)
+			return nil, fmt.Errorf("turn log of %s is damaged: %w", task, err)
 		}
 		if n == 0 || rec.Turn == n {
 			out = append(out, rec)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%w: turn log: %w", fault.HostNotReady, err)
+		return nil, fmt.Errorf("turn log: %w", err)
 	}
-	return r.noTurn(task, n, out)
+	return out, nil
 }
 
 func (r *Commands) noTurn(task taskid.ID, n int, out []turn.Result) ([]turn.Result, error) {
@@ -149,7 +159,7 @@ func (r *Commands) Status(task taskid.ID) (*TaskStatus, error) {
 		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	if st.PID, err = r.lockHolder(task); err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, err
 	}
 	st.Busy = st.PID != 0
 	st.Agent, _ = r.Store.Recall(id, taskstate.FactAgent)
@@ -169,6 +179,15 @@ func (r *Commands) Status(task taskid.ID) (*TaskStatus, error) {
 // lockHolder returns the pid of the process holding the task's lock (0 when
 // none), read from /proc/locks so that looking never takes the lock.
 func (r *Commands) lockHolder(task taskid.ID) (int, error) {
+	pid, err := r.readLockHolder(task)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+	}
+	return pid, nil
+}
+
+// readLockHolder is lockHolder's look at the lock file and /proc/locks.
+func (r *Commands) readLockHolder(task taskid.ID) (int, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(filepath.Join(r.taskDir(task), "lock"), &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -229,7 +248,7 @@ func (r *Commands) Stop(task taskid.ID, wait time.Duration) (*StopResult, error)
 	res := &StopResult{Task: task.String()}
 	pid, err := r.lockHolder(task)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, err
 	}
 	if pid == 0 {
 		return res, nil
@@ -247,7 +266,7 @@ func (r *Commands) Stop(task taskid.ID, wait time.Duration) (*StopResult, error)
 	for {
 		holder, err := r.lockHolder(task)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			return nil, err
 		}
 		if holder != pid {
 			break
