@@ -57,11 +57,7 @@ func (r *Runner) preparedOutboxReady(task taskid.ID, p *Plan) bool {
 // pending delivery, once no process of its cage runs, and says so in res.
 // A failure leaves the outbox where it is (the next turn refuses to start
 // on it) and is reported, not fatal: the turn itself ran.
-func (r *Runner) settleOutbox(ctx context.Context, res *Result) {
-	id, err := taskid.Parse(res.Task)
-	if err != nil {
-		return
-	}
+func (r *Runner) settleOutbox(ctx context.Context, id taskid.ID, res *Result) {
 	last, err := r.Store.LastTurn(id)
 	if err != nil {
 		res.Outbox = &outbox.Summary{Turn: res.Turn, Error: err.Error()}

@@ -278,7 +278,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// The turn's record, after the worktree is given back, before the lock goes.
 	defer func() {
 		res.HomeBytes = r.Home().Bytes(req.Task)
-		if rerr := r.recordTurn(res, err, c.start); rerr != nil && err == nil {
+		if rerr := r.recordTurn(req.Task, res, err, c.start); rerr != nil && err == nil {
 			err = fmt.Errorf("%w: %w", ErrHostNotReady, rerr)
 		}
 	}()
@@ -289,7 +289,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}
 	// First once the turn ends (no process of its cage runs): what it put
 	// in /outbox leaves the cages' reach.
-	defer r.settleOutbox(context.WithoutCancel(ctx), res)
+	defer r.settleOutbox(context.WithoutCancel(ctx), req.Task, res)
 	c.lap("lock")
 
 	preparedID, prep, err := r.turnCage(ctx, req, in)
@@ -300,7 +300,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	res.Turn = prep.turn
 	// Should this shrooms die now, the next command that takes the lock
 	// records the turn as killed.
-	r.markRunning(res)
+	r.markRunning(req.Task, res)
 	res.Reset = prep.reset
 	res.WorktreeGuard = prep.guard
 	c.lap("prepare")
