@@ -14,6 +14,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/safetext"
 	"github.com/shrooms-cage/shrooms/pkg/task"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -89,20 +90,26 @@ func localRunner(c *cli.Context, pre func(*config.Config) error) (r *task.Comman
 // command checks more, instead of checkTask), a context that SIGINT,
 // SIGTERM or SIGHUP cancel, and podman connected only when the command
 // needs it (withPodman). fn gets the task commands and the task id.
-func withTask(c *cli.Context, need taskNeed, pre func(*config.Config) error, fn func(ctx context.Context, r *task.Commands, id string) error) error {
+func withTask(c *cli.Context, need taskNeed, pre func(*config.Config, taskid.ID) error, fn func(ctx context.Context, r *task.Commands, id taskid.ID) error) error {
 	open := localRunner
 	if need == withPodman {
 		open = runnerFor
 	}
 	if pre == nil {
-		pre = checkTask(c)
+		pre = task.CheckTask
 	}
-	r, ctx, stop, err := open(c, pre)
+	var id taskid.ID
+	r, ctx, stop, err := open(c, func(cfg *config.Config) (err error) {
+		if id, err = taskArg(c); err != nil {
+			return err
+		}
+		return pre(cfg, id)
+	})
 	if err != nil {
 		return err
 	}
 	defer stop()
-	return fn(ctx, r, c.String("task"))
+	return fn(ctx, r, id)
 }
 
 // taskNeed says whether a task command needs podman.
@@ -115,10 +122,14 @@ const (
 	withPodman
 )
 
-// checkTask validates --task of a command on an existing task before
-// shrooms connects anywhere: a valid id that shrooms has state of.
-func checkTask(c *cli.Context) func(*config.Config) error {
-	return func(cfg *config.Config) error { return task.CheckTask(cfg, c.String("task")) }
+// taskArg is --task as a task id: the one place a command parses it
+// (fault.Input when it is no valid id).
+func taskArg(c *cli.Context) (taskid.ID, error) {
+	id, err := taskid.Parse(c.String("task"))
+	if err != nil {
+		return id, fmt.Errorf("%w: %w", fault.Input, err)
+	}
+	return id, nil
 }
 
 func taskFlag() cli.Flag {
@@ -142,7 +153,7 @@ pending deliveries, oldest turn first.`,
 				Usage: "show what collect would deliver and refuse, changing nothing",
 				Flags: []cli.Flag{taskFlag()},
 				Action: func(c *cli.Context) error {
-					return withTask(c, local, nil, func(ctx context.Context, r *task.Commands, id string) error {
+					return withTask(c, local, nil, func(ctx context.Context, r *task.Commands, id taskid.ID) error {
 						rep, err := r.ListOutbox(ctx, id)
 						if err != nil {
 							return fail(codeFor(err), err)
@@ -161,7 +172,7 @@ name, path, size, sha256; and what was dropped at each turn's end) last.
 Files past the limits stay pending and are listed with the reason.`,
 				Flags: []cli.Flag{taskFlag(), &cli.StringFlag{Name: "to", Usage: "delivery `DIR` (new or empty; default <state.dir>/deliveries/<task>/<time>)"}},
 				Action: func(c *cli.Context) error {
-					return withTask(c, local, nil, func(ctx context.Context, r *task.Commands, id string) error {
+					return withTask(c, local, nil, func(ctx context.Context, r *task.Commands, id taskid.ID) error {
 						rep, err := r.Collect(ctx, id, c.String("to"))
 						if err != nil {
 							return fail(codeFor(err), err)
@@ -175,14 +186,14 @@ Files past the limits stay pending and are listed with the reason.`,
 				Usage: "discard the task's pending deliveries, and unmount its outbox wherever it is still mounted",
 				Flags: []cli.Flag{taskFlag()},
 				Action: func(c *cli.Context) error {
-					return withTask(c, local, nil, func(_ context.Context, r *task.Commands, id string) error {
+					return withTask(c, local, nil, func(_ context.Context, r *task.Commands, id taskid.ID) error {
 						if err := r.ReleaseOutbox(id); err != nil {
 							return fail(codeFor(err), err)
 						}
 						if jsonMode(c) {
 							return printJSON(c.App.Writer, map[string]any{"task": id, "released": true})
 						}
-						textln(c.App.Writer, "released the outbox of "+id)
+						textln(c.App.Writer, "released the outbox of "+id.String())
 						return nil
 					})
 				},
@@ -253,7 +264,7 @@ path; the named paths become trusted for later turns.`,
 				}
 				author = gitseal.Author{Name: addr.Name, Email: addr.Address}
 			}
-			return withTask(c, local, nil, func(ctx context.Context, r *task.Commands, id string) error {
+			return withTask(c, local, nil, func(ctx context.Context, r *task.Commands, id taskid.ID) error {
 				res, err := r.Commit(ctx, id, c.String("message"), author, c.StringSlice("allow-agent-config"))
 				nothing := errors.Is(err, gitseal.ErrNothingToCommit)
 				if err != nil && !nothing {
@@ -307,7 +318,7 @@ task to another worktree (all of its config is then trusted as it is).`,
 			&cli.StringFlag{Name: "worktree", Usage: "the task's worktree `DIR` (default: the one its turns ran on)"},
 		},
 		Action: func(c *cli.Context) error {
-			return withTask(c, local, nil, func(ctx context.Context, r *task.Commands, id string) error {
+			return withTask(c, local, nil, func(ctx context.Context, r *task.Commands, id taskid.ID) error {
 				paths, err := shownPaths(c.Args().Slice())
 				if err != nil {
 					return fail(ExitUsage, err)
@@ -354,7 +365,13 @@ error: forget exits 0 and --json says "forgotten": false. Afterwards forget look
 and it exits 122 instead of reporting success.`,
 		Flags: []cli.Flag{taskFlag()},
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) error { return task.CheckForget(cfg, c.String("task")) })
+			var id taskid.ID
+			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) (err error) {
+				if id, err = taskArg(c); err != nil {
+					return err
+				}
+				return task.CheckForget(cfg, id)
+			})
 			if errors.Is(err, task.ErrUnknownTask) {
 				// Nothing is kept of the task: forgetting it again is done.
 				if jsonMode(c) {
@@ -367,7 +384,7 @@ and it exits 122 instead of reporting success.`,
 				return err
 			}
 			defer stop()
-			if err := r.Forget(ctx, c.String("task")); err != nil {
+			if err := r.Forget(ctx, id); err != nil {
 				return fail(codeFor(err), err)
 			}
 			if jsonMode(c) {
@@ -389,8 +406,8 @@ func resetCommand() *cli.Command {
 			&cli.BoolFlag{Name: "dry-run", Usage: "report what would be kept, rebuilt and removed; change nothing"},
 		},
 		Action: func(c *cli.Context) error {
-			check := func(cfg *config.Config) error {
-				if err := task.CheckTask(cfg, c.String("task")); err != nil {
+			check := func(cfg *config.Config, id taskid.ID) error {
+				if err := task.CheckTask(cfg, id); err != nil {
 					return err
 				}
 				if name := c.String("agent"); name != "" {
@@ -400,7 +417,7 @@ func resetCommand() *cli.Command {
 				}
 				return nil
 			}
-			return withTask(c, withPodman, check, func(ctx context.Context, r *task.Commands, id string) error {
+			return withTask(c, withPodman, check, func(ctx context.Context, r *task.Commands, id taskid.ID) error {
 				rep, err := r.Reset(ctx, id, c.String("agent"), c.Bool("dry-run"))
 				if err != nil {
 					return fail(codeFor(err), err)

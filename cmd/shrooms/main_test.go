@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"net"
 	"os"
 	"os/exec"
@@ -132,6 +133,10 @@ func (e *env) cleanup(client *podman.Client) {
 	}
 	entries, _ := os.ReadDir(filepath.Join(e.dir, "state", "tasks"))
 	for _, d := range entries {
+		tid, err := taskid.Parse(d.Name())
+		if err != nil {
+			continue // not a task's
+		}
 		// The HOME's capped filesystem is unmounted before its volume goes.
 		vol := "shrooms-home-" + e.prefix + "-" + d.Name()
 		mountpoint := ""
@@ -145,7 +150,7 @@ func (e *env) cleanup(client *podman.Client) {
 		if _, err := os.Stat(filepath.Join(e.dir, "outbox")); err != nil {
 			continue
 		}
-		if err := outbox.Release(filepath.Join(e.dir, "outbox"), d.Name()); err != nil && !os.IsNotExist(err) {
+		if err := outbox.Release(filepath.Join(e.dir, "outbox"), tid); err != nil && !os.IsNotExist(err) {
 			e.t.Errorf("release outbox: %v", err)
 		}
 	}

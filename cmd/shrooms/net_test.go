@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,7 +44,7 @@ func TestNetworkedTurnInTestbed(t *testing.T) {
 	task := name + "-t"
 	t.Cleanup(func() {
 		if _, err := os.Stat(filepath.Join(dir, "outbox")); err == nil {
-			if err := outbox.Release(filepath.Join(dir, "outbox"), task); err != nil {
+			if err := outbox.Release(filepath.Join(dir, "outbox"), taskid.Must(task)); err != nil {
 				t.Errorf("release outbox: %v", err)
 			}
 		}
@@ -69,7 +70,7 @@ func TestNetworkedTurnInTestbed(t *testing.T) {
 			t.Errorf("podman: %v", err)
 			return
 		}
-		if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), task); err != nil {
+		if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), taskid.Must(task)); err != nil {
 			t.Errorf("remove HOME: %v", err)
 		}
 		removeTestbedNetwork(tb, name)

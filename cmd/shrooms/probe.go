@@ -45,11 +45,12 @@ peer cage the probe starts itself.`,
 		},
 		Subcommands: []*cli.Command{probeInsideCommand()},
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := pipelineFor(c, func(cfg *config.Config) error {
-				if _, err := taskid.Parse(c.String("task")); err != nil {
+			var task taskid.ID
+			r, ctx, stop, err := pipelineFor(c, func(cfg *config.Config) (err error) {
+				if task, err = taskid.Parse(c.String("task")); err != nil {
 					return err
 				}
-				_, err := cfg.Agent(c.String("agent"))
+				_, err = cfg.Agent(c.String("agent"))
 				return err
 			})
 			if err != nil {
@@ -61,7 +62,7 @@ peer cage the probe starts itself.`,
 				return fail(ExitUsage, err)
 			}
 			o := probe.Options{
-				Task: c.String("task"), Agent: c.String("agent"), Params: params,
+				Task: task, Agent: c.String("agent"), Params: params,
 				Timeout: c.Duration("timeout"), Stderr: c.App.ErrWriter,
 			}
 			if params.InboundPort != 0 {

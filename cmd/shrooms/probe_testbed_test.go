@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"path/filepath"
 	"testing"
@@ -51,10 +52,10 @@ func TestProbeWithoutTargetsInTestbed(t *testing.T) {
 			return
 		}
 		for _, task := range []string{"pd", "pd-peer", "pt"} {
-			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), task); err != nil {
+			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), taskid.Must(task)); err != nil {
 				t.Errorf("remove HOME: %v", err)
 			}
-			if err := outbox.Release(cfg.Outbox.Root, task); err != nil && !os.IsNotExist(err) {
+			if err := outbox.Release(cfg.Outbox.Root, taskid.Must(task)); err != nil && !os.IsNotExist(err) {
 				t.Errorf("release outbox: %v", err)
 			}
 		}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,7 +47,7 @@ func TestPurgeRemovesOnlyTheSkeleton(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		if _, err := os.Stat(box); err == nil {
-			_ = outbox.Release(box, task)
+			_ = outbox.Release(box, taskid.Must(task))
 		}
 		if out, err := tb.Podman("ps", "-aq", "--filter", "label="+sealed.LabelTask+"="+task); err == nil {
 			for _, id := range strings.Fields(out) {
@@ -55,7 +56,7 @@ func TestPurgeRemovesOnlyTheSkeleton(t *testing.T) {
 		}
 		if cfg, err := config.Load(configFile); err == nil {
 			if client, err := podman.Connect(context.Background(), tb.PodmanURL); err == nil {
-				_ = turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), task)
+				_ = turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), taskid.Must(task))
 			}
 		}
 		removeTestbedNetwork(tb, name)

@@ -29,9 +29,10 @@ func turnFlags() []cli.Flag {
 	}
 }
 
-func turnRequest(c *cli.Context) turn.Request {
+// turnRequest is the turn the flags ask for, of task id (checkTurn parsed it).
+func turnRequest(c *cli.Context, id taskid.ID) turn.Request {
 	req := turn.Request{
-		Task:     c.String("task"),
+		Task:     id,
 		Agent:    c.String("agent"),
 		Worktree: c.String("worktree"),
 		Args:     c.Args().Slice(),
@@ -66,7 +67,7 @@ func terminal(c *cli.Context) (in, out *os.File, err error) {
 
 // checkTurn validates a turn's flags and input against the config, before
 // shrooms connects to podman.
-func checkTurn(c *cli.Context) func(*config.Config) error {
+func checkTurn(c *cli.Context, id *taskid.ID) func(*config.Config) error {
 	return func(cfg *config.Config) error {
 		if c.Bool("stdin") && c.Bool("no-stdin") {
 			return fmt.Errorf("--stdin and --no-stdin contradict each other")
@@ -76,7 +77,12 @@ func checkTurn(c *cli.Context) func(*config.Config) error {
 				return err
 			}
 		}
-		if err := turn.ValidateRequest(cfg, turnRequest(c)); err != nil {
+		task, err := taskid.Parse(c.String("task"))
+		if err != nil {
+			return fmt.Errorf("%w: %w", turn.ErrInput, err)
+		}
+		*id = task
+		if err := turn.ValidateRequest(cfg, turnRequest(c, task)); err != nil {
 			return err
 		}
 		// The agent's baseline as its reset will lay it down: a file that
@@ -123,7 +129,8 @@ With --tty the cage gets a terminal for a person at one.`,
 			if c.Duration("wait") < 0 {
 				return finishRun(c, nil, fail(ExitUsage, fmt.Errorf("--wait must not be negative")))
 			}
-			r, ctx, stop, err := pipelineFor(c, checkTurn(c))
+			var task taskid.ID
+			r, ctx, stop, err := pipelineFor(c, checkTurn(c, &task))
 			if err != nil {
 				return finishRun(c, nil, err)
 			}
@@ -137,7 +144,7 @@ With --tty the cage gets a terminal for a person at one.`,
 			// The result is printed as soon as the exit code is known; the
 			// cage's removal and the next preparation go on in a child.
 			r.Detach = detacher(c, r, prepareNext)
-			req := turnRequest(c)
+			req := turnRequest(c, task)
 			res, err := r.Run(ctx, req)
 			if req.Terminal && jsonMode(c) {
 				// The terminal's output bypassed stdout's line tracking: the
@@ -153,7 +160,7 @@ With --tty the cage gets a terminal for a person at one.`,
 				warn(c.App.ErrWriter, "outbox: "+res.Outbox.Error)
 			}
 			if err == nil && prepareNext && res.Teardown != "detached" {
-				next := turnRequest(c)
+				next := turnRequest(c, task)
 				next.Args = nil
 				if _, perr := r.PrepareNext(ctx, next); perr != nil {
 					warn(c.App.ErrWriter, "next cage not prepared: "+perr.Error())
@@ -252,12 +259,13 @@ only hands the cage its argv and starts it. Anything different, or anything
 found in HOME since, discards the prepared cage and the turn runs as usual.`,
 		Flags: turnFlags(),
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := pipelineFor(c, checkTurn(c))
+			var task taskid.ID
+			r, ctx, stop, err := pipelineFor(c, checkTurn(c, &task))
 			if err != nil {
 				return err
 			}
 			defer stop()
-			id, err := r.PrepareNext(ctx, turnRequest(c))
+			id, err := r.PrepareNext(ctx, turnRequest(c, task))
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
@@ -277,12 +285,13 @@ func specCommand() *cli.Command {
 		ArgsUsage: "[-- ARGS...]",
 		Flags:     turnFlags(),
 		Action: func(c *cli.Context) error {
-			r, ctx, stop, err := pipelineFor(c, checkTurn(c))
+			var task taskid.ID
+			r, ctx, stop, err := pipelineFor(c, checkTurn(c, &task))
 			if err != nil {
 				return err
 			}
 			defer stop()
-			spec, err := r.Spec(ctx, turnRequest(c))
+			spec, err := r.Spec(ctx, turnRequest(c, task))
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
@@ -306,8 +315,9 @@ func bootstrapCommand() *cli.Command {
 		},
 		Action: func(c *cli.Context) error {
 			var profiles []string
-			r, ctx, stop, err := pipelineFor(c, func(cfg *config.Config) error {
-				if _, err := taskid.Parse(c.String("task")); err != nil {
+			var task taskid.ID
+			r, ctx, stop, err := pipelineFor(c, func(cfg *config.Config) (err error) {
+				if task, err = taskid.Parse(c.String("task")); err != nil {
 					return err
 				}
 				if name := c.String("agent"); name != "" {
@@ -323,12 +333,12 @@ func bootstrapCommand() *cli.Command {
 				return err
 			}
 			defer stop()
-			res, err := r.Bootstrap(ctx, c.String("task"), profiles)
+			res, err := r.Bootstrap(ctx, task, profiles)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
 			if jsonMode(c) {
-				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "volume": r.Home().Name(c.String("task")), "result": res.Result, "seeded": res.Seeded})
+				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "volume": r.Home().Name(task), "result": res.Result, "seeded": res.Seeded})
 			}
 			textln(c.App.Writer, res.Result)
 			return nil

@@ -17,17 +17,18 @@ import (
 
 // stateRunner is a runner for the task commands: they read the state
 // directory and signal shrooms processes, and never contact podman.
-func stateRunner(c *cli.Context, withTask bool) (*task.Commands, error) {
+func stateRunner(c *cli.Context, withTask bool) (*task.Commands, taskid.ID, error) {
+	var id taskid.ID
 	cfg, err := loadConfig(c)
 	if err != nil {
-		return nil, err
+		return nil, id, err
 	}
 	if withTask {
-		if _, err := taskid.Parse(c.String("task")); err != nil {
-			return nil, fail(ExitUsage, err)
+		if id, err = taskid.Parse(c.String("task")); err != nil {
+			return nil, id, fail(ExitUsage, err)
 		}
 	}
-	return task.New(cfg, nil, turn.NewRunner(cfg, nil, nil)), nil
+	return task.New(cfg, nil, turn.NewRunner(cfg, nil, nil)), id, nil
 }
 
 func tasksCommand() *cli.Command {
@@ -35,7 +36,7 @@ func tasksCommand() *cli.Command {
 		Name:  "tasks",
 		Usage: "list every task: turns, busy, last status, HOME size",
 		Action: func(c *cli.Context) error {
-			r, err := stateRunner(c, false)
+			r, _, err := stateRunner(c, false)
 			if err != nil {
 				return err
 			}
@@ -66,11 +67,11 @@ func statusCommand() *cli.Command {
 		Usage: "show one task: turns, whether a turn runs (and its process), last turn, HOME size",
 		Flags: []cli.Flag{taskFlag()},
 		Action: func(c *cli.Context) error {
-			r, err := stateRunner(c, true)
+			r, id, err := stateRunner(c, true)
 			if err != nil {
 				return err
 			}
-			st, err := r.Status(c.String("task"))
+			st, err := r.Status(id)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
@@ -129,14 +130,14 @@ func logCommand() *cli.Command {
 		Usage: "show the records of the task's turns (the run --json result of each, reset report included)",
 		Flags: []cli.Flag{taskFlag(), &cli.IntFlag{Name: "turn", Usage: "only turn `N`"}},
 		Action: func(c *cli.Context) error {
-			r, err := stateRunner(c, true)
+			r, id, err := stateRunner(c, true)
 			if err != nil {
 				return err
 			}
 			if c.Int("turn") < 0 {
 				return fail(ExitUsage, fmt.Errorf("--turn must be positive"))
 			}
-			recs, err := r.Log(c.String("task"), c.Int("turn"))
+			recs, err := r.Log(id, c.Int("turn"))
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
@@ -168,11 +169,11 @@ worktree back, records the turn and exits 130; waits until it has. With no
 turn running it changes nothing and says so.`,
 		Flags: []cli.Flag{taskFlag()},
 		Action: func(c *cli.Context) error {
-			r, err := stateRunner(c, true)
+			r, id, err := stateRunner(c, true)
 			if err != nil {
 				return err
 			}
-			res, err := r.Stop(c.String("task"), r.StopWait())
+			res, err := r.Stop(id, r.StopWait())
 			if err != nil {
 				return fail(codeFor(err), err)
 			}

@@ -46,7 +46,8 @@ func teardownCommand() *cli.Command {
 					}
 				}
 			}
-			r, ctx, stop, err := pipelineFor(c, checkTurn(c))
+			var id taskid.ID
+			r, ctx, stop, err := pipelineFor(c, checkTurn(c, &id))
 			if err != nil {
 				lock.Release()
 				return err
@@ -54,11 +55,11 @@ func teardownCommand() *cli.Command {
 			defer stop()
 			var next *turn.Request
 			if c.Bool("prepare-next") {
-				req := turnRequest(c)
+				req := turnRequest(c, id)
 				req.Args = nil
 				next = &req
 			}
-			td := turn.Teardown{Task: c.String("task"), Agent: c.String("agent"), Cage: c.String("cage"), Secrets: c.StringSlice("secret")}
+			td := turn.Teardown{Task: id, Agent: c.String("agent"), Cage: c.String("cage"), Secrets: c.StringSlice("secret")}
 			if err := r.FinishTeardown(ctx, lock, td, next); err != nil {
 				return fail(codeFor(err), err)
 			}
@@ -83,7 +84,7 @@ func detacher(c *cli.Context, r *turn.Runner, prepareNext bool) turn.Detacher {
 				return 0, fmt.Errorf("detach teardown: %w", err)
 			}
 		}
-		args := []string{"teardown-detached", "--task", td.Task, "--agent", td.Agent}
+		args := []string{"teardown-detached", "--task", td.Task.String(), "--agent", td.Agent}
 		if p := configPath(c); p != "" {
 			args = append(args, "--config", p)
 		}
@@ -105,11 +106,7 @@ func detacher(c *cli.Context, r *turn.Runner, prepareNext bool) turn.Detacher {
 				args = append(args, "--timeout", c.Duration("timeout").String())
 			}
 		}
-		id, err := taskid.Parse(td.Task)
-		if err != nil {
-			return 0, fmt.Errorf("detach teardown: %w", err)
-		}
-		logPath := taskstate.Layout{Dir: r.Cfg.State.Dir}.TaskFile(id, "teardown.log")
+		logPath := taskstate.Layout{Dir: r.Cfg.State.Dir}.TaskFile(td.Task, "teardown.log")
 		logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
 		if err != nil {
 			return 0, fmt.Errorf("detach teardown: %w", err)

@@ -77,10 +77,19 @@ func CheckNetwork(ctx context.Context, cfg *config.Config, client engine.Network
 	return checkNetwork(cfg, have)
 }
 
-// checkNetwork is CheckNetwork on an inspected network.
+// checkNetwork is CheckNetwork on an inspected network: a network that
+// differs from the config is the host's to fix (fault.HostNotReady).
 func checkNetwork(cfg *config.Config, have *podman.Network) error {
+	if err := networkDrift(cfg, have); err != nil {
+		return fmt.Errorf("%w: %w", fault.HostNotReady, err)
+	}
+	return nil
+}
+
+// networkDrift says how the inspected network differs from the config.
+func networkDrift(cfg *config.Config, have *podman.Network) error {
 	if have.Bridge != cfg.Network.Bridge {
-		return fmt.Errorf("%w: podman network %q uses bridge %q, but the seal guards %q (network.bridge); remove the network or fix the config", fault.HostNotReady, have.Name, have.Bridge, cfg.Network.Bridge)
+		return fmt.Errorf("podman network %q uses bridge %q, but the seal guards %q (network.bridge); remove the network or fix the config", have.Name, have.Bridge, cfg.Network.Bridge)
 	}
 	want := []string{cfg.Network.Subnet4}
 	if cfg.Network.Subnet6 != "" {
@@ -90,16 +99,16 @@ func checkNetwork(cfg *config.Config, have *podman.Network) error {
 	sort.Strings(want)
 	sort.Strings(got)
 	if strings.Join(got, ",") != strings.Join(want, ",") {
-		return fmt.Errorf("%w: podman network %q has subnets %v, the config %v; remove the network or fix the config", fault.HostNotReady, have.Name, got, want)
+		return fmt.Errorf("podman network %q has subnets %v, the config %v; remove the network or fix the config", have.Name, got, want)
 	}
 	if have.DNSEnabled {
 		// aardvark-dns would be listed first in every cage's resolv.conf,
 		// ahead of the cage's own resolver, and the seal drops it: every
 		// lookup would wait out a timeout.
-		return fmt.Errorf("%w: podman network %q runs podman's DNS server (made by an older shrooms); cages use their own resolver now: remove it (`podman network rm %s`) and shrooms makes it again", fault.HostNotReady, have.Name, have.Name)
+		return fmt.Errorf("podman network %q runs podman's DNS server (made by an older shrooms); cages use their own resolver now: remove it (`podman network rm %s`) and shrooms makes it again", have.Name, have.Name)
 	}
 	if have.Internal {
-		return fmt.Errorf("%w: podman network %q is internal; shrooms' seal expects a routed bridge", fault.HostNotReady, have.Name)
+		return fmt.Errorf("podman network %q is internal; shrooms' seal expects a routed bridge", have.Name)
 	}
 	return nil
 }

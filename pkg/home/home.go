@@ -63,7 +63,7 @@ type Home struct {
 	// Created says this Open made the volume: a caller that fails before
 	// the HOME is bootstrapped undoes it with Discard.
 	Created bool
-	task    string
+	task    taskid.ID
 	store   *Store
 }
 
@@ -71,11 +71,11 @@ type Home struct {
 // missing; kept says the task had a HOME made, so a missing part of it is
 // drift, repaired or refused with the fix (open).
 func (s *Store) Open(ctx context.Context, id taskid.ID, kept bool) (*Home, error) {
-	root, created, err := s.open(ctx, id.String(), kept)
+	root, created, err := s.open(ctx, id, kept)
 	if err != nil {
 		return nil, err
 	}
-	return &Home{Root: root, Created: created, task: id.String(), store: s}, nil
+	return &Home{Root: root, Created: created, task: id, store: s}, nil
 }
 
 // Bootstrap seeds the HOME's credentials once (t.Root is the HOME's).
@@ -107,10 +107,12 @@ func (h *Home) Discard(ctx context.Context) {
 func (h *Home) Bytes() int64 { return h.store.Bytes(h.task) }
 
 // IsMounted reports whether root shows task's HOME filesystem.
-func (s *Store) IsMounted(task, root string) bool { return homestore.IsMounted(s.Image(task), root) }
+func (s *Store) IsMounted(task taskid.ID, root string) bool {
+	return homestore.IsMounted(s.Image(task), root)
+}
 
 // Bytes is the disk space task's HOME image takes (0 when there is none).
-func (s *Store) Bytes(task string) int64 {
+func (s *Store) Bytes(task taskid.ID) int64 {
 	var fs unix.Stat_t
 	if unix.Lstat(s.Image(task), &fs) != nil {
 		return 0
@@ -124,7 +126,7 @@ func (s *Store) Attachments() ([]Attachment, error) {
 }
 
 // AttachmentsOf lists the loop devices of task's HOME image.
-func (s *Store) AttachmentsOf(task string) ([]Attachment, error) {
+func (s *Store) AttachmentsOf(task taskid.ID) ([]Attachment, error) {
 	atts, err := s.Attachments()
 	return homestore.Of(atts, s.Image(task)), err
 }

@@ -2,6 +2,7 @@ package home
 
 import (
 	"context"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"path/filepath"
 	"testing"
@@ -17,12 +18,12 @@ func TestStoreNamesVolumesAndImages(t *testing.T) {
 	cfg.State.Dir = t.TempDir()
 	cfg.Home.VolumePrefix = "pfx-"
 	s := NewStore(nil, cfg)
-	assert.Equal(t, s.Name("t1"), "pfx-t1")
-	assert.Equal(t, s.Image("t1"), filepath.Join(cfg.State.Dir, "homes", "pfx-t1.img"))
-	assert.Equal(t, s.Bytes("t1"), int64(0), "no image: no bytes")
-	assert.NilError(t, os.MkdirAll(filepath.Dir(s.Image("t1")), 0o700))
-	assert.NilError(t, os.WriteFile(s.Image("t1"), make([]byte, 64<<10), 0o600))
-	assert.Assert(t, s.Bytes("t1") >= 64<<10, "the image's blocks are counted")
+	assert.Equal(t, s.Name(taskid.Must("t1")), "pfx-t1")
+	assert.Equal(t, s.Image(taskid.Must("t1")), filepath.Join(cfg.State.Dir, "homes", "pfx-t1.img"))
+	assert.Equal(t, s.Bytes(taskid.Must("t1")), int64(0), "no image: no bytes")
+	assert.NilError(t, os.MkdirAll(filepath.Dir(s.Image(taskid.Must("t1"))), 0o700))
+	assert.NilError(t, os.WriteFile(s.Image(taskid.Must("t1")), make([]byte, 64<<10), 0o600))
+	assert.Assert(t, s.Bytes(taskid.Must("t1")) >= 64<<10, "the image's blocks are counted")
 }
 
 // ResetDir is the kube init container's whole HOME work: a planted file is

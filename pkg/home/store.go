@@ -3,6 +3,7 @@ package home
 import (
 	"context"
 	"errors"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,10 +39,10 @@ type Store struct {
 }
 
 // Name is the task HOME volume's name.
-func (s *Store) Name(task string) string { return s.Prefix + task }
+func (s *Store) Name(task taskid.ID) string { return s.Prefix + task.String() }
 
 // Image is the path of the task HOME's filesystem image.
-func (s *Store) Image(task string) string { return homestore.ImagePath(s.StateDir, s.Name(task)) }
+func (s *Store) Image(task taskid.ID) string { return homestore.ImagePath(s.StateDir, s.Name(task)) }
 
 // serviceNamespace names the podman service's mount namespace when it is
 // not shrooms' own (a service in a private namespace would otherwise give
@@ -72,7 +73,7 @@ func (s *Store) serviceNamespace() ([]string, error) {
 // loop device, a volume removed around a surviving image gets a new volume
 // around the same image, a missing image is refused naming `shrooms
 // forget`. created is true only for a new, empty HOME.
-func (s *Store) open(ctx context.Context, task string, kept bool) (root string, created bool, err error) {
+func (s *Store) open(ctx context.Context, task taskid.ID, kept bool) (root string, created bool, err error) {
 	name := s.Name(task)
 	exists, err := s.Engine.VolumeExists(ctx, name)
 	if err != nil {
@@ -95,7 +96,7 @@ func (s *Store) open(ctx context.Context, task string, kept bool) (root string, 
 		if err != nil {
 			return "", false, fault.Wrap(fault.HostNotReady, err)
 		}
-		if vol.Labels[sealed.LabelTask] != task {
+		if vol.Labels[sealed.LabelTask] != task.String() {
 			return "", false, fault.Wrapf(fault.HostNotReady, "volume %s exists but is not task %s's HOME (label %s=%q); remove or rename it", name, task, sealed.LabelTask, vol.Labels[sealed.LabelTask])
 		}
 		root = vol.Mountpoint
@@ -112,7 +113,7 @@ func (s *Store) open(ctx context.Context, task string, kept bool) (root string, 
 			// HOME, is a leftover: a new volume starts from a new filesystem.
 			return "", false, fault.Wrapf(fault.HostNotReady, "stale HOME image: %w", err)
 		}
-		if root, err = s.Engine.CreateVolume(ctx, name, map[string]string{sealed.LabelManaged: "1", sealed.LabelTask: task}); err != nil {
+		if root, err = s.Engine.CreateVolume(ctx, name, map[string]string{sealed.LabelManaged: "1", sealed.LabelTask: task.String()}); err != nil {
 			return "", false, fault.Wrap(fault.HostNotReady, err)
 		}
 		// The volume root stays root's and private; HOME lives inside it.
@@ -134,7 +135,7 @@ func (s *Store) open(ctx context.Context, task string, kept bool) (root string, 
 // Release unmounts task's HOME filesystem, wherever it is mounted, and
 // frees its loop device (an image deleted while attached is refused: the
 // next Open copies it back). The caller makes sure no cage uses it.
-func (s *Store) Release(task string) error {
+func (s *Store) Release(task taskid.ID) error {
 	peers, err := s.serviceNamespace()
 	if err != nil {
 		return err
@@ -151,7 +152,7 @@ func fileExists(path string) bool {
 }
 
 // Discard undoes an Open that created the volume, best effort.
-func (s *Store) Discard(ctx context.Context, task, root string) {
+func (s *Store) Discard(ctx context.Context, task taskid.ID, root string) {
 	peers, _ := s.serviceNamespace()
 	_ = homestore.Remove(s.Image(task), root, peers...)
 	_ = s.Engine.RemoveVolume(ctx, s.Name(task))
@@ -161,7 +162,7 @@ func (s *Store) Discard(ctx context.Context, task, root string) {
 // and its volume. Callers use it instead of removing the volume alone,
 // which would leave the mount and loop device behind. A missing HOME is not
 // an error.
-func (s *Store) Remove(ctx context.Context, task string) error {
+func (s *Store) Remove(ctx context.Context, task taskid.ID) error {
 	name := s.Name(task)
 	peers, err := s.serviceNamespace()
 	if err != nil {
@@ -197,7 +198,7 @@ func (s *Store) Remove(ctx context.Context, task string) error {
 
 // Root is the host directory the task HOME volume has, or will have once
 // created (for `spec`, which creates nothing).
-func (s *Store) Root(ctx context.Context, task string) (string, error) {
+func (s *Store) Root(ctx context.Context, task taskid.ID) (string, error) {
 	name := s.Name(task)
 	exists, err := s.Engine.VolumeExists(ctx, name)
 	if err != nil {
@@ -222,13 +223,13 @@ func (s *Store) Root(ctx context.Context, task string) (string, error) {
 // that touches an existing HOME outside a turn (gc's homereset.Cleanup)
 // must use it: on the bare volume directory it would write where the capped
 // filesystem is later mounted, which Ensure then refuses.
-func (s *Store) Mounted(ctx context.Context, task string) (string, error) {
+func (s *Store) Mounted(ctx context.Context, task taskid.ID) (string, error) {
 	name := s.Name(task)
 	vol, err := s.Engine.InspectVolume(ctx, name)
 	if err != nil {
 		return "", fault.Wrap(fault.HostNotReady, err)
 	}
-	if vol.Labels[sealed.LabelTask] != task {
+	if vol.Labels[sealed.LabelTask] != task.String() {
 		return "", fault.Wrapf(fault.HostNotReady, "volume %s is not task %s's HOME", name, task)
 	}
 	peers, err := s.serviceNamespace()

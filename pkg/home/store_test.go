@@ -3,6 +3,7 @@ package home
 import (
 	"context"
 	"errors"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"testing"
 
 	"gotest.tools/v3/assert"
@@ -45,20 +46,20 @@ func (f *vols) Info(context.Context) (*podman.HostInfo, error) {
 
 func TestVolumesRootOfAMissingVolume(t *testing.T) {
 	v := &Store{Engine: &vols{have: map[string]*podman.Volume{}}, StateDir: t.TempDir(), Prefix: "shrooms-home-"}
-	root, err := v.Root(context.Background(), "t1")
+	root, err := v.Root(context.Background(), taskid.Must("t1"))
 	assert.NilError(t, err)
 	assert.Equal(t, root, "/var/lib/containers/storage/volumes/shrooms-home-t1/_data")
-	assert.Equal(t, v.Name("t1"), "shrooms-home-t1")
+	assert.Equal(t, v.Name(taskid.Must("t1")), "shrooms-home-t1")
 }
 
 func TestVolumesRefuseAnotherTasksVolume(t *testing.T) {
 	ctx := context.Background()
 	e := &vols{have: map[string]*podman.Volume{"shrooms-home-t1": {Mountpoint: "/nowhere", Labels: map[string]string{sealed.LabelTask: "t2"}}}}
 	v := &Store{Engine: e, StateDir: t.TempDir(), Prefix: "shrooms-home-"}
-	_, _, err := v.open(ctx, "t1", false)
+	_, _, err := v.open(ctx, taskid.Must("t1"), false)
 	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
 	assert.ErrorContains(t, err, "is not task t1's HOME")
-	_, err = v.Mounted(ctx, "t1")
+	_, err = v.Mounted(ctx, taskid.Must("t1"))
 	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
 	assert.Equal(t, len(e.removed), 0, "another task's volume is never removed")
 }
@@ -67,9 +68,9 @@ func TestVolumesEngineFailureIsHostNotReady(t *testing.T) {
 	cause := errors.New("podman API unreachable")
 	v := &Store{Engine: &vols{err: cause}, StateDir: t.TempDir(), Prefix: "p-"}
 	for name, f := range map[string]func() error{
-		"root":   func() error { _, err := v.Root(context.Background(), "t"); return err },
-		"open":   func() error { _, _, err := v.open(context.Background(), "t", false); return err },
-		"remove": func() error { return v.Remove(context.Background(), "t") },
+		"root":   func() error { _, err := v.Root(context.Background(), taskid.Must("t")); return err },
+		"open":   func() error { _, _, err := v.open(context.Background(), taskid.Must("t"), false); return err },
+		"remove": func() error { return v.Remove(context.Background(), taskid.Must("t")) },
 	} {
 		err := f()
 		assert.Assert(t, errors.Is(err, fault.HostNotReady), "%s: %v", name, err)

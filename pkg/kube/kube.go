@@ -159,12 +159,12 @@ func (o *Objects) YAML() ([]byte, error) {
 }
 
 // Names.
-func PodName(task string, turn int) string { return sealed.Name(task, turn) }
-func ConfigMapName(task string) string     { return "shrooms-" + task + "-config" }
-func PolicyName(task string) string        { return "shrooms-" + task }
-func TemplateName(task string) string      { return "shrooms-" + task }
-func HomeClaimName(cfg *config.Config, task string) string {
-	return cfg.Home.VolumePrefix + task
+func PodName(task taskid.ID, turn int) string { return sealed.Name(task, turn) }
+func ConfigMapName(task taskid.ID) string     { return "shrooms-" + task.String() + "-config" }
+func PolicyName(task taskid.ID) string        { return "shrooms-" + task.String() }
+func TemplateName(task taskid.ID) string      { return "shrooms-" + task.String() }
+func HomeClaimName(cfg *config.Config, task taskid.ID) string {
+	return cfg.Home.VolumePrefix + task.String()
 }
 func GatewaySecretName(gw string) string { return "shrooms-gateway-" + gw }
 
@@ -187,16 +187,17 @@ func Build(cfg *config.Config, in Input) (*Objects, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := taskid.Parse(in.Task); err != nil {
+	id, err := taskid.Parse(in.Task)
+	if err != nil {
 		return nil, err
 	}
 	if in.Turn < 1 {
 		return nil, fmt.Errorf("kube: turn %d must be 1 or more", in.Turn)
 	}
 	names := map[string]string{
-		"pod":        PodName(in.Task, in.Turn),
-		"HOME claim": HomeClaimName(cfg, in.Task),
-		"config map": ConfigMapName(in.Task),
+		"pod":        PodName(id, in.Turn),
+		"HOME claim": HomeClaimName(cfg, id),
+		"config map": ConfigMapName(id),
 	}
 	if in.WorktreePVC != "" {
 		names["worktree claim"] = in.WorktreePVC
@@ -211,7 +212,7 @@ func Build(cfg *config.Config, in Input) (*Objects, error) {
 			return nil, fmt.Errorf("kube: %s name %q is not a Kubernetes name (task ids on a cluster use a-z 0-9 - . only): %s", what, names[what], strings.Join(errs, "; "))
 		}
 	}
-	if errs := validation.IsDNS1123Label(PolicyName(in.Task)); len(errs) > 0 {
+	if errs := validation.IsDNS1123Label(PolicyName(id)); len(errs) > 0 {
 		return nil, fmt.Errorf("kube: task %q is too long or not a DNS label for a cluster: %s", in.Task, strings.Join(errs, "; "))
 	}
 	if in.RuntimeClass != "" {
@@ -247,20 +248,20 @@ func Build(cfg *config.Config, in Input) (*Objects, error) {
 		l[LabelRole] = role
 		return metav1.ObjectMeta{Name: name, Namespace: in.Namespace, Labels: l}
 	}
-	spec, err := podSpec(cfg, in, agent, gw)
+	spec, err := podSpec(cfg, id, in, agent, gw)
 	if err != nil {
 		return nil, err
 	}
 	o := &Objects{}
 	o.ConfigMap = &corev1.ConfigMap{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
-		ObjectMeta: meta(ConfigMapName(in.Task), "config"),
+		ObjectMeta: meta(ConfigMapName(id), "config"),
 		Data:       map[string]string{"config.toml": string(in.ConfigTOML)},
 	}
 	homeSize := resource.NewQuantity(int64(cfg.Home.Size), resource.BinarySI)
 	o.HomeClaim = &corev1.PersistentVolumeClaim{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "PersistentVolumeClaim"},
-		ObjectMeta: meta(HomeClaimName(cfg, in.Task), "home"),
+		ObjectMeta: meta(HomeClaimName(cfg, id), "home"),
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOncePod},
 			Resources:   corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: *homeSize}},
@@ -276,7 +277,7 @@ func Build(cfg *config.Config, in Input) (*Objects, error) {
 	podSel := metav1.LabelSelector{MatchLabels: map[string]string{LabelTask: in.Task, LabelRole: "turn"}}
 	o.NetworkPolicy = &networkingv1.NetworkPolicy{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
-		ObjectMeta: meta(PolicyName(in.Task), "network"),
+		ObjectMeta: meta(PolicyName(id), "network"),
 		Spec: networkingv1.NetworkPolicySpec{
 			PodSelector: podSel,
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
@@ -287,7 +288,7 @@ func Build(cfg *config.Config, in Input) (*Objects, error) {
 	podLabels := maps.Clone(labels)
 	podLabels[LabelRole] = "turn"
 	if in.Plain {
-		m := meta(PodName(in.Task, in.Turn), "turn")
+		m := meta(PodName(id, in.Turn), "turn")
 		m.Labels = podLabels
 		o.Pod = &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"}, ObjectMeta: m, Spec: spec}
 		return o, nil
@@ -296,7 +297,7 @@ func Build(cfg *config.Config, in Input) (*Objects, error) {
 	bp := SandboxBlueprint{PodTemplate: PodTemplate{Spec: spec, ObjectMeta: PodMetadata{Labels: podLabels}}, Service: &no}
 	o.Template = &SandboxTemplate{
 		TypeMeta:   metav1.TypeMeta{APIVersion: TemplateAPIVersion, Kind: "SandboxTemplate"},
-		ObjectMeta: meta(TemplateName(in.Task), "template"),
+		ObjectMeta: meta(TemplateName(id), "template"),
 		Spec: SandboxTemplateSpec{
 			SandboxBlueprint:        bp,
 			NetworkPolicy:           &NetworkPolicySpec{Egress: egress},
@@ -308,13 +309,13 @@ func Build(cfg *config.Config, in Input) (*Objects, error) {
 	}
 	o.Sandbox = &Sandbox{
 		TypeMeta:   metav1.TypeMeta{APIVersion: SandboxAPIVersion, Kind: "Sandbox"},
-		ObjectMeta: meta(PodName(in.Task, in.Turn), "turn"),
+		ObjectMeta: meta(PodName(id, in.Turn), "turn"),
 		Spec:       SandboxSpec{SandboxBlueprint: bp, OperatingMode: "Running"},
 	}
 	return o, nil
 }
 
-func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gateway) (corev1.PodSpec, error) {
+func podSpec(cfg *config.Config, id taskid.ID, in Input, agent config.Agent, gw *config.Gateway) (corev1.PodSpec, error) {
 	yes, no := true, false
 	user := cfg.Cage.User
 	memSize := func(n config.Size) *resource.Quantity { return resource.NewQuantity(int64(n), resource.BinarySI) }
@@ -353,9 +354,9 @@ func podSpec(cfg *config.Config, in Input, agent config.Agent, gw *config.Gatewa
 	}
 
 	volumes := []corev1.Volume{
-		{Name: "home", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: HomeClaimName(cfg, in.Task)}}},
+		{Name: "home", VolumeSource: corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: HomeClaimName(cfg, id)}}},
 		{Name: "policy", VolumeSource: memDir(1 << 20)},
-		{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: ConfigMapName(in.Task)}}}},
+		{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: ConfigMapName(id)}}}},
 		{Name: "tmp", VolumeSource: memDir(cfg.Cage.TmpSize)},
 		{Name: "run", VolumeSource: memDir(cfg.Cage.RunSize)},
 	}

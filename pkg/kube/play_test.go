@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,14 +84,14 @@ func TestPlayTwoTurns(t *testing.T) {
 
 	t.Cleanup(func() {
 		for n := 1; n <= 3; n++ {
-			pod := kube.PodName(task, n)
+			pod := kube.PodName(taskid.Must(task), n)
 			_, _ = podman(context.Background(), "pod", "rm", "-f", "-t", "0", pod)
 			if _, err := podman(context.Background(), "pod", "exists", pod); err == nil {
 				t.Errorf("pod %s is left behind", pod)
 			}
 		}
 		// podman 4.3 makes a volume of each ConfigMap it plays, too.
-		for _, v := range []string{kube.HomeClaimName(cfg, task), kube.ConfigMapName(task)} {
+		for _, v := range []string{kube.HomeClaimName(cfg, taskid.Must(task)), kube.ConfigMapName(taskid.Must(task))} {
 			_, _ = podman(context.Background(), "volume", "rm", "-f", v)
 		}
 	})
@@ -103,7 +104,7 @@ func TestPlayTwoTurns(t *testing.T) {
 	assert.NilError(t, os.WriteFile(claimFile, multiDoc(t, objs.HomeClaim), 0o600))
 	out, err := podman(ctx, "kube", "play", claimFile)
 	assert.NilError(t, err, "kube play claim: %s", out)
-	mp, err := podman(ctx, "volume", "inspect", "--format", "{{.Mountpoint}}", kube.HomeClaimName(cfg, task))
+	mp, err := podman(ctx, "volume", "inspect", "--format", "{{.Mountpoint}}", kube.HomeClaimName(cfg, taskid.Must(task)))
 	assert.NilError(t, err, mp)
 	volumeDir := strings.TrimSpace(mp)
 	// The directory the agent's hostPath names must exist before the pod is
@@ -132,7 +133,7 @@ func TestPlayTwoTurns(t *testing.T) {
 		assert.NilError(t, os.WriteFile(file, multiDoc(t, objs.ConfigMap, objs.Pod), 0o600))
 		// No network here: the cage network and its seal are not under test.
 		out, err := podman(ctx, "kube", "play", "--network", "none", file)
-		pod := kube.PodName(task, n)
+		pod := kube.PodName(taskid.Must(task), n)
 		if err != nil {
 			initLog, _ := podman(ctx, "logs", pod+"-shrooms-reset")
 			t.Fatalf("kube play turn %d: %v: %s\ninit container: %s", n, err, out, initLog)
@@ -222,7 +223,7 @@ func failClosedTurn(ctx context.Context, t *testing.T, cfg *config.Config, task,
 	out, err := podman(ctx, "kube", "play", "--network", "none", file)
 	assert.Check(t, err != nil, "kube play must fail: %s", out)
 	assert.Check(t, is.Contains(out, "exited with code 122"))
-	pod := kube.PodName(task, 3)
+	pod := kube.PodName(taskid.Must(task), 3)
 	initLog, _ := podman(ctx, "logs", pod+"-shrooms-reset")
 	assert.Check(t, is.Contains(initLog, "not shrooms' HOME layout"))
 	state, _ := podman(ctx, "inspect", "--format", "{{.State.Status}}", pod+"-agent")

@@ -85,7 +85,7 @@ type Manifest struct {
 // Request names what to collect and where to.
 type Request struct {
 	Root   string // outbox root ([outbox] root)
-	Task   string
+	Task   taskid.ID
 	To     string // delivery directory: created, or an existing empty directory
 	Limits Limits
 	// Worktree is the task's worktree; a delivery directory inside it (or
@@ -96,8 +96,8 @@ type Request struct {
 // List reports what Collect would deliver and reject of the task's pending
 // deliveries, reading file contents (for the digests) the same way Collect
 // does, and changing nothing.
-func List(ctx context.Context, root, task string, lim Limits) (*Report, error) {
-	p, err := openPendings(ctx, root, task, lim)
+func List(ctx context.Context, root string, id taskid.ID, lim Limits) (*Report, error) {
+	p, err := openPendings(ctx, root, id, lim)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +134,7 @@ func Collect(ctx context.Context, req Request) (*Report, error) {
 	d := &delivery{dir: to, exec: req.Limits.AllowExec}
 	err = p.walk(d)
 	if err == nil {
-		err = d.finish(Manifest{Task: req.Task, Turns: p.rep.Turns, Files: p.rep.Files, Rejected: p.rep.Rejected})
+		err = d.finish(Manifest{Task: req.Task.String(), Turns: p.rep.Turns, Files: p.rep.Files, Rejected: p.rep.Rejected})
 	}
 	if err != nil {
 		d.abort(created)
@@ -189,15 +189,16 @@ type pendingTurn struct {
 
 // openPendings opens the task's complete pending turns (a turn directory
 // is complete once renamed to its number), oldest first.
-func openPendings(ctx context.Context, root, task string, lim Limits) (*pendings, error) {
-	if _, err := taskid.Parse(task); err != nil {
-		return nil, err
+func openPendings(ctx context.Context, root string, id taskid.ID, lim Limits) (*pendings, error) {
+	task := id.String()
+	if id.IsZero() {
+		return nil, errNoTask
 	}
 	if err := checkLimits(lim); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, lim.Timeout)
-	p := &pendings{ctx: ctx, cancel: cancel, lim: lim, dir: Pending(root, task), rep: &Report{Task: task, Turns: []int{}, Files: []File{}, Rejected: []Rejected{}}}
+	p := &pendings{ctx: ctx, cancel: cancel, lim: lim, dir: Pending(root, id), rep: &Report{Task: task, Turns: []int{}, Files: []File{}, Rejected: []Rejected{}}}
 	rootfd, err := openRoot(root)
 	if err != nil {
 		cancel()

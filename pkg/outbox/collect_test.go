@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"net"
 	"os"
 	"path/filepath"
@@ -47,16 +48,16 @@ func liveOutbox(t *testing.T) (root, task, dir string) {
 	task = "t1"
 	lim := testLimits()
 	lim.Size, lim.Inodes = 64<<20, 1<<17
-	_, err := Mount(root, task, 0, 0, lim, "")
+	_, err := Mount(root, taskid.Must(task), 0, 0, lim, "")
 	assert.NilError(t, err)
-	t.Cleanup(func() { _ = Release(root, task) })
+	t.Cleanup(func() { _ = Release(root, taskid.Must(task)) })
 	return root, task, filepath.Join(root, task)
 }
 
 // settle moves the live outbox as turn n and checks it is empty afterwards.
 func settle(t *testing.T, root, task string, n int, lim Limits) *Moved {
 	t.Helper()
-	m, err := Settle(context.Background(), root, task, n, lim)
+	m, err := Settle(context.Background(), root, taskid.Must(task), n, lim)
 	assert.NilError(t, err)
 	ents, err := os.ReadDir(filepath.Join(root, task))
 	assert.NilError(t, err)
@@ -195,7 +196,7 @@ func TestSettleHostileOutbox(t *testing.T) {
 
 	// Collect delivers the pending files under files/<turn>/.
 	to := filepath.Join(t.TempDir(), "delivery")
-	rep, err := Collect(context.Background(), Request{Root: root, Task: task, To: to, Limits: lim, Worktree: wt})
+	rep, err := Collect(context.Background(), Request{Root: root, Task: taskid.Must(task), To: to, Limits: lim, Worktree: wt})
 	assert.NilError(t, err)
 	assert.DeepEqual(t, rep.Turns, []int{1})
 	got = nil
@@ -247,13 +248,13 @@ func TestSettleHostileOutbox(t *testing.T) {
 	lim.AllowExec = true
 	big := lim
 	big.Size, big.Inodes = 4<<20, 64
-	_, err = Mount(root, task, 0, 0, big, "")
+	_, err = Mount(root, taskid.Must(task), 0, 0, big, "")
 	assert.NilError(t, err)
 	write(t, filepath.Join(ob, "run.sh"), "#!/bin/sh\n", 0o755)
 	assert.NilError(t, unix.Chmod(filepath.Join(ob, "run.sh"), 0o4755))
 	settle(t, root, task, 2, lim)
 	to2 := filepath.Join(t.TempDir(), "d2")
-	rep, err = Collect(context.Background(), Request{Root: root, Task: task, To: to2, Limits: lim})
+	rep, err = Collect(context.Background(), Request{Root: root, Task: taskid.Must(task), To: to2, Limits: lim})
 	assert.NilError(t, err)
 	assert.Equal(t, len(rep.Files), 1)
 	fi, err := os.Lstat(filepath.Join(to2, FilesDir, "2", "run.sh"))
@@ -281,13 +282,13 @@ func TestSettleManyFilesIsBounded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
 	time.Sleep(2 * time.Millisecond)
-	_, err := Settle(ctx, root, task, 1, lim)
+	_, err := Settle(ctx, root, taskid.Must(task), 1, lim)
 	assert.ErrorContains(t, err, "did not finish within")
-	_, serr := os.Stat(filepath.Join(Pending(root, task), "1"))
+	_, serr := os.Stat(filepath.Join(Pending(root, taskid.Must(task)), "1"))
 	assert.Assert(t, os.IsNotExist(serr), "partial pending turn left")
 	_, serr = os.Stat(filepath.Join(many, "f099999"))
 	assert.NilError(t, serr)
-	_, err = Mount(root, task, 0, 0, lim, "")
+	_, err = Mount(root, taskid.Must(task), 0, 0, lim, "")
 	assert.ErrorContains(t, err, "still mounted with an earlier turn's files")
 
 	start := time.Now()
@@ -301,7 +302,7 @@ func TestSettleManyFilesIsBounded(t *testing.T) {
 	assert.Equal(t, len(m.Rejected), maxListedRejections)
 	assert.Assert(t, is.Contains(m.Rejected[0].Reason, "max_total_size"), m.Rejected[0].Name)
 	assert.Assert(t, is.Contains(m.Rejected[1].Reason, "max_files"))
-	rep, err := List(context.Background(), root, task, lim)
+	rep, err := List(context.Background(), root, taskid.Must(task), lim)
 	assert.NilError(t, err)
 	assert.Equal(t, len(rep.Files), lim.MaxFiles)
 }
@@ -325,7 +326,7 @@ func TestSettleSwapRace(t *testing.T) {
 	var moved, rounds, swaps int
 	deadline := time.Now().Add(3 * time.Second)
 	for turn := 1; time.Now().Before(deadline); turn++ {
-		_, err := Mount(root, task, 0, 0, mlim, "")
+		_, err := Mount(root, taskid.Must(task), 0, 0, mlim, "")
 		assert.NilError(t, err)
 		write(t, filepath.Join(ob, "a", "data"), "outbox data", 0o644)
 		// A rejected entry keeps "a" from being simply emptied.
@@ -350,7 +351,7 @@ func TestSettleSwapRace(t *testing.T) {
 			}
 		}()
 		start := time.Now()
-		m, err := Settle(context.Background(), root, task, turn, lim)
+		m, err := Settle(context.Background(), root, taskid.Must(task), turn, lim)
 		close(stop)
 		swaps += <-done
 		unix.Close(obfd)
@@ -380,14 +381,14 @@ func TestSettleBareDirectory(t *testing.T) {
 	write(t, filepath.Join(ob, "r.txt"), "report", 0o644)
 	assert.NilError(t, os.Symlink("/etc/passwd", filepath.Join(ob, "l")))
 	if itest.Required() || os.Geteuid() == 0 {
-		_, err := Mount(root, task, 0, 0, testLimits(), "")
+		_, err := Mount(root, taskid.Must(task), 0, 0, testLimits(), "")
 		assert.ErrorContains(t, err, "is not empty")
 	}
 	m := settle(t, root, task, 3, testLimits())
 	assert.Equal(t, len(m.Files), 1)
 	assert.Equal(t, m.Files[0].Name, "r.txt")
 	assert.Equal(t, m.Rejected[0].Name, "l")
-	ents, err := os.ReadDir(Pending(root, task))
+	ents, err := os.ReadDir(Pending(root, taskid.Must(task)))
 	assert.NilError(t, err)
 	assert.Equal(t, len(ents), 1, "only the pending turn, no quarantine left: %v", ents)
 	assert.Equal(t, ents[0].Name(), "3")
@@ -410,15 +411,15 @@ func TestCollectBadInput(t *testing.T) {
 		req  Request
 		want string
 	}{
-		{"bad task id", Request{Root: root, Task: "../etc", To: filepath.Join(out, "a"), Limits: lim}, "invalid task id"},
-		{"missing root", Request{Root: filepath.Join(root, "none"), Task: task, To: filepath.Join(out, "a"), Limits: lim}, "outbox root"},
-		{"delivery in outbox", Request{Root: root, Task: task, To: filepath.Join(ob, "d"), Limits: lim}, "inside the outbox root"},
-		{"delivery in pending", Request{Root: root, Task: task, To: filepath.Join(Pending(root, task), "d"), Limits: lim}, "inside the outbox root"},
-		{"delivery in worktree", Request{Root: root, Task: task, To: filepath.Join(wt, "out"), Limits: lim, Worktree: wt}, "inside the worktree"},
-		{"delivery is worktree", Request{Root: root, Task: task, To: wt, Limits: lim, Worktree: wt}, "inside the worktree"},
-		{"relative delivery", Request{Root: root, Task: task, To: "rel/d", Limits: lim}, "must be an absolute path"},
-		{"non-empty delivery", Request{Root: root, Task: task, To: nonEmpty, Limits: lim}, "is not empty"},
-		{"no limits", Request{Root: root, Task: task, To: filepath.Join(out, "b")}, "limits are not set"},
+		{"no task id", Request{Root: root, To: filepath.Join(out, "a"), Limits: lim}, "no task id"},
+		{"missing root", Request{Root: filepath.Join(root, "none"), Task: taskid.Must(task), To: filepath.Join(out, "a"), Limits: lim}, "outbox root"},
+		{"delivery in outbox", Request{Root: root, Task: taskid.Must(task), To: filepath.Join(ob, "d"), Limits: lim}, "inside the outbox root"},
+		{"delivery in pending", Request{Root: root, Task: taskid.Must(task), To: filepath.Join(Pending(root, taskid.Must(task)), "d"), Limits: lim}, "inside the outbox root"},
+		{"delivery in worktree", Request{Root: root, Task: taskid.Must(task), To: filepath.Join(wt, "out"), Limits: lim, Worktree: wt}, "inside the worktree"},
+		{"delivery is worktree", Request{Root: root, Task: taskid.Must(task), To: wt, Limits: lim, Worktree: wt}, "inside the worktree"},
+		{"relative delivery", Request{Root: root, Task: taskid.Must(task), To: "rel/d", Limits: lim}, "must be an absolute path"},
+		{"non-empty delivery", Request{Root: root, Task: taskid.Must(task), To: nonEmpty, Limits: lim}, "is not empty"},
+		{"no limits", Request{Root: root, Task: taskid.Must(task), To: filepath.Join(out, "b")}, "limits are not set"},
 	} {
 		_, err := Collect(ctx, tc.req)
 		assert.ErrorContains(t, err, tc.want, tc.name)
@@ -426,23 +427,23 @@ func TestCollectBadInput(t *testing.T) {
 	// A symlink planted as a task's pending deliveries is refused, not followed.
 	assert.NilError(t, os.Symlink(wt, filepath.Join(root, PendingDir, "t2")))
 	write(t, filepath.Join(wt, "victim"), "v", 0o644)
-	_, err := Collect(ctx, Request{Root: root, Task: "t2", To: filepath.Join(out, "c"), Limits: lim})
+	_, err := Collect(ctx, Request{Root: root, Task: taskid.Must("t2"), To: filepath.Join(out, "c"), Limits: lim})
 	assert.ErrorContains(t, err, "symbolic link")
 	_, err = os.Stat(filepath.Join(wt, "victim"))
 	assert.NilError(t, err)
 	// A task with nothing pending collects nothing.
-	rep, err := Collect(ctx, Request{Root: root, Task: "t3", To: filepath.Join(out, "none"), Limits: lim})
+	rep, err := Collect(ctx, Request{Root: root, Task: taskid.Must("t3"), To: filepath.Join(out, "none"), Limits: lim})
 	assert.NilError(t, err)
 	assert.Equal(t, len(rep.Files), 0)
 	// Nothing was lost: the pending file is still there, and a good request works.
-	rep, err = Collect(ctx, Request{Root: root, Task: task, To: filepath.Join(out, "ok"), Limits: lim, Worktree: wt})
+	rep, err = Collect(ctx, Request{Root: root, Task: taskid.Must(task), To: filepath.Join(out, "ok"), Limits: lim, Worktree: wt})
 	assert.NilError(t, err)
 	assert.Equal(t, len(rep.Files), 1)
 	// An existing empty directory is accepted as the delivery directory.
 	write(t, filepath.Join(ob, "g"), "y", 0o644)
 	settle(t, root, task, 2, lim)
 	empty := t.TempDir()
-	rep, err = Collect(ctx, Request{Root: root, Task: task, To: empty, Limits: lim})
+	rep, err = Collect(ctx, Request{Root: root, Task: taskid.Must(task), To: empty, Limits: lim})
 	assert.NilError(t, err)
 	assert.Equal(t, rep.Delivery, empty)
 	assert.Equal(t, len(rep.Files), 1)
@@ -457,7 +458,7 @@ func TestPendingTurnsDoNotCollide(t *testing.T) {
 	settle(t, root, task, 1, testLimits())
 	write(t, filepath.Join(ob, "report.md"), "turn 2", 0o644)
 	settle(t, root, task, 2, testLimits())
-	rep, err := List(context.Background(), root, task, testLimits())
+	rep, err := List(context.Background(), root, taskid.Must(task), testLimits())
 	assert.NilError(t, err)
 	assert.DeepEqual(t, rep.Turns, []int{1, 2})
 	assert.DeepEqual(t, rep.Files, []File{
@@ -465,14 +466,14 @@ func TestPendingTurnsDoNotCollide(t *testing.T) {
 		{Name: "report.md", Size: 6, SHA256: digest([]byte("turn 2")), Mode: "0644", Turn: 2},
 	})
 	to := filepath.Join(t.TempDir(), "d")
-	_, err = Collect(context.Background(), Request{Root: root, Task: task, To: to, Limits: testLimits()})
+	_, err = Collect(context.Background(), Request{Root: root, Task: taskid.Must(task), To: to, Limits: testLimits()})
 	assert.NilError(t, err)
 	for n, want := range map[string]string{"1": "turn 1", "2": "turn 2"} {
 		b, err := os.ReadFile(filepath.Join(to, FilesDir, n, "report.md"))
 		assert.NilError(t, err)
 		assert.Equal(t, string(b), want)
 	}
-	rep, err = List(context.Background(), root, task, testLimits())
+	rep, err = List(context.Background(), root, taskid.Must(task), testLimits())
 	assert.NilError(t, err)
 	assert.Equal(t, len(rep.Files)+len(rep.Turns), 0, "collected turns are no longer pending")
 }
@@ -483,12 +484,12 @@ func TestListChangesNothing(t *testing.T) {
 	assert.NilError(t, os.Symlink("/etc/passwd", filepath.Join(ob, "l")))
 	settle(t, root, task, 1, testLimits())
 	for i := 0; i < 2; i++ {
-		rep, err := List(context.Background(), root, task, testLimits())
+		rep, err := List(context.Background(), root, taskid.Must(task), testLimits())
 		assert.NilError(t, err)
 		assert.DeepEqual(t, rep.Files, []File{{Name: "a.txt", Size: 3, SHA256: digest([]byte("aaa")), Mode: "0644", Turn: 1}})
 		assert.DeepEqual(t, rep.Rejected, []Rejected{{Name: "l", Reason: "symbolic link (not followed)", Turn: 1, Dropped: true}})
 	}
-	ents, _ := os.ReadDir(filepath.Join(Pending(root, task), "1", FilesDir))
+	ents, _ := os.ReadDir(filepath.Join(Pending(root, taskid.Must(task)), "1", FilesDir))
 	var names []string
 	for _, e := range ents {
 		names = append(names, e.Name())

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"net"
 	"net/http"
 	"os"
@@ -26,9 +27,9 @@ func TestMountSizeCappedOutbox(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "outbox")
 	lim := DefaultLimits()
 	lim.Size, lim.Inodes = 2<<20, 32
-	dev, err := Mount(root, "t1", 101000, 101000, lim, "")
+	dev, err := Mount(root, taskid.Must("t1"), 101000, 101000, lim, "")
 	assert.NilError(t, err)
-	t.Cleanup(func() { assert.NilError(t, Release(root, "t1")) })
+	t.Cleanup(func() { assert.NilError(t, Release(root, taskid.Must("t1"))) })
 	dir := filepath.Join(root, "t1")
 
 	var fs unix.Statfs_t
@@ -42,55 +43,55 @@ func TestMountSizeCappedOutbox(t *testing.T) {
 	assert.Equal(t, st.Gid, uint32(101000))
 	assert.Equal(t, st.Mode&0o7777, uint32(0o700))
 	assert.Equal(t, st.Dev, dev)
-	assert.NilError(t, Ready(root, "t1", 101000, 101000, lim, "", dev))
+	assert.NilError(t, Ready(root, taskid.Must("t1"), 101000, 101000, lim, "", dev))
 
 	// Writing past the cap fails on the host too (no space).
 	err = os.WriteFile(filepath.Join(dir, "big"), make([]byte, 4<<20), 0o644)
 	assert.ErrorContains(t, err, "no space left on device")
 	assert.NilError(t, os.Remove(filepath.Join(dir, "big")))
 	write(t, filepath.Join(dir, "keep"), "k", 0o644)
-	assert.ErrorContains(t, Ready(root, "t1", 101000, 101000, lim, "", dev), "not empty")
+	assert.ErrorContains(t, Ready(root, taskid.Must("t1"), 101000, 101000, lim, "", dev), "not empty")
 
 	// The next turn never gets it: Mount refuses until it is settled, then
 	// mounts an empty one.
-	_, err = Mount(root, "t1", 101000, 101000, lim, "")
+	_, err = Mount(root, taskid.Must("t1"), 101000, 101000, lim, "")
 	assert.ErrorContains(t, err, "still mounted with an earlier turn's files")
-	m, err := Settle(context.Background(), root, "t1", 4, testLimits())
+	m, err := Settle(context.Background(), root, taskid.Must("t1"), 4, testLimits())
 	assert.NilError(t, err)
 	assert.Equal(t, m.Files[0].Name, "keep")
-	assert.ErrorContains(t, Ready(root, "t1", 101000, 101000, lim, "", dev), "not a size-capped tmpfs")
-	dev2, err := Mount(root, "t1", 101000, 101000, lim, "")
+	assert.ErrorContains(t, Ready(root, taskid.Must("t1"), 101000, 101000, lim, "", dev), "not a size-capped tmpfs")
+	dev2, err := Mount(root, taskid.Must("t1"), 101000, 101000, lim, "")
 	assert.NilError(t, err)
 	ents, err := os.ReadDir(dir)
 	assert.NilError(t, err)
 	assert.Equal(t, len(ents), 0, "the new turn's outbox is not empty")
-	assert.ErrorContains(t, Ready(root, "t1", 101000, 101000, lim, "", dev2+1), "another tmpfs")
+	assert.ErrorContains(t, Ready(root, taskid.Must("t1"), 101000, 101000, lim, "", dev2+1), "another tmpfs")
 	// Moved once: settling the same turn again moves nothing more.
 	write(t, filepath.Join(dir, "late"), "l", 0o644)
-	m, err = Settle(context.Background(), root, "t1", 4, testLimits())
+	m, err = Settle(context.Background(), root, taskid.Must("t1"), 4, testLimits())
 	assert.NilError(t, err)
 	assert.Equal(t, len(m.Files), 0)
-	_, err = os.Stat(filepath.Join(Pending(root, "t1"), "4", FilesDir, "late"))
+	_, err = os.Stat(filepath.Join(Pending(root, taskid.Must("t1")), "4", FilesDir, "late"))
 	assert.Assert(t, os.IsNotExist(err))
 
 	// A symlink planted at root/<task> is refused and its target untouched.
 	victim := t.TempDir()
 	assert.NilError(t, os.Symlink(victim, filepath.Join(root, "t2")))
-	_, err = Mount(root, "t2", 101000, 101000, lim, "")
+	_, err = Mount(root, taskid.Must("t2"), 101000, 101000, lim, "")
 	assert.ErrorContains(t, err, "symbolic link")
-	_, err = Settle(context.Background(), root, "t2", 1, testLimits())
+	_, err = Settle(context.Background(), root, taskid.Must("t2"), 1, testLimits())
 	assert.ErrorContains(t, err, "symbolic link")
 	assert.NilError(t, unix.Statfs(victim, &fs))
 	assert.Assert(t, fs.Type != unix.TMPFS_MAGIC || victim == "/tmp", "victim got mounted over")
 	assert.NilError(t, unix.Stat(victim, &st))
 	assert.Equal(t, st.Uid, uint32(0), "victim chowned")
 
-	_, err = Mount(root, "../x", 1, 1, lim, "")
-	assert.ErrorContains(t, err, "invalid task id")
+	_, err = Mount(root, taskid.ID{}, 1, 1, lim, "")
+	assert.ErrorContains(t, err, "no task id")
 	// An outbox root reached through a symbolic link is refused.
 	linked := filepath.Join(t.TempDir(), "l")
 	assert.NilError(t, os.Symlink(victim, linked))
-	_, err = Mount(linked, "t3", 1, 1, lim, "")
+	_, err = Mount(linked, taskid.Must("t3"), 1, 1, lim, "")
 	assert.ErrorContains(t, err, "symbolic link")
 	_, err = os.Stat(filepath.Join(victim, "t3"))
 	assert.Assert(t, os.IsNotExist(err))
@@ -162,9 +163,9 @@ func TestTurnPastOutboxLimitFails(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "outbox")
 	lim := DefaultLimits()
 	lim.Size, lim.Inodes = 4<<20, 64
-	_, err := Mount(root, "t1", base+1000, base+1000, lim, "")
+	_, err := Mount(root, taskid.Must("t1"), base+1000, base+1000, lim, "")
 	assert.NilError(t, err)
-	t.Cleanup(func() { _ = Release(root, "t1") })
+	t.Cleanup(func() { _ = Release(root, taskid.Must("t1")) })
 
 	var before unix.Statfs_t
 	assert.NilError(t, unix.Statfs(filepath.Dir(root), &before))
@@ -175,7 +176,7 @@ func TestTurnPastOutboxLimitFails(t *testing.T) {
 	t.Logf("host disk free space change during the turn: %d bytes", lost)
 	assert.Assert(t, lost < 32<<20, "host disk lost %d bytes", lost)
 
-	m, err := Settle(context.Background(), root, "t1", 1, lim)
+	m, err := Settle(context.Background(), root, taskid.Must("t1"), 1, lim)
 	assert.NilError(t, err)
 	assert.Equal(t, len(m.Files), 1)
 	assert.Equal(t, m.Files[0].Name, "small")
@@ -249,9 +250,9 @@ func TestOutboxCapHoldsInServiceNamespace(t *testing.T) {
 	lim.Size, lim.Inodes = 4<<20, 64
 
 	// Control: the old way, mounted in our namespace only.
-	_, err := Mount(root, "ctl", uid, uid, lim, "")
+	_, err := Mount(root, taskid.Must("ctl"), uid, uid, lim, "")
 	assert.NilError(t, err)
-	t.Cleanup(func() { _ = Release(root, "ctl", ns) })
+	t.Cleanup(func() { _ = Release(root, taskid.Must("ctl"), ns) })
 	// The bare directory under it, as the service sees it, made writable
 	// for the cage so the missing cap shows.
 	assert.NilError(t, homestore.InNamespace(ns, func() error { return os.Chown(filepath.Join(root, "ctl"), uid, uid) }))
@@ -264,15 +265,15 @@ func TestOutboxCapHoldsInServiceNamespace(t *testing.T) {
 	assert.Equal(t, len(ents), 0, "control: shrooms' own view holds none of the cage's files")
 
 	// The fix: mounted in the service's namespace.
-	_, err = Mount(root, "t1", uid, uid, lim, ns)
+	_, err = Mount(root, taskid.Must("t1"), uid, uid, lim, ns)
 	assert.NilError(t, err)
-	t.Cleanup(func() { _ = Release(root, "t1", ns) })
-	assert.NilError(t, Ready(root, "t1", uid, uid, lim, ns, 0))
+	t.Cleanup(func() { _ = Release(root, taskid.Must("t1"), ns) })
+	assert.NilError(t, Ready(root, taskid.Must("t1"), uid, uid, lim, ns, 0))
 	assertCapped(t, cageFill(t, url, base, filepath.Join(root, "t1")))
-	m, err := Settle(context.Background(), root, "t1", 1, testLimits(), ns)
+	m, err := Settle(context.Background(), root, taskid.Must("t1"), 1, testLimits(), ns)
 	assert.NilError(t, err)
 	assert.Equal(t, len(m.Files), 1)
-	rep, err := List(context.Background(), root, "t1", testLimits())
+	rep, err := List(context.Background(), root, taskid.Must("t1"), testLimits())
 	assert.NilError(t, err)
 	assert.Equal(t, len(rep.Files), 1)
 	assert.Equal(t, rep.Files[0].Name, "small")
@@ -299,22 +300,22 @@ func TestMountRefusedOverPendingCap(t *testing.T) {
 	lim.Size, lim.Inodes, lim.MaxPending = 2<<20, 32, 3<<20
 	fill := func(turn int) {
 		t.Helper()
-		_, err := Mount(root, "t1", 101000, 101000, lim, "")
+		_, err := Mount(root, taskid.Must("t1"), 101000, 101000, lim, "")
 		assert.NilError(t, err)
 		write(t, filepath.Join(root, "t1", "blob"), strings.Repeat("x", 1800<<10), 0o644)
-		m, err := Settle(context.Background(), root, "t1", turn, testLimits())
+		m, err := Settle(context.Background(), root, taskid.Must("t1"), turn, testLimits())
 		assert.NilError(t, err)
 		assert.Equal(t, len(m.Files), 1)
 	}
-	t.Cleanup(func() { _ = Release(root, "t1") })
+	t.Cleanup(func() { _ = Release(root, taskid.Must("t1")) })
 	fill(1) // 1.8 MiB pending: under the cap, the next outbox mounts
 	fill(2) // 3.6 MiB pending: over it
-	_, err := Mount(root, "t1", 101000, 101000, lim, "")
+	_, err := Mount(root, taskid.Must("t1"), 101000, 101000, lim, "")
 	assert.ErrorContains(t, err, "over outbox.max_pending (3145728): collect them (`shrooms outbox collect --task t1`)")
 	var fs unix.Statfs_t
 	assert.NilError(t, unix.Statfs(filepath.Join(root, "t1"), &fs))
 	assert.Assert(t, fs.Type != unix.TMPFS_MAGIC, "a refused outbox was mounted")
-	assert.NilError(t, Release(root, "t1"))
-	_, err = Mount(root, "t1", 101000, 101000, lim, "")
+	assert.NilError(t, Release(root, taskid.Must("t1")))
+	_, err = Mount(root, taskid.Must("t1"), 101000, 101000, lim, "")
 	assert.NilError(t, err, "released: the outbox mounts again")
 }

@@ -60,8 +60,13 @@ func DefaultLimits() Limits { return LimitsFrom(config.Default().Outbox) }
 // starts with a dot).
 const PendingDir = ".pending"
 
+// errNoTask refuses the zero task id (only taskid.Parse makes one).
+var errNoTask = errors.New("no task id")
+
 // Pending is the directory of task's pending deliveries.
-func Pending(root, task string) string { return filepath.Join(filepath.Clean(root), PendingDir, task) }
+func Pending(root string, id taskid.ID) string {
+	return filepath.Join(filepath.Clean(root), PendingDir, id.String())
+}
 
 // openRoot opens the outbox root (an absolute, admin-configured path) as an
 // O_PATH directory, refusing a symbolic link in any component.
@@ -81,7 +86,8 @@ func openRoot(root string) (int, error) {
 
 // openTask opens root/task (flags added to O_DIRECTORY|O_NOFOLLOW), never
 // through a symbolic link; crossing into the task's own mount is allowed.
-func openTask(rootfd int, root, task string, flags uint64) (int, error) {
+func openTask(rootfd int, root string, id taskid.ID, flags uint64) (int, error) {
+	task := id.String()
 	fd, err := unix.Openat2(rootfd, task, &unix.OpenHow{
 		Flags:   flags | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC,
 		Resolve: resolve.BeneathAnyMount,
@@ -131,9 +137,9 @@ func namespaces(nss []string) []string {
 	return append(out, "")
 }
 
-func checkMountArgs(task string, uid, gid int, lim Limits) error {
-	if _, err := taskid.Parse(task); err != nil {
-		return err
+func checkMountArgs(id taskid.ID, uid, gid int, lim Limits) error {
+	if id.IsZero() {
+		return errNoTask
 	}
 	if lim.Size < 1<<20 || lim.Inodes < 16 {
 		return fmt.Errorf("outbox limits: size must be at least 1m and inodes at least 16")
@@ -152,8 +158,9 @@ func checkMountArgs(task string, uid, gid int, lim Limits) error {
 // still mounted, or a directory that is not empty, is refused, so what one
 // turn left is never handed to the next. A symbolic link planted at
 // root/task is refused, never followed. It returns the tmpfs's device.
-func Mount(root, task string, uid, gid int, lim Limits, ns string) (dev uint64, err error) {
-	if err := checkMountArgs(task, uid, gid, lim); err != nil {
+func Mount(root string, id taskid.ID, uid, gid int, lim Limits, ns string) (dev uint64, err error) {
+	task := id.String()
+	if err := checkMountArgs(id, uid, gid, lim); err != nil {
 		return 0, err
 	}
 	where := filepath.Join(filepath.Clean(root), task)
@@ -169,7 +176,7 @@ func Mount(root, task string, uid, gid int, lim Limits, ns string) (dev uint64, 
 		if err := unix.Mkdirat(rootfd, task, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("create outbox %s: %w", where, err)
 		}
-		tfd, err := openTask(rootfd, root, task, unix.O_PATH)
+		tfd, err := openTask(rootfd, root, id, unix.O_PATH)
 		if err != nil {
 			return err
 		}
@@ -180,10 +187,10 @@ func Mount(root, task string, uid, gid int, lim Limits, ns string) (dev uint64, 
 			}
 			return err
 		}
-		if err := checkEmpty(tfd, where, task); err != nil {
+		if err := checkEmpty(tfd, where, id); err != nil {
 			return err
 		}
-		if err := checkPending(root, task, lim); err != nil {
+		if err := checkPending(root, id, lim); err != nil {
 			return err
 		}
 		// mount(2) on the magic link acts on the pinned directory itself, so
@@ -192,7 +199,7 @@ func Mount(root, task string, uid, gid int, lim Limits, ns string) (dev uint64, 
 		if err := unix.Mount("shrooms-outbox", "/proc/thread-self/fd/"+strconv.Itoa(tfd), "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, data); err != nil {
 			return fmt.Errorf("mount size-capped tmpfs on outbox %s: %w", where, err)
 		}
-		dev, err = checkLive(rootfd, root, task, uid, gid, lim)
+		dev, err = checkLive(rootfd, root, id, uid, gid, lim)
 		if err != nil {
 			_ = unix.Unmount("/proc/thread-self/fd/"+strconv.Itoa(tfd), unix.MNT_DETACH)
 		}
@@ -205,7 +212,8 @@ func Mount(root, task string, uid, gid int, lim Limits, ns string) (dev uint64, 
 }
 
 // checkEmpty refuses a directory that holds anything.
-func checkEmpty(fd int, where, task string) error {
+func checkEmpty(fd int, where string, id taskid.ID) error {
+	task := id.String()
 	names, err := readNames(fd)
 	if err != nil {
 		return fmt.Errorf("read outbox %s: %w", where, err)
@@ -219,9 +227,10 @@ func checkEmpty(fd int, where, task string) error {
 // checkLive verifies root/task is what a turn must be given: a tmpfs of its
 // own, with the limits, owner and flags of lim, uid and gid. It returns the
 // tmpfs's device.
-func checkLive(rootfd int, root, task string, uid, gid int, lim Limits) (uint64, error) {
+func checkLive(rootfd int, root string, id taskid.ID, uid, gid int, lim Limits) (uint64, error) {
+	task := id.String()
 	where := filepath.Join(filepath.Clean(root), task)
-	dfd, err := openTask(rootfd, root, task, unix.O_RDONLY)
+	dfd, err := openTask(rootfd, root, id, unix.O_RDONLY)
 	if err != nil {
 		return 0, err
 	}
@@ -255,8 +264,9 @@ func checkLive(rootfd int, root, task string, uid, gid int, lim Limits) (uint64,
 // Ready checks that root/task in the mount namespace ns is still the empty,
 // capped tmpfs Mount made for a turn (device dev, when not 0): what a cage
 // prepared ahead was given, and will find when it starts.
-func Ready(root, task string, uid, gid int, lim Limits, ns string, dev uint64) error {
-	if err := checkMountArgs(task, uid, gid, lim); err != nil {
+func Ready(root string, id taskid.ID, uid, gid int, lim Limits, ns string, dev uint64) error {
+	task := id.String()
+	if err := checkMountArgs(id, uid, gid, lim); err != nil {
 		return err
 	}
 	where := filepath.Join(filepath.Clean(root), task)
@@ -266,19 +276,19 @@ func Ready(root, task string, uid, gid int, lim Limits, ns string, dev uint64) e
 			return err
 		}
 		defer unix.Close(rootfd)
-		got, err := checkLive(rootfd, root, task, uid, gid, lim)
+		got, err := checkLive(rootfd, root, id, uid, gid, lim)
 		if err != nil {
 			return err
 		}
 		if dev != 0 && got != dev {
 			return fmt.Errorf("outbox %s is another tmpfs than the one the prepared cage was given", where)
 		}
-		dfd, err := openTask(rootfd, root, task, unix.O_RDONLY)
+		dfd, err := openTask(rootfd, root, id, unix.O_RDONLY)
 		if err != nil {
 			return err
 		}
 		defer unix.Close(dfd)
-		return checkEmpty(dfd, where, task)
+		return checkEmpty(dfd, where, id)
 	})
 }
 
@@ -308,16 +318,17 @@ func isOwnMount(rootfd, tfd int) (bool, error) {
 // Release discards the task's outbox: the live tmpfs, wherever it is still
 // mounted (each namespace in nss, then the caller's own), and every pending
 // delivery. A missing outbox is not an error.
-func Release(root, task string, nss ...string) error {
-	if _, err := taskid.Parse(task); err != nil {
-		return err
+func Release(root string, id taskid.ID, nss ...string) error {
+	task := id.String()
+	if id.IsZero() {
+		return errNoTask
 	}
 	for _, ns := range namespaces(nss) {
-		if err := inNS(ns, func() error { return unmountLive(root, task) }); err != nil {
+		if err := inNS(ns, func() error { return unmountLive(root, id) }); err != nil {
 			return err
 		}
 	}
-	if err := os.RemoveAll(Pending(root, task)); err != nil {
+	if err := os.RemoveAll(Pending(root, id)); err != nil {
 		return fmt.Errorf("remove pending deliveries of %s: %w", task, err)
 	}
 	return nil
@@ -325,7 +336,8 @@ func Release(root, task string, nss ...string) error {
 
 // unmountLive unmounts every tmpfs stacked at root/task and removes the
 // then empty directory.
-func unmountLive(root, task string) error {
+func unmountLive(root string, id taskid.ID) error {
+	task := id.String()
 	rootfd, err := openRoot(root)
 	if errors.Is(err, unix.ENOENT) {
 		return nil
@@ -366,7 +378,7 @@ func unmountLive(root, task string) error {
 		// A bare directory holding files (a cage given it without its tmpfs):
 		// moved out of the cages' reach first, then removed.
 		var q string
-		if q, err = quarantine(rootfd, root, task, "discard"); err == nil {
+		if q, err = quarantine(rootfd, root, id, "discard"); err == nil {
 			err = os.RemoveAll(q)
 		}
 	}
@@ -378,18 +390,19 @@ func unmountLive(root, task string) error {
 
 // openPending opens (creating them, 0700) root/.pending and its task
 // directory as an O_PATH directory, through no symbolic link.
-func openPending(rootfd int, root, task string) (int, error) {
+func openPending(rootfd int, root string, id taskid.ID) (int, error) {
+	task := id.String()
 	fd := rootfd
 	for _, name := range []string{PendingDir, task} {
 		if err := unix.Mkdirat(fd, name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-			return -1, fmt.Errorf("create pending deliveries %s: %w", Pending(root, task), err)
+			return -1, fmt.Errorf("create pending deliveries %s: %w", Pending(root, id), err)
 		}
 		nfd, err := unix.Openat2(fd, name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolve.Beneath})
 		if fd != rootfd {
 			unix.Close(fd)
 		}
 		if err != nil {
-			return -1, fmt.Errorf("pending deliveries %s: %w", Pending(root, task), explain(err))
+			return -1, fmt.Errorf("pending deliveries %s: %w", Pending(root, id), explain(err))
 		}
 		fd = nfd
 	}
@@ -399,8 +412,9 @@ func openPending(rootfd int, root, task string) (int, error) {
 // quarantine renames the bare directory root/task into the task's pending
 // directory as .<kind>-<time> (no cage sees it there), puts an empty
 // directory in its place and returns the quarantined path.
-func quarantine(rootfd int, root, task, kind string) (string, error) {
-	pfd, err := openPending(rootfd, root, task)
+func quarantine(rootfd int, root string, id taskid.ID, kind string) (string, error) {
+	task := id.String()
+	pfd, err := openPending(rootfd, root, id)
 	if err != nil {
 		return "", err
 	}
@@ -412,17 +426,18 @@ func quarantine(rootfd int, root, task, kind string) (string, error) {
 	if err := unix.Mkdirat(rootfd, task, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
 		return "", fmt.Errorf("create outbox %s: %w", filepath.Join(root, task), err)
 	}
-	return filepath.Join(Pending(root, task), name), nil
+	return filepath.Join(Pending(root, id), name), nil
 }
 
 // checkPending refuses a new outbox while the task's pending deliveries
 // hold more than lim.MaxPending bytes (0: no cap), so a run of turns cannot
 // fill the host's disk through the outbox.
-func checkPending(root, task string, lim Limits) error {
+func checkPending(root string, id taskid.ID, lim Limits) error {
+	task := id.String()
 	if lim.MaxPending <= 0 {
 		return nil
 	}
-	n, err := pendingBytes(Pending(root, task))
+	n, err := pendingBytes(Pending(root, id))
 	if err != nil {
 		return err
 	}

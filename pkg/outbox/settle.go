@@ -40,9 +40,10 @@ type Moved struct {
 // tmpfs still holds is what was refused then), and nothing to move is no
 // error: Moved is nil then. When the move fails, the live outbox is left
 // as it is, so Mount refuses to hand it to the next turn.
-func Settle(ctx context.Context, root, task string, turn int, lim Limits, nss ...string) (*Moved, error) {
-	if _, err := taskid.Parse(task); err != nil {
-		return nil, err
+func Settle(ctx context.Context, root string, id taskid.ID, turn int, lim Limits, nss ...string) (*Moved, error) {
+	task := id.String()
+	if id.IsZero() {
+		return nil, errNoTask
 	}
 	if turn < 0 {
 		return nil, fmt.Errorf("outbox of task %s: turn %d is no turn", task, turn)
@@ -56,7 +57,7 @@ func Settle(ctx context.Context, root, task string, turn int, lim Limits, nss ..
 			if i >= 8 {
 				return out, fmt.Errorf("outbox %s: still mounted after 8 moves", filepath.Join(root, task))
 			}
-			m, more, err := settleOnce(ctx, root, task, turn, lim, ns)
+			m, more, err := settleOnce(ctx, root, id, turn, lim, ns)
 			if out == nil {
 				out = m
 			}
@@ -89,13 +90,14 @@ func (s *source) close() {
 
 // settleOnce moves and unmounts the top of root/task in ns; more says
 // whether there was anything to settle (then it is tried again).
-func settleOnce(ctx context.Context, root, task string, turn int, lim Limits, ns string) (*Moved, bool, error) {
+func settleOnce(ctx context.Context, root string, id taskid.ID, turn int, lim Limits, ns string) (*Moved, bool, error) {
+	task := id.String()
 	var s *source
-	if err := inNS(ns, func() (err error) { s, err = openLive(root, task); return err }); err != nil || s == nil {
+	if err := inNS(ns, func() (err error) { s, err = openLive(root, id); return err }); err != nil || s == nil {
 		return nil, false, err
 	}
 	defer s.close()
-	m, err := move(ctx, s.src, root, task, turn, lim)
+	m, err := move(ctx, s.src, root, id, turn, lim)
 	if err != nil {
 		return nil, true, fmt.Errorf("turn %d's outbox could not be moved to its pending delivery (it stays where it is, and no turn of the task starts until it is moved or `shrooms outbox release --task %s` discards it): %w", turn, task, err)
 	}
@@ -116,7 +118,7 @@ func settleOnce(ctx context.Context, root, task string, turn int, lim Limits, ns
 // openLive opens what root/task holds in the caller's namespace: the tmpfs
 // mounted there, or a bare directory that is not empty (renamed aside
 // first). nil means there is nothing to settle.
-func openLive(root, task string) (*source, error) {
+func openLive(root string, id taskid.ID) (*source, error) {
 	rootfd, err := openRoot(root)
 	if errors.Is(err, unix.ENOENT) {
 		return nil, nil
@@ -125,7 +127,7 @@ func openLive(root, task string) (*source, error) {
 		return nil, err
 	}
 	defer unix.Close(rootfd)
-	tfd, err := openTask(rootfd, root, task, unix.O_PATH)
+	tfd, err := openTask(rootfd, root, id, unix.O_PATH)
 	if errors.Is(err, unix.ENOENT) {
 		return nil, nil
 	}
@@ -140,14 +142,14 @@ func openLive(root, task string) (*source, error) {
 	s := &source{src: -1, mnt: -1}
 	if mounted {
 		s.mnt = tfd
-		if s.src, err = openTask(rootfd, root, task, unix.O_RDONLY); err != nil {
+		if s.src, err = openTask(rootfd, root, id, unix.O_RDONLY); err != nil {
 			s.close()
 			return nil, err
 		}
 		return s, nil
 	}
 	unix.Close(tfd)
-	dfd, err := openTask(rootfd, root, task, unix.O_RDONLY)
+	dfd, err := openTask(rootfd, root, id, unix.O_RDONLY)
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +158,7 @@ func openLive(root, task string) (*source, error) {
 	if err != nil || len(names) == 0 {
 		return nil, err
 	}
-	if s.aside, err = quarantine(rootfd, root, task, "aside"); err != nil {
+	if s.aside, err = quarantine(rootfd, root, id, "aside"); err != nil {
 		return nil, err
 	}
 	s.src, err = unix.Openat2(unix.AT_FDCWD, s.aside, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC, Resolve: resolve.NoLinks})
@@ -169,18 +171,19 @@ func openLive(root, task string) (*source, error) {
 // move copies what the pinned directory src holds into the pending turn
 // (written as .new-<turn>, renamed to <turn> once complete). An existing
 // pending turn is kept and returned as it is; nothing to move is nil.
-func move(ctx context.Context, src int, root, task string, turn int, lim Limits) (*Moved, error) {
+func move(ctx context.Context, src int, root string, id taskid.ID, turn int, lim Limits) (*Moved, error) {
+	task := id.String()
 	rootfd, err := openRoot(root)
 	if err != nil {
 		return nil, err
 	}
-	pfd, err := openPending(rootfd, root, task)
+	pfd, err := openPending(rootfd, root, id)
 	unix.Close(rootfd)
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(pfd)
-	dir := Pending(root, task)
+	dir := Pending(root, id)
 	final := filepath.Join(dir, strconv.Itoa(turn))
 	if _, err := os.Lstat(final); err == nil {
 		return &Moved{Task: task, Turn: turn, Pending: final, Files: []File{}, Rejected: []Rejected{}}, nil
@@ -249,8 +252,8 @@ func (m *Moved) Summarize() Summary {
 }
 
 // PendingTurns lists the task's complete pending turns, oldest first.
-func PendingTurns(root, task string) ([]int, error) {
-	ents, err := os.ReadDir(Pending(root, task))
+func PendingTurns(root string, id taskid.ID) ([]int, error) {
+	ents, err := os.ReadDir(Pending(root, id))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}

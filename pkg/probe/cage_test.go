@@ -3,6 +3,7 @@ package probe
 import (
 	"context"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,16 +59,24 @@ func newCageEnv(t *testing.T, seccomp string) *cageEnv {
 		// mount namespace too).
 		entries, _ := os.ReadDir(filepath.Join(cfg.State.Dir, "tasks"))
 		for _, en := range entries {
-			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), en.Name()); err != nil {
+			tid, err := taskid.Parse(en.Name())
+			if err != nil {
+				continue // not a task's
+			}
+			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), tid); err != nil {
 				t.Errorf("remove HOME: %v", err)
 			}
 		}
 		outs, _ := os.ReadDir(cfg.Outbox.Root)
 		for _, en := range outs {
+			tid, err := taskid.Parse(en.Name())
+			if err != nil {
+				continue // not a task's
+			}
 			if en.Name() == outbox.PendingDir {
 				continue // Release of each task takes its pending deliveries too
 			}
-			if err := outbox.Release(cfg.Outbox.Root, en.Name()); err != nil && !os.IsNotExist(err) {
+			if err := outbox.Release(cfg.Outbox.Root, tid); err != nil && !os.IsNotExist(err) {
 				t.Errorf("release outbox: %v", err)
 			}
 		}
@@ -83,7 +92,7 @@ func (e *cageEnv) run(t *testing.T, weaken func(*specgen.SpecGenerator)) *Report
 	r.OnSpec = weaken
 	var stderr strings.Builder
 	rep, res, err := Run(context.Background(), r, Options{
-		Task: fmt.Sprintf("%s-%d", e.prefix, e.n), Agent: "shell", Binary: e.bin,
+		Task: taskid.Must(fmt.Sprintf("%s-%d", e.prefix, e.n)), Agent: "shell", Binary: e.bin,
 		Params: Params{Policy: e.cfg.Network.Policy, StrictSeccomp: e.cfg.Cage.StrictSeccomp(), Nonce: e.prefix},
 		Stderr: &stderr,
 	})

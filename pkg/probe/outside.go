@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"io"
 	"os"
 	"path/filepath"
@@ -23,7 +24,8 @@ import (
 type Options struct {
 	// Task and Agent name the turn (the agent's image and HOME are used;
 	// its command is replaced by the probe).
-	Task, Agent string
+	Task  taskid.ID
+	Agent string
 	// Params go to the inside as they are.
 	Params Params
 	// Binary is the static shrooms executable to mount (default: this one).
@@ -112,6 +114,10 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*Report, *turn.Result,
 // startPeer runs a peer cage of the task's agent (another turn, task
 // Task+"-peer") until stop, and returns the addresses it announced.
 func startPeer(ctx context.Context, r *turn.Runner, o Options, bin string, timeout time.Duration) ([]string, func(), error) {
+	peer, err := taskid.Parse(o.Task.String() + "-peer")
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", turn.ErrInput, err)
+	}
 	pctx, cancel := context.WithCancel(ctx)
 	found := make(chan []string, 1)
 	w := &announceWriter{onLine: func(f []string) {
@@ -125,7 +131,7 @@ func startPeer(ctx context.Context, r *turn.Runner, o Options, bin string, timeo
 	done := make(chan error, 1)
 	go func() {
 		_, err := r.Run(pctx, turn.Request{
-			Task: o.Task + "-peer", Agent: o.Agent,
+			Task: peer, Agent: o.Agent,
 			Command: append(append([]string{BinaryPath}, InsideArgs...), PeerArg),
 			ExtraMounts: []mounts.Mount{{
 				Kind: mounts.Bind, Source: bin, Dest: BinaryPath, ReadOnly: true,

@@ -3,6 +3,7 @@ package probe
 import (
 	"context"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"net"
 	"net/netip"
 	"os"
@@ -95,16 +96,24 @@ func newTBEnv(t *testing.T, opts ...testbed.Option) *tbEnv {
 		// mount namespace too).
 		entries, _ := os.ReadDir(filepath.Join(cfg.State.Dir, "tasks"))
 		for _, en := range entries {
-			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), en.Name()); err != nil {
+			tid, err := taskid.Parse(en.Name())
+			if err != nil {
+				continue // not a task's
+			}
+			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), tid); err != nil {
 				t.Errorf("remove HOME: %v", err)
 			}
 		}
 		outs, _ := os.ReadDir(cfg.Outbox.Root)
 		for _, en := range outs {
+			tid, err := taskid.Parse(en.Name())
+			if err != nil {
+				continue // not a task's
+			}
 			if en.Name() == outbox.PendingDir {
 				continue // Release of each task takes its pending deliveries too
 			}
-			if err := outbox.Release(cfg.Outbox.Root, en.Name()); err != nil && !os.IsNotExist(err) {
+			if err := outbox.Release(cfg.Outbox.Root, tid); err != nil && !os.IsNotExist(err) {
 				t.Errorf("release outbox: %v", err)
 			}
 		}
@@ -203,7 +212,7 @@ func (e *tbEnv) run(t *testing.T, seal turn.SealChecker) (*Report, *inbound) {
 		e.discovered = params
 	}
 	rep, res, err := Run(context.Background(), r, Options{
-		Task: fmt.Sprintf("%s-%d", e.prefix, e.n), Agent: "shell", Binary: e.bin,
+		Task: taskid.Must(fmt.Sprintf("%s-%d", e.prefix, e.n)), Agent: "shell", Binary: e.bin,
 		Params: params, Timeout: 90 * time.Second, Peer: e.discover,
 		Stderr: writerFunc(func(p []byte) { mu.Lock(); stderr.Write(p); mu.Unlock() }),
 		OnInbound: func(addr string, port int) {
@@ -461,7 +470,7 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 		done := make(chan ran, 1)
 		go func() {
 			res, err := r.Run(ctx, turn.Request{
-				Task: fmt.Sprintf("%s-%d", e.prefix, e.n), Agent: "shell",
+				Task: taskid.Must(fmt.Sprintf("%s-%d", e.prefix, e.n)), Agent: "shell",
 				Command: []string{"/tbprobe", "stream", net.JoinHostPort(testbed.RouterAddr4.String(), "5000"), nonce, "6"},
 				ExtraMounts: []mounts.Mount{{Kind: mounts.Bind, Source: e.tbbin, Dest: "/tbprobe", ReadOnly: true,
 					Options: []string{"rbind", "nosuid", "nodev"}}},

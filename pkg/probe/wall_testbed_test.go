@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"net"
 	"os/exec"
 	"strings"
@@ -47,7 +48,7 @@ func (e *tbEnv) wallTurn(t *testing.T, off bool, cmd []string, during func()) (*
 	go func() {
 		defer close(done)
 		res, err = r.Run(ctx, turn.Request{
-			Task: fmt.Sprintf("%s-wall%d", e.prefix, e.n), Agent: "shell", Command: cmd,
+			Task: taskid.Must(fmt.Sprintf("%s-wall%d", e.prefix, e.n)), Agent: "shell", Command: cmd,
 			ExtraMounts: []mounts.Mount{{Kind: mounts.Bind, Source: e.tbbin, Dest: "/tbprobe", ReadOnly: true,
 				Options: []string{"rbind", "nosuid", "nodev"}}},
 			Timeout: 60 * time.Second,
@@ -205,7 +206,7 @@ func TestPreparedCageWall(t *testing.T) {
 	r.Binary = e.bin
 	st, err := cagenet.CheckSeal(ctx, e.cfg, e.client, e.fw, true)
 	assert.NilError(t, err)
-	req := turn.Request{Task: e.prefix + "-prep", Agent: "shell", Args: []string{"-c", "sleep 3"}, Timeout: 60 * time.Second}
+	req := turn.Request{Task: taskid.Must(e.prefix + "-prep"), Agent: "shell", Args: []string{"-c", "sleep 3"}, Timeout: 60 * time.Second}
 	cagePid := func(id string) int {
 		out := strings.TrimSpace(e.tb.MustPodman("inspect", "-f", "{{.State.Pid}}", id))
 		var pid int
@@ -280,7 +281,7 @@ func TestCageWallPerPolicyTurn(t *testing.T) {
 				time.Sleep(2500 * time.Millisecond)
 				// By name, not by listing: podman's listing trips over
 				// cages of other testbeds (their namespaces are not ours).
-				pid, err := e.client.Pid(ctx, sealed.Name(task, 1))
+				pid, err := e.client.Pid(ctx, sealed.Name(taskid.Must(task), 1))
 				if !assert.Check(t, err) {
 					return
 				}

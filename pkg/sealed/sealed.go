@@ -12,6 +12,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"math"
 	"net"
 	"net/netip"
@@ -65,7 +66,7 @@ type IDRange struct {
 
 // Turn is everything about one turn that the spec depends on.
 type Turn struct {
-	Task   string
+	Task   taskid.ID
 	Number int
 	Agent  string
 	// Command replaces the agent's command when set.
@@ -102,7 +103,7 @@ type Turn struct {
 }
 
 // Name is the cage's container name for a task's turn.
-func Name(task string, turn int) string {
+func Name(task taskid.ID, turn int) string {
 	return fmt.Sprintf("shrooms-%s-%d", task, turn)
 }
 
@@ -144,7 +145,7 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	s.Stdin = &stdin
 	s.Labels = map[string]string{
 		LabelManaged: "1",
-		LabelTask:    t.Task,
+		LabelTask:    t.Task.String(),
 		LabelTurn:    strconv.Itoa(t.Number),
 		LabelAgent:   t.Agent,
 		LabelState:   StateLabel(cfg.State.Dir),
@@ -168,7 +169,7 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	if cfg.Cage.Runtime != config.RuntimeDefault {
 		s.OCIRuntime = cfg.Cage.Runtime
 	}
-	s.Hostname = fmt.Sprintf(cfg.Cage.HostnameFmt, t.Task)
+	s.Hostname = fmt.Sprintf(cfg.Cage.HostnameFmt, t.Task.String())
 	s.WorkDir = mounts.WorkDir
 	s.User = fmt.Sprintf("%d:%d", cfg.Cage.User, cfg.Cage.User)
 	s.Umask = "0022"

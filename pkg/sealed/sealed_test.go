@@ -22,7 +22,7 @@ func testTurn(t *testing.T, cfg *config.Config) Turn {
 	})
 	assert.NilError(t, err)
 	return Turn{
-		Task: "golden", Number: 3, Agent: "claude", Args: []string{"-p", "fix it"}, Stdin: true,
+		Task: taskid.Must("golden"), Number: 3, Agent: "claude", Args: []string{"-p", "fix it"}, Stdin: true,
 		IDs: IDRange{UID: 1879048192, GID: 1879048192, Size: 65536}, Plan: plan,
 		SecretEnv: map[string]string{"ANTHROPIC_API_KEY": "shrooms-golden-anthropic"}, DeadlineSeconds: 7235,
 		SeccompPath: "/var/lib/shrooms/seccomp/shrooms-0123456789ab.json",

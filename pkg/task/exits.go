@@ -24,11 +24,8 @@ var ErrUnknownTask = errors.New("unknown task")
 
 // withTask parses task and runs f with its id under the task lock, for a
 // task that exists.
-func (r *Commands) withTask(task string, f func(id taskid.ID) error) error {
-	id, err := taskid.Parse(task)
-	if err != nil {
-		return fmt.Errorf("%w: %w", fault.Input, err)
-	}
+func (r *Commands) withTask(task taskid.ID, f func(id taskid.ID) error) error {
+	id := task
 	ok, err := r.Store.Exists(id)
 	if err != nil {
 		return fmt.Errorf("%w: %w", fault.Input, err)
@@ -47,12 +44,12 @@ func (r *Commands) withTask(task string, f func(id taskid.ID) error) error {
 // Collect moves the task's pending deliveries (what its turns left in
 // /outbox, moved out at each turn's end) into to (or a new directory under
 // the state dir), under the task lock so no turn adds to them meanwhile.
-func (r *Commands) Collect(ctx context.Context, task, to string) (*outbox.Report, error) {
+func (r *Commands) Collect(ctx context.Context, task taskid.ID, to string) (*outbox.Report, error) {
 	var rep *outbox.Report
 	err := r.withTask(task, func(id taskid.ID) error {
-		wt, err := r.Store.Recall(id, taskstate.FactWorktree)
+		wt, err := r.recall(id, taskstate.FactWorktree)
 		if err != nil {
-			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			return err
 		}
 		if to == "" {
 			// The default delivery directory's parents are shrooms' own,
@@ -90,7 +87,7 @@ func mkdirPrivate(dir string) error {
 }
 
 // ListOutbox reports what Collect would deliver, changing nothing.
-func (r *Commands) ListOutbox(ctx context.Context, task string) (*outbox.Report, error) {
+func (r *Commands) ListOutbox(ctx context.Context, task taskid.ID) (*outbox.Report, error) {
 	var rep *outbox.Report
 	err := r.withTask(task, func(id taskid.ID) error {
 		var err error
@@ -106,7 +103,7 @@ func (r *Commands) ListOutbox(ctx context.Context, task string) (*outbox.Report,
 // ReleaseOutbox discards the task's pending deliveries and unmounts its
 // outbox wherever it is still mounted (a prepared cage then no longer
 // matches, and is prepared afresh).
-func (r *Commands) ReleaseOutbox(task string) error {
+func (r *Commands) ReleaseOutbox(task taskid.ID) error {
 	return r.withTask(task, func(id taskid.ID) error {
 		if err := r.releaseOutbox(task); err != nil {
 			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
@@ -133,12 +130,12 @@ type CommitResult struct {
 // config that a turn added or changed (worktreeguard) is the next thing the
 // owner's repository would run: the commit is refused unless every such
 // path is named in allow, and the named ones become trusted.
-func (r *Commands) Commit(ctx context.Context, task, message string, author gitseal.Author, allow []string) (*CommitResult, error) {
-	res := &CommitResult{Task: task, AgentConfig: []worktreeguard.Change{}, Accepted: []string{}}
+func (r *Commands) Commit(ctx context.Context, task taskid.ID, message string, author gitseal.Author, allow []string) (*CommitResult, error) {
+	res := &CommitResult{Task: task.String(), AgentConfig: []worktreeguard.Change{}, Accepted: []string{}}
 	err := r.withTask(task, func(id taskid.ID) error {
-		wt, err := r.Store.Recall(id, taskstate.FactWorktree)
+		wt, err := r.recall(id, taskstate.FactWorktree)
 		if err != nil {
-			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			return err
 		}
 		if wt == "" {
 			return fmt.Errorf("%w: task %q has no worktree (run it with --worktree)", fault.Input, task)
@@ -218,21 +215,18 @@ type TrustResult struct {
 // Trust records the worktree's agent config (all of it, or the given
 // worktree-relative paths) as the owner's trusted version, so later turns
 // no longer mask it. worktree "" means the task's remembered worktree.
-func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []string) (*TrustResult, error) {
-	if _, err := taskid.Parse(task); err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.Input, err)
-	}
+func (r *Commands) Trust(ctx context.Context, task taskid.ID, worktree string, paths []string) (*TrustResult, error) {
 	for _, p := range paths {
 		if p == "" || strings.HasPrefix(p, "/") || p != filepath.ToSlash(filepath.Clean(p)) || strings.HasPrefix(p, "../") || p == ".." {
 			return nil, fmt.Errorf("%w: %q is not a clean worktree-relative path", fault.Input, p)
 		}
 	}
-	res := &TrustResult{Task: task, Changes: []worktreeguard.Change{}}
+	res := &TrustResult{Task: task.String(), Changes: []worktreeguard.Change{}}
 	err := r.withTask(task, func(id taskid.ID) error {
 		if worktree == "" {
 			var err error
-			if worktree, err = r.Store.Recall(id, taskstate.FactWorktree); err != nil {
-				return fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			if worktree, err = r.recall(id, taskstate.FactWorktree); err != nil {
+				return err
 			}
 			if worktree == "" {
 				return fmt.Errorf("%w: task %q has no worktree; pass --worktree", fault.Input, task)
@@ -263,13 +257,13 @@ func (r *Commands) Trust(ctx context.Context, task, worktree string, paths []str
 
 // Reset resets the task HOME now (or, with dryRun, reports what a reset
 // would do). agent "" means the agent of the task's last turn.
-func (r *Commands) Reset(ctx context.Context, task, agent string, dryRun bool) (*home.Report, error) {
+func (r *Commands) Reset(ctx context.Context, task taskid.ID, agent string, dryRun bool) (*home.Report, error) {
 	var rep *home.Report
 	err := r.withTask(task, func(id taskid.ID) error {
 		if agent == "" {
 			var err error
-			if agent, err = r.Store.Recall(id, taskstate.FactAgent); err != nil {
-				return fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			if agent, err = r.recall(id, taskstate.FactAgent); err != nil {
+				return err
 			}
 			if agent == "" {
 				return fmt.Errorf("%w: task %q has run no agent yet; pass --agent", fault.Input, task)

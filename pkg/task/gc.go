@@ -60,9 +60,9 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
+	cages, err := r.managedCages(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, err
 	}
 	if dryRun {
 		for _, c := range cages {
@@ -71,7 +71,7 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 				if err != nil {
 					continue
 				}
-				if pid, _ := r.lockHolder(id.String()); pid != 0 {
+				if pid, _ := r.lockHolder(id); pid != 0 {
 					rep.Busy = append(rep.Busy, id.String())
 					continue
 				}
@@ -102,7 +102,7 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 			// A label that is no valid task id is not ours to trust: leave it.
 			continue
 		}
-		removed, err := r.Turns.RemoveLeftovers(ctx, task, r.waitingPrepared(cages, task)...)
+		removed, err := r.Turns.RemoveLeftovers(ctx, id, r.waitingPrepared(cages, id)...)
 		lock.Release()
 		rep.Removed = append(rep.Removed, removed...)
 		if err != nil {
@@ -115,7 +115,11 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 		return rep, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	for _, e := range entries {
-		if ok, err := r.Podman.VolumeExists(ctx, r.Homes.Name(e.Name())); err != nil || !ok {
+		id, err := taskid.Parse(e.Name())
+		if err != nil {
+			continue // no task's state dir
+		}
+		if ok, err := r.Podman.VolumeExists(ctx, r.Homes.Name(id)); err != nil || !ok {
 			continue // no HOME volume (yet): nothing to clean
 		}
 		// Only a HOME still mounted: a turn cleans its own old tree while
@@ -123,11 +127,11 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 		// with HOME mounted (mounting every idle HOME here would cost a
 		// mount per task per gc).
 		homes := r.Homes
-		root, err := homes.Root(ctx, e.Name())
+		root, err := homes.Root(ctx, id)
 		if err != nil {
 			return rep, err
 		}
-		if !homes.IsMounted(e.Name(), root) {
+		if !homes.IsMounted(id, root) {
 			continue
 		}
 		trees, err := home.Cleanup(ctx, root)
@@ -150,10 +154,10 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 }
 
 // waitingPrepared lists the task's prepared cages that have not started.
-func (r *Commands) waitingPrepared(cages []podman.Cage, task string) []string {
+func (r *Commands) waitingPrepared(cages []podman.Cage, task taskid.ID) []string {
 	var ids []string
 	for _, c := range cages {
-		if c.Labels[sealed.LabelTask] == task && c.Labels[turn.LabelPrepared] == "1" && (c.State == "initialized" || c.State == "created") {
+		if c.Labels[sealed.LabelTask] == task.String() && c.Labels[turn.LabelPrepared] == "1" && (c.State == "initialized" || c.State == "created") {
 			ids = append(ids, c.ID)
 		}
 	}
@@ -166,7 +170,7 @@ func (r *Commands) waitingPrepared(cages []podman.Cage, task string) []string {
 func (r *Commands) settleIdle(ctx context.Context, tasks []os.DirEntry, cages []podman.Cage, rep *GCReport) error {
 	for _, e := range tasks {
 		id, err := taskid.Parse(e.Name())
-		if err != nil || len(r.waitingPrepared(cages, e.Name())) > 0 {
+		if err != nil || len(r.waitingPrepared(cages, id)) > 0 {
 			continue
 		}
 		if _, err := os.Lstat(filepath.Join(r.Cfg.Outbox.Root, e.Name())); err != nil {
@@ -178,7 +182,7 @@ func (r *Commands) settleIdle(ctx context.Context, tasks []os.DirEntry, cages []
 		}
 		err = func() error {
 			defer lock.Release()
-			if busy, err := r.Turns.HomeInUse(ctx, e.Name()); err != nil || busy {
+			if busy, err := r.Turns.HomeInUse(ctx, id); err != nil || busy {
 				return err
 			}
 			m, err := r.Turns.SettleOutbox(ctx, id)

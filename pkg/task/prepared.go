@@ -58,9 +58,9 @@ func (r *Commands) PreparedCages(cages []podman.Cage, now time.Time) []PreparedC
 // turn runs keeps its cage. Its HOME mount and token secrets go with the
 // next ReleaseIdle (gc), or the task's next turn.
 func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) ([]string, error) {
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
+	cages, err := r.managedCages(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, err
 	}
 	expired := []string{}
 	for _, p := range r.PreparedCages(cages, time.Now()) {
@@ -82,7 +82,7 @@ func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) ([]string, e
 		if err != nil {
 			return expired, turn.Classify(err)
 		}
-		removed, err := r.Turns.RemoveLeftovers(ctx, p.Task)
+		removed, err := r.Turns.RemoveLeftovers(ctx, id)
 		lock.Release()
 		expired = append(expired, removed...)
 		if err != nil {

@@ -25,9 +25,9 @@ var ErrLeftovers = errors.New("not everything could be removed")
 // image, loop devices and mounts (of a deleted image too), token secrets,
 // worktree claims, outbox and state dir. forget checks it is empty before
 // it reports success.
-func (r *Commands) leftovers(ctx context.Context, task string, stateGone bool) []string {
+func (r *Commands) leftovers(ctx context.Context, task taskid.ID, stateGone bool) []string {
 	var left []string
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task)
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task.String())
 	if err != nil {
 		left = append(left, "cages (cannot list: "+oneLine(err)+")")
 	}
@@ -66,7 +66,7 @@ func (r *Commands) leftovers(ctx context.Context, task string, stateGone bool) [
 	for _, c := range r.Turns.Claims(task) {
 		left = append(left, "worktree claim "+c)
 	}
-	for _, p := range []string{filepath.Join(r.Cfg.Outbox.Root, task), outbox.Pending(r.Cfg.Outbox.Root, task)} {
+	for _, p := range []string{filepath.Join(r.Cfg.Outbox.Root, task.String()), outbox.Pending(r.Cfg.Outbox.Root, task)} {
 		if fileExists(p) {
 			left = append(left, "outbox "+p)
 		}
@@ -79,8 +79,8 @@ func (r *Commands) leftovers(ctx context.Context, task string, stateGone bool) [
 
 // taskSecret reports whether a secret carries one of task's tokens: by its
 // task label, or by the name a token of the config gives it.
-func (r *Commands) taskSecret(task, name string, labels map[string]string) bool {
-	if labels[sealed.LabelTask] == task && strings.HasPrefix(name, "shrooms-"+task+"-") {
+func (r *Commands) taskSecret(task taskid.ID, name string, labels map[string]string) bool {
+	if labels[sealed.LabelTask] == task.String() && strings.HasPrefix(name, "shrooms-"+task.String()+"-") {
 		return true
 	}
 	for tok := range r.Cfg.Tokens {
@@ -100,11 +100,11 @@ func oneLine(err error) string { return strings.Join(strings.Fields(err.Error())
 // slot, which becomes free for a new task). The worktree and delivered
 // outboxes stay. Each step runs even when an earlier one failed; then what
 // is still there is listed (ErrLeftovers) and nothing is reported gone.
-func (r *Commands) Forget(ctx context.Context, task string) error {
+func (r *Commands) Forget(ctx context.Context, task taskid.ID) error {
 	if err := checkForget(r.Cfg, task); err != nil {
 		return err
 	}
-	id := taskid.Must(task)
+	id := task
 	lock, err := r.Store.LockTask(id)
 	if err != nil {
 		return turn.Classify(err)
@@ -154,9 +154,9 @@ func (r *Commands) Forget(ctx context.Context, task string) error {
 // CheckForget refuses, before podman is contacted, a task id that is
 // invalid or of which nothing is known: neither state nor a HOME image (a
 // task whose state dir was lost can still be forgotten).
-func CheckForget(cfg *config.Config, task string) error { return checkForget(cfg, task) }
+func CheckForget(cfg *config.Config, task taskid.ID) error { return checkForget(cfg, task) }
 
-func checkForget(cfg *config.Config, task string) error {
+func checkForget(cfg *config.Config, task taskid.ID) error {
 	err := CheckTask(cfg, task)
 	if err == nil || !errors.Is(err, ErrUnknownTask) {
 		return err
@@ -177,7 +177,7 @@ func removeTaskDir(dir string) error {
 
 // releaseOutbox unmounts and removes the task's outbox (in the podman
 // service's mount namespace too) and its pending deliveries.
-func (r *Commands) releaseOutbox(task string) error {
+func (r *Commands) releaseOutbox(task taskid.ID) error {
 	peers, err := r.Homes.ServiceNamespaces()
 	if err != nil {
 		return err
@@ -195,9 +195,9 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
 	}
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
+	cages, err := r.managedCages(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return nil, err
 	}
 	released := []string{}
 	var left []string
@@ -208,14 +208,14 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 	}
 	for _, s := range secrets {
 		task, ok := r.secretTask(s.Name)
-		if !ok || !r.taskSecret(task, s.Name, nil) {
+		if !ok {
 			continue
 		}
 		id, err := taskid.Parse(task)
-		if err != nil {
+		if err != nil || !r.taskSecret(id, s.Name, nil) {
 			continue
 		}
-		if known, _ := r.Store.Exists(id); !known || len(r.waitingPrepared(cages, task)) > 0 {
+		if known, _ := r.Store.Exists(id); !known || len(r.waitingPrepared(cages, id)) > 0 {
 			continue // not this state dir's, or a prepared cage waits with it
 		}
 		lock, err := r.Store.LockTask(id)
@@ -257,7 +257,7 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 		}
 		err = func() error {
 			defer lock.Release()
-			if busy, err := r.Turns.HomeInUse(ctx, task); err != nil || busy {
+			if busy, err := r.Turns.HomeInUse(ctx, id); err != nil || busy {
 				return err // a prepared cage waits on it, or a cage was left
 			}
 			if a.Deleted {

@@ -8,10 +8,12 @@ package task
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -42,18 +44,18 @@ type Commands struct {
 // the worktree it hands out.
 type Pipeline interface {
 	// RemoveLeftovers removes the task's cages a crashed shrooms left.
-	RemoveLeftovers(ctx context.Context, task string, keep ...string) ([]string, error)
+	RemoveLeftovers(ctx context.Context, task taskid.ID, keep ...string) ([]string, error)
 	// HomeInUse reports whether any cage of task exists.
-	HomeInUse(ctx context.Context, task string) (bool, error)
+	HomeInUse(ctx context.Context, task taskid.ID) (bool, error)
 	// ReleaseHome unmounts task's HOME when no cage of it is left.
-	ReleaseHome(ctx context.Context, task string) error
+	ReleaseHome(ctx context.Context, task taskid.ID) error
 	// SettleOutbox moves what the last turn left in the outbox to its
 	// pending delivery.
 	SettleOutbox(ctx context.Context, task taskid.ID) (*outbox.Moved, error)
 	// CheckWorktree validates a worktree path and returns it cleaned.
 	CheckWorktree(path string) (string, error)
 	// Claims lists the worktree claim files of task.
-	Claims(task string) []string
+	Claims(task taskid.ID) []string
 	// ReleaseWorktrees gives back the worktrees task holds.
 	ReleaseWorktrees(task taskid.ID) error
 	// GiveBackIdle gives back the worktrees of tasks with no turn running.
@@ -85,9 +87,31 @@ func state(cfg *config.Config) *Commands {
 func (r *Commands) ours(c podman.Cage) bool { return sealed.Ours(r.Cfg.State.Dir, c.Labels) }
 
 // trustStore is the task's store of trusted worktree config.
-func (r *Commands) trustStore(task string) worktreeguard.Store {
+func (r *Commands) trustStore(task taskid.ID) worktreeguard.Store {
 	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
 }
 
 // taskDir is the state directory of task.
-func (r *Commands) taskDir(task string) string { return filepath.Join(r.Layout.Tasks(), task) }
+func (r *Commands) taskDir(task taskid.ID) string {
+	return filepath.Join(r.Layout.Tasks(), task.String())
+}
+
+// recall is a fact the task state holds of the task (taskstate.Store.Recall);
+// a state directory that cannot be read is the host's to fix.
+func (r *Commands) recall(id taskid.ID, fact string) (string, error) {
+	v, err := r.Store.Recall(id, fact)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", fault.HostNotReady, err)
+	}
+	return v, nil
+}
+
+// managedCages lists every cage shrooms manages on the engine; an engine
+// that cannot list them is the host's to fix.
+func (r *Commands) managedCages(ctx context.Context) ([]podman.Cage, error) {
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+	}
+	return cages, nil
+}

@@ -3,6 +3,7 @@ package task
 import (
 	"context"
 	"errors"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,16 +50,14 @@ func TestAcceptAgentConfig(t *testing.T) {
 	assert.ErrorContains(t, err, `"other" names no changed agent config`)
 }
 
-// TestCheckTask needs only a state directory: it runs unprivileged.
+// TestCheckTask needs only a state directory: it runs unprivileged. (An
+// invalid id never reaches it: the CLI parses --task, see taskArg.)
 func TestCheckTask(t *testing.T) {
 	cfg := &config.Config{State: config.State{Dir: t.TempDir()}}
-	err := CheckTask(cfg, "Bad/id")
-	assert.Assert(t, errors.Is(err, fault.Input), "%v", err)
-	assert.ErrorContains(t, err, "invalid task id")
-	err = CheckTask(cfg, "nosuch")
+	err := CheckTask(cfg, taskid.Must("nosuch"))
 	assert.Assert(t, errors.Is(err, fault.Input) && errors.Is(err, ErrUnknownTask), "%v", err)
 	assert.NilError(t, os.MkdirAll(filepath.Join(cfg.State.Dir, "tasks", "known"), 0o700))
-	assert.NilError(t, CheckTask(cfg, "known"))
+	assert.NilError(t, CheckTask(cfg, taskid.Must("known")))
 }
 
 // harness is task commands on the test podman service with a private state
@@ -102,13 +101,17 @@ func (h *harness) cleanup() {
 	}
 	entries, _ := os.ReadDir(filepath.Join(h.cfg.State.Dir, "tasks"))
 	for _, e := range entries {
-		if err := h.cmds.Homes.Remove(ctx, e.Name()); err != nil {
+		tid, err := taskid.Parse(e.Name())
+		if err != nil {
+			continue // not a task's
+		}
+		if err := h.cmds.Homes.Remove(ctx, tid); err != nil {
 			h.t.Errorf("remove HOME: %v", err)
 		}
 		if _, err := os.Stat(h.cfg.Outbox.Root); err != nil {
 			continue
 		}
-		if err := outbox.Release(h.cfg.Outbox.Root, e.Name()); err != nil && !os.IsNotExist(err) {
+		if err := outbox.Release(h.cfg.Outbox.Root, tid); err != nil && !os.IsNotExist(err) {
 			h.t.Errorf("release outbox: %v", err)
 		}
 	}
@@ -128,13 +131,13 @@ func TestLeftoverCageIsRemovedByGC(t *testing.T) {
 	task := h.task("left")
 	// A first turn leaves what a turn writes (seccomp profile, HOME policy);
 	// the leftover is the cage of the next one.
-	res, err := h.turns.Run(ctx, turn.Request{Task: task, Agent: "shell", Args: []string{"-c", "true"}})
+	res, err := h.turns.Run(ctx, turn.Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"}})
 	assert.NilError(t, err)
 	assert.Equal(t, res.ExitCode, 0)
-	spec, err := h.turns.Spec(ctx, turn.Request{Task: task, Agent: "shell", Args: []string{"-c", "sleep 600"}})
+	spec, err := h.turns.Spec(ctx, turn.Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "sleep 600"}})
 	assert.NilError(t, err)
 	// A crashed shrooms leaves its HOME mounted (a turn releases it at its end).
-	_, err = h.cmds.Homes.Mounted(ctx, task)
+	_, err = h.cmds.Homes.Mounted(ctx, taskid.Must(task))
 	assert.NilError(t, err)
 	id, err := h.client.Create(ctx, spec)
 	assert.NilError(t, err)
@@ -155,19 +158,19 @@ func TestForgetRemovesTheTask(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	task := h.task("forget")
-	_, err := h.turns.Bootstrap(ctx, task, nil)
+	_, err := h.turns.Bootstrap(ctx, taskid.Must(task), nil)
 	assert.NilError(t, err)
-	ok, err := h.client.VolumeExists(ctx, h.cmds.Homes.Name(task))
+	ok, err := h.client.VolumeExists(ctx, h.cmds.Homes.Name(taskid.Must(task)))
 	assert.NilError(t, err)
 	assert.Assert(t, ok, "the positive control: the HOME volume exists")
-	assert.NilError(t, CheckTask(h.cfg, task))
+	assert.NilError(t, CheckTask(h.cfg, taskid.Must(task)))
 
-	assert.NilError(t, h.cmds.Forget(ctx, task))
-	ok, err = h.client.VolumeExists(ctx, h.cmds.Homes.Name(task))
+	assert.NilError(t, h.cmds.Forget(ctx, taskid.Must(task)))
+	ok, err = h.client.VolumeExists(ctx, h.cmds.Homes.Name(taskid.Must(task)))
 	assert.NilError(t, err)
 	assert.Assert(t, !ok, "the HOME volume is gone")
-	_, err = os.Stat(h.cmds.taskDir(task))
+	_, err = os.Stat(h.cmds.taskDir(taskid.Must(task)))
 	assert.Assert(t, os.IsNotExist(err), "the task state is gone: %v", err)
-	err = h.cmds.Forget(ctx, task)
+	err = h.cmds.Forget(ctx, taskid.Must(task))
 	assert.Assert(t, errors.Is(err, ErrUnknownTask), "%v", err)
 }

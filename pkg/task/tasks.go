@@ -27,16 +27,26 @@ import (
 const maxRecord = 4 << 20
 
 // Log returns the task's turn records, oldest first; n > 0 selects turn n.
-func (r *Commands) Log(task string, n int) ([]turn.Result, error) {
+func (r *Commands) Log(task taskid.ID, n int) ([]turn.Result, error) {
 	if _, err := r.knownTask(task); err != nil {
 		return nil, err
 	}
+	out, err := r.readLog(task, n)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+	}
+	return r.noTurn(task, n, out)
+}
+
+// readLog reads the task's turn records (turn n, or all when n is 0); no
+// log yet is no record.
+func (r *Commands) readLog(task taskid.ID, n int) ([]turn.Result, error) {
 	f, err := os.Open(filepath.Join(r.taskDir(task), turn.TurnsFile))
 	if errors.Is(err, os.ErrNotExist) {
-		return r.noTurn(task, n, nil)
+		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: turn log: %w", fault.HostNotReady, err)
+		return nil, fmt.Errorf("turn log: %w", err)
 	}
 	defer f.Close()
 	var out []turn.Result
@@ -45,19 +55,19 @@ func (r *Commands) Log(task string, n int) ([]turn.Result, error) {
 	for sc.Scan() {
 		var rec turn.Result
 		if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
-			return nil, fmt.Errorf("%w: turn log of %s is damaged: %w", fault.HostNotReady, task, err)
+			return nil, fmt.Errorf("turn log of %s is damaged: %w", task, err)
 		}
 		if n == 0 || rec.Turn == n {
 			out = append(out, rec)
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("%w: turn log: %w", fault.HostNotReady, err)
+		return nil, fmt.Errorf("turn log: %w", err)
 	}
-	return r.noTurn(task, n, out)
+	return out, nil
 }
 
-func (r *Commands) noTurn(task string, n int, out []turn.Result) ([]turn.Result, error) {
+func (r *Commands) noTurn(task taskid.ID, n int, out []turn.Result) ([]turn.Result, error) {
 	if n > 0 && len(out) == 0 {
 		return nil, fmt.Errorf("%w: task %q has no record of turn %d", fault.Input, task, n)
 	}
@@ -70,18 +80,15 @@ func (r *Commands) noTurn(task string, n int, out []turn.Result) ([]turn.Result,
 // CheckTask refuses a task id that is invalid or that shrooms has no state
 // of (fault.Input), reading only the state directory, so commands on an
 // existing task can refuse a typo before they connect to podman.
-func CheckTask(cfg *config.Config, task string) error {
+func CheckTask(cfg *config.Config, task taskid.ID) error {
 	r := state(cfg)
 	_, err := r.knownTask(task)
 	return err
 }
 
 // knownTask parses task and checks that shrooms has state of it.
-func (r *Commands) knownTask(task string) (taskid.ID, error) {
-	id, err := taskid.Parse(task)
-	if err != nil {
-		return id, fmt.Errorf("%w: %w", fault.Input, err)
-	}
+func (r *Commands) knownTask(task taskid.ID) (taskid.ID, error) {
+	id := task
 	ok, err := r.Store.Exists(id)
 	if err != nil {
 		return id, fmt.Errorf("%w: %w", fault.HostNotReady, err)
@@ -126,10 +133,11 @@ func (r *Commands) Tasks() ([]TaskStatus, error) {
 	}
 	out := []TaskStatus{}
 	for _, e := range entries {
-		if !e.IsDir() || !taskid.Valid(e.Name()) {
+		id, perr := taskid.Parse(e.Name())
+		if !e.IsDir() || perr != nil {
 			continue
 		}
-		st, err := r.Status(e.Name())
+		st, err := r.Status(id)
 		if err != nil {
 			return nil, err
 		}
@@ -141,17 +149,17 @@ func (r *Commands) Tasks() ([]TaskStatus, error) {
 
 // Status reports one task without taking its lock (a running turn is never
 // disturbed).
-func (r *Commands) Status(task string) (*TaskStatus, error) {
+func (r *Commands) Status(task taskid.ID) (*TaskStatus, error) {
 	id, err := r.knownTask(task)
 	if err != nil {
 		return nil, err
 	}
-	st := &TaskStatus{Task: task}
+	st := &TaskStatus{Task: task.String()}
 	if st.Turns, err = r.Store.LastTurn(id); err != nil {
 		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
 	if st.PID, err = r.lockHolder(task); err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, err
 	}
 	st.Busy = st.PID != 0
 	st.Agent, _ = r.Store.Recall(id, taskstate.FactAgent)
@@ -170,7 +178,16 @@ func (r *Commands) Status(task string) (*TaskStatus, error) {
 
 // lockHolder returns the pid of the process holding the task's lock (0 when
 // none), read from /proc/locks so that looking never takes the lock.
-func (r *Commands) lockHolder(task string) (int, error) {
+func (r *Commands) lockHolder(task taskid.ID) (int, error) {
+	pid, err := r.readLockHolder(task)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+	}
+	return pid, nil
+}
+
+// readLockHolder is lockHolder's look at the lock file and /proc/locks.
+func (r *Commands) readLockHolder(task taskid.ID) (int, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(filepath.Join(r.taskDir(task), "lock"), &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -186,10 +203,8 @@ func (r *Commands) lockHolder(task string) (int, error) {
 	if pid != 0 {
 		// A detached teardown holds the lock its turn's process took (and
 		// /proc/locks still names that process): it wrote its own pid.
-		if id, err := taskid.Parse(task); err == nil {
-			if tp := r.Store.TeardownHolder(id); tp != 0 {
-				return tp, nil
-			}
+		if tp := r.Store.TeardownHolder(task); tp != 0 {
+			return tp, nil
 		}
 	}
 	return pid, nil
@@ -225,15 +240,15 @@ type StopResult struct {
 // to the shrooms process holding the task's lock, which stops and removes
 // the cage, gives the worktree back, records the turn and exits 130, and
 // waits until the lock is free. No turn running is not an error.
-func (r *Commands) Stop(task string, wait time.Duration) (*StopResult, error) {
+func (r *Commands) Stop(task taskid.ID, wait time.Duration) (*StopResult, error) {
 	id, err := r.knownTask(task)
 	if err != nil {
 		return nil, err
 	}
-	res := &StopResult{Task: task}
+	res := &StopResult{Task: task.String()}
 	pid, err := r.lockHolder(task)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, err
 	}
 	if pid == 0 {
 		return res, nil
@@ -251,7 +266,7 @@ func (r *Commands) Stop(task string, wait time.Duration) (*StopResult, error) {
 	for {
 		holder, err := r.lockHolder(task)
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			return nil, err
 		}
 		if holder != pid {
 			break

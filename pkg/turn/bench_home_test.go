@@ -2,6 +2,7 @@ package turn
 
 import (
 	"context"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"io"
 	"testing"
 	"time"
@@ -22,21 +23,21 @@ func BenchmarkHomeMountPerTurn(b *testing.B) {
 	task := h.task("mountcost")
 	run := func() time.Duration {
 		start := time.Now()
-		if _, err := h.runner.Run(ctx, Request{Task: task, Agent: "shell", Args: []string{"-c", "true"}, Streams: podman.Streams{Stdout: io.Discard, Stderr: io.Discard}}); err != nil {
+		if _, err := h.runner.Run(ctx, Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"}, Streams: podman.Streams{Stdout: io.Discard, Stderr: io.Discard}}); err != nil {
 			b.Fatal(err)
 		}
 		return time.Since(start)
 	}
 	mount := func() time.Duration {
 		start := time.Now()
-		if _, err := h.runner.Home().Mounted(ctx, task); err != nil {
+		if _, err := h.runner.Home().Mounted(ctx, taskid.Must(task)); err != nil {
 			b.Fatal(err)
 		}
 		return time.Since(start)
 	}
 	release := func() time.Duration {
 		start := time.Now()
-		if err := h.runner.ReleaseHome(ctx, task); err != nil {
+		if err := h.runner.ReleaseHome(ctx, taskid.Must(task)); err != nil {
 			b.Fatal(err)
 		}
 		return time.Since(start)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
 	"testing"
@@ -50,14 +51,14 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 	r.Resolver = cagenet.Resolver(opts, tb.DialContext("host"))
 	task := name + "-t"
 	b.Cleanup(func() {
-		if err := r.Home().Remove(context.Background(), task); err != nil {
+		if err := r.Home().Remove(context.Background(), taskid.Must(task)); err != nil {
 			b.Errorf("remove HOME: %v", err)
 		}
 		_ = releaseOutbox(cfg, task)
 		_, _ = tb.Podman("network", "rm", "-f", name)
 		_ = firewall.Flush(context.Background(), cfg.Network, opts)
 	})
-	req := Request{Task: task, Agent: "shell", Args: []string{"-c", "true"}, Streams: podman.Streams{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}}
+	req := Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"}, Streams: podman.Streams{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}}
 	if _, err := r.Run(ctx, req); err != nil {
 		b.Fatal(err)
 	}
@@ -116,5 +117,5 @@ func releaseOutbox(cfg *config.Config, task string) error {
 	if _, err := os.Stat(cfg.Outbox.Root); err != nil {
 		return nil
 	}
-	return outbox.Release(cfg.Outbox.Root, task)
+	return outbox.Release(cfg.Outbox.Root, taskid.Must(task))
 }

@@ -31,7 +31,7 @@ func BenchmarkTurnVsBarePodman(b *testing.B) {
 	h := newBenchHarness(b)
 	ctx := context.Background()
 	task := h.task("bench")
-	req := Request{Task: task, Agent: "shell", Args: []string{"-c", "true"}, Streams: podman.Streams{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}}
+	req := Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"}, Streams: podman.Streams{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}}
 	if _, err := h.runner.Run(ctx, req); err != nil { // warm: bootstrap, id slot
 		b.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func BenchmarkFirstByte(b *testing.B) {
 	ctx := context.Background()
 	task := h.task("fb")
 	req := func(out io.Writer) Request {
-		return Request{Task: task, Agent: "shell", Args: []string{"-c", "echo x"}, Streams: podman.Streams{Stdout: out, Stderr: out}}
+		return Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "echo x"}, Streams: podman.Streams{Stdout: out, Stderr: out}}
 	}
 	if _, err := h.runner.Run(ctx, req(io.Discard)); err != nil {
 		b.Fatal(err)
@@ -208,7 +208,7 @@ func BenchmarkConcurrentTasks(b *testing.B) {
 					task := h.task(fmt.Sprintf("c%d-%d", n, i))
 					for k := 0; k < turnsEach; k++ {
 						t0 := time.Now()
-						_, err := h.runner.Run(ctx, Request{Task: task, Agent: "shell", Args: []string{"-c", "true"},
+						_, err := h.runner.Run(ctx, Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"},
 							Streams: podman.Streams{Stdout: io.Discard, Stderr: io.Discard}})
 						if err != nil {
 							errs <- err
@@ -283,7 +283,7 @@ func BenchmarkTurnStartWithJunk(b *testing.B) {
 	task := h.task("junk")
 	run := func() time.Duration {
 		fb := &firstByte{start: time.Now()}
-		if _, err := h.runner.Run(ctx, Request{Task: task, Agent: "shell", Args: []string{"-c", "echo x"}, Streams: podman.Streams{Stdout: fb, Stderr: io.Discard}}); err != nil {
+		if _, err := h.runner.Run(ctx, Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "echo x"}, Streams: podman.Streams{Stdout: fb, Stderr: io.Discard}}); err != nil {
 			b.Fatal(err)
 		}
 		return fb.at
@@ -299,7 +299,7 @@ func BenchmarkTurnStartWithJunk(b *testing.B) {
 	}
 	plant := func(n int) {
 		// HOME is mounted for turns only: mount it to plant.
-		if _, err := h.runner.Home().Mounted(ctx, task); err != nil {
+		if _, err := h.runner.Home().Mounted(ctx, taskid.Must(task)); err != nil {
 			b.Fatal(err)
 		}
 		home := filepath.Join(v.Mountpoint, "home")

@@ -31,7 +31,6 @@ func (r *Runner) homeTask(root string, ids taskstate.IDs, profiles, kept []strin
 // credentials once; an existing, bootstrapped HOME is left as it is. It
 // returns the volume's host directory.
 func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, ids taskstate.IDs, profiles []string) (string, *home.BootstrapResult, error) {
-	task := id.String()
 	kept, err := r.hadHome(id)
 	if err != nil {
 		return "", nil, err
@@ -44,7 +43,7 @@ func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, ids taskstate.IDs,
 	res, err := h.Bootstrap(ctx, r.homeTask(root, ids, profiles, nil))
 	if err != nil {
 		if created {
-			h.DiscardHome(ctx, task, root)
+			h.DiscardHome(ctx, id, root)
 		}
 		return "", nil, fmt.Errorf("%w: bootstrap HOME: %w", ErrHostNotReady, err)
 	}
@@ -54,7 +53,7 @@ func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, ids taskstate.IDs,
 		}
 	}
 	if !kept {
-		if err := r.Store.Remember(id, taskstate.FactHome, r.Home().Name(task)); err != nil {
+		if err := r.Store.Remember(id, taskstate.FactHome, r.Home().Name(id)); err != nil {
 			return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}
@@ -81,7 +80,7 @@ func (r *Runner) hadHome(task taskid.ID) (bool, error) {
 // so nothing holds a loop device between turns and a `podman volume rm`
 // between turns cannot reach into HOME. Call it with the task lock held.
 // An unknown podman state keeps the mount.
-func (r *Runner) ReleaseHome(ctx context.Context, task string) error {
+func (r *Runner) ReleaseHome(ctx context.Context, task taskid.ID) error {
 	if busy, err := r.HomeInUse(ctx, task); err != nil || busy {
 		return err
 	}
@@ -90,8 +89,8 @@ func (r *Runner) ReleaseHome(ctx context.Context, task string) error {
 
 // HomeInUse reports whether any cage of task exists (whatever its state):
 // its HOME must stay mounted for it.
-func (r *Runner) HomeInUse(ctx context.Context, task string) (bool, error) {
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task)
+func (r *Runner) HomeInUse(ctx context.Context, task taskid.ID) (bool, error) {
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task.String())
 	if err != nil {
 		return false, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
@@ -114,7 +113,7 @@ func (r *Runner) noSpaceHint(err error) string {
 
 // Claims lists the worktree claim files of task (for forget's check that
 // nothing of the task is left).
-func (r *Runner) Claims(task string) []string {
+func (r *Runner) Claims(task taskid.ID) []string {
 	dir := taskstate.Layout{Dir: r.Cfg.State.Dir}.Worktrees()
 	entries, _ := os.ReadDir(dir)
 	var out []string
@@ -124,7 +123,7 @@ func (r *Runner) Claims(task string) []string {
 			continue
 		}
 		var c worktreeClaim
-		if json.Unmarshal(b, &c) == nil && c.Task == task {
+		if json.Unmarshal(b, &c) == nil && c.Task == task.String() {
 			out = append(out, filepath.Join(dir, e.Name()))
 		}
 	}

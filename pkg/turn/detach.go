@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"strings"
 	"time"
@@ -16,7 +17,7 @@ import (
 // cage, the turn's token secrets and the old HOME tree. A Detacher hands it
 // to a child process that outlives the caller's shrooms.
 type Teardown struct {
-	Task  string
+	Task  taskid.ID
 	Agent string
 	// Cage is the turn's cage (exited); "" when not known.
 	Cage    string
@@ -121,8 +122,8 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 
 // removeTaskCage removes the task's cage id (and no other: without the
 // task lock, another turn of the task may be running), if it is there.
-func (r *Runner) removeTaskCage(ctx context.Context, task, id string) error {
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task)
+func (r *Runner) removeTaskCage(ctx context.Context, task taskid.ID, id string) error {
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task.String())
 	if err != nil {
 		return err
 	}

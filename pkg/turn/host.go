@@ -17,13 +17,13 @@ type Host interface {
 	// (home.Store.Open).
 	OpenHome(ctx context.Context, task taskid.ID, kept bool) (root string, created bool, err error)
 	// ReleaseHome unmounts the task HOME and frees its loop device.
-	ReleaseHome(task string) error
+	ReleaseHome(task taskid.ID) error
 	// HomeMounted reports whether root shows the task's HOME filesystem.
-	HomeMounted(task, root string) bool
+	HomeMounted(task taskid.ID, root string) bool
 	// HomeRoot is the HOME volume's host directory, creating nothing.
-	HomeRoot(ctx context.Context, task string) (string, error)
+	HomeRoot(ctx context.Context, task taskid.ID) (string, error)
 	// DiscardHome removes a HOME volume created by a turn that then failed.
-	DiscardHome(ctx context.Context, task, root string)
+	DiscardHome(ctx context.Context, task taskid.ID, root string)
 	Bootstrap(ctx context.Context, t home.Task) (*home.BootstrapResult, error)
 	Reset(ctx context.Context, in home.ResetInput) (*home.Report, error)
 	// HomeFingerprint identifies the reset HOME (home.Fingerprint;
@@ -36,13 +36,13 @@ type Host interface {
 	// task's last counted turn) left is moved to its pending delivery
 	// first, then a fresh size-capped tmpfs is mounted where the podman
 	// service sees it. It returns the tmpfs's device.
-	PrepareOutbox(ctx context.Context, root, task string, last, uid, gid int, lim outbox.Limits) (uint64, error)
+	PrepareOutbox(ctx context.Context, root string, task taskid.ID, last, uid, gid int, lim outbox.Limits) (uint64, error)
 	// SettleOutbox moves what turn left in the task's outbox to its pending
 	// delivery and unmounts it (outbox.Settle; nil when it held nothing).
-	SettleOutbox(ctx context.Context, root, task string, turn int, lim outbox.Limits) (*outbox.Moved, error)
+	SettleOutbox(ctx context.Context, root string, task taskid.ID, turn int, lim outbox.Limits) (*outbox.Moved, error)
 	// OutboxReady checks the outbox is still the empty tmpfs dev a prepared
 	// cage was given (outbox.Ready).
-	OutboxReady(root, task string, uid, gid int, lim outbox.Limits, dev uint64) error
+	OutboxReady(root string, task taskid.ID, uid, gid int, lim outbox.Limits, dev uint64) error
 }
 
 // host is the runner's Host: Runner.Host, or the real one.
@@ -64,17 +64,19 @@ func (h realHost) OpenHome(ctx context.Context, task taskid.ID, kept bool) (stri
 	return o.Root, o.Created, nil
 }
 
-func (h realHost) ReleaseHome(task string) error { return h.v.Release(task) }
+func (h realHost) ReleaseHome(task taskid.ID) error { return h.v.Release(task) }
 
-func (h realHost) HomeMounted(task, root string) bool {
+func (h realHost) HomeMounted(task taskid.ID, root string) bool {
 	return h.v.IsMounted(task, root)
 }
 
-func (h realHost) HomeRoot(ctx context.Context, task string) (string, error) {
+func (h realHost) HomeRoot(ctx context.Context, task taskid.ID) (string, error) {
 	return h.v.Root(ctx, task)
 }
 
-func (h realHost) DiscardHome(ctx context.Context, task, root string) { h.v.Discard(ctx, task, root) }
+func (h realHost) DiscardHome(ctx context.Context, task taskid.ID, root string) {
+	h.v.Discard(ctx, task, root)
+}
 
 func (realHost) Bootstrap(ctx context.Context, t home.Task) (*home.BootstrapResult, error) {
 	return home.Bootstrap(ctx, t)
@@ -97,7 +99,7 @@ func (realHost) PlaceFile(root, rel string, data []byte, mode uint32, uid, gid i
 	return home.PlaceFile(root, rel, data, mode, uid, gid)
 }
 
-func (h realHost) PrepareOutbox(ctx context.Context, root, task string, last, uid, gid int, lim outbox.Limits) (uint64, error) {
+func (h realHost) PrepareOutbox(ctx context.Context, root string, task taskid.ID, last, uid, gid int, lim outbox.Limits) (uint64, error) {
 	peers, err := h.v.ServiceNamespaces()
 	if err != nil {
 		return 0, err
@@ -112,7 +114,7 @@ func (h realHost) PrepareOutbox(ctx context.Context, root, task string, last, ui
 	return outbox.Mount(root, task, uid, gid, lim, ns)
 }
 
-func (h realHost) SettleOutbox(ctx context.Context, root, task string, turn int, lim outbox.Limits) (*outbox.Moved, error) {
+func (h realHost) SettleOutbox(ctx context.Context, root string, task taskid.ID, turn int, lim outbox.Limits) (*outbox.Moved, error) {
 	peers, err := h.v.ServiceNamespaces()
 	if err != nil {
 		return nil, err
@@ -120,7 +122,7 @@ func (h realHost) SettleOutbox(ctx context.Context, root, task string, turn int,
 	return outbox.Settle(ctx, root, task, turn, lim, peers...)
 }
 
-func (h realHost) OutboxReady(root, task string, uid, gid int, lim outbox.Limits, dev uint64) error {
+func (h realHost) OutboxReady(root string, task taskid.ID, uid, gid int, lim outbox.Limits, dev uint64) error {
 	peers, err := h.v.ServiceNamespaces()
 	if err != nil {
 		return err

@@ -7,7 +7,6 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
@@ -22,9 +21,9 @@ func ValidateRequest(cfg *config.Config, req Request) error {
 
 // checkInput is the input half of check.
 func checkInput(cfg *config.Config, req Request) (*checked, error) {
-	task, err := taskid.Parse(req.Task)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInput, err)
+	task := req.Task
+	if task.IsZero() {
+		return nil, fmt.Errorf("%w: no task id", ErrInput)
 	}
 	agent, err := cfg.Agent(req.Agent)
 	if err != nil {

@@ -2,6 +2,7 @@ package turn
 
 import (
 	"context"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"slices"
 
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -10,8 +11,8 @@ import (
 
 // RemoveLeftovers removes cages of task that a crashed shrooms left behind.
 // Call it with the task lock held: no turn of the task can be running.
-func (r *Runner) RemoveLeftovers(ctx context.Context, task string, keep ...string) ([]string, error) {
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task)
+func (r *Runner) RemoveLeftovers(ctx context.Context, task taskid.ID, keep ...string) ([]string, error) {
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task.String())
 	if err != nil {
 		return nil, err
 	}

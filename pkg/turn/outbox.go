@@ -24,7 +24,7 @@ const outboxDevFile = "outbox-dev"
 // prepareOutbox moves what the task's last turn left in its outbox (a
 // killed turn's, say) to its pending delivery and mounts the turn's empty
 // outbox. A cage prepared ahead records which tmpfs it was given.
-func (r *Runner) prepareOutbox(ctx context.Context, task string, p *Plan, m mode) error {
+func (r *Runner) prepareOutbox(ctx context.Context, task taskid.ID, p *Plan, m mode) error {
 	dev, err := r.host().PrepareOutbox(ctx, r.Cfg.Outbox.Root, task, p.turn-1, p.home.UID, p.home.GID, outbox.LimitsFrom(r.Cfg.Outbox))
 	if err != nil {
 		return fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
@@ -41,7 +41,7 @@ func (r *Runner) prepareOutbox(ctx context.Context, task string, p *Plan, m mode
 // preparedOutboxReady reports whether the outbox a prepared cage of task
 // was given is still mounted, capped and empty: a cage whose outbox went
 // (a reboot, `outbox release`) would get the bare directory when started.
-func (r *Runner) preparedOutboxReady(task string, p *Plan) bool {
+func (r *Runner) preparedOutboxReady(task taskid.ID, p *Plan) bool {
 	b, err := os.ReadFile(filepath.Join(r.taskDir(task), outboxDevFile))
 	if err != nil {
 		return false
@@ -57,18 +57,14 @@ func (r *Runner) preparedOutboxReady(task string, p *Plan) bool {
 // pending delivery, once no process of its cage runs, and says so in res.
 // A failure leaves the outbox where it is (the next turn refuses to start
 // on it) and is reported, not fatal: the turn itself ran.
-func (r *Runner) settleOutbox(ctx context.Context, res *Result) {
-	id, err := taskid.Parse(res.Task)
-	if err != nil {
-		return
-	}
+func (r *Runner) settleOutbox(ctx context.Context, id taskid.ID, res *Result) {
 	last, err := r.Store.LastTurn(id)
 	if err != nil {
 		res.Outbox = &outbox.Summary{Turn: res.Turn, Error: err.Error()}
 		return
 	}
 	start := time.Now()
-	m, err := r.host().SettleOutbox(ctx, r.Cfg.Outbox.Root, res.Task, last, outbox.LimitsFrom(r.Cfg.Outbox))
+	m, err := r.host().SettleOutbox(ctx, r.Cfg.Outbox.Root, id, last, outbox.LimitsFrom(r.Cfg.Outbox))
 	switch {
 	case err != nil:
 		res.Outbox = &outbox.Summary{Turn: last, Error: err.Error()}
@@ -89,7 +85,7 @@ func (r *Runner) SettleOutbox(ctx context.Context, task taskid.ID) (*outbox.Move
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	m, err := r.host().SettleOutbox(ctx, r.Cfg.Outbox.Root, task.String(), last, outbox.LimitsFrom(r.Cfg.Outbox))
+	m, err := r.host().SettleOutbox(ctx, r.Cfg.Outbox.Root, task, last, outbox.LimitsFrom(r.Cfg.Outbox))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}

@@ -82,7 +82,7 @@ func TestWorktreeKeepsItsOwner(t *testing.T) {
 	// The deadline path: the cage is stopped, removed, and the tree given back.
 	var outb, errb bytes.Buffer
 	res, err = h.runner.Run(context.Background(), Request{
-		Task: h.task("own"), Agent: "shell", Worktree: wt, Timeout: 3 * time.Second,
+		Task: taskid.Must(h.task("own")), Agent: "shell", Worktree: wt, Timeout: 3 * time.Second,
 		Args:    []string{"-c", "mkdir -p /work/dl/x && echo z > /work/dl/x/f && echo up && sleep 600"},
 		Streams: podman.Streams{Stdout: &outb, Stderr: &errb},
 	})
@@ -103,7 +103,7 @@ func TestWorktreeKeepsItsOwner(t *testing.T) {
 		cancel()
 	}()
 	res, err = h.runner.Run(ctx, Request{
-		Task: h.task("own"), Agent: "shell", Worktree: wt,
+		Task: taskid.Must(h.task("own")), Agent: "shell", Worktree: wt,
 		Args:    []string{"-c", "mkdir -p /work/int/y && echo z > /work/int/y/f && echo up && sleep 600"},
 		Streams: podman.Streams{Stdout: pw, Stderr: &errb},
 	})

@@ -253,10 +253,10 @@ type fakeHost struct {
 func (h *fakeHost) OpenHome(context.Context, taskid.ID, bool) (string, bool, error) {
 	return h.root, false, nil
 }
-func (h *fakeHost) ReleaseHome(string) error                         { return nil }
-func (h *fakeHost) HomeMounted(string, string) bool                  { return true }
-func (h *fakeHost) HomeRoot(context.Context, string) (string, error) { return h.root, nil }
-func (h *fakeHost) DiscardHome(context.Context, string, string)      {}
+func (h *fakeHost) ReleaseHome(taskid.ID) error                         { return nil }
+func (h *fakeHost) HomeMounted(taskid.ID, string) bool                  { return true }
+func (h *fakeHost) HomeRoot(context.Context, taskid.ID) (string, error) { return h.root, nil }
+func (h *fakeHost) DiscardHome(context.Context, taskid.ID, string)      {}
 func (h *fakeHost) Bootstrap(context.Context, homereset.Task) (*homereset.BootstrapResult, error) {
 	return &homereset.BootstrapResult{Result: homereset.AlreadyBootstrapped}, nil
 }
@@ -286,18 +286,18 @@ func (h *fakeHost) Cleanup(context.Context, string) error {
 
 func (h *fakeHost) PlaceFile(string, string, []byte, uint32, int, int) error { return nil }
 
-func (h *fakeHost) PrepareOutbox(context.Context, string, string, int, int, int, outbox.Limits) (uint64, error) {
+func (h *fakeHost) PrepareOutbox(context.Context, string, taskid.ID, int, int, int, outbox.Limits) (uint64, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.outboxes++
 	return 1, nil
 }
 
-func (h *fakeHost) SettleOutbox(context.Context, string, string, int, outbox.Limits) (*outbox.Moved, error) {
+func (h *fakeHost) SettleOutbox(context.Context, string, taskid.ID, int, outbox.Limits) (*outbox.Moved, error) {
 	return nil, nil
 }
 
-func (h *fakeHost) OutboxReady(string, string, int, int, outbox.Limits, uint64) error { return nil }
+func (h *fakeHost) OutboxReady(string, taskid.ID, int, int, outbox.Limits, uint64) error { return nil }
 
 // pipeRunner is a runner on a fake engine and a fake HOME, with a private
 // state dir, subordinate id files and one token, for the claude agent.

@@ -21,14 +21,16 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
-func claudeReq() Request { return Request{Task: "t1", Agent: "claude", Args: []string{"-p", "hi"}} }
+func claudeReq() Request {
+	return Request{Task: taskid.Must("t1"), Agent: "claude", Args: []string{"-p", "hi"}}
+}
 
 // assertNoSecrets: no token secret outlives the turn, and one was put.
 func assertNoSecrets(t *testing.T, e *pipeEngine, put bool) {
 	t.Helper()
 	assert.Equal(t, len(e.secrets), 0, "secrets left: %v", e.secrets)
 	if put {
-		assert.DeepEqual(t, e.everSecrets, []string{SecretName("t1", "anthropic")})
+		assert.DeepEqual(t, e.everSecrets, []string{SecretName(taskid.Must("t1"), "anthropic")})
 	}
 }
 
@@ -50,7 +52,7 @@ func TestRunToItsExitOnFakes(t *testing.T) {
 	last, err := r.Store.LastTurn(taskid.Must("t1"))
 	assert.NilError(t, err)
 	assert.Equal(t, last, 1, "the turn is counted")
-	_, err = os.Stat(filepath.Join(r.taskDir("t1"), TurnsFile))
+	_, err = os.Stat(filepath.Join(r.taskDir(taskid.Must("t1")), TurnsFile))
 	assert.NilError(t, err, "the turn is recorded")
 }
 
@@ -157,9 +159,9 @@ func TestRunBadInputTouchesNothing(t *testing.T) {
 	e := newPipeEngine()
 	r, _ := pipeRunner(t, e)
 	for _, req := range []Request{
-		{Task: "../x", Agent: "claude"},
-		{Task: "t1", Agent: "nobody"},
-		{Task: "t1", Agent: "claude", Timeout: -time.Second},
+		{Agent: "claude"}, // no task id
+		{Task: taskid.Must("t1"), Agent: "nobody"},
+		{Task: taskid.Must("t1"), Agent: "claude", Timeout: -time.Second},
 	} {
 		_, err := r.Run(context.Background(), req)
 		assert.Assert(t, errors.Is(err, fault.Input), "%+v: %v", req, err)
@@ -195,7 +197,7 @@ func TestPreparedCageMatchesItsPlan(t *testing.T) {
 	assert.Assert(t, res.Prepared)
 	assert.Equal(t, res.Cage, id)
 	assert.Equal(t, e.called("create"), 1, "the prepared cage ran, no other was created")
-	argv, err := os.ReadFile(filepath.Join(r.taskDir("t1"), "argv"))
+	argv, err := os.ReadFile(filepath.Join(r.taskDir(taskid.Must("t1")), "argv"))
 	assert.NilError(t, err)
 	assert.Equal(t, string(argv), `["claude","--dangerously-skip-permissions","-p","hi"]`)
 	assertNoSecrets(t, e, true)

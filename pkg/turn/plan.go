@@ -183,7 +183,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 	p := &Plan{
 		task: in.task, turn: f.turn, ids: f.ids, worktree: in.worktree, root: f.root, guard: f.guard,
 		home:   r.homeTask(f.root, f.ids, in.agent.Home, f.kept),
-		outbox: filepath.Join(filepath.Clean(cfg.Outbox.Root), req.Task),
+		outbox: filepath.Join(filepath.Clean(cfg.Outbox.Root), req.Task.String()),
 		seal:   in.seal,
 	}
 	var pg home.PolicyGateway
@@ -390,7 +390,7 @@ func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, m
 		out.before = before
 	}
 	for name, value := range p.secrets {
-		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: req.Task}); err != nil {
+		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: req.Task.String()}); err != nil {
 			r.removeSecrets(out.secrets)
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}

@@ -3,6 +3,7 @@ package turn
 import (
 	"context"
 	"errors"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"strings"
 	"testing"
 	"time"
@@ -38,7 +39,7 @@ func (h *harness) runAsync(task, script string, out *itest.Buffer) <-chan turnDo
 	done := make(chan turnDone, 1)
 	go func() {
 		res, err := h.runner.Run(context.Background(), Request{
-			Task: task, Agent: "shell", Args: []string{"-c", script},
+			Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", script},
 			Streams: podman.Streams{Stdout: out, Stderr: out},
 		})
 		done <- turnDone{res, err}

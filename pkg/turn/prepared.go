@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"io"
 	"io/fs"
 	"maps"
@@ -282,7 +283,7 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 }
 
 // TaskDir is the task's directory in the state directory.
-func (r *Runner) taskDir(task string) string { return r.Cfg.State.Dir + "/tasks/" + task }
+func (r *Runner) taskDir(task taskid.ID) string { return r.Cfg.State.Dir + "/tasks/" + task.String() }
 
 // preparedLabels are the labels a prepared cage gets beyond its spec's.
 var preparedLabels = []string{LabelPrepared, labelSpec, labelBaseline, labelImage, labelSeccomp, labelTokens}
@@ -331,7 +332,7 @@ type provenance struct{ image, seccomp, tokens string }
 
 // provenance is what a cage created now for p would take in. With create,
 // the task's digest key is made when it is missing.
-func (r *Runner) provenance(task string, in *checked, p *prepared, create bool) (provenance, error) {
+func (r *Runner) provenance(task taskid.ID, in *checked, p *prepared, create bool) (provenance, error) {
 	seccompDigest, err := r.seccompDigest(p.spec.SeccompProfilePath)
 	if err != nil {
 		return provenance{}, err
@@ -345,7 +346,7 @@ func (r *Runner) provenance(task string, in *checked, p *prepared, create bool) 
 
 // sameProvenance reports whether prepared cage c was created from what a
 // fresh cage for p would take in now; a mismatch or any doubt discards it.
-func (r *Runner) sameProvenance(task string, in *checked, p *prepared, c podman.Cage) bool {
+func (r *Runner) sameProvenance(task taskid.ID, in *checked, p *prepared, c podman.Cage) bool {
 	now, err := r.provenance(task, in, p, false)
 	if err != nil || now.image == "" || now.seccomp == "" || now.tokens == "" {
 		return false

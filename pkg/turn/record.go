@@ -17,7 +17,7 @@ const TurnsFile = taskstate.TurnsFile
 // recordTurn appends the turn's result to the task's log. Called at the end
 // of Run with the task lock held; a turn that never started (turn 0) is not
 // recorded.
-func (r *Runner) recordTurn(res *Result, err error, start time.Time) error {
+func (r *Runner) recordTurn(task taskid.ID, res *Result, err error, start time.Time) error {
 	if res == nil || res.Turn == 0 {
 		return nil
 	}
@@ -31,24 +31,16 @@ func (r *Runner) recordTurn(res *Result, err error, start time.Time) error {
 	if merr != nil {
 		return fmt.Errorf("turn record: %w", merr)
 	}
-	id, perr := taskid.Parse(res.Task)
-	if perr != nil {
-		return fmt.Errorf("turn record: %w", perr)
-	}
-	return r.Store.AppendRecord(id, b)
+	return r.Store.AppendRecord(task, b)
 }
 
 // markRunning keeps what is known of the running turn as its record, should
 // its shrooms die before recordTurn (taskstate.Store.MarkRunning). Best
 // effort: without the mark a killed turn only goes unrecorded.
-func (r *Runner) markRunning(res *Result) {
-	id, err := taskid.Parse(res.Task)
-	if err != nil {
-		return
-	}
+func (r *Runner) markRunning(task taskid.ID, res *Result) {
 	rec := Result{Task: res.Task, Agent: res.Agent, Turn: res.Turn, Status: "killed", ExitCode: -1, StartedAt: res.StartedAt,
 		Prepared: res.Prepared, ConfigDigest: res.ConfigDigest, SealDigest: res.SealDigest, Image: res.Image, Phases: []Phase{}}
 	if b, err := json.Marshal(&rec); err == nil {
-		_ = r.Store.MarkRunning(id, b)
+		_ = r.Store.MarkRunning(task, b)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"net"
 	"net/netip"
 	"os"
@@ -89,7 +90,7 @@ func newResolverEnvOn(t *testing.T, rt string, svc []string, policy string, allo
 	t.Cleanup(func() {
 		for i := 1; i <= e.n; i++ {
 			task := fmt.Sprintf("%s-%d", name, i)
-			if err := e.runner.Home().Remove(context.Background(), task); err != nil {
+			if err := e.runner.Home().Remove(context.Background(), taskid.Must(task)); err != nil {
 				t.Errorf("remove HOME: %v", err)
 			}
 			_ = releaseOutbox(cfg, task)
@@ -112,7 +113,7 @@ func (e *resolverEnv) run(t *testing.T, args ...string) (string, *Result) {
 	e.n++
 	var out, errb bytes.Buffer
 	res, err := e.runner.Run(context.Background(), Request{
-		Task: fmt.Sprintf("%s-%d", e.name, e.n), Agent: "shell", Command: append([]string{"/tbprobe"}, args...),
+		Task: taskid.Must(fmt.Sprintf("%s-%d", e.name, e.n)), Agent: "shell", Command: append([]string{"/tbprobe"}, args...),
 		ExtraMounts: []mounts.Mount{{Kind: mounts.Bind, Source: e.probe, Dest: "/tbprobe", ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev"}}},
 		Streams:     podman.Streams{Stdout: &out, Stderr: &errb},
 	})
@@ -202,7 +203,7 @@ func (e *resolverEnv) runSh(t *testing.T, script string) (string, *Result) {
 	t.Helper()
 	var out, errb bytes.Buffer
 	res, err := e.runner.Run(context.Background(), Request{
-		Task: fmt.Sprintf("%s-%d", e.name, e.n), Agent: "shell", Args: []string{"-c", script},
+		Task: taskid.Must(fmt.Sprintf("%s-%d", e.name, e.n)), Agent: "shell", Args: []string{"-c", script},
 		Streams: podman.Streams{Stdout: &out, Stderr: &errb},
 	})
 	assert.NilError(t, err, errb.String())

@@ -3,6 +3,7 @@ package turn
 import (
 	"context"
 	"errors"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"path/filepath"
 	"testing"
 
@@ -35,7 +36,7 @@ func runtimeHarness(t *testing.T, rt string, serviceArgs ...string) *harness {
 // the turn runs where the service's runtime is that file.
 func TestRuntimeExplicitPathRuns(t *testing.T) {
 	h := runtimeHarness(t, "/usr/bin/runc")
-	spec, err := h.runner.Spec(context.Background(), Request{Task: h.task("rt"), Agent: "shell", Args: []string{"-c", "true"}})
+	spec, err := h.runner.Spec(context.Background(), Request{Task: taskid.Must(h.task("rt")), Agent: "shell", Args: []string{"-c", "true"}})
 	assert.NilError(t, err)
 	assert.Equal(t, spec.OCIRuntime, "/usr/bin/runc")
 	res, out, _, err := h.sh(h.task("rt"), "", "echo ran")

@@ -53,7 +53,7 @@ var (
 
 // Request is one turn as the caller asks for it.
 type Request struct {
-	Task     string
+	Task     taskid.ID
 	Agent    string
 	Worktree string
 	Args     []string
@@ -242,7 +242,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // Run runs one turn. The error is nil when the agent ran to its own exit,
 // whatever its exit code (in Result.ExitCode).
 func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
-	res := &Result{Task: req.Task, Agent: req.Agent, Status: "error", ExitCode: -1, ConfigDigest: r.Cfg.Digest(), StartedAt: taskstate.Now()}
+	res := &Result{Task: req.Task.String(), Agent: req.Agent, Status: "error", ExitCode: -1, ConfigDigest: r.Cfg.Digest(), StartedAt: taskstate.Now()}
 	c := &clock{start: time.Now(), last: time.Now(), res: res}
 	defer func() { res.TotalMs, res.EndedAt = ms(time.Since(c.start)), taskstate.Now() }()
 	defer c.started()
@@ -284,7 +284,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// The turn's record, after the worktree is given back, before the lock goes.
 	defer func() {
 		res.HomeBytes = r.Home().Bytes(req.Task)
-		if rerr := r.recordTurn(res, err, c.start); rerr != nil && err == nil {
+		if rerr := r.recordTurn(req.Task, res, err, c.start); rerr != nil && err == nil {
 			err = fmt.Errorf("%w: %w", ErrHostNotReady, rerr)
 		}
 	}()
@@ -295,7 +295,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}
 	// First once the turn ends (no process of its cage runs): what it put
 	// in /outbox leaves the cages' reach.
-	defer r.settleOutbox(context.WithoutCancel(ctx), res)
+	defer r.settleOutbox(context.WithoutCancel(ctx), req.Task, res)
 	c.lap("lock")
 
 	preparedID, prep, err := r.turnCage(ctx, req, in)
@@ -306,7 +306,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	res.Turn = prep.turn
 	// Should this shrooms die now, the next command that takes the lock
 	// records the turn as killed.
-	r.markRunning(res)
+	r.markRunning(req.Task, res)
 	res.Reset = prep.reset
 	res.WorktreeGuard = prep.guard
 	c.lap("prepare")
@@ -536,7 +536,7 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (
 func (r *Runner) CheckWorktree(path string) (string, error) { return worktreePath(r.Cfg, path) }
 
 // trustStore is the task's store of trusted worktree config.
-func (r *Runner) trustStore(task string) worktreeguard.Store {
+func (r *Runner) trustStore(task taskid.ID) worktreeguard.Store {
 	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
 }
 
@@ -544,7 +544,7 @@ func (r *Runner) trustStore(task string) worktreeguard.Store {
 // trusted and plans the masks (nil without a worktree). With commit, a task
 // that has no trusted record yet records the worktree as it is now: the
 // first turn sees the owner's worktree before any cage wrote to it.
-func (r *Runner) guardWorktree(ctx context.Context, task, worktree string, commit bool) (*worktreeguard.Check, error) {
+func (r *Runner) guardWorktree(ctx context.Context, task taskid.ID, worktree string, commit bool) (*worktreeguard.Check, error) {
 	if worktree == "" {
 		return nil, nil
 	}
@@ -601,7 +601,7 @@ func (r *Runner) timeout(req Request) time.Duration {
 }
 
 // SecretName is the podman secret that carries a task's token.
-func SecretName(task, token string) string { return "shrooms-" + task + "-" + token }
+func SecretName(task taskid.ID, token string) string { return "shrooms-" + task.String() + "-" + token }
 
 // placeholderFile holds a prepared cage's gateway placeholder (root-only):
 // the cage's environment was fixed when it was created ahead of its turn.
@@ -611,7 +611,7 @@ const placeholderFile = "gateway-placeholder"
 // matching a prepared cage, a fresh one for a turn that starts now or a
 // cage prepared ahead (apply stores it), a marker for `spec` (which changes
 // nothing).
-func (r *Runner) placeholder(task string, m mode) (string, error) {
+func (r *Runner) placeholder(task taskid.ID, m mode) (string, error) {
 	switch m {
 	case modeMatch:
 		b, err := os.ReadFile(filepath.Join(r.taskDir(task), placeholderFile))
@@ -692,11 +692,7 @@ func SpecJSON(s *specgen.SpecGenerator) ([]byte, error) {
 
 // Bootstrap creates the task HOME once, under the task lock, seeding the
 // credentials of the given HOME profiles (all profiles when none are given).
-func (r *Runner) Bootstrap(ctx context.Context, name string, profiles []string) (*home.BootstrapResult, error) {
-	task, err := taskid.Parse(name)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInput, err)
-	}
+func (r *Runner) Bootstrap(ctx context.Context, task taskid.ID, profiles []string) (*home.BootstrapResult, error) {
 	if len(profiles) == 0 {
 		profiles = profile.Names()
 	}
@@ -711,7 +707,7 @@ func (r *Runner) Bootstrap(ctx context.Context, name string, profiles []string) 
 	}
 	_, res, err := r.bootstrap(ctx, task, ids, profiles)
 	if err == nil {
-		err = r.ReleaseHome(ctx, name)
+		err = r.ReleaseHome(ctx, task)
 	}
 	return res, err
 }

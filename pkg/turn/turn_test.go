@@ -73,14 +73,18 @@ func (h *harness) cleanup() {
 	}
 	entries, _ := os.ReadDir(filepath.Join(h.cfg.State.Dir, "tasks"))
 	for _, e := range entries {
+		tid, err := taskid.Parse(e.Name())
+		if err != nil {
+			continue // not a task's
+		}
 		// The HOME's capped filesystem is unmounted before its volume goes.
-		if err := h.runner.Home().Remove(ctx, e.Name()); err != nil {
+		if err := h.runner.Home().Remove(ctx, tid); err != nil {
 			h.t.Errorf("remove HOME: %v", err)
 		}
 		if _, err := os.Stat(h.cfg.Outbox.Root); err != nil {
 			continue
 		}
-		if err := outbox.Release(h.cfg.Outbox.Root, e.Name()); err != nil && !os.IsNotExist(err) {
+		if err := outbox.Release(h.cfg.Outbox.Root, tid); err != nil && !os.IsNotExist(err) {
 			h.t.Errorf("release outbox: %v", err)
 		}
 	}
@@ -90,7 +94,7 @@ func (h *harness) cleanup() {
 func (h *harness) sh(task, worktree, script string) (*Result, string, string, error) {
 	var out, errb bytes.Buffer
 	res, err := h.runner.Run(context.Background(), Request{
-		Task: task, Agent: "shell", Worktree: worktree, Args: []string{"-c", script},
+		Task: taskid.Must(task), Agent: "shell", Worktree: worktree, Args: []string{"-c", script},
 		Streams: podman.Streams{Stdout: &out, Stderr: &errb},
 	})
 	return res, out.String(), errb.String(), err
@@ -253,7 +257,7 @@ func exitCodeAndHomeReset(t *testing.T, h *harness) {
 	assert.Equal(t, res.Turn, 2)
 	assert.Assert(t, is.Contains(out, "No such file"), out)
 	assert.Assert(t, !strings.Contains(out, "report"), "the next turn read the outbox: %s", out)
-	rep, err := outbox.List(context.Background(), h.cfg.Outbox.Root, task, outbox.LimitsFrom(h.cfg.Outbox))
+	rep, err := outbox.List(context.Background(), h.cfg.Outbox.Root, taskid.Must(task), outbox.LimitsFrom(h.cfg.Outbox))
 	assert.NilError(t, err)
 	assert.Equal(t, len(rep.Files), 1, "the outbox file is pending")
 	assert.Equal(t, rep.Files[0].Turn, 1)
@@ -268,7 +272,7 @@ func deadlineStopsAndRemoves(t *testing.T, h *harness) {
 	var out bytes.Buffer
 	start := time.Now()
 	res, err := h.runner.Run(context.Background(), Request{
-		Task: h.task("deadline"), Agent: "shell", Timeout: 2 * time.Second,
+		Task: taskid.Must(h.task("deadline")), Agent: "shell", Timeout: 2 * time.Second,
 		Args:    []string{"-c", "echo started; sleep 600"},
 		Streams: podman.Streams{Stdout: &out, Stderr: &out},
 	})
@@ -295,7 +299,7 @@ func interruptStopsAndRemoves(t *testing.T, h *harness) {
 		cancel()
 	}()
 	res, err := h.runner.Run(ctx, Request{
-		Task: h.task("intr"), Agent: "shell", Args: []string{"-c", "echo up; sleep 600"},
+		Task: taskid.Must(h.task("intr")), Agent: "shell", Args: []string{"-c", "echo up; sleep 600"},
 		Streams: podman.Streams{Stdout: w, Stderr: os.Stderr},
 	})
 	w.Close()
@@ -322,7 +326,7 @@ func TestBusyTaskFailsAtOnce(t *testing.T) {
 func TestSpecIsWhatRunSends(t *testing.T) {
 	h := newHarness(t, "")
 	task := h.task("spec")
-	req := Request{Task: task, Agent: "shell", Args: []string{"-c", "true"}}
+	req := Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"}}
 	spec, err := h.runner.Spec(context.Background(), req)
 	assert.NilError(t, err)
 	want, err := SpecJSON(spec)
@@ -344,10 +348,10 @@ func TestSpecIsWhatRunSends(t *testing.T) {
 func TestBootstrapOnce(t *testing.T) {
 	h := newHarness(t, "")
 	task := h.task("boot")
-	out, err := h.runner.Bootstrap(context.Background(), task, nil)
+	out, err := h.runner.Bootstrap(context.Background(), taskid.Must(task), nil)
 	assert.NilError(t, err)
 	assert.Equal(t, out.Result, homereset.Bootstrapped)
-	out, err = h.runner.Bootstrap(context.Background(), task, nil)
+	out, err = h.runner.Bootstrap(context.Background(), taskid.Must(task), nil)
 	assert.NilError(t, err)
 	assert.Equal(t, out.Result, homereset.AlreadyBootstrapped)
 }
@@ -365,7 +369,7 @@ home = ["shell"]
 token_env = { API_KEY = "api" }
 `, tok))
 	task := h.task("tok")
-	req := Request{Task: task, Agent: "tok", Args: []string{"-c", `echo "key=$API_KEY"; grep -rl "s3""cr3t" /home/agent /work /tmp 2>/dev/null | wc -l`}}
+	req := Request{Task: taskid.Must(task), Agent: "tok", Args: []string{"-c", `echo "key=$API_KEY"; grep -rl "s3""cr3t" /home/agent /work /tmp 2>/dev/null | wc -l`}}
 	spec, err := h.runner.Spec(context.Background(), req)
 	assert.NilError(t, err)
 	js, _ := json.Marshal(spec)
@@ -378,7 +382,7 @@ token_env = { API_KEY = "api" }
 	assert.Equal(t, out.String(), "key=s3cr3t-value\n0\n")
 	secrets, err := exec.Command("podman", "--url", itest.Socket(), "secret", "ls", "--format", "{{.Name}}").CombinedOutput()
 	assert.NilError(t, err, string(secrets))
-	assert.Assert(t, !strings.Contains(string(secrets), SecretName(task, "api")), "the token's secret outlived the turn")
+	assert.Assert(t, !strings.Contains(string(secrets), SecretName(taskid.Must(task), "api")), "the token's secret outlived the turn")
 }
 
 func (h *harness) assertNoCage(task string) {

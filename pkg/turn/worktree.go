@@ -80,12 +80,12 @@ func readClaim(stateDir, worktree string) (*worktreeClaim, error) {
 
 // checkClaim refuses a worktree that another task holds (read-only):
 // ErrInput, or ErrHostNotReady when the claim cannot be read.
-func checkClaim(stateDir, task, worktree string) error {
+func checkClaim(stateDir string, task taskid.ID, worktree string) error {
 	c, err := readClaim(stateDir, worktree)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if c != nil && c.Task != task {
+	if c != nil && c.Task != task.String() {
 		return fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree; `shrooms forget --task %s` releases it)", ErrInput, worktree, c.Task, c.Task)
 	}
 	return nil
@@ -129,7 +129,7 @@ func writeClaim(stateDir string, c *worktreeClaim) error {
 // lock held. The hand-over's walk is also the change scan before the turn:
 // it returns that snapshot (nil when there was nothing to hand over; the
 // turn then scans on its own).
-func (r *Runner) takeWorktree(ctx context.Context, task, worktree string, ids taskstate.IDs) (*wtdiff.Snapshot, error) {
+func (r *Runner) takeWorktree(ctx context.Context, task taskid.ID, worktree string, ids taskstate.IDs) (*wtdiff.Snapshot, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(worktree, &st); err != nil {
 		return nil, fmt.Errorf("%w: worktree %s: %w", ErrInput, worktree, err)
@@ -140,12 +140,12 @@ func (r *Runner) takeWorktree(ctx context.Context, task, worktree string, ids ta
 	}
 	inRange := st.Uid >= ids.UID && st.Uid < ids.UID+taskstate.SlotSize
 	switch {
-	case c != nil && c.Task != task:
+	case c != nil && c.Task != task.String():
 		return nil, fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree)", ErrInput, worktree, c.Task)
 	case c == nil && inRange:
 		return nil, fmt.Errorf("%w: worktree %q is owned by task %s's user namespace and shrooms has no record of its owner; chown -R it to its owner and retry", ErrInput, worktree, task)
 	case c == nil:
-		c = &worktreeClaim{Worktree: worktree, Task: task}
+		c = &worktreeClaim{Worktree: worktree, Task: task.String()}
 	}
 	if !inRange {
 		c.UID, c.GID = st.Uid, st.Gid // the owner now (who may have changed)

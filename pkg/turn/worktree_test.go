@@ -1,6 +1,7 @@
 package turn
 
 import (
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -22,10 +23,10 @@ func TestClaimFollowsTheDirectoryNotThePath(t *testing.T) {
 	assert.NilError(t, syscall.Mount(a, b, "", syscall.MS_BIND, ""))
 	t.Cleanup(func() { _ = syscall.Unmount(b, syscall.MNT_DETACH) })
 	assert.NilError(t, writeClaim(state, &worktreeClaim{Worktree: a, Task: "one", UID: 4242, GID: 4242}))
-	assert.NilError(t, checkClaim(state, "one", a))
-	assert.NilError(t, checkClaim(state, "one", b), "the same task through another path")
-	assert.ErrorContains(t, checkClaim(state, "two", b), `belongs to task "one"`)
+	assert.NilError(t, checkClaim(state, taskid.Must("one"), a))
+	assert.NilError(t, checkClaim(state, taskid.Must("one"), b), "the same task through another path")
+	assert.ErrorContains(t, checkClaim(state, taskid.Must("two"), b), `belongs to task "one"`)
 	c := filepath.Join(dir, "c")
 	assert.NilError(t, os.Mkdir(c, 0o755))
-	assert.NilError(t, checkClaim(state, "two", c), "positive control: another directory is free")
+	assert.NilError(t, checkClaim(state, taskid.Must("two"), c), "positive control: another directory is free")
 }

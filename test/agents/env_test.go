@@ -249,11 +249,11 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 				}
 			}
 			if _, err := os.Stat(filepath.Join(e.dir, "outbox", task)); err == nil {
-				if err := outbox.Release(filepath.Join(e.dir, "outbox"), task); err != nil {
+				if err := outbox.Release(filepath.Join(e.dir, "outbox"), taskid.Must(task)); err != nil {
 					t.Errorf("release outbox: %v", err)
 				}
 			}
-			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), task); err != nil {
+			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), taskid.Must(task)); err != nil {
 				t.Errorf("remove HOME of %s: %v", task, err)
 			}
 		}
@@ -385,7 +385,7 @@ func (e *env) home(agent string) string {
 	assert.NilError(e.t, err)
 	client, err := podman.Connect(context.Background(), e.tb.PodmanURL)
 	assert.NilError(e.t, err)
-	root, err := turn.NewRunner(cfg, client, nil).Home().Mounted(context.Background(), e.task(agent))
+	root, err := turn.NewRunner(cfg, client, nil).Home().Mounted(context.Background(), taskid.Must(e.task(agent)))
 	assert.NilError(e.t, err)
 	return homereset.HomeDir(root)
 }

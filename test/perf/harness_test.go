@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -124,10 +125,10 @@ func (b *bench) cleanup(t testing.TB) func() {
 			for _, c := range cages {
 				_ = b.client.Remove(ctx, c.ID)
 			}
-			if err := r.Home().Remove(ctx, task); err != nil {
+			if err := r.Home().Remove(ctx, taskid.Must(task)); err != nil {
 				t.Errorf("remove HOME of %s: %v", task, err)
 			}
-			if err := outbox.Release(b.cfg.Outbox.Root, task); err != nil && !os.IsNotExist(err) {
+			if err := outbox.Release(b.cfg.Outbox.Root, taskid.Must(task)); err != nil && !os.IsNotExist(err) {
 				t.Errorf("release outbox of %s: %v", task, err)
 			}
 			return true

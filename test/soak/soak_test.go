@@ -18,6 +18,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -370,7 +371,7 @@ func (s *soak) turn(tk *task, n int, kill bool) {
 		for try := 0; try < 30; try++ {
 			o.Reset()
 			e.Reset()
-			res, err = s.runner.Run(context.Background(), turn.Request{Task: tk.id, Agent: tk.agent, Args: []string{"-c", sc},
+			res, err = s.runner.Run(context.Background(), turn.Request{Task: taskid.Must(tk.id), Agent: tk.agent, Args: []string{"-c", sc},
 				Streams: podman.Streams{Stdout: &o, Stderr: &e}})
 			if err == nil || !foreignNetns(err.Error()) || res.Cage != "" {
 				break
