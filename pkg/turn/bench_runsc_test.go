@@ -15,6 +15,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // BenchmarkRunscVsRunc measures, paired in one run, a shell turn under
@@ -35,7 +36,7 @@ func BenchmarkRunscVsRunc(b *testing.B) {
 		h.runner.Binary = itest.ShroomsBinary(b)
 	}
 	req := func(h *harness, out io.Writer, script string) Request {
-		return Request{Task: h.task("rb"), Agent: "shell", Args: []string{"-c", script}, Streams: podman.Streams{Stdout: out, Stderr: out}}
+		return Request{Task: taskid.Must(h.task("rb")), Agent: "shell", Args: []string{"-c", script}, Streams: podman.Streams{Stdout: out, Stderr: out}}
 	}
 	for _, h := range hs { // warm: bootstrap, id slot
 		if _, err := h.runner.Run(ctx, req(h, io.Discard, "true")); err != nil {
