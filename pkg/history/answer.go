@@ -125,11 +125,12 @@ func (a *Answer) assistant() ([]byte, error) {
 		case "thinking":
 			b.block["thinking"] = b.text.String()
 		case "input":
-			var in any
+			// Kept as sent (its keys in their order: opencode's
+			// compaction renders them so); canonical digests sort them.
+			var in json.RawMessage
 			dec := json.NewDecoder(bytes.NewReader(b.text.Bytes()))
-			dec.UseNumber()
 			if b.text.Len() == 0 {
-				in = map[string]any{}
+				in = json.RawMessage(`{}`)
 			} else if dec.Decode(&in) != nil {
 				return nil, errors.New("a tool call's input is not JSON")
 			}

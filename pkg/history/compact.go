@@ -104,6 +104,9 @@ type compaction struct {
 	// trailing newlines trimmed): auto-compact puts them again before the
 	// wrapper.
 	context []Digest
+	// opencode says the summary is opencode's (ocCompacted checks the
+	// history after it; summary is the SHA-256 of the answer's text).
+	opencode bool
 }
 
 // compactRequest is a recognised compaction request: the tool names its
@@ -292,6 +295,9 @@ func jsTrim(s string) string {
 // harness's system messages, the kept tail verbatim, then new content.
 func (s *session) compacted(msgs []Message, elems [][]byte) bool {
 	c := s.compaction
+	if c != nil && c.opencode {
+		return s.ocCompacted(msgs, elems)
+	}
 	if c == nil || len(msgs) == 0 || msgs[0].Role != "user" {
 		return false
 	}

@@ -47,6 +47,8 @@ type pinCompaction struct {
 	Tools   []string        `json:"tools"`
 	Tail    []pinnedMessage `json:"tail"`
 	Context []string        `json:"context,omitempty"`
+	// Opencode marks opencode's compaction (see opencode_compact.go).
+	Opencode bool `json:"opencode,omitempty"`
 }
 
 // compaction decodes the pin's recorded compaction (nil when none).
@@ -55,7 +57,7 @@ func (p *Pin) compaction() (*compaction, error) {
 	if pc == nil {
 		return nil, nil
 	}
-	c := &compaction{tools: pc.Tools}
+	c := &compaction{tools: pc.Tools, opencode: pc.Opencode}
 	for _, h := range pc.Context {
 		var d Digest
 		if b, err := hex.DecodeString(h); err != nil || len(b) != len(d) {

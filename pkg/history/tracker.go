@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 )
 
@@ -122,6 +123,10 @@ type session struct {
 	// compaction is the last compaction the gateway passed a summary back
 	// for: the next history may be the one derived from it.
 	compaction *compaction
+
+	// answerRaw is the answer that extended ref (in memory, this turn
+	// only): opencode's compaction renders it.
+	answerRaw []byte
 }
 
 // Exchange is one checked request: the gateway forwards it and passes its
@@ -136,6 +141,9 @@ type Exchange struct {
 	// compact is set when the request is a compaction request: its answer
 	// is a summary, recorded instead of joining the history.
 	compact *compactRequest
+	// ocCompact is set when the request is an opencode compaction request
+	// derived from ref (the pin it was checked against).
+	ocCompact []Message
 }
 
 // Check checks one Messages request of session (its raw "messages" value)
@@ -146,6 +154,9 @@ type Exchange struct {
 // may be forwarded.
 func (t *Tracker) Check(sessionID string, messages []byte, main bool) (*Exchange, error) {
 	if !main {
+		if text, ok := ocCompactionText(messages); ok && strings.HasPrefix(sessionID, "opencode:") {
+			return t.ocCheck(sessionID, text)
+		}
 		return &Exchange{t: t}, nil
 	}
 	if !validSession(sessionID) {
@@ -225,6 +236,7 @@ func (t *Tracker) Check(sessionID string, messages []byte, main bool) (*Exchange
 	// Pinned before it is forwarded: after a kill the pin is the last
 	// history forwarded in full (or the one before it).
 	s.ref, s.refSums, s.answered, s.delivered, s.pinned = msgs, sums, false, false, true
+	s.answerRaw = nil
 	s.lastUser = nil
 	if n := len(msgs); n > 0 && msgs[n-1].Role == "user" {
 		s.lastUser = last.blocks()
@@ -253,6 +265,9 @@ func (ex *Exchange) Done(delivered bool) error {
 	if ex.compact != nil {
 		return ex.compactionDone(raw)
 	}
+	if ex.ocCompact != nil {
+		return ex.ocDone(raw)
+	}
 	m, err := Sum(raw)
 	if err != nil {
 		return nil
@@ -268,6 +283,7 @@ func (ex *Exchange) Done(delivered bool) error {
 	s.ref = append(slices.Clip(ex.msgs), m)
 	s.refSums = append(slices.Clip(ex.sums), Digest{})
 	s.answered, s.delivered, s.lastUser = true, delivered, nil
+	s.answerRaw = raw
 	return s.store.save(s.pin())
 }
 
@@ -311,7 +327,7 @@ func (s *session) pin() *Pin {
 	s.chained = s.ref
 	p := newPin(s.id, s.ref, s.refSums, chainHex(s.heads), s.answered, s.delivered)
 	if c := s.compaction; c != nil {
-		p.Compaction = &pinCompaction{Summary: hex.EncodeToString(c.summary[:]), Tools: c.tools, Tail: pinned(c.tail)}
+		p.Compaction = &pinCompaction{Summary: hex.EncodeToString(c.summary[:]), Tools: c.tools, Tail: pinned(c.tail), Opencode: c.opencode}
 		for _, d := range c.context {
 			p.Compaction.Context = append(p.Compaction.Context, hex.EncodeToString(d[:]))
 		}
