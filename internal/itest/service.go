@@ -24,9 +24,9 @@ type Service struct {
 	done chan struct{}
 }
 
-// StartService starts a private podman API service and stops it when the
-// test ends.
-func StartService(t testing.TB) *Service { return StartServiceWith(t) }
+// StartService starts a private podman API service (with the suites'
+// runtime, ServiceArgs) and stops it when the test ends.
+func StartService(t testing.TB) *Service { return StartServiceWith(t, ServiceArgs()...) }
 
 // StartServiceWith starts a private podman API service with podman's
 // global options args (e.g. "--runtime", "/usr/sbin/runc").

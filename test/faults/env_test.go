@@ -9,6 +9,7 @@ package faults_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -28,7 +29,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := itest.Main(m)
 	itest.RemoveShroomsBinary()
 	os.Exit(code)
 }
@@ -71,6 +72,7 @@ tmp_size = "16m"
 run_size = "4m"
 timeout = "120s"
 stop_grace = "2s"
+runtime = %q
 # Off: a prepared next cage holds its HOME mounted by design, and these
 # tests count what a turn leaves (TestPreparedCageDrift prepares its own).
 prepare_next = false
@@ -91,7 +93,7 @@ tok = %q
 command = ["/bin/sh"]
 home = ["claude", "opencode", "shell"]
 token_env = { FAULTS_TOKEN = "tok" }
-`, socket, stateDir, itest.TestImage, e.prefix, filepath.Join(dir, "outbox"), filepath.Join(dir, "work"), filepath.Join(dir, "token"))), 0o600))
+`, socket, stateDir, itest.TestImage, cmp.Or(itest.CageRuntime(), "default"), e.prefix, filepath.Join(dir, "outbox"), filepath.Join(dir, "work"), filepath.Join(dir, "token"))), 0o600))
 	assert.NilError(t, os.WriteFile(filepath.Join(dir, "token"), []byte("token-"+e.prefix+"\n"), 0o600))
 	t.Cleanup(e.cleanup)
 	return e
@@ -279,7 +281,8 @@ func (s *service) start() {
 	_ = os.Remove(path)
 	// As scripts/podman-service.sh starts the shared one: a clean
 	// environment, its own session.
-	c := exec.Command("podman", append(append([]string{}, s.storage...), "system", "service", "--time=0", s.socket)...)
+	// The suites' runtime (SHROOMS_TEST_RUNTIME), as the shared service.
+	c := exec.Command("podman", append(append(itest.ServiceArgs(), s.storage...), "system", "service", "--time=0", s.socket)...)
 	c.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
 	c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	assert.NilError(s.t, c.Start())
