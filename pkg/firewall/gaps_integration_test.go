@@ -88,6 +88,7 @@ func TestSealGaps(t *testing.T) {
 			ps = append(ps, probe{p.name + " v4", p.proto, p.v4, p.port, p.open, p.where},
 				probe{p.name + " v6", p.proto, p.v6, p.port, p.open, p.where})
 		}
+		ps = runtimeProbes(ps)
 		return ps
 	}
 	// loopbackHits are hits on the loopback-only service: never, in any state.
