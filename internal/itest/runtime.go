@@ -141,6 +141,11 @@ func runtimeSkip(rt, name string) (string, bool) {
 			"TestRuntimeRunscSandboxRunsAsTheTaskRange checks the range on the host side",
 		"TestRuntimeExplicitPathRuns": "it asks for /usr/bin/runc on the shared service, which runs runsc here " +
 			"(refused: exit 122, as TestRuntimeTheServiceDoesNotRunIsRefused asserts)",
+		// cmd/shrooms
+		"TestRuntimeDoctorAndRunJSON": "it sets cage.runtime itself and asserts doctor's runc line; the config it builds then names cage.runtime twice",
+		"TestRuntimeRefusals":         "it sets cage.runtime itself (crun, /etc/passwd) against a runc service; the config it builds then names cage.runtime twice",
+		"TestProbeWithoutTargetsInTestbed": "the probe's runc verdicts: under runsc A3, A5, A7, B6, C3 read escaped and B11 error (the Sentry's own resources; " +
+			"TestBatteryInTestbedRunsc asserts the runsc verdicts, docs/gvisor.md's probe table)",
 	}[name]
 	return reason, ok
 }
