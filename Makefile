@@ -89,10 +89,10 @@ RUNSC_SUITES := \
 	'./cmd/shrooms:^(TestSanctionedExits|TestExitCodePassesThrough|TestDeadlineExitCode|TestSignalsStopAndRemoveTheCage|TestBusyTaskExitCode|TestOutboxIsOneWay|TestPreparedCageNeedsItsOutbox)$$' \
 	'./test/faults:.' \
 	'./test/agents:^(TestClaudePersistenceDoesNotSurviveTurn|TestClaudeOutboxIsOneWay|TestOpencodeOutboxIsOneWay|TestGatewayKeepsTheKeyOutsideTheCage|TestGatewayOpencode|TestGatewayLimitEndsTheTurn|TestGitInTheCage|TestInteractiveClaudeAsksNothing|TestCodexToolResumeAndKey|TestGeminiToolResumeAndKey)$$'
-RUNSC_SUITES_CMD = status=0; for s in $(RUNSC_SUITES); do \
+RUNSC_SUITES_CMD = ( rs=0; for s in $(RUNSC_SUITES); do \
 		SHROOMS_TEST_RUNTIME=runsc SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) \
-		go test -tags "$(TAGS)" -count=1 -timeout 20m -run "$${s\#*:}" "$${s%%:*}" || status=1; \
-	done; [ $$status = 0 ]
+		go test -tags "$(TAGS)" -count=1 -timeout 20m -run "$${s\#*:}" "$${s%%:*}" || rs=1; \
+	done; [ $$rs = 0 ] )
 runsc-suites: setup
 	@set -x; $(RUNSC_SUITES_CMD)
 
