@@ -135,7 +135,14 @@ func runtimeSkip(rt, name string) (string, bool) {
 	if rt != "runsc" {
 		return "", false
 	}
-	reason, ok := map[string]string{
+	reason, ok := runscSkips()[name]
+	return reason, ok
+}
+
+// runscSkips are the tests that cannot pass under runsc, by name, with
+// the measured reason.
+func runscSkips() map[string]string {
+	return map[string]string{
 		// pkg/turn
 		"TestTwoTasksHaveDisjointIDRanges": "the cage reads the Sentry's own uid_map (0 0 4294967295), not the task's range; " +
 			"TestRuntimeRunscSandboxRunsAsTheTaskRange checks the range on the host side",
@@ -148,8 +155,7 @@ func runtimeSkip(rt, name string) (string, bool) {
 			"TestBatteryInTestbedRunsc asserts the runsc verdicts, docs/gvisor.md's probe table)",
 		"TestTTYTurn": "tty(1) says \"not a tty\" (the host pty handed to the Sentry), and its positive control (bare podman run -t) cannot inject: " +
 			"TIOCSTI gets ENOTTY in gVisor; TestRunscTTYTurn is the runsc version",
-	}[name]
-	return reason, ok
+	}
 }
 
 // skipForRuntime skips t when its test cannot pass under the suites'
