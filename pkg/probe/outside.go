@@ -85,6 +85,9 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*Report, *turn.Result,
 	}
 	var stdout bytes.Buffer
 	stderr := &announceWriter{next: o.Stderr, on: o.OnInbound}
+	// Under gVisor only the host sees the task's ids (A5): watch the runsc
+	// processes while the cage runs.
+	watch := watchSandboxes(200 * time.Millisecond)
 	res, err := r.Run(ctx, turn.Request{
 		Task:    o.Task,
 		Agent:   o.Agent,
@@ -97,6 +100,7 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*Report, *turn.Result,
 		Streams: podman.Streams{Stdout: &stdout, Stderr: stderr},
 	})
 	stderr.wait()
+	sandboxes := watch.Stop()
 	if err != nil {
 		return nil, res, fmt.Errorf("probe: turn: %w", err)
 	}
@@ -104,6 +108,9 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*Report, *turn.Result,
 	if perr != nil {
 		return nil, res, fmt.Errorf("probe: cage exited %d without a report: %w (stderr: %s)", res.ExitCode, perr, oneLine(stderr.tail()))
 	}
+	ids, idsErr := r.Store.TaskIDs(o.Task, r.IDFiles, false)
+	judgeSandbox(rep, res.Cage, sandboxes, ids, idsErr)
+	rep.Summarize()
 	if res.SealDigest != "" {
 		rep.Walls = &Walls{HostSeal: res.SealDigest, Rules: res.SealRules, CageWall: res.CageWall}
 		rep.Walls.Agree = res.CageWall != nil && res.CageWall.OK && res.SealRules != "" && res.CageWall.Rules == res.SealRules
