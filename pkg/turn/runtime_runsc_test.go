@@ -3,7 +3,10 @@
 package turn
 
 import (
+	"context"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,6 +15,9 @@ import (
 
 	"gotest.tools/v3/assert"
 
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
@@ -64,8 +70,12 @@ func TestRuntimeRunscTurn(t *testing.T) {
 }
 
 // --oci-seccomp is what makes gVisor enforce shrooms' seccomp profile: with
-// it a new user namespace (denied by the profile) is refused in the cage;
-// without it (the positive control) the same call succeeds in the Sentry.
+// it a new user namespace (denied by the profile) is refused in the cage.
+// Without it the turn refuses the cage before anything of the agent runs
+// (exit 122, one line): the sandbox's own command line lacks the flag. The
+// positive control, that the refusal matters: the same service runs the
+// same profile through podman itself, and there the call succeeds in the
+// Sentry (runsc ignored the profile).
 func TestRuntimeRunscEnforcesSeccompOnlyWithOCISeccomp(t *testing.T) {
 	runsc := runscPath(t)
 	probe := "unshare -U true && echo unshare-ok || echo unshare-denied"
@@ -74,10 +84,27 @@ func TestRuntimeRunscEnforcesSeccompOnlyWithOCISeccomp(t *testing.T) {
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, out, "unshare-denied\n", errOut)
 
-	without := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap")
-	_, out, errOut, err = without.sh(without.task("sc"), "", probe)
-	assert.NilError(t, err, errOut)
-	assert.Equal(t, out, "unshare-ok\n", errOut)
+	svc := itest.StartServiceWith(t, "--runtime", runsc, "--runtime-flag", "platform=systrap")
+	without := runtimeHarness(t, runsc)
+	without.cfg.Podman.Socket = svc.URI
+	client, err := podman.Connect(context.Background(), svc.URI)
+	assert.NilError(t, err)
+	without.client, without.runner = client, NewRunner(without.cfg, client, nil)
+	res, out, errOut, err := without.sh(without.task("sc"), "", probe)
+	assert.Assert(t, errors.Is(err, ErrHostNotReady), "%v", err)
+	assert.ErrorContains(t, err, "runsc runs without --oci-seccomp")
+	assert.Assert(t, !strings.Contains(err.Error(), "\n"), "one line: %q", err)
+	assert.Equal(t, out+errOut, "", "the agent never ran")
+	assert.Assert(t, res.Removed, "cage left: %s", res.Error)
+
+	prof := filepath.Join(t.TempDir(), "gvisor.json")
+	assert.NilError(t, os.WriteFile(prof, seccomp.ProfileFor(true), 0o600))
+	name := itest.UniqueName("sc-ctl")
+	b, err := exec.Command("podman", "--remote", "--url", svc.URI, "run", "--rm", "--name", name, "--network", "none",
+		"--user", "1000:1000", "--cap-drop", "ALL", "--security-opt", "seccomp="+prof,
+		itest.TestImage, "sh", "-c", probe).CombinedOutput()
+	assert.NilError(t, err, string(b))
+	assert.Equal(t, string(b), "unshare-ok\n", "without --oci-seccomp runsc ignores the profile")
 }
 
 // Under gVisor the cage reads the Sentry's own id maps; the task's user
