@@ -13,10 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containers/podman/v5/pkg/specgen"
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
@@ -154,4 +156,35 @@ func TestRuntimeRunscSandboxRunsAsTheTaskRange(t *testing.T) {
 		assert.Equal(t, got.uid, strconv.Itoa(int(ids.UID)), "%s runs as host uid %s", name, got.uid)
 		assert.Equal(t, got.gid, strconv.Itoa(int(ids.GID)), "%s runs as host gid %s", name, got.gid)
 	}
+}
+
+// A process flood under gVisor: the Sentry needs about two host tasks a
+// process, and a fork that meets the cage's host pids limit panics it (the
+// whole cage dies: exit 2, no output). With shrooms' RLIMIT_NPROC for
+// gVisor cages (sealed.GVisorNproc) the flood's fork fails with EAGAIN
+// inside and the turn goes on. The positive control: the same turn with
+// the configured nproc (256, over what pids 128 carries) loses the cage.
+func TestRuntimeRunscProcessFloodFailsInside(t *testing.T) {
+	flood := `(for i in $(seq 300); do sleep 30 & done); echo "the cage survived"`
+	h := runscHarness(t)
+	res, out, errOut, err := h.sh(h.task("flood"), "", flood)
+	assert.NilError(t, err, errOut)
+	t.Logf("with nproc %d: exit %d, %q %q", sealed.GVisorNproc(128, 256), res.ExitCode, out, errOut)
+	assert.Equal(t, res.ExitCode, 0, errOut)
+	assert.Equal(t, out, "the cage survived\n")
+	assert.Assert(t, strings.Contains(errOut, "can't fork: Resource temporarily unavailable"), errOut)
+
+	weak := runscHarness(t)
+	weak.runner.OnSpec = func(s *specgen.SpecGenerator) {
+		for i := range s.Rlimits {
+			if s.Rlimits[i].Type == "nproc" {
+				s.Rlimits[i].Soft, s.Rlimits[i].Hard = 256, 256
+			}
+		}
+	}
+	res, out, errOut, err = weak.sh(weak.task("flood"), "", flood)
+	assert.NilError(t, err, errOut)
+	t.Logf("with nproc 256: exit %d, %q %q", res.ExitCode, out, errOut)
+	assert.Assert(t, res.ExitCode != 0, "the Sentry died: %q", out)
+	assert.Equal(t, out, "", "nothing after the flood ran")
 }
