@@ -75,6 +75,9 @@ func TestBatteryInTestbedRunsc(t *testing.T) {
 			assert.Check(t, cmpSlices(rep.IDs(Residual), tc.residual), "residual: %v", rep.IDs(Residual))
 			// A5's seal is the host's measurement, never the inside's guess.
 			for _, c := range rep.Checks {
+				if slices.Contains([]string{"A5", "A7", "B6", "B11", "C3"}, c.ID) {
+					t.Logf("%s %s (gVisor-aware): %v", c.ID, c.Verdict, c.Evidence)
+				}
 				if c.ID == "A5" {
 					ev := strings.Join(c.Evidence, "\n")
 					assert.Check(t, strings.Contains(ev, "host: runsc-sandbox pid") && strings.Contains(ev, "host: runsc-gofer pid"), "A5 evidence: %s", ev)
