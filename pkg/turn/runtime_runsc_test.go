@@ -120,12 +120,19 @@ func TestRuntimeRunscSandboxRunsAsTheTaskRange(t *testing.T) {
 	}
 	ids, err := h.runner.Store.TaskIDs(taskid.Must(task), h.runner.IDFiles, false)
 	assert.NilError(t, err)
-	type hostProc struct{ uid, gid string }
+	// Every runsc process of the host is recorded (other cages' too: other
+	// suites run runsc cages, some as root); the cage's are picked by its
+	// id in their command line once the turn has named it.
+	type hostProc struct{ name, cmd, uid, gid string }
 	seen := map[string]hostProc{}
-	done := make(chan error, 1)
-	go func() { _, _, _, err := h.sh(task, "", "sleep 4"); done <- err }()
-	deadline := time.Now().Add(30 * time.Second)
-	for len(seen) < 2 && time.Now().Before(deadline) {
+	done := make(chan *Result, 1)
+	go func() {
+		res, _, errOut, err := h.sh(task, "", "sleep 4")
+		assert.Check(t, err, errOut)
+		done <- res
+	}()
+	var res *Result
+	for res == nil {
 		procs, _ := filepath.Glob("/proc/[0-9]*/status")
 		for _, p := range procs {
 			b, err := os.ReadFile(p)
@@ -143,16 +150,23 @@ func TestRuntimeRunscSandboxRunsAsTheTaskRange(t *testing.T) {
 				continue
 			}
 			uid, gid := strings.Fields(field(t, st, "Uid")), strings.Fields(field(t, st, "Gid"))
-			if uid[0] == strconv.Itoa(int(ids.UID)) || uid[0] == "0" {
-				seen[name] = hostProc{uid[0], gid[0]}
-			}
+			seen[p] = hostProc{name, string(cmd), uid[0], gid[0]}
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case res = <-done:
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	assert.NilError(t, <-done)
+	assert.Assert(t, res != nil && res.Cage != "")
+	ours := map[string]hostProc{}
+	for _, p := range seen {
+		if strings.Contains(p.cmd, res.Cage) {
+			ours[p.name] = p
+		}
+	}
 	for _, name := range []string{"runsc-sandbox", "runsc-gofer"} {
-		got, ok := seen[name]
-		assert.Assert(t, ok, "no %s seen on the host: %v", name, seen)
+		got, ok := ours[name]
+		assert.Assert(t, ok, "no %s of cage %.12s seen on the host (%d runsc processes seen)", name, res.Cage, len(seen))
 		assert.Equal(t, got.uid, strconv.Itoa(int(ids.UID)), "%s runs as host uid %s", name, got.uid)
 		assert.Equal(t, got.gid, strconv.Itoa(int(ids.GID)), "%s runs as host gid %s", name, got.gid)
 	}
