@@ -163,7 +163,7 @@ func (g *giver) entry(fd int, name, rel string, depth int) error {
 }
 
 // GiveBackHook is GiveBack one entry at a time, for the walk that also
-// takes the worktree's change snapshot after a turn (wtdiff.ScanThenHook):
+// takes the worktree's change snapshot after a turn (diff.ScanThenHook):
 // the same decisions per entry, the root given back by Finish. A walk that
 // stopped short of the whole tree (its bounds) must be followed by GiveBack.
 type GiveBackHook struct {

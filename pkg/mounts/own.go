@@ -36,7 +36,7 @@ func OwnWorktree(dir string, uid, gid int) (bool, error) {
 }
 
 // HandOver is OwnWorktree one entry at a time, for a walk that also takes
-// the worktree's change snapshot (wtdiff.ScanHook): the root is handed
+// the worktree's change snapshot (diff.ScanHook): the root is handed
 // over by NewHandOver, each entry below by Entry.
 type HandOver struct {
 	fd       int

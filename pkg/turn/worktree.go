@@ -18,8 +18,8 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 	"github.com/shrooms-cage/shrooms/pkg/wtcap"
-	"github.com/shrooms-cage/shrooms/pkg/wtdiff"
 )
 
 // A worktree claim records, in the state directory, which task a worktree
@@ -129,7 +129,7 @@ func writeClaim(stateDir string, c *worktreeClaim) error {
 // lock held. The hand-over's walk is also the change scan before the turn:
 // it returns that snapshot (nil when there was nothing to hand over; the
 // turn then scans on its own).
-func (r *Runner) takeWorktree(ctx context.Context, task taskid.ID, worktree string, ids taskstate.IDs) (*wtdiff.Snapshot, error) {
+func (r *Runner) takeWorktree(ctx context.Context, task taskid.ID, worktree string, ids taskstate.IDs) (*diff.Snapshot, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(worktree, &st); err != nil {
 		return nil, fmt.Errorf("%w: worktree %s: %w", ErrInput, worktree, err)
@@ -170,7 +170,7 @@ func (r *Runner) takeWorktree(ctx context.Context, task taskid.ID, worktree stri
 		return nil, nil
 	}
 	defer h.Close()
-	before, err := wtdiff.ScanHook(ctx, worktree, h)
+	before, err := diff.ScanHook(ctx, worktree, h)
 	if err != nil {
 		return nil, fmt.Errorf("%w: worktree %s: give it to the task's user: %w", ErrHostNotReady, worktree, err)
 	}
@@ -224,7 +224,7 @@ func (r *Runner) giveBackWorktree(task taskid.ID, worktree string) (*WorktreeRep
 // the scan and the give-back's report; a nil report (an error, or a scan
 // that stopped at its bounds) leaves the give-back to finishWorktree's
 // full walk.
-func (r *Runner) giveBackScanning(ctx context.Context, task taskid.ID, worktree string) (*wtdiff.Snapshot, *WorktreeReport) {
+func (r *Runner) giveBackScanning(ctx context.Context, task taskid.ID, worktree string) (*diff.Snapshot, *WorktreeReport) {
 	c, err := readClaim(r.Cfg.State.Dir, worktree)
 	if err != nil || c == nil || c.Task != task.String() {
 		return nil, nil
@@ -238,7 +238,7 @@ func (r *Runner) giveBackScanning(ctx context.Context, task taskid.ID, worktree 
 	if err != nil {
 		return nil, nil
 	}
-	after, err := wtdiff.ScanThenHook(ctx, worktree, h)
+	after, err := diff.ScanThenHook(ctx, worktree, h)
 	gb, ferr := h.Finish()
 	if err != nil || ferr != nil || after.Truncated() {
 		return nil, nil
