@@ -16,6 +16,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
+	"github.com/shrooms-cage/shrooms/pkg/worktree"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
@@ -215,7 +216,7 @@ type TrustResult struct {
 // Trust records the worktree's agent config (all of it, or the given
 // worktree-relative paths) as the owner's trusted version, so later turns
 // no longer mask it. worktree "" means the task's remembered worktree.
-func (r *Commands) Trust(ctx context.Context, task taskid.ID, worktree string, paths []string) (*TrustResult, error) {
+func (r *Commands) Trust(ctx context.Context, task taskid.ID, path string, paths []string) (*TrustResult, error) {
 	for _, p := range paths {
 		if p == "" || strings.HasPrefix(p, "/") || p != filepath.ToSlash(filepath.Clean(p)) || strings.HasPrefix(p, "../") || p == ".." {
 			return nil, fmt.Errorf("%w: %q is not a clean worktree-relative path", fault.Input, p)
@@ -223,16 +224,16 @@ func (r *Commands) Trust(ctx context.Context, task taskid.ID, worktree string, p
 	}
 	res := &TrustResult{Task: task.String(), Changes: []guard.Change{}}
 	err := r.withTask(task, func(id taskid.ID) error {
-		if worktree == "" {
+		if path == "" {
 			var err error
-			if worktree, err = r.recall(id, taskstate.FactWorktree); err != nil {
+			if path, err = r.recall(id, taskstate.FactWorktree); err != nil {
 				return err
 			}
-			if worktree == "" {
+			if path == "" {
 				return fmt.Errorf("%w: task %q has no worktree; pass --worktree", fault.Input, task)
 			}
 		}
-		wt, err := r.Turns.CheckWorktree(worktree)
+		wt, err := worktree.CheckPath(r.Cfg, path)
 		if err != nil {
 			return err
 		}

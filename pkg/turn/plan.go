@@ -383,7 +383,7 @@ func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, m
 	// A cage prepared ahead takes the worktree when its turn runs, so the
 	// owner keeps it between turns.
 	if in.worktree != "" && m == modeRun {
-		before, err := r.takeWorktree(ctx, req.Task, in.worktree, p.ids)
+		before, err := r.claims().Take(ctx, req.Task, in.worktree, p.ids)
 		if err != nil {
 			return nil, err
 		}

@@ -37,6 +37,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/worktree"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
@@ -187,7 +188,7 @@ type Result struct {
 	// History is each provider session's conversation pin in this turn.
 	History []history.SessionReport `json:"history,omitempty"`
 	// Worktree says who the worktree was given back to after the turn.
-	Worktree *WorktreeReport `json:"worktree,omitempty"`
+	Worktree *worktree.Report `json:"worktree,omitempty"`
 	// HomeBytes is the disk space the task HOME takes on the host after the
 	// turn (its filesystem image's allocated blocks).
 	HomeBytes int64 `json:"homeBytes"`
@@ -288,7 +289,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 			err = fmt.Errorf("%w: %w", ErrHostNotReady, rerr)
 		}
 	}()
-	var given *WorktreeReport // the give-back, when the change scan's walk did it
+	var given *worktree.Report // the give-back, when the change scan's walk did it
 	if in.worktree != "" {
 		// Last before the lock goes: the cage is gone, no turn can start.
 		defer func() { err = r.finishWorktree(in.task, in.worktree, given, res, err) }()
@@ -328,7 +329,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		// back; on any other path the give-back stays the last step.
 		var after *diff.Snapshot
 		if err == nil {
-			after, given = r.giveBackScanning(context.WithoutCancel(ctx), in.task, in.worktree)
+			after, given = r.claims().GiveBackScanning(context.WithoutCancel(ctx), in.task, in.worktree)
 		}
 		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, after, in.worktree, prep.guard)
 	}
@@ -355,7 +356,7 @@ func (r *Runner) turnCage(ctx context.Context, req Request, in *checked) (prepar
 		return "", prep, err
 	}
 	if in.worktree != "" {
-		if prep.before, err = r.takeWorktree(ctx, req.Task, in.worktree, prep.ids); err != nil {
+		if prep.before, err = r.claims().Take(ctx, req.Task, in.worktree, prep.ids); err != nil {
 			return "", nil, err
 		}
 	}
@@ -531,9 +532,6 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (
 	}
 	return plan, nil
 }
-
-// CheckWorktree validates a worktree path and returns it cleaned.
-func (r *Runner) CheckWorktree(path string) (string, error) { return worktreePath(r.Cfg, path) }
 
 // trustStore is the task's store of trusted worktree config.
 func (r *Runner) trustStore(task taskid.ID) guard.Store {

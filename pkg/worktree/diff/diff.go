@@ -60,8 +60,8 @@ func Scan(ctx context.Context, root string) (*Snapshot, error) {
 }
 
 // Hook changes entries while a scan passes, so that one walk does both:
-// mounts.HandOver (the chown to the task's user before a turn) and
-// mounts.GiveBackHook (the chown back after it). Entry gets each entry's
+// worktree.Hook's hand-over (the chown to the task's user before a turn)
+// and give-back (the chown back after it). Entry gets each entry's
 // directory descriptor, name, worktree-relative path and lstat (never the
 // root's own .git, which scans leave out); it says whether it changed the
 // entry and whether it is to see what lies below it.

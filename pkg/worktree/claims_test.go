@@ -1,7 +1,6 @@
-package turn
+package worktree
 
 import (
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -10,6 +9,8 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // TestClaimFollowsTheDirectoryNotThePath: a bind mount of a claimed
@@ -22,11 +23,12 @@ func TestClaimFollowsTheDirectoryNotThePath(t *testing.T) {
 	assert.NilError(t, os.Mkdir(b, 0o755))
 	assert.NilError(t, syscall.Mount(a, b, "", syscall.MS_BIND, ""))
 	t.Cleanup(func() { _ = syscall.Unmount(b, syscall.MNT_DETACH) })
-	assert.NilError(t, writeClaim(state, &worktreeClaim{Worktree: a, Task: "one", UID: 4242, GID: 4242}))
-	assert.NilError(t, checkClaim(state, taskid.Must("one"), a))
-	assert.NilError(t, checkClaim(state, taskid.Must("one"), b), "the same task through another path")
-	assert.ErrorContains(t, checkClaim(state, taskid.Must("two"), b), `belongs to task "one"`)
+	claims := Claims{Layout: taskstate.Layout{Dir: state}}
+	assert.NilError(t, claims.write(&claim{Worktree: a, Task: "one", UID: 4242, GID: 4242}))
+	assert.NilError(t, claims.Check(taskid.Must("one"), a))
+	assert.NilError(t, claims.Check(taskid.Must("one"), b), "the same task through another path")
+	assert.ErrorContains(t, claims.Check(taskid.Must("two"), b), `belongs to task "one"`)
 	c := filepath.Join(dir, "c")
 	assert.NilError(t, os.Mkdir(c, 0o755))
-	assert.NilError(t, checkClaim(state, taskid.Must("two"), c), "positive control: another directory is free")
+	assert.NilError(t, claims.Check(taskid.Must("two"), c), "positive control: another directory is free")
 }
