@@ -71,7 +71,7 @@ func (w *walker) walk(fd int, rel string, depth int) error {
 	for {
 		names, err := f.Readdirnames(1024)
 		for _, name := range names {
-			if err := w.visit(fd, name, joinRel(rel, name), depth); err != nil {
+			if err := w.visit(fd, name, rel, depth); err != nil {
 				return err
 			}
 		}
@@ -84,8 +84,9 @@ func (w *walker) walk(fd int, rel string, depth int) error {
 	}
 }
 
-// visit changes the entry name of directory fd and what lies below it.
-func (w *walker) visit(fd int, name, rel string, depth int) error {
+// visit changes the entry name of directory fd (dirRel below the root)
+// and what lies below it.
+func (w *walker) visit(fd int, name, dirRel string, depth int) error {
 	var st unix.Stat_t
 	if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -94,24 +95,24 @@ func (w *walker) visit(fd int, name, rel string, depth int) error {
 		}
 		return fmt.Errorf("stat %s: %w", name, err)
 	}
-	_, sub, err := w.entry(fd, name, rel, depth, &st)
+	_, sub, err := w.entry(fd, name, dirRel, depth, &st)
 	if err != nil || sub == nil {
 		return err
 	}
 	defer unix.Close(sub.fd)
-	if err := w.walk(sub.fd, rel, depth+1); err != nil {
+	if err := w.walk(sub.fd, joinRel(dirRel, name), depth+1); err != nil {
 		return fmt.Errorf("%s/%w", name, err)
 	}
 	_, err = w.leave(sub, name)
 	return err
 }
 
-// entry changes the entry name of directory fd (rel below the root, depth
-// levels down), which st (its lstat) describes. It reports whether it
+// entry changes the entry name of directory fd (dirRel below the root,
+// depth levels down), which st (its lstat) describes. It reports whether it
 // changed the entry, and returns the directory to descend into, open (nil
 // for none: not a directory, another filesystem, a git directory, or
 // replaced under the walk).
-func (w *walker) entry(fd int, name, rel string, depth int, st *unix.Stat_t) (bool, *openDir, error) {
+func (w *walker) entry(fd int, name, dirRel string, depth int, st *unix.Stat_t) (bool, *openDir, error) {
 	if st.Dev != w.dev {
 		return false, nil, nil // another filesystem mounted inside: not ours to change
 	}
@@ -122,7 +123,7 @@ func (w *walker) entry(fd int, name, rel string, depth int, st *unix.Stat_t) (bo
 		if !w.giveBack {
 			return false, nil, nil
 		}
-		return false, nil, w.keep(fd, name, rel, st)
+		return false, nil, w.keep(fd, name, joinRel(dirRel, name), st)
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
 		if !w.changes(st.Uid) {
@@ -152,7 +153,7 @@ func (w *walker) entry(fd int, name, rel string, depth int, st *unix.Stat_t) (bo
 		if !w.giveBack {
 			return false, nil, nil
 		}
-		return false, nil, w.keep(fd, name, rel, &d.st)
+		return false, nil, w.keep(fd, name, joinRel(dirRel, name), &d.st)
 	}
 	if !w.giveBack {
 		if err := unix.Fchown(d.fd, w.uid, w.gid); err != nil {
@@ -236,7 +237,8 @@ type Hook struct {
 // to be changed too (a directory of the worktree's filesystem that is no
 // git repository).
 func (h *Hook) Entry(dirFd int, name, rel string, st *unix.Stat_t) (changed, below bool, err error) {
-	changed, d, err := h.w.entry(dirFd, name, rel, strings.Count(rel, "/"), st)
+	dirRel := strings.TrimSuffix(strings.TrimSuffix(rel, name), "/")
+	changed, d, err := h.w.entry(dirFd, name, dirRel, strings.Count(rel, "/"), st)
 	if err != nil || d == nil {
 		return changed, false, err
 	}
