@@ -1,4 +1,4 @@
-package wtdiff
+package diff
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 
 	"gotest.tools/v3/assert"
 
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // TestReferencedFilesAreListedAsAgentConfig: the owner's trusted .envrc
@@ -25,7 +25,7 @@ func TestReferencedFilesAreListedAsAgentConfig(t *testing.T) {
 	write(t, root, "CLAUDE.md", "Read @guide/notes.md\n")
 	write(t, root, "guide/notes.md", "owner's notes\n")
 	write(t, root, "src/main.go", "package main\n")
-	store := worktreeguard.Store{Dir: filepath.Join(t.TempDir(), "trust")}
+	store := guard.Store{Dir: filepath.Join(t.TempDir(), "trust")}
 	_, err := store.Trust(ctx, root, nil)
 	assert.NilError(t, err)
 	m, err := store.Load()

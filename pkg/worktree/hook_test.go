@@ -1,4 +1,4 @@
-package wtdiff
+package worktree
 
 import (
 	"context"
@@ -12,11 +12,11 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 )
 
 // The hand-over in the scan's walk (one walk before a turn, not two):
-// ownership as OwnWorktree leaves it, and a snapshot equal to a scan taken
+// ownership as handOver leaves it, and a snapshot equal to a scan taken
 // after it — nothing reported changed.
 func TestScanHookHandsOverAndSnapshotsTheResult(t *testing.T) {
 	itest.Require(t, itest.Root)
@@ -50,16 +50,16 @@ func TestScanHookHandsOverAndSnapshotsTheResult(t *testing.T) {
 	}
 
 	hooked := build()
-	h, err := mounts.NewHandOver(hooked, uid, uid)
+	h, err := newHandOverHook(hooked, uid, uid)
 	assert.NilError(t, err)
-	snap, err := ScanHook(context.Background(), hooked, h)
+	snap, err := diff.ScanHook(context.Background(), hooked, h)
 	assert.NilError(t, err)
-	assert.NilError(t, h.Close())
-	sum := Diff(snap, scan(t, hooked))
-	assert.DeepEqual(t, sum, Summary{AgentConfig: []Change{}, ScanMS: sum.ScanMS})
+	h.close()
+	sum := diff.Diff(snap, scan(t, hooked))
+	assert.DeepEqual(t, sum, diff.Summary{AgentConfig: []diff.Change{}, ScanMS: sum.ScanMS})
 
 	walked := build()
-	changed, err := mounts.OwnWorktree(walked, uid, uid)
+	changed, err := handOver(walked, uid, uid)
 	assert.NilError(t, err)
 	assert.Assert(t, changed)
 	got, want := owners(hooked), owners(walked)
@@ -76,7 +76,7 @@ func TestScanHookHandsOverAndSnapshotsTheResult(t *testing.T) {
 	}
 
 	// Root's already the task's: no hand-over, and Scan's snapshot.
-	h, err = mounts.NewHandOver(hooked, uid, uid)
+	h, err = newHandOverHook(hooked, uid, uid)
 	assert.NilError(t, err)
 	assert.Assert(t, h == nil)
 }
@@ -93,7 +93,7 @@ func TestScanThenHookGivesBackAsGiveBack(t *testing.T) {
 		write(t, root, "dir/b.txt", "b")
 		write(t, root, ".git/HEAD", "ref: refs/heads/main\n")
 		write(t, root, "owners/lib/.git/HEAD", "ref: refs/heads/main\n")
-		changed, err := mounts.OwnWorktree(root, task, task)
+		changed, err := handOver(root, task, task)
 		assert.NilError(t, err)
 		assert.Assert(t, changed)
 		// What the turn made, as the task's user.
@@ -125,17 +125,17 @@ func TestScanThenHookGivesBackAsGiveBack(t *testing.T) {
 
 	hooked := build()
 	left := scan(t, hooked)
-	h, err := mounts.NewGiveBackHook(hooked, 4242, 4242, lo, hi)
+	h, err := newGiveBackHook(hooked, 4242, 4242, lo, hi)
 	assert.NilError(t, err)
-	snap, err := ScanThenHook(context.Background(), hooked, h)
+	snap, err := diff.ScanThenHook(context.Background(), hooked, h)
 	assert.NilError(t, err)
 	rep, err := h.Finish()
 	assert.NilError(t, err)
-	sum := Diff(left, snap)
-	assert.DeepEqual(t, sum, Summary{AgentConfig: []Change{}, ScanMS: sum.ScanMS})
+	sum := diff.Diff(left, snap)
+	assert.DeepEqual(t, sum, diff.Summary{AgentConfig: []diff.Change{}, ScanMS: sum.ScanMS})
 
 	walked := build()
-	want, err := mounts.GiveBack(walked, 4242, 4242, lo, hi)
+	want, err := giveBack(walked, 4242, 4242, lo, hi)
 	assert.NilError(t, err)
 	assert.DeepEqual(t, state(hooked), state(walked))
 	assert.DeepEqual(t, rep, want)
@@ -172,25 +172,25 @@ func BenchmarkWalksAroundATurn100k(b *testing.B) {
 	var separate, merged time.Duration
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		_, err := mounts.OwnWorktree(root, task, task)
+		_, err := handOver(root, task, task)
 		assert.NilError(b, err)
-		_, err = Scan(ctx, root)
+		_, err = diff.Scan(ctx, root)
 		assert.NilError(b, err)
-		_, err = Scan(ctx, root)
+		_, err = diff.Scan(ctx, root)
 		assert.NilError(b, err)
-		_, err = mounts.GiveBack(root, owner, owner, lo, hi)
+		_, err = giveBack(root, owner, owner, lo, hi)
 		assert.NilError(b, err)
 		separate += time.Since(start)
 
 		start = time.Now()
-		h, err := mounts.NewHandOver(root, task, task)
+		h, err := newHandOverHook(root, task, task)
 		assert.NilError(b, err)
-		_, err = ScanHook(ctx, root, h)
+		_, err = diff.ScanHook(ctx, root, h)
 		assert.NilError(b, err)
-		assert.NilError(b, h.Close())
-		g, err := mounts.NewGiveBackHook(root, owner, owner, lo, hi)
+		h.close()
+		g, err := newGiveBackHook(root, owner, owner, lo, hi)
 		assert.NilError(b, err)
-		_, err = ScanThenHook(ctx, root, g)
+		_, err = diff.ScanThenHook(ctx, root, g)
 		assert.NilError(b, err)
 		rep, err := g.Finish()
 		assert.NilError(b, err)
@@ -201,4 +201,18 @@ func BenchmarkWalksAroundATurn100k(b *testing.B) {
 	b.ReportMetric(float64(merged.Milliseconds())/float64(b.N), "merged-ms")
 	b.ReportMetric(float64(merged)/float64(separate), "ratio")
 	b.ReportMetric(0, "ns/op")
+}
+
+func write(t testing.TB, root, rel, data string) {
+	t.Helper()
+	p := filepath.Join(root, rel)
+	assert.NilError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+	assert.NilError(t, os.WriteFile(p, []byte(data), 0o644))
+}
+
+func scan(t testing.TB, root string) *diff.Snapshot {
+	t.Helper()
+	s, err := diff.Scan(context.Background(), root)
+	assert.NilError(t, err)
+	return s
 }

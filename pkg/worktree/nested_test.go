@@ -1,4 +1,4 @@
-package mounts
+package worktree
 
 import (
 	"os"
@@ -17,7 +17,7 @@ import (
 // others — a .git directory, a gitdir pointer file, a .git link, a bare
 // repository layout and a commondir layout — and descends into none of
 // them; the directories holding them, the root's own .git and ordinary
-// files go back to the owner. OwnWorktree never hands the owner's own
+// files go back to the owner. handOver never hands the owner's own
 // nested repository to the task.
 func TestNestedReposStayTheCages(t *testing.T) {
 	itest.Require(t, itest.Root)
@@ -36,7 +36,7 @@ func TestNestedReposStayTheCages(t *testing.T) {
 	write("own/.git/config", "[core]\n")
 	write("own/.git/HEAD", "ref: refs/heads/main\n")
 	assert.NilError(t, chownTree(wt, 4242, 4242))
-	changed, err := OwnWorktree(wt, task, task)
+	changed, err := handOver(wt, task, task)
 	assert.NilError(t, err)
 	assert.Assert(t, changed)
 	u, _ := owner(t, filepath.Join(wt, "own", ".git", "config"))
@@ -60,7 +60,7 @@ func TestNestedReposStayTheCages(t *testing.T) {
 	write(".git/new", "") // the root's own .git: today's treatment
 	assert.NilError(t, chownTreeExcept(wt, task, task, filepath.Join(wt, "own", ".git")))
 
-	rep, err := GiveBack(wt, 4242, 4242, lo, hi)
+	rep, err := giveBack(wt, 4242, 4242, lo, hi)
 	assert.NilError(t, err)
 	assert.Equal(t, rep.Kept, 6, "%+v", rep)
 	assert.DeepEqual(t, slices.Sorted(slices.Values(rep.KeptPaths)), []string{"deep/a/b/.git", "lnk/.git", "payload", "ptr/.git", "sub/.git", "wt2"})
@@ -83,7 +83,7 @@ func TestNestedReposStayTheCages(t *testing.T) {
 	assert.Equal(t, u, uint32(4242), "the owner's own nested repository is still the owner's")
 
 	// Every later give-back (gc, the next turn's end) leaves them so too.
-	rep, err = GiveBack(wt, 4242, 4242, lo, hi)
+	rep, err = giveBack(wt, 4242, 4242, lo, hi)
 	assert.NilError(t, err)
 	assert.Equal(t, rep.Changed, 0)
 	assert.Equal(t, rep.Kept, 6)
@@ -122,7 +122,7 @@ func BenchmarkGiveBack(b *testing.B) {
 		b.StopTimer()
 		assert.NilError(b, chownTree(wt, lo+1000, lo+1000))
 		b.StartTimer()
-		rep, err := GiveBack(wt, 4242, 4242, lo, hi)
+		rep, err := giveBack(wt, 4242, 4242, lo, hi)
 		assert.NilError(b, err)
 		assert.Assert(b, rep.Changed > 22000)
 	}

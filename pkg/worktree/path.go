@@ -1,4 +1,4 @@
-package mounts
+package worktree
 
 import (
 	"bufio"
@@ -6,19 +6,36 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
+	"github.com/shrooms-cage/shrooms/pkg/mounts"
 )
 
 // rootDirs are directories that are never a worktree themselves (their
 // subdirectories may be): shared system, temporary and home roots.
 var rootDirs = []string{"/", "/tmp", "/var/tmp", "/srv", "/opt", "/mnt", "/media", "/home", "/root", "/var", "/usr/local", "/run/user", "/data"}
 
-// CheckWorktree validates a worktree: CheckHostDir's rules, plus an
+// CheckPath validates the worktree path of a turn or a task command under
+// cfg (checkPath: a git work tree or inside [worktree] roots, never a
+// system or home root, never shrooms' own directories) and returns it
+// cleaned; a refusal is fault.Input.
+func CheckPath(cfg *config.Config, path string) (string, error) {
+	forbidden := []string{cfg.State.Dir, cfg.Outbox.Root, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://"))}
+	wt, err := checkPath(path, cfg.Worktree.Roots, forbidden)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", fault.Input, err)
+	}
+	return wt, nil
+}
+
+// checkPath validates a worktree: mounts.CheckHostDir's rules, plus an
 // allowlist. The directory must be a git work tree (it has .git) or lie
 // strictly inside one of roots, and it is never a system, temporary or home
 // root (/tmp, /srv, /home, /home/<user>, a user's home directory, /opt, /mnt
 // and the like), whose contents are not one task's to rewrite.
-func CheckWorktree(path string, roots, forbidden []string) (string, error) {
-	clean, err := CheckHostDir(path, "worktree", forbidden)
+func checkPath(path string, roots, forbidden []string) (string, error) {
+	clean, err := mounts.CheckHostDir(path, "worktree", forbidden)
 	if err != nil {
 		return "", err
 	}
@@ -73,4 +90,12 @@ func homeDirs() []string {
 		}
 	}
 	return out
+}
+
+// within reports whether p is dir or inside it.
+func within(p, dir string) bool {
+	if dir == "/" {
+		return true
+	}
+	return p == dir || strings.HasPrefix(p, dir+"/")
 }

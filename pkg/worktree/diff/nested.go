@@ -1,4 +1,4 @@
-package wtdiff
+package diff
 
 import "strings"
 
@@ -9,7 +9,7 @@ const nestedWhy = "a nested git repository: its config and hooks run in the owne
 // none): the first path element named .git below the worktree root
 // ("sub/.git"), or a directory laid out as a git directory (HEAD with
 // objects and refs, or with commondir) in either snapshot — the layouts
-// mounts.GiveBack leaves with the task's uid.
+// the worktree's give-back leaves with the task's uid.
 func nestedRepoRoot(rel string, snaps ...*Snapshot) string {
 	parts := strings.Split(rel, "/")
 	for i := range parts {

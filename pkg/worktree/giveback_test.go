@@ -1,4 +1,4 @@
-package mounts
+package worktree
 
 import (
 	"fmt"
@@ -12,38 +12,6 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 )
-
-func TestCheckWorktreeAllowlist(t *testing.T) {
-	dir := t.TempDir()
-	repo := filepath.Join(dir, "repo")
-	plain := filepath.Join(dir, "plain")
-	roots := filepath.Join(dir, "roots")
-	for _, d := range []string{repo, filepath.Join(repo, ".git"), plain, roots, filepath.Join(roots, "task")} {
-		assert.NilError(t, os.Mkdir(d, 0o755))
-	}
-	got, err := CheckWorktree(repo, nil, nil)
-	assert.NilError(t, err, "a git work tree")
-	assert.Equal(t, got, repo)
-	_, err = CheckWorktree(filepath.Join(roots, "task"), []string{roots}, nil)
-	assert.NilError(t, err, "inside a configured root")
-
-	_, err = CheckWorktree(plain, nil, nil)
-	assert.ErrorContains(t, err, "is not a git work tree (no .git) and not inside a [worktree] roots directory")
-	_, err = CheckWorktree(roots, []string{roots}, nil)
-	assert.ErrorContains(t, err, "configured worktree root itself")
-	for _, p := range []string{"/tmp", "/srv", "/opt", "/mnt", "/var/tmp", "/home/someone", "/run/user/1000"} {
-		if _, err := os.Lstat(p); err != nil {
-			continue // only what exists here can reach the root check
-		}
-		_, err := CheckWorktree(p, []string{"/"}, nil)
-		assert.ErrorContains(t, err, "", p)
-		assert.Assert(t, err != nil, p)
-	}
-	_, err = CheckWorktree("/tmp", nil, nil)
-	assert.ErrorContains(t, err, "is a system, temporary or home root")
-	_, err = CheckWorktree("/home", nil, nil)
-	assert.ErrorContains(t, err, "contains /home")
-}
 
 func owner(t *testing.T, p string) (uint32, uint32) {
 	t.Helper()
@@ -86,7 +54,7 @@ func TestGiveBack(t *testing.T) {
 	done := make(chan struct{})
 	var rep GiveBackReport
 	var err error
-	go func() { rep, err = GiveBack(wt, 4242, 4343, lo, hi); close(done) }()
+	go func() { rep, err = giveBack(wt, 4242, 4343, lo, hi); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
@@ -110,7 +78,7 @@ func TestGiveBack(t *testing.T) {
 	assert.Equal(t, fi.Mode()&os.ModeSetuid, os.FileMode(0), "setuid cleared by the chown")
 
 	// Idempotent: nothing is in the range any more.
-	rep, err = GiveBack(wt, 4242, 4343, lo, hi)
+	rep, err = giveBack(wt, 4242, 4343, lo, hi)
 	assert.NilError(t, err)
 	assert.Equal(t, rep.Changed, 0)
 }
@@ -131,7 +99,7 @@ func TestGiveBackLeavesOtherFilesystems(t *testing.T) {
 	g := filepath.Join(wt, "y")
 	assert.NilError(t, os.WriteFile(g, nil, 0o644))
 	assert.NilError(t, os.Lchown(g, lo+1, lo+1))
-	_, err := GiveBack(wt, 4242, 4242, lo, hi)
+	_, err := giveBack(wt, 4242, 4242, lo, hi)
 	assert.NilError(t, err)
 	u, _ := owner(t, f)
 	assert.Equal(t, u, uint32(lo+1), "another filesystem inside is not walked")
@@ -159,11 +127,11 @@ func BenchmarkOwnershipGiveBack(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		if _, err := OwnWorktree(wt, lo+1000, lo+1000); err != nil {
+		if _, err := handOver(wt, lo+1000, lo+1000); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		rep, err := GiveBack(wt, 4242, 4242, lo, hi)
+		rep, err := giveBack(wt, 4242, 4242, lo, hi)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package turn
+package worktree
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/wtcap"
 )
@@ -23,7 +24,7 @@ func TestUncappedWorktreeIsRefusedByDefault(t *testing.T) {
 	cfg := config.Default().Worktree
 	assert.Equal(t, cfg.Uncapped, "refuse", "the default is safe")
 	err = capWorktree(cfg, dir, taskstate.IDs{UID: 200000, GID: 200000})
-	assert.Assert(t, errors.Is(err, ErrHostNotReady), "%v", err)
+	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
 	assert.Assert(t, strings.Contains(err.Error(), s.Reason) && strings.Contains(err.Error(), `worktree.uncapped = "allow"`), err.Error())
 	cfg.Uncapped = "allow"
 	assert.NilError(t, capWorktree(cfg, dir, taskstate.IDs{UID: 200000, GID: 200000}))

@@ -1,4 +1,4 @@
-// Package worktreeguard is the worktree half of invariant 1 (turn
+// Package guard is the worktree half of invariant 1 (turn
 // isolation): the worktree is the one place a turn writes that the next turn
 // (and the owner's own tools) read back, and agents load configuration from
 // it — opencode.json, .opencode/ plugins, .claude/settings.json hooks,
@@ -22,7 +22,7 @@
 //
 // Every host-side access to the worktree is fd-relative and never follows a
 // link, opens a FIFO or device, or descends into .git.
-package worktreeguard
+package guard
 
 import (
 	"path"

@@ -1,4 +1,4 @@
-package worktreeguard
+package guard
 
 import (
 	"encoding/json"

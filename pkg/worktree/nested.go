@@ -1,4 +1,4 @@
-package mounts
+package worktree
 
 import (
 	"errors"
@@ -21,16 +21,12 @@ import (
 // away its access for others, so the owner's git refuses it (and, unless the
 // owner is root, cannot read it at all, even with safe.directory=*). The
 // owner's own nested repositories are never handed to the task either
-// (OwnWorktree), so a turn cannot change one in place: a repository the
+// (the hand-over), so a turn cannot change one in place: a repository the
 // task's uid owns after a turn is one the turn made or replaced. The
 // worktree root's own .git keeps its treatment (read-only in the cage).
 
 // maxKeptListed bounds the paths a GiveBackReport lists.
 const maxKeptListed = 100
-
-// isNestedGit reports whether name, an entry of a directory depth levels
-// below the worktree root, is a nested .git (the root's own is depth 0).
-func isNestedGit(name string, depth int) bool { return name == ".git" && depth > 0 }
 
 // looksLikeGitDir reports whether the open directory fd is laid out as a
 // git directory (git's own is_git_directory test, loosely: HEAD with
@@ -48,12 +44,12 @@ func looksLikeGitDir(fd int) bool {
 // owns it; one the task's uid range owns loses its permissions for others
 // (its owner and group, the task's, keep theirs for the next turn). A link
 // is left as it is (lchown semantics: nothing followed).
-func (g *giver) keep(fd int, name, rel string, st *unix.Stat_t) error {
-	inRange := st.Uid >= g.lo && st.Uid < g.hi
+func (w *walker) keep(fd int, name, rel string, st *unix.Stat_t) error {
+	inRange := st.Uid >= w.lo && st.Uid < w.hi
 	if inRange {
-		g.rep.Kept++
-		if len(g.rep.KeptPaths) < maxKeptListed {
-			g.rep.KeptPaths = append(g.rep.KeptPaths, rel)
+		w.rep.Kept++
+		if len(w.rep.KeptPaths) < maxKeptListed {
+			w.rep.KeptPaths = append(w.rep.KeptPaths, rel)
 		}
 	}
 	if !inRange || st.Mode&0o007 == 0 {
@@ -70,7 +66,7 @@ func (g *giver) keep(fd int, name, rel string, st *unix.Stat_t) error {
 	})
 	switch {
 	case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV):
-		g.rep.Skipped++
+		w.rep.Skipped++
 		return nil
 	case err != nil:
 		return fmt.Errorf("open %s: %w", name, err)
@@ -81,7 +77,7 @@ func (g *giver) keep(fd int, name, rel string, st *unix.Stat_t) error {
 		return fmt.Errorf("stat %s: %w", name, err)
 	}
 	if now.Dev != st.Dev || now.Ino != st.Ino {
-		g.rep.Skipped++ // replaced under the walk
+		w.rep.Skipped++ // replaced under the walk
 		return nil
 	}
 	if err := unix.Fchmod(efd, now.Mode&0o7770); err != nil {

@@ -1,4 +1,4 @@
-// Package wtdiff summarises what a turn changed in its worktree: a scan
+// Package diff summarises what a turn changed in its worktree: a scan
 // before the cage starts and one after it is gone, compared entry by entry.
 // The walk is fd-relative and never follows a link or opens anything but a
 // directory (entries are looked at with fstatat(AT_SYMLINK_NOFOLLOW)), so a
@@ -14,7 +14,7 @@
 // size and mtime restored: no process but the kernel sets it. It is still a
 // report for the owner and the orchestrator, not a boundary (the guard and
 // the sealed commit path read content).
-package wtdiff
+package diff
 
 import (
 	"context"
@@ -27,7 +27,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // Bounds of one scan; past them the summary says truncated.
@@ -60,8 +60,8 @@ func Scan(ctx context.Context, root string) (*Snapshot, error) {
 }
 
 // Hook changes entries while a scan passes, so that one walk does both:
-// mounts.HandOver (the chown to the task's user before a turn) and
-// mounts.GiveBackHook (the chown back after it). Entry gets each entry's
+// worktree.Hook's hand-over (the chown to the task's user before a turn)
+// and give-back (the chown back after it). Entry gets each entry's
 // directory descriptor, name, worktree-relative path and lstat (never the
 // root's own .git, which scans leave out); it says whether it changed the
 // entry and whether it is to see what lies below it.
@@ -195,7 +195,7 @@ type Change struct {
 	// Change is "added", "modified" or "deleted" (the root itself, or
 	// anything beneath it).
 	Change string `json:"change"`
-	// Why is what loads it (worktreeguard.Why).
+	// Why is what loads it (guard.Why).
 	Why string `json:"why,omitempty"`
 }
 
@@ -219,7 +219,7 @@ type Summary struct {
 func Diff(before, after *Snapshot) Summary { return DiffRefs(before, after, nil) }
 
 // DiffRefs is Diff that also lists, as agent config, the changed paths
-// referenced says are loaded or run by trusted config (worktreeguard's
+// referenced says are loaded or run by trusted config (guard's
 // Check.Referenced: a CLAUDE.md import, an opencode instructions file, a
 // script a trusted .envrc or hook runs), with referenced's why.
 func DiffRefs(before, after *Snapshot, referenced func(rel string) string) Summary {
@@ -228,7 +228,7 @@ func DiffRefs(before, after *Snapshot, referenced func(rel string) string) Summa
 	roots := map[string]string{}
 	whys := map[string]string{}
 	touch := func(rel, change string) {
-		root := worktreeguard.GuardedRoot(rel)
+		root := guard.GuardedRoot(rel)
 		if root == "" {
 			root = nestedRepoRoot(rel, before, after)
 		}
@@ -288,7 +288,7 @@ func DiffRefs(before, after *Snapshot, referenced func(rel string) string) Summa
 
 // why says why a listed root is agent config.
 func why(p string, before, after *Snapshot) string {
-	if w := worktreeguard.Why(p); w != "" || nestedRepoRoot(p, before, after) != p {
+	if w := guard.Why(p); w != "" || nestedRepoRoot(p, before, after) != p {
 		return w
 	}
 	return nestedWhy

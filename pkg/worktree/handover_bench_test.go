@@ -1,4 +1,4 @@
-package mounts
+package worktree
 
 import (
 	"fmt"
@@ -9,10 +9,10 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/itest"
 )
 
-// BenchmarkOwnWorktree hands a 100 000-file worktree (1 000 directories of
+// BenchmarkHandOver hands a 100 000-file worktree (1 000 directories of
 // 100 files) to the task's user, the walk in front of every turn with a
-// worktree; GiveBack (BenchmarkOwnershipGiveBack) is the one after it.
-func BenchmarkOwnWorktree(b *testing.B) {
+// worktree; giveBack (BenchmarkOwnershipGiveBack) is the one after it.
+func BenchmarkHandOver(b *testing.B) {
 	itest.Require(b, itest.Root)
 	wt := b.TempDir()
 	for d := 0; d < 1000; d++ {
@@ -29,7 +29,7 @@ func BenchmarkOwnWorktree(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		uid := 300000 + i%2 // a different owner each time: every entry changes
-		if changed, err := OwnWorktree(wt, uid, uid); err != nil || !changed {
+		if changed, err := handOver(wt, uid, uid); err != nil || !changed {
 			b.Fatalf("changed %v, %v", changed, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package wtdiff
+package diff
 
 import (
 	"os"
