@@ -5,10 +5,12 @@
 // errno or value it observed, a verdict and evidence.
 //
 // shrooms is a static binary, so `shrooms probe` runs itself in a cage: the
-// host side (Run) bind-mounts its own executable read-only at BinaryPath and
-// makes `shrooms probe inside` the cage's command; the inside (Inside) prints one
-// Report as JSON on stdout; the host side parses it, joins network attempts
-// with canary logs when it has them (Join) and prints it (Table or JSON).
+// host side (pkg/probedrive) bind-mounts its own executable read-only at
+// BinaryPath and makes `shrooms probe inside` the cage's command; the inside
+// (Inside) prints one Report as JSON on stdout; the host side parses it
+// (Parse), joins network attempts with canary logs when it has them (Join)
+// and prints it (WriteTable or JSON). This package is the battery and its
+// report; it starts no cage.
 //
 // Techniques are non-destructive: zero-byte opens for write tests,
 // bad-argument syscalls to tell "allowed" (EBADF, EFAULT, EINVAL) from
@@ -41,12 +43,16 @@ import (
 // SchemaVersion is the version of the Report JSON.
 const SchemaVersion = 1
 
-// BinaryPath is where Run mounts shrooms inside the cage.
+// BinaryPath is where the host side (probedrive.Run) mounts shrooms inside
+// the cage.
 const BinaryPath = "/.shrooms/shrooms"
 
 // InsideArgs are the arguments (after the binary) of the hidden subcommand
 // that runs the battery in a cage: `shrooms probe inside`.
 var InsideArgs = []string{"probe", "inside"}
+
+// ParamsFlag is the `probe inside` flag that carries Params as JSON.
+const ParamsFlag = "--params-json"
 
 // Verdict is the outcome of one check.
 type Verdict string
