@@ -36,8 +36,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
-
-	"github.com/shrooms-cage/shrooms/pkg/firewall"
 )
 
 // SchemaVersion is the version of the Report JSON.
@@ -114,8 +112,23 @@ type Walls struct {
 	HostSeal string `json:"hostSeal"` // digest of the verified host seal
 	Rules    string `json:"rules"`    // digest of the seal check's rule set
 	// CageWall is the in-cage wall as verified (nil: none installed).
-	CageWall *firewall.WallStatus `json:"cageWall"`
-	Agree    bool                 `json:"agree"`
+	CageWall *WallStatus `json:"cageWall"`
+	Agree    bool        `json:"agree"`
+}
+
+// WallStatus is the in-cage wall as the host verified it: the fields of
+// pkg/firewall's WallStatus (the host side converts one into the other, so
+// the compiler keeps them the same), here so that the battery imports
+// nothing of shrooms.
+type WallStatus struct {
+	// Rules is the digest of the rule set the wall was built from.
+	Rules string `json:"rules"`
+	// Expected and Installed are digests of the wall's canonical rendering
+	// as built from the rules and as read from the kernel ("" if missing).
+	Expected  string `json:"expected"`
+	Installed string `json:"installed"`
+	OK        bool   `json:"ok"`
+	Reason    string `json:"reason,omitempty"`
 }
 
 // Params is what the host side tells the inside: the policy the cage is

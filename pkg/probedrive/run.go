@@ -110,7 +110,11 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*probe.Report, *turn.R
 		return nil, res, fmt.Errorf("probe: cage exited %d without a report: %w (stderr: %s)", res.ExitCode, perr, strings.Join(strings.Fields(stderr.tail()), " "))
 	}
 	if res.SealDigest != "" {
-		rep.Walls = &probe.Walls{HostSeal: res.SealDigest, Rules: res.SealRules, CageWall: res.CageWall}
+		rep.Walls = &probe.Walls{HostSeal: res.SealDigest, Rules: res.SealRules}
+		if res.CageWall != nil {
+			w := probe.WallStatus(*res.CageWall)
+			rep.Walls.CageWall = &w
+		}
 		rep.Walls.Agree = res.CageWall != nil && res.CageWall.OK && res.SealRules != "" && res.CageWall.Rules == res.SealRules
 	}
 	return rep, res, nil
