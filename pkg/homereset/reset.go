@@ -517,10 +517,11 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 	var data []byte
 	var dropped []profile.FieldDrop
 	if ru.Kind != profile.KindBlob || ru.Magic != "" {
-		raw, err := readNode(fd, limit)
-		if ru.Kind != profile.KindFilter {
-			raw, err = readHead(fd, int64(len(ru.Magic)))
+		read := func() ([]byte, error) { return readHead(fd, int64(len(ru.Magic))) }
+		if ru.Kind == profile.KindFilter {
+			read = func() ([]byte, error) { return readNode(fd, limit) }
 		}
+		raw, err := read()
 		if err != nil {
 			b.drop(rel, fmt.Sprintf("cannot be read (%v)", err))
 			return nil
