@@ -1,8 +1,9 @@
-package homereset
+package home
 
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -87,4 +88,30 @@ func TestPlanPolicyCodex(t *testing.T) {
 	cfg.Home.Profile("codex").Managed = map[string]any{"notify": []any{"sh", "-c", "x"}}
 	_, err = PlanPolicy(dir, cfg, []string{"codex"}, PolicyGateway{})
 	assert.ErrorContains(t, err, "home.codex.managed.notify")
+}
+
+// TestPlanPolicyClaude: Claude Code's managed settings and MCP file, and an
+// owner key that would change an enforced one refused as a config error.
+func TestPlanPolicyClaude(t *testing.T) {
+	cfg := config.Default()
+	dir := t.TempDir()
+	pol, err := PlanPolicy(dir, cfg, []string{"claude", "opencode", "shell"}, PolicyGateway{})
+	assert.NilError(t, err)
+	mounts := pol.Mounts
+	assert.Equal(t, len(mounts), 2)
+	_, err = os.Stat(mounts[0].Source)
+	assert.Assert(t, os.IsNotExist(err), "planning writes nothing")
+	assert.NilError(t, pol.Write())
+	assert.Equal(t, mounts[0].Dest, "/etc/claude-code")
+	var ms map[string]any
+	data, err := os.ReadFile(filepath.Join(mounts[0].Source, "managed-settings.json"))
+	assert.NilError(t, err)
+	assert.NilError(t, json.Unmarshal(data, &ms))
+	assert.Equal(t, ms["allowManagedHooksOnly"], true)
+	data, _ = os.ReadFile(filepath.Join(mounts[0].Source, "managed-mcp.json"))
+	assert.Equal(t, string(data), "{\n  \"mcpServers\": {}\n}\n")
+	cfg.Home.Profile("claude").Managed = map[string]any{"allowManagedHooksOnly": false}
+	_, err = PlanPolicy(dir, cfg, []string{"claude"}, PolicyGateway{})
+	assert.Assert(t, config.IsConfigError(err))
+	assert.ErrorContains(t, err, "home.claude.managed.allowManagedHooksOnly: is enforced by shrooms")
 }

@@ -1,20 +1,16 @@
-package probe
+package probedrive
 
 import (
-	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
-	"os/signal"
 	"slices"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
+	"github.com/shrooms-cage/shrooms/pkg/probe"
 )
 
 // MetadataAddrs are the cloud metadata services the probe aims at when no
@@ -36,7 +32,7 @@ const (
 // (D4); its gateways, neighbours and the first address of every network it
 // routes to other than by its default route (D6); the metadata services
 // (D7); cages it has talked to on the cage bridge (D8).
-func Discover(p *Params, n config.Network, opts firewall.Options) error {
+func Discover(p *probe.Params, n config.Network, opts firewall.Options) error {
 	h, err := firewall.ReadHostNet(opts, n.Bridge)
 	if err != nil {
 		return err
@@ -103,7 +99,7 @@ var PublicResolvers = []string{"8.8.8.8", "1.1.1.1", "9.9.9.9", "2001:4860:4860:
 // (example.com, resolved inside the cage); under the allowlist the allowed
 // entries themselves; resolvers are the host's (hostResolvers, from its
 // resolv.conf) and PublicResolvers.
-func InternetFor(p *Params, n config.Network, hostResolvers []string) {
+func InternetFor(p *probe.Params, n config.Network, hostResolvers []string) {
 	if len(p.Internet) == 0 && len(p.InternetNames) == 0 {
 		switch n.Policy {
 		case "internet":
@@ -142,32 +138,4 @@ func DialInbound(nonce string) func(addr string, port int) {
 		c.SetDeadline(time.Now().Add(time.Second))
 		fmt.Fprintf(c, "%s-inbound-host\n", nonce)
 	}
-}
-
-// PeerArg makes `shrooms probe inside` a peer cage (D8's target when no
-// targets file names one): it announces its addresses on stderr with
-// PeerAnnounce and waits to be stopped.
-const (
-	PeerArg      = "--peer"
-	PeerAnnounce = "shrooms-probe-peer"
-)
-
-// Peer announces this cage's addresses on w and blocks until ctx ends or
-// the cage is stopped (as PID 1 it must catch SIGTERM itself).
-func Peer(ctx context.Context, w io.Writer) {
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	var addrs []string
-	for _, i := range ifaces() {
-		as, _ := i.Addrs()
-		for _, a := range as {
-			if ipn, ok := a.(*net.IPNet); ok {
-				if ip, ok := netip.AddrFromSlice(ipn.IP); ok && !(ip.Is6() && !ip.Is4In6() && ip.IsLinkLocalUnicast()) {
-					addrs = append(addrs, ip.Unmap().String())
-				}
-			}
-		}
-	}
-	fmt.Fprintln(w, PeerAnnounce, strings.Join(addrs, " "))
-	<-ctx.Done()
 }

@@ -1,12 +1,16 @@
-package probe
+// Package probedrive is the host side of shrooms' breakout battery
+// (pkg/probe): it finds the targets the battery aims at from the host's own
+// network (Discover, InternetFor), runs `shrooms probe inside` as a turn of
+// the pipeline with this executable mounted read-only (Run), with a peer
+// cage for D8 and the host's kernel release for B10, dials the cage for D15
+// (DialInbound) and hands back the battery's report.
+package probedrive
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"io"
 	"os"
 	"path/filepath"
@@ -15,8 +19,12 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/probe"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -27,7 +35,7 @@ type Options struct {
 	Task  taskid.ID
 	Agent string
 	// Params go to the inside as they are.
-	Params Params
+	Params probe.Params
 	// Binary is the static shrooms executable to mount (default: this one).
 	Binary string
 	// Timeout bounds the turn (default 2 minutes).
@@ -43,12 +51,9 @@ type Options struct {
 	Peer bool
 }
 
-// ParamsFlag is the `probe inside` flag that carries Params as JSON.
-const ParamsFlag = "--params-json"
-
 // Run runs the battery in a fresh cage of r and returns its report. The
 // turn result is returned too (cage id, exit code, phases) when there is one.
-func Run(ctx context.Context, r *turn.Runner, o Options) (*Report, *turn.Result, error) {
+func Run(ctx context.Context, r *turn.Runner, o Options) (*probe.Report, *turn.Result, error) {
 	bin := o.Binary
 	if bin == "" {
 		exe, err := os.Executable()
@@ -77,7 +82,7 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*Report, *turn.Result,
 		o.Params.Peers = peers
 	}
 	if o.Params.HostKernel == "" {
-		o.Params.HostKernel = kernelRelease()
+		o.Params.HostKernel = hostKernel()
 	}
 	params, err := json.Marshal(o.Params)
 	if err != nil {
@@ -88,9 +93,9 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*Report, *turn.Result,
 	res, err := r.Run(ctx, turn.Request{
 		Task:    o.Task,
 		Agent:   o.Agent,
-		Command: append(append([]string{BinaryPath}, InsideArgs...), ParamsFlag, string(params)),
+		Command: append(append([]string{probe.BinaryPath}, probe.InsideArgs...), probe.ParamsFlag, string(params)),
 		ExtraMounts: []mounts.Mount{{
-			Kind: mounts.Bind, Source: bin, Dest: BinaryPath, ReadOnly: true,
+			Kind: mounts.Bind, Source: bin, Dest: probe.BinaryPath, ReadOnly: true,
 			Options: []string{"rbind", "nosuid", "nodev"},
 		}},
 		Timeout: timeout,
@@ -100,12 +105,16 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*Report, *turn.Result,
 	if err != nil {
 		return nil, res, fmt.Errorf("probe: turn: %w", err)
 	}
-	rep, perr := Parse(lastJSON(stdout.Bytes()))
+	rep, perr := probe.Parse(lastJSON(stdout.Bytes()))
 	if perr != nil {
-		return nil, res, fmt.Errorf("probe: cage exited %d without a report: %w (stderr: %s)", res.ExitCode, perr, oneLine(stderr.tail()))
+		return nil, res, fmt.Errorf("probe: cage exited %d without a report: %w (stderr: %s)", res.ExitCode, perr, strings.Join(strings.Fields(stderr.tail()), " "))
 	}
 	if res.SealDigest != "" {
-		rep.Walls = &Walls{HostSeal: res.SealDigest, Rules: res.SealRules, CageWall: res.CageWall}
+		rep.Walls = &probe.Walls{HostSeal: res.SealDigest, Rules: res.SealRules}
+		if res.CageWall != nil {
+			w := probe.WallStatus(*res.CageWall)
+			rep.Walls.CageWall = &w
+		}
 		rep.Walls.Agree = res.CageWall != nil && res.CageWall.OK && res.SealRules != "" && res.CageWall.Rules == res.SealRules
 	}
 	return rep, res, nil
@@ -121,7 +130,7 @@ func startPeer(ctx context.Context, r *turn.Runner, o Options, bin string, timeo
 	pctx, cancel := context.WithCancel(ctx)
 	found := make(chan []string, 1)
 	w := &announceWriter{onLine: func(f []string) {
-		if len(f) > 1 && f[0] == PeerAnnounce {
+		if len(f) > 1 && f[0] == probe.PeerAnnounce {
 			select {
 			case found <- f[1:]:
 			default:
@@ -132,9 +141,9 @@ func startPeer(ctx context.Context, r *turn.Runner, o Options, bin string, timeo
 	go func() {
 		_, err := r.Run(pctx, turn.Request{
 			Task: peer, Agent: o.Agent,
-			Command: append(append([]string{BinaryPath}, InsideArgs...), PeerArg),
+			Command: append(append([]string{probe.BinaryPath}, probe.InsideArgs...), probe.PeerArg),
 			ExtraMounts: []mounts.Mount{{
-				Kind: mounts.Bind, Source: bin, Dest: BinaryPath, ReadOnly: true,
+				Kind: mounts.Bind, Source: bin, Dest: probe.BinaryPath, ReadOnly: true,
 				Options: []string{"rbind", "nosuid", "nodev"},
 			}},
 			Timeout: timeout + time.Minute,
@@ -153,6 +162,15 @@ func startPeer(ctx context.Context, r *turn.Runner, o Options, bin string, timeo
 		stop()
 		return nil, nil, fmt.Errorf("probe: peer cage did not announce its addresses within a minute")
 	}
+}
+
+// hostKernel is uname's release of the host's kernel (Params.HostKernel).
+func hostKernel() string {
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		return ""
+	}
+	return string(bytes.TrimRight(uts.Release[:], "\x00"))
 }
 
 // lastJSON is the last line of out that looks like a JSON object.
@@ -197,7 +215,7 @@ func (a *announceWriter) Write(p []byte) (int, error) {
 		if a.onLine != nil {
 			a.onLine(f)
 		}
-		if len(f) == 3 && f[0] == InboundAnnounce && a.on != nil {
+		if len(f) == 3 && f[0] == probe.InboundAnnounce && a.on != nil {
 			port, _ := strconv.Atoi(f[2])
 			a.wg.Add(1)
 			go func() { defer a.wg.Done(); a.on(f[1], port) }()
@@ -216,79 +234,4 @@ func (a *announceWriter) tail() string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return string(a.last)
-}
-
-// Join marks every network attempt with what the canaries saw (hit reports
-// whether a canary logged the nonce) and re-judges the checks: an attempt
-// the policy forbids that a canary logged is an escape, whatever the
-// prober itself saw.
-func Join(r *Report, hit func(nonce string) bool) {
-	for i := range r.Checks {
-		c := &r.Checks[i]
-		for j := range c.Nonces {
-			a := &c.Nonces[j]
-			h := hit(a.Nonce)
-			a.Canary = &h
-			if h && !a.Allowed && c.Verdict != Residual {
-				c.escape("canary logged %s (%s)", a.Nonce, a.Target)
-			}
-		}
-	}
-	r.Summarize()
-}
-
-// WriteTable prints one line per check; color adds ANSI colours to the
-// verdicts (for terminals).
-func WriteTable(w io.Writer, r *Report, color bool) error {
-	bw := bufio.NewWriter(w)
-	fmt.Fprintf(bw, "%-5s %-9s %-38s %s\n", "ID", "VERDICT", "CHECK", "OBSERVED")
-	for _, c := range r.Checks {
-		v := fmt.Sprintf("%-9s", c.Verdict)
-		if color {
-			v = colorOf(c.Verdict) + v + "\x1b[0m"
-		}
-		obs := c.Observed
-		if c.Reason != "" {
-			obs += " — " + c.Reason
-		}
-		fmt.Fprintf(bw, "%-5s %s %-38s %s\n", c.ID, v, trunc(c.Name, 38), trunc(oneLine(obs), 160))
-		if c.Verdict == Escaped {
-			for _, e := range c.Evidence {
-				if strings.HasPrefix(e, "ESCAPED: ") {
-					fmt.Fprintf(bw, "%-5s %-9s   %s\n", "", "", e)
-				}
-			}
-		}
-	}
-	s := r.Summary
-	fmt.Fprintf(bw, "%d checks: %d sealed, %d escaped, %d residual, %d error\n", len(r.Checks), s.Sealed, s.Escaped, s.Residual, s.Error)
-	if w := r.Walls; w != nil {
-		state := "in-cage wall missing"
-		if w.CageWall != nil && w.CageWall.OK {
-			state = "in-cage wall " + w.CageWall.Installed
-		}
-		agree := "agree"
-		if !w.Agree {
-			agree = "DO NOT AGREE"
-		}
-		fmt.Fprintf(bw, "walls: host seal %s, %s; rule set %s: %s\n", w.HostSeal, state, w.Rules, agree)
-	}
-	return bw.Flush()
-}
-
-func colorOf(v Verdict) string {
-	switch v {
-	case Sealed:
-		return "\x1b[32m"
-	case Residual:
-		return "\x1b[33m"
-	}
-	return "\x1b[1;31m"
-}
-
-func trunc(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n-1] + "…"
 }

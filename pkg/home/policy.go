@@ -1,18 +1,14 @@
-package homereset
+package home
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
-
-	"github.com/BurntSushi/toml"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
@@ -52,66 +48,32 @@ func PlanPolicy(dir string, cfg *config.Config, profiles []string, gw PolicyGate
 		return nil, fmt.Errorf("policy directory %q must be absolute", dir)
 	}
 	pol := &Policy{}
-	for _, p := range profiles {
-		files, sub, dest, err := policyFiles(p, cfg, gw)
+	for _, name := range profiles {
+		prof, ok := profile.Lookup(name)
+		if !ok {
+			return nil, fmt.Errorf("unknown HOME profile %q", name)
+		}
+		data, err := prof.PolicyFiles(cfg.Home.Profile(name).Managed, gw)
+		var ee *profile.EnforcedError
+		if errors.As(err, &ee) {
+			return nil, &config.Error{Key: "home." + name + ".managed." + ee.Key, Msg: ee.Error()}
+		}
 		if err != nil {
 			return nil, err
 		}
-		if files == nil {
+		if data == nil {
 			continue
 		}
-		prof, _ := profile.Lookup(p)
-		m := PolicyMount{Source: filepath.Join(dir, sub), Dest: dest, Files: map[string]string{}, RootOwned: prof.PolicyRootOwned}
-		data := map[string][]byte{}
-		for _, name := range slices.Sorted(maps.Keys(files)) {
-			var b []byte
-			if filepath.Ext(name) == ".toml" {
-				var buf bytes.Buffer
-				if err := toml.NewEncoder(&buf).Encode(files[name]); err != nil {
-					return nil, fmt.Errorf("managed policy %s: %w", name, err)
-				}
-				b = buf.Bytes()
-			} else {
-				var err error
-				if b, err = json.MarshalIndent(files[name], "", "  "); err != nil {
-					return nil, fmt.Errorf("managed policy %s: %w", name, err)
-				}
-				b = append(b, '\n')
-			}
+		m := PolicyMount{Source: filepath.Join(dir, prof.PolicyDir), Dest: prof.PolicyDest, Files: map[string]string{}, RootOwned: prof.PolicyRootOwned}
+		for file, b := range data {
 			sum := sha256.Sum256(b)
-			m.Files[name] = "sha256:" + hex.EncodeToString(sum[:])
-			data[name] = b
+			m.Files[file] = "sha256:" + hex.EncodeToString(sum[:])
 		}
 		pol.Mounts = append(pol.Mounts, m)
 		pol.files = append(pol.files, data)
 	}
 	return pol, nil
 }
-
-// policyFiles is one profile's managed policy files, the subdirectory of
-// the policy dir they go to and where the cage mounts it (nil files: none).
-func policyFiles(name string, cfg *config.Config, gw PolicyGateway) (files map[string]any, sub, dest string, err error) {
-	prof, ok := profile.Lookup(name)
-	if !ok {
-		return nil, "", "", fmt.Errorf("unknown HOME profile %q", name)
-	}
-	if prof.Policy == nil || prof.PolicyDir == "" {
-		return nil, "", "", nil
-	}
-	files, err = prof.Policy(cfg.Home.Profile(name).Managed, gw)
-	var ee *profile.EnforcedError
-	if errors.As(err, &ee) {
-		return nil, "", "", &config.Error{Key: "home." + name + ".managed." + ee.Key, Msg: ee.Error()}
-	}
-	if err != nil {
-		return nil, "", "", err
-	}
-	return files, prof.PolicyDir, prof.PolicyDest, nil
-}
-
-// PolicyGateway is what the managed policy must pin when the turn's model
-// requests go through shrooms' gateway.
-type PolicyGateway = profile.Gateway
 
 // Write puts the policy's files in place: directories created if needed,
 // owned by root; files world-readable (the cage user must read them) and
