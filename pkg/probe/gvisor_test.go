@@ -6,8 +6,6 @@ import (
 
 	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
-
-	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // TestJudgeSandbox: A5 under gVisor is sealed only by the host's sight of
@@ -16,33 +14,33 @@ import (
 // seen leaves it undecided. Other cages' processes do not count.
 func TestJudgeSandbox(t *testing.T) {
 	const cage = "0123456789abcdef"
-	ids := taskstate.IDs{UID: 1879048192, GID: 1879048192}
-	proc := func(name, cage, id string) sandboxProc {
-		return sandboxProc{Pid: 7, Name: name, Cmdline: name + " --root=/var/run/runsc boot --bundle=/x/" + cage + "/userdata " + cage,
+	const base = 1879048192
+	proc := func(name, cage, id string) SandboxProc {
+		return SandboxProc{Pid: 7, Name: name, Cmdline: name + " --root=/var/run/runsc boot --bundle=/x/" + cage + "/userdata " + cage,
 			UID: []string{id, id, id, id}, GID: []string{id, id, id, id}}
 	}
 	task := "1879048192"
 	for _, tc := range []struct {
 		name  string
-		procs []sandboxProc
+		procs []SandboxProc
 		err   error
 		want  Verdict
 	}{
-		{"task ids", []sandboxProc{proc("runsc-sandbox", cage, task), proc("runsc-gofer", cage, task)}, nil, Sealed},
-		{"host root", []sandboxProc{proc("runsc-sandbox", cage, task), proc("runsc-gofer", cage, "0")}, nil, Escaped},
-		{"only the sandbox seen", []sandboxProc{proc("runsc-sandbox", cage, task)}, nil, Error},
-		{"another cage's", []sandboxProc{proc("runsc-sandbox", "fedcba9876543210", task), proc("runsc-gofer", "fedcba9876543210", task)}, nil, Error},
-		{"no task ids", []sandboxProc{proc("runsc-sandbox", cage, task), proc("runsc-gofer", cage, task)}, errors.New("no slot"), Error},
+		{"task ids", []SandboxProc{proc("runsc-sandbox", cage, task), proc("runsc-gofer", cage, task)}, nil, Sealed},
+		{"host root", []SandboxProc{proc("runsc-sandbox", cage, task), proc("runsc-gofer", cage, "0")}, nil, Escaped},
+		{"only the sandbox seen", []SandboxProc{proc("runsc-sandbox", cage, task)}, nil, Error},
+		{"another cage's", []SandboxProc{proc("runsc-sandbox", "fedcba9876543210", task), proc("runsc-gofer", "fedcba9876543210", task)}, nil, Error},
+		{"no task ids", []SandboxProc{proc("runsc-sandbox", cage, task), proc("runsc-gofer", cage, task)}, errors.New("no slot"), Error},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep := &Report{Checks: []Check{{ID: SandboxRow, Verdict: Error, Reason: sentryIDReason}}}
-			judgeSandbox(rep, cage, tc.procs, ids, tc.err)
+			JudgeSandbox(rep, cage, tc.procs, base, base, tc.err)
 			assert.Equal(t, rep.Checks[0].Verdict, tc.want, "%v", rep.Checks[0].Evidence)
 		})
 	}
 	// A row the inside decided is never the host's to change.
 	rep := &Report{Checks: []Check{{ID: SandboxRow, Verdict: Escaped}}}
-	judgeSandbox(rep, cage, []sandboxProc{proc("runsc-sandbox", cage, task), proc("runsc-gofer", cage, task)}, ids, nil)
+	JudgeSandbox(rep, cage, []SandboxProc{proc("runsc-sandbox", cage, task), proc("runsc-gofer", cage, task)}, base, base, nil)
 	assert.Equal(t, rep.Checks[0].Verdict, Escaped)
 }
 

@@ -114,8 +114,7 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*probe.Report, *turn.R
 		return nil, res, fmt.Errorf("probe: cage exited %d without a report: %w (stderr: %s)", res.ExitCode, perr, strings.Join(strings.Fields(stderr.tail()), " "))
 	}
 	ids, idsErr := r.Store.TaskIDs(o.Task, r.IDFiles, false)
-	judgeSandbox(rep, res.Cage, sandboxes, ids, idsErr)
-	rep.Summarize()
+	probe.JudgeSandbox(rep, res.Cage, sandboxes, ids.UID, ids.GID, idsErr)
 	if res.SealDigest != "" {
 		rep.Walls = &probe.Walls{HostSeal: res.SealDigest, Rules: res.SealRules}
 		if res.CageWall != nil {
