@@ -2,7 +2,8 @@
 // (pkg/probe): it finds the targets the battery aims at from the host's own
 // network (Discover, InternetFor), runs `shrooms probe inside` as a turn of
 // the pipeline with this executable mounted read-only (Run), with a peer
-// cage for D8 and the host's kernel release for B10, dials the cage for D15
+// cage for D8, the host's kernel release for B10 and, under gVisor, the
+// host ids of the cage's runsc processes for A5, dials the cage for D15
 // (DialInbound) and hands back the battery's report.
 package probedrive
 
