@@ -2,7 +2,8 @@
 // (pkg/probe): it finds the targets the battery aims at from the host's own
 // network (Discover, InternetFor), runs `shrooms probe inside` as a turn of
 // the pipeline with this executable mounted read-only (Run), with a peer
-// cage for D8 and the host's kernel release for B10, dials the cage for D15
+// cage for D8, the host's kernel release for B10 and, under gVisor, the
+// host ids of the cage's runsc processes for A5, dials the cage for D15
 // (DialInbound) and hands back the battery's report.
 package probedrive
 
@@ -90,6 +91,9 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*probe.Report, *turn.R
 	}
 	var stdout bytes.Buffer
 	stderr := &announceWriter{next: o.Stderr, on: o.OnInbound}
+	// Under gVisor only the host sees the task's ids (A5): watch the runsc
+	// processes while the cage runs.
+	watch := watchSandboxes(200 * time.Millisecond)
 	res, err := r.Run(ctx, turn.Request{
 		Task:    o.Task,
 		Agent:   o.Agent,
@@ -102,6 +106,7 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*probe.Report, *turn.R
 		Streams: podman.Streams{Stdout: &stdout, Stderr: stderr},
 	})
 	stderr.wait()
+	sandboxes := watch.Stop()
 	if err != nil {
 		return nil, res, fmt.Errorf("probe: turn: %w", err)
 	}
@@ -109,6 +114,8 @@ func Run(ctx context.Context, r *turn.Runner, o Options) (*probe.Report, *turn.R
 	if perr != nil {
 		return nil, res, fmt.Errorf("probe: cage exited %d without a report: %w (stderr: %s)", res.ExitCode, perr, strings.Join(strings.Fields(stderr.tail()), " "))
 	}
+	ids, idsErr := r.Store.TaskIDs(o.Task, r.IDFiles, false)
+	probe.JudgeSandbox(rep, res.Cage, sandboxes, ids.UID, ids.GID, idsErr)
 	if res.SealDigest != "" {
 		rep.Walls = &probe.Walls{HostSeal: res.SealDigest, Rules: res.SealRules}
 		if res.CageWall != nil {

@@ -245,6 +245,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 		DeadlineSeconds: uint(r.timeout(req).Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
 		Env:             env,
 		WorktreeGuard:   guardDigest,
+		GVisor:          gvisor(cfg.Cage.Runtime),
 	})
 	if err != nil {
 		return nil, err
