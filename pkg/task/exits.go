@@ -125,6 +125,7 @@ type CommitResult struct {
 // path is named in allow, and the named ones become trusted.
 func (r *Commands) Commit(ctx context.Context, task taskid.ID, message string, author gitseal.Author, allow []string) (*CommitResult, error) {
 	res := &CommitResult{Task: task.String(), AgentConfig: []worktreeguard.Change{}, Accepted: []string{}}
+	var nothing error // gitseal.ErrNothingToCommit: no failure, so no kind
 	err := r.withTask(task, func(id taskid.ID) error {
 		wt, err := r.Store.Recall(id, taskstate.FactWorktree)
 		if err != nil {
@@ -151,7 +152,9 @@ func (r *Commands) Commit(ctx context.Context, task taskid.ID, message string, a
 		}
 		commit, used, err := gitseal.CommitAs(ctx, wt, message, author)
 		res.Author = used.Name + " <" + used.Email + ">"
-		if err != nil && !errors.Is(err, gitseal.ErrNothingToCommit) {
+		if errors.Is(err, gitseal.ErrNothingToCommit) {
+			nothing = err
+		} else if err != nil {
 			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
 		res.Commit = commit
@@ -161,8 +164,11 @@ func (r *Commands) Commit(ctx context.Context, task taskid.ID, message string, a
 			}
 			res.Accepted = append(res.Accepted, allow...)
 		}
-		return err
+		return nil
 	})
+	if err == nil {
+		err = nothing
+	}
 	return res, err
 }
 
