@@ -2,8 +2,9 @@
 // CLI does to a task between turns — collect and list its outbox, commit
 // and trust its worktree, reset and forget it, gc the cages a crash left,
 // and read its log, status and lock holder (stop). It holds what it uses
-// (config, engine, task state, the HOMEs) and asks the pipeline only for
-// what a turn leaves behind (Pipeline); pkg/turn never imports it.
+// (config, engine, task state, the HOMEs, the worktree claims) and asks
+// the pipeline only for what a turn leaves behind (Pipeline); pkg/turn
+// never imports it.
 package task
 
 import (
@@ -18,7 +19,8 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/worktree"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // Commands are the task commands on one config, engine and state
@@ -33,13 +35,15 @@ type Commands struct {
 	IDFiles taskstate.IDFiles
 	Homes   *home.Store
 	Layout  taskstate.Layout
+	// Worktrees are the worktree claims (pkg/worktree): their give-back
+	// and release.
+	Worktrees worktree.Claims
 	// Turns is the turn pipeline's side of a task between turns.
 	Turns Pipeline
 }
 
 // Pipeline is what the task commands ask of the turn pipeline (the turn
-// runner): its cages, the HOME and outbox a turn leaves mounted, and
-// the worktree it hands out.
+// runner): its cages, and the HOME and outbox a turn leaves mounted.
 type Pipeline interface {
 	// RemoveLeftovers removes the task's cages a crashed shrooms left.
 	RemoveLeftovers(ctx context.Context, task taskid.ID, keep ...string) ([]string, error)
@@ -50,14 +54,6 @@ type Pipeline interface {
 	// SettleOutbox moves what the last turn left in the outbox to its
 	// pending delivery.
 	SettleOutbox(ctx context.Context, task taskid.ID) (*outbox.Moved, error)
-	// CheckWorktree validates a worktree path and returns it cleaned.
-	CheckWorktree(path string) (string, error)
-	// Claims lists the worktree claim files of task.
-	Claims(task taskid.ID) []string
-	// ReleaseWorktrees gives back the worktrees task holds.
-	ReleaseWorktrees(task taskid.ID) error
-	// GiveBackIdle gives back the worktrees of tasks with no turn running.
-	GiveBackIdle() ([]string, error)
 }
 
 // New returns the task commands of cfg on eng (nil: no podman), beside the
@@ -73,11 +69,12 @@ func New(cfg *config.Config, eng engine.Engine, turns Pipeline) *Commands {
 // state is the commands that read the state directory only.
 func state(cfg *config.Config) *Commands {
 	return &Commands{
-		Cfg:     cfg,
-		Store:   taskstate.Store{Dir: cfg.State.Dir},
-		IDFiles: taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
-		Homes:   home.NewStore(nil, cfg),
-		Layout:  taskstate.Layout{Dir: cfg.State.Dir},
+		Cfg:       cfg,
+		Store:     taskstate.Store{Dir: cfg.State.Dir},
+		IDFiles:   taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
+		Homes:     home.NewStore(nil, cfg),
+		Layout:    taskstate.Layout{Dir: cfg.State.Dir},
+		Worktrees: worktree.NewClaims(cfg),
 	}
 }
 
@@ -85,8 +82,8 @@ func state(cfg *config.Config) *Commands {
 func (r *Commands) ours(c podman.Cage) bool { return sealed.Ours(r.Cfg.State.Dir, c.Labels) }
 
 // trustStore is the task's store of trusted worktree config.
-func (r *Commands) trustStore(task taskid.ID) worktreeguard.Store {
-	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
+func (r *Commands) trustStore(task taskid.ID) guard.Store {
+	return guard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
 }
 
 // taskDir is the state directory of task.

@@ -22,7 +22,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 func TestFlockHolder(t *testing.T) {
@@ -37,7 +37,7 @@ func TestFlockHolder(t *testing.T) {
 }
 
 func TestAcceptAgentConfig(t *testing.T) {
-	changes := []worktreeguard.Change{
+	changes := []guard.Change{
 		{Path: ".claude/settings.json", Change: "added", Why: "hooks"},
 		{Path: "CLAUDE.md", Change: "deleted"},
 	}
