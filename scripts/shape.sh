@@ -18,6 +18,7 @@ echo "homereset lines (non-test; code lines, i.e. not blank or comment / wc -l):
 echo "funcs taking task string in pkg/: $(nontest pkg | xargs grep -hE '^func .*\btask string' | wc -l)"
 echo "test harness types (env, harness, cageEnv, fixture, world in tests and internal/itest): $(find cmd pkg internal test -name '*.go' | xargs grep -hE '^type (env|harness|cageEnv|fixture|world|Env) struct' | wc -l)"
 echo "fault-kind wrapping sites (lines with fmt.Errorf(… fault.X …)): $(nontest pkg cmd | xargs grep -hE 'Errorf\(.*fault\.[A-Z]' | wc -l)"
+echo "fault-kind decisions (those, plus fault.Wrap/Wrapf/Default/Phase calls outside pkg/fault): $(nontest pkg cmd | grep -v '^pkg/fault/' | xargs grep -hE 'Errorf\(.*fault\.[A-Z]|fault\.(Wrap|Wrapf|Default|Phase)\(' | wc -l)"
 # The walk of a turn's request (tools/walk, its own module: golang.org/x/tools
 # stays out of go.mod; `make setup` puts it in the module cache).
 echo "$(go run -C tools/walk . -root "$PWD" -tags "$TAGS")"

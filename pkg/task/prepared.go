@@ -57,7 +57,8 @@ func (r *Commands) PreparedCages(cages []podman.Cage, now time.Time) []PreparedC
 // (with dryRun, only lists them), each under its task's lock: a task whose
 // turn runs keeps its cage. Its HOME mount and token secrets go with the
 // next ReleaseIdle (gc), or the task's next turn.
-func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) ([]string, error) {
+func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) (_ []string, err error) {
+	defer fault.Phase(fault.HostNotReady, &err)
 	cages, err := r.managedCages(ctx)
 	if err != nil {
 		return nil, err
@@ -86,7 +87,7 @@ func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) ([]string, e
 		lock.Release()
 		expired = append(expired, removed...)
 		if err != nil {
-			return expired, fmt.Errorf("%w: expire prepared cage of %s: %w", fault.HostNotReady, p.Task, err)
+			return expired, fmt.Errorf("expire prepared cage of %s: %w", p.Task, err)
 		}
 	}
 	return expired, nil

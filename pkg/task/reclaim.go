@@ -189,11 +189,12 @@ func (r *Commands) releaseOutbox(task taskid.ID) error {
 // turn running and no prepared cage waiting (a killed shrooms leaves its
 // HOME mounted), and those of HOME images that were deleted: one whose
 // task still exists is copied back first, one whose task was forgotten is
-// let go. It returns what it released and, as an error, what it could not.
+// let go. It returns what it released and, as an error, what it could not
+// (gc's phase kinds it).
 func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 	atts, err := r.Homes.Attachments()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return nil, err
 	}
 	cages, err := r.managedCages(ctx)
 	if err != nil {
@@ -204,7 +205,7 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 	// Token secrets a killed turn left (a turn removes its own at its end).
 	secrets, err := r.Podman.ListSecrets(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return nil, err
 	}
 	for _, s := range secrets {
 		task, ok := r.secretTask(s.Name)
@@ -276,7 +277,7 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 		}
 	}
 	if len(left) > 0 {
-		return released, fmt.Errorf("%w: %w: %s", fault.HostNotReady, ErrLeftovers, strings.Join(left, "; "))
+		return released, fmt.Errorf("%w: %s", ErrLeftovers, strings.Join(left, "; "))
 	}
 	return released, nil
 }

@@ -9,12 +9,10 @@ package task
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
-	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -93,22 +91,8 @@ func (r *Commands) taskDir(task taskid.ID) string {
 	return filepath.Join(r.Layout.Tasks(), task.String())
 }
 
-// recall is a fact the task state holds of the task (taskstate.Store.Recall);
-// a state directory that cannot be read is the host's to fix.
-func (r *Commands) recall(id taskid.ID, fact string) (string, error) {
-	v, err := r.Store.Recall(id, fact)
-	if err != nil {
-		return "", fmt.Errorf("%w: %w", fault.HostNotReady, err)
-	}
-	return v, nil
-}
-
-// managedCages lists every cage shrooms manages on the engine; an engine
-// that cannot list them is the host's to fix.
+// managedCages lists every cage shrooms manages on the engine (its
+// callers' phases, gc and ExpirePrepared, kind a failure).
 func (r *Commands) managedCages(ctx context.Context) ([]podman.Cage, error) {
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
-	}
-	return cages, nil
+	return r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
 }

@@ -16,9 +16,11 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
+	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
@@ -58,6 +60,46 @@ func TestCheckTask(t *testing.T) {
 	assert.Assert(t, errors.Is(err, fault.Input) && errors.Is(err, ErrUnknownTask), "%v", err)
 	assert.NilError(t, os.MkdirAll(filepath.Join(cfg.State.Dir, "tasks", "known"), 0o700))
 	assert.NilError(t, CheckTask(cfg, taskid.Must("known")))
+}
+
+// TestCommandPhaseKinds: a task command kinds once what fails in it without
+// a kind (the state directory: the host's to fix) and keeps the kind a
+// deeper step decided (bad input). Unprivileged, no podman.
+func TestCommandPhaseKinds(t *testing.T) {
+	cfg := &config.Config{State: config.State{Dir: t.TempDir()}}
+	r := state(cfg)
+	id := taskid.Must("known")
+	assert.NilError(t, os.MkdirAll(r.taskDir(id), 0o700))
+	ctx := context.Background()
+
+	_, err := r.Commit(ctx, id, "m", gitseal.Author{}, nil)
+	assert.Equal(t, fault.Of(err), fault.Input, "%v", err)
+	assert.ErrorContains(t, err, `bad input: task "known" has no worktree`)
+	assert.NilError(t, r.Store.Remember(id, taskstate.FactWorktree, t.TempDir()))
+	_, err = r.Commit(ctx, id, "m", gitseal.Author{}, nil)
+	assert.Equal(t, fault.Of(err), fault.Input, "%v", err)
+	assert.ErrorContains(t, err, "has no trusted record")
+	// A trust record shrooms cannot read: the host's, said once.
+	assert.NilError(t, os.MkdirAll(r.trustStore(id).Dir, 0o700))
+	assert.NilError(t, os.WriteFile(filepath.Join(r.trustStore(id).Dir, "manifest.json"), []byte("{"), 0o600))
+	_, err = r.Commit(ctx, id, "m", gitseal.Author{}, nil)
+	assert.Equal(t, fault.Of(err), fault.HostNotReady, "%v", err)
+	assert.Assert(t, strings.HasPrefix(err.Error(), "host not ready: worktree trust: "), "%v", err)
+	assert.Assert(t, !strings.Contains(strings.TrimPrefix(err.Error(), "host not ready"), "host not ready"), "kinded twice: %v", err)
+
+	_, err = r.Reset(ctx, id, "", true)
+	assert.Equal(t, fault.Of(err), fault.Input, "%v", err)
+	assert.ErrorContains(t, err, "has run no agent yet")
+
+	st, err := r.Status(id)
+	assert.NilError(t, err)
+	assert.Equal(t, st.Turns, 0)
+	assert.NilError(t, os.WriteFile(filepath.Join(r.taskDir(id), "turn"), []byte("x"), 0o600))
+	_, err = r.Status(id)
+	assert.Equal(t, fault.Of(err), fault.HostNotReady, "%v", err)
+	assert.Assert(t, strings.HasPrefix(err.Error(), "host not ready: turn counter "), "%v", err)
+	_, err = r.Status(taskid.Must("nosuch"))
+	assert.Equal(t, fault.Of(err), fault.Input, "an unknown task stays bad input: %v", err)
 }
 
 // harness is task commands on the test podman service with a private state

@@ -4,12 +4,14 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
@@ -118,4 +120,41 @@ func TestClaimsThroughTheDoor(t *testing.T) {
 	assert.Equal(t, u, uint32(4242), "released worktrees are given back first")
 	assert.Equal(t, len(c.Files(one)), 0)
 	assert.NilError(t, c.Check(two, wt), "a released worktree is free")
+}
+
+// TestTakeKinds: Take kinds once what fails in it without a kind (a damaged
+// claim: the host's) and keeps the kind a step decided (another task's
+// worktree: bad input; the cap refusal: the host's, said once).
+func TestTakeKinds(t *testing.T) {
+	dir := t.TempDir()
+	c := Claims{Layout: taskstate.Layout{Dir: filepath.Join(dir, "state")}}
+	wt := filepath.Join(dir, "wt")
+	assert.NilError(t, os.Mkdir(wt, 0o755))
+	ids := taskstate.IDs{UID: 200000, GID: 200000}
+	ctx := context.Background()
+	once := func(err error, prefix string) {
+		t.Helper()
+		assert.Assert(t, strings.HasPrefix(err.Error(), prefix), "%v", err)
+		assert.Equal(t, strings.Count(err.Error(), "host not ready"), strings.Count(prefix, "host not ready"), "%v", err)
+	}
+
+	_, err := c.Take(ctx, taskid.Must("one"), filepath.Join(dir, "nosuch"), ids)
+	assert.Equal(t, fault.Of(err), fault.Input, "%v", err)
+
+	assert.NilError(t, c.write(&claim{Worktree: wt, Task: "one", UID: 4242, GID: 4242}))
+	_, err = c.Take(ctx, taskid.Must("two"), wt, ids)
+	assert.Equal(t, fault.Of(err), fault.Input, "%v", err)
+	once(err, `bad input: worktree "`+wt+`" belongs to task "one"`)
+
+	assert.NilError(t, os.WriteFile(c.path(wt), []byte("{"), 0o600))
+	_, err = c.Take(ctx, taskid.Must("one"), wt, ids)
+	assert.Equal(t, fault.Of(err), fault.HostNotReady, "%v", err)
+	once(err, "host not ready: worktree claim ")
+
+	// The cap refusal (the test's temporary directory has no project
+	// quotas, as TestUncappedWorktreeIsRefusedByDefault checks).
+	assert.NilError(t, os.Remove(c.path(wt)))
+	_, err = c.Take(ctx, taskid.Must("one"), wt, ids)
+	assert.Equal(t, fault.Of(err), fault.HostNotReady, "%v", err)
+	once(err, "host not ready: worktree cap: ")
 }

@@ -2,7 +2,6 @@ package worktree
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"golang.org/x/sys/unix"
@@ -60,15 +59,17 @@ func newHandOverHook(dir string, uid, gid int) (*Hook, error) {
 // (ids: the task's host ids). Call it with the task lock held. The
 // hand-over's walk is also the change scan before the turn: it returns
 // that snapshot (nil when there was nothing to hand over; the turn then
-// scans on its own).
-func (c Claims) Take(ctx context.Context, task taskid.ID, worktree string, ids taskstate.IDs) (*diff.Snapshot, error) {
+// scans on its own). What fails in it without a kind (the claim file, the
+// cap, the walk) is the host's to fix.
+func (c Claims) Take(ctx context.Context, task taskid.ID, worktree string, ids taskstate.IDs) (_ *diff.Snapshot, err error) {
+	defer fault.Phase(fault.HostNotReady, &err)
 	var st unix.Stat_t
 	if err := unix.Lstat(worktree, &st); err != nil {
 		return nil, fmt.Errorf("%w: worktree %s: %w", fault.Input, worktree, err)
 	}
 	cl, err := c.read(worktree)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, err
 	}
 	inRange := st.Uid >= ids.UID && st.Uid < ids.UID+taskstate.SlotSize
 	switch {
@@ -83,10 +84,7 @@ func (c Claims) Take(ctx context.Context, task taskid.ID, worktree string, ids t
 		cl.UID, cl.GID = st.Uid, st.Gid // the owner now (who may have changed)
 	}
 	if err := c.write(cl); err != nil {
-		if errors.Is(err, fault.Input) {
-			return nil, err
-		}
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, err
 	}
 	// The cap first: setting project ids changes ctimes, which the
 	// snapshot below must already see.
@@ -97,14 +95,14 @@ func (c Claims) Take(ctx context.Context, task taskid.ID, worktree string, ids t
 	h, err := newHandOverHook(worktree, int(ids.UID)+agent, int(ids.GID)+agent)
 	if err != nil || h == nil {
 		if err != nil {
-			return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			return nil, err
 		}
 		return nil, nil
 	}
 	defer h.close()
 	before, err := diff.ScanHook(ctx, worktree, h)
 	if err != nil {
-		return nil, fmt.Errorf("%w: worktree %s: give it to the task's user: %w", fault.HostNotReady, worktree, err)
+		return nil, fmt.Errorf("worktree %s: give it to the task's user: %w", worktree, err)
 	}
 	return before, nil
 }
@@ -112,11 +110,12 @@ func (c Claims) Take(ctx context.Context, task taskid.ID, worktree string, ids t
 // capWorktree puts the worktree under the task's project quota (its id the
 // task's first host uid: unique per task, never 0) before the cage starts;
 // where the filesystem has none the turn is refused, unless the owner
-// chose worktree.uncapped = "allow".
+// chose worktree.uncapped = "allow". (Take kinds a failure of the probe
+// or the quota.)
 func capWorktree(cfg config.Worktree, worktree string, ids taskstate.IDs) error {
 	s, err := wtcap.Probe(worktree)
 	if err != nil {
-		return fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return err
 	}
 	if !s.OK {
 		if cfg.Uncapped == "allow" {
@@ -124,8 +123,5 @@ func capWorktree(cfg config.Worktree, worktree string, ids taskstate.IDs) error 
 		}
 		return fmt.Errorf("%w: worktree cap: %s; mount it with prjquota, or set worktree.uncapped = \"allow\" to run turns whose worktree can fill that filesystem", fault.HostNotReady, s.Reason)
 	}
-	if err := wtcap.Apply(s, worktree, ids.UID, uint64(cfg.MaxSize), uint64(cfg.MaxFiles)); err != nil {
-		return fmt.Errorf("%w: %w", fault.HostNotReady, err)
-	}
-	return nil
+	return wtcap.Apply(s, worktree, ids.UID, uint64(cfg.MaxSize), uint64(cfg.MaxFiles))
 }
