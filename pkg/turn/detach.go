@@ -72,7 +72,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		if in, err := r.check(ctx, *next, modeAhead); err == nil {
 			if _, err := r.prepareNextLocked(ctx, *next, in, td.Cage); err == nil {
 				var errs []error
-				if err := r.ReleaseHome(ctx, td.Task); err != nil {
+				if err := r.releaseHome(ctx, td.Task); err != nil {
 					errs = append(errs, fmt.Errorf("release HOME: %w", err))
 				}
 				lock.Release()
@@ -87,7 +87,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 	var errs []error
 	// The turn's cage is the task's only one: a prepared cage was taken by
 	// the turn, or swept before it.
-	if _, err := r.RemoveLeftovers(ctx, td.Task); err != nil {
+	if _, err := r.removeLeftovers(ctx, td.Task); err != nil {
 		errs = append(errs, fmt.Errorf("remove cage: %w", err))
 	}
 	var secrets []string
@@ -114,7 +114,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 	}
 	// Last: HOME is unmounted until the next turn, unless the next cage
 	// was prepared on it.
-	if err := r.ReleaseHome(ctx, td.Task); err != nil {
+	if err := r.releaseHome(ctx, td.Task); err != nil {
 		errs = append(errs, fmt.Errorf("release HOME: %w", err))
 	}
 	return errors.Join(errs...)

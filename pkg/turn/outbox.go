@@ -76,18 +76,3 @@ func (r *Runner) settleOutbox(ctx context.Context, id taskid.ID, res *Result) {
 	}
 	res.Outbox.MoveMs = ms(time.Since(start))
 }
-
-// SettleOutbox moves what the task's last turn left in its outbox to its
-// pending delivery (gc does, for a turn whose shrooms was killed). Call it
-// with the task lock held and no cage of the task running.
-func (r *Runner) SettleOutbox(ctx context.Context, task taskid.ID) (*outbox.Moved, error) {
-	last, err := r.Store.LastTurn(task)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	}
-	m, err := r.host().SettleOutbox(ctx, r.Cfg.Outbox.Root, task, last, outbox.LimitsFrom(r.Cfg.Outbox))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	}
-	return m, nil
-}

@@ -157,7 +157,7 @@ func (r *Runner) gather(ctx context.Context, req Request, in *checked, m mode) (
 	if m.writes() {
 		f.root, _, err = r.bootstrap(ctx, in.task, ids, in.agent.Home)
 		if err == nil {
-			err = r.rememberProfiles(in.task, in.agent.Home, f.kept)
+			err = home.RememberProfiles(r.Store, in.task, in.agent.Home, f.kept)
 		}
 	} else {
 		f.root, err = r.host().HomeRoot(ctx, req.Task)

@@ -76,7 +76,7 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 // prepareNextLocked is PrepareNext with the task lock held; the cages in
 // keep (an exited one the caller removes itself) are left alone.
 func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked, keep ...string) (string, error) {
-	if _, err := r.RemoveLeftovers(ctx, req.Task, keep...); err != nil {
+	if _, err := r.removeLeftovers(ctx, req.Task, keep...); err != nil {
 		return "", fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
 	p, err := r.prepare(ctx, req, in, modeAhead)

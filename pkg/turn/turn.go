@@ -33,7 +33,6 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
-	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -272,7 +271,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// A detached teardown (its own lock, its own release) owns HOME then.
 	defer func() {
 		if res.Teardown != "detached" {
-			_ = r.ReleaseHome(context.WithoutCancel(ctx), req.Task)
+			_ = r.releaseHome(context.WithoutCancel(ctx), req.Task)
 		}
 	}()
 	var handoff *prepared // a turn whose teardown goes to a detached child
@@ -283,7 +282,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}()
 	// The turn's record, after the worktree is given back, before the lock goes.
 	defer func() {
-		res.HomeBytes = r.Home().Bytes(req.Task)
+		res.HomeBytes = r.homes().Bytes(req.Task)
 		if rerr := r.recordTurn(req.Task, res, err, c.start); rerr != nil && err == nil {
 			err = fmt.Errorf("%w: %w", ErrHostNotReady, rerr)
 		}
@@ -348,7 +347,7 @@ func (r *Runner) turnCage(ctx context.Context, req Request, in *checked) (prepar
 		// leftover. A waiting prepared cage was created right after such a
 		// sweep under the same lock, and every turn since would have taken
 		// or discarded it: when one is taken there is nothing to sweep.
-		if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
+		if _, err := r.removeLeftovers(ctx, req.Task); err != nil {
 			return "", nil, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 		}
 		prep, err = r.prepare(ctx, req, in, modeRun)
@@ -688,26 +687,4 @@ func SpecJSON(s *specgen.SpecGenerator) ([]byte, error) {
 		return nil, fmt.Errorf("render spec: %w", err)
 	}
 	return append(b, '\n'), nil
-}
-
-// Bootstrap creates the task HOME once, under the task lock, seeding the
-// credentials of the given HOME profiles (all profiles when none are given).
-func (r *Runner) Bootstrap(ctx context.Context, task taskid.ID, profiles []string) (*home.BootstrapResult, error) {
-	if len(profiles) == 0 {
-		profiles = profile.Names()
-	}
-	lock, err := r.Store.LockTask(task)
-	if err != nil {
-		return nil, Classify(err)
-	}
-	defer lock.Release()
-	ids, err := r.Store.TaskIDs(task, r.IDFiles, true)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	}
-	_, res, err := r.bootstrap(ctx, task, ids, profiles)
-	if err == nil {
-		err = r.ReleaseHome(ctx, task)
-	}
-	return res, err
 }
