@@ -294,7 +294,7 @@ func (r *Commands) Reset(ctx context.Context, task taskid.ID, agent string, dryR
 				return fmt.Errorf("%w: HOME cleanup: %w", fault.HostNotReady, err)
 			}
 		}
-		return r.Turns.ReleaseHome(ctx, task)
+		return r.releaseHome(ctx, task)
 	})
 	return rep, err
 }

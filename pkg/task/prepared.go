@@ -82,7 +82,7 @@ func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) ([]string, e
 		if err != nil {
 			return expired, turn.Classify(err)
 		}
-		removed, err := r.Turns.RemoveLeftovers(ctx, id)
+		removed, err := r.cages().RemoveLeftovers(ctx, id)
 		lock.Release()
 		expired = append(expired, removed...)
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/shrooms-cage/shrooms/pkg/cages"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
@@ -40,18 +41,8 @@ type Commands struct {
 }
 
 // Pipeline is what the task commands ask of the turn pipeline (the turn
-// runner): its cages, the HOME and outbox a turn leaves mounted, and
-// the worktree it hands out.
+// runner): the worktree it hands out.
 type Pipeline interface {
-	// RemoveLeftovers removes the task's cages a crashed shrooms left.
-	RemoveLeftovers(ctx context.Context, task taskid.ID, keep ...string) ([]string, error)
-	// HomeInUse reports whether any cage of task exists.
-	HomeInUse(ctx context.Context, task taskid.ID) (bool, error)
-	// ReleaseHome unmounts task's HOME when no cage of it is left.
-	ReleaseHome(ctx context.Context, task taskid.ID) error
-	// SettleOutbox moves what the last turn left in the outbox to its
-	// pending delivery.
-	SettleOutbox(ctx context.Context, task taskid.ID) (*outbox.Moved, error)
 	// CheckWorktree validates a worktree path and returns it cleaned.
 	CheckWorktree(path string) (string, error)
 	// Claims lists the worktree claim files of task.
@@ -83,8 +74,43 @@ func state(cfg *config.Config) *Commands {
 	}
 }
 
+// cages are the cages of this state directory on the engine (those a
+// turn left: leftovers, or a prepared one holding the HOME).
+func (r *Commands) cages() cages.Cages {
+	return cages.Cages{Engine: r.Podman, StateDir: r.Cfg.State.Dir}
+}
+
 // ours reports whether a cage was made by a shrooms with this state dir.
-func (r *Commands) ours(c podman.Cage) bool { return sealed.Ours(r.Cfg.State.Dir, c.Labels) }
+func (r *Commands) ours(c podman.Cage) bool { return r.cages().Ours(c) }
+
+// releaseHome unmounts task's HOME and frees its loop device when no cage
+// of the task is left (one prepared ahead waits on it). Call it with the
+// task lock held; an unknown podman state keeps the mount.
+func (r *Commands) releaseHome(ctx context.Context, task taskid.ID) error {
+	if busy, err := r.cages().InUse(ctx, task); err != nil || busy {
+		return err
+	}
+	return r.Homes.Release(task)
+}
+
+// settleOutbox moves what task's last turn left in its outbox to its
+// pending delivery (outbox.Settle; nil when it held nothing). Call it with
+// the task lock held and no cage of the task running.
+func (r *Commands) settleOutbox(ctx context.Context, task taskid.ID) (*outbox.Moved, error) {
+	last, err := r.Store.LastTurn(task)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+	}
+	peers, err := r.Homes.ServiceNamespaces()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+	}
+	m, err := outbox.Settle(ctx, r.Cfg.Outbox.Root, task, last, outbox.LimitsFrom(r.Cfg.Outbox), peers...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+	}
+	return m, nil
+}
 
 // trustStore is the task's store of trusted worktree config.
 func (r *Commands) trustStore(task taskid.ID) worktreeguard.Store {
