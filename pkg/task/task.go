@@ -28,9 +28,9 @@ import (
 // directory.
 type Commands struct {
 	Cfg *config.Config
-	// Podman is the container engine; nil for the commands that never
-	// contact podman (those of the state directory, the outbox and the
-	// worktree).
+	// Podman is the container engine; the commands that may not need it
+	// (those of the state directory, the outbox and the worktree) are
+	// given one that connects on its first use (podman.Lazy).
 	Podman  engine.Engine
 	Store   taskstate.Store
 	IDFiles taskstate.IDFiles
