@@ -69,7 +69,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		// a removal of a removed cage is not an error). A turn with token
 		// secrets keeps the old order: its next cage's secrets have the
 		// same names.
-		if in, err := r.check(ctx, *next, modeAhead); err == nil {
+		if in, err := r.check(ctx, *next, aheadSteps()); err == nil {
 			if _, err := r.prepareNextLocked(ctx, *next, in, td.Cage); err == nil {
 				var errs []error
 				if err := r.releaseHome(ctx, td.Task); err != nil {
@@ -104,7 +104,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		}
 	}
 	if next != nil {
-		in, err := r.check(ctx, *next, modeAhead)
+		in, err := r.check(ctx, *next, aheadSteps())
 		if err == nil {
 			_, err = r.prepareNextLocked(ctx, *next, in)
 		}

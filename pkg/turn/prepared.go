@@ -61,7 +61,7 @@ const (
 // No code of the cage runs before its Run: the HOME a prepared cage sees is
 // the one reset here, and Run verifies it is still exactly that.
 func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
-	in, err := r.check(ctx, req, modeAhead)
+	in, err := r.check(ctx, req, aheadSteps())
 	if err != nil {
 		return "", err
 	}
@@ -79,7 +79,7 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 	if _, err := r.removeLeftovers(ctx, req.Task, keep...); err != nil {
 		return "", fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
-	p, err := r.prepare(ctx, req, in, modeAhead)
+	p, err := r.prepare(ctx, req, in, aheadSteps())
 	if err != nil {
 		return "", err
 	}
@@ -235,7 +235,7 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 // matchPrepared returns the turn's plan when the prepared cage c runs req
 // exactly as a fresh one would, and nil when it does not.
 func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c podman.Cage) (*prepared, error) {
-	p, err := r.prepare(ctx, req, in, modeMatch)
+	p, err := r.prepare(ctx, req, in, matchSteps())
 	if err != nil {
 		return nil, err
 	}
