@@ -6,7 +6,6 @@ package cages
 
 import (
 	"context"
-	"fmt"
 	"slices"
 
 	"github.com/shrooms-cage/shrooms/pkg/fault"
@@ -38,7 +37,7 @@ func (s Cages) Ours(c podman.Cage) bool { return sealed.Ours(s.StateDir, c.Label
 func (s Cages) InUse(ctx context.Context, task taskid.ID) (bool, error) {
 	cages, err := s.Engine.ListByLabel(ctx, sealed.LabelTask, task.String())
 	if err != nil {
-		return false, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return false, fault.Wrap(fault.HostNotReady, err)
 	}
 	return slices.ContainsFunc(cages, s.Ours), nil
 }

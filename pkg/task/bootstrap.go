@@ -2,7 +2,6 @@ package task
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/home"
@@ -26,7 +25,7 @@ func (r *Commands) Bootstrap(ctx context.Context, task taskid.ID, profiles []str
 	defer lock.Release()
 	ids, err := r.Store.TaskIDs(task, r.IDFiles, true)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, fault.Wrap(fault.HostNotReady, err)
 	}
 	kept, err := home.Had(r.Store, task)
 	if err != nil {
@@ -39,7 +38,7 @@ func (r *Commands) Bootstrap(ctx context.Context, task taskid.ID, profiles []str
 	res, err := h.Bootstrap(ctx, home.TaskOf(r.Cfg, h.Root, ids, profiles, nil))
 	if err != nil {
 		h.Discard(ctx)
-		return nil, fmt.Errorf("%w: bootstrap HOME: %w", fault.HostNotReady, err)
+		return nil, fault.Wrapf(fault.HostNotReady, "bootstrap HOME: %w", err)
 	}
 	if res.Result == home.Bootstrapped {
 		if err := home.RememberProfiles(r.Store, task, profiles, nil); err != nil {

@@ -99,15 +99,15 @@ func (r *Commands) releaseHome(ctx context.Context, task taskid.ID) error {
 func (r *Commands) settleOutbox(ctx context.Context, task taskid.ID) (*outbox.Moved, error) {
 	last, err := r.Store.LastTurn(task)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, fault.Wrap(fault.HostNotReady, err)
 	}
 	peers, err := r.Homes.ServiceNamespaces()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, fault.Wrap(fault.HostNotReady, err)
 	}
 	m, err := outbox.Settle(ctx, r.Cfg.Outbox.Root, task, last, outbox.LimitsFrom(r.Cfg.Outbox), peers...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, fault.Wrap(fault.HostNotReady, err)
 	}
 	return m, nil
 }
