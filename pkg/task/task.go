@@ -2,8 +2,8 @@
 // CLI does to a task between turns — collect and list its outbox, commit
 // and trust its worktree, reset and forget it, gc the cages a crash left,
 // and read its log, status and lock holder (stop). It holds what it uses
-// (config, engine, task state, the HOMEs) and asks the pipeline only for
-// what a turn leaves behind (Pipeline); pkg/turn never imports it.
+// (config, engine, task state, the HOMEs, the cages) and asks the pipeline
+// only for what a turn leaves behind (Pipeline); pkg/turn never imports it.
 package task
 
 import (

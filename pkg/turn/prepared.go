@@ -192,7 +192,7 @@ func loadResetReport(taskDir, cage string) *preparedReset {
 
 // takePrepared returns the id of a prepared cage that runs req exactly as a
 // fresh one would, with its argv handed over, or "" when there is none. A
-// prepared cage that does not match is left for RemoveLeftovers.
+// prepared cage that does not match is left for removeLeftovers.
 func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (string, *prepared, error) {
 	if r.Binary == "" {
 		return "", nil, nil
