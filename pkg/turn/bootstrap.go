@@ -46,7 +46,7 @@ func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, ids taskstate.IDs,
 		return "", nil, fmt.Errorf("%w: bootstrap HOME: %w", ErrHostNotReady, err)
 	}
 	if res.Result == home.Bootstrapped {
-		if err := home.RememberProfiles(r.Store, id, profiles, nil); err != nil {
+		if err := r.rememberProfiles(id, profiles, nil); err != nil {
 			return "", nil, err
 		}
 	}
@@ -97,4 +97,10 @@ func (r *Runner) Claims(task taskid.ID) []string {
 		}
 	}
 	return out
+}
+
+// rememberProfiles records that task's HOME holds state of profiles (with
+// kept, those it held before), before the reset that may carry it over.
+func (r *Runner) rememberProfiles(task taskid.ID, profiles, kept []string) error {
+	return home.RememberProfiles(r.Store, task, profiles, kept)
 }

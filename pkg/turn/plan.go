@@ -187,7 +187,7 @@ func (r *Runner) gather(ctx context.Context, req Request, in *checked, s steps) 
 	if s.acquire {
 		f.root, _, err = r.bootstrap(ctx, in.task, ids, in.agent.Home)
 		if err == nil {
-			err = home.RememberProfiles(r.Store, in.task, in.agent.Home, f.kept)
+			err = r.rememberProfiles(in.task, in.agent.Home, f.kept)
 		}
 	} else {
 		f.root, err = r.host().HomeRoot(ctx, req.Task)
