@@ -33,7 +33,7 @@ func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *task.Commands
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	return task.New(turns.Cfg, turns.Podman, turns), ctx, stop, nil
+	return task.New(turns.Cfg, turns.Podman), ctx, stop, nil
 }
 
 // pipelineFor is runnerFor for the commands of the turn pipeline (run,
@@ -90,7 +90,7 @@ func localRunner(c *cli.Context, pre func(*config.Config) error) (r *task.Comman
 // lazyCommands are the task commands of cfg with podman connected on its
 // first use only.
 func lazyCommands(cfg *config.Config) *task.Commands {
-	return task.New(cfg, podman.Lazy(cfg.Podman.Socket), turn.NewRunner(cfg, nil, nil))
+	return task.New(cfg, podman.Lazy(cfg.Podman.Socket))
 }
 
 // withTask is the one preamble of a command on one existing task: the

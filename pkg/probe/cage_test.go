@@ -1,4 +1,4 @@
-package probe
+package probe_test
 
 import (
 	"context"
@@ -25,6 +25,11 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
+
+	// The battery's names unqualified: these tests drive it from the host
+	// (probedrive), which imports it.
+	. "github.com/shrooms-cage/shrooms/pkg/probe"
+	"github.com/shrooms-cage/shrooms/pkg/probedrive"
 )
 
 // shroomsBinary is the real static shrooms binary, built once per test run.
@@ -92,7 +97,7 @@ func (e *cageEnv) run(t *testing.T, weaken func(*specgen.SpecGenerator)) *Report
 	r := turn.NewRunner(e.cfg, e.client, nil)
 	r.OnSpec = weaken
 	var stderr strings.Builder
-	rep, res, err := Run(context.Background(), r, Options{
+	rep, res, err := probedrive.Run(context.Background(), r, probedrive.Options{
 		Task: taskid.Must(fmt.Sprintf("%s-%d", e.prefix, e.n)), Agent: "shell", Binary: e.bin,
 		Params: Params{Policy: e.cfg.Network.Policy, StrictSeccomp: e.cfg.Cage.StrictSeccomp(), Nonce: e.prefix},
 		Stderr: &stderr,

@@ -16,7 +16,8 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/worktree"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // ErrUnknownTask is a task shrooms has no state of.
@@ -119,19 +120,19 @@ type CommitResult struct {
 	Commit string `json:"commit"`
 	// AgentConfig are the guarded paths that differ from the owner's trusted
 	// version; Accepted those --allow-agent-config named (now trusted).
-	AgentConfig []worktreeguard.Change `json:"agentConfig"`
-	Accepted    []string               `json:"accepted"`
+	AgentConfig []guard.Change `json:"agentConfig"`
+	Accepted    []string       `json:"accepted"`
 	// Author is who the commit names as author and committer.
 	Author string `json:"author,omitempty"`
 }
 
 // Commit commits the task's worktree on the host in a sealed git
 // environment, under the task lock so the cage cannot race it. Agent
-// config that a turn added or changed (worktreeguard) is the next thing the
+// config that a turn added or changed (pkg/worktree/guard) is the next thing the
 // owner's repository would run: the commit is refused unless every such
 // path is named in allow, and the named ones become trusted.
 func (r *Commands) Commit(ctx context.Context, task taskid.ID, message string, author gitseal.Author, allow []string) (*CommitResult, error) {
-	res := &CommitResult{Task: task.String(), AgentConfig: []worktreeguard.Change{}, Accepted: []string{}}
+	res := &CommitResult{Task: task.String(), AgentConfig: []guard.Change{}, Accepted: []string{}}
 	err := r.withTask(task, func(id taskid.ID) error {
 		wt, err := r.recall(id, taskstate.FactWorktree)
 		if err != nil {
@@ -175,7 +176,7 @@ func (r *Commands) Commit(ctx context.Context, task taskid.ID, message string, a
 
 // acceptAgentConfig refuses unless allow names every added or changed
 // guarded path, and names nothing else.
-func acceptAgentConfig(changes []worktreeguard.Change, allow []string) error {
+func acceptAgentConfig(changes []guard.Change, allow []string) error {
 	named := map[string]bool{}
 	for _, p := range allow {
 		named[p] = true
@@ -207,32 +208,32 @@ var ErrAgentConfig = errors.New("the worktree has agent config the owner has not
 // TrustResult is what Trust did.
 type TrustResult struct {
 	Task string `json:"task"`
-	*worktreeguard.TrustResult
+	*guard.TrustResult
 	// Changes are what differed from the trusted version before.
-	Changes []worktreeguard.Change `json:"changes"`
+	Changes []guard.Change `json:"changes"`
 }
 
 // Trust records the worktree's agent config (all of it, or the given
 // worktree-relative paths) as the owner's trusted version, so later turns
 // no longer mask it. worktree "" means the task's remembered worktree.
-func (r *Commands) Trust(ctx context.Context, task taskid.ID, worktree string, paths []string) (*TrustResult, error) {
+func (r *Commands) Trust(ctx context.Context, task taskid.ID, path string, paths []string) (*TrustResult, error) {
 	for _, p := range paths {
 		if p == "" || strings.HasPrefix(p, "/") || p != filepath.ToSlash(filepath.Clean(p)) || strings.HasPrefix(p, "../") || p == ".." {
 			return nil, fmt.Errorf("%w: %q is not a clean worktree-relative path", fault.Input, p)
 		}
 	}
-	res := &TrustResult{Task: task.String(), Changes: []worktreeguard.Change{}}
+	res := &TrustResult{Task: task.String(), Changes: []guard.Change{}}
 	err := r.withTask(task, func(id taskid.ID) error {
-		if worktree == "" {
+		if path == "" {
 			var err error
-			if worktree, err = r.recall(id, taskstate.FactWorktree); err != nil {
+			if path, err = r.recall(id, taskstate.FactWorktree); err != nil {
 				return err
 			}
-			if worktree == "" {
+			if path == "" {
 				return fmt.Errorf("%w: task %q has no worktree; pass --worktree", fault.Input, task)
 			}
 		}
-		wt, err := r.Turns.CheckWorktree(worktree)
+		wt, err := worktree.CheckPath(r.Cfg, path)
 		if err != nil {
 			return err
 		}

@@ -143,7 +143,7 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 	if err := r.settleIdle(ctx, entries, cages, rep); err != nil {
 		return rep, err
 	}
-	given, err := r.Turns.GiveBackIdle()
+	given, err := r.Worktrees.GiveBackIdle()
 	rep.Worktrees = append(rep.Worktrees, given...)
 	if err != nil {
 		return rep, fmt.Errorf("%w: %w", fault.HostNotReady, err)

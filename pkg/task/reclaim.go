@@ -63,7 +63,7 @@ func (r *Commands) leftovers(ctx context.Context, task taskid.ID, stateGone bool
 			left = append(left, "secret "+s.Name)
 		}
 	}
-	for _, c := range r.Turns.Claims(task) {
+	for _, c := range r.Worktrees.Files(task) {
 		left = append(left, "worktree claim "+c)
 	}
 	for _, p := range []string{filepath.Join(r.Cfg.Outbox.Root, task.String()), outbox.Pending(r.Cfg.Outbox.Root, task)} {
@@ -119,7 +119,7 @@ func (r *Commands) Forget(ctx context.Context, task taskid.ID) error {
 		}
 		_, err := r.cages().RemoveLeftovers(ctx, task)
 		step("cages", err)
-		step("worktree", r.Turns.ReleaseWorktrees(id))
+		step("worktree", r.Worktrees.Release(id))
 		step("HOME", r.Homes.Remove(ctx, task))
 		if _, err := os.Stat(r.Cfg.Outbox.Root); err == nil {
 			step("outbox", r.releaseOutbox(task))

@@ -2,8 +2,8 @@
 // CLI does to a task between turns — collect and list its outbox, commit
 // and trust its worktree, reset and forget it, gc the cages a crash left,
 // and read its log, status and lock holder (stop). It holds what it uses
-// (config, engine, task state, the HOMEs, the cages) and asks the pipeline
-// only for what a turn leaves behind (Pipeline); pkg/turn never imports it.
+// (config, engine, task state, the HOMEs, the cages, the worktree claims);
+// pkg/turn never imports it, and it asks the turn pipeline nothing.
 package task
 
 import (
@@ -21,7 +21,8 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/worktree"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // Commands are the task commands on one config, engine and state
@@ -36,41 +37,28 @@ type Commands struct {
 	IDFiles taskstate.IDFiles
 	Homes   *home.Store
 	Layout  taskstate.Layout
-	// Turns is the turn pipeline's side of a task between turns.
-	Turns Pipeline
+	// Worktrees are the worktree claims (pkg/worktree): their give-back
+	// and release.
+	Worktrees worktree.Claims
 }
 
-// Pipeline is what the task commands ask of the turn pipeline (the turn
-// runner): the worktree it hands out.
-type Pipeline interface {
-	// CheckWorktree validates a worktree path and returns it cleaned.
-	CheckWorktree(path string) (string, error)
-	// Claims lists the worktree claim files of task.
-	Claims(task taskid.ID) []string
-	// ReleaseWorktrees gives back the worktrees task holds.
-	ReleaseWorktrees(task taskid.ID) error
-	// GiveBackIdle gives back the worktrees of tasks with no turn running.
-	GiveBackIdle() ([]string, error)
-}
-
-// New returns the task commands of cfg on eng (nil: no podman), beside the
-// pipeline turns of the same config.
-func New(cfg *config.Config, eng engine.Engine, turns Pipeline) *Commands {
+// New returns the task commands of cfg on eng (nil: no podman).
+func New(cfg *config.Config, eng engine.Engine) *Commands {
 	r := state(cfg)
 	r.Podman = eng
 	r.Homes = home.NewStore(eng, cfg)
-	r.Turns = turns
 	return r
 }
 
 // state is the commands that read the state directory only.
 func state(cfg *config.Config) *Commands {
 	return &Commands{
-		Cfg:     cfg,
-		Store:   taskstate.Store{Dir: cfg.State.Dir},
-		IDFiles: taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
-		Homes:   home.NewStore(nil, cfg),
-		Layout:  taskstate.Layout{Dir: cfg.State.Dir},
+		Cfg:       cfg,
+		Store:     taskstate.Store{Dir: cfg.State.Dir},
+		IDFiles:   taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
+		Homes:     home.NewStore(nil, cfg),
+		Layout:    taskstate.Layout{Dir: cfg.State.Dir},
+		Worktrees: worktree.NewClaims(cfg),
 	}
 }
 
@@ -113,8 +101,8 @@ func (r *Commands) settleOutbox(ctx context.Context, task taskid.ID) (*outbox.Mo
 }
 
 // trustStore is the task's store of trusted worktree config.
-func (r *Commands) trustStore(task taskid.ID) worktreeguard.Store {
-	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
+func (r *Commands) trustStore(task taskid.ID) guard.Store {
+	return guard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
 }
 
 // taskDir is the state directory of task.

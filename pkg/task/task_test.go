@@ -21,7 +21,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 func TestFlockHolder(t *testing.T) {
@@ -36,7 +36,7 @@ func TestFlockHolder(t *testing.T) {
 }
 
 func TestAcceptAgentConfig(t *testing.T) {
-	changes := []worktreeguard.Change{
+	changes := []guard.Change{
 		{Path: ".claude/settings.json", Change: "added", Why: "hooks"},
 		{Path: "CLAUDE.md", Change: "deleted"},
 	}
@@ -81,7 +81,7 @@ func newHarness(t *testing.T) *harness {
 	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
 	assert.NilError(t, err)
 	turns := turn.NewRunner(cfg, client, nil)
-	h := &harness{t: t, cfg: cfg, client: client, cmds: New(cfg, client, turns), turns: turns, prefix: prefix}
+	h := &harness{t: t, cfg: cfg, client: client, cmds: New(cfg, client), turns: turns, prefix: prefix}
 	t.Cleanup(h.cleanup)
 	return h
 }

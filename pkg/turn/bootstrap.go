@@ -2,11 +2,8 @@ package turn
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -46,7 +43,7 @@ func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, ids taskstate.IDs,
 		return "", nil, fmt.Errorf("%w: bootstrap HOME: %w", ErrHostNotReady, err)
 	}
 	if res.Result == home.Bootstrapped {
-		if err := r.rememberProfiles(id, profiles, nil); err != nil {
+		if err := home.RememberProfiles(r.Store, id, profiles, nil); err != nil {
 			return "", nil, err
 		}
 	}
@@ -78,29 +75,4 @@ func (r *Runner) noSpaceHint(err error) string {
 		return ""
 	}
 	return "; free space on the filesystem of " + taskstate.Layout{Dir: r.Cfg.State.Dir}.Homes() + " (the HOME images)"
-}
-
-// Claims lists the worktree claim files of task (for forget's check that
-// nothing of the task is left).
-func (r *Runner) Claims(task taskid.ID) []string {
-	dir := taskstate.Layout{Dir: r.Cfg.State.Dir}.Worktrees()
-	entries, _ := os.ReadDir(dir)
-	var out []string
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue
-		}
-		var c worktreeClaim
-		if json.Unmarshal(b, &c) == nil && c.Task == task.String() {
-			out = append(out, filepath.Join(dir, e.Name()))
-		}
-	}
-	return out
-}
-
-// rememberProfiles records that task's HOME holds state of profiles (with
-// kept, those it held before), before the reset that may carry it over.
-func (r *Runner) rememberProfiles(task taskid.ID, profiles, kept []string) error {
-	return home.RememberProfiles(r.Store, task, profiles, kept)
 }

@@ -18,8 +18,8 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
-	"github.com/shrooms-cage/shrooms/pkg/wtdiff"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // A turn is prepared in three steps, as podman's specgen keeps computing a
@@ -86,7 +86,7 @@ type facts struct {
 	turn int
 	// root is the HOME volume's host directory.
 	root  string
-	guard *worktreeguard.Check
+	guard *guard.Check
 	// placeholder is the gateway placeholder ("" without a gateway).
 	placeholder string
 	// kept are the task's other HOME profiles, whose kept state stays.
@@ -111,7 +111,7 @@ type Plan struct {
 	outbox string
 	// seccomp says whether shrooms' seccomp profile is installed.
 	seccomp bool
-	guard   *worktreeguard.Check
+	guard   *guard.Check
 	// gateway is the turn's model gateway configuration, its placeholder
 	// included (nil without one); execute starts it in the cage's netns.
 	gateway *gateway.Config
@@ -141,7 +141,7 @@ type prepared struct {
 	// runtime is the OCI runtime podman runs the cage with (its inspect).
 	runtime string
 	// before is the worktree as the hand-over left it (nil: scan it).
-	before *wtdiff.Snapshot
+	before *diff.Snapshot
 	// detach is set once the turn's exit code is known and Runner.Detach
 	// will take the teardown.
 	detach bool
@@ -187,7 +187,7 @@ func (r *Runner) gather(ctx context.Context, req Request, in *checked, s steps) 
 	if s.acquire {
 		f.root, _, err = r.bootstrap(ctx, in.task, ids, in.agent.Home)
 		if err == nil {
-			err = r.rememberProfiles(in.task, in.agent.Home, f.kept)
+			err = home.RememberProfiles(r.Store, in.task, in.agent.Home, f.kept)
 		}
 	} else {
 		f.root, err = r.host().HomeRoot(ctx, req.Task)
@@ -413,7 +413,7 @@ func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, s
 	// A cage prepared ahead takes the worktree when its turn runs, so the
 	// owner keeps it between turns.
 	if in.worktree != "" && s.takeWorktree {
-		before, err := r.takeWorktree(ctx, req.Task, in.worktree, p.ids)
+		before, err := r.claims().Take(ctx, req.Task, in.worktree, p.ids)
 		if err != nil {
 			return nil, err
 		}

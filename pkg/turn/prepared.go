@@ -76,7 +76,7 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 // prepareNextLocked is PrepareNext with the task lock held; the cages in
 // keep (an exited one the caller removes itself) are left alone.
 func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked, keep ...string) (string, error) {
-	if _, err := r.removeLeftovers(ctx, req.Task, keep...); err != nil {
+	if _, err := r.cages().RemoveLeftovers(ctx, req.Task, keep...); err != nil {
 		return "", fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
 	p, err := r.prepare(ctx, req, in, aheadSteps())
@@ -192,7 +192,7 @@ func loadResetReport(taskDir, cage string) *preparedReset {
 
 // takePrepared returns the id of a prepared cage that runs req exactly as a
 // fresh one would, with its argv handed over, or "" when there is none. A
-// prepared cage that does not match is left for removeLeftovers.
+// prepared cage that does not match is left for the leftover sweep.
 func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (string, *prepared, error) {
 	if r.Binary == "" {
 		return "", nil, nil

@@ -36,8 +36,9 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
-	"github.com/shrooms-cage/shrooms/pkg/wtdiff"
+	"github.com/shrooms-cage/shrooms/pkg/worktree"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // Kinds of failure, so the CLI can map them to distinct exit codes (the
@@ -178,7 +179,7 @@ type Result struct {
 	Reset *home.Report `json:"reset,omitempty"`
 	// WorktreeGuard says which agent config in the worktree differed from
 	// the owner's trusted version and was masked in the cage.
-	WorktreeGuard *worktreeguard.Check `json:"worktreeGuard,omitempty"`
+	WorktreeGuard *guard.Check `json:"worktreeGuard,omitempty"`
 	// Usage is what the agent asked of its model through the gateway.
 	Usage *gateway.Usage `json:"usage,omitempty"`
 	// DNS is what the cage's resolver did (networked turns).
@@ -186,7 +187,7 @@ type Result struct {
 	// History is each provider session's conversation pin in this turn.
 	History []history.SessionReport `json:"history,omitempty"`
 	// Worktree says who the worktree was given back to after the turn.
-	Worktree *WorktreeReport `json:"worktree,omitempty"`
+	Worktree *worktree.Report `json:"worktree,omitempty"`
 	// HomeBytes is the disk space the task HOME takes on the host after the
 	// turn (its filesystem image's allocated blocks).
 	HomeBytes int64 `json:"homeBytes"`
@@ -288,7 +289,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 			err = fmt.Errorf("%w: %w", ErrHostNotReady, rerr)
 		}
 	}()
-	var given *WorktreeReport // the give-back, when the change scan's walk did it
+	var given *worktree.Report // the give-back, when the change scan's walk did it
 	if in.worktree != "" {
 		// Last before the lock goes: the cage is gone, no turn can start.
 		defer func() { err = r.finishWorktree(in.task, in.worktree, given, res, err) }()
@@ -326,9 +327,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if before != nil {
 		// After a turn that ended cleanly the scan also gives the worktree
 		// back; on any other path the give-back stays the last step.
-		var after *wtdiff.Snapshot
+		var after *diff.Snapshot
 		if err == nil {
-			after, given = r.giveBackScanning(context.WithoutCancel(ctx), in.task, in.worktree)
+			after, given = r.claims().GiveBackScanning(context.WithoutCancel(ctx), in.task, in.worktree)
 		}
 		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, after, in.worktree, prep.guard)
 	}
@@ -348,14 +349,14 @@ func (r *Runner) turnCage(ctx context.Context, req Request, in *checked, s steps
 		// leftover. A waiting prepared cage was created right after such a
 		// sweep under the same lock, and every turn since would have taken
 		// or discarded it: when one is taken there is nothing to sweep.
-		if _, err := r.removeLeftovers(ctx, req.Task); err != nil {
+		if _, err := r.cages().RemoveLeftovers(ctx, req.Task); err != nil {
 			return "", nil, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 		}
 		prep, err = r.prepare(ctx, req, in, s)
 		return "", prep, err
 	}
 	if in.worktree != "" {
-		if prep.before, err = r.takeWorktree(ctx, req.Task, in.worktree, prep.ids); err != nil {
+		if prep.before, err = r.claims().Take(ctx, req.Task, in.worktree, prep.ids); err != nil {
 			return "", nil, err
 		}
 	}
@@ -364,35 +365,35 @@ func (r *Runner) turnCage(ctx context.Context, req Request, in *checked, s steps
 
 // scanWorktree is the worktree's state before the turn (nil without a
 // worktree, or when it cannot be read: res then says why).
-func scanWorktree(ctx context.Context, worktree string, res *Result) *wtdiff.Snapshot {
+func scanWorktree(ctx context.Context, worktree string, res *Result) *diff.Snapshot {
 	if worktree == "" {
 		return nil
 	}
-	before, err := wtdiff.Scan(ctx, worktree)
+	before, err := diff.Scan(ctx, worktree)
 	if err != nil {
 		res.WorktreeChanges = &WorktreeChanges{Error: err.Error()}
 	}
 	return before
 }
 
-// WorktreeChanges is what a turn changed in its worktree (wtdiff.Summary),
+// WorktreeChanges is what a turn changed in its worktree (diff.Summary),
 // or the error that kept it from being known.
 type WorktreeChanges struct {
-	*wtdiff.Summary
+	*diff.Summary
 	Error string `json:"error,omitempty"`
 }
 
 // worktreeChanges lists what the turn changed (after: the scan after it,
-// nil to take one now); guard (the turn's check) adds the files trusted
+// nil to take one now); check (the turn's guard) adds the files trusted
 // config loads or runs to its agent config.
-func worktreeChanges(ctx context.Context, before, after *wtdiff.Snapshot, worktree string, guard *worktreeguard.Check) *WorktreeChanges {
+func worktreeChanges(ctx context.Context, before, after *diff.Snapshot, worktree string, check *guard.Check) *WorktreeChanges {
 	if after == nil {
 		var err error
-		if after, err = wtdiff.Scan(ctx, worktree); err != nil {
+		if after, err = diff.Scan(ctx, worktree); err != nil {
 			return &WorktreeChanges{Error: err.Error()}
 		}
 	}
-	sum := wtdiff.DiffRefs(before, after, guard.Referenced)
+	sum := diff.DiffRefs(before, after, check.Referenced)
 	return &WorktreeChanges{Summary: &sum}
 }
 
@@ -533,19 +534,16 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, preflight
 	return plan, nil
 }
 
-// CheckWorktree validates a worktree path and returns it cleaned.
-func (r *Runner) CheckWorktree(path string) (string, error) { return worktreePath(r.Cfg, path) }
-
 // trustStore is the task's store of trusted worktree config.
-func (r *Runner) trustStore(task taskid.ID) worktreeguard.Store {
-	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
+func (r *Runner) trustStore(task taskid.ID) guard.Store {
+	return guard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
 }
 
 // guardWorktree compares the worktree's agent config with what the owner
 // trusted and plans the masks (nil without a worktree). With commit, a task
 // that has no trusted record yet records the worktree as it is now: the
 // first turn sees the owner's worktree before any cage wrote to it.
-func (r *Runner) guardWorktree(ctx context.Context, task taskid.ID, worktree string, commit bool) (*worktreeguard.Check, error) {
+func (r *Runner) guardWorktree(ctx context.Context, task taskid.ID, worktree string, commit bool) (*guard.Check, error) {
 	if worktree == "" {
 		return nil, nil
 	}
