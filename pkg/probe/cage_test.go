@@ -3,6 +3,7 @@ package probe_test
 import (
 	"context"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
@@ -68,7 +69,7 @@ func newCageEnv(t *testing.T, seccomp string) *cageEnv {
 			if err != nil {
 				continue // not a task's
 			}
-			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), tid); err != nil {
+			if err := home.NewStore(client, cfg).Remove(context.Background(), tid); err != nil {
 				t.Errorf("remove HOME: %v", err)
 			}
 		}

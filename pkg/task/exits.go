@@ -291,7 +291,7 @@ func (r *Commands) Reset(ctx context.Context, task taskid.ID, agent string, dryR
 				return fmt.Errorf("HOME cleanup: %w", err)
 			}
 		}
-		return r.Turns.ReleaseHome(ctx, task)
+		return r.releaseHome(ctx, task)
 	})
 	return rep, err
 }

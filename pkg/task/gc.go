@@ -106,7 +106,7 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (rep *GCReport, err erro
 			// A label that is no valid task id is not ours to trust: leave it.
 			continue
 		}
-		removed, err := r.Turns.RemoveLeftovers(ctx, id, r.waitingPrepared(cages, id)...)
+		removed, err := r.cages().RemoveLeftovers(ctx, id, r.waitingPrepared(cages, id)...)
 		lock.Release()
 		rep.Removed = append(rep.Removed, removed...)
 		if err != nil {
@@ -186,10 +186,10 @@ func (r *Commands) settleIdle(ctx context.Context, tasks []os.DirEntry, cages []
 		}
 		err = func() error {
 			defer lock.Release()
-			if busy, err := r.Turns.HomeInUse(ctx, id); err != nil || busy {
+			if busy, err := r.cages().InUse(ctx, id); err != nil || busy {
 				return err
 			}
-			m, err := r.Turns.SettleOutbox(ctx, id)
+			m, err := r.settleOutbox(ctx, id)
 			if m != nil && err == nil {
 				rep.Outboxes = append(rep.Outboxes, fmt.Sprintf("%s turn %d", e.Name(), m.Turn))
 			}

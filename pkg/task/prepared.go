@@ -7,7 +7,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
@@ -83,7 +82,7 @@ func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) (_ []string,
 		if err != nil {
 			return expired, turn.Classify(err)
 		}
-		removed, err := r.Turns.RemoveLeftovers(ctx, id)
+		removed, err := r.cages().RemoveLeftovers(ctx, id)
 		lock.Release()
 		expired = append(expired, removed...)
 		if err != nil {
@@ -95,11 +94,11 @@ func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) (_ []string,
 
 // ShowPrepared adds each task's waiting prepared cage (and its age) to
 // sts, from the engine when it answers; without it, sts stay as they are.
-func (r *Commands) ShowPrepared(ctx context.Context, eng engine.Engine, sts []TaskStatus) {
-	if eng == nil {
+func (r *Commands) ShowPrepared(ctx context.Context, sts []TaskStatus) {
+	if r.Podman == nil {
 		return
 	}
-	cages, err := eng.ListByLabel(ctx, sealed.LabelManaged, "1")
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
 	if err != nil {
 		return
 	}

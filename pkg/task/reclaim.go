@@ -117,7 +117,7 @@ func (r *Commands) Forget(ctx context.Context, task taskid.ID) error {
 				errs = append(errs, what+": "+oneLine(err))
 			}
 		}
-		_, err := r.Turns.RemoveLeftovers(ctx, task)
+		_, err := r.cages().RemoveLeftovers(ctx, task)
 		step("cages", err)
 		step("worktree", r.Worktrees.Release(id))
 		step("HOME", r.Homes.Remove(ctx, task))
@@ -258,7 +258,7 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 		}
 		err = func() error {
 			defer lock.Release()
-			if busy, err := r.Turns.HomeInUse(ctx, id); err != nil || busy {
+			if busy, err := r.cages().InUse(ctx, id); err != nil || busy {
 				return err // a prepared cage waits on it, or a cage was left
 			}
 			if a.Deleted {

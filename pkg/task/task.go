@@ -2,17 +2,18 @@
 // CLI does to a task between turns — collect and list its outbox, commit
 // and trust its worktree, reset and forget it, gc the cages a crash left,
 // and read its log, status and lock holder (stop). It holds what it uses
-// (config, engine, task state, the HOMEs, the worktree claims) and asks
-// the pipeline only for what a turn leaves behind (Pipeline); pkg/turn
-// never imports it.
+// (config, engine, task state, the HOMEs, the cages, the worktree claims);
+// pkg/turn never imports it, and it asks the turn pipeline nothing.
 package task
 
 import (
 	"context"
 	"path/filepath"
 
+	"github.com/shrooms-cage/shrooms/pkg/cages"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
+	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -27,9 +28,9 @@ import (
 // directory.
 type Commands struct {
 	Cfg *config.Config
-	// Podman is the container engine; nil for the commands that never
-	// contact podman (those of the state directory, the outbox and the
-	// worktree).
+	// Podman is the container engine; the commands that may not need it
+	// (those of the state directory, the outbox and the worktree) are
+	// given one that connects on its first use (podman.Lazy).
 	Podman  engine.Engine
 	Store   taskstate.Store
 	IDFiles taskstate.IDFiles
@@ -38,31 +39,13 @@ type Commands struct {
 	// Worktrees are the worktree claims (pkg/worktree): their give-back
 	// and release.
 	Worktrees worktree.Claims
-	// Turns is the turn pipeline's side of a task between turns.
-	Turns Pipeline
 }
 
-// Pipeline is what the task commands ask of the turn pipeline (the turn
-// runner): its cages, and the HOME and outbox a turn leaves mounted.
-type Pipeline interface {
-	// RemoveLeftovers removes the task's cages a crashed shrooms left.
-	RemoveLeftovers(ctx context.Context, task taskid.ID, keep ...string) ([]string, error)
-	// HomeInUse reports whether any cage of task exists.
-	HomeInUse(ctx context.Context, task taskid.ID) (bool, error)
-	// ReleaseHome unmounts task's HOME when no cage of it is left.
-	ReleaseHome(ctx context.Context, task taskid.ID) error
-	// SettleOutbox moves what the last turn left in the outbox to its
-	// pending delivery.
-	SettleOutbox(ctx context.Context, task taskid.ID) (*outbox.Moved, error)
-}
-
-// New returns the task commands of cfg on eng (nil: no podman), beside the
-// pipeline turns of the same config.
-func New(cfg *config.Config, eng engine.Engine, turns Pipeline) *Commands {
+// New returns the task commands of cfg on eng (nil: no podman).
+func New(cfg *config.Config, eng engine.Engine) *Commands {
 	r := state(cfg)
 	r.Podman = eng
 	r.Homes = home.NewStore(eng, cfg)
-	r.Turns = turns
 	return r
 }
 
@@ -78,8 +61,40 @@ func state(cfg *config.Config) *Commands {
 	}
 }
 
+// cages are the cages of this state directory on the engine (those a
+// turn left: leftovers, or a prepared one holding the HOME).
+func (r *Commands) cages() cages.Cages {
+	return cages.Cages{Engine: r.Podman, StateDir: r.Cfg.State.Dir}
+}
+
 // ours reports whether a cage was made by a shrooms with this state dir.
-func (r *Commands) ours(c podman.Cage) bool { return sealed.Ours(r.Cfg.State.Dir, c.Labels) }
+func (r *Commands) ours(c podman.Cage) bool { return r.cages().Ours(c) }
+
+// releaseHome unmounts task's HOME and frees its loop device when no cage
+// of the task is left (one prepared ahead waits on it). Call it with the
+// task lock held; an unknown podman state keeps the mount.
+func (r *Commands) releaseHome(ctx context.Context, task taskid.ID) error {
+	if busy, err := r.cages().InUse(ctx, task); err != nil || busy {
+		return err
+	}
+	return r.Homes.Release(task)
+}
+
+// settleOutbox moves what task's last turn left in its outbox to its
+// pending delivery (outbox.Settle; nil when it held nothing). Call it with
+// the task lock held and no cage of the task running.
+func (r *Commands) settleOutbox(ctx context.Context, task taskid.ID) (_ *outbox.Moved, err error) {
+	defer fault.Phase(fault.HostNotReady, &err)
+	last, err := r.Store.LastTurn(task)
+	if err != nil {
+		return nil, err
+	}
+	peers, err := r.Homes.ServiceNamespaces()
+	if err != nil {
+		return nil, err
+	}
+	return outbox.Settle(ctx, r.Cfg.Outbox.Root, task, last, outbox.LimitsFrom(r.Cfg.Outbox), peers...)
+}
 
 // trustStore is the task's store of trusted worktree config.
 func (r *Commands) trustStore(task taskid.ID) guard.Store {

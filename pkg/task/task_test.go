@@ -17,6 +17,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
@@ -122,7 +123,7 @@ func newHarness(t *testing.T) *harness {
 	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
 	assert.NilError(t, err)
 	turns := turn.NewRunner(cfg, client, nil)
-	h := &harness{t: t, cfg: cfg, client: client, cmds: New(cfg, client, turns), turns: turns, prefix: prefix}
+	h := &harness{t: t, cfg: cfg, client: client, cmds: New(cfg, client), turns: turns, prefix: prefix}
 	t.Cleanup(h.cleanup)
 	return h
 }
@@ -194,13 +195,36 @@ func TestLeftoverCageIsRemovedByGC(t *testing.T) {
 	assert.Equal(t, len(rep.Released), 1, "gc released the HOME mount: %v", rep.Released)
 }
 
+// TestBootstrapOnce: bootstrap seeds a new HOME once, leaves it as it is
+// the second time, and releases its mount both times (no cage holds it).
+func TestBootstrapOnce(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	task := taskid.Must(h.task("boot"))
+	out, err := h.cmds.Bootstrap(ctx, task, nil)
+	assert.NilError(t, err)
+	assert.Equal(t, out.Result, home.Bootstrapped)
+	atts, err := h.cmds.Homes.AttachmentsOf(task)
+	assert.NilError(t, err)
+	assert.Equal(t, len(atts), 0, "bootstrap released the HOME: %v", atts)
+	out, err = h.cmds.Bootstrap(ctx, task, nil)
+	assert.NilError(t, err)
+	assert.Equal(t, out.Result, home.AlreadyBootstrapped)
+	// The positive control: a mounted HOME shows its loop device.
+	_, err = h.cmds.Homes.Mounted(ctx, task)
+	assert.NilError(t, err)
+	atts, err = h.cmds.Homes.AttachmentsOf(task)
+	assert.NilError(t, err)
+	assert.Equal(t, len(atts), 1, "%v", atts)
+}
+
 // TestForgetRemovesTheTask: forget removes the task's HOME volume and
 // state; the task is then unknown.
 func TestForgetRemovesTheTask(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	task := h.task("forget")
-	_, err := h.turns.Bootstrap(ctx, taskid.Must(task), nil)
+	_, err := h.cmds.Bootstrap(ctx, taskid.Must(task), nil)
 	assert.NilError(t, err)
 	ok, err := h.client.VolumeExists(ctx, h.cmds.Homes.Name(taskid.Must(task)))
 	assert.NilError(t, err)

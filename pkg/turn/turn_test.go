@@ -22,7 +22,6 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
@@ -78,7 +77,7 @@ func (h *harness) cleanup() {
 			continue // not a task's
 		}
 		// The HOME's capped filesystem is unmounted before its volume goes.
-		if err := h.runner.Home().Remove(ctx, tid); err != nil {
+		if err := h.runner.homes().Remove(ctx, tid); err != nil {
 			h.t.Errorf("remove HOME: %v", err)
 		}
 		if _, err := os.Stat(h.cfg.Outbox.Root); err != nil {
@@ -349,17 +348,6 @@ func TestSpecIsWhatRunSends(t *testing.T) {
 	_, err = h.runner.Run(context.Background(), req)
 	assert.NilError(t, err)
 	assert.Equal(t, string(sent), string(want))
-}
-
-func TestBootstrapOnce(t *testing.T) {
-	h := newHarness(t, "")
-	task := h.task("boot")
-	out, err := h.runner.Bootstrap(context.Background(), taskid.Must(task), nil)
-	assert.NilError(t, err)
-	assert.Equal(t, out.Result, homereset.Bootstrapped)
-	out, err = h.runner.Bootstrap(context.Background(), taskid.Must(task), nil)
-	assert.NilError(t, err)
-	assert.Equal(t, out.Result, homereset.AlreadyBootstrapped)
 }
 
 func TestTokenReachesTheCageOnlyAsEnv(t *testing.T) {
