@@ -15,6 +15,13 @@
 // pkg/turn to one inside it. Re-parses are the taskid.Parse call sites in
 // the stays.
 //
+// -carriers prints a second figure under a wider rule: a parameter of a
+// struct type holding the request or the task in a field (nested, embedded
+// or through a pointer) counts too. The first rule does not look into
+// structs, so a function handed a bundle that carries the task id is not a
+// stay, and the walk does not go below it; the second figure shows how far
+// the task reaches when it travels that way.
+//
 // It is its own module (tools/walk) so that golang.org/x/tools stays out
 // of shrooms' go.mod and nix vendor hash. Run from the repository root:
 //
