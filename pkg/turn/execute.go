@@ -57,9 +57,11 @@ func (r *Runner) execute(ctx context.Context, p *prepared, streams podman.Stream
 		return res, err
 	}
 	initialised := preparedID != ""
-	if gvisor(r.Cfg.Cage.Runtime) {
+	if gvisor(r.Cfg.Cage.Runtime) || gvisor(p.runtime) {
 		// runsc boots the sandbox at init: its flags are checked before
-		// anything of the agent runs.
+		// anything of the agent runs. The runtime podman reports counts
+		// too: cage.runtime "default" on a service whose own runtime is
+		// runsc makes a gVisor cage all the same.
 		if !initialised {
 			if err := r.Podman.Init(ctx, id); err != nil {
 				res.Error = err.Error()

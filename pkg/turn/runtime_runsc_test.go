@@ -109,6 +109,28 @@ func TestRuntimeRunscEnforcesSeccompOnlyWithOCISeccomp(t *testing.T) {
 	assert.Equal(t, string(b), "unshare-ok\n", "without --oci-seccomp runsc ignores the profile")
 }
 
+// cage.runtime = "default" on a service whose own runtime is runsc: the
+// cage is a gVisor cage all the same (podman reports runsc as its
+// runtime), so a sandbox without --oci-seccomp is refused before anything
+// of the agent runs. Positive control: the same config on a service that
+// gives runsc --oci-seccomp runs the turn.
+func TestRuntimeRunscDefaultRuntimeChecksOCISeccomp(t *testing.T) {
+	runsc := runscPath(t)
+	without := runtimeHarness(t, "default", "--runtime", runsc, "--runtime-flag", "platform=systrap")
+	res, out, errOut, err := without.sh(without.task("dr"), "", "echo ran")
+	assert.Assert(t, errors.Is(err, ErrHostNotReady), "%v (out %q)", err, out)
+	assert.ErrorContains(t, err, "runsc runs without --oci-seccomp")
+	assert.Equal(t, out+errOut, "", "the agent never ran")
+	assert.Assert(t, res.Removed, "cage left: %s", res.Error)
+
+	with := runtimeHarness(t, "default", "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
+	res, out, errOut, err = with.sh(with.task("dr"), "", "echo ran")
+	assert.NilError(t, err, errOut)
+	assert.Equal(t, res.ExitCode, 0, errOut)
+	assert.Equal(t, out, "ran\n")
+	assert.Equal(t, res.Runtime, runsc)
+}
+
 // Under gVisor the cage reads the Sentry's own id maps; the task's user
 // namespace holds on the host side: the sandbox (the Sentry) and the gofer
 // run as the task range's base uid and gid, not as root.
