@@ -484,6 +484,12 @@ func (r *Runner) ranImage(ctx context.Context, id string, p *prepared, res *Resu
 func (r *Runner) ranRuntime(ctx context.Context, id string, p *prepared, res *Result) error {
 	res.Runtime = p.runtime
 	want := r.Cfg.Cage.Runtime
+	if gvisor(p.runtime) && !gvisor(want) {
+		// The gVisor seccomp profile (clone3) and the process cap that
+		// keeps a fork flood from killing the Sentry are chosen from
+		// cage.runtime before podman names the runtime.
+		return fmt.Errorf("%w: podman runs cage %s under runsc but cage.runtime is %q: set cage.runtime = %q so the cage gets gVisor's seccomp profile and process cap", ErrHostNotReady, id, want, p.runtime)
+	}
 	if want == config.RuntimeDefault {
 		return nil
 	}
