@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
@@ -23,7 +24,6 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
-	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // TestNetworkedTurnInTestbed runs shrooms itself inside the testbed's host
@@ -70,7 +70,7 @@ func TestNetworkedTurnInTestbed(t *testing.T) {
 			t.Errorf("podman: %v", err)
 			return
 		}
-		if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), taskid.Must(task)); err != nil {
+		if err := home.NewStore(client, cfg).Remove(context.Background(), taskid.Must(task)); err != nil {
 			t.Errorf("remove HOME: %v", err)
 		}
 		removeTestbedNetwork(tb, name)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"path/filepath"
@@ -19,7 +20,6 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/probe"
-	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // TestProbeWithoutTargetsInTestbed runs `shrooms probe` in the testbed's
@@ -52,7 +52,7 @@ func TestProbeWithoutTargetsInTestbed(t *testing.T) {
 			return
 		}
 		for _, task := range []string{"pd", "pd-peer", "pt"} {
-			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), taskid.Must(task)); err != nil {
+			if err := home.NewStore(client, cfg).Remove(context.Background(), taskid.Must(task)); err != nil {
 				t.Errorf("remove HOME: %v", err)
 			}
 			if err := outbox.Release(cfg.Outbox.Root, taskid.Must(task)); err != nil && !os.IsNotExist(err) {

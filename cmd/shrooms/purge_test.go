@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
@@ -20,7 +21,6 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
-	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // TestPurgeRemovesOnlyTheSkeleton is `make uninstall PURGE=1`'s step in
@@ -56,7 +56,7 @@ func TestPurgeRemovesOnlyTheSkeleton(t *testing.T) {
 		}
 		if cfg, err := config.Load(configFile); err == nil {
 			if client, err := podman.Connect(context.Background(), tb.PodmanURL); err == nil {
-				_ = turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), taskid.Must(task))
+				_ = home.NewStore(client, cfg).Remove(context.Background(), taskid.Must(task))
 			}
 		}
 		removeTestbedNetwork(tb, name)

@@ -1,8 +1,9 @@
-package probe
+package probe_test
 
 import (
 	"context"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
@@ -24,6 +25,11 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
+
+	// The battery's names unqualified: these tests drive it from the host
+	// (probedrive), which imports it.
+	. "github.com/shrooms-cage/shrooms/pkg/probe"
+	"github.com/shrooms-cage/shrooms/pkg/probedrive"
 )
 
 // shroomsBinary is the real static shrooms binary, built once per test run.
@@ -63,7 +69,7 @@ func newCageEnv(t *testing.T, seccomp string) *cageEnv {
 			if err != nil {
 				continue // not a task's
 			}
-			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), tid); err != nil {
+			if err := home.NewStore(client, cfg).Remove(context.Background(), tid); err != nil {
 				t.Errorf("remove HOME: %v", err)
 			}
 		}
@@ -91,7 +97,7 @@ func (e *cageEnv) run(t *testing.T, weaken func(*specgen.SpecGenerator)) *Report
 	r := turn.NewRunner(e.cfg, e.client, nil)
 	r.OnSpec = weaken
 	var stderr strings.Builder
-	rep, res, err := Run(context.Background(), r, Options{
+	rep, res, err := probedrive.Run(context.Background(), r, probedrive.Options{
 		Task: taskid.Must(fmt.Sprintf("%s-%d", e.prefix, e.n)), Agent: "shell", Binary: e.bin,
 		Params: Params{Policy: e.cfg.Network.Policy, StrictSeccomp: e.cfg.Cage.StrictSeccomp(), Nonce: e.prefix},
 		Stderr: &stderr,

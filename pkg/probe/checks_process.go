@@ -192,18 +192,44 @@ func checkLSM(_ context.Context, _ Params, c *Check) {
 	c.settle(Sealed, "")
 }
 
-func checkUserNS(_ context.Context, _ Params, c *Check) {
-	var obs []string
-	for _, f := range []string{"uid_map", "gid_map"} {
+func checkUserNS(_ context.Context, p Params, c *Check) {
+	var maps [2]string
+	for i, f := range []string{"uid_map", "gid_map"} {
 		b, err := os.ReadFile("/proc/self/" + f)
 		if err != nil {
 			c.Verdict, c.Reason = Error, err.Error()
 			return
 		}
-		m := strings.Join(strings.Fields(string(b)), " ")
+		maps[i] = string(b)
+	}
+	judgeIDMaps(c, sentry(p), maps)
+	c.ev("euid %d", unix.Geteuid())
+}
+
+// judgeIDMaps judges the uid_map and gid_map the cage reads. Under gVisor
+// (gv) both are the Sentry's own identity map, and the row is left to the
+// host side (JudgeSandbox); only both together say so: one identity map
+// beside another is judged as it reads (the identity maps host root).
+func judgeIDMaps(c *Check, gv bool, maps [2]string) {
+	var obs []string
+	sentryMaps := 0
+	for i, f := range []string{"uid_map", "gid_map"} {
+		m := strings.Join(strings.Fields(maps[i]), " ")
 		obs = append(obs, f+": "+m)
-		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-		for _, l := range lines {
+		if gv && m == sentryIDMap {
+			sentryMaps++
+		}
+	}
+	c.Observed = strings.Join(obs, "; ")
+	if sentryMaps == 2 {
+		// The Sentry's own maps: the task's user namespace, if any, is the
+		// sandbox's on the host, which only the host side sees (JudgeSandbox).
+		c.ev("gVisor: uid_map and gid_map are the Sentry's own (%s); the host side judges the sandbox's host ids", sentryIDMap)
+		c.settle(Error, sentryIDReason)
+		return
+	}
+	for i, f := range []string{"uid_map", "gid_map"} {
+		for _, l := range strings.Split(strings.TrimSpace(maps[i]), "\n") {
 			fl := strings.Fields(l)
 			if len(fl) != 3 {
 				continue
@@ -215,8 +241,6 @@ func checkUserNS(_ context.Context, _ Params, c *Check) {
 			}
 		}
 	}
-	c.Observed = strings.Join(obs, "; ")
-	c.ev("euid %d", unix.Geteuid())
 	c.settle(Sealed, "")
 }
 
@@ -262,8 +286,9 @@ func checkHostNS(_ context.Context, _ Params, c *Check) {
 	c.settle(Sealed, "")
 }
 
-func checkReadOnly(_ context.Context, _ Params, c *Check) {
+func checkReadOnly(_ context.Context, p Params, c *Check) {
 	var created []string
+	gv := sentry(p)
 	for _, d := range []string{"/", "/etc", "/usr", "/var", "/opt", "/bin", "/sbin", "/lib"} {
 		p := filepath.Join(d, ".shrooms-probe")
 		fd, err := unix.Open(p, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
@@ -289,6 +314,8 @@ func checkReadOnly(_ context.Context, _ Params, c *Check) {
 		rw = append(rw, m.point)
 		if m.point == "/" {
 			c.escape("the root filesystem is mounted read-write")
+		} else if gv && m.fstype == "cgroup" && strings.HasPrefix(m.point, "/sys/fs/cgroup/") {
+			sentryCgroup(c, m.point)
 		} else if !underAny(m.point, sandboxedRW) && !(m.point == "/sys/fs/cgroup" && m.fstype == "tmpfs") {
 			c.escape("%s (%s) is mounted read-write", m.point, m.fstype)
 		}

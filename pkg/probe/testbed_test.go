@@ -1,8 +1,9 @@
-package probe
+package probe_test
 
 import (
 	"context"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"net"
 	"net/netip"
@@ -27,6 +28,11 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
+
+	// The battery's names unqualified: these tests drive it from the host
+	// (probedrive), which imports it.
+	. "github.com/shrooms-cage/shrooms/pkg/probe"
+	"github.com/shrooms-cage/shrooms/pkg/probedrive"
 )
 
 // tbEnv is the battery's world in the testbed: the default config (policy
@@ -100,7 +106,7 @@ func newTBEnv(t *testing.T, opts ...testbed.Option) *tbEnv {
 			if err != nil {
 				continue // not a task's
 			}
-			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), tid); err != nil {
+			if err := home.NewStore(client, cfg).Remove(context.Background(), tid); err != nil {
 				t.Errorf("remove HOME: %v", err)
 			}
 		}
@@ -208,10 +214,10 @@ func (e *tbEnv) run(t *testing.T, seal turn.SealChecker) (*Report, *inbound) {
 	params := e.params(nonce)
 	if e.discover {
 		params.Host, params.LAN, params.Metadata, params.Peers = nil, nil, nil, nil
-		assert.NilError(t, Discover(&params, e.cfg.Network, e.fw))
+		assert.NilError(t, probedrive.Discover(&params, e.cfg.Network, e.fw))
 		e.discovered = params
 	}
-	rep, res, err := Run(context.Background(), r, Options{
+	rep, res, err := probedrive.Run(context.Background(), r, probedrive.Options{
 		Task: taskid.Must(fmt.Sprintf("%s-%d", e.prefix, e.n)), Agent: "shell", Binary: e.bin,
 		Params: params, Timeout: 90 * time.Second, Peer: e.discover,
 		Stderr: writerFunc(func(p []byte) { mu.Lock(); stderr.Write(p); mu.Unlock() }),

@@ -16,11 +16,14 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
+	"github.com/shrooms-cage/shrooms/pkg/gitseal"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 func TestFlockHolder(t *testing.T) {
@@ -35,7 +38,7 @@ func TestFlockHolder(t *testing.T) {
 }
 
 func TestAcceptAgentConfig(t *testing.T) {
-	changes := []worktreeguard.Change{
+	changes := []guard.Change{
 		{Path: ".claude/settings.json", Change: "added", Why: "hooks"},
 		{Path: "CLAUDE.md", Change: "deleted"},
 	}
@@ -60,6 +63,46 @@ func TestCheckTask(t *testing.T) {
 	assert.NilError(t, CheckTask(cfg, taskid.Must("known")))
 }
 
+// TestCommandPhaseKinds: a task command kinds once what fails in it without
+// a kind (the state directory: the host's to fix) and keeps the kind a
+// deeper step decided (bad input). Unprivileged, no podman.
+func TestCommandPhaseKinds(t *testing.T) {
+	cfg := &config.Config{State: config.State{Dir: t.TempDir()}}
+	r := state(cfg)
+	id := taskid.Must("known")
+	assert.NilError(t, os.MkdirAll(r.taskDir(id), 0o700))
+	ctx := context.Background()
+
+	_, err := r.Commit(ctx, id, "m", gitseal.Author{}, nil)
+	assert.Equal(t, fault.Of(err), fault.Input, "%v", err)
+	assert.ErrorContains(t, err, `bad input: task "known" has no worktree`)
+	assert.NilError(t, r.Store.Remember(id, taskstate.FactWorktree, t.TempDir()))
+	_, err = r.Commit(ctx, id, "m", gitseal.Author{}, nil)
+	assert.Equal(t, fault.Of(err), fault.Input, "%v", err)
+	assert.ErrorContains(t, err, "has no trusted record")
+	// A trust record shrooms cannot read: the host's, said once.
+	assert.NilError(t, os.MkdirAll(r.trustStore(id).Dir, 0o700))
+	assert.NilError(t, os.WriteFile(filepath.Join(r.trustStore(id).Dir, "manifest.json"), []byte("{"), 0o600))
+	_, err = r.Commit(ctx, id, "m", gitseal.Author{}, nil)
+	assert.Equal(t, fault.Of(err), fault.HostNotReady, "%v", err)
+	assert.Assert(t, strings.HasPrefix(err.Error(), "host not ready: worktree trust: "), "%v", err)
+	assert.Assert(t, !strings.Contains(strings.TrimPrefix(err.Error(), "host not ready"), "host not ready"), "kinded twice: %v", err)
+
+	_, err = r.Reset(ctx, id, "", true)
+	assert.Equal(t, fault.Of(err), fault.Input, "%v", err)
+	assert.ErrorContains(t, err, "has run no agent yet")
+
+	st, err := r.Status(id)
+	assert.NilError(t, err)
+	assert.Equal(t, st.Turns, 0)
+	assert.NilError(t, os.WriteFile(filepath.Join(r.taskDir(id), "turn"), []byte("x"), 0o600))
+	_, err = r.Status(id)
+	assert.Equal(t, fault.Of(err), fault.HostNotReady, "%v", err)
+	assert.Assert(t, strings.HasPrefix(err.Error(), "host not ready: turn counter "), "%v", err)
+	_, err = r.Status(taskid.Must("nosuch"))
+	assert.Equal(t, fault.Of(err), fault.Input, "an unknown task stays bad input: %v", err)
+}
+
 // harness is task commands on the test podman service with a private state
 // dir.
 type harness struct {
@@ -80,7 +123,7 @@ func newHarness(t *testing.T) *harness {
 	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
 	assert.NilError(t, err)
 	turns := turn.NewRunner(cfg, client, nil)
-	h := &harness{t: t, cfg: cfg, client: client, cmds: New(cfg, client, turns), turns: turns, prefix: prefix}
+	h := &harness{t: t, cfg: cfg, client: client, cmds: New(cfg, client), turns: turns, prefix: prefix}
 	t.Cleanup(h.cleanup)
 	return h
 }
@@ -152,13 +195,36 @@ func TestLeftoverCageIsRemovedByGC(t *testing.T) {
 	assert.Equal(t, len(rep.Released), 1, "gc released the HOME mount: %v", rep.Released)
 }
 
+// TestBootstrapOnce: bootstrap seeds a new HOME once, leaves it as it is
+// the second time, and releases its mount both times (no cage holds it).
+func TestBootstrapOnce(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	task := taskid.Must(h.task("boot"))
+	out, err := h.cmds.Bootstrap(ctx, task, nil)
+	assert.NilError(t, err)
+	assert.Equal(t, out.Result, home.Bootstrapped)
+	atts, err := h.cmds.Homes.AttachmentsOf(task)
+	assert.NilError(t, err)
+	assert.Equal(t, len(atts), 0, "bootstrap released the HOME: %v", atts)
+	out, err = h.cmds.Bootstrap(ctx, task, nil)
+	assert.NilError(t, err)
+	assert.Equal(t, out.Result, home.AlreadyBootstrapped)
+	// The positive control: a mounted HOME shows its loop device.
+	_, err = h.cmds.Homes.Mounted(ctx, task)
+	assert.NilError(t, err)
+	atts, err = h.cmds.Homes.AttachmentsOf(task)
+	assert.NilError(t, err)
+	assert.Equal(t, len(atts), 1, "%v", atts)
+}
+
 // TestForgetRemovesTheTask: forget removes the task's HOME volume and
 // state; the task is then unknown.
 func TestForgetRemovesTheTask(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	task := h.task("forget")
-	_, err := h.turns.Bootstrap(ctx, taskid.Must(task), nil)
+	_, err := h.cmds.Bootstrap(ctx, taskid.Must(task), nil)
 	assert.NilError(t, err)
 	ok, err := h.client.VolumeExists(ctx, h.cmds.Homes.Name(taskid.Must(task)))
 	assert.NilError(t, err)

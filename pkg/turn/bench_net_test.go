@@ -51,7 +51,7 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 	r.Resolver = cagenet.Resolver(opts, tb.DialContext("host"))
 	task := name + "-t"
 	b.Cleanup(func() {
-		if err := r.Home().Remove(context.Background(), taskid.Must(task)); err != nil {
+		if err := r.homes().Remove(context.Background(), taskid.Must(task)); err != nil {
 			b.Errorf("remove HOME: %v", err)
 		}
 		_ = releaseOutbox(cfg, task)

@@ -136,7 +136,7 @@ func TestOneTaskPerWorktree(t *testing.T) {
 	_, serr := os.Stat(filepath.Join(h.cfg.State.Dir, "tasks", h.task("second")))
 	assert.Assert(t, os.IsNotExist(serr), "no state for the refused task")
 
-	assert.NilError(t, h.runner.ReleaseWorktrees(taskid.Must(h.task("first"))))
+	assert.NilError(t, h.runner.claims().Release(taskid.Must(h.task("first"))))
 	res, _, errOut, err := h.sh(h.task("second"), wt, "touch /work/second")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0)

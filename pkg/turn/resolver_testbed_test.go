@@ -90,7 +90,7 @@ func newResolverEnvOn(t *testing.T, rt string, svc []string, policy string, allo
 	t.Cleanup(func() {
 		for i := 1; i <= e.n; i++ {
 			task := fmt.Sprintf("%s-%d", name, i)
-			if err := e.runner.Home().Remove(context.Background(), taskid.Must(task)); err != nil {
+			if err := e.runner.homes().Remove(context.Background(), taskid.Must(task)); err != nil {
 				t.Errorf("remove HOME: %v", err)
 			}
 			_ = releaseOutbox(cfg, task)

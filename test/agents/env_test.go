@@ -28,12 +28,12 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
-	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // agentImage is what scripts/build-agent-image.sh (make setup) imports.
@@ -257,7 +257,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 					t.Errorf("release outbox: %v", err)
 				}
 			}
-			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), taskid.Must(task)); err != nil {
+			if err := home.NewStore(client, cfg).Remove(context.Background(), taskid.Must(task)); err != nil {
 				t.Errorf("remove HOME of %s: %v", task, err)
 			}
 		}
@@ -389,7 +389,7 @@ func (e *env) home(agent string) string {
 	assert.NilError(e.t, err)
 	client, err := podman.Connect(context.Background(), e.tb.PodmanURL)
 	assert.NilError(e.t, err)
-	root, err := turn.NewRunner(cfg, client, nil).Home().Mounted(context.Background(), taskid.Must(e.task(agent)))
+	root, err := home.NewStore(client, cfg).Mounted(context.Background(), taskid.Must(e.task(agent)))
 	assert.NilError(e.t, err)
 	return homereset.HomeDir(root)
 }

@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
@@ -117,7 +118,7 @@ home = ["claude", "shell"]
 func (b *bench) cleanup(t testing.TB) func() {
 	return func() {
 		ctx := context.Background()
-		r := turn.NewRunner(b.cfg, b.client, nil)
+		homes := home.NewStore(b.client, b.cfg)
 		b.tasks.Range(func(k, _ any) bool {
 			task := k.(string)
 			b.waitIdle(task)
@@ -125,7 +126,7 @@ func (b *bench) cleanup(t testing.TB) func() {
 			for _, c := range cages {
 				_ = b.client.Remove(ctx, c.ID)
 			}
-			if err := r.Home().Remove(ctx, taskid.Must(task)); err != nil {
+			if err := homes.Remove(ctx, taskid.Must(task)); err != nil {
 				t.Errorf("remove HOME of %s: %v", task, err)
 			}
 			if err := outbox.Release(b.cfg.Outbox.Root, taskid.Must(task)); err != nil && !os.IsNotExist(err) {
