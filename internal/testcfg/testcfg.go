@@ -157,6 +157,9 @@ func Release(cfg *config.Config, eng home.Engine) func(context.Context, taskid.I
 		if err := home.NewStore(eng, cfg).Remove(ctx, task); err != nil {
 			return fmt.Errorf("remove HOME: %w", err)
 		}
+		if _, err := os.Stat(cfg.Outbox.Root); err != nil {
+			return nil // no outbox made
+		}
 		if err := outbox.Release(cfg.Outbox.Root, task); err != nil && !os.IsNotExist(err) {
 			return fmt.Errorf("release outbox: %w", err)
 		}
