@@ -71,6 +71,7 @@ type options struct {
 	netns    string
 	prepared bool
 	noPodman bool
+	forget   bool
 }
 
 // WithSocket runs the test on another podman service than Socket() (a
@@ -102,6 +103,10 @@ func WithPrepared() Option { return func(o *options) { o.prepared = true } }
 // WithoutPodman is a world whose podman service does not answer (the CLI's
 // refusals before it reaches podman): the cleanup lists no cages.
 func WithoutPodman() Option { return func(o *options) { o.noPodman = true } }
+
+// WithForget says Release removes a task's cages too (the CLI's forget):
+// the cleanup counts the cages left after it, as forget's failure.
+func WithForget() Option { return func(o *options) { o.forget = true } }
 
 // New makes the world of one test named with prefix (two letters) and
 // removes what its tasks left when the test ends.
@@ -220,8 +225,15 @@ func (e *Env) WaitIdle(task string) {
 	}
 	// A plain flock, not the task lock: it marks no holder, so a turn
 	// starting meanwhile waits as it would for the teardown.
-	_ = unix.Flock(int(f.Fd()), unix.LOCK_EX)
-	for deadline := time.Now().Add(taskstate.TeardownWait); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	deadline := time.Now().Add(taskstate.TeardownWait)
+	for unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		if time.Now().After(deadline) {
+			e.T.Errorf("the teardown of %s (pid %d) still holds it after %s", task, pid, taskstate.TeardownWait)
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for ; time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 		if err != nil || strings.Contains(string(b), ") Z ") {
 			return
@@ -259,38 +271,47 @@ func (e *Env) Cages() ([]string, error) {
 }
 
 // cleanup waits for every task's teardown, removes the cages left (a
-// test's failure unless WithPrepared), releases each task (Release) and
-// runs the Finally functions.
+// test's failure unless WithPrepared), releases each task (Release; with
+// WithForget before the cages are counted) and runs the Finally functions.
 func (e *Env) cleanup() {
 	tasks := e.Tasks()
 	for _, id := range tasks {
 		e.WaitIdle(id.String())
 	}
+	if e.o.forget {
+		e.release(tasks)
+	}
 	// A test that made no task made no cage. Carry on when listing
 	// fails: the HOMEs and outboxes must go regardless.
-	var cages []string
 	if len(tasks) > 0 && !e.o.noPodman {
-		var err error
-		if cages, err = e.Cages(); err != nil {
+		cages, err := e.Cages()
+		if err != nil {
 			e.T.Errorf("list cages: %v", err)
 		}
-	}
-	for _, c := range cages {
-		if !e.o.prepared {
-			e.T.Errorf("cage %s of this test was left behind", c)
-		}
-		if out, err := e.Podman("rm", "-f", "-t", "0", c); err != nil {
-			e.T.Errorf("remove cage %s: %v: %s", c, err, out)
-		}
-	}
-	if e.Release != nil {
-		for _, id := range tasks {
-			if err := e.Release(context.Background(), id); err != nil {
-				e.T.Errorf("release %s: %v", id, err)
+		for _, c := range cages {
+			if !e.o.prepared {
+				e.T.Errorf("cage %s of this test was left behind", c)
+			}
+			if out, err := e.Podman("rm", "-f", "-t", "0", c); err != nil {
+				e.T.Errorf("remove cage %s: %v: %s", c, err, out)
 			}
 		}
 	}
+	if !e.o.forget {
+		e.release(tasks)
+	}
 	for _, fn := range e.finally {
 		fn()
+	}
+}
+
+func (e *Env) release(tasks []taskid.ID) {
+	if e.Release == nil {
+		return
+	}
+	for _, id := range tasks {
+		if err := e.Release(context.Background(), id); err != nil {
+			e.T.Errorf("release %s: %v", id, err)
+		}
 	}
 }
