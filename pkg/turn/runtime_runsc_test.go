@@ -53,7 +53,7 @@ func TestRuntimeRunscCageIsSealedFromInside(t *testing.T) {
 func TestRuntimeRunscTurn(t *testing.T) {
 	runsc := runscPath(t)
 	h := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
-	res, out, errOut, err := h.sh(h.task("gv"), "", "id -u; cat /proc/self/uid_map; uname -r; dmesg 2>&1 | head -1")
+	res, out, errOut, err := h.sh(h.Task("gv"), "", "id -u; cat /proc/self/uid_map; uname -r; dmesg 2>&1 | head -1")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0, errOut)
 	assert.Equal(t, res.Runtime, runsc)
@@ -70,12 +70,12 @@ func TestRuntimeRunscEnforcesSeccompOnlyWithOCISeccomp(t *testing.T) {
 	runsc := runscPath(t)
 	probe := "unshare -U true && echo unshare-ok || echo unshare-denied"
 	with := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
-	_, out, errOut, err := with.sh(with.task("sc"), "", probe)
+	_, out, errOut, err := with.sh(with.Task("sc"), "", probe)
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, out, "unshare-denied\n", errOut)
 
 	without := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap")
-	_, out, errOut, err = without.sh(without.task("sc"), "", probe)
+	_, out, errOut, err = without.sh(without.Task("sc"), "", probe)
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, out, "unshare-ok\n", errOut)
 }
@@ -85,7 +85,7 @@ func TestRuntimeRunscEnforcesSeccompOnlyWithOCISeccomp(t *testing.T) {
 // run as the task range's base uid and gid, not as root.
 func TestRuntimeRunscSandboxRunsAsTheTaskRange(t *testing.T) {
 	h := runscHarness(t)
-	task := h.task("ids")
+	task := h.Task("ids")
 	if _, _, errOut, err := h.sh(task, "", "true"); err != nil { // the task's ids exist from here on
 		t.Fatal(err, errOut)
 	}
