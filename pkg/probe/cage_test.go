@@ -3,7 +3,6 @@ package probe
 import (
 	"context"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,8 +20,8 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -35,53 +34,20 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// cageEnv is the probe's runner in a world of its own (itest.Env).
 type cageEnv struct {
-	t      *testing.T
+	*itest.Env
 	cfg    *config.Config
 	client *podman.Client
-	prefix string
 	bin    string
 	n      int
 }
 
 func newCageEnv(t *testing.T, seccomp string) *cageEnv {
 	t.Helper()
-	itest.Require(t, itest.Root, itest.Podman)
-	dir := t.TempDir()
-	prefix := itest.UniqueName("pr")
-	cfg := testcfg.Config{Dir: dir, Prefix: prefix,
-		Cage: map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "seccomp": seccomp}}.Parse(t, "probe.toml")
-	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
-	assert.NilError(t, err)
-	e := &cageEnv{t: t, cfg: cfg, client: client, prefix: prefix, bin: shroomsBinary(t)}
-	t.Cleanup(func() {
-		// Each HOME's capped filesystem goes with its volume (in podman's
-		// mount namespace too).
-		entries, _ := os.ReadDir(filepath.Join(cfg.State.Dir, "tasks"))
-		for _, en := range entries {
-			tid, err := taskid.Parse(en.Name())
-			if err != nil {
-				continue // not a task's
-			}
-			if err := turn.NewRunner(cfg, client, nil).Home().Remove(context.Background(), tid); err != nil {
-				t.Errorf("remove HOME: %v", err)
-			}
-		}
-		outs, _ := os.ReadDir(cfg.Outbox.Root)
-		for _, en := range outs {
-			tid, err := taskid.Parse(en.Name())
-			if err != nil {
-				continue // not a task's
-			}
-			if en.Name() == outbox.PendingDir {
-				continue // Release of each task takes its pending deliveries too
-			}
-			if err := outbox.Release(cfg.Outbox.Root, tid); err != nil && !os.IsNotExist(err) {
-				t.Errorf("release outbox: %v", err)
-			}
-		}
-	})
-	return e
+	e, cfg, client := testcfg.Env(t, "pr", testcfg.Config{
+		Cage: map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "seccomp": seccomp}})
+	return &cageEnv{Env: e, cfg: cfg, client: client, bin: shroomsBinary(t)}
 }
 
 // run probes one cage; weaken, when set, mutates its spec first.
@@ -92,8 +58,8 @@ func (e *cageEnv) run(t *testing.T, weaken func(*specgen.SpecGenerator)) *Report
 	r.OnSpec = weaken
 	var stderr strings.Builder
 	rep, res, err := Run(context.Background(), r, Options{
-		Task: taskid.Must(fmt.Sprintf("%s-%d", e.prefix, e.n)), Agent: "shell", Binary: e.bin,
-		Params: Params{Policy: e.cfg.Network.Policy, StrictSeccomp: e.cfg.Cage.StrictSeccomp(), Nonce: e.prefix},
+		Task: taskid.Must(fmt.Sprintf("%s-%d", e.Prefix, e.n)), Agent: "shell", Binary: e.bin,
+		Params: Params{Policy: e.cfg.Network.Policy, StrictSeccomp: e.cfg.Cage.StrictSeccomp(), Nonce: e.Prefix},
 		Stderr: &stderr,
 	})
 	assert.NilError(t, err, stderr.String())
