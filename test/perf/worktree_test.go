@@ -42,7 +42,7 @@ func BenchmarkWorktreeSize(b *testing.B) {
 			if bi > 0 {
 				name = "baseline-" + name
 			}
-			arms = append(arms, &arm{bin: bin, name: name, task: be.task(fmt.Sprintf("wt%d-%d", bi, n)), wt: makeWorktree(b, n)})
+			arms = append(arms, &arm{bin: bin, name: name, task: be.Task(fmt.Sprintf("wt%d-%d", bi, n)), wt: makeWorktree(b, n)})
 		}
 	}
 	// Print first, then change ≤ 100 files (the turn's own work).
@@ -54,7 +54,7 @@ func BenchmarkWorktreeSize(b *testing.B) {
 	}
 	for round := 0; round < b.N; round++ {
 		for _, a := range arms {
-			be.waitIdle(a.task)
+			be.WaitIdle(a.task)
 			t, res, err := be.runWorktree(a.bin, a.task, a.wt, script)
 			if err != nil {
 				b.Fatal(err)
