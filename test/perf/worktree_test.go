@@ -122,7 +122,7 @@ type worktreeResult struct {
 }
 
 func (b *bench) runWorktree(bin, task, wt, script string) (*timing, *worktreeResult, error) {
-	t, err := timed(b.inHost(bin, "--config", b.cfgFile, "--json", "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", script))
+	t, err := timed(b.inHost(bin, "--config", b.Config, "--json", "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", script))
 	if err != nil {
 		return t, nil, err
 	}
