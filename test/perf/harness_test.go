@@ -23,9 +23,7 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
