@@ -56,8 +56,8 @@ func newBench(t testing.TB, extra string) *bench {
 	if b.bin = os.Getenv("SHROOMS_PERF_BINARY"); b.bin == "" {
 		b.bin = itest.ShroomsBinary(t)
 	}
-	// After the testbed: its cleanup runs first. Prepared next cages are
-	// left by design (--prepare-next).
+	// Made after the testbed, so that its cleanup runs before the
+	// testbed's. Prepared next cages are left by design (--prepare-next).
 	b.Env = itest.New(t, "pf", itest.WithSocket(tb.PodmanURL), itest.WithBinary(b.bin), itest.WithNetNS(tb.NSPath("host")), itest.WithPrepared())
 	name := b.Prefix
 	pid := os.Getpid()
