@@ -19,8 +19,6 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
-	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
@@ -34,44 +32,36 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// cageEnv is the probe's runner in a world of its own (itest.Env).
-type cageEnv struct {
-	*itest.Env
-	cfg    *config.Config
-	client *podman.Client
-	bin    string
-	n      int
-}
-
-func newCageEnv(t *testing.T, seccomp string) *cageEnv {
+// cageProbe returns a function that probes one cage per call, in a world
+// of the test's own (itest.Env); weaken, when set, mutates its spec first.
+func cageProbe(t *testing.T, seccomp string) func(t *testing.T, weaken func(*specgen.SpecGenerator)) *Report {
 	t.Helper()
 	e, cfg, client := testcfg.Env(t, "pr", testcfg.Config{
 		Cage: map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "seccomp": seccomp}})
-	return &cageEnv{Env: e, cfg: cfg, client: client, bin: shroomsBinary(t)}
-}
-
-// run probes one cage; weaken, when set, mutates its spec first.
-func (e *cageEnv) run(t *testing.T, weaken func(*specgen.SpecGenerator)) *Report {
-	t.Helper()
-	e.n++
-	r := turn.NewRunner(e.cfg, e.client, nil)
-	r.OnSpec = weaken
-	var stderr strings.Builder
-	rep, res, err := Run(context.Background(), r, Options{
-		Task: taskid.Must(fmt.Sprintf("%s-%d", e.Prefix, e.n)), Agent: "shell", Binary: e.bin,
-		Params: Params{Policy: e.cfg.Network.Policy, StrictSeccomp: e.cfg.Cage.StrictSeccomp(), Nonce: e.Prefix},
-		Stderr: &stderr,
-	})
-	assert.NilError(t, err, stderr.String())
-	assert.Assert(t, res.Removed, "cage not removed: %s", res.Error)
-	if t.Failed() || testing.Verbose() {
-		for _, c := range rep.Checks {
-			if c.Verdict != Sealed {
-				t.Logf("%s %s: %s %s %v", c.ID, c.Verdict, c.Observed, c.Reason, c.Evidence)
+	bin := shroomsBinary(t)
+	n := 0
+	return func(t *testing.T, weaken func(*specgen.SpecGenerator)) *Report {
+		t.Helper()
+		n++
+		r := turn.NewRunner(cfg, client, nil)
+		r.OnSpec = weaken
+		var stderr strings.Builder
+		rep, res, err := Run(context.Background(), r, Options{
+			Task: taskid.Must(fmt.Sprintf("%s-%d", e.Prefix, n)), Agent: "shell", Binary: bin,
+			Params: Params{Policy: cfg.Network.Policy, StrictSeccomp: cfg.Cage.StrictSeccomp(), Nonce: e.Prefix},
+			Stderr: &stderr,
+		})
+		assert.NilError(t, err, stderr.String())
+		assert.Assert(t, res.Removed, "cage not removed: %s", res.Error)
+		if t.Failed() || testing.Verbose() {
+			for _, c := range rep.Checks {
+				if c.Verdict != Sealed {
+					t.Logf("%s %s: %s %s %v", c.ID, c.Verdict, c.Observed, c.Reason, c.Evidence)
+				}
 			}
 		}
+		return rep
 	}
-	return rep
 }
 
 // hostOpensVsock says whether this host's kernel offers AF_VSOCK (a VM with
@@ -120,8 +110,8 @@ func TestBatteryInSealedCages(t *testing.T) {
 		{"shrooms seccomp (as a file)", profilePath(t), sorted("A4", "B10"), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newCageEnv(t, tc.seccomp)
-			rep := e.run(t, nil)
+			probeCage := cageProbe(t, tc.seccomp)
+			rep := probeCage(t, nil)
 			assert.Assert(t, len(rep.Checks) >= 40, "%d checks", len(rep.Checks))
 			assert.DeepEqual(t, rep.IDs(Escaped), tc.escaped)
 			assert.DeepEqual(t, rep.IDs(Error), []string(nil))
@@ -182,8 +172,8 @@ func TestNegativeControls(t *testing.T) {
 			} else if hostOpensVsock() {
 				escaped = sorted(append([]string{"B11"}, escaped...)...) // podman's profile allows AF_VSOCK
 			}
-			e := newCageEnv(t, seccomp)
-			rep := e.run(t, tc.weaken)
+			probeCage := cageProbe(t, seccomp)
+			rep := probeCage(t, tc.weaken)
 			assert.DeepEqual(t, rep.IDs(Escaped), escaped)
 			if !tc.errors {
 				assert.DeepEqual(t, rep.IDs(Error), []string(nil))
@@ -196,9 +186,9 @@ func TestNegativeControls(t *testing.T) {
 // output reaches shrooms over attach only, and nothing of it is left on
 // the host's disk), and the probe's report still arrives over attach.
 func TestCageKeepsNoLog(t *testing.T) {
-	e := newCageEnv(t, "shrooms")
+	probeCage := cageProbe(t, "shrooms")
 	driver := make(chan string, 1)
-	rep := e.run(t, func(s *specgen.SpecGenerator) {
+	rep := probeCage(t, func(s *specgen.SpecGenerator) {
 		// Watch the cage from the side while the turn runs it.
 		go func(name string) {
 			got := ""
