@@ -3,6 +3,7 @@ package itest
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -256,9 +257,19 @@ func (e *Env) Tasks() []taskid.ID {
 
 // Cages lists the ids of the cages of the env's tasks on its service.
 func (e *Env) Cages() ([]string, error) {
-	out, err := e.Podman("ps", "-a", "--filter", "label="+LabelManaged+"=1", "--format", `{{.ID}} {{index .Labels "`+LabelTask+`"}}`)
+	var out string
+	var err error
+	// podman 4.3 fails a listing now and then while another process makes
+	// or removes a network namespace ("unknown FS magic", podman#16140):
+	// retried, as pkg/podman does.
+	for try := 0; try < 20; try++ {
+		if out, err = e.Podman("ps", "-a", "--filter", "label="+LabelManaged+"=1", "--format", `{{.ID}} {{index .Labels "`+LabelTask+`"}}`); err == nil {
+			break
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("podman ps: %w: %s", err, out)
 	}
 	var ids []string
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
