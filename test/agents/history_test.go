@@ -15,9 +15,6 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
-	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
-	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // historyResult is the part of `run --json`'s result the history tests read.
@@ -352,13 +349,7 @@ func TestHistoryForgedOpencodeDBRefused(t *testing.T) {
 // detached teardown holds the task lock).
 func (e *env) settled(agent string) {
 	e.T.Helper()
-	cfg, err := config.Load(e.Config)
-	assert.NilError(e.T, err)
-	id, err := taskid.Parse(e.Task(agent))
-	assert.NilError(e.T, err)
-	l, err := (taskstate.Store{Dir: cfg.State.Dir}).LockTask(id)
-	assert.NilError(e.T, err)
-	assert.NilError(e.T, l.Release())
+	e.WaitIdle(e.Task(agent))
 }
 
 // forgeOpencode forges the opencode.db at path by kind.
