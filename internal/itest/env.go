@@ -205,8 +205,8 @@ func (e *Env) Podman(args ...string) (string, error) {
 
 // WaitIdle waits until no detached teardown holds the task (the removal
 // of a turn's cage and the release of its HOME go on after `run`
-// returned; with the next cage prepared, the teardown drops the task lock
-// before it removes the exited cage, so the process is waited for too). A
+// returned), and until the teardown's process is gone: with the next cage
+// prepared, it drops the task lock before it removes the exited cage. A
 // turn holding the task is not waited for. This is the one wait for a
 // teardown of the integration tests.
 func (e *Env) WaitIdle(task string) {
@@ -214,14 +214,22 @@ func (e *Env) WaitIdle(task string) {
 	if err != nil {
 		return
 	}
-	st := taskstate.Store{Dir: e.State}
 	f, err := os.OpenFile(filepath.Join(taskstate.Layout{Dir: e.State}.Task(id), "lock"), os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return
 	}
 	defer f.Close()
-	pid := st.TeardownHolder(id)
-	if pid <= 0 {
+	// The lock file's text names the last teardown's pid; it stays after
+	// the teardown dropped the lock (taskstate.Store.TeardownHolder, which
+	// asks the lock, would miss a teardown past that point).
+	mark := make([]byte, 32)
+	n, _ := f.ReadAt(mark, 0)
+	rest, ok := strings.CutPrefix(string(mark[:n]), "teardown ")
+	if !ok {
+		return
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(rest))
+	if err != nil || pid <= 0 {
 		return
 	}
 	// A plain flock, not the task lock: it marks no holder, so a turn
