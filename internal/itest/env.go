@@ -267,14 +267,16 @@ func (e *Env) Tasks() []taskid.ID {
 func (e *Env) Cages() ([]string, error) {
 	var out string
 	var err error
-	// podman 4.3 fails a listing now and then while another process makes
-	// or removes a network namespace ("unknown FS magic", podman#16140):
-	// retried, as pkg/podman does.
-	for try := 0; try < 20; try++ {
-		if out, err = e.Podman("ps", "-a", "--filter", "label="+LabelManaged+"=1", "--format", `{{.ID}} {{index .Labels "`+LabelTask+`"}}`); err == nil {
+	// podman 4.3 fails a whole listing while any container on the host is
+	// between its netns teardown and its removal ("unknown FS magic",
+	// podman#16140): asked again, as pkg/podman does, for up to 30 s (a
+	// loaded host with many teardowns has been seen to need more than 5).
+	for wait, start := 50*time.Millisecond, time.Now(); ; wait = min(2*wait, 2*time.Second) {
+		out, err = e.Podman("ps", "-a", "--filter", "label="+LabelManaged+"=1", "--format", `{{.ID}} {{index .Labels "`+LabelTask+`"}}`)
+		if err == nil || !strings.Contains(out, "unknown FS magic") || time.Since(start) > 30*time.Second {
 			break
 		}
-		time.Sleep(250 * time.Millisecond)
+		time.Sleep(wait)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("podman ps: %w: %s", err, out)
