@@ -263,29 +263,31 @@ func (e *Env) Tasks() []taskid.ID {
 	return ids
 }
 
-// Cages lists the ids of the cages of the env's tasks on its service.
-func (e *Env) Cages() ([]string, error) {
-	var out string
-	var err error
-	// podman 4.3 fails a whole listing while any container on the host is
-	// between its netns teardown and its removal ("unknown FS magic",
-	// podman#16140): asked again, as pkg/podman does, for up to 30 s (a
-	// loaded host with many teardowns has been seen to need more than 5).
-	for wait, start := 50*time.Millisecond, time.Now(); ; wait = min(2*wait, 2*time.Second) {
-		out, err = e.Podman("ps", "-a", "--filter", "label="+LabelManaged+"=1", "--format", `{{.ID}} {{index .Labels "`+LabelTask+`"}}`)
-		if err == nil || !strings.Contains(out, "unknown FS magic") || time.Since(start) > 30*time.Second {
-			break
-		}
-		time.Sleep(wait)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("podman ps: %w: %s", err, out)
-	}
+// Cages lists the ids of the managed cages of the given tasks on the env's
+// service. Each task is asked for by its label: podman 4.3 fails a whole
+// listing while any container it lists is between its netns teardown and
+// its removal ("unknown FS magic", podman#16140), and on a shared host
+// other tests' cages always are; a task of this test is not, once idle
+// (asked again for up to 30 s, as pkg/podman does, if it is).
+func (e *Env) Cages(tasks ...string) ([]string, error) {
 	var ids []string
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		id, task, _ := strings.Cut(line, " ")
-		if id != "" && strings.HasPrefix(task, e.Prefix) {
-			ids = append(ids, id)
+	for _, task := range tasks {
+		var out string
+		var err error
+		for wait, start := 50*time.Millisecond, time.Now(); ; wait = min(2*wait, 2*time.Second) {
+			out, err = e.Podman("ps", "-a", "--filter", "label="+LabelTask+"="+task, "--format", `{{.ID}} {{index .Labels "`+LabelManaged+`"}}`)
+			if err == nil || !strings.Contains(out, "unknown FS magic") || time.Since(start) > 30*time.Second {
+				break
+			}
+			time.Sleep(wait)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("podman ps: %w: %s", err, out)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			if id, managed, _ := strings.Cut(line, " "); id != "" && managed == "1" {
+				ids = append(ids, id)
+			}
 		}
 	}
 	return ids, nil
@@ -305,7 +307,11 @@ func (e *Env) cleanup() {
 	// A test that made no task made no cage. Carry on when listing
 	// fails: the HOMEs and outboxes must go regardless.
 	if len(tasks) > 0 && !e.o.noPodman {
-		cages, err := e.Cages()
+		names := make([]string, len(tasks))
+		for i, id := range tasks {
+			names[i] = id.String()
+		}
+		cages, err := e.Cages(names...)
 		if err != nil {
 			e.T.Errorf("list cages: %v", err)
 		}

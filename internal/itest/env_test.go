@@ -6,8 +6,8 @@ import (
 	"testing"
 )
 
-// TestEnvCages: an Env lists the managed cages of its own tasks, not
-// another test's, nor an unmanaged container of its prefix.
+// TestEnvCages: an Env lists the managed cages of the tasks it is asked
+// for, not another task's, nor an unmanaged container with a task label.
 func TestEnvCages(t *testing.T) {
 	Require(t, Root, Podman)
 	e := New(t, "ie")
@@ -27,7 +27,7 @@ func TestEnvCages(t *testing.T) {
 	ours := run(e.Task("a"), LabelManaged+"=1", LabelTask+"="+e.Task("a"))
 	theirs := run(other.Task("a"), LabelManaged+"=1", LabelTask+"="+other.Task("a"))
 	unmanaged := run(e.Task("b"), LabelTask+"="+e.Task("b"))
-	cages, err := e.Cages()
+	cages, err := e.Cages(e.Task("a"), e.Task("b"))
 	if err != nil {
 		t.Fatal(err)
 	}
