@@ -268,19 +268,11 @@ func (e *Env) Tasks() []taskid.ID {
 // listing while any container it lists is between its netns teardown and
 // its removal ("unknown FS magic", podman#16140), and on a shared host
 // other tests' cages always are; a task of this test is not, once idle
-// (asked again for up to 30 s, as pkg/podman does, if it is).
+// (and the listing is asked again if it is: podmanRetried).
 func (e *Env) Cages(tasks ...string) ([]string, error) {
 	var ids []string
 	for _, task := range tasks {
-		var out string
-		var err error
-		for wait, start := 50*time.Millisecond, time.Now(); ; wait = min(2*wait, 2*time.Second) {
-			out, err = e.Podman("ps", "-a", "--filter", "label="+LabelTask+"="+task, "--format", `{{.ID}} {{index .Labels "`+LabelManaged+`"}}`)
-			if err == nil || !strings.Contains(out, "unknown FS magic") || time.Since(start) > 30*time.Second {
-				break
-			}
-			time.Sleep(wait)
-		}
+		out, err := e.podmanRetried("ps", "-a", "--filter", "label="+LabelTask+"="+task, "--format", `{{.ID}} {{index .Labels "`+LabelManaged+`"}}`)
 		if err != nil {
 			return nil, fmt.Errorf("podman ps: %w: %s", err, out)
 		}
@@ -291,6 +283,18 @@ func (e *Env) Cages(tasks ...string) ([]string, error) {
 		}
 	}
 	return ids, nil
+}
+
+// podmanRetried is Podman, asked again for up to 30 s while it fails on
+// podman#16140 ("unknown FS magic"), as pkg/podman does.
+func (e *Env) podmanRetried(args ...string) (out string, err error) {
+	for wait, start := 50*time.Millisecond, time.Now(); ; wait = min(2*wait, 2*time.Second) {
+		out, err = e.Podman(args...)
+		if err == nil || !strings.Contains(out, "unknown FS magic") || time.Since(start) > 30*time.Second {
+			return out, err
+		}
+		time.Sleep(wait)
+	}
 }
 
 // cleanup waits for every task's teardown, removes the cages left (a
@@ -319,7 +323,7 @@ func (e *Env) cleanup() {
 			if !e.o.prepared {
 				e.T.Errorf("cage %s of this test was left behind", c)
 			}
-			if out, err := e.Podman("rm", "-f", "-t", "0", c); err != nil {
+			if out, err := e.podmanRetried("rm", "-f", "-t", "0", c); err != nil {
 				e.T.Errorf("remove cage %s: %v: %s", c, err, out)
 			}
 		}
