@@ -16,5 +16,6 @@ echo "shrooms imports of pkg/profile: $( [ -d pkg/profile ] && go list -tags "$T
 echo "homereset lines (non-test; code lines, i.e. not blank or comment / wc -l): $(nontest pkg/homereset | xargs cat | grep -v '^\s*$' | grep -cv '^\s*//') / $(nontest pkg/homereset | xargs cat | wc -l)"
 echo "funcs taking task string in pkg/: $(nontest pkg | xargs grep -hE '^func .*\btask string' | wc -l)"
 echo "test harness types (env, harness, cageEnv, fixture, world in tests and internal/itest): $(find cmd pkg internal test -name '*.go' | xargs grep -hE '^type (env|harness|cageEnv|fixture|world|Env) struct' | wc -l)"
+echo "test files removing HOMEs by hand: $(grep -rlE 'Home\(\)\.Remove|homestore\.Remove\(' --include='*_test.go' cmd pkg test | wc -l)"
 echo "fault-kind wrapping sites (lines with fmt.Errorf(… fault.X …)): $(nontest pkg cmd | xargs grep -hE 'Errorf\(.*fault\.[A-Z]' | wc -l)"
 echo "openat2 resolve policies spelled outside pkg/resolve (lines with unix.RESOLVE_): $(nontest pkg cmd internal | grep -v '^pkg/resolve/' | xargs grep -h 'unix\.RESOLVE_' | wc -l)"
