@@ -21,7 +21,11 @@ func TestEnvCages(t *testing.T) {
 		if err != nil {
 			t.Fatalf("podman run: %v: %s", err, out)
 		}
-		t.Cleanup(func() { _, _ = e.Podman("rm", "-f", "-t", "0", name) })
+		t.Cleanup(func() {
+			if out, err := e.podmanRetried("rm", "-f", "-t", "0", name); err != nil {
+				t.Errorf("remove %s: %v: %s", name, err, out)
+			}
+		})
 		return strings.TrimSpace(out)[:12]
 	}
 	ours := run(e.Task("a"), LabelManaged+"=1", LabelTask+"="+e.Task("a"))
