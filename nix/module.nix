@@ -385,7 +385,9 @@ in
               every container of that podman), and shrooms refuses a cage
               that runs any other. gVisor: containers.conf takes no runtime
               flags, so name a wrapper called runsc that runs it with --platform=systrap
-              --oci-seccomp --network=host (docs/gvisor.md).
+              --oci-seccomp --network=host (docs/gvisor.md): each turn reads the
+              flags from its cage's runsc sandbox and refuses the cage without
+              --oci-seccomp.
             '';
           };
           network.policy = mkOption {

@@ -59,6 +59,13 @@ fi
 # A Go toolchain new enough for go.mod (Debian 12 ships only 1.19).
 ok "$(bash "$here/go-toolchain.sh")"
 
+# The walk `make shape` counts (tools/walk) is a module of its own: its
+# golang.org/x/tools goes into the module cache now, so that `make shape`
+# works offline.
+gobin=$(command -v go || echo /usr/local/go/bin/go)
+(cd "$here/../tools/walk" && "$gobin" mod download) || die "tools/walk: go mod download failed"
+ok "tools/walk: golang.org/x/tools in the module cache"
+
 # ------------------------------------------------------- 2. containers.conf
 # Podman 4.3 reads /etc/containers/containers.conf.d/*.conf after
 # containers.conf (verified below with `podman info`).

@@ -13,9 +13,14 @@ echo "exported turn.Runner methods: $(nontest pkg/turn | xargs grep -hE '^func \
 echo "turn.Runner uses in pkg/task: $(nontest pkg/task | xargs grep -ho 'turn\.Runner' | wc -l)"
 echo "\"claude\"/\"opencode\" literals outside pkg/profile: $(nontest pkg cmd internal | grep -v '^pkg/profile/' | xargs grep -hoE '"(claude|opencode)"' | wc -l)"
 echo "shrooms imports of pkg/profile: $( [ -d pkg/profile ] && go list -tags "$TAGS" -f '{{join .Imports "\n"}}' ./pkg/profile | count 'shrooms-cage/shrooms/' || echo n/a)"
+echo "shrooms imports of pkg/probe (the in-cage battery): $(go list -tags "$TAGS" -f '{{join .Imports "\n"}}' ./pkg/probe | count 'shrooms-cage/shrooms/')"
 echo "homereset lines (non-test; code lines, i.e. not blank or comment / wc -l): $(nontest pkg/homereset | xargs cat | grep -v '^\s*$' | grep -cv '^\s*//') / $(nontest pkg/homereset | xargs cat | wc -l)"
 echo "funcs taking task string in pkg/: $(nontest pkg | xargs grep -hE '^func .*\btask string' | wc -l)"
 echo "test harness types (env, harness, cageEnv, fixture, world in tests and internal/itest): $(find cmd pkg internal test -name '*.go' | xargs grep -hE '^type (env|harness|cageEnv|fixture|world|Env) struct' | wc -l)"
-echo "test files removing HOMEs by hand: $(grep -rlE 'Home\(\)\.Remove|homestore\.Remove\(' --include='*_test.go' cmd pkg test | wc -l)"
+echo "test files removing HOMEs by hand: $(grep -rlE 'Home\(\)\.Remove|homes\(\)\.Remove|NewStore\([^)]*\)\.Remove|Homes\.Remove|homestore\.Remove\(' --include='*_test.go' cmd pkg test | wc -l)"
 echo "fault-kind wrapping sites (lines with fmt.Errorf(… fault.X …)): $(nontest pkg cmd | xargs grep -hE 'Errorf\(.*fault\.[A-Z]' | wc -l)"
+echo "fault-kind decisions (those, plus fault.Wrap/Wrapf/Default/Phase calls outside pkg/fault): $(nontest pkg cmd | grep -v '^pkg/fault/' | xargs grep -hE 'Errorf\(.*fault\.[A-Z]|fault\.(Wrap|Wrapf|Default|Phase)\(' | wc -l)"
+# The walk of a turn's request (tools/walk, its own module: golang.org/x/tools
+# stays out of go.mod; `make setup` puts it in the module cache).
+echo "$(go run -C tools/walk . -root "$PWD" -tags "$TAGS")"
 echo "openat2 resolve policies spelled outside pkg/resolve (lines with unix.RESOLVE_): $(nontest pkg cmd internal | grep -v '^pkg/resolve/' | xargs grep -h 'unix\.RESOLVE_' | wc -l)"

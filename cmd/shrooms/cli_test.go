@@ -314,3 +314,27 @@ func TestEmptyListsPrintAsBrackets(t *testing.T) {
 	assert.NilError(t, err)
 	assert.Equal(t, string(b), `{"m":[],"o":{"changes":[],"items":[{"changes":[]}],"list":[],"ptr":{"changes":[]}},"schema":1}`)
 }
+
+// TestLocalCommandsWithPodmanDown: the commands that need no podman connect
+// on their first use of it only (podman.Lazy), so with the socket pointing
+// at nothing they answer from the state directory and the outbox; gc,
+// which lists cages first, is the control that podman is unreachable.
+// (With podman up, status and tasks do reach it through the same lazy
+// engine: TestPreparedCagesShownAndExpired sees a prepared cage there.)
+func TestLocalCommandsWithPodmanDown(t *testing.T) {
+	e := downEnv(t, "")
+	assert.NilError(t, os.MkdirAll(filepath.Join(e.Dir, "state", "tasks", "t1"), 0o700)) // task t1 exists
+	assert.NilError(t, os.MkdirAll(filepath.Join(e.Dir, "outbox"), 0o755))
+	code, _, stderr := shroomsCLI("--config", e.Config, "gc")
+	assert.Equal(t, code, ExitHostNotReady, stderr)
+	assert.Check(t, is.Contains(stderr, "podman"))
+	for _, args := range [][]string{
+		{"tasks"}, {"status", "--task", "t1"}, {"log", "--task", "t1"},
+		{"outbox", "list", "--task", "t1"},
+	} {
+		code, stdout, stderr := shroomsCLI(append([]string{"--config", e.Config, "--json"}, args...)...)
+		assert.Check(t, is.Equal(code, 0), "%v: %s", args, stderr)
+		assert.Check(t, is.Equal(stderr, ""), "%v", args)
+		lastObject(t, stdout)
+	}
+}

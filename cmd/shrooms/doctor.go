@@ -143,7 +143,7 @@ func doctorPodman(ctx context.Context, cfg *config.Config, client *podman.Client
 	if info.Rootless {
 		add("rootful", "fail", "the podman service is rootless; shrooms needs rootful podman for per-task user namespaces and the nftables seal", "point podman.socket at the root service (/run/podman/podman.sock)")
 	}
-	doctorRuntime(cfg, info, add)
+	doctorRuntime(ctx, cfg, info, add)
 	images := map[string]bool{cfg.Cage.Image: true}
 	for _, a := range cfg.Agents {
 		images[cfg.ImageFor(a)] = true
@@ -370,7 +370,7 @@ func doctorSeal(ctx context.Context, cfg *config.Config, add func(string, string
 // A podman service before 5.x takes no per-cage runtime over its API: the
 // service's own runtime is the one every cage gets, and a turn refuses a
 // cage whose runtime is not cage.runtime.
-func doctorRuntime(cfg *config.Config, info *podman.HostInfo, add func(string, string, string, string)) {
+func doctorRuntime(ctx context.Context, cfg *config.Config, info *podman.HostInfo, add func(string, string, string, string)) {
 	got := fmt.Sprintf("%s at %s (%s), cgroups %s (%s)", info.OCIRuntime, info.OCIRuntimePath, info.OCIRuntimeVersion, info.CgroupVersion, info.CgroupManager)
 	want := cfg.Cage.Runtime
 	switch {
@@ -379,10 +379,8 @@ func doctorRuntime(cfg *config.Config, info *podman.HostInfo, add func(string, s
 			fmt.Sprintf("start the podman service with --runtime %s (podman before 5.x takes no per-cage runtime), or set cage.runtime = \"default\"", want))
 		return
 	case strings.HasPrefix(info.OCIRuntimeVersion, "runsc"):
-		// runsc enforces the OCI seccomp profile only with --oci-seccomp,
-		// and its flags are podman's --runtime-flag or a wrapper's, which
-		// podman's API does not show.
-		add("oci-runtime", "warn", got+": gVisor; its flags are not visible through podman's API", "give runsc --oci-seccomp and --platform=systrap (podman --runtime-flag or a wrapper); see docs/gvisor.md")
+		add("oci-runtime", "ok", got+": gVisor", "")
+		doctorRunsc(ctx, cfg, info, add)
 		return
 	}
 	switch info.OCIRuntime {

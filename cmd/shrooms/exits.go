@@ -12,6 +12,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/safetext"
 	"github.com/shrooms-cage/shrooms/pkg/task"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
@@ -32,7 +33,7 @@ func runnerFor(c *cli.Context, pre func(*config.Config) error) (r *task.Commands
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	return task.New(turns.Cfg, turns.Podman, turns), ctx, stop, nil
+	return task.New(turns.Cfg, turns.Podman), ctx, stop, nil
 }
 
 // pipelineFor is runnerFor for the commands of the turn pipeline (run,
@@ -74,22 +75,30 @@ func checkedConfig(c *cli.Context, pre func(*config.Config) error) (*config.Conf
 }
 
 // localRunner is runnerFor for the task commands that work on the state
-// directory, the outbox and the worktree only (outbox, commit, trust): it
-// never connects to podman, so they work while podman is down.
+// directory, the outbox and the worktree (outbox, commit, trust): podman
+// is connected on its first use only (podman.Lazy), so they work while
+// podman is down.
 func localRunner(c *cli.Context, pre func(*config.Config) error) (r *task.Commands, ctx context.Context, stop context.CancelFunc, err error) {
 	cfg, err := checkedConfig(c, pre)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	ctx, stop = signalContext(c.Context)
-	return task.New(cfg, nil, turn.NewRunner(cfg, nil, nil)), ctx, stop, nil
+	return lazyCommands(cfg), ctx, stop, nil
+}
+
+// lazyCommands are the task commands of cfg with podman connected on its
+// first use only.
+func lazyCommands(cfg *config.Config) *task.Commands {
+	return task.New(cfg, podman.Lazy(cfg.Podman.Socket))
 }
 
 // withTask is the one preamble of a command on one existing task: the
 // config and --task checked before anything is contacted (pre, when the
 // command checks more, instead of checkTask), a context that SIGINT,
-// SIGTERM or SIGHUP cancel, and podman connected only when the command
-// needs it (withPodman). fn gets the task commands and the task id.
+// SIGTERM or SIGHUP cancel, and podman connected before fn when the
+// command needs it (withPodman), else on its first use only. fn gets the
+// task commands and the task id.
 func withTask(c *cli.Context, need taskNeed, pre func(*config.Config, taskid.ID) error, fn func(ctx context.Context, r *task.Commands, id taskid.ID) error) error {
 	open := localRunner
 	if need == withPodman {
@@ -117,7 +126,8 @@ type taskNeed int
 
 const (
 	// local commands work on the state directory, the outbox and the
-	// worktree only, and work while podman is down.
+	// worktree, and work while podman is down (it is connected on its
+	// first use only).
 	local taskNeed = iota
 	withPodman
 )

@@ -22,6 +22,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // The test binary doubles as shrooms: with SHROOMS_TEST_MAIN=1 it runs main,
@@ -53,11 +54,21 @@ func newEnv(t *testing.T, extra string) *itest.Env {
 func integration(t *testing.T, extra string) (*itest.Env, *podman.Client) {
 	itest.Require(t, itest.Root, itest.Podman)
 	e := newEnv(t, extra)
-	cfg, err := config.Load(e.Config)
-	assert.NilError(t, err)
 	client, err := podman.Connect(context.Background(), itest.Socket())
 	assert.NilError(t, err)
-	e.Release = testcfg.Release(cfg, client)
+	// The config as the test left it (a test may move it to a service of
+	// its own): the HOME is unmounted in that service's namespace too.
+	e.Release = func(ctx context.Context, task taskid.ID) error {
+		cfg, err := config.Load(e.Config)
+		if err != nil {
+			return err
+		}
+		c, err := podman.Connect(ctx, cfg.Podman.Socket)
+		if err != nil {
+			return err
+		}
+		return testcfg.Release(cfg, c)(ctx, task)
+	}
 	return e, client
 }
 

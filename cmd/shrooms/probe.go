@@ -15,6 +15,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/probe"
+	"github.com/shrooms-cage/shrooms/pkg/probedrive"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
@@ -61,16 +62,16 @@ peer cage the probe starts itself.`,
 			if err != nil {
 				return fail(ExitUsage, err)
 			}
-			o := probe.Options{
+			o := probedrive.Options{
 				Task: task, Agent: c.String("agent"), Params: params,
 				Timeout: c.Duration("timeout"), Stderr: c.App.ErrWriter,
 			}
 			if params.InboundPort != 0 {
-				o.OnInbound = probe.DialInbound(params.Nonce)
+				o.OnInbound = probedrive.DialInbound(params.Nonce)
 			}
 			// Without a targets file the probe brings its own peer cage (D8).
 			o.Peer = c.String("targets") == ""
-			rep, _, err := probe.Run(ctx, r, o)
+			rep, _, err := probedrive.Run(ctx, r, o)
 			if err != nil {
 				return fail(codeFor(err), err)
 			}
@@ -152,7 +153,7 @@ func probeParams(path string, cfg *config.Config, agent string, resolvers []stri
 	if path == "" && cfg.Network.Networked() {
 		// No targets file: aim at what the host tells about its network,
 		// send discovery multicast, and connect into the cage (D15).
-		if err := probe.Discover(&p, cfg.Network, firewall.Options{}); err != nil {
+		if err := probedrive.Discover(&p, cfg.Network, firewall.Options{}); err != nil {
 			return p, fmt.Errorf("discover probe targets: %w", err)
 		}
 		p.Multicast, p.InboundPort, p.InboundWaitMs = true, 18080, 3000
@@ -164,7 +165,7 @@ func probeParams(path string, cfg *config.Config, agent string, resolvers []stri
 			}
 			p.Resolvers = resolvers
 		}
-		probe.InternetFor(&p, cfg.Network, hostResolvers())
+		probedrive.InternetFor(&p, cfg.Network, hostResolvers())
 	}
 	p.Policy = cfg.Network.Policy
 	p.StrictSeccomp = cfg.Cage.StrictSeccomp()

@@ -316,7 +316,7 @@ func bootstrapCommand() *cli.Command {
 		Action: func(c *cli.Context) error {
 			var profiles []string
 			var task taskid.ID
-			r, ctx, stop, err := pipelineFor(c, func(cfg *config.Config) (err error) {
+			r, ctx, stop, err := runnerFor(c, func(cfg *config.Config) (err error) {
 				if task, err = taskid.Parse(c.String("task")); err != nil {
 					return err
 				}
@@ -338,7 +338,7 @@ func bootstrapCommand() *cli.Command {
 				return fail(codeFor(err), err)
 			}
 			if jsonMode(c) {
-				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "volume": r.Home().Name(task), "result": res.Result, "seeded": res.Seeded})
+				return printJSON(c.App.Writer, map[string]any{"task": c.String("task"), "volume": r.Homes.Name(task), "result": res.Result, "seeded": res.Seeded})
 			}
 			textln(c.App.Writer, res.Result)
 			return nil

@@ -9,10 +9,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/task"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
-	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // stateRunner is a runner for the task commands: they read the state
@@ -28,7 +26,7 @@ func stateRunner(c *cli.Context, withTask bool) (*task.Commands, taskid.ID, erro
 			return nil, id, fail(ExitUsage, err)
 		}
 	}
-	return task.New(cfg, nil, turn.NewRunner(cfg, nil, nil)), id, nil
+	return lazyCommands(cfg), id, nil
 }
 
 func tasksCommand() *cli.Command {
@@ -103,11 +101,7 @@ func statusCommand() *cli.Command {
 func showPrepared(c *cli.Context, r *task.Commands, sts []task.TaskStatus) {
 	ctx, cancel := context.WithTimeout(c.Context, 5*time.Second)
 	defer cancel()
-	client, err := podman.Connect(ctx, r.Cfg.Podman.Socket)
-	if err != nil {
-		return
-	}
-	r.ShowPrepared(ctx, client, sts)
+	r.ShowPrepared(ctx, sts)
 }
 
 func preparedText(t task.TaskStatus) string {

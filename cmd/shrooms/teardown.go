@@ -64,7 +64,7 @@ func teardownCommand() *cli.Command {
 				return fail(codeFor(err), err)
 			}
 			// Off every caller's path: prepared cages that waited too long.
-			if _, err := task.New(r.Cfg, r.Podman, r).ExpirePrepared(ctx, false); err != nil {
+			if _, err := task.New(r.Cfg, r.Podman).ExpirePrepared(ctx, false); err != nil {
 				return fail(codeFor(err), err)
 			}
 			return nil

@@ -37,17 +37,20 @@ func networkSpec(n config.Network) (podman.NetworkSpec, error) {
 }
 
 // EnsureNetwork creates the cage network if it is missing and checks an
-// existing one against the config. It reports whether it created it.
-func EnsureNetwork(ctx context.Context, cfg *config.Config, client engine.Networks) (bool, error) {
+// existing one against the config. It reports whether it created it. A
+// network it cannot inspect or create, or one that differs from the
+// config, is the host's to fix; a config it cannot read, bad input.
+func EnsureNetwork(ctx context.Context, cfg *config.Config, client engine.Networks) (_ bool, err error) {
+	defer fault.Phase(fault.HostNotReady, &err)
 	if !cfg.Network.Networked() {
 		return false, nil
 	}
 	have, err := client.InspectNetwork(ctx, cfg.Network.Name)
 	if err != nil {
-		return false, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return false, err
 	}
 	if have != nil {
-		return false, checkNetwork(cfg, have)
+		return false, networkDrift(cfg, have)
 	}
 	spec, err := networkSpec(cfg.Network)
 	if err != nil {
@@ -59,31 +62,24 @@ func EnsureNetwork(ctx context.Context, cfg *config.Config, client engine.Networ
 		if again, ierr := client.InspectNetwork(ctx, cfg.Network.Name); ierr == nil && again != nil {
 			return false, CheckNetwork(ctx, cfg, client)
 		}
-		return false, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return false, err
 	}
 	return true, CheckNetwork(ctx, cfg, client)
 }
 
 // CheckNetwork verifies that the cage network exists exactly as configured:
-// its bridge interface (the one the seal filters) and its subnets.
-func CheckNetwork(ctx context.Context, cfg *config.Config, client engine.Networks) error {
+// its bridge interface (the one the seal filters) and its subnets. A
+// network missing, differing or not inspectable is the host's to fix.
+func CheckNetwork(ctx context.Context, cfg *config.Config, client engine.Networks) (err error) {
+	defer fault.Phase(fault.HostNotReady, &err)
 	have, err := client.InspectNetwork(ctx, cfg.Network.Name)
 	if err != nil {
-		return fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return err
 	}
 	if have == nil {
-		return fmt.Errorf("%w: podman network %q does not exist (run `shrooms net apply`)", fault.HostNotReady, cfg.Network.Name)
+		return fmt.Errorf("podman network %q does not exist (run `shrooms net apply`)", cfg.Network.Name)
 	}
-	return checkNetwork(cfg, have)
-}
-
-// checkNetwork is CheckNetwork on an inspected network: a network that
-// differs from the config is the host's to fix (fault.HostNotReady).
-func checkNetwork(cfg *config.Config, have *podman.Network) error {
-	if err := networkDrift(cfg, have); err != nil {
-		return fmt.Errorf("%w: %w", fault.HostNotReady, err)
-	}
-	return nil
+	return networkDrift(cfg, have)
 }
 
 // networkDrift says how the inspected network differs from the config.

@@ -3,6 +3,7 @@ package cagenet
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"gotest.tools/v3/assert"
@@ -89,9 +90,15 @@ func TestEnsureNetworkFailures(t *testing.T) {
 	_, err := EnsureNetwork(ctx, cfg, n)
 	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
 
+	// An existing network that drifted: the host's, said once.
+	drifted := &nets{have: map[string]*podman.Network{"shrooms": {Name: "shrooms", Bridge: "podman1", Subnets: []string{"10.89.7.0/24", "fd00:89:7::/64"}}}}
+	_, err = EnsureNetwork(ctx, cfg, drifted)
+	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
+	assert.Assert(t, strings.HasPrefix(err.Error(), "host not ready: podman network") && strings.Count(err.Error(), "host not ready") == 1, "%v", err)
+
 	cfg.Network.Subnet4 = "not-a-prefix"
 	_, err = EnsureNetwork(ctx, cfg, &nets{have: map[string]*podman.Network{}})
-	assert.Assert(t, errors.Is(err, fault.Input), "%v", err)
+	assert.Assert(t, errors.Is(err, fault.Input) && !errors.Is(err, fault.HostNotReady), "bad input keeps its kind: %v", err)
 
 	// No network at all is nothing to ensure.
 	cfg = netCfg()

@@ -3,6 +3,10 @@
 // so the CLI maps exit codes from the kind, never from an error's text.
 // A Kind is itself an error (the kind's old sentinel), and Wrap keeps the
 // cause: errors.Is and errors.As see through a wrapped error to both.
+//
+// A kind is decided once: where the fact is known (Wrap, deep down), or
+// once per phase for what is left (Default, Phase: a command's failures
+// that no callee kinded are the host's, say).
 package fault
 
 import (
@@ -74,6 +78,22 @@ func Wrap(k Kind, err error) error {
 	}
 	return &kinded{kind: k, err: err}
 }
+
+// Default is err as a failure of kind k when it has no kind yet (Of is
+// Internal), and err unchanged when a callee already decided its kind: a
+// phase kinds its failures once, at its end, instead of at each call. A
+// nil err stays nil.
+func Default(k Kind, err error) error {
+	if err == nil || Of(err) != Internal {
+		return err
+	}
+	return Wrap(k, err)
+}
+
+// Phase is Default for a deferred call on a function's named error
+// result: `defer fault.Phase(fault.HostNotReady, &err)` makes every
+// failure the function returns without a kind one of kind k.
+func Phase(k Kind, err *error) { *err = Default(k, *err) }
 
 // Wrapf is Wrap of fmt.Errorf(format, args...) (which may itself wrap).
 func Wrapf(k Kind, format string, args ...any) error {

@@ -38,3 +38,27 @@ func TestOf(t *testing.T) {
 	assert.Assert(t, Wrap(Input, nil) == nil)
 	assert.Equal(t, Wrapf(Interrupted, "turn %d: %w", 3, errors.New("signal")).Error(), "interrupted: turn 3: signal")
 }
+
+func TestDefault(t *testing.T) {
+	assert.Assert(t, Default(HostNotReady, nil) == nil)
+	cause := errors.New("read state")
+	err := Default(HostNotReady, fmt.Errorf("status: %w", cause))
+	assert.Equal(t, Of(err), HostNotReady, "no kind yet: the phase's")
+	assert.Assert(t, errors.Is(err, cause))
+	assert.Equal(t, err.Error(), "host not ready: status: read state")
+	kinded := fmt.Errorf("commit: %w", Wrap(Input, cause))
+	assert.Equal(t, Default(HostNotReady, kinded), kinded, "a callee's kind stays, and its message")
+	busy := fmt.Errorf("%w: task %q", Busy, "t1")
+	assert.Equal(t, Default(HostNotReady, busy), busy)
+}
+
+func TestPhase(t *testing.T) {
+	phase := func(fail error) (err error) {
+		defer Phase(HostNotReady, &err)
+		return fail
+	}
+	assert.NilError(t, phase(nil))
+	assert.Equal(t, Of(phase(errors.New("x"))), HostNotReady)
+	assert.Equal(t, phase(errors.New("x")).Error(), "host not ready: x")
+	assert.Equal(t, Of(phase(Wrap(Limit, errors.New("x")))), Limit)
+}

@@ -263,6 +263,35 @@ func (e *env) fire(t testing.TB, from string, ps []probe, await func(probe) bool
 	return hit
 }
 
+// fireControl is fire for a positive control (no wall, every probe must
+// land): a probe that missed is fired again, alone with the other misses,
+// up to twice. A v6 TCP probe right after a flush can miss its 2-second
+// dial while the router's neighbour entry for the cage, failed under the
+// seal, is being re-resolved (seen once in CI); a hole seen on a retry is
+// still a hole, and a probe that never lands still fails the control.
+func (e *env) fireControl(t testing.TB, from string, ps []probe) map[string]bool {
+	t.Helper()
+	hit := e.fire(t, from, ps, all)
+	for try := 0; try < 2; try++ {
+		var missed []probe
+		for _, p := range ps {
+			if !hit[p.name] {
+				missed = append(missed, p)
+			}
+		}
+		if len(missed) == 0 {
+			break
+		}
+		for _, p := range missed {
+			t.Logf("positive control: %s missed, fired again (try %d)", p.name, try+2)
+		}
+		for name, ok := range e.fire(t, from, missed, all) {
+			hit[name] = hit[name] || ok
+		}
+	}
+	return hit
+}
+
 func all(probe) bool       { return true }
 func allowed(p probe) bool { return p.open }
 
@@ -303,7 +332,7 @@ func TestSealInTestbed(t *testing.T) {
 		assert.NilError(t, err)
 		assert.Assert(t, !st.OK)
 		ps := e.battery()
-		hit := e.fire(t, "a", ps, all)
+		hit := e.fireControl(t, "a", ps)
 		for _, p := range ps {
 			assert.Check(t, hit[p.name], "%s: probe does not reach its canary even without the seal: the test could not see a hole", p.name)
 		}
@@ -439,7 +468,7 @@ func TestSealInTestbed(t *testing.T) {
 		}
 		// Positive control: under the seal without network.lan they land.
 		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
-		hit := e.fire(t, "a", ps, all)
+		hit := e.fireControl(t, "a", ps)
 		for _, p := range ps {
 			assert.Check(t, hit[p.name], "%s: no hit under the seal without network.lan", p.name)
 		}
@@ -474,7 +503,7 @@ func TestSealInTestbed(t *testing.T) {
 		assert.Assert(t, st.Stale, "only the routes changed: %s", st.Reason)
 		assert.Assert(t, strings.Contains(st.Reason, "203.0.113.20/32"), st.Reason)
 		// Positive control: the stale seal lets the probe through.
-		hit := e.fire(t, "a", ps, all)
+		hit := e.fireControl(t, "a", ps)
 		assert.Check(t, hit["newly routed"], "no hit through the stale seal: the test could not see the hole")
 		st, err = Refresh(ctx, e.cfg, e.opts)
 		assert.NilError(t, err)
@@ -514,7 +543,7 @@ func TestSealInTestbed(t *testing.T) {
 		}
 		// Positive control: the same probes all land without the seal.
 		assert.NilError(t, Flush(ctx, cfg, opts))
-		hit := e.fire(t, "a", ps, all)
+		hit := e.fireControl(t, "a", ps)
 		for _, p := range ps {
 			assert.Check(t, hit[p.name], "%s: no hit even without the seal", p.name)
 		}

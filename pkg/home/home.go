@@ -1,7 +1,8 @@
 // Package home is the task HOME's one door: its volume (a podman volume
 // around a size-capped filesystem image, pkg/homestore) and what is done
 // inside it (bootstrap once, reset before every turn, cleanup after,
-// pkg/homereset). The pipeline, the task commands and the CLI use this
+// pkg/homereset), and the managed policy the cage mounts read-only outside
+// it (policy.go). The pipeline, the task commands and the CLI use this
 // package only; homestore and homereset are its lower half.
 package home
 
@@ -14,6 +15,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
@@ -29,10 +31,9 @@ type (
 	Report = homereset.Report
 	// BootstrapResult is what a bootstrap did.
 	BootstrapResult = homereset.BootstrapResult
-	// Policy is the managed policy a cage mounts read-only outside HOME.
-	Policy = homereset.Policy
-	// PolicyGateway is the gateway the managed policy pins.
-	PolicyGateway = homereset.PolicyGateway
+	// PolicyGateway is what the managed policy must pin when the turn's
+	// model requests go through shrooms' gateway.
+	PolicyGateway = profile.Gateway
 	// Attachment is one loop device of a HOME image and its mounts.
 	Attachment = homestore.Attachment
 )
@@ -189,11 +190,6 @@ func Dir(root string) string { return homereset.HomeDir(root) }
 // PlaceFile writes one file into the HOME under root, fd-relative.
 func PlaceFile(root, rel string, data []byte, mode uint32, uid, gid int) error {
 	return homereset.PlaceFile(root, rel, data, mode, uid, gid)
-}
-
-// PlanPolicy plans the managed policy of profiles in dir.
-func PlanPolicy(dir string, cfg *config.Config, profiles []string, gw PolicyGateway) (*Policy, error) {
-	return homereset.PlanPolicy(dir, cfg, profiles, gw)
 }
 
 // CheckBaseline refuses a baseline the profiles' keep-lists would carry or

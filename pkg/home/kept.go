@@ -60,3 +60,32 @@ func keptProfiles(cfg *config.Config, st taskstate.Store, task taskid.ID, home [
 	}
 	return kept, nil
 }
+
+// Had reports whether task had a HOME made (then a missing image is drift,
+// never a new start): its home fact, or turns from before the fact.
+func Had(st taskstate.Store, task taskid.ID) (bool, error) {
+	fact, err := st.Recall(task, taskstate.FactHome)
+	if err != nil {
+		return false, fault.Wrap(fault.HostNotReady, err)
+	}
+	if fact != "" {
+		return true, nil
+	}
+	n, _ := st.LastTurn(task)
+	return n > 0, nil
+}
+
+// Remember records in st that task's HOME was made (its home fact, the
+// volume's name), so that Had says so from now on.
+func (s *Store) Remember(st taskstate.Store, task taskid.ID) error {
+	return fault.Wrap(fault.HostNotReady, st.Remember(task, taskstate.FactHome, s.Name(task)))
+}
+
+// RememberProfiles records that task's HOME holds state of profiles (with
+// kept, those it held before), before the reset that may carry it over.
+func RememberProfiles(st taskstate.Store, task taskid.ID, profiles, kept []string) error {
+	all := append(slices.Clone(kept), profiles...)
+	slices.Sort(all)
+	all = slices.Compact(all)
+	return fault.Wrap(fault.HostNotReady, st.Remember(task, taskstate.FactProfiles, strings.Join(all, ",")))
+}

@@ -1,23 +1,17 @@
 package homereset
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
-	"os"
 	"slices"
 	"sort"
 	"strings"
 
-	"github.com/BurntSushi/toml"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
-	"golang.org/x/sys/unix"
 )
 
 // baseFile is one file of the baseline, laid down fresh every turn.
@@ -41,36 +35,21 @@ func baseline(home *config.Home, profiles []string, rules []profile.Rule) ([]bas
 		if prof, _ := profile.Lookup(name); prof.Settings != "" {
 			paths := [2]string{prof.Settings, prof.Instructions}
 			switch {
-			case p.Settings != nil && prof.SettingsTOML:
-				var buf bytes.Buffer
-				if err := toml.NewEncoder(&buf).Encode(p.Settings); err != nil {
-					return nil, &config.Error{Key: key + ".settings", Msg: fmt.Sprintf("cannot be written as TOML: %v", err)}
-				}
-				files = append(files, baseFile{paths[0], buf.Bytes(), 0o644})
-			case p.SettingsFile != "" && prof.SettingsTOML:
-				data, err := readHostFile(p.SettingsFile, int64(home.MaxFileSize))
+			case p.Settings != nil:
+				data, err := prof.EncodeSettings(p.Settings)
 				if err != nil {
-					return nil, &config.Error{Key: key + ".settings_file", Msg: err.Error()}
-				}
-				var obj map[string]any
-				if err := toml.Unmarshal(data, &obj); err != nil {
-					return nil, &config.Error{Key: key + ".settings_file", Msg: fmt.Sprintf("%s is not a TOML document: %s", p.SettingsFile, strings.Join(strings.Fields(err.Error()), " "))}
+					return nil, &config.Error{Key: key + ".settings", Msg: err.Error()}
 				}
 				files = append(files, baseFile{paths[0], data, 0o644})
-			case p.Settings != nil:
-				data, err := json.MarshalIndent(p.Settings, "", "  ")
-				if err != nil {
-					return nil, &config.Error{Key: key + ".settings", Msg: fmt.Sprintf("cannot be written as JSON: %v", err)}
-				}
-				files = append(files, baseFile{paths[0], append(data, '\n'), 0o644})
 			case p.SettingsFile != "":
-				data, err := readHostFile(p.SettingsFile, int64(home.MaxFileSize))
+				data, err := config.ReadHostFile(p.SettingsFile, int64(home.MaxFileSize))
+				if err == nil {
+					if err = prof.CheckSettings(data); err != nil {
+						err = fmt.Errorf("%s %v", p.SettingsFile, err)
+					}
+				}
 				if err != nil {
 					return nil, &config.Error{Key: key + ".settings_file", Msg: err.Error()}
-				}
-				var obj map[string]any
-				if err := json.Unmarshal(data, &obj); err != nil {
-					return nil, &config.Error{Key: key + ".settings_file", Msg: fmt.Sprintf("%s is not a JSON object: %v", p.SettingsFile, err)}
 				}
 				files = append(files, baseFile{paths[0], data, 0o644})
 			}
@@ -78,7 +57,7 @@ func baseline(home *config.Home, profiles []string, rules []profile.Rule) ([]bas
 			case p.Instructions != "":
 				files = append(files, baseFile{paths[1], []byte(p.Instructions), 0o644})
 			case p.InstructionsFile != "":
-				data, err := readHostFile(p.InstructionsFile, int64(home.MaxFileSize))
+				data, err := config.ReadHostFile(p.InstructionsFile, int64(home.MaxFileSize))
 				if err != nil {
 					return nil, &config.Error{Key: key + ".instructions_file", Msg: err.Error()}
 				}
@@ -86,7 +65,7 @@ func baseline(home *config.Home, profiles []string, rules []profile.Rule) ([]bas
 			}
 		}
 		for _, rel := range slices.Sorted(maps.Keys(p.Files)) {
-			data, err := readHostFile(p.Files[rel], int64(home.MaxFileSize))
+			data, err := config.ReadHostFile(p.Files[rel], int64(home.MaxFileSize))
 			if err != nil {
 				return nil, &config.Error{Key: fmt.Sprintf("%s.files.%q", key, rel), Msg: err.Error()}
 			}
@@ -120,42 +99,6 @@ func digest(files []baseFile) string {
 		h.Write(f.data)
 	}
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))
-}
-
-// readHostFile reads an owner-named host file (config is trusted, so links
-// in its path are followed, e.g. into /nix/store), refusing anything but a
-// regular file of at most max bytes. O_NONBLOCK: a FIFO cannot hang us.
-func readHostFile(path string, max int64) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
-	if err != nil {
-		return nil, fmt.Errorf("cannot read %s: %v", path, unwrapPath(err))
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("cannot stat %s: %v", path, err)
-	}
-	if !st.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", path)
-	}
-	if st.Size() > max {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, max)
-	}
-	var buf bytes.Buffer
-	if _, err := io.Copy(&buf, io.LimitReader(f, max+1)); err != nil {
-		return nil, fmt.Errorf("cannot read %s: %v", path, err)
-	}
-	if int64(buf.Len()) > max {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, max)
-	}
-	return buf.Bytes(), nil
-}
-
-func unwrapPath(err error) error {
-	if pe, ok := err.(*os.PathError); ok {
-		return pe.Err
-	}
-	return err
 }
 
 // CheckBaseline builds the baseline of profiles as a turn would — reading

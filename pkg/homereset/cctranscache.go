@@ -9,7 +9,6 @@ import (
 	"hash"
 	"io"
 	"os"
-	"strconv"
 
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"golang.org/x/sys/unix"
@@ -144,63 +143,21 @@ func (b *builder) keepLines(fd int, st unix.Stat_t, fr *walkFrame, name, rel str
 		err = writeFileFrom(dir, name, ru.Mode, b.s.in.UID, b.s.in.GID, rebuild)
 	}
 	if err != nil {
-		if cerr := b.ctx.Err(); cerr != nil {
-			return cerr
-		}
-		var pe *os.PathError
-		if errors.As(err, &pe) && pe.Op == "create" {
-			return fmt.Errorf("stage %s: %w", rel, err)
-		}
-		if u := errors.Unwrap(err); u != nil {
-			err = u
-		}
-		b.drop(rel, fmt.Sprintf("cannot be rebuilt (%v)", err))
-		return nil
+		return b.unrebuilt(rel, err, true)
 	}
-	b.files++
-	b.rep.KeptBytes += size
-	b.rep.Rebuilt = appendCapped(b.rep.Rebuilt, rel)
+	b.rebuilt(rel, size)
 	b.note(rel, size, digest)
-	for _, d := range drops {
-		b.dropped(Drop{Path: rel, Item: d.Item, Rows: d.Rows, Reason: d.Reason},
-			fmt.Sprintf("rebuilt %s without %s (%d): %s", rel, d.Item, d.Rows, d.Reason))
-	}
+	b.droppedRows(rel, drops, "")
 	return nil
 }
 
 // keepUnchanged carries a JSONL file that is byte for byte what the last
 // reset wrote: it is hard-linked like a blob.
 func (b *builder) keepUnchanged(fd int, fr *walkFrame, name, rel string, ru *profile.Rule, size int64, digest []byte) error {
-	b.files++
-	b.rep.KeptBytes += size
-	b.rep.KeptCount++
-	b.rep.Kept = appendCapped(b.rep.Kept, rel)
+	b.carried(rel, size)
 	b.note(rel, size, digest)
 	if b.dry {
 		return nil
 	}
-	dir, err := b.stageDir(fr)
-	if err != nil {
-		return fmt.Errorf("stage %s: %w", rel, err)
-	}
-	return b.link(fd, dir, name, rel, ru.Mode)
-}
-
-// openRegular opens the regular file behind an O_PATH fd for reading,
-// refusing it if it is no longer that inode.
-func openRegular(fd int) (*os.File, error) {
-	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
-	if err != nil {
-		return nil, err
-	}
-	var st, pst unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		f.Close()
-		return nil, err
-	}
-	if err := unix.Fstat(fd, &pst); err != nil || st.Ino != pst.Ino || st.Dev != pst.Dev || st.Mode&unix.S_IFMT != unix.S_IFREG {
-		f.Close()
-		return nil, errors.New("not the regular file that was checked")
-	}
-	return f, nil
+	return b.link(fd, fr, name, rel, ru.Mode)
 }

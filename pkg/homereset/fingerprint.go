@@ -121,7 +121,6 @@ func walkMeta(ctx context.Context, h hash.Hash, v *volume, node func(int, string
 			d.Close()
 			return nil, fmt.Errorf("HOME fingerprint: read %s: %w", rel, err)
 		}
-		sort.Strings(names)
 		fmt.Fprintf(h, "%q lists %d\n", rel, len(names))
 		return &frame{dir: d, rel: rel, names: names}, nil
 	}
@@ -173,13 +172,14 @@ func walkMeta(ctx context.Context, h hash.Hash, v *volume, node func(int, string
 	return nil
 }
 
-// readNames lists a directory.
+// readNames lists a directory, in name order.
 func readNames(d *os.File) ([]string, error) {
 	var names []string
 	for {
 		batch, err := d.Readdirnames(4096)
 		names = append(names, batch...)
 		if err == io.EOF || (err == nil && len(batch) == 0) {
+			sort.Strings(names)
 			return names, nil
 		}
 		if err != nil {

@@ -5,8 +5,9 @@
 // files from key allowlists, Claude transcripts record by record,
 // opencode.db from the pinned opencode's schema) plus the
 // owner's baseline, so that configuration a turn plants in HOME, or inside
-// a file HOME keeps, is gone before the next turn starts. It also writes the managed
-// policy the cage mounts read-only outside HOME.
+// a file HOME keeps, is gone before the next turn starts. What each agent
+// keeps and how its files are rebuilt is pkg/profile's; this package knows
+// no agent. (The managed policy the cage mounts outside HOME is pkg/home's.)
 //
 // Layout inside the task's volume directory (Root, e.g. the podman volume's
 // _data): Root/home is the live HOME, bind-mounted at /home/agent; Root/.shrooms
@@ -190,7 +191,7 @@ func (v *volume) close() {
 // openVolume opens root and its metadata directory and takes the task's
 // HOME lock (exclusive unless shared). It refuses a root whose entries are
 // not shrooms' layout, so a volume used some other way is never reset.
-func openVolume(root string, shared bool) (*volume, error) {
+func openVolume(root string, shared bool) (_ *volume, err error) {
 	if !filepath.IsAbs(root) {
 		return nil, fmt.Errorf("task HOME root %q must be an absolute path", root)
 	}
@@ -199,43 +200,40 @@ func openVolume(root string, shared bool) (*volume, error) {
 		return nil, fmt.Errorf("open task HOME root %s: %w", root, err)
 	}
 	v := &volume{root: os.NewFile(uintptr(fd), root)}
+	defer func() {
+		if err != nil {
+			v.close()
+		}
+	}()
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		v.close()
 		return nil, fmt.Errorf("stat %s: %w", root, err)
 	}
 	kuid, _ := keeper()
 	if int(st.Uid) != kuid || st.Mode&0o022 != 0 {
-		v.close()
 		return nil, fmt.Errorf("task HOME root %s must be owned by uid %d (the reset's user) and not group/world-writable", root, kuid)
 	}
 	v.dev = uint64(st.Dev)
 	names, err := v.root.Readdirnames(16)
 	if err != nil && len(names) > 0 {
-		v.close()
 		return nil, fmt.Errorf("read %s: %w", root, err)
 	}
 	for _, n := range names {
 		if n != homeName && n != metaName {
-			v.close()
 			return nil, fmt.Errorf("%s holds %q, which is not shrooms' HOME layout (home/, .shrooms/); refusing to touch it", root, n)
 		}
 	}
 	if err := unix.Mkdirat(fd, metaName, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
-		v.close()
 		return nil, fmt.Errorf("create %s/%s: %w", root, metaName, err)
 	}
 	if v.meta, err = openDir(v.root, metaName, v.dev); err != nil {
-		v.close()
 		return nil, err
 	}
 	if err := unix.Fstat(int(v.meta.Fd()), &st); err != nil || int(st.Uid) != kuid {
-		v.close()
 		return nil, fmt.Errorf("%s/%s must be owned by uid %d (the reset's user)", root, metaName, kuid)
 	}
 	lfd, err := openat2(v.meta, lockName, unix.O_RDWR|unix.O_CREAT|unix.O_NOFOLLOW)
 	if err != nil {
-		v.close()
 		return nil, fmt.Errorf("open HOME lock: %w", err)
 	}
 	v.lock = os.NewFile(uintptr(lfd), lockName)
@@ -244,7 +242,6 @@ func openVolume(root string, shared bool) (*volume, error) {
 		how = unix.LOCK_SH
 	}
 	if err := unix.Flock(lfd, how); err != nil {
-		v.close()
 		return nil, fmt.Errorf("lock task HOME: %w", err)
 	}
 	return v, nil
@@ -291,12 +288,7 @@ func Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
 	// A baseline error is Reset's to report; here it only means no MCP URLs.
 	base, _ := baseline(&t.Config.Home, t.Profiles, rules)
 	env := newFilterEnv(base)
-	type seed struct {
-		rel  string
-		data []byte
-		rule *profile.Rule
-	}
-	var seeds []seed
+	var seeds []baseFile
 	for _, p := range t.Profiles {
 		prof := t.Config.Home.Profile(p)
 		for _, rel := range slices.Sorted(maps.Keys(prof.Bootstrap)) {
@@ -306,19 +298,19 @@ func Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
 			if !ok {
 				return nil, &config.Error{Key: key, Msg: fmt.Sprintf("names token %q, which [tokens] does not define", tok)}
 			}
-			ru := profile.Match(rules, strings.Split(rel, "/"))
-			if ru == nil || ru.Kind != profile.KindFilter {
+			ru := profile.FilterRule(rules, rel)
+			if ru == nil {
 				return nil, &config.Error{Key: key, Msg: "is not a credential file of the profile's keep-list"}
 			}
-			data, err := readHostFile(path, int64(t.Config.Home.MaxFileSize))
+			data, err := config.ReadHostFile(path, int64(t.Config.Home.MaxFileSize))
 			if err != nil {
 				return nil, fmt.Errorf("bootstrap %s from token %q: %w", rel, tok, err)
 			}
-			out, _, err := validateJSON(data, ru, env)
+			out, _, err := ru.FilterJSON(data, env)
 			if err != nil {
 				return nil, fmt.Errorf("bootstrap %s from token %q: %v", rel, tok, err)
 			}
-			seeds = append(seeds, seed{rel, out, ru})
+			seeds = append(seeds, baseFile{rel, out, ru.Mode})
 		}
 	}
 	if err := ctx.Err(); err != nil {
@@ -333,16 +325,9 @@ func Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
 	}
 	defer home.Close()
 	for _, s := range seeds {
-		dir, base := filepath.Split(s.rel)
-		d, err := mkdirAll(home, strings.TrimSuffix(dir, "/"), t.UID, t.GID, v.dev)
-		if err != nil {
-			return nil, fmt.Errorf("bootstrap %s: %w", s.rel, err)
-		}
-		err = writeFileAt(d, base, s.data, s.rule.Mode, t.UID, t.GID)
-		if d != home {
-			d.Close()
-		}
-		if err != nil {
+		if err := placeAt(home, s.rel, t.UID, t.GID, v.dev, func(d *os.File, name string) error {
+			return writeFileAt(d, name, s.data, s.mode, t.UID, t.GID)
+		}); err != nil {
 			return nil, fmt.Errorf("bootstrap %s: %w", s.rel, err)
 		}
 		res.Seeded = append(res.Seeded, s.rel)
@@ -371,50 +356,35 @@ func mkdirAll(dir *os.File, rel string, uid, gid int, dev uint64) (*os.File, err
 	cur := dir
 	for _, part := range strings.Split(rel, "/") {
 		next, err := openDir(cur, part, dev)
-		if err != nil {
-			if !errors.Is(err, unix.ENOENT) {
-				if cur != dir {
-					cur.Close()
-				}
-				return nil, err
-			}
+		if errors.Is(err, unix.ENOENT) {
 			next, err = mkdirOwned(cur, part, 0o700, uid, gid, dev)
-			if err != nil {
-				if cur != dir {
-					cur.Close()
-				}
-				return nil, err
-			}
 		}
 		if cur != dir {
 			cur.Close()
+		}
+		if err != nil {
+			return nil, err
 		}
 		cur = next
 	}
 	return cur, nil
 }
 
-// validateJSON checks a small keep-list file: a JSON object, rebuilt through
-// the rule's filter. It returns the bytes to write and the dropped keys.
-func validateJSON(data []byte, ru *profile.Rule, env *profile.FilterEnv) ([]byte, []profile.FieldDrop, error) {
-	dec := json.NewDecoder(strings.NewReader(string(data)))
-	dec.UseNumber()
-	var obj map[string]any
-	if err := dec.Decode(&obj); err != nil || obj == nil {
-		return nil, nil, errors.New("not a JSON object")
+// placeAt runs put on the directory of the HOME-relative path rel below
+// dir (created as needed, owned by uid:gid) and rel's last name.
+func placeAt(dir *os.File, rel string, uid, gid int, dev uint64, put func(d *os.File, name string) error) error {
+	sub, name := "", rel
+	if i := strings.LastIndexByte(rel, '/'); i >= 0 {
+		sub, name = rel[:i], rel[i+1:]
 	}
-	if dec.More() {
-		return nil, nil, errors.New("trailing data after the JSON object")
-	}
-	if ru.Filter == nil {
-		return nil, nil, errors.New("no allowlist for this file")
-	}
-	out, dropped := ru.Filter(obj, env)
-	b, err := json.MarshalIndent(out, "", "  ")
+	d, err := mkdirAll(dir, sub, uid, gid, dev)
 	if err != nil {
-		return nil, nil, err
+		return err
 	}
-	return append(b, '\n'), dropped, nil
+	if d != dir {
+		defer d.Close()
+	}
+	return put(d, name)
 }
 
 // readJournal returns the id of an interrupted reset, or "".
@@ -435,15 +405,11 @@ func readJournal(meta *os.File) (string, error) {
 		return "", fmt.Errorf("read reset journal: %w", err)
 	}
 	var j struct{ ID string }
-	if err := json.Unmarshal(data, &j); err != nil || !validID(j.ID) {
+	err = json.Unmarshal(data, &j)
+	if _, perr := strconv.ParseUint(j.ID, 10, 64); err != nil || perr != nil {
 		return "", fmt.Errorf("reset journal is corrupt (%q); refusing to guess", data)
 	}
 	return j.ID, nil
-}
-
-func validID(id string) bool {
-	_, err := strconv.ParseUint(id, 10, 64)
-	return err == nil && id != ""
 }
 
 // newFilterEnv hands the filters the baseline's contents.

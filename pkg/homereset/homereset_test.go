@@ -9,7 +9,6 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/shrooms-cage/shrooms/pkg/config"
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
 )
@@ -176,32 +175,11 @@ func TestDryRunChangesNothing(t *testing.T) {
 	assert.Assert(t, rep.RemovedCount > 5)
 }
 
-func TestBaselineConflictsAndPolicy(t *testing.T) {
+func TestBaselineConflicts(t *testing.T) {
 	task := newTask(t, "claude", "shell")
 	task.Config.Home.Profile("shell").Files[".claude/.credentials.json"] = task.Config.Tokens["claude"]
 	_, err := Bootstrap(context.Background(), task)
 	assert.NilError(t, err)
 	_, err = Reset(context.Background(), ResetInput{Task: task})
 	assert.ErrorContains(t, err, "overlaps the keep-list")
-
-	dir := t.TempDir()
-	pol, err := PlanPolicy(dir, task.Config, []string{"claude", "opencode", "shell"}, PolicyGateway{})
-	assert.NilError(t, err)
-	mounts := pol.Mounts
-	assert.Equal(t, len(mounts), 2)
-	_, err = os.Stat(mounts[0].Source)
-	assert.Assert(t, os.IsNotExist(err), "planning writes nothing")
-	assert.NilError(t, pol.Write())
-	assert.Equal(t, mounts[0].Dest, "/etc/claude-code")
-	var ms map[string]any
-	data, err := os.ReadFile(filepath.Join(mounts[0].Source, "managed-settings.json"))
-	assert.NilError(t, err)
-	assert.NilError(t, json.Unmarshal(data, &ms))
-	assert.Equal(t, ms["allowManagedHooksOnly"], true)
-	data, _ = os.ReadFile(filepath.Join(mounts[0].Source, "managed-mcp.json"))
-	assert.Equal(t, string(data), "{\n  \"mcpServers\": {}\n}\n")
-	task.Config.Home.Profile("claude").Managed = map[string]any{"allowManagedHooksOnly": false}
-	_, err = PlanPolicy(dir, task.Config, []string{"claude"}, PolicyGateway{})
-	assert.Assert(t, config.IsConfigError(err))
-	assert.ErrorContains(t, err, "home.claude.managed.allowManagedHooksOnly: is enforced by shrooms")
 }

@@ -2,6 +2,7 @@ package homereset
 
 import (
 	"fmt"
+	"os"
 	"path"
 	"strings"
 )
@@ -24,17 +25,9 @@ func PlaceFile(root, rel string, data []byte, mode uint32, uid, gid int) error {
 		return fmt.Errorf("place %s in HOME: %w", rel, err)
 	}
 	defer home.Close()
-	dir := home
-	if d := path.Dir(rel); d != "." {
-		dir, err = mkdirAll(home, d, uid, gid, v.dev)
-	}
-	if err != nil {
-		return fmt.Errorf("place %s in HOME: %w", rel, err)
-	}
-	if dir != home {
-		defer dir.Close()
-	}
-	if err := writeFileAt(dir, path.Base(rel), data, mode, uid, gid); err != nil {
+	if err := placeAt(home, rel, uid, gid, v.dev, func(d *os.File, name string) error {
+		return writeFileAt(d, name, data, mode, uid, gid)
+	}); err != nil {
 		return fmt.Errorf("place %s in HOME: %w", rel, err)
 	}
 	return nil

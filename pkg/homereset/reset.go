@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -251,32 +250,23 @@ func (s *resetter) laySeeds(stage *os.File, rep *Report) error {
 	for _, name := range s.in.Profiles {
 		p, _ := profile.Lookup(name)
 		for _, rel := range p.Seeded {
-			ru := profile.Match(s.rules, strings.Split(rel, "/"))
-			if ru == nil || ru.Kind != profile.KindFilter {
+			ru := profile.FilterRule(s.rules, rel)
+			if ru == nil {
 				return fmt.Errorf("seed %s: not a filtered file of the keep-list", rel)
 			}
-			dir, base := "", rel
-			if i := strings.LastIndexByte(rel, '/'); i >= 0 {
-				dir, base = rel[:i], rel[i+1:]
-			}
-			d, err := mkdirAll(stage, dir, s.in.UID, s.in.GID, s.v.dev)
-			if err != nil {
-				return fmt.Errorf("seed %s: %w", rel, err)
-			}
-			ok, err := exists(d, base)
-			if err == nil && !ok {
-				var data []byte
-				if data, _, err = validateJSON([]byte("{}"), ru, s.env); err == nil {
-					err = writeFileAt(d, base, data, ru.Mode, s.in.UID, s.in.GID)
+			if err := placeAt(stage, rel, s.in.UID, s.in.GID, s.v.dev, func(d *os.File, name string) error {
+				if ok, err := exists(d, name); err != nil || ok {
+					return err
+				}
+				data, _, err := ru.FilterJSON([]byte("{}"), s.env)
+				if err == nil {
+					err = writeFileAt(d, name, data, ru.Mode, s.in.UID, s.in.GID)
 				}
 				if err == nil {
 					rep.Seeded = append(rep.Seeded, rel)
 				}
-			}
-			if d != stage {
-				d.Close()
-			}
-			if err != nil {
+				return err
+			}); err != nil {
 				return fmt.Errorf("seed %s: %w", rel, err)
 			}
 		}
@@ -286,19 +276,9 @@ func (s *resetter) laySeeds(stage *os.File, rep *Report) error {
 
 func (s *resetter) layBaseline(stage *os.File) error {
 	for _, f := range s.base {
-		dir, name := "", f.rel
-		if i := strings.LastIndexByte(f.rel, '/'); i >= 0 {
-			dir, name = f.rel[:i], f.rel[i+1:]
-		}
-		d, err := mkdirAll(stage, dir, s.in.UID, s.in.GID, s.v.dev)
-		if err != nil {
-			return fmt.Errorf("baseline %s: %w", f.rel, err)
-		}
-		err = writeFileAt(d, name, f.data, f.mode, s.in.UID, s.in.GID)
-		if d != stage {
-			d.Close()
-		}
-		if err != nil {
+		if err := placeAt(stage, f.rel, s.in.UID, s.in.GID, s.v.dev, func(d *os.File, name string) error {
+			return writeFileAt(d, name, f.data, f.mode, s.in.UID, s.in.GID)
+		}); err != nil {
 			return fmt.Errorf("baseline %s: %w", f.rel, err)
 		}
 	}
@@ -429,18 +409,10 @@ type builder struct {
 }
 
 func (b *builder) list(fr *walkFrame) error {
-	var names []string
-	for {
-		batch, err := fr.dir.Readdirnames(4096)
-		names = append(names, batch...)
-		if err == io.EOF || len(batch) == 0 {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("read directory %s: %w", strings.Join(fr.segs, "/"), err)
-		}
+	names, err := readNames(fr.dir)
+	if err != nil {
+		return fmt.Errorf("read directory %s: %w", strings.Join(fr.segs, "/"), err)
 	}
-	sort.Strings(names)
 	fr.pending = names
 	return nil
 }
@@ -457,6 +429,36 @@ func (b *builder) removed(rel string) {
 func (b *builder) drop(rel, why string) {
 	b.removed(rel)
 	b.dropped(Drop{Path: rel, Reason: why}, "dropped "+rel+": "+why)
+}
+
+// unrebuilt drops rel after its rebuild failed, or returns what fails the
+// reset instead: the turn's cancellation, or (stageFatal) a stage file that
+// could not be created.
+func (b *builder) unrebuilt(rel string, err error, stageFatal bool) error {
+	if cerr := b.ctx.Err(); cerr != nil {
+		return cerr
+	}
+	var pe *os.PathError
+	if stageFatal && errors.As(err, &pe) && pe.Op == "create" {
+		return fmt.Errorf("stage %s: %w", rel, err)
+	}
+	if u := errors.Unwrap(err); u != nil {
+		err = u
+	}
+	b.drop(rel, fmt.Sprintf("cannot be rebuilt (%v)", err))
+	return nil
+}
+
+// droppedRows records what a record or row rebuild of rel left out; rows
+// names the unit counted ("" for the bare count, always shown).
+func (b *builder) droppedRows(rel string, drops []profile.RowDrop, rows string) {
+	for _, d := range drops {
+		w := fmt.Sprintf("rebuilt %s without %s: %s", rel, d.Item, d.Reason)
+		if d.Rows > 0 || rows == "" {
+			w = fmt.Sprintf("rebuilt %s without %s (%d%s): %s", rel, d.Item, d.Rows, rows, d.Reason)
+		}
+		b.dropped(Drop{Path: rel, Item: d.Item, Rows: d.Rows, Reason: d.Reason}, w)
+	}
 }
 
 // dropped records something left out of kept state, with a warning line.
@@ -515,11 +517,11 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 	var data []byte
 	var dropped []profile.FieldDrop
 	if ru.Kind != profile.KindBlob || ru.Magic != "" {
-		max := limit
-		if ru.Kind != profile.KindFilter {
-			max = int64(len(ru.Magic))
+		read := func() ([]byte, error) { return readHead(fd, int64(len(ru.Magic))) }
+		if ru.Kind == profile.KindFilter {
+			read = func() ([]byte, error) { return readNode(fd, limit) }
 		}
-		raw, err := readHead(fd, max, ru.Kind != profile.KindFilter)
+		raw, err := read()
 		if err != nil {
 			b.drop(rel, fmt.Sprintf("cannot be read (%v)", err))
 			return nil
@@ -530,7 +532,7 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 				return nil
 			}
 		} else {
-			data, dropped, err = validateJSON(raw, ru, b.s.env)
+			data, dropped, err = ru.FilterJSON(raw, b.s.env)
 			if err != nil {
 				b.drop(rel, err.Error())
 				return nil
@@ -540,33 +542,35 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 	if ru.Kind == profile.KindDatabase {
 		return b.keepDatabase(fd, st, fr, name, rel, ru, limit)
 	}
-	b.files++
-	b.rep.KeptBytes += st.Size
 	if ru.Kind == profile.KindFilter {
-		b.rep.Rebuilt = appendCapped(b.rep.Rebuilt, rel)
+		b.rebuilt(rel, st.Size)
 		for _, d := range dropped {
 			b.dropped(Drop{Path: rel, Item: d.Key, Reason: d.Reason}, fmt.Sprintf("rebuilt %s without key %q: %s", rel, d.Key, d.Reason))
 		}
 	} else {
-		b.rep.KeptCount++
-		b.rep.Kept = appendCapped(b.rep.Kept, rel)
+		b.carried(rel, st.Size)
 	}
 	if b.dry {
 		return nil
+	}
+	if ru.Kind == profile.KindBlob {
+		return b.link(fd, fr, name, rel, ru.Mode)
 	}
 	dir, err := b.stageDir(fr)
 	if err != nil {
 		return fmt.Errorf("stage %s: %w", rel, err)
 	}
-	if ru.Kind != profile.KindBlob {
-		return writeFileAt(dir, name, data, ru.Mode, b.s.in.UID, b.s.in.GID)
-	}
-	return b.link(fd, dir, name, rel, ru.Mode)
+	return writeFileAt(dir, name, data, ru.Mode, b.s.in.UID, b.s.in.GID)
 }
 
 // link puts exactly the inode that was checked (AT_EMPTY_PATH on its O_PATH
-// fd) into dir, and gives it to the agent with the keep-list's mode.
-func (b *builder) link(fd int, dir *os.File, name, rel string, mode uint32) error {
+// fd) into fr's stage directory, and gives it to the agent with the
+// keep-list's mode.
+func (b *builder) link(fd int, fr *walkFrame, name, rel string, mode uint32) error {
+	dir, err := b.stageDir(fr)
+	if err != nil {
+		return fmt.Errorf("stage %s: %w", rel, err)
+	}
 	if err := unix.Linkat(fd, "", int(dir.Fd()), name, unix.AT_EMPTY_PATH); err != nil {
 		return fmt.Errorf("stage %s: link: %w", rel, err)
 	}
@@ -624,11 +628,8 @@ func (b *builder) keepDatabase(fd int, st unix.Stat_t, fr *walkFrame, name, rel 
 			}
 			if ru.Unchanged != nil && ru.Unchanged(fd, walFd, state) {
 				// Byte for byte what the last reset wrote.
-				b.files++
-				b.rep.KeptBytes += st.Size
-				b.rep.KeptCount++
-				b.rep.Kept = appendCapped(b.rep.Kept, rel)
-				return b.link(fd, dir, name, rel, ru.Mode)
+				b.carried(rel, st.Size)
+				return b.link(fd, fr, name, rel, ru.Mode)
 			}
 		}
 		err = writeFileFrom(dir, name, ru.Mode, b.s.in.UID, b.s.in.GID, func(w io.Writer) error {
@@ -648,29 +649,14 @@ func (b *builder) keepDatabase(fd int, st unix.Stat_t, fr *walkFrame, name, rel 
 		return fmt.Errorf("%s: %s (to start this task without its sessions, delete %s/%s*)", rel, se.Error(), b.src, rel)
 	}
 	if err != nil {
-		if cerr := b.ctx.Err(); cerr != nil {
-			return cerr
-		}
-		if u := errors.Unwrap(err); u != nil {
-			err = u
-		}
-		b.drop(rel, fmt.Sprintf("cannot be rebuilt (%v)", err))
-		return nil
+		return b.unrebuilt(rel, err, false)
 	}
-	b.files++
-	b.rep.KeptBytes += size
 	what := rel
 	if walFd >= 0 {
 		what += " (with -wal folded in)"
 	}
-	b.rep.Rebuilt = appendCapped(b.rep.Rebuilt, what)
-	for _, d := range drops {
-		w := fmt.Sprintf("rebuilt %s without %s: %s", rel, d.Item, d.Reason)
-		if d.Rows > 0 {
-			w = fmt.Sprintf("rebuilt %s without %s (%d rows): %s", rel, d.Item, d.Rows, d.Reason)
-		}
-		b.dropped(Drop{Path: rel, Item: d.Item, Rows: d.Rows, Reason: d.Reason}, w)
-	}
+	b.rebuilt(what, size)
+	b.droppedRows(rel, drops, " rows")
 	return nil
 }
 
@@ -712,26 +698,34 @@ func (c *countWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// readHead reads a whole small file, or (head) just its first max bytes.
-func readHead(fd int, max int64, head bool) ([]byte, error) {
-	if !head {
-		return readNode(fd, max)
-	}
-	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+// readHead reads the first max bytes of the regular file behind an O_PATH fd.
+func readHead(fd int, max int64) ([]byte, error) {
+	f, err := openRegular(fd)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, errors.New("not a regular file")
-	}
 	buf := make([]byte, max)
 	n, err := io.ReadFull(f, buf)
 	if err != nil && err != io.ErrUnexpectedEOF && err != io.EOF {
 		return nil, err
 	}
 	return buf[:n], nil
+}
+
+// carried counts a kept file carried as it is (hard-linked).
+func (b *builder) carried(rel string, size int64) {
+	b.files++
+	b.rep.KeptBytes += size
+	b.rep.KeptCount++
+	b.rep.Kept = appendCapped(b.rep.Kept, rel)
+}
+
+// rebuilt counts a kept file rewritten from an allowlist (what is listed).
+func (b *builder) rebuilt(what string, size int64) {
+	b.files++
+	b.rep.KeptBytes += size
+	b.rep.Rebuilt = appendCapped(b.rep.Rebuilt, what)
 }
 
 func appendCapped(list []string, s string) []string {
@@ -776,12 +770,12 @@ func Cleanup(ctx context.Context, root string) (*CleanupReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer v.close()
 	rep := &CleanupReport{Trees: []string{}, Errors: []string{}}
 	// Under the lock: what may go. The lock is released before deleting, so
 	// a Reset never waits for the deletion.
 	id, err := readJournal(v.meta)
 	if err != nil {
-		v.close()
 		return nil, err
 	}
 	var victims [][2]string // {dir, name}
@@ -795,7 +789,6 @@ func Cleanup(ctx context.Context, root string) (*CleanupReport, error) {
 		}
 		trash.Close()
 	} else if !errors.Is(err, unix.ENOENT) {
-		v.close()
 		return nil, err
 	}
 	metaNames, _ := v.meta.Readdirnames(-1)
@@ -805,7 +798,6 @@ func Cleanup(ctx context.Context, root string) (*CleanupReport, error) {
 		}
 	}
 	unix.Flock(int(v.lock.Fd()), unix.LOCK_UN)
-	defer v.close()
 	for _, vic := range victims {
 		dir := v.meta
 		if vic[0] != "" {

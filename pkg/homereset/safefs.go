@@ -70,22 +70,11 @@ func openNode(dir *os.File, name string) (int, unix.Stat_t, error) {
 // readNode reads at most max bytes of the regular file behind an O_PATH fd.
 // Reopening through /proc/self/fd reaches exactly that inode.
 func readNode(fd int, max int64) ([]byte, error) {
-	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	f, err := openRegular(fd)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var st unix.Stat_t
-	var pst unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return nil, err
-	}
-	if err := unix.Fstat(fd, &pst); err != nil {
-		return nil, err
-	}
-	if st.Ino != pst.Ino || st.Dev != pst.Dev || st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, errors.New("file changed while being read")
-	}
 	data, err := io.ReadAll(io.LimitReader(f, max+1))
 	if err != nil {
 		return nil, err
@@ -94,6 +83,25 @@ func readNode(fd int, max int64) ([]byte, error) {
 		return nil, fmt.Errorf("larger than %d bytes", max)
 	}
 	return data, nil
+}
+
+// openRegular opens the regular file behind an O_PATH fd for reading,
+// refusing it if it is no longer that inode.
+func openRegular(fd int) (*os.File, error) {
+	f, err := os.OpenFile("/proc/self/fd/"+strconv.Itoa(fd), os.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, err
+	}
+	var st, pst unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if err := unix.Fstat(fd, &pst); err != nil || st.Ino != pst.Ino || st.Dev != pst.Dev || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		f.Close()
+		return nil, errors.New("not the regular file that was checked")
+	}
+	return f, nil
 }
 
 // exists reports whether dir/name exists (of any type), without following it.

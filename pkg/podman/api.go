@@ -84,8 +84,17 @@ func endpoint(query url.Values, elems ...string) string {
 
 // do sends one request and decodes a successful answer into out (when out
 // is not nil). An answer of 4xx or 5xx is an *apiError; a service that does
-// not answer is the transport's error (see IsConnectionError).
+// not answer is the transport's error (see IsConnectionError), or a Lazy
+// client's failed connect.
 func (c *Client) do(ctx context.Context, method string, query url.Values, body io.Reader, out any, elems ...string) error {
+	if err := c.connected(ctx); err != nil {
+		return err
+	}
+	return c.send(ctx, method, query, body, out, elems...)
+}
+
+// send is do without a Lazy client's connect.
+func (c *Client) send(ctx context.Context, method string, query url.Values, body io.Reader, out any, elems ...string) error {
 	req, err := http.NewRequestWithContext(ctx, method, endpoint(query, elems...), body)
 	if err != nil {
 		return err

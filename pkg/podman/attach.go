@@ -34,6 +34,9 @@ type Streams struct {
 // returns once the container runs; the returned channel yields the attach
 // stream's end (nil when the output was fully copied).
 func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error, error) {
+	if err := c.connected(ctx); err != nil {
+		return nil, err
+	}
 	ended, err := c.attach(ctx, id, st)
 	if err != nil {
 		if IsConnectionError(err) {

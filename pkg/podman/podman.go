@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containers/podman/v5/pkg/specgen"
@@ -26,6 +27,14 @@ type Client struct {
 	// path is the socket, dialled again for each attach stream.
 	path string
 	uri  string
+	// first, for a Lazy client, is its connect, made on its first call.
+	first *firstUse
+}
+
+// firstUse is the connect a Lazy client makes once, and how it went.
+type firstUse struct {
+	once sync.Once
+	err  error
 }
 
 // ErrUnreachable marks a podman service that does not answer.
@@ -34,20 +43,60 @@ var ErrUnreachable = errors.New("podman API unreachable")
 // Connect opens a connection to the podman service at uri (unix:///path) and
 // checks that it answers within the context's deadline (10 s by default).
 func Connect(ctx context.Context, uri string) (*Client, error) {
+	c, err := newClient(uri)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.ping(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Lazy is a client of the podman service at uri that connects (Connect's
+// check that it answers) on its first call, not before: a command that
+// may not need podman works while it is down, and one that needs it gets
+// Connect's error from that call (and every later one).
+func Lazy(uri string) *Client {
+	c, err := newClient(uri)
+	if err != nil {
+		c = &Client{uri: uri} // a bad uri fails its first call
+	}
+	c.first = &firstUse{}
+	if err != nil {
+		c.first.once.Do(func() { c.first.err = err })
+	}
+	return c
+}
+
+func newClient(uri string) (*Client, error) {
+	path, err := socketPath(uri)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnreachable, err)
+	}
+	return &Client{http: &http.Client{Transport: unixTransport(path)}, path: path, uri: uri}, nil
+}
+
+// ping checks the service answers within ctx's deadline (10 s by default).
+func (c *Client) ping(ctx context.Context) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 	}
-	path, err := socketPath(uri)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnreachable, err)
+	if err := c.send(ctx, http.MethodGet, nil, nil, nil, "_ping"); err != nil {
+		return fmt.Errorf("%w at %s: %v", ErrUnreachable, c.uri, oneLine(err))
 	}
-	c := &Client{http: &http.Client{Transport: unixTransport(path)}, path: path, uri: uri}
-	if err := c.do(ctx, http.MethodGet, nil, nil, nil, "_ping"); err != nil {
-		return nil, fmt.Errorf("%w at %s: %v", ErrUnreachable, uri, oneLine(err))
+	return nil
+}
+
+// connected makes a Lazy client's connect on its first call.
+func (c *Client) connected(ctx context.Context) error {
+	if c.first == nil {
+		return nil
 	}
-	return c, nil
+	c.first.once.Do(func() { c.first.err = c.ping(ctx) })
+	return c.first.err
 }
 
 // Version returns the service's podman version and its API version.

@@ -1,4 +1,4 @@
-package probe
+package probe_test
 
 import (
 	"context"
@@ -11,14 +11,18 @@ import (
 	"strings"
 	"testing"
 	"time"
+	// The battery's names unqualified: these tests drive it from the host
 
 	"github.com/containers/podman/v5/pkg/specgen"
 	spec "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
+	// (probedrive), which imports it.
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
+	. "github.com/shrooms-cage/shrooms/pkg/probe"
+	"github.com/shrooms-cage/shrooms/pkg/probedrive"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
@@ -46,7 +50,7 @@ func cageProbe(t *testing.T, seccomp string) func(t *testing.T, weaken func(*spe
 		r := turn.NewRunner(cfg, client, nil)
 		r.OnSpec = weaken
 		var stderr strings.Builder
-		rep, res, err := Run(context.Background(), r, Options{
+		rep, res, err := probedrive.Run(context.Background(), r, probedrive.Options{
 			Task: taskid.Must(fmt.Sprintf("%s-%d", e.Prefix, n)), Agent: "shell", Binary: bin,
 			Params: Params{Policy: cfg.Network.Policy, StrictSeccomp: cfg.Cage.StrictSeccomp(), Nonce: e.Prefix},
 			Stderr: &stderr,

@@ -127,12 +127,13 @@ var sanctionedBinds = []string{"/work", "/home/agent", "/outbox", "/.shrooms", "
 // pseudoFS never carry host files.
 var pseudoFS = map[string]bool{"proc": true, "sysfs": true, "tmpfs": true, "devpts": true, "mqueue": true, "cgroup": true, "cgroup2": true, "overlay": true, "securityfs": true, "devtmpfs": true}
 
-func checkHostMounts(_ context.Context, _ Params, c *Check) {
+func checkHostMounts(_ context.Context, p Params, c *Check) {
 	ms, err := mountTable()
 	if err != nil {
 		c.Verdict, c.Reason = Error, err.Error()
 		return
 	}
+	gv := sentry(p)
 	for _, m := range ms {
 		if strings.Contains(m.optional, "shared:") {
 			c.escape("%s has shared propagation (%s)", m.point, m.optional)
@@ -141,9 +142,18 @@ func checkHostMounts(_ context.Context, _ Params, c *Check) {
 			c.escape("%s is rw", m.point)
 		}
 		if (m.point == "/sys" || strings.HasPrefix(m.point, "/sys/")) && hasOpt(m.opts, "rw") && m.fstype != "tmpfs" {
-			c.escape("%s (%s) is rw", m.point, m.fstype)
+			if gv && m.fstype == "cgroup" && strings.HasPrefix(m.point, "/sys/fs/cgroup/") {
+				sentryCgroup(c, m.point)
+			} else {
+				c.escape("%s (%s) is rw", m.point, m.fstype)
+			}
 		}
 		if pseudoFS[m.fstype] || m.point == "/" {
+			continue
+		}
+		if gv && m.point == "/dev" && m.fstype == "dev" && m.source == "none" && m.root == "/" {
+			// gVisor's devtmpfs: the Sentry's own device files (B6).
+			c.ev("/dev ← none:/ (dev): the Sentry's devtmpfs")
 			continue
 		}
 		if m.point == "/etc/gitconfig" && hasOpt(m.opts, "rw") {

@@ -192,8 +192,10 @@ func checkLSM(_ context.Context, _ Params, c *Check) {
 	c.settle(Sealed, "")
 }
 
-func checkUserNS(_ context.Context, _ Params, c *Check) {
+func checkUserNS(_ context.Context, p Params, c *Check) {
 	var obs []string
+	gv := sentry(p)
+	sentryMaps := 0
 	for _, f := range []string{"uid_map", "gid_map"} {
 		b, err := os.ReadFile("/proc/self/" + f)
 		if err != nil {
@@ -202,6 +204,10 @@ func checkUserNS(_ context.Context, _ Params, c *Check) {
 		}
 		m := strings.Join(strings.Fields(string(b)), " ")
 		obs = append(obs, f+": "+m)
+		if gv && m == sentryIDMap {
+			sentryMaps++
+			continue
+		}
 		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 		for _, l := range lines {
 			fl := strings.Fields(l)
@@ -217,6 +223,13 @@ func checkUserNS(_ context.Context, _ Params, c *Check) {
 	}
 	c.Observed = strings.Join(obs, "; ")
 	c.ev("euid %d", unix.Geteuid())
+	if sentryMaps == 2 {
+		// The Sentry's own maps: the task's user namespace, if any, is the
+		// sandbox's on the host, which only the host side sees (JudgeSandbox).
+		c.ev("gVisor: uid_map and gid_map are the Sentry's own (%s); the host side judges the sandbox's host ids", sentryIDMap)
+		c.settle(Error, sentryIDReason)
+		return
+	}
 	c.settle(Sealed, "")
 }
 
@@ -262,8 +275,9 @@ func checkHostNS(_ context.Context, _ Params, c *Check) {
 	c.settle(Sealed, "")
 }
 
-func checkReadOnly(_ context.Context, _ Params, c *Check) {
+func checkReadOnly(_ context.Context, p Params, c *Check) {
 	var created []string
+	gv := sentry(p)
 	for _, d := range []string{"/", "/etc", "/usr", "/var", "/opt", "/bin", "/sbin", "/lib"} {
 		p := filepath.Join(d, ".shrooms-probe")
 		fd, err := unix.Open(p, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o600)
@@ -289,6 +303,8 @@ func checkReadOnly(_ context.Context, _ Params, c *Check) {
 		rw = append(rw, m.point)
 		if m.point == "/" {
 			c.escape("the root filesystem is mounted read-write")
+		} else if gv && m.fstype == "cgroup" && strings.HasPrefix(m.point, "/sys/fs/cgroup/") {
+			sentryCgroup(c, m.point)
 		} else if !underAny(m.point, sandboxedRW) && !(m.point == "/sys/fs/cgroup" && m.fstype == "tmpfs") {
 			c.escape("%s (%s) is mounted read-write", m.point, m.fstype)
 		}

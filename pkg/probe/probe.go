@@ -5,10 +5,12 @@
 // errno or value it observed, a verdict and evidence.
 //
 // shrooms is a static binary, so `shrooms probe` runs itself in a cage: the
-// host side (Run) bind-mounts its own executable read-only at BinaryPath and
-// makes `shrooms probe inside` the cage's command; the inside (Inside) prints one
-// Report as JSON on stdout; the host side parses it, joins network attempts
-// with canary logs when it has them (Join) and prints it (Table or JSON).
+// host side (pkg/probedrive) bind-mounts its own executable read-only at
+// BinaryPath and makes `shrooms probe inside` the cage's command; the inside
+// (Inside) prints one Report as JSON on stdout; the host side parses it
+// (Parse), joins network attempts with canary logs when it has them (Join)
+// and prints it (WriteTable or JSON). This package is the battery and its
+// report; it starts no cage.
 //
 // Techniques are non-destructive: zero-byte opens for write tests,
 // bad-argument syscalls to tell "allowed" (EBADF, EFAULT, EINVAL) from
@@ -34,19 +36,21 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
-
-	"github.com/shrooms-cage/shrooms/pkg/firewall"
 )
 
 // SchemaVersion is the version of the Report JSON.
 const SchemaVersion = 1
 
-// BinaryPath is where Run mounts shrooms inside the cage.
+// BinaryPath is where the host side (probedrive.Run) mounts shrooms inside
+// the cage.
 const BinaryPath = "/.shrooms/shrooms"
 
 // InsideArgs are the arguments (after the binary) of the hidden subcommand
 // that runs the battery in a cage: `shrooms probe inside`.
 var InsideArgs = []string{"probe", "inside"}
+
+// ParamsFlag is the `probe inside` flag that carries Params as JSON.
+const ParamsFlag = "--params-json"
 
 // Verdict is the outcome of one check.
 type Verdict string
@@ -108,8 +112,23 @@ type Walls struct {
 	HostSeal string `json:"hostSeal"` // digest of the verified host seal
 	Rules    string `json:"rules"`    // digest of the seal check's rule set
 	// CageWall is the in-cage wall as verified (nil: none installed).
-	CageWall *firewall.WallStatus `json:"cageWall"`
-	Agree    bool                 `json:"agree"`
+	CageWall *WallStatus `json:"cageWall"`
+	Agree    bool        `json:"agree"`
+}
+
+// WallStatus is the in-cage wall as the host verified it: the fields of
+// pkg/firewall's WallStatus (the host side converts one into the other, so
+// the compiler keeps them the same), here so that the battery imports
+// nothing of shrooms.
+type WallStatus struct {
+	// Rules is the digest of the rule set the wall was built from.
+	Rules string `json:"rules"`
+	// Expected and Installed are digests of the wall's canonical rendering
+	// as built from the rules and as read from the kernel ("" if missing).
+	Expected  string `json:"expected"`
+	Installed string `json:"installed"`
+	OK        bool   `json:"ok"`
+	Reason    string `json:"reason,omitempty"`
 }
 
 // Params is what the host side tells the inside: the policy the cage is

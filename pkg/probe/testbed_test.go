@@ -1,4 +1,4 @@
-package probe
+package probe_test
 
 import (
 	"context"
@@ -11,8 +11,10 @@ import (
 	"sync"
 	"testing"
 	"time"
+	// The battery's names unqualified: these tests drive it from the host
 
 	"gotest.tools/v3/assert"
+	// (probedrive), which imports it.
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
@@ -22,6 +24,8 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	. "github.com/shrooms-cage/shrooms/pkg/probe"
+	"github.com/shrooms-cage/shrooms/pkg/probedrive"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
@@ -180,10 +184,10 @@ func (e *tbEnv) run(t *testing.T, seal turn.SealChecker) (*Report, *inbound) {
 	params := e.params(nonce)
 	if e.discover {
 		params.Host, params.LAN, params.Metadata, params.Peers = nil, nil, nil, nil
-		assert.NilError(t, Discover(&params, e.cfg.Network, e.fw))
+		assert.NilError(t, probedrive.Discover(&params, e.cfg.Network, e.fw))
 		e.discovered = params
 	}
-	rep, res, err := Run(context.Background(), r, Options{
+	rep, res, err := probedrive.Run(context.Background(), r, probedrive.Options{
 		Task: taskid.Must(fmt.Sprintf("%s-%d", e.prefix, e.n)), Agent: "shell", Binary: e.bin,
 		Params: params, Timeout: 90 * time.Second, Peer: e.discover,
 		Stderr: writerFunc(func(p []byte) { mu.Lock(); stderr.Write(p); mu.Unlock() }),

@@ -1,4 +1,4 @@
-package probe
+package probe_test
 
 import (
 	"bytes"

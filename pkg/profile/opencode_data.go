@@ -6,10 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
-
-	"github.com/shrooms-cage/shrooms/internal/lazyre"
+	"sync"
 )
 
 // The JSON columns of the kept tables (message.data, part.data,
@@ -56,11 +56,19 @@ var droppedParts = map[string]string{
 
 // snapshotID is a git object id, the only thing opencode's snapshot fields
 // hold (anything else would reach git's command line).
-var snapshotID = lazyre.New(`^(?:[0-9a-f]{40}|[0-9a-f]{64})$`)
+var snapshotID = lazyRegexp(`^(?:[0-9a-f]{40}|[0-9a-f]{64})$`)
+
+// lazyRegexp compiles expr on its first use, not at process start: a
+// package-level regexp.MustCompile runs in every shrooms command's init,
+// and counted repetitions cost a millisecond or more to compile. (The same
+// as internal/lazyre, kept here so pkg/profile imports nothing of shrooms.)
+func lazyRegexp(expr string) func() *regexp.Regexp {
+	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(expr) })
+}
 
 var (
-	messageID = lazyre.New(`^msg_[0-9A-Za-z]{1,64}$`)
-	partID    = lazyre.New(`^prt_[0-9A-Za-z]{1,64}$`)
+	messageID = lazyRegexp(`^msg_[0-9A-Za-z]{1,64}$`)
+	partID    = lazyRegexp(`^prt_[0-9A-Za-z]{1,64}$`)
 )
 
 // tally counts rows per reported item, in first-seen order.

@@ -100,6 +100,21 @@ type Turn struct {
 	// WorktreeGuard identifies the worktree's guarded config state (label
 	// LabelWorktreeGuard), so a prepared cage never runs on a changed one.
 	WorktreeGuard string
+	// GVisor is set when the cage runs under gVisor's runsc: its
+	// RLIMIT_NPROC is then GVisorNproc's.
+	GVisor bool
+}
+
+// GVisorNproc is RLIMIT_NPROC for a cage under gVisor's runsc (systrap).
+// The Sentry runs each of the cage's processes on about two host tasks
+// (its stub and sysmsg thread) besides its own threads, all under the
+// cage's host pids limit, and a fork that meets that limit panics the
+// Sentry: the whole cage dies (exit 2, no output; measured with pids 128
+// at 48 background sleeps, with pids 1024 and nproc 2048 too). The Sentry
+// enforces RLIMIT_NPROC, and a fork over it fails with EAGAIN as under
+// runc, so the cage gets at most (pids - 64 - pids/16) / 2 (docs/gvisor.md).
+func GVisorNproc(pids, nproc int64) int64 {
+	return max(1, min(nproc, (pids-64-pids/16)/2))
 }
 
 // Name is the cage's container name for a task's turn.
@@ -225,9 +240,13 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 		Pids:   &spec.LinuxPids{Limit: cfg.Cage.Pids},
 		CPU:    &spec.LinuxCPU{Quota: &quota, Period: &period},
 	}
+	nproc := cfg.Cage.Nproc
+	if t.GVisor {
+		nproc = GVisorNproc(cfg.Cage.Pids, nproc)
+	}
 	s.Rlimits = []spec.POSIXRlimit{
 		{Type: "nofile", Soft: uint64(cfg.Cage.Nofile), Hard: uint64(cfg.Cage.Nofile)},
-		{Type: "nproc", Soft: uint64(cfg.Cage.Nproc), Hard: uint64(cfg.Cage.Nproc)},
+		{Type: "nproc", Soft: uint64(nproc), Hard: uint64(nproc)},
 		// No core dumps: a crash would hand cage memory to the host's
 		// core_pattern helper.
 		{Type: "core", Soft: 0, Hard: 0},

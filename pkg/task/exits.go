@@ -16,29 +16,28 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/worktree"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // ErrUnknownTask is a task shrooms has no state of.
 var ErrUnknownTask = errors.New("unknown task")
 
-// withTask parses task and runs f with its id under the task lock, for a
-// task that exists.
+// withTask runs f with the task's id under the task lock, for a task that
+// exists. It is the phase of the commands on one task: a failure of f that
+// no callee kinded (the state directory, the worktree's trust store, the
+// HOME's reset) is the host's to fix; f kinds the bad input it finds.
 func (r *Commands) withTask(task taskid.ID, f func(id taskid.ID) error) error {
-	id := task
-	ok, err := r.Store.Exists(id)
+	id, err := r.knownTask(task)
 	if err != nil {
-		return fmt.Errorf("%w: %w", fault.Input, err)
-	}
-	if !ok {
-		return fmt.Errorf("%w: %w %q (no turn has run for it)", fault.Input, ErrUnknownTask, task)
+		return err
 	}
 	lock, err := r.Store.LockTask(id)
 	if err != nil {
 		return turn.Classify(err)
 	}
 	defer lock.Release()
-	return f(id)
+	return fault.Default(fault.HostNotReady, f(id))
 }
 
 // Collect moves the task's pending deliveries (what its turns left in
@@ -47,7 +46,7 @@ func (r *Commands) withTask(task taskid.ID, f func(id taskid.ID) error) error {
 func (r *Commands) Collect(ctx context.Context, task taskid.ID, to string) (*outbox.Report, error) {
 	var rep *outbox.Report
 	err := r.withTask(task, func(id taskid.ID) error {
-		wt, err := r.recall(id, taskstate.FactWorktree)
+		wt, err := r.Store.Recall(id, taskstate.FactWorktree)
 		if err != nil {
 			return err
 		}
@@ -56,7 +55,7 @@ func (r *Commands) Collect(ctx context.Context, task taskid.ID, to string) (*out
 			// made here on first use (0700: deliveries are the owner's).
 			to = taskstate.Layout{Dir: r.Cfg.State.Dir}.Delivery(id, time.Now().UTC().Format("20060102T150405.000000000Z"))
 			if err := mkdirPrivate(filepath.Dir(to)); err != nil {
-				return fmt.Errorf("%w: default delivery directory: %w", fault.HostNotReady, err)
+				return fmt.Errorf("default delivery directory: %w", err)
 			}
 		}
 		cctx, cancel := context.WithTimeout(ctx, r.Cfg.Outbox.CollectTimeout.Std())
@@ -104,12 +103,7 @@ func (r *Commands) ListOutbox(ctx context.Context, task taskid.ID) (*outbox.Repo
 // outbox wherever it is still mounted (a prepared cage then no longer
 // matches, and is prepared afresh).
 func (r *Commands) ReleaseOutbox(task taskid.ID) error {
-	return r.withTask(task, func(id taskid.ID) error {
-		if err := r.releaseOutbox(task); err != nil {
-			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
-		}
-		return nil
-	})
+	return r.withTask(task, func(id taskid.ID) error { return r.releaseOutbox(task) })
 }
 
 // CommitResult is what Commit did.
@@ -119,21 +113,22 @@ type CommitResult struct {
 	Commit string `json:"commit"`
 	// AgentConfig are the guarded paths that differ from the owner's trusted
 	// version; Accepted those --allow-agent-config named (now trusted).
-	AgentConfig []worktreeguard.Change `json:"agentConfig"`
-	Accepted    []string               `json:"accepted"`
+	AgentConfig []guard.Change `json:"agentConfig"`
+	Accepted    []string       `json:"accepted"`
 	// Author is who the commit names as author and committer.
 	Author string `json:"author,omitempty"`
 }
 
 // Commit commits the task's worktree on the host in a sealed git
 // environment, under the task lock so the cage cannot race it. Agent
-// config that a turn added or changed (worktreeguard) is the next thing the
+// config that a turn added or changed (pkg/worktree/guard) is the next thing the
 // owner's repository would run: the commit is refused unless every such
 // path is named in allow, and the named ones become trusted.
 func (r *Commands) Commit(ctx context.Context, task taskid.ID, message string, author gitseal.Author, allow []string) (*CommitResult, error) {
-	res := &CommitResult{Task: task.String(), AgentConfig: []worktreeguard.Change{}, Accepted: []string{}}
+	res := &CommitResult{Task: task.String(), AgentConfig: []guard.Change{}, Accepted: []string{}}
+	var nothing error // gitseal.ErrNothingToCommit: no failure, so no kind
 	err := r.withTask(task, func(id taskid.ID) error {
-		wt, err := r.recall(id, taskstate.FactWorktree)
+		wt, err := r.Store.Recall(id, taskstate.FactWorktree)
 		if err != nil {
 			return err
 		}
@@ -143,7 +138,7 @@ func (r *Commands) Commit(ctx context.Context, task taskid.ID, message string, a
 		store := r.trustStore(task)
 		m, err := store.Load()
 		if err != nil {
-			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			return err
 		}
 		if m == nil {
 			return fmt.Errorf("%w: task %q has no trusted record of its worktree's agent config; review %s and run `shrooms trust --task %s` first", fault.Input, task, wt, task)
@@ -158,24 +153,29 @@ func (r *Commands) Commit(ctx context.Context, task taskid.ID, message string, a
 		}
 		commit, used, err := gitseal.CommitAs(ctx, wt, message, author)
 		res.Author = used.Name + " <" + used.Email + ">"
-		if err != nil && !errors.Is(err, gitseal.ErrNothingToCommit) {
+		if errors.Is(err, gitseal.ErrNothingToCommit) {
+			nothing = err
+		} else if err != nil {
 			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
 		res.Commit = commit
 		if len(allow) > 0 {
 			if _, terr := store.Trust(ctx, wt, allow); terr != nil {
-				return fmt.Errorf("%w: committed %s, but trusting %v failed: %w", fault.HostNotReady, commit, allow, terr)
+				return fmt.Errorf("committed %s, but trusting %v failed: %w", commit, allow, terr)
 			}
 			res.Accepted = append(res.Accepted, allow...)
 		}
-		return err
+		return nil
 	})
+	if err == nil {
+		err = nothing
+	}
 	return res, err
 }
 
 // acceptAgentConfig refuses unless allow names every added or changed
 // guarded path, and names nothing else.
-func acceptAgentConfig(changes []worktreeguard.Change, allow []string) error {
+func acceptAgentConfig(changes []guard.Change, allow []string) error {
 	named := map[string]bool{}
 	for _, p := range allow {
 		named[p] = true
@@ -207,32 +207,32 @@ var ErrAgentConfig = errors.New("the worktree has agent config the owner has not
 // TrustResult is what Trust did.
 type TrustResult struct {
 	Task string `json:"task"`
-	*worktreeguard.TrustResult
+	*guard.TrustResult
 	// Changes are what differed from the trusted version before.
-	Changes []worktreeguard.Change `json:"changes"`
+	Changes []guard.Change `json:"changes"`
 }
 
 // Trust records the worktree's agent config (all of it, or the given
 // worktree-relative paths) as the owner's trusted version, so later turns
 // no longer mask it. worktree "" means the task's remembered worktree.
-func (r *Commands) Trust(ctx context.Context, task taskid.ID, worktree string, paths []string) (*TrustResult, error) {
+func (r *Commands) Trust(ctx context.Context, task taskid.ID, path string, paths []string) (*TrustResult, error) {
 	for _, p := range paths {
 		if p == "" || strings.HasPrefix(p, "/") || p != filepath.ToSlash(filepath.Clean(p)) || strings.HasPrefix(p, "../") || p == ".." {
 			return nil, fmt.Errorf("%w: %q is not a clean worktree-relative path", fault.Input, p)
 		}
 	}
-	res := &TrustResult{Task: task.String(), Changes: []worktreeguard.Change{}}
+	res := &TrustResult{Task: task.String(), Changes: []guard.Change{}}
 	err := r.withTask(task, func(id taskid.ID) error {
-		if worktree == "" {
+		if path == "" {
 			var err error
-			if worktree, err = r.recall(id, taskstate.FactWorktree); err != nil {
+			if path, err = r.Store.Recall(id, taskstate.FactWorktree); err != nil {
 				return err
 			}
-			if worktree == "" {
+			if path == "" {
 				return fmt.Errorf("%w: task %q has no worktree; pass --worktree", fault.Input, task)
 			}
 		}
-		wt, err := r.Turns.CheckWorktree(worktree)
+		wt, err := worktree.CheckPath(r.Cfg, path)
 		if err != nil {
 			return err
 		}
@@ -247,10 +247,7 @@ func (r *Commands) Trust(ctx context.Context, task taskid.ID, worktree string, p
 			return fmt.Errorf("%w: %w", fault.Input, err)
 		}
 		res.TrustResult = tr
-		if err := r.Store.Remember(id, taskstate.FactWorktree, wt); err != nil {
-			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
-		}
-		return nil
+		return r.Store.Remember(id, taskstate.FactWorktree, wt)
 	})
 	return res, err
 }
@@ -262,7 +259,7 @@ func (r *Commands) Reset(ctx context.Context, task taskid.ID, agent string, dryR
 	err := r.withTask(task, func(id taskid.ID) error {
 		if agent == "" {
 			var err error
-			if agent, err = r.recall(id, taskstate.FactAgent); err != nil {
+			if agent, err = r.Store.Recall(id, taskstate.FactAgent); err != nil {
 				return err
 			}
 			if agent == "" {
@@ -275,7 +272,7 @@ func (r *Commands) Reset(ctx context.Context, task taskid.ID, agent string, dryR
 		}
 		ids, err := r.Store.TaskIDs(id, r.IDFiles, false)
 		if err != nil {
-			return fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			return err
 		}
 		root, err := r.Homes.Mounted(ctx, task)
 		if err != nil {
@@ -287,14 +284,14 @@ func (r *Commands) Reset(ctx context.Context, task taskid.ID, agent string, dryR
 		}
 		rep, err = home.Reset(ctx, home.ResetInput{Task: home.TaskOf(r.Cfg, root, ids, a.Home, kept), DryRun: dryRun})
 		if err != nil {
-			return fmt.Errorf("%w: HOME reset: %w", fault.HostNotReady, err)
+			return fmt.Errorf("HOME reset: %w", err)
 		}
 		if !dryRun {
 			if _, err := home.Cleanup(ctx, root); err != nil {
-				return fmt.Errorf("%w: HOME cleanup: %w", fault.HostNotReady, err)
+				return fmt.Errorf("HOME cleanup: %w", err)
 			}
 		}
-		return r.Turns.ReleaseHome(ctx, task)
+		return r.releaseHome(ctx, task)
 	})
 	return rep, err
 }

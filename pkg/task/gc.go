@@ -51,8 +51,12 @@ func (r *Commands) GCDryRun(ctx context.Context) (*GCReport, error) {
 	return r.gc(ctx, true)
 }
 
-func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
-	rep := &GCReport{Removed: []string{}, Busy: []string{}, Worktrees: []string{}, Released: []string{}, Outboxes: []string{}, DryRun: dryRun}
+// gc is one phase: what fails in it without a kind of its own (the engine,
+// the state directory, a HOME cleanup, a worktree give-back, what is left
+// to release) is the host's to fix.
+func (r *Commands) gc(ctx context.Context, dryRun bool) (rep *GCReport, err error) {
+	defer fault.Phase(fault.HostNotReady, &err)
+	rep = &GCReport{Removed: []string{}, Busy: []string{}, Worktrees: []string{}, Released: []string{}, Outboxes: []string{}, DryRun: dryRun}
 	// First: a prepared cage that waited too long goes, and what it held
 	// (HOME mount, secrets, outbox) is released below like any idle task's.
 	expired, err := r.ExpirePrepared(ctx, dryRun)
@@ -102,17 +106,17 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 			// A label that is no valid task id is not ours to trust: leave it.
 			continue
 		}
-		removed, err := r.Turns.RemoveLeftovers(ctx, id, r.waitingPrepared(cages, id)...)
+		removed, err := r.cages().RemoveLeftovers(ctx, id, r.waitingPrepared(cages, id)...)
 		lock.Release()
 		rep.Removed = append(rep.Removed, removed...)
 		if err != nil {
-			return rep, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+			return rep, err
 		}
 	}
 	// Old HOME trees whose cleanup a crash interrupted.
 	entries, err := os.ReadDir(taskstate.Layout{Dir: r.Cfg.State.Dir}.Tasks())
 	if err != nil && !os.IsNotExist(err) {
-		return rep, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return rep, err
 	}
 	for _, e := range entries {
 		id, err := taskid.Parse(e.Name())
@@ -136,17 +140,17 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (*GCReport, error) {
 		}
 		trees, err := home.Cleanup(ctx, root)
 		if err != nil {
-			return rep, fmt.Errorf("%w: HOME cleanup of %s: %w", fault.HostNotReady, e.Name(), err)
+			return rep, fmt.Errorf("HOME cleanup of %s: %w", e.Name(), err)
 		}
 		rep.HomeTrees += trees
 	}
 	if err := r.settleIdle(ctx, entries, cages, rep); err != nil {
 		return rep, err
 	}
-	given, err := r.Turns.GiveBackIdle()
+	given, err := r.Worktrees.GiveBackIdle()
 	rep.Worktrees = append(rep.Worktrees, given...)
 	if err != nil {
-		return rep, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return rep, err
 	}
 	// Last: the HOMEs mounted above, and those a killed shrooms left.
 	rep.Released, err = r.ReleaseIdle(ctx)
@@ -182,17 +186,17 @@ func (r *Commands) settleIdle(ctx context.Context, tasks []os.DirEntry, cages []
 		}
 		err = func() error {
 			defer lock.Release()
-			if busy, err := r.Turns.HomeInUse(ctx, id); err != nil || busy {
+			if busy, err := r.cages().InUse(ctx, id); err != nil || busy {
 				return err
 			}
-			m, err := r.Turns.SettleOutbox(ctx, id)
+			m, err := r.settleOutbox(ctx, id)
 			if m != nil && err == nil {
 				rep.Outboxes = append(rep.Outboxes, fmt.Sprintf("%s turn %d", e.Name(), m.Turn))
 			}
 			return err
 		}()
 		if err != nil {
-			return fmt.Errorf("%w: outbox of %s: %w", fault.HostNotReady, e.Name(), err)
+			return fmt.Errorf("outbox of %s: %w", e.Name(), err)
 		}
 	}
 	return nil

@@ -7,7 +7,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
@@ -57,7 +56,8 @@ func (r *Commands) PreparedCages(cages []podman.Cage, now time.Time) []PreparedC
 // (with dryRun, only lists them), each under its task's lock: a task whose
 // turn runs keeps its cage. Its HOME mount and token secrets go with the
 // next ReleaseIdle (gc), or the task's next turn.
-func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) ([]string, error) {
+func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) (_ []string, err error) {
+	defer fault.Phase(fault.HostNotReady, &err)
 	cages, err := r.managedCages(ctx)
 	if err != nil {
 		return nil, err
@@ -82,11 +82,11 @@ func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) ([]string, e
 		if err != nil {
 			return expired, turn.Classify(err)
 		}
-		removed, err := r.Turns.RemoveLeftovers(ctx, id)
+		removed, err := r.cages().RemoveLeftovers(ctx, id)
 		lock.Release()
 		expired = append(expired, removed...)
 		if err != nil {
-			return expired, fmt.Errorf("%w: expire prepared cage of %s: %w", fault.HostNotReady, p.Task, err)
+			return expired, fmt.Errorf("expire prepared cage of %s: %w", p.Task, err)
 		}
 	}
 	return expired, nil
@@ -94,11 +94,11 @@ func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) ([]string, e
 
 // ShowPrepared adds each task's waiting prepared cage (and its age) to
 // sts, from the engine when it answers; without it, sts stay as they are.
-func (r *Commands) ShowPrepared(ctx context.Context, eng engine.Engine, sts []TaskStatus) {
-	if eng == nil {
+func (r *Commands) ShowPrepared(ctx context.Context, sts []TaskStatus) {
+	if r.Podman == nil {
 		return
 	}
-	cages, err := eng.ListByLabel(ctx, sealed.LabelManaged, "1")
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
 	if err != nil {
 		return
 	}

@@ -63,7 +63,7 @@ func (r *Commands) leftovers(ctx context.Context, task taskid.ID, stateGone bool
 			left = append(left, "secret "+s.Name)
 		}
 	}
-	for _, c := range r.Turns.Claims(task) {
+	for _, c := range r.Worktrees.Files(task) {
 		left = append(left, "worktree claim "+c)
 	}
 	for _, p := range []string{filepath.Join(r.Cfg.Outbox.Root, task.String()), outbox.Pending(r.Cfg.Outbox.Root, task)} {
@@ -117,9 +117,9 @@ func (r *Commands) Forget(ctx context.Context, task taskid.ID) error {
 				errs = append(errs, what+": "+oneLine(err))
 			}
 		}
-		_, err := r.Turns.RemoveLeftovers(ctx, task)
+		_, err := r.cages().RemoveLeftovers(ctx, task)
 		step("cages", err)
-		step("worktree", r.Turns.ReleaseWorktrees(id))
+		step("worktree", r.Worktrees.Release(id))
 		step("HOME", r.Homes.Remove(ctx, task))
 		if _, err := os.Stat(r.Cfg.Outbox.Root); err == nil {
 			step("outbox", r.releaseOutbox(task))
@@ -189,11 +189,12 @@ func (r *Commands) releaseOutbox(task taskid.ID) error {
 // turn running and no prepared cage waiting (a killed shrooms leaves its
 // HOME mounted), and those of HOME images that were deleted: one whose
 // task still exists is copied back first, one whose task was forgotten is
-// let go. It returns what it released and, as an error, what it could not.
+// let go. It returns what it released and, as an error, what it could not
+// (gc's phase kinds it).
 func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 	atts, err := r.Homes.Attachments()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return nil, err
 	}
 	cages, err := r.managedCages(ctx)
 	if err != nil {
@@ -204,7 +205,7 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 	// Token secrets a killed turn left (a turn removes its own at its end).
 	secrets, err := r.Podman.ListSecrets(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", fault.HostNotReady, err)
+		return nil, err
 	}
 	for _, s := range secrets {
 		task, ok := r.secretTask(s.Name)
@@ -257,7 +258,7 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 		}
 		err = func() error {
 			defer lock.Release()
-			if busy, err := r.Turns.HomeInUse(ctx, id); err != nil || busy {
+			if busy, err := r.cages().InUse(ctx, id); err != nil || busy {
 				return err // a prepared cage waits on it, or a cage was left
 			}
 			if a.Deleted {
@@ -276,7 +277,7 @@ func (r *Commands) ReleaseIdle(ctx context.Context) ([]string, error) {
 		}
 	}
 	if len(left) > 0 {
-		return released, fmt.Errorf("%w: %w: %s", fault.HostNotReady, ErrLeftovers, strings.Join(left, "; "))
+		return released, fmt.Errorf("%w: %s", ErrLeftovers, strings.Join(left, "; "))
 	}
 	return released, nil
 }

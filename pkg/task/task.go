@@ -2,15 +2,15 @@
 // CLI does to a task between turns — collect and list its outbox, commit
 // and trust its worktree, reset and forget it, gc the cages a crash left,
 // and read its log, status and lock holder (stop). It holds what it uses
-// (config, engine, task state, the HOMEs) and asks the pipeline only for
-// what a turn leaves behind (Pipeline); pkg/turn never imports it.
+// (config, engine, task state, the HOMEs, the cages, the worktree claims);
+// pkg/turn never imports it, and it asks the turn pipeline nothing.
 package task
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 
+	"github.com/shrooms-cage/shrooms/pkg/cages"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
@@ -20,75 +20,85 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/worktree"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // Commands are the task commands on one config, engine and state
 // directory.
 type Commands struct {
 	Cfg *config.Config
-	// Podman is the container engine; nil for the commands that never
-	// contact podman (those of the state directory, the outbox and the
-	// worktree).
+	// Podman is the container engine; the commands that may not need it
+	// (those of the state directory, the outbox and the worktree) are
+	// given one that connects on its first use (podman.Lazy).
 	Podman  engine.Engine
 	Store   taskstate.Store
 	IDFiles taskstate.IDFiles
 	Homes   *home.Store
 	Layout  taskstate.Layout
-	// Turns is the turn pipeline's side of a task between turns.
-	Turns Pipeline
+	// Worktrees are the worktree claims (pkg/worktree): their give-back
+	// and release.
+	Worktrees worktree.Claims
 }
 
-// Pipeline is what the task commands ask of the turn pipeline (the turn
-// runner): its cages, the HOME and outbox a turn leaves mounted, and
-// the worktree it hands out.
-type Pipeline interface {
-	// RemoveLeftovers removes the task's cages a crashed shrooms left.
-	RemoveLeftovers(ctx context.Context, task taskid.ID, keep ...string) ([]string, error)
-	// HomeInUse reports whether any cage of task exists.
-	HomeInUse(ctx context.Context, task taskid.ID) (bool, error)
-	// ReleaseHome unmounts task's HOME when no cage of it is left.
-	ReleaseHome(ctx context.Context, task taskid.ID) error
-	// SettleOutbox moves what the last turn left in the outbox to its
-	// pending delivery.
-	SettleOutbox(ctx context.Context, task taskid.ID) (*outbox.Moved, error)
-	// CheckWorktree validates a worktree path and returns it cleaned.
-	CheckWorktree(path string) (string, error)
-	// Claims lists the worktree claim files of task.
-	Claims(task taskid.ID) []string
-	// ReleaseWorktrees gives back the worktrees task holds.
-	ReleaseWorktrees(task taskid.ID) error
-	// GiveBackIdle gives back the worktrees of tasks with no turn running.
-	GiveBackIdle() ([]string, error)
-}
-
-// New returns the task commands of cfg on eng (nil: no podman), beside the
-// pipeline turns of the same config.
-func New(cfg *config.Config, eng engine.Engine, turns Pipeline) *Commands {
+// New returns the task commands of cfg on eng (nil: no podman).
+func New(cfg *config.Config, eng engine.Engine) *Commands {
 	r := state(cfg)
 	r.Podman = eng
 	r.Homes = home.NewStore(eng, cfg)
-	r.Turns = turns
 	return r
 }
 
 // state is the commands that read the state directory only.
 func state(cfg *config.Config) *Commands {
 	return &Commands{
-		Cfg:     cfg,
-		Store:   taskstate.Store{Dir: cfg.State.Dir},
-		IDFiles: taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
-		Homes:   home.NewStore(nil, cfg),
-		Layout:  taskstate.Layout{Dir: cfg.State.Dir},
+		Cfg:       cfg,
+		Store:     taskstate.Store{Dir: cfg.State.Dir},
+		IDFiles:   taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
+		Homes:     home.NewStore(nil, cfg),
+		Layout:    taskstate.Layout{Dir: cfg.State.Dir},
+		Worktrees: worktree.NewClaims(cfg),
 	}
 }
 
+// cages are the cages of this state directory on the engine (those a
+// turn left: leftovers, or a prepared one holding the HOME).
+func (r *Commands) cages() cages.Cages {
+	return cages.Cages{Engine: r.Podman, StateDir: r.Cfg.State.Dir}
+}
+
 // ours reports whether a cage was made by a shrooms with this state dir.
-func (r *Commands) ours(c podman.Cage) bool { return sealed.Ours(r.Cfg.State.Dir, c.Labels) }
+func (r *Commands) ours(c podman.Cage) bool { return r.cages().Ours(c) }
+
+// releaseHome unmounts task's HOME and frees its loop device when no cage
+// of the task is left (one prepared ahead waits on it). Call it with the
+// task lock held; an unknown podman state keeps the mount.
+func (r *Commands) releaseHome(ctx context.Context, task taskid.ID) error {
+	if busy, err := r.cages().InUse(ctx, task); err != nil || busy {
+		return err
+	}
+	return r.Homes.Release(task)
+}
+
+// settleOutbox moves what task's last turn left in its outbox to its
+// pending delivery (outbox.Settle; nil when it held nothing). Call it with
+// the task lock held and no cage of the task running.
+func (r *Commands) settleOutbox(ctx context.Context, task taskid.ID) (_ *outbox.Moved, err error) {
+	defer fault.Phase(fault.HostNotReady, &err)
+	last, err := r.Store.LastTurn(task)
+	if err != nil {
+		return nil, err
+	}
+	peers, err := r.Homes.ServiceNamespaces()
+	if err != nil {
+		return nil, err
+	}
+	return outbox.Settle(ctx, r.Cfg.Outbox.Root, task, last, outbox.LimitsFrom(r.Cfg.Outbox), peers...)
+}
 
 // trustStore is the task's store of trusted worktree config.
-func (r *Commands) trustStore(task taskid.ID) worktreeguard.Store {
-	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
+func (r *Commands) trustStore(task taskid.ID) guard.Store {
+	return guard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
 }
 
 // taskDir is the state directory of task.
@@ -96,22 +106,8 @@ func (r *Commands) taskDir(task taskid.ID) string {
 	return filepath.Join(r.Layout.Tasks(), task.String())
 }
 
-// recall is a fact the task state holds of the task (taskstate.Store.Recall);
-// a state directory that cannot be read is the host's to fix.
-func (r *Commands) recall(id taskid.ID, fact string) (string, error) {
-	v, err := r.Store.Recall(id, fact)
-	if err != nil {
-		return "", fmt.Errorf("%w: %w", fault.HostNotReady, err)
-	}
-	return v, nil
-}
-
-// managedCages lists every cage shrooms manages on the engine; an engine
-// that cannot list them is the host's to fix.
+// managedCages lists every cage shrooms manages on the engine (its
+// callers' phases, gc and ExpirePrepared, kind a failure).
 func (r *Commands) managedCages(ctx context.Context) ([]podman.Cage, error) {
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
-	}
-	return cages, nil
+	return r.Podman.ListByLabel(ctx, sealed.LabelManaged, "1")
 }

@@ -148,15 +148,16 @@ func (r *Commands) Tasks() ([]TaskStatus, error) {
 }
 
 // Status reports one task without taking its lock (a running turn is never
-// disturbed).
-func (r *Commands) Status(task taskid.ID) (*TaskStatus, error) {
+// disturbed). A state directory it cannot read is the host's to fix.
+func (r *Commands) Status(task taskid.ID) (_ *TaskStatus, err error) {
+	defer fault.Phase(fault.HostNotReady, &err)
 	id, err := r.knownTask(task)
 	if err != nil {
 		return nil, err
 	}
 	st := &TaskStatus{Task: task.String()}
 	if st.Turns, err = r.Store.LastTurn(id); err != nil {
-		return nil, fmt.Errorf("%w: %w", fault.HostNotReady, err)
+		return nil, err
 	}
 	if st.PID, err = r.lockHolder(task); err != nil {
 		return nil, err
@@ -179,15 +180,6 @@ func (r *Commands) Status(task taskid.ID) (*TaskStatus, error) {
 // lockHolder returns the pid of the process holding the task's lock (0 when
 // none), read from /proc/locks so that looking never takes the lock.
 func (r *Commands) lockHolder(task taskid.ID) (int, error) {
-	pid, err := r.readLockHolder(task)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %w", fault.HostNotReady, err)
-	}
-	return pid, nil
-}
-
-// readLockHolder is lockHolder's look at the lock file and /proc/locks.
-func (r *Commands) readLockHolder(task taskid.ID) (int, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(filepath.Join(r.taskDir(task), "lock"), &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -239,8 +231,10 @@ type StopResult struct {
 // Stop ends the task's running turn from another process: it sends SIGTERM
 // to the shrooms process holding the task's lock, which stops and removes
 // the cage, gives the worktree back, records the turn and exits 130, and
-// waits until the lock is free. No turn running is not an error.
-func (r *Commands) Stop(task taskid.ID, wait time.Duration) (*StopResult, error) {
+// waits until the lock is free. No turn running is not an error; what
+// fails is the host's to fix.
+func (r *Commands) Stop(task taskid.ID, wait time.Duration) (_ *StopResult, err error) {
+	defer fault.Phase(fault.HostNotReady, &err)
 	id, err := r.knownTask(task)
 	if err != nil {
 		return nil, err
@@ -260,7 +254,7 @@ func (r *Commands) Stop(task taskid.ID, wait time.Duration) (*StopResult, error)
 	if teardown {
 		res.PID = 0
 	} else if err := syscall.Kill(pid, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return nil, fmt.Errorf("%w: signal shrooms process %d: %w", fault.HostNotReady, pid, err)
+		return nil, fmt.Errorf("signal shrooms process %d: %w", pid, err)
 	}
 	deadline := time.Now().Add(wait)
 	for {
@@ -272,7 +266,7 @@ func (r *Commands) Stop(task taskid.ID, wait time.Duration) (*StopResult, error)
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%w: shrooms process %d still holds task %q after %s", fault.HostNotReady, pid, task, wait)
+			return nil, fmt.Errorf("shrooms process %d still holds task %q after %s", pid, task, wait)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -30,14 +30,14 @@ func BenchmarkHomeMountPerTurn(b *testing.B) {
 	}
 	mount := func() time.Duration {
 		start := time.Now()
-		if _, err := h.runner.Home().Mounted(ctx, taskid.Must(task)); err != nil {
+		if _, err := h.runner.homes().Mounted(ctx, taskid.Must(task)); err != nil {
 			b.Fatal(err)
 		}
 		return time.Since(start)
 	}
 	release := func() time.Duration {
 		start := time.Now()
-		if err := h.runner.ReleaseHome(ctx, taskid.Must(task)); err != nil {
+		if err := h.runner.releaseHome(ctx, taskid.Must(task)); err != nil {
 			b.Fatal(err)
 		}
 		return time.Since(start)

@@ -299,7 +299,7 @@ func BenchmarkTurnStartWithJunk(b *testing.B) {
 	}
 	plant := func(n int) {
 		// HOME is mounted for turns only: mount it to plant.
-		if _, err := h.runner.Home().Mounted(ctx, taskid.Must(task)); err != nil {
+		if _, err := h.runner.homes().Mounted(ctx, taskid.Must(task)); err != nil {
 			b.Fatal(err)
 		}
 		home := filepath.Join(v.Mountpoint, "home")

@@ -2,24 +2,19 @@ package turn
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"slices"
 	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/home"
-	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
-// Home is the task HOME volumes of the runner's config on its engine.
-func (r *Runner) Home() *home.Store { return home.NewStore(r.Podman, r.Cfg) }
+// homes is the task HOME volumes of the runner's config on its engine.
+func (r *Runner) homes() *home.Store { return home.NewStore(r.Podman, r.Cfg) }
 
 // homeTask describes the task HOME to the reset (home.TaskOf).
 func (r *Runner) homeTask(root string, ids taskstate.IDs, profiles, kept []string) home.Task {
@@ -31,7 +26,7 @@ func (r *Runner) homeTask(root string, ids taskstate.IDs, profiles, kept []strin
 // credentials once; an existing, bootstrapped HOME is left as it is. It
 // returns the volume's host directory.
 func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, ids taskstate.IDs, profiles []string) (string, *home.BootstrapResult, error) {
-	kept, err := r.hadHome(id)
+	kept, err := home.Had(r.Store, id)
 	if err != nil {
 		return "", nil, err
 	}
@@ -48,58 +43,29 @@ func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, ids taskstate.IDs,
 		return "", nil, fmt.Errorf("%w: bootstrap HOME: %w", ErrHostNotReady, err)
 	}
 	if res.Result == home.Bootstrapped {
-		if err := r.rememberProfiles(id, profiles, nil); err != nil {
+		if err := home.RememberProfiles(r.Store, id, profiles, nil); err != nil {
 			return "", nil, err
 		}
 	}
 	if !kept {
-		if err := r.Store.Remember(id, taskstate.FactHome, r.Home().Name(id)); err != nil {
-			return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		if err := r.homes().Remember(r.Store, id); err != nil {
+			return "", nil, err
 		}
 	}
 	return root, res, nil
 }
 
-// hadHome reports whether the task had a HOME made (then a missing image is
-// drift, never a new start): its home fact, or turns from before the fact.
-func (r *Runner) hadHome(task taskid.ID) (bool, error) {
-	fact, err := r.Store.Recall(task, taskstate.FactHome)
-	if err != nil {
-		return false, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	}
-	if fact != "" {
-		return true, nil
-	}
-	n, _ := r.Store.LastTurn(task)
-	return n > 0, nil
-}
-
-// ReleaseHome unmounts task's HOME filesystem and frees its loop device
+// releaseHome unmounts task's HOME filesystem and frees its loop device
 // when no cage of the task is left (a prepared one waiting on it, or one
 // whose removal failed): HOME is mounted for the reset and the turn only,
 // so nothing holds a loop device between turns and a `podman volume rm`
 // between turns cannot reach into HOME. Call it with the task lock held.
 // An unknown podman state keeps the mount.
-func (r *Runner) ReleaseHome(ctx context.Context, task taskid.ID) error {
-	if busy, err := r.HomeInUse(ctx, task); err != nil || busy {
+func (r *Runner) releaseHome(ctx context.Context, task taskid.ID) error {
+	if busy, err := r.cages().InUse(ctx, task); err != nil || busy {
 		return err
 	}
 	return r.host().ReleaseHome(task)
-}
-
-// HomeInUse reports whether any cage of task exists (whatever its state):
-// its HOME must stay mounted for it.
-func (r *Runner) HomeInUse(ctx context.Context, task taskid.ID) (bool, error) {
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task.String())
-	if err != nil {
-		return false, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	}
-	for _, c := range cages {
-		if r.ours(c) {
-			return true, nil
-		}
-	}
-	return false, nil
 }
 
 // noSpaceHint names where room is needed when err is ENOSPC: a full host
@@ -109,35 +75,4 @@ func (r *Runner) noSpaceHint(err error) string {
 		return ""
 	}
 	return "; free space on the filesystem of " + taskstate.Layout{Dir: r.Cfg.State.Dir}.Homes() + " (the HOME images)"
-}
-
-// Claims lists the worktree claim files of task (for forget's check that
-// nothing of the task is left).
-func (r *Runner) Claims(task taskid.ID) []string {
-	dir := taskstate.Layout{Dir: r.Cfg.State.Dir}.Worktrees()
-	entries, _ := os.ReadDir(dir)
-	var out []string
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err != nil {
-			continue
-		}
-		var c worktreeClaim
-		if json.Unmarshal(b, &c) == nil && c.Task == task.String() {
-			out = append(out, filepath.Join(dir, e.Name()))
-		}
-	}
-	return out
-}
-
-// rememberProfiles records that task's HOME holds state of profiles (with
-// kept, those it held before), before the reset that may carry it over.
-func (r *Runner) rememberProfiles(task taskid.ID, profiles, kept []string) error {
-	all := append(slices.Clone(kept), profiles...)
-	slices.Sort(all)
-	all = slices.Compact(all)
-	if err := r.Store.Remember(task, taskstate.FactProfiles, strings.Join(all, ",")); err != nil {
-		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	}
-	return nil
 }

@@ -69,10 +69,10 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		// a removal of a removed cage is not an error). A turn with token
 		// secrets keeps the old order: its next cage's secrets have the
 		// same names.
-		if in, err := r.check(ctx, *next, modeAhead); err == nil {
+		if in, err := r.check(ctx, *next, aheadSteps()); err == nil {
 			if _, err := r.prepareNextLocked(ctx, *next, in, td.Cage); err == nil {
 				var errs []error
-				if err := r.ReleaseHome(ctx, td.Task); err != nil {
+				if err := r.releaseHome(ctx, td.Task); err != nil {
 					errs = append(errs, fmt.Errorf("release HOME: %w", err))
 				}
 				lock.Release()
@@ -87,7 +87,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 	var errs []error
 	// The turn's cage is the task's only one: a prepared cage was taken by
 	// the turn, or swept before it.
-	if _, err := r.RemoveLeftovers(ctx, td.Task); err != nil {
+	if _, err := r.cages().RemoveLeftovers(ctx, td.Task); err != nil {
 		errs = append(errs, fmt.Errorf("remove cage: %w", err))
 	}
 	var secrets []string
@@ -104,7 +104,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		}
 	}
 	if next != nil {
-		in, err := r.check(ctx, *next, modeAhead)
+		in, err := r.check(ctx, *next, aheadSteps())
 		if err == nil {
 			_, err = r.prepareNextLocked(ctx, *next, in)
 		}
@@ -114,7 +114,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 	}
 	// Last: HOME is unmounted until the next turn, unless the next cage
 	// was prepared on it.
-	if err := r.ReleaseHome(ctx, td.Task); err != nil {
+	if err := r.releaseHome(ctx, td.Task); err != nil {
 		errs = append(errs, fmt.Errorf("release HOME: %w", err))
 	}
 	return errors.Join(errs...)

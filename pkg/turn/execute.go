@@ -56,6 +56,23 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		res.Error = err.Error()
 		return res, err
 	}
+	initialised := preparedID != ""
+	if gvisor(r.Cfg.Cage.Runtime) {
+		// runsc boots the sandbox at init: its flags are checked before
+		// anything of the agent runs.
+		if !initialised {
+			if err := r.Podman.Init(ctx, id); err != nil {
+				res.Error = err.Error()
+				return res, r.interrupted(ctx, err)
+			}
+			c.lap("init")
+			initialised = true
+		}
+		if err := r.checkSandbox(ctx, id); err != nil {
+			res.Error = err.Error()
+			return res, err
+		}
+	}
 
 	deadline := r.timeout(req)
 	timeoutCtx, cancel := context.WithTimeout(ctx, deadline)
@@ -64,7 +81,6 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 	waitCtx, cancelWait := context.WithCancelCause(timeoutCtx)
 	defer cancelWait(nil)
 	// The in-cage wall before anything can run in the cage's namespace.
-	initialised := preparedID != ""
 	if !initialised && r.Cfg.Network.Networked() {
 		// Its network namespace exists from here; no process of it runs.
 		if err := r.Podman.Init(ctx, id); err != nil {

@@ -56,9 +56,9 @@ func TestHomeCapEnospcInTurnHostUnaffectedAndNextTurnStarts(t *testing.T) {
 	// Turn 1 (positive control): HOME is the 64 MiB filesystem.
 	kib, _ := homeKiB(t, h, task)
 	assert.Check(t, kib > 50<<10 && kib <= 64<<10, "HOME filesystem is %d KiB", kib)
-	v, err := h.client.InspectVolume(ctx, h.runner.Home().Name(taskid.Must(task)))
+	v, err := h.client.InspectVolume(ctx, h.runner.homes().Name(taskid.Must(task)))
 	assert.NilError(t, err)
-	image := homestore.ImagePath(h.cfg.State.Dir, h.runner.Home().Name(taskid.Must(task)))
+	image := homestore.ImagePath(h.cfg.State.Dir, h.runner.homes().Name(taskid.Must(task)))
 
 	// Turn 2 tries to write 1 GiB into HOME, then many files.
 	before := availBytes(t, h.cfg.State.Dir)
@@ -98,12 +98,12 @@ func TestHomeCapStaleOrHostileImage(t *testing.T) {
 	h := capHarness(t)
 	task := h.Task("hostile")
 	ctx := context.Background()
-	image := homestore.ImagePath(h.cfg.State.Dir, h.runner.Home().Name(taskid.Must(task)))
+	image := homestore.ImagePath(h.cfg.State.Dir, h.runner.homes().Name(taskid.Must(task)))
 	assert.NilError(t, os.MkdirAll(filepath.Dir(image), 0o700))
 	assert.NilError(t, os.WriteFile(image, []byte("not ext4"), 0o600))
 	homeKiB(t, h, task) // the stale file was replaced by a new filesystem
 
-	v, err := h.client.InspectVolume(ctx, h.runner.Home().Name(taskid.Must(task)))
+	v, err := h.client.InspectVolume(ctx, h.runner.homes().Name(taskid.Must(task)))
 	assert.NilError(t, err)
 	assert.NilError(t, homestore.Unmount(image, v.Mountpoint))
 	assert.NilError(t, os.Rename(image, image+".real"))

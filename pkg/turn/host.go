@@ -50,7 +50,7 @@ func (r *Runner) host() Host {
 	if r.Host != nil {
 		return r.Host
 	}
-	return realHost{r.Home()}
+	return realHost{r.homes()}
 }
 
 // realHost is Host on the real HOMEs (pkg/home) and outbox.

@@ -2,12 +2,10 @@ package turn
 
 import (
 	"fmt"
-	"path/filepath"
-	"strings"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/worktree"
 )
 
 // ValidateRequest checks a request's input against cfg — task id, agent,
@@ -37,8 +35,8 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	in := &checked{task: task, agent: agent, tokens: tokens}
-	worktree := req.Worktree
-	if worktree == "" {
+	wt := req.Worktree
+	if wt == "" {
 		// The task's worktree is sticky: a turn without --worktree runs on
 		// the one its earlier turns ran on (an empty /work only for a task
 		// that never had one).
@@ -46,31 +44,19 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
-		if worktree = recorded; worktree != "" {
-			if _, err := worktreePath(cfg, worktree); err != nil {
-				return nil, fmt.Errorf("task %s runs on the worktree its earlier turns ran on (%s), which is no longer usable; pass --worktree DIR to move it, or start a new task: %w", req.Task, worktree, err)
+		if wt = recorded; wt != "" {
+			if _, err := worktree.CheckPath(cfg, wt); err != nil {
+				return nil, fmt.Errorf("task %s runs on the worktree its earlier turns ran on (%s), which is no longer usable; pass --worktree DIR to move it, or start a new task: %w", req.Task, wt, err)
 			}
 		}
 	}
-	if worktree != "" {
-		if in.worktree, err = worktreePath(cfg, worktree); err != nil {
+	if wt != "" {
+		if in.worktree, err = worktree.CheckPath(cfg, wt); err != nil {
 			return nil, err
 		}
-		if err := checkClaim(cfg.State.Dir, req.Task, in.worktree); err != nil {
+		if err := worktree.NewClaims(cfg).Check(req.Task, in.worktree); err != nil {
 			return nil, err
 		}
 	}
 	return in, nil
-}
-
-// worktreePath validates a worktree (mounts.CheckWorktree: a git work tree
-// or inside [worktree] roots, never a system or home root, never shrooms'
-// own directories) and returns it cleaned.
-func worktreePath(cfg *config.Config, path string) (string, error) {
-	forbidden := []string{cfg.State.Dir, cfg.Outbox.Root, filepath.Dir(strings.TrimPrefix(cfg.Podman.Socket, "unix://"))}
-	wt, err := mounts.CheckWorktree(path, cfg.Worktree.Roots, forbidden)
-	if err != nil {
-		return "", fmt.Errorf("%w: %w", ErrInput, err)
-	}
-	return wt, nil
 }

@@ -1,33 +1,16 @@
 package turn
 
 import (
-	"context"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
-	"slices"
-
+	"github.com/shrooms-cage/shrooms/pkg/cages"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
-	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
-// RemoveLeftovers removes cages of task that a crashed shrooms left behind.
-// Call it with the task lock held: no turn of the task can be running.
-func (r *Runner) RemoveLeftovers(ctx context.Context, task taskid.ID, keep ...string) ([]string, error) {
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task.String())
-	if err != nil {
-		return nil, err
-	}
-	var removed []string
-	for _, c := range cages {
-		if !r.ours(c) || slices.Contains(keep, c.ID) {
-			continue
-		}
-		if err := r.Podman.Remove(ctx, c.ID); err != nil {
-			return removed, err
-		}
-		removed = append(removed, c.Name)
-	}
-	return removed, nil
+// cages are the cages of the runner's state directory on its engine:
+// those a crash left (RemoveLeftovers, with the task lock held), and
+// whether one still holds the task's HOME (InUse).
+func (r *Runner) cages() cages.Cages {
+	return cages.Cages{Engine: r.Podman, StateDir: r.Cfg.State.Dir}
 }
 
 // ours reports whether a cage was made by a shrooms with this state dir.
-func (r *Runner) ours(c podman.Cage) bool { return sealed.Ours(r.Cfg.State.Dir, c.Labels) }
+func (r *Runner) ours(c podman.Cage) bool { return r.cages().Ours(c) }

@@ -23,13 +23,13 @@ const outboxDevFile = "outbox-dev"
 
 // prepareOutbox moves what the task's last turn left in its outbox (a
 // killed turn's, say) to its pending delivery and mounts the turn's empty
-// outbox. A cage prepared ahead records which tmpfs it was given.
-func (r *Runner) prepareOutbox(ctx context.Context, task taskid.ID, p *Plan, m mode) error {
+// outbox. A cage prepared ahead records which tmpfs it was given (record).
+func (r *Runner) prepareOutbox(ctx context.Context, task taskid.ID, p *Plan, record bool) error {
 	dev, err := r.host().PrepareOutbox(ctx, r.Cfg.Outbox.Root, task, p.turn-1, p.home.UID, p.home.GID, outbox.LimitsFrom(r.Cfg.Outbox))
 	if err != nil {
 		return fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
 	}
-	if m != modeAhead {
+	if !record {
 		return nil
 	}
 	if err := os.WriteFile(filepath.Join(r.taskDir(task), outboxDevFile), []byte(strconv.FormatUint(dev, 10)), 0o600); err != nil {
@@ -75,19 +75,4 @@ func (r *Runner) settleOutbox(ctx context.Context, id taskid.ID, res *Result) {
 		return
 	}
 	res.Outbox.MoveMs = ms(time.Since(start))
-}
-
-// SettleOutbox moves what the task's last turn left in its outbox to its
-// pending delivery (gc does, for a turn whose shrooms was killed). Call it
-// with the task lock held and no cage of the task running.
-func (r *Runner) SettleOutbox(ctx context.Context, task taskid.ID) (*outbox.Moved, error) {
-	last, err := r.Store.LastTurn(task)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	}
-	m, err := r.host().SettleOutbox(ctx, r.Cfg.Outbox.Root, task, last, outbox.LimitsFrom(r.Cfg.Outbox))
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	}
-	return m, nil
 }

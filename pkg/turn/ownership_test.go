@@ -127,7 +127,7 @@ func TestOneTaskPerWorktree(t *testing.T) {
 	_, serr := os.Stat(filepath.Join(h.cfg.State.Dir, "tasks", h.Task("second")))
 	assert.Assert(t, os.IsNotExist(serr), "no state for the refused task")
 
-	assert.NilError(t, h.runner.ReleaseWorktrees(taskid.Must(h.Task("first"))))
+	assert.NilError(t, h.runner.claims().Release(taskid.Must(h.Task("first"))))
 	res, _, errOut, err := h.sh(h.Task("second"), wt, "touch /work/second")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0)

@@ -18,37 +18,67 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
-	"github.com/shrooms-cage/shrooms/pkg/wtdiff"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // A turn is prepared in three steps, as podman's specgen keeps computing a
 // spec apart from executing it: gather reads (or, for a turn that runs,
 // acquires) what the plan needs from the host; plan computes everything the
 // turn will do without side effects; apply does it. `spec`, run, PrepareNext
-// and the match of a prepared cage differ only in their mode.
+// and the match of a prepared cage differ only in their steps, chosen once
+// by each (specSteps, runSteps, aheadSteps, matchSteps).
 
-// mode is what a turn is prepared for.
-type mode int
+// steps is what preparing a turn does: check, gather, plan and apply ask
+// these named choices instead of which command prepares the turn.
+type steps struct {
+	// acquire: the turn changes the host: check may refresh the seal and
+	// asks the gateway's upstream, gather allocates the task's ids, opens
+	// (bootstrapping) HOME and records the worktree's trust, apply runs.
+	acquire bool
+	// ahead: the cage is one created ahead of its run; its argv comes from
+	// a file written when the run starts (plan).
+	ahead bool
+	// takeWorktree: apply hands the worktree to the task's user now (a cage
+	// prepared ahead takes it when its turn runs).
+	takeWorktree bool
+	// record: apply writes what the run that takes the cage checks (the
+	// outbox's device, the gateway placeholder, the argv file) instead of
+	// counting the turn, which is counted only when it runs.
+	record bool
+	// placeholder is where the gateway placeholder comes from.
+	placeholder placeholderFrom
+}
+
+// placeholderFrom is where a turn's gateway placeholder comes from.
+type placeholderFrom int
 
 const (
-	// modeSpec is `spec`: nothing is allocated, written or counted.
-	modeSpec mode = iota
-	// modeRun is a turn that starts now.
-	modeRun
-	// modeAhead is a cage created before its turn is asked for
-	// (PrepareNext): its argv comes from a file written when the run
-	// starts, and the turn is counted only then.
-	modeAhead
-	// modeMatch is the plan a prepared cage must match; read only.
-	modeMatch
+	// placeholderMarker is `spec`'s: a marker, nothing made.
+	placeholderMarker placeholderFrom = iota
+	// placeholderFresh is a new one (a turn that starts now, a cage
+	// prepared ahead: apply stores it).
+	placeholderFresh
+	// placeholderStored is the one a prepared cage was given (its match).
+	placeholderStored
 )
 
-// ahead reports whether the cage is one created ahead of its run.
-func (m mode) ahead() bool { return m == modeAhead || m == modeMatch }
+// specSteps are `spec`'s: nothing is allocated, written or counted.
+func specSteps() steps { return steps{placeholder: placeholderMarker} }
 
-// writes reports whether the mode changes the host (gather acquires, apply runs).
-func (m mode) writes() bool { return m == modeRun || m == modeAhead }
+// runSteps are those of a turn that starts now.
+func runSteps() steps {
+	return steps{acquire: true, takeWorktree: true, placeholder: placeholderFresh}
+}
+
+// aheadSteps are those of a cage created before its turn is asked for
+// (PrepareNext).
+func aheadSteps() steps {
+	return steps{acquire: true, ahead: true, record: true, placeholder: placeholderFresh}
+}
+
+// matchSteps plan what a prepared cage must match; read only.
+func matchSteps() steps { return steps{ahead: true, placeholder: placeholderStored} }
 
 // facts is what a plan needs from the host.
 type facts struct {
@@ -56,7 +86,7 @@ type facts struct {
 	turn int
 	// root is the HOME volume's host directory.
 	root  string
-	guard *worktreeguard.Check
+	guard *guard.Check
 	// placeholder is the gateway placeholder ("" without a gateway).
 	placeholder string
 	// kept are the task's other HOME profiles, whose kept state stays.
@@ -81,7 +111,7 @@ type Plan struct {
 	outbox string
 	// seccomp says whether shrooms' seccomp profile is installed.
 	seccomp bool
-	guard   *worktreeguard.Check
+	guard   *guard.Check
 	// gateway is the turn's model gateway configuration, its placeholder
 	// included (nil without one); execute starts it in the cage's netns.
 	gateway *gateway.Config
@@ -111,38 +141,38 @@ type prepared struct {
 	// runtime is the OCI runtime podman runs the cage with (its inspect).
 	runtime string
 	// before is the worktree as the hand-over left it (nil: scan it).
-	before *wtdiff.Snapshot
+	before *diff.Snapshot
 	// detach is set once the turn's exit code is known and Runner.Detach
 	// will take the teardown.
 	detach bool
 }
 
-// prepare plans the turn of req for mode m and, when m writes, applies it:
+// prepare plans the turn of req in steps s and, when s acquire, applies it:
 // allocates the task's ids, bootstraps HOME on a first turn, resets HOME to
 // the baseline and keep-list, writes the managed policy, mounts the outbox,
 // hands the worktree to the task's user, stores token secrets and counts
 // the turn.
-func (r *Runner) prepare(ctx context.Context, req Request, in *checked, m mode) (*prepared, error) {
-	f, err := r.gather(ctx, req, in, m)
+func (r *Runner) prepare(ctx context.Context, req Request, in *checked, s steps) (*prepared, error) {
+	f, err := r.gather(ctx, req, in, s)
 	if err != nil {
 		return nil, err
 	}
-	p, err := r.plan(req, in, f, m.ahead())
+	p, err := r.plan(req, in, f, s.ahead)
 	if err != nil {
 		return nil, err
 	}
-	if !m.writes() {
+	if !s.acquire {
 		return &prepared{Plan: p}, nil
 	}
-	return r.apply(ctx, req, in, p, m)
+	return r.apply(ctx, req, in, p, s)
 }
 
-// gather reads what the plan needs from the host; when m writes, it also
+// gather reads what the plan needs from the host; when s acquire, it also
 // acquires it: the task's ids are allocated, HOME is opened (bootstrapped
 // once), a first turn records the worktree's agent config as trusted, and
 // the gateway gets a fresh placeholder.
-func (r *Runner) gather(ctx context.Context, req Request, in *checked, m mode) (*facts, error) {
-	ids, err := r.Store.TaskIDs(in.task, r.IDFiles, m.writes())
+func (r *Runner) gather(ctx context.Context, req Request, in *checked, s steps) (*facts, error) {
+	ids, err := r.Store.TaskIDs(in.task, r.IDFiles, s.acquire)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
@@ -154,10 +184,10 @@ func (r *Runner) gather(ctx context.Context, req Request, in *checked, m mode) (
 	if f.kept, err = home.KeptProfiles(r.Cfg, r.Store, in.task, in.agent.Home); err != nil {
 		return nil, err
 	}
-	if m.writes() {
+	if s.acquire {
 		f.root, _, err = r.bootstrap(ctx, in.task, ids, in.agent.Home)
 		if err == nil {
-			err = r.rememberProfiles(in.task, in.agent.Home, f.kept)
+			err = home.RememberProfiles(r.Store, in.task, in.agent.Home, f.kept)
 		}
 	} else {
 		f.root, err = r.host().HomeRoot(ctx, req.Task)
@@ -165,11 +195,11 @@ func (r *Runner) gather(ctx context.Context, req Request, in *checked, m mode) (
 	if err != nil {
 		return nil, err
 	}
-	if f.guard, err = r.guardWorktree(ctx, req.Task, in.worktree, m.writes()); err != nil {
+	if f.guard, err = r.guardWorktree(ctx, req.Task, in.worktree, s.acquire); err != nil {
 		return nil, err
 	}
 	if in.gateway != nil {
-		if f.placeholder, err = r.placeholder(req.Task, m); err != nil {
+		if f.placeholder, err = r.placeholder(req.Task, s.placeholder); err != nil {
 			return nil, err
 		}
 	}
@@ -245,6 +275,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 		DeadlineSeconds: uint(r.timeout(req).Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
 		Env:             env,
 		WorktreeGuard:   guardDigest,
+		GVisor:          gvisor(cfg.Cage.Runtime),
 	})
 	if err != nil {
 		return nil, err
@@ -375,15 +406,15 @@ func (r *Runner) planSeccomp(p *Plan) string {
 // apply does what the plan says, in the order a turn needs it: HOME, the
 // host files and mounts the cage sees, the worktree, the secrets, and last
 // the argv file (ahead) or the turn's count.
-func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, m mode) (*prepared, error) {
+func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, s steps) (*prepared, error) {
 	out := &prepared{Plan: p}
-	if err := r.applyHost(ctx, req, out, m); err != nil {
+	if err := r.applyHost(ctx, req, out, s); err != nil {
 		return nil, err
 	}
 	// A cage prepared ahead takes the worktree when its turn runs, so the
 	// owner keeps it between turns.
-	if in.worktree != "" && m == modeRun {
-		before, err := r.takeWorktree(ctx, req.Task, in.worktree, p.ids)
+	if in.worktree != "" && s.takeWorktree {
+		before, err := r.claims().Take(ctx, req.Task, in.worktree, p.ids)
 		if err != nil {
 			return nil, err
 		}
@@ -396,7 +427,7 @@ func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, m
 		}
 		out.secrets = append(out.secrets, name)
 	}
-	if m == modeAhead {
+	if s.record {
 		if err := writeArgvFile(filepath.Join(r.taskDir(req.Task), "argv"), nil); err != nil {
 			r.removeSecrets(out.secrets)
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
@@ -411,7 +442,7 @@ func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, m
 }
 
 // applyHost resets HOME and lays out the host side of the cage's mounts.
-func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, m mode) error {
+func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, s steps) error {
 	p, cfg, host := out.Plan, r.Cfg, r.host()
 	var err error
 	if out.reset, err = host.Reset(ctx, home.ResetInput{Task: p.home}); err != nil {
@@ -424,7 +455,7 @@ func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, m mo
 	if err := p.policy.OwnRoot(int(p.ids.UID), int(p.ids.GID)); err != nil {
 		return fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
 	}
-	if err := r.prepareOutbox(ctx, req.Task, p, m); err != nil {
+	if err := r.prepareOutbox(ctx, req.Task, p, s.record); err != nil {
 		return err
 	}
 	if err := p.git.Write(); err != nil {
@@ -433,7 +464,7 @@ func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, m mo
 	if err := p.gitConfig.Write(); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if p.gateway != nil && m == modeAhead {
+	if p.gateway != nil && s.record {
 		if err := os.WriteFile(filepath.Join(r.taskDir(req.Task), placeholderFile), []byte(p.gateway.Placeholder), 0o600); err != nil {
 			return fmt.Errorf("%w: gateway placeholder: %w", ErrHostNotReady, err)
 		}

@@ -61,7 +61,7 @@ const (
 // No code of the cage runs before its Run: the HOME a prepared cage sees is
 // the one reset here, and Run verifies it is still exactly that.
 func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
-	in, err := r.check(ctx, req, modeAhead)
+	in, err := r.check(ctx, req, aheadSteps())
 	if err != nil {
 		return "", err
 	}
@@ -76,10 +76,10 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 // prepareNextLocked is PrepareNext with the task lock held; the cages in
 // keep (an exited one the caller removes itself) are left alone.
 func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked, keep ...string) (string, error) {
-	if _, err := r.RemoveLeftovers(ctx, req.Task, keep...); err != nil {
+	if _, err := r.cages().RemoveLeftovers(ctx, req.Task, keep...); err != nil {
 		return "", fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
-	p, err := r.prepare(ctx, req, in, modeAhead)
+	p, err := r.prepare(ctx, req, in, aheadSteps())
 	if err != nil {
 		return "", err
 	}
@@ -192,7 +192,7 @@ func loadResetReport(taskDir, cage string) *preparedReset {
 
 // takePrepared returns the id of a prepared cage that runs req exactly as a
 // fresh one would, with its argv handed over, or "" when there is none. A
-// prepared cage that does not match is left for RemoveLeftovers.
+// prepared cage that does not match is left for the leftover sweep.
 func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (string, *prepared, error) {
 	if r.Binary == "" {
 		return "", nil, nil
@@ -235,7 +235,7 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 // matchPrepared returns the turn's plan when the prepared cage c runs req
 // exactly as a fresh one would, and nil when it does not.
 func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c podman.Cage) (*prepared, error) {
-	p, err := r.prepare(ctx, req, in, modeMatch)
+	p, err := r.prepare(ctx, req, in, matchSteps())
 	if err != nil {
 		return nil, err
 	}

@@ -3,15 +3,23 @@
 package turn
 
 import (
+	"context"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/containers/podman/v5/pkg/specgen"
 	"gotest.tools/v3/assert"
 
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
@@ -64,8 +72,12 @@ func TestRuntimeRunscTurn(t *testing.T) {
 }
 
 // --oci-seccomp is what makes gVisor enforce shrooms' seccomp profile: with
-// it a new user namespace (denied by the profile) is refused in the cage;
-// without it (the positive control) the same call succeeds in the Sentry.
+// it a new user namespace (denied by the profile) is refused in the cage.
+// Without it the turn refuses the cage before anything of the agent runs
+// (exit 122, one line): the sandbox's own command line lacks the flag. The
+// positive control, that the refusal matters: the same service runs the
+// same profile through podman itself, and there the call succeeds in the
+// Sentry (runsc ignored the profile).
 func TestRuntimeRunscEnforcesSeccompOnlyWithOCISeccomp(t *testing.T) {
 	runsc := runscPath(t)
 	probe := "unshare -U true && echo unshare-ok || echo unshare-denied"
@@ -74,10 +86,27 @@ func TestRuntimeRunscEnforcesSeccompOnlyWithOCISeccomp(t *testing.T) {
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, out, "unshare-denied\n", errOut)
 
-	without := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap")
-	_, out, errOut, err = without.sh(without.Task("sc"), "", probe)
-	assert.NilError(t, err, errOut)
-	assert.Equal(t, out, "unshare-ok\n", errOut)
+	svc := itest.StartServiceWith(t, "--runtime", runsc, "--runtime-flag", "platform=systrap")
+	without := runtimeHarness(t, runsc)
+	without.cfg.Podman.Socket = svc.URI
+	client, err := podman.Connect(context.Background(), svc.URI)
+	assert.NilError(t, err)
+	without.client, without.runner = client, NewRunner(without.cfg, client, nil)
+	res, out, errOut, err := without.sh(without.Task("sc"), "", probe)
+	assert.Assert(t, errors.Is(err, ErrHostNotReady), "%v", err)
+	assert.ErrorContains(t, err, "runsc runs without --oci-seccomp")
+	assert.Assert(t, !strings.Contains(err.Error(), "\n"), "one line: %q", err)
+	assert.Equal(t, out+errOut, "", "the agent never ran")
+	assert.Assert(t, res.Removed, "cage left: %s", res.Error)
+
+	prof := filepath.Join(t.TempDir(), "gvisor.json")
+	assert.NilError(t, os.WriteFile(prof, seccomp.ProfileFor(true), 0o600))
+	name := itest.UniqueName("sc-ctl")
+	b, err := exec.Command("podman", "--remote", "--url", svc.URI, "run", "--rm", "--name", name, "--network", "none",
+		"--user", "1000:1000", "--cap-drop", "ALL", "--security-opt", "seccomp="+prof,
+		itest.TestImage, "sh", "-c", probe).CombinedOutput()
+	assert.NilError(t, err, string(b))
+	assert.Equal(t, string(b), "unshare-ok\n", "without --oci-seccomp runsc ignores the profile")
 }
 
 // Under gVisor the cage reads the Sentry's own id maps; the task's user
@@ -91,12 +120,19 @@ func TestRuntimeRunscSandboxRunsAsTheTaskRange(t *testing.T) {
 	}
 	ids, err := h.runner.Store.TaskIDs(taskid.Must(task), h.runner.IDFiles, false)
 	assert.NilError(t, err)
-	type hostProc struct{ uid, gid string }
+	// Every runsc process of the host is recorded (other cages' too: other
+	// suites run runsc cages, some as root); the cage's are picked by its
+	// id in their command line once the turn has named it.
+	type hostProc struct{ name, cmd, uid, gid string }
 	seen := map[string]hostProc{}
-	done := make(chan error, 1)
-	go func() { _, _, _, err := h.sh(task, "", "sleep 4"); done <- err }()
-	deadline := time.Now().Add(30 * time.Second)
-	for len(seen) < 2 && time.Now().Before(deadline) {
+	done := make(chan *Result, 1)
+	go func() {
+		res, _, errOut, err := h.sh(task, "", "sleep 4")
+		assert.Check(t, err, errOut)
+		done <- res
+	}()
+	var res *Result
+	for res == nil {
 		procs, _ := filepath.Glob("/proc/[0-9]*/status")
 		for _, p := range procs {
 			b, err := os.ReadFile(p)
@@ -114,17 +150,55 @@ func TestRuntimeRunscSandboxRunsAsTheTaskRange(t *testing.T) {
 				continue
 			}
 			uid, gid := strings.Fields(field(t, st, "Uid")), strings.Fields(field(t, st, "Gid"))
-			if uid[0] == strconv.Itoa(int(ids.UID)) || uid[0] == "0" {
-				seen[name] = hostProc{uid[0], gid[0]}
-			}
+			seen[p] = hostProc{name, string(cmd), uid[0], gid[0]}
 		}
-		time.Sleep(100 * time.Millisecond)
+		select {
+		case res = <-done:
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	assert.NilError(t, <-done)
+	assert.Assert(t, res != nil && res.Cage != "")
+	ours := map[string]hostProc{}
+	for _, p := range seen {
+		if strings.Contains(p.cmd, res.Cage) {
+			ours[p.name] = p
+		}
+	}
 	for _, name := range []string{"runsc-sandbox", "runsc-gofer"} {
-		got, ok := seen[name]
-		assert.Assert(t, ok, "no %s seen on the host: %v", name, seen)
+		got, ok := ours[name]
+		assert.Assert(t, ok, "no %s of cage %.12s seen on the host (%d runsc processes seen)", name, res.Cage, len(seen))
 		assert.Equal(t, got.uid, strconv.Itoa(int(ids.UID)), "%s runs as host uid %s", name, got.uid)
 		assert.Equal(t, got.gid, strconv.Itoa(int(ids.GID)), "%s runs as host gid %s", name, got.gid)
 	}
+}
+
+// A process flood under gVisor: the Sentry needs about two host tasks a
+// process, and a fork that meets the cage's host pids limit panics it (the
+// whole cage dies: exit 2, no output). With shrooms' RLIMIT_NPROC for
+// gVisor cages (sealed.GVisorNproc) the flood's fork fails with EAGAIN
+// inside and the turn goes on. The positive control: the same turn with
+// the configured nproc (256, over what pids 128 carries) loses the cage.
+func TestRuntimeRunscProcessFloodFailsInside(t *testing.T) {
+	flood := `(for i in $(seq 300); do sleep 30 & done); echo "the cage survived"`
+	h := runscHarness(t)
+	res, out, errOut, err := h.sh(h.Task("flood"), "", flood)
+	assert.NilError(t, err, errOut)
+	t.Logf("with nproc %d: exit %d, %q %q", sealed.GVisorNproc(128, 256), res.ExitCode, out, errOut)
+	assert.Equal(t, res.ExitCode, 0, errOut)
+	assert.Equal(t, out, "the cage survived\n")
+	assert.Assert(t, strings.Contains(errOut, "can't fork: Resource temporarily unavailable"), errOut)
+
+	weak := runscHarness(t)
+	weak.runner.OnSpec = func(s *specgen.SpecGenerator) {
+		for i := range s.Rlimits {
+			if s.Rlimits[i].Type == "nproc" {
+				s.Rlimits[i].Soft, s.Rlimits[i].Hard = 256, 256
+			}
+		}
+	}
+	res, out, errOut, err = weak.sh(weak.Task("flood"), "", flood)
+	assert.NilError(t, err, errOut)
+	t.Logf("with nproc 256: exit %d, %q %q", res.ExitCode, out, errOut)
+	assert.Assert(t, res.ExitCode != 0, "the Sentry died: %q", out)
+	assert.Equal(t, out, "", "nothing after the flood ran")
 }

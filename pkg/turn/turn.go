@@ -33,12 +33,12 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
-	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
-	"github.com/shrooms-cage/shrooms/pkg/wtdiff"
+	"github.com/shrooms-cage/shrooms/pkg/worktree"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // Kinds of failure, so the CLI can map them to distinct exit codes (the
@@ -179,7 +179,7 @@ type Result struct {
 	Reset *home.Report `json:"reset,omitempty"`
 	// WorktreeGuard says which agent config in the worktree differed from
 	// the owner's trusted version and was masked in the cage.
-	WorktreeGuard *worktreeguard.Check `json:"worktreeGuard,omitempty"`
+	WorktreeGuard *guard.Check `json:"worktreeGuard,omitempty"`
 	// Usage is what the agent asked of its model through the gateway.
 	Usage *gateway.Usage `json:"usage,omitempty"`
 	// DNS is what the cage's resolver did (networked turns).
@@ -187,7 +187,7 @@ type Result struct {
 	// History is each provider session's conversation pin in this turn.
 	History []history.SessionReport `json:"history,omitempty"`
 	// Worktree says who the worktree was given back to after the turn.
-	Worktree *WorktreeReport `json:"worktree,omitempty"`
+	Worktree *worktree.Report `json:"worktree,omitempty"`
 	// HomeBytes is the disk space the task HOME takes on the host after the
 	// turn (its filesystem image's allocated blocks).
 	HomeBytes int64 `json:"homeBytes"`
@@ -247,7 +247,8 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	defer func() { res.TotalMs, res.EndedAt = ms(time.Since(c.start)), taskstate.Now() }()
 	defer c.started()
 
-	in, err := r.check(ctx, req, modeRun)
+	steps := runSteps() // a prepared cage it takes is matched in matchSteps
+	in, err := r.check(ctx, req, steps)
 	if err != nil {
 		return res, err
 	}
@@ -272,7 +273,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// A detached teardown (its own lock, its own release) owns HOME then.
 	defer func() {
 		if res.Teardown != "detached" {
-			_ = r.ReleaseHome(context.WithoutCancel(ctx), req.Task)
+			_ = r.releaseHome(context.WithoutCancel(ctx), req.Task)
 		}
 	}()
 	var handoff *prepared // a turn whose teardown goes to a detached child
@@ -283,12 +284,12 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}()
 	// The turn's record, after the worktree is given back, before the lock goes.
 	defer func() {
-		res.HomeBytes = r.Home().Bytes(req.Task)
+		res.HomeBytes = r.homes().Bytes(req.Task)
 		if rerr := r.recordTurn(req.Task, res, err, c.start); rerr != nil && err == nil {
 			err = fmt.Errorf("%w: %w", ErrHostNotReady, rerr)
 		}
 	}()
-	var given *WorktreeReport // the give-back, when the change scan's walk did it
+	var given *worktree.Report // the give-back, when the change scan's walk did it
 	if in.worktree != "" {
 		// Last before the lock goes: the cage is gone, no turn can start.
 		defer func() { err = r.finishWorktree(in.task, in.worktree, given, res, err) }()
@@ -298,7 +299,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	defer r.settleOutbox(context.WithoutCancel(ctx), req.Task, res)
 	c.lap("lock")
 
-	preparedID, prep, err := r.turnCage(ctx, req, in)
+	preparedID, prep, err := r.turnCage(ctx, req, in, steps)
 	if err != nil {
 		return res, err
 	}
@@ -326,9 +327,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if before != nil {
 		// After a turn that ended cleanly the scan also gives the worktree
 		// back; on any other path the give-back stays the last step.
-		var after *wtdiff.Snapshot
+		var after *diff.Snapshot
 		if err == nil {
-			after, given = r.giveBackScanning(context.WithoutCancel(ctx), in.task, in.worktree)
+			after, given = r.claims().GiveBackScanning(context.WithoutCancel(ctx), in.task, in.worktree)
 		}
 		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, after, in.worktree, prep.guard)
 	}
@@ -337,8 +338,8 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 
 // turnCage returns the turn's cage plan: a cage prepared ahead for exactly
 // this turn (its id; it only needs its argv and the worktree), or a fresh
-// preparation after removing any leftover cage of the task.
-func (r *Runner) turnCage(ctx context.Context, req Request, in *checked) (preparedID string, prep *prepared, err error) {
+// preparation in steps after removing any leftover cage of the task.
+func (r *Runner) turnCage(ctx context.Context, req Request, in *checked, s steps) (preparedID string, prep *prepared, err error) {
 	if preparedID, prep, err = r.takePrepared(ctx, req, in); err != nil {
 		return "", nil, err
 	}
@@ -348,14 +349,14 @@ func (r *Runner) turnCage(ctx context.Context, req Request, in *checked) (prepar
 		// leftover. A waiting prepared cage was created right after such a
 		// sweep under the same lock, and every turn since would have taken
 		// or discarded it: when one is taken there is nothing to sweep.
-		if _, err := r.RemoveLeftovers(ctx, req.Task); err != nil {
+		if _, err := r.cages().RemoveLeftovers(ctx, req.Task); err != nil {
 			return "", nil, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 		}
-		prep, err = r.prepare(ctx, req, in, modeRun)
+		prep, err = r.prepare(ctx, req, in, s)
 		return "", prep, err
 	}
 	if in.worktree != "" {
-		if prep.before, err = r.takeWorktree(ctx, req.Task, in.worktree, prep.ids); err != nil {
+		if prep.before, err = r.claims().Take(ctx, req.Task, in.worktree, prep.ids); err != nil {
 			return "", nil, err
 		}
 	}
@@ -364,46 +365,47 @@ func (r *Runner) turnCage(ctx context.Context, req Request, in *checked) (prepar
 
 // scanWorktree is the worktree's state before the turn (nil without a
 // worktree, or when it cannot be read: res then says why).
-func scanWorktree(ctx context.Context, worktree string, res *Result) *wtdiff.Snapshot {
+func scanWorktree(ctx context.Context, worktree string, res *Result) *diff.Snapshot {
 	if worktree == "" {
 		return nil
 	}
-	before, err := wtdiff.Scan(ctx, worktree)
+	before, err := diff.Scan(ctx, worktree)
 	if err != nil {
 		res.WorktreeChanges = &WorktreeChanges{Error: err.Error()}
 	}
 	return before
 }
 
-// WorktreeChanges is what a turn changed in its worktree (wtdiff.Summary),
+// WorktreeChanges is what a turn changed in its worktree (diff.Summary),
 // or the error that kept it from being known.
 type WorktreeChanges struct {
-	*wtdiff.Summary
+	*diff.Summary
 	Error string `json:"error,omitempty"`
 }
 
 // worktreeChanges lists what the turn changed (after: the scan after it,
-// nil to take one now); guard (the turn's check) adds the files trusted
+// nil to take one now); check (the turn's guard) adds the files trusted
 // config loads or runs to its agent config.
-func worktreeChanges(ctx context.Context, before, after *wtdiff.Snapshot, worktree string, guard *worktreeguard.Check) *WorktreeChanges {
+func worktreeChanges(ctx context.Context, before, after *diff.Snapshot, worktree string, check *guard.Check) *WorktreeChanges {
 	if after == nil {
 		var err error
-		if after, err = wtdiff.Scan(ctx, worktree); err != nil {
+		if after, err = diff.Scan(ctx, worktree); err != nil {
 			return &WorktreeChanges{Error: err.Error()}
 		}
 	}
-	sum := wtdiff.DiffRefs(before, after, guard.Referenced)
+	sum := diff.DiffRefs(before, after, check.Referenced)
 	return &WorktreeChanges{Summary: &sum}
 }
 
 // Spec returns the spec the next turn of req would run, with no side effects:
 // nothing is locked, allocated, created or written.
 func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator, error) {
-	in, err := r.check(ctx, req, modeSpec)
+	steps := specSteps()
+	in, err := r.check(ctx, req, steps)
 	if err != nil {
 		return nil, err
 	}
-	prep, err := r.prepare(ctx, req, in, modeSpec)
+	prep, err := r.prepare(ctx, req, in, steps)
 	if err != nil {
 		return nil, err
 	}
@@ -440,7 +442,7 @@ type gatewayPlan struct {
 // tokens), the network seal and the image. Bad input is refused before any
 // lock, state or volume exists. For `spec` nothing changes; for a turn that
 // runs, the seal check may refresh the seal and create the cage network.
-func (r *Runner) check(ctx context.Context, req Request, m mode) (*checked, error) {
+func (r *Runner) check(ctx context.Context, req Request, s steps) (*checked, error) {
 	cfg := r.Cfg
 	in, err := checkInput(cfg, req)
 	if err != nil {
@@ -451,7 +453,7 @@ func (r *Runner) check(ctx context.Context, req Request, m mode) (*checked, erro
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}
-	if in.gateway, err = r.checkGateway(ctx, in.agent, m); err != nil {
+	if in.gateway, err = r.checkGateway(ctx, in.agent, s.acquire); err != nil {
 		return nil, err
 	}
 	if cfg.Network.Networked() {
@@ -461,7 +463,7 @@ func (r *Runner) check(ctx context.Context, req Request, m mode) (*checked, erro
 		if r.Resolver == nil {
 			return nil, fmt.Errorf("%w: network policy %q needs the cage's resolver and this runner has none; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
 		}
-		st, err := r.Seal(ctx, cfg, !m.writes())
+		st, err := r.Seal(ctx, cfg, !s.acquire)
 		if err != nil {
 			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %w", ErrHostNotReady, err)
 		}
@@ -481,7 +483,7 @@ func (r *Runner) check(ctx context.Context, req Request, m mode) (*checked, erro
 // checkGateway reads the real key of the agent's gateway (it stays in this
 // process) and, for a turn that runs, checks that its upstream accepts
 // connections.
-func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (*gatewayPlan, error) {
+func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, preflight bool) (*gatewayPlan, error) {
 	if agent.Gateway == "" {
 		return nil, nil
 	}
@@ -524,7 +526,7 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (
 	} else if plan.key, err = readToken(r.Cfg, g.Token); err != nil {
 		return nil, fmt.Errorf("%w: gateway %s: %w", ErrInput, agent.Gateway, err)
 	}
-	if m.writes() {
+	if preflight {
 		if err := gateway.Preflight(ctx, u); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
@@ -532,19 +534,16 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, m mode) (
 	return plan, nil
 }
 
-// CheckWorktree validates a worktree path and returns it cleaned.
-func (r *Runner) CheckWorktree(path string) (string, error) { return worktreePath(r.Cfg, path) }
-
 // trustStore is the task's store of trusted worktree config.
-func (r *Runner) trustStore(task taskid.ID) worktreeguard.Store {
-	return worktreeguard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
+func (r *Runner) trustStore(task taskid.ID) guard.Store {
+	return guard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
 }
 
 // guardWorktree compares the worktree's agent config with what the owner
 // trusted and plans the masks (nil without a worktree). With commit, a task
 // that has no trusted record yet records the worktree as it is now: the
 // first turn sees the owner's worktree before any cage wrote to it.
-func (r *Runner) guardWorktree(ctx context.Context, task taskid.ID, worktree string, commit bool) (*worktreeguard.Check, error) {
+func (r *Runner) guardWorktree(ctx context.Context, task taskid.ID, worktree string, commit bool) (*guard.Check, error) {
 	if worktree == "" {
 		return nil, nil
 	}
@@ -611,15 +610,15 @@ const placeholderFile = "gateway-placeholder"
 // matching a prepared cage, a fresh one for a turn that starts now or a
 // cage prepared ahead (apply stores it), a marker for `spec` (which changes
 // nothing).
-func (r *Runner) placeholder(task taskid.ID, m mode) (string, error) {
-	switch m {
-	case modeMatch:
+func (r *Runner) placeholder(task taskid.ID, from placeholderFrom) (string, error) {
+	switch from {
+	case placeholderStored:
 		b, err := os.ReadFile(filepath.Join(r.taskDir(task), placeholderFile))
 		if err != nil {
 			return "", nil // no prepared placeholder: the prepared cage will not match
 		}
 		return string(b), nil
-	case modeRun, modeAhead:
+	case placeholderFresh:
 		ph, err := gateway.NewPlaceholder()
 		if err != nil {
 			return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
@@ -688,26 +687,4 @@ func SpecJSON(s *specgen.SpecGenerator) ([]byte, error) {
 		return nil, fmt.Errorf("render spec: %w", err)
 	}
 	return append(b, '\n'), nil
-}
-
-// Bootstrap creates the task HOME once, under the task lock, seeding the
-// credentials of the given HOME profiles (all profiles when none are given).
-func (r *Runner) Bootstrap(ctx context.Context, task taskid.ID, profiles []string) (*home.BootstrapResult, error) {
-	if len(profiles) == 0 {
-		profiles = profile.Names()
-	}
-	lock, err := r.Store.LockTask(task)
-	if err != nil {
-		return nil, Classify(err)
-	}
-	defer lock.Release()
-	ids, err := r.Store.TaskIDs(task, r.IDFiles, true)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-	}
-	_, res, err := r.bootstrap(ctx, task, ids, profiles)
-	if err == nil {
-		err = r.ReleaseHome(ctx, task)
-	}
-	return res, err
 }

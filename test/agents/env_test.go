@@ -27,10 +27,10 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
-	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // agentImage is what scripts/build-agent-image.sh (make setup) imports.
@@ -351,7 +351,7 @@ func (e *env) home(agent string) string {
 	assert.NilError(e.T, err)
 	client, err := podman.Connect(context.Background(), e.tb.PodmanURL)
 	assert.NilError(e.T, err)
-	root, err := turn.NewRunner(cfg, client, nil).Home().Mounted(context.Background(), taskid.Must(e.Task(agent)))
+	root, err := home.NewStore(client, cfg).Mounted(context.Background(), taskid.Must(e.Task(agent)))
 	assert.NilError(e.T, err)
 	return homereset.HomeDir(root)
 }

@@ -16,7 +16,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
-	"github.com/shrooms-cage/shrooms/pkg/worktreeguard"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // importsResult is the part of `run --json`'s result the imports tests read.
@@ -262,7 +262,7 @@ func TestImportRulesMatchTheAgents(t *testing.T) {
 	}
 
 	// What the guard trusts by digest.
-	store := worktreeguard.Store{Dir: filepath.Join(e.Dir, "rules-trust")}
+	store := guard.Store{Dir: filepath.Join(e.Dir, "rules-trust")}
 	res, err := store.Trust(context.Background(), e.worktree, nil)
 	assert.NilError(t, err)
 	guarded := map[string]bool{"AGENTS.md": true, "CLAUDE.md": true, "opencode.json": true}

@@ -1,0 +1,129 @@
+package worktree
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+)
+
+// TestNestedReposStayTheCages: the give-back leaves every git directory
+// below the worktree root with the task's uid and without access for
+// others — a .git directory, a gitdir pointer file, a .git link, a bare
+// repository layout and a commondir layout — and descends into none of
+// them; the directories holding them, the root's own .git and ordinary
+// files go back to the owner. handOver never hands the owner's own
+// nested repository to the task.
+func TestNestedReposStayTheCages(t *testing.T) {
+	itest.Require(t, itest.Root)
+	const lo, hi, task = 200000, 265536, 201000
+	wt := filepath.Join(t.TempDir(), "wt")
+	mk := func(rel string) string {
+		p := filepath.Join(wt, rel)
+		assert.NilError(t, os.MkdirAll(p, 0o755))
+		return p
+	}
+	write := func(rel, body string) {
+		mk(filepath.Dir(rel))
+		assert.NilError(t, os.WriteFile(filepath.Join(wt, rel), []byte(body), 0o644))
+	}
+	write(".git/config", "[core]\n") // the root's own
+	write("own/.git/config", "[core]\n")
+	write("own/.git/HEAD", "ref: refs/heads/main\n")
+	assert.NilError(t, chownTree(wt, 4242, 4242))
+	changed, err := handOver(wt, task, task)
+	assert.NilError(t, err)
+	assert.Assert(t, changed)
+	u, _ := owner(t, filepath.Join(wt, "own", ".git", "config"))
+	assert.Equal(t, u, uint32(4242), "the owner's nested repository is not handed to the task")
+	u, _ = owner(t, filepath.Join(wt, "own"))
+	assert.Equal(t, u, uint32(task), "positive control: the directory holding it is")
+
+	// What a turn leaves (all of it the task's, as the cage writes it).
+	write("sub/.git/config", "[core]\n\tfsmonitor = touch /tmp/x\n")
+	write("sub/.git/hooks/pre-commit", "#!/bin/sh\n")
+	write("sub/file.txt", "work\n")
+	write("ptr/.git", "gitdir: ../payload\n")
+	write("payload/HEAD", "ref: refs/heads/main\n")
+	mk("payload/objects")
+	mk("payload/refs")
+	write("wt2/HEAD", "ref: refs/heads/x\n")
+	write("wt2/commondir", "../.git\n")
+	mk("lnk")
+	assert.NilError(t, os.Symlink("../payload", filepath.Join(wt, "lnk", ".git")))
+	write("deep/a/b/.git/config", "[alias]\n")
+	write(".git/new", "") // the root's own .git: today's treatment
+	assert.NilError(t, chownTreeExcept(wt, task, task, filepath.Join(wt, "own", ".git")))
+
+	rep, err := giveBack(wt, 4242, 4242, lo, hi)
+	assert.NilError(t, err)
+	assert.Equal(t, rep.Kept, 6, "%+v", rep)
+	assert.DeepEqual(t, slices.Sorted(slices.Values(rep.KeptPaths)), []string{"deep/a/b/.git", "lnk/.git", "payload", "ptr/.git", "sub/.git", "wt2"})
+	for _, rel := range []string{"sub/.git", "ptr/.git", "payload", "wt2", "deep/a/b/.git"} {
+		fi, err := os.Lstat(filepath.Join(wt, rel))
+		assert.NilError(t, err)
+		u, _ := owner(t, filepath.Join(wt, rel))
+		assert.Equal(t, u, uint32(task), rel)
+		assert.Equal(t, fi.Mode().Perm()&0o007, os.FileMode(0), "%s: no access for others", rel)
+	}
+	for _, rel := range []string{"sub/.git/config", "sub/.git/hooks/pre-commit", "payload/HEAD", "lnk/.git"} {
+		u, _ := owner(t, filepath.Join(wt, rel))
+		assert.Equal(t, u, uint32(task), "%s: not descended into", rel)
+	}
+	for _, rel := range []string{".", "sub", "sub/file.txt", "ptr", "lnk", "deep/a/b", ".git/new"} {
+		u, _ := owner(t, filepath.Join(wt, rel))
+		assert.Equal(t, u, uint32(4242), "%s: given back", rel)
+	}
+	u, _ = owner(t, filepath.Join(wt, "own", ".git", "config"))
+	assert.Equal(t, u, uint32(4242), "the owner's own nested repository is still the owner's")
+
+	// Every later give-back (gc, the next turn's end) leaves them so too.
+	rep, err = giveBack(wt, 4242, 4242, lo, hi)
+	assert.NilError(t, err)
+	assert.Equal(t, rep.Changed, 0)
+	assert.Equal(t, rep.Kept, 6)
+}
+
+func chownTree(root string, uid, gid int) error { return chownTreeExcept(root, uid, gid, "") }
+
+func chownTreeExcept(root string, uid, gid int, except string) error {
+	return filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p == except {
+			return filepath.SkipDir
+		}
+		return os.Lchown(p, uid, gid)
+	})
+}
+
+// BenchmarkGiveBack: the give-back of a tree of 2,000 directories and
+// 20,000 files in the task's range (each directory is also looked at for a
+// git directory layout: one fstatat of HEAD).
+func BenchmarkGiveBack(b *testing.B) {
+	itest.Require(b, itest.Root)
+	const lo, hi = 200000, 265536
+	wt := b.TempDir()
+	for d := 0; d < 2000; d++ {
+		dir := filepath.Join(wt, "d"+strconv.Itoa(d/100), "e"+strconv.Itoa(d))
+		assert.NilError(b, os.MkdirAll(dir, 0o755))
+		for f := 0; f < 10; f++ {
+			assert.NilError(b, os.WriteFile(filepath.Join(dir, "f"+strconv.Itoa(f)), nil, 0o644))
+		}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		assert.NilError(b, chownTree(wt, lo+1000, lo+1000))
+		b.StartTimer()
+		rep, err := giveBack(wt, 4242, 4242, lo, hi)
+		assert.NilError(b, err)
+		assert.Assert(b, rep.Changed > 22000)
+	}
+}
