@@ -193,23 +193,43 @@ func checkLSM(_ context.Context, _ Params, c *Check) {
 }
 
 func checkUserNS(_ context.Context, p Params, c *Check) {
-	var obs []string
-	gv := sentry(p)
-	sentryMaps := 0
-	for _, f := range []string{"uid_map", "gid_map"} {
+	var maps [2]string
+	for i, f := range []string{"uid_map", "gid_map"} {
 		b, err := os.ReadFile("/proc/self/" + f)
 		if err != nil {
 			c.Verdict, c.Reason = Error, err.Error()
 			return
 		}
-		m := strings.Join(strings.Fields(string(b)), " ")
+		maps[i] = string(b)
+	}
+	judgeIDMaps(c, sentry(p), maps)
+	c.ev("euid %d", unix.Geteuid())
+}
+
+// judgeIDMaps judges the uid_map and gid_map the cage reads. Under gVisor
+// (gv) both are the Sentry's own identity map, and the row is left to the
+// host side (JudgeSandbox); only both together say so: one identity map
+// beside another is judged as it reads (the identity maps host root).
+func judgeIDMaps(c *Check, gv bool, maps [2]string) {
+	var obs []string
+	sentryMaps := 0
+	for i, f := range []string{"uid_map", "gid_map"} {
+		m := strings.Join(strings.Fields(maps[i]), " ")
 		obs = append(obs, f+": "+m)
 		if gv && m == sentryIDMap {
 			sentryMaps++
-			continue
 		}
-		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-		for _, l := range lines {
+	}
+	c.Observed = strings.Join(obs, "; ")
+	if sentryMaps == 2 {
+		// The Sentry's own maps: the task's user namespace, if any, is the
+		// sandbox's on the host, which only the host side sees (JudgeSandbox).
+		c.ev("gVisor: uid_map and gid_map are the Sentry's own (%s); the host side judges the sandbox's host ids", sentryIDMap)
+		c.settle(Error, sentryIDReason)
+		return
+	}
+	for i, f := range []string{"uid_map", "gid_map"} {
+		for _, l := range strings.Split(strings.TrimSpace(maps[i]), "\n") {
 			fl := strings.Fields(l)
 			if len(fl) != 3 {
 				continue
@@ -220,15 +240,6 @@ func checkUserNS(_ context.Context, p Params, c *Check) {
 				c.escape("%s maps container id %s to host root", f, fl[0])
 			}
 		}
-	}
-	c.Observed = strings.Join(obs, "; ")
-	c.ev("euid %d", unix.Geteuid())
-	if sentryMaps == 2 {
-		// The Sentry's own maps: the task's user namespace, if any, is the
-		// sandbox's on the host, which only the host side sees (JudgeSandbox).
-		c.ev("gVisor: uid_map and gid_map are the Sentry's own (%s); the host side judges the sandbox's host ids", sentryIDMap)
-		c.settle(Error, sentryIDReason)
-		return
 	}
 	c.settle(Sealed, "")
 }

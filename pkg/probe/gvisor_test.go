@@ -66,3 +66,33 @@ func TestSentryNeedsTheHostKernel(t *testing.T) {
 	assert.Check(t, !sentry(Params{}))
 	assert.Check(t, !sentry(Params{HostKernel: kernelRelease()}))
 }
+
+// TestJudgeIDMaps: A5 is left to the host only when both maps are the
+// Sentry's identity; an identity map beside another one is host root, an
+// escape, under gVisor as under runc. The positive control: the task's
+// range maps, sealed.
+func TestJudgeIDMaps(t *testing.T) {
+	const ident = "         0          0 4294967295\n"
+	const task = "         0 1879048192      65536\n"
+	for _, tc := range []struct {
+		name     string
+		gv       bool
+		uid, gid string
+		want     Verdict
+		reason   string
+	}{
+		{"the Sentry's maps", true, ident, ident, Error, sentryIDReason},
+		{"identity uid map beside another gid map", true, ident, task, Escaped, ""},
+		{"identity gid map beside another uid map", true, task, ident, Escaped, ""},
+		{"identity maps without gVisor", false, ident, ident, Escaped, ""},
+		{"the task's range", false, task, task, Sealed, ""},
+		{"the task's range under gVisor", true, task, task, Sealed, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &Check{ID: SandboxRow}
+			judgeIDMaps(c, tc.gv, [2]string{tc.uid, tc.gid})
+			assert.Equal(t, c.Verdict, tc.want, "%v", c.Evidence)
+			assert.Equal(t, c.Reason, tc.reason)
+		})
+	}
+}

@@ -22,11 +22,13 @@ type Flags map[string]string
 
 // ParseArgs reads runsc's global flags from argv, each `--name[=value]` or
 // `-name[=value]`, up to the first argument that is not a flag (its
-// subcommand). runsc writes its own children's flags as --name=value.
+// subcommand), as Go's flag package does: "--" ends the flags and "-" is
+// no flag, so nothing after either counts. runsc writes its own
+// children's flags as --name=value.
 func ParseArgs(args []string) Flags {
 	f := Flags{}
 	for _, a := range args {
-		if !strings.HasPrefix(a, "-") {
+		if !strings.HasPrefix(a, "-") || a == "-" || a == "--" {
 			break
 		}
 		f.add(a)

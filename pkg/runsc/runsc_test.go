@@ -24,4 +24,15 @@ func TestParseAndJudge(t *testing.T) {
 	assert.Equal(t, fail, "", "a bare bool flag is true")
 	fail, _ = Judge(ParseArgs([]string{"--platform=systrap", "boot", "--oci-seccomp=true"}))
 	assert.Assert(t, fail != "", "a flag after the subcommand is not runsc's global flag")
+
+	// Go's flag package (runsc's) stops at "--" and at "-": a flag after
+	// either is an argument, never runsc's setting.
+	fail, _ = Judge(ParseArgs([]string{"--platform=systrap", "--", "--oci-seccomp=true"}))
+	assert.Assert(t, fail != "", "a flag after -- is no flag")
+	fail, _ = Judge(ParseArgs([]string{"--platform=systrap", "-", "--oci-seccomp=true"}))
+	assert.Assert(t, fail != "", "a flag after - is no flag")
+	fail, _ = Judge(ParseArgs([]string{"--oci-seccomp=true", "--oci-seccomp=false"}))
+	assert.Assert(t, fail != "", "the last of a repeated flag counts")
+	fail, _ = Judge(ParseArgs([]string{"--oci-seccomp=false", "-oci-seccomp"}))
+	assert.Equal(t, fail, "", "the last of a repeated flag counts")
 }

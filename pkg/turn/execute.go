@@ -9,16 +9,16 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/dnsseal"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
-	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
 )
 
 // CleanupTimeout bounds the removal of a cage after the turn's context ended.
 const CleanupTimeout = 30 * time.Second
 
 // execute creates, starts, waits for and always removes the turn's cage.
-func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock, preparedID string) (*Result, error) {
+func (r *Runner) execute(ctx context.Context, p *prepared, streams podman.Streams, c *clock, preparedID string) (*Result, error) {
 	res := c.res
-	res.CageName = sealed.Name(req.Task, p.turn)
+	res.CageName = p.name
 	// Removal must outlive ctx: Ctrl-C and deadlines are exactly when it matters.
 	cleanupCtx := context.WithoutCancel(ctx)
 	// Deferred first, so it runs last: after the cage is removed.
@@ -57,9 +57,11 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		return res, err
 	}
 	initialised := preparedID != ""
-	if gvisor(r.Cfg.Cage.Runtime) {
+	if gvisor(r.Cfg.Cage.Runtime) || gvisor(p.runtime) {
 		// runsc boots the sandbox at init: its flags are checked before
-		// anything of the agent runs.
+		// anything of the agent runs. The runtime podman reports counts
+		// too: cage.runtime "default" on a service whose own runtime is
+		// runsc makes a gVisor cage all the same.
 		if !initialised {
 			if err := r.Podman.Init(ctx, id); err != nil {
 				res.Error = err.Error()
@@ -74,7 +76,7 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		}
 	}
 
-	deadline := r.timeout(req)
+	deadline := p.timeout
 	timeoutCtx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	// A gateway limit ends the turn like its deadline does, with its cause.
@@ -128,7 +130,7 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 		}()
 		c.lap("resolver")
 	}
-	attachEnded, err := r.Podman.Start(waitCtx, id, req.Streams)
+	attachEnded, err := r.Podman.Start(waitCtx, id, streams)
 	if err != nil {
 		return res, r.stopped(ctx, waitCtx, id, res, err, deadline)
 	}
@@ -143,7 +145,7 @@ func (r *Runner) execute(ctx context.Context, req Request, p *prepared, c *clock
 	defer r.cleanOldHome(cleanupCtx, p)()
 
 	// Follow rides through a restart of the podman service (pkg/podman).
-	code, err := r.Podman.Follow(waitCtx, id, req.Streams, attachEnded)
+	code, err := r.Podman.Follow(waitCtx, id, streams, attachEnded)
 	if err != nil {
 		if lost := sealLost(); lost != nil && ctx.Err() == nil {
 			err = r.stopped(ctx, waitCtx, id, res, lost, deadline)

@@ -17,7 +17,8 @@ func ValidateRequest(cfg *config.Config, req Request) error {
 	return err
 }
 
-// checkInput is the input half of check.
+// checkInput is the input half of check. It unpacks the request: what the
+// turn uses of it after check is in the checked it returns.
 func checkInput(cfg *config.Config, req Request) (*checked, error) {
 	task := req.Task
 	if task.IsZero() {
@@ -34,7 +35,15 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
-	in := &checked{task: task, agent: agent, tokens: tokens}
+	in := &checked{
+		task: task, dir: cfg.State.Dir + "/tasks/" + task.String(),
+		agentName: req.Agent, agent: agent, tokens: tokens,
+		command: req.Command, args: req.Args, extraMounts: req.ExtraMounts,
+		streams: req.Streams, terminal: req.Terminal, timeout: req.Timeout,
+	}
+	if in.timeout <= 0 {
+		in.timeout = cfg.Cage.Timeout.Std()
+	}
 	wt := req.Worktree
 	if wt == "" {
 		// The task's worktree is sticky: a turn without --worktree runs on

@@ -23,8 +23,9 @@ const outboxDevFile = "outbox-dev"
 
 // prepareOutbox moves what the task's last turn left in its outbox (a
 // killed turn's, say) to its pending delivery and mounts the turn's empty
-// outbox. A cage prepared ahead records which tmpfs it was given (record).
-func (r *Runner) prepareOutbox(ctx context.Context, task taskid.ID, p *Plan, record bool) error {
+// outbox. A cage prepared ahead records which tmpfs it was given (record,
+// in the task's directory, taskDir).
+func (r *Runner) prepareOutbox(ctx context.Context, task taskid.ID, taskDir string, p *Plan, record bool) error {
 	dev, err := r.host().PrepareOutbox(ctx, r.Cfg.Outbox.Root, task, p.turn-1, p.home.UID, p.home.GID, outbox.LimitsFrom(r.Cfg.Outbox))
 	if err != nil {
 		return fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
@@ -32,17 +33,18 @@ func (r *Runner) prepareOutbox(ctx context.Context, task taskid.ID, p *Plan, rec
 	if !record {
 		return nil
 	}
-	if err := os.WriteFile(filepath.Join(r.taskDir(task), outboxDevFile), []byte(strconv.FormatUint(dev, 10)), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(taskDir, outboxDevFile), []byte(strconv.FormatUint(dev, 10)), 0o600); err != nil {
 		return fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
 	}
 	return nil
 }
 
 // preparedOutboxReady reports whether the outbox a prepared cage of task
-// was given is still mounted, capped and empty: a cage whose outbox went
-// (a reboot, `outbox release`) would get the bare directory when started.
-func (r *Runner) preparedOutboxReady(task taskid.ID, p *Plan) bool {
-	b, err := os.ReadFile(filepath.Join(r.taskDir(task), outboxDevFile))
+// was given (its device recorded in the task's directory, taskDir) is still
+// mounted, capped and empty: a cage whose outbox went (a reboot, `outbox
+// release`) would get the bare directory when started.
+func (r *Runner) preparedOutboxReady(task taskid.ID, taskDir string, p *Plan) bool {
+	b, err := os.ReadFile(filepath.Join(taskDir, outboxDevFile))
 	if err != nil {
 		return false
 	}

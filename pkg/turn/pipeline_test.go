@@ -52,7 +52,7 @@ func TestRunToItsExitOnFakes(t *testing.T) {
 	last, err := r.Store.LastTurn(taskid.Must("t1"))
 	assert.NilError(t, err)
 	assert.Equal(t, last, 1, "the turn is counted")
-	_, err = os.Stat(filepath.Join(r.taskDir(taskid.Must("t1")), TurnsFile))
+	_, err = os.Stat(filepath.Join(taskstate.Layout{Dir: r.Cfg.State.Dir}.Task(taskid.Must("t1")), TurnsFile))
 	assert.NilError(t, err, "the turn is recorded")
 }
 
@@ -197,7 +197,7 @@ func TestPreparedCageMatchesItsPlan(t *testing.T) {
 	assert.Assert(t, res.Prepared)
 	assert.Equal(t, res.Cage, id)
 	assert.Equal(t, e.called("create"), 1, "the prepared cage ran, no other was created")
-	argv, err := os.ReadFile(filepath.Join(r.taskDir(taskid.Must("t1")), "argv"))
+	argv, err := os.ReadFile(filepath.Join(taskstate.Layout{Dir: r.Cfg.State.Dir}.Task(taskid.Must("t1")), "argv"))
 	assert.NilError(t, err)
 	assert.Equal(t, string(argv), `["claude","--dangerously-skip-permissions","-p","hi"]`)
 	assertNoSecrets(t, e, true)
@@ -269,11 +269,11 @@ func TestPlanIsAFunctionOfItsInput(t *testing.T) {
 	r, h := pipeRunner(t, newPipeEngine())
 	r.Binary = "/usr/bin/shrooms"
 	req := claudeReq()
-	in, err := checkInput(r.Cfg, req)
-	assert.NilError(t, err)
 	f := &facts{ids: taskstate.IDs{UID: 1879048192, GID: 1879048192}, turn: 4, root: h.root}
 	hash := func(req Request, f *facts) string {
-		p, err := r.plan(req, in, f, true)
+		in, err := checkInput(r.Cfg, req)
+		assert.NilError(t, err)
+		p, err := r.plan(in, f, true)
 		assert.NilError(t, err)
 		s, err := specHash(p.spec)
 		assert.NilError(t, err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/containers/podman/v5/pkg/specgen"
 
@@ -16,7 +17,6 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
@@ -95,8 +95,12 @@ type facts struct {
 
 // Plan is everything a turn will do, computed without side effects.
 type Plan struct {
-	task     taskid.ID
-	turn     int
+	// turn is the task's turn number; the task itself is the checked
+	// request's, which is where what needs it reads it.
+	turn int
+	// name is the cage's (sealed.Name), timeout the turn's.
+	name     string
+	timeout  time.Duration
 	ids      taskstate.IDs
 	worktree string // cleaned; "" for none
 	// root is the HOME volume's host directory; home is it for the reset.
@@ -147,31 +151,31 @@ type prepared struct {
 	detach bool
 }
 
-// prepare plans the turn of req in steps s and, when s acquire, applies it:
+// prepare plans the turn of in in steps s and, when s acquire, applies it:
 // allocates the task's ids, bootstraps HOME on a first turn, resets HOME to
 // the baseline and keep-list, writes the managed policy, mounts the outbox,
 // hands the worktree to the task's user, stores token secrets and counts
 // the turn.
-func (r *Runner) prepare(ctx context.Context, req Request, in *checked, s steps) (*prepared, error) {
-	f, err := r.gather(ctx, req, in, s)
+func (r *Runner) prepare(ctx context.Context, in *checked, s steps) (*prepared, error) {
+	f, err := r.gather(ctx, in, s)
 	if err != nil {
 		return nil, err
 	}
-	p, err := r.plan(req, in, f, s.ahead)
+	p, err := r.plan(in, f, s.ahead)
 	if err != nil {
 		return nil, err
 	}
 	if !s.acquire {
 		return &prepared{Plan: p}, nil
 	}
-	return r.apply(ctx, req, in, p, s)
+	return r.apply(ctx, in, p, s)
 }
 
 // gather reads what the plan needs from the host; when s acquire, it also
 // acquires it: the task's ids are allocated, HOME is opened (bootstrapped
 // once), a first turn records the worktree's agent config as trusted, and
 // the gateway gets a fresh placeholder.
-func (r *Runner) gather(ctx context.Context, req Request, in *checked, s steps) (*facts, error) {
+func (r *Runner) gather(ctx context.Context, in *checked, s steps) (*facts, error) {
 	ids, err := r.Store.TaskIDs(in.task, r.IDFiles, s.acquire)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
@@ -190,30 +194,31 @@ func (r *Runner) gather(ctx context.Context, req Request, in *checked, s steps) 
 			err = home.RememberProfiles(r.Store, in.task, in.agent.Home, f.kept)
 		}
 	} else {
-		f.root, err = r.host().HomeRoot(ctx, req.Task)
+		f.root, err = r.host().HomeRoot(ctx, in.task)
 	}
 	if err != nil {
 		return nil, err
 	}
-	if f.guard, err = r.guardWorktree(ctx, req.Task, in.worktree, s.acquire); err != nil {
+	if f.guard, err = guardWorktree(ctx, in.dir, in.worktree, s.acquire); err != nil {
 		return nil, err
 	}
 	if in.gateway != nil {
-		if f.placeholder, err = r.placeholder(req.Task, s.placeholder); err != nil {
+		if f.placeholder, err = placeholder(in.dir, s.placeholder); err != nil {
 			return nil, err
 		}
 	}
 	return f, nil
 }
 
-// plan computes the turn from the request, the checked input and the host
-// facts, changing nothing.
-func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, error) {
+// plan computes the turn from the checked request and the host facts,
+// changing nothing.
+func (r *Runner) plan(in *checked, f *facts, ahead bool) (*Plan, error) {
 	cfg := r.Cfg
 	p := &Plan{
-		task: in.task, turn: f.turn, ids: f.ids, worktree: in.worktree, root: f.root, guard: f.guard,
+		turn: f.turn, name: sealed.Name(in.task, f.turn), timeout: in.timeout,
+		ids: f.ids, worktree: in.worktree, root: f.root, guard: f.guard,
 		home:   r.homeTask(f.root, f.ids, in.agent.Home, f.kept),
-		outbox: filepath.Join(filepath.Clean(cfg.Outbox.Root), req.Task.String()),
+		outbox: filepath.Join(filepath.Clean(cfg.Outbox.Root), in.task.String()),
 		seal:   in.seal,
 	}
 	var pg home.PolicyGateway
@@ -228,7 +233,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 		}
 	}
 	var err error
-	if p.policy, err = home.PlanPolicy(filepath.Join(r.taskDir(req.Task), "policy"), cfg, in.agent.Home, pg); err != nil {
+	if p.policy, err = home.PlanPolicy(filepath.Join(in.dir, "policy"), cfg, in.agent.Home, pg); err != nil {
 		return nil, fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
 	}
 	if p.gitConfig, err = gitseal.PlanSystemConfig(cfg.State.Dir); err != nil {
@@ -239,12 +244,12 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 			return nil, fmt.Errorf("%w: git metadata: %w", ErrInput, err)
 		}
 	}
-	mp, err := r.planMounts(req, in, p)
+	mp, err := r.planMounts(in, p)
 	if err != nil {
 		return nil, err
 	}
 	env := r.planGateway(in, p, f.placeholder)
-	command, args, err := r.planCommand(req, in, p, mp, ahead)
+	command, args, err := r.planCommand(in, p, mp, ahead)
 	if err != nil {
 		return nil, err
 	}
@@ -252,7 +257,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 	secretEnv := map[string]string{}
 	p.secrets = map[string][]byte{}
 	for env, tok := range in.agent.TokenEnv {
-		name := SecretName(req.Task, tok)
+		name := SecretName(in.task, tok)
 		secretEnv[env] = name
 		p.secrets[name] = in.tokens[tok]
 	}
@@ -261,18 +266,18 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 		guardDigest = p.guard.Digest
 	}
 	p.spec, err = sealed.Spec(cfg, sealed.Turn{
-		Task:            req.Task,
+		Task:            in.task,
 		Number:          p.turn,
-		Agent:           req.Agent,
+		Agent:           in.agentName,
 		Command:         command,
 		Args:            args,
-		Stdin:           req.Streams.Stdin != nil,
-		Terminal:        req.Terminal,
+		Stdin:           in.streams.Stdin != nil,
+		Terminal:        in.terminal,
 		IDs:             sealed.IDRange{UID: p.ids.UID, GID: p.ids.GID, Size: taskstate.SlotSize},
 		Plan:            mp,
 		SecretEnv:       secretEnv,
 		SeccompPath:     seccompPath,
-		DeadlineSeconds: uint(r.timeout(req).Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
+		DeadlineSeconds: uint(p.timeout.Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
 		Env:             env,
 		WorktreeGuard:   guardDigest,
 		GVisor:          gvisor(cfg.Cage.Runtime),
@@ -286,7 +291,7 @@ func (r *Runner) plan(req Request, in *checked, f *facts, ahead bool) (*Plan, er
 // planMounts is the cage's mount plan: /work, HOME, the outbox and the
 // tmpfs mounts, then the managed policy, the git metadata, the worktree
 // guard's masks and the request's extra mounts.
-func (r *Runner) planMounts(req Request, in *checked, p *Plan) (*mounts.Plan, error) {
+func (r *Runner) planMounts(in *checked, p *Plan) (*mounts.Plan, error) {
 	cfg := r.Cfg
 	mp, err := mounts.Build(mounts.Input{
 		Task:      in.task,
@@ -308,7 +313,7 @@ func (r *Runner) planMounts(req Request, in *checked, p *Plan) (*mounts.Plan, er
 	if p.guard != nil {
 		mp.Mounts = append(mp.Mounts, p.guard.Mounts...)
 	}
-	mp.Mounts = append(mp.Mounts, req.ExtraMounts...)
+	mp.Mounts = append(mp.Mounts, in.extraMounts...)
 	return mp, nil
 }
 
@@ -368,21 +373,21 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 // planCommand returns the cage's command and arguments. A cage prepared
 // ahead runs shrooms' own binary, which reads the argv handed over at the
 // run from a mounted file.
-func (r *Runner) planCommand(req Request, in *checked, p *Plan, mp *mounts.Plan, ahead bool) ([]string, []string, error) {
+func (r *Runner) planCommand(in *checked, p *Plan, mp *mounts.Plan, ahead bool) ([]string, []string, error) {
 	if !ahead {
-		return req.Command, req.Args, nil
+		return in.command, in.args, nil
 	}
 	if r.Binary == "" {
 		return nil, nil, fmt.Errorf("%w: prepared cages need shrooms' own binary (Runner.Binary)", ErrHostNotReady)
 	}
 	mp.Mounts = append(mp.Mounts,
 		mounts.Mount{Kind: mounts.Bind, Source: r.Binary, Dest: CageBinary, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev"}},
-		mounts.Mount{Kind: mounts.Bind, Source: filepath.Join(r.taskDir(req.Task), "argv"), Dest: CageArgv, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
+		mounts.Mount{Kind: mounts.Bind, Source: filepath.Join(in.dir, "argv"), Dest: CageArgv, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
 	full := in.agent.Command
-	if len(req.Command) > 0 {
-		full = req.Command
+	if len(in.command) > 0 {
+		full = in.command
 	}
-	p.argv = append(append([]string{}, full...), req.Args...)
+	p.argv = append(append([]string{}, full...), in.args...)
 	return []string{CageBinary, "cage-exec", CageArgv}, nil, nil
 }
 
@@ -406,35 +411,35 @@ func (r *Runner) planSeccomp(p *Plan) string {
 // apply does what the plan says, in the order a turn needs it: HOME, the
 // host files and mounts the cage sees, the worktree, the secrets, and last
 // the argv file (ahead) or the turn's count.
-func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, s steps) (*prepared, error) {
+func (r *Runner) apply(ctx context.Context, in *checked, p *Plan, s steps) (*prepared, error) {
 	out := &prepared{Plan: p}
-	if err := r.applyHost(ctx, req, out, s); err != nil {
+	if err := r.applyHost(ctx, in, out, s); err != nil {
 		return nil, err
 	}
 	// A cage prepared ahead takes the worktree when its turn runs, so the
 	// owner keeps it between turns.
 	if in.worktree != "" && s.takeWorktree {
-		before, err := r.claims().Take(ctx, req.Task, in.worktree, p.ids)
+		before, err := r.claims().Take(ctx, in.task, in.worktree, p.ids)
 		if err != nil {
 			return nil, err
 		}
 		out.before = before
 	}
 	for name, value := range p.secrets {
-		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: req.Task.String()}); err != nil {
+		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: in.task.String()}); err != nil {
 			r.removeSecrets(out.secrets)
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		out.secrets = append(out.secrets, name)
 	}
 	if s.record {
-		if err := writeArgvFile(filepath.Join(r.taskDir(req.Task), "argv"), nil); err != nil {
+		if err := writeArgvFile(filepath.Join(in.dir, "argv"), nil); err != nil {
 			r.removeSecrets(out.secrets)
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 		return out, nil
 	}
-	if err := r.countTurn(req, in); err != nil {
+	if err := r.countTurn(in); err != nil {
 		r.removeSecrets(out.secrets)
 		return nil, err
 	}
@@ -442,7 +447,7 @@ func (r *Runner) apply(ctx context.Context, req Request, in *checked, p *Plan, s
 }
 
 // applyHost resets HOME and lays out the host side of the cage's mounts.
-func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, s steps) error {
+func (r *Runner) applyHost(ctx context.Context, in *checked, out *prepared, s steps) error {
 	p, cfg, host := out.Plan, r.Cfg, r.host()
 	var err error
 	if out.reset, err = host.Reset(ctx, home.ResetInput{Task: p.home}); err != nil {
@@ -455,7 +460,7 @@ func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, s st
 	if err := p.policy.OwnRoot(int(p.ids.UID), int(p.ids.GID)); err != nil {
 		return fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
 	}
-	if err := r.prepareOutbox(ctx, req.Task, p, s.record); err != nil {
+	if err := r.prepareOutbox(ctx, in.task, in.dir, p, s.record); err != nil {
 		return err
 	}
 	if err := p.git.Write(); err != nil {
@@ -465,7 +470,7 @@ func (r *Runner) applyHost(ctx context.Context, req Request, out *prepared, s st
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if p.gateway != nil && s.record {
-		if err := os.WriteFile(filepath.Join(r.taskDir(req.Task), placeholderFile), []byte(p.gateway.Placeholder), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(in.dir, placeholderFile), []byte(p.gateway.Placeholder), 0o600); err != nil {
 			return fmt.Errorf("%w: gateway placeholder: %w", ErrHostNotReady, err)
 		}
 	}

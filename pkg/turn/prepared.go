@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"io"
 	"io/fs"
 	"maps"
@@ -70,16 +69,16 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 		return "", Classify(err)
 	}
 	defer lock.Release()
-	return r.prepareNextLocked(ctx, req, in)
+	return r.prepareNextLocked(ctx, in)
 }
 
 // prepareNextLocked is PrepareNext with the task lock held; the cages in
 // keep (an exited one the caller removes itself) are left alone.
-func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked, keep ...string) (string, error) {
-	if _, err := r.cages().RemoveLeftovers(ctx, req.Task, keep...); err != nil {
+func (r *Runner) prepareNextLocked(ctx context.Context, in *checked, keep ...string) (string, error) {
+	if _, err := r.cages().RemoveLeftovers(ctx, in.task, keep...); err != nil {
 		return "", fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
-	p, err := r.prepare(ctx, req, in, aheadSteps())
+	p, err := r.prepare(ctx, in, aheadSteps())
 	if err != nil {
 		return "", err
 	}
@@ -90,7 +89,7 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 	p.spec.Labels[LabelPrepared] = "1"
 	p.spec.Labels[labelSpec] = hash
 	p.spec.Labels[labelBaseline] = p.reset.BaselineDigest
-	prov, err := r.provenance(req.Task, in, p, true)
+	prov, err := r.provenance(in.dir, in.image.ID, p, true)
 	if err != nil {
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
@@ -105,7 +104,7 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 	}
 	id, err := r.Podman.Create(ctx, p.spec)
 	if err != nil {
-		_ = r.Podman.Remove(context.WithoutCancel(ctx), sealed.Name(req.Task, p.turn))
+		_ = r.Podman.Remove(context.WithoutCancel(ctx), p.name)
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
@@ -130,7 +129,7 @@ func (r *Runner) prepareNextLocked(ctx context.Context, req Request, in *checked
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if err := saveResetReport(r.taskDir(req.Task), id, p.reset, fp); err != nil {
+	if err := saveResetReport(in.dir, id, p.reset, fp); err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
@@ -193,7 +192,7 @@ func loadResetReport(taskDir, cage string) *preparedReset {
 // takePrepared returns the id of a prepared cage that runs req exactly as a
 // fresh one would, with its argv handed over, or "" when there is none. A
 // prepared cage that does not match is left for the leftover sweep.
-func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (string, *prepared, error) {
+func (r *Runner) takePrepared(ctx context.Context, in *checked) (string, *prepared, error) {
 	if r.Binary == "" {
 		return "", nil, nil
 	}
@@ -203,7 +202,7 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 	}
 	// The prepared cage has the next turn's name: one inspection, not a
 	// listing of every container.
-	cage, err := r.Podman.CageNamed(ctx, sealed.Name(req.Task, last+1))
+	cage, err := r.Podman.CageNamed(ctx, sealed.Name(in.task, last+1))
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
@@ -217,14 +216,14 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 		if c.State != "initialized" && c.State != "created" {
 			continue
 		}
-		p, err := r.matchPrepared(ctx, req, in, c)
+		p, err := r.matchPrepared(ctx, in, c)
 		if err != nil || p == nil {
 			return "", nil, err
 		}
-		if err := writeArgvFile(r.taskDir(req.Task)+"/argv", p.argv); err != nil {
+		if err := writeArgvFile(in.dir+"/argv", p.argv); err != nil {
 			return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
-		if err := r.countTurn(req, in); err != nil {
+		if err := r.countTurn(in); err != nil {
 			return "", nil, err
 		}
 		return c.ID, p, nil
@@ -234,8 +233,8 @@ func (r *Runner) takePrepared(ctx context.Context, req Request, in *checked) (st
 
 // matchPrepared returns the turn's plan when the prepared cage c runs req
 // exactly as a fresh one would, and nil when it does not.
-func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c podman.Cage) (*prepared, error) {
-	p, err := r.prepare(ctx, req, in, matchSteps())
+func (r *Runner) matchPrepared(ctx context.Context, in *checked, c podman.Cage) (*prepared, error) {
+	p, err := r.prepare(ctx, in, matchSteps())
 	if err != nil {
 		return nil, err
 	}
@@ -245,18 +244,18 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 	}
 	// Its HOME must still be the capped filesystem it was reset on (a
 	// dry-run reset of the bare volume directory would write there).
-	if !r.host().HomeMounted(req.Task, p.home.Root) {
+	if !r.host().HomeMounted(in.task, p.home.Root) {
 		return nil, nil
 	}
 	// And its outbox the empty capped tmpfs it was given (outbox.go).
-	if !r.preparedOutboxReady(req.Task, p.Plan) {
+	if !r.preparedOutboxReady(in.task, in.dir, p.Plan) {
 		return nil, nil
 	}
 	// Nothing may have changed HOME since it was reset for this cage: its
 	// fingerprint is still the one taken then (metadata only; a dry-run
 	// reset would rebuild every kept file, a 100 MiB opencode.db in full).
 	// Without one (a racy or older preparation) the dry run decides.
-	saved := loadResetReport(r.taskDir(req.Task), c.ID)
+	saved := loadResetReport(in.dir, c.ID)
 	if saved != nil && saved.Home != "" {
 		fp, err := r.host().HomeFingerprint(ctx, p.home)
 		if err != nil || fp != saved.Home || saved.Reset.BaselineDigest != c.Labels[labelBaseline] {
@@ -271,7 +270,7 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 	}
 	// The cage must run what a fresh one would: the image, seccomp profile
 	// and tokens as they are now, not as they were when it was created.
-	if !r.sameProvenance(req.Task, in, p, c) {
+	if !r.sameProvenance(in.dir, in.image.ID, p, c) {
 		return nil, nil
 	}
 	p.image, p.runtime = c.Image, c.Runtime
@@ -281,9 +280,6 @@ func (r *Runner) matchPrepared(ctx context.Context, req Request, in *checked, c 
 	p.secrets = slices.Sorted(maps.Keys(p.Plan.secrets))
 	return p, nil
 }
-
-// TaskDir is the task's directory in the state directory.
-func (r *Runner) taskDir(task taskid.ID) string { return r.Cfg.State.Dir + "/tasks/" + task.String() }
 
 // preparedLabels are the labels a prepared cage gets beyond its spec's.
 var preparedLabels = []string{LabelPrepared, labelSpec, labelBaseline, labelImage, labelSeccomp, labelTokens}
@@ -330,24 +326,25 @@ func writeArgvFile(path string, argv []string) error {
 // seccomp profile's digest and a keyed digest of the token secrets.
 type provenance struct{ image, seccomp, tokens string }
 
-// provenance is what a cage created now for p would take in. With create,
-// the task's digest key is made when it is missing.
-func (r *Runner) provenance(task taskid.ID, in *checked, p *prepared, create bool) (provenance, error) {
+// provenance is what a cage created now for p from image (its id) would
+// take in. With create, the task's digest key (in the task's directory,
+// taskDir) is made when it is missing.
+func (r *Runner) provenance(taskDir, image string, p *prepared, create bool) (provenance, error) {
 	seccompDigest, err := r.seccompDigest(p.spec.SeccompProfilePath)
 	if err != nil {
 		return provenance{}, err
 	}
-	key, err := tokenKey(r.taskDir(task), create)
+	key, err := tokenKey(taskDir, create)
 	if err != nil {
 		return provenance{}, err
 	}
-	return provenance{image: in.image.ID, seccomp: seccompDigest, tokens: tokensDigest(key, p.Plan.secrets)}, nil
+	return provenance{image: image, seccomp: seccompDigest, tokens: tokensDigest(key, p.Plan.secrets)}, nil
 }
 
 // sameProvenance reports whether prepared cage c was created from what a
 // fresh cage for p would take in now; a mismatch or any doubt discards it.
-func (r *Runner) sameProvenance(task taskid.ID, in *checked, p *prepared, c podman.Cage) bool {
-	now, err := r.provenance(task, in, p, false)
+func (r *Runner) sameProvenance(taskDir, image string, p *prepared, c podman.Cage) bool {
+	now, err := r.provenance(taskDir, image, p, false)
 	if err != nil || now.image == "" || now.seccomp == "" || now.tokens == "" {
 		return false
 	}
@@ -487,6 +484,12 @@ func (r *Runner) ranImage(ctx context.Context, id string, p *prepared, res *Resu
 func (r *Runner) ranRuntime(ctx context.Context, id string, p *prepared, res *Result) error {
 	res.Runtime = p.runtime
 	want := r.Cfg.Cage.Runtime
+	if gvisor(p.runtime) && !gvisor(want) {
+		// The gVisor seccomp profile (clone3) and the process cap that
+		// keeps a fork flood from killing the Sentry are chosen from
+		// cage.runtime before podman names the runtime.
+		return fmt.Errorf("%w: podman runs cage %s under runsc but cage.runtime is %q: set cage.runtime = %q so the cage gets gVisor's seccomp profile and process cap", ErrHostNotReady, id, want, p.runtime)
+	}
 	if want == config.RuntimeDefault {
 		return nil
 	}

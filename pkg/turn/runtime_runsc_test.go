@@ -109,6 +109,34 @@ func TestRuntimeRunscEnforcesSeccompOnlyWithOCISeccomp(t *testing.T) {
 	assert.Equal(t, string(b), "unshare-ok\n", "without --oci-seccomp runsc ignores the profile")
 }
 
+// TestRuntimeRunscUnderDefaultIsRefused: a podman service whose own
+// runtime is runsc, with cage.runtime "default", makes gVisor cages
+// without gVisor's seccomp profile and process cap (chosen from
+// cage.runtime): the cage is refused before the agent runs, with or
+// without --oci-seccomp; the same service with cage.runtime naming runsc
+// runs the turn (the positive control).
+func TestRuntimeRunscUnderDefaultIsRefused(t *testing.T) {
+	runsc := runscPath(t)
+	for _, flags := range [][]string{
+		{"--runtime", runsc, "--runtime-flag", "platform=systrap"},
+		{"--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp"},
+	} {
+		h := runtimeHarness(t, "default", flags...)
+		res, out, errOut, err := h.sh(h.task("dr"), "", "echo ran")
+		assert.Assert(t, errors.Is(err, ErrHostNotReady), "%v (out %q)", err, out)
+		assert.ErrorContains(t, err, "under runsc but cage.runtime is \"default\"")
+		assert.Equal(t, out+errOut, "", "the agent never ran")
+		assert.Assert(t, res.Removed, "cage left: %s", res.Error)
+	}
+
+	with := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
+	res, out, errOut, err := with.sh(with.task("dr"), "", "echo ran")
+	assert.NilError(t, err, errOut)
+	assert.Equal(t, res.ExitCode, 0, errOut)
+	assert.Equal(t, out, "ran\n")
+	assert.Equal(t, res.Runtime, runsc)
+}
+
 // Under gVisor the cage reads the Sentry's own id maps; the task's user
 // namespace holds on the host side: the sandbox (the Sentry) and the gofer
 // run as the task range's base uid and gid, not as root.

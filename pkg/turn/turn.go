@@ -279,7 +279,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	var handoff *prepared // a turn whose teardown goes to a detached child
 	defer func() {
 		if handoff != nil && handoff.detach {
-			r.handOff(lock, req, handoff, res)
+			r.handOff(lock, in, handoff, res)
 		}
 	}()
 	// The turn's record, after the worktree is given back, before the lock goes.
@@ -299,7 +299,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	defer r.settleOutbox(context.WithoutCancel(ctx), req.Task, res)
 	c.lap("lock")
 
-	preparedID, prep, err := r.turnCage(ctx, req, in, steps)
+	preparedID, prep, err := r.turnCage(ctx, in, steps)
 	if err != nil {
 		return res, err
 	}
@@ -323,7 +323,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		before = scanWorktree(ctx, in.worktree, res)
 	}
 	handoff = prep
-	res, err = r.execute(ctx, req, prep, c, preparedID)
+	res, err = r.execute(ctx, prep, in.streams, c, preparedID)
 	if before != nil {
 		// After a turn that ended cleanly the scan also gives the worktree
 		// back; on any other path the give-back stays the last step.
@@ -339,8 +339,8 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 // turnCage returns the turn's cage plan: a cage prepared ahead for exactly
 // this turn (its id; it only needs its argv and the worktree), or a fresh
 // preparation in steps after removing any leftover cage of the task.
-func (r *Runner) turnCage(ctx context.Context, req Request, in *checked, s steps) (preparedID string, prep *prepared, err error) {
-	if preparedID, prep, err = r.takePrepared(ctx, req, in); err != nil {
+func (r *Runner) turnCage(ctx context.Context, in *checked, s steps) (preparedID string, prep *prepared, err error) {
+	if preparedID, prep, err = r.takePrepared(ctx, in); err != nil {
 		return "", nil, err
 	}
 	if preparedID == "" {
@@ -349,14 +349,14 @@ func (r *Runner) turnCage(ctx context.Context, req Request, in *checked, s steps
 		// leftover. A waiting prepared cage was created right after such a
 		// sweep under the same lock, and every turn since would have taken
 		// or discarded it: when one is taken there is nothing to sweep.
-		if _, err := r.cages().RemoveLeftovers(ctx, req.Task); err != nil {
+		if _, err := r.cages().RemoveLeftovers(ctx, in.task); err != nil {
 			return "", nil, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 		}
-		prep, err = r.prepare(ctx, req, in, s)
+		prep, err = r.prepare(ctx, in, s)
 		return "", prep, err
 	}
 	if in.worktree != "" {
-		if prep.before, err = r.claims().Take(ctx, req.Task, in.worktree, prep.ids); err != nil {
+		if prep.before, err = r.claims().Take(ctx, in.task, in.worktree, prep.ids); err != nil {
 			return "", nil, err
 		}
 	}
@@ -405,17 +405,31 @@ func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator,
 	if err != nil {
 		return nil, err
 	}
-	prep, err := r.prepare(ctx, req, in, steps)
+	prep, err := r.prepare(ctx, in, steps)
 	if err != nil {
 		return nil, err
 	}
 	return prep.spec, nil
 }
 
-// checked is what check learnt about a request.
+// checked is a request unpacked, and what check learnt about it: after
+// check the turn reads the request only from here.
 type checked struct {
-	task     taskid.ID
-	agent    config.Agent
+	task taskid.ID
+	// dir is the task's directory in the state directory.
+	dir string
+	// agentName is the agent as the request names it, agent its config.
+	agentName string
+	agent     config.Agent
+	// command and args are the request's (Request.Command, Request.Args),
+	// extraMounts its extra mounts, streams its streams and terminal
+	// whether it runs on a terminal.
+	command, args []string
+	extraMounts   []mounts.Mount
+	streams       podman.Streams
+	terminal      bool
+	// timeout is the turn's: the request's, or cage.timeout.
+	timeout  time.Duration
 	tokens   map[string][]byte
 	worktree string // cleaned; "" for none
 	// sealDigest is the seal verified for a networked cage ("" otherwise).
@@ -448,7 +462,7 @@ func (r *Runner) check(ctx context.Context, req Request, s steps) (*checked, err
 	if err != nil {
 		return nil, err
 	}
-	if req.Terminal {
+	if in.terminal {
 		if err := seccomp.TIOCSTIClosed(cfg.Cage.Seccomp, seccomp.LegacyTIOCSTIKnob); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
@@ -534,20 +548,16 @@ func (r *Runner) checkGateway(ctx context.Context, agent config.Agent, preflight
 	return plan, nil
 }
 
-// trustStore is the task's store of trusted worktree config.
-func (r *Runner) trustStore(task taskid.ID) guard.Store {
-	return guard.Store{Dir: filepath.Join(r.taskDir(task), "trust")}
-}
-
 // guardWorktree compares the worktree's agent config with what the owner
-// trusted and plans the masks (nil without a worktree). With commit, a task
-// that has no trusted record yet records the worktree as it is now: the
-// first turn sees the owner's worktree before any cage wrote to it.
-func (r *Runner) guardWorktree(ctx context.Context, task taskid.ID, worktree string, commit bool) (*guard.Check, error) {
+// trusted (recorded under the task's directory, taskDir) and plans the
+// masks (nil without a worktree). With commit, a task that has no trusted
+// record yet records the worktree as it is now: the first turn sees the
+// owner's worktree before any cage wrote to it.
+func guardWorktree(ctx context.Context, taskDir, worktree string, commit bool) (*guard.Check, error) {
 	if worktree == "" {
 		return nil, nil
 	}
-	store := r.trustStore(task)
+	store := guard.Store{Dir: filepath.Join(taskDir, "trust")}
 	m, err := store.Load()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
@@ -571,11 +581,11 @@ func (r *Runner) guardWorktree(ctx context.Context, task taskid.ID, worktree str
 }
 
 // countTurn records that the task's next turn starts now.
-func (r *Runner) countTurn(req Request, in *checked) error {
+func (r *Runner) countTurn(in *checked) error {
 	if _, err := r.Store.NextTurn(in.task); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if err := r.Store.Remember(in.task, taskstate.FactAgent, req.Agent); err != nil {
+	if err := r.Store.Remember(in.task, taskstate.FactAgent, in.agentName); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if in.worktree != "" {
@@ -592,13 +602,6 @@ func hasGit(worktree string) bool {
 	return err == nil
 }
 
-func (r *Runner) timeout(req Request) time.Duration {
-	if req.Timeout > 0 {
-		return req.Timeout
-	}
-	return r.Cfg.Cage.Timeout.Std()
-}
-
 // SecretName is the podman secret that carries a task's token.
 func SecretName(task taskid.ID, token string) string { return "shrooms-" + task.String() + "-" + token }
 
@@ -606,14 +609,14 @@ func SecretName(task taskid.ID, token string) string { return "shrooms-" + task.
 // the cage's environment was fixed when it was created ahead of its turn.
 const placeholderFile = "gateway-placeholder"
 
-// placeholder returns the turn's gateway placeholder: the stored one when
-// matching a prepared cage, a fresh one for a turn that starts now or a
-// cage prepared ahead (apply stores it), a marker for `spec` (which changes
-// nothing).
-func (r *Runner) placeholder(task taskid.ID, from placeholderFrom) (string, error) {
+// placeholder returns the turn's gateway placeholder: the stored one (in
+// the task's directory, taskDir) when matching a prepared cage, a fresh one
+// for a turn that starts now or a cage prepared ahead (apply stores it), a
+// marker for `spec` (which changes nothing).
+func placeholder(taskDir string, from placeholderFrom) (string, error) {
 	switch from {
 	case placeholderStored:
-		b, err := os.ReadFile(filepath.Join(r.taskDir(task), placeholderFile))
+		b, err := os.ReadFile(filepath.Join(taskDir, placeholderFile))
 		if err != nil {
 			return "", nil // no prepared placeholder: the prepared cage will not match
 		}

@@ -15,6 +15,13 @@
 // pkg/turn to one inside it. Re-parses are the taskid.Parse call sites in
 // the stays.
 //
+// -carriers prints a second figure under a wider rule: a parameter of a
+// struct type holding the request or the task in a field (nested, embedded
+// or through a pointer) counts too. The first rule does not look into
+// structs, so a function handed a bundle that carries the task id is not a
+// stay, and the walk does not go below it; the second figure shows how far
+// the task reaches when it travels that way.
+//
 // It is its own module (tools/walk) so that golang.org/x/tools stays out
 // of shrooms' go.mod and nix vendor hash. Run from the repository root:
 //
@@ -48,14 +55,15 @@ func main() {
 	dir := flag.String("root", ".", "the shrooms repository (its root)")
 	tags := flag.String("tags", "remote exclude_graphdriver_btrfs containers_image_openpgp exclude_graphdriver_devicemapper", "build tags, as go build takes them (default: the Makefile's)")
 	verbose := flag.Bool("v", false, "list the stays, in walk order")
+	carriers := flag.Bool("carriers", false, "also count as stays the functions that take a struct carrying the request or the task in a field (not the rule make shape counts: a second figure, so that bundling the id into a struct cannot pass for unpacking it)")
 	flag.Parse()
-	if err := run(*dir, *tags, *verbose); err != nil {
+	if err := run(*dir, *tags, *verbose, *carriers); err != nil {
 		fmt.Fprintln(os.Stderr, "walk:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dir, tags string, verbose bool) error {
+func run(dir, tags string, verbose, carriers bool) error {
 	root, err := filepath.Abs(dir)
 	if err != nil {
 		return err
@@ -87,15 +95,19 @@ func run(dir, tags string, verbose bool) error {
 	if start == nil {
 		return fmt.Errorf("(*turn.Runner).Run not found")
 	}
-	w := &walker{cg: cha.CallGraph(prog), seen: map[*ssa.Function]bool{}, files: map[string]bool{}, fset: prog.Fset, root: root}
+	w := &walker{cg: cha.CallGraph(prog), seen: map[*ssa.Function]bool{}, files: map[string]bool{}, fset: prog.Fset, root: root, carriers: carriers}
 	w.walk(start)
 	if verbose {
 		for _, s := range w.stays {
 			fmt.Println(s)
 		}
 	}
-	fmt.Printf("walk of turn.Runner.Run's request (SSA + CHA, tools/walk): %d stays in %d files, turn entered %d times, taskid.Parse %d\n",
-		len(w.stays), len(w.files), w.entered, w.parses)
+	rule := ""
+	if carriers {
+		rule = ", structs carrying it counted"
+	}
+	fmt.Printf("walk of turn.Runner.Run's request (SSA + CHA, tools/walk%s): %d stays in %d files, turn entered %d times, taskid.Parse %d\n",
+		rule, len(w.stays), len(w.files), w.entered, w.parses)
 	return nil
 }
 
@@ -127,12 +139,15 @@ type walker struct {
 	parses  int
 	// last is the stay the walk reached last.
 	last *ssa.Function
+	// carriers counts a struct parameter with a field of the request or
+	// the task as taking it (-carriers).
+	carriers bool
 }
 
 // walk visits fn (once, when it is a stay or a wrapper of shrooms' own)
 // and then its callees in call order.
 func (w *walker) walk(fn *ssa.Function) {
-	if w.seen[fn] || !ours(fn) || (fn.Synthetic == "" && !stay(fn)) {
+	if w.seen[fn] || !ours(fn) || (fn.Synthetic == "" && !stay(fn, w.carriers)) {
 		return
 	}
 	w.seen[fn] = true
@@ -194,20 +209,47 @@ func inTurn(fn *ssa.Function) bool {
 	return fn.Pkg != nil && fn.Pkg.Pkg.Path() == turnPk
 }
 
-// stay reports whether fn takes the request or the task.
-func stay(fn *ssa.Function) bool {
+// stay reports whether fn takes the request or the task (with carriers,
+// also inside a struct's fields).
+func stay(fn *ssa.Function, carriers bool) bool {
 	for _, p := range fn.Params {
 		t := p.Type()
-		if pt, ok := t.(*types.Pointer); ok {
-			t = pt.Elem()
-		}
-		if n, ok := t.(*types.Named); ok && n.Obj().Pkg() != nil {
-			path, name := n.Obj().Pkg().Path(), n.Obj().Name()
-			if (path == turnPk && name == "Request") || (path == taskPk && name == "ID") {
-				return true
-			}
+		if carries(t, carriers, map[types.Type]bool{}) {
+			return true
 		}
 		if b, ok := t.(*types.Basic); ok && b.Kind() == types.String && (p.Name() == "task" || p.Name() == "name") {
+			return true
+		}
+	}
+	return false
+}
+
+// carries reports whether t (through a pointer) is turn.Request or
+// taskid.ID or, with fields, a struct holding one in a field (embedded
+// and nested structs and pointers to them included).
+func carries(t types.Type, fields bool, seen map[types.Type]bool) bool {
+	if pt, ok := t.(*types.Pointer); ok {
+		t = pt.Elem()
+	}
+	if seen[t] {
+		return false
+	}
+	seen[t] = true
+	if n, ok := t.(*types.Named); ok && n.Obj().Pkg() != nil {
+		path, name := n.Obj().Pkg().Path(), n.Obj().Name()
+		if (path == turnPk && name == "Request") || (path == taskPk && name == "ID") {
+			return true
+		}
+	}
+	if !fields {
+		return false
+	}
+	st, ok := t.Underlying().(*types.Struct)
+	if !ok {
+		return false
+	}
+	for i := range st.NumFields() {
+		if carries(st.Field(i).Type(), true, seen) {
 			return true
 		}
 	}
