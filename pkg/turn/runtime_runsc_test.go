@@ -122,7 +122,7 @@ func TestRuntimeRunscUnderDefaultIsRefused(t *testing.T) {
 		{"--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp"},
 	} {
 		h := runtimeHarness(t, "default", flags...)
-		res, out, errOut, err := h.sh(h.task("dr"), "", "echo ran")
+		res, out, errOut, err := h.sh(h.Task("dr"), "", "echo ran")
 		assert.Assert(t, errors.Is(err, ErrHostNotReady), "%v (out %q)", err, out)
 		assert.ErrorContains(t, err, "under runsc but cage.runtime is \"default\"")
 		assert.Equal(t, out+errOut, "", "the agent never ran")
@@ -130,7 +130,7 @@ func TestRuntimeRunscUnderDefaultIsRefused(t *testing.T) {
 	}
 
 	with := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
-	res, out, errOut, err := with.sh(with.task("dr"), "", "echo ran")
+	res, out, errOut, err := with.sh(with.Task("dr"), "", "echo ran")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0, errOut)
 	assert.Equal(t, out, "ran\n")
