@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
 	"testing"
@@ -18,8 +17,8 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // BenchmarkNetworkedTurnVsBarePodman is BenchmarkTurnVsBarePodman with the
@@ -30,12 +29,13 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 	itest.Require(b, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	tb := testbed.New(b)
 	tb.StartPodman()
-	name := itest.UniqueName("bn")
-	dir := b.TempDir()
-	cfg := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: name,
+	// Made after the testbed, so that its cleanup runs before the testbed's.
+	world := itest.New(b, "bn", itest.WithSocket(tb.PodmanURL))
+	name := world.Prefix
+	cfg := testcfg.Config{
 		Cage: map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": nil, "stop_grace": nil},
 		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
-			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, 1+os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", 1+os.Getpid()%65000), "dns_upstream": []string{testbed.InternetAddr4.String()}}}.Parse(b, "bench.toml")
+			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, 1+os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", 1+os.Getpid()%65000), "dns_upstream": []string{testbed.InternetAddr4.String()}}}.For(world).Parse(b, "bench.toml")
 	ctx := context.Background()
 	opts := firewall.Options{NetNS: tb.NSPath("host")}
 	if err := firewall.Apply(ctx, cfg.Network, opts); err != nil {
@@ -50,11 +50,8 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 	})
 	r.Resolver = cagenet.Resolver(opts, tb.DialContext("host"))
 	task := name + "-t"
-	b.Cleanup(func() {
-		if err := r.homes().Remove(context.Background(), taskid.Must(task)); err != nil {
-			b.Errorf("remove HOME: %v", err)
-		}
-		_ = releaseOutbox(cfg, task)
+	world.Release = testcfg.Release(cfg, client)
+	world.Finally(func() {
 		_, _ = tb.Podman("network", "rm", "-f", name)
 		_ = firewall.Flush(context.Background(), cfg.Network, opts)
 	})
@@ -110,12 +107,4 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 	b.ReportMetric(ms(shrooms)/ms(api), "ratio-vs-api")
 	b.ReportMetric(ms(shrooms)/ms(cli), "ratio-vs-cli")
 	b.ReportMetric(0, "ns/op")
-}
-
-// releaseOutbox unmounts a task's outbox if its root exists.
-func releaseOutbox(cfg *config.Config, task string) error {
-	if _, err := os.Stat(cfg.Outbox.Root); err != nil {
-		return nil
-	}
-	return outbox.Release(cfg.Outbox.Root, taskid.Must(task))
 }
