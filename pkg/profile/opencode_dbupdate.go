@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -157,10 +158,18 @@ func updateTrusted(ctx context.Context, fd, walFd int, max int64, trusted, work 
 	if err != nil {
 		return nil, err
 	}
+	tables := append([]string{"migration"}, tableNames()...)
+	// Which rows to compare: those on the pages the turn changed, or
+	// (nil) every row when the pages cannot tell (opencode_dbpages.go).
+	cand, _ := rowsOnChangedPages(ctx, c, src, trusted, tables)
 	only := map[string]string{}
 	changed := map[string]bool{}
-	for _, table := range append([]string{"migration"}, tableNames()...) {
-		n, err := diffTable(ctx, c, table)
+	for _, table := range tables {
+		var rows []int64
+		if cand != nil {
+			rows = append([]int64{}, cand[table]...) // non-nil: compare only these
+		}
+		n, err := diffTable(ctx, c, table, rows)
 		if err != nil {
 			return nil, err
 		}
@@ -217,8 +226,9 @@ func tableNames() []string {
 // diffTable fills temp.chg_TABLE with the rowids of src.TABLE whose row is
 // new or differs from main.TABLE's in any column's value or type, and
 // temp.del_TABLE with those main holds and src does not. It returns how
-// many rows differ in all.
-func diffTable(ctx context.Context, c *sql.Conn, table string) (int64, error) {
+// many rows differ in all. With cand non-nil only the rows with those
+// rowids are compared (in either file).
+func diffTable(ctx context.Context, c *sql.Conn, table string, cand []int64) (int64, error) {
 	cols, err := queryStrings(ctx, c, "SELECT name FROM pragma_table_info(?, 'main')", table)
 	if err != nil || len(cols) == 0 {
 		return 0, fmt.Errorf("columns of %s: %v", table, err)
@@ -234,14 +244,35 @@ func diffTable(ctx context.Context, c *sql.Conn, table string) (int64, error) {
 		`INSERT INTO temp."chg_` + table + `" (r) SELECT f.rowid FROM src."` + table + `" f LEFT JOIN main."` + table + `" t ON t.rowid = f.rowid WHERE t.rowid IS NULL OR ` + strings.Join(differ, " OR "),
 		`INSERT INTO temp."del_` + table + `" (r) SELECT rowid FROM main."` + table + `" EXCEPT SELECT rowid FROM src."` + table + `"`,
 	}
+	var args []any
+	if cand != nil {
+		ids, err := json.Marshal(cand)
+		if err != nil {
+			return 0, err
+		}
+		args = []any{string(ids)}
+		stmts = []string{
+			stmts[0], stmts[1],
+			`CREATE TEMP TABLE "cand_` + table + `" (r INTEGER PRIMARY KEY)`,
+			`INSERT OR IGNORE INTO temp."cand_` + table + `" (r) SELECT value FROM json_each(?)`,
+			`INSERT INTO temp."chg_` + table + `" (r) SELECT f.rowid FROM temp."cand_` + table + `" k CROSS JOIN src."` + table + `" f ON f.rowid = k.r LEFT JOIN main."` + table + `" t ON t.rowid = f.rowid WHERE t.rowid IS NULL OR ` + strings.Join(differ, " OR "),
+			`INSERT INTO temp."del_` + table + `" (r) SELECT k.r FROM temp."cand_` + table + `" k WHERE EXISTS (SELECT 1 FROM main."` + table + `" t WHERE t.rowid = k.r) AND NOT EXISTS (SELECT 1 FROM src."` + table + `" f WHERE f.rowid = k.r)`,
+		}
+	}
 	var n int64
 	for _, s := range stmts {
-		res, err := c.ExecContext(ctx, s)
+		var a []any
+		if strings.Contains(s, "json_each(?)") {
+			a = args
+		}
+		res, err := c.ExecContext(ctx, s, a...)
 		if err != nil {
 			return 0, fmt.Errorf("compare %s: %w", table, err)
 		}
-		k, _ := res.RowsAffected()
-		n += k
+		if strings.HasPrefix(s, `INSERT INTO temp."chg_`) || strings.HasPrefix(s, `INSERT INTO temp."del_`) {
+			k, _ := res.RowsAffected()
+			n += k
+		}
 	}
 	return n, nil
 }
