@@ -458,3 +458,55 @@ func TestOpencodeDBUpdateTrustedCopyDamaged(t *testing.T) {
 		assert.Equal(t, dumpRows(t, path), want)
 	})
 }
+
+// TestOpencodeDBUpdateOverflowEdit: the update compares only the rows on
+// pages the turn changed (pkg/profile opencode_dbpages.go). A turn that
+// edits only a byte of a long row's overflow page — its leaf page stays
+// byte for byte the trusted copy's — turns a file part's data: URL into an
+// http: one. The update finds the row and drops it as the full rebuild of
+// the same file does, with the same rows and drops.
+func TestOpencodeDBUpdateOverflowEdit(t *testing.T) {
+	task, path, ino := updateTask(t)
+	ctx := context.Background()
+	const url = "data:text/plain,OVERFLOW-7d1e"
+	mustExec(t, openRW(t, path), `INSERT INTO part VALUES ('prt_long', 'msg_2', '`+ocSession+`', 5, 5, ?)`,
+		`{"type":"file","mime":"text/plain","filename":"`+strings.Repeat("f", 6000)+`","url":"`+url+`"}`)
+	_, err := Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	_, err = Cleanup(ctx, task.Root)
+	assert.NilError(t, err)
+	assertUpdated(t, task, ino)
+	assert.Assert(t, strings.Contains(dumpRows(t, path), url), "the long file part is kept")
+
+	data, err := os.ReadFile(path)
+	assert.NilError(t, err)
+	at := bytes.Index(data, []byte(url))
+	assert.Assert(t, at > 0)
+	pageSize := 4096
+	assert.Equal(t, pragma(t, path, "page_size"), "4096")
+	page := data[at/pageSize*pageSize:]
+	// Positive control: the URL is on an overflow page (a 4-byte pointer
+	// to the next one, 0 for the last), not on a b-tree page.
+	assert.Assert(t, !slices.Contains([]byte{0x02, 0x05, 0x0a, 0x0d}, page[0]) && bytes.Equal(page[:4], []byte{0, 0, 0, 0}), "% x", page[:8])
+	copy(data[at:], "http:")
+	assert.NilError(t, os.WriteFile(path, data, 0o600))
+	turnFile := slices.Clone(data)
+
+	rep, err := Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	assertUpdated(t, task, ino)
+	got := dumpRows(t, path)
+	assert.Assert(t, !strings.Contains(got, "OVERFLOW-7d1e") && !strings.Contains(got, "prt_long"), got)
+	assert.Assert(t, hasDropReason(rep, "opencode hands the URL to the model SDK, which fetches it (http:, file:)"), "%+v", rep.Dropped)
+
+	fresh := newTask(t, "opencode", "shell")
+	_, err = Bootstrap(ctx, fresh)
+	assert.NilError(t, err)
+	fpath := filepath.Join(HomeDir(fresh.Root), ocDB)
+	assert.NilError(t, os.MkdirAll(filepath.Dir(fpath), 0o755))
+	assert.NilError(t, os.WriteFile(fpath, turnFile, 0o600))
+	full, err := Reset(ctx, ResetInput{Task: fresh})
+	assert.NilError(t, err)
+	assert.DeepEqual(t, full.Dropped, rep.Dropped)
+	assert.Equal(t, dumpRows(t, fpath), got)
+}
