@@ -33,7 +33,8 @@ import (
 // type, pointer, cycle or cell the walk does not accept) returns an error,
 // and the caller compares every row instead. Changed pages are read again
 // from the turn's file when the walk needs them: memory does not grow with
-// the change.
+// the change. A file more than half of whose pages changed is rebuilt in
+// full instead (errMostlyChanged).
 
 // rowsOnChangedPages returns, per table, the rowids changedRows finds, or
 // an error when every row must be compared.
@@ -81,6 +82,13 @@ func rowsOnChangedPages(ctx context.Context, c *sql.Conn, src, trusted string, t
 	defer d.close()
 	return d.changedRows(tables, rootT, rootS)
 }
+
+// errMostlyChanged: more than half the turn's file changed (past a size
+// where either way is quick). Updating
+// trusted.db row by row then costs more than a full rebuild (deleting and
+// inserting most rows through its rollback journal), so the update gives
+// way to the full rebuild.
+var errMostlyChanged = errors.New("most pages changed")
 
 // pageDiff is the turn's file (src) against trusted.db, page by page.
 type pageDiff struct {
@@ -205,6 +213,9 @@ func comparePages(src, trusted string) (*pageDiff, error) {
 			d.changed[pg] = true
 		}
 		off += int64(n)
+	}
+	if d.nS > 256 && len(d.changed) > int(d.nS)/2 {
+		return nil, errMostlyChanged
 	}
 	ok = true
 	return d, nil

@@ -18,13 +18,18 @@ import (
 // them long enough for overflow chains, and returns its bytes.
 func pagesFixture(t testing.TB) []byte {
 	t.Helper()
+	return pagesFixtureN(t, 300)
+}
+
+func pagesFixtureN(t testing.TB, parts int) []byte {
+	t.Helper()
 	p := filepath.Join(t.TempDir(), "seed.db")
 	db := newOpencodeDB(t, p, false)
 	long := strings.Repeat("lorem ipsum ", 1000)
-	for i := 0; i < 300; i++ {
+	for i := 0; i < parts; i++ {
 		text := fmt.Sprintf("part %d", i)
 		if i%3 == 0 {
-			text += long[:5000+i*7]
+			text += long[:5000+i%300*7]
 		}
 		mustExec(t, db, `INSERT INTO part VALUES (?, 'msg_2', ?, 3, 3, ?)`, fmt.Sprintf("prt_l%03d", i), ocSession, `{"type":"text","text":"`+text+`"}`)
 	}
@@ -187,6 +192,26 @@ func TestChangedRowsCoverEveryChange(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestChangedRowsMostlyChanged: a turn that moved most pages (VACUUM
+// after deleting an early row) makes the update give way to the full
+// rebuild, which costs less then.
+func TestChangedRowsMostlyChanged(t *testing.T) {
+	seed := pagesFixtureN(t, 1200)
+	assert.Assert(t, len(seed)/headerPageSize(seed) > 256, "positive control: past the size the rule applies from")
+	dir := t.TempDir()
+	trusted := filepath.Join(dir, "trusted.db")
+	assert.NilError(t, os.WriteFile(trusted, seed, 0o600))
+	turn := filepath.Join(dir, "turn.db")
+	assert.NilError(t, os.WriteFile(turn, seed, 0o600))
+	db, err := sql.Open("sqlite", "file:"+turn)
+	assert.NilError(t, err)
+	mustExec(t, db, `DELETE FROM part WHERE id = 'prt_l000'`)
+	mustExec(t, db, `VACUUM`)
+	assert.NilError(t, db.Close())
+	_, err = candidateRows(t, trusted, turn)
+	assert.ErrorIs(t, err, errMostlyChanged)
 }
 
 // TestChangedRowsRefusesOddFiles: a file whose page geometry differs, or a

@@ -161,7 +161,10 @@ func updateTrusted(ctx context.Context, fd, walFd int, max int64, trusted, work 
 	tables := append([]string{"migration"}, tableNames()...)
 	// Which rows to compare: those on the pages the turn changed, or
 	// (nil) every row when the pages cannot tell (opencode_dbpages.go).
-	cand, _ := rowsOnChangedPages(ctx, c, src, trusted, tables)
+	cand, err := rowsOnChangedPages(ctx, c, src, trusted, tables)
+	if errors.Is(err, errMostlyChanged) {
+		return nil, err
+	}
 	only := map[string]string{}
 	changed := map[string]bool{}
 	for _, table := range tables {
