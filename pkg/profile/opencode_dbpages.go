@@ -33,8 +33,8 @@ import (
 // type, pointer, cycle or cell the walk does not accept) returns an error,
 // and the caller compares every row instead. Changed pages are read again
 // from the turn's file when the walk needs them: memory does not grow with
-// the change. A file more than half of whose pages changed is rebuilt in
-// full instead (errMostlyChanged).
+// the change. A file more than half of whose pages or rows changed is
+// rebuilt in full instead (errMostlyChanged).
 
 // rowsOnChangedPages returns, per table, the rowids changedRows finds, or
 // an error when every row must be compared.
@@ -83,8 +83,8 @@ func rowsOnChangedPages(ctx context.Context, c *sql.Conn, src, trusted string, t
 	return d.changedRows(tables, rootT, rootS)
 }
 
-// errMostlyChanged: more than half the turn's file changed (past a size
-// where either way is quick). Updating
+// errMostlyChanged: more than half the turn's file changed, its pages or
+// its rows (past a size where either way is quick). Updating
 // trusted.db row by row then costs more than a full rebuild (deleting and
 // inserting most rows through its rollback journal), so the update gives
 // way to the full rebuild.
@@ -360,6 +360,7 @@ func leafCells(p []byte, h, usable int, chain func(uint32) ([]byte, bool)) ([]le
 func (d *pageDiff) changedRows(tables []string, rootT, rootS map[string]uint32) (map[string][]int64, error) {
 	out := map[string][]int64{}
 	seenT, seenS := map[uint32]bool{}, map[uint32]bool{}
+	rowsT, cand := 0, 0
 	for _, table := range tables {
 		type tleaf struct {
 			cells []leafCell
@@ -371,6 +372,7 @@ func (d *pageDiff) changedRows(tables []string, rootT, rootS map[string]uint32) 
 			if err != nil {
 				return fmt.Errorf("trusted page %d: %w", pg, err)
 			}
+			rowsT += len(cells)
 			l := &tleaf{cells: cells}
 			l.dirty = d.changed[pg]
 			for _, c := range cells {
@@ -409,6 +411,10 @@ func (d *pageDiff) changedRows(tables []string, rootT, rootS map[string]uint32) 
 			}
 		}
 		out[table] = rows
+		cand += len(rows)
+	}
+	if d.nS > 256 && cand > rowsT/2 {
+		return nil, errMostlyChanged
 	}
 	return out, nil
 }

@@ -195,8 +195,8 @@ func TestChangedRowsCoverEveryChange(t *testing.T) {
 }
 
 // TestChangedRowsMostlyChanged: a turn that moved most pages (VACUUM
-// after deleting an early row) makes the update give way to the full
-// rebuild, which costs less then.
+// after deleting an early row), or rewrote most rows, makes the update
+// give way to the full rebuild, which costs less then.
 func TestChangedRowsMostlyChanged(t *testing.T) {
 	seed := pagesFixtureN(t, 1200)
 	assert.Assert(t, len(seed)/headerPageSize(seed) > 256, "positive control: past the size the rule applies from")
@@ -210,6 +210,20 @@ func TestChangedRowsMostlyChanged(t *testing.T) {
 	mustExec(t, db, `DELETE FROM part WHERE id = 'prt_l000'`)
 	mustExec(t, db, `VACUUM`)
 	assert.NilError(t, db.Close())
+	_, err = candidateRows(t, trusted, turn)
+	assert.ErrorIs(t, err, errMostlyChanged)
+
+	// Most rows rewritten, their long values' overflow pages left as
+	// they were: fewer than half the pages changed, most rows did.
+	assert.NilError(t, os.WriteFile(turn, seed, 0o600))
+	db, err = sql.Open("sqlite", "file:"+turn)
+	assert.NilError(t, err)
+	mustExec(t, db, `UPDATE part SET time_updated = 7 WHERE id LIKE 'prt_l%' AND rowid % 5 != 0`)
+	assert.NilError(t, db.Close())
+	d, err := comparePages(turn, trusted)
+	assert.NilError(t, err, "positive control: fewer than half the pages changed")
+	assert.Assert(t, len(d.changed) < int(d.nS)/2)
+	d.close()
 	_, err = candidateRows(t, trusted, turn)
 	assert.ErrorIs(t, err, errMostlyChanged)
 }
