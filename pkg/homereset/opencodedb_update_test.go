@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
 )
@@ -509,4 +510,69 @@ func TestOpencodeDBUpdateOverflowEdit(t *testing.T) {
 	assert.NilError(t, err)
 	assert.DeepEqual(t, full.Dropped, rep.Dropped)
 	assert.Equal(t, dumpRows(t, fpath), got)
+}
+
+// TestOpencodeDBUpdateRewritesInPlace: a changed file is rewritten in its
+// own inode to the trusted copy's bytes (no 100 MiB copy); what the cage
+// set on that inode besides its bytes — extended attributes, owner, mode —
+// does not survive. A file with a second link is never rewritten (the
+// other name would change too): the trusted copy is copied as before.
+func TestOpencodeDBUpdateRewritesInPlace(t *testing.T) {
+	task, path, ino := updateTask(t)
+	ctx := context.Background()
+	mustExec(t, openRW(t, path), `UPDATE part SET data = '{"type":"text","text":"edited"}' WHERE id = 'prt_3'`)
+	assert.NilError(t, unix.Setxattr(path, "user.shrooms-planted", []byte("PLANTED-xattr"), 0))
+	assert.NilError(t, os.Chmod(path, 0o666))
+	// Positive control: the attribute is there.
+	buf := make([]byte, 64)
+	n, err := unix.Getxattr(path, "user.shrooms-planted", buf)
+	assert.NilError(t, err)
+	assert.Equal(t, string(buf[:n]), "PLANTED-xattr")
+	turnIno := fileIno(t, path)
+
+	_, err = Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	assertUpdated(t, task, ino)
+	assert.Equal(t, fileIno(t, path), turnIno, "the turn's inode was not rewritten in place")
+	trusted, err := filepath.Glob(filepath.Join(task.Root, metaName, dbStateName, "*", "trusted.db"))
+	assert.NilError(t, err)
+	want, err := os.ReadFile(trusted[0])
+	assert.NilError(t, err)
+	got, err := os.ReadFile(path)
+	assert.NilError(t, err)
+	assert.Assert(t, bytes.Equal(got, want), "the rewritten file is not the trusted copy's bytes")
+	assert.Assert(t, strings.Contains(dumpRows(t, path), "edited"))
+	n, err = unix.Listxattr(path, buf)
+	assert.NilError(t, err)
+	assert.Equal(t, n, 0, "extended attributes survived: %q", buf[:n])
+	st, err := os.Stat(path)
+	assert.NilError(t, err)
+	assert.Equal(t, st.Mode().Perm(), os.FileMode(0o600))
+	_, err = os.Stat(filepath.Join(filepath.Dir(trusted[0]), "patching"))
+	assert.Assert(t, os.IsNotExist(err), "the patch mark is left")
+	_, err = Cleanup(ctx, task.Root)
+	assert.NilError(t, err)
+
+	// A second link: copied, the linked inode left as the turn wrote it.
+	mustExec(t, openRW(t, path), `UPDATE part SET data = '{"type":"text","text":"edited again"}' WHERE id = 'prt_3'`)
+	assert.NilError(t, os.Link(path, filepath.Join(filepath.Dir(path), "second-link")))
+	turn, err := os.ReadFile(path)
+	assert.NilError(t, err)
+	keep, err := os.Open(path)
+	assert.NilError(t, err)
+	defer keep.Close()
+	_, err = Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	assert.Assert(t, fileIno(t, path) != turnIno, "a file with two links was rewritten in place")
+	still := make([]byte, len(turn)+1)
+	n, _ = keep.ReadAt(still, 0)
+	assert.Assert(t, bytes.Equal(still[:n], turn), "the other link's bytes changed")
+	assert.Assert(t, strings.Contains(dumpRows(t, path), "edited again"))
+}
+
+func fileIno(t *testing.T, path string) uint64 {
+	t.Helper()
+	st, err := os.Stat(path)
+	assert.NilError(t, err)
+	return st.Sys().(*syscall.Stat_t).Ino
 }

@@ -50,6 +50,30 @@ const trustedDB = "trusted.db"
 
 // updateOpencodeDB is opencode.db's Rule.Update.
 func updateOpencodeDB(ctx context.Context, fd, walFd int, max int64, state string, out io.Writer) ([]RowDrop, error) {
+	var drops []RowDrop
+	if mine, err := patchMarked(fd, state); err != nil {
+		return nil, err
+	} else if !mine {
+		// (A file an interrupted in-place update half rewrote: its
+		// changes are in trusted.db already.)
+		if drops, err = refreshTrusted(ctx, fd, walFd, max, state); err != nil {
+			return nil, err
+		}
+	}
+	f, err := os.Open(filepath.Join(state, trustedDB))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if _, err := io.Copy(out, f); err != nil {
+		return nil, err
+	}
+	return drops, nil
+}
+
+// refreshTrusted brings trusted.db up to date with the turn's file: the
+// in-place update, or the full rebuild (whose output becomes trusted.db).
+func refreshTrusted(ctx context.Context, fd, walFd int, max int64, state string) ([]RowDrop, error) {
 	pinned, err := parseSchema(opencodeSchemaText)
 	if err != nil {
 		return nil, err
@@ -92,14 +116,6 @@ func updateOpencodeDB(ctx context.Context, fd, walFd int, max int64, state strin
 			return nil, err
 		}
 		drops = full
-	}
-	f, err := os.Open(trusted)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	if _, err := io.Copy(out, f); err != nil {
-		return nil, err
 	}
 	return drops, nil
 }
@@ -306,9 +322,12 @@ func sameAsTrusted(fd, walFd int, state string) bool {
 		return false
 	}
 	// A hot journal: an update was interrupted, and SQLite rolls it
-	// back when the update opens the trusted copy.
-	if _, err := os.Lstat(filepath.Join(state, trustedDB+"-journal")); !errors.Is(err, os.ErrNotExist) {
-		return false
+	// back when the update opens the trusted copy. A patch mark: an
+	// in-place update was (opencode_dbpatch.go).
+	for _, n := range []string{trustedDB + "-journal", patchMark} {
+		if _, err := os.Lstat(filepath.Join(state, n)); !errors.Is(err, os.ErrNotExist) {
+			return false
+		}
 	}
 	t, err := os.Open(filepath.Join(state, trustedDB))
 	if err != nil {
