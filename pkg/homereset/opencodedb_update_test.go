@@ -576,3 +576,22 @@ func fileIno(t *testing.T, path string) uint64 {
 	assert.NilError(t, err)
 	return st.Sys().(*syscall.Stat_t).Ino
 }
+
+// TestOpencodeDBCarriedLosesXattrs: an untouched file is carried as it is
+// (its inode linked), but not the extended attributes the cage set on it.
+func TestOpencodeDBCarriedLosesXattrs(t *testing.T) {
+	task, path, _ := updateTask(t)
+	assert.NilError(t, unix.Setxattr(path, "user.shrooms-planted", []byte("PLANTED-xattr"), 0))
+	buf := make([]byte, 64)
+	n, err := unix.Getxattr(path, "user.shrooms-planted", buf)
+	assert.NilError(t, err, "positive control")
+	assert.Equal(t, string(buf[:n]), "PLANTED-xattr")
+	ino := fileIno(t, path)
+	rep, err := Reset(context.Background(), ResetInput{Task: task})
+	assert.NilError(t, err)
+	assert.Assert(t, is.Contains(rep.Kept, ocDB), "carried as it is: %+v", rep)
+	assert.Equal(t, fileIno(t, path), ino)
+	n, err = unix.Listxattr(path, buf)
+	assert.NilError(t, err)
+	assert.Equal(t, n, 0, "extended attributes survived: %q", buf[:n])
+}

@@ -567,6 +567,10 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 // fd) into fr's stage directory, and gives it to the agent with the
 // keep-list's mode.
 func (b *builder) link(fd int, fr *walkFrame, name, rel string, mode uint32) error {
+	// The bytes were checked, not what else the cage set on the inode.
+	if err := removeXattrs(fd); err != nil {
+		return fmt.Errorf("stage %s: %w", rel, err)
+	}
 	dir, err := b.stageDir(fr)
 	if err != nil {
 		return fmt.Errorf("stage %s: %w", rel, err)
