@@ -31,9 +31,10 @@ import (
 // committed); it goes only once the inode is trusted.db's bytes. A reset
 // that finds the mark naming its file knows that file's changes are in
 // trusted.db already, and only finishes the rewrite (or, copying, copies
-// trusted.db). A file with another link (nlink > 1), or a -wal beside it,
-// is not rewritten: the reset copies trusted.db as before, and so it does
-// when the rewrite fails (Update then finds the mark naming the file).
+// trusted.db). A -wal beside the file is first folded into it in place
+// (foldInPlace). A file with another link (nlink > 1) is not rewritten:
+// the reset copies trusted.db as before, and so it does when the fold or
+// the rewrite fails (Update then finds the mark naming the file).
 
 // patchMark is the patch mark's name in the state directory.
 const patchMark = "patching"
@@ -52,14 +53,53 @@ func updateOpencodeDBInPlace(ctx context.Context, fd, walFd int, max int64, stat
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, false, err
 	}
-	if walFd >= 0 || st.Nlink != 1 || st.Mode&unix.S_IFMT != unix.S_IFREG {
+	if st.Nlink != 1 || st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, false, nil
+	}
+	if walFd >= 0 {
+		if err := foldInPlace(ctx, fd, walFd, state); err != nil {
+			return nil, false, nil // Update folds a private copy
+		}
+		walFd = -1
 	}
 	drops, err := refreshTrusted(ctx, fd, walFd, max, state)
 	if err != nil {
 		return nil, false, err
 	}
 	return drops, patchInode(fd, state) == nil, nil
+}
+
+// foldInPlace checkpoints the -wal (walFd) into the turn's file's own
+// inode, as SQLite does at a clean close: both inodes linked into a
+// private directory of state (SQLite never resolves a path in the HOME),
+// the database left out of WAL mode. A crash in the middle leaves the
+// pair as SQLite's recovery expects it (the WAL is truncated only once its
+// frames are in the file): the next reset folds again.
+func foldInPlace(ctx context.Context, fd, walFd int, state string) error {
+	dir := filepath.Join(state, "fold")
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	db := filepath.Join(dir, "turn.db")
+	for _, l := range []struct {
+		fd   int
+		path string
+	}{{fd, db}, {walFd, db + "-wal"}} {
+		if err := unix.Linkat(l.fd, "", unix.AT_FDCWD, l.path, unix.AT_EMPTY_PATH); err != nil {
+			return fmt.Errorf("link: %w", err)
+		}
+	}
+	if err := foldWAL(ctx, db); err != nil {
+		return err
+	}
+	if err := syncFile(db); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
 }
 
 // markText is the patch mark's content for an inode.
