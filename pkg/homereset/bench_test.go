@@ -109,14 +109,17 @@ func benchConfig() *config.Config {
 // the same turn's file (no trusted copy: copy, WAL fold, schema and
 // integrity check, every allowlisted row copied into a fresh database and
 // its JSON checked), which was every reset before the update; full-ms,
-// reset-ms (the update) and x-vs-full are reported.
+// reset-ms (the update) and x-vs-full are reported. /wal leaves the
+// turn's change in a -wal beside the file, as opencode does.
 func BenchmarkResetOpencodeDB(b *testing.B) {
 	for _, bc := range []struct {
 		name    string
 		size    int
-		changed int // -1: no turn change
-	}{{"nodb", 0, -1}, {"db=100MiB/unchanged", 100 << 20, -1}, {"db=100MiB/changed=1", 100 << 20, 1},
-		{"db=100MiB/changed=100", 100 << 20, 100}, {"db=100MiB/changed=10000", 100 << 20, 10000}} {
+		changed int  // -1: no turn change
+		wal     bool // the turn's change left in a -wal, as opencode leaves it
+	}{{"nodb", 0, -1, false}, {"db=100MiB/unchanged", 100 << 20, -1, false}, {"db=100MiB/changed=1", 100 << 20, 1, false},
+		{"db=100MiB/changed=100", 100 << 20, 100, false}, {"db=100MiB/changed=10000", 100 << 20, 10000, false},
+		{"db=100MiB/changed=100/wal", 100 << 20, 100, true}} {
 		b.Run(bc.name, func(b *testing.B) {
 			task := benchTask(b)
 			task.Profiles = []string{"opencode", "shell"}
@@ -126,6 +129,7 @@ func BenchmarkResetOpencodeDB(b *testing.B) {
 				must(b, os.MkdirAll(filepath.Dir(dst), 0o755))
 				must(b, os.WriteFile(dst, data, 0o600))
 			}
+			var wal []byte
 			reset := func(i int, update bool) time.Duration {
 				t0 := time.Now()
 				rep, err := Reset(ctx, ResetInput{Task: task})
@@ -156,10 +160,7 @@ func BenchmarkResetOpencodeDB(b *testing.B) {
 				b.StopTimer()
 				var turn []byte
 				if bc.changed > 0 {
-					benchTurnRows(b, dst, bc.changed, i)
-					var err error
-					turn, err = os.ReadFile(dst)
-					must(b, err)
+					turn, wal = benchTurnRows(b, dst, bc.changed, i, bc.wal)
 				}
 				b.StartTimer()
 				upd += reset(i, true)
@@ -167,6 +168,9 @@ func BenchmarkResetOpencodeDB(b *testing.B) {
 					// The same turn's file, rebuilt in full.
 					b.StopTimer()
 					put(turn)
+					if wal != nil {
+						must(b, os.WriteFile(dst+"-wal", wal, 0o600))
+					}
 					must(b, os.RemoveAll(filepath.Join(task.Root, metaName, dbStateName)))
 					b.StartTimer()
 					full += reset(i, false)
@@ -185,11 +189,20 @@ func BenchmarkResetOpencodeDB(b *testing.B) {
 // benchTurnRows changes n part rows of the kept database at path as a turn
 // of opencode does (a part's JSON rewritten: a tool call's end time, a text
 // part's times; the fixture's other parts are left alone), spread evenly
-// over the table; round i picks other rows and other values.
-func benchTurnRows(b *testing.B, path string, n, i int) {
+// over the table; round i picks other rows and other values. It returns
+// the file and, with wal, the -wal opencode leaves beside it holding the
+// change (the file itself is then as the last reset wrote it).
+func benchTurnRows(b *testing.B, path string, n, i int, wal bool) ([]byte, []byte) {
 	db, err := sql.Open("sqlite", "file:"+path)
 	must(b, err)
 	defer db.Close()
+	db.SetMaxOpenConns(1)
+	if wal {
+		for _, p := range []string{"PRAGMA journal_mode=WAL", "PRAGMA wal_autocheckpoint=0"} {
+			_, err := db.Exec(p)
+			must(b, err)
+		}
+	}
 	var rows int
 	must(b, db.QueryRow(`SELECT count(*) FROM part WHERE data->>'$.type' IN ('tool', 'text')`).Scan(&rows))
 	step := max(1, rows/n)
@@ -200,6 +213,18 @@ func benchTurnRows(b *testing.B, path string, n, i int) {
 	if k, _ := res.RowsAffected(); k != int64(min(n, rows)) {
 		b.Fatalf("changed %d rows, not %d", k, n)
 	}
+	// Read while open: closing the last connection checkpoints the WAL.
+	main, err := os.ReadFile(path)
+	must(b, err)
+	if !wal {
+		return main, nil
+	}
+	w, err := os.ReadFile(path + "-wal")
+	must(b, err)
+	must(b, db.Close())
+	must(b, os.WriteFile(path, main, 0o600))
+	must(b, os.WriteFile(path+"-wal", w, 0o600))
+	return main, w
 }
 
 // benchOpencodeDB writes an opencode.db of about size bytes of session rows
