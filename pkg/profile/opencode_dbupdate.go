@@ -30,7 +30,8 @@ import (
 // as a full rebuild filters it (copyRows: the same SQL, the same JSON
 // checks and pins) and written into trusted.db in its place; a row
 // trusted.db holds and the turn's file does not is deleted. Then
-// trusted.db is copied into the new HOME.
+// trusted.db is copied into the new HOME — or, usually, the turn's own
+// inode is rewritten to trusted.db's bytes (opencode_dbpatch.go).
 //
 // Nothing of the turn's file but row values reaching that filter gets into
 // trusted.db: not its header (page size, encoding, application_id,
