@@ -568,7 +568,7 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 // keep-list's mode.
 func (b *builder) link(fd int, fr *walkFrame, name, rel string, mode uint32) error {
 	// The bytes were checked, not what else the cage set on the inode.
-	if err := removeXattrs(fd); err != nil {
+	if err := profile.RemoveXattrs("/proc/self/fd/" + strconv.Itoa(fd)); err != nil {
 		return fmt.Errorf("stage %s: %w", rel, err)
 	}
 	dir, err := b.stageDir(fr)

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"strings"
 
 	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"golang.org/x/sys/unix"
@@ -314,30 +313,4 @@ func closeFrames(stack []*rmFrame) {
 	for _, f := range stack {
 		f.dir.Close()
 	}
-}
-
-// removeXattrs removes every extended attribute (user.* attributes, ACLs)
-// of the file behind the O_PATH fd.
-func removeXattrs(fd int) error {
-	p := "/proc/self/fd/" + strconv.Itoa(fd)
-	n, err := unix.Listxattr(p, nil)
-	if errors.Is(err, unix.ENOTSUP) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("list extended attributes: %w", err)
-	}
-	buf := make([]byte, n+1)
-	if n, err = unix.Listxattr(p, buf); err != nil {
-		return fmt.Errorf("list extended attributes: %w", err)
-	}
-	for _, name := range strings.Split(string(buf[:n]), "\x00") {
-		if err := unix.Removexattr(p, name); name != "" && err != nil && !errors.Is(err, unix.ENODATA) {
-			return fmt.Errorf("remove extended attribute %q: %w", name, err)
-		}
-	}
-	if n, err := unix.Listxattr(p, nil); err != nil || n != 0 {
-		return fmt.Errorf("extended attributes left (%d bytes): %v", n, err)
-	}
-	return nil
 }

@@ -148,7 +148,7 @@ func patchInode(fd int, state string) error {
 	if fst.Dev != st.Dev || fst.Ino != st.Ino || fst.Mode&unix.S_IFMT != unix.S_IFREG {
 		return errors.New("file changed while being rewritten")
 	}
-	if err := removeXattrs(int(f.Fd())); err != nil {
+	if err := RemoveXattrs("/proc/self/fd/" + strconv.Itoa(int(f.Fd()))); err != nil {
 		return err
 	}
 	t, err := os.Open(filepath.Join(state, trustedDB))
@@ -184,29 +184,42 @@ func patchInode(fd int, state string) error {
 	return removeSynced(state, patchMark)
 }
 
-// removeXattrs removes every extended attribute of the open file fd.
-func removeXattrs(fd int) error {
-	n, err := unix.Flistxattr(fd, nil)
-	if errors.Is(err, unix.ENOTSUP) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("list extended attributes: %w", err)
-	}
-	buf := make([]byte, n+1)
-	if n, err = unix.Flistxattr(fd, buf); err != nil {
-		return fmt.Errorf("list extended attributes: %w", err)
-	}
-	for _, name := range strings.Split(string(buf[:n]), "\x00") {
-		if name == "" {
-			continue
+// RemoveXattrs removes every extended attribute of the file at path (a
+// /proc/self/fd link for a checked inode) that a cage could have set:
+// user.* attributes, ACLs, file capabilities. The host's security labels
+// (security.selinux and the like) stay: only the host's policy sets them.
+func RemoveXattrs(path string) error {
+	names := func() ([]string, error) {
+		n, err := unix.Listxattr(path, nil)
+		if errors.Is(err, unix.ENOTSUP) || err == nil && n == 0 {
+			return nil, nil
 		}
-		if err := unix.Fremovexattr(fd, name); err != nil && !errors.Is(err, unix.ENODATA) {
+		if err != nil {
+			return nil, fmt.Errorf("list extended attributes: %w", err)
+		}
+		buf := make([]byte, n+1)
+		if n, err = unix.Listxattr(path, buf); err != nil {
+			return nil, fmt.Errorf("list extended attributes: %w", err)
+		}
+		var out []string
+		for _, name := range strings.Split(string(buf[:n]), "\x00") {
+			if name != "" && (!strings.HasPrefix(name, "security.") || name == "security.capability") {
+				out = append(out, name)
+			}
+		}
+		return out, nil
+	}
+	list, err := names()
+	if err != nil {
+		return err
+	}
+	for _, name := range list {
+		if err := unix.Removexattr(path, name); err != nil && !errors.Is(err, unix.ENODATA) {
 			return fmt.Errorf("remove extended attribute %q: %w", name, err)
 		}
 	}
-	if n, err := unix.Flistxattr(fd, buf); err != nil || n != 0 {
-		return fmt.Errorf("extended attributes left (%d bytes): %v", n, err)
+	if left, err := names(); err != nil || len(left) > 0 {
+		return fmt.Errorf("extended attributes left (%q): %v", left, err)
 	}
 	return nil
 }
