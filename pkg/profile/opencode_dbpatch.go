@@ -21,9 +21,9 @@ import (
 // What makes it trusted.db's bytes is the comparison of every block with
 // trusted.db, not anything the cage could have set up: the result is
 // byte for byte the copy the reset would have written. What the inode
-// carries besides its bytes goes: every extended attribute (the cage may
-// set user.* attributes and ACLs on its files) is removed, and the reset
-// sets its owner and mode as for any carried file.
+// carries besides its bytes goes: every extended attribute a cage can set
+// (user.* attributes, ACLs, file capabilities) is removed (RemoveXattrs),
+// and the reset sets its owner and mode as for any carried file.
 //
 // The inode is the old HOME's file, so a crash in the middle leaves it
 // half rewritten. Before the first byte is written, the patch mark in the
