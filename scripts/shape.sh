@@ -17,6 +17,7 @@ echo "shrooms imports of pkg/probe (the in-cage battery): $(go list -tags "$TAGS
 echo "homereset lines (non-test; code lines, i.e. not blank or comment / wc -l): $(nontest pkg/homereset | xargs cat | grep -v '^\s*$' | grep -cv '^\s*//') / $(nontest pkg/homereset | xargs cat | wc -l)"
 echo "funcs taking task string in pkg/: $(nontest pkg | xargs grep -hE '^func .*\btask string' | wc -l)"
 echo "test harness types (env, harness, cageEnv, fixture, world in tests and internal/itest): $(find cmd pkg internal test -name '*.go' | xargs grep -hE '^type (env|harness|cageEnv|fixture|world|Env) struct' | wc -l)"
+echo "test files removing HOMEs by hand: $(grep -rlE 'Home\(\)\.Remove|homes\(\)\.Remove|NewStore\([^)]*\)\.Remove|Homes\.Remove|homestore\.Remove\(' --include='*_test.go' cmd pkg test | wc -l)"
 echo "fault-kind wrapping sites (lines with fmt.Errorf(… fault.X …)): $(nontest pkg cmd | xargs grep -hE 'Errorf\(.*fault\.[A-Z]' | wc -l)"
 echo "fault-kind decisions (those, plus fault.Wrap/Wrapf/Default/Phase calls outside pkg/fault): $(nontest pkg cmd | grep -v '^pkg/fault/' | xargs grep -hE 'Errorf\(.*fault\.[A-Z]|fault\.(Wrap|Wrapf|Default|Phase)\(' | wc -l)"
 # The walk of a turn's request (tools/walk, its own module: golang.org/x/tools

@@ -14,6 +14,8 @@ import (
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
 	"gotest.tools/v3/golden"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
 )
 
 // These tests run without root and without podman: the config names a
@@ -23,16 +25,16 @@ import (
 const downSocket = "unix:///run/shrooms-test-nonexistent/podman.sock"
 
 // downEnv is a config whose podman is unreachable.
-func downEnv(t *testing.T, extra string) *env {
+func downEnv(t *testing.T, extra string) *itest.Env {
 	t.Helper()
-	dir := t.TempDir()
-	e := &env{t: t, dir: dir, prefix: "down"}
-	e.config = filepath.Join(dir, "config.toml")
+	e := itest.New(t, "dn", itest.WithMain(run), itest.WithoutPodman())
+	dir := e.Dir
+	e.Config = filepath.Join(dir, "config.toml")
 	network := "[network]\npolicy = \"none\"\n"
 	if strings.Contains(extra, "[network]") {
 		network = ""
 	}
-	assert.NilError(t, os.WriteFile(e.config, []byte(fmt.Sprintf(`[podman]
+	assert.NilError(t, os.WriteFile(e.Config, []byte(fmt.Sprintf(`[podman]
 socket = %q
 [state]
 dir = %q
@@ -63,9 +65,9 @@ func lastObject(t *testing.T, stdout string) map[string]any {
 func TestGlobalFlagsBeforeOrAfterTheCommand(t *testing.T) {
 	e := downEnv(t, "")
 	for _, args := range [][]string{
-		{"--json", "--config", e.config, "run", "--task", "../x", "--agent", "shell"},
-		{"run", "--task", "../x", "--agent", "shell", "--json", "--config", e.config},
-		{"--config", e.config, "run", "--json", "--task", "../x", "--agent", "shell"},
+		{"--json", "--config", e.Config, "run", "--task", "../x", "--agent", "shell"},
+		{"run", "--task", "../x", "--agent", "shell", "--json", "--config", e.Config},
+		{"--config", e.Config, "run", "--json", "--task", "../x", "--agent", "shell"},
 	} {
 		code, stdout, stderr := shroomsCLI(args...)
 		assert.Equal(t, code, ExitUsage, "%v: %s", args, stderr)
@@ -74,11 +76,11 @@ func TestGlobalFlagsBeforeOrAfterTheCommand(t *testing.T) {
 		assert.Assert(t, is.Contains(m["error"].(string), `invalid task id "../x"`), args)
 	}
 	// After "--" a flag is the agent's, not shrooms'.
-	code, stdout, _ := shroomsCLI("--config", e.config, "run", "--task", "../x", "--agent", "shell", "--", "--json")
+	code, stdout, _ := shroomsCLI("--config", e.Config, "run", "--task", "../x", "--agent", "shell", "--", "--json")
 	assert.Equal(t, code, ExitUsage)
 	assert.Equal(t, stdout, "", "no --json before --: no JSON")
 
-	t.Setenv("SHROOMS_CONFIG", e.config)
+	t.Setenv("SHROOMS_CONFIG", e.Config)
 	code, stdout, _ = shroomsCLI("version", "--json")
 	assert.Equal(t, code, 0)
 	assert.Equal(t, lastObject(t, stdout)["version"], version)
@@ -128,7 +130,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"commit", "--task", "t"}, "required flag --message not set"},
 		{[]string{"run", "--task", "t", "--agent", "shell", "--stdin", "--no-stdin"}, "--stdin and --no-stdin contradict each other"},
 	} {
-		code, stdout, stderr := shroomsCLI(append([]string{"--config", e.config}, tc.args...)...)
+		code, stdout, stderr := shroomsCLI(append([]string{"--config", e.Config}, tc.args...)...)
 		assert.Equal(t, code, ExitUsage, "%v: %s", tc.args, stderr)
 		assert.Equal(t, stdout, "", tc.args)
 		assert.Assert(t, is.Contains(stderr, tc.want), tc.args)
@@ -152,9 +154,9 @@ func TestValidationBeforePodman(t *testing.T) {
 	assert.NilError(t, syscall.Mkfifo(fifo, 0o600))
 	good := downEnv(t, "")
 	existing := downEnv(t, "") // with state of task t1
-	assert.NilError(t, os.MkdirAll(filepath.Join(existing.dir, "state", "tasks", "t1"), 0o700))
-	turn := func(e *env, extra ...string) []string {
-		return append([]string{"--config", e.config, "run", "--task", "t1", "--agent", "shell"}, extra...)
+	assert.NilError(t, os.MkdirAll(filepath.Join(existing.Dir, "state", "tasks", "t1"), 0o700))
+	turn := func(e *itest.Env, extra ...string) []string {
+		return append([]string{"--config", e.Config, "run", "--task", "t1", "--agent", "shell"}, extra...)
 	}
 	cases := []struct {
 		name string
@@ -163,8 +165,8 @@ func TestValidationBeforePodman(t *testing.T) {
 		want string
 	}{
 		{"positive control: good input reaches podman", turn(good, "--worktree", repo), ExitHostNotReady, "podman API unreachable"},
-		{"task id", []string{"--config", good.config, "run", "--task", "A/b", "--agent", "shell"}, ExitUsage, "invalid task id"},
-		{"agent", []string{"--config", good.config, "run", "--task", "t1", "--agent", "nope"}, ExitUsage, `unknown agent "nope"`},
+		{"task id", []string{"--config", good.Config, "run", "--task", "A/b", "--agent", "shell"}, ExitUsage, "invalid task id"},
+		{"agent", []string{"--config", good.Config, "run", "--task", "t1", "--agent", "nope"}, ExitUsage, `unknown agent "nope"`},
 		{"worktree missing", turn(good, "--worktree", filepath.Join(dir, "nope")), ExitUsage, "no such file or directory"},
 		{"worktree not a git work tree", turn(good, "--worktree", plain), ExitUsage, "not a git work tree"},
 		{"worktree /tmp", turn(good, "--worktree", "/tmp"), ExitUsage, `worktree "/tmp"`},
@@ -177,18 +179,18 @@ func TestValidationBeforePodman(t *testing.T) {
 		{"token_env scalar", turn(downEnv(t, "[agents.shell]\ncommand = [\"sh\"]\nhome = [\"shell\"]\ntoken_env = \"KEY\"\n")), ExitUsage, "agents.shell.token_env: must be a table"},
 		{"hostname_format", turn(downEnv(t, "[cage]\nhostname_format = \"cage-%d\"\n")), ExitUsage, "cage.hostname_format"},
 		{"allowlist entry", turn(downEnv(t, "[network]\npolicy = \"allowlist\"\nallow = [\"10.0.0.0/8\"]\n")), ExitUsage, "network.allow[0]"},
-		{"bootstrap task id", []string{"--config", good.config, "bootstrap", "--task", "../x"}, ExitUsage, "invalid task id"},
-		{"bootstrap agent", []string{"--config", good.config, "bootstrap", "--task", "t1", "--agent", "nope"}, ExitUsage, "unknown agent"},
-		{"reset agent", []string{"--config", existing.config, "reset", "--task", "t1", "--agent", "nope"}, ExitUsage, "unknown agent"},
-		{"positive control: an existing task reaches podman", []string{"--config", existing.config, "forget", "--task", "t1"}, ExitHostNotReady, "podman API unreachable"},
-		{"forget task id", []string{"--config", good.config, "forget", "--task", "../x"}, ExitUsage, "invalid task id"},
-		{"reset unknown task", []string{"--config", good.config, "reset", "--task", "never-ran"}, ExitUsage, `unknown task "never-ran"`},
-		{"trust unknown task", []string{"--config", good.config, "trust", "--task", "never-ran"}, ExitUsage, `unknown task "never-ran"`},
-		{"outbox task id", []string{"--config", good.config, "outbox", "collect", "--task", "../x"}, ExitUsage, "invalid task id"},
-		{"commit task id", []string{"--config", good.config, "commit", "--task", "../x", "-m", "x"}, ExitUsage, "invalid task id"},
-		{"spec worktree", []string{"--config", good.config, "spec", "--task", "t1", "--agent", "shell", "--worktree", plain}, ExitUsage, "not a git work tree"},
-		{"prepare agent", []string{"--config", good.config, "prepare", "--task", "t1", "--agent", "nope"}, ExitUsage, "unknown agent"},
-		{"probe agent", []string{"--config", good.config, "probe", "--agent", "nope"}, ExitUsage, "unknown agent"},
+		{"bootstrap task id", []string{"--config", good.Config, "bootstrap", "--task", "../x"}, ExitUsage, "invalid task id"},
+		{"bootstrap agent", []string{"--config", good.Config, "bootstrap", "--task", "t1", "--agent", "nope"}, ExitUsage, "unknown agent"},
+		{"reset agent", []string{"--config", existing.Config, "reset", "--task", "t1", "--agent", "nope"}, ExitUsage, "unknown agent"},
+		{"positive control: an existing task reaches podman", []string{"--config", existing.Config, "forget", "--task", "t1"}, ExitHostNotReady, "podman API unreachable"},
+		{"forget task id", []string{"--config", good.Config, "forget", "--task", "../x"}, ExitUsage, "invalid task id"},
+		{"reset unknown task", []string{"--config", good.Config, "reset", "--task", "never-ran"}, ExitUsage, `unknown task "never-ran"`},
+		{"trust unknown task", []string{"--config", good.Config, "trust", "--task", "never-ran"}, ExitUsage, `unknown task "never-ran"`},
+		{"outbox task id", []string{"--config", good.Config, "outbox", "collect", "--task", "../x"}, ExitUsage, "invalid task id"},
+		{"commit task id", []string{"--config", good.Config, "commit", "--task", "../x", "-m", "x"}, ExitUsage, "invalid task id"},
+		{"spec worktree", []string{"--config", good.Config, "spec", "--task", "t1", "--agent", "shell", "--worktree", plain}, ExitUsage, "not a git work tree"},
+		{"prepare agent", []string{"--config", good.Config, "prepare", "--task", "t1", "--agent", "nope"}, ExitUsage, "unknown agent"},
+		{"probe agent", []string{"--config", good.Config, "probe", "--agent", "nope"}, ExitUsage, "unknown agent"},
 	}
 	for _, tc := range cases {
 		code, _, stderr := shroomsCLI(tc.args...)
@@ -196,7 +198,7 @@ func TestValidationBeforePodman(t *testing.T) {
 		assert.Assert(t, is.Contains(stderr, tc.want), tc.name)
 		assert.Equal(t, strings.Count(stderr, "\n"), 1, "%s: one line: %q", tc.name, stderr)
 	}
-	_, err := os.Stat(filepath.Join(good.dir, "state"))
+	_, err := os.Stat(filepath.Join(good.Dir, "state"))
 	assert.Assert(t, os.IsNotExist(err), "bad input wrote no state")
 }
 
@@ -208,30 +210,30 @@ const shellUsesK = "[agents.shell]\ncommand = [\"sh\"]\nhome = [\"shell\"]\ntoke
 // JSON object, compared with golden files (go test -update rewrites them).
 func TestJSONErrorGolden(t *testing.T) {
 	e := downEnv(t, "")
-	assert.NilError(t, os.MkdirAll(filepath.Join(e.dir, "state", "tasks", "t1"), 0o700)) // task t1 exists
+	assert.NilError(t, os.MkdirAll(filepath.Join(e.Dir, "state", "tasks", "t1"), 0o700)) // task t1 exists
 	bad := downEnv(t, "[agents.shell]\ncommand = [\"sh\"]\nhome = [\"shell\"]\nenv = \"FOO=1\"\n")
 	for _, tc := range []struct {
 		name string
 		args []string
 		code int
 	}{
-		{"run-bad-task", []string{"--config", e.config, "run", "--task", "../x", "--agent", "shell", "--json"}, ExitUsage},
-		{"run-podman-down", []string{"--config", e.config, "run", "--task", "t1", "--agent", "shell", "--json"}, ExitHostNotReady},
-		{"run-bad-config", []string{"--config", bad.config, "run", "--task", "t1", "--agent", "shell", "--json"}, ExitUsage},
-		{"run-bad-flag", []string{"--config", e.config, "run", "--task", "t1", "--bogus", "--json"}, ExitUsage},
-		{"run-missing-flag", []string{"--json", "--config", e.config, "run", "--agent", "shell"}, ExitUsage},
+		{"run-bad-task", []string{"--config", e.Config, "run", "--task", "../x", "--agent", "shell", "--json"}, ExitUsage},
+		{"run-podman-down", []string{"--config", e.Config, "run", "--task", "t1", "--agent", "shell", "--json"}, ExitHostNotReady},
+		{"run-bad-config", []string{"--config", bad.Config, "run", "--task", "t1", "--agent", "shell", "--json"}, ExitUsage},
+		{"run-bad-flag", []string{"--config", e.Config, "run", "--task", "t1", "--bogus", "--json"}, ExitUsage},
+		{"run-missing-flag", []string{"--json", "--config", e.Config, "run", "--agent", "shell"}, ExitUsage},
 		{"unknown-command", []string{"--json", "bogus"}, ExitUsage},
-		{"forget-podman-down", []string{"--config", e.config, "forget", "--task", "t1", "--json"}, ExitHostNotReady},
-		{"forget-unknown-task", []string{"--config", e.config, "forget", "--task", "never-ran", "--json"}, 0},
-		{"outbox-release-bad-task", []string{"--config", e.config, "outbox", "release", "--task", "../x", "--json"}, ExitUsage},
-		{"net-flush-bad-config", []string{"--config", bad.config, "net", "flush", "--json"}, ExitUsage},
-		{"gc-podman-down", []string{"--config", e.config, "gc", "--json"}, ExitHostNotReady},
+		{"forget-podman-down", []string{"--config", e.Config, "forget", "--task", "t1", "--json"}, ExitHostNotReady},
+		{"forget-unknown-task", []string{"--config", e.Config, "forget", "--task", "never-ran", "--json"}, 0},
+		{"outbox-release-bad-task", []string{"--config", e.Config, "outbox", "release", "--task", "../x", "--json"}, ExitUsage},
+		{"net-flush-bad-config", []string{"--config", bad.Config, "net", "flush", "--json"}, ExitUsage},
+		{"gc-podman-down", []string{"--config", e.Config, "gc", "--json"}, ExitHostNotReady},
 	} {
 		code, stdout, stderr := shroomsCLI(tc.args...)
 		assert.Equal(t, code, tc.code, "%s: %s", tc.name, stderr)
 		lastObject(t, stdout)
 		assert.Equal(t, strings.Count(stdout, "\n"), 1, "%s: one line: %q", tc.name, stdout)
-		got := strings.NewReplacer(e.config, "CONFIG", bad.config, "BAD_CONFIG").Replace(stdout)
+		got := strings.NewReplacer(e.Config, "CONFIG", bad.Config, "BAD_CONFIG").Replace(stdout)
 		got = regexp.MustCompile(`/v[0-9.]+/libpod`).ReplaceAllString(got, "/vX/libpod")
 		got = regexp.MustCompile(`"(started|ended)_at":"[0-9T:.Z-]+"`).ReplaceAllString(got, `"${1}_at":"TIME"`)
 		golden.Assert(t, got, filepath.Join("json", tc.name+".golden"))
@@ -281,7 +283,7 @@ func TestResultFile(t *testing.T) {
 	assert.NilError(t, os.WriteFile(target, []byte("keep"), 0o600))
 	path := filepath.Join(dir, "result.json")
 	assert.NilError(t, os.Symlink(target, path))
-	code, stdout, stderr := shroomsCLI("--config", e.config, "run", "--task", "t1", "--agent", "shell", "--result-file", path)
+	code, stdout, stderr := shroomsCLI("--config", e.Config, "run", "--task", "t1", "--agent", "shell", "--result-file", path)
 	assert.Equal(t, code, ExitHostNotReady, stderr)
 	assert.Equal(t, stdout, "", "no --json: nothing on stdout")
 	b, err := os.ReadFile(path)
@@ -321,16 +323,16 @@ func TestEmptyListsPrintAsBrackets(t *testing.T) {
 // engine: TestPreparedCagesShownAndExpired sees a prepared cage there.)
 func TestLocalCommandsWithPodmanDown(t *testing.T) {
 	e := downEnv(t, "")
-	assert.NilError(t, os.MkdirAll(filepath.Join(e.dir, "state", "tasks", "t1"), 0o700)) // task t1 exists
-	assert.NilError(t, os.MkdirAll(filepath.Join(e.dir, "outbox"), 0o755))
-	code, _, stderr := shroomsCLI("--config", e.config, "gc")
+	assert.NilError(t, os.MkdirAll(filepath.Join(e.Dir, "state", "tasks", "t1"), 0o700)) // task t1 exists
+	assert.NilError(t, os.MkdirAll(filepath.Join(e.Dir, "outbox"), 0o755))
+	code, _, stderr := shroomsCLI("--config", e.Config, "gc")
 	assert.Equal(t, code, ExitHostNotReady, stderr)
 	assert.Check(t, is.Contains(stderr, "podman"))
 	for _, args := range [][]string{
 		{"tasks"}, {"status", "--task", "t1"}, {"log", "--task", "t1"},
 		{"outbox", "list", "--task", "t1"},
 	} {
-		code, stdout, stderr := shroomsCLI(append([]string{"--config", e.config, "--json"}, args...)...)
+		code, stdout, stderr := shroomsCLI(append([]string{"--config", e.Config, "--json"}, args...)...)
 		assert.Check(t, is.Equal(code, 0), "%v: %s", args, stderr)
 		assert.Check(t, is.Equal(stderr, ""), "%v", args)
 		lastObject(t, stdout)

@@ -15,6 +15,7 @@ import (
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
 
+	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
@@ -31,9 +32,9 @@ type detachedResult struct {
 
 // gatedRun runs a turn as its own process with the detached teardown held at
 // the gate file until the test creates it, and returns the result.
-func gatedRun(t *testing.T, e *env, gate string, args ...string) detachedResult {
+func gatedRun(t *testing.T, e *itest.Env, gate string, args ...string) detachedResult {
 	t.Helper()
-	cmd := e.command(append([]string{"--json", "run"}, args...)...)
+	cmd := e.Command(append([]string{"--json", "run"}, args...)...)
 	cmd.Env = append(cmd.Env, "SHROOMS_TEARDOWN_GATE="+gate)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -44,9 +45,9 @@ func gatedRun(t *testing.T, e *env, gate string, args ...string) detachedResult 
 	return r
 }
 
-func lockHeld(t *testing.T, e *env, task string) bool {
+func lockHeld(t *testing.T, e *itest.Env, task string) bool {
 	t.Helper()
-	f, err := os.OpenFile(filepath.Join(e.dir, "state", "tasks", task, "lock"), os.O_RDWR|syscall.O_CLOEXEC, 0)
+	f, err := os.OpenFile(filepath.Join(e.Dir, "state", "tasks", task, "lock"), os.O_RDWR|syscall.O_CLOEXEC, 0)
 	assert.NilError(t, err)
 	defer f.Close()
 	err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
@@ -86,8 +87,8 @@ func waitGone(t *testing.T, pid int) {
 func TestDetachedTeardown(t *testing.T) {
 	requireStatic(t)
 	e, client := integration(t, "")
-	task := e.task("detach")
-	gate := filepath.Join(e.dir, "gate1")
+	task := e.Task("detach")
+	gate := filepath.Join(e.Dir, "gate1")
 	// Before the env's cleanup, which waits for the teardown.
 	t.Cleanup(func() { _ = os.WriteFile(gate, nil, 0o600) })
 
@@ -103,7 +104,7 @@ func TestDetachedTeardown(t *testing.T) {
 	assert.Assert(t, lockHeld(t, e, task))
 	// status names the teardown, not the run process that took the lock;
 	// stop does not cut it short (the turn already ended).
-	code, stdout, stderr := e.shrooms("--json", "status", "--task", task)
+	code, stdout, stderr := e.Shrooms("--json", "status", "--task", task)
 	assert.Equal(t, code, 0, stderr)
 	var status struct {
 		Busy bool `json:"busy"`
@@ -120,7 +121,7 @@ func TestDetachedTeardown(t *testing.T) {
 	}
 	next := make(chan outcome, 1)
 	go func() {
-		code, stdout, stderr := e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--", "-c", "echo two")
+		code, stdout, stderr := e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--", "-c", "echo two")
 		next <- outcome{code, stdout, stderr}
 	}()
 	time.Sleep(300 * time.Millisecond) // room for the next turn to reach the lock (not an assertion on time)
@@ -139,7 +140,7 @@ func TestDetachedTeardown(t *testing.T) {
 	assert.Equal(t, len(cageIDs(t, client, task)), 0)
 
 	// SIGKILL of the child, then gc: nothing is left.
-	r = gatedRun(t, e, filepath.Join(e.dir, "gate-never"), "--task", task, "--agent", "shell", "--", "-c", "echo three")
+	r = gatedRun(t, e, filepath.Join(e.Dir, "gate-never"), "--task", task, "--agent", "shell", "--", "-c", "echo three")
 	assert.Equal(t, r.Teardown, "detached")
 	st = cageIDs(t, client, task)[r.Cage]
 	assert.Assert(t, st == "exited" || st == "stopped", st)
@@ -150,17 +151,17 @@ func TestDetachedTeardown(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	assert.Assert(t, !lockHeld(t, e, task), "a killed teardown still holds the task")
-	code, stdout, stderr = e.shrooms("gc")
+	code, stdout, stderr = e.Shrooms("gc")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, "removed 1"), stdout)
 	assert.Equal(t, len(cageIDs(t, client, task)), 0)
 
 	// SIGKILL of the child, then the next turn (which prepares the one
 	// after it, detached): it runs, and what the killed child left is gone.
-	r = gatedRun(t, e, filepath.Join(e.dir, "gate-never"), "--task", task, "--agent", "shell", "--prepare-next", "--", "-c", "echo four > ~/junk")
+	r = gatedRun(t, e, filepath.Join(e.Dir, "gate-never"), "--task", task, "--agent", "shell", "--prepare-next", "--", "-c", "echo four > ~/junk")
 	assert.NilError(t, syscall.Kill(r.TeardownPID, syscall.SIGKILL))
 	waitGone(t, r.TeardownPID)
-	code, stdout, stderr = e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--prepare-next", "--", "-c", "cat ~/junk 2>&1; echo five")
+	code, stdout, stderr = e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--prepare-next", "--", "-c", "cat ~/junk 2>&1; echo five")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, "No such file"), "turn 4's HOME survived: %s", stdout)
 	assert.Assert(t, !lastJSON(t, stdout).Prepared, "no cage was prepared by the killed child")
@@ -171,6 +172,6 @@ func TestDetachedTeardown(t *testing.T) {
 	for _, st := range states {
 		assert.Equal(t, st, "initialized")
 	}
-	code, _, stderr = e.shrooms("forget", "--task", task)
+	code, _, stderr = e.Shrooms("forget", "--task", task)
 	assert.Equal(t, code, 0, stderr)
 }

@@ -20,13 +20,13 @@ import (
 
 // runscEnv is an env whose cages run under runsc on a private podman
 // service started with flags (podman's global options).
-func runscEnv(t *testing.T, flags ...string) (*env, *podman.Client) {
+func runscEnv(t *testing.T, flags ...string) (*itest.Env, *podman.Client) {
 	return runscEnvVia(t, nil, flags...)
 }
 
 // runscEnvVia is runscEnv with the config's socket made by via from the
 // service's (nil: the service's own).
-func runscEnvVia(t *testing.T, via func(string) string, flags ...string) (*env, *podman.Client) {
+func runscEnvVia(t *testing.T, via func(string) string, flags ...string) (*itest.Env, *podman.Client) {
 	runsc := os.Getenv("SHROOMS_TEST_RUNSC")
 	if runsc == "" {
 		t.Fatal("SHROOMS_TEST_RUNSC is unset: name a static upstream runsc (make setup builds one; docs/gvisor.md)")
@@ -34,14 +34,14 @@ func runscEnvVia(t *testing.T, via func(string) string, flags ...string) (*env, 
 	// Started first, so it stops after the environment's cleanup.
 	svc := itest.StartServiceWith(t, append([]string{"--runtime", runsc}, flags...)...)
 	e, _ := integration(t, "")
-	cfg, err := os.ReadFile(e.config)
+	cfg, err := os.ReadFile(e.Config)
 	assert.NilError(t, err)
 	uri := svc.URI
 	if via != nil {
 		uri = via(svc.URI)
 	}
 	cfg = []byte(strings.Replace(string(cfg), itest.Socket(), uri, 1))
-	assert.NilError(t, os.WriteFile(e.config, cfg, 0o600))
+	assert.NilError(t, os.WriteFile(e.Config, cfg, 0o600))
 	withRuntime(t, e, runsc)
 	client, err := podman.Connect(context.Background(), uri)
 	assert.NilError(t, err)
@@ -56,7 +56,7 @@ func runscEnvVia(t *testing.T, via func(string) string, flags ...string) (*env, 
 func TestRunscDoctorAndTurnCheckFlags(t *testing.T) {
 	t.Run("profile", func(t *testing.T) {
 		e, _ := runscEnv(t, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp", "--runtime-flag", "network=host")
-		_, stdout, stderr := e.shrooms("doctor")
+		_, stdout, stderr := e.Shrooms("doctor")
 		t.Logf("doctor:\n%s", stdout)
 		assert.Check(t, is.Regexp(`(?m)^ok +oci-runtime +\S*runsc at .*: gVisor$`, stdout), stdout+stderr)
 		assert.Check(t, is.Regexp(`(?m)^ok +runsc +.*/runsc knows --oci-seccomp, --platform and --network$`, stdout))
@@ -64,23 +64,23 @@ func TestRunscDoctorAndTurnCheckFlags(t *testing.T) {
 	})
 	t.Run("no oci-seccomp", func(t *testing.T) {
 		e, client := runscEnv(t, "--runtime-flag", "platform=systrap")
-		code, stdout, stderr := e.shrooms("doctor")
+		code, stdout, stderr := e.Shrooms("doctor")
 		t.Logf("doctor:\n%s", stdout)
 		assert.Check(t, is.Equal(code, ExitHostNotReady), stdout+stderr)
 		assert.Check(t, is.Regexp(`(?m)^fail +runsc-flags +the podman service \(pid \d+\) gives runsc --platform=systrap: runsc runs without --oci-seccomp: it ignores the cage's seccomp profile`, stdout))
 		assert.Check(t, !strings.Contains(stdout, "warn runsc-flags"), "a fail line, no warnings after it")
 
-		task := e.task("nosc")
-		code, stdout, stderr = e.shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "echo the-agent-ran")
+		task := e.Task("nosc")
+		code, stdout, stderr = e.Shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "echo the-agent-ran")
 		assert.Check(t, is.Equal(code, ExitHostNotReady), stdout+stderr)
 		assert.Check(t, !strings.Contains(stdout+stderr, "the-agent-ran"))
 		assert.Check(t, is.Contains(stderr, "runsc runs without --oci-seccomp"))
 		assert.Check(t, is.Equal(strings.Count(strings.TrimSpace(stderr), "\n"), 0), "one line: %q", stderr)
-		assert.Check(t, is.Equal(e.cagesOf(client, task), 0))
+		assert.Check(t, is.Equal(cagesOf(e, client, task), 0))
 	})
 	t.Run("network sandbox", func(t *testing.T) {
 		e, _ := runscEnv(t, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
-		_, stdout, _ := e.shrooms("doctor")
+		_, stdout, _ := e.Shrooms("doctor")
 		assert.Check(t, is.Regexp(`(?m)^warn +runsc-flags +the podman service \(pid \d+\) gives runsc --platform=systrap --oci-seccomp: network=sandbox \(runsc's default\)`, stdout), stdout)
 	})
 	t.Run("proxied", func(t *testing.T) {
@@ -90,13 +90,13 @@ func TestRunscDoctorAndTurnCheckFlags(t *testing.T) {
 		// them from its cage's sandbox, runs.
 		e, client := runscEnvVia(t, func(uri string) string { return proxy(t, strings.TrimPrefix(uri, "unix://")) },
 			"--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp", "--runtime-flag", "network=host")
-		_, stdout, _ := e.shrooms("doctor")
+		_, stdout, _ := e.Shrooms("doctor")
 		assert.Check(t, is.Regexp(`(?m)^warn +runsc-flags +\S+ is served by pid \d+ \(.*\), not `+"`podman system service`"+`.*: the runsc flags cannot be read here; each turn reads them from its cage's sandbox`, stdout), stdout)
-		task := e.task("px")
-		code, stdout, stderr := e.shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "echo the-agent-ran")
+		task := e.Task("px")
+		code, stdout, stderr := e.Shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "echo the-agent-ran")
 		assert.Check(t, is.Equal(code, 0), stdout+stderr)
 		assert.Check(t, is.Contains(stdout, "the-agent-ran"))
-		assert.Check(t, is.Equal(e.cagesOf(client, task), 0))
+		assert.Check(t, is.Equal(cagesOf(e, client, task), 0))
 	})
 }
 

@@ -28,8 +28,8 @@ func git(t *testing.T, dir string, args ...string) string {
 // exactly the worktree change; reset reports and resets HOME.
 func TestSanctionedExits(t *testing.T) {
 	e, client := integration(t, "")
-	task := e.task("exits")
-	wt := filepath.Join(e.dir, "repo")
+	task := e.Task("exits")
+	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	git(t, wt, "init", "-q", "-b", "main")
 	assert.NilError(t, os.WriteFile(filepath.Join(wt, "README"), []byte("hi\n"), 0o644))
@@ -37,7 +37,7 @@ func TestSanctionedExits(t *testing.T) {
 	git(t, wt, "commit", "-q", "-m", "init")
 	head := git(t, wt, "rev-parse", "HEAD")
 
-	code, stdout, stderr := e.shrooms("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", `
+	code, stdout, stderr := e.Shrooms("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", `
 echo change > /work/new.txt
 if echo x >> /work/.git/config 2>/dev/null; then echo "git config WRITABLE"; fi
 if touch /work/.git/hooks/pre-commit 2>/dev/null; then echo "hooks WRITABLE"; fi
@@ -50,19 +50,19 @@ echo planted > /home/agent/.bashrc
 	assert.Assert(t, !strings.Contains(stdout, "WRITABLE"), stdout)
 	assert.Assert(t, is.Contains(stdout, "ref: refs/heads/main"), "positive control: .git is readable")
 
-	code, stdout, stderr = e.shrooms("outbox", "list", "--task", task)
+	code, stdout, stderr = e.Shrooms("outbox", "list", "--task", task)
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, "would deliver report.txt"))
 	assert.Assert(t, is.Contains(stdout, `refused "shadow"`))
 
 	inside := filepath.Join(wt, "delivery")
-	code, _, stderr = e.shrooms("outbox", "collect", "--task", task, "--to", inside)
+	code, _, stderr = e.Shrooms("outbox", "collect", "--task", task, "--to", inside)
 	assert.Equal(t, code, ExitUsage, stderr)
 	_, err := os.Stat(inside)
 	assert.Assert(t, os.IsNotExist(err), "a refused collect created its delivery directory")
 
-	to := filepath.Join(e.dir, "delivery")
-	code, stdout, stderr = e.shrooms("--json", "outbox", "collect", "--task", task, "--to", to)
+	to := filepath.Join(e.Dir, "delivery")
+	code, stdout, stderr = e.Shrooms("--json", "outbox", "collect", "--task", task, "--to", to)
 	assert.Equal(t, code, 0, stderr)
 	var rep struct {
 		Files    []struct{ Name string }
@@ -77,33 +77,33 @@ echo planted > /home/agent/.bashrc
 	_, err = os.Stat(filepath.Join(to, "manifest.json"))
 	assert.NilError(t, err)
 
-	code, stdout, stderr = e.shrooms("commit", "--task", task, "-m", "agent work")
+	code, stdout, stderr = e.Shrooms("commit", "--task", task, "-m", "agent work")
 	assert.Equal(t, code, 0, stderr)
 	id := strings.TrimSpace(stdout)
 	assert.Equal(t, git(t, wt, "rev-parse", "HEAD"), id)
 	assert.Equal(t, git(t, wt, "rev-parse", "HEAD~1"), head)
 	assert.Equal(t, git(t, wt, "show", "--name-only", "--format=", "HEAD"), "new.txt")
-	code, stdout, _ = e.shrooms("commit", "--task", task, "-m", "again")
+	code, stdout, _ = e.Shrooms("commit", "--task", task, "-m", "again")
 	assert.Equal(t, code, 0)
 	assert.Equal(t, stdout, "nothing to commit\n")
 
-	code, stdout, stderr = e.shrooms("reset", "--task", task, "--dry-run")
+	code, stdout, stderr = e.Shrooms("reset", "--task", task, "--dry-run")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, "would reset"))
 	assert.Assert(t, is.Contains(stdout, "removed .bashrc"))
-	code, _, stderr = e.shrooms("reset", "--task", task)
+	code, _, stderr = e.Shrooms("reset", "--task", task)
 	assert.Equal(t, code, 0, stderr)
-	code, stdout, _ = e.shrooms("reset", "--task", task, "--dry-run")
+	code, stdout, _ = e.Shrooms("reset", "--task", task, "--dry-run")
 	assert.Equal(t, code, 0)
 	assert.Assert(t, !strings.Contains(stdout, ".bashrc"), "reset left .bashrc: %s", stdout)
 
 	// forget removes what shrooms keeps of the task, nothing of the worktree.
-	code, _, stderr = e.shrooms("forget", "--task", task)
+	code, _, stderr = e.Shrooms("forget", "--task", task)
 	assert.Equal(t, code, 0, stderr)
-	ok, err := client.VolumeExists(context.Background(), "shrooms-home-"+e.prefix+"-"+task)
+	ok, err := client.VolumeExists(context.Background(), "shrooms-home-"+e.Prefix+"-"+task)
 	assert.NilError(t, err)
 	assert.Assert(t, !ok, "the HOME volume survived forget")
-	_, err = os.Stat(filepath.Join(e.dir, "state", "tasks", task))
+	_, err = os.Stat(filepath.Join(e.Dir, "state", "tasks", task))
 	assert.Assert(t, os.IsNotExist(err), "the task state survived forget")
 	mi, err := os.ReadFile("/proc/self/mountinfo")
 	assert.NilError(t, err)
@@ -112,17 +112,17 @@ echo planted > /home/agent/.bashrc
 	assert.NilError(t, err, "forget touched the worktree")
 
 	// forget of a task of which nothing is kept is done already: exit 0.
-	code, stdout, stderr = e.shrooms("--json", "forget", "--task", e.task("never"))
+	code, stdout, stderr = e.Shrooms("--json", "forget", "--task", e.Task("never"))
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, strings.Contains(stdout, `"forgotten":false`), stdout)
 	for _, args := range [][]string{
 		{"forget", "--task", "../x"},
-		{"commit", "--task", e.task("never"), "-m", "x"},
-		{"outbox", "collect", "--task", e.task("never")},
-		{"reset", "--task", e.task("never")},
+		{"commit", "--task", e.Task("never"), "-m", "x"},
+		{"outbox", "collect", "--task", e.Task("never")},
+		{"reset", "--task", e.Task("never")},
 		{"commit", "--task", task, "-m", "x", "--author", "nobody"},
 	} {
-		code, _, stderr := e.shrooms(args...)
+		code, _, stderr := e.Shrooms(args...)
 		assert.Equal(t, code, ExitUsage, "%v: %s", args, stderr)
 		assert.Assert(t, strings.Count(strings.TrimSpace(stderr), "\n") == 0, stderr)
 	}

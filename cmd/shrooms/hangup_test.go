@@ -25,15 +25,15 @@ import (
 func TestHangupEndsTheTurn(t *testing.T) {
 	e, client := integration(t, "")
 	tm := itest.NewTmux(t)
-	wt := filepath.Join(e.dir, "repo")
+	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	git(t, wt, "init", "-q", "-b", "main")
 	assert.NilError(t, os.Lchown(wt, 4242, 4242))
-	task := e.task("hup")
-	result := filepath.Join(e.dir, "result.json")
+	task := e.Task("hup")
+	result := filepath.Join(e.Dir, "result.json")
 	// shrooms itself is the pane's process (the session leader), which the
 	// hang-up signals.
-	tm.Start(100, 30, []string{"SHROOMS_TEST_MAIN=1"}, os.Args[0], "--config", e.config, "run", "--tty", "--task", task,
+	tm.Start(100, 30, []string{"SHROOMS_TEST_MAIN=1"}, os.Args[0], "--config", e.Config, "run", "--tty", "--task", task,
 		"--agent", "shell", "--worktree", wt, "--result-file", result, "--",
 		"-c", "mkdir -p /work/h/u && echo up > /work/h/u/p; echo cage-up; sleep 600")
 	pid := tm.PanePID()
@@ -44,14 +44,14 @@ func TestHangupEndsTheTurn(t *testing.T) {
 		assert.NilError(t, err)
 		return fi.Sys().(*syscall.Stat_t).Uid
 	}
-	assert.Equal(t, e.cagesOf(client, task), 1, "positive control: the cage runs")
+	assert.Equal(t, cagesOf(e, client, task), 1, "positive control: the cage runs")
 	assert.Assert(t, uid(filepath.Join(wt, "h", "u", "p")) != 4242, "positive control: the cage's files belong to the task's user while it runs")
 
 	tm.KillServer()
 	itest.WaitGone(t, pid, 90*time.Second)
-	waitTaskIdle(filepath.Join(e.dir, "state"), task)
+	e.WaitIdle(task)
 
-	assert.Equal(t, e.cagesOf(client, task), 0, "the cage is removed after the hang-up")
+	assert.Equal(t, cagesOf(e, client, task), 0, "the cage is removed after the hang-up")
 	for _, p := range []string{wt, filepath.Join(wt, "h"), filepath.Join(wt, "h", "u"), filepath.Join(wt, "h", "u", "p")} {
 		assert.Equal(t, uid(p), uint32(4242), "%s is given back", p)
 	}
@@ -64,7 +64,7 @@ func TestHangupEndsTheTurn(t *testing.T) {
 	assert.NilError(t, json.Unmarshal(b, &res), "%s", b)
 	assert.Equal(t, res.Status, "interrupted", "%s", b)
 	assert.Equal(t, res.Turn, 1)
-	rec, err := os.ReadFile(filepath.Join(e.dir, "state", "tasks", task, "turns.jsonl"))
+	rec, err := os.ReadFile(filepath.Join(e.Dir, "state", "tasks", task, "turns.jsonl"))
 	assert.NilError(t, err, "the turn record is written")
 	lines := strings.Split(strings.TrimSpace(string(rec)), "\n")
 	assert.Equal(t, len(lines), 1)

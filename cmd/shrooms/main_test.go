@@ -5,14 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,10 +19,10 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
-	"github.com/shrooms-cage/shrooms/pkg/homestore"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // The test binary doubles as shrooms: with SHROOMS_TEST_MAIN=1 it runs main,
@@ -43,146 +39,58 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-type env struct {
-	t      *testing.T
-	dir    string
-	config string
-	prefix string
-}
-
-func newEnv(t *testing.T, extra string) *env {
+// newEnv is a world on the shared podman service whose CLI is this test
+// binary: in-process for Shrooms, a separate process for Command.
+func newEnv(t *testing.T, extra string) *itest.Env {
 	t.Helper()
-	dir := t.TempDir()
-	e := &env{t: t, dir: dir, prefix: itest.UniqueName("ct")}
+	e := itest.New(t, "ct", itest.WithMain(run), itest.WithBinary(os.Args[0], "SHROOMS_TEST_MAIN=1"))
 	// Prepared cages only where a test asks for them (--prepare-next).
-	e.config = testcfg.Config{Dir: dir, Prefix: e.prefix, Cage: map[string]any{"prepare_next": false}, Extra: extra}.Write(t)
+	e.WriteConfig(testcfg.Config{Cage: map[string]any{"prepare_next": false}, Extra: extra}.For(e).TOML())
 	return e
 }
 
-func (e *env) task(name string) string { return e.prefix + "-" + name }
-
-// shrooms runs the CLI in-process.
-func (e *env) shrooms(args ...string) (code int, stdout, stderr string) {
-	var out, errb bytes.Buffer
-	code = run(append([]string{"shrooms", "--config", e.config}, args...), strings.NewReader(""), &out, &errb)
-	e.waitTeardown(args)
-	return code, out.String(), errb.String()
-}
-
-// waitTeardown waits for the detached teardown of a `run` in args (the
-// cage's removal goes on after run returns), as the task's next turn would.
-func (e *env) waitTeardown(args []string) {
-	if !slices.Contains(args, "run") {
-		return
-	}
-	for i, a := range args {
-		if a == "--task" && i+1 < len(args) {
-			waitTaskIdle(filepath.Join(e.dir, "state"), args[i+1])
-		}
-	}
-}
-
-// waitTaskIdle waits until no detached teardown holds the task's lock (a
-// turn that holds it is not waited for).
-func waitTaskIdle(stateDir, task string) {
-	f, err := os.OpenFile(filepath.Join(stateDir, "tasks", task, "lock"), os.O_RDWR|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	mark := make([]byte, 32)
-	n, _ := f.ReadAt(mark, 0)
-	rest, ok := strings.CutPrefix(string(mark[:n]), "teardown ")
-	if !ok {
-		return
-	}
-	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
-	// With its next cage prepared, a teardown drops the lock before it
-	// removes the exited cage: wait for the process too.
-	pid, err := strconv.Atoi(strings.TrimSpace(rest))
-	if err != nil || pid <= 0 {
-		return
-	}
-	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil || strings.Contains(string(b), ") Z ") {
-			return
-		}
-	}
-}
-
-// command returns the CLI as a separate process.
-func (e *env) command(args ...string) *exec.Cmd {
-	cmd := exec.Command(os.Args[0], append([]string{"--config", e.config}, args...)...)
-	cmd.Env = append(os.Environ(), "SHROOMS_TEST_MAIN=1")
-	return cmd
-}
-
-func (e *env) cleanup(client *podman.Client) {
-	ctx := context.Background()
-	tasks, _ := os.ReadDir(filepath.Join(e.dir, "state", "tasks"))
-	for _, d := range tasks {
-		waitTaskIdle(filepath.Join(e.dir, "state"), d.Name())
-	}
-	cages, _ := client.ListByLabel(ctx, sealed.LabelManaged, "1")
-	for _, c := range cages {
-		if strings.HasPrefix(c.Labels[sealed.LabelTask], e.prefix) {
-			e.t.Errorf("cage %s left behind", c.Name)
-			_ = client.Remove(ctx, c.ID)
-		}
-	}
-	entries, _ := os.ReadDir(filepath.Join(e.dir, "state", "tasks"))
-	for _, d := range entries {
-		tid, err := taskid.Parse(d.Name())
-		if err != nil {
-			continue // not a task's
-		}
-		// The HOME's capped filesystem is unmounted before its volume goes.
-		vol := "shrooms-home-" + e.prefix + "-" + d.Name()
-		mountpoint := ""
-		if v, err := client.InspectVolume(ctx, vol); err == nil {
-			mountpoint = v.Mountpoint
-		}
-		if err := homestore.Remove(homestore.ImagePath(filepath.Join(e.dir, "state"), vol), mountpoint); err != nil {
-			e.t.Errorf("remove HOME: %v", err)
-		}
-		_ = client.RemoveVolume(ctx, vol)
-		if _, err := os.Stat(filepath.Join(e.dir, "outbox")); err != nil {
-			continue
-		}
-		if err := outbox.Release(filepath.Join(e.dir, "outbox"), tid); err != nil && !os.IsNotExist(err) {
-			e.t.Errorf("release outbox: %v", err)
-		}
-	}
-}
-
-func integration(t *testing.T, extra string) (*env, *podman.Client) {
+// integration is newEnv on podman, whose cleanup removes the tasks' HOMEs
+// and outboxes.
+func integration(t *testing.T, extra string) (*itest.Env, *podman.Client) {
 	itest.Require(t, itest.Root, itest.Podman)
 	e := newEnv(t, extra)
 	client, err := podman.Connect(context.Background(), itest.Socket())
 	assert.NilError(t, err)
-	t.Cleanup(func() { e.cleanup(client) })
+	// The config as the test left it (a test may move it to a service of
+	// its own): the HOME is unmounted in that service's namespace too,
+	// if it still runs.
+	e.Release = func(ctx context.Context, task taskid.ID) error {
+		cfg, err := config.Load(e.Config)
+		if err != nil {
+			return err
+		}
+		c, err := podman.Connect(ctx, cfg.Podman.Socket)
+		if err != nil {
+			cfg.Podman.Socket, c = itest.Socket(), client
+		}
+		return testcfg.Release(cfg, c)(ctx, task)
+	}
 	return e, client
 }
 
-func (e *env) cagesOf(client *podman.Client, task string) int {
+func cagesOf(e *itest.Env, client *podman.Client, task string) int {
 	cages, err := client.ListByLabel(context.Background(), sealed.LabelTask, task)
-	assert.NilError(e.t, err)
+	assert.NilError(e.T, err)
 	return len(cages)
 }
 
 func TestExitCodePassesThrough(t *testing.T) {
 	e, client := integration(t, "")
 	for _, want := range []int{0, 1, 7, 42} {
-		code, _, stderr := e.shrooms("run", "--task", e.task("exit"), "--agent", "shell", "--", "-c", fmt.Sprintf("exit %d", want))
+		code, _, stderr := e.Shrooms("run", "--task", e.Task("exit"), "--agent", "shell", "--", "-c", fmt.Sprintf("exit %d", want))
 		assert.Equal(t, code, want, stderr)
 	}
-	assert.Equal(t, e.cagesOf(client, e.task("exit")), 0)
+	assert.Equal(t, cagesOf(e, client, e.Task("exit")), 0)
 }
 
 func TestRunJSONResult(t *testing.T) {
 	e, client := integration(t, "")
-	code, stdout, stderr := e.shrooms("--json", "run", "--task", e.task("json"), "--agent", "shell", "--", "-c", "echo out; exit 3")
+	code, stdout, stderr := e.Shrooms("--json", "run", "--task", e.Task("json"), "--agent", "shell", "--", "-c", "echo out; exit 3")
 	assert.Equal(t, code, 3, stderr)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
 	assert.Equal(t, lines[0], "out")
@@ -200,7 +108,7 @@ func TestRunJSONResult(t *testing.T) {
 		} `json:"phases"`
 	}
 	assert.NilError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &res))
-	assert.Equal(t, res.Task, e.task("json"))
+	assert.Equal(t, res.Task, e.Task("json"))
 	assert.Equal(t, res.Turn, 1)
 	assert.Equal(t, res.ExitCode, 3)
 	assert.Equal(t, res.Status, "exited")
@@ -208,7 +116,7 @@ func TestRunJSONResult(t *testing.T) {
 	// the detached teardown (e.shrooms waited for it).
 	assert.Assert(t, !res.Removed)
 	assert.Equal(t, res.Teardown, "detached")
-	assert.Equal(t, e.cagesOf(client, e.task("json")), 0)
+	assert.Equal(t, cagesOf(e, client, e.Task("json")), 0)
 	assert.Assert(t, len(res.Cage) == 64, res.Cage)
 	var names []string
 	for _, p := range res.Phases {
@@ -220,11 +128,11 @@ func TestRunJSONResult(t *testing.T) {
 func TestDeadlineExitCode(t *testing.T) {
 	e, client := integration(t, "")
 	start := time.Now()
-	code, _, stderr := e.shrooms("run", "--task", e.task("dl"), "--agent", "shell", "--timeout", "2s", "--", "-c", "sleep 600")
+	code, _, stderr := e.Shrooms("run", "--task", e.Task("dl"), "--agent", "shell", "--timeout", "2s", "--", "-c", "sleep 600")
 	assert.Equal(t, code, ExitDeadline, stderr)
 	assert.Assert(t, is.Contains(stderr, "deadline"))
 	assert.Assert(t, time.Since(start) < 30*time.Second)
-	assert.Equal(t, e.cagesOf(client, e.task("dl")), 0)
+	assert.Equal(t, cagesOf(e, client, e.Task("dl")), 0)
 }
 
 // TestSignalsStopAndRemoveTheCage sends real SIGINT and SIGTERM to a real
@@ -232,8 +140,8 @@ func TestDeadlineExitCode(t *testing.T) {
 func TestSignalsStopAndRemoveTheCage(t *testing.T) {
 	e, client := integration(t, "")
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
-		task := e.task(strings.ToLower(sig.String()[:3]) + "sig")
-		cmd := e.command("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "echo up; sleep 600")
+		task := e.Task(strings.ToLower(sig.String()[:3]) + "sig")
+		cmd := e.Command("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "echo up; sleep 600")
 		stdout, err := cmd.StdoutPipe()
 		assert.NilError(t, err)
 		var stderr bytes.Buffer
@@ -242,11 +150,11 @@ func TestSignalsStopAndRemoveTheCage(t *testing.T) {
 		buf := make([]byte, 3)
 		_, err = stdout.Read(buf) // the cage runs once it has printed
 		assert.NilError(t, err, stderr.String())
-		assert.Equal(t, e.cagesOf(client, task), 1, "positive control: the cage is there while it runs")
+		assert.Equal(t, cagesOf(e, client, task), 1, "positive control: the cage is there while it runs")
 		assert.NilError(t, cmd.Process.Signal(sig))
 		err = cmd.Wait()
 		assert.Equal(t, cmd.ProcessState.ExitCode(), ExitInterrupted, "%v: %s", err, stderr.String())
-		assert.Equal(t, e.cagesOf(client, task), 0, "cage left after %s", sig)
+		assert.Equal(t, cagesOf(e, client, task), 0, "cage left after %s", sig)
 	}
 }
 
@@ -254,9 +162,9 @@ func TestSignalsStopAndRemoveTheCage(t *testing.T) {
 // the next run of the task (and gc) removes the orphaned cage.
 func TestKilledShroomsLeavesNothingAfterNextRun(t *testing.T) {
 	e, client := integration(t, "")
-	task := e.task("kill")
+	task := e.Task("kill")
 	for _, cleaner := range []string{"run", "gc"} {
-		cmd := e.command("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "echo up; sleep 600")
+		cmd := e.Command("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "echo up; sleep 600")
 		stdout, err := cmd.StdoutPipe()
 		assert.NilError(t, err)
 		assert.NilError(t, cmd.Start())
@@ -264,42 +172,42 @@ func TestKilledShroomsLeavesNothingAfterNextRun(t *testing.T) {
 		assert.NilError(t, err)
 		assert.NilError(t, cmd.Process.Kill())
 		_ = cmd.Wait()
-		assert.Equal(t, e.cagesOf(client, task), 1, "positive control: kill -9 leaves the cage running")
+		assert.Equal(t, cagesOf(e, client, task), 1, "positive control: kill -9 leaves the cage running")
 		if cleaner == "run" {
-			code, _, stderr := e.shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "true")
+			code, _, stderr := e.Shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "true")
 			assert.Equal(t, code, 0, stderr)
 		} else {
-			code, stdout, stderr := e.shrooms("gc")
+			code, stdout, stderr := e.Shrooms("gc")
 			assert.Equal(t, code, 0, stderr)
 			assert.Assert(t, is.Contains(stdout, "removed 1 leftover cage"))
 		}
-		assert.Equal(t, e.cagesOf(client, task), 0, "after %s", cleaner)
+		assert.Equal(t, cagesOf(e, client, task), 0, "after %s", cleaner)
 	}
 }
 
 func TestBusyTaskExitCode(t *testing.T) {
 	e, client := integration(t, "")
-	task := e.task("busy")
-	cmd := e.command("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "echo up; sleep 600")
+	task := e.Task("busy")
+	cmd := e.Command("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "echo up; sleep 600")
 	stdout, err := cmd.StdoutPipe()
 	assert.NilError(t, err)
 	assert.NilError(t, cmd.Start())
 	_, err = stdout.Read(make([]byte, 3))
 	assert.NilError(t, err)
 	start := time.Now()
-	code, _, stderr := e.shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "true")
+	code, _, stderr := e.Shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "true")
 	assert.Equal(t, code, ExitBusy, stderr)
 	assert.Assert(t, time.Since(start) < 5*time.Second, "a busy task fails at once")
 	assert.Assert(t, is.Contains(stderr, "has a turn running"))
 	assert.NilError(t, cmd.Process.Signal(syscall.SIGTERM))
 	_ = cmd.Wait()
-	assert.Equal(t, e.cagesOf(client, task), 0)
+	assert.Equal(t, cagesOf(e, client, task), 0)
 }
 
 func TestStdinAndStreams(t *testing.T) {
 	e, _ := integration(t, "")
 	var out, errb bytes.Buffer
-	code := run([]string{"shrooms", "--config", e.config, "run", "--task", e.task("io"), "--agent", "shell", "--stdin", "--", "-c", "tr a-z A-Z; echo err >&2"},
+	code := run([]string{"shrooms", "--config", e.Config, "run", "--task", e.Task("io"), "--agent", "shell", "--stdin", "--", "-c", "tr a-z A-Z; echo err >&2"},
 		strings.NewReader("hello cage\n"), &out, &errb)
 	assert.Equal(t, code, 0, errb.String())
 	assert.Equal(t, out.String(), "HELLO CAGE\n")
@@ -310,52 +218,52 @@ func TestStdinAndStreams(t *testing.T) {
 // paths, tokens, images and the podman socket.
 func TestBadInputIsOneClearLineAndChangesNothing(t *testing.T) {
 	e, client := integration(t, "")
-	link := filepath.Join(e.dir, "link")
-	realWT := filepath.Join(e.dir, "wt")
+	link := filepath.Join(e.Dir, "link")
+	realWT := filepath.Join(e.Dir, "wt")
 	assert.NilError(t, os.Mkdir(realWT, 0o755))
 	assert.NilError(t, os.Symlink(realWT, link))
-	file := filepath.Join(e.dir, "file")
+	file := filepath.Join(e.Dir, "file")
 	assert.NilError(t, os.WriteFile(file, nil, 0o644))
 
-	badConfig := filepath.Join(e.dir, "bad.toml")
+	badConfig := filepath.Join(e.Dir, "bad.toml")
 	assert.NilError(t, os.WriteFile(badConfig, []byte("[cage]\nmemroy = \"1g\"\n"), 0o600))
 	noToken := newEnv(t, "[tokens]\nk = \"/nonexistent/token\"\n[agents.t]\ncommand = [\"sh\"]\nhome = [\"shell\"]\ntoken_env = { K = \"k\" }\n")
 	noImage := newEnv(t, "[agents.x]\ncommand = [\"sh\"]\nhome = [\"shell\"]\nimage = \"localhost/shrooms-no-such-image:latest\"\n")
 	noSocket := newEnv(t, "")
-	data, _ := os.ReadFile(noSocket.config)
-	assert.NilError(t, os.WriteFile(noSocket.config, bytes.Replace(data, []byte(itest.Socket()), []byte("unix:///run/shrooms-test-nonexistent/podman.sock"), 1), 0o600))
+	data, _ := os.ReadFile(noSocket.Config)
+	assert.NilError(t, os.WriteFile(noSocket.Config, bytes.Replace(data, []byte(itest.Socket()), []byte("unix:///run/shrooms-test-nonexistent/podman.sock"), 1), 0o600))
 	networked := newEnv(t, "")
-	data, _ = os.ReadFile(networked.config)
-	assert.NilError(t, os.WriteFile(networked.config, bytes.Replace(data, []byte(`policy = "none"`), []byte(`policy = "internet"`+"\nbridge = \"shrtest0\"\nname = \"shrtest0\""), 1), 0o600))
+	data, _ = os.ReadFile(networked.Config)
+	assert.NilError(t, os.WriteFile(networked.Config, bytes.Replace(data, []byte(`policy = "none"`), []byte(`policy = "internet"`+"\nbridge = \"shrtest0\"\nname = \"shrtest0\""), 1), 0o600))
 
 	cases := []struct {
 		name string
-		env  *env
+		env  *itest.Env
 		args []string
 		code int
 		want string
 	}{
-		{"unknown config key", e, []string{"--config", badConfig, "run", "--task", e.task("a"), "--agent", "shell"}, ExitUsage, "bad.toml:2: cage.memroy: unknown key"},
+		{"unknown config key", e, []string{"--config", badConfig, "run", "--task", e.Task("a"), "--agent", "shell"}, ExitUsage, "bad.toml:2: cage.memroy: unknown key"},
 		{"task ../x", e, []string{"run", "--task", "../x", "--agent", "shell"}, ExitUsage, `invalid task id "../x"`},
 		{"empty task", e, []string{"run", "--task", "", "--agent", "shell"}, ExitUsage, "invalid task id"},
 		{"200-char task", e, []string{"run", "--task", strings.Repeat("a", 200), "--agent", "shell"}, ExitUsage, "invalid task id"},
-		{"unknown agent", e, []string{"run", "--task", e.task("a"), "--agent", "nope"}, ExitUsage, `unknown agent "nope"`},
-		{"missing worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", filepath.Join(e.dir, "nope")}, ExitUsage, "no such file or directory"},
-		{"symlinked worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", link}, ExitUsage, "is a symbolic link"},
-		{"file worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", file}, ExitUsage, "is not a directory"},
-		{"plain worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", realWT}, ExitUsage, "not a git work tree"},
-		{"etc worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", "/etc"}, ExitUsage, "protected host directory /etc"},
-		{"root worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", "/"}, ExitUsage, "root directory"},
-		{"relative worktree", e, []string{"run", "--task", e.task("a"), "--agent", "shell", "--worktree", "wt"}, ExitUsage, "must be an absolute path"},
-		{"token missing", noToken, []string{"run", "--task", noToken.task("a"), "--agent", "t"}, ExitUsage, `tokens.k: cannot read /nonexistent/token`},
-		{"image missing", noImage, []string{"run", "--task", noImage.task("a"), "--agent", "x"}, ExitHostNotReady, "image localhost/shrooms-no-such-image:latest is not in podman's store"},
-		{"socket absent", noSocket, []string{"run", "--task", noSocket.task("a"), "--agent", "shell"}, ExitHostNotReady, "podman API unreachable"},
-		{"seal absent", networked, []string{"run", "--task", networked.task("a"), "--agent", "shell"}, ExitHostNotReady, "network seal not verified, refusing to start a networked cage"},
+		{"unknown agent", e, []string{"run", "--task", e.Task("a"), "--agent", "nope"}, ExitUsage, `unknown agent "nope"`},
+		{"missing worktree", e, []string{"run", "--task", e.Task("a"), "--agent", "shell", "--worktree", filepath.Join(e.Dir, "nope")}, ExitUsage, "no such file or directory"},
+		{"symlinked worktree", e, []string{"run", "--task", e.Task("a"), "--agent", "shell", "--worktree", link}, ExitUsage, "is a symbolic link"},
+		{"file worktree", e, []string{"run", "--task", e.Task("a"), "--agent", "shell", "--worktree", file}, ExitUsage, "is not a directory"},
+		{"plain worktree", e, []string{"run", "--task", e.Task("a"), "--agent", "shell", "--worktree", realWT}, ExitUsage, "not a git work tree"},
+		{"etc worktree", e, []string{"run", "--task", e.Task("a"), "--agent", "shell", "--worktree", "/etc"}, ExitUsage, "protected host directory /etc"},
+		{"root worktree", e, []string{"run", "--task", e.Task("a"), "--agent", "shell", "--worktree", "/"}, ExitUsage, "root directory"},
+		{"relative worktree", e, []string{"run", "--task", e.Task("a"), "--agent", "shell", "--worktree", "wt"}, ExitUsage, "must be an absolute path"},
+		{"token missing", noToken, []string{"run", "--task", noToken.Task("a"), "--agent", "t"}, ExitUsage, `tokens.k: cannot read /nonexistent/token`},
+		{"image missing", noImage, []string{"run", "--task", noImage.Task("a"), "--agent", "x"}, ExitHostNotReady, "image localhost/shrooms-no-such-image:latest is not in podman's store"},
+		{"socket absent", noSocket, []string{"run", "--task", noSocket.Task("a"), "--agent", "shell"}, ExitHostNotReady, "podman API unreachable"},
+		{"seal absent", networked, []string{"run", "--task", networked.Task("a"), "--agent", "shell"}, ExitHostNotReady, "network seal not verified, refusing to start a networked cage"},
 		{"missing flag", e, []string{"run", "--agent", "shell"}, ExitUsage, `required flag --task not set`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			code, stdout, stderr := tc.env.shrooms(tc.args...)
+			code, stdout, stderr := tc.env.Shrooms(tc.args...)
 			assert.Equal(t, code, tc.code, "stdout=%q stderr=%q", stdout, stderr)
 			assert.Assert(t, is.Contains(stderr, tc.want))
 			msg := strings.TrimSpace(stderr)
@@ -365,16 +273,16 @@ func TestBadInputIsOneClearLineAndChangesNothing(t *testing.T) {
 		})
 	}
 	// Nothing was created: no cage, no HOME volume, no task state.
-	for _, x := range []*env{e, noToken, noImage, noSocket, networked} {
+	for _, x := range []*itest.Env{e, noToken, noImage, noSocket, networked} {
 		cages, err := client.ListByLabel(context.Background(), sealed.LabelManaged, "1")
 		assert.NilError(t, err)
 		for _, c := range cages {
-			assert.Assert(t, !strings.HasPrefix(c.Labels[sealed.LabelTask], x.prefix), "cage %s created", c.Name)
+			assert.Assert(t, !strings.HasPrefix(c.Labels[sealed.LabelTask], x.Prefix), "cage %s created", c.Name)
 		}
-		ok, err := client.VolumeExists(context.Background(), "shrooms-home-"+x.prefix+"-"+x.task("a"))
+		ok, err := client.VolumeExists(context.Background(), "shrooms-home-"+x.Prefix+"-"+x.Task("a"))
 		assert.NilError(t, err)
 		assert.Assert(t, !ok)
-		_, err = os.Stat(filepath.Join(x.dir, "state", "tasks", x.task("a")))
+		_, err = os.Stat(filepath.Join(x.Dir, "state", "tasks", x.Task("a")))
 		assert.Assert(t, os.IsNotExist(err), "task state written for bad input")
 	}
 	fi, err := os.Lstat(realWT)
@@ -384,32 +292,32 @@ func TestBadInputIsOneClearLineAndChangesNothing(t *testing.T) {
 
 func TestBootstrapCommand(t *testing.T) {
 	e, _ := integration(t, "")
-	task := e.task("boot")
-	code, stdout, stderr := e.shrooms("bootstrap", "--task", task)
+	task := e.Task("boot")
+	code, stdout, stderr := e.Shrooms("bootstrap", "--task", task)
 	assert.Equal(t, code, 0, stderr)
 	assert.Equal(t, stdout, "bootstrapped\n")
-	code, stdout, _ = e.shrooms("--json", "bootstrap", "--task", task)
+	code, stdout, _ = e.Shrooms("--json", "bootstrap", "--task", task)
 	assert.Equal(t, code, 0)
 	assert.Assert(t, is.Contains(stdout, `"result":"already-bootstrapped"`))
 }
 
 func TestSpecCommandPrintsStableJSON(t *testing.T) {
 	e, client := integration(t, "")
-	task := e.task("spec")
+	task := e.Task("spec")
 	args := []string{"spec", "--task", task, "--agent", "shell", "--", "-c", "true"}
-	code, first, stderr := e.shrooms(args...)
+	code, first, stderr := e.Shrooms(args...)
 	assert.Equal(t, code, 0, stderr)
-	_, second, _ := e.shrooms(args...)
+	_, second, _ := e.Shrooms(args...)
 	assert.Equal(t, first, second, "spec output is stable")
 	var spec map[string]any
 	assert.NilError(t, json.Unmarshal([]byte(first), &spec))
 	assert.Equal(t, spec["name"], "shrooms-"+task+"-1")
-	assert.Equal(t, e.cagesOf(client, task), 0)
+	assert.Equal(t, cagesOf(e, client, task), 0)
 }
 
 func TestDoctor(t *testing.T) {
 	e, _ := integration(t, "")
-	code, stdout, stderr := e.shrooms("doctor")
+	code, stdout, stderr := e.Shrooms("doctor")
 	assert.Assert(t, is.Contains(stdout, "ok   podman"), stdout+stderr)
 	assert.Assert(t, is.Contains(stdout, "ok   image"), stdout)
 	assert.Assert(t, is.Contains(stdout, "ok   subids"), stdout)
@@ -430,7 +338,7 @@ func TestDoctor(t *testing.T) {
 	token := filepath.Join(t.TempDir(), "key")
 	assert.NilError(t, os.WriteFile(token, []byte("sk-test\n"), 0o600))
 	gw := newEnv(t, fmt.Sprintf("[tokens]\nk = %q\n[gateway.up]\nupstream = \"http://%s\"\ntoken = \"k\"\n[gateway.down]\nupstream = \"http://%s\"\ntoken = \"k\"\n", token, ln.Addr(), closedAddr))
-	code, stdout, _ = gw.shrooms("doctor")
+	code, stdout, _ = gw.Shrooms("doctor")
 	assert.Check(t, is.Equal(code, ExitHostNotReady), stdout)
 	assert.Check(t, is.Regexp(`(?m)^ok +gateway +gateway up: http://127\.0\.0\.1:\d+ resolves \(127\.0\.0\.1\) and accepts TCP`, stdout))
 	assert.Check(t, is.Regexp(`(?m)^fail gateway +gateway down: gateway upstream http://127\.0\.0\.1:\d+ is unreachable`, stdout))
@@ -439,9 +347,9 @@ func TestDoctor(t *testing.T) {
 	loose := filepath.Join(t.TempDir(), "loose")
 	assert.NilError(t, os.WriteFile(loose, []byte("sk-test\n"), 0o644))
 	bad := newEnv(t, fmt.Sprintf("[tokens]\nk = \"/nonexistent/token\"\nl = %q\n", loose))
-	data, _ := os.ReadFile(bad.config)
-	assert.NilError(t, os.WriteFile(bad.config, bytes.Replace(data, []byte(itest.Socket()), []byte("unix:///run/shrooms-test-nonexistent/podman.sock"), 1), 0o600))
-	code, stdout, _ = bad.shrooms("--json", "doctor")
+	data, _ := os.ReadFile(bad.Config)
+	assert.NilError(t, os.WriteFile(bad.Config, bytes.Replace(data, []byte(itest.Socket()), []byte("unix:///run/shrooms-test-nonexistent/podman.sock"), 1), 0o600))
+	code, stdout, _ = bad.Shrooms("--json", "doctor")
 	assert.Equal(t, code, ExitHostNotReady)
 	var rep struct {
 		OK       bool `json:"ok"`
@@ -468,19 +376,19 @@ func TestDoctor(t *testing.T) {
 
 func TestVersionAndHelp(t *testing.T) {
 	e := newEnv(t, "")
-	code, stdout, _ := e.shrooms("version")
+	code, stdout, _ := e.Shrooms("version")
 	assert.Equal(t, code, 0)
 	assert.Assert(t, strings.HasPrefix(stdout, "shrooms "))
 	// --version and -v say the same as the command.
 	for _, flag := range []string{"--version", "-v"} {
-		c, out, _ := e.shrooms(flag)
+		c, out, _ := e.Shrooms(flag)
 		assert.Equal(t, c, 0)
 		assert.Equal(t, out, stdout, flag)
 	}
-	_, jv, _ := e.shrooms("--json", "version")
-	_, jf, _ := e.shrooms("--json", "--version")
+	_, jv, _ := e.Shrooms("--json", "version")
+	_, jf, _ := e.Shrooms("--json", "--version")
 	assert.Equal(t, jf, jv)
-	code, stdout, _ = e.shrooms("--help")
+	code, stdout, _ = e.Shrooms("--help")
 	assert.Equal(t, code, 0)
 	for _, cmd := range []string{"run", "spec", "bootstrap", "doctor", "gc", "tasks", "status", "log", "stop", "version"} {
 		assert.Assert(t, is.Contains(stdout, "   "+cmd), "help lacks %s", cmd)

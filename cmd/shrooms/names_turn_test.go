@@ -25,10 +25,10 @@ RAW=$(printf '\233\235\234'); ESC=$(printf '\033]0;pwned\007')
 // escaped line.
 func TestNamesAreEscapedEverywhere(t *testing.T) {
 	e, _ := integration(t, "")
-	wt := filepath.Join(e.dir, "repo")
+	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	git(t, wt, "init", "-q", "-b", "main")
-	task := e.task("names")
+	task := e.Task("names")
 	var outputs []string
 	check := func(what string, code int, stdout, stderr string) {
 		t.Helper()
@@ -37,7 +37,7 @@ func TestNamesAreEscapedEverywhere(t *testing.T) {
 		outputs = append(outputs, stdout, stderr)
 	}
 
-	code, stdout, stderr := e.shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", hostileNames+`
+	code, stdout, stderr := e.Shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", hostileNames+`
 set -e
 mkdir -p "/work/a${CSI}2J/.claude" "/work/x${RLO}gpj.sh" "/work/o${OSC}0;t${ST}" "/work/i${LRI}x${PDI}"
 echo '{}' > "/work/a${CSI}2J/.claude/settings.json"
@@ -52,8 +52,8 @@ mkdir -p "/work/i${LRI}x${PDI}/.git" "/work/r${RAW}/.git"
 	assert.Assert(t, is.Contains(stdout, `"x\\u202egpj.sh/CLAUDE.md"`), "the agent config is listed, escaped")
 	assert.Assert(t, is.Contains(stdout, `"r\\ufffd\\ufffd\\ufffd/.git"`), "JSON cannot carry the raw bytes: U+FFFD each, escaped")
 
-	result := filepath.Join(e.dir, "result.json")
-	code, stdout, stderr = e.shrooms("run", "--json", "--result-file", result, "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "true")
+	result := filepath.Join(e.Dir, "result.json")
+	code, stdout, stderr = e.Shrooms("run", "--json", "--result-file", result, "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "true")
 	assert.Equal(t, code, 0, stderr)
 	check("turn 2 --json", code, stdout, stderr)
 	for _, want := range []string{`a\u009b2J/.claude`, `x\u202egpj.sh/CLAUDE.md`, `o\u009d0;t\u009c/AGENTS.md`} {
@@ -65,30 +65,30 @@ mkdir -p "/work/i${LRI}x${PDI}/.git" "/work/r${RAW}/.git"
 	check("result file", 0, string(b), "")
 	assert.Assert(t, is.Contains(string(b), `a\\u009b2J/.claude`))
 
-	code, stdout, stderr = e.shrooms("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "true")
+	code, stdout, stderr = e.Shrooms("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "true")
 	assert.Equal(t, code, 0, stderr)
 	check("turn 3 text", code, stdout, stderr)
 	assert.Assert(t, is.Contains(stderr, `x\u202egpj.sh/CLAUDE.md`))
 
 	// The owner trusts a path by the name shrooms showed: it is no longer
 	// masked; the others still are.
-	code, stdout, stderr = e.shrooms("trust", "--task", task, `x\u202egpj.sh/CLAUDE.md`)
+	code, stdout, stderr = e.Shrooms("trust", "--task", task, `x\u202egpj.sh/CLAUDE.md`)
 	assert.Equal(t, code, 0, stderr)
 	check("trust", code, stdout, stderr)
 	assert.Assert(t, is.Contains(stdout, `trusted x\u202egpj.sh/CLAUDE.md`))
-	code, stdout, stderr = e.shrooms("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "true")
+	code, stdout, stderr = e.Shrooms("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "true")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, !strings.Contains(stderr, "gpj.sh"), stderr)
 	assert.Assert(t, is.Contains(stderr, `a\u009b2J/.claude`), stderr)
-	code, _, stderr = e.shrooms("trust", "--task", task, `bad\q`)
+	code, _, stderr = e.Shrooms("trust", "--task", task, `bad\q`)
 	assert.Equal(t, code, ExitUsage, stderr)
 
 	// A guarded path with raw C1 bytes and an escape sequence.
-	code, stdout, stderr = e.shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", hostileNames+`
+	code, stdout, stderr = e.Shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", hostileNames+`
 mkdir -p "/work/q${RAW}${ESC}" && echo evil > "/work/q${RAW}${ESC}/CLAUDE.md"`)
 	assert.Equal(t, code, 0, stderr)
 	check("turn 4 --json", code, stdout, stderr)
-	code, stdout, stderr = e.shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "true")
+	code, stdout, stderr = e.Shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "true")
 	check("turn 5 refused", code, stdout, stderr)
 	assert.Assert(t, code != 0, "a guarded path that cannot be shown refuses the turn")
 	assert.Equal(t, strings.Count(stderr, "\n"), 1, "one line: %q", stderr)
@@ -98,7 +98,7 @@ mkdir -p "/work/q${RAW}${ESC}" && echo evil > "/work/q${RAW}${ESC}/CLAUDE.md"`)
 		{"log", "--task", task}, {"--json", "log", "--task", task},
 		{"status", "--task", task}, {"--json", "status", "--task", task},
 	} {
-		code, stdout, stderr := e.shrooms(args...)
+		code, stdout, stderr := e.Shrooms(args...)
 		assert.Equal(t, code, 0, "%v: %s", args, stderr)
 		check(strings.Join(args, " "), code, stdout, stderr)
 	}

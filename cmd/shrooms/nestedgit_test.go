@@ -153,8 +153,8 @@ EOF
 func TestNestedRepoStaysTheCages(t *testing.T) {
 	e, _ := integration(t, "")
 	wt, home, markers := ownedRepo(t)
-	task := e.task("nested")
-	code, stdout, stderr := e.shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", plantRepo(markers)+`
+	task := e.Task("nested")
+	code, stdout, stderr := e.Shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", plantRepo(markers)+`
 set -e
 mkdir -p /work/sub /work/ptr
 echo work > /work/sub/file.txt
@@ -193,12 +193,12 @@ printf 'gitdir: ../payload\n' > /work/ptr/.git
 	}
 	assert.NilError(t, os.Remove(filepath.Join(home, ".gitconfig")))
 
-	code, _, stderr = e.shrooms("commit", "--task", task, "-m", "agent work")
+	code, _, stderr = e.Shrooms("commit", "--task", task, "-m", "agent work")
 	assert.Assert(t, code != 0)
 	assert.Assert(t, is.Contains(stderr, "(payload, ptr/.git, sub/.git)"), stderr)
 
 	// A later turn and its give-back leave them so too.
-	code, _, stderr = e.shrooms("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "cat /work/sub/.git/HEAD")
+	code, _, stderr = e.Shrooms("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "cat /work/sub/.git/HEAD")
 	assert.Equal(t, code, 0, stderr)
 	vectors(t, home, filepath.Join(wt, "sub"))
 	assert.DeepEqual(t, fired(t, markers), []string(nil))
@@ -222,10 +222,10 @@ printf 'gitdir: ../payload\n' > /work/ptr/.git
 func TestNestedRepoStaysTheCagesOnEveryExit(t *testing.T) {
 	e, client := integration(t, "")
 	wt, home, markers := ownedRepo(t)
-	task := e.task("nestexit")
+	task := e.Task("nestexit")
 	for i, how := range []string{"sigterm", "kill-gc", "kill-run"} {
 		dir := fmt.Sprintf("r%d", i)
-		cmd := e.command("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c",
+		cmd := e.Command("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c",
 			plantRepo(markers)+fmt.Sprintf("mkdir -p /work/%[1]s && plant %[1]s/.git %[1]s && echo up && sleep 600", dir))
 		stdout, err := cmd.StdoutPipe()
 		assert.NilError(t, err)
@@ -247,14 +247,14 @@ func TestNestedRepoStaysTheCagesOnEveryExit(t *testing.T) {
 		}
 		switch how {
 		case "kill-gc":
-			code, _, stderr := e.shrooms("gc")
+			code, _, stderr := e.Shrooms("gc")
 			assert.Equal(t, code, 0, stderr)
 		case "kill-run":
-			code, _, stderr := e.shrooms("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "true")
+			code, _, stderr := e.Shrooms("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "true")
 			assert.Equal(t, code, 0, stderr)
 		}
-		waitTaskIdle(filepath.Join(e.dir, "state"), task)
-		assert.Equal(t, e.cagesOf(client, task), 0, how)
+		e.WaitIdle(task)
+		assert.Equal(t, cagesOf(e, client, task), 0, how)
 		for _, p := range []string{".", dir} {
 			fi, err := os.Lstat(filepath.Join(wt, p))
 			assert.NilError(t, err)

@@ -5,11 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/home"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,9 +18,7 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
-	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
 // TestNetworkedTurnInTestbed runs shrooms itself inside the testbed's host
@@ -34,47 +29,11 @@ func TestNetworkedTurnInTestbed(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	tb := testbed.New(t)
 	tb.StartPodman()
-	name := itest.UniqueName("sn")
-	dir := t.TempDir()
-	configFile := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: name,
-		Cage: map[string]any{"stop_grace": "1s"},
-		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
-			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000),
-			"dns_upstream": []string{"203.0.113.10"}}}.Write(t)
+	e := testbedEnv(t, tb, "sn", testcfg.Config{Cage: map[string]any{"stop_grace": "1s"},
+		Network: map[string]any{"policy": "internet", "subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000),
+			"dns_upstream": []string{"203.0.113.10"}}})
+	name, configFile := e.Prefix, e.Config
 	task := name + "-t"
-	t.Cleanup(func() {
-		if _, err := os.Stat(filepath.Join(dir, "outbox")); err == nil {
-			if err := outbox.Release(filepath.Join(dir, "outbox"), taskid.Must(task)); err != nil {
-				t.Errorf("release outbox: %v", err)
-			}
-		}
-		// The task's cages go first, as `forget` does: the cage the
-		// detached teardown prepared for the next turn holds HOME mounted
-		// in its own mount namespace until it is removed.
-		if out, err := tb.Podman("ps", "-aq", "--filter", "label="+sealed.LabelTask+"="+task); err == nil {
-			for _, id := range strings.Fields(out) {
-				if out, err := tb.Podman("rm", "-f", "-t", "0", id); err != nil {
-					t.Errorf("remove cage %s: %v: %s", id, err, out)
-				}
-			}
-		}
-		// The HOME's capped filesystem goes before its volume, in both
-		// mount namespaces (ours and the testbed podman's).
-		cfg, err := config.Load(configFile)
-		if err != nil {
-			t.Errorf("reload config: %v", err)
-			return
-		}
-		client, err := podman.Connect(context.Background(), tb.PodmanURL)
-		if err != nil {
-			t.Errorf("podman: %v", err)
-			return
-		}
-		if err := home.NewStore(client, cfg).Remove(context.Background(), taskid.Must(task)); err != nil {
-			t.Errorf("remove HOME: %v", err)
-		}
-		removeTestbedNetwork(tb, name)
-	})
 	shrooms := inTestbedHost(tb, os.Args[0], configFile, "SHROOMS_TEST_MAIN=1")
 	probe := func(nonceNet, nonceLAN string) string {
 		return fmt.Sprintf("echo %s | nc -w 3 %s 80; echo %s | nc -w 3 %s 80; true", nonceNet, testbed.InternetAddr4, nonceLAN, testbed.RouterAddr4)
@@ -157,6 +116,26 @@ func inTestbedHost(tb *testbed.Testbed, bin, configFile string, env ...string) f
 		_ = cmd.Run()
 		return cmd.ProcessState.ExitCode(), out.String(), errb.String()
 	}
+}
+
+// testbedEnv is a world on the testbed's podman service whose cage network
+// (c.Network, if any) is named after its prefix; its cleanup removes the
+// tasks' cages (a prepared next cage too), HOMEs and outboxes, then the
+// network and its seal tables.
+func testbedEnv(t *testing.T, tb *testbed.Testbed, prefix string, c testcfg.Config) *itest.Env {
+	t.Helper()
+	e := itest.New(t, prefix, itest.WithSocket(tb.PodmanURL), itest.WithPrepared())
+	if c.Network != nil {
+		c.Network["name"], c.Network["bridge"] = e.Prefix, e.Prefix
+	}
+	e.WriteConfig(c.For(e).TOML())
+	cfg, err := config.Load(e.Config)
+	assert.NilError(t, err)
+	client, err := podman.Connect(context.Background(), tb.PodmanURL)
+	assert.NilError(t, err)
+	e.Release = testcfg.Release(cfg, client)
+	e.Finally(func() { removeTestbedNetwork(tb, e.Prefix) })
+	return e
 }
 
 // removeTestbedNetwork removes the cage network name and its seal tables

@@ -35,13 +35,13 @@ var otherAgentFiles = []struct{ file, root string }{
 // every root, and commits with it.
 func TestOtherAgentsWorktreeFilesMaskedListedAndRefused(t *testing.T) {
 	e, _ := integration(t, "")
-	wt := filepath.Join(e.dir, "repo")
+	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	git(t, wt, "init", "-q", "-b", "main")
 	assert.NilError(t, os.WriteFile(filepath.Join(wt, "README"), []byte("hi\n"), 0o644))
 	git(t, wt, "add", "README")
 	git(t, wt, "commit", "-q", "-m", "init")
-	task := e.task("others")
+	task := e.Task("others")
 
 	var plant, show strings.Builder
 	var roots []string
@@ -59,7 +59,7 @@ func TestOtherAgentsWorktreeFilesMaskedListedAndRefused(t *testing.T) {
 	show.WriteString("cat /work/notes/plain.txt\n")
 	slices.Sort(roots)
 
-	code, stdout, stderr := e.shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", plant.String())
+	code, stdout, stderr := e.Shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", plant.String())
 	assert.Equal(t, code, 0, stderr)
 	var listed []string
 	for _, a := range lastObject(t, stdout)["worktree_changes"].(map[string]any)["agent_config"].([]any) {
@@ -71,7 +71,7 @@ func TestOtherAgentsWorktreeFilesMaskedListedAndRefused(t *testing.T) {
 		assert.Check(t, slices.Contains(listed, r), "%s not listed as agent config: %v", r, listed)
 	}
 
-	code, stdout, stderr = e.shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", show.String())
+	code, stdout, stderr = e.Shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", show.String())
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, "CONTROL-VISIBLE"), "positive control: the cage reads the worktree")
 	assert.Assert(t, !strings.Contains(stdout, "PLANTED-"), "a planted file reached the next cage:\n%s", stdout)
@@ -84,7 +84,7 @@ func TestOtherAgentsWorktreeFilesMaskedListedAndRefused(t *testing.T) {
 	assert.NilError(t, err)
 	assert.Equal(t, string(b), "PLANTED-sub/pkg/.crushrc\n", "the host's worktree keeps the planted bytes: the mask hid them")
 
-	code, stdout, stderr = e.shrooms("commit", "--task", task, "-m", "agent work")
+	code, stdout, stderr = e.Shrooms("commit", "--task", task, "-m", "agent work")
 	assert.Equal(t, code, 121, "commit with untrusted agent config: %s %s", stdout, stderr)
 	for _, r := range roots {
 		assert.Check(t, is.Contains(stderr, r+" (added"))
@@ -93,9 +93,9 @@ func TestOtherAgentsWorktreeFilesMaskedListedAndRefused(t *testing.T) {
 	for _, r := range roots {
 		args = append(args, "--allow-agent-config", r)
 	}
-	code, stdout, stderr = e.shrooms(args[:len(args)-2]...)
+	code, stdout, stderr = e.Shrooms(args[:len(args)-2]...)
 	assert.Equal(t, code, 121, "one root not named is still refused: %s %s", stdout, stderr)
-	code, stdout, stderr = e.shrooms(args...)
+	code, stdout, stderr = e.Shrooms(args...)
 	assert.Equal(t, code, 0, "commit with every root accepted: %s %s", stdout, stderr)
 	var committed struct {
 		Commit   string   `json:"commit"`

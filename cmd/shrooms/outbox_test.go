@@ -28,9 +28,9 @@ type outboxListing struct {
 	} `json:"rejected"`
 }
 
-func listOutbox(t *testing.T, e *env, task string) outboxListing {
+func listOutbox(t *testing.T, e *itest.Env, task string) outboxListing {
 	t.Helper()
-	code, stdout, stderr := e.shrooms("--json", "outbox", "list", "--task", task)
+	code, stdout, stderr := e.Shrooms("--json", "outbox", "list", "--task", task)
 	assert.Equal(t, code, 0, stderr)
 	var l outboxListing
 	assert.NilError(t, json.Unmarshal([]byte(stdout), &l), stdout)
@@ -71,8 +71,8 @@ func between(s, a, b string) string {
 func TestOutboxIsOneWay(t *testing.T) {
 	e, client := integration(t, "")
 	for _, prepare := range []string{"false", "true"} {
-		task := e.task("oneway-" + prepare)
-		code, stdout, stderr := e.shrooms("--json", "run", "--prepare-next="+prepare, "--task", task, "--agent", "shell", "--", "-c", plantOutbox)
+		task := e.Task("oneway-" + prepare)
+		code, stdout, stderr := e.Shrooms("--json", "run", "--prepare-next="+prepare, "--task", task, "--agent", "shell", "--", "-c", plantOutbox)
 		assert.Equal(t, code, 0, stderr)
 		var r1 struct {
 			Turn   int `json:"turn"`
@@ -89,12 +89,12 @@ func TestOutboxIsOneWay(t *testing.T) {
 		assert.Equal(t, r1.Outbox.Turn, 1)
 		assert.Equal(t, r1.Outbox.Files, 3, "%+v", r1.Outbox)
 		assert.Equal(t, r1.Outbox.Dropped, 1)
-		assert.Equal(t, r1.Outbox.Pending, filepath.Join(e.dir, "outbox", ".pending", task, "1"))
+		assert.Equal(t, r1.Outbox.Pending, filepath.Join(e.Dir, "outbox", ".pending", task, "1"))
 		if prepare == "true" {
-			assert.Equal(t, e.cagesOf(client, task), 1, "positive control: the next cage is prepared, its outbox mounted")
+			assert.Equal(t, cagesOf(e, client, task), 1, "positive control: the next cage is prepared, its outbox mounted")
 		}
 
-		code, stdout, stderr = e.shrooms("--json", "run", "--prepare-next=false", "--task", task, "--agent", "shell", "--", "-c", listScript)
+		code, stdout, stderr = e.Shrooms("--json", "run", "--prepare-next=false", "--task", task, "--agent", "shell", "--", "-c", listScript)
 		assert.Equal(t, code, 0, stderr)
 		var r2 struct {
 			Prepared bool `json:"prepared"`
@@ -116,8 +116,8 @@ func TestOutboxIsOneWay(t *testing.T) {
 		assert.Equal(t, l.Rejected[0].Name, "shadow")
 		assert.Assert(t, l.Rejected[0].Dropped)
 
-		to := filepath.Join(e.dir, "delivery-"+prepare)
-		code, stdout, stderr = e.shrooms("outbox", "collect", "--task", task, "--to", to)
+		to := filepath.Join(e.Dir, "delivery-"+prepare)
+		code, stdout, stderr = e.Shrooms("outbox", "collect", "--task", task, "--to", to)
 		assert.Equal(t, code, 0, stderr)
 		assert.Assert(t, is.Contains(stdout, "delivered report.txt (turn 1)"))
 		b, err := os.ReadFile(filepath.Join(to, "files", "1", "report.txt"))
@@ -132,9 +132,9 @@ func TestOutboxIsOneWay(t *testing.T) {
 // pending delivery, and the next cage starts with an empty /outbox.
 func TestOutboxAfterKilledTurn(t *testing.T) {
 	e, client := integration(t, "")
-	task := e.task("obkill")
+	task := e.Task("obkill")
 	for _, cleaner := range []string{"gc", "run"} {
-		cmd := e.command("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "echo left-by-"+cleaner+" > /outbox/"+cleaner+".txt; mkdir /outbox/plant; echo up; sleep 600")
+		cmd := e.Command("run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "echo left-by-"+cleaner+" > /outbox/"+cleaner+".txt; mkdir /outbox/plant; echo up; sleep 600")
 		stdout, err := cmd.StdoutPipe()
 		assert.NilError(t, err)
 		assert.NilError(t, cmd.Start())
@@ -142,13 +142,13 @@ func TestOutboxAfterKilledTurn(t *testing.T) {
 		assert.NilError(t, err)
 		assert.NilError(t, cmd.Process.Kill())
 		_ = cmd.Wait()
-		assert.Equal(t, e.cagesOf(client, task), 1, "positive control: kill -9 leaves the cage running")
+		assert.Equal(t, cagesOf(e, client, task), 1, "positive control: kill -9 leaves the cage running")
 		if cleaner == "gc" {
-			code, out, stderr := e.shrooms("gc")
+			code, out, stderr := e.Shrooms("gc")
 			assert.Equal(t, code, 0, stderr)
 			assert.Assert(t, is.Contains(out, "moved the outbox of "+task), out)
 		}
-		code, out, stderr := e.shrooms("run", "--task", task, "--agent", "shell", "--", "-c", listScript)
+		code, out, stderr := e.Shrooms("run", "--task", task, "--agent", "shell", "--", "-c", listScript)
 		assert.Equal(t, code, 0, stderr)
 		assert.Equal(t, between(out, "BEGIN", "END"), "", "the turn after the killed one saw its outbox")
 		found := false
@@ -157,7 +157,7 @@ func TestOutboxAfterKilledTurn(t *testing.T) {
 		}
 		assert.Assert(t, found, "the killed turn's file is not pending (after %s)", cleaner)
 	}
-	assert.Equal(t, e.cagesOf(client, task), 0)
+	assert.Equal(t, cagesOf(e, client, task), 0)
 }
 
 // TestPreparedCageNeedsItsOutbox: a cage prepared ahead was given the
@@ -168,13 +168,13 @@ func TestOutboxAfterKilledTurn(t *testing.T) {
 // its outbox in place the prepared cage is taken.)
 func TestPreparedCageNeedsItsOutbox(t *testing.T) {
 	e, client := integration(t, "")
-	task := e.task("obprep")
-	code, _, stderr := e.shrooms("run", "--prepare-next=true", "--task", task, "--agent", "shell", "--", "-c", "true")
+	task := e.Task("obprep")
+	code, _, stderr := e.Shrooms("run", "--prepare-next=true", "--task", task, "--agent", "shell", "--", "-c", "true")
 	assert.Equal(t, code, 0, stderr)
-	assert.Equal(t, e.cagesOf(client, task), 1, "the next cage is prepared")
-	code, _, stderr = e.shrooms("outbox", "release", "--task", task)
+	assert.Equal(t, cagesOf(e, client, task), 1, "the next cage is prepared")
+	code, _, stderr = e.Shrooms("outbox", "release", "--task", task)
 	assert.Equal(t, code, 0, stderr)
-	code, stdout, stderr := e.shrooms("--json", "run", "--prepare-next=false", "--task", task, "--agent", "shell", "--", "-c", `echo "FS=$(stat -f -c %T /outbox)"`)
+	code, stdout, stderr := e.Shrooms("--json", "run", "--prepare-next=false", "--task", task, "--agent", "shell", "--", "-c", `echo "FS=$(stat -f -c %T /outbox)"`)
 	assert.Equal(t, code, 0, stderr)
 	var r struct {
 		Prepared bool `json:"prepared"`
@@ -188,5 +188,5 @@ func TestPreparedCageNeedsItsOutbox(t *testing.T) {
 		fs = "FS=UNKNOWN"
 	}
 	assert.Assert(t, is.Contains(stdout, fs), stdout)
-	assert.Equal(t, e.cagesOf(client, task), 0)
+	assert.Equal(t, cagesOf(e, client, task), 0)
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,11 +19,11 @@ import (
 func TestRunRidesThroughPodmanRestart(t *testing.T) {
 	e, _ := integration(t, "")
 	svc := itest.StartService(t)
-	data, err := os.ReadFile(e.config)
+	data, err := os.ReadFile(e.Config)
 	assert.NilError(t, err)
-	assert.NilError(t, os.WriteFile(e.config, bytes.Replace(data, []byte(itest.Socket()), []byte(svc.URI), 1), 0o600))
+	assert.NilError(t, os.WriteFile(e.Config, bytes.Replace(data, []byte(itest.Socket()), []byte(svc.URI), 1), 0o600))
 
-	cmd := e.command("run", "--task", e.task("restart"), "--agent", "shell", "--no-stdin", "--", "-c", "echo before; sleep 1; echo running; sleep 4; echo after; exit 7")
+	cmd := e.Command("run", "--task", e.Task("restart"), "--agent", "shell", "--no-stdin", "--", "-c", "echo before; sleep 1; echo running; sleep 4; echo after; exit 7")
 	stdout, err := cmd.StdoutPipe()
 	assert.NilError(t, err)
 	var stderr bytes.Buffer
@@ -45,7 +44,7 @@ func TestRunRidesThroughPodmanRestart(t *testing.T) {
 	_ = cmd.Wait()
 	// The detached teardown removes the cage through this service, which
 	// stops with the test.
-	waitTaskIdle(filepath.Join(e.dir, "state"), e.task("restart"))
+	e.WaitIdle(e.Task("restart"))
 	assert.Equal(t, cmd.ProcessState.ExitCode(), 7, stderr.String())
 	assert.Equal(t, rest.String(), "after\n", stderr.String())
 }

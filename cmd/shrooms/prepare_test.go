@@ -61,17 +61,17 @@ func cageStates(t *testing.T, client *podman.Client, task string) []string {
 func TestPreparedCages(t *testing.T) {
 	requireStatic(t)
 	e, client := integration(t, "")
-	task := e.task("prep")
+	task := e.Task("prep")
 
-	code, stdout, stderr := e.shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
+	code, stdout, stderr := e.Shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
 	assert.Equal(t, code, 0, stderr)
 	assert.Equal(t, len(strings.TrimSpace(stdout)), 64, stdout)
 	assert.DeepEqual(t, cageStates(t, client, task), []string{"initialized"})
-	code, stdout, _ = e.shrooms("gc")
+	code, stdout, _ = e.Shrooms("gc")
 	assert.Equal(t, code, 0)
 	assert.Assert(t, is.Contains(stdout, "removed 0"), "gc keeps a prepared cage that waits: %s", stdout)
 
-	code, stdout, stderr = e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--prepare-next", "--", "-c", `echo "argv: $0 $1"; echo planted > ~/.profile; exit 5`, "one")
+	code, stdout, stderr = e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--prepare-next", "--", "-c", `echo "argv: $0 $1"; echo planted > ~/.profile; exit 5`, "one")
 	assert.Equal(t, code, 5, stderr)
 	assert.Assert(t, is.Contains(stdout, "argv: one"), stdout)
 	r := lastJSON(t, stdout)
@@ -80,7 +80,7 @@ func TestPreparedCages(t *testing.T) {
 	assert.DeepEqual(t, cageStates(t, client, task), []string{"initialized"}) // run --prepare-next prepared turn 2
 
 	// Turn 2 takes the prepared cage: the HOME it sees was reset after turn 1.
-	code, stdout, stderr = e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", `cat ~/.profile 2>&1; echo turn2`)
+	code, stdout, stderr = e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", `cat ~/.profile 2>&1; echo turn2`)
 	assert.Equal(t, code, 0, stderr)
 	r = lastJSON(t, stdout)
 	assert.Assert(t, r.Prepared)
@@ -89,21 +89,21 @@ func TestPreparedCages(t *testing.T) {
 	assert.Equal(t, len(cageStates(t, client, task)), 0)
 
 	// A run that differs (stdin attached) discards the prepared cage.
-	code, _, stderr = e.shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
+	code, _, stderr = e.Shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
 	assert.Equal(t, code, 0, stderr)
-	code, stdout, stderr = e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--stdin", "--", "-c", "true")
+	code, stdout, stderr = e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--stdin", "--", "-c", "true")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, !lastJSON(t, stdout).Prepared)
 	assert.Equal(t, len(cageStates(t, client, task)), 0, "the discarded cage was left")
 
 	// HOME touched after preparing: the prepared cage is discarded and the
 	// turn resets HOME as usual.
-	code, _, stderr = e.shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
+	code, _, stderr = e.Shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
 	assert.Equal(t, code, 0, stderr)
-	v, err := client.InspectVolume(context.Background(), "shrooms-home-"+e.prefix+"-"+task)
+	v, err := client.InspectVolume(context.Background(), "shrooms-home-"+e.Prefix+"-"+task)
 	assert.NilError(t, err)
 	assert.NilError(t, os.WriteFile(filepath.Join(v.Mountpoint, "home", ".bashrc"), []byte("echo PWNED\n"), 0o644))
-	code, stdout, stderr = e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "cat ~/.bashrc 2>&1; true")
+	code, stdout, stderr = e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "cat ~/.bashrc 2>&1; true")
 	assert.Equal(t, code, 0, stderr)
 	r = lastJSON(t, stdout)
 	assert.Assert(t, !r.Prepared, "a prepared cage ran on a HOME changed after its reset")
@@ -121,10 +121,10 @@ func TestPreparedCageHomeRewritten(t *testing.T) {
 	profile := filepath.Join(t.TempDir(), "profile")
 	assert.NilError(t, os.WriteFile(profile, []byte("export OWNER_PROFILE=1\n"), 0o644))
 	e, client := integration(t, fmt.Sprintf("[home.shell]\nfiles = { \".profile\" = %q }\n", profile))
-	task := e.task("rewrite")
-	code, _, stderr := e.shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
+	task := e.Task("rewrite")
+	code, _, stderr := e.Shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
 	assert.Equal(t, code, 0, stderr)
-	v, err := client.InspectVolume(context.Background(), "shrooms-home-"+e.prefix+"-"+task)
+	v, err := client.InspectVolume(context.Background(), "shrooms-home-"+e.Prefix+"-"+task)
 	assert.NilError(t, err)
 	victim := filepath.Join(v.Mountpoint, "home", ".profile")
 	before, err := os.Stat(victim)
@@ -133,7 +133,7 @@ func TestPreparedCageHomeRewritten(t *testing.T) {
 	assert.NilError(t, os.WriteFile(victim, []byte("PWNED"+strings.Repeat("\n", int(size)-5)), before.Mode()))
 	assert.NilError(t, os.Chtimes(victim, before.ModTime(), before.ModTime()))
 	rel := ".profile"
-	code, stdout, stderr := e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "cat ~/"+rel+"; true")
+	code, stdout, stderr := e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "cat ~/"+rel+"; true")
 	assert.Equal(t, code, 0, stderr)
 	r := lastJSON(t, stdout)
 	assert.Assert(t, !r.Prepared, "a prepared cage ran on a HOME file rewritten after its reset")
@@ -141,9 +141,9 @@ func TestPreparedCageHomeRewritten(t *testing.T) {
 	assert.Assert(t, strings.Contains(stdout, "OWNER_PROFILE"), "the reset laid the owner's file down again: %s", stdout)
 
 	// Positive control: prepared, HOME left alone, the cage is used.
-	code, _, stderr = e.shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
+	code, _, stderr = e.Shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
 	assert.Equal(t, code, 0, stderr)
-	code, stdout, stderr = e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "true")
+	code, stdout, stderr = e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "true")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, lastJSON(t, stdout).Prepared, "an untouched HOME's prepared cage was not used: %s", stdout)
 	assert.Equal(t, len(cageStates(t, client, task)), 0)

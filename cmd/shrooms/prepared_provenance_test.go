@@ -116,9 +116,9 @@ type provTurn struct {
 	imageID  string
 }
 
-func provRun(t *testing.T, e *env, task, script string) provTurn {
+func provRun(t *testing.T, e *itest.Env, task, script string) provTurn {
 	t.Helper()
-	code, stdout, stderr := e.shrooms("--json", "run", "--task", task, "--agent", "pv", "--no-stdin", "--", "-c", script)
+	code, stdout, stderr := e.Shrooms("--json", "run", "--task", task, "--agent", "pv", "--no-stdin", "--", "-c", script)
 	assert.Equal(t, code, 0, "%s %s", stdout, stderr)
 	m := lastObject(t, stdout)
 	r := provTurn{out: stdout, cage: m["cage"].(string), prepared: m["prepared"].(bool)}
@@ -128,9 +128,9 @@ func provRun(t *testing.T, e *env, task, script string) provTurn {
 	return r
 }
 
-func provPrepare(t *testing.T, e *env, task string) string {
+func provPrepare(t *testing.T, e *itest.Env, task string) string {
 	t.Helper()
-	code, stdout, stderr := e.shrooms("prepare", "--task", task, "--agent", "pv", "--no-stdin")
+	code, stdout, stderr := e.Shrooms("prepare", "--task", task, "--agent", "pv", "--no-stdin")
 	assert.Equal(t, code, 0, stderr)
 	id := strings.TrimSpace(stdout)
 	assert.Equal(t, len(id), 64, stdout)
@@ -148,16 +148,16 @@ func cageGone(t *testing.T, id string) bool {
 
 // provEnv is a config whose agent pv runs /bin/sh from image, with token k
 // in $TOK and seccomp (when set) as its profile.
-func provEnv(t *testing.T, image, profile string) (*env, string) {
+func provEnv(t *testing.T, image, profile string) (*itest.Env, string) {
 	dir := t.TempDir()
 	token := filepath.Join(dir, "token")
 	assert.NilError(t, os.WriteFile(token, []byte("token-one"), 0o600))
 	e, _ := integration(t, "[tokens]\nk = \""+token+"\"\n[agents.pv]\ncommand = [\"/bin/sh\"]\nhome = [\"shell\"]\nimage = \""+image+"\"\ntoken_env = { TOK = \"k\" }\n")
 	if profile != "" {
-		cfg, err := os.ReadFile(e.config)
+		cfg, err := os.ReadFile(e.Config)
 		assert.NilError(t, err)
 		cfg = []byte(strings.Replace(string(cfg), `memory = "256m"`, "memory = \"256m\"\nseccomp = \""+profile+"\"", 1))
-		assert.NilError(t, os.WriteFile(e.config, cfg, 0o600))
+		assert.NilError(t, os.WriteFile(e.Config, cfg, 0o600))
 	}
 	return e, token
 }
@@ -173,7 +173,7 @@ func TestPreparedCageRunsTheImageOfNow(t *testing.T) {
 	imgs := newMarkedImages(t)
 	idA := imgs.build("image-A")
 	e, _ := provEnv(t, imgs.name, "")
-	task := e.task("img")
+	task := e.Task("img")
 
 	// Positive control: a prepared cage that matches is taken, and runs
 	// the image it was created from.
@@ -206,7 +206,7 @@ func TestPreparedCageRunsTheSeccompProfileOfNow(t *testing.T) {
 	profile := filepath.Join(t.TempDir(), "seccomp.json")
 	assert.NilError(t, os.WriteFile(profile, seccomp.Profile(), 0o644))
 	e, _ := provEnv(t, itest.TestImage, profile)
-	task := e.task("sec")
+	task := e.Task("sec")
 	const probe = `mkdir /tmp/d 2>/dev/null && echo mkdir-allowed || echo mkdir-refused`
 
 	p1 := provPrepare(t, e, task)
@@ -260,7 +260,7 @@ func withoutSyscalls(t *testing.T, profile []byte, names ...string) []byte {
 func TestPreparedCageGetsTheTokenOfNow(t *testing.T) {
 	requireStatic(t)
 	e, token := provEnv(t, itest.TestImage, "")
-	task := e.task("tok")
+	task := e.Task("tok")
 
 	p1 := provPrepare(t, e, task)
 	labels := podmanCLI(t, "container", "inspect", "--format", "{{json .Config.Labels}}", p1)
@@ -279,7 +279,7 @@ func TestPreparedCageGetsTheTokenOfNow(t *testing.T) {
 	assert.Assert(t, is.Contains(r.out, "tok=token-two"), r.out)
 
 	// The digest key is the task's own, in the state dir, owner-only.
-	fi, err := os.Stat(filepath.Join(e.dir, "state", "tasks", task, "prepared-token-key"))
+	fi, err := os.Stat(filepath.Join(e.Dir, "state", "tasks", task, "prepared-token-key"))
 	assert.NilError(t, err)
 	assert.Equal(t, fi.Mode().Perm(), os.FileMode(0o600))
 	assert.Equal(t, fi.Size(), int64(32))

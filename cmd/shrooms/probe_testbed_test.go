@@ -1,11 +1,8 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/home"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"path/filepath"
 	"testing"
@@ -16,9 +13,6 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
-	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
-	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/probe"
 )
 
@@ -32,35 +26,11 @@ func TestProbeWithoutTargetsInTestbed(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	tb := testbed.New(t)
 	tb.StartPodman()
-	name := itest.UniqueName("sq")
-	dir := t.TempDir()
-	configFile := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: name,
-		Cage: map[string]any{"timeout": "90s", "stop_grace": "1s"},
-		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
-			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 60+os.Getpid()%30, os.Getpid()%250), "subnet6": fmt.Sprintf("fd8b:5eed:%x::/64", os.Getpid()%65000),
-			"dns_upstream": []string{"203.0.113.10"}}}.Write(t)
+	e := testbedEnv(t, tb, "sq", testcfg.Config{Cage: map[string]any{"timeout": "90s", "stop_grace": "1s"},
+		Network: map[string]any{"policy": "internet", "subnet4": fmt.Sprintf("10.%d.%d.0/24", 60+os.Getpid()%30, os.Getpid()%250), "subnet6": fmt.Sprintf("fd8b:5eed:%x::/64", os.Getpid()%65000),
+			"dns_upstream": []string{"203.0.113.10"}}})
+	dir, configFile := e.Dir, e.Config
 	bin := itest.ShroomsBinary(t)
-	t.Cleanup(func() {
-		cfg, err := config.Load(configFile)
-		if err != nil {
-			t.Errorf("reload config: %v", err)
-			return
-		}
-		client, err := podman.Connect(context.Background(), tb.PodmanURL)
-		if err != nil {
-			t.Errorf("podman: %v", err)
-			return
-		}
-		for _, task := range []string{"pd", "pd-peer", "pt"} {
-			if err := home.NewStore(client, cfg).Remove(context.Background(), taskid.Must(task)); err != nil {
-				t.Errorf("remove HOME: %v", err)
-			}
-			if err := outbox.Release(cfg.Outbox.Root, taskid.Must(task)); err != nil && !os.IsNotExist(err) {
-				t.Errorf("release outbox: %v", err)
-			}
-		}
-		removeTestbedNetwork(tb, name)
-	})
 	shrooms := inTestbedHost(tb, bin, configFile)
 	code, _, stderr := shrooms("net", "apply")
 	assert.Equal(t, code, 0, stderr)

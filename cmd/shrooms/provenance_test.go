@@ -21,14 +21,14 @@ import (
 // flagged; a turn that changes nothing reports nothing.
 func TestResultProvenanceAndWorktreeChanges(t *testing.T) {
 	e, _ := integration(t, "")
-	wt := filepath.Join(e.dir, "repo")
+	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	git(t, wt, "init", "-q", "-b", "main")
 	for _, f := range []string{"keep.txt", "edit.txt", "gone.txt", "AGENTS.md"} {
 		assert.NilError(t, os.WriteFile(filepath.Join(wt, f), []byte(f+"\n"), 0o644))
 	}
-	task := e.task("prov")
-	code, stdout, stderr := e.shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c",
+	task := e.Task("prov")
+	code, stdout, stderr := e.Shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c",
 		`echo more >> /work/edit.txt && rm /work/gone.txt && echo new > /work/new.txt && mkdir -p /work/src/.claude && echo '{"hooks":{}}' > /work/src/.claude/settings.json && echo evil >> /work/AGENTS.md`)
 	assert.Equal(t, code, 0, stderr)
 	m := lastObject(t, stdout)
@@ -52,7 +52,7 @@ func TestResultProvenanceAndWorktreeChanges(t *testing.T) {
 	assert.Equal(t, img["id"].(string)+" "+img["digest"].(string), strings.TrimSpace(string(out)))
 	assert.Equal(t, img["name"], itest.TestImage)
 
-	b, err := os.ReadFile(e.config)
+	b, err := os.ReadFile(e.Config)
 	assert.NilError(t, err)
 	sum := sha256.Sum256(b)
 	assert.Equal(t, m["config_digest"], "sha256:"+hex.EncodeToString(sum[:]))
@@ -60,7 +60,7 @@ func TestResultProvenanceAndWorktreeChanges(t *testing.T) {
 	assert.Check(t, !sealed, "policy none has no seal to name")
 
 	// A turn that changes nothing.
-	code, stdout, stderr = e.shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "cat /work/keep.txt")
+	code, stdout, stderr = e.Shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "cat /work/keep.txt")
 	assert.Equal(t, code, 0, stderr)
 	ch = lastObject(t, stdout)["worktree_changes"].(map[string]any)
 	assert.Check(t, is.DeepEqual([]any{ch["added"], ch["modified"], ch["deleted"], ch["agent_config_count"]}, []any{0.0, 0.0, 0.0, 0.0}))

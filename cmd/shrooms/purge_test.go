@@ -1,14 +1,10 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/home"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"gotest.tools/v3/assert"
@@ -17,10 +13,6 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
-	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
-	"github.com/shrooms-cage/shrooms/pkg/podman"
-	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
 // TestPurgeRemovesOnlyTheSkeleton is `make uninstall PURGE=1`'s step in
@@ -33,34 +25,15 @@ func TestPurgeRemovesOnlyTheSkeleton(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	tb := testbed.New(t)
 	tb.StartPodman()
-	name := itest.UniqueName("sp")
-	dir := t.TempDir()
+	e := testbedEnv(t, tb, "sp", testcfg.Config{Cage: map[string]any{"stop_grace": "1s"},
+		Network: map[string]any{"policy": "internet", "subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, (os.Getpid()+7)%250), "subnet6": fmt.Sprintf("fd89:5eee:%x::/64", os.Getpid()%65000),
+			"dns_upstream": []string{"203.0.113.10"}}})
+	name, dir, configFile := e.Prefix, e.Dir, e.Config
 	state, box := filepath.Join(dir, "state"), filepath.Join(dir, "outbox")
-	configFile := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: name,
-		Cage: map[string]any{"stop_grace": "1s"},
-		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
-			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, (os.Getpid()+7)%250), "subnet6": fmt.Sprintf("fd89:5eee:%x::/64", os.Getpid()%65000),
-			"dns_upstream": []string{"203.0.113.10"}}}.Write(t)
 	task := name + "-t"
 	nft := func(args ...string) error {
 		return exec.Command("nsenter", append([]string{"--net=" + tb.NSPath("host"), "--", "nft"}, args...)...).Run()
 	}
-	t.Cleanup(func() {
-		if _, err := os.Stat(box); err == nil {
-			_ = outbox.Release(box, taskid.Must(task))
-		}
-		if out, err := tb.Podman("ps", "-aq", "--filter", "label="+sealed.LabelTask+"="+task); err == nil {
-			for _, id := range strings.Fields(out) {
-				_, _ = tb.Podman("rm", "-f", "-t", "0", id)
-			}
-		}
-		if cfg, err := config.Load(configFile); err == nil {
-			if client, err := podman.Connect(context.Background(), tb.PodmanURL); err == nil {
-				_ = home.NewStore(client, cfg).Remove(context.Background(), taskid.Must(task))
-			}
-		}
-		removeTestbedNetwork(tb, name)
-	})
 	shrooms := inTestbedHost(tb, os.Args[0], configFile, "SHROOMS_TEST_MAIN=1")
 	networkExists := func() bool { _, err := tb.Podman("network", "exists", name); return err == nil }
 

@@ -89,11 +89,11 @@ func readRecord(t *testing.T, path string) record {
 func TestKilledTurnResultRecordAndWait(t *testing.T) {
 	e, client := integration(t, "")
 	wt, _, _ := ownedRepo(t)
-	task := e.task("killed")
-	resultFile := filepath.Join(e.dir, "result.json")
+	task := e.Task("killed")
+	resultFile := filepath.Join(e.Dir, "result.json")
 
 	before := time.Now().UTC().Add(-time.Second)
-	code, stdout, stderr := e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--worktree", wt, "--result-file", resultFile, "--", "-c", "echo one > /work/one")
+	code, stdout, stderr := e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--worktree", wt, "--result-file", resultFile, "--", "-c", "echo one > /work/one")
 	assert.Equal(t, code, 0, stderr)
 	var r1 record
 	resultOf(t, stdout, &r1)
@@ -104,7 +104,7 @@ func TestKilledTurnResultRecordAndWait(t *testing.T) {
 	assert.Check(t, is.Equal(readRecord(t, resultFile).Status, "exited"))
 
 	// Turn 2 gives no --worktree: it sees the task's worktree (sticky).
-	turn2 := e.command("run", "--task", task, "--agent", "shell", "--result-file", resultFile, "--", "-c", "cat /work/one && echo up && sleep 600")
+	turn2 := e.Command("run", "--task", task, "--agent", "shell", "--result-file", resultFile, "--", "-c", "cat /work/one && echo up && sleep 600")
 	out, err := turn2.StdoutPipe()
 	assert.NilError(t, err)
 	var stderr2 bytes.Buffer
@@ -126,15 +126,15 @@ func TestKilledTurnResultRecordAndWait(t *testing.T) {
 
 	// Busy: 123 at once; with --wait 1s, 123 after a second.
 	t0 := time.Now()
-	code, _, stderr = e.shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "true")
+	code, _, stderr = e.Shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "true")
 	assert.Check(t, is.Equal(code, ExitBusy), stderr)
-	code, _, stderr = e.shrooms("run", "--task", task, "--agent", "shell", "--wait", "1s", "--", "-c", "true")
+	code, _, stderr = e.Shrooms("run", "--task", task, "--agent", "shell", "--wait", "1s", "--", "-c", "true")
 	assert.Check(t, is.Equal(code, ExitBusy), stderr)
 	assert.Check(t, is.Contains(stderr, "waited 1s"))
 	assert.Check(t, time.Since(t0) >= time.Second)
 
 	// Turn 3 waits for the task; turn 2's shrooms is killed meanwhile.
-	turn3 := e.command("--json", "run", "--task", task, "--agent", "shell", "--wait", "2m", "--", "-c", "echo three")
+	turn3 := e.Command("--json", "run", "--task", task, "--agent", "shell", "--wait", "2m", "--", "-c", "echo three")
 	var out3, stderr3 bytes.Buffer
 	turn3.Stdout, turn3.Stderr = &out3, &stderr3
 	assert.NilError(t, turn3.Start())
@@ -148,11 +148,11 @@ func TestKilledTurnResultRecordAndWait(t *testing.T) {
 	resultOf(t, out3.String(), &r3)
 	assert.Check(t, is.Equal(r3.Turn, 3))
 	assert.Check(t, is.Equal(r3.Status, "exited"))
-	waitTaskIdle(filepath.Join(e.dir, "state"), task)
-	assert.Check(t, is.Equal(e.cagesOf(client, task), 0))
+	e.WaitIdle(task)
+	assert.Check(t, is.Equal(cagesOf(e, client, task), 0))
 
 	// The log: turn 2 recorded as killed, by turn 3's taking the lock.
-	code, stdout, stderr = e.shrooms("--json", "log", "--task", task)
+	code, stdout, stderr = e.Shrooms("--json", "log", "--task", task)
 	assert.Equal(t, code, 0, stderr)
 	noNull(t, "log", stdout)
 	var log struct{ Turns []record }
@@ -171,7 +171,7 @@ func TestKilledTurnResultRecordAndWait(t *testing.T) {
 	assert.Check(t, !killedAt.Before(fileAt) && killedAt.Sub(fileAt) < time.Minute, "%s vs %s", killedAt, fileAt)
 
 	// Listings carry the last turn's times.
-	code, stdout, stderr = e.shrooms("--json", "status", "--task", task)
+	code, stdout, stderr = e.Shrooms("--json", "status", "--task", task)
 	assert.Equal(t, code, 0, stderr)
 	noNull(t, "status", stdout)
 	var st struct{ Last record }
@@ -184,10 +184,10 @@ func TestKilledTurnResultRecordAndWait(t *testing.T) {
 	podmanDown(t, e, task)
 
 	// forget is idempotent.
-	code, stdout, stderr = e.shrooms("--json", "forget", "--task", task)
+	code, stdout, stderr = e.Shrooms("--json", "forget", "--task", task)
 	assert.Equal(t, code, 0, stderr)
 	assert.Check(t, is.Equal(lastObject(t, stdout)["forgotten"], true))
-	code, stdout, stderr = e.shrooms("--json", "forget", "--task", task)
+	code, stdout, stderr = e.Shrooms("--json", "forget", "--task", task)
 	assert.Equal(t, code, 0, stderr)
 	assert.Check(t, is.Equal(lastObject(t, stdout)["forgotten"], false))
 }
@@ -196,11 +196,11 @@ func TestKilledTurnResultRecordAndWait(t *testing.T) {
 // config whose podman socket has nothing listening (the shared service is
 // never stopped): outbox list/collect/release, commit, trust, log, status,
 // tasks. collect without --to makes its default delivery directory, 0700.
-func podmanDown(t *testing.T, e *env, task string) {
+func podmanDown(t *testing.T, e *itest.Env, task string) {
 	t.Helper()
-	data, err := os.ReadFile(e.config)
+	data, err := os.ReadFile(e.Config)
 	assert.NilError(t, err)
-	down := filepath.Join(e.dir, "down.toml")
+	down := filepath.Join(e.Dir, "down.toml")
 	assert.NilError(t, os.WriteFile(down, bytes.Replace(data, []byte(itest.Socket()), []byte(downSocket), 1), 0o600))
 	shrooms := func(args ...string) (int, string, string) {
 		return shroomsCLI(append([]string{"--config", down}, args...)...)
@@ -228,7 +228,7 @@ func podmanDown(t *testing.T, e *env, task string) {
 		noNull(t, strings.Join(args, " "), lastLine(stdout))
 	}
 	for _, d := range []string{"deliveries", filepath.Join("deliveries", task)} {
-		fi, err := os.Lstat(filepath.Join(e.dir, "state", d))
+		fi, err := os.Lstat(filepath.Join(e.Dir, "state", d))
 		assert.NilError(t, err)
 		assert.Check(t, fi.IsDir())
 		assert.Check(t, is.Equal(fi.Mode().Perm(), os.FileMode(0o700)), d)
@@ -241,15 +241,15 @@ func podmanDown(t *testing.T, e *env, task string) {
 // task's next turn.
 func TestPreparedCagesShownAndExpired(t *testing.T) {
 	e, client := integration(t, "")
-	data, err := os.ReadFile(e.config)
+	data, err := os.ReadFile(e.Config)
 	assert.NilError(t, err)
 	// The TTL is read by each command: an hour while the cages are made
 	// (turns take seconds under load), then one second.
 	setTTL := func(ttl string) {
-		assert.NilError(t, os.WriteFile(e.config, bytes.Replace(data, []byte("[cage]\n"), []byte("[cage]\nprepared_ttl = \""+ttl+"\"\n"), 1), 0o600))
+		assert.NilError(t, os.WriteFile(e.Config, bytes.Replace(data, []byte("[cage]\n"), []byte("[cage]\nprepared_ttl = \""+ttl+"\"\n"), 1), 0o600))
 	}
 	setTTL("1h")
-	a, b := e.task("prep-a"), e.task("prep-b")
+	a, b := e.Task("prep-a"), e.Task("prep-b")
 	type listing struct {
 		Tasks []struct {
 			Task         string  `json:"task"`
@@ -260,7 +260,7 @@ func TestPreparedCagesShownAndExpired(t *testing.T) {
 	}
 	prepared := func() map[string]bool {
 		t.Helper()
-		code, stdout, stderr := e.shrooms("--json", "tasks")
+		code, stdout, stderr := e.Shrooms("--json", "tasks")
 		assert.Equal(t, code, 0, stderr)
 		var l listing
 		assert.NilError(t, json.Unmarshal([]byte(stdout), &l))
@@ -275,9 +275,9 @@ func TestPreparedCagesShownAndExpired(t *testing.T) {
 		return out
 	}
 	for _, task := range []string{a, b} {
-		code, _, stderr := e.shrooms("run", "--prepare-next", "--task", task, "--agent", "shell", "--", "-c", "true")
+		code, _, stderr := e.Shrooms("run", "--prepare-next", "--task", task, "--agent", "shell", "--", "-c", "true")
 		assert.Equal(t, code, 0, stderr)
-		assert.Equal(t, e.cagesOf(client, task), 1, "the prepared cage waits")
+		assert.Equal(t, cagesOf(e, client, task), 1, "the prepared cage waits")
 	}
 	// tasks and status show prepared cages while podman answers; podman 4.3
 	// fails whole listings while another test's container is between netns
@@ -291,7 +291,7 @@ func TestPreparedCagesShownAndExpired(t *testing.T) {
 	var code int
 	var stdout, stderr string
 	for i := 0; i < 20; i++ {
-		code, stdout, stderr = e.shrooms("status", "--task", a)
+		code, stdout, stderr = e.Shrooms("status", "--task", a)
 		if strings.Contains(stdout, "prepared  -") {
 			time.Sleep(time.Second)
 			continue
@@ -305,7 +305,7 @@ func TestPreparedCagesShownAndExpired(t *testing.T) {
 	code, stdout, stderr = gcRetry(e, "--json", "gc", "--dry-run")
 	assert.Equal(t, code, 0, stderr)
 	assert.Check(t, is.DeepEqual(lastObject(t, stdout)["expired"], []any{}))
-	assert.Check(t, is.Equal(e.cagesOf(client, a)+e.cagesOf(client, b), 2), "before the TTL")
+	assert.Check(t, is.Equal(cagesOf(e, client, a)+cagesOf(e, client, b), 2), "before the TTL")
 	setTTL("1s")
 	time.Sleep(1100 * time.Millisecond)
 
@@ -315,31 +315,31 @@ func TestPreparedCagesShownAndExpired(t *testing.T) {
 	noNull(t, "gc --dry-run", stdout)
 	assert.Check(t, is.Equal(dry["dry_run"], true))
 	assert.Check(t, is.Len(dry["expired"], 2), "%v", dry)
-	assert.Check(t, is.Equal(e.cagesOf(client, a)+e.cagesOf(client, b), 2), "dry run changed nothing")
+	assert.Check(t, is.Equal(cagesOf(e, client, a)+cagesOf(e, client, b), 2), "dry run changed nothing")
 
 	// The next turn of another task expires a's cage in its teardown.
-	code, _, stderr = e.shrooms("run", "--prepare-next=false", "--task", e.task("prep-c"), "--agent", "shell", "--", "-c", "true")
+	code, _, stderr = e.Shrooms("run", "--prepare-next=false", "--task", e.Task("prep-c"), "--agent", "shell", "--", "-c", "true")
 	assert.Equal(t, code, 0, stderr)
 	// The teardown expires it after it let its own task go: poll.
-	for i := 0; i < 300 && e.cagesOf(client, a) > 0; i++ {
+	for i := 0; i < 300 && cagesOf(e, client, a) > 0; i++ {
 		time.Sleep(100 * time.Millisecond)
 	}
-	assert.Check(t, is.Equal(e.cagesOf(client, a), 0), "expired by the next turn's teardown")
+	assert.Check(t, is.Equal(cagesOf(e, client, a), 0), "expired by the next turn's teardown")
 
 	// gc expires what is left (nothing here) and releases what they held.
 	code, stdout, stderr = gcRetry(e, "--json", "gc")
 	assert.Equal(t, code, 0, stderr)
-	assert.Check(t, is.Equal(e.cagesOf(client, b), 0))
-	assert.Check(t, is.DeepEqual(prepared(), map[string]bool{a: false, b: false, e.task("prep-c"): false}))
+	assert.Check(t, is.Equal(cagesOf(e, client, b), 0))
+	assert.Check(t, is.DeepEqual(prepared(), map[string]bool{a: false, b: false, e.Task("prep-c"): false}))
 }
 
 // gcRetry runs gc again while podman 4.3 fails its whole listing because a
 // container on the host — another test's — is between netns teardown and
 // removal (podman#16140: the client retries for seconds; under load on a
 // shared host that is not always enough).
-func gcRetry(e *env, args ...string) (code int, stdout, stderr string) {
+func gcRetry(e *itest.Env, args ...string) (code int, stdout, stderr string) {
 	for i := 0; i < 10; i++ {
-		if code, stdout, stderr = e.shrooms(args...); code != ExitHostNotReady || !strings.Contains(stderr, "unknown FS magic") {
+		if code, stdout, stderr = e.Shrooms(args...); code != ExitHostNotReady || !strings.Contains(stderr, "unknown FS magic") {
 			return
 		}
 		time.Sleep(time.Second)

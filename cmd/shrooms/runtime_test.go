@@ -9,16 +9,18 @@ import (
 
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
 )
 
 // withRuntime sets cage.runtime in the env's config file.
-func withRuntime(t *testing.T, e *env, rt string) {
+func withRuntime(t *testing.T, e *itest.Env, rt string) {
 	t.Helper()
-	data, err := os.ReadFile(e.config)
+	data, err := os.ReadFile(e.Config)
 	assert.NilError(t, err)
 	assert.Assert(t, strings.Contains(string(data), "[cage]\n"))
 	data = []byte(strings.Replace(string(data), "[cage]\n", "[cage]\nruntime = \""+rt+"\"\n", 1))
-	assert.NilError(t, os.WriteFile(e.config, data, 0o600))
+	assert.NilError(t, os.WriteFile(e.Config, data, 0o600))
 }
 
 // cage.runtime as an explicit path: doctor finds it is the service's, and
@@ -26,10 +28,10 @@ func withRuntime(t *testing.T, e *env, rt string) {
 func TestRuntimeDoctorAndRunJSON(t *testing.T) {
 	e, _ := integration(t, "")
 	withRuntime(t, e, "/usr/bin/runc")
-	_, stdout, stderr := e.shrooms("doctor")
+	_, stdout, stderr := e.Shrooms("doctor")
 	assert.Check(t, is.Regexp(`(?m)^ok +oci-runtime +runc at /usr/\w+/runc \(runc version`, stdout), stdout+stderr)
 
-	code, stdout, stderr := e.shrooms("--json", "run", "--task", e.task("rt"), "--agent", "shell", "--", "-c", "echo out")
+	code, stdout, stderr := e.Shrooms("--json", "run", "--task", e.Task("rt"), "--agent", "shell", "--", "-c", "echo out")
 	assert.Equal(t, code, 0, stderr)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
 	var res struct {
@@ -44,13 +46,13 @@ func TestRuntimeDoctorAndRunJSON(t *testing.T) {
 func TestRuntimeRefusals(t *testing.T) {
 	e, _ := integration(t, "")
 	withRuntime(t, e, "crun")
-	code, stdout, _ := e.shrooms("doctor")
+	code, stdout, _ := e.Shrooms("doctor")
 	assert.Check(t, is.Equal(code, ExitHostNotReady), stdout)
 	assert.Check(t, is.Regexp(`(?m)^fail oci-runtime +cage.runtime is "crun" but the podman service runs runc`, stdout))
 
 	bad := newEnv(t, "")
 	withRuntime(t, bad, "/etc/passwd")
-	code, stdout, stderr := bad.shrooms("run", "--task", bad.task("rt"), "--agent", "shell", "--", "-c", "true")
+	code, stdout, stderr := bad.Shrooms("run", "--task", bad.Task("rt"), "--agent", "shell", "--", "-c", "true")
 	assert.Equal(t, code, ExitUsage, stdout+stderr)
 	assert.Check(t, is.Regexp(regexp.QuoteMeta(`cage.runtime: "/etc/passwd" (/etc/passwd) is not executable`), stderr))
 	assert.Equal(t, strings.Count(strings.TrimSpace(stderr), "\n"), 0, stderr)

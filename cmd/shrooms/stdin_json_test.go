@@ -19,7 +19,7 @@ import (
 // reads it (positive control).
 func TestStdinOnlyWithFlag(t *testing.T) {
 	e, _ := integration(t, "")
-	cmd := e.command("run", "--task", e.task("stdin"), "--agent", "shell", "--", "-c", "cat; echo cat-done")
+	cmd := e.Command("run", "--task", e.Task("stdin"), "--agent", "shell", "--", "-c", "cat; echo cat-done")
 	pr, pw, err := os.Pipe()
 	assert.NilError(t, err)
 	defer pw.Close() // held open for the whole turn
@@ -43,7 +43,7 @@ func TestStdinOnlyWithFlag(t *testing.T) {
 	assert.Assert(t, time.Since(start) < 60*time.Second)
 
 	var sout, serr bytes.Buffer
-	code := run([]string{"shrooms", "--config", e.config, "run", "--task", e.task("stdin"), "--agent", "shell", "--stdin", "--", "-c", "cat"},
+	code := run([]string{"shrooms", "--config", e.Config, "run", "--task", e.Task("stdin"), "--agent", "shell", "--stdin", "--", "-c", "cat"},
 		strings.NewReader("piped in\n"), &sout, &serr)
 	assert.Equal(t, code, 0, serr.String())
 	assert.Equal(t, sout.String(), "piped in\n", "positive control: --stdin attaches it")
@@ -53,7 +53,7 @@ func TestStdinOnlyWithFlag(t *testing.T) {
 // result is still the last line on its own; oom_killed is reported.
 func TestJSONResultOnItsOwnLine(t *testing.T) {
 	e, _ := integration(t, "")
-	code, stdout, stderr := e.shrooms("run", "--json", "--task", e.task("nl"), "--agent", "shell", "--", "-c", "printf no-newline")
+	code, stdout, stderr := e.Shrooms("run", "--json", "--task", e.Task("nl"), "--agent", "shell", "--", "-c", "printf no-newline")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, strings.HasPrefix(stdout, "no-newline\n{"), stdout)
 	m := lastObject(t, stdout)
@@ -63,7 +63,7 @@ func TestJSONResultOnItsOwnLine(t *testing.T) {
 	assert.Assert(t, m["total_ms"].(float64) > 0)
 	assert.Assert(t, m["home_bytes"].(float64) > 0, "HOME usage is reported")
 	// The deadline path: output without a newline, then the cage is stopped.
-	code, stdout, stderr = e.shrooms("run", "--json", "--task", e.task("nl"), "--agent", "shell", "--timeout", "2s", "--", "-c", "printf partial; sleep 600")
+	code, stdout, stderr = e.Shrooms("run", "--json", "--task", e.Task("nl"), "--agent", "shell", "--timeout", "2s", "--", "-c", "printf partial; sleep 600")
 	assert.Equal(t, code, ExitDeadline, stderr)
 	assert.Assert(t, strings.HasPrefix(stdout, "partial\n{"), stdout)
 	dl := lastObject(t, stdout)
@@ -79,12 +79,12 @@ func TestJSONResultOnItsOwnLine(t *testing.T) {
 // killed, and the result says so; a small allocation is the control.
 func TestOOMKilled(t *testing.T) {
 	e, _ := integration(t, "") // cage.memory = 256m
-	code, stdout, stderr := e.shrooms("run", "--json", "--task", e.task("oom"), "--agent", "shell", "--", "-c", "dd if=/dev/zero of=/dev/null bs=16M count=1 && echo small-ok")
+	code, stdout, stderr := e.Shrooms("run", "--json", "--task", e.Task("oom"), "--agent", "shell", "--", "-c", "dd if=/dev/zero of=/dev/null bs=16M count=1 && echo small-ok")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, "small-ok"))
 	assert.Equal(t, lastObject(t, stdout)["oom_killed"], false, "positive control")
 
-	code, stdout, stderr = e.shrooms("run", "--json", "--task", e.task("oom"), "--agent", "shell", "--", "-c", "dd if=/dev/zero of=/dev/null bs=400M count=1")
+	code, stdout, stderr = e.Shrooms("run", "--json", "--task", e.Task("oom"), "--agent", "shell", "--", "-c", "dd if=/dev/zero of=/dev/null bs=400M count=1")
 	assert.Equal(t, code, 137, "killed by SIGKILL: %s", stderr)
 	m := lastObject(t, stdout)
 	assert.Equal(t, m["exit_code"], float64(137))
@@ -110,7 +110,7 @@ func cgroupV2() bool {
 // deadline; a second task on it is refused with 121.
 func TestWorktreeOwnerThroughTheCLI(t *testing.T) {
 	e, _ := integration(t, "")
-	wt := filepath.Join(e.dir, "repo")
+	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	git(t, wt, "init", "-q", "-b", "main")
 	assert.NilError(t, filepath.WalkDir(wt, func(p string, _ os.DirEntry, err error) error {
@@ -133,20 +133,20 @@ func TestWorktreeOwnerThroughTheCLI(t *testing.T) {
 			return nil
 		}))
 	}
-	code, stdout, stderr := e.shrooms("run", "--json", "--task", e.task("own"), "--agent", "shell", "--worktree", wt, "--", "-c", "mkdir -p /work/a/b/c && echo x > /work/a/b/c/f && echo y > /work/top")
+	code, stdout, stderr := e.Shrooms("run", "--json", "--task", e.Task("own"), "--agent", "shell", "--worktree", wt, "--", "-c", "mkdir -p /work/a/b/c && echo x > /work/a/b/c/f && echo y > /work/top")
 	assert.Equal(t, code, 0, stderr)
 	owned()
 	w := lastObject(t, stdout)["worktree"].(map[string]any)
 	assert.Equal(t, w["owner_uid"], float64(4242))
 	assert.Assert(t, w["given_back"].(float64) >= 5, "%v", w)
 
-	code, _, stderr = e.shrooms("run", "--task", e.task("own"), "--agent", "shell", "--worktree", wt, "--timeout", "3s", "--", "-c", "mkdir -p /work/d/e && echo z > /work/d/e/f && sleep 600")
+	code, _, stderr = e.Shrooms("run", "--task", e.Task("own"), "--agent", "shell", "--worktree", wt, "--timeout", "3s", "--", "-c", "mkdir -p /work/d/e && echo z > /work/d/e/f && sleep 600")
 	assert.Equal(t, code, ExitDeadline, stderr)
 	owned()
 	_, err := os.Stat(filepath.Join(wt, "d", "e", "f"))
 	assert.NilError(t, err, "positive control: the deadline turn wrote its files")
 
-	code, _, stderr = e.shrooms("run", "--task", e.task("other"), "--agent", "shell", "--worktree", wt, "--", "-c", "true")
+	code, _, stderr = e.Shrooms("run", "--task", e.Task("other"), "--agent", "shell", "--worktree", wt, "--", "-c", "true")
 	assert.Equal(t, code, ExitUsage, stderr)
 	assert.Assert(t, is.Contains(stderr, "belongs to task"))
 }
@@ -155,11 +155,11 @@ func TestWorktreeOwnerThroughTheCLI(t *testing.T) {
 // the worktree is its owner's again when shrooms exits.
 func TestWorktreeGivenBackOnSignal(t *testing.T) {
 	e, _ := integration(t, "")
-	wt := filepath.Join(e.dir, "repo")
+	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	git(t, wt, "init", "-q", "-b", "main")
 	assert.NilError(t, os.Lchown(wt, 4242, 4242))
-	cmd := e.command("run", "--task", e.task("sig"), "--agent", "shell", "--worktree", wt, "--", "-c", "mkdir -p /work/s/t && echo up > /work/s/t/f && echo up; sleep 600")
+	cmd := e.Command("run", "--task", e.Task("sig"), "--agent", "shell", "--worktree", wt, "--", "-c", "mkdir -p /work/s/t && echo up > /work/s/t/f && echo up; sleep 600")
 	out, err := cmd.StdoutPipe()
 	assert.NilError(t, err)
 	var errb bytes.Buffer
@@ -181,12 +181,12 @@ func TestWorktreeGivenBackOnSignal(t *testing.T) {
 // worktree with the task's user; gc gives it back (and removes the cage).
 func TestWorktreeGivenBackAfterKill(t *testing.T) {
 	e, client := integration(t, "")
-	wt := filepath.Join(e.dir, "repo")
+	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	git(t, wt, "init", "-q", "-b", "main")
 	assert.NilError(t, os.Lchown(wt, 4242, 4242))
-	task := e.task("kill9")
-	cmd := e.command("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "mkdir -p /work/k/l && echo up > /work/k/l/f && echo up; sleep 600")
+	task := e.Task("kill9")
+	cmd := e.Command("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "mkdir -p /work/k/l && echo up > /work/k/l/f && echo up; sleep 600")
 	out, err := cmd.StdoutPipe()
 	assert.NilError(t, err)
 	assert.NilError(t, cmd.Start())
@@ -200,11 +200,11 @@ func TestWorktreeGivenBackAfterKill(t *testing.T) {
 		return fi.Sys().(*syscall.Stat_t).Uid
 	}
 	assert.Assert(t, uid(filepath.Join(wt, "k", "l", "f")) != 4242, "positive control: kill -9 leaves the files with the task's user")
-	code, stdout, stderr := e.shrooms("gc")
+	code, stdout, stderr := e.Shrooms("gc")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, "gave back worktree "+wt), stdout)
 	for _, p := range []string{wt, filepath.Join(wt, "k"), filepath.Join(wt, "k", "l"), filepath.Join(wt, "k", "l", "f")} {
 		assert.Equal(t, uid(p), uint32(4242), p)
 	}
-	assert.Equal(t, e.cagesOf(client, task), 0)
+	assert.Equal(t, cagesOf(e, client, task), 0)
 }

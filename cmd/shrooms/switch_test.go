@@ -22,10 +22,10 @@ const switchAgents = "[agents.cl]\ncommand = [\"/bin/sh\"]\nhome = [\"claude\", 
 // and the reset report names the profiles kept for other agents.
 func TestAgentSwitchKeepsKeptState(t *testing.T) {
 	e, _ := integration(t, switchAgents)
-	task := e.task("switch")
+	task := e.Task("switch")
 	session := "0b7e8c3a-1d2f-4e5a-9b6c-7d8e9f0a1b2c"
 	transcript := `{"type":"user","sessionId":"` + session + `","cwd":"/work","message":{"role":"user","content":"hi"},"uuid":"11111111-2222-4333-8444-555555555555","parentUuid":null,"timestamp":"2026-01-01T00:00:00Z"}`
-	code, out, errb := e.shrooms("--json", "run", "--task", task, "--agent", "cl", "--", "-c",
+	code, out, errb := e.Shrooms("--json", "run", "--task", task, "--agent", "cl", "--", "-c",
 		`mkdir -p ~/.claude/projects/-work && echo '`+transcript+`' > ~/.claude/projects/-work/`+session+`.jsonl && echo '{"userID":"u1"}' > ~/.claude.json`)
 	assert.Equal(t, code, 0, "%s %s", out, errb)
 
@@ -39,7 +39,7 @@ func TestAgentSwitchKeepsKeptState(t *testing.T) {
 	}
 	shell := func(script string) (string, report) {
 		t.Helper()
-		code, out, errb := e.shrooms("--json", "run", "--task", task, "--agent", "shell", "--", "-c", script)
+		code, out, errb := e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--", "-c", script)
 		assert.Equal(t, code, 0, "%s %s", out, errb)
 		lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 		var res struct {
@@ -64,10 +64,10 @@ func TestAgentSwitchKeepsKeptState(t *testing.T) {
 	assert.Check(t, found, "the drop is reported: %+v", rep.Dropped)
 
 	// The task's profiles are remembered; its own agent's turn still keeps.
-	fact, err := os.ReadFile(filepath.Join(e.dir, "state", "tasks", task, "fact-profiles"))
+	fact, err := os.ReadFile(filepath.Join(e.Dir, "state", "tasks", task, "fact-profiles"))
 	assert.NilError(t, err)
 	assert.Equal(t, string(fact), "claude,shell\n")
-	code, out, errb = e.shrooms("run", "--task", task, "--agent", "cl", "--", "-c", "ls ~/.claude/projects/-work/; cat ~/.claude.json")
+	code, out, errb = e.Shrooms("run", "--task", task, "--agent", "cl", "--", "-c", "ls ~/.claude/projects/-work/; cat ~/.claude.json")
 	assert.Equal(t, code, 0, errb)
 	assert.Check(t, is.Contains(out, session+".jsonl"))
 	assert.Check(t, is.Contains(out, `"hasTrustDialogAccepted": true`), "a Claude turn's seeds: %s", out)

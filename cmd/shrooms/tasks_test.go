@@ -17,13 +17,13 @@ import (
 // turn is recorded as interrupted).
 func TestTaskCommands(t *testing.T) {
 	e, client := integration(t, "")
-	task := e.task("tc")
-	code, _, stderr := e.shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "echo one")
+	task := e.Task("tc")
+	code, _, stderr := e.Shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "echo one")
 	assert.Equal(t, code, 0, stderr)
-	code, _, stderr = e.shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "exit 3")
+	code, _, stderr = e.Shrooms("run", "--task", task, "--agent", "shell", "--", "-c", "exit 3")
 	assert.Equal(t, code, 3, stderr)
 
-	code, stdout, stderr := e.shrooms("log", "--task", task, "--json")
+	code, stdout, stderr := e.Shrooms("log", "--task", task, "--json")
 	assert.Equal(t, code, 0, stderr)
 	var log struct {
 		Turns []map[string]any `json:"turns"`
@@ -35,16 +35,16 @@ func TestTaskCommands(t *testing.T) {
 	assert.Assert(t, log.Turns[1]["reset"] != nil, "the record carries the reset report")
 	assert.Assert(t, log.Turns[1]["total_ms"].(float64) > 0)
 
-	code, stdout, _ = e.shrooms("log", "--task", task, "--turn", "2")
+	code, stdout, _ = e.Shrooms("log", "--task", task, "--turn", "2")
 	assert.Equal(t, code, 0)
 	assert.Assert(t, is.Contains(stdout, "turn 2  shell  exited  exit 3"), stdout)
-	code, _, stderr = e.shrooms("log", "--task", task, "--turn", "9")
+	code, _, stderr = e.Shrooms("log", "--task", task, "--turn", "9")
 	assert.Equal(t, code, ExitUsage, stderr)
-	code, _, stderr = e.shrooms("log", "--task", e.task("never"))
+	code, _, stderr = e.Shrooms("log", "--task", e.Task("never"))
 	assert.Equal(t, code, ExitUsage, stderr)
 	assert.Assert(t, is.Contains(stderr, "unknown task"))
 
-	code, stdout, stderr = e.shrooms("tasks", "--json")
+	code, stdout, stderr = e.Shrooms("tasks", "--json")
 	assert.Equal(t, code, 0, stderr)
 	var ts struct {
 		Tasks []map[string]any `json:"tasks"`
@@ -57,12 +57,12 @@ func TestTaskCommands(t *testing.T) {
 	assert.Equal(t, ts.Tasks[0]["last"].(map[string]any)["exit_code"], float64(3))
 	assert.Assert(t, ts.Tasks[0]["home_bytes"].(float64) > 0)
 
-	code, stdout, _ = e.shrooms("stop", "--task", task, "--json")
+	code, stdout, _ = e.Shrooms("stop", "--task", task, "--json")
 	assert.Equal(t, code, 0)
 	assert.Assert(t, is.Contains(stdout, `"stopped":false`), "nothing running: %s", stdout)
 
 	// A turn running in another process.
-	cmd := e.command("run", "--task", task, "--agent", "shell", "--", "-c", "echo up; sleep 600")
+	cmd := e.Command("run", "--task", task, "--agent", "shell", "--", "-c", "echo up; sleep 600")
 	out, err := cmd.StdoutPipe()
 	assert.NilError(t, err)
 	var errb bytes.Buffer
@@ -71,32 +71,32 @@ func TestTaskCommands(t *testing.T) {
 	_, err = out.Read(make([]byte, 3))
 	assert.NilError(t, err, errb.String())
 
-	code, stdout, _ = e.shrooms("status", "--task", task)
+	code, stdout, _ = e.Shrooms("status", "--task", task)
 	assert.Equal(t, code, 0)
 	assert.Assert(t, is.Contains(stdout, "busy      yes (shrooms process "+strconv.Itoa(cmd.Process.Pid)+")"), stdout)
-	assert.Equal(t, e.cagesOf(client, task), 1, "positive control: the cage runs")
+	assert.Equal(t, cagesOf(e, client, task), 1, "positive control: the cage runs")
 
 	start := time.Now()
-	code, stdout, stderr = e.shrooms("stop", "--task", task, "--json")
+	code, stdout, stderr = e.Shrooms("stop", "--task", task, "--json")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, `"stopped":true`), stdout)
 	assert.Assert(t, is.Contains(stdout, `"turn":3`), stdout)
 	_ = cmd.Wait()
 	assert.Equal(t, cmd.ProcessState.ExitCode(), ExitInterrupted, errb.String())
 	assert.Assert(t, time.Since(start) < 60*time.Second)
-	assert.Equal(t, e.cagesOf(client, task), 0, "the stopped turn's cage was removed")
+	assert.Equal(t, cagesOf(e, client, task), 0, "the stopped turn's cage was removed")
 
-	code, stdout, _ = e.shrooms("log", "--task", task, "--turn", "3", "--json")
+	code, stdout, _ = e.Shrooms("log", "--task", task, "--turn", "3", "--json")
 	assert.Equal(t, code, 0)
 	assert.Assert(t, is.Contains(stdout, `"status":"interrupted"`), stdout)
-	code, stdout, _ = e.shrooms("status", "--task", task)
+	code, stdout, _ = e.Shrooms("status", "--task", task)
 	assert.Equal(t, code, 0)
 	assert.Assert(t, is.Contains(stdout, "busy      no"), stdout)
 
 	// forget removes the records with the task.
-	code, _, stderr = e.shrooms("forget", "--task", task)
+	code, _, stderr = e.Shrooms("forget", "--task", task)
 	assert.Equal(t, code, 0, stderr)
-	code, stdout, _ = e.shrooms("tasks")
+	code, stdout, _ = e.Shrooms("tasks")
 	assert.Equal(t, code, 0)
 	assert.Assert(t, !strings.Contains(stdout, task), stdout)
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -31,16 +30,16 @@ func TestRunscTTYTurn(t *testing.T) {
 	// Started first, so it stops after the environment's cleanup.
 	svc := itest.StartServiceWith(t, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp", "--runtime-flag", "network=host")
 	e, client := integration(t, "")
-	cfg, err := os.ReadFile(e.config)
+	cfg, err := os.ReadFile(e.Config)
 	assert.NilError(t, err)
 	cfg = bytes.Replace(cfg, []byte(itest.TestImage), []byte(agentImage), 1)
 	cfg = bytes.Replace(cfg, []byte(itest.Socket()), []byte(svc.URI), 1)
 	cfg = bytes.Replace(cfg, []byte(`memory = "256m"`), []byte("memory = \"256m\"\nruntime = \""+runsc+"\""), 1)
-	assert.NilError(t, os.WriteFile(e.config, cfg, 0o600))
+	assert.NilError(t, os.WriteFile(e.Config, cfg, 0o600))
 
 	master, slave := itest.OpenPTY(t, 40, 100)
-	task := e.task("rtty")
-	cmd := e.command("run", "--tty", "--json", "--task", task, "--agent", "shell", "--", "-c",
+	task := e.Task("rtty")
+	cmd := e.Command("run", "--tty", "--json", "--task", task, "--agent", "shell", "--", "-c",
 		`tty; stty size; uname -r; `+tiocsti+`; printf 'name? '; read name; echo "got:$name"; exit 3`)
 	onTerminal(cmd, slave)
 	var sc screen
@@ -73,6 +72,6 @@ func TestRunscTTYTurn(t *testing.T) {
 	assert.Check(t, is.Contains(out, "got:hello\n"), "what the person typed reached the agent")
 	assert.Check(t, is.Contains(out, `"exit_code":3`))
 	assert.Check(t, is.Contains(out, `"runtime_version":"runsc version v0.0.0-`), "run --json names the pinned runsc")
-	waitTaskIdle(filepath.Join(e.dir, "state"), task)
-	assert.Equal(t, e.cagesOf(client, task), 0)
+	e.WaitIdle(task)
+	assert.Equal(t, cagesOf(e, client, task), 0)
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -79,15 +78,15 @@ func onTerminal(cmd *exec.Cmd, slave *os.File) {
 // is back in its own mode afterwards.
 func TestTTYTurn(t *testing.T) {
 	e, client := integration(t, "")
-	cfg, err := os.ReadFile(e.config)
+	cfg, err := os.ReadFile(e.Config)
 	assert.NilError(t, err)
-	assert.NilError(t, os.WriteFile(e.config, bytes.Replace(cfg, []byte(itest.TestImage), []byte(agentImage), 1), 0o600))
+	assert.NilError(t, os.WriteFile(e.Config, bytes.Replace(cfg, []byte(itest.TestImage), []byte(agentImage), 1), 0o600))
 
 	master, slave := itest.OpenPTY(t, 40, 100)
 	before, err := unix.IoctlGetTermios(int(slave.Fd()), unix.TCGETS)
 	assert.NilError(t, err)
-	task := e.task("tty")
-	cmd := e.command("run", "--tty", "--json", "--task", task, "--agent", "shell", "--", "-c",
+	task := e.Task("tty")
+	cmd := e.Command("run", "--tty", "--json", "--task", task, "--agent", "shell", "--", "-c",
 		`tty; stty size; `+tiocsti+`; printf 'name? '; read name; echo "got:$name"; exit 3`)
 	onTerminal(cmd, slave)
 	var sc screen
@@ -118,8 +117,8 @@ func TestTTYTurn(t *testing.T) {
 	after, err := unix.IoctlGetTermios(int(slave.Fd()), unix.TCGETS)
 	assert.NilError(t, err)
 	assert.Check(t, is.DeepEqual(*after, *before), "the terminal's mode is restored after the turn")
-	waitTaskIdle(filepath.Join(e.dir, "state"), task) // the detached teardown removes the cage
-	assert.Equal(t, e.cagesOf(client, task), 0)
+	e.WaitIdle(task) // the detached teardown removes the cage
+	assert.Equal(t, cagesOf(e, client, task), 0)
 
 	// The positive control: without shrooms' profile, the same call in the
 	// same image with a terminal injects.
@@ -136,21 +135,21 @@ func TestTTYTurn(t *testing.T) {
 // before any cage exists.
 func TestTTYRefusals(t *testing.T) {
 	e, client := integration(t, "")
-	code, _, stderr := e.shrooms("run", "--tty", "--task", e.task("notty"), "--agent", "shell", "--", "-c", "true")
+	code, _, stderr := e.Shrooms("run", "--tty", "--task", e.Task("notty"), "--agent", "shell", "--", "-c", "true")
 	assert.Equal(t, code, ExitUsage, stderr)
 	assert.Check(t, is.Contains(stderr, "--tty needs a terminal"))
 
-	cfg, err := os.ReadFile(e.config)
+	cfg, err := os.ReadFile(e.Config)
 	assert.NilError(t, err)
-	assert.NilError(t, os.WriteFile(e.config, bytes.Replace(cfg, []byte(`memory = "256m"`), []byte("memory = \"256m\"\nseccomp = \"podman\""), 1), 0o600))
+	assert.NilError(t, os.WriteFile(e.Config, bytes.Replace(cfg, []byte(`memory = "256m"`), []byte("memory = \"256m\"\nseccomp = \"podman\""), 1), 0o600))
 	knob, kerr := os.ReadFile(seccomp.LegacyTIOCSTIKnob)
 	if kerr == nil && strings.TrimSpace(string(knob)) == "0" {
 		// This kernel refuses TIOCSTI itself: nothing for --tty to refuse.
 		return
 	}
 	master, slave := itest.OpenPTY(t, 24, 80)
-	task := e.task("open")
-	cmd := e.command("run", "--tty", "--task", task, "--agent", "shell", "--", "-c", "echo ran")
+	task := e.Task("open")
+	cmd := e.Command("run", "--tty", "--task", task, "--agent", "shell", "--", "-c", "echo ran")
 	onTerminal(cmd, slave)
 	var sc screen
 	go sc.read(master)
@@ -164,7 +163,7 @@ func TestTTYRefusals(t *testing.T) {
 	}
 	waitScreen(t, &sc, fix)
 	assert.Check(t, !strings.Contains(sc.String(), "ran"))
-	assert.Equal(t, e.cagesOf(client, task), 0)
+	assert.Equal(t, cagesOf(e, client, task), 0)
 }
 
 func waitScreen(t *testing.T, sc *screen, text string) {

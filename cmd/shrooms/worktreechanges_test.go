@@ -15,17 +15,17 @@ import (
 // restored is reported (ctime), and so is a file it swaps for a link.
 func TestWorktreeChangesAreTheTurnsOnly(t *testing.T) {
 	e, _ := integration(t, "")
-	wt := filepath.Join(e.dir, "repo")
+	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	git(t, wt, "init", "-q", "-b", "main")
 	for _, f := range []string{"a.txt", "b.txt", "c.txt", "sub/d.txt"} {
 		assert.NilError(t, os.MkdirAll(filepath.Dir(filepath.Join(wt, f)), 0o755))
 		assert.NilError(t, os.WriteFile(filepath.Join(wt, f), []byte(f+"\n"), 0o644))
 	}
-	task := e.task("wtch")
+	task := e.Task("wtch")
 	changes := func(script string) []any {
 		t.Helper()
-		code, stdout, stderr := e.shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", script)
+		code, stdout, stderr := e.Shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", script)
 		assert.Equal(t, code, 0, stderr)
 		ch := lastObject(t, stdout)["worktree_changes"].(map[string]any)
 		return []any{ch["added"], ch["modified"], ch["deleted"]}

@@ -1,7 +1,9 @@
 // Package itest gates integration tests: a test that needs root, podman,
 // nftables or network namespaces calls Require, which skips it on a machine
 // without them, or fails it when SHROOMS_REQUIRE_INTEGRATION=1 (as in CI), so
-// a missing prerequisite can never pass as a skipped check.
+// a missing prerequisite can never pass as a skipped check. Env is one
+// integration test's world: its state dir, names, podman service, CLI,
+// the one wait for a turn's teardown, and its cleanup.
 package itest
 
 import (

@@ -5,6 +5,7 @@
 package testcfg
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"os"
@@ -16,6 +17,10 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/home"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // Config is one test's config.
@@ -122,4 +127,47 @@ func (c Config) Write(t testing.TB) string {
 		t.Fatalf("test config: %v", err)
 	}
 	return path
+}
+
+// For is c on the world of e: its podman service, directory and prefix.
+func (c Config) For(e *itest.Env) Config {
+	c.Socket, c.Dir, c.Prefix = e.Socket, e.Dir, e.Prefix
+	return c
+}
+
+// Env is the world of one test on the shared podman service with c as its
+// config (written to the env's directory and parsed), and the client the
+// package's tests build their runner on. Its cleanup removes each task's
+// HOME (its capped filesystem before its volume, in both mount namespaces)
+// and its outbox with the real home.Store and outbox.Release.
+func Env(t testing.TB, prefix string, c Config, opts ...itest.Option) (*itest.Env, *config.Config, *podman.Client) {
+	t.Helper()
+	itest.Require(t, itest.Root, itest.Podman)
+	e := itest.New(t, prefix, opts...)
+	c = c.For(e)
+	e.WriteConfig(c.TOML())
+	cfg := c.Parse(t, e.Config)
+	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
+	if err != nil {
+		t.Fatalf("podman: %v", err)
+	}
+	e.Release = Release(cfg, client)
+	return e, cfg, client
+}
+
+// Release removes a task's HOME and releases its outbox, for an Env's
+// cleanup.
+func Release(cfg *config.Config, eng home.Engine) func(context.Context, taskid.ID) error {
+	return func(ctx context.Context, task taskid.ID) error {
+		if err := home.NewStore(eng, cfg).Remove(ctx, task); err != nil {
+			return fmt.Errorf("remove HOME: %w", err)
+		}
+		if _, err := os.Stat(cfg.Outbox.Root); err != nil {
+			return nil // no outbox made
+		}
+		if err := outbox.Release(cfg.Outbox.Root, task); err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("release outbox: %w", err)
+		}
+		return nil
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
 func TestBaseConfig(t *testing.T) {
@@ -35,4 +36,10 @@ func TestOverridesAndDrops(t *testing.T) {
 	assert.Equal(t, cfg.Cage.Timeout.Std(), 2*time.Hour, "a dropped key keeps shrooms' default")
 	assert.Equal(t, cfg.Network.Name, "n1")
 	assert.DeepEqual(t, cfg.Worktree.Roots, []string{"/srv"})
+}
+
+// TestLabels: the cage labels itest.Env lists cages by are pkg/sealed's.
+func TestLabels(t *testing.T) {
+	assert.Equal(t, itest.LabelManaged, sealed.LabelManaged)
+	assert.Equal(t, itest.LabelTask, sealed.LabelTask)
 }

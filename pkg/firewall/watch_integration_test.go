@@ -96,7 +96,10 @@ func TestWatchRestoresSeal(t *testing.T) {
 		defer mu.Unlock()
 		assert.Assert(t, len(losses) >= 1, "Watch reported no loss")
 		assert.Assert(t, losses[0].Reapplied, "%+v", losses[0])
-		assert.Assert(t, strings.Contains(losses[0].Reason, "missing"), losses[0].Reason)
+		// The flush may land while a check is reading one of the seal's
+		// sets: the table is then "missing", or a set "unreadable" (ENOENT).
+		r := losses[0].Reason
+		assert.Assert(t, strings.Contains(r, "missing") || strings.Contains(r, "unreadable"), r)
 		t.Logf("loss seen %v after the flush: %s", losses[0].At.Sub(at), losses[0].Reason)
 		st, err := Verify(ctx, e.cfg, e.opts)
 		assert.NilError(t, err)

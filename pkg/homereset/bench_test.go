@@ -100,102 +100,131 @@ func benchConfig() *config.Config {
 }
 
 // BenchmarkResetOpencodeDB measures the reset of an opencode HOME whose
-// opencode.db holds about 100 MiB of session rows against the same HOME
-// without a database, side by side; the ratio is reported as x-vs-nodb.
-// db=100MiB/full rebuilds it in full every time (no trusted copy: the
-// first reset of a task, and every reset before the in-place update):
-// copy, WAL fold, schema and integrity check, the allowlisted rows copied
-// into a fresh database, every message and part row's JSON checked.
-// db=100MiB/unchanged is a reset after a turn that left the file as the
-// last reset wrote it, db=100MiB/changed one after a turn that changed,
-// added and deleted a few rows (the in-place update, opencode_dbupdate.go).
+// opencode.db holds about 100 MiB of session rows, in the detached child.
+// nodb is the same HOME without a database. db=100MiB/unchanged is a reset
+// after a turn that left the file as the last reset wrote it (carried as
+// it is). db=100MiB/changed=N is a reset after a turn that changed N part
+// rows spread over the table (the in-place update, opencode_dbupdate.go
+// and opencode_dbpages.go), paired round by round with a full rebuild of
+// the same turn's file (no trusted copy: copy, WAL fold, schema and
+// integrity check, every allowlisted row copied into a fresh database and
+// its JSON checked), which was every reset before the update; full-ms,
+// reset-ms (the update) and x-vs-full are reported. /wal leaves the
+// turn's change in a -wal beside the file, as opencode does.
 func BenchmarkResetOpencodeDB(b *testing.B) {
-	var base time.Duration
 	for _, bc := range []struct {
-		name string
-		size int
-		mode string
-	}{{"nodb", 0, ""}, {"db=100MiB/full", 100 << 20, "full"}, {"db=100MiB/unchanged", 100 << 20, "unchanged"}, {"db=100MiB/changed", 100 << 20, "changed"}} {
+		name    string
+		size    int
+		changed int  // -1: no turn change
+		wal     bool // the turn's change left in a -wal, as opencode leaves it
+	}{{"nodb", 0, -1, false}, {"db=100MiB/unchanged", 100 << 20, -1, false}, {"db=100MiB/changed=1", 100 << 20, 1, false},
+		{"db=100MiB/changed=100", 100 << 20, 100, false}, {"db=100MiB/changed=10000", 100 << 20, 10000, false},
+		{"db=100MiB/changed=100/wal", 100 << 20, 100, true}} {
 		b.Run(bc.name, func(b *testing.B) {
 			task := benchTask(b)
 			task.Profiles = []string{"opencode", "shell"}
 			ctx := context.Background()
-			var src string
-			if bc.size > 0 {
-				src = benchOpencodeDB(b, bc.size)
-			}
 			dst := filepath.Join(HomeDir(task.Root), ".local/share/opencode/opencode.db")
-			put := func() {
+			put := func(data []byte) {
 				must(b, os.MkdirAll(filepath.Dir(dst), 0o755))
-				data, err := os.ReadFile(src)
-				must(b, err)
 				must(b, os.WriteFile(dst, data, 0o600))
 			}
-			if bc.mode != "" && bc.mode != "full" {
-				put()
-				_, err := Reset(ctx, ResetInput{Task: task})
-				must(b, err)
-				_, err = Cleanup(ctx, task.Root)
-				must(b, err)
-			}
-			var total time.Duration
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				b.StopTimer()
-				switch bc.mode {
-				case "full":
-					put()
-					must(b, os.RemoveAll(filepath.Join(task.Root, metaName, dbStateName)))
-				case "changed":
-					benchTurnChanges(b, dst, i)
-				}
-				b.StartTimer()
+			var wal []byte
+			reset := func(i int, update bool) time.Duration {
 				t0 := time.Now()
 				rep, err := Reset(ctx, ResetInput{Task: task})
-				total += time.Since(t0)
+				d := time.Since(t0)
 				if err != nil {
 					b.Fatal(err)
 				}
-				if src != "" && len(rep.Rebuilt) == 0 && (bc.mode != "unchanged" || len(rep.Kept) == 0) {
+				if bc.size > 0 && len(rep.Rebuilt) == 0 && (bc.changed >= 0 || len(rep.Kept) == 0) {
 					b.Fatal("opencode.db was not rebuilt")
 				}
 				if len(rep.Dropped) > 1 || len(rep.Dropped) == 1 && rep.Dropped[0].Item != "table event_sequence" { // the fixture's
-					b.Fatalf("the rebuild dropped rows of a clean database: %+v", rep.Dropped)
+					b.Fatalf("the rebuild (round %d, update %v) dropped rows of a clean database: %+v", i, update, rep.Dropped)
 				}
+				_, err = Cleanup(ctx, task.Root)
+				must(b, err)
+				return d
+			}
+			if bc.size > 0 {
+				src := benchOpencodeDB(b, bc.size)
+				data, err := os.ReadFile(src)
+				must(b, err)
+				put(data)
+				reset(0, false) // the first reset: a full rebuild, the trusted copy
+			}
+			var upd, full time.Duration
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				if _, err := Cleanup(ctx, task.Root); err != nil {
-					b.Fatal(err)
+				var turn []byte
+				if bc.changed > 0 {
+					turn, wal = benchTurnRows(b, dst, bc.changed, i, bc.wal)
 				}
 				b.StartTimer()
+				upd += reset(i, true)
+				if turn != nil {
+					// The same turn's file, rebuilt in full.
+					b.StopTimer()
+					put(turn)
+					if wal != nil {
+						must(b, os.WriteFile(dst+"-wal", wal, 0o600))
+					}
+					must(b, os.RemoveAll(filepath.Join(task.Root, metaName, dbStateName)))
+					b.StartTimer()
+					full += reset(i, false)
+				}
 			}
-			per := total / time.Duration(b.N)
-			if bc.size == 0 {
-				base = per
-			} else if base > 0 {
-				b.ReportMetric(float64(per)/float64(base), "x-vs-nodb")
+			n := time.Duration(b.N)
+			b.ReportMetric(float64((upd/n).Microseconds())/1000, "reset-ms")
+			if full > 0 {
+				b.ReportMetric(float64((full/n).Microseconds())/1000, "full-ms")
+				b.ReportMetric(float64(upd)/float64(full), "x-vs-full")
 			}
-			b.ReportMetric(float64(per.Microseconds())/1000, "reset-ms")
 		})
 	}
 }
 
-// benchTurnChanges changes the kept database at path as a turn of opencode
-// does: a few parts rewritten, a message with two parts added, one part
-// deleted (round i: new ids each time).
-func benchTurnChanges(b *testing.B, path string, i int) {
+// benchTurnRows changes n part rows of the kept database at path as a turn
+// of opencode does (a part's JSON rewritten: a tool call's end time, a text
+// part's times; the fixture's other parts are left alone), spread evenly
+// over the table; round i picks other rows and other values. It returns
+// the file and, with wal, the -wal opencode leaves beside it holding the
+// change (the file itself is then as the last reset wrote it).
+func benchTurnRows(b *testing.B, path string, n, i int, wal bool) ([]byte, []byte) {
 	db, err := sql.Open("sqlite", "file:"+path)
 	must(b, err)
 	defer db.Close()
-	for _, q := range []string{
-		`UPDATE part SET data = '{"type":"text","text":"edited"}' WHERE rowid IN (SELECT rowid FROM part ORDER BY rowid LIMIT 3 OFFSET ` + fmt.Sprint(100+i*3) + `)`,
-		`DELETE FROM part WHERE rowid = (SELECT max(rowid) FROM part)`,
-		fmt.Sprintf(`INSERT INTO message VALUES ('msg_t%d', '%s', 9, 9, '%s')`, i, ocSession, ocAssistantMsg),
-		fmt.Sprintf(`INSERT INTO part VALUES ('prt_t%da', 'msg_t%d', '%s', 9, 9, '{"type":"text","text":"new"}')`, i, i, ocSession),
-		fmt.Sprintf(`INSERT INTO part VALUES ('prt_t%db', 'msg_t%d', '%s', 9, 9, '{"type":"text","text":"newer"}')`, i, i, ocSession),
-	} {
-		_, err := db.Exec(q)
-		must(b, err)
+	db.SetMaxOpenConns(1)
+	if wal {
+		for _, p := range []string{"PRAGMA journal_mode=WAL", "PRAGMA wal_autocheckpoint=0"} {
+			_, err := db.Exec(p)
+			must(b, err)
+		}
 	}
+	var rows int
+	must(b, db.QueryRow(`SELECT count(*) FROM part WHERE data->>'$.type' IN ('tool', 'text')`).Scan(&rows))
+	step := max(1, rows/n)
+	res, err := db.Exec(`UPDATE part SET data = CASE WHEN data->>'$.type' = 'tool' THEN json_set(data, '$.state.time.end', ?1)
+		ELSE json_set(data, '$.time', json_object('start', 1, 'end', ?1)) END
+		WHERE rowid IN (SELECT r FROM (SELECT rowid AS r, row_number() OVER (ORDER BY rowid) AS k FROM part WHERE data->>'$.type' IN ('tool', 'text')) WHERE k % ?2 = ?3 LIMIT ?4)`, 1000+i, step, i%step, n)
+	must(b, err)
+	if k, _ := res.RowsAffected(); k != int64(min(n, rows)) {
+		b.Fatalf("changed %d rows, not %d", k, n)
+	}
+	// Read while open: closing the last connection checkpoints the WAL.
+	main, err := os.ReadFile(path)
+	must(b, err)
+	if !wal {
+		return main, nil
+	}
+	w, err := os.ReadFile(path + "-wal")
+	must(b, err)
+	must(b, db.Close())
+	must(b, os.WriteFile(path, main, 0o600))
+	must(b, os.WriteFile(path+"-wal", w, 0o600))
+	return main, w
 }
 
 // benchOpencodeDB writes an opencode.db of about size bytes of session rows

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
 )
@@ -457,4 +458,176 @@ func TestOpencodeDBUpdateTrustedCopyDamaged(t *testing.T) {
 		assert.Assert(t, !slices.Contains(rep.Kept, ocDB), "%+v", rep)
 		assert.Equal(t, dumpRows(t, path), want)
 	})
+}
+
+// TestOpencodeDBUpdateOverflowEdit: the update compares only the rows on
+// pages the turn changed (pkg/profile opencode_dbpages.go). A turn that
+// edits only a byte of a long row's overflow page — its leaf page stays
+// byte for byte the trusted copy's — turns a file part's data: URL into an
+// http: one. The update finds the row and drops it as the full rebuild of
+// the same file does, with the same rows and drops.
+func TestOpencodeDBUpdateOverflowEdit(t *testing.T) {
+	task, path, ino := updateTask(t)
+	ctx := context.Background()
+	const url = "data:text/plain,OVERFLOW-7d1e"
+	mustExec(t, openRW(t, path), `INSERT INTO part VALUES ('prt_long', 'msg_2', '`+ocSession+`', 5, 5, ?)`,
+		`{"type":"file","mime":"text/plain","filename":"`+strings.Repeat("f", 6000)+`","url":"`+url+`"}`)
+	_, err := Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	_, err = Cleanup(ctx, task.Root)
+	assert.NilError(t, err)
+	assertUpdated(t, task, ino)
+	assert.Assert(t, strings.Contains(dumpRows(t, path), url), "the long file part is kept")
+
+	data, err := os.ReadFile(path)
+	assert.NilError(t, err)
+	at := bytes.Index(data, []byte(url))
+	assert.Assert(t, at > 0)
+	pageSize := 4096
+	assert.Equal(t, pragma(t, path, "page_size"), "4096")
+	page := data[at/pageSize*pageSize:]
+	// Positive control: the URL is on an overflow page (a 4-byte pointer
+	// to the next one, 0 for the last), not on a b-tree page.
+	assert.Assert(t, !slices.Contains([]byte{0x02, 0x05, 0x0a, 0x0d}, page[0]) && bytes.Equal(page[:4], []byte{0, 0, 0, 0}), "% x", page[:8])
+	copy(data[at:], "http:")
+	assert.NilError(t, os.WriteFile(path, data, 0o600))
+	turnFile := slices.Clone(data)
+
+	rep, err := Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	assertUpdated(t, task, ino)
+	got := dumpRows(t, path)
+	assert.Assert(t, !strings.Contains(got, "OVERFLOW-7d1e") && !strings.Contains(got, "prt_long"), got)
+	assert.Assert(t, hasDropReason(rep, "opencode hands the URL to the model SDK, which fetches it (http:, file:)"), "%+v", rep.Dropped)
+
+	fresh := newTask(t, "opencode", "shell")
+	_, err = Bootstrap(ctx, fresh)
+	assert.NilError(t, err)
+	fpath := filepath.Join(HomeDir(fresh.Root), ocDB)
+	assert.NilError(t, os.MkdirAll(filepath.Dir(fpath), 0o755))
+	assert.NilError(t, os.WriteFile(fpath, turnFile, 0o600))
+	full, err := Reset(ctx, ResetInput{Task: fresh})
+	assert.NilError(t, err)
+	assert.DeepEqual(t, full.Dropped, rep.Dropped)
+	assert.Equal(t, dumpRows(t, fpath), got)
+}
+
+// TestOpencodeDBUpdateRewritesInPlace: a changed file is rewritten in its
+// own inode to the trusted copy's bytes (no 100 MiB copy); what the cage
+// set on that inode besides its bytes — extended attributes, owner, mode —
+// does not survive. A file with a second link is never rewritten (the
+// other name would change too): the trusted copy is copied as before.
+func TestOpencodeDBUpdateRewritesInPlace(t *testing.T) {
+	task, path, ino := updateTask(t)
+	ctx := context.Background()
+	mustExec(t, openRW(t, path), `UPDATE part SET data = '{"type":"text","text":"edited"}' WHERE id = 'prt_3'`)
+	assert.NilError(t, unix.Setxattr(path, "user.shrooms-planted", []byte("PLANTED-xattr"), 0))
+	assert.NilError(t, os.Chmod(path, 0o666))
+	// Positive control: the attribute is there.
+	buf := make([]byte, 64)
+	n, err := unix.Getxattr(path, "user.shrooms-planted", buf)
+	assert.NilError(t, err)
+	assert.Equal(t, string(buf[:n]), "PLANTED-xattr")
+	turnIno := fileIno(t, path)
+
+	_, err = Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	assertUpdated(t, task, ino)
+	assert.Equal(t, fileIno(t, path), turnIno, "the turn's inode was not rewritten in place")
+	trusted, err := filepath.Glob(filepath.Join(task.Root, metaName, dbStateName, "*", "trusted.db"))
+	assert.NilError(t, err)
+	want, err := os.ReadFile(trusted[0])
+	assert.NilError(t, err)
+	got, err := os.ReadFile(path)
+	assert.NilError(t, err)
+	assert.Assert(t, bytes.Equal(got, want), "the rewritten file is not the trusted copy's bytes")
+	assert.Assert(t, strings.Contains(dumpRows(t, path), "edited"))
+	n, err = unix.Listxattr(path, buf)
+	assert.NilError(t, err)
+	assert.Equal(t, n, 0, "extended attributes survived: %q", buf[:n])
+	st, err := os.Stat(path)
+	assert.NilError(t, err)
+	assert.Equal(t, st.Mode().Perm(), os.FileMode(0o600))
+	_, err = os.Stat(filepath.Join(filepath.Dir(trusted[0]), "patching"))
+	assert.Assert(t, os.IsNotExist(err), "the patch mark is left")
+	_, err = Cleanup(ctx, task.Root)
+	assert.NilError(t, err)
+
+	// A -wal holding the turn's change (opencode leaves one): folded
+	// into the same inode, then rewritten in place.
+	db := openRW(t, path)
+	mustExec(t, db, "PRAGMA journal_mode=WAL")
+	mustExec(t, db, "PRAGMA wal_autocheckpoint=0")
+	mustExec(t, db, `UPDATE part SET data = '{"type":"text","text":"edited in the wal"}' WHERE id = 'prt_3'`)
+	_, err = os.Stat(path + "-wal")
+	assert.NilError(t, err, "positive control: the change is in a -wal")
+	assert.Assert(t, !fileHas(t, path, "edited in the wal"), "positive control: not in the file itself")
+	assert.NilError(t, db.Close())
+	// (Closing the last connection checkpoints; plant the -wal again.)
+	db = openRW(t, path)
+	mustExec(t, db, "PRAGMA wal_autocheckpoint=0")
+	mustExec(t, db, `UPDATE part SET data = '{"type":"text","text":"edited in the wal again"}' WHERE id = 'prt_3'`)
+	walBytes, err := os.ReadFile(path + "-wal")
+	assert.NilError(t, err)
+	mainBytes, err := os.ReadFile(path)
+	assert.NilError(t, err)
+	assert.NilError(t, db.Close())
+	assert.NilError(t, os.WriteFile(path, mainBytes, 0o600))
+	assert.NilError(t, os.WriteFile(path+"-wal", walBytes, 0o600))
+	assert.Assert(t, !fileHas(t, path, "edited in the wal again"), "positive control: only in the -wal")
+	turnIno = fileIno(t, path)
+	rep, err := Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	assert.Assert(t, is.Contains(rep.Rebuilt, ocDB+" (with -wal folded in)"), "%+v", rep.Rebuilt)
+	assert.Equal(t, fileIno(t, path), turnIno, "the turn's inode was not rewritten in place")
+	assert.Assert(t, strings.Contains(dumpRows(t, path), "edited in the wal again"))
+	want, err = os.ReadFile(trusted[0])
+	assert.NilError(t, err)
+	got, err = os.ReadFile(path)
+	assert.NilError(t, err)
+	assert.Assert(t, bytes.Equal(got, want), "the rewritten file is not the trusted copy's bytes")
+	_, err = Cleanup(ctx, task.Root)
+	assert.NilError(t, err)
+
+	// A second link: copied, the linked inode left as the turn wrote it.
+	mustExec(t, openRW(t, path), `UPDATE part SET data = '{"type":"text","text":"edited again"}' WHERE id = 'prt_3'`)
+	assert.NilError(t, os.Link(path, filepath.Join(filepath.Dir(path), "second-link")))
+	turn, err := os.ReadFile(path)
+	assert.NilError(t, err)
+	keep, err := os.Open(path)
+	assert.NilError(t, err)
+	defer keep.Close()
+	_, err = Reset(ctx, ResetInput{Task: task})
+	assert.NilError(t, err)
+	assert.Assert(t, fileIno(t, path) != turnIno, "a file with two links was rewritten in place")
+	still := make([]byte, len(turn)+1)
+	n, _ = keep.ReadAt(still, 0)
+	assert.Assert(t, bytes.Equal(still[:n], turn), "the other link's bytes changed")
+	assert.Assert(t, strings.Contains(dumpRows(t, path), "edited again"))
+}
+
+func fileIno(t *testing.T, path string) uint64 {
+	t.Helper()
+	st, err := os.Stat(path)
+	assert.NilError(t, err)
+	return st.Sys().(*syscall.Stat_t).Ino
+}
+
+// TestOpencodeDBCarriedLosesXattrs: an untouched file is carried as it is
+// (its inode linked), but not the extended attributes the cage set on it.
+func TestOpencodeDBCarriedLosesXattrs(t *testing.T) {
+	task, path, _ := updateTask(t)
+	assert.NilError(t, unix.Setxattr(path, "user.shrooms-planted", []byte("PLANTED-xattr"), 0))
+	buf := make([]byte, 64)
+	n, err := unix.Getxattr(path, "user.shrooms-planted", buf)
+	assert.NilError(t, err, "positive control")
+	assert.Equal(t, string(buf[:n]), "PLANTED-xattr")
+	ino := fileIno(t, path)
+	rep, err := Reset(context.Background(), ResetInput{Task: task})
+	assert.NilError(t, err)
+	assert.Assert(t, is.Contains(rep.Kept, ocDB), "carried as it is: %+v", rep)
+	assert.Equal(t, fileIno(t, path), ino)
+	n, err = unix.Listxattr(path, buf)
+	assert.NilError(t, err)
+	assert.Equal(t, n, 0, "extended attributes survived: %q", buf[:n])
 }

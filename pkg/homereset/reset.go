@@ -567,6 +567,10 @@ func (b *builder) keep(fd int, st unix.Stat_t, fr *walkFrame, name, rel string, 
 // fd) into fr's stage directory, and gives it to the agent with the
 // keep-list's mode.
 func (b *builder) link(fd int, fr *walkFrame, name, rel string, mode uint32) error {
+	// The bytes were checked, not what else the cage set on the inode.
+	if err := profile.RemoveXattrs("/proc/self/fd/" + strconv.Itoa(fd)); err != nil {
+		return fmt.Errorf("stage %s: %w", rel, err)
+	}
 	dir, err := b.stageDir(fr)
 	if err != nil {
 		return fmt.Errorf("stage %s: %w", rel, err)
@@ -632,17 +636,34 @@ func (b *builder) keepDatabase(fd int, st unix.Stat_t, fr *walkFrame, name, rel 
 				return b.link(fd, fr, name, rel, ru.Mode)
 			}
 		}
-		err = writeFileFrom(dir, name, ru.Mode, b.s.in.UID, b.s.in.GID, func(w io.Writer) error {
-			cw := &countWriter{w: w}
-			var rerr error
-			if state != "" {
-				drops, rerr = ru.Update(b.ctx, fd, walFd, limit, state, cw)
-			} else {
-				drops, rerr = ru.Rebuild(b.ctx, fd, walFd, limit, cw)
+		done := false
+		if state != "" && ru.UpdateInPlace != nil {
+			// The file's own inode rewritten to the result: linked.
+			if drops, done, err = ru.UpdateInPlace(b.ctx, fd, walFd, limit, state); done {
+				var now unix.Stat_t
+				if err := unix.Fstat(fd, &now); err != nil {
+					return fmt.Errorf("stage %s: %w", rel, err)
+				}
+				size = now.Size
+				if err := b.link(fd, fr, name, rel, ru.Mode); err != nil {
+					return err
+				}
 			}
-			size = cw.n
-			return rerr
-		})
+		}
+		if !done && err == nil {
+			err = writeFileFrom(dir, name, ru.Mode, b.s.in.UID, b.s.in.GID, func(w io.Writer) error {
+				cw := &countWriter{w: w}
+				var more []profile.RowDrop
+				var rerr error
+				if state != "" {
+					more, rerr = ru.Update(b.ctx, fd, walFd, limit, state, cw)
+				} else {
+					more, rerr = ru.Rebuild(b.ctx, fd, walFd, limit, cw)
+				}
+				drops, size = append(drops, more...), cw.n
+				return rerr
+			})
+		}
 	}
 	var se *profile.SchemaError
 	if errors.As(err, &se) {

@@ -37,6 +37,9 @@ func TestSalvageCopiesBackADeletedImage(t *testing.T) {
 	saved, err := Salvage(ctx, f.image)
 	assert.NilError(t, err)
 	assert.Assert(t, saved)
+	// The device clears on its last close: a namespace another process
+	// made meanwhile may hold it (see freedHere).
+	assert.Check(t, freedHere(t, f.image), "the salvaged image's device is still attached")
 	atts, err = Attachments(homes)
 	assert.NilError(t, err)
 	assert.Equal(t, len(atts), 0, "%v", atts)
@@ -54,18 +57,33 @@ func TestSalvageCopiesBackADeletedImage(t *testing.T) {
 	assert.Assert(t, !saved)
 }
 
+// holderScript drops, in the holder's new namespace, every copy of an
+// ext4 mount of a loop device but the one at $1 (none for ""), then
+// sleeps. The copy of the whole mount table unshare makes holds every HOME
+// mounted on the host at that moment — other tests', other test processes'
+// (two suites at once) — and would keep their loop devices attached after
+// they unmount them, for as long as the holder lives.
+const holderScript = `awk -v keep="$1" '{ for (i = 7; $i != "-"; i++) {}; if ($(i+1) == "ext4" && $(i+2) ~ /^\/dev\/loop/ && $5 != keep) print $5 }' /proc/self/mountinfo |
+while read -r m; do umount "$(printf '%b' "$m")" 2>/dev/null; done
+exec sleep 120`
+
 // holder starts a process in a new mount namespace (a copy of ours, with
-// the given propagation) and returns its namespace path.
-func holder(t *testing.T, propagation string) string {
+// the given propagation, holding no HOME but the one mounted at keep) and
+// returns its namespace path, once the namespace is set up (the process
+// runs sleep).
+func holder(t *testing.T, propagation, keep string) string {
 	t.Helper()
-	c := exec.Command("unshare", "-m", "--propagation", propagation, "sleep", "120")
+	c := exec.Command("unshare", "-m", "--propagation", propagation, "sh", "-c", holderScript, "sh", keep)
 	assert.NilError(t, c.Start())
 	t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
-	ns := "/proc/" + strconv.Itoa(c.Process.Pid) + "/ns/mnt"
+	pid := strconv.Itoa(c.Process.Pid)
 	self, _ := os.Readlink("/proc/self/ns/mnt")
-	for i := 0; i < 100; i++ {
-		if l, _ := os.Readlink(ns); l != "" && l != self {
-			return ns
+	for i := 0; i < 250; i++ {
+		// unshare(1) sets the propagation after it made the
+		// namespace: only sleep runs in one fully set up.
+		comm, _ := os.ReadFile("/proc/" + pid + "/comm")
+		if l, _ := os.Readlink("/proc/" + pid + "/ns/mnt"); l != "" && l != self && string(comm) == "sleep\n" {
+			return "/proc/" + pid + "/ns/mnt"
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -84,7 +102,7 @@ func TestReleaseReachesOtherNamespaces(t *testing.T) {
 	_, err := Ensure(ctx, f.image, f.mountpoint, small)
 	assert.NilError(t, err)
 
-	ns := holder(t, "private")
+	ns := holder(t, "private", f.mountpoint)
 	atts, err := Attachments(homes)
 	assert.NilError(t, err)
 	assert.Equal(t, len(atts), 1)

@@ -3,8 +3,6 @@ package probe_test
 import (
 	"context"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/home"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,23 +11,20 @@ import (
 	"strings"
 	"testing"
 	"time"
+	// The battery's names unqualified: these tests drive it from the host
 
 	"github.com/containers/podman/v5/pkg/specgen"
 	spec "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
+	// (probedrive), which imports it.
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
-	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
-	"github.com/shrooms-cage/shrooms/pkg/podman"
-	"github.com/shrooms-cage/shrooms/pkg/turn"
-
-	// The battery's names unqualified: these tests drive it from the host
-	// (probedrive), which imports it.
 	. "github.com/shrooms-cage/shrooms/pkg/probe"
 	"github.com/shrooms-cage/shrooms/pkg/probedrive"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // shroomsBinary is the real static shrooms binary, built once per test run.
@@ -41,77 +36,36 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-type cageEnv struct {
-	t      *testing.T
-	cfg    *config.Config
-	client *podman.Client
-	prefix string
-	bin    string
-	n      int
-}
-
-func newCageEnv(t *testing.T, seccomp string) *cageEnv {
+// cageProbe returns a function that probes one cage per call, in a world
+// of the test's own (itest.Env); weaken, when set, mutates its spec first.
+func cageProbe(t *testing.T, seccomp string) func(t *testing.T, weaken func(*specgen.SpecGenerator)) *Report {
 	t.Helper()
-	itest.Require(t, itest.Root, itest.Podman)
-	dir := t.TempDir()
-	prefix := itest.UniqueName("pr")
-	cfg := testcfg.Config{Dir: dir, Prefix: prefix,
-		Cage: map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "seccomp": seccomp}}.Parse(t, "probe.toml")
-	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
-	assert.NilError(t, err)
-	e := &cageEnv{t: t, cfg: cfg, client: client, prefix: prefix, bin: shroomsBinary(t)}
-	t.Cleanup(func() {
-		// Each HOME's capped filesystem goes with its volume (in podman's
-		// mount namespace too).
-		entries, _ := os.ReadDir(filepath.Join(cfg.State.Dir, "tasks"))
-		for _, en := range entries {
-			tid, err := taskid.Parse(en.Name())
-			if err != nil {
-				continue // not a task's
-			}
-			if err := home.NewStore(client, cfg).Remove(context.Background(), tid); err != nil {
-				t.Errorf("remove HOME: %v", err)
-			}
-		}
-		outs, _ := os.ReadDir(cfg.Outbox.Root)
-		for _, en := range outs {
-			tid, err := taskid.Parse(en.Name())
-			if err != nil {
-				continue // not a task's
-			}
-			if en.Name() == outbox.PendingDir {
-				continue // Release of each task takes its pending deliveries too
-			}
-			if err := outbox.Release(cfg.Outbox.Root, tid); err != nil && !os.IsNotExist(err) {
-				t.Errorf("release outbox: %v", err)
+	e, cfg, client := testcfg.Env(t, "pr", testcfg.Config{
+		Cage: map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "seccomp": seccomp}})
+	bin := shroomsBinary(t)
+	n := 0
+	return func(t *testing.T, weaken func(*specgen.SpecGenerator)) *Report {
+		t.Helper()
+		n++
+		r := turn.NewRunner(cfg, client, nil)
+		r.OnSpec = weaken
+		var stderr strings.Builder
+		rep, res, err := probedrive.Run(context.Background(), r, probedrive.Options{
+			Task: taskid.Must(fmt.Sprintf("%s-%d", e.Prefix, n)), Agent: "shell", Binary: bin,
+			Params: Params{Policy: cfg.Network.Policy, StrictSeccomp: cfg.Cage.StrictSeccomp(), Nonce: e.Prefix},
+			Stderr: &stderr,
+		})
+		assert.NilError(t, err, stderr.String())
+		assert.Assert(t, res.Removed, "cage not removed: %s", res.Error)
+		if t.Failed() || testing.Verbose() {
+			for _, c := range rep.Checks {
+				if c.Verdict != Sealed {
+					t.Logf("%s %s: %s %s %v", c.ID, c.Verdict, c.Observed, c.Reason, c.Evidence)
+				}
 			}
 		}
-	})
-	return e
-}
-
-// run probes one cage; weaken, when set, mutates its spec first.
-func (e *cageEnv) run(t *testing.T, weaken func(*specgen.SpecGenerator)) *Report {
-	t.Helper()
-	e.n++
-	r := turn.NewRunner(e.cfg, e.client, nil)
-	r.OnSpec = weaken
-	var stderr strings.Builder
-	rep, res, err := probedrive.Run(context.Background(), r, probedrive.Options{
-		Task: taskid.Must(fmt.Sprintf("%s-%d", e.prefix, e.n)), Agent: "shell", Binary: e.bin,
-		Params: Params{Policy: e.cfg.Network.Policy, StrictSeccomp: e.cfg.Cage.StrictSeccomp(), Nonce: e.prefix},
-		Stderr: &stderr,
-	})
-	assert.NilError(t, err, stderr.String())
-	assert.Assert(t, res.Removed, "cage not removed: %s", res.Error)
-	if t.Failed() || testing.Verbose() {
-		for _, c := range rep.Checks {
-			if c.Verdict != Sealed {
-				t.Logf("%s %s: %s %s %v", c.ID, c.Verdict, c.Observed, c.Reason, c.Evidence)
-			}
-		}
+		return rep
 	}
-	return rep
 }
 
 // hostOpensVsock says whether this host's kernel offers AF_VSOCK (a VM with
@@ -160,8 +114,8 @@ func TestBatteryInSealedCages(t *testing.T) {
 		{"shrooms seccomp (as a file)", profilePath(t), sorted("A4", "B10"), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newCageEnv(t, tc.seccomp)
-			rep := e.run(t, nil)
+			probeCage := cageProbe(t, tc.seccomp)
+			rep := probeCage(t, nil)
 			assert.Assert(t, len(rep.Checks) >= 40, "%d checks", len(rep.Checks))
 			assert.DeepEqual(t, rep.IDs(Escaped), tc.escaped)
 			assert.DeepEqual(t, rep.IDs(Error), []string(nil))
@@ -222,8 +176,8 @@ func TestNegativeControls(t *testing.T) {
 			} else if hostOpensVsock() {
 				escaped = sorted(append([]string{"B11"}, escaped...)...) // podman's profile allows AF_VSOCK
 			}
-			e := newCageEnv(t, seccomp)
-			rep := e.run(t, tc.weaken)
+			probeCage := cageProbe(t, seccomp)
+			rep := probeCage(t, tc.weaken)
 			assert.DeepEqual(t, rep.IDs(Escaped), escaped)
 			if !tc.errors {
 				assert.DeepEqual(t, rep.IDs(Error), []string(nil))
@@ -236,9 +190,9 @@ func TestNegativeControls(t *testing.T) {
 // output reaches shrooms over attach only, and nothing of it is left on
 // the host's disk), and the probe's report still arrives over attach.
 func TestCageKeepsNoLog(t *testing.T) {
-	e := newCageEnv(t, "shrooms")
+	probeCage := cageProbe(t, "shrooms")
 	driver := make(chan string, 1)
-	rep := e.run(t, func(s *specgen.SpecGenerator) {
+	rep := probeCage(t, func(s *specgen.SpecGenerator) {
 		// Watch the cage from the side while the turn runs it.
 		go func(name string) {
 			got := ""

@@ -3,20 +3,18 @@ package probe_test
 import (
 	"context"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/home"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+	// The battery's names unqualified: these tests drive it from the host
 
 	"gotest.tools/v3/assert"
+	// (probedrive), which imports it.
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
@@ -25,14 +23,11 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
-	"github.com/shrooms-cage/shrooms/pkg/turn"
-
-	// The battery's names unqualified: these tests drive it from the host
-	// (probedrive), which imports it.
 	. "github.com/shrooms-cage/shrooms/pkg/probe"
 	"github.com/shrooms-cage/shrooms/pkg/probedrive"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // tbEnv is the battery's world in the testbed: the default config (policy
@@ -83,48 +78,23 @@ func newTBEnv(t *testing.T, opts ...testbed.Option) *tbEnv {
 	tb.StartPodman()
 	ctx := context.Background()
 	n, _ := strconv.Atoi(tb.ID)
-	dir := t.TempDir()
-	prefix := itest.UniqueName("pt")
+	// Made after the testbed, so that its cleanup runs before the testbed's.
+	world := itest.New(t, "pt", itest.WithSocket(tb.PodmanURL))
+	prefix := world.Prefix
 	name := "spb" + tb.ID
 	// Unique subnets (podman's network configs are the machine's), apart
 	// from the firewall tests' 10.200-249 range.
 	sub4 := fmt.Sprintf("10.%d.%d.0/24", 150+n%50, (n/50)%250)
 	sub6 := fmt.Sprintf("fd8a:%x::/64", n%65536)
-	cfg := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: prefix,
+	cfg := testcfg.Config{
 		Cage:    map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": "90s"},
-		Network: map[string]any{"policy": "internet", "name": name, "bridge": name, "subnet4": sub4, "subnet6": sub6, "dns_upstream": []string{testbed.InternetAddr4.String()}}}.Parse(t, "probe.toml")
+		Network: map[string]any{"policy": "internet", "name": name, "bridge": name, "subnet4": sub4, "subnet6": sub6, "dns_upstream": []string{testbed.InternetAddr4.String()}}}.For(world).Parse(t, "probe.toml")
 	assert.Equal(t, cfg.Cage.Seccomp, "shrooms", "the default config's seccomp profile")
 	client, err := podman.Connect(ctx, tb.PodmanURL)
 	assert.NilError(t, err)
 	e := &tbEnv{tb: tb, cfg: cfg, client: client, fw: firewall.Options{NetNS: tb.NSPath("host")}, prefix: prefix, bin: shroomsBinary(t)}
-	t.Cleanup(func() {
-		// Each HOME's capped filesystem goes with its volume (in podman's
-		// mount namespace too).
-		entries, _ := os.ReadDir(filepath.Join(cfg.State.Dir, "tasks"))
-		for _, en := range entries {
-			tid, err := taskid.Parse(en.Name())
-			if err != nil {
-				continue // not a task's
-			}
-			if err := home.NewStore(client, cfg).Remove(context.Background(), tid); err != nil {
-				t.Errorf("remove HOME: %v", err)
-			}
-		}
-		outs, _ := os.ReadDir(cfg.Outbox.Root)
-		for _, en := range outs {
-			tid, err := taskid.Parse(en.Name())
-			if err != nil {
-				continue // not a task's
-			}
-			if en.Name() == outbox.PendingDir {
-				continue // Release of each task takes its pending deliveries too
-			}
-			if err := outbox.Release(cfg.Outbox.Root, tid); err != nil && !os.IsNotExist(err) {
-				t.Errorf("release outbox: %v", err)
-			}
-		}
-		_, _ = tb.Podman("network", "rm", "-f", name)
-	})
+	world.Release = testcfg.Release(cfg, client)
+	world.Finally(func() { _, _ = tb.Podman("network", "rm", "-f", name) })
 
 	// As at boot: the seal first, then the network.
 	assert.NilError(t, firewall.Apply(ctx, cfg.Network, e.fw))

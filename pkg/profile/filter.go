@@ -54,6 +54,12 @@ type Rule struct {
 	// Unchanged, when set, reports whether the file is byte for byte what
 	// Update last wrote (kept in state): it is then carried as it is.
 	Unchanged func(fd, walFd int, state string) bool
+	// UpdateInPlace, when set, is Update without the copy: it rewrites the
+	// file's own inode (fd) to exactly what Update would write, and
+	// reports done; the inode is then carried (linked). Not done and no
+	// error: use Update, reporting the drops returned here too (see
+	// updateOpencodeDBInPlace).
+	UpdateInPlace func(ctx context.Context, fd, walFd int, max int64, state string) ([]RowDrop, bool, error)
 	// Magic is the first bytes a kept file must start with ("" for any).
 	Magic string
 	Mode  uint32

@@ -32,6 +32,7 @@ func opencodeKeepList() []Rule {
 	db.Rebuild = rebuildOpencodeDB
 	db.Update = updateOpencodeDB
 	db.Unchanged = sameAsTrusted
+	db.UpdateInPlace = updateOpencodeDBInPlace
 	// opencode.db-wal is folded into the rebuilt opencode.db and -shm
 	// is rebuilt by SQLite, so neither is kept. The pre-SQLite session
 	// tree (storage/) is not kept either: the pinned opencode keeps its

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -29,7 +30,8 @@ import (
 // as a full rebuild filters it (copyRows: the same SQL, the same JSON
 // checks and pins) and written into trusted.db in its place; a row
 // trusted.db holds and the turn's file does not is deleted. Then
-// trusted.db is copied into the new HOME.
+// trusted.db is copied into the new HOME — or, usually, the turn's own
+// inode is rewritten to trusted.db's bytes (opencode_dbpatch.go).
 //
 // Nothing of the turn's file but row values reaching that filter gets into
 // trusted.db: not its header (page size, encoding, application_id,
@@ -49,6 +51,30 @@ const trustedDB = "trusted.db"
 
 // updateOpencodeDB is opencode.db's Rule.Update.
 func updateOpencodeDB(ctx context.Context, fd, walFd int, max int64, state string, out io.Writer) ([]RowDrop, error) {
+	var drops []RowDrop
+	if mine, err := patchMarked(fd, state); err != nil {
+		return nil, err
+	} else if !mine {
+		// (A file an interrupted in-place update half rewrote: its
+		// changes are in trusted.db already.)
+		if drops, err = refreshTrusted(ctx, fd, walFd, max, state); err != nil {
+			return nil, err
+		}
+	}
+	f, err := os.Open(filepath.Join(state, trustedDB))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if _, err := io.Copy(out, f); err != nil {
+		return nil, err
+	}
+	return drops, nil
+}
+
+// refreshTrusted brings trusted.db up to date with the turn's file: the
+// in-place update, or the full rebuild (whose output becomes trusted.db).
+func refreshTrusted(ctx context.Context, fd, walFd int, max int64, state string) ([]RowDrop, error) {
 	pinned, err := parseSchema(opencodeSchemaText)
 	if err != nil {
 		return nil, err
@@ -91,14 +117,6 @@ func updateOpencodeDB(ctx context.Context, fd, walFd int, max int64, state strin
 			return nil, err
 		}
 		drops = full
-	}
-	f, err := os.Open(trusted)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	if _, err := io.Copy(out, f); err != nil {
-		return nil, err
 	}
 	return drops, nil
 }
@@ -157,10 +175,21 @@ func updateTrusted(ctx context.Context, fd, walFd int, max int64, trusted, work 
 	if err != nil {
 		return nil, err
 	}
+	tables := append([]string{"migration"}, tableNames()...)
+	// Which rows to compare: those on the pages the turn changed, or
+	// (nil) every row when the pages cannot tell (opencode_dbpages.go).
+	cand, err := rowsOnChangedPages(ctx, c, src, trusted, tables)
+	if errors.Is(err, errMostlyChanged) {
+		return nil, err
+	}
 	only := map[string]string{}
 	changed := map[string]bool{}
-	for _, table := range append([]string{"migration"}, tableNames()...) {
-		n, err := diffTable(ctx, c, table)
+	for _, table := range tables {
+		var rows []int64
+		if cand != nil {
+			rows = append([]int64{}, cand[table]...) // non-nil: compare only these
+		}
+		n, err := diffTable(ctx, c, table, rows)
 		if err != nil {
 			return nil, err
 		}
@@ -217,8 +246,9 @@ func tableNames() []string {
 // diffTable fills temp.chg_TABLE with the rowids of src.TABLE whose row is
 // new or differs from main.TABLE's in any column's value or type, and
 // temp.del_TABLE with those main holds and src does not. It returns how
-// many rows differ in all.
-func diffTable(ctx context.Context, c *sql.Conn, table string) (int64, error) {
+// many rows differ in all. With cand non-nil only the rows with those
+// rowids are compared (in either file).
+func diffTable(ctx context.Context, c *sql.Conn, table string, cand []int64) (int64, error) {
 	cols, err := queryStrings(ctx, c, "SELECT name FROM pragma_table_info(?, 'main')", table)
 	if err != nil || len(cols) == 0 {
 		return 0, fmt.Errorf("columns of %s: %v", table, err)
@@ -234,14 +264,35 @@ func diffTable(ctx context.Context, c *sql.Conn, table string) (int64, error) {
 		`INSERT INTO temp."chg_` + table + `" (r) SELECT f.rowid FROM src."` + table + `" f LEFT JOIN main."` + table + `" t ON t.rowid = f.rowid WHERE t.rowid IS NULL OR ` + strings.Join(differ, " OR "),
 		`INSERT INTO temp."del_` + table + `" (r) SELECT rowid FROM main."` + table + `" EXCEPT SELECT rowid FROM src."` + table + `"`,
 	}
+	var args []any
+	if cand != nil {
+		ids, err := json.Marshal(cand)
+		if err != nil {
+			return 0, err
+		}
+		args = []any{string(ids)}
+		stmts = []string{
+			stmts[0], stmts[1],
+			`CREATE TEMP TABLE "cand_` + table + `" (r INTEGER PRIMARY KEY)`,
+			`INSERT OR IGNORE INTO temp."cand_` + table + `" (r) SELECT value FROM json_each(?)`,
+			`INSERT INTO temp."chg_` + table + `" (r) SELECT f.rowid FROM temp."cand_` + table + `" k CROSS JOIN src."` + table + `" f ON f.rowid = k.r LEFT JOIN main."` + table + `" t ON t.rowid = f.rowid WHERE t.rowid IS NULL OR ` + strings.Join(differ, " OR "),
+			`INSERT INTO temp."del_` + table + `" (r) SELECT k.r FROM temp."cand_` + table + `" k WHERE EXISTS (SELECT 1 FROM main."` + table + `" t WHERE t.rowid = k.r) AND NOT EXISTS (SELECT 1 FROM src."` + table + `" f WHERE f.rowid = k.r)`,
+		}
+	}
 	var n int64
 	for _, s := range stmts {
-		res, err := c.ExecContext(ctx, s)
+		var a []any
+		if strings.Contains(s, "json_each(?)") {
+			a = args
+		}
+		res, err := c.ExecContext(ctx, s, a...)
 		if err != nil {
 			return 0, fmt.Errorf("compare %s: %w", table, err)
 		}
-		k, _ := res.RowsAffected()
-		n += k
+		if strings.HasPrefix(s, `INSERT INTO temp."chg_`) || strings.HasPrefix(s, `INSERT INTO temp."del_`) {
+			k, _ := res.RowsAffected()
+			n += k
+		}
 	}
 	return n, nil
 }
@@ -272,9 +323,12 @@ func sameAsTrusted(fd, walFd int, state string) bool {
 		return false
 	}
 	// A hot journal: an update was interrupted, and SQLite rolls it
-	// back when the update opens the trusted copy.
-	if _, err := os.Lstat(filepath.Join(state, trustedDB+"-journal")); !errors.Is(err, os.ErrNotExist) {
-		return false
+	// back when the update opens the trusted copy. A patch mark: an
+	// in-place update was (opencode_dbpatch.go).
+	for _, n := range []string{trustedDB + "-journal", patchMark} {
+		if _, err := os.Lstat(filepath.Join(state, n)); !errors.Is(err, os.ErrNotExist) {
+			return false
+		}
 	}
 	t, err := os.Open(filepath.Join(state, trustedDB))
 	if err != nil {

@@ -3,7 +3,6 @@ package task
 import (
 	"context"
 	"errors"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,9 +17,9 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/home"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
@@ -103,117 +102,68 @@ func TestCommandPhaseKinds(t *testing.T) {
 	assert.Equal(t, fault.Of(err), fault.Input, "an unknown task stays bad input: %v", err)
 }
 
-// harness is task commands on the test podman service with a private state
-// dir.
-type harness struct {
-	t      *testing.T
-	cfg    *config.Config
-	client *podman.Client
-	cmds   *Commands
-	turns  *turn.Runner
-	prefix string
-}
-
-func newHarness(t *testing.T) *harness {
+// world is the task commands on the test podman service with a private
+// state dir (itest.Env, whose cleanup removes what the tasks left).
+func world(t *testing.T) (e *itest.Env, cfg *config.Config, client *podman.Client, cmds *Commands, turns *turn.Runner) {
 	t.Helper()
-	itest.Require(t, itest.Root, itest.Podman)
-	dir := t.TempDir()
-	prefix := itest.UniqueName("tk")
-	cfg := testcfg.Config{Dir: dir, Prefix: prefix, Cage: map[string]any{"pids": 128}}.Parse(t, "test.toml")
-	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
+	e, cfg, client = testcfg.Env(t, "tk", testcfg.Config{Cage: map[string]any{"pids": 128}})
+	return e, cfg, client, New(cfg, client), turn.NewRunner(cfg, client, nil)
+}
+
+func cagesOf(t *testing.T, client *podman.Client, task string) []podman.Cage {
+	cages, err := client.ListByLabel(context.Background(), sealed.LabelTask, task)
 	assert.NilError(t, err)
-	turns := turn.NewRunner(cfg, client, nil)
-	h := &harness{t: t, cfg: cfg, client: client, cmds: New(cfg, client), turns: turns, prefix: prefix}
-	t.Cleanup(h.cleanup)
-	return h
-}
-
-func (h *harness) task(name string) string { return h.prefix + "-" + name }
-
-func (h *harness) cleanup() {
-	ctx := context.Background()
-	cages, err := h.client.ListByLabel(ctx, sealed.LabelManaged, "1")
-	if err != nil {
-		h.t.Errorf("list cages: %v", err)
-	}
-	for _, c := range cages {
-		if strings.HasPrefix(c.Labels[sealed.LabelTask], h.prefix) {
-			h.t.Errorf("cage %s of this test was left behind", c.Name)
-			_ = h.client.Remove(ctx, c.ID)
-		}
-	}
-	entries, _ := os.ReadDir(filepath.Join(h.cfg.State.Dir, "tasks"))
-	for _, e := range entries {
-		tid, err := taskid.Parse(e.Name())
-		if err != nil {
-			continue // not a task's
-		}
-		if err := h.cmds.Homes.Remove(ctx, tid); err != nil {
-			h.t.Errorf("remove HOME: %v", err)
-		}
-		if _, err := os.Stat(h.cfg.Outbox.Root); err != nil {
-			continue
-		}
-		if err := outbox.Release(h.cfg.Outbox.Root, tid); err != nil && !os.IsNotExist(err) {
-			h.t.Errorf("release outbox: %v", err)
-		}
-	}
-}
-
-func (h *harness) cagesOf(task string) []podman.Cage {
-	cages, err := h.client.ListByLabel(context.Background(), sealed.LabelTask, task)
-	assert.NilError(h.t, err)
 	return cages
 }
 
 // TestLeftoverCageIsRemovedByGC: a running cage as a crashed shrooms would
 // leave it is removed by gc.
 func TestLeftoverCageIsRemovedByGC(t *testing.T) {
-	h := newHarness(t)
+	e, _, client, cmds, turns := world(t)
 	ctx := context.Background()
-	task := h.task("left")
+	task := e.Task("left")
 	// A first turn leaves what a turn writes (seccomp profile, HOME policy);
 	// the leftover is the cage of the next one.
-	res, err := h.turns.Run(ctx, turn.Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"}})
+	res, err := turns.Run(ctx, turn.Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"}})
 	assert.NilError(t, err)
 	assert.Equal(t, res.ExitCode, 0)
-	spec, err := h.turns.Spec(ctx, turn.Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "sleep 600"}})
+	spec, err := turns.Spec(ctx, turn.Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "sleep 600"}})
 	assert.NilError(t, err)
 	// A crashed shrooms leaves its HOME mounted (a turn releases it at its end).
-	_, err = h.cmds.Homes.Mounted(ctx, taskid.Must(task))
+	_, err = cmds.Homes.Mounted(ctx, taskid.Must(task))
 	assert.NilError(t, err)
-	id, err := h.client.Create(ctx, spec)
+	id, err := client.Create(ctx, spec)
 	assert.NilError(t, err)
-	_, err = h.client.Start(ctx, id, podman.Streams{})
+	_, err = client.Start(ctx, id, podman.Streams{})
 	assert.NilError(t, err)
-	assert.Equal(t, len(h.cagesOf(task)), 1, "the positive control: the leftover cage exists")
+	assert.Equal(t, len(cagesOf(t, client, task)), 1, "the positive control: the leftover cage exists")
 
-	rep, err := h.cmds.GC(ctx)
+	rep, err := cmds.GC(ctx)
 	assert.NilError(t, err)
 	assert.Assert(t, is.Contains(rep.Removed, spec.Name))
-	assert.Equal(t, len(h.cagesOf(task)), 0)
+	assert.Equal(t, len(cagesOf(t, client, task)), 0)
 	assert.Equal(t, len(rep.Released), 1, "gc released the HOME mount: %v", rep.Released)
 }
 
 // TestBootstrapOnce: bootstrap seeds a new HOME once, leaves it as it is
 // the second time, and releases its mount both times (no cage holds it).
 func TestBootstrapOnce(t *testing.T) {
-	h := newHarness(t)
+	e, _, _, cmds, _ := world(t)
 	ctx := context.Background()
-	task := taskid.Must(h.task("boot"))
-	out, err := h.cmds.Bootstrap(ctx, task, nil)
+	task := taskid.Must(e.Task("boot"))
+	out, err := cmds.Bootstrap(ctx, task, nil)
 	assert.NilError(t, err)
 	assert.Equal(t, out.Result, home.Bootstrapped)
-	atts, err := h.cmds.Homes.AttachmentsOf(task)
+	atts, err := cmds.Homes.AttachmentsOf(task)
 	assert.NilError(t, err)
 	assert.Equal(t, len(atts), 0, "bootstrap released the HOME: %v", atts)
-	out, err = h.cmds.Bootstrap(ctx, task, nil)
+	out, err = cmds.Bootstrap(ctx, task, nil)
 	assert.NilError(t, err)
 	assert.Equal(t, out.Result, home.AlreadyBootstrapped)
 	// The positive control: a mounted HOME shows its loop device.
-	_, err = h.cmds.Homes.Mounted(ctx, task)
+	_, err = cmds.Homes.Mounted(ctx, task)
 	assert.NilError(t, err)
-	atts, err = h.cmds.Homes.AttachmentsOf(task)
+	atts, err = cmds.Homes.AttachmentsOf(task)
 	assert.NilError(t, err)
 	assert.Equal(t, len(atts), 1, "%v", atts)
 }
@@ -221,22 +171,22 @@ func TestBootstrapOnce(t *testing.T) {
 // TestForgetRemovesTheTask: forget removes the task's HOME volume and
 // state; the task is then unknown.
 func TestForgetRemovesTheTask(t *testing.T) {
-	h := newHarness(t)
+	e, cfg, client, cmds, _ := world(t)
 	ctx := context.Background()
-	task := h.task("forget")
-	_, err := h.cmds.Bootstrap(ctx, taskid.Must(task), nil)
+	task := e.Task("forget")
+	_, err := cmds.Bootstrap(ctx, taskid.Must(task), nil)
 	assert.NilError(t, err)
-	ok, err := h.client.VolumeExists(ctx, h.cmds.Homes.Name(taskid.Must(task)))
+	ok, err := client.VolumeExists(ctx, cmds.Homes.Name(taskid.Must(task)))
 	assert.NilError(t, err)
 	assert.Assert(t, ok, "the positive control: the HOME volume exists")
-	assert.NilError(t, CheckTask(h.cfg, taskid.Must(task)))
+	assert.NilError(t, CheckTask(cfg, taskid.Must(task)))
 
-	assert.NilError(t, h.cmds.Forget(ctx, taskid.Must(task)))
-	ok, err = h.client.VolumeExists(ctx, h.cmds.Homes.Name(taskid.Must(task)))
+	assert.NilError(t, cmds.Forget(ctx, taskid.Must(task)))
+	ok, err = client.VolumeExists(ctx, cmds.Homes.Name(taskid.Must(task)))
 	assert.NilError(t, err)
 	assert.Assert(t, !ok, "the HOME volume is gone")
-	_, err = os.Stat(h.cmds.taskDir(taskid.Must(task)))
+	_, err = os.Stat(cmds.taskDir(taskid.Must(task)))
 	assert.Assert(t, os.IsNotExist(err), "the task state is gone: %v", err)
-	err = h.cmds.Forget(ctx, taskid.Must(task))
+	err = cmds.Forget(ctx, taskid.Must(task))
 	assert.Assert(t, errors.Is(err, ErrUnknownTask), "%v", err)
 }

@@ -20,7 +20,7 @@ import (
 func BenchmarkHomeMountPerTurn(b *testing.B) {
 	h := newHarnessTB(b, "") // the default HOME size (8g)
 	ctx := context.Background()
-	task := h.task("mountcost")
+	task := h.Task("mountcost")
 	run := func() time.Duration {
 		start := time.Now()
 		if _, err := h.runner.Run(ctx, Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"}, Streams: podman.Streams{Stdout: io.Discard, Stderr: io.Discard}}); err != nil {

@@ -3,14 +3,16 @@ package turn
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"io/fs"
 	"os"
 	"os/exec"
 	"testing"
 	"time"
 
 	"github.com/containers/podman/v5/pkg/specgen"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
@@ -18,8 +20,8 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // BenchmarkNetworkedTurnVsBarePodman is BenchmarkTurnVsBarePodman with the
@@ -30,12 +32,13 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 	itest.Require(b, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	tb := testbed.New(b)
 	tb.StartPodman()
-	name := itest.UniqueName("bn")
-	dir := b.TempDir()
-	cfg := testcfg.Config{Socket: tb.PodmanURL, Dir: dir, Prefix: name,
+	// Made after the testbed, so that its cleanup runs before the testbed's.
+	world := itest.New(b, "bn", itest.WithSocket(tb.PodmanURL))
+	name := world.Prefix
+	cfg := testcfg.Config{
 		Cage: map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": nil, "stop_grace": nil},
 		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
-			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, 1+os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", 1+os.Getpid()%65000), "dns_upstream": []string{testbed.InternetAddr4.String()}}}.Parse(b, "bench.toml")
+			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, 1+os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", 1+os.Getpid()%65000), "dns_upstream": []string{testbed.InternetAddr4.String()}}}.For(world).Parse(b, "bench.toml")
 	ctx := context.Background()
 	opts := firewall.Options{NetNS: tb.NSPath("host")}
 	if err := firewall.Apply(ctx, cfg.Network, opts); err != nil {
@@ -50,11 +53,8 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 	})
 	r.Resolver = cagenet.Resolver(opts, tb.DialContext("host"))
 	task := name + "-t"
-	b.Cleanup(func() {
-		if err := r.homes().Remove(context.Background(), taskid.Must(task)); err != nil {
-			b.Errorf("remove HOME: %v", err)
-		}
-		_ = releaseOutbox(cfg, task)
+	world.Release = testcfg.Release(cfg, client)
+	world.Finally(func() {
 		_, _ = tb.Podman("network", "rm", "-f", name)
 		_ = firewall.Flush(context.Background(), cfg.Network, opts)
 	})
@@ -75,6 +75,14 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 
 		s := *spec
 		s.Name = itest.UniqueName("bench-net-")
+		// The turn released its HOME (the volume's image is unmounted
+		// after a turn); the bare run binds an empty directory there.
+		s.Mounts = append([]specs.Mount(nil), spec.Mounts...)
+		for i, m := range s.Mounts {
+			if _, err := os.Stat(m.Source); m.Type == "bind" && errors.Is(err, fs.ErrNotExist) {
+				s.Mounts[i].Source = b.TempDir()
+			}
+		}
 		start = time.Now()
 		id, err := client.Create(ctx, &s)
 		if err != nil {
@@ -110,12 +118,4 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 	b.ReportMetric(ms(shrooms)/ms(api), "ratio-vs-api")
 	b.ReportMetric(ms(shrooms)/ms(cli), "ratio-vs-cli")
 	b.ReportMetric(0, "ns/op")
-}
-
-// releaseOutbox unmounts a task's outbox if its root exists.
-func releaseOutbox(cfg *config.Config, task string) error {
-	if _, err := os.Stat(cfg.Outbox.Root); err != nil {
-		return nil
-	}
-	return outbox.Release(cfg.Outbox.Root, taskid.Must(task))
 }

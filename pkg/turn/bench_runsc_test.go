@@ -36,7 +36,7 @@ func BenchmarkRunscVsRunc(b *testing.B) {
 		h.runner.Binary = itest.ShroomsBinary(b)
 	}
 	req := func(h *harness, out io.Writer, script string) Request {
-		return Request{Task: taskid.Must(h.task("rb")), Agent: "shell", Args: []string{"-c", script}, Streams: podman.Streams{Stdout: out, Stderr: out}}
+		return Request{Task: taskid.Must(h.Task("rb")), Agent: "shell", Args: []string{"-c", script}, Streams: podman.Streams{Stdout: out, Stderr: out}}
 	}
 	for _, h := range hs { // warm: bootstrap, id slot
 		if _, err := h.runner.Run(ctx, req(h, io.Discard, "true")); err != nil {

@@ -30,7 +30,7 @@ import (
 func BenchmarkTurnVsBarePodman(b *testing.B) {
 	h := newBenchHarness(b)
 	ctx := context.Background()
-	task := h.task("bench")
+	task := h.Task("bench")
 	req := Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"}, Streams: podman.Streams{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}}
 	if _, err := h.runner.Run(ctx, req); err != nil { // warm: bootstrap, id slot
 		b.Fatal(err)
@@ -120,7 +120,7 @@ func BenchmarkFirstByte(b *testing.B) {
 	h := newBenchHarness(b)
 	h.runner.Binary = itest.ShroomsBinary(b)
 	ctx := context.Background()
-	task := h.task("fb")
+	task := h.Task("fb")
 	req := func(out io.Writer) Request {
 		return Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "echo x"}, Streams: podman.Streams{Stdout: out, Stderr: out}}
 	}
@@ -205,7 +205,7 @@ func BenchmarkConcurrentTasks(b *testing.B) {
 				wg.Add(1)
 				go func(i int) {
 					defer wg.Done()
-					task := h.task(fmt.Sprintf("c%d-%d", n, i))
+					task := h.Task(fmt.Sprintf("c%d-%d", n, i))
 					for k := 0; k < turnsEach; k++ {
 						t0 := time.Now()
 						_, err := h.runner.Run(ctx, Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"},
@@ -261,7 +261,7 @@ root = %q
 	}
 	var peak int64
 	for i := 0; i < max(b.N, 3); i++ {
-		cmd := exec.Command(bin, "--config", cfgFile, "run", "--task", h.task("rss"), "--agent", "shell", "--no-stdin", "--", "-c", "true")
+		cmd := exec.Command(bin, "--config", cfgFile, "run", "--task", h.Task("rss"), "--agent", "shell", "--no-stdin", "--", "-c", "true")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			b.Fatalf("%v: %s", err, out)
 		}
@@ -280,7 +280,7 @@ root = %q
 func BenchmarkTurnStartWithJunk(b *testing.B) {
 	h := newBenchHarness(b)
 	ctx := context.Background()
-	task := h.task("junk")
+	task := h.Task("junk")
 	run := func() time.Duration {
 		fb := &firstByte{start: time.Now()}
 		if _, err := h.runner.Run(ctx, Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "echo x"}, Streams: podman.Streams{Stdout: fb, Stderr: io.Discard}}); err != nil {

@@ -50,7 +50,7 @@ func homeKiB(t *testing.T, h *harness, task string) (int64, string) {
 // survives an unmount (a reboot): the next turn mounts it again.
 func TestHomeCapEnospcInTurnHostUnaffectedAndNextTurnStarts(t *testing.T) {
 	h := capHarness(t)
-	task := h.task("cap")
+	task := h.Task("cap")
 	ctx := context.Background()
 
 	// Turn 1 (positive control): HOME is the 64 MiB filesystem.
@@ -96,7 +96,7 @@ func TestHomeCapEnospcInTurnHostUnaffectedAndNextTurnStarts(t *testing.T) {
 // nothing mounted.
 func TestHomeCapStaleOrHostileImage(t *testing.T) {
 	h := capHarness(t)
-	task := h.task("hostile")
+	task := h.Task("hostile")
 	ctx := context.Background()
 	image := homestore.ImagePath(h.cfg.State.Dir, h.runner.homes().Name(taskid.Must(task)))
 	assert.NilError(t, os.MkdirAll(filepath.Dir(image), 0o700))
@@ -128,7 +128,7 @@ func TestHomeCapStaleOrHostileImage(t *testing.T) {
 // is taken again once the old tree is deleted).
 func TestHomeInodeExhaustion(t *testing.T) {
 	h := capHarness(t)
-	task := h.task("inodes")
+	task := h.Task("inodes")
 	res, out, errOut, err := h.sh(task, "", `mkdir -p ~/junk && cd ~/junk && seq 1 5000 | xargs touch 2>/dev/null; echo "files=$(ls | wc -l)"; df -i ~ | tail -1`)
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0)

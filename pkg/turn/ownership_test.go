@@ -68,7 +68,7 @@ func TestWorktreeKeepsItsOwner(t *testing.T) {
 	h := newHarness(t, "")
 	wt := ownedTree(t, h)
 
-	res, out, errOut, err := h.sh(h.task("own"), wt, nested+"stat -c '%u' /work/new.txt")
+	res, out, errOut, err := h.sh(h.Task("own"), wt, nested+"stat -c '%u' /work/new.txt")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0, out+errOut)
 	assert.Equal(t, out, "1000\n", "positive control: in the cage the agent owns what it writes")
@@ -91,7 +91,7 @@ func TestWorktreeKeepsItsOwner(t *testing.T) {
 	// The deadline path: the cage is stopped, removed, and the tree given back.
 	var outb, errb bytes.Buffer
 	res, err = h.runner.Run(context.Background(), Request{
-		Task: taskid.Must(h.task("own")), Agent: "shell", Worktree: wt, Timeout: 3 * time.Second,
+		Task: taskid.Must(h.Task("own")), Agent: "shell", Worktree: wt, Timeout: 3 * time.Second,
 		Args:    []string{"-c", "mkdir -p /work/dl/x && echo z > /work/dl/x/f && echo up && sleep 600"},
 		Streams: podman.Streams{Stdout: &outb, Stderr: &errb},
 	})
@@ -112,7 +112,7 @@ func TestWorktreeKeepsItsOwner(t *testing.T) {
 		cancel()
 	}()
 	res, err = h.runner.Run(ctx, Request{
-		Task: taskid.Must(h.task("own")), Agent: "shell", Worktree: wt,
+		Task: taskid.Must(h.Task("own")), Agent: "shell", Worktree: wt,
 		Args:    []string{"-c", "mkdir -p /work/int/y && echo z > /work/int/y/f && echo up && sleep 600"},
 		Streams: podman.Streams{Stdout: pw, Stderr: &errb},
 	})
@@ -128,16 +128,16 @@ func TestWorktreeKeepsItsOwner(t *testing.T) {
 func TestOneTaskPerWorktree(t *testing.T) {
 	h := newHarness(t, "")
 	wt := ownedTree(t, h)
-	_, _, errOut, err := h.sh(h.task("first"), wt, "true")
+	_, _, errOut, err := h.sh(h.Task("first"), wt, "true")
 	assert.NilError(t, err, errOut)
-	_, _, _, err = h.sh(h.task("second"), wt, "true")
+	_, _, _, err = h.sh(h.Task("second"), wt, "true")
 	assert.Assert(t, errors.Is(err, ErrInput), "%v", err)
-	assert.ErrorContains(t, err, "belongs to task \""+h.task("first")+"\"")
-	_, serr := os.Stat(filepath.Join(h.cfg.State.Dir, "tasks", h.task("second")))
+	assert.ErrorContains(t, err, "belongs to task \""+h.Task("first")+"\"")
+	_, serr := os.Stat(filepath.Join(h.cfg.State.Dir, "tasks", h.Task("second")))
 	assert.Assert(t, os.IsNotExist(serr), "no state for the refused task")
 
-	assert.NilError(t, h.runner.claims().Release(taskid.Must(h.task("first"))))
-	res, _, errOut, err := h.sh(h.task("second"), wt, "touch /work/second")
+	assert.NilError(t, h.runner.claims().Release(taskid.Must(h.Task("first"))))
+	res, _, errOut, err := h.sh(h.Task("second"), wt, "touch /work/second")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0)
 	assertOwned(t, wt, 4)
@@ -149,7 +149,7 @@ func TestWorktreeGuardIsAnAllowlist(t *testing.T) {
 	h := newHarness(t, "")
 	wt := filepath.Join(t.TempDir(), "plain")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
-	_, _, _, err := h.sh(h.task("plain"), wt, "true")
+	_, _, _, err := h.sh(h.Task("plain"), wt, "true")
 	assert.Assert(t, errors.Is(err, ErrInput), "%v", err)
 	assert.ErrorContains(t, err, "not a git work tree")
 	for _, root := range []string{"/tmp", "/srv", "/opt", "/mnt"} {
@@ -157,7 +157,7 @@ func TestWorktreeGuardIsAnAllowlist(t *testing.T) {
 			continue
 		}
 		h.cfg.Worktree.Roots = []string{"/"}
-		_, _, _, err := h.sh(h.task("root"), root, "true")
+		_, _, _, err := h.sh(h.Task("root"), root, "true")
 		assert.Assert(t, errors.Is(err, ErrInput), "%s: %v", root, err)
 	}
 }

@@ -61,7 +61,7 @@ func TestTurnRidesThroughPodmanRestart(t *testing.T) {
 	h := newHarness(t, "")
 	svc := h.onPrivateService(t)
 	var out itest.Buffer
-	done := h.runAsync(h.task("restart"), `echo before; sleep 1; echo running; sleep 4; echo after; exit 7`, &out)
+	done := h.runAsync(h.Task("restart"), `echo before; sleep 1; echo running; sleep 4; echo after; exit 7`, &out)
 	// Past its start (a kill during the start request itself is not ridden
 	// through, see podman.Client.start): the agent's second line.
 	itest.WaitFor(t, 60*time.Second, "the turn's second line", func() bool { return strings.Contains(out.String(), "running") })
@@ -83,7 +83,7 @@ func TestTurnCageRemovedDuringPodmanOutage(t *testing.T) {
 	h := newHarness(t, "")
 	svc := h.onPrivateService(t)
 	var out itest.Buffer
-	task := h.task("gone")
+	task := h.Task("gone")
 	done := h.runAsync(task, `echo before; sleep 1; echo running; sleep 60; exit 7`, &out)
 	// Past its start (a kill during the start request itself is not ridden
 	// through, see podman.Client.start): the agent's second line.

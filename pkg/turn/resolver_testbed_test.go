@@ -51,7 +51,9 @@ func newResolverEnvOn(t *testing.T, rt string, svc []string, policy string, allo
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	tb := testbed.New(t)
 	tb.StartPodmanWith(svc...)
-	name := itest.UniqueName("rs")
+	// Made after the testbed, so that its cleanup runs before the testbed's.
+	world := itest.New(t, "rs", itest.WithSocket(tb.PodmanURL))
+	name := world.Prefix
 	n := os.Getpid() + int(time.Now().UnixNano()%1000)
 	netw := map[string]any{"policy": policy, "name": name, "bridge": name, "allow": allow,
 		"subnet4": fmt.Sprintf("10.%d.%d.0/24", 120+n%30, n%250), "subnet6": fmt.Sprintf("fd8c:%x::/64", n%65536),
@@ -59,9 +61,9 @@ func newResolverEnvOn(t *testing.T, rt string, svc []string, policy string, allo
 	for k, v := range network {
 		netw[k] = v
 	}
-	cfg := testcfg.Config{Socket: tb.PodmanURL, Dir: t.TempDir(), Prefix: name,
+	cfg := testcfg.Config{
 		Cage:    map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": "60s", "stop_grace": "1s", "runtime": rt},
-		Network: netw}.Parse(t, "resolver.toml")
+		Network: netw}.For(world).Parse(t, "resolver.toml")
 	ctx := context.Background()
 	e := &resolverEnv{tb: tb, cfg: cfg, name: name, opts: firewall.Options{NetNS: tb.NSPath("host"),
 		Resolver: &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
@@ -90,14 +92,8 @@ func newResolverEnvOn(t *testing.T, rt string, svc []string, policy string, allo
 	})
 	e.runner.Resolver = cagenet.Resolver(e.opts, tb.DialContext("host"))
 	e.probe = tb.BuildProbe()
-	t.Cleanup(func() {
-		for i := 1; i <= e.n; i++ {
-			task := fmt.Sprintf("%s-%d", name, i)
-			if err := e.runner.homes().Remove(context.Background(), taskid.Must(task)); err != nil {
-				t.Errorf("remove HOME: %v", err)
-			}
-			_ = releaseOutbox(cfg, task)
-		}
+	world.Release = testcfg.Release(cfg, client)
+	world.Finally(func() {
 		_, _ = tb.Podman("network", "rm", "-f", name)
 		_ = firewall.Flush(context.Background(), cfg.Network, e.opts)
 	})

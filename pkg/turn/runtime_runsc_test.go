@@ -57,7 +57,7 @@ func runscHarness(t *testing.T) *harness {
 func TestRuntimeRunscTurn(t *testing.T) {
 	runsc := runscPath(t)
 	h := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
-	res, out, errOut, err := h.sh(h.task("gv"), "", "id -u; cat /proc/self/uid_map; uname -r; dmesg 2>&1 | head -1")
+	res, out, errOut, err := h.sh(h.Task("gv"), "", "id -u; cat /proc/self/uid_map; uname -r; dmesg 2>&1 | head -1")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0, errOut)
 	assert.Equal(t, res.Runtime, runsc)
@@ -78,7 +78,7 @@ func TestRuntimeRunscEnforcesSeccompOnlyWithOCISeccomp(t *testing.T) {
 	runsc := runscPath(t)
 	probe := "unshare -U true && echo unshare-ok || echo unshare-denied"
 	with := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
-	_, out, errOut, err := with.sh(with.task("sc"), "", probe)
+	_, out, errOut, err := with.sh(with.Task("sc"), "", probe)
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, out, "unshare-denied\n", errOut)
 
@@ -88,7 +88,7 @@ func TestRuntimeRunscEnforcesSeccompOnlyWithOCISeccomp(t *testing.T) {
 	client, err := podman.Connect(context.Background(), svc.URI)
 	assert.NilError(t, err)
 	without.client, without.runner = client, NewRunner(without.cfg, client, nil)
-	res, out, errOut, err := without.sh(without.task("sc"), "", probe)
+	res, out, errOut, err := without.sh(without.Task("sc"), "", probe)
 	assert.Assert(t, errors.Is(err, ErrHostNotReady), "%v", err)
 	assert.ErrorContains(t, err, "runsc runs without --oci-seccomp")
 	assert.Assert(t, !strings.Contains(err.Error(), "\n"), "one line: %q", err)
@@ -118,7 +118,7 @@ func TestRuntimeRunscUnderDefaultIsRefused(t *testing.T) {
 		{"--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp"},
 	} {
 		h := runtimeHarness(t, "default", flags...)
-		res, out, errOut, err := h.sh(h.task("dr"), "", "echo ran")
+		res, out, errOut, err := h.sh(h.Task("dr"), "", "echo ran")
 		assert.Assert(t, errors.Is(err, ErrHostNotReady), "%v (out %q)", err, out)
 		assert.ErrorContains(t, err, "under runsc but cage.runtime is \"default\"")
 		assert.Equal(t, out+errOut, "", "the agent never ran")
@@ -126,7 +126,7 @@ func TestRuntimeRunscUnderDefaultIsRefused(t *testing.T) {
 	}
 
 	with := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
-	res, out, errOut, err := with.sh(with.task("dr"), "", "echo ran")
+	res, out, errOut, err := with.sh(with.Task("dr"), "", "echo ran")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0, errOut)
 	assert.Equal(t, out, "ran\n")
@@ -138,7 +138,7 @@ func TestRuntimeRunscUnderDefaultIsRefused(t *testing.T) {
 // run as the task range's base uid and gid, not as root.
 func TestRuntimeRunscSandboxRunsAsTheTaskRange(t *testing.T) {
 	h := runscHarness(t)
-	task := h.task("ids")
+	task := h.Task("ids")
 	if _, _, errOut, err := h.sh(task, "", "true"); err != nil { // the task's ids exist from here on
 		t.Fatal(err, errOut)
 	}
@@ -205,7 +205,7 @@ func TestRuntimeRunscSandboxRunsAsTheTaskRange(t *testing.T) {
 func TestRuntimeRunscProcessFloodFailsInside(t *testing.T) {
 	flood := `(for i in $(seq 300); do sleep 30 & done); echo "the cage survived"`
 	h := runscHarness(t)
-	res, out, errOut, err := h.sh(h.task("flood"), "", flood)
+	res, out, errOut, err := h.sh(h.Task("flood"), "", flood)
 	assert.NilError(t, err, errOut)
 	t.Logf("with nproc %d: exit %d, %q %q", sealed.GVisorNproc(128, 256), res.ExitCode, out, errOut)
 	assert.Equal(t, res.ExitCode, 0, errOut)
@@ -220,7 +220,7 @@ func TestRuntimeRunscProcessFloodFailsInside(t *testing.T) {
 			}
 		}
 	}
-	res, out, errOut, err = weak.sh(weak.task("flood"), "", flood)
+	res, out, errOut, err = weak.sh(weak.Task("flood"), "", flood)
 	assert.NilError(t, err, errOut)
 	t.Logf("with nproc 256: exit %d, %q %q", res.ExitCode, out, errOut)
 	assert.Assert(t, res.ExitCode != 0, "the Sentry died: %q", out)

@@ -25,7 +25,7 @@ func runtimeHarness(t *testing.T, rt string, serviceArgs ...string) *harness {
 		socket = itest.StartServiceWith(t, serviceArgs...).URI
 	}
 	h := newHarness(t, "")
-	cfg := testcfg.Config{Socket: socket, Dir: filepath.Dir(h.cfg.State.Dir), Prefix: h.prefix,
+	cfg := testcfg.Config{Socket: socket, Dir: filepath.Dir(h.cfg.State.Dir), Prefix: h.Prefix,
 		Cage: map[string]any{"pids": 128, "cpus": 1.0, "nofile": 512, "nproc": 256, "tmp_size": "16m", "run_size": "4m", "runtime": rt}}.Parse(t, "test.toml")
 	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
 	assert.NilError(t, err)
@@ -37,10 +37,10 @@ func runtimeHarness(t *testing.T, rt string, serviceArgs ...string) *harness {
 // the turn runs where the service's runtime is that file.
 func TestRuntimeExplicitPathRuns(t *testing.T) {
 	h := runtimeHarness(t, "/usr/bin/runc")
-	spec, err := h.runner.Spec(context.Background(), Request{Task: taskid.Must(h.task("rt")), Agent: "shell", Args: []string{"-c", "true"}})
+	spec, err := h.runner.Spec(context.Background(), Request{Task: taskid.Must(h.Task("rt")), Agent: "shell", Args: []string{"-c", "true"}})
 	assert.NilError(t, err)
 	assert.Equal(t, spec.OCIRuntime, "/usr/bin/runc")
-	res, out, _, err := h.sh(h.task("rt"), "", "echo ran")
+	res, out, _, err := h.sh(h.Task("rt"), "", "echo ran")
 	assert.NilError(t, err)
 	assert.Equal(t, res.ExitCode, 0)
 	assert.Equal(t, out, "ran\n")
@@ -53,7 +53,7 @@ func TestRuntimeExplicitPathRuns(t *testing.T) {
 // path: a cage.runtime of the same file through a symlink matches it.
 func TestRuntimeOfAServiceStartedWithAPath(t *testing.T) {
 	h := runtimeHarness(t, "/usr/bin/runc", "--runtime", "/usr/sbin/runc")
-	res, out, _, err := h.sh(h.task("rtp"), "", "echo ran")
+	res, out, _, err := h.sh(h.Task("rtp"), "", "echo ran")
 	assert.NilError(t, err)
 	assert.Equal(t, out, "ran\n")
 	assert.Equal(t, res.Runtime, "/usr/sbin/runc")
@@ -66,7 +66,7 @@ func TestRuntimeTheServiceDoesNotRunIsRefused(t *testing.T) {
 	for _, rt := range []string{"crun", "/usr/bin/true"} {
 		t.Run(rt, func(t *testing.T) {
 			h := runtimeHarness(t, rt)
-			res, out, _, err := h.sh(h.task("rtx"), "", "echo ran")
+			res, out, _, err := h.sh(h.Task("rtx"), "", "echo ran")
 			assert.Assert(t, errors.Is(err, ErrHostNotReady), "%v", err)
 			// The shared service's runtime: runc, or the suites' runsc,
 			// whose cages are refused first for lacking gVisor's profile.

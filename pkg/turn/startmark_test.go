@@ -22,7 +22,7 @@ import (
 // teardown back.
 func TestWaitingForTheLockIsNotStarting(t *testing.T) {
 	h := newHarness(t, "")
-	task := h.task("startmark")
+	task := h.Task("startmark")
 	_, _, _, err := h.sh(task, "", "true") // bootstrap, outside the measure
 	assert.NilError(t, err)
 

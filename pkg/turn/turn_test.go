@@ -28,65 +28,27 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
-// harness is a runner on the test podman service with a private state dir.
+// harness is a runner on the test podman service, in a world of its own
+// (itest.Env: private state dir, unique prefix, cleanup of what the
+// test's tasks left).
 type harness struct {
-	t      testing.TB
+	*itest.Env
 	cfg    *config.Config
 	runner *Runner
 	client *podman.Client
-	prefix string
 }
 
 func newHarness(t *testing.T, extra string) *harness { return newHarnessTB(t, extra) }
 
 func newHarnessTB(t testing.TB, extra string) *harness {
 	t.Helper()
-	itest.Require(t, itest.Root, itest.Podman)
-	dir := t.TempDir()
-	prefix := itest.UniqueName("tt")
-	cfg := testcfg.Config{Dir: dir, Prefix: prefix, Extra: extra,
-		Cage: map[string]any{"pids": 128, "cpus": 1.0, "nofile": 512, "nproc": 256, "tmp_size": "16m", "run_size": "4m"}}.Parse(t, "test.toml")
-	ctx := context.Background()
-	client, err := podman.Connect(ctx, cfg.Podman.Socket)
-	assert.NilError(t, err)
-	h := &harness{t: t, cfg: cfg, client: client, runner: NewRunner(cfg, client, nil), prefix: prefix}
-	t.Cleanup(h.cleanup)
+	e, cfg, client := testcfg.Env(t, "tt", testcfg.Config{Extra: extra,
+		Cage: map[string]any{"pids": 128, "cpus": 1.0, "nofile": 512, "nproc": 256, "tmp_size": "16m", "run_size": "4m"}})
+	h := &harness{Env: e, cfg: cfg, client: client, runner: NewRunner(cfg, client, nil)}
+	// The HOMEs go through the service the test ended on (a test may move
+	// the harness to a service of its own).
+	e.Release = func(ctx context.Context, task taskid.ID) error { return testcfg.Release(h.cfg, h.client)(ctx, task) }
 	return h
-}
-
-// task returns a task id unique to this run.
-func (h *harness) task(name string) string { return h.prefix + "-" + name }
-
-func (h *harness) cleanup() {
-	ctx := context.Background()
-	// Carry on when listing fails: the HOMEs and outboxes must go regardless.
-	cages, err := h.client.ListByLabel(ctx, sealed.LabelManaged, "1")
-	if err != nil {
-		h.t.Errorf("list cages: %v", err)
-	}
-	for _, c := range cages {
-		if strings.HasPrefix(c.Labels[sealed.LabelTask], h.prefix) {
-			h.t.Errorf("cage %s of this test was left behind", c.Name)
-			_ = h.client.Remove(ctx, c.ID)
-		}
-	}
-	entries, _ := os.ReadDir(filepath.Join(h.cfg.State.Dir, "tasks"))
-	for _, e := range entries {
-		tid, err := taskid.Parse(e.Name())
-		if err != nil {
-			continue // not a task's
-		}
-		// The HOME's capped filesystem is unmounted before its volume goes.
-		if err := h.runner.homes().Remove(ctx, tid); err != nil {
-			h.t.Errorf("remove HOME: %v", err)
-		}
-		if _, err := os.Stat(h.cfg.Outbox.Root); err != nil {
-			continue
-		}
-		if err := outbox.Release(h.cfg.Outbox.Root, tid); err != nil && !os.IsNotExist(err) {
-			h.t.Errorf("release outbox: %v", err)
-		}
-	}
 }
 
 // sh runs one turn of the shell agent and returns its stdout and stderr.
@@ -120,7 +82,7 @@ func cageIsSealedFromInside(t *testing.T, h *harness, gvisor bool) {
 	wt := filepath.Join(t.TempDir(), "wt")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	h.cfg.Worktree.Roots = []string{filepath.Dir(wt)} // a plain directory, not a git work tree
-	res, out, errOut, err := h.sh(h.task("seal"), wt, `
+	res, out, errOut, err := h.sh(h.Task("seal"), wt, `
 echo "==status"; cat /proc/self/status
 echo "==uidmap"; cat /proc/self/uid_map
 echo "==gidmap"; cat /proc/self/gid_map
@@ -157,7 +119,7 @@ echo "==hosts"; cat /etc/hosts /etc/resolv.conf
 		assert.Equal(t, uidmap[0], "0")
 		assert.Assert(t, uidmap[1] != "0", "the cage's root is not host root: %v", uidmap)
 		assert.Equal(t, uidmap[2], "65536")
-		ids, err := h.runner.Store.TaskIDs(taskid.Must(h.task("seal")), h.runner.IDFiles, false)
+		ids, err := h.runner.Store.TaskIDs(taskid.Must(h.Task("seal")), h.runner.IDFiles, false)
 		assert.NilError(t, err)
 		assert.Equal(t, uidmap[1], strconv.Itoa(int(ids.UID)))
 		assert.DeepEqual(t, strings.Fields(section(out, "gidmap")), []string{"0", strconv.Itoa(int(ids.GID)), "65536"})
@@ -182,7 +144,7 @@ echo "==hosts"; cat /etc/hosts /etc/resolv.conf
 	assert.Assert(t, is.Contains(writes, "wrote work tmp home"), "positive control: the sanctioned places are writable")
 	assert.Assert(t, is.Contains(writes, "exec tmp denied"))
 
-	assert.Assert(t, is.Contains(out, fmt.Sprintf("==id 1000:1000 home=/home/agent pwd=/work host=cage-%s", h.task("seal"))))
+	assert.Assert(t, is.Contains(out, fmt.Sprintf("==id 1000:1000 home=/home/agent pwd=/work host=cage-%s", h.Task("seal"))))
 	if gvisor {
 		// RLIMIT_NPROC keeps the Sentry's host tasks under the pids limit
 		// (sealed.GVisorNproc, docs/gvisor.md).
@@ -229,7 +191,7 @@ func TestTwoTasksHaveDisjointIDRanges(t *testing.T) {
 	h := newHarness(t, "")
 	var starts []int
 	for _, name := range []string{"a", "b"} {
-		_, out, errOut, err := h.sh(h.task(name), "", "cat /proc/self/uid_map")
+		_, out, errOut, err := h.sh(h.Task(name), "", "cat /proc/self/uid_map")
 		assert.NilError(t, err, errOut)
 		f := strings.Fields(out)
 		assert.Equal(t, len(f), 3, out)
@@ -244,7 +206,7 @@ func TestTwoTasksHaveDisjointIDRanges(t *testing.T) {
 	}
 	assert.Assert(t, gap >= 65536, "ranges overlap: %v", starts)
 	// The same task keeps its range on its next turn.
-	_, out, _, err := h.sh(h.task("a"), "", "cat /proc/self/uid_map")
+	_, out, _, err := h.sh(h.Task("a"), "", "cat /proc/self/uid_map")
 	assert.NilError(t, err)
 	assert.Equal(t, strings.Fields(out)[1], strconv.Itoa(starts[0]))
 }
@@ -255,7 +217,7 @@ func TestTwoTasksHaveDisjointIDRanges(t *testing.T) {
 func TestExitCodeAndHomeReset(t *testing.T) { exitCodeAndHomeReset(t, newHarness(t, "")) }
 
 func exitCodeAndHomeReset(t *testing.T, h *harness) {
-	task := h.task("exit")
+	task := h.Task("exit")
 	res, _, errOut, err := h.sh(task, "", "echo planted > /home/agent/.profile; echo report > /outbox/r.txt; exit 7")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 7)
@@ -280,7 +242,7 @@ func deadlineStopsAndRemoves(t *testing.T, h *harness) {
 	var out bytes.Buffer
 	start := time.Now()
 	res, err := h.runner.Run(context.Background(), Request{
-		Task: taskid.Must(h.task("deadline")), Agent: "shell", Timeout: 2 * time.Second,
+		Task: taskid.Must(h.Task("deadline")), Agent: "shell", Timeout: 2 * time.Second,
 		Args:    []string{"-c", "echo started; sleep 600"},
 		Streams: podman.Streams{Stdout: &out, Stderr: &out},
 	})
@@ -289,7 +251,7 @@ func deadlineStopsAndRemoves(t *testing.T, h *harness) {
 	assert.Assert(t, res.Removed)
 	assert.Assert(t, time.Since(start) < 30*time.Second, "took %s", time.Since(start))
 	assert.Assert(t, is.Contains(out.String(), "started"))
-	h.assertNoCage(h.task("deadline"))
+	h.assertNoCage(h.Task("deadline"))
 }
 
 func TestInterruptStopsAndRemovesTheCage(t *testing.T) {
@@ -307,19 +269,19 @@ func interruptStopsAndRemoves(t *testing.T, h *harness) {
 		cancel()
 	}()
 	res, err := h.runner.Run(ctx, Request{
-		Task: taskid.Must(h.task("intr")), Agent: "shell", Args: []string{"-c", "echo up; sleep 600"},
+		Task: taskid.Must(h.Task("intr")), Agent: "shell", Args: []string{"-c", "echo up; sleep 600"},
 		Streams: podman.Streams{Stdout: w, Stderr: os.Stderr},
 	})
 	w.Close()
 	assert.ErrorIs(t, err, ErrInterrupted)
 	assert.Equal(t, res.Status, "interrupted")
 	assert.Assert(t, res.Removed)
-	h.assertNoCage(h.task("intr"))
+	h.assertNoCage(h.Task("intr"))
 }
 
 func TestBusyTaskFailsAtOnce(t *testing.T) {
 	h := newHarness(t, "")
-	task := h.task("busy")
+	task := h.Task("busy")
 	lock, err := h.runner.Store.LockTask(taskid.Must(task))
 	assert.NilError(t, err)
 	_, _, _, err = h.sh(task, "", "true")
@@ -333,7 +295,7 @@ func TestBusyTaskFailsAtOnce(t *testing.T) {
 
 func TestSpecIsWhatRunSends(t *testing.T) {
 	h := newHarness(t, "")
-	task := h.task("spec")
+	task := h.Task("spec")
 	req := Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"}}
 	spec, err := h.runner.Spec(context.Background(), req)
 	assert.NilError(t, err)
@@ -365,7 +327,7 @@ command = ["/bin/sh"]
 home = ["shell"]
 token_env = { API_KEY = "api" }
 `, tok))
-	task := h.task("tok")
+	task := h.Task("tok")
 	req := Request{Task: taskid.Must(task), Agent: "tok", Args: []string{"-c", `echo "key=$API_KEY"; grep -rl "s3""cr3t" /home/agent /work /tmp 2>/dev/null | wc -l`}}
 	spec, err := h.runner.Spec(context.Background(), req)
 	assert.NilError(t, err)
@@ -383,10 +345,10 @@ token_env = { API_KEY = "api" }
 }
 
 func (h *harness) assertNoCage(task string) {
-	h.t.Helper()
+	h.T.Helper()
 	cages, err := h.client.ListByLabel(context.Background(), sealed.LabelTask, task)
-	assert.NilError(h.t, err)
-	assert.Equal(h.t, len(cages), 0, "cages left: %+v", cages)
+	assert.NilError(h.T, err)
+	assert.Equal(h.T, len(cages), 0, "cages left: %+v", cages)
 }
 
 func section(out, name string) string {

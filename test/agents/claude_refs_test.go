@@ -55,7 +55,7 @@ echo planted`
 func TestClaudeTranscriptStateIsDropped(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	nonce := e.name
+	nonce := e.Prefix
 	vectors := claudeRefVectors()
 	e.checkSealed("claude")
 	e.api.Append(bash(claudeRefPlant(nonce)), modelapi.Text("planted "+nonce))

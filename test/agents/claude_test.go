@@ -55,7 +55,7 @@ func bash(command string) modelapi.Step {
 func TestClaudePersistenceDoesNotSurviveTurn(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	nonce := e.name
+	nonce := e.Prefix
 
 	// Each payload only touches a marker in the worktree when it runs.
 	hook := `{"hooks":{"SessionStart":[{"hooks":[{"type":"command","command":"mkdir -p /work/.m && touch /work/.m/hook"}]}]}}`

@@ -81,9 +81,9 @@ func codexAnswer(stdout string) string {
 func TestCodexToolResumeAndKey(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{policy: "none"})
-	nonce := e.name
+	nonce := e.Prefix
 	e.api.Append(cxExec("echo codex-tool-"+nonce+" > /work/tool.txt && "+dumpScript), modelapi.Text("dumped "+nonce))
-	code, out, errb := e.run("--json", "run", "--task", e.task("codex"), "--agent", "codex", "--worktree", e.worktree, "--no-stdin", "--",
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("codex"), "--agent", "codex", "--worktree", e.worktree, "--no-stdin", "--",
 		"--json", "first turn "+nonce)
 	assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.api.Log())
 	thread := codexThread(t, out)
@@ -134,7 +134,7 @@ res = {"old": call("/v1/responses", "` + placeholder + `"), "path": call("/v1/fi
 open("/work/.gwprobe", "w").write(json.dumps(res))`
 	e.api.Append(cxExec("python3 - <<'EOF'\n"+probe+"\nEOF"), modelapi.Text("resumed "+nonce))
 	before := len(e.api.Requests())
-	code, out, errb = e.run("--json", "run", "--task", e.task("codex"), "--agent", "codex", "--worktree", e.worktree, "--no-stdin", "--",
+	code, out, errb = e.CLI("--json", "run", "--task", e.Task("codex"), "--agent", "codex", "--worktree", e.worktree, "--no-stdin", "--",
 		"--json", "resume", thread, "second turn "+nonce)
 	assert.Equal(t, code, 0, "turn 2: %s %s\n%s", out, errb, e.api.Log())
 	assert.Equal(t, codexThread(t, out), thread, "the same session continued")
@@ -199,7 +199,7 @@ func codexVectors(nonce, apiURL string) []corpusVector {
 func TestCodexPersistenceCorpus(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	vectors := append(shellVectors(e.name), codexVectors(e.name, e.apiURL)...)
+	vectors := append(shellVectors(e.Prefix), codexVectors(e.Prefix, e.apiURL)...)
 	flags := []string{"--dangerously-bypass-hook-trust", "--profile", "cw", "--json"}
 	runCorpus(t, e, "codex", vectors, cxExec,
 		func(prompt string) string {
@@ -225,7 +225,7 @@ func TestCodexPersistenceCorpus(t *testing.T) {
 func TestCodexBadKeptState(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{policy: "none"})
-	nonce := e.name
+	nonce := e.Prefix
 	const day = "~/.codex/sessions/2026/01/01"
 	bad := `printf '{not json' > ~/.codex/auth.json && mkdir -p ` + day + ` && ` +
 		`printf '{"type":"vendor_blob","payload":{"x":1}}\nnot json\n{"type":"response_item","payload":{"type":"teleport"}}\n' > ` + day + `/rollout-2026-01-01T00-00-00-00000000-0000-0000-0000-000000000000.jsonl && ` +
@@ -295,7 +295,7 @@ func TestCodexChatGPTSignInTwoTasksAtOnce(t *testing.T) {
 	seed, _ := json.Marshal(map[string]any{"auth_mode": "chatgpt", "OPENAI_API_KEY": nil, "tokens": map[string]string{
 		"id_token": "id", "access_token": unsignedJWT("at-0", time.Now().Add(-time.Minute)), "refresh_token": "rt-0", "account_id": "acct-shrooms"}})
 	e := newEnvWith(t, envOptions{policy: "none", chatgpt: seed, tokenHandler: tokens})
-	nonce := e.name
+	nonce := e.Prefix
 	dump := cxExec("cat ~/.codex/auth.json > /work/.cageauth 2>&1; env > /work/.cageenv; echo ok")
 	e.api.Append(dump, dump, modelapi.Text("done "+nonce), modelapi.Text("done "+nonce))
 	assert.NilError(t, os.MkdirAll(e.worktree+"2", 0o755))
@@ -303,12 +303,12 @@ func TestCodexChatGPTSignInTwoTasksAtOnce(t *testing.T) {
 	var wg sync.WaitGroup
 	codes := make([]int, 2)
 	outs := make([]string, 2)
-	for i, task := range []string{e.task("codex"), e.task("codex2")} {
+	for i, task := range []string{e.Task("codex"), e.Task("codex2")} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			var errb string
-			codes[i], outs[i], errb = e.run("run", "--task", task, "--agent", "codex", "--no-stdin", "--worktree", e.worktree+map[int]string{0: "", 1: "2"}[i], "--", "--json", "go "+nonce)
+			codes[i], outs[i], errb = e.CLI("run", "--task", task, "--agent", "codex", "--no-stdin", "--worktree", e.worktree+map[int]string{0: "", 1: "2"}[i], "--", "--json", "go "+nonce)
 			outs[i] += errb
 		}()
 	}

@@ -161,7 +161,7 @@ func opencodeVectors(nonce string) []corpusVector {
 func runCorpus(t *testing.T, e *env, agent string, vectors []corpusVector, tool func(string) modelapi.Step,
 	turn1 func(prompt string) string, ctlArgs func(session, prompt string) []string, ctlEnv []string,
 	turn2 func(session, prompt string) (string, guardResult)) {
-	nonce := e.name
+	nonce := e.Prefix
 	var plants []modelapi.Step
 	for _, v := range vectors {
 		if v.plant != "" {
@@ -238,7 +238,7 @@ func runCorpus(t *testing.T, e *env, agent string, vectors []corpusVector, tool 
 func TestClaudePersistenceCorpus(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	vectors := append(shellVectors(e.name), claudeVectors(e.name)...)
+	vectors := append(shellVectors(e.Prefix), claudeVectors(e.Prefix)...)
 	runCorpus(t, e, "claude", vectors, bash,
 		func(prompt string) string {
 			out, _ := e.turnJSON("claude", "-p", "--output-format", "json", prompt)
@@ -264,7 +264,7 @@ func TestClaudePersistenceCorpus(t *testing.T) {
 func TestOpencodePersistenceCorpus(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	vectors := append(shellVectors(e.name), opencodeVectors(e.name)...)
+	vectors := append(shellVectors(e.Prefix), opencodeVectors(e.Prefix)...)
 	runCorpus(t, e, "opencode", vectors, ocBash,
 		func(prompt string) string {
 			out, _ := e.turnJSON("opencode", "--format", "json", prompt)

@@ -6,7 +6,6 @@
 package agents_test
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -30,10 +29,8 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
-	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // agentImage is what scripts/build-agent-image.sh (make setup) imports.
@@ -45,13 +42,18 @@ const apiKey = "sk-ant-shrooms-test-key"
 // opencodeModel is a model opencode knows without fetching its catalogue.
 const opencodeModel = "anthropic/claude-sonnet-4-5"
 
-// env is one testbed with a sealed shrooms config and a scripted model API.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	itest.RemoveShroomsBinary()
+	os.Exit(code)
+}
+
+// env is one testbed with a sealed shrooms config and a scripted model API,
+// in a world of its own (itest.Env on the testbed's podman service, the CLI
+// in the testbed's host namespace).
 type env struct {
-	t        testing.TB
+	*itest.Env
 	tb       *testbed.Testbed
-	name     string
-	dir      string
-	config   string
 	shrooms  string
 	worktree string
 	api      *modelapi.Server
@@ -103,18 +105,19 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		// The suites' runtime (SHROOMS_TEST_RUNTIME), none by default.
 		o.runtime, o.service = itest.CageRuntime(), itest.ServiceArgs()
 	}
-	e := &env{t: t, name: itest.UniqueName("ag"), dir: t.TempDir()}
-	e.shrooms = o.shrooms
+	e := &env{shrooms: o.shrooms}
 	if e.shrooms == "" {
-		e.shrooms = buildShrooms(t, e.dir)
+		e.shrooms = itest.ShroomsBinary(t)
 	}
 	e.tb = testbed.New(t)
 	e.tb.StartPodmanWith(o.service...)
+	// Made after the testbed, so that its cleanup runs before the testbed's.
+	e.Env = itest.New(t, "ag", itest.WithSocket(e.tb.PodmanURL), itest.WithBinary(e.shrooms), itest.WithNetNS(e.tb.NSPath("host")))
 	e.api, e.apiURL = e.startAPI()
 
 	example, err := config.Load(filepath.Join(repoRoot(t), "config.example.toml"))
 	assert.NilError(t, err)
-	token := filepath.Join(e.dir, "anthropic-key")
+	token := filepath.Join(e.Dir, "anthropic-key")
 	assert.NilError(t, os.WriteFile(token, []byte(apiKey+"\n"), 0o600))
 	var agents strings.Builder
 	for _, name := range []string{"claude", "opencode"} {
@@ -143,7 +146,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	moreTokens := ""
 	gatewayAuth := ""
 	if o.signin != nil {
-		seedFile := filepath.Join(e.dir, "claude-signin.json")
+		seedFile := filepath.Join(e.Dir, "claude-signin.json")
 		assert.NilError(t, os.WriteFile(seedFile, o.signin, 0o600))
 		moreTokens = fmt.Sprintf("claude-signin = %q\n", seedFile)
 		gatewayAuth = "auth = \"oauth\"\n"
@@ -174,7 +177,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	// baseline opencode.json points the anthropic provider at the model API.
 	// (A host file: inline settings tables nested three deep are refused by
 	// the config decoder as unknown keys.)
-	ocFile := filepath.Join(e.dir, "opencode.json")
+	ocFile := filepath.Join(e.Dir, "opencode.json")
 	ocJSON, err := json.Marshal(map[string]any{"model": opencodeModel, "provider": map[string]any{
 		"anthropic": map[string]any{"options": map[string]any{"baseURL": e.apiURL + "/v1"}}}})
 	assert.NilError(t, err)
@@ -184,9 +187,9 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	// Codex always reaches the model API through the openai gateway (its
 	// provider is pinned there by the managed config), with the fake key
 	// openaiKey; its baseline names the model and owns one profile file.
-	openaiToken := filepath.Join(e.dir, "openai-key")
+	openaiToken := filepath.Join(e.Dir, "openai-key")
 	assert.NilError(t, os.WriteFile(openaiToken, []byte(openaiKey+"\n"), 0o600))
-	cxProfile := filepath.Join(e.dir, "cw.config.toml")
+	cxProfile := filepath.Join(e.Dir, "cw.config.toml")
 	assert.NilError(t, os.WriteFile(cxProfile, []byte("model = \""+codexModel+"\"\n"), 0o644))
 	cx, err := example.Agent("codex")
 	assert.NilError(t, err)
@@ -208,7 +211,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	// Gemini CLI reaches the model API through the gemini gateway, with
 	// the fake key geminiKey; its baseline names the model (no routing
 	// classifier requests).
-	geminiToken := filepath.Join(e.dir, "gemini-key")
+	geminiToken := filepath.Join(e.Dir, "gemini-key")
 	assert.NilError(t, os.WriteFile(geminiToken, []byte(geminiKey+"\n"), 0o600))
 	gm, err := example.Agent("gemini")
 	assert.NilError(t, err)
@@ -216,61 +219,35 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	fmt.Fprintf(&agents, "[gateway.gemini]\napi = \"gemini\"\nupstream = %q\ntoken = \"gemini\"\n", e.apiURL)
 	ocSettings += fmt.Sprintf("[home.gemini]\nsettings = { model = { name = %q } }\n", geminiModel)
 
-	e.config = testcfg.Config{Socket: e.tb.PodmanURL, Dir: e.dir, Prefix: e.name,
+	e.WriteConfig(testcfg.Config{
 		// prepare_next off: the positive controls copy HOME as turn 1 left
 		// it, which a cage prepared for turn 2 would already have reset
 		// (prepared turns have their own tests, with the reset report
 		// carried over: test/demo, cmd/shrooms).
 		Cage: map[string]any{"image": agentImage, "memory": "2g", "timeout": "120s", "prepare_next": false, "runtime": cmp.Or(o.runtime, "default")},
-		Network: map[string]any{"policy": policy, "name": e.name, "bridge": e.name,
+		Network: map[string]any{"policy": policy, "name": e.Prefix, "bridge": e.Prefix,
 			// A subnet of its own: other suites may run cages at the same time.
 			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000),
 			"dns_upstream": []string{"203.0.113.10"}},
-		Extra: fmt.Sprintf("%s[tokens]\nanthropic = %q\nopenai = %q\ngemini = %q\n%s%s", ocSettings, token, openaiToken, geminiToken, moreTokens, agents.String())}.Write(t)
-
-	t.Cleanup(func() {
-		// A HOME's capped filesystem goes before its volume, in both mount
-		// namespaces (ours and the testbed podman's): Home().Remove does both.
-		cfg, err := config.Load(e.config)
-		if err != nil {
-			t.Errorf("reload config: %v", err)
-			return
-		}
-		client, err := podman.Connect(context.Background(), e.tb.PodmanURL)
-		if err != nil {
-			t.Errorf("podman: %v", err)
-			return
-		}
-		store := taskstate.Store{Dir: cfg.State.Dir}
-		for _, task := range []string{e.task("claude"), e.task("opencode"), e.task("probe"), e.task("claude2"), e.task("codex"), e.task("codex2"), e.task("gemini")} {
-			// The last turn's detached teardown may still be removing its
-			// cage and releasing HOME: the task lock waits for it.
-			if id, err := taskid.Parse(task); err == nil {
-				if l, err := store.LockTask(id); err == nil {
-					l.Release()
-				} else {
-					t.Errorf("wait for the teardown of %s: %v", task, err)
-				}
-			}
-			if _, err := os.Stat(filepath.Join(e.dir, "outbox", task)); err == nil {
-				if err := outbox.Release(filepath.Join(e.dir, "outbox"), taskid.Must(task)); err != nil {
-					t.Errorf("release outbox: %v", err)
-				}
-			}
-			if err := home.NewStore(client, cfg).Remove(context.Background(), taskid.Must(task)); err != nil {
-				t.Errorf("remove HOME of %s: %v", task, err)
-			}
-		}
-		_, _ = e.tb.Podman("network", "rm", "-f", e.name)
+		Extra: fmt.Sprintf("%s[tokens]\nanthropic = %q\nopenai = %q\ngemini = %q\n%s%s", ocSettings, token, openaiToken, geminiToken, moreTokens, agents.String())}.For(e.Env).TOML())
+	cfg, err := config.Load(e.Config)
+	assert.NilError(t, err)
+	client, err := podman.Connect(context.Background(), e.tb.PodmanURL)
+	assert.NilError(t, err)
+	// A HOME's capped filesystem goes before its volume, in both mount
+	// namespaces (ours and the testbed podman's).
+	e.Release = testcfg.Release(cfg, client)
+	e.Finally(func() {
+		_, _ = e.tb.Podman("network", "rm", "-f", e.Prefix)
 		for _, fam := range []string{"inet", "bridge"} {
-			_ = exec.Command("nsenter", "--net="+e.tb.NSPath("host"), "--", "nft", "delete", "table", fam, "shrooms_"+e.name).Run()
+			_ = exec.Command("nsenter", "--net="+e.tb.NSPath("host"), "--", "nft", "delete", "table", fam, "shrooms_"+e.Prefix).Run()
 		}
 	})
-	code, out, errb := e.run("net", "apply", "--seal-only")
+	code, out, errb := e.CLI("net", "apply", "--seal-only")
 	assert.Equal(t, code, 0, "net apply: %s %s", out, errb)
 
 	// A git worktree: the agents run git in it (and so would an fsmonitor).
-	e.worktree = filepath.Join(e.dir, "work")
+	e.worktree = filepath.Join(e.Dir, "work")
 	assert.NilError(t, os.MkdirAll(e.worktree, 0o755))
 	assert.NilError(t, os.WriteFile(filepath.Join(e.worktree, "README"), []byte("hello\n"), 0o644))
 	git(t, e.worktree, "init", "-q")
@@ -279,36 +256,25 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	return e
 }
 
-func (e *env) task(agent string) string { return e.name + "-" + agent }
-
 // startAPI serves a scripted model API on the internet host, on a port of
 // its own (the canaries hold the well-known ones).
 func (e *env) startAPI() (*modelapi.Server, string) {
-	e.t.Helper()
+	e.T.Helper()
 	ln, err := listenIn(e.tb.NSPath("internet"), net.JoinHostPort(testbed.InternetAddr4.String(), "0"))
-	assert.NilError(e.t, err)
+	assert.NilError(e.T, err)
 	s := modelapi.New()
 	s.Serve(ln)
-	e.t.Cleanup(func() { s.Close() })
+	e.T.Cleanup(func() { s.Close() })
 	return s, "http://" + ln.Addr().String()
-}
-
-// run runs the shrooms CLI inside the testbed's host namespace.
-func (e *env) run(args ...string) (int, string, string) {
-	cmd := exec.Command("nsenter", append([]string{"--net=" + e.tb.NSPath("host"), "--", e.shrooms, "--config", e.config}, args...)...)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	_ = cmd.Run()
-	return cmd.ProcessState.ExitCode(), out.String(), errb.String()
 }
 
 // turn runs one agent turn on the worktree and returns its stdout and wall time.
 func (e *env) turn(agent string, args ...string) (string, time.Duration) {
-	e.t.Helper()
+	e.T.Helper()
 	start := time.Now()
-	code, out, errb := e.run(append([]string{"run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	code, out, errb := e.CLI(append([]string{"run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
 	took := time.Since(start)
-	assert.Equal(e.t, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
+	assert.Equal(e.T, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
 	return out, took
 }
 
@@ -338,17 +304,17 @@ func (r resetReport) has(path, item string, rows int64) bool {
 // turnReset is turn with `--json`: it returns the agent's stdout (the result
 // line removed), the reset report of the turn's result, and the wall time.
 func (e *env) turnReset(agent string, args ...string) (string, resetReport, time.Duration) {
-	e.t.Helper()
+	e.T.Helper()
 	start := time.Now()
-	code, out, errb := e.run(append([]string{"--json", "run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	code, out, errb := e.CLI(append([]string{"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
 	took := time.Since(start)
-	assert.Equal(e.t, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
+	assert.Equal(e.T, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	var res struct {
 		Reset *resetReport `json:"reset"`
 	}
-	assert.NilError(e.t, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "no result JSON on the last line: %s", out)
-	assert.Assert(e.t, res.Reset != nil, "the result has no reset report: %s", lines[len(lines)-1])
+	assert.NilError(e.T, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "no result JSON on the last line: %s", out)
+	assert.Assert(e.T, res.Reset != nil, "the result has no reset report: %s", lines[len(lines)-1])
 	return strings.Join(lines[:len(lines)-1], "\n"), *res.Reset, took
 }
 
@@ -356,9 +322,9 @@ func (e *env) turnReset(agent string, args ...string) (string, resetReport, time
 // the sealed cage: read-only root, the built-in strict seccomp profile, no
 // capabilities, no-new-privileges, the cage user, the sealed network.
 func (e *env) checkSealed(agent string) {
-	e.t.Helper()
-	code, out, errb := e.run("spec", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin")
-	assert.Equal(e.t, code, 0, errb)
+	e.T.Helper()
+	code, out, errb := e.CLI("spec", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin")
+	assert.Equal(e.T, code, 0, errb)
 	var spec struct {
 		ReadOnly bool           `json:"read_only_filesystem"`
 		Seccomp  string         `json:"seccomp_profile_path"`
@@ -368,29 +334,29 @@ func (e *env) checkSealed(agent string) {
 		Image    string         `json:"image"`
 		Networks map[string]any `json:"Networks"`
 	}
-	assert.NilError(e.t, json.Unmarshal([]byte(out), &spec))
-	assert.Assert(e.t, spec.ReadOnly)
-	assert.Equal(e.t, filepath.Dir(spec.Seccomp), filepath.Join(e.dir, "state", "seccomp"))
-	assert.Assert(e.t, strings.HasPrefix(filepath.Base(spec.Seccomp), "shrooms-"), spec.Seccomp)
-	assert.Equal(e.t, spec.User, "1000:1000")
-	assert.Assert(e.t, spec.NoNewPr)
-	assert.DeepEqual(e.t, spec.CapDrop, []string{"ALL"})
-	assert.Equal(e.t, spec.Image, agentImage)
-	_, ok := spec.Networks[e.name]
-	assert.Assert(e.t, ok, "the cage joins the sealed network %s: %s", e.name, out)
+	assert.NilError(e.T, json.Unmarshal([]byte(out), &spec))
+	assert.Assert(e.T, spec.ReadOnly)
+	assert.Equal(e.T, filepath.Dir(spec.Seccomp), filepath.Join(e.Dir, "state", "seccomp"))
+	assert.Assert(e.T, strings.HasPrefix(filepath.Base(spec.Seccomp), "shrooms-"), spec.Seccomp)
+	assert.Equal(e.T, spec.User, "1000:1000")
+	assert.Assert(e.T, spec.NoNewPr)
+	assert.DeepEqual(e.T, spec.CapDrop, []string{"ALL"})
+	assert.Equal(e.T, spec.Image, agentImage)
+	_, ok := spec.Networks[e.Prefix]
+	assert.Assert(e.T, ok, "the cage joins the sealed network %s: %s", e.Prefix, out)
 }
 
 // home is the host directory of the task's HOME, mounted: shrooms mounts
 // HOME only for a turn, so the test mounts it to look (the next turn
 // finds it mounted and releases it after).
 func (e *env) home(agent string) string {
-	e.t.Helper()
-	cfg, err := config.Load(e.config)
-	assert.NilError(e.t, err)
+	e.T.Helper()
+	cfg, err := config.Load(e.Config)
+	assert.NilError(e.T, err)
 	client, err := podman.Connect(context.Background(), e.tb.PodmanURL)
-	assert.NilError(e.t, err)
-	root, err := home.NewStore(client, cfg).Mounted(context.Background(), taskid.Must(e.task(agent)))
-	assert.NilError(e.t, err)
+	assert.NilError(e.T, err)
+	root, err := home.NewStore(client, cfg).Mounted(context.Background(), taskid.Must(e.Task(agent)))
+	assert.NilError(e.T, err)
 	return homereset.HomeDir(root)
 }
 
@@ -415,7 +381,7 @@ func markers(t testing.TB, dir string) []string {
 // that the planted payloads are live; it returns the control worktree and
 // the wall time of the run.
 func (e *env) control(agent string, envs []string, agentArgs ...string) (string, time.Duration) {
-	e.t.Helper()
+	e.T.Helper()
 	home, work := e.controlCopy(agent, "control")
 	return work, e.bare(home, work, envs, agentArgs...)
 }
@@ -423,19 +389,19 @@ func (e *env) control(agent string, envs []string, agentArgs ...string) (string,
 // controlCopy copies the task's HOME and the worktree to fresh directories
 // named after name, owned by the cage user, for a bare run.
 func (e *env) controlCopy(agent, name string) (string, string) {
-	e.t.Helper()
-	home := filepath.Join(e.dir, name+"-home")
-	work := filepath.Join(e.dir, name+"-work")
+	e.T.Helper()
+	home := filepath.Join(e.Dir, name+"-home")
+	work := filepath.Join(e.Dir, name+"-work")
 	for _, c := range [][]string{
 		{"cp", "-a", e.home(agent) + "/.", home + "/"},
 		{"cp", "-a", e.worktree + "/.", work + "/"},
 		{"chown", "-R", "1000:1000", home, work},
 	} {
 		if c[0] == "cp" {
-			assert.NilError(e.t, os.MkdirAll(c[len(c)-1], 0o755))
+			assert.NilError(e.T, os.MkdirAll(c[len(c)-1], 0o755))
 		}
 		out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
-		assert.NilError(e.t, err, "%v: %s", c, out)
+		assert.NilError(e.T, err, "%v: %s", c, out)
 	}
 	return home, work
 }
@@ -444,14 +410,14 @@ func (e *env) controlCopy(agent, name string) (string, string) {
 // with home and work bind-mounted and the testbed host's network (so the
 // model API is reachable): the agent as it runs without shrooms.
 func (e *env) bare(home, work string, envs []string, agentArgs ...string) time.Duration {
-	e.t.Helper()
+	e.T.Helper()
 	return e.bareRun(false, home, work, envs, agentArgs...)
 }
 
 // bareRun is bare; with mayFail the agent's exit status is not checked (a
 // positive control whose payload makes the agent give up).
 func (e *env) bareRun(mayFail bool, home, work string, envs []string, agentArgs ...string) time.Duration {
-	e.t.Helper()
+	e.T.Helper()
 	args := []string{"run", "--rm", "--network", "host", "--user", "1000:1000", "--label", e.tb.Label(),
 		"-v", home + ":/home/agent", "-v", work + ":/work", "-w", "/work", "-e", "HOME=/home/agent",
 		// No registry in the testbed: fail npm fetches at once (opencode
@@ -465,12 +431,12 @@ func (e *env) bareRun(mayFail bool, home, work string, envs []string, agentArgs 
 	out, err := e.tb.Podman(args...)
 	took := time.Since(start)
 	if mayFail {
-		e.t.Logf("bare podman run (may fail): %v", err)
+		e.T.Logf("bare podman run (may fail): %v", err)
 		return took
 	}
-	assert.NilError(e.t, err, "bare podman run: %s\nmodel API log:\n%s", out, e.api.Log())
+	assert.NilError(e.T, err, "bare podman run: %s\nmodel API log:\n%s", out, e.api.Log())
 	if os.Getenv("AGENTS_DEBUG") != "" {
-		e.t.Logf("bare podman run output:\n%s", out)
+		e.T.Logf("bare podman run output:\n%s", out)
 	}
 	return took
 }

@@ -91,9 +91,9 @@ func searchKey(t *testing.T, worktree, needle string) int {
 func TestGatewayKeepsTheKeyOutsideTheCage(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
-	nonce := e.name
+	nonce := e.Prefix
 	e.api.Append(bash(dumpScript), modelapi.Text("dumped "+nonce))
-	code, out, errb := e.run("--json", "run", "--task", e.task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
 		"-p", "--output-format", "json", "dump everything "+nonce)
 	assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.api.Log())
 	r1 := parseClaude(t, out)
@@ -143,7 +143,7 @@ def call(path, key, method="POST"):
 res = {"old": call("/v1/messages", "` + placeholder + `"), "path": call("/v1/files", os.environ["ANTHROPIC_API_KEY"]), "models": call("/v1/models", os.environ["ANTHROPIC_API_KEY"], "GET")}
 open("/work/.gwprobe", "w").write(json.dumps(res))`
 	e.api.Append(bash(`python3 - <<'EOF'`+"\n"+probe+"\nEOF"), modelapi.Text("resumed "+nonce))
-	code, out, errb = e.run("--json", "run", "--task", e.task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
+	code, out, errb = e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
 		"-p", "--output-format", "json", "--resume", r1.SessionID, "continue "+nonce)
 	assert.Equal(t, code, 0, "turn 2: %s %s\n%s", out, errb, e.api.Log())
 	r2 := parseClaude(t, out)
@@ -166,9 +166,9 @@ open("/work/.gwprobe", "w").write(json.dumps(res))`
 func TestGatewayOpencode(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
-	nonce := e.name
+	nonce := e.Prefix
 	e.api.Append(ocBash(`echo "$ANTHROPIC_API_KEY" | cut -c1-27 > /work/.ockey`), modelapi.Text("done "+nonce))
-	code, out, errb := e.run("--json", "run", "--task", e.task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
 		"--format", "json", "hello "+nonce)
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
 	assert.Equal(t, e.api.Remaining(), 0, e.api.Log())
@@ -194,7 +194,7 @@ func TestGatewayLimitEndsTheTurn(t *testing.T) {
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none", gatewayExtra: "max_requests = 1"})
 	e.api.Append(bash(`echo one`), bash(`echo two`), modelapi.Text("never"))
 	start := time.Now()
-	code, out, errb := e.run("--json", "run", "--task", e.task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
 		"-p", "--output-format", "json", "go")
 	assert.Equal(t, code, 120, "%s %s", out, errb)
 	var u usageResult
@@ -211,27 +211,27 @@ func TestGatewayLimitEndsTheTurn(t *testing.T) {
 func TestGatewayBadInput(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
-	cfg, err := os.ReadFile(e.config)
+	cfg, err := os.ReadFile(e.Config)
 	assert.NilError(t, err)
-	token := filepath.Join(e.dir, "anthropic-key")
+	token := filepath.Join(e.Dir, "anthropic-key")
 
 	assert.NilError(t, os.Rename(token, token+".away"))
-	code, _, errb := e.run("run", "--task", e.task("claude"), "--agent", "claude", "--no-stdin", "--", "-p", "x")
+	code, _, errb := e.CLI("run", "--task", e.Task("claude"), "--agent", "claude", "--no-stdin", "--", "-p", "x")
 	assert.Equal(t, code, 121, errb)
 	assert.Assert(t, is.Contains(errb, "tokens.anthropic"))
 	assert.NilError(t, os.WriteFile(token, nil, 0o600))
-	code, _, errb = e.run("run", "--task", e.task("claude"), "--agent", "claude", "--no-stdin", "--", "-p", "x")
+	code, _, errb = e.CLI("run", "--task", e.Task("claude"), "--agent", "claude", "--no-stdin", "--", "-p", "x")
 	assert.Equal(t, code, 121, errb)
 	assert.NilError(t, os.Rename(token+".away", token))
 
 	// The upstream's port closed: the model API listens elsewhere.
 	bad := strings.Replace(string(cfg), e.apiURL, "http://203.0.113.10:9", 1)
-	assert.NilError(t, os.WriteFile(e.config, []byte(bad), 0o600))
-	code, _, errb = e.run("run", "--task", e.task("claude"), "--agent", "claude", "--no-stdin", "--", "-p", "x")
+	assert.NilError(t, os.WriteFile(e.Config, []byte(bad), 0o600))
+	code, _, errb = e.CLI("run", "--task", e.Task("claude"), "--agent", "claude", "--no-stdin", "--", "-p", "x")
 	assert.Equal(t, code, 122, errb)
 	assert.Assert(t, is.Contains(errb, "is unreachable"))
 	assert.Equal(t, strings.Count(strings.TrimSpace(errb), "\n"), 0, "one line: %s", errb)
-	cages := e.tb.MustPodman("ps", "-a", "--filter", "label=io.shrooms.task="+e.task("claude"), "--format", "{{.Names}}")
+	cages := e.tb.MustPodman("ps", "-a", "--filter", "label=io.shrooms.task="+e.Task("claude"), "--format", "{{.Names}}")
 	assert.Equal(t, strings.TrimSpace(cages), "", "a cage was created")
 }
 
@@ -256,8 +256,8 @@ for i in range(600):
     if not up():
         open("/work/.gw-after", "w").write("gone after %d" % i); break
     time.sleep(0.1)`
-	cmd := exec.Command("nsenter", "--net="+e.tb.NSPath("host"), "--", e.shrooms, "--config", e.config,
-		"run", "--task", e.task("probe"), "--agent", "probe", "--worktree", e.worktree, "--no-stdin", "--", script)
+	cmd := exec.Command("nsenter", "--net="+e.tb.NSPath("host"), "--", e.shrooms, "--config", e.Config,
+		"run", "--task", e.Task("probe"), "--agent", "probe", "--worktree", e.worktree, "--no-stdin", "--", script)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	assert.NilError(t, cmd.Start())
 	before := filepath.Join(e.worktree, ".gw-before")
@@ -285,7 +285,7 @@ for i in range(600):
 	assert.NilError(t, err, "the cage could still reach the gateway 30 s after shrooms was killed")
 	assert.Assert(t, is.Contains(string(b), "gone after"))
 	// The leftover cage goes with the task's next command.
-	_, _ = e.tb.Podman("rm", "-f", "--filter", "label=io.shrooms.task="+e.task("probe"))
+	_, _ = e.tb.Podman("rm", "-f", "--filter", "label=io.shrooms.task="+e.Task("probe"))
 }
 
 // tokenEndpoint is an OAuth token endpoint that rotates refresh tokens, as
@@ -335,11 +335,11 @@ func TestGatewaySubscriptionSignIn(t *testing.T) {
 
 	var wg sync.WaitGroup
 	results := make([][3]string, 2)
-	for i, task := range []string{e.task("claude"), e.task("claude2")} {
+	for i, task := range []string{e.Task("claude"), e.Task("claude2")} {
 		wg.Add(1)
 		go func(i int, task string) {
 			defer wg.Done()
-			code, out, errb := e.run("--json", "run", "--task", task, "--agent", "claude", "--no-stdin", "--",
+			code, out, errb := e.CLI("--json", "run", "--task", task, "--agent", "claude", "--no-stdin", "--",
 				"-p", "--output-format", "json", "hello")
 			results[i] = [3]string{fmt.Sprint(code), out, errb}
 		}(i, task)

@@ -50,7 +50,7 @@ func TestGatewayRefusesServerSideCapabilities(t *testing.T) {
 
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
 	e.api.Append(probe, modelapi.Text("probed"))
-	code, out, errb := e.run("--json", "run", "--task", e.task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
 		"-p", "--output-format", "json", "probe the gateway")
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
 	assert.Equal(t, parseClaude(t, out).Result, "probed", "the turn works through the gateway")
@@ -71,7 +71,7 @@ func TestGatewayRefusesServerSideCapabilities(t *testing.T) {
 	// here, this control is about the server-side capabilities alone.
 	c := newEnvWith(t, envOptions{gateway: true, policy: "none", gatewayExtra: `allow_server_tools = ["mcp_servers", "web_fetch", "container"]` + "\n" + `allow_betas = ["mcp-client-2025-04-04"]` + "\n" + `history = "off"`})
 	c.api.Append(probe, modelapi.Text("web_fetch probe's answer"), modelapi.Text("probed"))
-	code, out, errb = c.run("--json", "run", "--task", c.task("claude"), "--agent", "claude", "--worktree", c.worktree, "--no-stdin", "--",
+	code, out, errb = c.CLI("--json", "run", "--task", c.Task("claude"), "--agent", "claude", "--worktree", c.worktree, "--no-stdin", "--",
 		"-p", "--output-format", "json", "probe the gateway")
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, c.api.Log())
 	assert.DeepEqual(t, gwProbe(t, c.worktree), map[string]int{"mcp": 200, "web_fetch": 200, "container": 200, "beta": 200})
@@ -90,7 +90,7 @@ func TestGatewayOpencodeBetas(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
 	e.api.Append(ocBash(`echo hi`), modelapi.Text("done"))
-	code, out, errb := e.run("--json", "run", "--task", e.task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
 		"--format", "json", "hello")
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
 	var u usageResult

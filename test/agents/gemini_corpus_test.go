@@ -115,12 +115,12 @@ func TestGeminiPersistenceCorpus(t *testing.T) {
 	// emptied): HOME's git config is no vector through it, and
 	// `git config --global` cannot even plant one.
 	var vectors []corpusVector
-	for _, v := range shellVectors(e.name) {
+	for _, v := range shellVectors(e.Prefix) {
 		if !strings.Contains(v.id, "git") {
 			vectors = append(vectors, v)
 		}
 	}
-	vectors = append(vectors, geminiVectors(e.name)...)
+	vectors = append(vectors, geminiVectors(e.Prefix)...)
 	// Gemini CLI's shell tool refuses a command with $(...) in it, so the
 	// script goes base64-encoded to sh (the command text then holds no code
 	// word and no "planted-ID": only the plant's output does).
@@ -130,7 +130,7 @@ func TestGeminiPersistenceCorpus(t *testing.T) {
 	gemini := []string{"gemini", "--skip-trust", "--yolo"}
 	runCorpus(t, e, "gemini", vectors, plant,
 		func(prompt string) string {
-			code, out, errb := e.run("--json", "run", "--task", e.task("gemini"), "--agent", "gemini", "--worktree", e.worktree, "--no-stdin", "--", "-p", prompt)
+			code, out, errb := e.CLI("--json", "run", "--task", e.Task("gemini"), "--agent", "gemini", "--worktree", e.worktree, "--no-stdin", "--", "-p", prompt)
 			assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.api.Log())
 			var res struct {
 				Changes struct {
@@ -162,7 +162,7 @@ func TestGeminiPersistenceCorpus(t *testing.T) {
 			script := `python3 -c 'import json,os; p=os.path.expanduser("~/.gemini/settings.json"); d=json.load(open(p)); d.setdefault("security",{})["auth"]={"selectedType":"gemini-api-key"}; json.dump(d,open(p,"w"))' && `
 			script += strings.Join(append(gemini, "--resume", session, "-p", "'"+gmCommand+" "+prompt+"'"), " ")
 			for i, f := range geminiEnvRuns {
-				e.api.Append(modelapi.Text("env run " + e.name))
+				e.api.Append(modelapi.Text("env run " + e.Prefix))
 				script += " && rm " + f + " && " + strings.Join(append(gemini, "-p", "'env run "+string(rune('a'+i))+"'"), " ")
 			}
 			return []string{"sh", "-c", script}

@@ -38,9 +38,9 @@ func gmShell(command string) modelapi.Step {
 func TestGeminiToolResumeAndKey(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{policy: "none"})
-	nonce := e.name
+	nonce := e.Prefix
 	e.api.Append(gmShell("echo gemini-tool-"+nonce+" > /work/tool.txt && "+dumpScript), modelapi.Text("dumped "+nonce))
-	code, out, errb := e.run("--json", "run", "--task", e.task("gemini"), "--agent", "gemini", "--worktree", e.worktree, "--no-stdin", "--",
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("gemini"), "--agent", "gemini", "--worktree", e.worktree, "--no-stdin", "--",
 		"-p", "first turn "+nonce)
 	assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.api.Log())
 	assert.Check(t, is.Contains(out, "dumped "+nonce))
@@ -91,7 +91,7 @@ res = {"old": call("/v1beta/models/m:generateContent", "` + placeholder + `"), "
 open("/work/.gwprobe", "w").write(json.dumps(res))`
 	e.api.Append(gmShell("python3 - <<'EOF'\n"+probe+"\nEOF"), modelapi.Text("resumed "+nonce))
 	before := len(e.api.Requests())
-	code, out, errb = e.run("--json", "run", "--task", e.task("gemini"), "--agent", "gemini", "--worktree", e.worktree, "--no-stdin", "--",
+	code, out, errb = e.CLI("--json", "run", "--task", e.Task("gemini"), "--agent", "gemini", "--worktree", e.worktree, "--no-stdin", "--",
 		"--resume", "latest", "-p", "second turn "+nonce)
 	assert.Equal(t, code, 0, "turn 2: %s %s\n%s", out, errb, e.api.Log())
 	assert.Check(t, is.Contains(out, "resumed "+nonce))

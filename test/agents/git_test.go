@@ -25,7 +25,7 @@ import (
 // the same cage: git without both refuses the repository.
 func TestGitInTheCage(t *testing.T) {
 	e := newEnv(t)
-	nonce := e.name
+	nonce := e.Prefix
 	git(t, e.worktree, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "--allow-empty", "-m", "subject-"+nonce)
 	assert.NilError(t, os.WriteFile(filepath.Join(e.worktree, "README"), []byte("changed "+nonce+"\n"), 0o644))
 

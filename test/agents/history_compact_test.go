@@ -33,7 +33,7 @@ func compactSummary(nonce string) string {
 func TestHistoryCompaction(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
-	nonce := e.name
+	nonce := e.Prefix
 	e.api.Append(bash("echo tool-"+nonce), modelapi.ToolCall("Read", map[string]any{"file_path": "/etc/hostname"}), modelapi.Text("answer one "+nonce))
 	code, out, errb, res := e.resumeRun("claude", "-p", "--output-format", "json", "first prompt "+nonce)
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
@@ -108,7 +108,7 @@ func TestHistoryCompaction(t *testing.T) {
 func TestHistoryAutoCompact(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
-	nonce := e.name
+	nonce := e.Prefix
 	// Claude Code 2.1.332 sees a 1M window for the model here (its debug
 	// log: effectiveWindow=980000) and compacts from 967,000 tokens; the
 	// newest messages are kept verbatim, so the summary needs older ones.

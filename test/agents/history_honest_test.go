@@ -57,7 +57,7 @@ func TestHistoryHonestResumes(t *testing.T) {
 			t.Parallel()
 			e := newEnvWith(t, envOptions{gateway: true, policy: "none", shrooms: bin})
 			n := honestTurns(t, agent)
-			wt := filepath.Join(e.dir, "work-"+agent)
+			wt := filepath.Join(e.Dir, "work-"+agent)
 			assert.NilError(t, os.MkdirAll(wt, 0o755))
 			git(t, wt, "init", "-q")
 			e.worktree = wt
@@ -181,13 +181,13 @@ func TestHistoryHonestResumes(t *testing.T) {
 // (marker exists), then stops the turn (`shrooms stop`) or kills shrooms
 // with SIGKILL. The next turn resumes after it.
 func (e *env) interruptedTurn(agent, marker string, stop bool, args ...string) {
-	t := e.t
+	t := e.T
 	t.Helper()
 	// The last turn's detached teardown may hold the task lock for a while:
 	// the wait for the tool starts once the turn can start.
 	e.settled(agent)
-	cmd := exec.Command("nsenter", append([]string{"--net=" + e.tb.NSPath("host"), "--", e.shrooms, "--config", e.config,
-		"--json", "run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	cmd := exec.Command("nsenter", append([]string{"--net=" + e.tb.NSPath("host"), "--", e.shrooms, "--config", e.Config,
+		"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	assert.NilError(t, cmd.Start())
 	defer func() {
@@ -206,7 +206,7 @@ func (e *env) interruptedTurn(agent, marker string, stop bool, args ...string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	if stop {
-		code, out, errb := e.run("stop", "--task", e.task(agent))
+		code, out, errb := e.CLI("stop", "--task", e.Task(agent))
 		assert.Equal(t, code, 0, "stop: %s %s", out, errb)
 		_ = cmd.Wait()
 		t.Logf("turn stopped (shrooms stop) while its tool ran: exit %d", cmd.ProcessState.ExitCode())

@@ -24,7 +24,7 @@ import (
 func TestHistoryOpencodeAutoCompact(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
-	nonce := e.name
+	nonce := e.Prefix
 	for _, c := range []string{"echo tool-0-" + nonce, "echo tool-1-" + nonce, "echo tool-2-" + nonce} {
 		e.api.Append(ocBash(c))
 	}

@@ -15,9 +15,6 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
-	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
-	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // historyResult is the part of `run --json`'s result the history tests read.
@@ -47,33 +44,33 @@ var forgeries = []string{"inserted-user", "changed-user", "inserted-assistant", 
 // resumeRun runs a resumed turn of agent with --json and returns its exit
 // code, stdout, stderr and result.
 func (e *env) resumeRun(agent string, args ...string) (int, string, string, historyResult) {
-	e.t.Helper()
-	code, out, errb := e.run(append([]string{"--json", "run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	e.T.Helper()
+	code, out, errb := e.CLI(append([]string{"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
 	var res historyResult
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	assert.NilError(e.t, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "result: %s %s", out, errb)
+	assert.NilError(e.T, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "result: %s %s", out, errb)
 	return code, out, errb, res
 }
 
 // setHistory rewrites the config's gateway.anthropic.history.
 func (e *env) setHistory(mode string) {
-	e.t.Helper()
-	b, err := os.ReadFile(e.config)
-	assert.NilError(e.t, err)
+	e.T.Helper()
+	b, err := os.ReadFile(e.Config)
+	assert.NilError(e.T, err)
 	s := string(b)
 	if i := strings.Index(s, "\nhistory = "); i >= 0 {
 		j := strings.Index(s[i+1:], "\n")
 		s = s[:i] + s[i+1+j:]
 	}
 	s = strings.Replace(s, "[gateway.anthropic]\n", "[gateway.anthropic]\nhistory = \""+mode+"\"\n", 1)
-	assert.NilError(e.t, os.WriteFile(e.config, []byte(s), 0o600))
+	assert.NilError(e.T, os.WriteFile(e.Config, []byte(s), 0o600))
 }
 
 // refusedForgery checks one refused resumed turn: exit 119, status
 // history-mismatch, a verdict naming an index and role, one line without
 // the forged text, and no request carrying it reached the model API.
 func (e *env) refusedForgery(kind, marker string, before int, code int, out, errb string, res historyResult) {
-	t := e.t
+	t := e.T
 	t.Helper()
 	assert.Equal(t, code, 119, "%s: the forged turn was not refused: %s %s\n%s", kind, out, errb, e.api.Log())
 	assert.Equal(t, res.Status, "history-mismatch", kind)
@@ -102,7 +99,7 @@ func (e *env) refusedForgery(kind, marker string, before int, code int, out, err
 func TestHistoryForgedClaudeTranscriptRefused(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
-	nonce := e.name
+	nonce := e.Prefix
 	e.api.Append(bash("echo tool-"+nonce), modelapi.Text("answer one "+nonce))
 	code, out, errb, res := e.resumeRun("claude", "-p", "--output-format", "json", "first prompt "+nonce)
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
@@ -285,7 +282,7 @@ func forgeClaude(t *testing.T, transcript []byte, kind, marker, nonce string) []
 func TestHistoryForgedOpencodeDBRefused(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
-	nonce := e.name
+	nonce := e.Prefix
 	e.api.Append(ocBash("echo tool-"+nonce), modelapi.Text("answer one "+nonce))
 	code, out, errb, res := e.resumeRun("opencode", "--format", "json", "first prompt "+nonce)
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
@@ -351,14 +348,8 @@ func TestHistoryForgedOpencodeDBRefused(t *testing.T) {
 // settled waits until the task's last turn has let go of HOME (its
 // detached teardown holds the task lock).
 func (e *env) settled(agent string) {
-	e.t.Helper()
-	cfg, err := config.Load(e.config)
-	assert.NilError(e.t, err)
-	id, err := taskid.Parse(e.task(agent))
-	assert.NilError(e.t, err)
-	l, err := (taskstate.Store{Dir: cfg.State.Dir}).LockTask(id)
-	assert.NilError(e.t, err)
-	assert.NilError(e.t, l.Release())
+	e.T.Helper()
+	e.WaitIdle(e.Task(agent))
 }
 
 // forgeOpencode forges the opencode.db at path by kind.

@@ -41,26 +41,26 @@ type importsResult struct {
 }
 
 func (e *env) turnImports(agent string, args ...string) (string, importsResult) {
-	e.t.Helper()
-	code, out, errb := e.run(append([]string{"--json", "run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
-	assert.Equal(e.t, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
+	e.T.Helper()
+	code, out, errb := e.CLI(append([]string{"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	assert.Equal(e.T, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	var res importsResult
-	assert.NilError(e.t, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "last stdout line: %s", lines[len(lines)-1])
+	assert.NilError(e.T, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "last stdout line: %s", lines[len(lines)-1])
 	return strings.Join(lines[:len(lines)-1], "\n"), res
 }
 
 // ownerFiles writes the owner's files into the worktree before the first
 // turn (which records them as trusted) and commits them.
 func (e *env) ownerFiles(files map[string]string) {
-	e.t.Helper()
+	e.T.Helper()
 	for rel, content := range files {
 		p := filepath.Join(e.worktree, rel)
-		assert.NilError(e.t, os.MkdirAll(filepath.Dir(p), 0o755))
-		assert.NilError(e.t, os.WriteFile(p, []byte(content), 0o644))
+		assert.NilError(e.T, os.MkdirAll(filepath.Dir(p), 0o755))
+		assert.NilError(e.T, os.WriteFile(p, []byte(content), 0o644))
 	}
-	git(e.t, e.worktree, "add", "-A")
-	git(e.t, e.worktree, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "owner's config")
+	git(e.T, e.worktree, "add", "-A")
+	git(e.T, e.worktree, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "owner's config")
 }
 
 func requestBodies(reqs []modelapi.Request) string {
@@ -94,7 +94,7 @@ func listed(paths []string, want ...string) bool {
 func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	nonce := e.name
+	nonce := e.Prefix
 	owner := "OWNERNOTES-" + nonce
 	word := "IMPORTWORD-42-" + nonce
 	e.ownerFiles(map[string]string{
@@ -151,12 +151,12 @@ func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 	assert.Assert(t, is.Contains(string(data), word), "the worktree keeps the turn's edit (masked, not reverted)")
 
 	// The commit path names it; trusting it unmasks it.
-	code, stdout, stderr := e.run("commit", "--task", e.task("claude"), "-m", "notes")
+	code, stdout, stderr := e.CLI("commit", "--task", e.Task("claude"), "-m", "notes")
 	assert.Equal(t, code, 121, "%s %s", stdout, stderr)
 	assert.Assert(t, is.Contains(stderr, "guide/notes.md (modified: imported by the trusted CLAUDE.md"))
-	code, stdout, stderr = e.run("commit", "--task", e.task("claude"), "-m", "notes", "--allow-agent-config", "guide/notes.md")
+	code, stdout, stderr = e.CLI("commit", "--task", e.Task("claude"), "-m", "notes", "--allow-agent-config", "guide/notes.md")
 	assert.Equal(t, code, 0, "%s %s", stdout, stderr)
-	code, stdout, stderr = e.run("spec", "--task", e.task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin")
+	code, stdout, stderr = e.CLI("spec", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, !strings.Contains(stdout, `"/work/guide/notes.md"`), "the accepted import is still masked")
 }
@@ -171,7 +171,7 @@ func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 func TestOpencodeInstructionsGlobEditDoesNotReachNextSession(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	nonce := e.name
+	nonce := e.Prefix
 	owner := "OWNERSTYLE-" + nonce
 	edited := "GLOBEDIT-42-" + nonce
 	planted := "GLOBNEW-42-" + nonce
@@ -221,7 +221,7 @@ func TestOpencodeInstructionsGlobEditDoesNotReachNextSession(t *testing.T) {
 func TestImportRulesMatchTheAgents(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	nonce := e.name
+	nonce := e.Prefix
 	word := func(id string) string { return "RULE-" + id + "-" + nonce }
 	files := map[string]string{
 		"CLAUDE.md": strings.Join([]string{
@@ -262,7 +262,7 @@ func TestImportRulesMatchTheAgents(t *testing.T) {
 	}
 
 	// What the guard trusts by digest.
-	store := guard.Store{Dir: filepath.Join(e.dir, "rules-trust")}
+	store := guard.Store{Dir: filepath.Join(e.Dir, "rules-trust")}
 	res, err := store.Trust(context.Background(), e.worktree, nil)
 	assert.NilError(t, err)
 	guarded := map[string]bool{"AGENTS.md": true, "CLAUDE.md": true, "opencode.json": true}
@@ -271,10 +271,10 @@ func TestImportRulesMatchTheAgents(t *testing.T) {
 	}
 
 	loaded := func(agent string, envs []string, args ...string) []string {
-		home := filepath.Join(e.dir, agent+"-rules-home")
-		work := filepath.Join(e.dir, agent+"-rules-work")
+		home := filepath.Join(e.Dir, agent+"-rules-home")
+		work := filepath.Join(e.Dir, agent+"-rules-work")
 		for _, c := range [][]string{{"mkdir", "-p", home + "/.config/opencode", work}, {"cp", "-a", e.worktree + "/.", work + "/"},
-			{"cp", filepath.Join(e.dir, "opencode.json"), home + "/.config/opencode/opencode.json"}, {"chown", "-R", "1000:1000", home, work}} {
+			{"cp", filepath.Join(e.Dir, "opencode.json"), home + "/.config/opencode/opencode.json"}, {"chown", "-R", "1000:1000", home, work}} {
 			out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
 			assert.NilError(t, err, "%v: %s", c, out)
 		}
@@ -323,7 +323,7 @@ func TestImportRulesMatchTheAgents(t *testing.T) {
 func TestOpencodeTrustedMCPScriptEditDoesNotRun(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	nonce := e.name
+	nonce := e.Prefix
 	e.ownerFiles(map[string]string{
 		// With $schema: opencode adds it to a project config that lacks it,
 		// which would be a change (masked, project config off).

@@ -72,14 +72,14 @@ func (s *screens) dialog() (string, string) {
 // key and no shrooms opens its first-start dialogs.
 func TestInteractiveClaudeAsksNothing(t *testing.T) {
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
-	nonce := e.name
-	task := e.task("claude")
+	nonce := e.Prefix
+	task := e.Task("claude")
 	for turn := 1; turn <= 2; turn++ {
 		tm := itest.NewTmux(t)
 		answer := "interactive answer " + nonce + " " + string(rune('0'+turn))
 		e.api.Append(modelapi.Text(answer))
-		result := filepath.Join(e.dir, "result.json")
-		tm.Start(120, 40, nil, "nsenter", "--net="+e.tb.NSPath("host"), "--", e.shrooms, "--config", e.config,
+		result := filepath.Join(e.Dir, "result.json")
+		tm.Start(120, 40, nil, "nsenter", "--net="+e.tb.NSPath("host"), "--", e.shrooms, "--config", e.Config,
 			"run", "--tty", "--task", task, "--agent", "claude", "--worktree", e.worktree, "--result-file", result)
 		var sc screens
 		stop := make(chan struct{})
@@ -124,7 +124,7 @@ func TestInteractiveClaudeAsksNothing(t *testing.T) {
 
 	// Positive control: the same binary, a fresh HOME, no shrooms.
 	tm := itest.NewTmux(t)
-	home := filepath.Join(e.dir, "control-home")
+	home := filepath.Join(e.Dir, "control-home")
 	assert.NilError(t, os.MkdirAll(home, 0o755))
 	assert.NilError(t, os.Chown(home, 1000, 1000))
 	tm.Start(120, 40, nil, "podman", "--url", e.tb.PodmanURL, "run", "--rm", "-it", "--network", "host", "--user", "1000:1000",

@@ -36,7 +36,7 @@ import (
 func TestOpencodeKeptStateIsRebuilt(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	nonce := e.name
+	nonce := e.Prefix
 	canary := "http://" + testbed.InternetAddr4.String() + ":8080/"
 	acct, ent, wk := "acct-"+nonce, "ent-"+nonce, "wk-"+nonce
 
@@ -126,7 +126,7 @@ echo planted`
 	assert.NilError(t, err)
 	assert.NilError(t, db.Close())
 	n = len(e.api.Requests())
-	code, stdout, stderr := e.run("run", "--task", e.task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
+	code, stdout, stderr := e.CLI("run", "--task", e.Task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
 		"--format", "json", "--session", session, "turn 3 "+nonce)
 	assert.Assert(t, code != 0, "turn 3 ran on an unknown opencode.db schema: %s", stdout)
 	assert.Assert(t, is.Contains(stderr, `migration "20990101000000_from_the_future"`), stderr)

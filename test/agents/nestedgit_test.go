@@ -80,11 +80,11 @@ func hostGitVectors(t *testing.T, dir, markers string) []string {
 // turn 2 resumes the session; positive control: sub/.git chowned to the
 // owner (what the give-back did before) runs all five.
 func nestedRepoCorpus(t *testing.T, e *env, agent string, tool func(string) modelapi.Step, turn1, turn2 []string, session func(string) string) {
-	nonce := e.name
-	markers := filepath.Join(e.dir, "host-markers")
+	nonce := e.Prefix
+	markers := filepath.Join(e.Dir, "host-markers")
 	assert.NilError(t, os.Mkdir(markers, 0o755))
 	e.api.Append(tool(nestedPlant(markers)), modelapi.Text("planted "+nonce))
-	code, out, errb := e.run(append([]string{"--json", "run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, append(turn1, "plant things "+nonce)...)...)
+	code, out, errb := e.CLI(append([]string{"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, append(turn1, "plant things "+nonce)...)...)
 	assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.api.Log())
 	assert.Equal(t, e.api.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.api.Log())
 	for _, r := range e.api.Scripted() {
@@ -113,7 +113,7 @@ func nestedRepoCorpus(t *testing.T, e *env, agent string, tool func(string) mode
 
 	n := len(e.api.Scripted())
 	e.api.Append(modelapi.Text("resumed " + nonce))
-	code, out, errb = e.run(append([]string{"run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, append(turn2, sid, "continue "+nonce)...)...)
+	code, out, errb = e.CLI(append([]string{"run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, append(turn2, sid, "continue "+nonce)...)...)
 	assert.Equal(t, code, 0, "turn 2: %s %s\n%s", out, errb, e.api.Log())
 	reqs := requestsSince(e.api, n)
 	assert.Assert(t, len(reqs) > 0 && strings.Contains(string(reqs[0].Body), "plant things "+nonce), "the session continued with turn 1's messages")

@@ -121,7 +121,7 @@ func workingDirectory(t *testing.T, body []byte) string {
 // its own), so a shell in the container stops it once the test, when done
 // reports true (or after two minutes), drops /work/.ctl-done.
 func (e *env) bareOutbox(home, work, outbox string, envs []string, done func() bool, agentArgs ...string) {
-	e.t.Helper()
+	e.T.Helper()
 	args := []string{"run", "--rm", "--network", "host", "--user", "1000:1000", "--label", e.tb.Label(),
 		"-v", home + ":/home/agent", "-v", work + ":/work", "-v", outbox + ":/outbox", "-w", "/work", "-e", "HOME=/home/agent",
 		"--add-host", "registry.npmjs.org:127.0.0.1"}
@@ -142,15 +142,15 @@ func (e *env) bareOutbox(home, work, outbox string, envs []string, done func() b
 	for deadline := time.Now().Add(2 * time.Minute); !done() && time.Now().Before(deadline); {
 		select {
 		case r := <-ch:
-			e.t.Fatalf("bare podman run ended before the control was done: %v\n%s\nmodel API log:\n%s", r.err, r.out, e.api.Log())
+			e.T.Fatalf("bare podman run ended before the control was done: %v\n%s\nmodel API log:\n%s", r.err, r.out, e.api.Log())
 		case <-time.After(time.Second):
 		}
 	}
-	assert.NilError(e.t, os.WriteFile(filepath.Join(work, ".ctl-done"), nil, 0o644))
+	assert.NilError(e.T, os.WriteFile(filepath.Join(work, ".ctl-done"), nil, 0o644))
 	r := <-ch
-	assert.NilError(e.t, r.err, "bare podman run: %s", r.out)
+	assert.NilError(e.T, r.err, "bare podman run: %s", r.out)
 	if !done() {
-		e.t.Logf("bare podman run, not done after two minutes:\n%s\nmodel API log:\n%s", r.out, e.api.Log())
+		e.T.Logf("bare podman run, not done after two minutes:\n%s\nmodel API log:\n%s", r.out, e.api.Log())
 	}
 }
 
@@ -166,7 +166,7 @@ func (e *env) bareOutbox(home, work, outbox string, envs []string, done func() b
 func TestOpencodeKeptPointersPinned(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	nonce := e.name
+	nonce := e.Prefix
 	e.checkSealed("opencode")
 	e.api.Append(ocBash(opencodeRefPlant()), modelapi.Text("planted "+nonce))
 	out, took1 := e.turn("opencode", "--format", "json", "plant things "+nonce)
@@ -188,7 +188,7 @@ func TestOpencodeKeptPointersPinned(t *testing.T) {
 		// turn 1 put there (planted afresh: a one-way outbox does not keep
 		// it, and the control is about the pointer).
 		home, work := e.controlCopy("opencode", "control-"+en.tag)
-		outbox := filepath.Join(e.dir, "control-"+en.tag+"-outbox")
+		outbox := filepath.Join(e.Dir, "control-"+en.tag+"-outbox")
 		if rel, ok := strings.CutPrefix(en.dir, "/outbox/"); ok {
 			p := filepath.Join(outbox, rel, ".opencode/plugin")
 			assert.NilError(t, os.MkdirAll(p, 0o755))

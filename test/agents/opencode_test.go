@@ -42,7 +42,7 @@ func ocBash(command string) modelapi.Step {
 func TestOpencodePersistenceDoesNotSurviveTurn(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	nonce := e.name
+	nonce := e.Prefix
 
 	plugin := `import fs from "fs"; fs.mkdirSync("/work/.m", {recursive: true}); fs.writeFileSync("/work/.m/plugin", ""); export const Evil = async () => ({});`
 	e.checkSealed("opencode")

@@ -37,9 +37,9 @@ func TestRunscClaudeThroughGateway(t *testing.T) {
 	// Policy none: a cage that reaches its model and nothing else (the
 	// gateway sets the netns's lo up, which podman leaves down for runsc).
 	e := newEnvWith(t, runscOptions(t, envOptions{gateway: true, policy: "none"}))
-	nonce := e.name
+	nonce := e.Prefix
 	e.api.Append(bash(`echo "$(uname -r) $(echo $ANTHROPIC_API_KEY | cut -c1-27)" > /work/.runsc`), modelapi.Text("ran "+nonce))
-	code, out, errb := e.run("--json", "run", "--task", e.task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
 		"-p", "--output-format", "json", "hello "+nonce)
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
 	r := parseClaude(t, out)
@@ -66,9 +66,9 @@ func TestRunscClaudeThroughGateway(t *testing.T) {
 func TestRunscOpencodeThroughGateway(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, runscOptions(t, envOptions{gateway: true, policy: "internet"}))
-	nonce := e.name
+	nonce := e.Prefix
 	e.api.Append(ocBash(`echo "$(uname -r) $(echo $ANTHROPIC_API_KEY | cut -c1-27)" > /work/.ocrunsc`), modelapi.Text("done "+nonce))
-	code, out, errb := e.run("--json", "run", "--task", e.task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
 		"--format", "json", "hello "+nonce)
 	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
 	assert.Equal(t, e.api.Remaining(), 0, e.api.Log())

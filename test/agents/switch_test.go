@@ -19,8 +19,8 @@ import (
 // real claude --resume, the model API sees the first turn's conversation).
 func TestAgentSwitchKeepsClaudeState(t *testing.T) {
 	e := newEnv(t)
-	nonce := e.name
-	task := e.task("claude")
+	nonce := e.Prefix
+	task := e.Task("claude")
 
 	e.api.Append(modelapi.Text("first " + nonce))
 	out, _ := e.turn("claude", "-p", "--output-format", "json", "remember "+nonce)
@@ -29,7 +29,7 @@ func TestAgentSwitchKeepsClaudeState(t *testing.T) {
 
 	shell := func(script string) (string, resetReport) {
 		t.Helper()
-		code, out, errb := e.run("--json", "run", "--task", task, "--agent", "sh", "--worktree", e.worktree, "--no-stdin", "--", "-c", script)
+		code, out, errb := e.CLI("--json", "run", "--task", task, "--agent", "sh", "--worktree", e.worktree, "--no-stdin", "--", "-c", script)
 		assert.Equal(t, code, 0, "shell turn: %s %s", out, errb)
 		lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 		var res struct {

@@ -32,12 +32,12 @@ type guardResult struct {
 // turnJSON runs a turn with --json and returns the agent's output (every
 // stdout line but the last) and shrooms' result object (the last line).
 func (e *env) turnJSON(agent string, args ...string) (string, guardResult) {
-	e.t.Helper()
-	code, out, errb := e.run(append([]string{"--json", "run", "--task", e.task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
-	assert.Equal(e.t, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
+	e.T.Helper()
+	code, out, errb := e.CLI(append([]string{"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	assert.Equal(e.T, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	var res guardResult
-	assert.NilError(e.t, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "last stdout line: %s", lines[len(lines)-1])
+	assert.NilError(e.T, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "last stdout line: %s", lines[len(lines)-1])
 	return strings.Join(lines[:len(lines)-1], "\n"), res
 }
 
@@ -87,7 +87,7 @@ func checkVectors(t *testing.T, vectors []worktreeVector, work string, reqs []mo
 func TestOpencodeWorktreeConfigDoesNotArmNextTurn(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	nonce := e.name
+	nonce := e.Prefix
 	vectors := []worktreeVector{
 		{name: "opencode.json local MCP server", marker: "oc-mcp"},
 		{name: ".opencode/plugin", marker: "oc-plugin"},
@@ -130,12 +130,12 @@ func TestOpencodeWorktreeConfigDoesNotArmNextTurn(t *testing.T) {
 	t.Logf("%d worktree vectors fired without shrooms and not through it", len(vectors))
 
 	// The commit path: refused until the owner names each path.
-	code, stdout, stderr := e.run("commit", "--task", e.task("opencode"), "-m", "agent work")
+	code, stdout, stderr := e.CLI("commit", "--task", e.Task("opencode"), "-m", "agent work")
 	assert.Equal(t, code, 121, "commit with untrusted agent config: %s %s", stdout, stderr)
 	for _, p := range []string{"opencode.json (added", ".opencode (added", "AGENTS.md (added", "--allow-agent-config"} {
 		assert.Assert(t, is.Contains(stderr, p))
 	}
-	code, stdout, stderr = e.run("--json", "commit", "--task", e.task("opencode"), "-m", "agent work",
+	code, stdout, stderr = e.CLI("--json", "commit", "--task", e.Task("opencode"), "-m", "agent work",
 		"--allow-agent-config", "opencode.json", "--allow-agent-config", ".opencode", "--allow-agent-config", "AGENTS.md")
 	assert.Equal(t, code, 0, "commit with every path accepted: %s %s", stdout, stderr)
 	var committed struct {
@@ -146,7 +146,7 @@ func TestOpencodeWorktreeConfigDoesNotArmNextTurn(t *testing.T) {
 	assert.DeepEqual(t, committed.Accepted, []string{"opencode.json", ".opencode", "AGENTS.md"})
 	assert.Assert(t, committed.Commit != "")
 	// Accepted config is trusted: the next turn masks nothing.
-	code, stdout, stderr = e.run("spec", "--task", e.task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin")
+	code, stdout, stderr = e.CLI("spec", "--task", e.Task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, !strings.Contains(stdout, `"destination": "/work/opencode.json"`), "accepted config still masked")
 }
@@ -160,7 +160,7 @@ func TestOpencodeWorktreeConfigDoesNotArmNextTurn(t *testing.T) {
 func TestClaudeWorktreeConfigDoesNotArmNextTurn(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	nonce := e.name
+	nonce := e.Prefix
 	vectors := []worktreeVector{
 		{name: ".claude/settings.json SessionStart hook", marker: "cc-hook"},
 		{name: ".mcp.json server (enabled by project settings)", marker: "cc-mcp"},
@@ -202,10 +202,10 @@ func TestClaudeWorktreeConfigDoesNotArmNextTurn(t *testing.T) {
 	t.Logf("%d worktree vectors fired without shrooms and not through it", len(vectors))
 
 	// `shrooms trust` accepts them: the next turn's spec masks nothing.
-	code, stdout, stderr := e.run("trust", "--task", e.task("claude"))
+	code, stdout, stderr := e.CLI("trust", "--task", e.Task("claude"))
 	assert.Equal(t, code, 0, "%s %s", stdout, stderr)
 	assert.Assert(t, is.Contains(stdout, "was added: .mcp.json"))
-	code, stdout, stderr = e.run("spec", "--task", e.task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin")
+	code, stdout, stderr = e.CLI("spec", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, !strings.Contains(stdout, `"/work/.mcp.json"`), "trusted config still masked")
 }

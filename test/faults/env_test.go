@@ -8,17 +8,13 @@
 package faults_test
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +22,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/homestore"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 func TestMain(m *testing.M) {
@@ -34,30 +31,21 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// env is a private state dir and config on a podman service.
-type env struct {
-	t      *testing.T
-	dir    string
-	state  string
-	config string
-	prefix string
-	socket string
-	bin    string
-}
-
 // newEnv writes a config on the given podman socket (itest.Socket() for
 // the shared service). The agent "keep" is a shell with the claude and
-// opencode keep-lists, so its turns keep credentials and sessions.
-func newEnv(t *testing.T, socket, stateDir string) *env {
+// opencode keep-lists, so its turns keep credentials and sessions. When
+// the test ends it forgets every task: forget must leave no cage and no
+// HOME loop device.
+func newEnv(t *testing.T, socket, stateDir string) *itest.Env {
 	t.Helper()
 	itest.Require(t, itest.Root, itest.Podman)
-	dir := t.TempDir()
-	if stateDir == "" {
-		stateDir = filepath.Join(dir, "state")
+	opts := []itest.Option{itest.WithSocket(socket), itest.WithForget()}
+	if stateDir != "" {
+		opts = append(opts, itest.WithStateDir(stateDir))
 	}
-	e := &env{t: t, dir: dir, state: stateDir, prefix: itest.UniqueName("fl"), socket: socket, bin: itest.ShroomsBinary(t)}
-	e.config = filepath.Join(dir, "config.toml")
-	assert.NilError(t, os.WriteFile(e.config, []byte(fmt.Sprintf(`
+	e := itest.New(t, "fl", opts...)
+	token := filepath.Join(e.Dir, "token")
+	e.WriteConfig(fmt.Sprintf(`
 [podman]
 socket = %q
 [state]
@@ -93,76 +81,30 @@ tok = %q
 command = ["/bin/sh"]
 home = ["claude", "opencode", "shell"]
 token_env = { FAULTS_TOKEN = "tok" }
-`, socket, stateDir, itest.TestImage, cmp.Or(itest.CageRuntime(), "default"), e.prefix, filepath.Join(dir, "outbox"), filepath.Join(dir, "work"), filepath.Join(dir, "token"))), 0o600))
-	assert.NilError(t, os.WriteFile(filepath.Join(dir, "token"), []byte("token-"+e.prefix+"\n"), 0o600))
-	t.Cleanup(e.cleanup)
+`, e.Socket, e.State, itest.TestImage, cmp.Or(itest.CageRuntime(), "default"), e.Prefix, e.Outbox, filepath.Join(e.Dir, "work"), token))
+	assert.NilError(t, os.WriteFile(token, []byte("token-"+e.Prefix+"\n"), 0o600))
+	e.Release = func(_ context.Context, task taskid.ID) error {
+		if code, _, stderr := e.CLI("forget", "--task", task.String()); code != 0 {
+			return fmt.Errorf("forget: exit %d: %s", code, stderr)
+		}
+		return nil
+	}
+	e.Finally(func() {
+		if n := attachedAfter(e); n != 0 {
+			t.Errorf("cleanup: %d loop device(s) of this test's HOMEs are left: %v", n, attachments(e))
+		}
+	})
 	return e
 }
 
-func (e *env) task(name string) string { return e.prefix + "-" + name }
-
-func (e *env) volume(task string) string { return "shrooms-home-" + e.prefix + "-" + task }
-
-func (e *env) image(task string) string {
-	return homestore.ImagePath(e.state, e.volume(task))
+func image(e *itest.Env, task string) string {
+	return homestore.ImagePath(e.State, e.Volume(task))
 }
 
-// cleanup forgets every task of the test; forget must leave nothing.
-func (e *env) cleanup() {
-	entries, _ := os.ReadDir(filepath.Join(e.state, "tasks"))
-	for _, d := range entries {
-		if code, _, stderr := e.shrooms("forget", "--task", d.Name()); code != 0 {
-			e.t.Errorf("cleanup: forget %s: exit %d: %s", d.Name(), code, stderr)
-		}
-	}
-	if n := e.attachedAfter(); n != 0 {
-		e.t.Errorf("cleanup: %d loop device(s) of this test's HOMEs are left: %v", n, e.attachments())
-	}
-}
-
-// cmd returns the shrooms CLI with the env's config.
-func (e *env) cmd(args ...string) *exec.Cmd {
-	c := exec.Command(e.bin, append([]string{"--config", e.config}, args...)...)
-	c.Env = append(os.Environ(), "SHROOMS_CONFIG=")
-	return c
-}
-
-// shrooms runs the CLI and returns its exit code and output.
-func (e *env) shrooms(args ...string) (int, string, string) {
-	var out, errb bytes.Buffer
-	c := e.cmd(args...)
-	c.Stdout, c.Stderr = &out, &errb
-	err := c.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		e.t.Fatalf("run shrooms: %v", err)
-	}
-	return code, out.String(), errb.String()
-}
-
-// turn runs one turn of the keep agent with a shell script, and waits for
+// keepTurn runs one turn of the keep agent with a shell script, and waits for
 // its detached teardown.
-func (e *env) turn(task, script string) (int, string, string) {
-	code, out, errb := e.shrooms("run", "--task", task, "--agent", "keep", "--no-stdin", "--", "-c", script)
-	e.settle(task)
-	return code, out, errb
-}
-
-// settle waits (up to 30 s) until no process holds the task: a turn's
-// cage is removed, and its HOME released, by a detached teardown after
-// `run` has returned.
-func (e *env) settle(task string) {
-	e.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		code, out, _ := e.shrooms("--json", "status", "--task", task)
-		if code != 0 || strings.Contains(out, `"busy":false`) {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+func keepTurn(e *itest.Env, task, script string) (int, string, string) {
+	return e.Shrooms("run", "--task", task, "--agent", "keep", "--no-stdin", "--", "-c", script)
 }
 
 // secrets are a task's kept state, unique per task: a Claude Code sign-in,
@@ -171,36 +113,36 @@ type secrets struct{ claude, opencode, session string }
 
 const sessionPath = ".claude/projects/-work/0b8e3e2a-1f7c-4c5e-9d7a-5b0c1d2e3f40.jsonl"
 
-func (e *env) plant(task string) secrets {
-	e.t.Helper()
+func plant(e *itest.Env, task string) secrets {
+	e.T.Helper()
 	s := secrets{claude: "cl-" + task, opencode: "oc-" + task, session: "session-of-" + task}
-	code, out, stderr := e.turn(task, fmt.Sprintf(`set -e
+	code, out, stderr := keepTurn(e, task, fmt.Sprintf(`set -e
 mkdir -p ~/.claude/projects/-work ~/.local/share/opencode
 printf '{"claudeAiOauth":{"accessToken":"%s"}}' > ~/.claude/.credentials.json
 printf '{"anthropic":{"type":"api","key":"%s"}}' > ~/.local/share/opencode/auth.json
 printf '{"message":{"content":"%s","role":"user"},"type":"user","uuid":"u1"}\n' > ~/%s
 echo planted`, s.claude, s.opencode, s.session, sessionPath))
-	assert.Equal(e.t, code, 0, "plant: %s %s", out, stderr)
-	assert.Assert(e.t, strings.Contains(out, "planted"), out)
+	assert.Equal(e.T, code, 0, "plant: %s %s", out, stderr)
+	assert.Assert(e.T, strings.Contains(out, "planted"), out)
 	return s
 }
 
 // kept runs a turn that prints the kept state and asserts every piece of
 // it by content.
-func (e *env) kept(task string, s secrets) {
-	e.t.Helper()
-	code, out, stderr := e.turn(task, "cat ~/.claude/.credentials.json ~/.local/share/opencode/auth.json ~/"+sessionPath)
-	assert.Equal(e.t, code, 0, "kept-state turn: %s %s", out, stderr)
+func kept(e *itest.Env, task string, s secrets) {
+	e.T.Helper()
+	code, out, stderr := keepTurn(e, task, "cat ~/.claude/.credentials.json ~/.local/share/opencode/auth.json ~/"+sessionPath)
+	assert.Equal(e.T, code, 0, "kept-state turn: %s %s", out, stderr)
 	for _, want := range []string{s.claude, s.opencode, s.session} {
-		assert.Assert(e.t, strings.Contains(out, want), "kept state %q lost: %s", want, out)
+		assert.Assert(e.T, strings.Contains(out, want), "kept state %q lost: %s", want, out)
 	}
 }
 
 // attachments are the loop devices backed by this env's HOME images.
-func (e *env) attachments() []homestore.Attachment {
-	e.t.Helper()
-	atts, err := homestore.Attachments(filepath.Join(e.state, "homes"))
-	assert.NilError(e.t, err)
+func attachments(e *itest.Env) []homestore.Attachment {
+	e.T.Helper()
+	atts, err := homestore.Attachments(filepath.Join(e.State, "homes"))
+	assert.NilError(e.T, err)
 	return atts
 }
 
@@ -208,11 +150,11 @@ func (e *env) attachments() []homestore.Attachment {
 // stops falling (within 10 s): a mount namespace another process is making
 // at that moment (a container runtime before its pivot_root) holds a copy
 // of a HOME mount for a moment, and the device until it drops it.
-func (e *env) attachedAfter() int {
-	e.t.Helper()
+func attachedAfter(e *itest.Env) int {
+	e.T.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		n := len(e.attachments())
+		n := len(attachments(e))
 		if n == 0 || time.Now().After(deadline) {
 			return n
 		}
@@ -221,26 +163,26 @@ func (e *env) attachedAfter() int {
 }
 
 // volumePath is the host directory of a task's HOME volume.
-func (e *env) volumePath(task string) string {
-	e.t.Helper()
-	out, err := e.podman("volume", "inspect", "--format", "{{.Mountpoint}}", e.volume(task))
-	assert.NilError(e.t, err, out)
+func volumePath(e *itest.Env, task string) string {
+	e.T.Helper()
+	out, err := e.Podman("volume", "inspect", "--format", "{{.Mountpoint}}", e.Volume(task))
+	assert.NilError(e.T, err, out)
 	return strings.TrimSpace(out)
 }
 
 // podman runs the podman CLI against the env's service.
-func (e *env) podman(args ...string) (string, error) {
-	out, err := exec.Command("podman", append([]string{"--url", e.socket}, args...)...).CombinedOutput()
+func podman(e *itest.Env, args ...string) (string, error) {
+	out, err := exec.Command("podman", append([]string{"--url", e.Socket}, args...)...).CombinedOutput()
 	return string(out), err
 }
 
 // mountHome mounts a task's HOME image on its volume as a turn does (for a
 // fault that needs it mounted between turns).
-func (e *env) mountHome(task string) string {
-	e.t.Helper()
-	mp := e.volumePath(task)
-	_, err := homestore.Ensure(context.Background(), e.image(task), mp, homestore.Limits{Size: 64 << 20, Inodes: 4096})
-	assert.NilError(e.t, err)
+func mountHome(e *itest.Env, task string) string {
+	e.T.Helper()
+	mp := volumePath(e, task)
+	_, err := homestore.Ensure(context.Background(), image(e, task), mp, homestore.Limits{Size: 64 << 20, Inodes: 4096})
+	assert.NilError(e.T, err)
 	return mp
 }
 
@@ -252,86 +194,8 @@ func oneLine(t *testing.T, stderr, command string) {
 	assert.Assert(t, strings.Contains(s, command), "refusal does not name %q: %q", command, s)
 }
 
-// service is a podman API service of the test's own, on its own socket, so
-// stopping it disturbs no other test.
-type service struct {
-	t      *testing.T
-	socket string
-	// storage are podman's global options for a store of its own
-	// (--root, --runroot), none for the host's.
-	storage []string
-	cmd     *exec.Cmd
-}
-
-func startService(t *testing.T, storage ...string) *service {
-	t.Helper()
-	itest.Require(t, itest.Root, itest.Podman)
-	dir, err := os.MkdirTemp("/run", "shrooms-faults-")
-	assert.NilError(t, err)
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	s := &service{t: t, socket: "unix://" + filepath.Join(dir, "podman.sock"), storage: storage}
-	s.start()
-	t.Cleanup(s.stop)
-	return s
-}
-
-func (s *service) start() {
-	s.t.Helper()
-	path := strings.TrimPrefix(s.socket, "unix://")
-	_ = os.Remove(path)
-	// As scripts/podman-service.sh starts the shared one: a clean
-	// environment, its own session.
-	// The suites' runtime (SHROOMS_TEST_RUNTIME), as the shared service.
-	c := exec.Command("podman", append(append(itest.ServiceArgs(), s.storage...), "system", "service", "--time=0", s.socket)...)
-	c.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
-	c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	assert.NilError(s.t, c.Start())
-	s.cmd = c
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if ping(path) == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	s.t.Fatalf("own podman service on %s did not answer", s.socket)
-}
-
-func (s *service) stop() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = s.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-done
-	}
-	s.cmd = nil
-}
-
-func ping(path string) error {
-	c := http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", path)
-		},
-	}}
-	resp, err := c.Get("http://d/_ping")
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s", resp.Status)
-	}
-	return nil
-}
-
 // secret reports whether the task's token secret exists.
-func (e *env) secret(task string) bool {
-	_, err := e.podman("secret", "inspect", "shrooms-"+task+"-tok")
+func secret(e *itest.Env, task string) bool {
+	_, err := e.Podman("secret", "inspect", "shrooms-"+task+"-tok")
 	return err == nil
 }

@@ -26,7 +26,7 @@ func BenchmarkBackToBack(b *testing.B) {
 		turns = n
 	}
 	be := newBench(b, "")
-	task := be.task("b2b")
+	task := be.Task("b2b")
 	wt := b.TempDir()
 	if err := os.WriteFile(filepath.Join(wt, "README"), []byte("x\n"), 0o644); err != nil {
 		b.Fatal(err)
@@ -35,7 +35,7 @@ func BenchmarkBackToBack(b *testing.B) {
 		b.Fatalf("git init: %v: %s", err, out)
 	}
 	args := func() []string {
-		return []string{be.bin, "--config", be.cfgFile, "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "echo x"}
+		return []string{be.bin, "--config", be.Config, "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "echo x"}
 	}
 	if out, err := be.inHost(args()...).CombinedOutput(); err != nil {
 		b.Fatalf("first turn: %v: %s", err, out)
@@ -56,7 +56,7 @@ func BenchmarkBackToBack(b *testing.B) {
 		walls = append(walls, t.wall)
 	}
 	elapsed := time.Since(start)
-	be.waitIdle(task)
+	be.WaitIdle(task)
 	b.ReportMetric(float64(turns)/elapsed.Seconds(), "turns/s")
 	b.ReportMetric(msOf(median(walls)), "run-p50-ms")
 	b.ReportMetric(float64(busy), "busy")

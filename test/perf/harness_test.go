@@ -11,23 +11,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/home"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
@@ -39,15 +34,14 @@ func TestMain(m *testing.M) {
 }
 
 // bench is one testbed with a podman service, a sealed cage network and a
-// config file for the shrooms binary.
+// config file for the shrooms binary, in a world of its own (itest.Env on
+// the testbed's service, the CLI in its host namespace).
 type bench struct {
-	tb      *testbed.Testbed
-	bin     string
-	cfgFile string
-	cfg     *config.Config
-	client  *podman.Client
-	name    string // network, bridge and task prefix
-	tasks   sync.Map
+	*itest.Env
+	tb     *testbed.Testbed
+	bin    string
+	cfg    *config.Config
+	client *podman.Client
 }
 
 // newBench sets up the testbed, the config (sealed network, policy
@@ -56,16 +50,18 @@ func newBench(t testing.TB, extra string) *bench {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	tb := testbed.New(t)
 	tb.StartPodman()
-	name := itest.UniqueName("pf")
-	dir := t.TempDir()
-	b := &bench{tb: tb, cfgFile: filepath.Join(dir, "config.toml"), name: name}
+	b := &bench{tb: tb}
 	// SHROOMS_PERF_BINARY measures another build (an older one, for the
 	// figures before a change) with the same benchmarks.
 	if b.bin = os.Getenv("SHROOMS_PERF_BINARY"); b.bin == "" {
 		b.bin = itest.ShroomsBinary(t)
 	}
+	// Made after the testbed, so that its cleanup runs before the
+	// testbed's. Prepared next cages are left by design (--prepare-next).
+	b.Env = itest.New(t, "pf", itest.WithSocket(tb.PodmanURL), itest.WithBinary(b.bin), itest.WithNetNS(tb.NSPath("host")), itest.WithPrepared())
+	name := b.Prefix
 	pid := os.Getpid()
-	text := fmt.Sprintf(`
+	b.WriteConfig(fmt.Sprintf(`
 [podman]
 socket = %q
 [state]
@@ -96,11 +92,8 @@ root = %q
 [agents.cl]
 command = ["/bin/sh"]
 home = ["claude", "shell"]
-%s`, tb.PodmanURL, filepath.Join(dir, "state"), itest.TestImage, name, name, 30+pid%30, pid%250, pid%65000, name, filepath.Join(dir, "outbox"), extra)
-	if err := os.WriteFile(b.cfgFile, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Load(b.cfgFile)
+%s`, tb.PodmanURL, b.State, itest.TestImage, name, name, 30+pid%30, pid%250, pid%65000, name, b.Outbox, extra))
+	cfg, err := config.Load(b.Config)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,44 +101,17 @@ home = ["claude", "shell"]
 	if b.client, err = podman.Connect(context.Background(), tb.PodmanURL); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(b.cleanup(t))
+	b.Release = testcfg.Release(cfg, b.client)
+	b.Finally(func() {
+		_, _ = tb.Podman("network", "rm", "-f", name)
+		for _, fam := range []string{"inet", "bridge"} {
+			_ = exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "nft", "delete", "table", fam, "shrooms_"+name).Run()
+		}
+	})
 	if out, err := b.shrooms("net", "apply"); err != nil {
 		t.Fatalf("net apply: %v: %s", err, out)
 	}
 	return b
-}
-
-func (b *bench) cleanup(t testing.TB) func() {
-	return func() {
-		ctx := context.Background()
-		homes := home.NewStore(b.client, b.cfg)
-		b.tasks.Range(func(k, _ any) bool {
-			task := k.(string)
-			b.waitIdle(task)
-			cages, _ := b.client.ListByLabel(ctx, "io.shrooms.task", task)
-			for _, c := range cages {
-				_ = b.client.Remove(ctx, c.ID)
-			}
-			if err := homes.Remove(ctx, taskid.Must(task)); err != nil {
-				t.Errorf("remove HOME of %s: %v", task, err)
-			}
-			if err := outbox.Release(b.cfg.Outbox.Root, taskid.Must(task)); err != nil && !os.IsNotExist(err) {
-				t.Errorf("release outbox of %s: %v", task, err)
-			}
-			return true
-		})
-		_, _ = b.tb.Podman("network", "rm", "-f", b.name)
-		for _, fam := range []string{"inet", "bridge"} {
-			_ = exec.Command("nsenter", "--net="+b.tb.NSPath("host"), "--", "nft", "delete", "table", fam, "shrooms_"+b.name).Run()
-		}
-	}
-}
-
-// task returns a task id unique to this run, remembered for cleanup.
-func (b *bench) task(name string) string {
-	t := b.name + "-" + name
-	b.tasks.Store(t, true)
-	return t
 }
 
 // inHost runs a command in the testbed's host network namespace.
@@ -155,7 +121,7 @@ func (b *bench) inHost(args ...string) *exec.Cmd {
 
 // shrooms runs the binary with the bench config and returns its output.
 func (b *bench) shrooms(args ...string) ([]byte, error) {
-	return b.inHost(append([]string{b.bin, "--config", b.cfgFile}, args...)...).CombinedOutput()
+	return b.Command(args...).CombinedOutput()
 }
 
 // timing is one process run: its wall time and the time to its first byte
@@ -211,7 +177,7 @@ type result struct {
 
 // run runs one turn with the shrooms binary (--json, --prepare-next).
 func (b *bench) run(task, agent, script string) (*timing, *result, error) {
-	t, err := timed(b.inHost(b.bin, "--config", b.cfgFile, "--json", "run", "--prepare-next", "--task", task, "--agent", agent, "--", "-c", script))
+	t, err := timed(b.Command("--json", "run", "--prepare-next", "--task", task, "--agent", agent, "--", "-c", script))
 	if err != nil {
 		return t, nil, err
 	}
@@ -230,17 +196,6 @@ func (b *bench) bare(network, script string) (*timing, error) {
 		"--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges", "--user", "1000:1000",
 		"--memory", "256m", "--pids-limit", "128", "--ulimit", "nofile=512:512", "--ulimit", "nproc=256:256",
 		itest.TestImage, "/bin/sh", "-c", script))
-}
-
-// waitIdle waits until no shrooms process holds the task's lock (a turn,
-// its detached teardown, or the preparation of its next cage).
-func (b *bench) waitIdle(task string) {
-	f, err := os.OpenFile(filepath.Join(b.cfg.State.Dir, "tasks", task, "lock"), os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return
-	}
-	defer f.Close()
-	_ = unix.Flock(int(f.Fd()), unix.LOCK_EX)
 }
 
 func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -31,11 +31,11 @@ func BenchmarkCageNetworkParts(b *testing.B) {
 	}
 	be := newBench(b, "")
 	ctx := context.Background()
-	task := be.task("net")
+	task := be.Task("net")
 	if _, _, err := be.run(task, "shell", "true"); err != nil {
 		b.Fatal(err)
 	}
-	be.waitIdle(task)
+	be.WaitIdle(task)
 	out, err := be.shrooms("spec", "--task", task, "--agent", "shell", "--", "-c", "true")
 	if err != nil {
 		b.Fatalf("spec: %v: %s", err, out)
@@ -52,10 +52,10 @@ func BenchmarkCageNetworkParts(b *testing.B) {
 	}{
 		{name: "none"},
 		{name: "podman-default", net: "podman"},
-		{name: "cage-net", net: be.name},
-		{name: "v4-dns", net: be.name + "-4d", args: []string{"--subnet", fmt.Sprintf("10.%d.%d.0/24", 30+(pid+1)%30, pid%250)}},
-		{name: "v4-nodns", net: be.name + "-4", args: []string{"--disable-dns", "--subnet", fmt.Sprintf("10.%d.%d.0/24", 30+(pid+2)%30, pid%250)}},
-		{name: "dual-nodns", net: be.name + "-6", args: []string{"--disable-dns", "--subnet", fmt.Sprintf("10.%d.%d.0/24", 30+(pid+3)%30, pid%250), "--ipv6", "--subnet", fmt.Sprintf("fd8d:5eed:%x::/64", pid%65000)}},
+		{name: "cage-net", net: be.Prefix},
+		{name: "v4-dns", net: be.Prefix + "-4d", args: []string{"--subnet", fmt.Sprintf("10.%d.%d.0/24", 30+(pid+1)%30, pid%250)}},
+		{name: "v4-nodns", net: be.Prefix + "-4", args: []string{"--disable-dns", "--subnet", fmt.Sprintf("10.%d.%d.0/24", 30+(pid+2)%30, pid%250)}},
+		{name: "dual-nodns", net: be.Prefix + "-6", args: []string{"--disable-dns", "--subnet", fmt.Sprintf("10.%d.%d.0/24", 30+(pid+3)%30, pid%250), "--ipv6", "--subnet", fmt.Sprintf("fd8d:5eed:%x::/64", pid%65000)}},
 	}
 	for _, v := range variants {
 		if v.args != nil {

@@ -42,7 +42,7 @@ func benchWhole(b *testing.B, be *bench) {
 	if b.N == 1 {
 		return
 	}
-	task := be.task("whole")
+	task := be.Task("whole")
 	if _, _, err := be.run(task, "shell", "true"); err != nil { // bootstrap, network, first preparation
 		b.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func benchWhole(b *testing.B, be *bench) {
 	var results []*result
 	prepared := 0
 	for i := 0; i < b.N; i++ {
-		be.waitIdle(task)
+		be.WaitIdle(task)
 		t, res, err := be.run(task, "shell", "true")
 		if err != nil {
 			b.Fatal(err)
@@ -63,12 +63,12 @@ func benchWhole(b *testing.B, be *bench) {
 		if res.Prepared {
 			prepared++
 		}
-		be.waitIdle(task) // podman runs alone, not beside shrooms' teardown
+		be.WaitIdle(task) // podman runs alone, not beside shrooms' teardown
 		if t, err = be.bare("podman", "true"); err != nil {
 			b.Fatal(err)
 		}
 		bare = append(bare, t.wall)
-		if t, err = be.bare(be.name, "true"); err != nil {
+		if t, err = be.bare(be.Prefix, "true"); err != nil {
 			b.Fatal(err)
 		}
 		bareOwn = append(bareOwn, t.wall)
@@ -87,14 +87,14 @@ func benchFirstOutput(b *testing.B, be *bench) {
 	if b.N == 1 {
 		return
 	}
-	task := be.task("fo")
+	task := be.Task("fo")
 	if _, _, err := be.run(task, "shell", "echo x"); err != nil {
 		b.Fatal(err)
 	}
 	var firsts, bare []time.Duration
 	var results []*result
 	for i := 0; i < 5*b.N; i++ {
-		be.waitIdle(task) // the next cage is prepared
+		be.WaitIdle(task) // the next cage is prepared
 		t, res, err := be.run(task, "shell", "echo x")
 		if err != nil {
 			b.Fatal(err)
@@ -105,7 +105,7 @@ func benchFirstOutput(b *testing.B, be *bench) {
 		firsts = append(firsts, t.first)
 		results = append(results, res)
 		if i%2 == 0 {
-			be.waitIdle(task)
+			be.WaitIdle(task)
 			if t, err = be.bare("podman", "echo x"); err != nil {
 				b.Fatal(err)
 			}
@@ -126,7 +126,7 @@ func benchBurst(b *testing.B, be *bench, n int) {
 	}
 	tasks := make([]string, n)
 	for i := range tasks {
-		tasks[i] = be.task(fmt.Sprintf("burst%d", i))
+		tasks[i] = be.Task(fmt.Sprintf("burst%d", i))
 		if _, _, err := be.run(tasks[i], "shell", "echo x"); err != nil {
 			b.Fatal(err)
 		}
@@ -137,7 +137,7 @@ func benchBurst(b *testing.B, be *bench, n int) {
 	rounds := max(b.N/3, 1)
 	for r := 0; r < rounds; r++ {
 		for _, t := range tasks {
-			be.waitIdle(t)
+			be.WaitIdle(t)
 		}
 		var mu sync.Mutex
 		var wg sync.WaitGroup
@@ -185,13 +185,13 @@ func benchIdleMemory(b *testing.B, be *bench) {
 	const n = 6
 	tasks := make([]string, n)
 	for i := range tasks {
-		tasks[i] = be.task(fmt.Sprintf("mem%d", i))
+		tasks[i] = be.Task(fmt.Sprintf("mem%d", i))
 		// A first turn bootstraps HOME; the cage it prepares is removed so
 		// the measurement starts from none.
 		if _, _, err := be.run(tasks[i], "shell", "true"); err != nil {
 			b.Fatal(err)
 		}
-		be.waitIdle(tasks[i])
+		be.WaitIdle(tasks[i])
 		be.removeCages(b, tasks[i])
 	}
 	before := meminfo(b)
@@ -244,12 +244,12 @@ func benchStartFlat(b *testing.B, be *bench) {
 	if b.N == 1 {
 		return
 	}
-	empty, junk, big := be.task("flat-empty"), be.task("flat-junk"), be.task("flat-big")
+	empty, junk, big := be.Task("flat-empty"), be.Task("flat-junk"), be.Task("flat-big")
 	for _, task := range []string{empty, junk, big} {
 		if _, _, err := be.run(task, "cl", "echo x"); err != nil {
 			b.Fatal(err)
 		}
-		be.waitIdle(task)
+		be.WaitIdle(task)
 	}
 	// The transcript is planted once and stays: it is on the keep-list.
 	be.removeCages(b, big)
@@ -268,7 +268,7 @@ func benchStartFlat(b *testing.B, be *bench) {
 	for i := 0; i < b.N; i++ {
 		// The junk is what a hostile turn leaves; the next cage is prepared
 		// after it (as --prepare-next does once the turn ended).
-		be.waitIdle(junk)
+		be.WaitIdle(junk)
 		be.removeCages(b, junk)
 		plantJunk(b, be.homeDir(b, junk), 100000)
 		if out, err := be.shrooms("prepare", "--task", junk, "--agent", "cl"); err != nil {
@@ -279,7 +279,7 @@ func benchStartFlat(b *testing.B, be *bench) {
 			// Each turn starts on a quiet host: no other task's teardown
 			// runs beside it.
 			for _, t := range []string{empty, junk, big} {
-				be.waitIdle(t)
+				be.WaitIdle(t)
 			}
 			t, res, err := be.run(task, "cl", "echo x")
 			if err != nil {

@@ -42,7 +42,7 @@ func BenchmarkWorktreeSize(b *testing.B) {
 			if bi > 0 {
 				name = "baseline-" + name
 			}
-			arms = append(arms, &arm{bin: bin, name: name, task: be.task(fmt.Sprintf("wt%d-%d", bi, n)), wt: makeWorktree(b, n)})
+			arms = append(arms, &arm{bin: bin, name: name, task: be.Task(fmt.Sprintf("wt%d-%d", bi, n)), wt: makeWorktree(b, n)})
 		}
 	}
 	// Print first, then change ≤ 100 files (the turn's own work).
@@ -54,7 +54,7 @@ func BenchmarkWorktreeSize(b *testing.B) {
 	}
 	for round := 0; round < b.N; round++ {
 		for _, a := range arms {
-			be.waitIdle(a.task)
+			be.WaitIdle(a.task)
 			t, res, err := be.runWorktree(a.bin, a.task, a.wt, script)
 			if err != nil {
 				b.Fatal(err)
@@ -122,7 +122,7 @@ type worktreeResult struct {
 }
 
 func (b *bench) runWorktree(bin, task, wt, script string) (*timing, *worktreeResult, error) {
-	t, err := timed(b.inHost(bin, "--config", b.cfgFile, "--json", "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", script))
+	t, err := timed(b.inHost(bin, "--config", b.Config, "--json", "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", script))
 	if err != nil {
 		return t, nil, err
 	}

@@ -18,7 +18,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -38,6 +37,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -69,9 +69,8 @@ const (
 )
 
 type soak struct {
+	*itest.Env
 	t       *testing.T
-	dir     string
-	prefix  string
 	bin     string
 	none    string // config files
 	sealed  string
@@ -94,7 +93,7 @@ func TestSoak(t *testing.T) {
 	agents := []string{"claude", "opencode", "tok", "shell"}
 	for i := 0; i < nTasks; i++ {
 		tasks = append(tasks, &task{
-			id: fmt.Sprintf("%s-%d", s.prefix, i),
+			id: fmt.Sprintf("%s-%d", s.Prefix, i),
 			// Every agent runs both in process and through the binary.
 			agent: agents[(i/2+i)%len(agents)],
 			// Task 0 runs in process (fds, goroutines), task 1 sealed
@@ -147,8 +146,8 @@ func TestSoak(t *testing.T) {
 	mounts, loops := s.ourMounts(), s.ourLoops()
 	allowed := map[string]bool{}
 	for _, tk := range tasks {
-		allowed[filepath.Join(s.dir, "outbox", tk.id)] = true
-		allowed["/volumes/shrooms-home-"+s.prefix+"-"+tk.id+"/_data"] = true
+		allowed[filepath.Join(s.Dir, "outbox", tk.id)] = true
+		allowed["/volumes/shrooms-home-"+s.Prefix+"-"+tk.id+"/_data"] = true
 	}
 	seen := map[string]bool{}
 	for _, m := range mounts {
@@ -192,9 +191,13 @@ func TestSoak(t *testing.T) {
 }
 
 func newSoak(t *testing.T, seed uint64) *soak {
-	dir := t.TempDir()
-	s := &soak{t: t, dir: dir, prefix: itest.UniqueName("sk"), bin: itest.ShroomsBinary(t), rng: rand.New(rand.NewPCG(seed, 17))}
-	s.netName = s.prefix
+	// Every task is forgotten when the test ends; the cages a failed soak
+	// left are removed quietly (a passing one left nothing: checked by the
+	// test itself).
+	e := itest.New(t, "sk", itest.WithForget(), itest.WithPrepared())
+	dir := e.Dir
+	s := &soak{Env: e, t: t, bin: itest.ShroomsBinary(t), rng: rand.New(rand.NewPCG(seed, 17))}
+	s.netName = s.Prefix
 	tokenFile := filepath.Join(dir, "token")
 	assert.NilError(t, os.WriteFile(tokenFile, []byte("soak-token-value\n"), 0o600))
 	pid := os.Getpid()
@@ -231,7 +234,7 @@ home = ["opencode", "shell"]
 command = ["/bin/sh"]
 home = ["shell"]
 token_env = { SOAK_TOKEN = "soak" }
-`, itest.Socket(), filepath.Join(dir, "state"), itest.TestImage, s.prefix, filepath.Join(dir, "outbox"), tokenFile)
+`, itest.Socket(), filepath.Join(dir, "state"), itest.TestImage, s.Prefix, filepath.Join(dir, "outbox"), tokenFile)
 	s.none = filepath.Join(dir, "none.toml")
 	assert.NilError(t, os.WriteFile(s.none, []byte(common+"[network]\npolicy = \"none\"\n"), 0o600))
 	s.sealed = filepath.Join(dir, "sealed.toml")
@@ -251,29 +254,19 @@ subnet6 = ""
 	s.client, err = podman.Connect(context.Background(), cfg.Podman.Socket)
 	assert.NilError(t, err)
 	s.runner = turn.NewRunner(cfg, s.client, nil)
-	t.Cleanup(s.cleanup)
-	return s
-}
-
-// cleanup removes whatever a failed soak left (a passing one left nothing).
-func (s *soak) cleanup() {
-	ctx := context.Background()
-	if cages, err := s.client.ListByLabel(ctx, sealed.LabelManaged, "1"); err == nil {
-		for _, c := range cages {
-			if strings.HasPrefix(c.Labels[sealed.LabelTask], s.prefix) {
-				_ = s.client.Remove(ctx, c.ID)
-			}
+	e.Config = s.none
+	e.Release = func(_ context.Context, task taskid.ID) error {
+		_, _, _ = e.CLI("forget", "--task", task.String())
+		return nil
+	}
+	e.Finally(func() {
+		_ = exec.Command(s.bin, "--config", s.sealed, "net", "flush").Run()
+		_, _ = e.Podman("network", "rm", "-f", s.netName)
+		for _, fam := range []string{"inet", "bridge"} {
+			_ = exec.Command("nft", "delete", "table", fam, "shrooms_"+s.netName).Run()
 		}
-	}
-	entries, _ := os.ReadDir(filepath.Join(s.dir, "state", "tasks"))
-	for _, e := range entries {
-		_ = exec.Command(s.bin, "--config", s.none, "forget", "--task", e.Name()).Run()
-	}
-	_ = exec.Command(s.bin, "--config", s.sealed, "net", "flush").Run()
-	_ = exec.Command("podman", "--url", itest.Socket(), "network", "rm", "-f", s.netName).Run()
-	for _, fam := range []string{"inet", "bridge"} {
-		_ = exec.Command("nft", "delete", "table", fam, "shrooms_"+s.netName).Run()
-	}
+	})
+	return s
 }
 
 // cli runs the shrooms binary and checks its exit code. A podman listing
@@ -502,7 +495,7 @@ func (s *soak) ourCages() int {
 	assert.NilError(s.t, err)
 	n := 0
 	for _, c := range cages {
-		if strings.HasPrefix(c.Labels[sealed.LabelTask], s.prefix) {
+		if strings.HasPrefix(c.Labels[sealed.LabelTask], s.Prefix) {
 			n++
 		}
 	}
@@ -514,7 +507,7 @@ func (s *soak) podmanList(args ...string) []string {
 	assert.NilError(s.t, err, "podman %v: %s", args, out)
 	var mine []string
 	for _, l := range strings.Fields(string(out)) {
-		if strings.Contains(l, s.prefix) {
+		if strings.Contains(l, s.Prefix) {
 			mine = append(mine, l)
 		}
 	}
@@ -534,7 +527,7 @@ func (s *soak) ourMounts() []string {
 	var mine []string
 	for _, l := range strings.Split(string(b), "\n") {
 		f := strings.Fields(l)
-		if len(f) > 4 && (strings.HasPrefix(f[4], s.dir) || strings.Contains(f[4], "shrooms-home-"+s.prefix)) {
+		if len(f) > 4 && (strings.HasPrefix(f[4], s.Dir) || strings.Contains(f[4], "shrooms-home-"+s.Prefix)) {
 			mine = append(mine, f[4])
 		}
 	}
@@ -547,7 +540,7 @@ func (s *soak) ourLoops() []string {
 	assert.NilError(s.t, err, "%s", out)
 	var mine []string
 	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, s.dir) {
+		if strings.Contains(l, s.Dir) {
 			mine = append(mine, strings.TrimSpace(l))
 		}
 	}
