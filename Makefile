@@ -10,7 +10,7 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 SOCKET := unix:///run/shrooms-test/podman.sock
 
-.PHONY: all build setup test unit vet demo bench fuzz soak clean install uninstall kube-test kube-bin shape runsc-test vm-test
+.PHONY: all build setup test unit vet demo bench fuzz soak clean install uninstall kube-test kube-bin shape runsc-test runsc-suites vm-test
 
 all: build
 
@@ -38,8 +38,13 @@ RUNSC ?= $(shell bash scripts/build-runsc.sh --path)
 
 # The whole suite, integration tests included: a missing prerequisite fails.
 # The runsc tag adds the gVisor suites (docs/gvisor.md) under the pinned runsc.
+# Then the suites of RUNSC_SUITES again with every cage under runsc (also
+# after a failure of the first run; either failing fails `make test`).
 test: setup vet
-	SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -count=1 -p 1 -timeout 40m ./...
+	@status=0; set -x; \
+	SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -count=1 -p 1 -timeout 40m ./... || status=1; \
+	$(RUNSC_SUITES_CMD) || status=1; \
+	exit $$status
 
 # What `shrooms kube` emits against a real kube-apiserver + etcd on loopback
 # (test/kubeapi): every object created under PodSecurity restricted:latest
@@ -69,6 +74,27 @@ kube-test: kube-bin
 # RUNSC (default: the pinned runsc make setup builds; a missing one fails).
 runsc-test: setup
 	SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -count=1 -p 1 -timeout 20m -run 'Runsc' ./pkg/turn ./pkg/probe ./test/agents ./cmd/shrooms
+
+# The runtime-parameterised suites (docs/gvisor.md, "The suites under
+# runsc"): the same tests as under runc, with SHROOMS_TEST_RUNTIME=runsc,
+# so internal/itest starts each package's podman service with the runsc
+# profile and every config asks for cage.runtime = RUNSC; a test that
+# cannot pass under runsc is skipped by name (internal/itest runtimeSkip),
+# only there. One quoted `package:regexp` a line; `make test` runs them after the
+# main run.
+RUNSC_SUITES := \
+	'./pkg/turn:.' \
+	'./pkg/homereset:^TestTurnScenariosInPodman$$' \
+	'./pkg/firewall:^(TestSealInTestbed|TestSealGaps|TestCageWallInTestbed)$$' \
+	'./cmd/shrooms:^(TestSanctionedExits|TestExitCodePassesThrough|TestDeadlineExitCode|TestSignalsStopAndRemoveTheCage|TestBusyTaskExitCode|TestOutboxIsOneWay|TestPreparedCageNeedsItsOutbox)$$' \
+	'./test/faults:.' \
+	'./test/agents:^(TestClaudePersistenceDoesNotSurviveTurn|TestClaudeOutboxIsOneWay|TestOpencodeOutboxIsOneWay|TestGatewayKeepsTheKeyOutsideTheCage|TestGatewayOpencode|TestGatewayLimitEndsTheTurn|TestGitInTheCage|TestInteractiveClaudeAsksNothing|TestCodexToolResumeAndKey|TestGeminiToolResumeAndKey)$$'
+RUNSC_SUITES_CMD = ( rs=0; for s in $(RUNSC_SUITES); do \
+		SHROOMS_TEST_RUNTIME=runsc SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) \
+		go test -tags "$(TAGS)" -count=1 -timeout 20m -run "$${s\#*:}" "$${s%%:*}" || rs=1; \
+	done; [ $$rs = 0 ] )
+runsc-suites: setup
+	@set -x; $(RUNSC_SUITES_CMD)
 
 # shrooms installed on a booted Debian 12 VM (test/vm): `make install` with
 # systemd running, a reboot (the seal before podman.socket), turns, a

@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	code := m.Run()
+	code := itest.Main(m)
 	itest.RemoveShroomsBinary()
 	os.Exit(code)
 }

@@ -37,9 +37,12 @@ const (
 	Netns
 )
 
-// Require skips t (or fails it in CI) unless every need is met.
+// Require skips t (or fails it in CI) unless every need is met. Under
+// SHROOMS_TEST_RUNTIME it also skips a test listed as unable to pass under
+// that runtime (runtimeSkip).
 func Require(t testing.TB, needs ...Need) {
 	t.Helper()
+	skipForRuntime(t)
 	for _, n := range needs {
 		if err := check(n); err != nil {
 			if Required() {

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -24,15 +25,19 @@ type Service struct {
 	done chan struct{}
 }
 
-// StartService starts a private podman API service and stops it when the
-// test ends.
+// StartService starts a private podman API service (with the suites'
+// runtime, ServiceArgs) and stops it when the test ends.
 func StartService(t testing.TB) *Service { return StartServiceWith(t) }
 
 // StartServiceWith starts a private podman API service with podman's
-// global options args (e.g. "--runtime", "/usr/sbin/runc").
+// global options args (e.g. "--runtime", "/usr/sbin/runc"); args that name
+// no --runtime get the suites' runtime (ServiceArgs) first.
 func StartServiceWith(t testing.TB, args ...string) *Service {
 	t.Helper()
 	Require(t, Root, Podman)
+	if !slices.Contains(args, "--runtime") {
+		args = append(ServiceArgs(), args...)
+	}
 	// A short path: unix socket paths are limited to 108 bytes.
 	dir, err := os.MkdirTemp("", "shrooms-svc")
 	if err != nil {

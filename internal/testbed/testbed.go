@@ -393,6 +393,9 @@ func (tb *Testbed) StartPodmanWith(args ...string) {
 	tb.t.Helper()
 	if len(args) > 0 {
 		tb.svcArgs = args
+	} else if tb.svcArgs == nil {
+		// The suites' runtime (SHROOMS_TEST_RUNTIME), none by default.
+		tb.svcArgs = itest.ServiceArgs()
 	}
 	itest.Require(tb.t, itest.Podman)
 	resolv := filepath.Join(tb.Dir, "resolv.conf")

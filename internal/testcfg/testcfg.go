@@ -32,8 +32,9 @@ type Config struct {
 	// Prefix names the task HOME volumes: shrooms-home-<Prefix>-<task>.
 	Prefix string
 	// Cage is merged over the base [cage] keys (image = itest.TestImage,
-	// memory = "256m", timeout = "60s", stop_grace = "2s"); a nil value
-	// drops a base key.
+	// memory = "256m", timeout = "60s", stop_grace = "2s", and runtime =
+	// itest.CageRuntime() when the suites run under another runtime); a
+	// nil value drops a base key.
 	Cage map[string]any
 	// Network is the [network] table; nil is policy = "none".
 	Network map[string]any
@@ -49,6 +50,10 @@ func (c Config) TOML() string {
 		socket = itest.Socket()
 	}
 	cage := map[string]any{"image": itest.TestImage, "memory": "256m", "timeout": "60s", "stop_grace": "2s"}
+	// The suites' runtime (SHROOMS_TEST_RUNTIME), unless the test names one.
+	if rt := itest.CageRuntime(); rt != "" {
+		cage["runtime"] = rt
+	}
 	for k, v := range c.Cage {
 		if v == nil {
 			delete(cage, k)

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"gotest.tools/v3/assert"
 
+	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 )
 
@@ -82,6 +84,10 @@ func TestSealGaps(t *testing.T) {
 		}
 	}
 	assert.Assert(t, len(e.peer) == 2, "peer cage has no IPv6 address: %v", e.peer)
+	if itest.Runtime() == "runsc" {
+		// No ICMP leaves a runsc cage (runtimeProbes).
+		pairs = slices.DeleteFunc(pairs, func(p pair) bool { return p.proto == "icmp" })
+	}
 	probes := func() []probe {
 		var ps []probe
 		for _, p := range pairs {

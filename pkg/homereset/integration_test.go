@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(itest.Main(m))
 }
 
 func podman(t *testing.T, args ...string) string {

@@ -2,6 +2,7 @@ package turn
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -39,7 +40,9 @@ type resolverEnv struct {
 }
 
 func newResolverEnv(t *testing.T, policy string, allow []string, network map[string]any) *resolverEnv {
-	return newResolverEnvOn(t, "default", nil, policy, allow, network)
+	// The suites' runtime (SHROOMS_TEST_RUNTIME; the testbed's service
+	// takes its flags), "default" without one.
+	return newResolverEnvOn(t, cmp.Or(itest.CageRuntime(), "default"), nil, policy, allow, network)
 }
 
 // newResolverEnvOn is newResolverEnv with cage.runtime rt on a testbed

@@ -46,14 +46,10 @@ func runscHarness(t *testing.T) *harness {
 	return runtimeHarness(t, runsc, runscFlags(runsc)...)
 }
 
-// The turn suites under gVisor: the same bodies as under the default
-// runtime (turn_test.go).
-func TestRuntimeRunscExitCodeAndHomeReset(t *testing.T) { exitCodeAndHomeReset(t, runscHarness(t)) }
-func TestRuntimeRunscDeadline(t *testing.T)             { deadlineStopsAndRemoves(t, runscHarness(t)) }
-func TestRuntimeRunscInterrupt(t *testing.T)            { interruptStopsAndRemoves(t, runscHarness(t)) }
-func TestRuntimeRunscCageIsSealedFromInside(t *testing.T) {
-	cageIsSealedFromInside(t, runscHarness(t), true)
-}
+// The turn suites themselves (TestExitCodeAndHomeReset, the deadline,
+// the interrupt, TestCageIsSealedFromInside, ...) run under gVisor in
+// `make runsc-suites` (SHROOMS_TEST_RUNTIME=runsc); the tests here are
+// those only gVisor has.
 
 // A turn under gVisor: the service runs runsc with the flags shrooms
 // requires of it, the cage gets the task's user namespace and runs as the

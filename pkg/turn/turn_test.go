@@ -69,8 +69,11 @@ func field(t *testing.T, status, name string) string {
 }
 
 // TestCageIsSealedFromInside observes every property of the sealed spec from
-// inside a real cage.
-func TestCageIsSealedFromInside(t *testing.T) { cageIsSealedFromInside(t, newHarness(t, ""), false) }
+// inside a real cage (with gVisor's measured differences when the suites
+// run under runsc, SHROOMS_TEST_RUNTIME).
+func TestCageIsSealedFromInside(t *testing.T) {
+	cageIsSealedFromInside(t, newHarness(t, ""), itest.Runtime() == "runsc")
+}
 
 // cageIsSealedFromInside is also run under gVisor (runtime_runsc_test.go),
 // where the id maps the cage reads are the Sentry's own (the task's host
@@ -399,7 +402,7 @@ func hasOpt(line, opt string) bool {
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := itest.Main(m)
 	itest.RemoveShroomsBinary()
 	os.Exit(code)
 }

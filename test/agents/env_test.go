@@ -101,6 +101,10 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	if out, err := exec.Command("podman", "--url", itest.Socket(), "image", "exists", agentImage).CombinedOutput(); err != nil {
 		t.Fatalf("agent image %s is missing (run `make setup`, which runs scripts/build-agent-image.sh): %v %s", agentImage, err, out)
 	}
+	if o.runtime == "" {
+		// The suites' runtime (SHROOMS_TEST_RUNTIME), none by default.
+		o.runtime, o.service = itest.CageRuntime(), itest.ServiceArgs()
+	}
 	e := &env{shrooms: o.shrooms}
 	if e.shrooms == "" {
 		e.shrooms = itest.ShroomsBinary(t)

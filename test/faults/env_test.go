@@ -8,6 +8,7 @@
 package faults_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -25,7 +26,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := itest.Main(m)
 	itest.RemoveShroomsBinary()
 	os.Exit(code)
 }
@@ -59,6 +60,7 @@ tmp_size = "16m"
 run_size = "4m"
 timeout = "120s"
 stop_grace = "2s"
+runtime = %q
 # Off: a prepared next cage holds its HOME mounted by design, and these
 # tests count what a turn leaves (TestPreparedCageDrift prepares its own).
 prepare_next = false
@@ -79,7 +81,7 @@ tok = %q
 command = ["/bin/sh"]
 home = ["claude", "opencode", "shell"]
 token_env = { FAULTS_TOKEN = "tok" }
-`, e.Socket, e.State, itest.TestImage, e.Prefix, e.Outbox, filepath.Join(e.Dir, "work"), token))
+`, e.Socket, e.State, itest.TestImage, cmp.Or(itest.CageRuntime(), "default"), e.Prefix, e.Outbox, filepath.Join(e.Dir, "work"), token))
 	assert.NilError(t, os.WriteFile(token, []byte("token-"+e.Prefix+"\n"), 0o600))
 	e.Release = func(_ context.Context, task taskid.ID) error {
 		if code, _, stderr := e.CLI("forget", "--task", task.String()); code != 0 {
