@@ -351,6 +351,9 @@ func (e *env) checkSealed(agent string) {
 // finds it mounted and releases it after).
 func (e *env) home(agent string) string {
 	e.T.Helper()
+	// The last turn's teardown may still be releasing (unmounting) this
+	// HOME: mounted under it, the HOME would vanish mid-read.
+	e.WaitIdle(e.Task(agent))
 	cfg, err := config.Load(e.Config)
 	assert.NilError(e.T, err)
 	client, err := podman.Connect(context.Background(), e.tb.PodmanURL)
