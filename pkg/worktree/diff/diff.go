@@ -51,6 +51,9 @@ type entry struct {
 type Snapshot struct {
 	entries   map[string]entry
 	truncated bool
+	// linked are the non-directories with more than one link: a change
+	// through one link shows at every other (Watcher.After re-reads them).
+	linked []string
 	took      time.Duration
 }
 
@@ -155,6 +158,9 @@ func (w walker) walk(ctx context.Context, s *Snapshot, dir *os.File, rel string,
 		}
 		s.entries[child] = entry{mode: st.Mode, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), ino: st.Ino}
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			if st.Nlink > 1 {
+				s.linked = append(s.linked, child)
+			}
 			continue
 		}
 		fd, err := unix.Openat(int(dir.Fd()), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
