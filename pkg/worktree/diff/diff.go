@@ -54,7 +54,7 @@ type Snapshot struct {
 	// linked are the non-directories with more than one link: a change
 	// through one link shows at every other (Watcher.After re-reads them).
 	linked []string
-	took      time.Duration
+	took   time.Duration
 }
 
 // Scan takes a snapshot of the worktree at root.

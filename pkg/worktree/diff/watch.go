@@ -30,7 +30,7 @@ type Watcher struct {
 	mu    sync.Mutex
 	dirty map[dirName]uint64 // (directory handle, name) → event mask seen
 	inos  map[uint64]bool    // inodes of non-directory events with no name
-	doubt string           // why After must fall back ("" none)
+	doubt string             // why After must fall back ("" none)
 }
 
 // dirName is one event's directory handle (type and bytes) and entry name
