@@ -36,6 +36,9 @@ import (
 // was an event too). Reading an entry that did not change is harmless,
 // so every doubt widens what is read, never narrows it.
 func (w *Watcher) After(ctx context.Context, before *Snapshot) (*Snapshot, string) {
+	if w == nil {
+		return nil, "no watcher"
+	}
 	start := time.Now()
 	w.Stop()
 	w.mu.Lock()

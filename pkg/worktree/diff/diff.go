@@ -217,6 +217,9 @@ type Summary struct {
 	// Truncated: a scan stopped at its bounds, so counts are lower bounds.
 	Truncated bool    `json:"truncated,omitempty"`
 	ScanMS    float64 `json:"scan_ms"`
+	// ScanAfter is how the worktree after the turn was read: "events"
+	// (the turn's fanotify events, Watcher.After) or "walk: why".
+	ScanAfter string `json:"scan_after,omitempty"`
 }
 
 // Diff compares the worktree before a turn with the one after it.

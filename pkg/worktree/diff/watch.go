@@ -287,7 +287,7 @@ func (w *Watcher) Stop() {
 
 // Close stops the watcher and releases it (nil-safe).
 func (w *Watcher) Close() {
-	if w == nil {
+	if w == nil || w.fd < 0 {
 		return
 	}
 	w.Stop()
