@@ -126,6 +126,9 @@ type Runner struct {
 	// Host is the task HOME and outbox on the host; nil is the real one
 	// (loop-mounted volumes, root only). Unit tests set a fake.
 	Host Host
+	// walkAfter makes the scan after a turn a full walk (tests: the
+	// report the events give, compared with the walk's).
+	walkAfter bool
 }
 
 // NewRunner returns a runner for cfg with the system's state and id files.
@@ -323,7 +326,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// cage is created, a prepared one initialised, neither started) and
 	// before the scan below; the hand-over's snapshot was taken before it
 	// with no process of the cage running either.
-	watch, unwatched := watchWorktree(in.worktree)
+	watch, unwatched := watchWorktree(in.worktree, r.walkAfter)
 	defer watch.Close()
 	before := prep.before // taken by the hand-over's walk
 	if before == nil {
@@ -385,9 +388,12 @@ func (r *Runner) turnCage(ctx context.Context, in *checked, s steps) (preparedID
 // watchWorktree starts recording the worktree's changes (nil without a
 // worktree, or when fanotify refuses, with why: the scan after is a full
 // walk then).
-func watchWorktree(worktree string) (*diff.Watcher, string) {
+func watchWorktree(worktree string, walk bool) (*diff.Watcher, string) {
 	if worktree == "" {
 		return nil, "no worktree"
+	}
+	if walk {
+		return nil, "asked for"
 	}
 	w, err := diff.Watch(worktree)
 	if err != nil {
