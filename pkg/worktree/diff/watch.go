@@ -31,6 +31,9 @@ type Watcher struct {
 	dirty map[dirName]uint64 // (directory handle, name) → event mask seen
 	inos  map[uint64]bool    // inodes of non-directory events with no name
 	doubt string             // why After must fall back ("" none)
+	// fdClosed: the reader closed fd at a doubt (read after done only).
+	fdClosed bool
+	maxDirty int // maxDirty but in tests
 }
 
 // dirName is one event's directory handle (type and bytes) and entry name
@@ -55,11 +58,12 @@ const watchMask = unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix
 // anything that may change the worktree for the turn can run (the cage's
 // start) and, to match a full scan taken after it, before the scan before
 // the turn. Close it on every path.
-func Watch(root string) (*Watcher, error) { return watch(root, nil) }
+func Watch(root string) (*Watcher, error) { return watch(root, nil, maxDirty) }
 
-// watch is Watch whose reader waits for hold to close first (tests: a
-// queue that overflows).
-func watch(root string, hold <-chan struct{}) (*Watcher, error) {
+// watch is Watch whose reader waits for hold to close first, with the
+// default bounded queue, and keeps at most limit changes (tests: a queue
+// that overflows, a turn that changes too much).
+func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
 	rootFd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("worktree watch: open %s: %w", root, err)
@@ -76,8 +80,15 @@ func watch(root string, hold <-chan struct{}) (*Watcher, error) {
 	if err := unix.Fstatfs(rootFd, &sfs); err != nil {
 		return fail(fmt.Errorf("worktree watch: statfs %s: %w", root, err))
 	}
-	fd, err := unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_CLOEXEC|unix.FAN_NONBLOCK|
-		unix.FAN_REPORT_DFID_NAME|unix.FAN_REPORT_FID, unix.O_RDONLY|unix.O_CLOEXEC)
+	// The queue is unbounded (the default 16 384 events overflowed in a
+	// burst from the rest of the filesystem, a cage's teardown, with the
+	// reader waiting for a CPU); what bounds it is the reader, which
+	// drains it as events come and closes the group at its first doubt.
+	flags := uint(unix.FAN_CLASS_NOTIF | unix.FAN_CLOEXEC | unix.FAN_NONBLOCK | unix.FAN_REPORT_DFID_NAME | unix.FAN_REPORT_FID)
+	if hold == nil {
+		flags |= unix.FAN_UNLIMITED_QUEUE
+	}
+	fd, err := unix.FanotifyInit(flags, unix.O_RDONLY|unix.O_CLOEXEC)
 	if err != nil {
 		return fail(fmt.Errorf("worktree watch: fanotify_init: %w", err))
 	}
@@ -86,7 +97,7 @@ func watch(root string, hold <-chan struct{}) (*Watcher, error) {
 		return fail(fmt.Errorf("worktree watch: fanotify_mark %s: %w", root, err))
 	}
 	w := &Watcher{fd: fd, rootFd: rootFd, root: real, stop: make(chan struct{}), done: make(chan struct{}),
-		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}}
+		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, maxDirty: limit}
 	binary.NativeEndian.PutUint32(w.fsid[0:4], uint32(sfs.Fsid.Val[0]))
 	binary.NativeEndian.PutUint32(w.fsid[4:8], uint32(sfs.Fsid.Val[1]))
 	go w.read(hold)
@@ -118,6 +129,12 @@ func (w *Watcher) read(hold <-chan struct{}) {
 				return
 			}
 			w.parse(buf[:n])
+			if w.doubted() {
+				// Nothing more can help: free the queue now.
+				unix.Close(w.fd)
+				w.fdClosed = true
+				return
+			}
 		}
 		if stopping {
 			return
@@ -125,6 +142,12 @@ func (w *Watcher) read(hold <-chan struct{}) {
 		fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
 		_, _ = unix.Poll(fds, 20)
 	}
+}
+
+func (w *Watcher) doubted() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.doubt != ""
 }
 
 func (w *Watcher) fail(why string) {
@@ -194,8 +217,8 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	}
 	switch {
 	case dir != nil:
-		if _, seen := w.dirty[*dir]; !seen && len(w.dirty) >= maxDirty {
-			w.setDoubt(fmt.Sprintf("more than %d changed entries", maxDirty))
+		if _, seen := w.dirty[*dir]; !seen && len(w.dirty) >= w.maxDirty {
+			w.setDoubt(fmt.Sprintf("more than %d changed entries", w.maxDirty))
 			return
 		}
 		w.dirty[*dir] |= mask
@@ -214,7 +237,7 @@ func (w *Watcher) event(mask uint64, info []byte) {
 		if !ok {
 			return // gone: every link's removal had a directory event
 		}
-		if len(w.inos) >= maxDirty {
+		if len(w.inos) >= w.maxDirty {
 			w.setDoubt("too many inode events")
 			return
 		}
@@ -291,7 +314,9 @@ func (w *Watcher) Close() {
 		return
 	}
 	w.Stop()
-	unix.Close(w.fd)
+	if !w.fdClosed {
+		unix.Close(w.fd)
+	}
 	unix.Close(w.rootFd)
 	w.fd, w.rootFd = -1, -1
 }

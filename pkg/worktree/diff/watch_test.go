@@ -216,7 +216,7 @@ func TestWatcherFallsBack(t *testing.T) {
 	t.Run("queue overflow", func(t *testing.T) {
 		root := tree(t)
 		hold := make(chan struct{})
-		w, err := watch(root, hold)
+		w, err := watch(root, hold, maxDirty)
 		assert.NilError(t, err)
 		defer w.Close()
 		before := scan(t, root)
@@ -228,6 +228,28 @@ func TestWatcherFallsBack(t *testing.T) {
 		got, why := w.After(context.Background(), before)
 		assert.Assert(t, got == nil)
 		assert.Equal(t, why, "event queue overflowed")
+	})
+	t.Run("more changes than it keeps", func(t *testing.T) {
+		root := tree(t)
+		w, err := watch(root, nil, 50)
+		assert.NilError(t, err)
+		defer w.Close()
+		before := scan(t, root)
+		for i := range 60 {
+			must(t, os.WriteFile(filepath.Join(root, "d0", fmt.Sprint("f", i)), nil, 0o644))
+		}
+		got, why := w.After(context.Background(), before)
+		assert.Assert(t, got == nil)
+		assert.Equal(t, why, "more than 50 changed entries")
+		// The control: under the limit the same turn is read from events.
+		w, err = watch(root, nil, 500)
+		assert.NilError(t, err)
+		defer w.Close()
+		before = scan(t, root)
+		for i := range 60 {
+			must(t, os.WriteFile(filepath.Join(root, "d0", fmt.Sprint("g", i)), nil, 0o644))
+		}
+		sameAsScan(t, root, w, before)
 	})
 	t.Run("a mount below the worktree", func(t *testing.T) {
 		root := tree(t)
