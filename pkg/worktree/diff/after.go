@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/resolve"
 )
 
 // After is the worktree as the turn left it, built from before (a
@@ -200,7 +202,7 @@ func (w *Watcher) beneath(rel string, flags uint64) (int, error) {
 	}
 	return unix.Openat2(w.rootFd, rel, &unix.OpenHow{
 		Flags:   flags | unix.O_CLOEXEC | unix.O_NOFOLLOW,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_XDEV | unix.RESOLVE_NO_MAGICLINKS,
+		Resolve: resolve.Beneath,
 	})
 }
 
