@@ -76,6 +76,11 @@ func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
 	if err != nil {
 		return fail(err)
 	}
+	// A mount below the worktree now would be in the snapshot before and
+	// out of the mark's sight (After checks again at the end).
+	if m, err := mountBelow(real); err != nil || m != "" {
+		return fail(fmt.Errorf("worktree watch: a mount below the worktree (%s, %v)", m, err))
+	}
 	var sfs unix.Statfs_t
 	if err := unix.Fstatfs(rootFd, &sfs); err != nil {
 		return fail(fmt.Errorf("worktree watch: statfs %s: %w", root, err))

@@ -254,8 +254,16 @@ func TestWatcherFallsBack(t *testing.T) {
 	t.Run("a mount below the worktree", func(t *testing.T) {
 		root := tree(t)
 		must(t, unix.Mount(t.TempDir(), filepath.Join(root, "d0"), "", unix.MS_BIND, ""))
-		t.Cleanup(func() { _ = unix.Unmount(filepath.Join(root, "d0"), unix.MNT_DETACH) })
+		first := filepath.Join(root, "d0")
+		t.Cleanup(func() { must(t, unix.Unmount(first, unix.MNT_DETACH)) })
+		_, err := Watch(root)
+		assert.ErrorContains(t, err, "a mount below the worktree")
+		// One made during the turn.
+		root = tree(t)
 		w, before := watched(t, root)
+		second := filepath.Join(root, "d1")
+		must(t, unix.Mount(t.TempDir(), second, "", unix.MS_BIND, ""))
+		t.Cleanup(func() { must(t, unix.Unmount(second, unix.MNT_DETACH)) })
 		got, why := w.After(context.Background(), before)
 		assert.Assert(t, got == nil)
 		assert.Assert(t, strings.HasPrefix(why, "a mount below the worktree"), why)
