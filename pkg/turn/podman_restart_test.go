@@ -16,29 +16,29 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
-// onPrivateService points h's runner at a podman service of the test's own,
+// onPrivateService points runner at a podman service of the test's own,
 // which the test may kill and restart.
-func (h *harness) onPrivateService(t *testing.T) *itest.Service {
+func onPrivateService(t *testing.T, runner *Runner) *itest.Service {
 	svc := itest.StartService(t)
-	h.cfg.Podman.Socket = svc.URI
+	runner.Cfg.Podman.Socket = svc.URI
 	client, err := podman.Connect(context.Background(), svc.URI)
 	assert.NilError(t, err)
-	h.runner = NewRunner(h.cfg, client, nil)
-	// Cleanups run last-registered first: the harness's cleanup (which
-	// needs podman) goes back to the shared service before this one stops.
-	shared := itest.Socket()
+	shared := *runner
+	*runner = *NewRunner(runner.Cfg, client, nil)
+	// Cleanups run last-registered first: the env's cleanup (which needs
+	// podman) goes back to the shared service before this one stops.
 	t.Cleanup(func() {
-		h.cfg.Podman.Socket = shared
-		h.runner = NewRunner(h.cfg, h.client, nil)
+		runner.Cfg.Podman.Socket = shared.Cfg.Podman.Socket
+		*runner = *NewRunner(runner.Cfg, shared.Podman, nil)
 	})
 	return svc
 }
 
 // runAsync runs one shell turn in the background; out collects its output.
-func (h *harness) runAsync(task, script string, out *itest.Buffer) <-chan turnDone {
+func runAsync(runner *Runner, task, script string, out *itest.Buffer) <-chan turnDone {
 	done := make(chan turnDone, 1)
 	go func() {
-		res, err := h.runner.Run(context.Background(), Request{
+		res, err := runner.Run(context.Background(), Request{
 			Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", script},
 			Streams: podman.Streams{Stdout: out, Stderr: out},
 		})
@@ -58,10 +58,10 @@ type turnDone struct {
 // its cage is removed. (The positive control, the same sequence failing
 // without riding through, is pkg/podman's TestPlainWaitFailsOnServiceRestart.)
 func TestTurnRidesThroughPodmanRestart(t *testing.T) {
-	h := newHarness(t, "")
-	svc := h.onPrivateService(t)
+	e, runner := newHarness(t, "")
+	svc := onPrivateService(t, runner)
 	var out itest.Buffer
-	done := h.runAsync(h.Task("restart"), `echo before; sleep 1; echo running; sleep 4; echo after; exit 7`, &out)
+	done := runAsync(runner, e.Task("restart"), `echo before; sleep 1; echo running; sleep 4; echo after; exit 7`, &out)
 	// Past its start (a kill during the start request itself is not ridden
 	// through, see podman.Client.start): the agent's second line.
 	itest.WaitFor(t, 60*time.Second, "the turn's second line", func() bool { return strings.Contains(out.String(), "running") })
@@ -80,19 +80,19 @@ func TestTurnRidesThroughPodmanRestart(t *testing.T) {
 // shrooms' back while the service is down: the turn ends with status error
 // and one line saying the cage is gone.
 func TestTurnCageRemovedDuringPodmanOutage(t *testing.T) {
-	h := newHarness(t, "")
-	svc := h.onPrivateService(t)
+	e, runner := newHarness(t, "")
+	svc := onPrivateService(t, runner)
 	var out itest.Buffer
-	task := h.Task("gone")
-	done := h.runAsync(task, `echo before; sleep 1; echo running; sleep 60; exit 7`, &out)
+	task := e.Task("gone")
+	done := runAsync(runner, task, `echo before; sleep 1; echo running; sleep 60; exit 7`, &out)
 	// Past its start (a kill during the start request itself is not ridden
 	// through, see podman.Client.start): the agent's second line.
 	itest.WaitFor(t, 60*time.Second, "the turn's second line", func() bool { return strings.Contains(out.String(), "running") })
 	svc.Kill()
-	cages, err := h.client.ListByLabel(context.Background(), sealed.LabelTask, task)
+	cages, err := runner.Podman.ListByLabel(context.Background(), sealed.LabelTask, task)
 	assert.NilError(t, err)
 	assert.Equal(t, len(cages), 1)
-	assert.NilError(t, h.client.Remove(context.Background(), cages[0].ID))
+	assert.NilError(t, runner.Podman.Remove(context.Background(), cages[0].ID))
 	svc.Start()
 	d := <-done
 	assert.Assert(t, errors.Is(d.err, ErrHostNotReady), "%v", d.err)
