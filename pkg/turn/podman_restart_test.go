@@ -12,26 +12,28 @@ import (
 	is "gotest.tools/v3/assert/cmp"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
 // onPrivateService points runner at a podman service of the test's own,
-// which the test may kill and restart.
-func onPrivateService(t *testing.T, runner *Runner) *itest.Service {
-	svc := itest.StartService(t)
+// which the test may kill and restart; shared is the engine it used before
+// (the shared test service, which it goes back to when the test ends).
+func onPrivateService(t *testing.T, runner *Runner) (svc *itest.Service, shared engine.Engine) {
+	svc = itest.StartService(t)
+	before, socket := *runner, runner.Cfg.Podman.Socket
 	runner.Cfg.Podman.Socket = svc.URI
 	client, err := podman.Connect(context.Background(), svc.URI)
 	assert.NilError(t, err)
-	shared := *runner
 	*runner = *NewRunner(runner.Cfg, client, nil)
 	// Cleanups run last-registered first: the env's cleanup (which needs
 	// podman) goes back to the shared service before this one stops.
 	t.Cleanup(func() {
-		runner.Cfg.Podman.Socket = shared.Cfg.Podman.Socket
-		*runner = *NewRunner(runner.Cfg, shared.Podman, nil)
+		runner.Cfg.Podman.Socket = socket
+		*runner = *NewRunner(runner.Cfg, before.Podman, nil)
 	})
-	return svc
+	return svc, before.Podman
 }
 
 // runAsync runs one shell turn in the background; out collects its output.
@@ -59,7 +61,7 @@ type turnDone struct {
 // without riding through, is pkg/podman's TestPlainWaitFailsOnServiceRestart.)
 func TestTurnRidesThroughPodmanRestart(t *testing.T) {
 	e, runner := newHarness(t, "")
-	svc := onPrivateService(t, runner)
+	svc, _ := onPrivateService(t, runner)
 	var out itest.Buffer
 	done := runAsync(runner, e.Task("restart"), `echo before; sleep 1; echo running; sleep 4; echo after; exit 7`, &out)
 	// Past its start (a kill during the start request itself is not ridden
@@ -81,7 +83,7 @@ func TestTurnRidesThroughPodmanRestart(t *testing.T) {
 // and one line saying the cage is gone.
 func TestTurnCageRemovedDuringPodmanOutage(t *testing.T) {
 	e, runner := newHarness(t, "")
-	svc := onPrivateService(t, runner)
+	svc, shared := onPrivateService(t, runner)
 	var out itest.Buffer
 	task := e.Task("gone")
 	done := runAsync(runner, task, `echo before; sleep 1; echo running; sleep 60; exit 7`, &out)
@@ -89,10 +91,10 @@ func TestTurnCageRemovedDuringPodmanOutage(t *testing.T) {
 	// through, see podman.Client.start): the agent's second line.
 	itest.WaitFor(t, 60*time.Second, "the turn's second line", func() bool { return strings.Contains(out.String(), "running") })
 	svc.Kill()
-	cages, err := runner.Podman.ListByLabel(context.Background(), sealed.LabelTask, task)
+	cages, err := shared.ListByLabel(context.Background(), sealed.LabelTask, task)
 	assert.NilError(t, err)
 	assert.Equal(t, len(cages), 1)
-	assert.NilError(t, runner.Podman.Remove(context.Background(), cages[0].ID))
+	assert.NilError(t, shared.Remove(context.Background(), cages[0].ID))
 	svc.Start()
 	d := <-done
 	assert.Assert(t, errors.Is(d.err, ErrHostNotReady), "%v", d.err)
