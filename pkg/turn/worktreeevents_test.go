@@ -64,19 +64,19 @@ func changed(t *testing.T, res *Result) diff.Summary {
 // links, a link swap and a new nested repository are all in them. (The
 // owner's nested repository stays the owner's: read-only in the cage.)
 func TestWorktreeChangesFromEventsAreTheWalks(t *testing.T) {
-	h := newHarness(t, "")
+	e, runner := newHarness(t, "")
 	base := t.TempDir()
-	h.cfg.Worktree.Roots = []string{base}
+	runner.Cfg.Worktree.Roots = []string{base}
 	ev, walk := filepath.Join(base, "ev"), filepath.Join(base, "walk")
 	eventsTree(t, ev, walk)
 	type turnOf func(wt string, walkAfter bool) *Result
 	run := func(timeout time.Duration, script string) turnOf {
 		return func(wt string, walkAfter bool) *Result {
-			h.runner.walkAfter = walkAfter
-			defer func() { h.runner.walkAfter = false }()
+			runner.walkAfter = walkAfter
+			defer func() { runner.walkAfter = false }()
 			var out, errb bytes.Buffer
-			res, err := h.runner.Run(context.Background(), Request{
-				Task: taskid.Must(h.Task(fmt.Sprint("ev", walkAfter))), Agent: "shell", Worktree: wt,
+			res, err := runner.Run(context.Background(), Request{
+				Task: taskid.Must(e.Task(fmt.Sprint("ev", walkAfter))), Agent: "shell", Worktree: wt,
 				Args: []string{"-c", script}, Timeout: timeout,
 				Streams: podman.Streams{Stdout: &out, Stderr: &errb},
 			})
@@ -91,11 +91,11 @@ func TestWorktreeChangesFromEventsAreTheWalks(t *testing.T) {
 	}
 	both := func(name string, turn turnOf) diff.Summary {
 		t.Helper()
-		e := turn(ev, false)
-		assert.Equal(t, e.WorktreeChanges.ScanAfter, "events", name)
-		w := turn(walk, true)
-		assert.Equal(t, w.WorktreeChanges.ScanAfter, "walk: asked for", name)
-		got, want := changed(t, e), changed(t, w)
+		evd := turn(ev, false)
+		assert.Equal(t, evd.WorktreeChanges.ScanAfter, "events", name)
+		walked := turn(walk, true)
+		assert.Equal(t, walked.WorktreeChanges.ScanAfter, "walk: asked for", name)
+		got, want := changed(t, evd), changed(t, walked)
 		assert.DeepEqual(t, got, want)
 		return got
 	}
