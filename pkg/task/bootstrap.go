@@ -27,7 +27,11 @@ func (r *Commands) Bootstrap(ctx context.Context, task taskid.ID, profiles []str
 	if err != nil {
 		return nil, fault.Wrap(fault.HostNotReady, err)
 	}
-	kept, err := home.Had(r.Store, task)
+	st, err := r.Store.Task(task)
+	if err != nil {
+		return nil, fault.Wrap(fault.HostNotReady, err)
+	}
+	kept, err := home.Had(st)
 	if err != nil {
 		return nil, err
 	}
@@ -41,12 +45,12 @@ func (r *Commands) Bootstrap(ctx context.Context, task taskid.ID, profiles []str
 		return nil, fault.Wrapf(fault.HostNotReady, "bootstrap HOME: %w", err)
 	}
 	if res.Result == home.Bootstrapped {
-		if err := home.RememberProfiles(r.Store, task, profiles, nil); err != nil {
+		if err := home.RememberProfiles(st, profiles, nil); err != nil {
 			return nil, err
 		}
 	}
 	if !kept {
-		if err := r.Homes.Remember(r.Store, task); err != nil {
+		if err := home.Remember(st, r.Homes.Name(task)); err != nil {
 			return nil, err
 		}
 	}

@@ -35,8 +35,12 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
+	state, err := taskstate.Store{Dir: cfg.State.Dir}.Task(task)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
+	}
 	in := &checked{
-		task: task, dir: cfg.State.Dir + "/tasks/" + task.String(),
+		task: task, state: state, dir: cfg.State.Dir + "/tasks/" + task.String(),
 		agentName: req.Agent, agent: agent, tokens: tokens,
 		command: req.Command, args: req.Args, extraMounts: req.ExtraMounts,
 		streams: req.Streams, terminal: req.Terminal, timeout: req.Timeout,
@@ -49,7 +53,7 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 		// The task's worktree is sticky: a turn without --worktree runs on
 		// the one its earlier turns ran on (an empty /work only for a task
 		// that never had one).
-		recorded, err := taskstate.Store{Dir: cfg.State.Dir}.Recall(task, taskstate.FactWorktree)
+		recorded, err := in.state.Recall(taskstate.FactWorktree)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}

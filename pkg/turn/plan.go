@@ -176,22 +176,22 @@ func (r *Runner) prepare(ctx context.Context, in *checked, s steps) (*prepared, 
 // once), a first turn records the worktree's agent config as trusted, and
 // the gateway gets a fresh placeholder.
 func (r *Runner) gather(ctx context.Context, in *checked, s steps) (*facts, error) {
-	ids, err := r.Store.TaskIDs(in.task, r.IDFiles, s.acquire)
+	ids, err := r.Store.IDsOf(in.state, r.IDFiles, s.acquire)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	last, err := r.Store.LastTurn(in.task)
+	last, err := in.state.LastTurn()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	f := &facts{ids: ids, turn: last + 1}
-	if f.kept, err = home.KeptProfiles(r.Cfg, r.Store, in.task, in.agent.Home); err != nil {
+	if f.kept, err = home.KeptProfiles(r.Cfg, in.state, in.agent.Home); err != nil {
 		return nil, err
 	}
 	if s.acquire {
-		f.root, _, err = r.bootstrap(ctx, in.task, ids, in.agent.Home)
+		f.root, _, err = r.bootstrap(ctx, in.task, in.state, ids, in.agent.Home)
 		if err == nil {
-			err = home.RememberProfiles(r.Store, in.task, in.agent.Home, f.kept)
+			err = home.RememberProfiles(in.state, in.agent.Home, f.kept)
 		}
 	} else {
 		f.root, err = r.host().HomeRoot(ctx, in.task)
@@ -330,7 +330,7 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 		if mode := history.Mode(g.cfg.History); mode != history.Off {
 			// The pins live in the task's state, never in a cage; the
 			// tracker reads them when the turn's first request comes.
-			p.gateway.History = history.NewTracker(taskstate.Layout{Dir: r.Cfg.State.Dir}.History(in.task), mode)
+			p.gateway.History = history.NewTracker(in.state.History(), mode)
 		}
 		// The agent talks to the gateway on its own loopback, with a
 		// placeholder that is worthless anywhere else.

@@ -64,7 +64,7 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	lock, err := r.Store.LockTask(in.task)
+	lock, err := in.state.Lock()
 	if err != nil {
 		return "", Classify(err)
 	}
@@ -196,7 +196,7 @@ func (r *Runner) takePrepared(ctx context.Context, in *checked) (string, *prepar
 	if r.Binary == "" {
 		return "", nil, nil
 	}
-	last, err := r.Store.LastTurn(in.task)
+	last, err := in.state.LastTurn()
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}

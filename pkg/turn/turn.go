@@ -258,7 +258,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}
 	c.lap("check")
 
-	lock, err := r.Store.LockTaskWait(in.task, req.Wait)
+	lock, err := in.state.LockWait(req.Wait)
 	if err != nil {
 		return res, Classify(err)
 	}
@@ -296,7 +296,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}
 	// First once the turn ends (no process of its cage runs): what it put
 	// in /outbox leaves the cages' reach.
-	defer r.settleOutbox(context.WithoutCancel(ctx), req.Task, res)
+	defer r.settleOutbox(context.WithoutCancel(ctx), req.Task, in.state, res)
 	c.lap("lock")
 
 	preparedID, prep, err := r.turnCage(ctx, in, steps)
@@ -307,7 +307,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	res.Turn = prep.turn
 	// Should this shrooms die now, the next command that takes the lock
 	// records the turn as killed.
-	r.markRunning(req.Task, res)
+	r.markRunning(in.state, res)
 	res.Reset = prep.reset
 	res.WorktreeGuard = prep.guard
 	c.lap("prepare")
@@ -416,8 +416,10 @@ func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator,
 // check the turn reads the request only from here.
 type checked struct {
 	task taskid.ID
-	// dir is the task's directory in the state directory.
-	dir string
+	// state is the task's directory in the state directory, derived once;
+	// dir is its path as the spec's mounts name it.
+	state taskstate.Dir
+	dir   string
 	// agentName is the agent as the request names it, agent its config.
 	agentName string
 	agent     config.Agent
@@ -582,14 +584,14 @@ func guardWorktree(ctx context.Context, taskDir, worktree string, commit bool) (
 
 // countTurn records that the task's next turn starts now.
 func (r *Runner) countTurn(in *checked) error {
-	if _, err := r.Store.NextTurn(in.task); err != nil {
+	if _, err := in.state.NextTurn(); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if err := r.Store.Remember(in.task, taskstate.FactAgent, in.agentName); err != nil {
+	if err := in.state.Remember(taskstate.FactAgent, in.agentName); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if in.worktree != "" {
-		if err := r.Store.Remember(in.task, taskstate.FactWorktree, in.worktree); err != nil {
+		if err := in.state.Remember(taskstate.FactWorktree, in.worktree); err != nil {
 			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}
