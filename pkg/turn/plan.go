@@ -294,7 +294,6 @@ func (r *Runner) plan(in *checked, f *facts, ahead bool) (*Plan, error) {
 func (r *Runner) planMounts(in *checked, p *Plan) (*mounts.Plan, error) {
 	cfg := r.Cfg
 	mp, err := mounts.Build(mounts.Input{
-		Task:      in.task,
 		Worktree:  in.worktree,
 		HomeDir:   home.Dir(p.root),
 		OutboxDir: p.outbox,
