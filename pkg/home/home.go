@@ -100,16 +100,16 @@ func (h *Home) Release() error { return h.store.Release(h.task) }
 // Discard removes the HOME when this Open created it, best effort.
 func (h *Home) Discard(ctx context.Context) {
 	if h.Created {
-		h.store.Discard(ctx, h.task, h.Root)
+		h.store.Discard(ctx, h.store.Volume(h.task), h.Root)
 	}
 }
 
 // Bytes is the disk space the HOME's filesystem image takes.
 func (h *Home) Bytes() int64 { return h.store.Bytes(h.task) }
 
-// IsMounted reports whether root shows task's HOME filesystem.
-func (s *Store) IsMounted(task taskid.ID, root string) bool {
-	return homestore.IsMounted(s.Image(task), root)
+// IsMounted reports whether root shows the HOME filesystem of v.
+func (s *Store) IsMounted(v Volume, root string) bool {
+	return homestore.IsMounted(v.Image, root)
 }
 
 // Bytes is the disk space task's HOME image takes (0 when there is none).

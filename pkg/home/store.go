@@ -42,7 +42,22 @@ type Store struct {
 func (s *Store) Name(task taskid.ID) string { return s.Prefix + task.String() }
 
 // Image is the path of the task HOME's filesystem image.
-func (s *Store) Image(task taskid.ID) string { return homestore.ImagePath(s.StateDir, s.Name(task)) }
+func (s *Store) Image(task taskid.ID) string { return s.Volume(task).Image }
+
+// Volume names one task's HOME volume and its filesystem image, derived
+// once from the task id: what only finds, checks or removes them (Root,
+// IsMounted, Discard) needs these names, not the id.
+type Volume struct {
+	// Name is the podman volume's (Store.Name), Image the path of its
+	// filesystem image (Store.Image).
+	Name, Image string
+}
+
+// Volume is task's HOME volume and image names.
+func (s *Store) Volume(task taskid.ID) Volume {
+	n := s.Name(task)
+	return Volume{Name: n, Image: homestore.ImagePath(s.StateDir, n)}
+}
 
 // serviceNamespace names the podman service's mount namespace when it is
 // not shrooms' own (a service in a private namespace would otherwise give
@@ -74,7 +89,8 @@ func (s *Store) serviceNamespace() ([]string, error) {
 // around the same image, a missing image is refused naming `shrooms
 // forget`. created is true only for a new, empty HOME.
 func (s *Store) open(ctx context.Context, task taskid.ID, kept bool) (root string, created bool, err error) {
-	name := s.Name(task)
+	v := s.Volume(task)
+	name := v.Name
 	exists, err := s.Engine.VolumeExists(ctx, name)
 	if err != nil {
 		return "", false, fault.Wrap(fault.HostNotReady, err)
@@ -83,7 +99,7 @@ func (s *Store) open(ctx context.Context, task taskid.ID, kept bool) (root strin
 	if err != nil {
 		return "", false, err
 	}
-	image := s.Image(task)
+	image := v.Image
 	if _, err := homestore.Salvage(ctx, image, peers...); err != nil {
 		return "", false, fault.Wrapf(fault.HostNotReady, "%w (or `shrooms forget --task %s` discards the task's HOME)", err, task)
 	}
@@ -125,7 +141,7 @@ func (s *Store) open(ctx context.Context, task taskid.ID, kept bool) (root strin
 	created = !exists && !keep
 	if _, err := homestore.Ensure(ctx, image, root, s.Limits, peers...); err != nil {
 		if created {
-			s.Discard(ctx, task, root)
+			s.Discard(ctx, v, root)
 		}
 		return "", false, fault.Wrapf(fault.HostNotReady, "size-capped HOME: %w", err)
 	}
@@ -151,11 +167,11 @@ func fileExists(path string) bool {
 	return err == nil
 }
 
-// Discard undoes an Open that created the volume, best effort.
-func (s *Store) Discard(ctx context.Context, task taskid.ID, root string) {
+// Discard undoes an Open that created the volume v, best effort.
+func (s *Store) Discard(ctx context.Context, v Volume, root string) {
 	peers, _ := s.serviceNamespace()
-	_ = homestore.Remove(s.Image(task), root, peers...)
-	_ = s.Engine.RemoveVolume(ctx, s.Name(task))
+	_ = homestore.Remove(v.Image, root, peers...)
+	_ = s.Engine.RemoveVolume(ctx, v.Name)
 }
 
 // Remove removes task's HOME: its size-capped filesystem (unmounted first)
@@ -196,10 +212,10 @@ func (s *Store) Remove(ctx context.Context, task taskid.ID) error {
 	return nil
 }
 
-// Root is the host directory the task HOME volume has, or will have once
+// Root is the host directory the task HOME volume v has, or will have once
 // created (for `spec`, which creates nothing).
-func (s *Store) Root(ctx context.Context, task taskid.ID) (string, error) {
-	name := s.Name(task)
+func (s *Store) Root(ctx context.Context, v Volume) (string, error) {
+	name := v.Name
 	exists, err := s.Engine.VolumeExists(ctx, name)
 	if err != nil {
 		return "", fault.Wrap(fault.HostNotReady, err)

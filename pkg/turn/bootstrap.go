@@ -25,7 +25,7 @@ func (r *Runner) homeTask(root string, ids taskstate.IDs, profiles, kept []strin
 // when missing, repairing drift or refusing it with the fix) and seeds its
 // credentials once; an existing, bootstrapped HOME is left as it is. It
 // returns the volume's host directory.
-func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, st taskstate.Dir, ids taskstate.IDs, profiles []string) (string, *home.BootstrapResult, error) {
+func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, vol home.Volume, st taskstate.Dir, ids taskstate.IDs, profiles []string) (string, *home.BootstrapResult, error) {
 	kept, err := home.Had(st)
 	if err != nil {
 		return "", nil, err
@@ -38,7 +38,7 @@ func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, st taskstate.Dir, 
 	res, err := h.Bootstrap(ctx, r.homeTask(root, ids, profiles, nil))
 	if err != nil {
 		if created {
-			h.DiscardHome(ctx, id, root)
+			h.DiscardHome(ctx, vol, root)
 		}
 		return "", nil, fmt.Errorf("%w: bootstrap HOME: %w", ErrHostNotReady, err)
 	}
@@ -48,7 +48,7 @@ func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, st taskstate.Dir, 
 		}
 	}
 	if !kept {
-		if err := home.Remember(st, r.homes().Name(id)); err != nil {
+		if err := home.Remember(st, vol.Name); err != nil {
 			return "", nil, err
 		}
 	}

@@ -98,7 +98,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		}
 	}
 	r.removeSecrets(secrets)
-	if root, err := r.host().HomeRoot(ctx, td.Task); err == nil {
+	if root, err := r.host().HomeRoot(ctx, r.homes().Volume(td.Task)); err == nil {
 		if err := r.host().Cleanup(ctx, root); err != nil {
 			errs = append(errs, fmt.Errorf("HOME cleanup: %w", err))
 		}

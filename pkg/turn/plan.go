@@ -189,12 +189,12 @@ func (r *Runner) gather(ctx context.Context, in *checked, s steps) (*facts, erro
 		return nil, err
 	}
 	if s.acquire {
-		f.root, _, err = r.bootstrap(ctx, in.task, in.state, ids, in.agent.Home)
+		f.root, _, err = r.bootstrap(ctx, in.task, in.home, in.state, ids, in.agent.Home)
 		if err == nil {
 			err = home.RememberProfiles(in.state, in.agent.Home, f.kept)
 		}
 	} else {
-		f.root, err = r.host().HomeRoot(ctx, in.task)
+		f.root, err = r.host().HomeRoot(ctx, in.home)
 	}
 	if err != nil {
 		return nil, err

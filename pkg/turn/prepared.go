@@ -244,7 +244,7 @@ func (r *Runner) matchPrepared(ctx context.Context, in *checked, c podman.Cage) 
 	}
 	// Its HOME must still be the capped filesystem it was reset on (a
 	// dry-run reset of the bare volume directory would write there).
-	if !r.host().HomeMounted(in.task, p.home.Root) {
+	if !r.host().HomeMounted(in.home, p.home.Root) {
 		return nil, nil
 	}
 	// And its outbox the empty capped tmpfs it was given (outbox.go).

@@ -420,6 +420,8 @@ type checked struct {
 	// dir is its path as the spec's mounts name it.
 	state taskstate.Dir
 	dir   string
+	// home names the task's HOME volume and image, derived once.
+	home home.Volume
 	// agentName is the agent as the request names it, agent its config.
 	agentName string
 	agent     config.Agent
