@@ -41,7 +41,7 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
 	in := &checked{
-		task: task, state: state, home: home.NewStore(nil, cfg).Volume(task), dir: cfg.State.Dir + "/tasks/" + task.String(),
+		state: state, home: home.NewStore(nil, cfg).Volume(task), dir: cfg.State.Dir + "/tasks/" + task.String(),
 		agentName: req.Agent, agent: agent, tokens: tokens,
 		command: req.Command, args: req.Args, extraMounts: req.ExtraMounts,
 		streams: req.Streams, terminal: req.Terminal, timeout: req.Timeout,
