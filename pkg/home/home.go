@@ -68,17 +68,6 @@ type Home struct {
 	store   *Store
 }
 
-// Open opens id's HOME, creating its volume and capped filesystem when
-// missing; kept says the task had a HOME made, so a missing part of it is
-// drift, repaired or refused with the fix (open).
-func (s *Store) Open(ctx context.Context, id taskid.ID, kept bool) (*Home, error) {
-	root, created, err := s.open(ctx, id, kept)
-	if err != nil {
-		return nil, err
-	}
-	return &Home{Root: root, Created: created, task: id, store: s}, nil
-}
-
 // Bootstrap seeds the HOME's credentials once (t.Root is the HOME's).
 func (h *Home) Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
 	t.Root = h.Root

@@ -40,10 +40,8 @@ func (s Store) taskDir(task taskid.ID) (string, error) {
 
 // taskPath returns the task's state directory without creating it.
 func (s Store) taskPath(task taskid.ID) (string, error) {
-	if task.IsZero() {
-		return "", errors.New("no task id") // only taskid.Parse makes one
-	}
-	return filepath.Join(s.Dir, "tasks", task.String()), nil
+	d, err := s.Task(task)
+	return d.path, err
 }
 
 // Dir is one task's state directory, derived once from the task id
@@ -53,8 +51,10 @@ type Dir struct{ path string }
 
 // Task is task's state directory (created by the calls that write).
 func (s Store) Task(task taskid.ID) (Dir, error) {
-	p, err := s.taskPath(task)
-	return Dir{p}, err
+	if task.IsZero() {
+		return Dir{}, errors.New("no task id") // only taskid.Parse makes one
+	}
+	return Dir{filepath.Join(s.Dir, "tasks", task.String())}, nil
 }
 
 // Path is the directory's path.
