@@ -18,16 +18,16 @@ func (r *Commands) Bootstrap(ctx context.Context, task taskid.ID, profiles []str
 	if len(profiles) == 0 {
 		profiles = profile.Names()
 	}
-	lock, err := r.Store.LockTask(task)
+	st, err := r.Store.Task(task)
+	if err != nil {
+		return nil, turn.Classify(err)
+	}
+	lock, err := st.Lock()
 	if err != nil {
 		return nil, turn.Classify(err)
 	}
 	defer lock.Release()
 	ids, err := r.Store.TaskIDs(task, r.IDFiles, true)
-	if err != nil {
-		return nil, fault.Wrap(fault.HostNotReady, err)
-	}
-	st, err := r.Store.Task(task)
 	if err != nil {
 		return nil, fault.Wrap(fault.HostNotReady, err)
 	}
