@@ -78,16 +78,17 @@ func (s *Store) serviceNamespace() ([]string, error) {
 	return []string{ns}, nil
 }
 
-// Open opens task's HOME: it makes sure its volume exists (creating it, with a new
-// filesystem, when missing) and mounts its capped filesystem on it (again,
-// after a reboot), so all HOME writes happen inside it. The Home has the
-// volume's host directory, and says whether this Open created the volume
-// (then a caller that fails afterwards undoes it with Home.Discard). kept says the task
-// may have had its HOME made already: then drift behind shrooms' back is repaired or refused with the
-// fix (drift.go) — an image deleted while attached is copied back from its
-// loop device, a volume removed around a surviving image gets a new volume
-// around the same image, a missing image is refused naming `shrooms
-// forget`. Created is true only for a new, empty HOME.
+// Open opens task's HOME: it makes sure its volume exists (creating it,
+// with a new filesystem, when missing) and mounts its capped filesystem on
+// it (again, after a reboot), so all HOME writes happen inside it. The
+// Home has the volume's host directory and says whether this Open created
+// the volume (then a caller that fails afterwards undoes it with
+// Home.Discard; Created is true only for a new, empty HOME). kept says
+// the task may have had its HOME made already: then drift behind shrooms'
+// back is repaired or refused with the fix (drift.go) — an image deleted
+// while attached is copied back from its loop device, a volume removed
+// around a surviving image gets a new volume around the same image, a
+// missing image is refused naming `shrooms forget`.
 func (s *Store) Open(ctx context.Context, task taskid.ID, kept bool) (*Home, error) {
 	v := s.Volume(task)
 	root := ""
