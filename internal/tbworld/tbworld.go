@@ -69,6 +69,7 @@ type options struct {
 	tb       []testbed.Option
 	service  []string
 	cli      bool
+	env      []itest.Option
 	bin      string
 	cage     map[string]any
 	network  map[string]any
@@ -96,7 +97,13 @@ func WithService(args ...string) Option { return func(o *options) { o.service = 
 // inside the testbed's host namespace.
 func WithCLI(bin string) Option { return func(o *options) { o.cli, o.bin = true, bin } }
 
-// WithCage adds keys to the config's [cage] table.
+// WithEnv adds options of the itest.Env (prepared cages left by design).
+func WithEnv(opts ...itest.Option) Option {
+	return func(o *options) { o.env = append(o.env, opts...) }
+}
+
+// WithCage adds keys to the config's [cage] table (internal/testcfg's
+// base; a nil value drops a base key).
 func WithCage(keys map[string]any) Option {
 	return func(o *options) { o.cage = merged(o.cage, keys) }
 }
@@ -161,7 +168,7 @@ func New(t testing.TB, prefix string, opts ...Option) *World {
 		envOpts = append(envOpts, itest.WithBinary(w.Binary), itest.WithNetNS(w.TB.NSPath("host")))
 	}
 	// Made after the testbed, so that its cleanup runs before the testbed's.
-	w.Env = itest.New(t, prefix, envOpts...)
+	w.Env = itest.New(t, prefix, append(envOpts, o.env...)...)
 	w.Net = w.Prefix
 	w.FW = firewall.Options{NetNS: w.TB.NSPath("host")}
 	if o.dns {
