@@ -262,13 +262,16 @@ for i in range(600):
 	assert.NilError(t, cmd.Start())
 	before := filepath.Join(e.Worktree, ".gw-before")
 	deadline := time.Now().Add(60 * time.Second)
+	var b []byte
+	var err error
 	for {
-		if _, err := os.Stat(before); err == nil || time.Now().After(deadline) {
+		// Until written, not only created: on a loaded machine the file
+		// can be seen empty between the script's open and its write.
+		if b, err = os.ReadFile(before); (err == nil && len(b) > 0) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	b, err := os.ReadFile(before)
 	assert.NilError(t, err, "the cage never started")
 	assert.Equal(t, string(b), "True", "positive control: the gateway is reachable during the turn")
 	assert.NilError(t, syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL))
@@ -276,12 +279,11 @@ for i in range(600):
 	after := filepath.Join(e.Worktree, ".gw-after")
 	deadline = time.Now().Add(30 * time.Second)
 	for {
-		if _, err := os.Stat(after); err == nil || time.Now().After(deadline) {
+		if b, err = os.ReadFile(after); (err == nil && len(b) > 0) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	b, err = os.ReadFile(after)
 	assert.NilError(t, err, "the cage could still reach the gateway 30 s after shrooms was killed")
 	assert.Assert(t, is.Contains(string(b), "gone after"))
 	// The leftover cage goes with the task's next command.
