@@ -27,9 +27,10 @@ import (
 // BenchmarkTurnVsBarePodman runs paired turns of /bin/true (no network):
 // a full shrooms turn (checks, lock, HOME reset, spec, create, start,
 // wait, remove) against the bare API sequence podman run --rm performs with
-// the same spec (create, attach, start, wait, remove), and against the
-// podman CLI's `run --rm` with the same image, command and limits. It
-// reports the medians and their ratios (`make bench`).
+// the same spec (create, attach, start, wait, remove; HOME an empty
+// directory, as the turn released its own), and against the podman CLI's
+// `run --rm` with the same image, command and limits. It reports the
+// medians and their ratios (`make bench`).
 func BenchmarkTurnVsBarePodman(b *testing.B) {
 	e, runner := newBenchHarness(b)
 	ctx := context.Background()
@@ -133,7 +134,8 @@ func (f *firstByte) Write(p []byte) (int, error) {
 // BenchmarkFirstByte measures, paired, the time from asking for a turn to
 // the agent's first output byte: a shrooms turn in a prepared cage, a
 // shrooms turn without one, the bare podman API sequence (create, attach,
-// start) and the podman CLI's `run --rm` (`make bench`).
+// start) with the turn's spec (HOME an empty directory, see bareSpec) and
+// the podman CLI's `run --rm` (`make bench`).
 func BenchmarkFirstByte(b *testing.B) {
 	e, runner := newBenchHarness(b)
 	runner.Binary = itest.ShroomsBinary(b)
