@@ -15,6 +15,7 @@ package testbed
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -538,7 +539,30 @@ func (tb *Testbed) teardown() {
 	for _, ns := range tb.NS {
 		exec.Command("ip", "netns", "del", ns).Run()
 	}
+	// A removed cage's conmon runs `podman --root … container cleanup`
+	// after it, which would make the store anew behind the RemoveAll.
+	tb.waitStoreUsers(10 * time.Second)
 	os.RemoveAll(tb.Dir)
+}
+
+// waitStoreUsers waits until no process names Dir on its command line
+// (the service's conmons and their cleanup runs), or d passes.
+func (tb *Testbed) waitStoreUsers(d time.Duration) {
+	needle := []byte(tb.Dir + "/")
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		busy := false
+		for _, p := range procs {
+			if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, needle) {
+				busy = true
+				break
+			}
+		}
+		if !busy {
+			return
+		}
+	}
+	tb.t.Logf("testbed: processes still use %s after the teardown", tb.Dir)
 }
 
 // BuildProbe compiles tbprobe (static) into the testbed dir and returns its
