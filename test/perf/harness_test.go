@@ -46,9 +46,9 @@ type bench struct {
 
 // newBench sets up the testbed, the config (sealed network, policy
 // internet) and applies the seal in the testbed's host namespace.
-func newBench(t testing.TB, extra string) *bench {
+func newBench(t testing.TB, extra string, opts ...testbed.Option) *bench {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
-	tb := testbed.New(t)
+	tb := testbed.New(t, opts...)
 	tb.StartPodman()
 	b := &bench{tb: tb}
 	// SHROOMS_PERF_BINARY measures another build (an older one, for the
@@ -192,10 +192,16 @@ func (b *bench) run(task, agent, script string) (*timing, *result, error) {
 // bare is `podman run --rm` of the same image and command on the named
 // network, with the same limits a cage has.
 func (b *bench) bare(network, script string) (*timing, error) {
-	return timed(b.inHost("podman", "--url", b.tb.PodmanURL, "run", "--rm", "--network", network,
+	return timed(b.bareCommand(network, script))
+}
+
+// bareCommand is bare's process, with podman run's flags extra added.
+func (b *bench) bareCommand(network, script string, extra ...string) *exec.Cmd {
+	args := []string{"podman", "--url", b.tb.PodmanURL, "run", "--rm", "--network", network,
 		"--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges", "--user", "1000:1000",
-		"--memory", "256m", "--pids-limit", "128", "--ulimit", "nofile=512:512", "--ulimit", "nproc=256:256",
-		itest.TestImage, "/bin/sh", "-c", script))
+		"--memory", "256m", "--pids-limit", "128", "--ulimit", "nofile=512:512", "--ulimit", "nproc=256:256"}
+	args = append(append(args, extra...), itest.TestImage, "/bin/sh", "-c", script)
+	return b.inHost(args...)
 }
 
 func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
