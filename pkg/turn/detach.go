@@ -71,13 +71,15 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		// same names.
 		if in, err := r.check(ctx, *next, aheadSteps()); err == nil {
 			if _, err := r.prepareNextLocked(ctx, in, td.Cage); err == nil {
-				// HOME stays mounted: the next cage was prepared on it
-				// (no listing asks whether a cage uses it).
+				var errs []error
+				if err := r.releaseHome(ctx, td.Task); err != nil {
+					errs = append(errs, fmt.Errorf("release HOME: %w", err))
+				}
 				lock.Release()
 				if err := r.removeTaskCage(ctx, td.Task, td.Cage); err != nil {
-					return fmt.Errorf("remove cage: %w", err)
+					errs = append(errs, fmt.Errorf("remove cage: %w", err))
 				}
-				return nil
+				return errors.Join(errs...)
 			}
 		}
 		// The next cage could not be prepared: the usual order says why.
@@ -119,15 +121,16 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 }
 
 // removeTaskCage removes the task's cage id (and no other: without the
-// task lock, another turn of the task may be running), if it is there and
-// ours: one inspection of that cage, not a listing of every container.
+// task lock, another turn of the task may be running), if it is there.
 func (r *Runner) removeTaskCage(ctx context.Context, task taskid.ID, id string) error {
-	c, err := r.Podman.CageNamed(ctx, id)
-	if err != nil || c == nil {
+	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task.String())
+	if err != nil {
 		return err
 	}
-	if c.ID == id && c.Labels[sealed.LabelTask] == task.String() && r.ours(*c) {
-		return r.Podman.Remove(ctx, c.ID)
+	for _, c := range cages {
+		if c.ID == id && r.ours(c) {
+			return r.Podman.Remove(ctx, c.ID)
+		}
 	}
 	return nil
 }
