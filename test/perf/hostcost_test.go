@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 )
 
@@ -38,7 +39,7 @@ func BenchmarkHostCost(b *testing.B) {
 		return
 	}
 	acct := newCPUAcct(b)
-	be := newBench(b, "", testbed.CPUAccount(acct.dir))
+	be := newBench(b, tbworld.WithTestbed(testbed.CPUAccount(acct.dir)))
 	acct.service = acct.pids("svc")
 	if len(acct.service) != 1 {
 		b.Fatalf("the podman service's cgroup holds %v, want one process", acct.service)
@@ -68,17 +69,17 @@ func BenchmarkHostCost(b *testing.B) {
 			// A private cgroup namespace, as a cage has: with the host's,
 			// runc bind-mounts the container's cgroups from the host's
 			// mount table, which CPUAccount's bind mount misleads.
-			cmd := acct.inCLI(be.bareCommand(network, script, "--cgroupns", "private"))
+			cmd := acct.inCLI(bareCommand(be, network, script, "--cgroupns", "private"))
 			if out, err := cmd.CombinedOutput(); err != nil {
 				return 0, fmt.Errorf("podman run: %v: %s", err, out)
 			}
 			return rusageMs(cmd), nil
 		}
 	}
-	cols := []column{{"shrooms", shrooms}, {"podman-run", bare("podman")}, {"podman-run-cage-net", bare(be.Prefix)}}
+	cols := []column{{"shrooms", shrooms}, {"podman-run", bare("podman")}, {"podman-run-cage-net", bare(be.Net)}}
 	// Warm-up: bootstrap, network, the first prepared cage, podman's
 	// default network; not measured.
-	if _, _, err := be.run(task, "shell", "true"); err != nil {
+	if _, _, err := runTurn(be, task, "shell", "true"); err != nil {
 		b.Fatal(err)
 	}
 	be.WaitIdle(task)
