@@ -3,8 +3,10 @@ package turn
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/containers/podman/v5/pkg/specgen"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -24,9 +27,10 @@ import (
 // BenchmarkTurnVsBarePodman runs paired turns of /bin/true (no network):
 // a full shrooms turn (checks, lock, HOME reset, spec, create, start,
 // wait, remove) against the bare API sequence podman run --rm performs with
-// the same spec (create, attach, start, wait, remove), and against the
-// podman CLI's `run --rm` with the same image, command and limits. It
-// reports the medians and their ratios (`make bench`).
+// the same spec (create, attach, start, wait, remove; HOME an empty
+// directory, as the turn released its own), and against the podman CLI's
+// `run --rm` with the same image, command and limits. It reports the
+// medians and their ratios (`make bench`).
 func BenchmarkTurnVsBarePodman(b *testing.B) {
 	e, runner := newBenchHarness(b)
 	ctx := context.Background()
@@ -48,10 +52,9 @@ func BenchmarkTurnVsBarePodman(b *testing.B) {
 		}
 		shrooms = append(shrooms, time.Since(start))
 
-		s := *spec
-		s.Name = itest.UniqueName("bench-bare-")
+		s := bareSpec(b, spec, "bench-bare-")
 		start = time.Now()
-		id, err := runner.Podman.Create(ctx, &s)
+		id, err := runner.Podman.Create(ctx, s)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -94,9 +97,25 @@ func median(d []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
-func newBenchHarness(b *testing.B) (*itest.Env, *Runner) {
+func newBenchHarness(b *testing.B, opts ...itest.Option) (*itest.Env, *Runner) {
 	itest.Require(b, itest.Root, itest.Podman)
-	return newHarnessTB(b, "")
+	return newHarnessTB(b, "", opts...)
+}
+
+// bareSpec copies a turn's spec for a bare podman run named with prefix.
+// The turn released its HOME (the volume's image is unmounted after a
+// turn), so the copy binds an empty directory wherever a bind's source is
+// gone.
+func bareSpec(b *testing.B, spec *specgen.SpecGenerator, prefix string) *specgen.SpecGenerator {
+	s := *spec
+	s.Name = itest.UniqueName(prefix)
+	s.Mounts = append([]specs.Mount(nil), spec.Mounts...)
+	for i, m := range s.Mounts {
+		if _, err := os.Stat(m.Source); m.Type == "bind" && errors.Is(err, fs.ErrNotExist) {
+			s.Mounts[i].Source = b.TempDir()
+		}
+	}
+	return &s
 }
 
 // firstByte records when the first byte of output arrives.
@@ -115,7 +134,8 @@ func (f *firstByte) Write(p []byte) (int, error) {
 // BenchmarkFirstByte measures, paired, the time from asking for a turn to
 // the agent's first output byte: a shrooms turn in a prepared cage, a
 // shrooms turn without one, the bare podman API sequence (create, attach,
-// start) and the podman CLI's `run --rm` (`make bench`).
+// start) with the turn's spec (HOME an empty directory, see bareSpec) and
+// the podman CLI's `run --rm` (`make bench`).
 func BenchmarkFirstByte(b *testing.B) {
 	e, runner := newBenchHarness(b)
 	runner.Binary = itest.ShroomsBinary(b)
@@ -148,11 +168,10 @@ func BenchmarkFirstByte(b *testing.B) {
 		}
 		plain = append(plain, fb.at)
 
-		s := *spec
-		s.Name = itest.UniqueName("bench-fb-")
+		s := bareSpec(b, spec, "bench-fb-")
 		s.Command = []string{"/bin/sh", "-c", "echo x"}
 		fb = &firstByte{start: time.Now()}
-		id, err := runner.Podman.Create(ctx, &s)
+		id, err := runner.Podman.Create(ctx, s)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -236,9 +255,11 @@ func BenchmarkConcurrentTasks(b *testing.B) {
 }
 
 // BenchmarkPeakRSS runs one turn with the real shrooms binary and reports
-// its peak resident set size (`make bench`).
+// its peak resident set size (`make bench`). The CLI prepares the task's
+// next cage after the turn (cage.prepare_next, in a detached child whose
+// memory is not counted): the world expects it.
 func BenchmarkPeakRSS(b *testing.B) {
-	e, runner := newBenchHarness(b)
+	e, runner := newBenchHarness(b, itest.WithPrepared())
 	bin := itest.ShroomsBinary(b)
 	cfgFile := filepath.Join(b.TempDir(), "config.toml")
 	if err := os.WriteFile(cfgFile, []byte(fmt.Sprintf(`

@@ -32,10 +32,10 @@ import (
 // test's tasks left).
 func newHarness(t *testing.T, extra string) (*itest.Env, *Runner) { return newHarnessTB(t, extra) }
 
-func newHarnessTB(t testing.TB, extra string) (*itest.Env, *Runner) {
+func newHarnessTB(t testing.TB, extra string, opts ...itest.Option) (*itest.Env, *Runner) {
 	t.Helper()
 	e, cfg, client := testcfg.Env(t, "tt", testcfg.Config{Extra: extra,
-		Cage: map[string]any{"pids": 128, "cpus": 1.0, "nofile": 512, "nproc": 256, "tmp_size": "16m", "run_size": "4m"}})
+		Cage: map[string]any{"pids": 128, "cpus": 1.0, "nofile": 512, "nproc": 256, "tmp_size": "16m", "run_size": "4m"}}, opts...)
 	runner := NewRunner(cfg, client, nil)
 	// The HOMEs go through the service the test ended on (a test may move
 	// the runner to a service of its own).
