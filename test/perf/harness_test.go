@@ -33,18 +33,18 @@ func TestMain(m *testing.M) {
 // config for the shrooms binary (cage network policy internet, one shell
 // agent "cl" with Claude Code's HOME rules) and the seal applied by the
 // binary (`net apply`) in the testbed's host namespace, where its CLI runs.
-func newBench(t testing.TB) *tbworld.World {
+func newBench(t testing.TB, opts ...tbworld.Option) *tbworld.World {
 	t.Helper()
 	// SHROOMS_PERF_BINARY measures another build (an older one, for the
 	// figures before a change) with the same benchmarks. Prepared next
 	// cages are left by design (--prepare-next).
-	be := tbworld.New(t, "pf", tbworld.WithCLI(os.Getenv("SHROOMS_PERF_BINARY")), tbworld.WithEnv(itest.WithPrepared()),
+	be := tbworld.New(t, "pf", append([]tbworld.Option{tbworld.WithCLI(os.Getenv("SHROOMS_PERF_BINARY")), tbworld.WithEnv(itest.WithPrepared()),
 		// The figures are the default runtime's (runtime: nil drops the
 		// suites' SHROOMS_TEST_RUNTIME).
 		tbworld.WithCage(map[string]any{"memory": "256m", "pids": 128, "nofile": 512, "nproc": 256, "timeout": "120s", "stop_grace": "1s", "runtime": nil}),
 		tbworld.WithExtra(func(*tbworld.World) string {
 			return "[home]\nmax_session_file = \"2g\"\nmax_keep_size = \"4g\"\n[agents.cl]\ncommand = [\"/bin/sh\"]\nhome = [\"claude\", \"shell\"]\n"
-		}))
+		})}, opts...)...)
 	if out, err := shrooms(be, "net", "apply"); err != nil {
 		t.Fatalf("net apply: %v: %s", err, out)
 	}
@@ -129,10 +129,16 @@ func runTurn(b *tbworld.World, task, agent, script string) (*timing, *result, er
 // bare is `podman run --rm` of the same image and command on the named
 // network, with the same limits a cage has.
 func bareRun(b *tbworld.World, network, script string) (*timing, error) {
-	return timed(inHost(b, "podman", "--url", b.TB.PodmanURL, "run", "--rm", "--network", network,
+	return timed(bareCommand(b, network, script))
+}
+
+// bareCommand is bareRun's process, with podman run's flags extra added.
+func bareCommand(b *tbworld.World, network, script string, extra ...string) *exec.Cmd {
+	args := []string{"podman", "--url", b.TB.PodmanURL, "run", "--rm", "--network", network,
 		"--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges", "--user", "1000:1000",
-		"--memory", "256m", "--pids-limit", "128", "--ulimit", "nofile=512:512", "--ulimit", "nproc=256:256",
-		itest.TestImage, "/bin/sh", "-c", script))
+		"--memory", "256m", "--pids-limit", "128", "--ulimit", "nofile=512:512", "--ulimit", "nproc=256:256"}
+	args = append(append(args, extra...), itest.TestImage, "/bin/sh", "-c", script)
+	return inHost(b, args...)
 }
 
 func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
