@@ -1,0 +1,366 @@
+package worktree
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+)
+
+// Idmapped worktrees. Where the kernel and the worktree's filesystem allow
+// it, the cage gets the worktree through an idmapped mount made by shrooms
+// on the host (runc 1.1 cannot make one itself): a clone of the worktree's
+// mount tree (open_tree), idmapped with the user namespace of a stopped
+// child whose map is the owner's uid and gid → the task agent's host ones
+// (mount_setattr MOUNT_ATTR_IDMAP, with nosuid and nodev), moved to a
+// root-only staging directory, which the cage binds as /work. In the cage
+// the owner's files are the agent's and what it writes lands owned by the
+// owner on disk: no hand-over chown walk before the turn, no give-back
+// chown walk after it. What the chowns gave for free is done here instead:
+//
+//   - setuid/setgid: a worktree owned by uid 0 is never idmapped (the chown
+//     walks run), so the cage cannot make a setuid-root file; during the
+//     turn the worktree must be unreachable for other users on the host (a
+//     strict ancestor owned by the owner or root that neither its group nor
+//     others may search, and no ACL on it: idmapGate), so nobody but the
+//     owner (and root) can run a setuid file the cage makes while it runs
+//     (the owner gains nothing by it); after the turn the setuid and setgid
+//     bits of every regular file the turn changed (ctime from the turn's
+//     start) are taken away (idmapHook).
+//   - the owner's nested repositories (nested.go) get read-only binds in the
+//     staging tree, found by the change scan before the turn (nestedFinder);
+//     the root's .git is a read-only bind already (pkg/gitseal).
+//   - nested repositories the turn makes (any not among those found before)
+//     are given to the task's agent uid after the turn and lose their
+//     permissions for others, as the give-back's keep does: the owner's git
+//     refuses them.
+//   - the staging mount is detached once runc has bound it (the turn's end,
+//     or a prepared cage's init); a leftover one (a crash) is detached by
+//     the next turn of the task, its give-back, gc and forget.
+
+// idmapDir is the root-only directory of the staging mounts, below the state
+// directory; it is a private mount of its own, so the staging mounts
+// propagate to no other mount namespace.
+func (c Claims) idmapDir() string { return filepath.Join(c.Layout.Dir, "idmap") }
+
+// StagingDir is where a task's idmapped worktree is staged for its cage's
+// bind (the /work mount's source in idmap mode).
+func (c Claims) StagingDir(task taskid.ID) string { return filepath.Join(c.idmapDir(), task.String()) }
+
+func (c Claims) turnRecord(task taskid.ID) string {
+	return filepath.Join(c.idmapDir(), task.String()+".turn.json")
+}
+
+func (c Claims) preparedRecord(task taskid.ID) string {
+	return filepath.Join(c.idmapDir(), task.String()+".prepared.json")
+}
+
+// idmapRecord is what an idmapped turn's give-back needs: who the worktree
+// was mapped from and to, when the turn began (ctimes from then on are the
+// turn's) and the owner's nested repositories found before it (by path and
+// inode: read-only in the cage, never given to the task).
+type idmapRecord struct {
+	Worktree string            `json:"worktree"`
+	Owner    [2]uint32         `json:"owner"`
+	Agent    [2]uint32         `json:"agent"`
+	Start    int64             `json:"start_unix_nano"`
+	Nested   map[string]uint64 `json:"nested"`
+}
+
+func writeRecord(path string, rec *idmapRecord) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("idmap record: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("idmap record: %w", err)
+	}
+	return nil
+}
+
+func readRecord(path string) (*idmapRecord, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("idmap record: %w", err)
+	}
+	rec := &idmapRecord{}
+	if err := json.Unmarshal(b, rec); err != nil {
+		return nil, fmt.Errorf("idmap record %s: %w", path, err)
+	}
+	return rec, nil
+}
+
+// IdmapReason says why the task's worktree gets the chown walks rather than
+// an idmapped mount ("" for an idmapped mount): worktree.idmap = "off", a
+// worktree owned by root, one other users can reach, or a kernel or
+// filesystem that refuses MOUNT_ATTR_IDMAP. agentUID and agentGID are the
+// task agent's host ids.
+func (c Claims) IdmapReason(task taskid.ID, worktree string, agentUID, agentGID uint32) string {
+	if c.Cap.Idmap == "off" {
+		return `worktree.idmap = "off"`
+	}
+	uid, gid, err := c.owner(task, worktree)
+	if err != nil {
+		return err.Error()
+	}
+	return IdmapHostReason(worktree, uid, gid, agentUID, agentGID)
+}
+
+// owner is the worktree's owner: its claim's, or its root's owner now.
+func (c Claims) owner(task taskid.ID, worktree string) (uint32, uint32, error) {
+	cl, err := c.read(worktree)
+	if err != nil {
+		return 0, 0, err
+	}
+	if cl != nil && cl.Task == task.String() {
+		return cl.UID, cl.GID, nil
+	}
+	var st unix.Stat_t
+	if err := unix.Lstat(worktree, &st); err != nil {
+		return 0, 0, fmt.Errorf("worktree %s: %w", worktree, err)
+	}
+	return st.Uid, st.Gid, nil
+}
+
+// IdmapHostReason is IdmapReason for a worktree owned by uid:gid, the
+// config aside: "" when it can be idmapped to agentUID:agentGID here.
+func IdmapHostReason(worktree string, uid, gid, agentUID, agentGID uint32) string {
+	if uid == 0 {
+		return "the worktree is owned by root (an idmapped one could get setuid-root files)"
+	}
+	if err := idmapGate(worktree, uid); err != nil {
+		return err.Error()
+	}
+	fd, err := idmappedTree(worktree, uid, gid, agentUID, agentGID, false)
+	if err != nil {
+		return "the kernel or filesystem refuses an idmapped mount: " + err.Error()
+	}
+	unix.Close(fd)
+	return ""
+}
+
+// idmapGate checks that no other user can reach the worktree on the host
+// while a turn runs: a strict ancestor (the cage can chmod the worktree's
+// root itself) owned by the owner or root that neither its group nor others
+// may search, with no ACL.
+func idmapGate(worktree string, owner uint32) error {
+	real, err := filepath.EvalSymlinks(worktree)
+	if err != nil {
+		return fmt.Errorf("worktree %s: %w", worktree, err)
+	}
+	for p := filepath.Dir(real); ; p = filepath.Dir(p) {
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return fmt.Errorf("worktree %s: %w", worktree, err)
+		}
+		if (st.Uid == 0 || st.Uid == owner) && st.Mode&0o011 == 0 && !hasACL(p) {
+			return nil
+		}
+		if p == "/" {
+			return errors.New("other users can reach the worktree (no parent directory of it is closed to its group and others)")
+		}
+	}
+}
+
+func hasACL(path string) bool {
+	n, err := unix.Lgetxattr(path, "system.posix_acl_access", nil)
+	return err == nil && n > 0
+}
+
+// idmapUserns returns a descriptor of a new user namespace whose map is
+// uid → auid, gid → agid: the namespace of a child stopped before it runs
+// anything (ptrace stops it at its exec), killed once the descriptor is
+// open.
+func idmapUserns(uid, gid, auid, agid uint32) (int, error) {
+	runtime.LockOSThread() // ptrace ties the child to this thread
+	defer runtime.UnlockOSThread()
+	cmd := exec.Command("/proc/self/exe")
+	cmd.Env = []string{}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: int(uid), HostID: int(auid), Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: int(gid), HostID: int(agid), Size: 1}},
+		Ptrace:      true,
+		Pdeathsig:   syscall.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		return -1, fmt.Errorf("user namespace for the idmap: %w", err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/user", cmd.Process.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("user namespace for the idmap: %w", err)
+	}
+	return fd, nil
+}
+
+// idmappedTree returns a detached clone of the worktree's mount (with the
+// mounts below it when recursive), idmapped uid:gid → auid:agid, nosuid,
+// nodev and private.
+func idmappedTree(worktree string, uid, gid, auid, agid uint32, recursive bool) (int, error) {
+	ns, err := idmapUserns(uid, gid, auid, agid)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(ns)
+	flags := unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC | unix.AT_SYMLINK_NOFOLLOW
+	setFlags := unix.AT_EMPTY_PATH
+	if recursive {
+		flags |= unix.AT_RECURSIVE
+		setFlags |= unix.AT_RECURSIVE
+	}
+	fd, err := unix.OpenTree(unix.AT_FDCWD, worktree, uint(flags))
+	if err != nil {
+		return -1, fmt.Errorf("open_tree %s: %w", worktree, err)
+	}
+	attr := &unix.MountAttr{
+		Attr_set:    unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
+		Userns_fd:   uint64(ns),
+		Propagation: unix.MS_PRIVATE,
+	}
+	if err := unix.MountSetattr(fd, "", uint(setFlags), attr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("mount_setattr idmap %s: %w", worktree, err)
+	}
+	return fd, nil
+}
+
+// privateIdmapDir makes the staging directory's root a private mount of its
+// own (once), so what is mounted below it reaches no other namespace.
+func (c Claims) privateIdmapDir() error {
+	dir := c.idmapDir()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("idmap staging: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("idmap staging: %w", err)
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS, &stx); err != nil {
+		return fmt.Errorf("idmap staging: %w", err)
+	}
+	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		return errors.New("idmap staging: the kernel does not say which directories are mount points")
+	}
+	if stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("idmap staging: bind %s: %w", dir, err)
+		}
+	}
+	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("idmap staging: make %s private: %w", dir, err)
+	}
+	return nil
+}
+
+// Unstage detaches the task's staging mount (all of them, should a crash
+// have left one below another); nothing when there is none.
+func (c Claims) Unstage(task taskid.ID) error {
+	dir := c.StagingDir(task)
+	for range 64 {
+		err := unix.Unmount(dir, unix.MNT_DETACH)
+		switch {
+		case errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOENT):
+			return nil // not a mount point (any more), or no directory
+		case err != nil:
+			return fmt.Errorf("detach idmapped worktree %s: %w", dir, err)
+		}
+	}
+	return fmt.Errorf("detach idmapped worktree %s: still mounted", dir)
+}
+
+// stage mounts the worktree idmapped at the task's staging directory, with
+// read-only binds over the nested repositories (worktree-relative paths).
+// On any failure nothing stays mounted.
+func (c Claims) stage(task taskid.ID, worktree string, rec *idmapRecord) (err error) {
+	if err := c.privateIdmapDir(); err != nil {
+		return err
+	}
+	if err := c.Unstage(task); err != nil {
+		return err
+	}
+	dir := c.StagingDir(task)
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("idmap staging: %w", err)
+	}
+	tree, err := idmappedTree(worktree, rec.Owner[0], rec.Owner[1], rec.Agent[0], rec.Agent[1], true)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(tree)
+	if err := moveTo(tree, dir); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = c.Unstage(task)
+		}
+	}()
+	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("idmap staging: %w", err)
+	}
+	defer unix.Close(root)
+	for rel := range rec.Nested {
+		if err := readOnlyBind(root, rel); err != nil {
+			return fmt.Errorf("idmap staging: nested repository %s read-only: %w", rel, err)
+		}
+	}
+	return nil
+}
+
+// readOnlyBind binds the entry rel below root over itself, read-only,
+// nosuid and nodev, resolving no link on the way.
+func readOnlyBind(root int, rel string) error {
+	target, err := unix.Openat2(root, rel, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return err
+	}
+	defer unix.Close(target)
+	var st unix.Stat_t
+	if err := unix.Fstat(target, &st); err != nil {
+		return err
+	}
+	if m := st.Mode & unix.S_IFMT; m != unix.S_IFDIR && m != unix.S_IFREG {
+		return nil // a link: the cage can only replace it, which the give-back finds
+	}
+	clone, err := unix.OpenTree(target, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH|unix.AT_RECURSIVE)
+	if err != nil {
+		return fmt.Errorf("open_tree: %w", err)
+	}
+	defer unix.Close(clone)
+	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+	if err := unix.MountSetattr(clone, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
+		return fmt.Errorf("mount_setattr: %w", err)
+	}
+	if err := unix.MoveMount(clone, "", target, "", unix.MOVE_MOUNT_F_EMPTY_PATH|unix.MOVE_MOUNT_T_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move_mount: %w", err)
+	}
+	return nil
+}
+
+// moveTo attaches the detached mount tree at dir.
+func moveTo(tree int, dir string) error {
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, dir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("idmap staging: move_mount to %s: %w", dir, err)
+	}
+	return nil
+}
