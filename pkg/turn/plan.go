@@ -103,6 +103,11 @@ type Plan struct {
 	timeout  time.Duration
 	ids      taskstate.IDs
 	worktree string // cleaned; "" for none
+	// idmap says the cage gets the worktree through an idmapped mount
+	// (pkg/worktree's idmap.go: no chown walks); idmapOff says why not.
+	idmap    bool
+	idmapOff string
+	staging  string // the idmapped worktree's staging mount
 	// root is the HOME volume's host directory; home is it for the reset.
 	root string
 	home home.Task
@@ -244,6 +249,10 @@ func (r *Runner) plan(in *checked, f *facts, ahead bool) (*Plan, error) {
 			return nil, fmt.Errorf("%w: git metadata: %w", ErrInput, err)
 		}
 	}
+	if in.worktree != "" {
+		p.idmapOff = r.idmapReason(in, p.ids)
+		p.idmap = p.idmapOff == ""
+	}
 	mp, err := r.planMounts(in, p)
 	if err != nil {
 		return nil, err
@@ -293,10 +302,16 @@ func (r *Runner) plan(in *checked, f *facts, ahead bool) (*Plan, error) {
 // guard's masks and the request's extra mounts.
 func (r *Runner) planMounts(in *checked, p *Plan) (*mounts.Plan, error) {
 	cfg := r.Cfg
+	staging := ""
+	if p.idmap {
+		staging = r.claims().StagingDir(in.task)
+		p.staging = staging
+	}
 	mp, err := mounts.Build(mounts.Input{
 		Task:      in.task,
 		Worktree:  in.worktree,
 		HomeDir:   home.Dir(p.root),
+		Staging:   staging,
 		OutboxDir: p.outbox,
 		TmpSize:   int64(cfg.Cage.TmpSize),
 		RunSize:   int64(cfg.Cage.RunSize),
@@ -419,11 +434,16 @@ func (r *Runner) apply(ctx context.Context, in *checked, p *Plan, s steps) (*pre
 	// A cage prepared ahead takes the worktree when its turn runs, so the
 	// owner keeps it between turns.
 	if in.worktree != "" && s.takeWorktree {
-		before, err := r.claims().Take(ctx, in.task, in.worktree, p.ids)
+		before, err := r.takeWorktree(ctx, in, p, true)
 		if err != nil {
 			return nil, err
 		}
 		out.before = before
+	} else if in.worktree != "" && p.idmap {
+		// The cage prepared ahead binds the staging mount at its init.
+		if err := r.claims().PrepareIdmapped(ctx, in.task, in.worktree, p.ids); err != nil {
+			return nil, fmt.Errorf("%w: idmapped worktree: %w", ErrHostNotReady, err)
+		}
 	}
 	for name, value := range p.secrets {
 		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: in.task.String()}); err != nil {

@@ -356,7 +356,7 @@ func (r *Runner) turnCage(ctx context.Context, in *checked, s steps) (preparedID
 		return "", prep, err
 	}
 	if in.worktree != "" {
-		if prep.before, err = r.claims().Take(ctx, in.task, in.worktree, prep.ids); err != nil {
+		if prep.before, err = r.takeWorktree(ctx, in, prep.Plan, false); err != nil {
 			return "", nil, err
 		}
 	}

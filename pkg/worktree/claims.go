@@ -194,7 +194,7 @@ func (c Claims) Release(task taskid.ID) error {
 			return fmt.Errorf("worktree claim: %w", err)
 		}
 	}
-	return nil
+	return c.releaseIdmap(task)
 }
 
 // GiveBackIdle gives back the worktrees of tasks with no turn running (a

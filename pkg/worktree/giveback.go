@@ -88,6 +88,10 @@ func (c Claims) GiveBack(task taskid.ID, worktree string) (*Report, error) {
 	if err != nil || cl == nil || cl.Task != task.String() {
 		return nil, err
 	}
+	// A staging mount a crash left (a turn's or a preparation's) goes first.
+	if err := c.Unstage(task); err != nil {
+		return nil, err
+	}
 	if rep, done, err := c.giveBackIdmapped(task, worktree); done || err != nil {
 		return rep, err
 	}

@@ -1,6 +1,8 @@
 package worktree
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,21 +48,31 @@ import (
 //     or a prepared cage's init); a leftover one (a crash) is detached by
 //     the next turn of the task, its give-back, gc and forget.
 
-// idmapDir is the root-only directory of the staging mounts, below the state
-// directory; it is a private mount of its own, so the staging mounts
-// propagate to no other mount namespace.
-func (c Claims) idmapDir() string { return filepath.Join(c.Layout.Dir, "idmap") }
+// idmapRoot holds the staging mounts: root-only, a private mount of its own
+// (so the staging mounts propagate to no other mount namespace), in /run (a
+// reboot leaves none). Each state directory has its own directory in it.
+const idmapRoot = "/run/shrooms-idmap"
+
+// idmapDir is the state directory's directory of staging mounts.
+func (c Claims) idmapDir() string {
+	sum := sha256.Sum256([]byte(filepath.Clean(c.Layout.Dir)))
+	return filepath.Join(idmapRoot, hex.EncodeToString(sum[:6]))
+}
+
+// recordDir holds the idmapped turns' records, in the state directory (a
+// turn's must outlive a reboot: its give-back strips setuid bits).
+func (c Claims) recordDir() string { return filepath.Join(c.Layout.Dir, "idmap") }
 
 // StagingDir is where a task's idmapped worktree is staged for its cage's
 // bind (the /work mount's source in idmap mode).
 func (c Claims) StagingDir(task taskid.ID) string { return filepath.Join(c.idmapDir(), task.String()) }
 
 func (c Claims) turnRecord(task taskid.ID) string {
-	return filepath.Join(c.idmapDir(), task.String()+".turn.json")
+	return filepath.Join(c.recordDir(), task.String()+".turn.json")
 }
 
 func (c Claims) preparedRecord(task taskid.ID) string {
-	return filepath.Join(c.idmapDir(), task.String()+".prepared.json")
+	return filepath.Join(c.recordDir(), task.String()+".prepared.json")
 }
 
 // idmapRecord is what an idmapped turn's give-back needs: who the worktree
@@ -240,38 +252,44 @@ func idmappedTree(worktree string, uid, gid, auid, agid uint32, recursive bool) 
 	return fd, nil
 }
 
-// privateIdmapDir makes the staging directory's root a private mount of its
-// own (once), so what is mounted below it reaches no other namespace.
+// privateIdmapDir makes idmapRoot a private mount of its own (once) and
+// the state directory's staging and record directories.
 func (c Claims) privateIdmapDir() error {
-	dir := c.idmapDir()
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("idmap staging: %w", err)
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return fmt.Errorf("idmap staging: %w", err)
+	for _, d := range []string{idmapRoot, c.idmapDir(), c.recordDir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("idmap staging: %w", err)
+		}
+		if err := os.Chmod(d, 0o700); err != nil {
+			return fmt.Errorf("idmap staging: %w", err)
+		}
 	}
 	var stx unix.Statx_t
-	if err := unix.Statx(unix.AT_FDCWD, dir, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS, &stx); err != nil {
+	if err := unix.Statx(unix.AT_FDCWD, idmapRoot, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BASIC_STATS, &stx); err != nil {
 		return fmt.Errorf("idmap staging: %w", err)
 	}
 	if stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT == 0 {
 		return errors.New("idmap staging: the kernel does not say which directories are mount points")
 	}
 	if stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT == 0 {
-		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("idmap staging: bind %s: %w", dir, err)
+		if err := unix.Mount(idmapRoot, idmapRoot, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("idmap staging: bind %s: %w", idmapRoot, err)
 		}
 	}
-	if err := unix.Mount("", dir, "", unix.MS_PRIVATE, ""); err != nil {
-		return fmt.Errorf("idmap staging: make %s private: %w", dir, err)
+	if err := unix.Mount("", idmapRoot, "", unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("idmap staging: make %s private: %w", idmapRoot, err)
 	}
 	return nil
 }
 
 // Unstage detaches the task's staging mount (all of them, should a crash
 // have left one below another); nothing when there is none.
-func (c Claims) Unstage(task taskid.ID) error {
-	dir := c.StagingDir(task)
+func (c Claims) Unstage(task taskid.ID) error { return c.UnstageDir(c.StagingDir(task)) }
+
+// UnstageDir is Unstage of the staging directory dir (StagingDir's).
+func (c Claims) UnstageDir(dir string) error {
+	if filepath.Dir(dir) != c.idmapDir() {
+		return fmt.Errorf("detach idmapped worktree: %s is no staging directory", dir)
+	}
 	for range 64 {
 		err := unix.Unmount(dir, unix.MNT_DETACH)
 		switch {
@@ -361,6 +379,20 @@ func readOnlyBind(root int, rel string) error {
 func moveTo(tree int, dir string) error {
 	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, dir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("idmap staging: move_mount to %s: %w", dir, err)
+	}
+	return nil
+}
+
+// releaseIdmap removes what an idmapped worktree left of a task that is
+// forgotten: its staging mount and directory and its prepared record.
+func (c Claims) releaseIdmap(task taskid.ID) error {
+	if err := c.Unstage(task); err != nil {
+		return err
+	}
+	for _, p := range []string{c.StagingDir(task), c.preparedRecord(task)} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("idmap staging: %w", err)
+		}
 	}
 	return nil
 }

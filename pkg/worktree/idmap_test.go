@@ -68,7 +68,7 @@ func idmapFixture(t *testing.T) (Claims, taskid.ID, string) {
 	state := filepath.Join(dir, "state")
 	assert.NilError(t, os.Mkdir(state, 0o711))
 	c := Claims{Layout: taskstate.Layout{Dir: state}, Store: taskstate.Store{Dir: state}}
-	t.Cleanup(func() { _ = c.Unstage(task); _ = syscall.Unmount(c.idmapDir(), syscall.MNT_DETACH) })
+	t.Cleanup(func() { _ = c.releaseIdmap(task); _ = os.Remove(c.idmapDir()) })
 	return c, task, wt
 }
 
@@ -83,7 +83,9 @@ func stageFixture(t *testing.T, c Claims, task taskid.ID, wt string) string {
 	rec := &idmapRecord{Worktree: wt, Owner: [2]uint32{idOwner, idOwner}, Agent: [2]uint32{idAgent, idAgent}, Nested: nested, Start: time.Now().UnixNano()}
 	assert.NilError(t, c.stage(task, wt, rec))
 	assert.NilError(t, writeRecord(c.turnRecord(task), rec))
+	assert.NilError(t, os.Chmod(idmapRoot, 0o711))
 	assert.NilError(t, os.Chmod(c.idmapDir(), 0o711))
+	t.Cleanup(func() { _ = os.Chmod(idmapRoot, 0o700) })
 	return c.StagingDir(task)
 }
 
