@@ -166,6 +166,16 @@ func IdmapHostReason(worktree string, uid, gid, agentUID, agentGID uint32) strin
 	return ""
 }
 
+// IdmapProbe says whether the kernel and the filesystem of dir make an
+// idmapped mount of it (nil when they do), for doctor.
+func IdmapProbe(dir string) error {
+	fd, err := idmappedTree(dir, 65534, 65534, 65533, 65533, false)
+	if err != nil {
+		return err
+	}
+	return unix.Close(fd)
+}
+
 // idmapGate checks that no other user can reach the worktree on the host
 // while a turn runs: a strict ancestor (the cage can chmod the worktree's
 // root itself) owned by the owner or root that neither its group nor others
