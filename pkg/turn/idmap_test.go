@@ -269,3 +269,23 @@ func TestIdmapPreparedCage(t *testing.T) {
 	assert.Assert(t, !res.Prepared)
 	assert.Equal(t, out.String(), "late-ro\n")
 }
+
+// TestIdmapGitWorkTree: a git work tree of the owner, idmapped, with its
+// .git the read-only bind pkg/gitseal makes: git works in the cage and the
+// commit lands owned by the owner.
+func TestIdmapGitWorkTree(t *testing.T) {
+	h := newHarness(t, "")
+	wt := idmapTree(t, h)
+	o, err := exec.Command("git", "init", "-q", wt).CombinedOutput()
+	assert.NilError(t, err, string(o))
+	assert.NilError(t, filepath.WalkDir(filepath.Join(wt, ".git"), func(p string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, 4242, 4242)
+	}))
+	res, out, e, err := h.sh(h.Task("git"), wt, "git -C /work status --short | head -3; echo z > /work/z")
+	assert.NilError(t, err, e+out)
+	assert.Assert(t, res.Worktree.Idmapped)
+	assert.Equal(t, uidOf(t, filepath.Join(wt, "z")), uint32(4242))
+}

@@ -8,9 +8,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"net"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -300,6 +303,10 @@ func (c Claims) UnstageDir(dir string) error {
 	if filepath.Dir(dir) != c.idmapDir() {
 		return fmt.Errorf("detach idmapped worktree: %s is no staging directory", dir)
 	}
+	return c.inServiceNS(func() error { return unstage(dir) })
+}
+
+func unstage(dir string) error {
 	for range 64 {
 		err := unix.Unmount(dir, unix.MNT_DETACH)
 		switch {
@@ -312,39 +319,118 @@ func (c Claims) UnstageDir(dir string) error {
 	return fmt.Errorf("detach idmapped worktree %s: still mounted", dir)
 }
 
+// inServiceNS runs fn in the podman service's mount namespace, where the
+// runtime resolves the cage's bind sources: on this thread when it is
+// shrooms' own, else on a thread of its own that joins it (a thread with its
+// own filesystem context may; it is never used again).
+func (c Claims) inServiceNS(fn func() error) error {
+	ns, err := serviceMountNS(c.Socket)
+	if err != nil {
+		return err
+	}
+	if ns < 0 {
+		return fn()
+	}
+	done := make(chan error, 1)
+	go func() {
+		defer unix.Close(ns)
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			done <- fmt.Errorf("idmap staging: unshare: %w", err)
+			return
+		}
+		if err := unix.Setns(ns, unix.CLONE_NEWNS); err != nil {
+			done <- fmt.Errorf("idmap staging: join the podman service's mount namespace: %w", err)
+			return
+		}
+		done <- fn()
+	}()
+	return <-done
+}
+
+// serviceMountNS returns a descriptor of the mount namespace of the podman
+// service listening on socket (unix://PATH; its listener's pid, from the
+// socket's peer credentials), or -1 when it is shrooms' own (or no socket
+// is configured).
+func serviceMountNS(socket string) (int, error) {
+	path, ok := strings.CutPrefix(socket, "unix://")
+	if !ok || path == "" {
+		return -1, nil
+	}
+	conn, err := net.DialTimeout("unix", path, 5*time.Second)
+	if err != nil {
+		return -1, fmt.Errorf("idmap staging: podman service: %w", err)
+	}
+	defer conn.Close()
+	raw, err := conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return -1, fmt.Errorf("idmap staging: podman service: %w", err)
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || cerr != nil {
+		return -1, fmt.Errorf("idmap staging: podman service's credentials: %w", errors.Join(err, cerr))
+	}
+	var ours, theirs unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/mnt", &ours); err != nil {
+		return -1, fmt.Errorf("idmap staging: %w", err)
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", cred.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("idmap staging: podman service's mount namespace: %w", err)
+	}
+	if err := unix.Fstat(fd, &theirs); err != nil || (theirs.Dev == ours.Dev && theirs.Ino == ours.Ino) {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
 // stage mounts the worktree idmapped at the task's staging directory, with
 // read-only binds over the nested repositories (worktree-relative paths).
 // On any failure nothing stays mounted.
-func (c Claims) stage(task taskid.ID, worktree string, rec *idmapRecord) (err error) {
-	if err := c.privateIdmapDir(); err != nil {
-		return err
-	}
-	if err := c.Unstage(task); err != nil {
-		return err
-	}
-	dir := c.StagingDir(task)
-	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("idmap staging: %w", err)
-	}
+func (c Claims) stage(task taskid.ID, worktree string, rec *idmapRecord) error {
 	tree, err := idmappedTree(worktree, rec.Owner[0], rec.Owner[1], rec.Agent[0], rec.Agent[1], true)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(tree)
-	if err := moveTo(tree, dir); err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			_ = c.Unstage(task)
+	return c.inServiceNS(func() error {
+		if err := c.privateIdmapDir(); err != nil {
+			return err
 		}
-	}()
+		dir := c.StagingDir(task)
+		if err := unstage(dir); err != nil {
+			return err
+		}
+		// Unmounted, the directory is no one's: a cage bound to it by a
+		// runtime that does not see the mount gets nothing it can use.
+		if err := os.Mkdir(dir, 0); err != nil && !errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("idmap staging: %w", err)
+		}
+		if err := os.Chmod(dir, 0); err != nil {
+			return fmt.Errorf("idmap staging: %w", err)
+		}
+		if err := moveTo(tree, dir); err != nil {
+			return err
+		}
+		if err := readOnlyBinds(dir, rec.Nested); err != nil {
+			_ = unstage(dir)
+			return err
+		}
+		return nil
+	})
+}
+
+// readOnlyBinds binds each nested repository (worktree-relative) below the
+// staging directory dir read-only over itself.
+func readOnlyBinds(dir string, nested map[string]uint64) error {
 	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("idmap staging: %w", err)
 	}
 	defer unix.Close(root)
-	for rel := range rec.Nested {
+	for rel := range nested {
 		if err := readOnlyBind(root, rel); err != nil {
 			return fmt.Errorf("idmap staging: nested repository %s read-only: %w", rel, err)
 		}
@@ -399,6 +485,8 @@ func (c Claims) releaseIdmap(task taskid.ID) error {
 	if err := c.Unstage(task); err != nil {
 		return err
 	}
+	// The directory itself, in the namespace shrooms sees (the same
+	// filesystem as the service's).
 	for _, p := range []string{c.StagingDir(task), c.preparedRecord(task)} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("idmap staging: %w", err)
