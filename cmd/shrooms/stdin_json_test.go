@@ -109,7 +109,7 @@ func cgroupV2() bool {
 // after a turn that writes nested files, and after a turn killed by its
 // deadline; a second task on it is refused with 121.
 func TestWorktreeOwnerThroughTheCLI(t *testing.T) {
-	e, _ := integration(t, "")
+	e, _ := integration(t, chownWalks)
 	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	git(t, wt, "init", "-q", "-b", "main")
@@ -180,7 +180,7 @@ func TestWorktreeGivenBackOnSignal(t *testing.T) {
 // TestWorktreeGivenBackAfterKill: kill -9 of shrooms mid-turn leaves the
 // worktree with the task's user; gc gives it back (and removes the cage).
 func TestWorktreeGivenBackAfterKill(t *testing.T) {
-	e, client := integration(t, "")
+	e, client := integration(t, chownWalks)
 	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	git(t, wt, "init", "-q", "-b", "main")
@@ -208,3 +208,7 @@ func TestWorktreeGivenBackAfterKill(t *testing.T) {
 	}
 	assert.Equal(t, cagesOf(e, client, task), 0)
 }
+
+// chownWalks is the config of tests of the chown walks (the fallback of the
+// idmapped worktree, which pkg/turn's idmap_test.go tests).
+const chownWalks = "[worktree]\nidmap = \"off\"\n"
