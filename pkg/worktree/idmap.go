@@ -6,9 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
-	"net"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
@@ -443,7 +444,7 @@ func readOnlyBinds(dir string, nested map[string]uint64) error {
 func readOnlyBind(root int, rel string) error {
 	target, err := unix.Openat2(root, rel, &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+		Resolve: resolve.Beneath,
 	})
 	if err != nil {
 		return err

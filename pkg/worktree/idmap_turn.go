@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/fault"
+	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
@@ -205,12 +206,12 @@ func (h *idmapHook) nested(dirFd int, name, rel string, st *unix.Stat_t) (bool, 
 func (h *idmapHook) strip(dirFd int, name string, st *unix.Stat_t) (bool, bool, error) {
 	fd, err := unix.Openat2(dirFd, name, &unix.OpenHow{
 		Flags:   unix.O_RDONLY | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NONBLOCK | unix.O_NOCTTY,
-		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV,
+		Resolve: resolve.Beneath,
 	})
 	if err != nil {
 		// A file nobody may read (mode 4111): its path, never followed.
 		fd, err = unix.Openat2(dirFd, name, &unix.OpenHow{Flags: unix.O_PATH | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV})
+			Resolve: resolve.Beneath})
 		if errors.Is(err, unix.ENOENT) {
 			return false, false, nil
 		}
