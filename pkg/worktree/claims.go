@@ -224,7 +224,7 @@ func (c Claims) GiveBackIdle() ([]string, error) {
 		if err != nil {
 			return given, fmt.Errorf("give worktree %s back: %w", cl.Worktree, err)
 		}
-		if rep != nil && rep.GivenBack > 0 {
+		if rep != nil && (rep.GivenBack > 0 || rep.Idmapped) {
 			given = append(given, cl.Worktree)
 		}
 	}
