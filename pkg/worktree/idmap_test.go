@@ -163,7 +163,7 @@ func unixMoveAgain(c Claims, task taskid.ID, wt string, rec *idmapRecord) error 
 func TestIdmapGiveBack(t *testing.T) {
 	c, task, wt := idmapFixture(t)
 	st := stageFixture(t, c, task, wt)
-	out, err := asAgent(t, "cd "+st+" && echo x > s && chmod 4755 s && echo y > g && chmod 2755 g && mkdir -p n/.git/objects n/.git/refs && echo ref > n/.git/HEAD && mkdir -p bare/objects bare/refs && echo r > bare/HEAD")
+	out, err := asAgent(t, "cd "+st+" && echo x > s && chmod 4755 s && echo y > g && chmod 2755 g && mkdir -p n/.git/objects n/.git/refs && echo ref > n/.git/HEAD && mkdir -p bare/objects bare/refs && echo r > bare/HEAD && mkdir p && echo 'gitdir: /elsewhere' > p/.git")
 	assert.NilError(t, err, out)
 	// Positive control: the host sees the setuid file, the owner's.
 	fi, err := os.Stat(wt + "/s")
@@ -176,7 +176,7 @@ func TestIdmapGiveBack(t *testing.T) {
 	assert.NilError(t, err)
 	assert.Assert(t, done)
 	assert.Equal(t, rep.Stripped, 2)
-	assert.DeepEqual(t, rep.KeptNestedRepos, []string{"bare", "n/.git"})
+	assert.DeepEqual(t, rep.KeptNestedRepos, []string{"bare", "n/.git", "p/.git"})
 	for _, p := range []string{"s", "g"} {
 		fi, err := os.Stat(filepath.Join(wt, p))
 		assert.NilError(t, err)
@@ -185,7 +185,7 @@ func TestIdmapGiveBack(t *testing.T) {
 	fi, err = os.Stat(wt + "/ownsuid")
 	assert.NilError(t, err)
 	assert.Assert(t, fi.Mode()&os.ModeSetuid != 0, "%v %+v", fi.Mode(), fi.Sys())
-	for _, p := range []string{"n/.git", "n/.git/HEAD", "n/.git/objects", "bare", "bare/HEAD"} {
+	for _, p := range []string{"n/.git", "n/.git/HEAD", "n/.git/objects", "bare", "bare/HEAD", "p/.git"} {
 		u, _ := owner(t, filepath.Join(wt, p))
 		assert.Equal(t, u, uint32(idAgent), p)
 	}

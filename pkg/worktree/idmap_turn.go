@@ -159,6 +159,9 @@ func (h *idmapHook) Entry(dirFd int, name, rel string, st *unix.Stat_t) (bool, b
 	if st.Dev != h.dev {
 		return false, false, nil
 	}
+	if name == ".git" { // a directory, gitdir pointer file or link
+		return h.nested(dirFd, name, rel, st)
+	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
 		if st.Mode&(unix.S_ISUID|unix.S_ISGID) == 0 || st.Ctim.Nano() < h.rec.Start {
@@ -167,13 +170,7 @@ func (h *idmapHook) Entry(dirFd int, name, rel string, st *unix.Stat_t) (bool, b
 		return h.strip(dirFd, name, st)
 	case unix.S_IFDIR:
 	default:
-		if name == ".git" {
-			return h.nested(dirFd, name, rel, st)
-		}
 		return false, false, nil
-	}
-	if name == ".git" {
-		return h.nested(dirFd, name, rel, st)
 	}
 	d, err := openBeneath(dirFd, name, st)
 	if err != nil || d == nil {
