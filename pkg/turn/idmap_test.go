@@ -214,11 +214,28 @@ func TestIdmapLeftoverStagingIsCleared(t *testing.T) {
 
 	take()
 	assert.Assert(t, staged(t, h, task))
-	res, o, e, err := h.sh(task, wt, "echo ok > /work/after")
+	// What the killed turn made, as its cage would have: a setuid file
+	// and a nested repository, the owner's on disk.
+	for _, d := range []string{"killed", "killed/.git", "killed/.git/objects", "killed/.git/refs"} {
+		assert.NilError(t, os.Mkdir(filepath.Join(wt, d), 0o755))
+		assert.NilError(t, os.Lchown(filepath.Join(wt, d), 4242, 4242))
+	}
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "killed/.git/HEAD"), nil, 0o644))
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "killed/s"), nil, 0o755))
+	assert.NilError(t, os.Lchown(filepath.Join(wt, "killed/s"), 4242, 4242))
+	assert.NilError(t, syscall.Chmod(filepath.Join(wt, "killed/s"), 0o4755))
+	res, o, e, err := h.sh(task, wt, "echo ok > /work/after; if { echo x >> /work/killed/.git/HEAD; } 2>/dev/null; then echo KILLED-WRITABLE; fi")
 	assert.NilError(t, err, e+o)
+	assert.Equal(t, o, "")
 	assert.Assert(t, res.Worktree.Idmapped)
 	assert.Assert(t, !staged(t, h, task), "the next turn detached it")
 	assert.Equal(t, uidOf(t, filepath.Join(wt, "after")), uint32(4242))
+	// The next turn gave the killed one back first: its repository is the
+	// task's, its setuid bit gone.
+	assert.Assert(t, uidOf(t, filepath.Join(wt, "killed/.git")) != 4242)
+	fi, err := os.Stat(filepath.Join(wt, "killed/s"))
+	assert.NilError(t, err)
+	assert.Equal(t, fi.Mode()&os.ModeSetuid, os.FileMode(0))
 }
 
 // TestIdmapPreparedCage: a cage prepared ahead gets the idmapped worktree

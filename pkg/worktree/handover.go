@@ -85,6 +85,12 @@ func (c Claims) Take(ctx context.Context, task taskid.ID, worktree string, ids t
 // claimAndCap records the task's claim on the worktree (with its owner)
 // and puts it under the task's cap; it returns the claim.
 func (c Claims) claimAndCap(task taskid.ID, worktree string, ids taskstate.IDs) (*claim, error) {
+	// An idmapped turn that died before its give-back (its record is still
+	// there) is given back first: what it made setuid or a repository must
+	// not pass for the owner's in this turn's scan.
+	if _, _, err := c.giveBackIdmapped(task, worktree); err != nil {
+		return nil, err
+	}
 	var st unix.Stat_t
 	if err := unix.Lstat(worktree, &st); err != nil {
 		return nil, fmt.Errorf("%w: worktree %s: %w", fault.Input, worktree, err)

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"gotest.tools/v3/assert"
 
@@ -80,7 +79,9 @@ func stageFixture(t *testing.T, c Claims, task taskid.ID, wt string) string {
 	_, nested, err := scanNested(context.Background(), wt)
 	assert.NilError(t, err)
 	assert.DeepEqual(t, mapKeys(nested), []string{"sub/.git"})
-	rec := &idmapRecord{Worktree: wt, Owner: [2]uint32{idOwner, idOwner}, Agent: [2]uint32{idAgent, idAgent}, Nested: nested, Start: time.Now().UnixNano()}
+	start, err := coarseNow()
+	assert.NilError(t, err)
+	rec := &idmapRecord{Worktree: wt, Owner: [2]uint32{idOwner, idOwner}, Agent: [2]uint32{idAgent, idAgent}, Nested: nested, Start: start}
 	assert.NilError(t, c.stage(task, wt, rec))
 	assert.NilError(t, writeRecord(c.turnRecord(task), rec))
 	assert.NilError(t, os.Chmod(idmapRoot, 0o711))

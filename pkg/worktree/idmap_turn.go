@@ -48,7 +48,9 @@ func (c Claims) TakeIdmapped(ctx context.Context, task taskid.ID, worktree strin
 		return nil, err
 	}
 	rec.Nested = nested
-	rec.Start = time.Now().UnixNano()
+	if rec.Start, err = coarseNow(); err != nil {
+		return nil, err
+	}
 	if stage {
 		if err := c.stage(task, worktree, rec); err != nil {
 			return nil, err
@@ -379,4 +381,15 @@ func (c Claims) giveBackIdmappedScanning(ctx context.Context, task taskid.ID, wo
 		return nil, nil, true
 	}
 	return after, idmapReport(worktree, rec, h, start), true
+}
+
+// coarseNow is the time the kernel stamps ctimes from (the coarse clock,
+// up to a tick behind the precise one): every ctime set after it is at or
+// after it.
+func coarseNow() (int64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &ts); err != nil {
+		return 0, fmt.Errorf("idmap record: clock: %w", err)
+	}
+	return ts.Nano(), nil
 }
