@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"gotest.tools/v3/assert"
 
@@ -79,6 +80,9 @@ func stageFixture(t *testing.T, c Claims, task taskid.ID, wt string) string {
 	_, nested, err := scanNested(context.Background(), wt)
 	assert.NilError(t, err)
 	assert.DeepEqual(t, mapKeys(nested), []string{"sub/.git"})
+	// The owner's files are from before the turn's clock tick (a file the
+	// owner changes within a tick of the turn's start counts as the turn's).
+	time.Sleep(20 * time.Millisecond)
 	start, err := coarseNow()
 	assert.NilError(t, err)
 	rec := &idmapRecord{Worktree: wt, Owner: [2]uint32{idOwner, idOwner}, Agent: [2]uint32{idAgent, idAgent}, Nested: nested, Start: start}
