@@ -156,8 +156,8 @@ func (c Claims) owner(task taskid.ID, worktree string) (uint32, uint32, error) {
 // IdmapHostReason is IdmapReason for a worktree owned by uid:gid, the
 // config aside: "" when it can be idmapped to agentUID:agentGID here.
 func IdmapHostReason(worktree string, uid, gid, agentUID, agentGID uint32) string {
-	if uid == 0 {
-		return "the worktree is owned by root (an idmapped one could get setuid-root files)"
+	if uid == 0 || gid == 0 {
+		return "the worktree is owned by root or group root (an idmapped one could get setuid- or setgid-root files)"
 	}
 	if err := idmapGate(worktree, uid); err != nil {
 		return err.Error()

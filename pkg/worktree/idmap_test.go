@@ -211,7 +211,8 @@ func TestIdmapGiveBack(t *testing.T) {
 func TestIdmapHostReason(t *testing.T) {
 	_, _, wt := idmapFixture(t)
 	assert.Equal(t, IdmapHostReason(wt, idOwner, idOwner, idAgent, idAgent), "")
-	assert.Assert(t, strings.Contains(IdmapHostReason(wt, 0, 0, idAgent, idAgent), "owned by root"))
+	assert.Assert(t, strings.Contains(IdmapHostReason(wt, 0, idOwner, idAgent, idAgent), "owned by root"))
+	assert.Assert(t, strings.Contains(IdmapHostReason(wt, idOwner, 0, idAgent, idAgent), "group root"))
 	assert.NilError(t, os.Chmod(filepath.Dir(wt), 0o755)) // the gate opened
 	assert.Assert(t, strings.Contains(IdmapHostReason(wt, idOwner, idOwner, idAgent, idAgent), "other users can reach"))
 }

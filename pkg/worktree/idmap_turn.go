@@ -40,7 +40,7 @@ func (c Claims) TakeIdmapped(ctx context.Context, task taskid.ID, worktree strin
 		return nil, err
 	}
 	rec := &idmapRecord{Worktree: worktree, Owner: [2]uint32{cl.UID, cl.GID}, Agent: c.agentIDs(ids)}
-	if rec.Owner[0] == 0 {
+	if rec.Owner[0] == 0 || rec.Owner[1] == 0 {
 		return nil, errors.New("worktree owned by root: never idmapped") // plan decided otherwise: fail closed
 	}
 	before, nested, err := scanNested(ctx, worktree)
@@ -80,7 +80,7 @@ func (c Claims) PrepareIdmapped(ctx context.Context, task taskid.ID, worktree st
 	if err != nil {
 		return err
 	}
-	if uid == 0 {
+	if uid == 0 || gid == 0 {
 		return errors.New("worktree owned by root: never idmapped")
 	}
 	_, nested, err := scanNested(ctx, worktree)
