@@ -32,8 +32,8 @@ import (
 // owner on disk: no hand-over chown walk before the turn, no give-back
 // chown walk after it. What the chowns gave for free is done here instead:
 //
-//   - setuid/setgid: a worktree owned by uid 0 is never idmapped (the chown
-//     walks run), so the cage cannot make a setuid-root file; during the
+//   - setuid/setgid: a worktree owned by uid or gid 0 is never idmapped (the
+//     chown walks run), so the cage cannot make a setuid-root file; during the
 //     turn the worktree must be unreachable for other users on the host (a
 //     strict ancestor owned by the owner or root that neither its group nor
 //     others may search, and no ACL on it: idmapGate), so nobody but the
@@ -48,9 +48,12 @@ import (
 //     are given to the task's agent uid after the turn and lose their
 //     permissions for others, as the give-back's keep does: the owner's git
 //     refuses them.
-//   - the staging mount is detached once runc has bound it (the turn's end,
-//     or a prepared cage's init); a leftover one (a crash) is detached by
-//     the next turn of the task, its give-back, gc and forget.
+//   - the staging mount is made in the podman service's mount namespace
+//     (inServiceNS) and detached once runc has bound it (right after the
+//     start, or a prepared cage's init); a leftover one (a crash) is
+//     detached by the next turn of the task, its give-back, gc and forget,
+//     and a turn's record (the state directory's idmap/) makes each of them
+//     give back what a killed turn left first.
 
 // idmapRoot holds the staging mounts: root-only, a private mount of its own
 // (so the staging mounts propagate to no other mount namespace), in /run (a
@@ -95,6 +98,9 @@ func writeRecord(path string, rec *idmapRecord) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("idmap record: %w", err)
 	}
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, b, 0o600); err != nil {
