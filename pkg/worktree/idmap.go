@@ -19,6 +19,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // Idmapped worktrees. Where the kernel and the worktree's filesystem allow
@@ -136,27 +137,32 @@ func (c Claims) IdmapReason(task taskid.ID, worktree string, agentUID, agentGID 
 	if c.Cap.Idmap == "off" {
 		return `worktree.idmap = "off"`
 	}
-	uid, gid, err := c.owner(task, worktree)
+	uid, gid, err := c.owner(task, worktree, agentUID-uint32(c.User))
 	if err != nil {
 		return err.Error()
 	}
 	return IdmapHostReason(worktree, uid, gid, agentUID, agentGID)
 }
 
-// owner is the worktree's owner: its claim's, or its root's owner now.
-func (c Claims) owner(task taskid.ID, worktree string) (uint32, uint32, error) {
-	cl, err := c.read(worktree)
-	if err != nil {
-		return 0, 0, err
-	}
-	if cl != nil && cl.Task == task.String() {
-		return cl.UID, cl.GID, nil
-	}
+// owner is the worktree's owner, as Take records it: its root's owner now,
+// or, when that is the task's user namespace (lo its first host uid), the
+// claim's.
+func (c Claims) owner(task taskid.ID, worktree string, lo uint32) (uint32, uint32, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(worktree, &st); err != nil {
 		return 0, 0, fmt.Errorf("worktree %s: %w", worktree, err)
 	}
-	return st.Uid, st.Gid, nil
+	if st.Uid < lo || st.Uid >= lo+taskstate.SlotSize {
+		return st.Uid, st.Gid, nil
+	}
+	cl, err := c.read(worktree)
+	if err != nil {
+		return 0, 0, err
+	}
+	if cl == nil || cl.Task != task.String() {
+		return 0, 0, fmt.Errorf("worktree %s is owned by the task's user namespace and shrooms has no record of its owner", worktree)
+	}
+	return cl.UID, cl.GID, nil
 }
 
 // IdmapHostReason is IdmapReason for a worktree owned by uid:gid, the
@@ -168,7 +174,7 @@ func IdmapHostReason(worktree string, uid, gid, agentUID, agentGID uint32) strin
 	if err := idmapGate(worktree, uid); err != nil {
 		return err.Error()
 	}
-	fd, err := idmappedTree(worktree, uid, gid, agentUID, agentGID, false)
+	fd, err := idmappedTree(worktree, uid, gid, agentUID, agentGID, true)
 	if err != nil {
 		return "the kernel or filesystem refuses an idmapped mount: " + err.Error()
 	}

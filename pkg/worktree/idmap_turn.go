@@ -76,7 +76,7 @@ func (c Claims) TakeIdmapped(ctx context.Context, task taskid.ID, worktree strin
 // takes the worktree with TakeIdmapped); call Unstage once the cage is
 // initialised.
 func (c Claims) PrepareIdmapped(ctx context.Context, task taskid.ID, worktree string, ids taskstate.IDs) error {
-	uid, gid, err := c.owner(task, worktree)
+	uid, gid, err := c.owner(task, worktree, ids.UID)
 	if err != nil {
 		return err
 	}
