@@ -20,13 +20,13 @@ import (
 // idmapTree is ownedTree (uid 4242, below the test's root-only temp
 // directory: no other user can reach it) with a nested repository of the
 // owner and a file of root.
-func idmapTree(t *testing.T, h *harness) string {
+func idmapTree(t *testing.T, e *itest.Env, runner *Runner) string {
 	t.Helper()
 	itest.Require(t, itest.Root)
 	if itest.Runtime() == "runsc" {
 		t.Skip("gVisor cages keep the chown walks (TestWorktreeKeepsItsOwner)")
 	}
-	wt := ownedTree(t, h)
+	wt := ownedTree(t, e, runner)
 	for _, d := range []string{"sub", "sub/.git", "sub/.git/objects", "sub/.git/refs"} {
 		assert.NilError(t, os.Mkdir(filepath.Join(wt, d), 0o755))
 	}
@@ -42,9 +42,9 @@ func idmapTree(t *testing.T, h *harness) string {
 
 // staged reports whether the task's staging directory has a mount (the
 // worktree's files show through it).
-func staged(t *testing.T, h *harness, task string) bool {
+func staged(t *testing.T, runner *Runner, task string) bool {
 	t.Helper()
-	_, err := os.Lstat(filepath.Join(h.runner.claims().StagingDir(taskid.Must(task)), "src"))
+	_, err := os.Lstat(filepath.Join(runner.claims().StagingDir(taskid.Must(task)), "src"))
 	return err == nil
 }
 
@@ -84,9 +84,9 @@ while [ ! -e /work/go ]; do sleep 0.05; done
 // could: the positive control); after the turn the setuid bit is gone, the
 // nested repository it made is the task's, and no staging mount is left.
 func TestIdmappedWorktree(t *testing.T) {
-	h := newHarness(t, "")
-	wt := idmapTree(t, h)
-	task := h.Task("idm")
+	e, runner := newHarness(t, "")
+	wt := idmapTree(t, e, runner)
+	task := e.Task("idm")
 	pr, pw, err := os.Pipe()
 	assert.NilError(t, err)
 	defer pr.Close()
@@ -140,7 +140,7 @@ func TestIdmappedWorktree(t *testing.T) {
 		}
 	}()
 	var errb bytes.Buffer
-	res, err := h.runner.Run(context.Background(), Request{
+	res, err := runner.Run(context.Background(), Request{
 		Task: taskid.Must(task), Agent: "shell", Worktree: wt, Args: []string{"-c", idmapScript},
 		Streams: podman.Streams{Stdout: pw, Stderr: &errb},
 	})
@@ -168,21 +168,21 @@ func TestIdmappedWorktree(t *testing.T) {
 	fi, err := os.Stat(filepath.Join(wt, "suid"))
 	assert.NilError(t, err)
 	assert.Equal(t, fi.Mode()&(os.ModeSetuid|os.ModeSetgid), os.FileMode(0), "no setuid bit after the turn")
-	ids, err := h.runner.Store.TaskIDs(taskid.Must(task), h.runner.IDFiles, false)
+	ids, err := runner.Store.TaskIDs(taskid.Must(task), runner.IDFiles, false)
 	assert.NilError(t, err)
-	agent := ids.UID + uint32(h.cfg.Cage.User)
+	agent := ids.UID + uint32(runner.Cfg.Cage.User)
 	for _, p := range []string{"made/.git", "made/.git/HEAD", "made/.git/objects"} {
 		assert.Equal(t, uidOf(t, filepath.Join(wt, p)), agent, p)
 	}
 	fi, err = os.Stat(filepath.Join(wt, "made/.git"))
 	assert.NilError(t, err)
 	assert.Equal(t, fi.Mode().Perm()&0o007, os.FileMode(0))
-	assert.Assert(t, !staged(t, h, task), "no staging mount after the turn")
+	assert.Assert(t, !staged(t, runner, task), "no staging mount after the turn")
 
 	// The fallback, forced: the same worktree by the chown walks.
-	h.cfg.Worktree.Idmap = "off"
-	res, o, e, err := h.sh(task, wt, "stat -c %u /work/src/main.go; echo z > /work/fallback")
-	assert.NilError(t, err, e)
+	runner.Cfg.Worktree.Idmap = "off"
+	res, o, eo, err := sh(runner, task, wt, "stat -c %u /work/src/main.go; echo z > /work/fallback")
+	assert.NilError(t, err, eo)
 	assert.Equal(t, o, "1000\n")
 	assert.Assert(t, !res.Worktree.Idmapped && res.Worktree.GivenBack > 0, "%+v", res.Worktree)
 	assert.Equal(t, uidOf(t, filepath.Join(wt, "fallback")), uint32(4242))
@@ -192,28 +192,28 @@ func TestIdmappedWorktree(t *testing.T) {
 // was made (its give-back never ran) leaves the mount; gc's give-back
 // detaches it, and so does the next turn's take.
 func TestIdmapLeftoverStagingIsCleared(t *testing.T) {
-	h := newHarness(t, "")
-	wt := idmapTree(t, h)
-	task := h.Task("kill")
-	_, _, e, err := h.sh(task, wt, "true")
-	assert.NilError(t, err, e)
-	ids, err := h.runner.Store.TaskIDs(taskid.Must(task), h.runner.IDFiles, false)
+	e, runner := newHarness(t, "")
+	wt := idmapTree(t, e, runner)
+	task := e.Task("kill")
+	_, _, eo, err := sh(runner, task, wt, "true")
+	assert.NilError(t, err, eo)
+	ids, err := runner.Store.TaskIDs(taskid.Must(task), runner.IDFiles, false)
 	assert.NilError(t, err)
 	take := func() {
-		lock, err := h.runner.Store.LockTask(taskid.Must(task))
+		lock, err := runner.Store.LockTask(taskid.Must(task))
 		assert.NilError(t, err)
 		defer lock.Release()
-		_, err = h.runner.claims().TakeIdmapped(context.Background(), taskid.Must(task), wt, ids, true)
+		_, err = runner.claims().TakeIdmapped(context.Background(), taskid.Must(task), wt, ids, true)
 		assert.NilError(t, err)
 	}
 	take()
-	assert.Assert(t, staged(t, h, task), "positive control: the killed turn's staging mount")
-	_, err = h.runner.claims().GiveBackIdle()
+	assert.Assert(t, staged(t, runner, task), "positive control: the killed turn's staging mount")
+	_, err = runner.claims().GiveBackIdle()
 	assert.NilError(t, err)
-	assert.Assert(t, !staged(t, h, task), "gc detached it")
+	assert.Assert(t, !staged(t, runner, task), "gc detached it")
 
 	take()
-	assert.Assert(t, staged(t, h, task))
+	assert.Assert(t, staged(t, runner, task))
 	// What the killed turn made, as its cage would have: a setuid file
 	// and a nested repository, the owner's on disk.
 	for _, d := range []string{"killed", "killed/.git", "killed/.git/objects", "killed/.git/refs"} {
@@ -224,11 +224,11 @@ func TestIdmapLeftoverStagingIsCleared(t *testing.T) {
 	assert.NilError(t, os.WriteFile(filepath.Join(wt, "killed/s"), nil, 0o755))
 	assert.NilError(t, os.Lchown(filepath.Join(wt, "killed/s"), 4242, 4242))
 	assert.NilError(t, syscall.Chmod(filepath.Join(wt, "killed/s"), 0o4755))
-	res, o, e, err := h.sh(task, wt, "echo ok > /work/after; if { echo x >> /work/killed/.git/HEAD; } 2>/dev/null; then echo KILLED-WRITABLE; fi")
-	assert.NilError(t, err, e+o)
+	res, o, eo, err := sh(runner, task, wt, "echo ok > /work/after; if { echo x >> /work/killed/.git/HEAD; } 2>/dev/null; then echo KILLED-WRITABLE; fi")
+	assert.NilError(t, err, eo+o)
 	assert.Equal(t, o, "")
 	assert.Assert(t, res.Worktree.Idmapped)
-	assert.Assert(t, !staged(t, h, task), "the next turn detached it")
+	assert.Assert(t, !staged(t, runner, task), "the next turn detached it")
 	assert.Equal(t, uidOf(t, filepath.Join(wt, "after")), uint32(4242))
 	// The next turn gave the killed one back first: its repository is the
 	// task's, its setuid bit gone.
@@ -243,29 +243,29 @@ func TestIdmapLeftoverStagingIsCleared(t *testing.T) {
 // the owner. A nested repository the owner adds between the preparation
 // and the turn refuses the prepared cage's turn (it would be writable).
 func TestIdmapPreparedCage(t *testing.T) {
-	h := newHarness(t, "")
-	h.runner.Binary = itest.ShroomsBinary(t)
-	wt := idmapTree(t, h)
-	task := h.Task("prep")
+	e, runner := newHarness(t, "")
+	runner.Binary = itest.ShroomsBinary(t)
+	wt := idmapTree(t, e, runner)
+	task := e.Task("prep")
 	ctx := context.Background()
 	req := func(script string, out *bytes.Buffer) Request {
 		return Request{Task: taskid.Must(task), Agent: "shell", Worktree: wt, Args: []string{"-c", script}, Streams: podman.Streams{Stdout: out, Stderr: out}}
 	}
 	var out bytes.Buffer
-	_, err := h.runner.Run(ctx, req("true", &out))
+	_, err := runner.Run(ctx, req("true", &out))
 	assert.NilError(t, err, out.String())
-	_, err = h.runner.PrepareNext(ctx, req("echo p > /work/prep.txt; stat -c %u /work/prep.txt", nil))
+	_, err = runner.PrepareNext(ctx, req("echo p > /work/prep.txt; stat -c %u /work/prep.txt", nil))
 	assert.NilError(t, err)
-	assert.Assert(t, !staged(t, h, task), "the prepared cage's staging mount is detached after its init")
+	assert.Assert(t, !staged(t, runner, task), "the prepared cage's staging mount is detached after its init")
 	out.Reset()
-	res, err := h.runner.Run(ctx, req("echo p > /work/prep.txt; stat -c %u /work/prep.txt", &out))
+	res, err := runner.Run(ctx, req("echo p > /work/prep.txt; stat -c %u /work/prep.txt", &out))
 	assert.NilError(t, err, out.String())
 	assert.Assert(t, res.Prepared, "the prepared cage ran the turn")
 	assert.Equal(t, out.String(), "1000\n")
 	assert.Assert(t, res.Worktree.Idmapped)
 	assert.Equal(t, uidOf(t, filepath.Join(wt, "prep.txt")), uint32(4242))
 
-	_, err = h.runner.PrepareNext(ctx, req("echo x >> /work/late/.git/config && echo LATE-WRITABLE", nil))
+	_, err = runner.PrepareNext(ctx, req("echo x >> /work/late/.git/config && echo LATE-WRITABLE", nil))
 	assert.NilError(t, err)
 	for _, d := range []string{"late", "late/.git", "late/.git/objects", "late/.git/refs"} {
 		assert.NilError(t, os.Mkdir(filepath.Join(wt, d), 0o755))
@@ -274,14 +274,14 @@ func TestIdmapPreparedCage(t *testing.T) {
 	assert.NilError(t, os.WriteFile(filepath.Join(wt, "late/.git/config"), nil, 0o644))
 	assert.NilError(t, os.Lchown(filepath.Join(wt, "late/.git/config"), 4242, 4242))
 	out.Reset()
-	_, err = h.runner.Run(ctx, req("echo x >> /work/late/.git/config && echo LATE-WRITABLE", &out))
+	_, err = runner.Run(ctx, req("echo x >> /work/late/.git/config && echo LATE-WRITABLE", &out))
 	assert.ErrorContains(t, err, "nested git repositories changed since its cage was prepared")
 	assert.Assert(t, !strings.Contains(out.String(), "LATE-WRITABLE"))
 	b, _ := os.ReadFile(filepath.Join(wt, "late/.git/config"))
 	assert.Equal(t, string(b), "")
 	// The next turn gets a fresh cage, with the new nested repository read-only.
 	out.Reset()
-	res, err = h.runner.Run(ctx, req("if { echo x >> /work/late/.git/config; } 2>/dev/null; then echo LATE-WRITABLE; else echo late-ro; fi", &out))
+	res, err = runner.Run(ctx, req("if { echo x >> /work/late/.git/config; } 2>/dev/null; then echo LATE-WRITABLE; else echo late-ro; fi", &out))
 	assert.NilError(t, err, out.String())
 	assert.Assert(t, !res.Prepared)
 	assert.Equal(t, out.String(), "late-ro\n")
@@ -291,8 +291,8 @@ func TestIdmapPreparedCage(t *testing.T) {
 // .git the read-only bind pkg/gitseal makes: git works in the cage and the
 // commit lands owned by the owner.
 func TestIdmapGitWorkTree(t *testing.T) {
-	h := newHarness(t, "")
-	wt := idmapTree(t, h)
+	e, runner := newHarness(t, "")
+	wt := idmapTree(t, e, runner)
 	o, err := exec.Command("git", "init", "-q", wt).CombinedOutput()
 	assert.NilError(t, err, string(o))
 	assert.NilError(t, filepath.WalkDir(filepath.Join(wt, ".git"), func(p string, _ os.DirEntry, err error) error {
@@ -301,8 +301,8 @@ func TestIdmapGitWorkTree(t *testing.T) {
 		}
 		return os.Lchown(p, 4242, 4242)
 	}))
-	res, out, e, err := h.sh(h.Task("git"), wt, "git -C /work status --short | head -3; echo z > /work/z")
-	assert.NilError(t, err, e+out)
+	res, out, eo, err := sh(runner, e.Task("git"), wt, "git -C /work status --short | head -3; echo z > /work/z")
+	assert.NilError(t, err, eo+out)
 	assert.Assert(t, res.Worktree.Idmapped)
 	assert.Equal(t, uidOf(t, filepath.Join(wt, "z")), uint32(4242))
 }

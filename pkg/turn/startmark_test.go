@@ -21,13 +21,13 @@ import (
 // at ~0.5 turns/s. The control: a turn marked starting does hold a
 // teardown back.
 func TestWaitingForTheLockIsNotStarting(t *testing.T) {
-	h := newHarness(t, "")
-	task := h.Task("startmark")
-	_, _, _, err := h.sh(task, "", "true") // bootstrap, outside the measure
+	e, runner := newHarness(t, "")
+	task := e.Task("startmark")
+	_, _, _, err := sh(runner, task, "", "true") // bootstrap, outside the measure
 	assert.NilError(t, err)
 
 	// The previous turn's teardown holds the task's lock.
-	l, err := h.runner.Store.LockTask(taskid.Must(task))
+	l, err := runner.Store.LockTask(taskid.Must(task))
 	assert.NilError(t, err)
 	f, dir, err := l.HandOff()
 	assert.NilError(t, err)
@@ -37,10 +37,10 @@ func TestWaitingForTheLockIsNotStarting(t *testing.T) {
 	defer teardown.Release()
 
 	done := make(chan error, 1)
-	go func() { _, _, _, err := h.sh(task, "", "true"); done <- err }()
+	go func() { _, _, _, err := sh(runner, task, "", "true"); done <- err }()
 	time.Sleep(2 * time.Second) // the turn's check is done; it waits for the lock
 	start := time.Now()
-	h.runner.Store.WaitStarts(context.Background(), time.Second)
+	runner.Store.WaitStarts(context.Background(), time.Second)
 	waited := time.Since(start)
 	select {
 	case err := <-done:
@@ -52,10 +52,10 @@ func TestWaitingForTheLockIsNotStarting(t *testing.T) {
 	assert.NilError(t, <-done)
 
 	// The control: a turn that is starting holds the teardown back.
-	mark, err := h.runner.Store.Starting()
+	mark, err := runner.Store.Starting()
 	assert.NilError(t, err)
 	start = time.Now()
-	h.runner.Store.WaitStarts(context.Background(), time.Second)
+	runner.Store.WaitStarts(context.Background(), time.Second)
 	assert.Assert(t, time.Since(start) >= time.Second, "a starting turn did not hold the teardown back")
 	assert.NilError(t, mark.Release())
 }

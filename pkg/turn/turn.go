@@ -126,6 +126,9 @@ type Runner struct {
 	// Host is the task HOME and outbox on the host; nil is the real one
 	// (loop-mounted volumes, root only). Unit tests set a fake.
 	Host Host
+	// walkAfter makes the scan after a turn a full walk (tests: the
+	// report the events give, compared with the walk's).
+	walkAfter bool
 }
 
 // NewRunner returns a runner for cfg with the system's state and id files.
@@ -318,6 +321,13 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// What the turn changes in the worktree: a scan now, before the cage
 	// starts, and one after it ended (on every path out of execute; no
 	// process of it runs, even when a detached child removes it later).
+	// The scan after reads only what the turn's events name (diff.Watcher):
+	// the mark is made now, before anything of the cage can run (a fresh
+	// cage is created, a prepared one initialised, neither started) and
+	// before the scan below; the hand-over's snapshot was taken before it
+	// with no process of the cage running either.
+	watch, unwatched := watchWorktree(in.worktree, r.walkAfter)
+	defer watch.Close()
 	before := prep.before // taken by the hand-over's walk
 	if before == nil {
 		before = scanWorktree(ctx, in.worktree, res)
@@ -325,13 +335,25 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	handoff = prep
 	res, err = r.execute(ctx, prep, in.streams, c, preparedID)
 	if before != nil {
-		// After a turn that ended cleanly the scan also gives the worktree
-		// back; on any other path the give-back stays the last step.
-		var after *diff.Snapshot
-		if err == nil {
-			after, given = r.claims().GiveBackScanning(context.WithoutCancel(ctx), in.task, in.worktree)
+		after, why := watch.After(context.WithoutCancel(ctx), before)
+		watch.Close() // before the give-back: its chowns are not the turn's
+		scanAfter := "events"
+		if after == nil {
+			if watch == nil {
+				why = unwatched
+			}
+			scanAfter = "walk: " + why
+			// After a turn that ended cleanly the scan also gives the
+			// worktree back; on any other path the give-back stays the
+			// last step.
+			if err == nil {
+				after, given = r.claims().GiveBackScanning(context.WithoutCancel(ctx), in.task, in.worktree)
+			}
 		}
 		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, after, in.worktree, prep.guard)
+		if res.WorktreeChanges.Summary != nil {
+			res.WorktreeChanges.ScanAfter = scanAfter
+		}
 	}
 	return res, err
 }
@@ -361,6 +383,23 @@ func (r *Runner) turnCage(ctx context.Context, in *checked, s steps) (preparedID
 		}
 	}
 	return preparedID, prep, nil
+}
+
+// watchWorktree starts recording the worktree's changes (nil without a
+// worktree, or when fanotify refuses, with why: the scan after is a full
+// walk then).
+func watchWorktree(worktree string, walk bool) (*diff.Watcher, string) {
+	if worktree == "" {
+		return nil, "no worktree"
+	}
+	if walk {
+		return nil, "asked for"
+	}
+	w, err := diff.Watch(worktree)
+	if err != nil {
+		return nil, err.Error()
+	}
+	return w, ""
 }
 
 // scanWorktree is the worktree's state before the turn (nil without a

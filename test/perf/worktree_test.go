@@ -34,6 +34,7 @@ func BenchmarkWorktreeSize(b *testing.B) {
 		bin, task, wt, name string
 		firsts, walls       []time.Duration
 		results             []*result
+		scans               map[string]int // how the scan after read the tree
 	}
 	var arms []*arm
 	for bi, bin := range bins {
@@ -68,13 +69,17 @@ func BenchmarkWorktreeSize(b *testing.B) {
 			a.firsts = append(a.firsts, t.first)
 			a.walls = append(a.walls, t.wall)
 			a.results = append(a.results, &res.result)
+			if a.scans == nil {
+				a.scans = map[string]int{}
+			}
+			a.scans[res.Changes.ScanAfter]++
 		}
 	}
 	for _, a := range arms {
 		b.ReportMetric(msOf(median(a.firsts)), "first-"+a.name+"-ms")
 		b.ReportMetric(msOf(median(a.walls)), "whole-"+a.name+"-ms")
-		b.Logf("%s entries: first output p50 %.0f ms, whole run p50 %.0f ms; phases (median ms): %s",
-			a.name, msOf(median(a.firsts)), msOf(median(a.walls)), phaseString(phaseMedians(a.results)))
+		b.Logf("%s entries: first output p50 %.0f ms, whole run p50 %.0f ms; phases (median ms): %s; scan after: %v",
+			a.name, msOf(median(a.firsts)), msOf(median(a.walls)), phaseString(phaseMedians(a.results)), a.scans)
 	}
 	for i := 0; i+1 < len(arms); i += 2 {
 		small, big := arms[i], arms[i+1]
@@ -135,6 +140,8 @@ type worktreeResult struct {
 		Added    int `json:"added"`
 		Modified int `json:"modified"`
 		Deleted  int `json:"deleted"`
+		// ScanAfter: "events" or "walk: why" (builds before it: "").
+		ScanAfter string `json:"scan_after"`
 	} `json:"worktree_changes"`
 }
 
