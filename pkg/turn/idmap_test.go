@@ -152,6 +152,8 @@ func TestIdmappedWorktree(t *testing.T) {
 	assert.Equal(t, res.ExitCode, 0, out.String()+errb.String())
 	assert.Equal(t, out.String(), "1000\nnested-ro\nrootfile-ro\nup\n", "in the cage the agent owns the owner's files")
 	assert.Assert(t, res.Worktree != nil && res.Worktree.Idmapped, "%+v", res.Worktree)
+	// The give-back looked only at what the turn's events name.
+	assert.Equal(t, res.WorktreeChanges.ScanAfter, "events")
 	assert.Equal(t, res.Worktree.GivenBack, 0)
 	assert.Equal(t, res.Worktree.Stripped, 1)
 	assert.DeepEqual(t, res.Worktree.KeptNestedRepos, []string{"made/.git"})

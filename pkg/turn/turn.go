@@ -337,6 +337,11 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if before != nil {
 		after, why := watch.After(context.WithoutCancel(ctx), before)
 		watch.Close() // before the give-back: its chowns are not the turn's
+		if after != nil && err == nil && prep.idmap {
+			// An idmapped worktree's give-back needs only what the turn
+			// changed; on any doubt finishWorktree's full walk does it.
+			given, _ = r.claims().GiveBackChanged(in.task, in.worktree, diff.Changed(before, after))
+		}
 		scanAfter := "events"
 		if after == nil {
 			if watch == nil {

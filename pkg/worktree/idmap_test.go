@@ -15,6 +15,7 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 )
 
 const (
@@ -163,12 +164,25 @@ func unixMoveAgain(c Claims, task taskid.ID, wt string, rec *idmapRecord) error 
 
 // TestIdmapGiveBack: after an idmapped turn, a setuid/setgid file the turn
 // made loses the bits (the owner's older one keeps its), and a nested
-// repository the turn made goes to the agent's uid without access for
-// others; the owner's nested repository stays the owner's.
+// repository the turn made — a .git directory or pointer file, a bare
+// layout, an existing directory the turn made one — goes to the agent's uid
+// without access for others; the owner's nested repository stays the
+// owner's. Both give-backs: the whole walk (GiveBack's, after a crash) and
+// the one over the turn's changes (from its events).
 func TestIdmapGiveBack(t *testing.T) {
+	for _, mode := range []string{"walk", "changed"} {
+		t.Run(mode, func(t *testing.T) { idmapGiveBack(t, mode) })
+	}
+}
+
+func idmapGiveBack(t *testing.T, mode string) {
 	c, task, wt := idmapFixture(t)
+	assert.NilError(t, os.Mkdir(wt+"/x", 0o755))
+	assert.NilError(t, os.Lchown(wt+"/x", idOwner, idOwner))
 	st := stageFixture(t, c, task, wt)
-	out, err := asAgent(t, "cd "+st+" && echo x > s && chmod 4755 s && echo y > g && chmod 2755 g && mkdir -p n/.git/objects n/.git/refs && echo ref > n/.git/HEAD && mkdir -p bare/objects bare/refs && echo r > bare/HEAD && mkdir p && echo 'gitdir: /elsewhere' > p/.git")
+	before, err := diff.Scan(context.Background(), wt)
+	assert.NilError(t, err)
+	out, err := asAgent(t, "cd "+st+" && echo x > s && chmod 4755 s && echo y > g && chmod 2755 g && mkdir -p n/.git/objects n/.git/refs && echo ref > n/.git/HEAD && mkdir -p bare/objects bare/refs && echo r > bare/HEAD && mkdir p && echo 'gitdir: /elsewhere' > p/.git && mkdir x/objects x/refs && echo r > x/HEAD")
 	assert.NilError(t, err, out)
 	// Positive control: the host sees the setuid file, the owner's.
 	fi, err := os.Stat(wt + "/s")
@@ -177,11 +191,19 @@ func TestIdmapGiveBack(t *testing.T) {
 	u, _ := owner(t, wt+"/n/.git/HEAD")
 	assert.Equal(t, u, uint32(idOwner))
 
-	rep, done, err := c.giveBackIdmapped(task, wt)
+	var rep *Report
+	if mode == "walk" {
+		var done bool
+		rep, done, err = c.giveBackIdmapped(task, wt)
+		assert.Assert(t, done)
+	} else {
+		after, serr := diff.Scan(context.Background(), wt)
+		assert.NilError(t, serr)
+		rep, err = c.GiveBackChanged(task, wt, diff.Changed(before, after))
+	}
 	assert.NilError(t, err)
-	assert.Assert(t, done)
 	assert.Equal(t, rep.Stripped, 2)
-	assert.DeepEqual(t, rep.KeptNestedRepos, []string{"bare", "n/.git", "p/.git"})
+	assert.DeepEqual(t, rep.KeptNestedRepos, []string{"bare", "n/.git", "p/.git", "x"})
 	for _, p := range []string{"s", "g"} {
 		fi, err := os.Stat(filepath.Join(wt, p))
 		assert.NilError(t, err)
@@ -189,8 +211,8 @@ func TestIdmapGiveBack(t *testing.T) {
 	}
 	fi, err = os.Stat(wt + "/ownsuid")
 	assert.NilError(t, err)
-	assert.Assert(t, fi.Mode()&os.ModeSetuid != 0, "%v %+v", fi.Mode(), fi.Sys())
-	for _, p := range []string{"n/.git", "n/.git/HEAD", "n/.git/objects", "bare", "bare/HEAD", "p/.git"} {
+	assert.Assert(t, fi.Mode()&os.ModeSetuid != 0)
+	for _, p := range []string{"n/.git", "n/.git/HEAD", "n/.git/objects", "bare", "bare/HEAD", "p/.git", "x", "x/HEAD"} {
 		u, _ := owner(t, filepath.Join(wt, p))
 		assert.Equal(t, u, uint32(idAgent), p)
 	}

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -151,10 +152,12 @@ type idmapHook struct {
 	dev      uint64
 	w        walker // keep's counts and task range (the agent's uid)
 	stripped int
+	given    map[string]bool // the nested repositories handed to the agent
 }
 
 func newIdmapHook(rec *idmapRecord, dev uint64) *idmapHook {
-	return &idmapHook{rec: rec, dev: dev, w: walker{uid: int(rec.Agent[0]), gid: int(rec.Agent[1]), dev: dev, giveBack: true, lo: rec.Agent[0], hi: rec.Agent[0] + 1}}
+	return &idmapHook{rec: rec, dev: dev, given: map[string]bool{},
+		w: walker{uid: int(rec.Agent[0]), gid: int(rec.Agent[1]), dev: dev, giveBack: true, lo: rec.Agent[0], hi: rec.Agent[0] + 1}}
 }
 
 func (h *idmapHook) Entry(dirFd int, name, rel string, st *unix.Stat_t) (bool, bool, error) {
@@ -191,6 +194,7 @@ func (h *idmapHook) nested(dirFd int, name, rel string, st *unix.Stat_t) (bool, 
 	if ino, ok := h.rec.Nested[rel]; ok && ino == st.Ino {
 		return false, false, nil // the owner's, read-only in the cage
 	}
+	h.given[rel] = true
 	if err := chownSubtree(dirFd, name, st, int(h.rec.Agent[0]), int(h.rec.Agent[1]), h.dev, 0); err != nil {
 		return false, false, fmt.Errorf("nested repository %s to the task's user: %w", rel, err)
 	}
@@ -392,4 +396,82 @@ func coarseNow() (int64, error) {
 		return 0, fmt.Errorf("idmap record: clock: %w", err)
 	}
 	return ts.Nano(), nil
+}
+
+// GiveBackChanged is the give-back of an idmapped turn that looks only at
+// what the turn changed (changed: the worktree-relative paths diff.Changed
+// lists, from the turn's events) and at the directories above them (one
+// the turn made a git directory of by adding to it); nil, nil when the
+// task's last turn was not idmapped. On an error the full give-back
+// (GiveBack) is still to run.
+func (c Claims) GiveBackChanged(task taskid.ID, worktree string, changed []string) (*Report, error) {
+	rec, err := readRecord(c.turnRecord(task))
+	if err != nil || rec == nil || rec.Worktree != worktree {
+		return nil, err
+	}
+	if err := c.Unstage(task); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	root, st, err := openRoot(worktree)
+	if err != nil {
+		return nil, fmt.Errorf("give worktree %s back: %w", worktree, err)
+	}
+	defer unix.Close(root)
+	h := newIdmapHook(rec, st.Dev)
+	seen := map[string]bool{}
+	for _, rel := range changed {
+		if err := h.changed(root, rel, seen); err != nil {
+			return nil, fmt.Errorf("give worktree %s back: %s: %w", worktree, rel, err)
+		}
+	}
+	if err := os.Remove(c.turnRecord(task)); err != nil {
+		return nil, fmt.Errorf("give worktree %s back: %w", worktree, err)
+	}
+	return idmapReport(worktree, rec, h, start), nil
+}
+
+// changed gives back the entry rel below the open root and the
+// directories above it not seen yet; below a nested repository handed to
+// the agent, nothing more.
+func (h *idmapHook) changed(root int, rel string, seen map[string]bool) error {
+	parts := strings.Split(rel, "/")
+	for i := range parts {
+		p := strings.Join(parts[:i+1], "/")
+		if h.given[p] {
+			return nil
+		}
+		if i < len(parts)-1 && seen[p] {
+			continue
+		}
+		seen[p] = true
+		dir := root
+		if i > 0 {
+			fd, err := unix.Openat2(root, strings.Join(parts[:i], "/"), &unix.OpenHow{
+				Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC | unix.O_NONBLOCK,
+				Resolve: resolve.Beneath,
+			})
+			if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+				return nil // gone, or not below the worktree's own mount
+			}
+			if err != nil {
+				return err
+			}
+			dir = fd
+		}
+		var st unix.Stat_t
+		err := unix.Fstatat(dir, parts[i], &st, unix.AT_SYMLINK_NOFOLLOW)
+		if err == nil {
+			_, _, err = h.Entry(dir, parts[i], p, &st)
+		} else if errors.Is(err, unix.ENOENT) {
+			err = nil
+		}
+		if dir != root {
+			unix.Close(dir)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
