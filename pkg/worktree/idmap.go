@@ -93,6 +93,18 @@ type idmapRecord struct {
 	Agent    [2]uint32         `json:"agent"`
 	Start    int64             `json:"start_unix_nano"`
 	Nested   map[string]uint64 `json:"nested"`
+	// Boot is the boot the record was made in (a prepared cage's staging
+	// proved the kernel makes the idmapped mount, in this boot only).
+	Boot string `json:"boot,omitempty"`
+}
+
+// bootID names this boot of the kernel.
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
 
 func writeRecord(path string, rec *idmapRecord) error {
@@ -141,7 +153,26 @@ func (c Claims) IdmapReason(task taskid.ID, worktree string, agentUID, agentGID 
 	if err != nil {
 		return err.Error()
 	}
+	// A cage prepared ahead for this worktree and owner in this boot was
+	// staged on an idmapped mount: the trial mount (a child process, slow
+	// under load) is not needed to know the kernel makes one.
+	if rec, _ := readRecord(c.preparedRecord(task)); rec != nil && rec.Boot != "" && rec.Boot == bootID() &&
+		rec.Worktree == worktree && rec.Owner == [2]uint32{uid, gid} && rec.Agent == [2]uint32{agentUID, agentGID} {
+		return idmapOwnerReason(worktree, uid, gid)
+	}
 	return IdmapHostReason(worktree, uid, gid, agentUID, agentGID)
+}
+
+// idmapOwnerReason is IdmapHostReason without the trial mount: the owner
+// and the gate.
+func idmapOwnerReason(worktree string, uid, gid uint32) string {
+	if uid == 0 || gid == 0 {
+		return "the worktree is owned by root or group root (an idmapped one could get setuid- or setgid-root files)"
+	}
+	if err := idmapGate(worktree, uid); err != nil {
+		return err.Error()
+	}
+	return ""
 }
 
 // owner is the worktree's owner, as Take records it: its root's owner now,
@@ -168,11 +199,8 @@ func (c Claims) owner(task taskid.ID, worktree string, lo uint32) (uint32, uint3
 // IdmapHostReason is IdmapReason for a worktree owned by uid:gid, the
 // config aside: "" when it can be idmapped to agentUID:agentGID here.
 func IdmapHostReason(worktree string, uid, gid, agentUID, agentGID uint32) string {
-	if uid == 0 || gid == 0 {
-		return "the worktree is owned by root or group root (an idmapped one could get setuid- or setgid-root files)"
-	}
-	if err := idmapGate(worktree, uid); err != nil {
-		return err.Error()
+	if r := idmapOwnerReason(worktree, uid, gid); r != "" {
+		return r
 	}
 	fd, err := idmappedTree(worktree, uid, gid, agentUID, agentGID, true)
 	if err != nil {

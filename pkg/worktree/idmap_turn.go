@@ -88,7 +88,7 @@ func (c Claims) PrepareIdmapped(ctx context.Context, task taskid.ID, worktree st
 	if err != nil {
 		return err
 	}
-	rec := &idmapRecord{Worktree: worktree, Owner: [2]uint32{uid, gid}, Agent: c.agentIDs(ids), Nested: nested}
+	rec := &idmapRecord{Worktree: worktree, Owner: [2]uint32{uid, gid}, Agent: c.agentIDs(ids), Nested: nested, Boot: bootID()}
 	if err := c.stage(task, worktree, rec); err != nil {
 		return err
 	}
