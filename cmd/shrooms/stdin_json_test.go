@@ -243,12 +243,9 @@ func TestIdmappedWorktreeAfterKill(t *testing.T) {
 	assert.Equal(t, st(filepath.Join(wt, "s")).Uid, uint32(4242))
 	assert.Assert(t, st(filepath.Join(wt, "s")).Mode&syscall.S_ISUID != 0, "the setuid file, after kill -9")
 	assert.Equal(t, st(filepath.Join(wt, "n", ".git", "HEAD")).Uid, uint32(4242))
-	mounts, err := os.ReadFile("/proc/self/mountinfo")
-	assert.NilError(t, err)
-	for _, l := range strings.Split(string(mounts), "\n") {
-		assert.Assert(t, !strings.Contains(l, "/shrooms-idmap/") || !strings.Contains(l, task), "no staging mount of the task (it goes at the start): %s", l)
-	}
 
+	// gc: a staging mount the kill left (it goes right after the start,
+	// which the kill may beat) is detached, what the turn made given back.
 	code, stdout, stderr := e.Shrooms("gc")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, "gave back worktree "+wt), stdout)
@@ -259,6 +256,11 @@ func TestIdmappedWorktreeAfterKill(t *testing.T) {
 	assert.Equal(t, st(filepath.Join(wt, "n", ".git")).Mode&0o007, uint32(0))
 	assert.Equal(t, st(wt).Uid, uint32(4242))
 	assert.Equal(t, cagesOf(e, client, task), 0)
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	assert.NilError(t, err)
+	for _, l := range strings.Split(string(mounts), "\n") {
+		assert.Assert(t, !strings.Contains(l, "/shrooms-idmap/") || !strings.Contains(l, task), "no staging mount of the task after gc: %s", l)
+	}
 }
 
 // chownWalks is the config of tests of the chown walks (the fallback of the

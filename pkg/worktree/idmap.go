@@ -533,5 +533,6 @@ func (c Claims) releaseIdmap(task taskid.ID) error {
 			return fmt.Errorf("idmap staging: %w", err)
 		}
 	}
+	_ = os.Remove(c.idmapDir()) // the state directory's, once no task has one
 	return nil
 }
