@@ -308,3 +308,33 @@ func TestIdmapGitWorkTree(t *testing.T) {
 	assert.Assert(t, res.Worktree.Idmapped)
 	assert.Equal(t, uidOf(t, filepath.Join(wt, "z")), uint32(4242))
 }
+
+// TestIdmapGateOpenedFallsBack: a worktree other users can reach again (its
+// closed parent opened) gets the chown walks from the next turn on, also
+// when a cage was prepared for it while it was closed (that cage is not
+// used: its /work is the idmapped mount).
+func TestIdmapGateOpenedFallsBack(t *testing.T) {
+	e, runner := newHarness(t, "")
+	runner.Binary = itest.ShroomsBinary(t)
+	wt := idmapTree(t, e, runner)
+	task := e.Task("gate")
+	res, _, eo, err := sh(runner, task, wt, "true")
+	assert.NilError(t, err, eo)
+	assert.Assert(t, res.Worktree.Idmapped, "positive control: closed, it is idmapped")
+	_, err = runner.PrepareNext(context.Background(), Request{Task: taskid.Must(task), Agent: "shell", Worktree: wt, Args: []string{"-c", "echo x > /work/opened"}})
+	assert.NilError(t, err)
+	gates := []string{filepath.Dir(wt), filepath.Dir(filepath.Dir(wt))}
+	for _, g := range gates {
+		assert.NilError(t, os.Chmod(g, 0o755))
+	}
+	t.Cleanup(func() {
+		for _, g := range gates {
+			_ = os.Chmod(g, 0o700)
+		}
+	})
+	res, _, eo, err = sh(runner, task, wt, "echo x > /work/opened")
+	assert.NilError(t, err, eo)
+	assert.Assert(t, !res.Prepared, "the cage prepared on the idmapped mount is not used")
+	assert.Assert(t, !res.Worktree.Idmapped && res.Worktree.GivenBack > 0, "%+v", res.Worktree)
+	assert.Equal(t, uidOf(t, filepath.Join(wt, "opened")), uint32(4242))
+}
