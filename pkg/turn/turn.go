@@ -261,7 +261,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}
 	c.lap("check")
 
-	lock, err := r.Store.LockTaskWait(in.task, req.Wait)
+	lock, err := in.state.LockWait(req.Wait)
 	if err != nil {
 		return res, Classify(err)
 	}
@@ -282,7 +282,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	var handoff *prepared // a turn whose teardown goes to a detached child
 	defer func() {
 		if handoff != nil && handoff.detach {
-			r.handOff(lock, in, handoff, res)
+			r.handOff(lock, req.Task, in, handoff, res)
 		}
 	}()
 	// The turn's record, after the worktree is given back, before the lock goes.
@@ -295,14 +295,14 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	var given *worktree.Report // the give-back, when the change scan's walk did it
 	if in.worktree != "" {
 		// Last before the lock goes: the cage is gone, no turn can start.
-		defer func() { err = r.finishWorktree(in.task, in.worktree, given, res, err) }()
+		defer func() { err = r.finishWorktree(req.Task, in.worktree, given, res, err) }()
 	}
 	// First once the turn ends (no process of its cage runs): what it put
 	// in /outbox leaves the cages' reach.
-	defer r.settleOutbox(context.WithoutCancel(ctx), req.Task, res)
+	defer r.settleOutbox(context.WithoutCancel(ctx), req.Task, in.state, res)
 	c.lap("lock")
 
-	preparedID, prep, err := r.turnCage(ctx, in, steps)
+	preparedID, prep, err := r.turnCage(ctx, req.Task, in, steps)
 	if err != nil {
 		return res, err
 	}
@@ -310,7 +310,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	res.Turn = prep.turn
 	// Should this shrooms die now, the next command that takes the lock
 	// records the turn as killed.
-	r.markRunning(req.Task, res)
+	r.markRunning(in.state, res)
 	res.Reset = prep.reset
 	res.WorktreeGuard = prep.guard
 	c.lap("prepare")
@@ -340,7 +340,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		if after != nil && err == nil && prep.idmap {
 			// An idmapped worktree's give-back needs only what the turn
 			// changed; on any doubt finishWorktree's full walk does it.
-			given, _ = r.claims().GiveBackChanged(in.task, in.worktree, diff.Changed(before, after))
+			given, _ = r.claims().GiveBackChanged(req.Task, in.worktree, diff.Changed(before, after))
 		}
 		scanAfter := "events"
 		if after == nil {
@@ -352,7 +352,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 			// worktree back; on any other path the give-back stays the
 			// last step.
 			if err == nil {
-				after, given = r.claims().GiveBackScanning(context.WithoutCancel(ctx), in.task, in.worktree)
+				after, given = r.claims().GiveBackScanning(context.WithoutCancel(ctx), req.Task, in.worktree)
 			}
 		}
 		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, after, in.worktree, prep.guard)
@@ -366,8 +366,8 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 // turnCage returns the turn's cage plan: a cage prepared ahead for exactly
 // this turn (its id; it only needs its argv and the worktree), or a fresh
 // preparation in steps after removing any leftover cage of the task.
-func (r *Runner) turnCage(ctx context.Context, in *checked, s steps) (preparedID string, prep *prepared, err error) {
-	if preparedID, prep, err = r.takePrepared(ctx, in); err != nil {
+func (r *Runner) turnCage(ctx context.Context, task taskid.ID, in *checked, s steps) (preparedID string, prep *prepared, err error) {
+	if preparedID, prep, err = r.takePrepared(ctx, task, in); err != nil {
 		return "", nil, err
 	}
 	if preparedID == "" {
@@ -376,14 +376,14 @@ func (r *Runner) turnCage(ctx context.Context, in *checked, s steps) (preparedID
 		// leftover. A waiting prepared cage was created right after such a
 		// sweep under the same lock, and every turn since would have taken
 		// or discarded it: when one is taken there is nothing to sweep.
-		if _, err := r.cages().RemoveLeftovers(ctx, in.task); err != nil {
+		if _, err := r.cages().RemoveLeftovers(ctx, task); err != nil {
 			return "", nil, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 		}
-		prep, err = r.prepare(ctx, in, s)
+		prep, err = r.prepare(ctx, task, in, s)
 		return "", prep, err
 	}
 	if in.worktree != "" {
-		if prep.before, err = r.takeWorktree(ctx, in, prep.Plan, false); err != nil {
+		if prep.before, err = r.takeWorktree(ctx, task, in, prep.Plan, false); err != nil {
 			return "", nil, err
 		}
 	}
@@ -449,7 +449,7 @@ func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator,
 	if err != nil {
 		return nil, err
 	}
-	prep, err := r.prepare(ctx, in, steps)
+	prep, err := r.prepare(ctx, req.Task, in, steps)
 	if err != nil {
 		return nil, err
 	}
@@ -458,10 +458,17 @@ func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator,
 
 // checked is a request unpacked, and what check learnt about it: after
 // check the turn reads the request only from here.
+//
+// The task id is not in it: what the turn derives from the id (its state
+// directory, its HOME volume's names) is, and the few steps that need the
+// id itself (names, labels, the worktree claim, the outbox) take it.
 type checked struct {
-	task taskid.ID
-	// dir is the task's directory in the state directory.
-	dir string
+	// state is the task's directory in the state directory, derived once;
+	// dir is its path as the spec's mounts name it.
+	state taskstate.Dir
+	dir   string
+	// home names the task's HOME volume and image, derived once.
+	home home.Volume
 	// agentName is the agent as the request names it, agent its config.
 	agentName string
 	agent     config.Agent
@@ -626,14 +633,14 @@ func guardWorktree(ctx context.Context, taskDir, worktree string, commit bool) (
 
 // countTurn records that the task's next turn starts now.
 func (r *Runner) countTurn(in *checked) error {
-	if _, err := r.Store.NextTurn(in.task); err != nil {
+	if _, err := in.state.NextTurn(); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if err := r.Store.Remember(in.task, taskstate.FactAgent, in.agentName); err != nil {
+	if err := in.state.Remember(taskstate.FactAgent, in.agentName); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if in.worktree != "" {
-		if err := r.Store.Remember(in.task, taskstate.FactWorktree, in.worktree); err != nil {
+		if err := in.state.Remember(taskstate.FactWorktree, in.worktree); err != nil {
 			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}

@@ -50,20 +50,20 @@ func (r *Runner) finishWorktree(task taskid.ID, wt string, given *worktree.Repor
 
 // idmapReason says why the turn's worktree gets the chown walks rather
 // than an idmapped mount ("" for the idmapped mount).
-func (r *Runner) idmapReason(in *checked, ids taskstate.IDs) string {
+func (r *Runner) idmapReason(task taskid.ID, in *checked, ids taskstate.IDs) string {
 	if gvisor(r.Cfg.Cage.Runtime) {
 		return "gVisor cages keep the chown walks"
 	}
 	agent := uint32(r.Cfg.Cage.User)
-	return r.claims().IdmapReason(in.task, in.worktree, ids.UID+agent, ids.GID+agent)
+	return r.claims().IdmapReason(task, in.worktree, ids.UID+agent, ids.GID+agent)
 }
 
 // takeWorktree takes the worktree for the turn: the hand-over, or for an
 // idmapped one the staging mount (stage: a fresh cage; a prepared one has
 // bound its own at init).
-func (r *Runner) takeWorktree(ctx context.Context, in *checked, p *Plan, stage bool) (*diff.Snapshot, error) {
+func (r *Runner) takeWorktree(ctx context.Context, task taskid.ID, in *checked, p *Plan, stage bool) (*diff.Snapshot, error) {
 	if p.idmap {
-		return r.claims().TakeIdmapped(ctx, in.task, in.worktree, p.ids, stage)
+		return r.claims().TakeIdmapped(ctx, task, in.worktree, p.ids, stage)
 	}
-	return r.claims().Take(ctx, in.task, in.worktree, p.ids)
+	return r.claims().Take(ctx, task, in.worktree, p.ids)
 }

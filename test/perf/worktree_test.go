@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 )
 
 // BenchmarkWorktreeSize runs the same turn — a prepared cage that prints a
@@ -24,8 +26,8 @@ func BenchmarkWorktreeSize(b *testing.B) {
 	if b.N == 1 {
 		return
 	}
-	be := newBench(b, "")
-	bins := []string{be.bin}
+	be := newBench(b)
+	bins := []string{be.Binary}
 	if base := os.Getenv("SHROOMS_PERF_BASELINE_BINARY"); base != "" {
 		bins = append(bins, base)
 	}
@@ -49,14 +51,14 @@ func BenchmarkWorktreeSize(b *testing.B) {
 	// Print first, then change ≤ 100 files (the turn's own work).
 	const script = `echo x; for f in /work/d0000/*; do echo y >> "$f"; done`
 	for _, a := range arms { // bootstrap HOME, claim the worktree, prepare the next cage
-		if _, _, err := be.runWorktree(a.bin, a.task, a.wt, script); err != nil {
+		if _, _, err := runWorktree(be, a.bin, a.task, a.wt, script); err != nil {
 			b.Fatal(err)
 		}
 	}
 	for round := 0; round < b.N; round++ {
 		for _, a := range arms {
 			be.WaitIdle(a.task)
-			t, res, err := be.runWorktree(a.bin, a.task, a.wt, script)
+			t, res, err := runWorktree(be, a.bin, a.task, a.wt, script)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -145,8 +147,8 @@ type worktreeResult struct {
 	} `json:"worktree_changes"`
 }
 
-func (b *bench) runWorktree(bin, task, wt, script string) (*timing, *worktreeResult, error) {
-	t, err := timed(b.inHost(bin, "--config", b.Config, "--json", "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", script))
+func runWorktree(b *tbworld.World, bin, task, wt, script string) (*timing, *worktreeResult, error) {
+	t, err := timed(inHost(b, bin, "--config", b.Config, "--json", "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", script))
 	if err != nil {
 		return t, nil, err
 	}
