@@ -83,6 +83,11 @@ func (r *Runner) prepareNextLocked(ctx context.Context, task taskid.ID, in *chec
 	if err != nil {
 		return "", err
 	}
+	if p.idmap {
+		// runc has bound the staging mount once the cage is initialised
+		// (or it never will): it goes on every path out.
+		defer func() { _ = r.claims().Unstage(task) }()
+	}
 	hash, err := specHash(p.spec)
 	if err != nil {
 		return "", err

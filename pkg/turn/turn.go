@@ -337,6 +337,11 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if before != nil {
 		after, why := watch.After(context.WithoutCancel(ctx), before)
 		watch.Close() // before the give-back: its chowns are not the turn's
+		if after != nil && err == nil && prep.idmap {
+			// An idmapped worktree's give-back needs only what the turn
+			// changed; on any doubt finishWorktree's full walk does it.
+			given, _ = r.claims().GiveBackChanged(req.Task, in.worktree, diff.Changed(before, after))
+		}
 		scanAfter := "events"
 		if after == nil {
 			if watch == nil {
@@ -378,7 +383,7 @@ func (r *Runner) turnCage(ctx context.Context, task taskid.ID, in *checked, s st
 		return "", prep, err
 	}
 	if in.worktree != "" {
-		if prep.before, err = r.claims().Take(ctx, task, in.worktree, prep.ids); err != nil {
+		if prep.before, err = r.takeWorktree(ctx, task, in, prep.Plan, false); err != nil {
 			return "", nil, err
 		}
 	}

@@ -98,10 +98,19 @@ func BenchmarkWorktreeSize(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 }
 
+// worktreeOwner owns the benchmark's worktrees, as a developer's checkout
+// is owned by its developer (a worktree owned by root never gets the
+// idmapped mount).
+const worktreeOwner = 4242
+
 // makeWorktree makes a git work tree of n entries: directories d0000… of
-// 99 files each (100 entries with the directory).
+// 99 files each (100 entries with the directory), owned by worktreeOwner,
+// in a directory only root may enter.
 func makeWorktree(b *testing.B, n int) string {
-	wt := b.TempDir()
+	wt := filepath.Join(b.TempDir(), "wt")
+	if err := os.Mkdir(wt, 0o755); err != nil {
+		b.Fatal(err)
+	}
 	for d := 0; d*100 < n; d++ {
 		sub := filepath.Join(wt, fmt.Sprintf("d%04d", d))
 		if err := os.Mkdir(sub, 0o755); err != nil {
@@ -115,6 +124,14 @@ func makeWorktree(b *testing.B, n int) string {
 	}
 	if out, err := exec.Command("git", "init", "-q", wt).CombinedOutput(); err != nil {
 		b.Fatalf("git init: %v: %s", err, out)
+	}
+	if err := filepath.WalkDir(wt, func(p string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, worktreeOwner, worktreeOwner)
+	}); err != nil {
+		b.Fatal(err)
 	}
 	return wt
 }
