@@ -49,10 +49,14 @@ const maxDirty = 200_000
 
 // watchMask is every event that changes an entry's name, data or
 // attributes (ctime): creation, deletion, renames both ways, writes,
-// attribute and link-count changes, on files and directories.
+// attribute and link-count changes, on files and directories. And every
+// open of a file: a write through a shared mapping sets its mtime with no
+// event, and the close that reports it can come after Stop (the file kept
+// open in flight in a unix socket, released by a later garbage
+// collection), so every file opened during the turn is read again.
 const watchMask = unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO |
 	unix.FAN_MODIFY | unix.FAN_CLOSE_WRITE | unix.FAN_ATTRIB | unix.FAN_DELETE_SELF |
-	unix.FAN_MOVE_SELF | unix.FAN_ONDIR
+	unix.FAN_MOVE_SELF | unix.FAN_OPEN | unix.FAN_ONDIR
 
 // Watch starts recording changes on root's filesystem. Call it before
 // anything that may change the worktree for the turn can run (the cage's
@@ -197,6 +201,9 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	if mask&unix.FAN_Q_OVERFLOW != 0 {
 		w.setDoubt("event queue overflowed")
 		return
+	}
+	if mask&^uint64(unix.FAN_OPEN|unix.FAN_ONDIR) == 0 && mask&unix.FAN_ONDIR != 0 {
+		return // a directory opened (read, or a scan's): no change through it
 	}
 	var dir *dirName
 	var child []byte // the object's own handle record
