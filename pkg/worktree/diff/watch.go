@@ -15,10 +15,10 @@ import (
 // (FAN_MARK_FILESYSTEM, root only) and reports every event by its
 // directory's file handle and name (FAN_REPORT_DFID_NAME) and, for a
 // non-directory, its own handle (FAN_REPORT_FID); events outside the
-// worktree are dropped when After resolves the handles. Every doubt —
-// a lost event (queue overflow), more distinct events than maxDirty, an
-// event with no handle, a read error — makes After return nil: the caller
-// takes the full scan then.
+// worktree are dropped as they are read (inWorktree). Every doubt — a
+// lost event (queue overflow), more distinct events than maxDirty, an
+// event with no handle or of another fsid, a read error — makes After
+// return nil: the caller takes the full scan then.
 type Watcher struct {
 	fd     int
 	rootFd int // the worktree root: mount fd for open_by_handle_at
@@ -30,7 +30,9 @@ type Watcher struct {
 	mu    sync.Mutex
 	dirty map[dirName]uint64 // (directory handle, name) → event mask seen
 	inos  map[uint64]bool    // inodes of non-directory events with no name
-	doubt string             // why After must fall back ("" none)
+	// places: directory handle → in the worktree as first read (inWorktree)
+	places map[string]bool
+	doubt  string // why After must fall back ("" none)
 	// fdClosed: the reader closed fd at a doubt (read after done only).
 	fdClosed bool
 	maxDirty int // maxDirty but in tests
@@ -46,6 +48,10 @@ type dirName struct {
 // maxDirty bounds the distinct (directory, name) pairs a watcher keeps;
 // past it After falls back to the full scan.
 const maxDirty = 200_000
+
+// maxPlaces bounds the directories, the filesystem's, a watcher places as
+// their events come (inWorktree); past it After falls back.
+const maxPlaces = 200_000
 
 // watchMask is every event that changes an entry's name, data or
 // attributes (ctime): creation, deletion, renames both ways, writes,
@@ -106,7 +112,7 @@ func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
 		return fail(fmt.Errorf("worktree watch: fanotify_mark %s: %w", root, err))
 	}
 	w := &Watcher{fd: fd, rootFd: rootFd, root: real, stop: make(chan struct{}), done: make(chan struct{}),
-		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, maxDirty: limit}
+		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, places: map[string]bool{}, maxDirty: limit}
 	binary.NativeEndian.PutUint32(w.fsid[0:4], uint32(sfs.Fsid.Val[0]))
 	binary.NativeEndian.PutUint32(w.fsid[4:8], uint32(sfs.Fsid.Val[1]))
 	go w.read(hold)
@@ -220,7 +226,7 @@ func (w *Watcher) event(mask uint64, info []byte) {
 		case unix.FAN_EVENT_INFO_TYPE_DFID_NAME, unix.FAN_EVENT_INFO_TYPE_DFID:
 			h, name, ok := w.handle(rec, typ == unix.FAN_EVENT_INFO_TYPE_DFID_NAME)
 			if !ok {
-				return // another filesystem's, or malformed (doubt set)
+				return // doubt set
 			}
 			dir = &dirName{handle: h, name: name}
 		case unix.FAN_EVENT_INFO_TYPE_FID:
@@ -229,6 +235,9 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	}
 	switch {
 	case dir != nil:
+		if !w.inWorktree(dir.handle) {
+			return // the host's, elsewhere on the filesystem
+		}
 		if _, seen := w.dirty[*dir]; !seen && len(w.dirty) >= w.maxDirty {
 			w.setDoubt(fmt.Sprintf("more than %d changed entries", w.maxDirty))
 			return
@@ -259,15 +268,39 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	}
 }
 
+// inWorktree says whether an event in the directory h may be the
+// worktree's, placing h as it is read (once): the rest of the
+// filesystem's events, most of them on a busy host, are dropped here,
+// neither kept nor counted against maxDirty. A directory outside now
+// comes in only by a move, an event in the worktree whose subtree After
+// walks again; one that cannot be placed now (moving) is kept. After
+// places every kept one again.
+func (w *Watcher) inWorktree(h string) bool {
+	if in, ok := w.places[h]; ok {
+		return in
+	}
+	if len(w.places) >= maxPlaces {
+		w.setDoubt(fmt.Sprintf("more than %d changed directories", maxPlaces))
+		return true
+	}
+	pl, why := w.place(h)
+	if why != "" {
+		return true // moving as it was placed: kept, for After to place
+	}
+	w.places[h] = pl.in
+	return pl.in
+}
+
 // handle reads a FID record: fsid, struct file_handle, then (withName) a
-// NUL-terminated name. Records of another filesystem are dropped (ok
-// false, no doubt: only one filesystem is marked).
+// NUL-terminated name. Only one filesystem is marked: a record of another
+// fsid is a doubt, never a dropped event.
 func (w *Watcher) handle(rec []byte, withName bool) (h, name string, ok bool) {
 	if len(rec) < 16 {
 		w.setDoubt("short file handle record")
 		return "", "", false
 	}
 	if string(rec[0:8]) != string(w.fsid[:]) {
+		w.setDoubt("an event of another filesystem id")
 		return "", "", false
 	}
 	hb := int(binary.NativeEndian.Uint32(rec[8:12]))
