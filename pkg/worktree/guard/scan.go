@@ -120,9 +120,10 @@ func scanCached(ctx context.Context, worktree string, copyTo *os.File, only map[
 	s.snap.Visited = s.visited
 	if s.cache != nil {
 		s.snap.DirsCached, s.snap.DirsRead = s.cache.hits, s.cache.reads
-		if err := s.cache.save(); err != nil {
-			return nil, err
-		}
+		// A cache not written costs the next scan its reads, nothing
+		// else: any file left is checked record by record against the
+		// directories' stat.
+		_ = s.cache.save()
 	}
 	return s.snap, nil
 }
