@@ -80,13 +80,14 @@ type dirCache struct {
 	rootDev uint64
 }
 
-// localTimeFS are filesystems whose timestamps come from this kernel's
-// clock (not a server's) with ctime kept on every entry change.
-var localTimeFS = map[int64]bool{
-	unix.EXT4_SUPER_MAGIC:  true,
-	unix.XFS_SUPER_MAGIC:   true,
-	unix.BTRFS_SUPER_MAGIC: true,
-	unix.TMPFS_MAGIC:       true,
+// localTimeFS reports whether a filesystem's timestamps come from this
+// kernel's clock (not a server's) with ctime kept on every entry change.
+func localTimeFS(magic int64) bool {
+	switch magic {
+	case unix.EXT4_SUPER_MAGIC, unix.XFS_SUPER_MAGIC, unix.BTRFS_SUPER_MAGIC, unix.TMPFS_MAGIC:
+		return true
+	}
+	return false
 }
 
 func patternsDigest(patterns []Pattern) string {
@@ -102,7 +103,7 @@ func patternsDigest(patterns []Pattern) string {
 func openCache(dir, worktree string, rootFd int, patterns []Pattern) *dirCache {
 	var sfs unix.Statfs_t
 	var st unix.Stat_t
-	if dir == "" || unix.Fstatfs(rootFd, &sfs) != nil || !localTimeFS[int64(sfs.Type)] || unix.Fstat(rootFd, &st) != nil {
+	if dir == "" || unix.Fstatfs(rootFd, &sfs) != nil || !localTimeFS(int64(sfs.Type)) || unix.Fstat(rootFd, &st) != nil {
 		return nil
 	}
 	c := &dirCache{
