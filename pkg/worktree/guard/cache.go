@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
@@ -168,11 +169,32 @@ func (c *dirCache) store(rel string, st *unix.Stat_t, r dirRecord) {
 	if ct > c.now+int64(racyWindow) {
 		c.doubt = true
 	}
-	if st.Dev != c.rootDev || ct > c.now-int64(racyWindow) || mt > c.now-int64(racyWindow) {
+	if st.Dev != c.rootDev || ct > c.now-int64(racyWindow) || mt > c.now-int64(racyWindow) || !jsonExact(rel, r) {
 		return
 	}
 	r.Dev, r.Ino, r.Mtime, r.Ctime = st.Dev, st.Ino, mt, ct
 	c.next[rel] = r
+}
+
+// jsonExact reports whether a record's path and names survive JSON as
+// they are (invalid UTF-8 would come back as U+FFFD: another name).
+func jsonExact(rel string, r dirRecord) bool {
+	if !utf8.ValidString(rel) {
+		return false
+	}
+	for _, names := range [][]string{r.Guarded, r.Links, r.Subdirs} {
+		for _, n := range names {
+			if !utf8.ValidString(n) {
+				return false
+			}
+		}
+	}
+	for n := range r.Matches {
+		if !utf8.ValidString(n) {
+			return false
+		}
+	}
+	return true
 }
 
 // save writes the records for the next scan (atomically, mode 0600), or

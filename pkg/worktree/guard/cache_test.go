@@ -219,3 +219,26 @@ func TestGuardCacheIsUsedAndFailsClosed(t *testing.T) {
 		os.Remove(p + ".real")
 	}
 }
+
+// TestGuardCacheNamesNotUTF8: a directory whose name is not valid UTF-8
+// (JSON would bring it back as another name) is never recorded, in its
+// parent's record or its own: the cached scan still walks into it.
+func TestGuardCacheNamesNotUTF8(t *testing.T) {
+	wt := cacheTree(t)
+	bad := filepath.Join(wt, "pkg03", "bad\xff")
+	assert.NilError(t, os.MkdirAll(filepath.Join(bad, "sub"), 0o755))
+	assert.NilError(t, os.WriteFile(filepath.Join(bad, "sub", "f.go"), nil, 0o644))
+	cacheDir := t.TempDir()
+	time.Sleep(racyWindow + 100*time.Millisecond)
+	scanBoth(t, wt, cacheDir)
+	s := scanBoth(t, wt, cacheDir)
+	assert.Equal(t, s.DirsRead, 3, "pkg03 and the two below it read again")
+	assert.Assert(t, s.DirsCached > 40)
+	// What a cached scan would have missed: a link out of the tree below,
+	// which the full scan refuses (its path is not UTF-8).
+	assert.NilError(t, os.Symlink("/outbox", filepath.Join(bad, "sub", "l")))
+	_, err := scanWith(context.Background(), wt, nil, nil, cachePatterns)
+	assert.ErrorContains(t, err, "invalid UTF-8")
+	_, err = scanCached(context.Background(), wt, nil, nil, cachePatterns, cacheDir)
+	assert.ErrorContains(t, err, "invalid UTF-8")
+}
