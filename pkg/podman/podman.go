@@ -386,6 +386,9 @@ type Cage struct {
 	// containers.conf or, for a service started with --runtime PATH, that
 	// path (CageNamed only).
 	Runtime string
+	// Pid is the host pid of an initialised or running cage's process, 0
+	// when it has none (CageNamed only).
+	Pid int
 }
 
 // ListByLabel lists all containers (running or not) carrying label=value.

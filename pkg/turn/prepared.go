@@ -115,7 +115,7 @@ func (r *Runner) prepareNextLocked(ctx context.Context, in *checked, keep ...str
 	}
 	// Its in-cage wall now, off the path of the turn that takes it (which
 	// only verifies it).
-	if _, err := r.wallCage(ctx, id, p.Plan, false); err != nil {
+	if _, err := r.wallCage(ctx, id, p, false); err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
@@ -219,6 +219,9 @@ func (r *Runner) takePrepared(ctx context.Context, in *checked) (string, *prepar
 		p, err := r.matchPrepared(ctx, in, c)
 		if err != nil || p == nil {
 			return "", nil, err
+		}
+		if c.State == "initialized" {
+			p.pid = c.Pid // its wall and resolver need it: no second inspection
 		}
 		if err := writeArgvFile(in.dir+"/argv", p.argv); err != nil {
 			return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)

@@ -212,7 +212,11 @@ func median(d []time.Duration) time.Duration { return quantile(d, 0.5) }
 
 // phaseMedians returns each phase's median over the results, in the order
 // of the first result.
-func phaseMedians(rs []*result) []turn.Phase {
+func phaseMedians(rs []*result) []turn.Phase { return phaseQuantiles(rs, 0.5) }
+
+// phaseQuantiles returns each phase's quantile q over the results, in the
+// order of the first result.
+func phaseQuantiles(rs []*result, q float64) []turn.Phase {
 	by := map[string][]time.Duration{}
 	var order []string
 	for _, r := range rs {
@@ -225,7 +229,7 @@ func phaseMedians(rs []*result) []turn.Phase {
 	}
 	var out []turn.Phase
 	for _, n := range order {
-		out = append(out, turn.Phase{Name: n, Ms: msOf(median(by[n]))})
+		out = append(out, turn.Phase{Name: n, Ms: msOf(quantile(by[n], q))})
 	}
 	return out
 }

@@ -170,8 +170,23 @@ func benchBurst(b *testing.B, be *bench, n int) {
 	b.ReportMetric(msOf(quantile(firsts, 0.95)), "p95-ms")
 	b.ReportMetric(float64(prepared), "prepared-turns")
 	b.ReportMetric(0, "ns/op")
-	b.Logf("burst of %d tasks, first output: p50 %.0f ms, p95 %.0f ms (%d turns, %d prepared); phases (median ms): %s",
-		n, msOf(quantile(firsts, 0.5)), msOf(quantile(firsts, 0.95)), len(firsts), prepared, phaseString(phaseMedians(results)))
+	b.Logf("burst of %d tasks, first output: p50 %.0f ms, p95 %.0f ms (%d turns, %d prepared); phases (median ms): %s; p95: %s",
+		n, msOf(quantile(firsts, 0.5)), msOf(quantile(firsts, 0.95)), len(firsts), prepared, phaseString(phaseMedians(results)), phaseString(phaseQuantiles(results, 0.95)))
+	// Before Run: the process's start, its config and its connection to
+	// podman (first output less the phases up to the cage's start).
+	var before []time.Duration
+	for i, r := range results {
+		d := firsts[i]
+		for _, p := range r.Phases {
+			d -= time.Duration(p.Ms * float64(time.Millisecond))
+			if p.Name == "start" {
+				break
+			}
+		}
+		before = append(before, d)
+	}
+	b.Logf("burst of %d: before the turn's phases (process start, config, connect, output): median %.0f ms, p95 %.0f ms",
+		n, msOf(median(before)), msOf(quantile(before, 0.95)))
 }
 
 // benchIdleMemory prepares cages for several tasks and reports what one
