@@ -128,7 +128,10 @@ func (b *bench) shrooms(args ...string) ([]byte, error) {
 // on stdout.
 type timing struct {
 	wall, first time.Duration
-	stdout      bytes.Buffer
+	// cpu is the process's own user and system time (not its detached
+	// child's, which it never waits for).
+	cpu    time.Duration
+	stdout bytes.Buffer
 }
 
 // firstByte records when the first byte of output arrives.
@@ -158,6 +161,9 @@ func timed(cmd *exec.Cmd) (*timing, error) {
 	err := cmd.Run()
 	t.wall = time.Since(fb.start)
 	t.first = fb.at
+	if ps := cmd.ProcessState; ps != nil {
+		t.cpu = ps.UserTime() + ps.SystemTime()
+	}
 	if err != nil {
 		return t, fmt.Errorf("%s: %v: %s %s", strings.Join(cmd.Args, " "), err, t.stdout.String(), errb.String())
 	}

@@ -131,7 +131,7 @@ func benchBurst(b *testing.B, be *bench, n int) {
 			b.Fatal(err)
 		}
 	}
-	var firsts []time.Duration
+	var firsts, cpus []time.Duration
 	var results []*result
 	prepared := 0
 	rounds := max(b.N/3, 1)
@@ -154,6 +154,7 @@ func benchBurst(b *testing.B, be *bench, n int) {
 				mu.Lock()
 				results = append(results, res)
 				firsts = append(firsts, t.first)
+				cpus = append(cpus, t.cpu)
 				if res.Prepared {
 					prepared++
 				}
@@ -185,8 +186,8 @@ func benchBurst(b *testing.B, be *bench, n int) {
 		}
 		before = append(before, d)
 	}
-	b.Logf("burst of %d: before the turn's phases (process start, config, connect, output): median %.0f ms, p95 %.0f ms",
-		n, msOf(median(before)), msOf(quantile(before, 0.95)))
+	b.Logf("burst of %d: before the turn's phases (process start, config, connect, output): median %.0f ms, p95 %.0f ms; CPU of a run process (user+sys, median) %.0f ms",
+		n, msOf(median(before)), msOf(quantile(before, 0.95)), msOf(median(cpus)))
 }
 
 // benchIdleMemory prepares cages for several tasks and reports what one
