@@ -248,7 +248,8 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	defer c.started()
 	// Detached teardowns wait while this turn starts, its checks included
 	// (a burst's turns are mostly in them when the first teardowns begin).
-	c.starting, _ = r.Store.Starting()
+	// Nothing is created before the input is checked.
+	c.starting, _ = r.Store.StartingEarly()
 
 	steps := runSteps() // a prepared cage it takes is matched in matchSteps
 	in, err := r.check(ctx, req, steps)
