@@ -1,9 +1,9 @@
 package turn
 
 import (
-	"fmt"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
