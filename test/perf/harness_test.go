@@ -183,7 +183,12 @@ type result struct {
 
 // run runs one turn with the shrooms binary (--json, --prepare-next).
 func (b *bench) run(task, agent, script string) (*timing, *result, error) {
-	t, err := timed(b.Command("--json", "run", "--prepare-next", "--task", task, "--agent", agent, "--", "-c", script))
+	return b.runCmd(b.Command("--json", "run", "--prepare-next", "--task", task, "--agent", agent, "--", "-c", script))
+}
+
+// runCmd runs one `run --json` command and reads its result.
+func (b *bench) runCmd(cmd *exec.Cmd) (*timing, *result, error) {
+	t, err := timed(cmd)
 	if err != nil {
 		return t, nil, err
 	}
