@@ -16,7 +16,7 @@ import (
 // measured one after the other saw loads from 4 to 17. A is the bench's
 // binary (SHROOMS_PERF_BINARY, or this tree's build), B is
 // SHROOMS_PERF_BINARY_B (this tree's build when unset). -benchtime Nx runs N
-// rounds of each.
+// rounds of each, A first in even rounds, B first in odd ones.
 func BenchmarkBurstAB(b *testing.B) {
 	be := newBench(b, "")
 	binB := os.Getenv("SHROOMS_PERF_BINARY_B")
@@ -43,7 +43,8 @@ func BenchmarkBurstAB(b *testing.B) {
 		var results [2][]*result
 		var unprepared [2]int
 		for r := 0; r < b.N; r++ {
-			for k := range bins {
+			// Which build goes first alternates too.
+			for _, k := range [][]int{{0, 1}, {1, 0}}[r%2] {
 				for _, ts := range tasks {
 					for _, t := range ts {
 						be.WaitIdle(t)
