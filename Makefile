@@ -194,9 +194,11 @@ uninstall:
 demo: setup build
 	bash scripts/demo.sh
 
-# Benchmarks (not part of `make test`).
+# Every benchmark of the repository (not part of `make test`): the
+# packages' own, test/perf's (through the binary) and test/agents' (a real
+# agent). test/perf's measure nothing at -benchtime 1x (see BenchmarkGoals).
 bench: setup build
-	set -o pipefail; SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -run '^$$' -bench . -benchtime 10x -timeout 60m ./pkg/... ./test/perf 2>&1 | tee bench.out
+	set -o pipefail; SHROOMS_TEST_RUNSC=$(RUNSC) SHROOMS_REQUIRE_INTEGRATION=1 SHROOMS_TEST_PODMAN_SOCKET=$(SOCKET) go test -tags "$(TAGS) runsc" -run '^$$' -bench . -benchtime 10x -timeout 60m ./pkg/... ./test/perf ./test/agents 2>&1 | tee bench.out
 
 # Every Fuzz target for FUZZTIME each (their seed corpora already run as
 # ordinary tests in `make test`).

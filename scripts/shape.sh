@@ -16,7 +16,13 @@ echo "shrooms imports of pkg/profile: $( [ -d pkg/profile ] && go list -tags "$T
 echo "shrooms imports of pkg/probe (the in-cage battery): $(go list -tags "$TAGS" -f '{{join .Imports "\n"}}' ./pkg/probe | count 'shrooms-cage/shrooms/')"
 echo "homereset lines (non-test; code lines, i.e. not blank or comment / wc -l): $(nontest pkg/homereset | xargs cat | grep -v '^\s*$' | grep -cv '^\s*//') / $(nontest pkg/homereset | xargs cat | wc -l)"
 echo "funcs taking task string in pkg/: $(nontest pkg | xargs grep -hE '^func .*\btask string' | wc -l)"
-echo "test harness types (env, harness, cageEnv, fixture, world in tests and internal/itest): $(find cmd pkg internal test -name '*.go' | xargs grep -hE '^type (env|harness|cageEnv|fixture|world|Env) struct' | wc -l)"
+# World types: any type named …Env/env/World/world/Harness/harness/
+# Fixture/fixture in a test file or in the world packages (internal/itest,
+# internal/testbed, internal/tbworld); and, by what they hold rather than
+# their name, the test structs that embed or carry one of those worlds.
+worlds() { { find cmd pkg internal test -name '*_test.go'; find internal/itest internal/testbed internal/tbworld -name '*.go' ! -name '*_test.go'; } 2>/dev/null; }
+echo "test harness types (type …Env/env/World/world/Harness/harness/Fixture/fixture struct in test files and internal/itest, testbed, tbworld): $(worlds | xargs grep -hE '^type \w*(Env|env|World|world|Harness|harness|Fixture|fixture) struct' | wc -l)"
+echo "other test structs holding a world (*itest.Env, *tbworld.World or *testbed.Testbed): $(worlds | xargs grep -B12 -hE '^\s+(\w+\s+)?\*(itest\.Env|tbworld\.World|testbed\.Testbed)$' | grep -E '^type \w+ struct' | grep -vcE '^type \w*(Env|env|World|world|Harness|harness|Fixture|fixture) struct' || true)"
 echo "test files removing HOMEs by hand: $(grep -rlE 'Home\(\)\.Remove|homes\(\)\.Remove|NewStore\([^)]*\)\.Remove|Homes\.Remove|homestore\.Remove\(' --include='*_test.go' cmd pkg test | wc -l)"
 echo "fault-kind wrapping sites (lines with fmt.Errorf(… fault.X …)): $(nontest pkg cmd | xargs grep -hE 'Errorf\(.*fault\.[A-Z]' | wc -l)"
 echo "fault-kind decisions (those, plus fault.Wrap/Wrapf/Default/Phase calls outside pkg/fault): $(nontest pkg cmd | grep -v '^pkg/fault/' | xargs grep -hE 'Errorf\(.*fault\.[A-Z]|fault\.(Wrap|Wrapf|Default|Phase)\(' | wc -l)"

@@ -28,6 +28,8 @@ func TestWorktreeChangesAreTheTurnsOnly(t *testing.T) {
 		code, stdout, stderr := e.Shrooms("run", "--json", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", script)
 		assert.Equal(t, code, 0, stderr)
 		ch := lastObject(t, stdout)["worktree_changes"].(map[string]any)
+		// The scan after read the turn's events, not the whole tree.
+		assert.Equal(t, ch["scan_after"], "events")
 		return []any{ch["added"], ch["modified"], ch["deleted"]}
 	}
 	assert.DeepEqual(t, changes("true"), []any{0.0, 0.0, 0.0})

@@ -92,6 +92,7 @@ type Testbed struct {
 	svc        *exec.Cmd
 	svcArgs    []string
 	holder     *exec.Cmd // holds the service's mount namespace
+	cpuacct    string    // CPUAccount's cgroup, or ""
 }
 
 // NSPath is the bind-mount path of role's namespace (for nsenter, setns).
@@ -108,6 +109,14 @@ func IPv4OnlyInternet() Option { return func(tb *Testbed) { tb.v4Internet = true
 // PodmanFlags are podman's global flags for the testbed's service (e.g.
 // --runtime for the gVisor suites).
 func PodmanFlags(args ...string) Option { return func(tb *Testbed) { tb.svcArgs = args } }
+
+// CPUAccount charges the service's CPU time to dir, a cpuacct (cgroup v1)
+// cgroup the caller made and removes: the service runs in dir/svc, and its
+// mount namespace sees dir as the cpuacct root, so podman's cgroupfs
+// parent (/libpod_parent: conmon, the exit commands conmon runs, the
+// containers) lands in dir/libpod_parent. A parent keeps the usage of its
+// removed children, so dir's cpuacct.usage is all the service's work.
+func CPUAccount(dir string) Option { return func(tb *Testbed) { tb.cpuacct = dir } }
 
 // New builds a testbed, or fails t. Everything is removed in t.Cleanup.
 func New(t testing.TB, opts ...Option) *Testbed {
@@ -417,6 +426,9 @@ func (tb *Testbed) StartPodmanWith(args ...string) {
 		// than any cage lives (cages are --rm and end on their own).
 		ready := filepath.Join(tb.Dir, "ready")
 		script := fmt.Sprintf("mount -t tmpfs tmpfs /run/containers/networks && mount --bind %s /etc/resolv.conf && touch %s && exec sleep 1800", resolv, ready)
+		if tb.cpuacct != "" {
+			script = fmt.Sprintf("mount --bind %s /sys/fs/cgroup/cpuacct && %s", tb.cpuacct, script)
+		}
 		h := exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "unshare", "--mount", "--propagation", "private", "sh", "-c", script)
 		h.Stdout, h.Stderr = logf, logf
 		if err := h.Start(); err != nil {
@@ -433,8 +445,21 @@ func (tb *Testbed) StartPodmanWith(args ...string) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	cmd := exec.Command("nsenter", "-t", fmt.Sprint(tb.holder.Process.Pid), "-m", "-n", "--", "podman")
-	cmd.Args = append(append(cmd.Args, tb.svcArgs...), "system", "service", "--time=0", "unix://"+sock)
+	podman := append([]string{"podman"}, tb.svcArgs...)
+	if tb.cpuacct != "" {
+		podman = append(podman, "--cgroup-manager", "cgroupfs") // what the bind mount above steers
+	}
+	nsenter := append([]string{"nsenter", "-t", fmt.Sprint(tb.holder.Process.Pid), "-m", "-n", "--"}, podman...)
+	nsenter = append(nsenter, "system", "service", "--time=0", "unix://"+sock)
+	cmd := exec.Command(nsenter[0], nsenter[1:]...)
+	if tb.cpuacct != "" {
+		// Joined before exec, so none of the service's work escapes.
+		procs := filepath.Join(tb.cpuacct, "svc", "cgroup.procs")
+		if err := os.MkdirAll(filepath.Dir(procs), 0o755); err != nil {
+			tb.t.Fatal(err)
+		}
+		cmd = exec.Command("sh", append([]string{"-c", `echo $$ > "$0" && exec "$@"`, procs}, nsenter...)...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		tb.t.Fatalf("start podman service: %v", err)

@@ -77,7 +77,15 @@ func (c Config) TOML() string {
 	} else {
 		b.WriteString("[worktree]\nuncapped = \"allow\"\n")
 	}
-	fmt.Fprintf(&b, "[home]\nvolume_prefix = \"shrooms-home-%s-\"\n[outbox]\nroot = %q\n", c.Prefix, filepath.Join(c.Dir, "outbox"))
+	// The HOME volumes carry the prefix; an Extra [home] table gets the key.
+	prefix := fmt.Sprintf("volume_prefix = \"shrooms-home-%s-\"\n", c.Prefix)
+	if strings.Contains(extra, "[home]\n") {
+		extra = strings.Replace(extra, "[home]\n", "[home]\n"+prefix, 1)
+		prefix = ""
+	} else {
+		prefix = "[home]\n" + prefix
+	}
+	fmt.Fprintf(&b, "%s[outbox]\nroot = %q\n", prefix, filepath.Join(c.Dir, "outbox"))
 	b.WriteString(extra)
 	return b.String()
 }

@@ -21,9 +21,10 @@ import (
 // their ratio sealed/unsealed (the target is >= 0.95).
 func BenchmarkCageThroughput(b *testing.B) {
 	const benchMiB = 64
-	e := newEnv(b)
+	tb, cfg := newEnv(b)
+	opts := hostOpts(tb)
 	ctx := context.Background()
-	ln, err := e.tb.ListenTCP("internet", net.JoinHostPort(testbed.InternetAddr4.String(), "0"))
+	ln, err := tb.ListenTCP("internet", net.JoinHostPort(testbed.InternetAddr4.String(), "0"))
 	assert.NilError(b, err)
 	defer ln.Close()
 	port := ln.Addr().(*net.TCPAddr).Port
@@ -61,7 +62,7 @@ func BenchmarkCageThroughput(b *testing.B) {
 			}
 			done <- result{n: n, dur: time.Since(first)}
 		}()
-		out, err := e.tb.Podman("exec", "stb"+e.tb.ID+"-a", "sh", "-c",
+		out, err := tb.Podman("exec", "stb"+tb.ID+"-a", "sh", "-c",
 			fmt.Sprintf("dd if=/dev/zero bs=1M count=%d 2>/dev/null | nc %s %d", benchMiB, testbed.InternetAddr4, port))
 		r := <-done
 		assert.NilError(b, r.err)
@@ -73,11 +74,11 @@ func BenchmarkCageThroughput(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		assert.NilError(b, Flush(ctx, e.cfg, e.opts))
+		assert.NilError(b, Flush(ctx, cfg, opts))
 		b.StartTimer()
 		unsealed += transfer()
 		b.StopTimer()
-		assert.NilError(b, Apply(ctx, e.cfg, e.opts))
+		assert.NilError(b, Apply(ctx, cfg, opts))
 		b.StartTimer()
 		sealed += transfer()
 	}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,20 +22,12 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 )
 
-// env is a testbed with a cage network, a second podman network, a prober
-// cage and target cages (on the same bridge and on the other network).
-type env struct {
-	tb       *testbed.Testbed
-	cfg      config.Network
-	opts     Options
-	probe    string
-	gw4, gw6 netip.Addr
-	peer     []netip.Addr // cage on the same bridge (v4, v6)
-	other    netip.Addr   // cage on another podman network
-	run      int
-}
-
-func newEnv(t testing.TB) *env {
+// newEnv builds a testbed with a cage network (the one it returns), a
+// second podman network, and cages like shrooms' with tbprobe mounted: the
+// prober "a", "peer" on the same bridge and "other" on the other network,
+// both listening. Everything the tests need besides is derived from the
+// testbed and the network (hostOpts, Gateways, cageAddrs).
+func newEnv(t testing.TB) (*testbed.Testbed, config.Network) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	tb := testbed.New(t)
 	tb.StartPodman()
@@ -48,25 +42,32 @@ func newEnv(t testing.TB) *env {
 		Subnet6: fmt.Sprintf("fd89:%x::/64", n%65536),
 		Allow:   []string{},
 	}
-	e := &env{tb: tb, cfg: cfg, opts: Options{NetNS: tb.NSPath("host")}}
-	var err error
-	e.gw4, e.gw6, err = Gateways(cfg)
-	assert.NilError(t, err)
+	gw4, gw6 := cageGateways(t, cfg)
 	// The cage network as the lead's podman client creates it: bridge
 	// named by config, explicit gateways (the seal's DNS exception), IPv6
 	// on, DNS (aardvark) on, not internal. podman 4.3's CLI cannot name
 	// the bridge, its API can.
-	e.createNetwork(t, cfg.Name, cfg.Bridge, true, [2]string{cfg.Subnet4, e.gw4.String()}, [2]string{cfg.Subnet6, e.gw6.String()})
+	createNetwork(t, tb, cfg.Name, cfg.Bridge, true, [2]string{cfg.Subnet4, gw4.String()}, [2]string{cfg.Subnet6, gw6.String()})
 	other4 := fmt.Sprintf("10.%d.%d.0/24", 200+n%50, (n/50)%250+1)
-	e.createNetwork(t, cfg.Name+"o", "stbo"+tb.ID, false, [2]string{other4, ""})
-	e.probe = tb.BuildProbe()
+	createNetwork(t, tb, cfg.Name+"o", "stbo"+tb.ID, false, [2]string{other4, ""})
 
-	e.peer = e.cage(t, "peer", cfg.Name, "timeout", "600", "/tbprobe", "listen")
-	e.pinBridgeMAC(t)
-	e.other = e.cage(t, "other", cfg.Name+"o", "timeout", "600", "/tbprobe", "listen")[0]
-	e.cage(t, "a", cfg.Name, "sleep", "600")
+	cage(t, tb, "peer", cfg.Name, "timeout", "600", "/tbprobe", "listen")
+	pinBridgeMAC(t, tb, cfg)
+	cage(t, tb, "other", cfg.Name+"o", "timeout", "600", "/tbprobe", "listen")
+	cage(t, tb, "a", cfg.Name, "sleep", "600")
 	assert.NilError(t, tb.CheckIsolated(netip.MustParsePrefix(cfg.Subnet4), netip.MustParsePrefix(cfg.Subnet6), netip.MustParsePrefix(other4)))
-	return e
+	return tb, cfg
+}
+
+// hostOpts are the seal's options for the testbed's host namespace.
+func hostOpts(tb *testbed.Testbed) Options { return Options{NetNS: tb.NSPath("host")} }
+
+// cageGateways are the cage network's gateway addresses.
+func cageGateways(t testing.TB, cfg config.Network) (gw4, gw6 netip.Addr) {
+	t.Helper()
+	gw4, gw6, err := Gateways(cfg)
+	assert.NilError(t, err)
+	return gw4, gw6
 }
 
 // pinBridgeMAC fixes the cage bridge's MAC address at its current value.
@@ -79,17 +80,17 @@ func newEnv(t testing.TB) *env {
 // a right after "holds for a new cage" had started cage b, and when b's MAC
 // was the lower one every packet of a timed out. An address set by hand
 // is kept by the kernel whatever ports come and go.
-func (e *env) pinBridgeMAC(t testing.TB) {
+func pinBridgeMAC(t testing.TB, tb *testbed.Testbed, cfg config.Network) {
 	t.Helper()
-	mac := e.bridgeMAC(t)
-	out, err := e.tb.Exec("host", "ip", "link", "set", "dev", e.cfg.Bridge, "address", mac)
+	mac := bridgeMAC(t, tb, cfg)
+	out, err := tb.Exec("host", "ip", "link", "set", "dev", cfg.Bridge, "address", mac)
 	assert.NilError(t, err, string(out))
 }
 
 // bridgeMAC is the cage bridge's current MAC address.
-func (e *env) bridgeMAC(t testing.TB) string {
+func bridgeMAC(t testing.TB, tb *testbed.Testbed, cfg config.Network) string {
 	t.Helper()
-	out, err := e.tb.Exec("host", "ip", "-br", "link", "show", "dev", e.cfg.Bridge)
+	out, err := tb.Exec("host", "ip", "-br", "link", "show", "dev", cfg.Bridge)
 	assert.NilError(t, err, string(out))
 	f := strings.Fields(string(out))
 	assert.Assert(t, len(f) >= 3, "ip -br link: %q", out)
@@ -97,15 +98,34 @@ func (e *env) bridgeMAC(t testing.TB) string {
 }
 
 // cage starts a cage like shrooms' (no capabilities, no new privileges) with
-// tbprobe mounted, and returns its addresses.
-func (e *env) cage(t testing.TB, name, network string, cmd ...string) []netip.Addr {
+// the testbed's tbprobe mounted.
+func cage(t testing.TB, tb *testbed.Testbed, name, network string, cmd ...string) {
 	t.Helper()
-	full := "stb" + e.tb.ID + "-" + name
-	args := []string{"run", "-d", "--rm", "--name", full, "--label", e.tb.Label(), "--network", network,
+	args := []string{"run", "-d", "--rm", "--name", "stb" + tb.ID + "-" + name, "--label", tb.Label(), "--network", network,
 		"--cap-drop", "ALL", "--security-opt", "no-new-privileges", "--user", "0",
-		"-v", e.probe + ":/tbprobe:ro", itest.TestImage}
-	e.tb.MustPodman(append(args, cmd...)...)
-	out := e.tb.MustPodman("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{.GlobalIPv6Address}}{{end}}", full)
+		"-v", prober(tb) + ":/tbprobe:ro", itest.TestImage}
+	tb.MustPodman(append(args, cmd...)...)
+	cageAddrs(t, tb, name)
+}
+
+// prober is the testbed's tbprobe, built on first use.
+func prober(tb *testbed.Testbed) string {
+	if p := filepath.Join(tb.Dir, "tbprobe"); fileExists(p) {
+		return p
+	}
+	return tb.BuildProbe()
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// cageAddrs are a testbed cage's addresses (v4, then v6 where it has one).
+func cageAddrs(t testing.TB, tb *testbed.Testbed, name string) []netip.Addr {
+	t.Helper()
+	full := "stb" + tb.ID + "-" + name
+	out := tb.MustPodman("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{.GlobalIPv6Address}}{{end}}", full)
 	var addrs []netip.Addr
 	for _, f := range strings.Fields(out) {
 		addrs = append(addrs, netip.MustParseAddr(f))
@@ -125,7 +145,9 @@ type probe struct {
 	where string // "tb" (testbed canaries) or a cage name (its stdout log)
 }
 
-func (e *env) battery() []probe { return runtimeProbes(e.batteryAll()) }
+func battery(t testing.TB, tb *testbed.Testbed, cfg config.Network) []probe {
+	return runtimeProbes(batteryAll(t, tb, cfg))
+}
 
 // runtimeProbes drops the ICMP probes when the suites run under gVisor
 // (SHROOMS_TEST_RUNTIME=runsc): there a cage cannot open an ICMP socket at
@@ -140,7 +162,10 @@ func runtimeProbes(ps []probe) []probe {
 	return slices.DeleteFunc(ps, func(p probe) bool { return p.proto == "icmp" })
 }
 
-func (e *env) batteryAll() []probe {
+func batteryAll(t testing.TB, tb *testbed.Testbed, cfg config.Network) []probe {
+	t.Helper()
+	gw4, gw6 := cageGateways(t, cfg)
+	peer, other := cageAddrs(t, tb, "peer"), cageAddrs(t, tb, "other")[0]
 	in4, in6 := testbed.InternetAddr4, testbed.InternetAddr6
 	ps := []probe{
 		// D2 positive controls: the internet, over TCP, UDP, ICMP, v4 and v6.
@@ -153,8 +178,8 @@ func (e *env) batteryAll() []probe {
 		// DNS to the gateway (aardvark-dns, forwarding to the internet's
 		// DNS canary) is shut under every policy: the cage's resolver is
 		// shrooms' own on its loopback (pkg/dnsseal). Unsealed it answers.
-		{"dns via gateway v4", "dns", e.gw4, 53, false, "tb"},
-		{"dns via gateway v6", "dns", e.gw6, 53, false, "tb"},
+		{"dns via gateway v4", "dns", gw4, 53, false, "tb"},
+		{"dns via gateway v6", "dns", gw6, 53, false, "tb"},
 		// D9b/c: direct resolvers, UDP and TCP, and DoT.
 		{"dns direct udp v4", "dns", in4, 53, false, "tb"},
 		{"dns direct udp v6", "dns", in6, 53, false, "tb"},
@@ -189,29 +214,29 @@ func (e *env) batteryAll() []probe {
 		{"host lan tcp v6", "tcp", testbed.HostAddr6, 80, false, "tb"},
 		{"host lan udp v4", "udp", testbed.HostAddr4, 5000, false, "tb"},
 		{"host lan icmp v4", "icmp", testbed.HostAddr4, 0, false, "tb"},
-		{"gateway icmp v4", "icmp", e.gw4, 0, false, "tb"},
-		{"gateway icmp v6", "icmp", e.gw6, 0, false, "tb"},
+		{"gateway icmp v4", "icmp", gw4, 0, false, "tb"},
+		{"gateway icmp v6", "icmp", gw6, 0, false, "tb"},
 		// D8: another cage on the same bridge, and one on another network.
-		{"peer cage tcp v4", "tcp", e.peer[0], 8080, false, "peer"},
-		{"peer cage udp v4", "udp", e.peer[0], 5000, false, "peer"},
-		{"other network cage tcp", "tcp", e.other, 8080, false, "other"},
+		{"peer cage tcp v4", "tcp", peer[0], 8080, false, "peer"},
+		{"peer cage udp v4", "udp", peer[0], 5000, false, "peer"},
+		{"other network cage tcp", "tcp", other, 8080, false, "other"},
 	}
 	for _, port := range testbed.TCPPorts {
 		ps = append(ps,
-			probe{fmt.Sprintf("gateway tcp/%d v4", port), "tcp", e.gw4, port, false, "tb"},
-			probe{fmt.Sprintf("gateway tcp/%d v6", port), "tcp", e.gw6, port, false, "tb"})
+			probe{fmt.Sprintf("gateway tcp/%d v4", port), "tcp", gw4, port, false, "tb"},
+			probe{fmt.Sprintf("gateway tcp/%d v6", port), "tcp", gw6, port, false, "tb"})
 	}
 	for _, port := range testbed.UDPPorts {
 		ps = append(ps,
-			probe{fmt.Sprintf("gateway udp/%d v4", port), "udp", e.gw4, port, false, "tb"},
-			probe{fmt.Sprintf("gateway udp/%d v6", port), "udp", e.gw6, port, false, "tb"})
+			probe{fmt.Sprintf("gateway udp/%d v4", port), "udp", gw4, port, false, "tb"},
+			probe{fmt.Sprintf("gateway udp/%d v6", port), "udp", gw6, port, false, "tb"})
 	}
 	for _, a := range testbed.Private {
 		ps = append(ps, probe{"private tcp " + a.String(), "tcp", a, 80, false, "tb"})
 	}
-	if len(e.peer) > 1 {
-		ps = append(ps, probe{"peer cage tcp v6", "tcp", e.peer[1], 8080, false, "peer"},
-			probe{"peer cage udp v6", "udp", e.peer[1], 5000, false, "peer"})
+	if len(peer) > 1 {
+		ps = append(ps, probe{"peer cage tcp v6", "tcp", peer[1], 8080, false, "peer"},
+			probe{"peer cage udp v6", "udp", peer[1], 5000, false, "peer"})
 	}
 	return ps
 }
@@ -222,27 +247,27 @@ func (e *env) batteryAll() []probe {
 // sleeping a fixed time: canaries log asynchronously, and on a loaded
 // machine a fixed wait is a race. Probes that must not land get the same
 // time as those that do, since all were sent at once.
-func (e *env) fire(t testing.TB, from string, ps []probe, await func(probe) bool) map[string]bool {
+func fire(t testing.TB, tb *testbed.Testbed, from string, ps []probe, await func(probe) bool) map[string]bool {
 	t.Helper()
-	e.run++
+	run := time.Now().UnixNano() // a nonce of its own for each firing
 	nonces := map[string]string{}
-	args := []string{"exec", "stb" + e.tb.ID + "-" + from, "/tbprobe"}
+	args := []string{"exec", "stb" + tb.ID + "-" + from, "/tbprobe"}
 	for i, p := range ps {
-		nonce := fmt.Sprintf("n%s-%d-%03d", e.tb.ID, e.run, i)
+		nonce := fmt.Sprintf("n%s-%d-%03d", tb.ID, run, i)
 		nonces[p.name] = nonce
 		args = append(args, fmt.Sprintf("%s,%s,%d,%s", p.proto, p.addr, p.port, nonce))
 	}
-	out := e.tb.MustPodman(args...)
+	out := tb.MustPodman(args...)
 	hits := func() map[string]bool {
 		logs := map[string]string{}
 		hit := map[string]bool{}
 		for _, p := range ps {
 			if p.where == "tb" {
-				hit[p.name] = len(e.tb.Hits(nonces[p.name])) > 0
+				hit[p.name] = len(tb.Hits(nonces[p.name])) > 0
 				continue
 			}
 			if _, ok := logs[p.where]; !ok {
-				logs[p.where] = e.tb.MustPodman("logs", "stb"+e.tb.ID+"-"+p.where)
+				logs[p.where] = tb.MustPodman("logs", "stb"+tb.ID+"-"+p.where)
 			}
 			hit[p.name] = strings.Contains(logs[p.where], nonces[p.name]+"\n")
 		}
@@ -285,9 +310,9 @@ func (e *env) fire(t testing.TB, from string, ps []probe, await func(probe) bool
 // dial while the router's neighbour entry for the cage, failed under the
 // seal, is being re-resolved (seen once in CI); a hole seen on a retry is
 // still a hole, and a probe that never lands still fails the control.
-func (e *env) fireControl(t testing.TB, from string, ps []probe) map[string]bool {
+func fireControl(t testing.TB, tb *testbed.Testbed, from string, ps []probe) map[string]bool {
 	t.Helper()
-	hit := e.fire(t, from, ps, all)
+	hit := fire(t, tb, from, ps, all)
 	for try := 0; try < 2; try++ {
 		var missed []probe
 		for _, p := range ps {
@@ -301,7 +326,7 @@ func (e *env) fireControl(t testing.TB, from string, ps []probe) map[string]bool
 		for _, p := range missed {
 			t.Logf("positive control: %s missed, fired again (try %d)", p.name, try+2)
 		}
-		for name, ok := range e.fire(t, from, missed, all) {
+		for name, ok := range fire(t, tb, from, missed, all) {
 			hit[name] = hit[name] || ok
 		}
 	}
@@ -312,10 +337,10 @@ func all(probe) bool       { return true }
 func allowed(p probe) bool { return p.open }
 
 // expectSealed checks every probe against the seal's verdict.
-func (e *env) expectSealed(t testing.TB, from string) {
+func expectSealed(t testing.TB, tb *testbed.Testbed, cfg config.Network, from string) {
 	t.Helper()
-	ps := e.battery()
-	hit := e.fire(t, from, ps, allowed)
+	ps := battery(t, tb, cfg)
+	hit := fire(t, tb, from, ps, allowed)
 	for _, p := range ps {
 		if p.open {
 			assert.Check(t, hit[p.name], "%s: allowed probe did not reach its canary", p.name)
@@ -324,31 +349,34 @@ func (e *env) expectSealed(t testing.TB, from string) {
 		}
 	}
 	if t.Failed() {
-		e.logState(t, from)
+		logState(t, tb, cfg, from)
 	}
 }
 
 // logState records the cage's and the bridge's network state, to tell a
 // broken cage link from a seal problem.
-func (e *env) logState(t testing.TB, from string) {
+func logState(t testing.TB, tb *testbed.Testbed, cfg config.Network, from string) {
 	t.Helper()
-	out, _ := e.tb.Podman("exec", "stb"+e.tb.ID+"-"+from, "sh", "-c", "ip addr; ip route; ip -6 route; ip neigh; ping -c1 -W1 "+e.gw4.String())
+	gw4, _ := cageGateways(t, cfg)
+	out, _ := tb.Podman("exec", "stb"+tb.ID+"-"+from, "sh", "-c", "ip addr; ip route; ip -6 route; ip neigh; ping -c1 -W1 "+gw4.String())
 	t.Logf("cage %s:\n%s", from, out)
-	b, _ := e.tb.Exec("host", "sh", "-c", "ip -d -o link; ip -br addr show "+e.cfg.Bridge+"; bridge link; ip neigh; sysctl net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables; nft list ruleset | grep -c .; iptables-save | head -60")
-	t.Logf("bridge %s:\n%s", e.cfg.Bridge, b)
+	b, _ := tb.Exec("host", "sh", "-c", "ip -d -o link; ip -br addr show "+cfg.Bridge+"; bridge link; ip neigh; sysctl net.ipv4.ip_forward net.bridge.bridge-nf-call-iptables; nft list ruleset | grep -c .; iptables-save | head -60")
+	t.Logf("bridge %s:\n%s", cfg.Bridge, b)
 }
 
 func TestSealInTestbed(t *testing.T) {
-	e := newEnv(t)
+	tb, cfg := newEnv(t)
+	opts := hostOpts(tb)
+	gw4, _ := cageGateways(t, cfg)
 	ctx := context.Background()
 
 	t.Run("positive control: with the seal flushed every probe reaches its canary", func(t *testing.T) {
-		assert.NilError(t, Flush(ctx, e.cfg, e.opts))
-		st, err := Verify(ctx, e.cfg, e.opts)
+		assert.NilError(t, Flush(ctx, cfg, opts))
+		st, err := Verify(ctx, cfg, opts)
 		assert.NilError(t, err)
 		assert.Assert(t, !st.OK)
-		ps := e.battery()
-		hit := e.fireControl(t, "a", ps)
+		ps := battery(t, tb, cfg)
+		hit := fireControl(t, tb, "a", ps)
 		for _, p := range ps {
 			assert.Check(t, hit[p.name], "%s: probe does not reach its canary even without the seal: the test could not see a hole", p.name)
 		}
@@ -356,13 +384,13 @@ func TestSealInTestbed(t *testing.T) {
 			// The ICMP probes runtimeProbes leaves out: refused in the
 			// Sentry, so they reach nothing even without the seal.
 			var icmp []probe
-			for _, p := range e.batteryAll() {
+			for _, p := range batteryAll(t, tb, cfg) {
 				if p.proto == "icmp" {
 					icmp = append(icmp, p)
 				}
 			}
 			assert.Assert(t, len(icmp) > 0)
-			hit := e.fire(t, "a", icmp, all)
+			hit := fire(t, tb, "a", icmp, all)
 			for _, p := range icmp {
 				assert.Check(t, !hit[p.name], "%s: an ICMP probe left a runsc cage: drop runtimeProbes' exception", p.name)
 			}
@@ -371,58 +399,58 @@ func TestSealInTestbed(t *testing.T) {
 
 	t.Run("sealed: only the internet and the given resolver", func(t *testing.T) {
 		start := time.Now()
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		assert.NilError(t, Apply(ctx, cfg, opts))
 		t.Logf("apply took %v", time.Since(start))
-		st, err := Verify(ctx, e.cfg, e.opts)
+		st, err := Verify(ctx, cfg, opts)
 		assert.NilError(t, err)
 		assert.Assert(t, st.OK, st.Reason)
 		assert.Equal(t, st.Expected, st.Installed)
-		e.expectSealed(t, "a")
+		expectSealed(t, tb, cfg, "a")
 	})
 
 	t.Run("apply is idempotent", func(t *testing.T) {
-		before, err := Verify(ctx, e.cfg, e.opts)
+		before, err := Verify(ctx, cfg, opts)
 		assert.NilError(t, err)
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
-		nft1 := e.nft(t)
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
-		after, err := Verify(ctx, e.cfg, e.opts)
+		assert.NilError(t, Apply(ctx, cfg, opts))
+		nft1 := nft(t, tb)
+		assert.NilError(t, Apply(ctx, cfg, opts))
+		after, err := Verify(ctx, cfg, opts)
 		assert.NilError(t, err)
 		assert.Assert(t, after.OK, after.Reason)
 		assert.Equal(t, before.Installed, after.Installed)
-		assert.Equal(t, nft1, e.nft(t))
+		assert.Equal(t, nft1, nft(t, tb))
 	})
 
 	t.Run("survives podman network reload", func(t *testing.T) {
 		// Only this testbed's cages: the container database is shared with
 		// the machine's podman, and --all would touch other tests' cages.
-		pre := "stb" + e.tb.ID + "-"
-		out, err := e.tb.PodmanLocal("network", "reload", pre+"a", pre+"peer", pre+"other")
+		pre := "stb" + tb.ID + "-"
+		out, err := tb.PodmanLocal("network", "reload", pre+"a", pre+"peer", pre+"other")
 		assert.NilError(t, err, out)
-		st, err := Verify(ctx, e.cfg, e.opts)
+		st, err := Verify(ctx, cfg, opts)
 		assert.NilError(t, err)
 		assert.Assert(t, st.OK, st.Reason)
-		e.expectSealed(t, "a")
+		expectSealed(t, tb, cfg, "a")
 	})
 
 	t.Run("holds for a new cage", func(t *testing.T) {
-		mac := e.bridgeMAC(t)
-		e.cage(t, "b", e.cfg.Name, "sleep", "600")
-		assert.Equal(t, e.bridgeMAC(t), mac, "the bridge changed its MAC when a cage joined: running cages lose the gateway")
-		e.expectSealed(t, "b")
-		e.expectSealed(t, "a") // the cages already running keep working
+		mac := bridgeMAC(t, tb, cfg)
+		cage(t, tb, "b", cfg.Name, "sleep", "600")
+		assert.Equal(t, bridgeMAC(t, tb, cfg), mac, "the bridge changed its MAC when a cage joined: running cages lose the gateway")
+		expectSealed(t, tb, cfg, "b")
+		expectSealed(t, tb, cfg, "a") // the cages already running keep working
 	})
 
 	t.Run("survives a podman service restart", func(t *testing.T) {
-		e.tb.RestartPodman()
-		st, err := Verify(ctx, e.cfg, e.opts)
+		tb.RestartPodman()
+		st, err := Verify(ctx, cfg, opts)
 		assert.NilError(t, err)
 		assert.Assert(t, st.OK, st.Reason)
-		e.expectSealed(t, "a")
+		expectSealed(t, tb, cfg, "a")
 	})
 
 	t.Run("verify detects tampering", func(t *testing.T) {
-		table := tableName(e.cfg.Name)
+		table := tableName(cfg.Name)
 		for _, tc := range []struct {
 			name   string
 			nft    string
@@ -431,17 +459,17 @@ func TestSealInTestbed(t *testing.T) {
 			{"rule deleted", "flush chain inet " + table + " input", "differs"},
 			{"set element removed", "delete element inet " + table + " no4 { 169.254.0.0/16 }", "differs"},
 			{"routed element removed", "delete element inet " + table + " routed4 { 198.51.100.0/24 }", "198.51.100.0/24"},
-			{"routed rule deleted", "delete rule inet " + table + " forward handle " + e.ruleHandle(t, "routed6"), "differs"},
+			{"routed rule deleted", "delete rule inet " + table + " forward handle " + ruleHandle(t, tb, cfg, "routed6"), "differs"},
 			{"rule added", "insert rule inet " + table + " forward iifname \"lo\" accept", "differs"},
 			{"table dormant", "add table inet " + table + " { flags dormant; }", "differs"},
 			{"inet table deleted", "delete table inet " + table, "missing"},
 			{"bridge table deleted", "delete table bridge " + table, "missing"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				assert.NilError(t, Apply(ctx, e.cfg, e.opts))
-				out, err := e.tb.Exec("host", "nft", tc.nft)
+				assert.NilError(t, Apply(ctx, cfg, opts))
+				out, err := tb.Exec("host", "nft", tc.nft)
 				assert.NilError(t, err, string(out))
-				st, err := Verify(ctx, e.cfg, e.opts)
+				st, err := Verify(ctx, cfg, opts)
 				assert.NilError(t, err)
 				assert.Assert(t, !st.OK)
 				assert.Assert(t, strings.Contains(st.Reason, tc.reason), st.Reason)
@@ -449,22 +477,22 @@ func TestSealInTestbed(t *testing.T) {
 				t.Log(st.Reason)
 			})
 		}
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		assert.NilError(t, Apply(ctx, cfg, opts))
 	})
 
 	t.Run("refresh repairs staleness only", func(t *testing.T) {
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
-		out, err := e.tb.Exec("host", "nft", "flush", "chain", "inet", tableName(e.cfg.Name), "input")
+		assert.NilError(t, Apply(ctx, cfg, opts))
+		out, err := tb.Exec("host", "nft", "flush", "chain", "inet", tableName(cfg.Name), "input")
 		assert.NilError(t, err, string(out))
-		st, err := Refresh(ctx, e.cfg, e.opts)
+		st, err := Refresh(ctx, cfg, opts)
 		assert.NilError(t, err)
 		assert.Assert(t, !st.OK && !st.Stale, "a tampered seal was repaired or called stale: %+v", st)
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		assert.NilError(t, Apply(ctx, cfg, opts))
 	})
 
 	t.Run("bad input installs nothing", func(t *testing.T) {
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
-		before := e.nft(t)
+		assert.NilError(t, Apply(ctx, cfg, opts))
+		before := nft(t, tb)
 		for _, tc := range []struct {
 			name string
 			mod  func(*config.Network)
@@ -476,15 +504,15 @@ func TestSealInTestbed(t *testing.T) {
 			{"bad subnet", func(c *config.Network) { c.Subnet4 = "10.0.0.1/24" }, "network.subnet4"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
-				cfg := e.cfg
-				cfg.Allow = append([]string(nil), e.cfg.Allow...)
+				cfg := cfg
+				cfg.Allow = append([]string(nil), cfg.Allow...)
 				tc.mod(&cfg)
-				err := Apply(ctx, cfg, e.opts)
+				err := Apply(ctx, cfg, opts)
 				assert.ErrorContains(t, err, tc.msg)
-				assert.Equal(t, before, e.nft(t), "a refused apply changed the ruleset")
+				assert.Equal(t, before, nft(t, tb), "a refused apply changed the ruleset")
 			})
 		}
-		st, err := Verify(ctx, e.cfg, e.opts)
+		st, err := Verify(ctx, cfg, opts)
 		assert.NilError(t, err)
 		assert.Assert(t, st.OK, st.Reason)
 	})
@@ -498,58 +526,58 @@ func TestSealInTestbed(t *testing.T) {
 			{"listed lan v6", "tcp", i2v6, 80, false, "tb"},
 		}
 		// Positive control: under the seal without network.lan they land.
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
-		hit := e.fireControl(t, "a", ps)
+		assert.NilError(t, Apply(ctx, cfg, opts))
+		hit := fireControl(t, tb, "a", ps)
 		for _, p := range ps {
 			assert.Check(t, hit[p.name], "%s: no hit under the seal without network.lan", p.name)
 		}
-		cfg := e.cfg
+		cfg := cfg
 		cfg.LAN = []string{i2v4.String() + "/32", i2v6.String()}
-		assert.NilError(t, Apply(ctx, cfg, e.opts))
-		st, err := Verify(ctx, cfg, e.opts)
+		assert.NilError(t, Apply(ctx, cfg, opts))
+		st, err := Verify(ctx, cfg, opts)
 		assert.NilError(t, err)
 		assert.Assert(t, st.OK, st.Reason)
-		hit = e.fire(t, "a", ps, allowed)
+		hit = fire(t, tb, "a", ps, allowed)
 		for _, p := range ps {
 			assert.Check(t, hit[p.name] == p.open, "%s: hit=%v, want %v", p.name, hit[p.name], p.open)
 		}
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		assert.NilError(t, Apply(ctx, cfg, opts))
 	})
 
 	t.Run("a route added after apply: verify fails, apply closes it", func(t *testing.T) {
 		// A new static route to an internet address over the public LAN
 		// (the router forwards it): a network the seal did not know of.
 		ps := []probe{{"newly routed", "tcp", testbed.Internet2Addr4, 80, false, "tb"}}
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		assert.NilError(t, Apply(ctx, cfg, opts))
 		route := []string{"ip", "route", "add", testbed.Internet2Addr4.String() + "/32", "via", testbed.PublicLAN4.String(), "dev", "lan1"}
-		out, err := e.tb.Exec("host", route...)
+		out, err := tb.Exec("host", route...)
 		assert.NilError(t, err, string(out))
 		defer func() {
-			e.tb.Exec("host", "ip", "route", "del", testbed.Internet2Addr4.String()+"/32")
-			assert.Check(t, Apply(ctx, e.cfg, e.opts))
+			tb.Exec("host", "ip", "route", "del", testbed.Internet2Addr4.String()+"/32")
+			assert.Check(t, Apply(ctx, cfg, opts))
 		}()
-		st, err := Verify(ctx, e.cfg, e.opts)
+		st, err := Verify(ctx, cfg, opts)
 		assert.NilError(t, err)
 		assert.Assert(t, !st.OK, "a new route went unnoticed")
 		assert.Assert(t, st.Stale, "only the routes changed: %s", st.Reason)
 		assert.Assert(t, strings.Contains(st.Reason, "203.0.113.20/32"), st.Reason)
 		// Positive control: the stale seal lets the probe through.
-		hit := e.fireControl(t, "a", ps)
+		hit := fireControl(t, tb, "a", ps)
 		assert.Check(t, hit["newly routed"], "no hit through the stale seal: the test could not see the hole")
-		st, err = Refresh(ctx, e.cfg, e.opts)
+		st, err = Refresh(ctx, cfg, opts)
 		assert.NilError(t, err)
 		assert.Assert(t, st.OK, st.Reason)
-		hit = e.fire(t, "a", ps, allowed)
+		hit = fire(t, tb, "a", ps, allowed)
 		assert.Check(t, !hit["newly routed"], "SEAL BREACHED: the newly routed address is reachable after apply")
 	})
 
 	t.Run("allowlist", func(t *testing.T) {
-		cfg := e.cfg
+		cfg := cfg
 		cfg.Policy = "allowlist"
 		cfg.Allow = []string{"2001:db8:203::10/128", "v4only.allowed.test"}
-		opts := e.opts
+		opts := opts
 		opts.Resolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return e.tb.DialContext("host")(ctx, network, net.JoinHostPort(testbed.InternetAddr4.String(), "53"))
+			return tb.DialContext("host")(ctx, network, net.JoinHostPort(testbed.InternetAddr4.String(), "53"))
 		}}
 		res, err := Resolve(ctx, cfg, opts)
 		assert.NilError(t, err)
@@ -567,19 +595,19 @@ func TestSealInTestbed(t *testing.T) {
 			{"unlisted internet v4", "tcp", i2v4, 80, false, "tb"},
 			{"unlisted internet v6", "tcp", i2v6, 80, false, "tb"},
 			{"unlisted internet udp", "udp", i2v4, 5000, false, "tb"},
-			{"dns via gateway", "dns", e.gw4, 53, false, "tb"},
+			{"dns via gateway", "dns", gw4, 53, false, "tb"},
 			{"dns direct to allowed address", "dns", testbed.InternetAddr4, 53, false, "tb"},
 			{"router", "tcp", testbed.RouterAddr4, 80, false, "tb"},
 			{"metadata", "tcp", testbed.Metadata4, 80, false, "tb"},
 		}
 		// Positive control: the same probes all land without the seal.
 		assert.NilError(t, Flush(ctx, cfg, opts))
-		hit := e.fireControl(t, "a", ps)
+		hit := fireControl(t, tb, "a", ps)
 		for _, p := range ps {
 			assert.Check(t, hit[p.name], "%s: no hit even without the seal", p.name)
 		}
 		assert.NilError(t, Apply(ctx, cfg, opts))
-		hit = e.fire(t, "a", ps, allowed)
+		hit = fire(t, tb, "a", ps, allowed)
 		for _, p := range ps {
 			if p.open {
 				assert.Check(t, hit[p.name], "%s: allowed probe did not reach its canary", p.name)
@@ -597,24 +625,24 @@ func TestSealInTestbed(t *testing.T) {
 		st, err = Verify(ctx, cfg, opts)
 		assert.NilError(t, err)
 		assert.Assert(t, st.OK, "pins do not disturb the verified seal: %s", st.Reason)
-		hit = e.fire(t, "a", pinned, allowed)
+		hit = fire(t, tb, "a", pinned, allowed)
 		for _, p := range pinned {
 			assert.Check(t, hit[p.name], "%s: pinned address not reachable after a re-apply", p.name)
 		}
 		time.Sleep(4500 * time.Millisecond)
-		hit = e.fire(t, "a", pinned, allowed)
+		hit = fire(t, tb, "a", pinned, allowed)
 		for _, p := range pinned {
 			assert.Check(t, !hit[p.name], "%s: SEAL BREACHED: reachable after its pin expired", p.name)
 		}
 		// Back to the internet policy: Apply swaps the whole seal.
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		assert.NilError(t, Apply(ctx, cfg, opts))
 	})
 }
 
 // ruleHandle is the handle of the seal's first forward rule that names set.
-func (e *env) ruleHandle(t testing.TB, set string) string {
+func ruleHandle(t testing.TB, tb *testbed.Testbed, cfg config.Network, set string) string {
 	t.Helper()
-	out, err := e.tb.Exec("host", "nft", "-a", "list", "chain", "inet", tableName(e.cfg.Name), "forward")
+	out, err := tb.Exec("host", "nft", "-a", "list", "chain", "inet", tableName(cfg.Name), "forward")
 	assert.NilError(t, err, string(out))
 	for _, l := range strings.Split(string(out), "\n") {
 		if strings.Contains(l, "@"+set) {
@@ -627,9 +655,9 @@ func (e *env) ruleHandle(t testing.TB, set string) string {
 	return ""
 }
 
-func (e *env) nft(t testing.TB) string {
+func nft(t testing.TB, tb *testbed.Testbed) string {
 	t.Helper()
-	out, err := e.tb.Exec("host", "nft", "list", "ruleset")
+	out, err := tb.Exec("host", "nft", "list", "ruleset")
 	assert.NilError(t, err, string(out))
 	// Counters move with traffic; the rules are what matters.
 	var keep []string
@@ -650,7 +678,7 @@ func (e *env) nft(t testing.TB) string {
 
 // createNetwork creates a podman network through the API (libpod
 // networks/create).
-func (e *env) createNetwork(t testing.TB, name, bridge string, v6 bool, subnets ...[2]string) {
+func createNetwork(t testing.TB, tb *testbed.Testbed, name, bridge string, v6 bool, subnets ...[2]string) {
 	t.Helper()
 	type subnet struct {
 		Subnet  string `json:"subnet"`
@@ -659,7 +687,7 @@ func (e *env) createNetwork(t testing.TB, name, bridge string, v6 bool, subnets 
 	body := map[string]any{
 		"name": name, "driver": "bridge", "network_interface": bridge,
 		"ipv6_enabled": v6, "dns_enabled": true, "internal": false,
-		"labels": map[string]string{"shrooms-tb": e.tb.ID},
+		"labels": map[string]string{"shrooms-tb": tb.ID},
 	}
 	var sn []subnet
 	for _, s := range subnets {
@@ -668,7 +696,7 @@ func (e *env) createNetwork(t testing.TB, name, bridge string, v6 bool, subnets 
 	body["subnets"] = sn
 	b, err := json.Marshal(body)
 	assert.NilError(t, err)
-	out, err := exec.Command("curl", "-sS", "-f", "--unix-socket", strings.TrimPrefix(e.tb.PodmanURL, "unix://"),
+	out, err := exec.Command("curl", "-sS", "-f", "--unix-socket", strings.TrimPrefix(tb.PodmanURL, "unix://"),
 		"-H", "Content-Type: application/json", "-d", string(b), "http://d/v4.0.0/libpod/networks/create").CombinedOutput()
 	assert.NilError(t, err, "create network %s: %s", name, out)
 }

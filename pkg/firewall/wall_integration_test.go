@@ -14,16 +14,16 @@ import (
 )
 
 // cagePid is the host pid of a testbed cage's process.
-func (e *env) cagePid(t testing.TB, name string) int {
+func cagePid(t testing.TB, tb *testbed.Testbed, name string) int {
 	t.Helper()
-	out := strings.TrimSpace(e.tb.MustPodman("inspect", "-f", "{{.State.Pid}}", "stb"+e.tb.ID+"-"+name))
+	out := strings.TrimSpace(tb.MustPodman("inspect", "-f", "{{.State.Pid}}", "stb"+tb.ID+"-"+name))
 	pid, err := strconv.Atoi(out)
 	assert.NilError(t, err, out)
 	return pid
 }
 
-func (e *env) wallOpts(t testing.TB, name string) Options {
-	return Options{NetNS: "/proc/" + strconv.Itoa(e.cagePid(t, name)) + "/ns/net"}
+func wallOpts(t testing.TB, tb *testbed.Testbed, name string) Options {
+	return Options{NetNS: "/proc/" + strconv.Itoa(cagePid(t, tb, name)) + "/ns/net"}
 }
 
 // judged marks each probe open as Check says for rules.
@@ -52,32 +52,33 @@ func judged(t testing.TB, r *Rules, ps []probe) []probe {
 // is seen; `net check`'s evaluator (Check) predicts what the cage reaches
 // with both walls for every probe (≥ 20 destinations per policy).
 func TestCageWallInTestbed(t *testing.T) {
-	e := newEnv(t)
+	tb, cfg := newEnv(t)
+	opts := hostOpts(tb)
 	ctx := context.Background()
-	wopts := e.wallOpts(t, "a")
-	allow := e.cfg
+	wopts := wallOpts(t, tb, "a")
+	allow := cfg
 	allow.Policy = "allowlist"
 	allow.Allow = []string{"2001:db8:203::10/128", "v4only.allowed.test"}
-	aopts := e.opts
+	aopts := opts
 	aopts.Resolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		return e.tb.DialContext("host")(ctx, network, net.JoinHostPort(testbed.InternetAddr4.String(), "53"))
+		return tb.DialContext("host")(ctx, network, net.JoinHostPort(testbed.InternetAddr4.String(), "53"))
 	}}
 	t.Cleanup(func() {
 		// The cage's namespace goes with the cage; its wall too.
-		_ = Apply(context.Background(), e.cfg, e.opts)
+		_ = Apply(context.Background(), cfg, opts)
 	})
 
 	for _, tc := range []struct {
 		name string
 		cfg  config.Network
 		opts Options
-	}{{"internet", e.cfg, e.opts}, {"allowlist", allow, aopts}} {
+	}{{"internet", cfg, opts}, {"allowlist", allow, aopts}} {
 		t.Run(tc.name, func(t *testing.T) {
 			res, err := ApplyResolved(ctx, tc.cfg, tc.opts)
 			assert.NilError(t, err)
 			rules, err := DescribeHost(tc.cfg, res, tc.opts)
 			assert.NilError(t, err)
-			ps := judged(t, rules, e.battery())
+			ps := judged(t, rules, battery(t, tb, cfg))
 			open := 0
 			for _, p := range ps {
 				if p.open {
@@ -88,7 +89,7 @@ func TestCageWallInTestbed(t *testing.T) {
 
 			// Positive control: without either wall every probe lands.
 			assert.NilError(t, Flush(ctx, tc.cfg, tc.opts))
-			hit := e.fireControl(t, "a", ps)
+			hit := fireControl(t, tb, "a", ps)
 			for _, p := range ps {
 				assert.Check(t, hit[p.name], "%s: no hit with neither wall: the test could not see a hole", p.name)
 			}
@@ -98,7 +99,7 @@ func TestCageWallInTestbed(t *testing.T) {
 			assert.NilError(t, err)
 			assert.Assert(t, st.OK, st.Reason)
 			assert.Equal(t, st.Rules, rules.Digest())
-			hit = e.fire(t, "a", ps, allowed)
+			hit = fire(t, tb, "a", ps, allowed)
 			for _, p := range ps {
 				if p.open {
 					assert.Check(t, hit[p.name], "%s: allowed, but the in-cage wall stopped it", p.name)
@@ -110,13 +111,13 @@ func TestCageWallInTestbed(t *testing.T) {
 			// Both walls: what net check says is what the cage reaches.
 			_, err = ApplyResolved(ctx, tc.cfg, tc.opts)
 			assert.NilError(t, err)
-			hit = e.fire(t, "a", ps, allowed)
+			hit = fire(t, tb, "a", ps, allowed)
 			for _, p := range ps {
 				assert.Check(t, hit[p.name] == p.open, "%s: net check says allowed=%v, the cage reached it: %v", p.name, p.open, hit[p.name])
 			}
 
 			// The wall's rules as nft shows them, and tampering seen.
-			out, err := e.tb.Exec("host", "nsenter", "--net="+wopts.NetNS, "nft", "list", "table", "inet", WallTable)
+			out, err := tb.Exec("host", "nsenter", "--net="+wopts.NetNS, "nft", "list", "table", "inet", WallTable)
 			assert.NilError(t, err, string(out))
 			assert.Assert(t, strings.Contains(string(out), "policy drop"), string(out))
 			if tc.cfg.Policy == "allowlist" {
@@ -124,12 +125,12 @@ func TestCageWallInTestbed(t *testing.T) {
 			} else {
 				assert.Assert(t, strings.Contains(string(out), "meta nfproto ipv4 accept"), string(out))
 			}
-			out, err = e.tb.Exec("host", "nsenter", "--net="+wopts.NetNS, "nft", "insert", "rule", "inet", WallTable, "output", "accept")
+			out, err = tb.Exec("host", "nsenter", "--net="+wopts.NetNS, "nft", "insert", "rule", "inet", WallTable, "output", "accept")
 			assert.NilError(t, err, string(out))
 			vs, err := VerifyWall(ctx, rules, wopts)
 			assert.NilError(t, err)
 			assert.Assert(t, !vs.OK && strings.Contains(vs.Reason, "differs"), "%+v", vs)
-			out, err = e.tb.Exec("host", "nsenter", "--net="+wopts.NetNS, "nft", "delete", "table", "inet", WallTable)
+			out, err = tb.Exec("host", "nsenter", "--net="+wopts.NetNS, "nft", "delete", "table", "inet", WallTable)
 			assert.NilError(t, err, string(out))
 			vs, err = VerifyWall(ctx, rules, wopts)
 			assert.NilError(t, err)
@@ -138,21 +139,21 @@ func TestCageWallInTestbed(t *testing.T) {
 	}
 
 	t.Run("policy none: loopback only", func(t *testing.T) {
-		none := e.cfg
+		none := cfg
 		none.Policy = "none"
 		rules, err := Describe(none, Resolved{}, nil, nil)
 		assert.NilError(t, err)
 		st, err := ApplyWall(ctx, rules, wopts)
 		assert.NilError(t, err)
 		assert.Assert(t, st.OK, st.Reason)
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		assert.NilError(t, Apply(ctx, cfg, opts))
 		ps := []probe{{"internet under none", "tcp", testbed.InternetAddr4, 80, false, "tb"}}
-		hit := e.fire(t, "a", ps, all)
+		hit := fire(t, tb, "a", ps, all)
 		assert.Check(t, !hit[ps[0].name], "policy none's wall let a packet out")
 	})
 
 	t.Run("refused without a namespace or rules", func(t *testing.T) {
-		rules, err := Describe(e.cfg, Resolved{}, nil, nil)
+		rules, err := Describe(cfg, Resolved{}, nil, nil)
 		assert.NilError(t, err)
 		_, err = ApplyWall(ctx, rules, Options{})
 		assert.ErrorContains(t, err, "no cage network namespace")

@@ -21,9 +21,10 @@ import (
 // running, the seal is back and the router sees nothing more within a
 // second of the flush.
 func TestWatchRestoresSeal(t *testing.T) {
-	e := newEnv(t)
+	tb, cfg := newEnv(t)
+	opts := hostOpts(tb)
 	ctx := context.Background()
-	cage := "stb" + e.tb.ID + "-a"
+	cage := "stb" + tb.ID + "-a"
 	target := net.JoinHostPort(testbed.RouterAddr4.String(), "5000")
 	var streams sync.WaitGroup
 	t.Cleanup(streams.Wait)
@@ -31,19 +32,19 @@ func TestWatchRestoresSeal(t *testing.T) {
 		streams.Add(1)
 		go func() {
 			defer streams.Done()
-			e.tb.Podman("exec", cage, "/tbprobe", "stream", target, nonce, fmt.Sprint(secs))
+			tb.Podman("exec", cage, "/tbprobe", "stream", target, nonce, fmt.Sprint(secs))
 		}()
 	}
 	// flush returns when it started: the kernel may drop the seal before
 	// the nft command has returned.
 	flush := func() time.Time {
 		at := time.Now()
-		out, err := e.tb.Exec("host", "nft", "flush", "ruleset")
+		out, err := tb.Exec("host", "nft", "flush", "ruleset")
 		assert.NilError(t, err, string(out))
 		return at
 	}
 	split := func(nonce string, at time.Time, grace time.Duration) (before, after, late int, last time.Duration) {
-		for _, h := range e.tb.Hits(nonce) {
+		for _, h := range tb.Hits(nonce) {
 			switch d := h.At.Sub(at); {
 			case d < 0:
 				before++
@@ -59,8 +60,8 @@ func TestWatchRestoresSeal(t *testing.T) {
 	}
 
 	t.Run("positive control: without a watcher the flush opens the seal for good", func(t *testing.T) {
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
-		nonce := fmt.Sprintf("w%s-ctl", e.tb.ID)
+		assert.NilError(t, Apply(ctx, cfg, opts))
+		nonce := fmt.Sprintf("w%s-ctl", tb.ID)
 		stream(nonce, 4)
 		time.Sleep(1500 * time.Millisecond)
 		at := flush()
@@ -72,15 +73,15 @@ func TestWatchRestoresSeal(t *testing.T) {
 	})
 
 	t.Run("Watch puts the seal back within a second", func(t *testing.T) {
-		assert.NilError(t, Apply(ctx, e.cfg, e.opts))
+		assert.NilError(t, Apply(ctx, cfg, opts))
 		wctx, cancel := context.WithCancel(ctx)
 		var mu sync.Mutex
 		var losses []Loss
 		done := make(chan error, 1)
 		go func() {
-			done <- Watch(wctx, e.cfg, e.opts, WatchInterval, func(l Loss) { mu.Lock(); losses = append(losses, l); mu.Unlock() })
+			done <- Watch(wctx, cfg, opts, WatchInterval, func(l Loss) { mu.Lock(); losses = append(losses, l); mu.Unlock() })
 		}()
-		nonce := fmt.Sprintf("w%s-watch", e.tb.ID)
+		nonce := fmt.Sprintf("w%s-watch", tb.ID)
 		stream(nonce, 5)
 		time.Sleep(1500 * time.Millisecond)
 		at := flush()
@@ -101,7 +102,7 @@ func TestWatchRestoresSeal(t *testing.T) {
 		r := losses[0].Reason
 		assert.Assert(t, strings.Contains(r, "missing") || strings.Contains(r, "unreadable"), r)
 		t.Logf("loss seen %v after the flush: %s", losses[0].At.Sub(at), losses[0].Reason)
-		st, err := Verify(ctx, e.cfg, e.opts)
+		st, err := Verify(ctx, cfg, opts)
 		assert.NilError(t, err)
 		assert.Assert(t, st.OK, st.Reason)
 	})

@@ -68,17 +68,6 @@ type Home struct {
 	store   *Store
 }
 
-// Open opens id's HOME, creating its volume and capped filesystem when
-// missing; kept says the task had a HOME made, so a missing part of it is
-// drift, repaired or refused with the fix (open).
-func (s *Store) Open(ctx context.Context, id taskid.ID, kept bool) (*Home, error) {
-	root, created, err := s.open(ctx, id, kept)
-	if err != nil {
-		return nil, err
-	}
-	return &Home{Root: root, Created: created, task: id, store: s}, nil
-}
-
 // Bootstrap seeds the HOME's credentials once (t.Root is the HOME's).
 func (h *Home) Bootstrap(ctx context.Context, t Task) (*BootstrapResult, error) {
 	t.Root = h.Root
@@ -100,16 +89,16 @@ func (h *Home) Release() error { return h.store.Release(h.task) }
 // Discard removes the HOME when this Open created it, best effort.
 func (h *Home) Discard(ctx context.Context) {
 	if h.Created {
-		h.store.Discard(ctx, h.task, h.Root)
+		h.store.Discard(ctx, h.store.Volume(h.task), h.Root)
 	}
 }
 
 // Bytes is the disk space the HOME's filesystem image takes.
 func (h *Home) Bytes() int64 { return h.store.Bytes(h.task) }
 
-// IsMounted reports whether root shows task's HOME filesystem.
-func (s *Store) IsMounted(task taskid.ID, root string) bool {
-	return homestore.IsMounted(s.Image(task), root)
+// IsMounted reports whether root shows the HOME filesystem of v.
+func (s *Store) IsMounted(v Volume, root string) bool {
+	return homestore.IsMounted(v.Image, root)
 }
 
 // Bytes is the disk space task's HOME image takes (0 when there is none).

@@ -8,7 +8,6 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
@@ -31,20 +30,20 @@ func TaskOf(cfg *config.Config, root string, ids taskstate.IDs, profiles, kept [
 // with HOME profiles home must keep besides its own: every profile the task
 // bootstrapped or used before (its profiles fact; for a task from before
 // that fact, the profiles of its last agent, when cfg still has it).
-func KeptProfiles(cfg *config.Config, st taskstate.Store, task taskid.ID, home []string) ([]string, error) {
-	kept, err := keptProfiles(cfg, st, task, home)
+func KeptProfiles(cfg *config.Config, st taskstate.Dir, home []string) ([]string, error) {
+	kept, err := keptProfiles(cfg, st, home)
 	return kept, fault.Wrap(fault.HostNotReady, err)
 }
 
-func keptProfiles(cfg *config.Config, st taskstate.Store, task taskid.ID, home []string) ([]string, error) {
-	used, err := st.Recall(task, taskstate.FactProfiles)
+func keptProfiles(cfg *config.Config, st taskstate.Dir, home []string) ([]string, error) {
+	used, err := st.Recall(taskstate.FactProfiles)
 	if err != nil {
 		return nil, err
 	}
 	var known []string
 	if used != "" {
 		known = strings.Split(used, ",")
-	} else if last, err := st.Recall(task, taskstate.FactAgent); err != nil {
+	} else if last, err := st.Recall(taskstate.FactAgent); err != nil {
 		return nil, err
 	} else if a, err := cfg.Agent(last); last != "" && err == nil {
 		known = a.Home
@@ -52,7 +51,7 @@ func keptProfiles(cfg *config.Config, st taskstate.Store, task taskid.ID, home [
 	var kept []string
 	for _, p := range known {
 		if _, ok := profile.Lookup(p); !ok {
-			return nil, fmt.Errorf("task %s's profiles fact names %q, which is no HOME profile (%s)", task, p, strings.Join(profile.Names(), ", "))
+			return nil, fmt.Errorf("task %s's profiles fact names %q, which is no HOME profile (%s)", st.Name(), p, strings.Join(profile.Names(), ", "))
 		}
 		if !slices.Contains(home, p) && !slices.Contains(kept, p) {
 			kept = append(kept, p)
@@ -61,31 +60,31 @@ func keptProfiles(cfg *config.Config, st taskstate.Store, task taskid.ID, home [
 	return kept, nil
 }
 
-// Had reports whether task had a HOME made (then a missing image is drift,
+// Had reports whether the task of st had a HOME made (then a missing image is drift,
 // never a new start): its home fact, or turns from before the fact.
-func Had(st taskstate.Store, task taskid.ID) (bool, error) {
-	fact, err := st.Recall(task, taskstate.FactHome)
+func Had(st taskstate.Dir) (bool, error) {
+	fact, err := st.Recall(taskstate.FactHome)
 	if err != nil {
 		return false, fault.Wrap(fault.HostNotReady, err)
 	}
 	if fact != "" {
 		return true, nil
 	}
-	n, _ := st.LastTurn(task)
+	n, _ := st.LastTurn()
 	return n > 0, nil
 }
 
-// Remember records in st that task's HOME was made (its home fact, the
-// volume's name), so that Had says so from now on.
-func (s *Store) Remember(st taskstate.Store, task taskid.ID) error {
-	return fault.Wrap(fault.HostNotReady, st.Remember(task, taskstate.FactHome, s.Name(task)))
+// Remember records in st that the task's HOME, the volume named volume
+// (Store.Name), was made (its home fact), so that Had says so from now on.
+func Remember(st taskstate.Dir, volume string) error {
+	return fault.Wrap(fault.HostNotReady, st.Remember(taskstate.FactHome, volume))
 }
 
-// RememberProfiles records that task's HOME holds state of profiles (with
+// RememberProfiles records in st that the task's HOME holds state of profiles (with
 // kept, those it held before), before the reset that may carry it over.
-func RememberProfiles(st taskstate.Store, task taskid.ID, profiles, kept []string) error {
+func RememberProfiles(st taskstate.Dir, profiles, kept []string) error {
 	all := append(slices.Clone(kept), profiles...)
 	slices.Sort(all)
 	all = slices.Compact(all)
-	return fault.Wrap(fault.HostNotReady, st.Remember(task, taskstate.FactProfiles, strings.Join(all, ",")))
+	return fault.Wrap(fault.HostNotReady, st.Remember(taskstate.FactProfiles, strings.Join(all, ",")))
 }

@@ -19,19 +19,21 @@ func TestKeptProfilesFromTheTasksFact(t *testing.T) {
 	cfg := config.Default()
 	st := taskstate.Store{Dir: t.TempDir()}
 	id := taskid.Must("t1")
-	kept, err := KeptProfiles(cfg, st, id, []string{"claude"})
+	dir, err := st.Task(id)
+	assert.NilError(t, err)
+	kept, err := KeptProfiles(cfg, dir, []string{"claude"})
 	assert.NilError(t, err)
 	assert.Assert(t, len(kept) == 0, "a new task keeps nothing: %v", kept)
 
 	assert.NilError(t, st.Remember(id, taskstate.FactProfiles, "claude,opencode,shell"))
-	kept, err = KeptProfiles(cfg, st, id, []string{"claude", "shell"})
+	kept, err = KeptProfiles(cfg, dir, []string{"claude", "shell"})
 	assert.NilError(t, err)
 	assert.DeepEqual(t, kept, []string{"opencode"})
 
 	assert.NilError(t, st.Remember(id, taskstate.FactProfiles, "claude,nosuch"))
-	_, err = KeptProfiles(cfg, st, id, []string{"claude"})
+	_, err = KeptProfiles(cfg, dir, []string{"claude"})
 	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
-	assert.ErrorContains(t, err, `names "nosuch", which is no HOME profile`)
+	assert.ErrorContains(t, err, `task t1's profiles fact names "nosuch", which is no HOME profile`)
 }
 
 func TestTaskOfGivesTheAgentTheTasksIDs(t *testing.T) {

@@ -42,7 +42,22 @@ type Store struct {
 func (s *Store) Name(task taskid.ID) string { return s.Prefix + task.String() }
 
 // Image is the path of the task HOME's filesystem image.
-func (s *Store) Image(task taskid.ID) string { return homestore.ImagePath(s.StateDir, s.Name(task)) }
+func (s *Store) Image(task taskid.ID) string { return s.Volume(task).Image }
+
+// Volume names one task's HOME volume and its filesystem image, derived
+// once from the task id: what only finds, checks or removes them (Root,
+// IsMounted, Discard) needs these names, not the id.
+type Volume struct {
+	// Name is the podman volume's (Store.Name), Image the path of its
+	// filesystem image (Store.Image).
+	Name, Image string
+}
+
+// Volume is task's HOME volume and image names.
+func (s *Store) Volume(task taskid.ID) Volume {
+	n := s.Name(task)
+	return Volume{Name: n, Image: homestore.ImagePath(s.StateDir, n)}
+}
 
 // serviceNamespace names the podman service's mount namespace when it is
 // not shrooms' own (a service in a private namespace would otherwise give
@@ -63,41 +78,44 @@ func (s *Store) serviceNamespace() ([]string, error) {
 	return []string{ns}, nil
 }
 
-// open makes sure task's HOME volume exists (creating it, with a new
-// filesystem, when missing) and mounts its capped filesystem on it (again,
-// after a reboot), so all HOME writes happen inside it. It returns the
-// volume's host directory, and whether it created the volume (then a
-// caller that fails afterwards undoes it with Discard). kept says the task
-// may have had its HOME made already: then drift behind shrooms' back is repaired or refused with the
-// fix (drift.go) — an image deleted while attached is copied back from its
-// loop device, a volume removed around a surviving image gets a new volume
-// around the same image, a missing image is refused naming `shrooms
-// forget`. created is true only for a new, empty HOME.
-func (s *Store) open(ctx context.Context, task taskid.ID, kept bool) (root string, created bool, err error) {
-	name := s.Name(task)
+// Open opens task's HOME: it makes sure its volume exists (creating it,
+// with a new filesystem, when missing) and mounts its capped filesystem on
+// it (again, after a reboot), so all HOME writes happen inside it. The
+// Home has the volume's host directory and says whether this Open created
+// the volume (then a caller that fails afterwards undoes it with
+// Home.Discard; Created is true only for a new, empty HOME). kept says
+// the task may have had its HOME made already: then drift behind shrooms'
+// back is repaired or refused with the fix (drift.go) — an image deleted
+// while attached is copied back from its loop device, a volume removed
+// around a surviving image gets a new volume around the same image, a
+// missing image is refused naming `shrooms forget`.
+func (s *Store) Open(ctx context.Context, task taskid.ID, kept bool) (*Home, error) {
+	v := s.Volume(task)
+	root := ""
+	name := v.Name
 	exists, err := s.Engine.VolumeExists(ctx, name)
 	if err != nil {
-		return "", false, fault.Wrap(fault.HostNotReady, err)
+		return nil, fault.Wrap(fault.HostNotReady, err)
 	}
 	peers, err := s.serviceNamespace()
 	if err != nil {
-		return "", false, err
+		return nil, err
 	}
-	image := s.Image(task)
+	image := v.Image
 	if _, err := homestore.Salvage(ctx, image, peers...); err != nil {
-		return "", false, fault.Wrapf(fault.HostNotReady, "%w (or `shrooms forget --task %s` discards the task's HOME)", err, task)
+		return nil, fault.Wrapf(fault.HostNotReady, "%w (or `shrooms forget --task %s` discards the task's HOME)", err, task)
 	}
 	keep := kept && fileExists(image)
 	if kept && !keep {
-		return "", false, fault.Wrapf(fault.HostNotReady, "task %s's HOME image %s is gone (deleted behind shrooms' back, its credentials and sessions with it): `shrooms forget --task %s` starts the task over", task, image, task)
+		return nil, fault.Wrapf(fault.HostNotReady, "task %s's HOME image %s is gone (deleted behind shrooms' back, its credentials and sessions with it): `shrooms forget --task %s` starts the task over", task, image, task)
 	}
 	if exists {
 		vol, err := s.Engine.InspectVolume(ctx, name)
 		if err != nil {
-			return "", false, fault.Wrap(fault.HostNotReady, err)
+			return nil, fault.Wrap(fault.HostNotReady, err)
 		}
 		if vol.Labels[sealed.LabelTask] != task.String() {
-			return "", false, fault.Wrapf(fault.HostNotReady, "volume %s exists but is not task %s's HOME (label %s=%q); remove or rename it", name, task, sealed.LabelTask, vol.Labels[sealed.LabelTask])
+			return nil, fault.Wrapf(fault.HostNotReady, "volume %s exists but is not task %s's HOME (label %s=%q); remove or rename it", name, task, sealed.LabelTask, vol.Labels[sealed.LabelTask])
 		}
 		root = vol.Mountpoint
 	} else {
@@ -106,30 +124,30 @@ func (s *Store) open(ctx context.Context, task taskid.ID, kept bool) (root strin
 			// prune) and its image survives: it is still mounted where the
 			// old volume was, or nowhere; a new volume gets the same image.
 			if err := homestore.ReleaseImage(image, false, peers...); err != nil {
-				return "", false, fault.Wrapf(fault.HostNotReady, "HOME volume %s was removed while its image was mounted: %w", name, err)
+				return nil, fault.Wrapf(fault.HostNotReady, "HOME volume %s was removed while its image was mounted: %w", name, err)
 			}
 		} else if err := homestore.Remove(image, "", peers...); err != nil {
 			// An image without its volume, for a task that never had a
 			// HOME, is a leftover: a new volume starts from a new filesystem.
-			return "", false, fault.Wrapf(fault.HostNotReady, "stale HOME image: %w", err)
+			return nil, fault.Wrapf(fault.HostNotReady, "stale HOME image: %w", err)
 		}
 		if root, err = s.Engine.CreateVolume(ctx, name, map[string]string{sealed.LabelManaged: "1", sealed.LabelTask: task.String()}); err != nil {
-			return "", false, fault.Wrap(fault.HostNotReady, err)
+			return nil, fault.Wrap(fault.HostNotReady, err)
 		}
 		// The volume root stays root's and private; HOME lives inside it.
 		if err := unix.Fchmodat(unix.AT_FDCWD, root, 0o700, 0); err != nil {
 			_ = s.Engine.RemoveVolume(ctx, name)
-			return "", false, fault.Wrapf(fault.HostNotReady, "HOME volume %s mode: %w", name, err)
+			return nil, fault.Wrapf(fault.HostNotReady, "HOME volume %s mode: %w", name, err)
 		}
 	}
-	created = !exists && !keep
+	created := !exists && !keep
 	if _, err := homestore.Ensure(ctx, image, root, s.Limits, peers...); err != nil {
 		if created {
-			s.Discard(ctx, task, root)
+			s.Discard(ctx, v, root)
 		}
-		return "", false, fault.Wrapf(fault.HostNotReady, "size-capped HOME: %w", err)
+		return nil, fault.Wrapf(fault.HostNotReady, "size-capped HOME: %w", err)
 	}
-	return root, created, nil
+	return &Home{Root: root, Created: created, task: task, store: s}, nil
 }
 
 // Release unmounts task's HOME filesystem, wherever it is mounted, and
@@ -151,11 +169,11 @@ func fileExists(path string) bool {
 	return err == nil
 }
 
-// Discard undoes an Open that created the volume, best effort.
-func (s *Store) Discard(ctx context.Context, task taskid.ID, root string) {
+// Discard undoes an Open that created the volume v, best effort.
+func (s *Store) Discard(ctx context.Context, v Volume, root string) {
 	peers, _ := s.serviceNamespace()
-	_ = homestore.Remove(s.Image(task), root, peers...)
-	_ = s.Engine.RemoveVolume(ctx, s.Name(task))
+	_ = homestore.Remove(v.Image, root, peers...)
+	_ = s.Engine.RemoveVolume(ctx, v.Name)
 }
 
 // Remove removes task's HOME: its size-capped filesystem (unmounted first)
@@ -196,10 +214,10 @@ func (s *Store) Remove(ctx context.Context, task taskid.ID) error {
 	return nil
 }
 
-// Root is the host directory the task HOME volume has, or will have once
+// Root is the host directory the task HOME volume v has, or will have once
 // created (for `spec`, which creates nothing).
-func (s *Store) Root(ctx context.Context, task taskid.ID) (string, error) {
-	name := s.Name(task)
+func (s *Store) Root(ctx context.Context, v Volume) (string, error) {
+	name := v.Name
 	// An existing volume (every turn but a task's first) in one round trip
 	// to podman; whether it exists is asked only when that fails.
 	vol, err := s.Engine.InspectVolume(ctx, name)

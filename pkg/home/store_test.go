@@ -46,7 +46,7 @@ func (f *vols) Info(context.Context) (*podman.HostInfo, error) {
 
 func TestVolumesRootOfAMissingVolume(t *testing.T) {
 	v := &Store{Engine: &vols{have: map[string]*podman.Volume{}}, StateDir: t.TempDir(), Prefix: "shrooms-home-"}
-	root, err := v.Root(context.Background(), taskid.Must("t1"))
+	root, err := v.Root(context.Background(), v.Volume(taskid.Must("t1")))
 	assert.NilError(t, err)
 	assert.Equal(t, root, "/var/lib/containers/storage/volumes/shrooms-home-t1/_data")
 	assert.Equal(t, v.Name(taskid.Must("t1")), "shrooms-home-t1")
@@ -56,7 +56,7 @@ func TestVolumesRefuseAnotherTasksVolume(t *testing.T) {
 	ctx := context.Background()
 	e := &vols{have: map[string]*podman.Volume{"shrooms-home-t1": {Mountpoint: "/nowhere", Labels: map[string]string{sealed.LabelTask: "t2"}}}}
 	v := &Store{Engine: e, StateDir: t.TempDir(), Prefix: "shrooms-home-"}
-	_, _, err := v.open(ctx, taskid.Must("t1"), false)
+	_, err := v.Open(ctx, taskid.Must("t1"), false)
 	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
 	assert.ErrorContains(t, err, "is not task t1's HOME")
 	_, err = v.Mounted(ctx, taskid.Must("t1"))
@@ -68,8 +68,8 @@ func TestVolumesEngineFailureIsHostNotReady(t *testing.T) {
 	cause := errors.New("podman API unreachable")
 	v := &Store{Engine: &vols{err: cause}, StateDir: t.TempDir(), Prefix: "p-"}
 	for name, f := range map[string]func() error{
-		"root":   func() error { _, err := v.Root(context.Background(), taskid.Must("t")); return err },
-		"open":   func() error { _, _, err := v.open(context.Background(), taskid.Must("t"), false); return err },
+		"root":   func() error { _, err := v.Root(context.Background(), v.Volume(taskid.Must("t"))); return err },
+		"open":   func() error { _, err := v.Open(context.Background(), taskid.Must("t"), false); return err },
 		"remove": func() error { return v.Remove(context.Background(), taskid.Must("t")) },
 	} {
 		err := f()

@@ -611,59 +611,39 @@ func (b *builder) keepDatabase(fd int, st unix.Stat_t, fr *walkFrame, name, rel 
 			walFd = wfd
 		}
 	}
-	h := &b.s.in.Config.Home
-	if b.rep.KeptBytes+st.Size > int64(h.MaxKeepSize) {
-		b.drop(rel, "would exceed home.max_keep_size")
-		return nil
-	}
-	var drops []profile.RowDrop
+	// keep checked the file against the caps already.
 	var size int64
-	if b.dry {
-		drops, err = ru.Rebuild(b.ctx, fd, walFd, limit, nil)
-	} else {
-		dir, derr := b.stageDir(fr)
-		if derr != nil {
-			return fmt.Errorf("stage %s: %w", rel, derr)
+	var write func(func(io.Writer) error) error
+	state := ""
+	if !b.dry {
+		dir, err := b.stageDir(fr)
+		if err == nil && ru.Update != nil {
+			state, err = b.dbState(rel)
 		}
-		state := ""
-		if ru.Update != nil {
-			if state, err = b.dbState(rel); err != nil {
-				return fmt.Errorf("stage %s: %w", rel, err)
-			}
-			if ru.Unchanged != nil && ru.Unchanged(fd, walFd, state) {
-				// Byte for byte what the last reset wrote.
-				b.carried(rel, st.Size)
-				return b.link(fd, fr, name, rel, ru.Mode)
-			}
+		if err != nil {
+			return fmt.Errorf("stage %s: %w", rel, err)
 		}
-		done := false
-		if state != "" && ru.UpdateInPlace != nil {
-			// The file's own inode rewritten to the result: linked.
-			if drops, done, err = ru.UpdateInPlace(b.ctx, fd, walFd, limit, state); done {
-				var now unix.Stat_t
-				if err := unix.Fstat(fd, &now); err != nil {
-					return fmt.Errorf("stage %s: %w", rel, err)
-				}
-				size = now.Size
-				if err := b.link(fd, fr, name, rel, ru.Mode); err != nil {
-					return err
-				}
-			}
-		}
-		if !done && err == nil {
-			err = writeFileFrom(dir, name, ru.Mode, b.s.in.UID, b.s.in.GID, func(w io.Writer) error {
+		write = func(fill func(io.Writer) error) error {
+			return writeFileFrom(dir, name, ru.Mode, b.s.in.UID, b.s.in.GID, func(w io.Writer) error {
 				cw := &countWriter{w: w}
-				var more []profile.RowDrop
-				var rerr error
-				if state != "" {
-					more, rerr = ru.Update(b.ctx, fd, walFd, limit, state, cw)
-				} else {
-					more, rerr = ru.Rebuild(b.ctx, fd, walFd, limit, cw)
-				}
-				drops, size = append(drops, more...), cw.n
-				return rerr
+				defer func() { size = cw.n }()
+				return fill(cw)
 			})
 		}
+	}
+	drops, how, inPlace, err := ru.CarryDatabase(b.ctx, fd, walFd, limit, state, write)
+	if how != profile.Written {
+		if err != nil {
+			return fmt.Errorf("stage %s: %w", rel, err)
+		}
+		if how == profile.CarriedUnchanged {
+			b.carried(rel, st.Size) // byte for byte what the last reset wrote
+			return b.link(fd, fr, name, rel, ru.Mode)
+		}
+		if err := b.link(fd, fr, name, rel, ru.Mode); err != nil {
+			return err
+		}
+		size = inPlace
 	}
 	var se *profile.SchemaError
 	if errors.As(err, &se) {

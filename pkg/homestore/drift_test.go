@@ -18,41 +18,41 @@ import (
 // on in its loop device only; Salvage copies it into a new image and lets
 // the device go, and what HOME held is there when the new image mounts.
 func TestSalvageCopiesBackADeletedImage(t *testing.T) {
-	f := newFixture(t)
+	image, mountpoint := newVolume(t)
 	ctx := context.Background()
-	_, err := Ensure(ctx, f.image, f.mountpoint, small)
+	_, err := Ensure(ctx, image, mountpoint, small)
 	assert.NilError(t, err)
-	assert.NilError(t, os.WriteFile(filepath.Join(f.mountpoint, "credentials"), []byte("kept-secret"), 0o600))
-	assert.NilError(t, os.Remove(f.image))
+	assert.NilError(t, os.WriteFile(filepath.Join(mountpoint, "credentials"), []byte("kept-secret"), 0o600))
+	assert.NilError(t, os.Remove(image))
 
-	homes := filepath.Dir(f.image)
+	homes := filepath.Dir(image)
 	atts, err := Attachments(homes)
 	assert.NilError(t, err)
 	assert.Equal(t, len(atts), 1)
 	assert.Assert(t, atts[0].Deleted, "%v", atts[0])
-	assert.Assert(t, len(atts[0].Mounts) >= 1 && atts[0].Mounts[0] == Mount{Point: f.mountpoint}, "%v", atts[0].Mounts)
+	assert.Assert(t, len(atts[0].Mounts) >= 1 && atts[0].Mounts[0] == Mount{Point: mountpoint}, "%v", atts[0].Mounts)
 	// Positive control: refused while it is the only copy.
-	assert.ErrorContains(t, ReleaseImage(f.image, false), "was deleted while")
+	assert.ErrorContains(t, ReleaseImage(image, false), "was deleted while")
 
-	saved, err := Salvage(ctx, f.image)
+	saved, err := Salvage(ctx, image)
 	assert.NilError(t, err)
 	assert.Assert(t, saved)
 	// The device clears on its last close: a namespace another process
 	// made meanwhile may hold it (see freedHere).
-	assert.Check(t, freedHere(t, f.image), "the salvaged image's device is still attached")
+	assert.Check(t, freedHere(t, image), "the salvaged image's device is still attached")
 	atts, err = Attachments(homes)
 	assert.NilError(t, err)
 	assert.Equal(t, len(atts), 0, "%v", atts)
-	assert.Assert(t, mounted(t, f.mountpoint) == nil)
+	assert.Assert(t, mounted(t, mountpoint) == nil)
 
-	out, err := Ensure(ctx, f.image, f.mountpoint, small)
+	out, err := Ensure(ctx, image, mountpoint, small)
 	assert.NilError(t, err)
 	assert.Equal(t, out, Mounted)
-	b, err := os.ReadFile(filepath.Join(f.mountpoint, "credentials"))
+	b, err := os.ReadFile(filepath.Join(mountpoint, "credentials"))
 	assert.NilError(t, err)
 	assert.Equal(t, string(b), "kept-secret")
 	// Nothing deleted: nothing to salvage.
-	saved, err = Salvage(ctx, f.image)
+	saved, err = Salvage(ctx, image)
 	assert.NilError(t, err)
 	assert.Assert(t, !saved)
 }
@@ -96,18 +96,18 @@ func holder(t *testing.T, propagation, keep string) string {
 // copy survives the unmount in our namespace (positive control); Release
 // unmounts it there too.
 func TestReleaseReachesOtherNamespaces(t *testing.T) {
-	f := newFixture(t)
+	image, mountpoint := newVolume(t)
 	ctx := context.Background()
-	homes := filepath.Dir(f.image)
-	_, err := Ensure(ctx, f.image, f.mountpoint, small)
+	homes := filepath.Dir(image)
+	_, err := Ensure(ctx, image, mountpoint, small)
 	assert.NilError(t, err)
 
-	ns := holder(t, "private", f.mountpoint)
+	ns := holder(t, "private", mountpoint)
 	atts, err := Attachments(homes)
 	assert.NilError(t, err)
 	assert.Equal(t, len(atts), 1)
 	assert.Assert(t, is2(atts[0].Mounts, ns), "the copy in %s is not found: %v", ns, atts[0].Mounts)
-	assert.NilError(t, Unmount(f.image, f.mountpoint))
+	assert.NilError(t, Unmount(image, mountpoint))
 	atts, err = Attachments(homes)
 	assert.NilError(t, err)
 	assert.Equal(t, len(atts), 1, "positive control: the private copy holds the device")
@@ -135,8 +135,8 @@ func is2(ms []Mount, ns string) bool {
 // the kernel may hand it at once to another task's HOME. detach must then
 // call ours gone, and must never clear the device for the other image.
 func TestDetachLeavesAReusedDeviceAlone(t *testing.T) {
-	f := newFixture(t)
-	dir := filepath.Dir(f.image)
+	image, _ := newVolume(t)
+	dir := filepath.Dir(image)
 	assert.NilError(t, os.MkdirAll(dir, 0o700))
 	imgA, imgB := filepath.Join(dir, "a.img"), filepath.Join(dir, "b.img")
 	open := func(p string) *os.File {

@@ -20,25 +20,23 @@ import (
 
 var small = Limits{Size: 64 << 20, Inodes: 4096}
 
-// fixture is a state dir and an empty volume directory, both root's and
-// private, cleaned up (unmounted first) after the test.
-type fixture struct {
-	image, mountpoint, dir string
-}
-
-func newFixture(t *testing.T) *fixture {
+// newVolume makes a state dir and an empty volume directory, both root's
+// and private, in a directory of the test's, and returns the HOME image's
+// path in the state dir and the volume's mount point; it unmounts and
+// removes them after the test.
+func newVolume(t *testing.T) (image, mountpoint string) {
 	t.Helper()
 	itest.Require(t, itest.Root)
 	dir := t.TempDir()
-	f := &fixture{dir: dir, image: ImagePath(filepath.Join(dir, "state"), "vol"), mountpoint: filepath.Join(dir, "vol", "_data")}
-	assert.NilError(t, os.MkdirAll(f.mountpoint, 0o700))
+	image, mountpoint = ImagePath(filepath.Join(dir, "state"), "vol"), filepath.Join(dir, "vol", "_data")
+	assert.NilError(t, os.MkdirAll(mountpoint, 0o700))
 	t.Cleanup(func() {
-		if err := Remove(f.image, f.mountpoint); err != nil {
+		if err := Remove(image, mountpoint); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
-		assert.Check(t, freedHere(t, f.image), "a loop device still holds %s", f.image)
+		assert.Check(t, freedHere(t, image), "a loop device still holds %s", image)
 	})
-	return f
+	return image, mountpoint
 }
 
 // mounted returns the mount at path in this namespace (nil for none).
@@ -123,31 +121,31 @@ func fill(path string, limit int64) (int64, error) {
 }
 
 func TestEnsureCreatesCapsPersistsAndRemoves(t *testing.T) {
-	f := newFixture(t)
+	image, mountpoint := newVolume(t)
 	ctx := context.Background()
-	before := freeBytes(t, f.dir)
+	before := freeBytes(t, filepath.Dir(filepath.Dir(mountpoint)))
 
-	out, err := Ensure(ctx, f.image, f.mountpoint, small)
+	out, err := Ensure(ctx, image, mountpoint, small)
 	assert.NilError(t, err)
 	assert.Equal(t, out, Created)
-	e := mounted(t, f.mountpoint)
-	assert.Assert(t, e != nil, "nothing mounted at %s", f.mountpoint)
+	e := mounted(t, mountpoint)
+	assert.Assert(t, e != nil, "nothing mounted at %s", mountpoint)
 	assert.Equal(t, e.fstype, "ext4")
 	for _, o := range []string{"rw", "nosuid", "nodev"} {
 		assert.Check(t, hasOpt(e.opts, o), "mount options %s lack %s", e.opts, o)
 	}
 	assert.Check(t, !hasOpt(e.opts, "noexec"), "exec stays allowed in HOME")
 	var st unix.Stat_t
-	assert.NilError(t, unix.Stat(f.mountpoint, &st))
+	assert.NilError(t, unix.Stat(mountpoint, &st))
 	assert.Equal(t, st.Uid, uint32(0))
 	assert.Equal(t, st.Mode&0o7777, uint32(0o700))
-	names, err := os.ReadDir(f.mountpoint)
+	names, err := os.ReadDir(mountpoint)
 	assert.NilError(t, err)
 	assert.Check(t, is.Len(names, 0), "the new HOME root is empty (no lost+found)")
 
 	// The image is sparse: its size is the cap, its blocks far fewer.
 	var ist unix.Stat_t
-	assert.NilError(t, unix.Stat(f.image, &ist))
+	assert.NilError(t, unix.Stat(image, &ist))
 	assert.Equal(t, ist.Size, small.Size)
 	assert.Equal(t, ist.Mode&0o7777, uint32(0o600))
 	t.Logf("new image: %d bytes, %d allocated", ist.Size, ist.Blocks*512)
@@ -155,17 +153,17 @@ func TestEnsureCreatesCapsPersistsAndRemoves(t *testing.T) {
 
 	// Cheap and idempotent when mounted.
 	start := time.Now()
-	out, err = Ensure(ctx, f.image, f.mountpoint, small)
+	out, err = Ensure(ctx, image, mountpoint, small)
 	assert.NilError(t, err)
 	assert.Equal(t, out, AlreadyMounted)
 	t.Logf("Ensure when mounted: %v", time.Since(start))
 
 	// Writing past the cap: ENOSPC, never more than the cap on the host.
-	n, err := fill(filepath.Join(f.mountpoint, "big"), 1<<30)
+	n, err := fill(filepath.Join(mountpoint, "big"), 1<<30)
 	assert.Check(t, errors.Is(err, unix.ENOSPC), "got %v", err)
 	assert.Check(t, n < small.Size, "wrote %d bytes into a %d-byte HOME", n, small.Size)
-	after := freeBytes(t, f.dir)
-	assert.NilError(t, unix.Stat(f.image, &ist))
+	after := freeBytes(t, filepath.Dir(filepath.Dir(mountpoint)))
+	assert.NilError(t, unix.Stat(image, &ist))
 	t.Logf("wrote %d bytes; image allocates %d; host free space dropped by %d", n, ist.Blocks*512, before-after)
 	assert.Check(t, ist.Blocks*512 <= small.Size, "the image allocates %d bytes", ist.Blocks*512)
 	// 1 GiB was attempted; other work on the machine may move the figure,
@@ -175,7 +173,7 @@ func TestEnsureCreatesCapsPersistsAndRemoves(t *testing.T) {
 	// Inodes are capped too.
 	files := 0
 	for ; files < 10000; files++ {
-		if err := os.WriteFile(filepath.Join(f.mountpoint, fmt.Sprint("f", files)), nil, 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(mountpoint, fmt.Sprint("f", files)), nil, 0o600); err != nil {
 			assert.Check(t, errors.Is(err, unix.ENOSPC), "got %v", err)
 			break
 		}
@@ -183,95 +181,95 @@ func TestEnsureCreatesCapsPersistsAndRemoves(t *testing.T) {
 	assert.Check(t, files < 10000 && files > 1000, "created %d empty files with %d inodes", files, small.Inodes)
 
 	// Unmounted (as by a reboot): the next Ensure mounts the same data.
-	assert.NilError(t, os.WriteFile(filepath.Join(f.mountpoint, "f0"), []byte("kept"), 0o600))
-	assert.NilError(t, Unmount(f.image, f.mountpoint))
-	assert.Assert(t, mounted(t, f.mountpoint) == nil)
-	assert.Check(t, freedHere(t, f.image), "the loop device is freed with the unmount")
-	names, err = os.ReadDir(f.mountpoint)
+	assert.NilError(t, os.WriteFile(filepath.Join(mountpoint, "f0"), []byte("kept"), 0o600))
+	assert.NilError(t, Unmount(image, mountpoint))
+	assert.Assert(t, mounted(t, mountpoint) == nil)
+	assert.Check(t, freedHere(t, image), "the loop device is freed with the unmount")
+	names, err = os.ReadDir(mountpoint)
 	assert.NilError(t, err)
 	assert.Check(t, is.Len(names, 0), "nothing was written to the volume directory itself")
-	assert.NilError(t, Unmount(f.image, f.mountpoint), "unmounting twice is not an error")
+	assert.NilError(t, Unmount(image, mountpoint), "unmounting twice is not an error")
 
-	out, err = Ensure(ctx, f.image, f.mountpoint, small)
+	out, err = Ensure(ctx, image, mountpoint, small)
 	assert.NilError(t, err)
 	assert.Equal(t, out, Mounted)
-	b, err := os.ReadFile(filepath.Join(f.mountpoint, "f0"))
+	b, err := os.ReadFile(filepath.Join(mountpoint, "f0"))
 	assert.NilError(t, err)
 	assert.Equal(t, string(b), "kept")
 
-	assert.NilError(t, Remove(f.image, f.mountpoint))
-	assert.Assert(t, mounted(t, f.mountpoint) == nil)
-	_, err = os.Lstat(f.image)
+	assert.NilError(t, Remove(image, mountpoint))
+	assert.Assert(t, mounted(t, mountpoint) == nil)
+	_, err = os.Lstat(image)
 	assert.Check(t, os.IsNotExist(err))
-	assert.Check(t, freedHere(t, f.image))
+	assert.Check(t, freedHere(t, image))
 }
 
 func TestEnsureRefusesHostileImagesAndMountPoints(t *testing.T) {
 	ctx := context.Background()
 	cases := []struct {
 		name  string
-		plant func(t *testing.T, f *fixture)
+		plant func(t *testing.T, image, mountpoint string)
 		want  string
 	}{
-		{"symlink to an ext4 image", func(t *testing.T, f *fixture) {
+		{"symlink to an ext4 image", func(t *testing.T, image, mountpoint string) {
 			// A valid image elsewhere: only the link makes it hostile.
-			other := filepath.Join(f.dir, "state", "homes", "other.img")
-			_, err := Ensure(ctx, other, f.mountpoint, small)
+			other := filepath.Join(filepath.Dir(image), "other.img")
+			_, err := Ensure(ctx, other, mountpoint, small)
 			assert.NilError(t, err)
-			assert.NilError(t, Unmount(other, f.mountpoint))
-			assert.NilError(t, os.Symlink(other, f.image))
+			assert.NilError(t, Unmount(other, mountpoint))
+			assert.NilError(t, os.Symlink(other, image))
 		}, "is a symbolic link (refused, not followed)"},
-		{"symlink to /etc/shadow", func(t *testing.T, f *fixture) {
-			assert.NilError(t, os.Symlink("/etc/shadow", f.image))
+		{"symlink to /etc/shadow", func(t *testing.T, image, mountpoint string) {
+			assert.NilError(t, os.Symlink("/etc/shadow", image))
 		}, "is a symbolic link (refused, not followed)"},
-		{"regular file, not ext4", func(t *testing.T, f *fixture) {
-			assert.NilError(t, os.WriteFile(f.image, make([]byte, 1<<20), 0o600))
+		{"regular file, not ext4", func(t *testing.T, image, mountpoint string) {
+			assert.NilError(t, os.WriteFile(image, make([]byte, 1<<20), 0o600))
 		}, "is not an ext4 filesystem (refused"},
-		{"world-readable image", func(t *testing.T, f *fixture) {
-			assert.NilError(t, os.WriteFile(f.image, nil, 0o644))
+		{"world-readable image", func(t *testing.T, image, mountpoint string) {
+			assert.NilError(t, os.WriteFile(image, nil, 0o644))
 		}, "must be owned by root with mode 0600"},
-		{"hard-linked image", func(t *testing.T, f *fixture) {
-			assert.NilError(t, os.WriteFile(f.image, nil, 0o600))
-			assert.NilError(t, os.Link(f.image, f.image+".2"))
+		{"hard-linked image", func(t *testing.T, image, mountpoint string) {
+			assert.NilError(t, os.WriteFile(image, nil, 0o600))
+			assert.NilError(t, os.Link(image, image+".2"))
 		}, "has 2 hard links (refused)"},
-		{"directory at the image path", func(t *testing.T, f *fixture) {
-			assert.NilError(t, os.Mkdir(f.image, 0o700))
+		{"directory at the image path", func(t *testing.T, image, mountpoint string) {
+			assert.NilError(t, os.Mkdir(image, 0o700))
 		}, "open HOME image"},
-		{"FIFO at the image path", func(t *testing.T, f *fixture) {
-			assert.NilError(t, unix.Mkfifo(f.image, 0o600))
+		{"FIFO at the image path", func(t *testing.T, image, mountpoint string) {
+			assert.NilError(t, unix.Mkfifo(image, 0o600))
 		}, "is not a regular file (refused)"},
-		{"mount point holds an uncapped HOME", func(t *testing.T, f *fixture) {
-			assert.NilError(t, os.Mkdir(filepath.Join(f.mountpoint, "home"), 0o755))
+		{"mount point holds an uncapped HOME", func(t *testing.T, image, mountpoint string) {
+			assert.NilError(t, os.Mkdir(filepath.Join(mountpoint, "home"), 0o755))
 		}, `is not empty (it holds "home"`},
-		{"mount point is another filesystem", func(t *testing.T, f *fixture) {
-			assert.NilError(t, unix.Mount("tmpfs", f.mountpoint, "tmpfs", 0, "size=1m"))
-			t.Cleanup(func() { _ = unix.Unmount(f.mountpoint, 0) })
+		{"mount point is another filesystem", func(t *testing.T, image, mountpoint string) {
+			assert.NilError(t, unix.Mount("tmpfs", mountpoint, "tmpfs", 0, "size=1m"))
+			t.Cleanup(func() { _ = unix.Unmount(mountpoint, 0) })
 		}, "is a mount point of something else (tmpfs from tmpfs)"},
-		{"homes directory is group-writable", func(t *testing.T, f *fixture) {
-			assert.NilError(t, os.Chmod(filepath.Dir(f.image), 0o770))
+		{"homes directory is group-writable", func(t *testing.T, image, mountpoint string) {
+			assert.NilError(t, os.Chmod(filepath.Dir(image), 0o770))
 		}, "must be owned by root with mode 0700"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t)
-			assert.NilError(t, os.MkdirAll(filepath.Dir(f.image), 0o700))
-			tc.plant(t, f)
-			before := mounted(t, f.mountpoint)
-			_, err := Ensure(ctx, f.image, f.mountpoint, small)
+			image, mountpoint := newVolume(t)
+			assert.NilError(t, os.MkdirAll(filepath.Dir(image), 0o700))
+			tc.plant(t, image, mountpoint)
+			before := mounted(t, mountpoint)
+			_, err := Ensure(ctx, image, mountpoint, small)
 			assert.ErrorContains(t, err, tc.want)
-			after := mounted(t, f.mountpoint)
-			assert.Check(t, (before == nil) == (after == nil) && (before == nil || before.id == after.id), "Ensure changed the mounts at %s", f.mountpoint)
-			assert.Check(t, !attached(t, f.image), "a loop device was attached to %s", f.image)
+			after := mounted(t, mountpoint)
+			assert.Check(t, (before == nil) == (after == nil) && (before == nil || before.id == after.id), "Ensure changed the mounts at %s", mountpoint)
+			assert.Check(t, !attached(t, image), "a loop device was attached to %s", image)
 			if strings.HasPrefix(tc.name, "symlink") {
 				// The link's target was not touched.
-				fi, err := os.Lstat(f.image)
+				fi, err := os.Lstat(image)
 				assert.NilError(t, err)
 				assert.Check(t, fi.Mode()&os.ModeSymlink != 0)
 			}
 			// Unmount and Remove leave someone else's mount alone.
 			if before != nil {
-				assert.ErrorContains(t, Unmount(f.image, f.mountpoint), "left alone")
-				assert.Check(t, mounted(t, f.mountpoint) != nil)
+				assert.ErrorContains(t, Unmount(image, mountpoint), "left alone")
+				assert.Check(t, mounted(t, mountpoint) != nil)
 			}
 		})
 	}
@@ -282,35 +280,35 @@ func TestEnsureRefusesHostileImagesAndMountPoints(t *testing.T) {
 // named as a peer; the negative control shows it otherwise sees the bare
 // directory.
 func TestEnsureMountsInPeerNamespace(t *testing.T) {
-	f := newFixture(t)
+	image, mountpoint := newVolume(t)
 	ctx := context.Background()
 	ns := holder(t, "private", "")
-	through := filepath.Join(filepath.Dir(filepath.Dir(ns)), "root", f.mountpoint, "marker")
+	through := filepath.Join(filepath.Dir(filepath.Dir(ns)), "root", mountpoint, "marker")
 
 	// Negative control: without the peer, the other namespace does not see
 	// the mount.
-	_, err := Ensure(ctx, f.image, f.mountpoint, small)
+	_, err := Ensure(ctx, image, mountpoint, small)
 	assert.NilError(t, err)
-	assert.NilError(t, os.WriteFile(filepath.Join(f.mountpoint, "marker"), []byte("capped"), 0o600))
+	assert.NilError(t, os.WriteFile(filepath.Join(mountpoint, "marker"), []byte("capped"), 0o600))
 	_, err = os.Stat(through)
 	assert.Check(t, os.IsNotExist(err), "the private namespace saw the mount without being a peer: %v", err)
 
 	// With the peer (and our own namespace as a peer, skipped), it does.
-	out, err := Ensure(ctx, f.image, f.mountpoint, small, ns, "/proc/self/ns/mnt")
+	out, err := Ensure(ctx, image, mountpoint, small, ns, "/proc/self/ns/mnt")
 	assert.NilError(t, err)
 	assert.Equal(t, out, AlreadyMounted)
 	b, err := os.ReadFile(through)
 	assert.NilError(t, err)
 	assert.Equal(t, string(b), "capped")
-	_, err = Ensure(ctx, f.image, f.mountpoint, small, ns)
+	_, err = Ensure(ctx, image, mountpoint, small, ns)
 	assert.NilError(t, err, "idempotent in the peer too")
 
 	// Unmount with the peer unmounts both; the loop device goes.
-	assert.NilError(t, Unmount(f.image, f.mountpoint, ns))
+	assert.NilError(t, Unmount(image, mountpoint, ns))
 	_, err = os.Stat(through)
 	assert.Check(t, os.IsNotExist(err))
-	assert.Check(t, mounted(t, f.mountpoint) == nil)
-	assert.Check(t, freedHere(t, f.image))
+	assert.Check(t, mounted(t, mountpoint) == nil)
+	assert.Check(t, freedHere(t, image))
 }
 
 func TestParseMountinfo(t *testing.T) {

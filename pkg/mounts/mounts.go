@@ -7,9 +7,6 @@ package mounts
 import (
 	"fmt"
 	"path/filepath"
-
-	"errors"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // Where things appear inside the cage.
@@ -50,10 +47,13 @@ func truncate(s string, n int) string {
 	return s[:n] + "…"
 }
 
-// Input is what a turn asks to mount.
+// Input is what a turn asks to mount: host paths (the task's own ones
+// derived by the caller), never the task id.
 type Input struct {
-	Task     taskid.ID
 	Worktree string // host path; "" means no worktree (an empty tmpfs /work)
+	// Staging, when set, is the /work bind's source instead of Worktree:
+	// the worktree's idmapped mount (pkg/worktree's idmap.go).
+	Staging string
 	// HomeDir is the host directory of the task's live HOME (inside its
 	// volume, laid out by the HOME reset); OutboxDir the task's outbox ("" for
 	// none). shrooms computes and prepares both itself, refusing planted
@@ -67,9 +67,6 @@ type Input struct {
 
 // Build validates the host paths of in and returns the cage's mount plan.
 func Build(in Input) (*Plan, error) {
-	if in.Task.IsZero() {
-		return nil, errors.New("no task id") // only taskid.Parse makes one
-	}
 	if !filepath.IsAbs(in.HomeDir) {
 		return nil, fmt.Errorf("task HOME %q is not an absolute host path", in.HomeDir)
 	}
@@ -87,6 +84,12 @@ func Build(in Input) (*Plan, error) {
 		wt, err := CheckHostDir(in.Worktree, "worktree", nil)
 		if err != nil {
 			return nil, err
+		}
+		if in.Staging != "" {
+			if !filepath.IsAbs(in.Staging) {
+				return nil, fmt.Errorf("worktree staging %q is not an absolute host path", in.Staging)
+			}
+			wt = filepath.Clean(in.Staging)
 		}
 		p.Mounts = append(p.Mounts, Mount{Kind: Bind, Source: wt, Dest: WorkDir, Options: []string{"rbind", "nosuid", "nodev"}})
 	} else {

@@ -6,8 +6,6 @@ import (
 	"testing"
 
 	"gotest.tools/v3/assert"
-
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 func TestCheckHostDir(t *testing.T) {
@@ -47,14 +45,8 @@ func TestCheckHostDir(t *testing.T) {
 	assert.ErrorContains(t, err, "overlaps the protected host directory", "a worktree inside shrooms' own state")
 }
 
-// TestBuildRefusesNoTask: the zero task id (no Parse) fails closed.
-func TestBuildRefusesNoTask(t *testing.T) {
-	_, err := Build(Input{HomeDir: "/h", TmpSize: 1 << 20, RunSize: 1 << 20})
-	assert.ErrorContains(t, err, "no task id")
-}
-
 func TestBuildPlan(t *testing.T) {
-	p, err := Build(Input{Task: taskid.Must("t"), HomeDir: "/h", OutboxDir: "/o/t", TmpSize: 1 << 20, RunSize: 1 << 20})
+	p, err := Build(Input{HomeDir: "/h", OutboxDir: "/o/t", TmpSize: 1 << 20, RunSize: 1 << 20})
 	assert.NilError(t, err)
 	var dests []string
 	for _, m := range p.Mounts {
@@ -62,6 +54,6 @@ func TestBuildPlan(t *testing.T) {
 	}
 	assert.DeepEqual(t, dests, []string{"/tmp", "/run", "/home/agent", "/work", "/outbox"})
 	assert.Equal(t, p.Mounts[3].Kind, Tmpfs, "no worktree: an empty tmpfs at /work")
-	_, err = Build(Input{Task: taskid.Must("t"), HomeDir: "rel"})
+	_, err = Build(Input{HomeDir: "rel"})
 	assert.ErrorContains(t, err, "not an absolute host path")
 }

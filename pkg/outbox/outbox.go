@@ -137,10 +137,8 @@ func namespaces(nss []string) []string {
 	return append(out, "")
 }
 
-func checkMountArgs(id taskid.ID, uid, gid int, lim Limits) error {
-	if id.IsZero() {
-		return errNoTask
-	}
+// checkMountArgs checks the outbox's limits and owner for Mount and Ready.
+func checkMountArgs(uid, gid int, lim Limits) error {
 	if lim.Size < 1<<20 || lim.Inodes < 16 {
 		return fmt.Errorf("outbox limits: size must be at least 1m and inodes at least 16")
 	}
@@ -160,7 +158,10 @@ func checkMountArgs(id taskid.ID, uid, gid int, lim Limits) error {
 // root/task is refused, never followed. It returns the tmpfs's device.
 func Mount(root string, id taskid.ID, uid, gid int, lim Limits, ns string) (dev uint64, err error) {
 	task := id.String()
-	if err := checkMountArgs(id, uid, gid, lim); err != nil {
+	if id.IsZero() {
+		return 0, errNoTask
+	}
+	if err := checkMountArgs(uid, gid, lim); err != nil {
 		return 0, err
 	}
 	where := filepath.Join(filepath.Clean(root), task)
@@ -266,7 +267,10 @@ func checkLive(rootfd int, root string, id taskid.ID, uid, gid int, lim Limits) 
 // prepared ahead was given, and will find when it starts.
 func Ready(root string, id taskid.ID, uid, gid int, lim Limits, ns string, dev uint64) error {
 	task := id.String()
-	if err := checkMountArgs(id, uid, gid, lim); err != nil {
+	if id.IsZero() {
+		return errNoTask
+	}
+	if err := checkMountArgs(uid, gid, lim); err != nil {
 		return err
 	}
 	where := filepath.Join(filepath.Clean(root), task)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
@@ -71,8 +72,8 @@ func TestBatteryInTestbedRunsc(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.mode, func(t *testing.T) {
 			e := newTBEnv(t, testbed.PodmanFlags(runscService(runsc, "network="+tc.mode)...))
-			e.cfg.Cage.Runtime = runsc
-			rep, in := e.run(t, e.verifiedSeal)
+			e.Cfg.Cage.Runtime = runsc
+			rep, in, _ := runBattery(t, e, verifiedSeal(e), battery{})
 			assert.DeepEqual(t, in.connected, []string(nil))
 			assert.Check(t, cmpSlices(rep.IDs(Escaped), tc.escaped), "escaped: %v", rep.IDs(Escaped))
 			assert.Check(t, cmpSlices(rep.IDs(Error), tc.errs), "error: %v", rep.IDs(Error))
@@ -108,17 +109,19 @@ func TestBatteryInTestbedRunsc(t *testing.T) {
 
 func cmpSlices(a, b []string) bool { return slices.Equal(a, b) }
 
-// verifiedSeal is the real seal check of the testbed (TestBatteryInTestbed's).
-func (e *tbEnv) verifiedSeal(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
-	st, err := firewall.Verify(ctx, cfg.Network, e.fw)
-	if err != nil {
-		return turn.SealState{}, err
+// verifiedSeal returns the real seal check of the testbed (TestBatteryInTestbed's).
+func verifiedSeal(e *tbworld.World) turn.SealChecker {
+	return func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
+		st, err := firewall.Verify(ctx, cfg.Network, e.FW)
+		if err != nil {
+			return turn.SealState{}, err
+		}
+		if !st.OK {
+			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
+		}
+		if _, err := cagenet.EnsureNetwork(ctx, cfg, e.Client); err != nil {
+			return turn.SealState{}, err
+		}
+		return sealState(e, cfg, st)
 	}
-	if !st.OK {
-		return turn.SealState{}, fmt.Errorf("%s", st.Reason)
-	}
-	if _, err := cagenet.EnsureNetwork(ctx, cfg, e.client); err != nil {
-		return turn.SealState{}, err
-	}
-	return e.sealState(cfg, st)
 }

@@ -11,54 +11,27 @@ import (
 	"sync"
 	"testing"
 	"time"
-	// The battery's names unqualified: these tests drive it from the host
 
 	"gotest.tools/v3/assert"
-	// (probedrive), which imports it.
 
-	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
-	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
-	"github.com/shrooms-cage/shrooms/pkg/podman"
+	// The battery's names unqualified: these tests drive it from the host
+	// (probedrive), which imports it.
 	. "github.com/shrooms-cage/shrooms/pkg/probe"
 	"github.com/shrooms-cage/shrooms/pkg/probedrive"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
-// tbEnv is the battery's world in the testbed: the default config (policy
-// internet, seccomp "shrooms") on a cage network of the testbed's podman,
-// the seal in the testbed's host namespace, a peer cage running a canary,
-// discovery responders on the bridge and routes to the cage subnets (so
-// the LAN and the internet could open connections into a cage, D15).
-type tbEnv struct {
-	tb     *testbed.Testbed
-	cfg    *config.Config
-	client *podman.Client
-	fw     firewall.Options
-	prefix string
-	bin    string
-	tbbin  string // tbprobe
-	peer   []string
-	n      int
-	// discover replaces the host, LAN and metadata targets with what
-	// Discover finds; discovered is what it found last.
-	discover   bool
-	discovered Params
-	// noWall turns the in-cage wall off (negative controls only).
-	noWall bool
-	// v4Internet: the testbed's internet has no IPv6 (targets v4 only).
-	v4Internet bool
-}
-
 // sealState is the state a seal check reports for a verified seal: its
 // digest and the rule set (the in-cage wall is built from it).
-func (e *tbEnv) sealState(cfg *config.Config, st firewall.Status) (turn.SealState, error) {
-	rules, err := firewall.DescribeHost(cfg.Network, firewall.Resolved{}, e.fw)
+func sealState(e *tbworld.World, cfg *config.Config, st firewall.Status) (turn.SealState, error) {
+	rules, err := firewall.DescribeHost(cfg.Network, firewall.Resolved{}, e.FW)
 	if err != nil {
 		return turn.SealState{}, err
 	}
@@ -71,62 +44,34 @@ func noWall(context.Context, turn.SealState, int, bool) (firewall.WallStatus, er
 	return firewall.WallStatus{}, nil
 }
 
-func newTBEnv(t *testing.T, opts ...testbed.Option) *tbEnv {
+// newTBEnv is the battery's world in the testbed: the default config
+// (policy internet, seccomp "shrooms") on a cage network of the testbed's
+// podman, the seal in the testbed's host namespace, a peer cage running a
+// canary, discovery responders on the bridge and routes to the cage
+// subnets (so the LAN and the internet could open connections into a
+// cage, D15).
+func newTBEnv(t *testing.T, opts ...testbed.Option) *tbworld.World {
 	t.Helper()
-	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
-	tb := testbed.New(t, opts...)
-	tb.StartPodman()
-	ctx := context.Background()
-	n, _ := strconv.Atoi(tb.ID)
-	// Made after the testbed, so that its cleanup runs before the testbed's.
-	world := itest.New(t, "pt", itest.WithSocket(tb.PodmanURL))
-	prefix := world.Prefix
-	name := "spb" + tb.ID
-	// Unique subnets (podman's network configs are the machine's), apart
-	// from the firewall tests' 10.200-249 range.
-	sub4 := fmt.Sprintf("10.%d.%d.0/24", 150+n%50, (n/50)%250)
-	sub6 := fmt.Sprintf("fd8a:%x::/64", n%65536)
-	cfg := testcfg.Config{
-		Cage:    map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": "90s"},
-		Network: map[string]any{"policy": "internet", "name": name, "bridge": name, "subnet4": sub4, "subnet6": sub6, "dns_upstream": []string{testbed.InternetAddr4.String()}}}.For(world).Parse(t, "probe.toml")
-	assert.Equal(t, cfg.Cage.Seccomp, "shrooms", "the default config's seccomp profile")
-	client, err := podman.Connect(ctx, tb.PodmanURL)
-	assert.NilError(t, err)
-	e := &tbEnv{tb: tb, cfg: cfg, client: client, fw: firewall.Options{NetNS: tb.NSPath("host")}, prefix: prefix, bin: shroomsBinary(t)}
-	world.Release = testcfg.Release(cfg, client)
-	world.Finally(func() { _, _ = tb.Podman("network", "rm", "-f", name) })
-
-	// As at boot: the seal first, then the network.
-	assert.NilError(t, firewall.Apply(ctx, cfg.Network, e.fw))
-	_, err = cagenet.EnsureNetwork(ctx, cfg, client)
-	assert.NilError(t, err)
-	probeBin := tb.BuildProbe()
-	e.tbbin = probeBin
-	tb.MustPodman("run", "-d", "--rm", "--name", "spb"+tb.ID+"-peer", "--label", tb.Label(), "--network", name,
-		"--cap-drop", "ALL", "--security-opt", "no-new-privileges", "-v", probeBin+":/tbprobe:ro",
-		itest.TestImage, "timeout", "600", "/tbprobe", "listen")
-	out := tb.MustPodman("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{.GlobalIPv6Address}}{{end}}", "spb"+tb.ID+"-peer")
-	e.peer = strings.Fields(out)
-	assert.Equal(t, len(e.peer), 2, "peer cage addresses: %q", out)
-	// The bridge exists now. netavark 1.4 lets its MAC follow the lowest
-	// port MAC (see pkg/firewall's pinBridgeMAC): pin it, so the probe
-	// cage joining cannot cut the peer off from the gateway.
-	b, err := tb.Exec("host", "ip", "-br", "link", "show", "dev", name)
-	assert.NilError(t, err, string(b))
-	f := strings.Fields(string(b))
-	assert.Assert(t, len(f) >= 3, string(b))
-	b, err = tb.Exec("host", "ip", "link", "set", "dev", name, "address", f[2])
-	assert.NilError(t, err, string(b))
-	assert.NilError(t, tb.StartMulticast("host", name))
-	tb.Route(netip.MustParsePrefix(sub4))
-	tb.Route(netip.MustParsePrefix(sub6))
-	assert.NilError(t, tb.CheckIsolated(netip.MustParsePrefix(sub4), netip.MustParsePrefix(sub6)))
+	e := tbworld.New(t, "pt", tbworld.WithTestbed(opts...), tbworld.WithPeer(),
+		tbworld.WithCage(map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": "90s"}))
+	assert.Equal(t, e.Cfg.Cage.Seccomp, "shrooms", "the default config's seccomp profile")
 	return e
 }
 
+// battery varies one run of the battery.
+type battery struct {
+	// discover replaces the host, LAN and metadata targets with what
+	// Discover finds.
+	discover bool
+	// noWall turns the in-cage wall off (negative controls only).
+	noWall bool
+	// v4Internet: the testbed's internet has no IPv6 (targets v4 only).
+	v4Internet bool
+}
+
 // params are the testbed's addresses as `shrooms probe --targets` takes them.
-func (e *tbEnv) params(nonce string) Params {
-	gw4, gw6, _ := firewall.Gateways(e.cfg.Network)
+func targets(e *tbworld.World, b battery, nonce string) Params {
+	gw4, gw6, _ := firewall.Gateways(e.Cfg.Network)
 	s := func(as ...netip.Addr) []string {
 		var out []string
 		for _, a := range as {
@@ -135,19 +80,19 @@ func (e *tbEnv) params(nonce string) Params {
 		return out
 	}
 	internet := s(testbed.InternetAddr4, testbed.InternetAddr6)
-	if e.v4Internet {
+	if b.v4Internet {
 		internet = s(testbed.InternetAddr4)
 	}
 	return Params{
-		Policy:        e.cfg.Network.Policy,
-		StrictSeccomp: e.cfg.Cage.StrictSeccomp(),
+		Policy:        e.Cfg.Network.Policy,
+		StrictSeccomp: e.Cfg.Cage.StrictSeccomp(),
 		Internet:      internet,
 		Gateway:       s(gw4, gw6),
 		Host:          s(testbed.HostAddr4, testbed.HostAddr6),
 		LAN: s(append([]netip.Addr{testbed.RouterAddr4, testbed.RouterAddr6, testbed.PublicLAN4, testbed.PublicLAN6,
 			testbed.VPN4, testbed.VPN6}, testbed.Private...)...),
 		Metadata:      s(testbed.Metadata4, testbed.Metadata6, testbed.WireServer),
-		Peers:         e.peer,
+		Peers:         e.Peer,
 		Resolvers:     internet,
 		TCPPorts:      testbed.TCPPorts,
 		UDPPorts:      testbed.UDPPorts,
@@ -166,30 +111,31 @@ type inbound struct {
 	connected []string
 }
 
-// run runs the battery once with seal checker seal, tries to connect into
-// the cage from the host, router and internet namespaces while it runs
-// (D15), and joins the report with the canary logs.
-func (e *tbEnv) run(t *testing.T, seal turn.SealChecker) (*Report, *inbound) {
+// runBattery runs the battery once with seal checker seal, tries to
+// connect into the cage from the host, router and internet namespaces
+// while it runs (D15), and joins the report with the canary logs; it
+// returns the targets it gave the battery (what Discover found, with
+// b.discover).
+func runBattery(t *testing.T, e *tbworld.World, seal turn.SealChecker, b battery) (*Report, *inbound, Params) {
 	t.Helper()
-	e.n++
-	nonce := fmt.Sprintf("%s-%d", e.prefix, e.n)
-	r := turn.NewRunner(e.cfg, e.client, seal)
-	r.Resolver = cagenet.Resolver(e.fw, e.tb.DialContext("host"))
-	if e.noWall {
+	e.N++
+	nonce := fmt.Sprintf("%s-%d", e.Prefix, e.N)
+	r := turn.NewRunner(e.Cfg, e.Client, seal)
+	r.Resolver = cagenet.Resolver(e.FW, e.TB.DialContext("host"))
+	if b.noWall {
 		r.CageWall = noWall
 	}
 	in := &inbound{}
 	var stderr strings.Builder
 	var mu sync.Mutex
-	params := e.params(nonce)
-	if e.discover {
+	params := targets(e, b, nonce)
+	if b.discover {
 		params.Host, params.LAN, params.Metadata, params.Peers = nil, nil, nil, nil
-		assert.NilError(t, probedrive.Discover(&params, e.cfg.Network, e.fw))
-		e.discovered = params
+		assert.NilError(t, probedrive.Discover(&params, e.Cfg.Network, e.FW))
 	}
 	rep, res, err := probedrive.Run(context.Background(), r, probedrive.Options{
-		Task: taskid.Must(fmt.Sprintf("%s-%d", e.prefix, e.n)), Agent: "shell", Binary: e.bin,
-		Params: params, Timeout: 90 * time.Second, Peer: e.discover,
+		Task: taskid.Must(fmt.Sprintf("%s-%d", e.Prefix, e.N)), Agent: "shell", Binary: shroomsBinary(t),
+		Params: params, Timeout: 90 * time.Second, Peer: b.discover,
 		Stderr: writerFunc(func(p []byte) { mu.Lock(); stderr.Write(p); mu.Unlock() }),
 		OnInbound: func(addr string, port int) {
 			var wg sync.WaitGroup
@@ -200,7 +146,7 @@ func (e *tbEnv) run(t *testing.T, seal turn.SealChecker) (*Report, *inbound) {
 					target := role + "->" + net.JoinHostPort(addr, strconv.Itoa(port))
 					ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
 					defer cancel()
-					c, err := e.tb.DialContext(role)(ctx, "tcp", net.JoinHostPort(addr, strconv.Itoa(port)))
+					c, err := e.TB.DialContext(role)(ctx, "tcp", net.JoinHostPort(addr, strconv.Itoa(port)))
 					in.mu.Lock()
 					in.tried = append(in.tried, target)
 					if err == nil {
@@ -231,10 +177,10 @@ func (e *tbEnv) run(t *testing.T, seal turn.SealChecker) (*Report, *inbound) {
 			}
 		}
 	}
-	missing := e.tb.AwaitHits(3*time.Second, await...)
-	peerLog := e.tb.MustPodman("logs", "spb"+e.tb.ID+"-peer")
+	missing := e.TB.AwaitHits(3*time.Second, await...)
+	peerLog := e.TB.MustPodman("logs", e.Net+"-peer")
 	Join(rep, func(n string) bool {
-		return len(e.tb.Hits(n)) > 0 || strings.Contains(peerLog, n+"\n")
+		return len(e.TB.Hits(n)) > 0 || strings.Contains(peerLog, n+"\n")
 	})
 	if t.Failed() || testing.Verbose() {
 		t.Logf("attempts without a canary hit (some are answered by a reset, not a canary): %v", missing)
@@ -245,7 +191,7 @@ func (e *tbEnv) run(t *testing.T, seal turn.SealChecker) (*Report, *inbound) {
 			}
 		}
 	}
-	return rep, in
+	return rep, in, params
 }
 
 type writerFunc func([]byte)
@@ -262,22 +208,22 @@ func TestBatteryInTestbed(t *testing.T) {
 	e := newTBEnv(t)
 	ctx := context.Background()
 	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
-		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
+		st, err := firewall.Verify(ctx, cfg.Network, e.FW)
 		if err != nil {
 			return turn.SealState{}, err
 		}
 		if !st.OK {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		_, err = cagenet.EnsureNetwork(ctx, cfg, e.client)
+		_, err = cagenet.EnsureNetwork(ctx, cfg, e.Client)
 		if err != nil {
 			return turn.SealState{}, err
 		}
-		return e.sealState(cfg, st)
+		return sealState(e, cfg, st)
 	}
 
 	t.Run("sealed, default config", func(t *testing.T) {
-		rep, in := e.run(t, verified)
+		rep, in, _ := runBattery(t, e, verified, battery{})
 		assert.Assert(t, len(rep.Checks) >= 40, "%d checks", len(rep.Checks))
 		assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))
 		assert.DeepEqual(t, rep.IDs(Error), []string(nil))
@@ -295,19 +241,17 @@ func TestBatteryInTestbed(t *testing.T) {
 	})
 
 	t.Run("seal flushed: exactly the sealed network rows escape", func(t *testing.T) {
-		assert.NilError(t, firewall.Flush(ctx, e.cfg.Network, e.fw))
-		defer func() { assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw)) }()
+		assert.NilError(t, firewall.Flush(ctx, e.Cfg.Network, e.FW))
+		defer func() { assert.NilError(t, firewall.Apply(ctx, e.Cfg.Network, e.FW)) }()
 		// A seal checker that lets the turn start without a seal: only for
 		// this negative control. shrooms itself refuses here (the seal is
 		// missing), which TestNetworkedTurnInTestbed in cmd/shrooms covers.
 		permissive := func(context.Context, *config.Config, bool) (turn.SealState, error) { return turn.SealState{}, nil }
-		_, err := verified(ctx, e.cfg, false)
+		_, err := verified(ctx, e.Cfg, false)
 		assert.ErrorContains(t, err, "missing", "the real checker refuses a flushed seal")
 		// And the in-cage wall off: with it the flushed host seal lets
 		// nothing through (TestCageWallHoldsWithoutHostSeal).
-		e.noWall = true
-		defer func() { e.noWall = false }()
-		rep, in := e.run(t, permissive)
+		rep, in, _ := runBattery(t, e, permissive, battery{noWall: true})
 		// Not D5: its ICMPv6 echo needs an unprivileged ICMP socket, and
 		// podman's net.ipv4.ping_group_range ("0 0") denies the agent one,
 		// so in a shrooms cage it cannot send at all, seal or not.
@@ -335,18 +279,17 @@ func TestBatteryInTestbed(t *testing.T) {
 // — and the positive controls (D2, D9a) reach their canaries over IPv4.
 func TestBatteryIPv4OnlyInternet(t *testing.T) {
 	e := newTBEnv(t, testbed.IPv4OnlyInternet())
-	e.v4Internet = true
 	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
-		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
+		st, err := firewall.Verify(ctx, cfg.Network, e.FW)
 		if err != nil {
 			return turn.SealState{}, err
 		}
 		if !st.OK {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		return e.sealState(cfg, st)
+		return sealState(e, cfg, st)
 	}
-	rep, _ := e.run(t, verified)
+	rep, _, _ := runBattery(t, e, verified, battery{v4Internet: true})
 	assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))
 	assert.DeepEqual(t, rep.IDs(Error), []string(nil))
 	for _, c := range rep.Checks {
@@ -373,20 +316,18 @@ func TestBatteryIPv4OnlyInternet(t *testing.T) {
 // (the discovered targets and the peer are real ones).
 func TestBatteryWithDiscoveredTargets(t *testing.T) {
 	e := newTBEnv(t)
-	e.discover = true
 	ctx := context.Background()
 	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
-		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
+		st, err := firewall.Verify(ctx, cfg.Network, e.FW)
 		if err != nil {
 			return turn.SealState{}, err
 		}
 		if !st.OK {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		return e.sealState(cfg, st)
+		return sealState(e, cfg, st)
 	}
-	rep, _ := e.run(t, verified)
-	d := e.discovered
+	rep, _, d := runBattery(t, e, verified, battery{discover: true})
 	t.Logf("discovered: host %v lan %v metadata %v", d.Host, d.LAN, d.Metadata)
 	for _, want := range []netip.Addr{testbed.HostAddr4, testbed.HostAddr6, testbed.HostPublicLAN4} {
 		assert.Check(t, slices.Contains(d.Host, want.String()), "host address %s not discovered: %v", want, d.Host)
@@ -398,11 +339,10 @@ func TestBatteryWithDiscoveredTargets(t *testing.T) {
 	assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))
 	assert.DeepEqual(t, rep.IDs(Error), []string(nil))
 
-	assert.NilError(t, firewall.Flush(ctx, e.cfg.Network, e.fw))
-	defer func() { assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw)) }()
+	assert.NilError(t, firewall.Flush(ctx, e.Cfg.Network, e.FW))
+	defer func() { assert.NilError(t, firewall.Apply(ctx, e.Cfg.Network, e.FW)) }()
 	permissive := func(context.Context, *config.Config, bool) (turn.SealState, error) { return turn.SealState{}, nil }
-	e.noWall = true
-	rep, _ = e.run(t, permissive)
+	rep, _, _ = runBattery(t, e, permissive, battery{discover: true, noWall: true})
 	escaped := rep.IDs(Escaped)
 	for _, id := range []string{"D4", "D6", "D7", "D8"} {
 		assert.Check(t, slices.Contains(escaped, id), "%s does not flip with the seal flushed: %v", id, escaped)
@@ -419,23 +359,23 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 	e := newTBEnv(t)
 	ctx := context.Background()
 	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
-		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
+		st, err := firewall.Verify(ctx, cfg.Network, e.FW)
 		if err != nil {
 			return turn.SealState{}, err
 		}
 		if !st.OK {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		return e.sealState(cfg, st)
+		return sealState(e, cfg, st)
 	}
 	turnWithFlush := func(t *testing.T, watch turn.SealWatcher, breakSeal ...string) (*turn.Result, error, []time.Duration) {
 		t.Helper()
-		assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw))
-		e.n++
-		nonce := fmt.Sprintf("%s-w%d", e.prefix, e.n)
-		r := turn.NewRunner(e.cfg, e.client, verified)
+		assert.NilError(t, firewall.Apply(ctx, e.Cfg.Network, e.FW))
+		e.N++
+		nonce := fmt.Sprintf("%s-w%d", e.Prefix, e.N)
+		r := turn.NewRunner(e.Cfg, e.Client, verified)
 		r.WatchSeal = watch
-		r.Resolver = cagenet.Resolver(e.fw, e.tb.DialContext("host"))
+		r.Resolver = cagenet.Resolver(e.FW, e.TB.DialContext("host"))
 		// The host seal's watcher on its own: with the in-cage wall a
 		// flush opens nothing (TestCageWallFlood).
 		r.CageWall = noWall
@@ -446,9 +386,9 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 		done := make(chan ran, 1)
 		go func() {
 			res, err := r.Run(ctx, turn.Request{
-				Task: taskid.Must(fmt.Sprintf("%s-%d", e.prefix, e.n)), Agent: "shell",
+				Task: taskid.Must(fmt.Sprintf("%s-%d", e.Prefix, e.N)), Agent: "shell",
 				Command: []string{"/tbprobe", "stream", net.JoinHostPort(testbed.RouterAddr4.String(), "5000"), nonce, "6"},
-				ExtraMounts: []mounts.Mount{{Kind: mounts.Bind, Source: e.tbbin, Dest: "/tbprobe", ReadOnly: true,
+				ExtraMounts: []mounts.Mount{{Kind: mounts.Bind, Source: e.Probe, Dest: "/tbprobe", ReadOnly: true,
 					Options: []string{"rbind", "nosuid", "nodev"}}},
 				Timeout: 60 * time.Second,
 			})
@@ -459,15 +399,15 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 		if len(breakSeal) == 0 {
 			breakSeal = []string{"nft", "flush", "ruleset"}
 		}
-		out, err := e.tb.Exec("host", breakSeal...)
+		out, err := e.TB.Exec("host", breakSeal...)
 		assert.NilError(t, err, string(out))
 		got := <-done
 		var since []time.Duration
-		for _, h := range e.tb.Hits(nonce) {
+		for _, h := range e.TB.Hits(nonce) {
 			since = append(since, h.At.Sub(at))
 		}
 		// netavark's own rules went with the flush: put them back.
-		out2, err := e.tb.PodmanLocal("network", "reload", "spb"+e.tb.ID+"-peer")
+		out2, err := e.TB.PodmanLocal("network", "reload", e.Net+"-peer")
 		assert.NilError(t, err, out2)
 		return got.res, got.err, since
 	}
@@ -487,7 +427,7 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 	})
 
 	t.Run("the runner's watcher puts the seal back within a second", func(t *testing.T) {
-		res, err, since := turnWithFlush(t, cagenet.Watcher(e.fw))
+		res, err, since := turnWithFlush(t, cagenet.Watcher(e.FW))
 		assert.NilError(t, err, "%+v", res)
 		assert.Equal(t, res.Status, "exited")
 		var last time.Duration
@@ -500,7 +440,7 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 		assert.Assert(t, len(res.SealLosses) >= 1, "the turn result does not report the lost seal")
 		assert.Assert(t, res.SealLosses[0].Reapplied, "%+v", res.SealLosses[0])
 		t.Logf("turn result: %+v", res.SealLosses)
-		st, err := firewall.Verify(ctx, e.cfg.Network, e.fw)
+		st, err := firewall.Verify(ctx, e.Cfg.Network, e.FW)
 		assert.NilError(t, err)
 		assert.Assert(t, st.OK, st.Reason)
 	})
@@ -509,11 +449,11 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 		// With bridged traffic no longer passing the inet hooks the seal
 		// cannot hold, and Apply refuses: the turn must end, not go on.
 		defer func() {
-			out, err := e.tb.Exec("host", "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1")
+			out, err := e.TB.Exec("host", "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=1")
 			assert.NilError(t, err, string(out))
 		}()
 		start := time.Now()
-		res, err, _ := turnWithFlush(t, cagenet.Watcher(e.fw), "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0")
+		res, err, _ := turnWithFlush(t, cagenet.Watcher(e.FW), "sysctl", "-qw", "net.bridge.bridge-nf-call-iptables=0")
 		assert.Assert(t, err != nil, "the turn reported success")
 		assert.Equal(t, res.Status, "seal-lost", res.Error)
 		assert.Assert(t, res.Removed)
@@ -540,23 +480,23 @@ func attempts(r *Report, id string) []Attempt {
 func TestBatteryUnderAllowlist(t *testing.T) {
 	e := newTBEnv(t)
 	ctx := context.Background()
-	e.cfg.Network.Policy = "allowlist"
-	e.cfg.Network.Allow = []string{testbed.InternetAddr4.String() + "/32", testbed.InternetAddr6.String() + "/128", "api.allowed.test"}
-	e.fw.Resolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-		return e.tb.DialContext("host")(ctx, network, net.JoinHostPort(testbed.InternetAddr4.String(), "53"))
+	e.Cfg.Network.Policy = "allowlist"
+	e.Cfg.Network.Allow = []string{testbed.InternetAddr4.String() + "/32", testbed.InternetAddr6.String() + "/128", "api.allowed.test"}
+	e.FW.Resolver = &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return e.TB.DialContext("host")(ctx, network, net.JoinHostPort(testbed.InternetAddr4.String(), "53"))
 	}}
-	assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw))
+	assert.NilError(t, firewall.Apply(ctx, e.Cfg.Network, e.FW))
 	verified := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
-		st, err := firewall.Verify(ctx, cfg.Network, e.fw)
+		st, err := firewall.Verify(ctx, cfg.Network, e.FW)
 		if err != nil {
 			return turn.SealState{}, err
 		}
 		if !st.OK {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		return e.sealState(cfg, st)
+		return sealState(e, cfg, st)
 	}
-	rep, _ := e.run(t, verified)
+	rep, _, _ := runBattery(t, e, verified, battery{})
 	assert.DeepEqual(t, rep.IDs(Escaped), []string(nil))
 	v := rep.Verdicts()
 	for _, id := range []string{"D9a", "D9b", "D9c", "D9e"} {

@@ -15,6 +15,7 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
@@ -29,15 +30,15 @@ import (
 // tbprobe mounted, the real seal check and the seal watcher; off turns
 // the in-cage wall off (positive controls only). during runs while the
 // turn does.
-func (e *tbEnv) wallTurn(t *testing.T, off bool, cmd []string, during func()) (*turn.Result, string) {
+func wallTurn(t *testing.T, e *tbworld.World, off bool, cmd []string, during func()) (*turn.Result, string) {
 	t.Helper()
 	ctx := context.Background()
-	e.n++
-	r := turn.NewRunner(e.cfg, e.client, func(ctx context.Context, cfg *config.Config, dry bool) (turn.SealState, error) {
-		return cagenet.CheckSeal(ctx, cfg, e.client, e.fw, dry)
+	e.N++
+	r := turn.NewRunner(e.Cfg, e.Client, func(ctx context.Context, cfg *config.Config, dry bool) (turn.SealState, error) {
+		return cagenet.CheckSeal(ctx, cfg, e.Client, e.FW, dry)
 	})
-	r.Resolver = cagenet.Resolver(e.fw, e.tb.DialContext("host"))
-	r.WatchSeal = cagenet.Watcher(e.fw)
+	r.Resolver = cagenet.Resolver(e.FW, e.TB.DialContext("host"))
+	r.WatchSeal = cagenet.Watcher(e.FW)
 	if off {
 		r.CageWall = noWall
 	}
@@ -48,8 +49,8 @@ func (e *tbEnv) wallTurn(t *testing.T, off bool, cmd []string, during func()) (*
 	go func() {
 		defer close(done)
 		res, err = r.Run(ctx, turn.Request{
-			Task: taskid.Must(fmt.Sprintf("%s-wall%d", e.prefix, e.n)), Agent: "shell", Command: cmd,
-			ExtraMounts: []mounts.Mount{{Kind: mounts.Bind, Source: e.tbbin, Dest: "/tbprobe", ReadOnly: true,
+			Task: taskid.Must(fmt.Sprintf("%s-wall%d", e.Prefix, e.N)), Agent: "shell", Command: cmd,
+			ExtraMounts: []mounts.Mount{{Kind: mounts.Bind, Source: e.Probe, Dest: "/tbprobe", ReadOnly: true,
 				Options: []string{"rbind", "nosuid", "nodev"}}},
 			Timeout: 60 * time.Second,
 			Streams: podman.Streams{Stdout: &out, Stderr: &out},
@@ -80,29 +81,29 @@ func TestCageWallFlood(t *testing.T) {
 	e := newTBEnv(t)
 	ctx := context.Background()
 	flood := func(t *testing.T, off bool) (map[int][]time.Duration, *turn.Result) {
-		nonce := fmt.Sprintf("%s-f%d", e.prefix, e.n+1)
+		nonce := fmt.Sprintf("%s-f%d", e.Prefix, e.N+1)
 		targets := []string{
 			net.JoinHostPort(testbed.RouterAddr4.String(), "5000"), net.JoinHostPort(testbed.Metadata4.String(), "5000"),
 			net.JoinHostPort(testbed.RouterAddr6.String(), "5000"), net.JoinHostPort(testbed.Metadata6.String(), "5000"),
 			net.JoinHostPort(testbed.InternetAddr4.String(), "5000"),
 		}
 		var flushes []time.Time
-		res, out := e.wallTurn(t, off, append([]string{"/tbprobe", "flood", nonce, "7"}, targets...), func() {
+		res, out := wallTurn(t, e, off, append([]string{"/tbprobe", "flood", nonce, "7"}, targets...), func() {
 			time.Sleep(3500 * time.Millisecond) // the cage is flooding
 			for i := 0; i < 2; i++ {
 				flushes = append(flushes, time.Now())
-				b, err := e.tb.Exec("host", "nft", "flush", "ruleset")
+				b, err := e.TB.Exec("host", "nft", "flush", "ruleset")
 				assert.NilError(t, err, string(b))
 				time.Sleep(1500 * time.Millisecond)
 			}
 		})
 		t.Logf("flood: %s", strings.TrimSpace(out))
 		// netavark's own rules went with the flushes: put them back.
-		b, err := e.tb.PodmanLocal("network", "reload", "spb"+e.tb.ID+"-peer")
+		b, err := e.TB.PodmanLocal("network", "reload", e.Net+"-peer")
 		assert.NilError(t, err, b)
 		hits := map[int][]time.Duration{}
 		for i := range targets {
-			for _, h := range e.tb.Hits(fmt.Sprintf("%s-t%d-", nonce, i)) {
+			for _, h := range e.TB.Hits(fmt.Sprintf("%s-t%d-", nonce, i)) {
 				hits[i] = append(hits[i], h.At.Sub(flushes[0]))
 			}
 		}
@@ -132,7 +133,7 @@ func TestCageWallFlood(t *testing.T) {
 		}
 		assert.Assert(t, res.CageWall != nil && res.CageWall.OK, "%+v", res.CageWall)
 		assert.Assert(t, len(res.SealLosses) >= 2, "the flushes were not seen: %+v", res.SealLosses)
-		st, err := firewall.Verify(ctx, e.cfg.Network, e.fw)
+		st, err := firewall.Verify(ctx, e.Cfg.Network, e.FW)
 		assert.NilError(t, err)
 		assert.Assert(t, st.OK, st.Reason)
 	})
@@ -148,7 +149,7 @@ func TestCageWallUnchangeable(t *testing.T) {
 	e := newTBEnv(t)
 	script := "/tbprobe nft; ip addr add 10.77.0.1/32 dev eth0 2>&1; ip route add 10.78.0.0/16 dev eth0 2>&1; " +
 		"unshare -U -r /tbprobe nft 2>&1 || echo unshare refused; true"
-	res, out := e.wallTurn(t, false, []string{"sh", "-c", script}, nil)
+	res, out := wallTurn(t, e, false, []string{"sh", "-c", script}, nil)
 	assert.Equal(t, res.ExitCode, 0, out)
 	assert.Assert(t, res.CageWall != nil && res.CageWall.OK, "%+v", res.CageWall)
 	t.Logf("inside the cage: %s", out)
@@ -171,8 +172,8 @@ func TestCageWallUnchangeable(t *testing.T) {
 
 	// Without shrooms' seccomp profile (podman's default lets netlink
 	// through) the missing capability alone refuses: EPERM.
-	b, err := exec.Command("podman", "--url", e.tb.PodmanURL, "run", "--rm", "--label", e.tb.Label(), "--network", e.cfg.Network.Name,
-		"--cap-drop", "ALL", "--security-opt", "no-new-privileges", "-v", e.tbbin+":/tbprobe:ro", itest.TestImage, "/tbprobe", "nft").CombinedOutput()
+	b, err := exec.Command("podman", "--url", e.TB.PodmanURL, "run", "--rm", "--label", e.TB.Label(), "--network", e.Cfg.Network.Name,
+		"--cap-drop", "ALL", "--security-opt", "no-new-privileges", "-v", e.Probe+":/tbprobe:ro", itest.TestImage, "/tbprobe", "nft").CombinedOutput()
 	assert.NilError(t, err, string(b))
 	var capless map[string]string
 	assert.NilError(t, json.Unmarshal(bytes.TrimSpace(b), &capless), string(b))
@@ -182,8 +183,8 @@ func TestCageWallUnchangeable(t *testing.T) {
 
 	// Positive control: with CAP_NET_ADMIN the same probe changes the
 	// cage's ruleset (so EPERM above is the missing capability).
-	b, err = exec.Command("podman", "--url", e.tb.PodmanURL, "run", "--rm", "--label", e.tb.Label(), "--network", e.cfg.Network.Name,
-		"--cap-drop", "ALL", "--cap-add", "NET_ADMIN", "-v", e.tbbin+":/tbprobe:ro", itest.TestImage, "/tbprobe", "nft").CombinedOutput()
+	b, err = exec.Command("podman", "--url", e.TB.PodmanURL, "run", "--rm", "--label", e.TB.Label(), "--network", e.Cfg.Network.Name,
+		"--cap-drop", "ALL", "--cap-add", "NET_ADMIN", "-v", e.Probe+":/tbprobe:ro", itest.TestImage, "/tbprobe", "nft").CombinedOutput()
 	assert.NilError(t, err, string(b))
 	var ctl map[string]string
 	assert.NilError(t, json.Unmarshal(bytes.TrimSpace(b), &ctl), string(b))
@@ -199,16 +200,16 @@ func TestCageWallUnchangeable(t *testing.T) {
 func TestPreparedCageWall(t *testing.T) {
 	e := newTBEnv(t)
 	ctx := context.Background()
-	r := turn.NewRunner(e.cfg, e.client, func(ctx context.Context, cfg *config.Config, dry bool) (turn.SealState, error) {
-		return cagenet.CheckSeal(ctx, cfg, e.client, e.fw, dry)
+	r := turn.NewRunner(e.Cfg, e.Client, func(ctx context.Context, cfg *config.Config, dry bool) (turn.SealState, error) {
+		return cagenet.CheckSeal(ctx, cfg, e.Client, e.FW, dry)
 	})
-	r.Resolver = cagenet.Resolver(e.fw, e.tb.DialContext("host"))
-	r.Binary = e.bin
-	st, err := cagenet.CheckSeal(ctx, e.cfg, e.client, e.fw, true)
+	r.Resolver = cagenet.Resolver(e.FW, e.TB.DialContext("host"))
+	r.Binary = shroomsBinary(t)
+	st, err := cagenet.CheckSeal(ctx, e.Cfg, e.Client, e.FW, true)
 	assert.NilError(t, err)
-	req := turn.Request{Task: taskid.Must(e.prefix + "-prep"), Agent: "shell", Args: []string{"-c", "sleep 3"}, Timeout: 60 * time.Second}
+	req := turn.Request{Task: taskid.Must(e.Prefix + "-prep"), Agent: "shell", Args: []string{"-c", "sleep 3"}, Timeout: 60 * time.Second}
 	cagePid := func(id string) int {
-		out := strings.TrimSpace(e.tb.MustPodman("inspect", "-f", "{{.State.Pid}}", id))
+		out := strings.TrimSpace(e.TB.MustPodman("inspect", "-f", "{{.State.Pid}}", id))
 		var pid int
 		_, err := fmt.Sscan(out, &pid)
 		assert.NilError(t, err, out)
@@ -221,7 +222,7 @@ func TestPreparedCageWall(t *testing.T) {
 		assert.NilError(t, err)
 		assert.Assert(t, ws.OK, "prepared cage %d has no wall: %s", i, ws.Reason)
 		if tamper {
-			b, err := e.tb.Exec("host", "nsenter", "--net="+cagenet.CageNetNS(cagePid(id)), "nft", "delete", "table", "inet", firewall.WallTable)
+			b, err := e.TB.Exec("host", "nsenter", "--net="+cagenet.CageNetNS(cagePid(id)), "nft", "delete", "table", "inet", firewall.WallTable)
 			assert.NilError(t, err, string(b))
 		}
 		var during firewall.WallStatus
@@ -253,8 +254,8 @@ func TestPreparedCageWall(t *testing.T) {
 func TestCageWallPerPolicyTurn(t *testing.T) {
 	e := newTBEnv(t)
 	ctx := context.Background()
-	internet := e.cfg.Network
-	t.Cleanup(func() { e.cfg.Network = internet; _ = firewall.Apply(context.Background(), internet, e.fw) })
+	internet := e.Cfg.Network
+	t.Cleanup(func() { e.Cfg.Network = internet; _ = firewall.Apply(context.Background(), internet, e.FW) })
 	for _, tc := range []struct {
 		policy     string
 		want, nope []string
@@ -266,26 +267,26 @@ func TestCageWallPerPolicyTurn(t *testing.T) {
 		{"allowlist", []string{"policy drop", "@allow4 accept", "@names4 accept"}, []string{"meta nfproto ipv4 accept", "dport 53 accept"}, false},
 	} {
 		t.Run(tc.policy, func(t *testing.T) {
-			e.cfg.Network = internet
-			e.cfg.Network.Policy = tc.policy
+			e.Cfg.Network = internet
+			e.Cfg.Network.Policy = tc.policy
 			if tc.policy == "allowlist" {
-				e.cfg.Network.Allow = []string{testbed.InternetAddr4.String() + "/32"}
+				e.Cfg.Network.Allow = []string{testbed.InternetAddr4.String() + "/32"}
 			}
-			assert.NilError(t, firewall.Apply(ctx, e.cfg.Network, e.fw))
-			n := fmt.Sprintf("%s-pp%d", e.prefix, e.n)
-			task := fmt.Sprintf("%s-wall%d", e.prefix, e.n+1)
+			assert.NilError(t, firewall.Apply(ctx, e.Cfg.Network, e.FW))
+			n := fmt.Sprintf("%s-pp%d", e.Prefix, e.N)
+			task := fmt.Sprintf("%s-wall%d", e.Prefix, e.N+1)
 			var listing string
 			cmd := []string{"sh", "-c", fmt.Sprintf("/tbprobe tcp,%s,80,%s-in tcp,%s,80,%s-un udp,%s,5000,%s-lan; sleep 3",
 				testbed.InternetAddr4, n, testbed.Internet2Addr4, n, testbed.RouterAddr4, n)}
-			res, out := e.wallTurn(t, false, cmd, func() {
+			res, out := wallTurn(t, e, false, cmd, func() {
 				time.Sleep(2500 * time.Millisecond)
 				// By name, not by listing: podman's listing trips over
 				// cages of other testbeds (their namespaces are not ours).
-				pid, err := e.client.Pid(ctx, sealed.Name(taskid.Must(task), 1))
+				pid, err := e.Client.Pid(ctx, sealed.Name(taskid.Must(task), 1))
 				if !assert.Check(t, err) {
 					return
 				}
-				b, err := e.tb.Exec("host", "nsenter", "--net="+cagenet.CageNetNS(pid), "nft", "list", "table", "inet", firewall.WallTable)
+				b, err := e.TB.Exec("host", "nsenter", "--net="+cagenet.CageNetNS(pid), "nft", "list", "table", "inet", firewall.WallTable)
 				assert.Check(t, err, string(b))
 				listing = string(b)
 			})
@@ -298,9 +299,9 @@ func TestCageWallPerPolicyTurn(t *testing.T) {
 				assert.Check(t, !strings.Contains(listing, w), "%s: %q in the cage's wall:\n%s", tc.policy, w, listing)
 			}
 			time.Sleep(300 * time.Millisecond)
-			assert.Check(t, len(e.tb.Hits(n+"-in")) > 0, "positive control: the allowed internet address was not reached")
-			assert.Check(t, (len(e.tb.Hits(n+"-un")) > 0) == tc.unlisted, "unlisted internet address reached: %v", len(e.tb.Hits(n+"-un")) > 0)
-			assert.Check(t, len(e.tb.Hits(n+"-lan")) == 0, "the LAN router was reached")
+			assert.Check(t, len(e.TB.Hits(n+"-in")) > 0, "positive control: the allowed internet address was not reached")
+			assert.Check(t, (len(e.TB.Hits(n+"-un")) > 0) == tc.unlisted, "unlisted internet address reached: %v", len(e.TB.Hits(n+"-un")) > 0)
+			assert.Check(t, len(e.TB.Hits(n+"-lan")) == 0, "the LAN router was reached")
 		})
 	}
 }

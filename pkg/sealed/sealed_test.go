@@ -17,7 +17,7 @@ import (
 
 func testTurn(t *testing.T, cfg *config.Config) Turn {
 	plan, err := mounts.Build(mounts.Input{
-		Task: taskid.Must("golden"), HomeDir: "/var/lib/containers/storage/volumes/shrooms-home-golden/_data/home",
+		HomeDir:   "/var/lib/containers/storage/volumes/shrooms-home-golden/_data/home",
 		OutboxDir: "/var/lib/shrooms/outbox/golden", TmpSize: 1 << 30, RunSize: 64 << 20,
 	})
 	assert.NilError(t, err)

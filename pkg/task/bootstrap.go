@@ -18,7 +18,11 @@ func (r *Commands) Bootstrap(ctx context.Context, task taskid.ID, profiles []str
 	if len(profiles) == 0 {
 		profiles = profile.Names()
 	}
-	lock, err := r.Store.LockTask(task)
+	st, err := r.Store.Task(task)
+	if err != nil {
+		return nil, turn.Classify(err)
+	}
+	lock, err := st.Lock()
 	if err != nil {
 		return nil, turn.Classify(err)
 	}
@@ -27,7 +31,7 @@ func (r *Commands) Bootstrap(ctx context.Context, task taskid.ID, profiles []str
 	if err != nil {
 		return nil, fault.Wrap(fault.HostNotReady, err)
 	}
-	kept, err := home.Had(r.Store, task)
+	kept, err := home.Had(st)
 	if err != nil {
 		return nil, err
 	}
@@ -41,12 +45,12 @@ func (r *Commands) Bootstrap(ctx context.Context, task taskid.ID, profiles []str
 		return nil, fault.Wrapf(fault.HostNotReady, "bootstrap HOME: %w", err)
 	}
 	if res.Result == home.Bootstrapped {
-		if err := home.RememberProfiles(r.Store, task, profiles, nil); err != nil {
+		if err := home.RememberProfiles(st, profiles, nil); err != nil {
 			return nil, err
 		}
 	}
 	if !kept {
-		if err := r.Homes.Remember(r.Store, task); err != nil {
+		if err := home.Remember(st, r.Homes.Name(task)); err != nil {
 			return nil, err
 		}
 	}

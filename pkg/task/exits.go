@@ -278,7 +278,11 @@ func (r *Commands) Reset(ctx context.Context, task taskid.ID, agent string, dryR
 		if err != nil {
 			return err
 		}
-		kept, err := home.KeptProfiles(r.Cfg, r.Store, id, a.Home)
+		st, err := r.Store.Task(id)
+		if err != nil {
+			return err
+		}
+		kept, err := home.KeptProfiles(r.Cfg, st, a.Home)
 		if err != nil {
 			return err
 		}

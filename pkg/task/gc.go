@@ -131,11 +131,12 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (rep *GCReport, err erro
 		// with HOME mounted (mounting every idle HOME here would cost a
 		// mount per task per gc).
 		homes := r.Homes
-		root, err := homes.Root(ctx, id)
+		vol := homes.Volume(id)
+		root, err := homes.Root(ctx, vol)
 		if err != nil {
 			return rep, err
 		}
-		if !homes.IsMounted(id, root) {
+		if !homes.IsMounted(vol, root) {
 			continue
 		}
 		trees, err := home.Cleanup(ctx, root)

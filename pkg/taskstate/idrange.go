@@ -40,6 +40,16 @@ func DefaultIDFiles(user string) IDFiles {
 // its own; no two tasks share a slot. With allocate false nothing is written:
 // an unallocated task gets the slot it would be given now.
 func (s Store) TaskIDs(task taskid.ID, files IDFiles, allocate bool) (IDs, error) {
+	d, err := s.Task(task)
+	if err != nil {
+		return IDs{}, err
+	}
+	return s.IDsOf(d, files, allocate)
+}
+
+// IDsOf is TaskIDs for the task whose directory (under s) is d.
+func (s Store) IDsOf(d Dir, files IDFiles, allocate bool) (IDs, error) {
+	task := d.Name()
 	uids, err := ReadSubIDs(files.SubUID, files.User)
 	if err != nil {
 		return IDs{}, err
@@ -52,10 +62,10 @@ func (s Store) TaskIDs(task taskid.ID, files IDFiles, allocate bool) (IDs, error
 	if slots == 0 {
 		return IDs{}, fmt.Errorf("subordinate id range of %q holds fewer than %d ids", files.User, SlotSize)
 	}
-	dir, err := s.taskPath(task)
-	if err != nil {
+	if err := d.check(); err != nil {
 		return IDs{}, err
 	}
+	dir := d.path
 	ids := func(slot int) IDs {
 		return IDs{Slot: slot, UID: uint32(uids.Start) + uint32(slot)*SlotSize, GID: uint32(gids.Start) + uint32(slot)*SlotSize}
 	}
@@ -71,7 +81,7 @@ func (s Store) TaskIDs(task taskid.ID, files IDFiles, allocate bool) (IDs, error
 
 	if allocate {
 		// Allocate under a global lock so two new tasks never take one slot.
-		if _, err := s.taskDir(task); err != nil {
+		if _, err := d.ensure(); err != nil {
 			return IDs{}, err
 		}
 		lf, err := os.OpenFile(filepath.Join(s.Dir, "idslots.lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
@@ -94,7 +104,7 @@ func (s Store) TaskIDs(task taskid.ID, files IDFiles, allocate bool) (IDs, error
 			return IDs{}, err
 		}
 		if ok {
-			if e.Name() == task.String() {
+			if e.Name() == task {
 				return ids(slot), nil // allocated meanwhile by another shrooms
 			}
 			used[slot] = true

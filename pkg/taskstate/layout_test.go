@@ -1,6 +1,7 @@
 package taskstate
 
 import (
+	"os"
 	"testing"
 
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
@@ -32,4 +33,56 @@ func TestLayout(t *testing.T) {
 	p, err := s.taskPath(id)
 	assert.NilError(t, err)
 	assert.Equal(t, p, l.Task(id))
+}
+
+// TestDir: a task's Dir is the Store's directory of the task (what one
+// writes the other reads, the history where Layout puts it), and the zero
+// Dir, like the zero id, is refused before anything is read or written.
+func TestDir(t *testing.T) {
+	s := Store{Dir: t.TempDir()}
+	id := taskid.Must("t1")
+	d, err := s.Task(id)
+	assert.NilError(t, err)
+	assert.Equal(t, d.Path(), Layout{Dir: s.Dir}.Task(id))
+	assert.Equal(t, d.History(), Layout{Dir: s.Dir}.History(id))
+	assert.Equal(t, d.Name(), "t1")
+	assert.NilError(t, d.Remember(FactAgent, "claude"))
+	got, err := s.Recall(id, FactAgent)
+	assert.NilError(t, err)
+	assert.Equal(t, got, "claude")
+	n, err := s.NextTurn(id)
+	assert.NilError(t, err)
+	last, err := d.LastTurn()
+	assert.NilError(t, err)
+	assert.Equal(t, last, n)
+	l, err := d.Lock()
+	assert.NilError(t, err)
+	_, err = s.LockTask(id)
+	assert.ErrorContains(t, err, `task "t1" has a turn running`)
+	assert.NilError(t, l.Release())
+
+	_, err = s.Task(taskid.ID{})
+	assert.ErrorContains(t, err, "no task id")
+	var zero Dir
+	_, err = zero.Lock()
+	assert.ErrorContains(t, err, "no task id")
+	_, err = zero.LastTurn()
+	assert.ErrorContains(t, err, "no task id")
+	_, err = zero.Recall(FactAgent)
+	assert.ErrorContains(t, err, "no task id")
+	assert.ErrorContains(t, zero.Remember(FactAgent, "x"), "no task id")
+	assert.ErrorContains(t, zero.MarkRunning([]byte("{}")), "no task id")
+	sub := t.TempDir() + "/subid"
+	assert.NilError(t, os.WriteFile(sub, []byte("u:100000:1000000\n"), 0o600))
+	files := IDFiles{SubUID: sub, SubGID: sub, User: "u"}
+	ids, err := s.IDsOf(d, files, false)
+	assert.NilError(t, err)
+	want, err := s.TaskIDs(id, files, false)
+	assert.NilError(t, err)
+	assert.Equal(t, ids, want)
+	_, err = s.IDsOf(zero, files, false)
+	assert.ErrorContains(t, err, "no task id")
+	entries, err := os.ReadDir(s.Dir)
+	assert.NilError(t, err)
+	assert.Equal(t, len(entries), 1, "only t1's tasks directory: %v", entries)
 }

@@ -36,10 +36,19 @@ func Now() string { return time.Now().UTC().Format(TimeFormat) }
 // the turn's shrooms dies before AppendRecord, the next LockTask appends
 // it, with endedAt set to when the loss was found.
 func (s Store) MarkRunning(task taskid.ID, rec []byte) error {
-	dir, err := s.taskPath(task)
+	d, err := s.Task(task)
 	if err != nil {
 		return err
 	}
+	return d.MarkRunning(rec)
+}
+
+// MarkRunning is Store.MarkRunning on the task's directory.
+func (d Dir) MarkRunning(rec []byte) error {
+	if err := d.check(); err != nil {
+		return err
+	}
+	dir := d.path
 	path := filepath.Join(dir, runningFile)
 	tmp := path + ".tmp"
 	// No fsync: a power loss loses at most this mark (the turn's record is
@@ -141,9 +150,18 @@ func recordKilled(dir string) error {
 // LockTaskWait is LockTask that waits up to wait for a running turn of the
 // task to end (run --wait); wait 0 does not wait.
 func (s Store) LockTaskWait(task taskid.ID, wait time.Duration) (*Lock, error) {
+	d, err := s.Task(task)
+	if err != nil {
+		return nil, err
+	}
+	return d.LockWait(wait)
+}
+
+// LockWait is Store.LockTaskWait on the task's directory.
+func (d Dir) LockWait(wait time.Duration) (*Lock, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		l, err := s.LockTask(task)
+		l, err := d.Lock()
 		if err == nil || !errors.Is(err, ErrBusy) || !time.Now().Before(deadline) {
 			if err != nil && wait > 0 && errors.Is(err, ErrBusy) {
 				err = fmt.Errorf("%w (waited %s)", err, wait)

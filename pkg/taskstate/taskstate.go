@@ -31,22 +31,61 @@ type Store struct {
 
 // taskDir returns (and creates, 0700) the task's state directory.
 func (s Store) taskDir(task taskid.ID) (string, error) {
-	dir, err := s.taskPath(task)
+	d, err := s.Task(task)
 	if err != nil {
 		return "", err
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", fmt.Errorf("state directory: %w", err)
-	}
-	return dir, nil
+	return d.ensure()
 }
 
 // taskPath returns the task's state directory without creating it.
 func (s Store) taskPath(task taskid.ID) (string, error) {
+	d, err := s.Task(task)
+	return d.path, err
+}
+
+// Dir is one task's state directory, derived once from the task id
+// (Store.Task): what a turn reads and writes of its task's state needs the
+// directory, not the id. The zero Dir is refused as "no task id".
+type Dir struct{ path string }
+
+// Task is task's state directory (created by the calls that write).
+func (s Store) Task(task taskid.ID) (Dir, error) {
 	if task.IsZero() {
-		return "", errors.New("no task id") // only taskid.Parse makes one
+		return Dir{}, errors.New("no task id") // only taskid.Parse makes one
 	}
-	return filepath.Join(s.Dir, "tasks", task.String()), nil
+	return Dir{filepath.Join(s.Dir, "tasks", task.String())}, nil
+}
+
+// Path is the directory's path.
+func (d Dir) Path() string { return d.path }
+
+// File is the path of the file name in the directory.
+func (d Dir) File(name string) string { return filepath.Join(d.path, name) }
+
+// History is the path of the task's model-request history.
+func (d Dir) History() string { return d.File("history") }
+
+// Name is the directory's name, the task id's string form, for messages.
+func (d Dir) Name() string { return filepath.Base(d.path) }
+
+// check refuses the zero Dir.
+func (d Dir) check() error {
+	if d.path == "" {
+		return errors.New("no task id")
+	}
+	return nil
+}
+
+// ensure returns (and creates, 0700) the directory.
+func (d Dir) ensure() (string, error) {
+	if err := d.check(); err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(d.path, 0o700); err != nil {
+		return "", fmt.Errorf("state directory: %w", err)
+	}
+	return d.path, nil
 }
 
 // Lock is a held task lock.
@@ -70,10 +109,20 @@ func (l *Lock) Release() error {
 // LockTask takes the task's lock without waiting for a turn (ErrBusy if one
 // holds it); it waits, up to TeardownWait, for a detached teardown.
 func (s Store) LockTask(task taskid.ID) (*Lock, error) {
-	dir, err := s.taskDir(task)
+	d, err := s.Task(task)
 	if err != nil {
 		return nil, err
 	}
+	return d.Lock()
+}
+
+// Lock is Store.LockTask on the task's directory.
+func (d Dir) Lock() (*Lock, error) {
+	dir, err := d.ensure()
+	if err != nil {
+		return nil, err
+	}
+	task := d.Name()
 	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("task lock: %w", err)
@@ -124,12 +173,21 @@ func (s Store) LockTask(task taskid.ID) (*Lock, error) {
 // NextTurn increments and returns the task's turn number (1 for the first).
 // Call it with the task lock held.
 func (s Store) NextTurn(task taskid.ID) (int, error) {
-	n, err := s.LastTurn(task)
+	d, err := s.Task(task)
+	if err != nil {
+		return 0, err
+	}
+	return d.NextTurn()
+}
+
+// NextTurn is Store.NextTurn on the task's directory.
+func (d Dir) NextTurn() (int, error) {
+	n, err := d.LastTurn()
 	if err != nil {
 		return 0, err
 	}
 	n++
-	dir, _ := s.taskDir(task)
+	dir, _ := d.ensure()
 	if err := writeAtomic(filepath.Join(dir, "turn"), []byte(strconv.Itoa(n)+"\n")); err != nil {
 		return 0, fmt.Errorf("turn counter: %w", err)
 	}
@@ -138,10 +196,19 @@ func (s Store) NextTurn(task taskid.ID) (int, error) {
 
 // LastTurn returns the number of the task's last turn (0 if none).
 func (s Store) LastTurn(task taskid.ID) (int, error) {
-	dir, err := s.taskPath(task)
+	d, err := s.Task(task)
 	if err != nil {
 		return 0, err
 	}
+	return d.LastTurn()
+}
+
+// LastTurn is Store.LastTurn on the task's directory.
+func (d Dir) LastTurn() (int, error) {
+	if err := d.check(); err != nil {
+		return 0, err
+	}
+	dir := d.path
 	b, err := os.ReadFile(filepath.Join(dir, "turn"))
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, nil
@@ -222,7 +289,16 @@ const (
 
 // Remember stores a fact of the task (a single line).
 func (s Store) Remember(task taskid.ID, fact, value string) error {
-	dir, err := s.taskDir(task)
+	d, err := s.Task(task)
+	if err != nil {
+		return err
+	}
+	return d.Remember(fact, value)
+}
+
+// Remember is Store.Remember on the task's directory.
+func (d Dir) Remember(fact, value string) error {
+	dir, err := d.ensure()
 	if err != nil {
 		return err
 	}
@@ -239,10 +315,19 @@ func (s Store) Remember(task taskid.ID, fact, value string) error {
 
 // Recall returns a remembered fact, "" if there is none.
 func (s Store) Recall(task taskid.ID, fact string) (string, error) {
-	dir, err := s.taskPath(task)
+	d, err := s.Task(task)
 	if err != nil {
 		return "", err
 	}
+	return d.Recall(fact)
+}
+
+// Recall is Store.Recall on the task's directory.
+func (d Dir) Recall(fact string) (string, error) {
+	if err := d.check(); err != nil {
+		return "", err
+	}
+	dir := d.path
 	b, err := os.ReadFile(filepath.Join(dir, "fact-"+fact))
 	if errors.Is(err, os.ErrNotExist) {
 		return "", nil

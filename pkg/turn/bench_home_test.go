@@ -18,26 +18,26 @@ import (
 // release on their own. The "held" figure is a turn as it was when HOME
 // stayed mounted between turns: already mounted, and no release.
 func BenchmarkHomeMountPerTurn(b *testing.B) {
-	h := newHarnessTB(b, "") // the default HOME size (8g)
+	e, runner := newHarnessTB(b, "") // the default HOME size (8g)
 	ctx := context.Background()
-	task := h.Task("mountcost")
+	task := e.Task("mountcost")
 	run := func() time.Duration {
 		start := time.Now()
-		if _, err := h.runner.Run(ctx, Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"}, Streams: podman.Streams{Stdout: io.Discard, Stderr: io.Discard}}); err != nil {
+		if _, err := runner.Run(ctx, Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"}, Streams: podman.Streams{Stdout: io.Discard, Stderr: io.Discard}}); err != nil {
 			b.Fatal(err)
 		}
 		return time.Since(start)
 	}
 	mount := func() time.Duration {
 		start := time.Now()
-		if _, err := h.runner.homes().Mounted(ctx, taskid.Must(task)); err != nil {
+		if _, err := runner.homes().Mounted(ctx, taskid.Must(task)); err != nil {
 			b.Fatal(err)
 		}
 		return time.Since(start)
 	}
 	release := func() time.Duration {
 		start := time.Now()
-		if err := h.runner.releaseHome(ctx, taskid.Must(task)); err != nil {
+		if err := runner.releaseHome(ctx, taskid.Must(task)); err != nil {
 			b.Fatal(err)
 		}
 		return time.Since(start)
@@ -47,7 +47,7 @@ func BenchmarkHomeMountPerTurn(b *testing.B) {
 	attached := func() int {
 		deadline := time.Now().Add(5 * time.Second)
 		for {
-			atts, err := homestore.Attachments(h.cfg.State.Dir + "/homes")
+			atts, err := homestore.Attachments(runner.Cfg.State.Dir + "/homes")
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -61,7 +61,7 @@ func BenchmarkHomeMountPerTurn(b *testing.B) {
 	var fresh, premounted, mounts, releases []time.Duration
 	for i := 0; i < max(b.N, 10); i++ {
 		if attached() != 0 {
-			atts, _ := homestore.Attachments(h.cfg.State.Dir + "/homes")
+			atts, _ := homestore.Attachments(runner.Cfg.State.Dir + "/homes")
 			for _, a := range atts {
 				b.Logf("attached: %v %+v", a, a.Mounts)
 			}

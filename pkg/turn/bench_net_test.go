@@ -3,16 +3,13 @@ package turn
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"testing"
 	"time"
 
 	"github.com/containers/podman/v5/pkg/specgen"
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
@@ -73,18 +70,9 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 		}
 		shrooms = append(shrooms, time.Since(start))
 
-		s := *spec
-		s.Name = itest.UniqueName("bench-net-")
-		// The turn released its HOME (the volume's image is unmounted
-		// after a turn); the bare run binds an empty directory there.
-		s.Mounts = append([]specs.Mount(nil), spec.Mounts...)
-		for i, m := range s.Mounts {
-			if _, err := os.Stat(m.Source); m.Type == "bind" && errors.Is(err, fs.ErrNotExist) {
-				s.Mounts[i].Source = b.TempDir()
-			}
-		}
+		s := bareSpec(b, spec, "bench-net-")
 		start = time.Now()
-		id, err := client.Create(ctx, &s)
+		id, err := client.Create(ctx, s)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -30,16 +30,19 @@ func BenchmarkRunscVsRunc(b *testing.B) {
 	if runsc == "" {
 		b.Fatal("SHROOMS_TEST_RUNSC is unset")
 	}
-	hs := map[string]*harness{"runc": newBenchHarness(b), "runsc": runscBenchHarness(b, runsc)}
+	runcEnv, runcRunner := newBenchHarness(b)
+	runscEnv, runscRunner := runscBenchHarness(b, runsc)
+	runners := map[string]*Runner{"runc": runcRunner, "runsc": runscRunner}
+	tasks := map[string]string{"runc": runcEnv.Task("rb"), "runsc": runscEnv.Task("rb")}
 	ctx := context.Background()
-	for _, h := range hs {
-		h.runner.Binary = itest.ShroomsBinary(b)
+	for _, runner := range runners {
+		runner.Binary = itest.ShroomsBinary(b)
 	}
-	req := func(h *harness, out io.Writer, script string) Request {
-		return Request{Task: taskid.Must(h.Task("rb")), Agent: "shell", Args: []string{"-c", script}, Streams: podman.Streams{Stdout: out, Stderr: out}}
+	req := func(rt string, out io.Writer, script string) Request {
+		return Request{Task: taskid.Must(tasks[rt]), Agent: "shell", Args: []string{"-c", script}, Streams: podman.Streams{Stdout: out, Stderr: out}}
 	}
-	for _, h := range hs { // warm: bootstrap, id slot
-		if _, err := h.runner.Run(ctx, req(h, io.Discard, "true")); err != nil {
+	for rt, runner := range runners { // warm: bootstrap, id slot
+		if _, err := runner.Run(ctx, req(rt, io.Discard, "true")); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -48,31 +51,31 @@ func BenchmarkRunscVsRunc(b *testing.B) {
 	n := max(b.N, 5)
 	for i := 0; i < n; i++ {
 		for _, rt := range []string{"runc", "runsc"} {
-			h := hs[rt]
+			runner := runners[rt]
 			start := time.Now()
-			if _, err := h.runner.Run(ctx, req(h, &bytes.Buffer{}, "true")); err != nil {
+			if _, err := runner.Run(ctx, req(rt, &bytes.Buffer{}, "true")); err != nil {
 				b.Fatal(rt, err)
 			}
 			whole[rt] = append(whole[rt], time.Since(start))
 
 			fb := &firstByte{start: time.Now()}
-			if res, err := h.runner.Run(ctx, req(h, fb, "echo x")); err != nil || res.Prepared || fb.at == 0 {
+			if res, err := runner.Run(ctx, req(rt, fb, "echo x")); err != nil || res.Prepared || fb.at == 0 {
 				b.Fatalf("%s plain turn: %v", rt, err)
 			}
 			plain[rt] = append(plain[rt], fb.at)
 
-			id, err := h.runner.PrepareNext(ctx, req(h, nil, "echo x"))
+			id, err := runner.PrepareNext(ctx, req(rt, nil, "echo x"))
 			if err != nil || id == "" {
 				b.Fatalf("%s prepare: %q %v", rt, id, err)
 			}
 			time.Sleep(500 * time.Millisecond) // idle
-			rss, err := cageRSS(ctx, h, id)
+			rss, err := cageRSS(ctx, runner, id)
 			if err != nil {
 				b.Fatal(rt, err)
 			}
 			mem[rt] = append(mem[rt], rss)
 			fb = &firstByte{start: time.Now()}
-			if res, err := h.runner.Run(ctx, req(h, fb, "echo x")); err != nil || !res.Prepared || fb.at == 0 {
+			if res, err := runner.Run(ctx, req(rt, fb, "echo x")); err != nil || !res.Prepared || fb.at == 0 {
 				b.Fatalf("%s prepared turn: %v", rt, err)
 			}
 			prep[rt] = append(prep[rt], fb.at)
@@ -91,19 +94,19 @@ func BenchmarkRunscVsRunc(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 }
 
-func runscBenchHarness(b *testing.B, runsc string) *harness {
-	// Started first, so it stops after the harness's cleanup.
+func runscBenchHarness(b *testing.B, runsc string) (*itest.Env, *Runner) {
+	// Started first, so it stops after the env's cleanup.
 	socket := itest.StartServiceWith(b, runscFlags(runsc)...).URI
-	h := newBenchHarness(b)
-	cfg := *h.cfg
+	e, runner := newBenchHarness(b)
+	cfg := *runner.Cfg
 	cfg.Podman.Socket = socket
 	cfg.Cage.Runtime = runsc
 	client, err := podman.Connect(context.Background(), socket)
 	if err != nil {
 		b.Fatal(err)
 	}
-	h.cfg, h.client, h.runner = &cfg, client, NewRunner(&cfg, client, nil)
-	return h
+	*runner = *NewRunner(&cfg, client, nil)
+	return e, runner
 }
 
 func medianInt(v []int64) int64 {
@@ -116,8 +119,8 @@ func medianInt(v []int64) int64 {
 
 // cageRSS sums VmRSS of every host process in the cage's cgroup (the
 // cgroup of the process podman names as the cage's).
-func cageRSS(ctx context.Context, h *harness, id string) (int64, error) {
-	pid, err := h.client.Pid(ctx, id)
+func cageRSS(ctx context.Context, runner *Runner, id string) (int64, error) {
+	pid, err := runner.Podman.Pid(ctx, id)
 	if err != nil {
 		return 0, err
 	}

@@ -25,8 +25,8 @@ func (r *Runner) homeTask(root string, ids taskstate.IDs, profiles, kept []strin
 // when missing, repairing drift or refusing it with the fix) and seeds its
 // credentials once; an existing, bootstrapped HOME is left as it is. It
 // returns the volume's host directory.
-func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, ids taskstate.IDs, profiles []string) (string, *home.BootstrapResult, error) {
-	kept, err := home.Had(r.Store, id)
+func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, vol home.Volume, st taskstate.Dir, ids taskstate.IDs, profiles []string) (string, *home.BootstrapResult, error) {
+	kept, err := home.Had(st)
 	if err != nil {
 		return "", nil, err
 	}
@@ -38,17 +38,17 @@ func (r *Runner) bootstrap(ctx context.Context, id taskid.ID, ids taskstate.IDs,
 	res, err := h.Bootstrap(ctx, r.homeTask(root, ids, profiles, nil))
 	if err != nil {
 		if created {
-			h.DiscardHome(ctx, id, root)
+			h.DiscardHome(ctx, vol, root)
 		}
 		return "", nil, fmt.Errorf("%w: bootstrap HOME: %w", ErrHostNotReady, err)
 	}
 	if res.Result == home.Bootstrapped {
-		if err := home.RememberProfiles(r.Store, id, profiles, nil); err != nil {
+		if err := home.RememberProfiles(st, profiles, nil); err != nil {
 			return "", nil, err
 		}
 	}
 	if !kept {
-		if err := r.homes().Remember(r.Store, id); err != nil {
+		if err := home.Remember(st, vol.Name); err != nil {
 			return "", nil, err
 		}
 	}

@@ -33,11 +33,11 @@ type Detacher func(Teardown) (pid int, err error)
 
 // handOff passes the turn's teardown to r.Detach; if that fails, the cage
 // is removed here, as without a Detacher.
-func (r *Runner) handOff(lock *taskstate.Lock, in *checked, p *prepared, res *Result) {
+func (r *Runner) handOff(lock *taskstate.Lock, task taskid.ID, in *checked, p *prepared, res *Result) {
 	f, dir, err := lock.HandOff()
 	if err == nil {
 		var pid int
-		if pid, err = r.Detach(Teardown{Task: in.task, Agent: in.agentName, Cage: res.Cage, Secrets: p.secrets, Lock: f, LockDir: dir}); err == nil {
+		if pid, err = r.Detach(Teardown{Task: task, Agent: in.agentName, Cage: res.Cage, Secrets: p.secrets, Lock: f, LockDir: dir}); err == nil {
 			res.Teardown, res.TeardownPID = "detached", pid
 			_ = lock.MarkTeardown(pid)
 			return
@@ -70,7 +70,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		// secrets keeps the old order: its next cage's secrets have the
 		// same names.
 		if in, err := r.check(ctx, *next, aheadSteps()); err == nil {
-			if _, err := r.prepareNextLocked(ctx, in, td.Cage); err == nil {
+			if _, err := r.prepareNextLocked(ctx, next.Task, in, td.Cage); err == nil {
 				// HOME stays mounted: the cage just prepared on it holds it.
 				lock.Release()
 				// Turns that started meanwhile go first again: the removal
@@ -99,7 +99,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		}
 	}
 	r.removeSecrets(secrets)
-	if root, err := r.host().HomeRoot(ctx, td.Task); err == nil {
+	if root, err := r.host().HomeRoot(ctx, r.homes().Volume(td.Task)); err == nil {
 		if err := r.host().Cleanup(ctx, root); err != nil {
 			errs = append(errs, fmt.Errorf("HOME cleanup: %w", err))
 		}
@@ -107,7 +107,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 	if next != nil {
 		in, err := r.check(ctx, *next, aheadSteps())
 		if err == nil {
-			_, err = r.prepareNextLocked(ctx, in)
+			_, err = r.prepareNextLocked(ctx, next.Task, in)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("next cage not prepared: %w", err))

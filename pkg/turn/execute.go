@@ -138,6 +138,14 @@ func (r *Runner) execute(ctx context.Context, p *prepared, streams podman.Stream
 	}
 	c.lap("start")
 	c.started()
+	if p.idmap && preparedID == "" {
+		// runc has bound the worktree's staging mount: it goes now (the
+		// give-back would detach it too).
+		if err := r.claims().UnstageDir(p.staging); err != nil {
+			res.Error = err.Error()
+			return res, r.stopped(ctx, waitCtx, id, res, err, deadline)
+		}
+	}
 	// The seal is watched while the cage runs; one that cannot be put back
 	// stops the cage (sealwatch.go).
 	sealLost, endWatch := r.watchSeal(waitCtx, res, cancel)

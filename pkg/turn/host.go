@@ -18,12 +18,12 @@ type Host interface {
 	OpenHome(ctx context.Context, task taskid.ID, kept bool) (root string, created bool, err error)
 	// ReleaseHome unmounts the task HOME and frees its loop device.
 	ReleaseHome(task taskid.ID) error
-	// HomeMounted reports whether root shows the task's HOME filesystem.
-	HomeMounted(task taskid.ID, root string) bool
+	// HomeMounted reports whether root shows the HOME filesystem of v.
+	HomeMounted(v home.Volume, root string) bool
 	// HomeRoot is the HOME volume's host directory, creating nothing.
-	HomeRoot(ctx context.Context, task taskid.ID) (string, error)
+	HomeRoot(ctx context.Context, v home.Volume) (string, error)
 	// DiscardHome removes a HOME volume created by a turn that then failed.
-	DiscardHome(ctx context.Context, task taskid.ID, root string)
+	DiscardHome(ctx context.Context, v home.Volume, root string)
 	Bootstrap(ctx context.Context, t home.Task) (*home.BootstrapResult, error)
 	Reset(ctx context.Context, in home.ResetInput) (*home.Report, error)
 	// HomeFingerprint identifies the reset HOME (home.Fingerprint;
@@ -66,16 +66,14 @@ func (h realHost) OpenHome(ctx context.Context, task taskid.ID, kept bool) (stri
 
 func (h realHost) ReleaseHome(task taskid.ID) error { return h.v.Release(task) }
 
-func (h realHost) HomeMounted(task taskid.ID, root string) bool {
-	return h.v.IsMounted(task, root)
+func (h realHost) HomeMounted(v home.Volume, root string) bool { return h.v.IsMounted(v, root) }
+
+func (h realHost) HomeRoot(ctx context.Context, v home.Volume) (string, error) {
+	return h.v.Root(ctx, v)
 }
 
-func (h realHost) HomeRoot(ctx context.Context, task taskid.ID) (string, error) {
-	return h.v.Root(ctx, task)
-}
-
-func (h realHost) DiscardHome(ctx context.Context, task taskid.ID, root string) {
-	h.v.Discard(ctx, task, root)
+func (h realHost) DiscardHome(ctx context.Context, v home.Volume, root string) {
+	h.v.Discard(ctx, v, root)
 }
 
 func (realHost) Bootstrap(ctx context.Context, t home.Task) (*home.BootstrapResult, error) {

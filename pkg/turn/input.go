@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktree"
 )
@@ -35,8 +36,12 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
+	state, err := taskstate.Store{Dir: cfg.State.Dir}.Task(task)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
+	}
 	in := &checked{
-		task: task, dir: cfg.State.Dir + "/tasks/" + task.String(),
+		state: state, home: home.NewStore(nil, cfg).Volume(task), dir: cfg.State.Dir + "/tasks/" + task.String(),
 		agentName: req.Agent, agent: agent, tokens: tokens,
 		command: req.Command, args: req.Args, extraMounts: req.ExtraMounts,
 		streams: req.Streams, terminal: req.Terminal, timeout: req.Timeout,
@@ -49,7 +54,7 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 		// The task's worktree is sticky: a turn without --worktree runs on
 		// the one its earlier turns ran on (an empty /work only for a task
 		// that never had one).
-		recorded, err := taskstate.Store{Dir: cfg.State.Dir}.Recall(task, taskstate.FactWorktree)
+		recorded, err := in.state.Recall(taskstate.FactWorktree)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // The outbox is one-way: every turn gets a fresh, empty tmpfs at /outbox,
@@ -59,8 +60,8 @@ func (r *Runner) preparedOutboxReady(task taskid.ID, taskDir string, p *Plan) bo
 // pending delivery, once no process of its cage runs, and says so in res.
 // A failure leaves the outbox where it is (the next turn refuses to start
 // on it) and is reported, not fatal: the turn itself ran.
-func (r *Runner) settleOutbox(ctx context.Context, id taskid.ID, res *Result) {
-	last, err := r.Store.LastTurn(id)
+func (r *Runner) settleOutbox(ctx context.Context, id taskid.ID, st taskstate.Dir, res *Result) {
+	last, err := st.LastTurn()
 	if err != nil {
 		res.Outbox = &outbox.Summary{Turn: res.Turn, Error: err.Error()}
 		return

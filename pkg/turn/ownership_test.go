@@ -18,7 +18,7 @@ import (
 )
 
 // ownedTree makes a worktree owned by uid:gid 4242 inside a configured root.
-func ownedTree(t *testing.T, h *harness) string {
+func ownedTree(t *testing.T, e *itest.Env, runner *Runner) string {
 	t.Helper()
 	wt := filepath.Join(t.TempDir(), "wt")
 	assert.NilError(t, os.MkdirAll(filepath.Join(wt, "src"), 0o755))
@@ -26,7 +26,7 @@ func ownedTree(t *testing.T, h *harness) string {
 	for _, p := range []string{wt, filepath.Join(wt, "src"), filepath.Join(wt, "src", "main.go")} {
 		assert.NilError(t, os.Lchown(p, 4242, 4242))
 	}
-	h.cfg.Worktree.Roots = []string{filepath.Dir(wt)}
+	runner.Cfg.Worktree.Roots = []string{filepath.Dir(wt)}
 	return wt
 }
 
@@ -65,10 +65,11 @@ echo edited >> /work/src/main.go
 // cage and is 4242's again, new nested files included, after a turn that
 // exits, after one that hits its deadline, and after one interrupted.
 func TestWorktreeKeepsItsOwner(t *testing.T) {
-	h := newHarness(t, "")
-	wt := ownedTree(t, h)
+	e, runner := newHarness(t, "")
+	wt := ownedTree(t, e, runner)
+	runner.Cfg.Worktree.Idmap = "off" // the chown walks (the fallback); idmap_test.go has the idmapped mount
 
-	res, out, errOut, err := h.sh(h.Task("own"), wt, nested+"stat -c '%u' /work/new.txt")
+	res, out, errOut, err := sh(runner, e.Task("own"), wt, nested+"stat -c '%u' /work/new.txt")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0, out+errOut)
 	assert.Equal(t, out, "1000\n", "positive control: in the cage the agent owns what it writes")
@@ -83,6 +84,7 @@ func TestWorktreeKeepsItsOwner(t *testing.T) {
 	assertOwned(t, wt, 10+fifo)
 	assert.Assert(t, res.Worktree != nil)
 	assert.Equal(t, res.Worktree.OwnerUID, uint32(4242))
+	assert.Assert(t, !res.Worktree.Idmapped)
 	assert.Assert(t, res.Worktree.GivenBack >= 10+fifo, "%+v", res.Worktree)
 	b, err := os.ReadFile(filepath.Join(wt, "src", "main.go"))
 	assert.NilError(t, err)
@@ -90,8 +92,8 @@ func TestWorktreeKeepsItsOwner(t *testing.T) {
 
 	// The deadline path: the cage is stopped, removed, and the tree given back.
 	var outb, errb bytes.Buffer
-	res, err = h.runner.Run(context.Background(), Request{
-		Task: taskid.Must(h.Task("own")), Agent: "shell", Worktree: wt, Timeout: 3 * time.Second,
+	res, err = runner.Run(context.Background(), Request{
+		Task: taskid.Must(e.Task("own")), Agent: "shell", Worktree: wt, Timeout: 3 * time.Second,
 		Args:    []string{"-c", "mkdir -p /work/dl/x && echo z > /work/dl/x/f && echo up && sleep 600"},
 		Streams: podman.Streams{Stdout: &outb, Stderr: &errb},
 	})
@@ -111,8 +113,8 @@ func TestWorktreeKeepsItsOwner(t *testing.T) {
 		_, _ = pr.Read(buf) // the files exist once the cage said "up"
 		cancel()
 	}()
-	res, err = h.runner.Run(ctx, Request{
-		Task: taskid.Must(h.Task("own")), Agent: "shell", Worktree: wt,
+	res, err = runner.Run(ctx, Request{
+		Task: taskid.Must(e.Task("own")), Agent: "shell", Worktree: wt,
 		Args:    []string{"-c", "mkdir -p /work/int/y && echo z > /work/int/y/f && echo up && sleep 600"},
 		Streams: podman.Streams{Stdout: pw, Stderr: &errb},
 	})
@@ -126,18 +128,18 @@ func TestWorktreeKeepsItsOwner(t *testing.T) {
 // refused as bad input, before anything is created; releasing the first
 // task's worktrees (what forget does, pkg/task) frees it.
 func TestOneTaskPerWorktree(t *testing.T) {
-	h := newHarness(t, "")
-	wt := ownedTree(t, h)
-	_, _, errOut, err := h.sh(h.Task("first"), wt, "true")
+	e, runner := newHarness(t, "")
+	wt := ownedTree(t, e, runner)
+	_, _, errOut, err := sh(runner, e.Task("first"), wt, "true")
 	assert.NilError(t, err, errOut)
-	_, _, _, err = h.sh(h.Task("second"), wt, "true")
+	_, _, _, err = sh(runner, e.Task("second"), wt, "true")
 	assert.Assert(t, errors.Is(err, ErrInput), "%v", err)
-	assert.ErrorContains(t, err, "belongs to task \""+h.Task("first")+"\"")
-	_, serr := os.Stat(filepath.Join(h.cfg.State.Dir, "tasks", h.Task("second")))
+	assert.ErrorContains(t, err, "belongs to task \""+e.Task("first")+"\"")
+	_, serr := os.Stat(filepath.Join(runner.Cfg.State.Dir, "tasks", e.Task("second")))
 	assert.Assert(t, os.IsNotExist(serr), "no state for the refused task")
 
-	assert.NilError(t, h.runner.claims().Release(taskid.Must(h.Task("first"))))
-	res, _, errOut, err := h.sh(h.Task("second"), wt, "touch /work/second")
+	assert.NilError(t, runner.claims().Release(taskid.Must(e.Task("first"))))
+	res, _, errOut, err := sh(runner, e.Task("second"), wt, "touch /work/second")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0)
 	assertOwned(t, wt, 4)
@@ -146,18 +148,18 @@ func TestOneTaskPerWorktree(t *testing.T) {
 // TestWorktreeGuardIsAnAllowlist: a plain directory outside the configured
 // roots is refused; the same directory as a git work tree is accepted.
 func TestWorktreeGuardIsAnAllowlist(t *testing.T) {
-	h := newHarness(t, "")
+	e, runner := newHarness(t, "")
 	wt := filepath.Join(t.TempDir(), "plain")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
-	_, _, _, err := h.sh(h.Task("plain"), wt, "true")
+	_, _, _, err := sh(runner, e.Task("plain"), wt, "true")
 	assert.Assert(t, errors.Is(err, ErrInput), "%v", err)
 	assert.ErrorContains(t, err, "not a git work tree")
 	for _, root := range []string{"/tmp", "/srv", "/opt", "/mnt"} {
 		if _, err := os.Stat(root); err != nil {
 			continue
 		}
-		h.cfg.Worktree.Roots = []string{"/"}
-		_, _, _, err := h.sh(h.Task("root"), root, "true")
+		runner.Cfg.Worktree.Roots = []string{"/"}
+		_, _, _, err := sh(runner, e.Task("root"), root, "true")
 		assert.Assert(t, errors.Is(err, ErrInput), "%s: %v", root, err)
 	}
 }

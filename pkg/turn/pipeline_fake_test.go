@@ -16,6 +16,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
+	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/homereset"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -258,10 +259,10 @@ type fakeHost struct {
 func (h *fakeHost) OpenHome(context.Context, taskid.ID, bool) (string, bool, error) {
 	return h.root, false, nil
 }
-func (h *fakeHost) ReleaseHome(taskid.ID) error                         { return nil }
-func (h *fakeHost) HomeMounted(taskid.ID, string) bool                  { return true }
-func (h *fakeHost) HomeRoot(context.Context, taskid.ID) (string, error) { return h.root, nil }
-func (h *fakeHost) DiscardHome(context.Context, taskid.ID, string)      {}
+func (h *fakeHost) ReleaseHome(taskid.ID) error                           { return nil }
+func (h *fakeHost) HomeMounted(home.Volume, string) bool                  { return true }
+func (h *fakeHost) HomeRoot(context.Context, home.Volume) (string, error) { return h.root, nil }
+func (h *fakeHost) DiscardHome(context.Context, home.Volume, string)      {}
 func (h *fakeHost) Bootstrap(context.Context, homereset.Task) (*homereset.BootstrapResult, error) {
 	return &homereset.BootstrapResult{Result: homereset.AlreadyBootstrapped}, nil
 }

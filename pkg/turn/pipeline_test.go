@@ -273,7 +273,7 @@ func TestPlanIsAFunctionOfItsInput(t *testing.T) {
 	hash := func(req Request, f *facts) string {
 		in, err := checkInput(r.Cfg, req)
 		assert.NilError(t, err)
-		p, err := r.plan(in, f, true)
+		p, err := r.plan(req.Task, in, f, true)
 		assert.NilError(t, err)
 		s, err := specHash(p.spec)
 		assert.NilError(t, err)

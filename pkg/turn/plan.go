@@ -17,6 +17,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
@@ -103,6 +104,11 @@ type Plan struct {
 	timeout  time.Duration
 	ids      taskstate.IDs
 	worktree string // cleaned; "" for none
+	// idmap says the cage gets the worktree through an idmapped mount
+	// (pkg/worktree's idmap.go: no chown walks); idmapOff says why not.
+	idmap    bool
+	idmapOff string
+	staging  string // the idmapped worktree's staging mount
 	// root is the HOME volume's host directory; home is it for the reset.
 	root string
 	home home.Task
@@ -159,45 +165,45 @@ type prepared struct {
 // the baseline and keep-list, writes the managed policy, mounts the outbox,
 // hands the worktree to the task's user, stores token secrets and counts
 // the turn.
-func (r *Runner) prepare(ctx context.Context, in *checked, s steps) (*prepared, error) {
-	f, err := r.gather(ctx, in, s)
+func (r *Runner) prepare(ctx context.Context, task taskid.ID, in *checked, s steps) (*prepared, error) {
+	f, err := r.gather(ctx, task, in, s)
 	if err != nil {
 		return nil, err
 	}
-	p, err := r.plan(in, f, s.ahead)
+	p, err := r.plan(task, in, f, s.ahead)
 	if err != nil {
 		return nil, err
 	}
 	if !s.acquire {
 		return &prepared{Plan: p}, nil
 	}
-	return r.apply(ctx, in, p, s)
+	return r.apply(ctx, task, in, p, s)
 }
 
 // gather reads what the plan needs from the host; when s acquire, it also
 // acquires it: the task's ids are allocated, HOME is opened (bootstrapped
 // once), a first turn records the worktree's agent config as trusted, and
 // the gateway gets a fresh placeholder.
-func (r *Runner) gather(ctx context.Context, in *checked, s steps) (*facts, error) {
-	ids, err := r.Store.TaskIDs(in.task, r.IDFiles, s.acquire)
+func (r *Runner) gather(ctx context.Context, task taskid.ID, in *checked, s steps) (*facts, error) {
+	ids, err := r.Store.IDsOf(in.state, r.IDFiles, s.acquire)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	last, err := r.Store.LastTurn(in.task)
+	last, err := in.state.LastTurn()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	f := &facts{ids: ids, turn: last + 1}
-	if f.kept, err = home.KeptProfiles(r.Cfg, r.Store, in.task, in.agent.Home); err != nil {
+	if f.kept, err = home.KeptProfiles(r.Cfg, in.state, in.agent.Home); err != nil {
 		return nil, err
 	}
 	if s.acquire {
-		f.root, _, err = r.bootstrap(ctx, in.task, ids, in.agent.Home)
+		f.root, _, err = r.bootstrap(ctx, task, in.home, in.state, ids, in.agent.Home)
 		if err == nil {
-			err = home.RememberProfiles(r.Store, in.task, in.agent.Home, f.kept)
+			err = home.RememberProfiles(in.state, in.agent.Home, f.kept)
 		}
 	} else {
-		f.root, err = r.host().HomeRoot(ctx, in.task)
+		f.root, err = r.host().HomeRoot(ctx, in.home)
 	}
 	if err != nil {
 		return nil, err
@@ -215,13 +221,13 @@ func (r *Runner) gather(ctx context.Context, in *checked, s steps) (*facts, erro
 
 // plan computes the turn from the checked request and the host facts,
 // changing nothing.
-func (r *Runner) plan(in *checked, f *facts, ahead bool) (*Plan, error) {
+func (r *Runner) plan(task taskid.ID, in *checked, f *facts, ahead bool) (*Plan, error) {
 	cfg := r.Cfg
 	p := &Plan{
-		turn: f.turn, name: sealed.Name(in.task, f.turn), timeout: in.timeout,
+		turn: f.turn, name: sealed.Name(task, f.turn), timeout: in.timeout,
 		ids: f.ids, worktree: in.worktree, root: f.root, guard: f.guard,
 		home:   r.homeTask(f.root, f.ids, in.agent.Home, f.kept),
-		outbox: filepath.Join(filepath.Clean(cfg.Outbox.Root), in.task.String()),
+		outbox: filepath.Join(filepath.Clean(cfg.Outbox.Root), task.String()),
 		seal:   in.seal,
 	}
 	var pg home.PolicyGateway
@@ -247,6 +253,12 @@ func (r *Runner) plan(in *checked, f *facts, ahead bool) (*Plan, error) {
 			return nil, fmt.Errorf("%w: git metadata: %w", ErrInput, err)
 		}
 	}
+	if in.worktree != "" {
+		p.idmapOff = r.idmapReason(task, in, p.ids)
+		if p.idmap = p.idmapOff == ""; p.idmap {
+			p.staging = r.claims().StagingDir(task)
+		}
+	}
 	mp, err := r.planMounts(in, p)
 	if err != nil {
 		return nil, err
@@ -260,7 +272,7 @@ func (r *Runner) plan(in *checked, f *facts, ahead bool) (*Plan, error) {
 	secretEnv := map[string]string{}
 	p.secrets = map[string][]byte{}
 	for env, tok := range in.agent.TokenEnv {
-		name := SecretName(in.task, tok)
+		name := SecretName(task, tok)
 		secretEnv[env] = name
 		p.secrets[name] = in.tokens[tok]
 	}
@@ -269,7 +281,7 @@ func (r *Runner) plan(in *checked, f *facts, ahead bool) (*Plan, error) {
 		guardDigest = p.guard.Digest
 	}
 	p.spec, err = sealed.Spec(cfg, sealed.Turn{
-		Task:            in.task,
+		Task:            task,
 		Number:          p.turn,
 		Agent:           in.agentName,
 		Command:         command,
@@ -297,9 +309,9 @@ func (r *Runner) plan(in *checked, f *facts, ahead bool) (*Plan, error) {
 func (r *Runner) planMounts(in *checked, p *Plan) (*mounts.Plan, error) {
 	cfg := r.Cfg
 	mp, err := mounts.Build(mounts.Input{
-		Task:      in.task,
 		Worktree:  in.worktree,
 		HomeDir:   home.Dir(p.root),
+		Staging:   p.staging,
 		OutboxDir: p.outbox,
 		TmpSize:   int64(cfg.Cage.TmpSize),
 		RunSize:   int64(cfg.Cage.RunSize),
@@ -333,7 +345,7 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 		if mode := history.Mode(g.cfg.History); mode != history.Off {
 			// The pins live in the task's state, never in a cage; the
 			// tracker reads them when the turn's first request comes.
-			p.gateway.History = history.NewTracker(taskstate.Layout{Dir: r.Cfg.State.Dir}.History(in.task), mode)
+			p.gateway.History = history.NewTracker(in.state.History(), mode)
 		}
 		// The agent talks to the gateway on its own loopback, with a
 		// placeholder that is worthless anywhere else.
@@ -414,22 +426,27 @@ func (r *Runner) planSeccomp(p *Plan) string {
 // apply does what the plan says, in the order a turn needs it: HOME, the
 // host files and mounts the cage sees, the worktree, the secrets, and last
 // the argv file (ahead) or the turn's count.
-func (r *Runner) apply(ctx context.Context, in *checked, p *Plan, s steps) (*prepared, error) {
+func (r *Runner) apply(ctx context.Context, task taskid.ID, in *checked, p *Plan, s steps) (*prepared, error) {
 	out := &prepared{Plan: p}
-	if err := r.applyHost(ctx, in, out, s); err != nil {
+	if err := r.applyHost(ctx, task, in, out, s); err != nil {
 		return nil, err
 	}
 	// A cage prepared ahead takes the worktree when its turn runs, so the
 	// owner keeps it between turns.
 	if in.worktree != "" && s.takeWorktree {
-		before, err := r.claims().Take(ctx, in.task, in.worktree, p.ids)
+		before, err := r.takeWorktree(ctx, task, in, p, true)
 		if err != nil {
 			return nil, err
 		}
 		out.before = before
+	} else if in.worktree != "" && p.idmap {
+		// The cage prepared ahead binds the staging mount at its init.
+		if err := r.claims().PrepareIdmapped(ctx, task, in.worktree, p.ids); err != nil {
+			return nil, fmt.Errorf("%w: idmapped worktree: %w", ErrHostNotReady, err)
+		}
 	}
 	for name, value := range p.secrets {
-		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: in.task.String()}); err != nil {
+		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: task.String()}); err != nil {
 			r.removeSecrets(out.secrets)
 			return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
@@ -450,7 +467,7 @@ func (r *Runner) apply(ctx context.Context, in *checked, p *Plan, s steps) (*pre
 }
 
 // applyHost resets HOME and lays out the host side of the cage's mounts.
-func (r *Runner) applyHost(ctx context.Context, in *checked, out *prepared, s steps) error {
+func (r *Runner) applyHost(ctx context.Context, task taskid.ID, in *checked, out *prepared, s steps) error {
 	p, cfg, host := out.Plan, r.Cfg, r.host()
 	var err error
 	if out.reset, err = host.Reset(ctx, home.ResetInput{Task: p.home}); err != nil {
@@ -463,7 +480,7 @@ func (r *Runner) applyHost(ctx context.Context, in *checked, out *prepared, s st
 	if err := p.policy.OwnRoot(int(p.ids.UID), int(p.ids.GID)); err != nil {
 		return fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
 	}
-	if err := r.prepareOutbox(ctx, in.task, in.dir, p, s.record); err != nil {
+	if err := r.prepareOutbox(ctx, task, in.dir, p, s.record); err != nil {
 		return err
 	}
 	if err := p.git.Write(); err != nil {

@@ -12,33 +12,35 @@ import (
 	is "gotest.tools/v3/assert/cmp"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
-// onPrivateService points h's runner at a podman service of the test's own,
-// which the test may kill and restart.
-func (h *harness) onPrivateService(t *testing.T) *itest.Service {
-	svc := itest.StartService(t)
-	h.cfg.Podman.Socket = svc.URI
+// onPrivateService points runner at a podman service of the test's own,
+// which the test may kill and restart; shared is the engine it used before
+// (the shared test service, which it goes back to when the test ends).
+func onPrivateService(t *testing.T, runner *Runner) (svc *itest.Service, shared engine.Engine) {
+	svc = itest.StartService(t)
+	before, socket := *runner, runner.Cfg.Podman.Socket
+	runner.Cfg.Podman.Socket = svc.URI
 	client, err := podman.Connect(context.Background(), svc.URI)
 	assert.NilError(t, err)
-	h.runner = NewRunner(h.cfg, client, nil)
-	// Cleanups run last-registered first: the harness's cleanup (which
-	// needs podman) goes back to the shared service before this one stops.
-	shared := itest.Socket()
+	*runner = *NewRunner(runner.Cfg, client, nil)
+	// Cleanups run last-registered first: the env's cleanup (which needs
+	// podman) goes back to the shared service before this one stops.
 	t.Cleanup(func() {
-		h.cfg.Podman.Socket = shared
-		h.runner = NewRunner(h.cfg, h.client, nil)
+		runner.Cfg.Podman.Socket = socket
+		*runner = *NewRunner(runner.Cfg, before.Podman, nil)
 	})
-	return svc
+	return svc, before.Podman
 }
 
 // runAsync runs one shell turn in the background; out collects its output.
-func (h *harness) runAsync(task, script string, out *itest.Buffer) <-chan turnDone {
+func runAsync(runner *Runner, task, script string, out *itest.Buffer) <-chan turnDone {
 	done := make(chan turnDone, 1)
 	go func() {
-		res, err := h.runner.Run(context.Background(), Request{
+		res, err := runner.Run(context.Background(), Request{
 			Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", script},
 			Streams: podman.Streams{Stdout: out, Stderr: out},
 		})
@@ -58,10 +60,10 @@ type turnDone struct {
 // its cage is removed. (The positive control, the same sequence failing
 // without riding through, is pkg/podman's TestPlainWaitFailsOnServiceRestart.)
 func TestTurnRidesThroughPodmanRestart(t *testing.T) {
-	h := newHarness(t, "")
-	svc := h.onPrivateService(t)
+	e, runner := newHarness(t, "")
+	svc, _ := onPrivateService(t, runner)
 	var out itest.Buffer
-	done := h.runAsync(h.Task("restart"), `echo before; sleep 1; echo running; sleep 4; echo after; exit 7`, &out)
+	done := runAsync(runner, e.Task("restart"), `echo before; sleep 1; echo running; sleep 4; echo after; exit 7`, &out)
 	// Past its start (a kill during the start request itself is not ridden
 	// through, see podman.Client.start): the agent's second line.
 	itest.WaitFor(t, 60*time.Second, "the turn's second line", func() bool { return strings.Contains(out.String(), "running") })
@@ -80,19 +82,19 @@ func TestTurnRidesThroughPodmanRestart(t *testing.T) {
 // shrooms' back while the service is down: the turn ends with status error
 // and one line saying the cage is gone.
 func TestTurnCageRemovedDuringPodmanOutage(t *testing.T) {
-	h := newHarness(t, "")
-	svc := h.onPrivateService(t)
+	e, runner := newHarness(t, "")
+	svc, shared := onPrivateService(t, runner)
 	var out itest.Buffer
-	task := h.Task("gone")
-	done := h.runAsync(task, `echo before; sleep 1; echo running; sleep 60; exit 7`, &out)
+	task := e.Task("gone")
+	done := runAsync(runner, task, `echo before; sleep 1; echo running; sleep 60; exit 7`, &out)
 	// Past its start (a kill during the start request itself is not ridden
 	// through, see podman.Client.start): the agent's second line.
 	itest.WaitFor(t, 60*time.Second, "the turn's second line", func() bool { return strings.Contains(out.String(), "running") })
 	svc.Kill()
-	cages, err := h.client.ListByLabel(context.Background(), sealed.LabelTask, task)
+	cages, err := shared.ListByLabel(context.Background(), sealed.LabelTask, task)
 	assert.NilError(t, err)
 	assert.Equal(t, len(cages), 1)
-	assert.NilError(t, h.client.Remove(context.Background(), cages[0].ID))
+	assert.NilError(t, shared.Remove(context.Background(), cages[0].ID))
 	svc.Start()
 	d := <-done
 	assert.Assert(t, errors.Is(d.err, ErrHostNotReady), "%v", d.err)

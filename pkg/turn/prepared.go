@@ -27,6 +27,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
 // Where a prepared cage finds shrooms and its argv.
@@ -64,23 +65,28 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	lock, err := r.Store.LockTask(in.task)
+	lock, err := in.state.Lock()
 	if err != nil {
 		return "", Classify(err)
 	}
 	defer lock.Release()
-	return r.prepareNextLocked(ctx, in)
+	return r.prepareNextLocked(ctx, req.Task, in)
 }
 
 // prepareNextLocked is PrepareNext with the task lock held; the cages in
 // keep (an exited one the caller removes itself) are left alone.
-func (r *Runner) prepareNextLocked(ctx context.Context, in *checked, keep ...string) (string, error) {
-	if _, err := r.cages().RemoveLeftovers(ctx, in.task, keep...); err != nil {
+func (r *Runner) prepareNextLocked(ctx context.Context, task taskid.ID, in *checked, keep ...string) (string, error) {
+	if _, err := r.cages().RemoveLeftovers(ctx, task, keep...); err != nil {
 		return "", fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
-	p, err := r.prepare(ctx, in, aheadSteps())
+	p, err := r.prepare(ctx, task, in, aheadSteps())
 	if err != nil {
 		return "", err
+	}
+	if p.idmap {
+		// runc has bound the staging mount once the cage is initialised
+		// (or it never will): it goes on every path out.
+		defer func() { _ = r.claims().Unstage(task) }()
 	}
 	hash, err := specHash(p.spec)
 	if err != nil {
@@ -192,17 +198,17 @@ func loadResetReport(taskDir, cage string) *preparedReset {
 // takePrepared returns the id of a prepared cage that runs req exactly as a
 // fresh one would, with its argv handed over, or "" when there is none. A
 // prepared cage that does not match is left for the leftover sweep.
-func (r *Runner) takePrepared(ctx context.Context, in *checked) (string, *prepared, error) {
+func (r *Runner) takePrepared(ctx context.Context, task taskid.ID, in *checked) (string, *prepared, error) {
 	if r.Binary == "" {
 		return "", nil, nil
 	}
-	last, err := r.Store.LastTurn(in.task)
+	last, err := in.state.LastTurn()
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	// The prepared cage has the next turn's name: one inspection, not a
 	// listing of every container.
-	cage, err := r.Podman.CageNamed(ctx, sealed.Name(in.task, last+1))
+	cage, err := r.Podman.CageNamed(ctx, sealed.Name(task, last+1))
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
@@ -216,7 +222,7 @@ func (r *Runner) takePrepared(ctx context.Context, in *checked) (string, *prepar
 		if c.State != "initialized" && c.State != "created" {
 			continue
 		}
-		p, err := r.matchPrepared(ctx, in, c)
+		p, err := r.matchPrepared(ctx, task, in, c)
 		if err != nil || p == nil {
 			return "", nil, err
 		}
@@ -236,8 +242,8 @@ func (r *Runner) takePrepared(ctx context.Context, in *checked) (string, *prepar
 
 // matchPrepared returns the turn's plan when the prepared cage c runs req
 // exactly as a fresh one would, and nil when it does not.
-func (r *Runner) matchPrepared(ctx context.Context, in *checked, c podman.Cage) (*prepared, error) {
-	p, err := r.prepare(ctx, in, matchSteps())
+func (r *Runner) matchPrepared(ctx context.Context, task taskid.ID, in *checked, c podman.Cage) (*prepared, error) {
+	p, err := r.prepare(ctx, task, in, matchSteps())
 	if err != nil {
 		return nil, err
 	}
@@ -247,11 +253,11 @@ func (r *Runner) matchPrepared(ctx context.Context, in *checked, c podman.Cage) 
 	}
 	// Its HOME must still be the capped filesystem it was reset on (a
 	// dry-run reset of the bare volume directory would write there).
-	if !r.host().HomeMounted(in.task, p.home.Root) {
+	if !r.host().HomeMounted(in.home, p.home.Root) {
 		return nil, nil
 	}
 	// And its outbox the empty capped tmpfs it was given (outbox.go).
-	if !r.preparedOutboxReady(in.task, in.dir, p.Plan) {
+	if !r.preparedOutboxReady(task, in.dir, p.Plan) {
 		return nil, nil
 	}
 	// Nothing may have changed HOME since it was reset for this cage: its

@@ -37,10 +37,10 @@ func (r *Runner) recordTurn(task taskid.ID, res *Result, err error, start time.T
 // markRunning keeps what is known of the running turn as its record, should
 // its shrooms die before recordTurn (taskstate.Store.MarkRunning). Best
 // effort: without the mark a killed turn only goes unrecorded.
-func (r *Runner) markRunning(task taskid.ID, res *Result) {
+func (r *Runner) markRunning(st taskstate.Dir, res *Result) {
 	rec := Result{Task: res.Task, Agent: res.Agent, Turn: res.Turn, Status: "killed", ExitCode: -1, StartedAt: res.StartedAt,
 		Prepared: res.Prepared, ConfigDigest: res.ConfigDigest, SealDigest: res.SealDigest, Image: res.Image, Phases: []Phase{}}
 	if b, err := json.Marshal(&rec); err == nil {
-		_ = r.Store.MarkRunning(task, b)
+		_ = st.MarkRunning(b)
 	}
 }

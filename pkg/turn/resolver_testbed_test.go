@@ -7,9 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
-	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -17,8 +15,8 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
-	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
@@ -26,20 +24,10 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 )
 
-// resolverEnv is a testbed with a cage network under policy, cages run by
+// newResolverEnv is a testbed world with a cage network under policy and
 // a Runner whose resolver asks the testbed's DNS canary (an authoritative
 // server for every name that logs each query).
-type resolverEnv struct {
-	tb     *testbed.Testbed
-	cfg    *config.Config
-	runner *Runner
-	opts   firewall.Options
-	probe  string
-	name   string
-	n      int
-}
-
-func newResolverEnv(t *testing.T, policy string, allow []string, network map[string]any) *resolverEnv {
+func newResolverEnv(t *testing.T, policy string, allow []string, network map[string]any) (*tbworld.World, *Runner) {
 	// The suites' runtime (SHROOMS_TEST_RUNTIME; the testbed's service
 	// takes its flags), "default" without one.
 	return newResolverEnvOn(t, cmp.Or(itest.CageRuntime(), "default"), nil, policy, allow, network)
@@ -47,57 +35,34 @@ func newResolverEnv(t *testing.T, policy string, allow []string, network map[str
 
 // newResolverEnvOn is newResolverEnv with cage.runtime rt on a testbed
 // service started with podman flags svc (the gVisor suite).
-func newResolverEnvOn(t *testing.T, rt string, svc []string, policy string, allow []string, network map[string]any) *resolverEnv {
-	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
-	tb := testbed.New(t)
-	tb.StartPodmanWith(svc...)
-	// Made after the testbed, so that its cleanup runs before the testbed's.
-	world := itest.New(t, "rs", itest.WithSocket(tb.PodmanURL))
-	name := world.Prefix
-	n := os.Getpid() + int(time.Now().UnixNano()%1000)
-	netw := map[string]any{"policy": policy, "name": name, "bridge": name, "allow": allow,
-		"subnet4": fmt.Sprintf("10.%d.%d.0/24", 120+n%30, n%250), "subnet6": fmt.Sprintf("fd8c:%x::/64", n%65536),
-		"dns_upstream": []string{testbed.InternetAddr4.String()}}
+func newResolverEnvOn(t *testing.T, rt string, svc []string, policy string, allow []string, network map[string]any) (*tbworld.World, *Runner) {
+	netw := map[string]any{"policy": policy, "allow": allow}
 	for k, v := range network {
 		netw[k] = v
 	}
-	cfg := testcfg.Config{
-		Cage:    map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": "60s", "stop_grace": "1s", "runtime": rt},
-		Network: netw}.For(world).Parse(t, "resolver.toml")
-	ctx := context.Background()
-	e := &resolverEnv{tb: tb, cfg: cfg, name: name, opts: firewall.Options{NetNS: tb.NSPath("host"),
-		Resolver: &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return tb.DialContext("host")(ctx, network, net.JoinHostPort(testbed.InternetAddr4.String(), "53"))
-		}}}}
-	assert.NilError(t, firewall.Apply(ctx, cfg.Network, e.opts))
-	client, err := podman.Connect(ctx, tb.PodmanURL)
-	assert.NilError(t, err)
+	e := tbworld.New(t, "rs", tbworld.WithService(svc...), tbworld.WithTestbedDNS(), tbworld.WithSeal(), tbworld.WithProbe(),
+		tbworld.WithCage(map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": "60s", "stop_grace": "1s", "runtime": rt}),
+		tbworld.WithNetwork(netw))
 	// The seal is verified, not re-applied, before each turn: an address a
 	// name moves to after `net apply` is reachable only through the pins.
-	e.runner = NewRunner(cfg, client, func(ctx context.Context, cfg *config.Config, dry bool) (SealState, error) {
-		st, err := firewall.Verify(ctx, cfg.Network, e.opts)
+	r := NewRunner(e.Cfg, e.Client, func(ctx context.Context, cfg *config.Config, dry bool) (SealState, error) {
+		st, err := firewall.Verify(ctx, cfg.Network, e.FW)
 		if err != nil || !st.OK {
 			return SealState{}, fmt.Errorf("seal: %v %s", err, st.Reason)
 		}
-		if _, err := cagenet.EnsureNetwork(ctx, cfg, client); err != nil {
+		if _, err := cagenet.EnsureNetwork(ctx, cfg, e.Client); err != nil {
 			return SealState{}, err
 		}
 		// The in-cage wall's rules, without the names resolved at apply:
 		// what a cage reaches by name it reaches through the pins alone.
-		rules, err := firewall.DescribeHost(cfg.Network, firewall.Resolved{}, e.opts)
+		rules, err := firewall.DescribeHost(cfg.Network, firewall.Resolved{}, e.FW)
 		if err != nil {
 			return SealState{}, err
 		}
-		return SealState{Digest: st.Installed, Rules: rules}, firewall.PinBridgeMAC(cfg.Network.Bridge, e.opts)
+		return SealState{Digest: st.Installed, Rules: rules}, firewall.PinBridgeMAC(cfg.Network.Bridge, e.FW)
 	})
-	e.runner.Resolver = cagenet.Resolver(e.opts, tb.DialContext("host"))
-	e.probe = tb.BuildProbe()
-	world.Release = testcfg.Release(cfg, client)
-	world.Finally(func() {
-		_, _ = tb.Podman("network", "rm", "-f", name)
-		_ = firewall.Flush(context.Background(), cfg.Network, e.opts)
-	})
-	return e
+	r.Resolver = cagenet.Resolver(e.FW, e.TB.DialContext("host"))
+	return e, r
 }
 
 type probeLine struct {
@@ -107,13 +72,13 @@ type probeLine struct {
 }
 
 // run runs tbprobe with args in a fresh task's cage and returns its output.
-func (e *resolverEnv) run(t *testing.T, args ...string) (string, *Result) {
+func runProbe(t *testing.T, e *tbworld.World, r *Runner, args ...string) (string, *Result) {
 	t.Helper()
-	e.n++
+	e.N++
 	var out, errb bytes.Buffer
-	res, err := e.runner.Run(context.Background(), Request{
-		Task: taskid.Must(fmt.Sprintf("%s-%d", e.name, e.n)), Agent: "shell", Command: append([]string{"/tbprobe"}, args...),
-		ExtraMounts: []mounts.Mount{{Kind: mounts.Bind, Source: e.probe, Dest: "/tbprobe", ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev"}}},
+	res, err := r.Run(context.Background(), Request{
+		Task: taskid.Must(fmt.Sprintf("%s-%d", e.Net, e.N)), Agent: "shell", Command: append([]string{"/tbprobe"}, args...),
+		ExtraMounts: []mounts.Mount{{Kind: mounts.Bind, Source: e.Probe, Dest: "/tbprobe", ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev"}}},
 		Streams:     podman.Streams{Stdout: &out, Stderr: &errb},
 	})
 	assert.NilError(t, err, errb.String())
@@ -123,9 +88,9 @@ func (e *resolverEnv) run(t *testing.T, args ...string) (string, *Result) {
 	return out.String(), res
 }
 
-func (e *resolverEnv) probes(t *testing.T, args ...string) map[string]probeLine {
+func probes(t *testing.T, e *tbworld.World, r *Runner, args ...string) map[string]probeLine {
 	t.Helper()
-	out, _ := e.run(t, args...)
+	out, _ := runProbe(t, e, r, args...)
 	got := map[string]probeLine{}
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 		var p probeLine
@@ -143,12 +108,12 @@ func (e *resolverEnv) probes(t *testing.T, args ...string) map[string]probeLine 
 // direct DNS to any resolver (the canary, the gateway) is dropped, and
 // 10 KiB encoded in query names reach the canary as 0 bytes.
 func TestAllowlistResolverInTestbed(t *testing.T) {
-	e := newResolverEnv(t, "allowlist", []string{"rot.allowed.test"}, nil)
-	gw4, _, _ := firewall.Gateways(e.cfg.Network)
-	nonce := e.name
+	e, r := newResolverEnv(t, "allowlist", []string{"rot.allowed.test"}, nil)
+	gw4, _, _ := firewall.Gateways(e.Cfg.Network)
+	nonce := e.Net
 
 	t.Run("unresolved, unlisted and direct DNS are dropped", func(t *testing.T) {
-		got := e.probes(t,
+		got := probes(t, e, r,
 			"tcp,"+testbed.Internet2Addr4.String()+",80,"+nonce+"-direct",
 			"tcpname,"+nonce+"-unlisted.canary.test,80,"+nonce+"-unlisted",
 			"dns,"+testbed.InternetAddr4.String()+",53,"+nonce+"-d4",
@@ -162,23 +127,23 @@ func TestAllowlistResolverInTestbed(t *testing.T) {
 		assert.Check(t, strings.Contains(got["tcpname,"+nonce+"-unlisted.canary.test,80,"+nonce+"-unlisted"].Detail, "resolve"))
 		time.Sleep(300 * time.Millisecond)
 		for _, n := range []string{"-direct", "-unlisted", "-d4", "-dt4", "-d6", "-gw"} {
-			assert.Check(t, len(e.tb.Hits(nonce+n)) == 0, "%s reached a canary: %v", n, e.tb.Hits(nonce+n))
+			assert.Check(t, len(e.TB.Hits(nonce+n)) == 0, "%s reached a canary: %v", n, e.TB.Hits(nonce+n))
 		}
 	})
 
 	t.Run("a name that moves keeps working, pinned before the answer", func(t *testing.T) {
 		for i, addr := range []netip.Addr{testbed.Internet2Addr4, testbed.Internet2Addr6, testbed.InternetAddr4} {
-			e.tb.SetName("rot.allowed.test", addr)
+			e.TB.SetName("rot.allowed.test", addr)
 			n := fmt.Sprintf("%s-rot%d", nonce, i)
-			got := e.probes(t, "tcpname,rot.allowed.test,80,"+n)
+			got := probes(t, e, r, "tcpname,rot.allowed.test,80,"+n)
 			l := got["tcpname,rot.allowed.test,80,"+n]
 			assert.Check(t, l.OK, "rotation %d to %s: %s", i, addr, l.Detail)
-			missing := e.tb.AwaitHits(3*time.Second, n)
+			missing := e.TB.AwaitHits(3*time.Second, n)
 			assert.Check(t, len(missing) == 0, "the canary at %s did not see %s", addr, n)
-			for _, h := range e.tb.Hits(n) {
+			for _, h := range e.TB.Hits(n) {
 				assert.Check(t, h.Local.Addr() == addr, "%s reached %s, not %s", n, h.Local, addr)
 			}
-			pins, err := firewall.Pinned(e.cfg.Network, e.opts)
+			pins, err := firewall.Pinned(e.Cfg.Network, e.FW)
 			assert.NilError(t, err)
 			_, ok := pins[addr]
 			assert.Check(t, ok, "%s is not pinned: %v", addr, pins)
@@ -187,45 +152,34 @@ func TestAllowlistResolverInTestbed(t *testing.T) {
 
 	t.Run("10 KiB in query names: 0 bytes reach the canary", func(t *testing.T) {
 		zone := nonce + "-x.canary.test"
-		out, res := e.run(t, "exfil", zone, "10240", "30")
+		out, res := runProbe(t, e, r, "exfil", zone, "10240", "30")
 		var r struct{ Sent, Answered int }
 		assert.NilError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &r), out)
 		assert.Equal(t, r.Sent, 92, "10 KiB in 112-byte names")
 		assert.Equal(t, r.Answered, 0)
 		time.Sleep(300 * time.Millisecond)
-		assert.Equal(t, len(e.tb.Hits(zone)), 0, "DNS queries of the exfiltration reached the canary")
+		assert.Equal(t, len(e.TB.Hits(zone)), 0, "DNS queries of the exfiltration reached the canary")
 		assert.Assert(t, res.DNS != nil && res.DNS.Refused >= 92 && res.DNS.Upstream == 0, "%+v", res.DNS)
 	})
-}
-
-func (e *resolverEnv) runSh(t *testing.T, script string) (string, *Result) {
-	t.Helper()
-	var out, errb bytes.Buffer
-	res, err := e.runner.Run(context.Background(), Request{
-		Task: taskid.Must(fmt.Sprintf("%s-%d", e.name, e.n)), Agent: "shell", Args: []string{"-c", script},
-		Streams: podman.Streams{Stdout: &out, Stderr: &errb},
-	})
-	assert.NilError(t, err, errb.String())
-	return out.String() + errb.String(), res
 }
 
 // exfilReached runs tbprobe's exfil of n bytes for at most secs seconds
 // in a cage and returns what the cage sent and the bytes of it the
 // authoritative canary logged (112 per distinct name), with the seconds
 // the cage spent.
-func (e *resolverEnv) exfilReached(t *testing.T, zone string, n, secs int) (sent, reached int, elapsed time.Duration) {
+func exfilReached(t *testing.T, e *tbworld.World, r *Runner, zone string, n, secs int) (sent, reached int, elapsed time.Duration) {
 	t.Helper()
-	out, _ := e.run(t, "exfil", zone, fmt.Sprint(n), fmt.Sprint(secs))
-	var r struct{ Sent, Answered, PerName, Ms int }
-	assert.NilError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &r), out)
+	out, _ := runProbe(t, e, r, "exfil", zone, fmt.Sprint(n), fmt.Sprint(secs))
+	var got struct{ Sent, Answered, PerName, Ms int }
+	assert.NilError(t, json.Unmarshal([]byte(strings.TrimSpace(out)), &got), out)
 	time.Sleep(300 * time.Millisecond)
 	seen := map[string]bool{}
-	for _, h := range e.tb.Hits(zone) {
+	for _, h := range e.TB.Hits(zone) {
 		if h.Proto == "dns" {
 			seen[strings.SplitN(h.Payload, ".", 2)[0]] = true
 		}
 	}
-	return r.Sent * r.PerName, len(seen) * r.PerName, time.Duration(r.Ms) * time.Millisecond
+	return got.Sent * got.PerName, len(seen) * got.PerName, time.Duration(got.Ms) * time.Millisecond
 }
 
 // TestInternetResolverInTestbed: under the internet policy the cage's
@@ -235,20 +189,20 @@ func (e *resolverEnv) exfilReached(t *testing.T, zone string, n, secs int) (sent
 // the testbed's authoritative canary, limited and unlimited) are the ones
 // in docs/residual-risks.md.
 func TestInternetResolverInTestbed(t *testing.T) {
-	e := newResolverEnv(t, "internet", nil, nil)
-	nonce := e.name
-	e.tb.SetName(nonce+"-lan.canary.test", testbed.RouterAddr4)
-	got := e.probes(t, "tcpname,"+nonce+"-ok.canary.test,80,"+nonce+"-ok", "tcpname,"+nonce+"-lan.canary.test,80,"+nonce+"-lan")
+	e, r := newResolverEnv(t, "internet", nil, nil)
+	nonce := e.Net
+	e.TB.SetName(nonce+"-lan.canary.test", testbed.RouterAddr4)
+	got := probes(t, e, r, "tcpname,"+nonce+"-ok.canary.test,80,"+nonce+"-ok", "tcpname,"+nonce+"-lan.canary.test,80,"+nonce+"-lan")
 	assert.Check(t, got["tcpname,"+nonce+"-ok.canary.test,80,"+nonce+"-ok"].OK, "a public name does not resolve: %+v", got)
 	lan := got["tcpname,"+nonce+"-lan.canary.test,80,"+nonce+"-lan"]
 	assert.Check(t, !lan.OK && strings.Contains(lan.Detail, "resolve"), "a name answering a LAN address was served: %+v", lan)
-	assert.Check(t, len(e.tb.AwaitHits(3*time.Second, nonce+"-lan.canary.test")) == 0, "the rebinding name was asked upstream (the refusal is the resolver's, not a lost query)")
+	assert.Check(t, len(e.TB.AwaitHits(3*time.Second, nonce+"-lan.canary.test")) == 0, "the rebinding name was asked upstream (the refusal is the resolver's, not a lost query)")
 
 	const size, secs = 256 << 10, 10
-	e.cfg.Network.DNSRate, e.cfg.Network.DNSBurst = 0, 1 // unlimited: the positive control
-	sent0, reached0, el0 := e.exfilReached(t, nonce+"-u.canary.test", size, secs)
-	e.cfg.Network.DNSRate, e.cfg.Network.DNSBurst = 20, 200 // the defaults
-	sent1, reached1, el1 := e.exfilReached(t, nonce+"-l.canary.test", size, secs)
+	e.Cfg.Network.DNSRate, e.Cfg.Network.DNSBurst = 0, 1 // unlimited: the positive control
+	sent0, reached0, el0 := exfilReached(t, e, r, nonce+"-u.canary.test", size, secs)
+	e.Cfg.Network.DNSRate, e.Cfg.Network.DNSBurst = 20, 200 // the defaults
+	sent1, reached1, el1 := exfilReached(t, e, r, nonce+"-l.canary.test", size, secs)
 	rate := func(b int, d time.Duration) float64 { return float64(b) / d.Seconds() }
 	t.Logf("unlimited: sent %d B, %d B reached the canary in %s (%.0f B/s)", sent0, reached0, el0, rate(reached0, el0))
 	t.Logf("dns_rate 20, dns_burst 200: sent %d B, %d B reached the canary in %s (%.0f B/s)", sent1, reached1, el1, rate(reached1, el1))

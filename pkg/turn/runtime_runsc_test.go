@@ -40,8 +40,8 @@ func runscFlags(runsc string) []string {
 	return []string{"--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp", "--runtime-flag", "network=host"}
 }
 
-// runscHarness is a harness whose turns run under runsc on a private service.
-func runscHarness(t *testing.T) *harness {
+// runscHarness is a runner whose turns run under runsc on a private service.
+func runscHarness(t *testing.T) (*itest.Env, *Runner) {
 	runsc := runscPath(t)
 	return runtimeHarness(t, runsc, runscFlags(runsc)...)
 }
@@ -56,8 +56,8 @@ func runscHarness(t *testing.T) *harness {
 // cage user, and the kernel it sees is gVisor's, not the host's.
 func TestRuntimeRunscTurn(t *testing.T) {
 	runsc := runscPath(t)
-	h := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
-	res, out, errOut, err := h.sh(h.Task("gv"), "", "id -u; cat /proc/self/uid_map; uname -r; dmesg 2>&1 | head -1")
+	e, runner := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
+	res, out, errOut, err := sh(runner, e.Task("gv"), "", "id -u; cat /proc/self/uid_map; uname -r; dmesg 2>&1 | head -1")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0, errOut)
 	assert.Equal(t, res.Runtime, runsc)
@@ -77,18 +77,18 @@ func TestRuntimeRunscTurn(t *testing.T) {
 func TestRuntimeRunscEnforcesSeccompOnlyWithOCISeccomp(t *testing.T) {
 	runsc := runscPath(t)
 	probe := "unshare -U true && echo unshare-ok || echo unshare-denied"
-	with := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
-	_, out, errOut, err := with.sh(with.Task("sc"), "", probe)
+	withEnv, with := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
+	_, out, errOut, err := sh(with, withEnv.Task("sc"), "", probe)
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, out, "unshare-denied\n", errOut)
 
 	svc := itest.StartServiceWith(t, "--runtime", runsc, "--runtime-flag", "platform=systrap")
-	without := runtimeHarness(t, runsc)
-	without.cfg.Podman.Socket = svc.URI
+	withoutEnv, without := runtimeHarness(t, runsc)
+	without.Cfg.Podman.Socket = svc.URI
 	client, err := podman.Connect(context.Background(), svc.URI)
 	assert.NilError(t, err)
-	without.client, without.runner = client, NewRunner(without.cfg, client, nil)
-	res, out, errOut, err := without.sh(without.Task("sc"), "", probe)
+	*without = *NewRunner(without.Cfg, client, nil)
+	res, out, errOut, err := sh(without, withoutEnv.Task("sc"), "", probe)
 	assert.Assert(t, errors.Is(err, ErrHostNotReady), "%v", err)
 	assert.ErrorContains(t, err, "runsc runs without --oci-seccomp")
 	assert.Assert(t, !strings.Contains(err.Error(), "\n"), "one line: %q", err)
@@ -117,16 +117,16 @@ func TestRuntimeRunscUnderDefaultIsRefused(t *testing.T) {
 		{"--runtime", runsc, "--runtime-flag", "platform=systrap"},
 		{"--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp"},
 	} {
-		h := runtimeHarness(t, "default", flags...)
-		res, out, errOut, err := h.sh(h.Task("dr"), "", "echo ran")
+		e, runner := runtimeHarness(t, "default", flags...)
+		res, out, errOut, err := sh(runner, e.Task("dr"), "", "echo ran")
 		assert.Assert(t, errors.Is(err, ErrHostNotReady), "%v (out %q)", err, out)
 		assert.ErrorContains(t, err, "under runsc but cage.runtime is \"default\"")
 		assert.Equal(t, out+errOut, "", "the agent never ran")
 		assert.Assert(t, res.Removed, "cage left: %s", res.Error)
 	}
 
-	with := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
-	res, out, errOut, err := with.sh(with.Task("dr"), "", "echo ran")
+	withEnv, with := runtimeHarness(t, runsc, "--runtime", runsc, "--runtime-flag", "platform=systrap", "--runtime-flag", "oci-seccomp")
+	res, out, errOut, err := sh(with, withEnv.Task("dr"), "", "echo ran")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 0, errOut)
 	assert.Equal(t, out, "ran\n")
@@ -137,12 +137,12 @@ func TestRuntimeRunscUnderDefaultIsRefused(t *testing.T) {
 // namespace holds on the host side: the sandbox (the Sentry) and the gofer
 // run as the task range's base uid and gid, not as root.
 func TestRuntimeRunscSandboxRunsAsTheTaskRange(t *testing.T) {
-	h := runscHarness(t)
-	task := h.Task("ids")
-	if _, _, errOut, err := h.sh(task, "", "true"); err != nil { // the task's ids exist from here on
+	e, runner := runscHarness(t)
+	task := e.Task("ids")
+	if _, _, errOut, err := sh(runner, task, "", "true"); err != nil { // the task's ids exist from here on
 		t.Fatal(err, errOut)
 	}
-	ids, err := h.runner.Store.TaskIDs(taskid.Must(task), h.runner.IDFiles, false)
+	ids, err := runner.Store.TaskIDs(taskid.Must(task), runner.IDFiles, false)
 	assert.NilError(t, err)
 	// Every runsc process of the host is recorded (other cages' too: other
 	// suites run runsc cages, some as root); the cage's are picked by its
@@ -151,7 +151,7 @@ func TestRuntimeRunscSandboxRunsAsTheTaskRange(t *testing.T) {
 	seen := map[string]hostProc{}
 	done := make(chan *Result, 1)
 	go func() {
-		res, _, errOut, err := h.sh(task, "", "sleep 4")
+		res, _, errOut, err := sh(runner, task, "", "sleep 4")
 		assert.Check(t, err, errOut)
 		done <- res
 	}()
@@ -204,23 +204,23 @@ func TestRuntimeRunscSandboxRunsAsTheTaskRange(t *testing.T) {
 // the configured nproc (256, over what pids 128 carries) loses the cage.
 func TestRuntimeRunscProcessFloodFailsInside(t *testing.T) {
 	flood := `(for i in $(seq 300); do sleep 30 & done); echo "the cage survived"`
-	h := runscHarness(t)
-	res, out, errOut, err := h.sh(h.Task("flood"), "", flood)
+	e, runner := runscHarness(t)
+	res, out, errOut, err := sh(runner, e.Task("flood"), "", flood)
 	assert.NilError(t, err, errOut)
 	t.Logf("with nproc %d: exit %d, %q %q", sealed.GVisorNproc(128, 256), res.ExitCode, out, errOut)
 	assert.Equal(t, res.ExitCode, 0, errOut)
 	assert.Equal(t, out, "the cage survived\n")
 	assert.Assert(t, strings.Contains(errOut, "can't fork: Resource temporarily unavailable"), errOut)
 
-	weak := runscHarness(t)
-	weak.runner.OnSpec = func(s *specgen.SpecGenerator) {
+	weakEnv, weak := runscHarness(t)
+	weak.OnSpec = func(s *specgen.SpecGenerator) {
 		for i := range s.Rlimits {
 			if s.Rlimits[i].Type == "nproc" {
 				s.Rlimits[i].Soft, s.Rlimits[i].Hard = 256, 256
 			}
 		}
 	}
-	res, out, errOut, err = weak.sh(weak.Task("flood"), "", flood)
+	res, out, errOut, err = sh(weak, weakEnv.Task("flood"), "", flood)
 	assert.NilError(t, err, errOut)
 	t.Logf("with nproc 256: exit %d, %q %q", res.ExitCode, out, errOut)
 	assert.Assert(t, res.ExitCode != 0, "the Sentry died: %q", out)

@@ -15,32 +15,32 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 )
 
-// runtimeHarness is a harness whose config asks for OCI runtime rt, on the
+// runtimeHarness is a runner whose config asks for OCI runtime rt, on the
 // shared test service or, with serviceArgs, on a private one.
-func runtimeHarness(t *testing.T, rt string, serviceArgs ...string) *harness {
+func runtimeHarness(t *testing.T, rt string, serviceArgs ...string) (*itest.Env, *Runner) {
 	t.Helper()
 	socket := ""
 	if len(serviceArgs) > 0 {
-		// Started first, so it stops after the harness's cleanup.
+		// Started first, so it stops after the env's cleanup.
 		socket = itest.StartServiceWith(t, serviceArgs...).URI
 	}
-	h := newHarness(t, "")
-	cfg := testcfg.Config{Socket: socket, Dir: filepath.Dir(h.cfg.State.Dir), Prefix: h.Prefix,
+	e, runner := newHarness(t, "")
+	cfg := testcfg.Config{Socket: socket, Dir: filepath.Dir(runner.Cfg.State.Dir), Prefix: e.Prefix,
 		Cage: map[string]any{"pids": 128, "cpus": 1.0, "nofile": 512, "nproc": 256, "tmp_size": "16m", "run_size": "4m", "runtime": rt}}.Parse(t, "test.toml")
 	client, err := podman.Connect(context.Background(), cfg.Podman.Socket)
 	assert.NilError(t, err)
-	h.cfg, h.client, h.runner = cfg, client, NewRunner(cfg, client, nil)
-	return h
+	*runner = *NewRunner(cfg, client, nil)
+	return e, runner
 }
 
 // An explicit runtime path (not the "default" choice) reaches the spec, and
 // the turn runs where the service's runtime is that file.
 func TestRuntimeExplicitPathRuns(t *testing.T) {
-	h := runtimeHarness(t, "/usr/bin/runc")
-	spec, err := h.runner.Spec(context.Background(), Request{Task: taskid.Must(h.Task("rt")), Agent: "shell", Args: []string{"-c", "true"}})
+	e, runner := runtimeHarness(t, "/usr/bin/runc")
+	spec, err := runner.Spec(context.Background(), Request{Task: taskid.Must(e.Task("rt")), Agent: "shell", Args: []string{"-c", "true"}})
 	assert.NilError(t, err)
 	assert.Equal(t, spec.OCIRuntime, "/usr/bin/runc")
-	res, out, _, err := h.sh(h.Task("rt"), "", "echo ran")
+	res, out, _, err := sh(runner, e.Task("rt"), "", "echo ran")
 	assert.NilError(t, err)
 	assert.Equal(t, res.ExitCode, 0)
 	assert.Equal(t, out, "ran\n")
@@ -52,8 +52,8 @@ func TestRuntimeExplicitPathRuns(t *testing.T) {
 // A service started with --runtime PATH names the cage's runtime by that
 // path: a cage.runtime of the same file through a symlink matches it.
 func TestRuntimeOfAServiceStartedWithAPath(t *testing.T) {
-	h := runtimeHarness(t, "/usr/bin/runc", "--runtime", "/usr/sbin/runc")
-	res, out, _, err := h.sh(h.Task("rtp"), "", "echo ran")
+	e, runner := runtimeHarness(t, "/usr/bin/runc", "--runtime", "/usr/sbin/runc")
+	res, out, _, err := sh(runner, e.Task("rtp"), "", "echo ran")
 	assert.NilError(t, err)
 	assert.Equal(t, out, "ran\n")
 	assert.Equal(t, res.Runtime, "/usr/sbin/runc")
@@ -61,12 +61,12 @@ func TestRuntimeOfAServiceStartedWithAPath(t *testing.T) {
 
 // Podman 4.3 ignores the spec's runtime over its API: a cage.runtime the
 // service does not run is refused before the cage starts, and no cage is
-// left (the harness's cleanup fails the test on one).
+// left (the env's cleanup fails the test on one).
 func TestRuntimeTheServiceDoesNotRunIsRefused(t *testing.T) {
 	for _, rt := range []string{"crun", "/usr/bin/true"} {
 		t.Run(rt, func(t *testing.T) {
-			h := runtimeHarness(t, rt)
-			res, out, _, err := h.sh(h.Task("rtx"), "", "echo ran")
+			e, runner := runtimeHarness(t, rt)
+			res, out, _, err := sh(runner, e.Task("rtx"), "", "echo ran")
 			assert.Assert(t, errors.Is(err, ErrHostNotReady), "%v", err)
 			// The shared service's runtime: runc, or the suites' runsc,
 			// whose cages are refused first for lacking gVisor's profile.

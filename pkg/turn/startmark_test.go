@@ -23,13 +23,13 @@ import (
 // at ~0.5 turns/s. The control: a turn marked starting does hold a
 // teardown back.
 func TestWaitingForTheLockIsNotStarting(t *testing.T) {
-	h := newHarness(t, "")
-	task := h.Task("startmark")
-	_, _, _, err := h.sh(task, "", "true") // bootstrap, outside the measure
+	e, runner := newHarness(t, "")
+	task := e.Task("startmark")
+	_, _, _, err := sh(runner, task, "", "true") // bootstrap, outside the measure
 	assert.NilError(t, err)
 
 	// The previous turn's teardown holds the task's lock.
-	l, err := h.runner.Store.LockTask(taskid.Must(task))
+	l, err := runner.Store.LockTask(taskid.Must(task))
 	assert.NilError(t, err)
 	f, dir, err := l.HandOff()
 	assert.NilError(t, err)
@@ -39,10 +39,10 @@ func TestWaitingForTheLockIsNotStarting(t *testing.T) {
 	defer teardown.Release()
 
 	done := make(chan error, 1)
-	go func() { _, _, _, err := h.sh(task, "", "true"); done <- err }()
+	go func() { _, _, _, err := sh(runner, task, "", "true"); done <- err }()
 	time.Sleep(2 * time.Second) // the turn's check is done; it waits for the lock
 	start := time.Now()
-	h.runner.Store.WaitStarts(context.Background(), time.Second)
+	runner.Store.WaitStarts(context.Background(), time.Second)
 	waited := time.Since(start)
 	select {
 	case err := <-done:
@@ -54,10 +54,10 @@ func TestWaitingForTheLockIsNotStarting(t *testing.T) {
 	assert.NilError(t, <-done)
 
 	// The control: a turn that is starting holds the teardown back.
-	mark, err := h.runner.Store.Starting()
+	mark, err := runner.Store.Starting()
 	assert.NilError(t, err)
 	start = time.Now()
-	h.runner.Store.WaitStarts(context.Background(), time.Second)
+	runner.Store.WaitStarts(context.Background(), time.Second)
 	assert.Assert(t, time.Since(start) >= time.Second, "a starting turn did not hold the teardown back")
 	assert.NilError(t, mark.Release())
 }
@@ -75,25 +75,25 @@ func dupFile(t *testing.T, f *os.File) *os.File {
 // of them. The turn is held in its check by the image's inspection; the
 // control: once it ran, nothing holds a teardown back.
 func TestCheckingIsStarting(t *testing.T) {
-	h := newHarness(t, "")
-	task := h.Task("checkmark")
-	_, _, _, err := h.sh(task, "", "true")
+	e, runner := newHarness(t, "")
+	task := e.Task("checkmark")
+	_, _, _, err := sh(runner, task, "", "true")
 	assert.NilError(t, err)
 
-	gated := &gatedImage{Engine: h.runner.Podman, entered: make(chan struct{}, 1), gate: make(chan struct{})}
-	h.runner.Podman = gated
+	gated := &gatedImage{Engine: runner.Podman, entered: make(chan struct{}, 1), gate: make(chan struct{})}
+	runner.Podman = gated
 	done := make(chan error, 1)
-	go func() { _, _, _, err := h.sh(task, "", "true"); done <- err }()
+	go func() { _, _, _, err := sh(runner, task, "", "true"); done <- err }()
 	<-gated.entered // the turn is in its check
 	start := time.Now()
-	h.runner.Store.WaitStarts(context.Background(), time.Second)
+	runner.Store.WaitStarts(context.Background(), time.Second)
 	waited := time.Since(start)
 	close(gated.gate)
 	assert.NilError(t, <-done)
 	assert.Assert(t, waited >= time.Second, "a turn in its check did not hold a teardown back (waited %v)", waited)
 
 	start = time.Now()
-	h.runner.Store.WaitStarts(context.Background(), time.Second)
+	runner.Store.WaitStarts(context.Background(), time.Second)
 	assert.Assert(t, time.Since(start) < 500*time.Millisecond, "a teardown waited %v with no turn starting", time.Since(start))
 }
 

@@ -126,6 +126,9 @@ type Runner struct {
 	// Host is the task HOME and outbox on the host; nil is the real one
 	// (loop-mounted volumes, root only). Unit tests set a fake.
 	Host Host
+	// walkAfter makes the scan after a turn a full walk (tests: the
+	// report the events give, compared with the walk's).
+	walkAfter bool
 }
 
 // NewRunner returns a runner for cfg with the system's state and id files.
@@ -266,7 +269,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// marked as starting made the teardown that holds it wait its full 2 s
 	// for the turn that waits for it. Marked again once the lock is ours.
 	c.started()
-	lock, err := r.Store.LockTaskWait(in.task, req.Wait)
+	lock, err := in.state.LockWait(req.Wait)
 	if err != nil {
 		return res, Classify(err)
 	}
@@ -283,7 +286,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	var handoff *prepared // a turn whose teardown goes to a detached child
 	defer func() {
 		if handoff != nil && handoff.detach {
-			r.handOff(lock, in, handoff, res)
+			r.handOff(lock, req.Task, in, handoff, res)
 		}
 	}()
 	// The turn's record, after the worktree is given back, before the lock goes.
@@ -296,14 +299,14 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	var given *worktree.Report // the give-back, when the change scan's walk did it
 	if in.worktree != "" {
 		// Last before the lock goes: the cage is gone, no turn can start.
-		defer func() { err = r.finishWorktree(in.task, in.worktree, given, res, err) }()
+		defer func() { err = r.finishWorktree(req.Task, in.worktree, given, res, err) }()
 	}
 	// First once the turn ends (no process of its cage runs): what it put
 	// in /outbox leaves the cages' reach.
-	defer r.settleOutbox(context.WithoutCancel(ctx), req.Task, res)
+	defer r.settleOutbox(context.WithoutCancel(ctx), req.Task, in.state, res)
 	c.lap("lock")
 
-	preparedID, prep, err := r.turnCage(ctx, in, steps)
+	preparedID, prep, err := r.turnCage(ctx, req.Task, in, steps)
 	if err != nil {
 		return res, err
 	}
@@ -311,7 +314,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	res.Turn = prep.turn
 	// Should this shrooms die now, the next command that takes the lock
 	// records the turn as killed.
-	r.markRunning(req.Task, res)
+	r.markRunning(in.state, res)
 	res.Reset = prep.reset
 	res.WorktreeGuard = prep.guard
 	c.lap("prepare")
@@ -322,6 +325,13 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	// What the turn changes in the worktree: a scan now, before the cage
 	// starts, and one after it ended (on every path out of execute; no
 	// process of it runs, even when a detached child removes it later).
+	// The scan after reads only what the turn's events name (diff.Watcher):
+	// the mark is made now, before anything of the cage can run (a fresh
+	// cage is created, a prepared one initialised, neither started) and
+	// before the scan below; the hand-over's snapshot was taken before it
+	// with no process of the cage running either.
+	watch, unwatched := watchWorktree(in.worktree, r.walkAfter)
+	defer watch.Close()
 	before := prep.before // taken by the hand-over's walk
 	if before == nil {
 		before = scanWorktree(ctx, in.worktree, res)
@@ -329,13 +339,30 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	handoff = prep
 	res, err = r.execute(ctx, prep, in.streams, c, preparedID)
 	if before != nil {
-		// After a turn that ended cleanly the scan also gives the worktree
-		// back; on any other path the give-back stays the last step.
-		var after *diff.Snapshot
-		if err == nil {
-			after, given = r.claims().GiveBackScanning(context.WithoutCancel(ctx), in.task, in.worktree)
+		after, why := watch.After(context.WithoutCancel(ctx), before)
+		watch.Close() // before the give-back: its chowns are not the turn's
+		if after != nil && err == nil && prep.idmap {
+			// An idmapped worktree's give-back needs only what the turn
+			// changed; on any doubt finishWorktree's full walk does it.
+			given, _ = r.claims().GiveBackChanged(req.Task, in.worktree, diff.Changed(before, after))
+		}
+		scanAfter := "events"
+		if after == nil {
+			if watch == nil {
+				why = unwatched
+			}
+			scanAfter = "walk: " + why
+			// After a turn that ended cleanly the scan also gives the
+			// worktree back; on any other path the give-back stays the
+			// last step.
+			if err == nil {
+				after, given = r.claims().GiveBackScanning(context.WithoutCancel(ctx), req.Task, in.worktree)
+			}
 		}
 		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, after, in.worktree, prep.guard)
+		if res.WorktreeChanges.Summary != nil {
+			res.WorktreeChanges.ScanAfter = scanAfter
+		}
 	}
 	return res, err
 }
@@ -343,8 +370,8 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 // turnCage returns the turn's cage plan: a cage prepared ahead for exactly
 // this turn (its id; it only needs its argv and the worktree), or a fresh
 // preparation in steps after removing any leftover cage of the task.
-func (r *Runner) turnCage(ctx context.Context, in *checked, s steps) (preparedID string, prep *prepared, err error) {
-	if preparedID, prep, err = r.takePrepared(ctx, in); err != nil {
+func (r *Runner) turnCage(ctx context.Context, task taskid.ID, in *checked, s steps) (preparedID string, prep *prepared, err error) {
+	if preparedID, prep, err = r.takePrepared(ctx, task, in); err != nil {
 		return "", nil, err
 	}
 	if preparedID == "" {
@@ -353,18 +380,35 @@ func (r *Runner) turnCage(ctx context.Context, in *checked, s steps) (preparedID
 		// leftover. A waiting prepared cage was created right after such a
 		// sweep under the same lock, and every turn since would have taken
 		// or discarded it: when one is taken there is nothing to sweep.
-		if _, err := r.cages().RemoveLeftovers(ctx, in.task); err != nil {
+		if _, err := r.cages().RemoveLeftovers(ctx, task); err != nil {
 			return "", nil, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 		}
-		prep, err = r.prepare(ctx, in, s)
+		prep, err = r.prepare(ctx, task, in, s)
 		return "", prep, err
 	}
 	if in.worktree != "" {
-		if prep.before, err = r.claims().Take(ctx, in.task, in.worktree, prep.ids); err != nil {
+		if prep.before, err = r.takeWorktree(ctx, task, in, prep.Plan, false); err != nil {
 			return "", nil, err
 		}
 	}
 	return preparedID, prep, nil
+}
+
+// watchWorktree starts recording the worktree's changes (nil without a
+// worktree, or when fanotify refuses, with why: the scan after is a full
+// walk then).
+func watchWorktree(worktree string, walk bool) (*diff.Watcher, string) {
+	if worktree == "" {
+		return nil, "no worktree"
+	}
+	if walk {
+		return nil, "asked for"
+	}
+	w, err := diff.Watch(worktree)
+	if err != nil {
+		return nil, err.Error()
+	}
+	return w, ""
 }
 
 // scanWorktree is the worktree's state before the turn (nil without a
@@ -409,7 +453,7 @@ func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator,
 	if err != nil {
 		return nil, err
 	}
-	prep, err := r.prepare(ctx, in, steps)
+	prep, err := r.prepare(ctx, req.Task, in, steps)
 	if err != nil {
 		return nil, err
 	}
@@ -418,10 +462,17 @@ func (r *Runner) Spec(ctx context.Context, req Request) (*specgen.SpecGenerator,
 
 // checked is a request unpacked, and what check learnt about it: after
 // check the turn reads the request only from here.
+//
+// The task id is not in it: what the turn derives from the id (its state
+// directory, its HOME volume's names) is, and the few steps that need the
+// id itself (names, labels, the worktree claim, the outbox) take it.
 type checked struct {
-	task taskid.ID
-	// dir is the task's directory in the state directory.
-	dir string
+	// state is the task's directory in the state directory, derived once;
+	// dir is its path as the spec's mounts name it.
+	state taskstate.Dir
+	dir   string
+	// home names the task's HOME volume and image, derived once.
+	home home.Volume
 	// agentName is the agent as the request names it, agent its config.
 	agentName string
 	agent     config.Agent
@@ -598,14 +649,14 @@ func guardWorktree(ctx context.Context, taskDir, worktree string, commit bool) (
 
 // countTurn records that the task's next turn starts now.
 func (r *Runner) countTurn(in *checked) error {
-	if _, err := r.Store.NextTurn(in.task); err != nil {
+	if _, err := in.state.NextTurn(); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if err := r.Store.Remember(in.task, taskstate.FactAgent, in.agentName); err != nil {
+	if err := in.state.Remember(taskstate.FactAgent, in.agentName); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if in.worktree != "" {
-		if err := r.Store.Remember(in.task, taskstate.FactWorktree, in.worktree); err != nil {
+		if err := in.state.Remember(taskstate.FactWorktree, in.worktree); err != nil {
 			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}

@@ -21,40 +21,34 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
-	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
-// harness is a runner on the test podman service, in a world of its own
-// (itest.Env: private state dir, unique prefix, cleanup of what the
+// newHarness is a runner on the test podman service, in a world of its
+// own (itest.Env: private state dir, unique prefix, cleanup of what the
 // test's tasks left).
-type harness struct {
-	*itest.Env
-	cfg    *config.Config
-	runner *Runner
-	client *podman.Client
-}
+func newHarness(t *testing.T, extra string) (*itest.Env, *Runner) { return newHarnessTB(t, extra) }
 
-func newHarness(t *testing.T, extra string) *harness { return newHarnessTB(t, extra) }
-
-func newHarnessTB(t testing.TB, extra string) *harness {
+func newHarnessTB(t testing.TB, extra string, opts ...itest.Option) (*itest.Env, *Runner) {
 	t.Helper()
 	e, cfg, client := testcfg.Env(t, "tt", testcfg.Config{Extra: extra,
-		Cage: map[string]any{"pids": 128, "cpus": 1.0, "nofile": 512, "nproc": 256, "tmp_size": "16m", "run_size": "4m"}})
-	h := &harness{Env: e, cfg: cfg, client: client, runner: NewRunner(cfg, client, nil)}
+		Cage: map[string]any{"pids": 128, "cpus": 1.0, "nofile": 512, "nproc": 256, "tmp_size": "16m", "run_size": "4m"}}, opts...)
+	runner := NewRunner(cfg, client, nil)
 	// The HOMEs go through the service the test ended on (a test may move
-	// the harness to a service of its own).
-	e.Release = func(ctx context.Context, task taskid.ID) error { return testcfg.Release(h.cfg, h.client)(ctx, task) }
-	return h
+	// the runner to a service of its own).
+	e.Release = func(ctx context.Context, task taskid.ID) error {
+		return testcfg.Release(runner.Cfg, runner.Podman)(ctx, task)
+	}
+	return e, runner
 }
 
 // sh runs one turn of the shell agent and returns its stdout and stderr.
-func (h *harness) sh(task, worktree, script string) (*Result, string, string, error) {
+func sh(runner *Runner, task, worktree, script string) (*Result, string, string, error) {
 	var out, errb bytes.Buffer
-	res, err := h.runner.Run(context.Background(), Request{
+	res, err := runner.Run(context.Background(), Request{
 		Task: taskid.Must(task), Agent: "shell", Worktree: worktree, Args: []string{"-c", script},
 		Streams: podman.Streams{Stdout: &out, Stderr: &errb},
 	})
@@ -72,17 +66,18 @@ func field(t *testing.T, status, name string) string {
 // inside a real cage (with gVisor's measured differences when the suites
 // run under runsc, SHROOMS_TEST_RUNTIME).
 func TestCageIsSealedFromInside(t *testing.T) {
-	cageIsSealedFromInside(t, newHarness(t, ""), itest.Runtime() == "runsc")
+	e, runner := newHarness(t, "")
+	cageIsSealedFromInside(t, e, runner, itest.Runtime() == "runsc")
 }
 
 // cageIsSealedFromInside is also run under gVisor (runtime_runsc_test.go),
 // where the id maps the cage reads are the Sentry's own (the task's host
 // ids are checked on the host side there).
-func cageIsSealedFromInside(t *testing.T, h *harness, gvisor bool) {
+func cageIsSealedFromInside(t *testing.T, e *itest.Env, runner *Runner, gvisor bool) {
 	wt := filepath.Join(t.TempDir(), "wt")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
-	h.cfg.Worktree.Roots = []string{filepath.Dir(wt)} // a plain directory, not a git work tree
-	res, out, errOut, err := h.sh(h.Task("seal"), wt, `
+	runner.Cfg.Worktree.Roots = []string{filepath.Dir(wt)} // a plain directory, not a git work tree
+	res, out, errOut, err := sh(runner, e.Task("seal"), wt, `
 echo "==status"; cat /proc/self/status
 echo "==uidmap"; cat /proc/self/uid_map
 echo "==gidmap"; cat /proc/self/gid_map
@@ -119,7 +114,7 @@ echo "==hosts"; cat /etc/hosts /etc/resolv.conf
 		assert.Equal(t, uidmap[0], "0")
 		assert.Assert(t, uidmap[1] != "0", "the cage's root is not host root: %v", uidmap)
 		assert.Equal(t, uidmap[2], "65536")
-		ids, err := h.runner.Store.TaskIDs(taskid.Must(h.Task("seal")), h.runner.IDFiles, false)
+		ids, err := runner.Store.TaskIDs(taskid.Must(e.Task("seal")), runner.IDFiles, false)
 		assert.NilError(t, err)
 		assert.Equal(t, uidmap[1], strconv.Itoa(int(ids.UID)))
 		assert.DeepEqual(t, strings.Fields(section(out, "gidmap")), []string{"0", strconv.Itoa(int(ids.GID)), "65536"})
@@ -144,7 +139,7 @@ echo "==hosts"; cat /etc/hosts /etc/resolv.conf
 	assert.Assert(t, is.Contains(writes, "wrote work tmp home"), "positive control: the sanctioned places are writable")
 	assert.Assert(t, is.Contains(writes, "exec tmp denied"))
 
-	assert.Assert(t, is.Contains(out, fmt.Sprintf("==id 1000:1000 home=/home/agent pwd=/work host=cage-%s", h.Task("seal"))))
+	assert.Assert(t, is.Contains(out, fmt.Sprintf("==id 1000:1000 home=/home/agent pwd=/work host=cage-%s", e.Task("seal"))))
 	if gvisor {
 		// RLIMIT_NPROC keeps the Sentry's host tasks under the pids limit
 		// (sealed.GVisorNproc, docs/gvisor.md).
@@ -188,10 +183,10 @@ echo "==hosts"; cat /etc/hosts /etc/resolv.conf
 }
 
 func TestTwoTasksHaveDisjointIDRanges(t *testing.T) {
-	h := newHarness(t, "")
+	e, runner := newHarness(t, "")
 	var starts []int
 	for _, name := range []string{"a", "b"} {
-		_, out, errOut, err := h.sh(h.Task(name), "", "cat /proc/self/uid_map")
+		_, out, errOut, err := sh(runner, e.Task(name), "", "cat /proc/self/uid_map")
 		assert.NilError(t, err, errOut)
 		f := strings.Fields(out)
 		assert.Equal(t, len(f), 3, out)
@@ -206,7 +201,7 @@ func TestTwoTasksHaveDisjointIDRanges(t *testing.T) {
 	}
 	assert.Assert(t, gap >= 65536, "ranges overlap: %v", starts)
 	// The same task keeps its range on its next turn.
-	_, out, _, err := h.sh(h.Task("a"), "", "cat /proc/self/uid_map")
+	_, out, _, err := sh(runner, e.Task("a"), "", "cat /proc/self/uid_map")
 	assert.NilError(t, err)
 	assert.Equal(t, strings.Fields(out)[1], strconv.Itoa(starts[0]))
 }
@@ -214,20 +209,23 @@ func TestTwoTasksHaveDisjointIDRanges(t *testing.T) {
 // TestExitCodeAndHomeReset: the agent's exit code is the turn's, and what a
 // turn leaves in HOME outside the keep-list is gone at the next turn, while
 // its outbox files wait, out of the next turn's reach, to be collected.
-func TestExitCodeAndHomeReset(t *testing.T) { exitCodeAndHomeReset(t, newHarness(t, "")) }
+func TestExitCodeAndHomeReset(t *testing.T) {
+	e, runner := newHarness(t, "")
+	exitCodeAndHomeReset(t, e, runner)
+}
 
-func exitCodeAndHomeReset(t *testing.T, h *harness) {
-	task := h.Task("exit")
-	res, _, errOut, err := h.sh(task, "", "echo planted > /home/agent/.profile; echo report > /outbox/r.txt; exit 7")
+func exitCodeAndHomeReset(t *testing.T, e *itest.Env, runner *Runner) {
+	task := e.Task("exit")
+	res, _, errOut, err := sh(runner, task, "", "echo planted > /home/agent/.profile; echo report > /outbox/r.txt; exit 7")
 	assert.NilError(t, err, errOut)
 	assert.Equal(t, res.ExitCode, 7)
 	assert.Equal(t, res.Turn, 1)
-	res, out, _, err := h.sh(task, "", "cat /home/agent/.profile 2>&1; cat /outbox/r.txt")
+	res, out, _, err := sh(runner, task, "", "cat /home/agent/.profile 2>&1; cat /outbox/r.txt")
 	assert.NilError(t, err)
 	assert.Equal(t, res.Turn, 2)
 	assert.Assert(t, is.Contains(out, "No such file"), out)
 	assert.Assert(t, !strings.Contains(out, "report"), "the next turn read the outbox: %s", out)
-	rep, err := outbox.List(context.Background(), h.cfg.Outbox.Root, taskid.Must(task), outbox.LimitsFrom(h.cfg.Outbox))
+	rep, err := outbox.List(context.Background(), runner.Cfg.Outbox.Root, taskid.Must(task), outbox.LimitsFrom(runner.Cfg.Outbox))
 	assert.NilError(t, err)
 	assert.Equal(t, len(rep.Files), 1, "the outbox file is pending")
 	assert.Equal(t, rep.Files[0].Turn, 1)
@@ -236,13 +234,16 @@ func exitCodeAndHomeReset(t *testing.T, h *harness) {
 	assert.Assert(t, res.Reset.BaselineDigest != "")
 }
 
-func TestDeadlineStopsAndRemovesTheCage(t *testing.T) { deadlineStopsAndRemoves(t, newHarness(t, "")) }
+func TestDeadlineStopsAndRemovesTheCage(t *testing.T) {
+	e, runner := newHarness(t, "")
+	deadlineStopsAndRemoves(t, e, runner)
+}
 
-func deadlineStopsAndRemoves(t *testing.T, h *harness) {
+func deadlineStopsAndRemoves(t *testing.T, e *itest.Env, runner *Runner) {
 	var out bytes.Buffer
 	start := time.Now()
-	res, err := h.runner.Run(context.Background(), Request{
-		Task: taskid.Must(h.Task("deadline")), Agent: "shell", Timeout: 2 * time.Second,
+	res, err := runner.Run(context.Background(), Request{
+		Task: taskid.Must(e.Task("deadline")), Agent: "shell", Timeout: 2 * time.Second,
 		Args:    []string{"-c", "echo started; sleep 600"},
 		Streams: podman.Streams{Stdout: &out, Stderr: &out},
 	})
@@ -251,14 +252,15 @@ func deadlineStopsAndRemoves(t *testing.T, h *harness) {
 	assert.Assert(t, res.Removed)
 	assert.Assert(t, time.Since(start) < 30*time.Second, "took %s", time.Since(start))
 	assert.Assert(t, is.Contains(out.String(), "started"))
-	h.assertNoCage(h.Task("deadline"))
+	assertNoCage(t, runner, e.Task("deadline"))
 }
 
 func TestInterruptStopsAndRemovesTheCage(t *testing.T) {
-	interruptStopsAndRemoves(t, newHarness(t, ""))
+	e, runner := newHarness(t, "")
+	interruptStopsAndRemoves(t, e, runner)
 }
 
-func interruptStopsAndRemoves(t *testing.T, h *harness) {
+func interruptStopsAndRemoves(t *testing.T, e *itest.Env, runner *Runner) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r, w, _ := os.Pipe()
 	defer r.Close()
@@ -268,49 +270,49 @@ func interruptStopsAndRemoves(t *testing.T, h *harness) {
 		_, _ = r.Read(buf)
 		cancel()
 	}()
-	res, err := h.runner.Run(ctx, Request{
-		Task: taskid.Must(h.Task("intr")), Agent: "shell", Args: []string{"-c", "echo up; sleep 600"},
+	res, err := runner.Run(ctx, Request{
+		Task: taskid.Must(e.Task("intr")), Agent: "shell", Args: []string{"-c", "echo up; sleep 600"},
 		Streams: podman.Streams{Stdout: w, Stderr: os.Stderr},
 	})
 	w.Close()
 	assert.ErrorIs(t, err, ErrInterrupted)
 	assert.Equal(t, res.Status, "interrupted")
 	assert.Assert(t, res.Removed)
-	h.assertNoCage(h.Task("intr"))
+	assertNoCage(t, runner, e.Task("intr"))
 }
 
 func TestBusyTaskFailsAtOnce(t *testing.T) {
-	h := newHarness(t, "")
-	task := h.Task("busy")
-	lock, err := h.runner.Store.LockTask(taskid.Must(task))
+	e, runner := newHarness(t, "")
+	task := e.Task("busy")
+	lock, err := runner.Store.LockTask(taskid.Must(task))
 	assert.NilError(t, err)
-	_, _, _, err = h.sh(task, "", "true")
+	_, _, _, err = sh(runner, task, "", "true")
 	assert.ErrorIs(t, err, ErrBusy)
 	assert.Assert(t, is.Contains(err.Error(), "has a turn running"))
 	assert.NilError(t, lock.Release())
-	res, _, _, err := h.sh(task, "", "true")
+	res, _, _, err := sh(runner, task, "", "true")
 	assert.NilError(t, err, "positive control: the task runs once free")
 	assert.Equal(t, res.ExitCode, 0)
 }
 
 func TestSpecIsWhatRunSends(t *testing.T) {
-	h := newHarness(t, "")
-	task := h.Task("spec")
+	e, runner := newHarness(t, "")
+	task := e.Task("spec")
 	req := Request{Task: taskid.Must(task), Agent: "shell", Args: []string{"-c", "true"}}
-	spec, err := h.runner.Spec(context.Background(), req)
+	spec, err := runner.Spec(context.Background(), req)
 	assert.NilError(t, err)
 	want, err := SpecJSON(spec)
 	assert.NilError(t, err)
-	_, err = os.Stat(filepath.Join(h.cfg.State.Dir, "tasks", task))
+	_, err = os.Stat(filepath.Join(runner.Cfg.State.Dir, "tasks", task))
 	assert.Assert(t, os.IsNotExist(err), "spec wrote task state")
-	exists, err := h.client.VolumeExists(context.Background(), h.cfg.Home.VolumePrefix+task)
+	exists, err := runner.Podman.VolumeExists(context.Background(), runner.Cfg.Home.VolumePrefix+task)
 	assert.NilError(t, err)
 	assert.Assert(t, !exists, "spec created the HOME volume")
 
 	var sent []byte
-	h.runner.OnSpec = func(s *specgen.SpecGenerator) { sent, _ = SpecJSON(s) }
+	runner.OnSpec = func(s *specgen.SpecGenerator) { sent, _ = SpecJSON(s) }
 	req.Streams = podman.Streams{Stdout: &bytes.Buffer{}, Stderr: &bytes.Buffer{}}
-	_, err = h.runner.Run(context.Background(), req)
+	_, err = runner.Run(context.Background(), req)
 	assert.NilError(t, err)
 	assert.Equal(t, string(sent), string(want))
 }
@@ -319,7 +321,7 @@ func TestTokenReachesTheCageOnlyAsEnv(t *testing.T) {
 	dir := t.TempDir()
 	tok := filepath.Join(dir, "tok")
 	assert.NilError(t, os.WriteFile(tok, []byte("s3cr3t-value\n"), 0o600))
-	h := newHarness(t, fmt.Sprintf(`
+	e, runner := newHarness(t, fmt.Sprintf(`
 [tokens]
 api = %q
 [agents.tok]
@@ -327,15 +329,15 @@ command = ["/bin/sh"]
 home = ["shell"]
 token_env = { API_KEY = "api" }
 `, tok))
-	task := h.Task("tok")
+	task := e.Task("tok")
 	req := Request{Task: taskid.Must(task), Agent: "tok", Args: []string{"-c", `echo "key=$API_KEY"; grep -rl "s3""cr3t" /home/agent /work /tmp 2>/dev/null | wc -l`}}
-	spec, err := h.runner.Spec(context.Background(), req)
+	spec, err := runner.Spec(context.Background(), req)
 	assert.NilError(t, err)
 	js, _ := json.Marshal(spec)
 	assert.Assert(t, !strings.Contains(string(js), "s3cr3t"), "the token value is in the spec")
 	var out, errb bytes.Buffer
 	req.Streams = podman.Streams{Stdout: &out, Stderr: &errb}
-	res, err := h.runner.Run(context.Background(), req)
+	res, err := runner.Run(context.Background(), req)
 	assert.NilError(t, err, errb.String())
 	assert.Equal(t, res.ExitCode, 0)
 	assert.Equal(t, out.String(), "key=s3cr3t-value\n0\n")
@@ -344,11 +346,11 @@ token_env = { API_KEY = "api" }
 	assert.Assert(t, !strings.Contains(string(secrets), SecretName(taskid.Must(task), "api")), "the token's secret outlived the turn")
 }
 
-func (h *harness) assertNoCage(task string) {
-	h.T.Helper()
-	cages, err := h.client.ListByLabel(context.Background(), sealed.LabelTask, task)
-	assert.NilError(h.T, err)
-	assert.Equal(h.T, len(cages), 0, "cages left: %+v", cages)
+func assertNoCage(t *testing.T, runner *Runner, task string) {
+	t.Helper()
+	cages, err := runner.Podman.ListByLabel(context.Background(), sealed.LabelTask, task)
+	assert.NilError(t, err)
+	assert.Equal(t, len(cages), 0, "cages left: %+v", cages)
 }
 
 func section(out, name string) string {

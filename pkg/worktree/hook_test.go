@@ -33,6 +33,9 @@ func TestScanHookHandsOverAndSnapshotsTheResult(t *testing.T) {
 		write(t, root, "bare/refs/r", "")
 		assert.NilError(t, os.Symlink("/etc/passwd", filepath.Join(root, "link")))
 		assert.NilError(t, syscall.Mkfifo(filepath.Join(root, "fifo"), 0o644))
+		// Hard links: the chown through one link changes the other's ctime.
+		assert.NilError(t, os.Link(filepath.Join(root, "a.txt"), filepath.Join(root, "dir/deeper/a-link.txt")))
+		assert.NilError(t, os.Link(filepath.Join(root, "a.txt"), filepath.Join(root, "z-link.txt")))
 		return root
 	}
 	const uid = 4242
@@ -93,6 +96,9 @@ func TestScanThenHookGivesBackAsGiveBack(t *testing.T) {
 		write(t, root, "dir/b.txt", "b")
 		write(t, root, ".git/HEAD", "ref: refs/heads/main\n")
 		write(t, root, "owners/lib/.git/HEAD", "ref: refs/heads/main\n")
+		// Hard links: the chown through one link changes the other's ctime.
+		assert.NilError(t, os.Link(filepath.Join(root, "a.txt"), filepath.Join(root, "dir/a-link.txt")))
+		assert.NilError(t, os.Link(filepath.Join(root, "a.txt"), filepath.Join(root, "z-link.txt")))
 		changed, err := handOver(root, task, task)
 		assert.NilError(t, err)
 		assert.Assert(t, changed)

@@ -18,31 +18,31 @@ import (
 func BenchmarkClaudeOneToolCallTurn(b *testing.B) {
 	itest.Require(b, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(b)
-	script := func() { e.api.Append(bash("true"), modelapi.Text("done")) }
+	script := func() { e.API.Append(bash("true"), modelapi.Text("done")) }
 	args := []string{"-p", "--output-format", "json", "one tool call"}
 
 	// One turn first, so both arms start with the image and the task warm.
 	script()
-	e.turn("claude", args...)
+	runTurn(e, "claude", args...)
 
 	b.Run("shrooms-run", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			script()
-			e.turn("claude", args...)
+			runTurn(e, "claude", args...)
 		}
 	})
 	b.Run("podman-run", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			b.StopTimer()
-			home, work := filepath.Join(b.TempDir(), "home"), e.worktree
+			home, work := filepath.Join(b.TempDir(), "home"), e.Worktree
 			assert.NilError(b, os.MkdirAll(home, 0o755))
 			assert.NilError(b, os.Chown(home, 1000, 1000))
 			script()
 			b.StartTimer()
-			e.bare(home, work, []string{"ANTHROPIC_BASE_URL=" + e.apiURL, "ANTHROPIC_API_KEY=" + apiKey,
+			bare(e, home, work, []string{"ANTHROPIC_BASE_URL=" + e.APIURL, "ANTHROPIC_API_KEY=" + apiKey,
 				"DISABLE_AUTOUPDATER=1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1"},
 				append([]string{"claude", "--dangerously-skip-permissions"}, args...)...)
 		}
 	})
-	assert.Equal(b, e.api.Overrun(), 0, "a turn did not follow its script:\n%s", e.api.Log())
+	assert.Equal(b, e.API.Overrun(), 0, "a turn did not follow its script:\n%s", e.API.Log())
 }

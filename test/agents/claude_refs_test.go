@@ -57,13 +57,13 @@ func TestClaudeTranscriptStateIsDropped(t *testing.T) {
 	e := newEnv(t)
 	nonce := e.Prefix
 	vectors := claudeRefVectors()
-	e.checkSealed("claude")
-	e.api.Append(bash(claudeRefPlant(nonce)), modelapi.Text("planted "+nonce))
-	out, took1 := e.turn("claude", "-p", "--output-format", "json", "plant things "+nonce)
+	checkSealed(e, "claude")
+	e.API.Append(bash(claudeRefPlant(nonce)), modelapi.Text("planted "+nonce))
+	out, took1 := runTurn(e, "claude", "-p", "--output-format", "json", "plant things "+nonce)
 	r1 := parseClaude(t, out)
 	assert.Assert(t, !r1.IsError, out)
-	assert.Equal(t, e.api.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.api.Log())
-	for _, r := range e.api.Scripted() {
+	assert.Equal(t, e.API.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.API.Log())
+	for _, r := range e.API.Scripted() {
 		if i := strings.Index(string(r.Body), "Exit code"); i >= 0 {
 			t.Fatalf("the plant failed: %.2000s", r.Body[i:])
 		}
@@ -79,31 +79,31 @@ func TestClaudeTranscriptStateIsDropped(t *testing.T) {
 		}
 		return false
 	}
-	ctlEnv := []string{"ANTHROPIC_BASE_URL=" + e.apiURL, "ANTHROPIC_API_KEY=" + apiKey}
+	ctlEnv := []string{"ANTHROPIC_BASE_URL=" + e.APIURL, "ANTHROPIC_API_KEY=" + apiKey}
 	resume := func(session, prompt string) []string {
 		return []string{"claude", "--dangerously-skip-permissions", "-p", "--output-format", "json", "--resume", session, prompt}
 	}
 	// Positive control: the same resume without shrooms.
-	home, work := e.controlCopy("claude", "control")
-	before := len(e.api.Scripted())
-	e.api.Append(modelapi.Text("control " + nonce))
-	e.bare(home, work, ctlEnv, resume(s1, "control "+nonce)...)
-	reqs := requestsSince(e.api, before)
-	assert.Assert(t, len(reqs) > 0, e.api.Log())
+	home, work := controlCopy(e, "claude", "control")
+	before := len(e.API.Scripted())
+	e.API.Append(modelapi.Text("control " + nonce))
+	bare(e, home, work, ctlEnv, resume(s1, "control "+nonce)...)
+	reqs := requestsSince(e.API, before)
+	assert.Assert(t, len(reqs) > 0, e.API.Log())
 	assert.Assert(t, word(reqs, vectors[0]), "positive control: /work/deep's CLAUDE.md did not reach the model on a bare resume")
 	assert.Assert(t, is.Contains(string(reqs[0].Body), "Primary working directory: /work/deep (was /work)"), "positive control: the bare resume did not start in /work/deep")
 
 	// Through shrooms.
 	for _, session := range []string{s1} {
-		before := len(e.api.Scripted())
-		e.api.Append(modelapi.Text("resumed " + nonce))
-		out, rep, took := e.turnReset("claude", "-p", "--output-format", "json", "--resume", session, "continue "+nonce)
+		before := len(e.API.Scripted())
+		e.API.Append(modelapi.Text("resumed " + nonce))
+		out, rep, took := turnReset(e, "claude", "-p", "--output-format", "json", "--resume", session, "continue "+nonce)
 		r := parseClaude(t, out)
 		assert.Assert(t, !r.IsError, out)
 		assert.Equal(t, r.SessionID, session, "resumed: %s", out)
 		t.Logf("shrooms resume of %s: %v", session, took)
-		reqs := requestsSince(e.api, before)
-		assert.Assert(t, len(reqs) > 0, e.api.Log())
+		reqs := requestsSince(e.API, before)
+		assert.Assert(t, len(reqs) > 0, e.API.Log())
 		body := string(reqs[0].Body)
 		assert.Assert(t, is.Contains(body, "plant things "+nonce), "the session continued with turn 1's messages")
 		assert.Assert(t, is.Contains(body, "continue "+nonce))

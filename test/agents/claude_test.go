@@ -85,21 +85,21 @@ func TestClaudePersistenceDoesNotSurviveTurn(t *testing.T) {
 		bash(`echo 'mkdir -p /work/.m; touch /work/.m/bashrc' >> ~/.bashrc`),
 		modelapi.Text("planted " + nonce),
 	}
-	e.checkSealed("claude")
-	e.api.Append(plant...)
-	out, took1 := e.turn("claude", "-p", "--output-format", "json", "plant things "+nonce)
+	checkSealed(e, "claude")
+	e.API.Append(plant...)
+	out, took1 := runTurn(e, "claude", "-p", "--output-format", "json", "plant things "+nonce)
 	r1 := parseClaude(t, out)
 	assert.Assert(t, !r1.IsError, out)
 	assert.Equal(t, r1.Result, "planted "+nonce)
-	assert.Equal(t, e.api.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.api.Log())
-	assert.Equal(t, e.api.Overrun(), 0)
+	assert.Equal(t, e.API.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.API.Log())
+	assert.Equal(t, e.API.Overrun(), 0)
 	t.Logf("turn 1 (%d tool calls): %v", len(plant)-1, took1)
-	for _, r := range e.api.Requests() {
+	for _, r := range e.API.Requests() {
 		assert.Equal(t, r.Header.Get("X-Api-Key"), apiKey, "the token reached Claude Code as ANTHROPIC_API_KEY")
 	}
-	assert.Equal(t, len(markers(t, e.worktree)), 0, "a payload ran in turn 1 already: %v", markers(t, e.worktree))
+	assert.Equal(t, len(markers(t, e.Worktree)), 0, "a payload ran in turn 1 already: %v", markers(t, e.Worktree))
 
-	status, err := os.ReadFile(filepath.Join(e.worktree, "turn1-status.txt"))
+	status, err := os.ReadFile(filepath.Join(e.Worktree, "turn1-status.txt"))
 	assert.NilError(t, err)
 	// The read-only root: gVisor checks the directory's permission before
 	// the mount's read-only flag (measured: EACCES, where Linux says EROFS);
@@ -113,11 +113,11 @@ func TestClaudePersistenceDoesNotSurviveTurn(t *testing.T) {
 	}
 
 	time.Sleep(300 * time.Millisecond) // canaries log asynchronously
-	assert.Assert(t, len(e.tb.Hits("net-"+nonce)) > 0, "positive control: the agent's shell did not reach the internet canary")
-	assert.Equal(t, len(e.tb.Hits("lan-"+nonce)), 0, "the agent's shell reached the LAN router through the seal")
+	assert.Assert(t, len(e.TB.Hits("net-"+nonce)) > 0, "positive control: the agent's shell did not reach the internet canary")
+	assert.Equal(t, len(e.TB.Hits("lan-"+nonce)), 0, "the agent's shell reached the LAN router through the seal")
 
 	// Turn 1's writes landed in HOME (rename included).
-	home := e.home("claude")
+	home := homeDir(e, "claude")
 	for _, f := range []string{".claude/settings.json", ".claude.json", ".claude/CLAUDE.md", ".bashrc", ".gitconfig"} {
 		_, err := os.Lstat(filepath.Join(home, f))
 		assert.NilError(t, err, "turn 1 did not plant %s", f)
@@ -139,12 +139,12 @@ func TestClaudePersistenceDoesNotSurviveTurn(t *testing.T) {
 	}
 
 	// Positive control: the same resumed turn without shrooms runs every payload.
-	before := len(e.api.Scripted())
-	e.api.Append(second...)
-	ctlWork, tookCtl := e.control("claude", []string{"ANTHROPIC_BASE_URL=" + e.apiURL, "ANTHROPIC_API_KEY=" + apiKey},
+	before := len(e.API.Scripted())
+	e.API.Append(second...)
+	ctlWork, tookCtl := control(e, "claude", []string{"ANTHROPIC_BASE_URL=" + e.APIURL, "ANTHROPIC_API_KEY=" + apiKey},
 		"claude", "--dangerously-skip-permissions", "-p", "--output-format", "json", "--resume", r1.SessionID, "control "+nonce)
 	assert.DeepEqual(t, markers(t, ctlWork), []string{"bashrc", "fsmonitor", "hook", "mcp"})
-	ctl := requestsSince(e.api, before)
+	ctl := requestsSince(e.API, before)
 	assert.Assert(t, len(ctl) > 0)
 	assert.Assert(t, is.Contains(string(ctl[0].Body), "CLAUDEMD-42-"+nonce), "positive control: CLAUDE.md reached the model")
 	assert.Assert(t, is.Contains(string(ctl[0].Body), "plant things "+nonce))
@@ -152,15 +152,15 @@ func TestClaudePersistenceDoesNotSurviveTurn(t *testing.T) {
 	t.Logf("bare podman run, resumed, 1 tool call: %v", tookCtl)
 
 	// Turn 2 under shrooms.
-	before = len(e.api.Scripted())
-	e.api.Append(second...)
-	out, rep2, took2 := e.turnReset("claude", "-p", "--output-format", "json", "--resume", r1.SessionID, "continue "+nonce)
+	before = len(e.API.Scripted())
+	e.API.Append(second...)
+	out, rep2, took2 := turnReset(e, "claude", "-p", "--output-format", "json", "--resume", r1.SessionID, "continue "+nonce)
 	r2 := parseClaude(t, out)
 	assert.Assert(t, !r2.IsError, out)
 	assert.Equal(t, r2.Result, "resumed "+nonce)
 	t.Logf("shrooms turn 2, resumed, 1 tool call: %v", took2)
-	reqs := requestsSince(e.api, before)
-	assert.Equal(t, len(reqs), 2, "turn 2 ran its script:\n%s", e.api.Log())
+	reqs := requestsSince(e.API, before)
+	assert.Equal(t, len(reqs), 2, "turn 2 ran its script:\n%s", e.API.Log())
 	first := string(reqs[0].Body)
 	// The resumed session works: turn 1's prompt, tool calls and answer are
 	// in turn 2's first request.
@@ -176,26 +176,26 @@ func TestClaudePersistenceDoesNotSurviveTurn(t *testing.T) {
 	// The reset reported what it left out of the kept credentials.
 	assert.Assert(t, rep2.has(".claude/.credentials.json", "mcpOAuth", 0), "%+v", rep2.Dropped)
 	assert.Assert(t, rep2.has(".claude/.credentials.json", "enterpriseGateway", 0), "%+v", rep2.Dropped)
-	assert.Equal(t, len(markers(t, e.worktree)), 0, "planted payloads ran in turn 2: %v", markers(t, e.worktree))
-	listing, err := os.ReadFile(filepath.Join(e.worktree, "turn2-home.txt"))
+	assert.Equal(t, len(markers(t, e.Worktree)), 0, "planted payloads ran in turn 2: %v", markers(t, e.Worktree))
+	listing, err := os.ReadFile(filepath.Join(e.Worktree, "turn2-home.txt"))
 	assert.NilError(t, err)
 	for _, gone := range []string{".bashrc", ".gitconfig"} {
 		assert.Assert(t, !strings.Contains(string(listing), gone), "%s is in turn 2's HOME:\n%s", gone, listing)
 	}
 	// The kept credential (written by rename in turn 1) is still there,
 	// rebuilt to its claudeAiOauth slot alone.
-	cred, err = os.ReadFile(filepath.Join(e.home("claude"), ".claude/.credentials.json"))
+	cred, err = os.ReadFile(filepath.Join(homeDir(e, "claude"), ".claude/.credentials.json"))
 	assert.NilError(t, err)
 	var kept map[string]map[string]any
 	assert.NilError(t, json.Unmarshal(cred, &kept))
 	assert.Equal(t, len(kept), 1, "%s", cred)
 	assert.Equal(t, kept["claudeAiOauth"]["accessToken"], "R-2"+nonce)
 	// (Turn 2's own Claude may recreate an empty memory directory.)
-	_, err = os.Lstat(filepath.Join(e.home("claude"), ".claude/projects/-work/memory/subagents/notes.md"))
+	_, err = os.Lstat(filepath.Join(homeDir(e, "claude"), ".claude/projects/-work/memory/subagents/notes.md"))
 	assert.Assert(t, os.IsNotExist(err), "planted auto memory survived the reset")
-	mem, _ := os.ReadFile(filepath.Join(e.home("claude"), ".claude/projects/-work/memory/MEMORY.md"))
+	mem, _ := os.ReadFile(filepath.Join(homeDir(e, "claude"), ".claude/projects/-work/memory/MEMORY.md"))
 	assert.Assert(t, !strings.Contains(string(mem), nonce), "planted auto memory survived the reset")
-	cj, err = os.ReadFile(filepath.Join(e.home("claude"), ".claude.json"))
+	cj, err = os.ReadFile(filepath.Join(homeDir(e, "claude"), ".claude.json"))
 	assert.NilError(t, err)
 	assert.Assert(t, !strings.Contains(string(cj), "evil"), "the planted MCP server survived in ~/.claude.json")
 	assert.Assert(t, is.Contains(string(cj), `"userID"`), "Claude Code's state in ~/.claude.json was kept")

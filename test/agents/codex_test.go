@@ -82,26 +82,26 @@ func TestCodexToolResumeAndKey(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{policy: "none"})
 	nonce := e.Prefix
-	e.api.Append(cxExec("echo codex-tool-"+nonce+" > /work/tool.txt && "+dumpScript), modelapi.Text("dumped "+nonce))
-	code, out, errb := e.CLI("--json", "run", "--task", e.Task("codex"), "--agent", "codex", "--worktree", e.worktree, "--no-stdin", "--",
+	e.API.Append(cxExec("echo codex-tool-"+nonce+" > /work/tool.txt && "+dumpScript), modelapi.Text("dumped "+nonce))
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("codex"), "--agent", "codex", "--worktree", e.Worktree, "--no-stdin", "--",
 		"--json", "first turn "+nonce)
-	assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.api.Log())
+	assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.API.Log())
 	thread := codexThread(t, out)
 	assert.Equal(t, codexAnswer(out), "dumped "+nonce, out)
-	b, err := os.ReadFile(filepath.Join(e.worktree, "tool.txt"))
+	b, err := os.ReadFile(filepath.Join(e.Worktree, "tool.txt"))
 	assert.NilError(t, err, "the shell tool ran in the cage")
 	assert.Equal(t, string(b), "codex-tool-"+nonce+"\n")
 	var u1 usageResult
 	lastJSON(t, out, &u1)
 	assert.Assert(t, u1.Usage != nil && u1.Usage.Requests >= 2 && u1.Usage.OutputTokens > 0, "%+v", u1.Usage)
 
-	reqs := e.api.Requests()
-	assert.Assert(t, len(reqs) >= 2, e.api.Log())
+	reqs := e.API.Requests()
+	assert.Assert(t, len(reqs) >= 2, e.API.Log())
 	for _, r := range reqs {
 		assert.Equal(t, r.Header.Get("Authorization"), "Bearer "+openaiKey, "the upstream gets the real key on every request (%s %s)", r.Method, r.Path)
 		assert.Equal(t, r.Path, "/v1/responses", "Codex speaks the Responses API over HTTP")
 	}
-	env, err := os.ReadFile(filepath.Join(e.worktree, ".env"))
+	env, err := os.ReadFile(filepath.Join(e.Worktree, ".env"))
 	assert.NilError(t, err)
 	var placeholder string
 	for _, l := range strings.Split(string(env), "\n") {
@@ -117,10 +117,10 @@ func TestCodexToolResumeAndKey(t *testing.T) {
 			}
 		}
 	}
-	assert.Equal(t, searchKey(t, e.worktree, openaiKey), 0, "the real key is readable in the cage")
-	assert.Assert(t, searchKey(t, e.worktree, placeholder) >= 2, "positive control: the dump holds the cage's environment")
+	assert.Equal(t, searchKey(t, e.Worktree, openaiKey), 0, "the real key is readable in the cage")
+	assert.Assert(t, searchKey(t, e.Worktree, placeholder) >= 2, "positive control: the dump holds the cage's environment")
 	for _, f := range []string{".procdump", ".env", ".dump.tar", ".secrets", "tool.txt"} {
-		assert.NilError(t, os.Remove(filepath.Join(e.worktree, f)))
+		assert.NilError(t, os.Remove(filepath.Join(e.Worktree, f)))
 	}
 
 	probe := `import json,os,urllib.request as u
@@ -132,19 +132,19 @@ def call(path, key, method="POST"):
         return e.code
 res = {"old": call("/v1/responses", "` + placeholder + `"), "path": call("/v1/files", os.environ["OPENAI_API_KEY"]), "models": call("/v1/models", os.environ["OPENAI_API_KEY"], "GET")}
 open("/work/.gwprobe", "w").write(json.dumps(res))`
-	e.api.Append(cxExec("python3 - <<'EOF'\n"+probe+"\nEOF"), modelapi.Text("resumed "+nonce))
-	before := len(e.api.Requests())
-	code, out, errb = e.CLI("--json", "run", "--task", e.Task("codex"), "--agent", "codex", "--worktree", e.worktree, "--no-stdin", "--",
+	e.API.Append(cxExec("python3 - <<'EOF'\n"+probe+"\nEOF"), modelapi.Text("resumed "+nonce))
+	before := len(e.API.Requests())
+	code, out, errb = e.CLI("--json", "run", "--task", e.Task("codex"), "--agent", "codex", "--worktree", e.Worktree, "--no-stdin", "--",
 		"--json", "resume", thread, "second turn "+nonce)
-	assert.Equal(t, code, 0, "turn 2: %s %s\n%s", out, errb, e.api.Log())
+	assert.Equal(t, code, 0, "turn 2: %s %s\n%s", out, errb, e.API.Log())
 	assert.Equal(t, codexThread(t, out), thread, "the same session continued")
 	assert.Equal(t, codexAnswer(out), "resumed "+nonce, out)
-	first := e.api.Requests()[before]
+	first := e.API.Requests()[before]
 	assert.Assert(t, is.Contains(string(first.Body), "first turn "+nonce), "turn 2's request carries turn 1's prompt")
 	assert.Assert(t, is.Contains(string(first.Body), "dumped "+nonce), "turn 2's request carries turn 1's answer")
 	assert.Assert(t, is.Contains(string(first.Body), "codex-tool-"+nonce), "turn 2's request carries turn 1's tool call")
 	var got map[string]int
-	b, err = os.ReadFile(filepath.Join(e.worktree, ".gwprobe"))
+	b, err = os.ReadFile(filepath.Join(e.Worktree, ".gwprobe"))
 	assert.NilError(t, err)
 	assert.NilError(t, json.Unmarshal(b, &got))
 	assert.DeepEqual(t, got, map[string]int{"old": 401, "path": 403, "models": 200})
@@ -199,11 +199,11 @@ func codexVectors(nonce, apiURL string) []corpusVector {
 func TestCodexPersistenceCorpus(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
-	vectors := append(shellVectors(e.Prefix), codexVectors(e.Prefix, e.apiURL)...)
+	vectors := append(shellVectors(e.Prefix), codexVectors(e.Prefix, e.APIURL)...)
 	flags := []string{"--dangerously-bypass-hook-trust", "--profile", "cw", "--json"}
 	runCorpus(t, e, "codex", vectors, cxExec,
 		func(prompt string) string {
-			out, _ := e.turnJSON("codex", "--json", prompt)
+			out, _ := turnJSON(e, "codex", "--json", prompt)
 			return codexThread(t, out)
 		},
 		func(session, prompt string) []string {
@@ -211,7 +211,7 @@ func TestCodexPersistenceCorpus(t *testing.T) {
 		},
 		[]string{"OPENAI_API_KEY=sk-control"},
 		func(session, prompt string) (string, guardResult) {
-			out, res := e.turnJSON("codex", append(append([]string{}, flags...), "resume", session, prompt)...)
+			out, res := turnJSON(e, "codex", append(append([]string{}, flags...), "resume", session, prompt)...)
 			assert.Equal(t, codexThread(t, out), session, fmt.Sprintf("resumed: %s", out))
 			return out, res
 		})
@@ -230,20 +230,20 @@ func TestCodexBadKeptState(t *testing.T) {
 	bad := `printf '{not json' > ~/.codex/auth.json && mkdir -p ` + day + ` && ` +
 		`printf '{"type":"vendor_blob","payload":{"x":1}}\nnot json\n{"type":"response_item","payload":{"type":"teleport"}}\n' > ` + day + `/rollout-2026-01-01T00-00-00-00000000-0000-0000-0000-000000000000.jsonl && ` +
 		`sed -i '1i unknown_codex_key = "x"' ~/.codex/config.toml`
-	e.api.Append(cxExec(bad), modelapi.Text("left "+nonce))
-	out, _ := e.turnJSON("codex", "--json", "bad input "+nonce)
+	e.API.Append(cxExec(bad), modelapi.Text("left "+nonce))
+	out, _ := turnJSON(e, "codex", "--json", "bad input "+nonce)
 	thread := codexThread(t, out)
-	assert.Assert(t, !exitedNonZero.MatchString(requestBodies(e.api.Scripted())), "the plant ran")
+	assert.Assert(t, !exitedNonZero.MatchString(requestBodies(e.API.Scripted())), "the plant ran")
 
-	e.api.Append(modelapi.Text("resumed " + nonce))
-	out, rep, _ := e.turnReset("codex", "--json", "resume", thread, "again "+nonce)
+	e.API.Append(modelapi.Text("resumed " + nonce))
+	out, rep, _ := turnReset(e, "codex", "--json", "resume", thread, "again "+nonce)
 	assert.Equal(t, codexThread(t, out), thread)
 	assert.Equal(t, codexAnswer(out), "resumed "+nonce)
 	bogus := ".codex/sessions/2026/01/01/rollout-2026-01-01T00-00-00-00000000-0000-0000-0000-000000000000.jsonl"
 	assert.Check(t, rep.has(".codex/auth.json", "", 0), "auth.json dropped with a reason: %+v", rep.Dropped)
 	assert.Check(t, rep.has(bogus, "record vendor_blob", 1), "%+v", rep.Dropped)
 	assert.Check(t, rep.has(bogus, "response_item teleport", 1), "%+v", rep.Dropped)
-	home := e.home("codex")
+	home := homeDir(e, "codex")
 	cfg, err := os.ReadFile(filepath.Join(home, ".codex", "config.toml"))
 	assert.NilError(t, err)
 	assert.Assert(t, !strings.Contains(string(cfg), "unknown_codex_key"), "config.toml is the baseline again: %s", cfg)
@@ -297,9 +297,9 @@ func TestCodexChatGPTSignInTwoTasksAtOnce(t *testing.T) {
 	e := newEnvWith(t, envOptions{policy: "none", chatgpt: seed, tokenHandler: tokens})
 	nonce := e.Prefix
 	dump := cxExec("cat ~/.codex/auth.json > /work/.cageauth 2>&1; env > /work/.cageenv; echo ok")
-	e.api.Append(dump, dump, modelapi.Text("done "+nonce), modelapi.Text("done "+nonce))
-	assert.NilError(t, os.MkdirAll(e.worktree+"2", 0o755))
-	git(t, e.worktree+"2", "init", "-q")
+	e.API.Append(dump, dump, modelapi.Text("done "+nonce), modelapi.Text("done "+nonce))
+	assert.NilError(t, os.MkdirAll(e.Worktree+"2", 0o755))
+	git(t, e.Worktree+"2", "init", "-q")
 	var wg sync.WaitGroup
 	codes := make([]int, 2)
 	outs := make([]string, 2)
@@ -308,25 +308,25 @@ func TestCodexChatGPTSignInTwoTasksAtOnce(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			var errb string
-			codes[i], outs[i], errb = e.CLI("run", "--task", task, "--agent", "codex", "--no-stdin", "--worktree", e.worktree+map[int]string{0: "", 1: "2"}[i], "--", "--json", "go "+nonce)
+			codes[i], outs[i], errb = e.CLI("run", "--task", task, "--agent", "codex", "--no-stdin", "--worktree", e.Worktree+map[int]string{0: "", 1: "2"}[i], "--", "--json", "go "+nonce)
 			outs[i] += errb
 		}()
 	}
 	wg.Wait()
 	for i := range codes {
-		assert.Equal(t, codes[i], 0, "task %d: %s\n%s", i, outs[i], e.api.Log())
+		assert.Equal(t, codes[i], 0, "task %d: %s\n%s", i, outs[i], e.API.Log())
 	}
 	assert.Equal(t, tokens.n, 1, "one refresh for the account")
 	assert.Equal(t, tokens.reused, 0, "no rotated refresh token used again")
-	reqs := e.api.Requests()
-	assert.Assert(t, len(reqs) >= 4, e.api.Log())
+	reqs := e.API.Requests()
+	assert.Assert(t, len(reqs) >= 4, e.API.Log())
 	for _, r := range reqs {
 		assert.Equal(t, r.Path, "/backend-api/codex/responses")
 		assert.Equal(t, jwtSubject(t, strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")), "at-1", "the fresh token upstream")
 		assert.Equal(t, r.Header.Get("Chatgpt-Account-Id"), "acct-shrooms")
 	}
 	dumped := 0
-	for _, w := range []string{e.worktree, e.worktree + "2"} {
+	for _, w := range []string{e.Worktree, e.Worktree + "2"} {
 		if _, err := os.Stat(filepath.Join(w, ".cageenv")); err == nil {
 			dumped++
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 )
 
 // corpusVector is one persistence vector: plant is shell run by the agent's
@@ -158,7 +159,7 @@ func opencodeVectors(nonce string) []corpusVector {
 // of the same resumed turn on copies of HOME and worktree: every vector
 // must fire) and turn 2 through shrooms (none may fire, the session must
 // continue).
-func runCorpus(t *testing.T, e *env, agent string, vectors []corpusVector, tool func(string) modelapi.Step,
+func runCorpus(t *testing.T, e *tbworld.World, agent string, vectors []corpusVector, tool func(string) modelapi.Step,
 	turn1 func(prompt string) string, ctlArgs func(session, prompt string) []string, ctlEnv []string,
 	turn2 func(session, prompt string) (string, guardResult)) {
 	nonce := e.Prefix
@@ -168,14 +169,14 @@ func runCorpus(t *testing.T, e *env, agent string, vectors []corpusVector, tool 
 			plants = append(plants, tool(v.plant+" && echo planted-"+v.id))
 		}
 	}
-	e.api.Append(append(plants, modelapi.Text("planted "+nonce))...)
+	e.API.Append(append(plants, modelapi.Text("planted "+nonce))...)
 	session := turn1("plant things " + nonce)
-	assert.Equal(t, e.api.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.api.Log())
-	for _, r := range e.api.Scripted() {
+	assert.Equal(t, e.API.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.API.Log())
+	for _, r := range e.API.Scripted() {
 		// Every plant command succeeded in the cage.
 		assert.Assert(t, !strings.Contains(string(r.Body), "Exit code") && !exitedNonZero.Match(r.Body), "a plant command failed: %.2000s", r.Body)
 	}
-	assert.NilError(t, os.RemoveAll(filepath.Join(e.worktree, ".m")))
+	assert.NilError(t, os.RemoveAll(filepath.Join(e.Worktree, ".m")))
 
 	second := []modelapi.Step{tool(exercise), modelapi.Text("resumed " + nonce)}
 	check := func(work string, reqs []modelapi.Request, who string, wantFired bool) {
@@ -212,19 +213,19 @@ func runCorpus(t *testing.T, e *env, agent string, vectors []corpusVector, tool 
 		}
 	}
 
-	before := len(e.api.Scripted())
-	e.api.Append(second...)
-	ctlWork, _ := e.control(agent, ctlEnv, ctlArgs(session, "control "+nonce)...)
-	check(ctlWork, requestsSince(e.api, before), "bare podman run", true)
+	before := len(e.API.Scripted())
+	e.API.Append(second...)
+	ctlWork, _ := control(e, agent, ctlEnv, ctlArgs(session, "control "+nonce)...)
+	check(ctlWork, requestsSince(e.API, before), "bare podman run", true)
 
-	before = len(e.api.Scripted())
-	e.api.Append(second...)
+	before = len(e.API.Scripted())
+	e.API.Append(second...)
 	_, res := turn2(session, "continue "+nonce)
-	reqs := requestsSince(e.api, before)
-	assert.Assert(t, len(reqs) >= 2, "turn 2 ran its script:\n%s", e.api.Log())
+	reqs := requestsSince(e.API, before)
+	assert.Assert(t, len(reqs) >= 2, "turn 2 ran its script:\n%s", e.API.Log())
 	assert.Assert(t, strings.Contains(string(reqs[0].Body), "plant things "+nonce), "the session continued with turn 1's messages")
 	assert.Assert(t, strings.Contains(string(reqs[len(reqs)-1].Body), "ok"), "turn 2's exercise ran")
-	check(e.worktree, reqs, "shrooms turn 2", false)
+	check(e.Worktree, reqs, "shrooms turn 2", false)
 	assert.Assert(t, res.WorktreeGuard != nil && len(res.WorktreeGuard.Masked) > 0)
 	counts := map[string]int{}
 	for _, v := range vectors {
@@ -241,7 +242,7 @@ func TestClaudePersistenceCorpus(t *testing.T) {
 	vectors := append(shellVectors(e.Prefix), claudeVectors(e.Prefix)...)
 	runCorpus(t, e, "claude", vectors, bash,
 		func(prompt string) string {
-			out, _ := e.turnJSON("claude", "-p", "--output-format", "json", prompt)
+			out, _ := turnJSON(e, "claude", "-p", "--output-format", "json", prompt)
 			r := parseClaude(t, out)
 			assert.Assert(t, !r.IsError, out)
 			return r.SessionID
@@ -249,9 +250,9 @@ func TestClaudePersistenceCorpus(t *testing.T) {
 		func(session, prompt string) []string {
 			return []string{"claude", "--dangerously-skip-permissions", "-p", "--output-format", "json", "--resume", session, prompt}
 		},
-		[]string{"ANTHROPIC_BASE_URL=" + e.apiURL, "ANTHROPIC_API_KEY=" + apiKey},
+		[]string{"ANTHROPIC_BASE_URL=" + e.APIURL, "ANTHROPIC_API_KEY=" + apiKey},
 		func(session, prompt string) (string, guardResult) {
-			out, res := e.turnJSON("claude", "-p", "--output-format", "json", "--resume", session, prompt)
+			out, res := turnJSON(e, "claude", "-p", "--output-format", "json", "--resume", session, prompt)
 			r := parseClaude(t, out)
 			assert.Assert(t, !r.IsError, out)
 			assert.Equal(t, r.SessionID, session, fmt.Sprintf("resumed: %s", out))
@@ -267,7 +268,7 @@ func TestOpencodePersistenceCorpus(t *testing.T) {
 	vectors := append(shellVectors(e.Prefix), opencodeVectors(e.Prefix)...)
 	runCorpus(t, e, "opencode", vectors, ocBash,
 		func(prompt string) string {
-			out, _ := e.turnJSON("opencode", "--format", "json", prompt)
+			out, _ := turnJSON(e, "opencode", "--format", "json", prompt)
 			return opencodeSession(t, out)
 		},
 		func(session, prompt string) []string {
@@ -275,7 +276,7 @@ func TestOpencodePersistenceCorpus(t *testing.T) {
 		},
 		[]string{"ANTHROPIC_API_KEY=" + apiKey, "npm_config_offline=true"},
 		func(session, prompt string) (string, guardResult) {
-			out, res := e.turnJSON("opencode", "--format", "json", "--session", session, prompt)
+			out, res := turnJSON(e, "opencode", "--format", "json", "--session", session, prompt)
 			assert.Equal(t, opencodeSession(t, out), session)
 			return out, res
 		})

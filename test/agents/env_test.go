@@ -23,8 +23,8 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
-	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/home"
@@ -48,22 +48,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// env is one testbed with a sealed shrooms config and a scripted model API,
-// in a world of its own (itest.Env on the testbed's podman service, the CLI
-// in the testbed's host namespace).
-type env struct {
-	*itest.Env
-	tb       *testbed.Testbed
-	shrooms  string
-	worktree string
-	api      *modelapi.Server
-	apiURL   string // http://203.0.113.10:PORT
-}
-
 // newEnv builds the testbed, starts the model API on its internet host,
 // writes a config whose [agents.NAME] tables are config.example.toml's plus
 // ANTHROPIC_BASE_URL, seals the network and returns the environment.
-func newEnv(t testing.TB) *env {
+func newEnv(t testing.TB) *tbworld.World {
 	t.Helper()
 	return newEnvWith(t, envOptions{})
 }
@@ -95,7 +83,7 @@ type envOptions struct {
 	service []string
 }
 
-func newEnvWith(t testing.TB, o envOptions) *env {
+func newEnvWith(t testing.TB, o envOptions) *tbworld.World {
 	t.Helper()
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	if out, err := exec.Command("podman", "--url", itest.Socket(), "image", "exists", agentImage).CombinedOutput(); err != nil {
@@ -105,16 +93,25 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		// The suites' runtime (SHROOMS_TEST_RUNTIME), none by default.
 		o.runtime, o.service = itest.CageRuntime(), itest.ServiceArgs()
 	}
-	e := &env{shrooms: o.shrooms}
-	if e.shrooms == "" {
-		e.shrooms = itest.ShroomsBinary(t)
-	}
-	e.tb = testbed.New(t)
-	e.tb.StartPodmanWith(o.service...)
-	// Made after the testbed, so that its cleanup runs before the testbed's.
-	e.Env = itest.New(t, "ag", itest.WithSocket(e.tb.PodmanURL), itest.WithBinary(e.shrooms), itest.WithNetNS(e.tb.NSPath("host")))
-	e.api, e.apiURL = e.startAPI()
+	e := tbworld.New(t, "ag", tbworld.WithService(o.service...), tbworld.WithCLI(o.shrooms), tbworld.WithModelAPI(), tbworld.WithWorktree(),
+		// prepare_next off: the positive controls copy HOME as turn 1 left
+		// it, which a cage prepared for turn 2 would already have reset
+		// (prepared turns have their own tests, with the reset report
+		// carried over: test/demo, cmd/shrooms).
+		tbworld.WithCage(map[string]any{"image": agentImage, "memory": "2g", "timeout": "120s", "prepare_next": false, "runtime": cmp.Or(o.runtime, "default")}),
+		tbworld.WithNetwork(map[string]any{"policy": cmp.Or(o.policy, "internet")}),
+		tbworld.WithExtra(func(e *tbworld.World) string { return agentsConfig(t, e, o) }))
+	code, out, errb := e.CLI("net", "apply", "--seal-only")
+	assert.Equal(t, code, 0, "net apply: %s %s", out, errb)
+	return e
+}
 
+// agentsConfig writes the agents' host files (tokens, baselines) into the
+// world's directory and returns the config's tables after [cage] and
+// [network]: config.example.toml's [agents.NAME] tables pointed at the
+// world's model API, directly or through shrooms' gateways.
+func agentsConfig(t testing.TB, e *tbworld.World, o envOptions) string {
+	t.Helper()
 	example, err := config.Load(filepath.Join(repoRoot(t), "config.example.toml"))
 	assert.NilError(t, err)
 	token := filepath.Join(e.Dir, "anthropic-key")
@@ -135,7 +132,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		// The weaker mode (the key in the cage's environment), which the
 		// persistence tests run under; the gateway tests use the other.
 		if name == "claude" {
-			env["ANTHROPIC_BASE_URL"] = e.apiURL
+			env["ANTHROPIC_BASE_URL"] = e.APIURL
 		}
 		fmt.Fprintf(&agents, "[agents.%s]\ncommand = %s\nhome = %s\nenv = %s\ntoken_env = %s\n",
 			name, tomlList(a.Command), tomlList(a.Home), tomlTable(env), tomlTable(map[string]string{"ANTHROPIC_API_KEY": "anthropic"}))
@@ -151,7 +148,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		moreTokens = fmt.Sprintf("claude-signin = %q\n", seedFile)
 		gatewayAuth = "auth = \"oauth\"\n"
 		if o.tokenHandler != nil {
-			ln, err := listenIn(e.tb.NSPath("internet"), net.JoinHostPort(testbed.InternetAddr4.String(), "0"))
+			ln, err := listenIn(e.TB.NSPath("internet"), net.JoinHostPort(testbed.InternetAddr4.String(), "0"))
 			assert.NilError(t, err)
 			srv := &http.Server{Handler: o.tokenHandler, ReadHeaderTimeout: 10 * time.Second}
 			go func() { _ = srv.Serve(ln) }()
@@ -167,11 +164,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 		if o.signin != nil {
 			token = "claude-signin"
 		}
-		fmt.Fprintf(&agents, "[gateway.anthropic]\nupstream = %q\ntoken = %q\n%s%s\n", e.apiURL, token, gatewayAuth, o.gatewayExtra)
-	}
-	policy := "internet"
-	if o.policy != "" {
-		policy = o.policy
+		fmt.Fprintf(&agents, "[gateway.anthropic]\nupstream = %q\ntoken = %q\n%s%s\n", e.APIURL, token, gatewayAuth, o.gatewayExtra)
 	}
 	// opencode's provider address is its one host-specific setting: the
 	// baseline opencode.json points the anthropic provider at the model API.
@@ -179,7 +172,7 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	// the config decoder as unknown keys.)
 	ocFile := filepath.Join(e.Dir, "opencode.json")
 	ocJSON, err := json.Marshal(map[string]any{"model": opencodeModel, "provider": map[string]any{
-		"anthropic": map[string]any{"options": map[string]any{"baseURL": e.apiURL + "/v1"}}}})
+		"anthropic": map[string]any{"options": map[string]any{"baseURL": e.APIURL + "/v1"}}}})
 	assert.NilError(t, err)
 	assert.NilError(t, os.WriteFile(ocFile, ocJSON, 0o644))
 	ocSettings := fmt.Sprintf("[home.opencode]\nsettings_file = %q\n", ocFile)
@@ -196,15 +189,15 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	fmt.Fprintf(&agents, "[agents.codex]\ncommand = %s\nhome = %s\ngateway = \"openai\"\n", tomlList(cx.Command), tomlList(cx.Home))
 	if o.chatgpt != nil {
 		assert.NilError(t, os.WriteFile(openaiToken, o.chatgpt, 0o600))
-		ln, err := listenIn(e.tb.NSPath("internet"), net.JoinHostPort(testbed.InternetAddr4.String(), "0"))
+		ln, err := listenIn(e.TB.NSPath("internet"), net.JoinHostPort(testbed.InternetAddr4.String(), "0"))
 		assert.NilError(t, err)
 		srv := &http.Server{Handler: o.tokenHandler, ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = srv.Serve(ln) }()
 		t.Cleanup(func() { srv.Close() })
 		fmt.Fprintf(&agents, "[gateway.openai]\napi = \"openai\"\nupstream = %q\ntoken = \"openai\"\nauth = \"chatgpt\"\ntoken_url = %q\n",
-			e.apiURL+"/backend-api/codex", "http://"+ln.Addr().String()+"/oauth/token")
+			e.APIURL+"/backend-api/codex", "http://"+ln.Addr().String()+"/oauth/token")
 	} else {
-		fmt.Fprintf(&agents, "[gateway.openai]\napi = \"openai\"\nupstream = %q\ntoken = \"openai\"\n", e.apiURL)
+		fmt.Fprintf(&agents, "[gateway.openai]\napi = \"openai\"\nupstream = %q\ntoken = \"openai\"\n", e.APIURL)
 	}
 	ocSettings += fmt.Sprintf("[home.codex]\nsettings = { model = %q }\nfiles = { \".codex/cw.config.toml\" = %q }\n", codexModel, cxProfile)
 
@@ -216,65 +209,19 @@ func newEnvWith(t testing.TB, o envOptions) *env {
 	gm, err := example.Agent("gemini")
 	assert.NilError(t, err)
 	fmt.Fprintf(&agents, "[agents.gemini]\ncommand = %s\nhome = %s\nenv = %s\ngateway = \"gemini\"\n", tomlList(gm.Command), tomlList(gm.Home), tomlTable(gm.Env))
-	fmt.Fprintf(&agents, "[gateway.gemini]\napi = \"gemini\"\nupstream = %q\ntoken = \"gemini\"\n", e.apiURL)
+	fmt.Fprintf(&agents, "[gateway.gemini]\napi = \"gemini\"\nupstream = %q\ntoken = \"gemini\"\n", e.APIURL)
 	ocSettings += fmt.Sprintf("[home.gemini]\nsettings = { model = { name = %q } }\n", geminiModel)
 
-	e.WriteConfig(testcfg.Config{
-		// prepare_next off: the positive controls copy HOME as turn 1 left
-		// it, which a cage prepared for turn 2 would already have reset
-		// (prepared turns have their own tests, with the reset report
-		// carried over: test/demo, cmd/shrooms).
-		Cage: map[string]any{"image": agentImage, "memory": "2g", "timeout": "120s", "prepare_next": false, "runtime": cmp.Or(o.runtime, "default")},
-		Network: map[string]any{"policy": policy, "name": e.Prefix, "bridge": e.Prefix,
-			// A subnet of its own: other suites may run cages at the same time.
-			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", os.Getpid()%65000),
-			"dns_upstream": []string{"203.0.113.10"}},
-		Extra: fmt.Sprintf("%s[tokens]\nanthropic = %q\nopenai = %q\ngemini = %q\n%s%s", ocSettings, token, openaiToken, geminiToken, moreTokens, agents.String())}.For(e.Env).TOML())
-	cfg, err := config.Load(e.Config)
-	assert.NilError(t, err)
-	client, err := podman.Connect(context.Background(), e.tb.PodmanURL)
-	assert.NilError(t, err)
-	// A HOME's capped filesystem goes before its volume, in both mount
-	// namespaces (ours and the testbed podman's).
-	e.Release = testcfg.Release(cfg, client)
-	e.Finally(func() {
-		_, _ = e.tb.Podman("network", "rm", "-f", e.Prefix)
-		for _, fam := range []string{"inet", "bridge"} {
-			_ = exec.Command("nsenter", "--net="+e.tb.NSPath("host"), "--", "nft", "delete", "table", fam, "shrooms_"+e.Prefix).Run()
-		}
-	})
-	code, out, errb := e.CLI("net", "apply", "--seal-only")
-	assert.Equal(t, code, 0, "net apply: %s %s", out, errb)
-
-	// A git worktree: the agents run git in it (and so would an fsmonitor).
-	e.worktree = filepath.Join(e.Dir, "work")
-	assert.NilError(t, os.MkdirAll(e.worktree, 0o755))
-	assert.NilError(t, os.WriteFile(filepath.Join(e.worktree, "README"), []byte("hello\n"), 0o644))
-	git(t, e.worktree, "init", "-q")
-	git(t, e.worktree, "add", "README")
-	git(t, e.worktree, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "init")
-	return e
+	return fmt.Sprintf("%s[tokens]\nanthropic = %q\nopenai = %q\ngemini = %q\n%s%s", ocSettings, token, openaiToken, geminiToken, moreTokens, agents.String())
 }
 
-// startAPI serves a scripted model API on the internet host, on a port of
-// its own (the canaries hold the well-known ones).
-func (e *env) startAPI() (*modelapi.Server, string) {
-	e.T.Helper()
-	ln, err := listenIn(e.tb.NSPath("internet"), net.JoinHostPort(testbed.InternetAddr4.String(), "0"))
-	assert.NilError(e.T, err)
-	s := modelapi.New()
-	s.Serve(ln)
-	e.T.Cleanup(func() { s.Close() })
-	return s, "http://" + ln.Addr().String()
-}
-
-// turn runs one agent turn on the worktree and returns its stdout and wall time.
-func (e *env) turn(agent string, args ...string) (string, time.Duration) {
+// runTurn runs one agent turn on the worktree and returns its stdout and wall time.
+func runTurn(e *tbworld.World, agent string, args ...string) (string, time.Duration) {
 	e.T.Helper()
 	start := time.Now()
-	code, out, errb := e.CLI(append([]string{"run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	code, out, errb := e.CLI(append([]string{"run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.Worktree, "--no-stdin", "--"}, args...)...)
 	took := time.Since(start)
-	assert.Equal(e.T, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
+	assert.Equal(e.T, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.API.Log())
 	return out, took
 }
 
@@ -303,12 +250,12 @@ func (r resetReport) has(path, item string, rows int64) bool {
 
 // turnReset is turn with `--json`: it returns the agent's stdout (the result
 // line removed), the reset report of the turn's result, and the wall time.
-func (e *env) turnReset(agent string, args ...string) (string, resetReport, time.Duration) {
+func turnReset(e *tbworld.World, agent string, args ...string) (string, resetReport, time.Duration) {
 	e.T.Helper()
 	start := time.Now()
-	code, out, errb := e.CLI(append([]string{"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	code, out, errb := e.CLI(append([]string{"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.Worktree, "--no-stdin", "--"}, args...)...)
 	took := time.Since(start)
-	assert.Equal(e.T, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
+	assert.Equal(e.T, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.API.Log())
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	var res struct {
 		Reset *resetReport `json:"reset"`
@@ -321,9 +268,9 @@ func (e *env) turnReset(agent string, args ...string) (string, resetReport, time
 // checkSealed asserts, from `shrooms spec`, that the agent's turn runs in
 // the sealed cage: read-only root, the built-in strict seccomp profile, no
 // capabilities, no-new-privileges, the cage user, the sealed network.
-func (e *env) checkSealed(agent string) {
+func checkSealed(e *tbworld.World, agent string) {
 	e.T.Helper()
-	code, out, errb := e.CLI("spec", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin")
+	code, out, errb := e.CLI("spec", "--task", e.Task(agent), "--agent", agent, "--worktree", e.Worktree, "--no-stdin")
 	assert.Equal(e.T, code, 0, errb)
 	var spec struct {
 		ReadOnly bool           `json:"read_only_filesystem"`
@@ -346,17 +293,17 @@ func (e *env) checkSealed(agent string) {
 	assert.Assert(e.T, ok, "the cage joins the sealed network %s: %s", e.Prefix, out)
 }
 
-// home is the host directory of the task's HOME, mounted: shrooms mounts
+// homeDir is the host directory of the task's HOME, mounted: shrooms mounts
 // HOME only for a turn, so the test mounts it to look (the next turn
 // finds it mounted and releases it after).
-func (e *env) home(agent string) string {
+func homeDir(e *tbworld.World, agent string) string {
 	e.T.Helper()
 	// The last turn's teardown may still be releasing (unmounting) this
 	// HOME: mounted under it, the HOME would vanish mid-read.
 	e.WaitIdle(e.Task(agent))
 	cfg, err := config.Load(e.Config)
 	assert.NilError(e.T, err)
-	client, err := podman.Connect(context.Background(), e.tb.PodmanURL)
+	client, err := podman.Connect(context.Background(), e.TB.PodmanURL)
 	assert.NilError(e.T, err)
 	root, err := home.NewStore(client, cfg).Mounted(context.Background(), taskid.Must(e.Task(agent)))
 	assert.NilError(e.T, err)
@@ -383,21 +330,21 @@ func markers(t testing.TB, dir string) []string {
 // HOME after turn 1 and a copy of the worktree. It is the positive control
 // that the planted payloads are live; it returns the control worktree and
 // the wall time of the run.
-func (e *env) control(agent string, envs []string, agentArgs ...string) (string, time.Duration) {
+func control(e *tbworld.World, agent string, envs []string, agentArgs ...string) (string, time.Duration) {
 	e.T.Helper()
-	home, work := e.controlCopy(agent, "control")
-	return work, e.bare(home, work, envs, agentArgs...)
+	home, work := controlCopy(e, agent, "control")
+	return work, bare(e, home, work, envs, agentArgs...)
 }
 
 // controlCopy copies the task's HOME and the worktree to fresh directories
 // named after name, owned by the cage user, for a bare run.
-func (e *env) controlCopy(agent, name string) (string, string) {
+func controlCopy(e *tbworld.World, agent, name string) (string, string) {
 	e.T.Helper()
 	home := filepath.Join(e.Dir, name+"-home")
 	work := filepath.Join(e.Dir, name+"-work")
 	for _, c := range [][]string{
-		{"cp", "-a", e.home(agent) + "/.", home + "/"},
-		{"cp", "-a", e.worktree + "/.", work + "/"},
+		{"cp", "-a", homeDir(e, agent) + "/.", home + "/"},
+		{"cp", "-a", e.Worktree + "/.", work + "/"},
 		{"chown", "-R", "1000:1000", home, work},
 	} {
 		if c[0] == "cp" {
@@ -412,16 +359,16 @@ func (e *env) controlCopy(agent, name string) (string, string) {
 // bare runs agentArgs as `podman run --rm` of the agent image, uid 1000,
 // with home and work bind-mounted and the testbed host's network (so the
 // model API is reachable): the agent as it runs without shrooms.
-func (e *env) bare(home, work string, envs []string, agentArgs ...string) time.Duration {
+func bare(e *tbworld.World, home, work string, envs []string, agentArgs ...string) time.Duration {
 	e.T.Helper()
-	return e.bareRun(false, home, work, envs, agentArgs...)
+	return bareRun(e, false, home, work, envs, agentArgs...)
 }
 
 // bareRun is bare; with mayFail the agent's exit status is not checked (a
 // positive control whose payload makes the agent give up).
-func (e *env) bareRun(mayFail bool, home, work string, envs []string, agentArgs ...string) time.Duration {
+func bareRun(e *tbworld.World, mayFail bool, home, work string, envs []string, agentArgs ...string) time.Duration {
 	e.T.Helper()
-	args := []string{"run", "--rm", "--network", "host", "--user", "1000:1000", "--label", e.tb.Label(),
+	args := []string{"run", "--rm", "--network", "host", "--user", "1000:1000", "--label", e.TB.Label(),
 		"-v", home + ":/home/agent", "-v", work + ":/work", "-w", "/work", "-e", "HOME=/home/agent",
 		// No registry in the testbed: fail npm fetches at once (opencode
 		// installs its plugin SDK before loading a plugin).
@@ -431,13 +378,13 @@ func (e *env) bareRun(mayFail bool, home, work string, envs []string, agentArgs 
 	}
 	args = append(append(args, agentImage), agentArgs...)
 	start := time.Now()
-	out, err := e.tb.Podman(args...)
+	out, err := e.TB.Podman(args...)
 	took := time.Since(start)
 	if mayFail {
 		e.T.Logf("bare podman run (may fail): %v", err)
 		return took
 	}
-	assert.NilError(e.T, err, "bare podman run: %s\nmodel API log:\n%s", out, e.api.Log())
+	assert.NilError(e.T, err, "bare podman run: %s\nmodel API log:\n%s", out, e.API.Log())
 	if os.Getenv("AGENTS_DEBUG") != "" {
 		e.T.Logf("bare podman run output:\n%s", out)
 	}

@@ -92,10 +92,10 @@ func TestGatewayKeepsTheKeyOutsideTheCage(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
 	nonce := e.Prefix
-	e.api.Append(bash(dumpScript), modelapi.Text("dumped "+nonce))
-	code, out, errb := e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
+	e.API.Append(bash(dumpScript), modelapi.Text("dumped "+nonce))
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.Worktree, "--no-stdin", "--",
 		"-p", "--output-format", "json", "dump everything "+nonce)
-	assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.api.Log())
+	assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.API.Log())
 	r1 := parseClaude(t, out)
 	assert.Assert(t, !r1.IsError, out)
 	assert.Equal(t, r1.Result, "dumped "+nonce)
@@ -104,13 +104,13 @@ func TestGatewayKeepsTheKeyOutsideTheCage(t *testing.T) {
 	assert.Assert(t, u1.Usage != nil && u1.Usage.Requests >= 2, "%+v", u1)
 	assert.Assert(t, u1.Usage.OutputTokens > 0 && u1.Usage.InputTokens > 0)
 
-	reqs := e.api.Requests()
+	reqs := e.API.Requests()
 	assert.Assert(t, len(reqs) >= 2)
 	var placeholder string
 	for _, r := range reqs {
 		assert.Equal(t, r.Header.Get("X-Api-Key"), apiKey, "the upstream gets the real key on every request")
 	}
-	env, err := os.ReadFile(filepath.Join(e.worktree, ".env"))
+	env, err := os.ReadFile(filepath.Join(e.Worktree, ".env"))
 	assert.NilError(t, err)
 	for _, l := range strings.Split(string(env), "\n") {
 		if v, ok := strings.CutPrefix(l, "ANTHROPIC_API_KEY="); ok {
@@ -125,9 +125,9 @@ func TestGatewayKeepsTheKeyOutsideTheCage(t *testing.T) {
 			}
 		}
 	}
-	assert.Equal(t, searchKey(t, e.worktree, apiKey), 0, "the real key is readable in the cage")
-	assert.Assert(t, searchKey(t, e.worktree, placeholder) >= 2, "positive control: the dump holds the cage's environment")
-	secrets, err := os.ReadFile(filepath.Join(e.worktree, ".secrets"))
+	assert.Equal(t, searchKey(t, e.Worktree, apiKey), 0, "the real key is readable in the cage")
+	assert.Assert(t, searchKey(t, e.Worktree, placeholder) >= 2, "positive control: the dump holds the cage's environment")
+	secrets, err := os.ReadFile(filepath.Join(e.Worktree, ".secrets"))
 	assert.NilError(t, err)
 	assert.Assert(t, !strings.Contains(string(secrets), "anthropic"), "a token secret is mounted: %s", secrets)
 
@@ -142,21 +142,21 @@ def call(path, key, method="POST"):
         return e.code
 res = {"old": call("/v1/messages", "` + placeholder + `"), "path": call("/v1/files", os.environ["ANTHROPIC_API_KEY"]), "models": call("/v1/models", os.environ["ANTHROPIC_API_KEY"], "GET")}
 open("/work/.gwprobe", "w").write(json.dumps(res))`
-	e.api.Append(bash(`python3 - <<'EOF'`+"\n"+probe+"\nEOF"), modelapi.Text("resumed "+nonce))
-	code, out, errb = e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
+	e.API.Append(bash(`python3 - <<'EOF'`+"\n"+probe+"\nEOF"), modelapi.Text("resumed "+nonce))
+	code, out, errb = e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.Worktree, "--no-stdin", "--",
 		"-p", "--output-format", "json", "--resume", r1.SessionID, "continue "+nonce)
-	assert.Equal(t, code, 0, "turn 2: %s %s\n%s", out, errb, e.api.Log())
+	assert.Equal(t, code, 0, "turn 2: %s %s\n%s", out, errb, e.API.Log())
 	r2 := parseClaude(t, out)
 	assert.Equal(t, r2.Result, "resumed "+nonce)
 	var got map[string]int
-	b, err := os.ReadFile(filepath.Join(e.worktree, ".gwprobe"))
+	b, err := os.ReadFile(filepath.Join(e.Worktree, ".gwprobe"))
 	assert.NilError(t, err)
 	assert.NilError(t, json.Unmarshal(b, &got))
 	assert.DeepEqual(t, got, map[string]int{"old": 401, "path": 403, "models": 200})
 	var u2 usageResult
 	lastJSON(t, out, &u2)
 	assert.Assert(t, u2.Usage != nil && u2.Usage.Refused == 2, "%+v", u2.Usage)
-	last := e.api.Requests()[len(e.api.Requests())-1]
+	last := e.API.Requests()[len(e.API.Requests())-1]
 	assert.Assert(t, is.Contains(string(last.Body), "dump everything "+nonce), "the session resumed through the gateway")
 }
 
@@ -167,16 +167,16 @@ func TestGatewayOpencode(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
 	nonce := e.Prefix
-	e.api.Append(ocBash(`echo "$ANTHROPIC_API_KEY" | cut -c1-27 > /work/.ockey`), modelapi.Text("done "+nonce))
-	code, out, errb := e.CLI("--json", "run", "--task", e.Task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
+	e.API.Append(ocBash(`echo "$ANTHROPIC_API_KEY" | cut -c1-27 > /work/.ockey`), modelapi.Text("done "+nonce))
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("opencode"), "--agent", "opencode", "--worktree", e.Worktree, "--no-stdin", "--",
 		"--format", "json", "hello "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
-	assert.Equal(t, e.api.Remaining(), 0, e.api.Log())
-	b, err := os.ReadFile(filepath.Join(e.worktree, ".ockey"))
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
+	assert.Equal(t, e.API.Remaining(), 0, e.API.Log())
+	b, err := os.ReadFile(filepath.Join(e.Worktree, ".ockey"))
 	assert.NilError(t, err)
 	assert.Equal(t, string(b), "sk-ant-shrooms-placeholder-\n")
 	streamed := false
-	for _, r := range e.api.Scripted() {
+	for _, r := range e.API.Scripted() {
 		assert.Equal(t, r.Header.Get("X-Api-Key"), apiKey)
 		streamed = streamed || r.Stream
 	}
@@ -192,9 +192,9 @@ func TestGatewayOpencode(t *testing.T) {
 func TestGatewayLimitEndsTheTurn(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none", gatewayExtra: "max_requests = 1"})
-	e.api.Append(bash(`echo one`), bash(`echo two`), modelapi.Text("never"))
+	e.API.Append(bash(`echo one`), bash(`echo two`), modelapi.Text("never"))
 	start := time.Now()
-	code, out, errb := e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.Worktree, "--no-stdin", "--",
 		"-p", "--output-format", "json", "go")
 	assert.Equal(t, code, 120, "%s %s", out, errb)
 	var u usageResult
@@ -203,7 +203,7 @@ func TestGatewayLimitEndsTheTurn(t *testing.T) {
 	assert.Assert(t, is.Contains(u.Error, "limit of 1 model requests"))
 	assert.Equal(t, u.Usage.Requests, int64(1))
 	assert.Assert(t, time.Since(start) < 60*time.Second)
-	assert.Equal(t, len(e.api.Scripted()), 1, "only one request reached the upstream")
+	assert.Equal(t, len(e.API.Scripted()), 1, "only one request reached the upstream")
 }
 
 // TestGatewayBadInput: a missing token file is bad input (121) and an
@@ -225,13 +225,13 @@ func TestGatewayBadInput(t *testing.T) {
 	assert.NilError(t, os.Rename(token+".away", token))
 
 	// The upstream's port closed: the model API listens elsewhere.
-	bad := strings.Replace(string(cfg), e.apiURL, "http://203.0.113.10:9", 1)
+	bad := strings.Replace(string(cfg), e.APIURL, "http://203.0.113.10:9", 1)
 	assert.NilError(t, os.WriteFile(e.Config, []byte(bad), 0o600))
 	code, _, errb = e.CLI("run", "--task", e.Task("claude"), "--agent", "claude", "--no-stdin", "--", "-p", "x")
 	assert.Equal(t, code, 122, errb)
 	assert.Assert(t, is.Contains(errb, "is unreachable"))
 	assert.Equal(t, strings.Count(strings.TrimSpace(errb), "\n"), 0, "one line: %s", errb)
-	cages := e.tb.MustPodman("ps", "-a", "--filter", "label=io.shrooms.task="+e.Task("claude"), "--format", "{{.Names}}")
+	cages := e.TB.MustPodman("ps", "-a", "--filter", "label=io.shrooms.task="+e.Task("claude"), "--format", "{{.Names}}")
 	assert.Equal(t, strings.TrimSpace(cages), "", "a cage was created")
 }
 
@@ -256,36 +256,38 @@ for i in range(600):
     if not up():
         open("/work/.gw-after", "w").write("gone after %d" % i); break
     time.sleep(0.1)`
-	cmd := exec.Command("nsenter", "--net="+e.tb.NSPath("host"), "--", e.shrooms, "--config", e.Config,
-		"run", "--task", e.Task("probe"), "--agent", "probe", "--worktree", e.worktree, "--no-stdin", "--", script)
+	cmd := exec.Command("nsenter", "--net="+e.TB.NSPath("host"), "--", e.Binary, "--config", e.Config,
+		"run", "--task", e.Task("probe"), "--agent", "probe", "--worktree", e.Worktree, "--no-stdin", "--", script)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	assert.NilError(t, cmd.Start())
-	before := filepath.Join(e.worktree, ".gw-before")
+	before := filepath.Join(e.Worktree, ".gw-before")
 	deadline := time.Now().Add(60 * time.Second)
+	var b []byte
+	var err error
 	for {
-		if _, err := os.Stat(before); err == nil || time.Now().After(deadline) {
+		// Until written, not only created: on a loaded machine the file
+		// can be seen empty between the script's open and its write.
+		if b, err = os.ReadFile(before); (err == nil && len(b) > 0) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	b, err := os.ReadFile(before)
 	assert.NilError(t, err, "the cage never started")
 	assert.Equal(t, string(b), "True", "positive control: the gateway is reachable during the turn")
 	assert.NilError(t, syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL))
 	_ = cmd.Wait()
-	after := filepath.Join(e.worktree, ".gw-after")
+	after := filepath.Join(e.Worktree, ".gw-after")
 	deadline = time.Now().Add(30 * time.Second)
 	for {
-		if _, err := os.Stat(after); err == nil || time.Now().After(deadline) {
+		if b, err = os.ReadFile(after); (err == nil && len(b) > 0) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	b, err = os.ReadFile(after)
 	assert.NilError(t, err, "the cage could still reach the gateway 30 s after shrooms was killed")
 	assert.Assert(t, is.Contains(string(b), "gone after"))
 	// The leftover cage goes with the task's next command.
-	_, _ = e.tb.Podman("rm", "-f", "--filter", "label=io.shrooms.task="+e.Task("probe"))
+	_, _ = e.TB.Podman("rm", "-f", "--filter", "label=io.shrooms.task="+e.Task("probe"))
 }
 
 // tokenEndpoint is an OAuth token endpoint that rotates refresh tokens, as
@@ -331,7 +333,7 @@ func TestGatewaySubscriptionSignIn(t *testing.T) {
 	// The token endpoint is on the testbed's internet host; newEnvWith
 	// writes its URL into the gateway table.
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none", signin: signin, tokenHandler: tokens})
-	e.api.Append(modelapi.Text("done"), modelapi.Text("done"))
+	e.API.Append(modelapi.Text("done"), modelapi.Text("done"))
 
 	var wg sync.WaitGroup
 	results := make([][3]string, 2)
@@ -346,20 +348,20 @@ func TestGatewaySubscriptionSignIn(t *testing.T) {
 	}
 	wg.Wait()
 	for _, r := range results {
-		assert.Equal(t, r[0], "0", "turn: %s %s\n%s", r[1], r[2], e.api.Log())
+		assert.Equal(t, r[0], "0", "turn: %s %s\n%s", r[1], r[2], e.API.Log())
 	}
 	tokens.mu.Lock()
 	assert.Equal(t, tokens.refreshes, 1, "one refresh chain for the account")
 	assert.Equal(t, tokens.refused, 0, "a rotated refresh token was reused")
 	tokens.mu.Unlock()
-	reqs := e.api.Scripted()
+	reqs := e.API.Scripted()
 	assert.Equal(t, len(reqs), 2)
-	for _, r := range e.api.Requests() {
+	for _, r := range e.API.Requests() {
 		assert.Equal(t, r.Header.Get("Authorization"), "Bearer real-access-1", "the upstream gets the real bearer token")
 		assert.Equal(t, r.Header.Get("X-Api-Key"), "")
 	}
 	for _, task := range []string{"claude", "claude2"} {
-		b, err := os.ReadFile(filepath.Join(e.home(task), ".claude", ".credentials.json"))
+		b, err := os.ReadFile(filepath.Join(homeDir(e, task), ".claude", ".credentials.json"))
 		assert.NilError(t, err)
 		assert.Assert(t, is.Contains(string(b), "sk-ant-shrooms-placeholder-"), "%s", b)
 		assert.Assert(t, !strings.Contains(string(b), "real-"), "a real token in the cage's credentials: %s", b)

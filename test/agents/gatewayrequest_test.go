@@ -49,16 +49,16 @@ func TestGatewayRefusesServerSideCapabilities(t *testing.T) {
 	probe := bash("python3 - <<'EOF'\n" + serverSideProbe + "\nEOF")
 
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
-	e.api.Append(probe, modelapi.Text("probed"))
-	code, out, errb := e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
+	e.API.Append(probe, modelapi.Text("probed"))
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.Worktree, "--no-stdin", "--",
 		"-p", "--output-format", "json", "probe the gateway")
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	assert.Equal(t, parseClaude(t, out).Result, "probed", "the turn works through the gateway")
-	assert.DeepEqual(t, gwProbe(t, e.worktree), map[string]int{"mcp": 403, "web_fetch": 403, "container": 403, "beta": 403})
+	assert.DeepEqual(t, gwProbe(t, e.Worktree), map[string]int{"mcp": 403, "web_fetch": 403, "container": 403, "beta": 403})
 	var u usageResult
 	lastJSON(t, out, &u)
 	assert.Equal(t, u.Usage.Refused, int64(4))
-	for _, r := range e.api.Requests() {
+	for _, r := range e.API.Requests() {
 		assert.Assert(t, !isProbe(r.Body), "a refused request reached the upstream: %s", r.Body)
 		for _, b := range betas(r.Header.Values("Anthropic-Beta")) {
 			assert.Assert(t, slices.Contains(gateway.BuiltinBetas, b), "Claude Code sent beta %q, not built in", b)
@@ -70,13 +70,13 @@ func TestGatewayRefusesServerSideCapabilities(t *testing.T) {
 	// refuses (and ends the turn for) under history = "refuse": it is off
 	// here, this control is about the server-side capabilities alone.
 	c := newEnvWith(t, envOptions{gateway: true, policy: "none", gatewayExtra: `allow_server_tools = ["mcp_servers", "web_fetch", "container"]` + "\n" + `allow_betas = ["mcp-client-2025-04-04"]` + "\n" + `history = "off"`})
-	c.api.Append(probe, modelapi.Text("web_fetch probe's answer"), modelapi.Text("probed"))
-	code, out, errb = c.CLI("--json", "run", "--task", c.Task("claude"), "--agent", "claude", "--worktree", c.worktree, "--no-stdin", "--",
+	c.API.Append(probe, modelapi.Text("web_fetch probe's answer"), modelapi.Text("probed"))
+	code, out, errb = c.CLI("--json", "run", "--task", c.Task("claude"), "--agent", "claude", "--worktree", c.Worktree, "--no-stdin", "--",
 		"-p", "--output-format", "json", "probe the gateway")
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, c.api.Log())
-	assert.DeepEqual(t, gwProbe(t, c.worktree), map[string]int{"mcp": 200, "web_fetch": 200, "container": 200, "beta": 200})
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, c.API.Log())
+	assert.DeepEqual(t, gwProbe(t, c.Worktree), map[string]int{"mcp": 200, "web_fetch": 200, "container": 200, "beta": 200})
 	reached := 0
-	for _, r := range c.api.Requests() {
+	for _, r := range c.API.Requests() {
 		if isProbe(r.Body) {
 			reached++
 		}
@@ -89,15 +89,15 @@ func TestGatewayRefusesServerSideCapabilities(t *testing.T) {
 func TestGatewayOpencodeBetas(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
-	e.api.Append(ocBash(`echo hi`), modelapi.Text("done"))
-	code, out, errb := e.CLI("--json", "run", "--task", e.Task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
+	e.API.Append(ocBash(`echo hi`), modelapi.Text("done"))
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("opencode"), "--agent", "opencode", "--worktree", e.Worktree, "--no-stdin", "--",
 		"--format", "json", "hello")
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	var u usageResult
 	lastJSON(t, out, &u)
 	assert.Equal(t, u.Usage.Refused, int64(0))
 	tools := 0
-	for _, r := range e.api.Requests() {
+	for _, r := range e.API.Requests() {
 		for _, b := range betas(r.Header.Values("Anthropic-Beta")) {
 			assert.Assert(t, slices.Contains(gateway.BuiltinBetas, b), "opencode sent beta %q, not built in", b)
 		}

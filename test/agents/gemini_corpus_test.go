@@ -130,8 +130,8 @@ func TestGeminiPersistenceCorpus(t *testing.T) {
 	gemini := []string{"gemini", "--skip-trust", "--yolo"}
 	runCorpus(t, e, "gemini", vectors, plant,
 		func(prompt string) string {
-			code, out, errb := e.CLI("--json", "run", "--task", e.Task("gemini"), "--agent", "gemini", "--worktree", e.worktree, "--no-stdin", "--", "-p", prompt)
-			assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.api.Log())
+			code, out, errb := e.CLI("--json", "run", "--task", e.Task("gemini"), "--agent", "gemini", "--worktree", e.Worktree, "--no-stdin", "--", "-p", prompt)
+			assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.API.Log())
 			var res struct {
 				Changes struct {
 					AgentConfig []struct{ Path, Why string } `json:"agent_config"`
@@ -146,7 +146,7 @@ func TestGeminiPersistenceCorpus(t *testing.T) {
 			for _, root := range gmWorktreeRoots {
 				assert.Check(t, slices.Contains(listed, root), "run --json lists %s as agent config: %v", root, listed)
 			}
-			bodies := requestBodies(e.api.Scripted())
+			bodies := requestBodies(e.API.Scripted())
 			for _, v := range vectors {
 				if v.plant != "" {
 					assert.Assert(t, strings.Contains(bodies, "planted-"+v.id), "the plant of %s ran; the tool's answers:\n%s", v.id, strings.Join(gmToolOutputs.FindAllString(bodies[strings.LastIndex(bodies, `"contents"`):], -1), "\n"))
@@ -162,14 +162,14 @@ func TestGeminiPersistenceCorpus(t *testing.T) {
 			script := `python3 -c 'import json,os; p=os.path.expanduser("~/.gemini/settings.json"); d=json.load(open(p)); d.setdefault("security",{})["auth"]={"selectedType":"gemini-api-key"}; json.dump(d,open(p,"w"))' && `
 			script += strings.Join(append(gemini, "--resume", session, "-p", "'"+gmCommand+" "+prompt+"'"), " ")
 			for i, f := range geminiEnvRuns {
-				e.api.Append(modelapi.Text("env run " + e.Prefix))
+				e.API.Append(modelapi.Text("env run " + e.Prefix))
 				script += " && rm " + f + " && " + strings.Join(append(gemini, "-p", "'env run "+string(rune('a'+i))+"'"), " ")
 			}
 			return []string{"sh", "-c", script}
 		},
-		[]string{"GEMINI_API_KEY=" + geminiKey, "GOOGLE_GEMINI_BASE_URL=" + e.apiURL, "GEMINI_TELEMETRY_ENABLED=false"},
+		[]string{"GEMINI_API_KEY=" + geminiKey, "GOOGLE_GEMINI_BASE_URL=" + e.APIURL, "GEMINI_TELEMETRY_ENABLED=false"},
 		func(session, prompt string) (string, guardResult) {
-			out, res := e.turnJSON("gemini", "--resume", session, "-p", gmCommand+" "+prompt)
+			out, res := turnJSON(e, "gemini", "--resume", session, "-p", gmCommand+" "+prompt)
 			assert.Assert(t, res.WorktreeGuard != nil, out)
 			for _, root := range gmWorktreeRoots {
 				assert.Check(t, slices.Contains(res.WorktreeGuard.Masked, root), "%s is masked in the next cage: %v", root, res.WorktreeGuard.Masked)
@@ -178,7 +178,7 @@ func TestGeminiPersistenceCorpus(t *testing.T) {
 		})
 	// In turn 2 the masked /work/.env (an empty stand-in) ends the .env
 	// search before HOME: HOME's two are shown gone by the reset itself.
-	home := e.home("gemini")
+	home := homeDir(e, "gemini")
 	for _, f := range []string{".env", ".gemini/.env", ".gemini/trustedFolders.json"} {
 		_, err := os.Lstat(filepath.Join(home, f))
 		assert.Assert(t, os.IsNotExist(err), "~/%s survived the reset: %v", f, err)

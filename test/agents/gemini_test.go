@@ -39,25 +39,25 @@ func TestGeminiToolResumeAndKey(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{policy: "none"})
 	nonce := e.Prefix
-	e.api.Append(gmShell("echo gemini-tool-"+nonce+" > /work/tool.txt && "+dumpScript), modelapi.Text("dumped "+nonce))
-	code, out, errb := e.CLI("--json", "run", "--task", e.Task("gemini"), "--agent", "gemini", "--worktree", e.worktree, "--no-stdin", "--",
+	e.API.Append(gmShell("echo gemini-tool-"+nonce+" > /work/tool.txt && "+dumpScript), modelapi.Text("dumped "+nonce))
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("gemini"), "--agent", "gemini", "--worktree", e.Worktree, "--no-stdin", "--",
 		"-p", "first turn "+nonce)
-	assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.api.Log())
+	assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.API.Log())
 	assert.Check(t, is.Contains(out, "dumped "+nonce))
-	b, err := os.ReadFile(filepath.Join(e.worktree, "tool.txt"))
+	b, err := os.ReadFile(filepath.Join(e.Worktree, "tool.txt"))
 	assert.NilError(t, err, "the shell tool ran in the cage: %s %s", out, errb)
 	assert.Equal(t, string(b), "gemini-tool-"+nonce+"\n")
 	var u1 usageResult
 	lastJSON(t, out, &u1)
 	assert.Assert(t, u1.Usage != nil && u1.Usage.Requests >= 2 && u1.Usage.OutputTokens > 0, "%+v", u1.Usage)
 
-	reqs := e.api.Requests()
-	assert.Assert(t, len(reqs) >= 2, e.api.Log())
+	reqs := e.API.Requests()
+	assert.Assert(t, len(reqs) >= 2, e.API.Log())
 	for _, r := range reqs {
 		assert.Equal(t, r.Header.Get("X-Goog-Api-Key"), geminiKey, "the upstream gets the real key on every request (%s %s)", r.Method, r.Path)
 		assert.Assert(t, strings.HasPrefix(r.Path, "/v1beta/models/"), r.Path)
 	}
-	env, err := os.ReadFile(filepath.Join(e.worktree, ".env"))
+	env, err := os.ReadFile(filepath.Join(e.Worktree, ".env"))
 	assert.NilError(t, err)
 	var placeholder string
 	for _, l := range strings.Split(string(env), "\n") {
@@ -73,10 +73,10 @@ func TestGeminiToolResumeAndKey(t *testing.T) {
 			}
 		}
 	}
-	assert.Equal(t, searchKey(t, e.worktree, geminiKey), 0, "the real key is readable in the cage")
-	assert.Assert(t, searchKey(t, e.worktree, placeholder) >= 2, "positive control: the dump holds the cage's environment")
+	assert.Equal(t, searchKey(t, e.Worktree, geminiKey), 0, "the real key is readable in the cage")
+	assert.Assert(t, searchKey(t, e.Worktree, placeholder) >= 2, "positive control: the dump holds the cage's environment")
 	for _, f := range []string{".procdump", ".env", ".dump.tar", ".secrets", "tool.txt"} {
-		_ = os.Remove(filepath.Join(e.worktree, f))
+		_ = os.Remove(filepath.Join(e.Worktree, f))
 	}
 
 	probe := `import json,os,urllib.request as u
@@ -89,18 +89,18 @@ def call(path, key, method="POST"):
 k = os.environ["GEMINI_API_KEY"]
 res = {"old": call("/v1beta/models/m:generateContent", "` + placeholder + `"), "path": call("/v1beta/files", k), "models": call("/v1beta/models", k, "GET")}
 open("/work/.gwprobe", "w").write(json.dumps(res))`
-	e.api.Append(gmShell("python3 - <<'EOF'\n"+probe+"\nEOF"), modelapi.Text("resumed "+nonce))
-	before := len(e.api.Requests())
-	code, out, errb = e.CLI("--json", "run", "--task", e.Task("gemini"), "--agent", "gemini", "--worktree", e.worktree, "--no-stdin", "--",
+	e.API.Append(gmShell("python3 - <<'EOF'\n"+probe+"\nEOF"), modelapi.Text("resumed "+nonce))
+	before := len(e.API.Requests())
+	code, out, errb = e.CLI("--json", "run", "--task", e.Task("gemini"), "--agent", "gemini", "--worktree", e.Worktree, "--no-stdin", "--",
 		"--resume", "latest", "-p", "second turn "+nonce)
-	assert.Equal(t, code, 0, "turn 2: %s %s\n%s", out, errb, e.api.Log())
+	assert.Equal(t, code, 0, "turn 2: %s %s\n%s", out, errb, e.API.Log())
 	assert.Check(t, is.Contains(out, "resumed "+nonce))
-	first := e.api.Requests()[before]
+	first := e.API.Requests()[before]
 	assert.Assert(t, is.Contains(string(first.Body), "first turn "+nonce), "turn 2's request carries turn 1's prompt")
 	assert.Assert(t, is.Contains(string(first.Body), "dumped "+nonce), "turn 2's request carries turn 1's answer")
 	assert.Assert(t, is.Contains(string(first.Body), "gemini-tool-"+nonce), "turn 2's request carries turn 1's tool call")
 	var got map[string]int
-	b, err = os.ReadFile(filepath.Join(e.worktree, ".gwprobe"))
+	b, err = os.ReadFile(filepath.Join(e.Worktree, ".gwprobe"))
 	assert.NilError(t, err)
 	assert.NilError(t, json.Unmarshal(b, &got))
 	assert.DeepEqual(t, got, map[string]int{"old": 401, "path": 403, "models": 200})

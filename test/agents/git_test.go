@@ -26,21 +26,21 @@ import (
 func TestGitInTheCage(t *testing.T) {
 	e := newEnv(t)
 	nonce := e.Prefix
-	git(t, e.worktree, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "--allow-empty", "-m", "subject-"+nonce)
-	assert.NilError(t, os.WriteFile(filepath.Join(e.worktree, "README"), []byte("changed "+nonce+"\n"), 0o644))
+	git(t, e.Worktree, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "--allow-empty", "-m", "subject-"+nonce)
+	assert.NilError(t, os.WriteFile(filepath.Join(e.Worktree, "README"), []byte("changed "+nonce+"\n"), 0o644))
 
-	e.api.Append(
+	e.API.Append(
 		bash(`cd /work && { echo "== status"; git status --short; echo "== log"; git log --oneline -1; echo "== diff"; git diff | grep '^+changed'; `+
 			`echo "== commit"; git -c user.name=a -c user.email=a@b commit -qam x 2>&1 && echo WRITE-OK || echo WRITE-REFUSED; `+
 			`echo "== env only"; GIT_CONFIG_NOSYSTEM=1 git status --short; echo "== system only"; env -u GIT_CONFIG_COUNT git status --short; `+
 			`echo "== control"; GIT_CONFIG_NOSYSTEM=1 env -u GIT_CONFIG_COUNT git status 2>&1 | head -n 2; } > /work/git.txt 2>&1`),
 		modelapi.Text("git done "+nonce),
 	)
-	out, _ := e.turn("claude", "-p", "--output-format", "json", "look at git "+nonce)
+	out, _ := runTurn(e, "claude", "-p", "--output-format", "json", "look at git "+nonce)
 	r := parseClaude(t, out)
 	assert.Assert(t, !r.IsError, out)
-	reqs := e.api.Scripted()
-	assert.Assert(t, len(reqs) >= 1, e.api.Log())
+	reqs := e.API.Scripted()
+	assert.Assert(t, len(reqs) >= 1, e.API.Log())
 	first := string(reqs[0].Body)
 	// Claude Code's context: "# gitStatus ... Status: ... Recent commits: ...".
 	gs := "(no gitStatus in the first request)"
@@ -55,7 +55,7 @@ func TestGitInTheCage(t *testing.T) {
 	assert.Check(t, is.Contains(gs, "M README"), "the modified file is in the git status")
 	assert.Check(t, !strings.Contains(gs, "(unavailable)"), "Claude Code could not read the git status")
 
-	b, err := os.ReadFile(filepath.Join(e.worktree, "git.txt"))
+	b, err := os.ReadFile(filepath.Join(e.Worktree, "git.txt"))
 	assert.NilError(t, err)
 	got := string(b)
 	t.Logf("the agent's git:\n%s", got)
@@ -69,7 +69,7 @@ func TestGitInTheCage(t *testing.T) {
 	assert.Check(t, !strings.Contains(status, "WRITE-OK"))
 	assert.Check(t, !strings.Contains(status, "dubious"))
 	assert.Check(t, is.Contains(rest, "dubious ownership"), "control: without the cage's git environment git refuses /work")
-	assert.Equal(t, strings.Count(gitOut(t, e.worktree, "log", "--oneline"), "\n"), 2, "no commit was made")
+	assert.Equal(t, strings.Count(gitOut(t, e.Worktree, "log", "--oneline"), "\n"), 2, "no commit was made")
 }
 
 func gitOut(t *testing.T, dir string, args ...string) string {

@@ -34,26 +34,26 @@ func TestHistoryCompaction(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
 	nonce := e.Prefix
-	e.api.Append(bash("echo tool-"+nonce), modelapi.ToolCall("Read", map[string]any{"file_path": "/etc/hostname"}), modelapi.Text("answer one "+nonce))
-	code, out, errb, res := e.resumeRun("claude", "-p", "--output-format", "json", "first prompt "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	e.API.Append(bash("echo tool-"+nonce), modelapi.ToolCall("Read", map[string]any{"file_path": "/etc/hostname"}), modelapi.Text("answer one "+nonce))
+	code, out, errb, res := resumeRun(e, "claude", "-p", "--output-format", "json", "first prompt "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	sid := parseClaude(t, out).SessionID
 	assert.Equal(t, res.History[0].Verdict, "new", out)
 
-	before := len(e.api.Requests())
-	e.api.Append(modelapi.Text(compactSummary(nonce)))
-	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "/compact keep the owner's words")
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	before := len(e.API.Requests())
+	e.API.Append(modelapi.Text(compactSummary(nonce)))
+	code, out, errb, res = resumeRun(e, "claude", "-p", "--output-format", "json", "--resume", sid, "/compact keep the owner's words")
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	assert.Assert(t, len(res.History) == 1 && res.History[0].Verdict == "compacted", "the compaction turn: %s", out)
 	compacting := false
-	for _, r := range e.api.Requests()[before:] {
+	for _, r := range e.API.Requests()[before:] {
 		compacting = compacting || bytes.Contains(r.Body, []byte("CRITICAL: Respond with TEXT ONLY. Do NOT call any tools."))
 	}
-	assert.Assert(t, compacting, "no compaction request reached the model API:\n%s", e.api.Log())
+	assert.Assert(t, compacting, "no compaction request reached the model API:\n%s", e.API.Log())
 
 	transcriptPath := func() string {
-		e.settled("claude")
-		return filepath.Join(e.home("claude"), ".claude", "projects", "-work", sid+".jsonl")
+		settled(e, "claude")
+		return filepath.Join(homeDir(e, "claude"), ".claude", "projects", "-work", sid+".jsonl")
 	}
 	orig, err := os.ReadFile(transcriptPath())
 	assert.NilError(t, err)
@@ -64,37 +64,37 @@ func TestHistoryCompaction(t *testing.T) {
 		marker := "FORGED-" + strings.ReplaceAll(f.kind, " ", "-") + "-" + nonce
 		assert.Assert(t, bytes.Contains(orig, []byte(f.old)), "%s: %q is not in the compacted transcript", f.kind, f.old)
 		assert.NilError(t, os.WriteFile(transcriptPath(), bytes.ReplaceAll(orig, []byte(f.old), []byte(marker)), 0o600))
-		before := len(e.api.Requests())
-		code, out, errb, res := e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "continue "+nonce)
-		e.refusedForgery(f.kind, marker, before, code, out, errb, res)
+		before := len(e.API.Requests())
+		code, out, errb, res := resumeRun(e, "claude", "-p", "--output-format", "json", "--resume", sid, "continue "+nonce)
+		refusedForgery(e, f.kind, marker, before, code, out, errb, res)
 		assert.NilError(t, os.WriteFile(transcriptPath(), orig, 0o600))
 	}
 
 	// Positive control: with history = "off" the forged summary reaches the
 	// API.
-	e.setHistory("off")
+	setHistory(e, "off")
 	marker := "FORGED-control-" + nonce
 	assert.NilError(t, os.WriteFile(transcriptPath(), bytes.ReplaceAll(orig, []byte("do X "+nonce), []byte(marker)), 0o600))
-	before = len(e.api.Requests())
-	e.api.Append(modelapi.Text("control " + nonce))
-	code, out, errb, _ = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "control "+nonce)
+	before = len(e.API.Requests())
+	e.API.Append(modelapi.Text("control " + nonce))
+	code, out, errb, _ = resumeRun(e, "claude", "-p", "--output-format", "json", "--resume", sid, "control "+nonce)
 	assert.Equal(t, code, 0, "%s %s", out, errb)
 	reached := false
-	for _, r := range e.api.Requests()[before:] {
+	for _, r := range e.API.Requests()[before:] {
 		reached = reached || bytes.Contains(r.Body, []byte(marker))
 	}
 	assert.Assert(t, reached, "positive control: the forged summary did not reach the model API without the pin")
 
 	// The honest compacted transcript resumes: compacted, then continued.
-	e.setHistory("refuse")
+	setHistory(e, "refuse")
 	assert.NilError(t, os.WriteFile(transcriptPath(), orig, 0o600))
-	e.api.Append(modelapi.Text("after compact " + nonce))
-	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "after compact "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	e.API.Append(modelapi.Text("after compact " + nonce))
+	code, out, errb, res = resumeRun(e, "claude", "-p", "--output-format", "json", "--resume", sid, "after compact "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	assert.Equal(t, res.History[0].Verdict, "compacted", out)
-	e.api.Append(modelapi.Text("next " + nonce))
-	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "next "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	e.API.Append(modelapi.Text("next " + nonce))
+	code, out, errb, res = resumeRun(e, "claude", "-p", "--output-format", "json", "--resume", sid, "next "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	assert.Equal(t, res.History[0].Verdict, "continued", out)
 }
 
@@ -113,26 +113,26 @@ func TestHistoryAutoCompact(t *testing.T) {
 	// log: effectiveWindow=980000) and compacts from 967,000 tokens; the
 	// newest messages are kept verbatim, so the summary needs older ones.
 	for i := 0; i < 6; i++ {
-		e.api.Append(bash(fmt.Sprintf("echo tool-%d-%s", i, nonce)))
+		e.API.Append(bash(fmt.Sprintf("echo tool-%d-%s", i, nonce)))
 	}
 	full := bash("echo tool-full-" + nonce)
 	full.InputTokens = 970_000
-	e.api.Append(full, modelapi.Text(compactSummary(nonce)), modelapi.Text("after auto-compact "+nonce))
-	code, out, errb, res := e.resumeRun("claude", "-p", "--output-format", "json", "first prompt "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	e.API.Append(full, modelapi.Text(compactSummary(nonce)), modelapi.Text("after auto-compact "+nonce))
+	code, out, errb, res := resumeRun(e, "claude", "-p", "--output-format", "json", "first prompt "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	sid := parseClaude(t, out).SessionID
 	compacting := 0
-	for _, r := range e.api.Requests() {
+	for _, r := range e.API.Requests() {
 		if bytes.Contains(r.Body, []byte("CRITICAL: Respond with TEXT ONLY. Do NOT call any tools.")) {
 			compacting++
 		}
 	}
-	assert.Equal(t, compacting, 1, "Claude Code did not auto-compact:\n%s", e.api.Log())
+	assert.Equal(t, compacting, 1, "Claude Code did not auto-compact:\n%s", e.API.Log())
 	assert.Assert(t, len(res.History) == 1 && res.History[0].Verdict == "compacted", "the auto-compacted turn: %s", out)
 
 	transcriptPath := func() string {
-		e.settled("claude")
-		return filepath.Join(e.home("claude"), ".claude", "projects", "-work", sid+".jsonl")
+		settled(e, "claude")
+		return filepath.Join(homeDir(e, "claude"), ".claude", "projects", "-work", sid+".jsonl")
 	}
 	orig, err := os.ReadFile(transcriptPath())
 	assert.NilError(t, err)
@@ -140,25 +140,25 @@ func TestHistoryAutoCompact(t *testing.T) {
 	assert.Assert(t, bytes.Contains(orig, []byte(old)), "the summary is not in the compacted transcript")
 	marker := "FORGED-summary-" + nonce
 	assert.NilError(t, os.WriteFile(transcriptPath(), bytes.ReplaceAll(orig, []byte(old), []byte(marker)), 0o600))
-	before := len(e.api.Requests())
-	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "continue "+nonce)
-	e.refusedForgery("changed summary after auto-compact", marker, before, code, out, errb, res)
+	before := len(e.API.Requests())
+	code, out, errb, res = resumeRun(e, "claude", "-p", "--output-format", "json", "--resume", sid, "continue "+nonce)
+	refusedForgery(e, "changed summary after auto-compact", marker, before, code, out, errb, res)
 
-	e.setHistory("off")
-	before = len(e.api.Requests())
-	e.api.Append(modelapi.Text("control " + nonce))
-	code, out, errb, _ = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "control "+nonce)
+	setHistory(e, "off")
+	before = len(e.API.Requests())
+	e.API.Append(modelapi.Text("control " + nonce))
+	code, out, errb, _ = resumeRun(e, "claude", "-p", "--output-format", "json", "--resume", sid, "control "+nonce)
 	assert.Equal(t, code, 0, "%s %s", out, errb)
 	reached := false
-	for _, r := range e.api.Requests()[before:] {
+	for _, r := range e.API.Requests()[before:] {
 		reached = reached || bytes.Contains(r.Body, []byte(marker))
 	}
 	assert.Assert(t, reached, "positive control: the forged summary did not reach the model API without the pin")
 
-	e.setHistory("refuse")
+	setHistory(e, "refuse")
 	assert.NilError(t, os.WriteFile(transcriptPath(), orig, 0o600))
-	e.api.Append(modelapi.Text("next " + nonce))
-	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "next "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	e.API.Append(modelapi.Text("next " + nonce))
+	code, out, errb, res = resumeRun(e, "claude", "-p", "--output-format", "json", "--resume", sid, "next "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	assert.Equal(t, res.History[0].Verdict, "continued", out)
 }

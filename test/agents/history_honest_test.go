@@ -16,6 +16,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 	"github.com/shrooms-cage/shrooms/pkg/history"
 )
 
@@ -60,7 +61,7 @@ func TestHistoryHonestResumes(t *testing.T) {
 			wt := filepath.Join(e.Dir, "work-"+agent)
 			assert.NilError(t, os.MkdirAll(wt, 0o755))
 			git(t, wt, "init", "-q")
-			e.worktree = wt
+			e.Worktree = wt
 			tool := bash
 			args := func(session, prompt string) []string {
 				a := []string{"-p", "--output-format", "json"}
@@ -80,10 +81,10 @@ func TestHistoryHonestResumes(t *testing.T) {
 				}
 			}
 			start := time.Now()
-			first := len(e.api.Requests())
-			e.api.Append(tool("echo turn-0"), modelapi.Text("done 0"))
-			code, out, errb, res := e.resumeRun(agent, args("", "start the work")...)
-			assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+			first := len(e.API.Requests())
+			e.API.Append(tool("echo turn-0"), modelapi.Text("done 0"))
+			code, out, errb, res := resumeRun(e, agent, args("", "start the work")...)
+			assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 			assert.Equal(t, res.History[0].Verdict, "new")
 			session := ""
 			if agent == "claude" {
@@ -101,9 +102,9 @@ func TestHistoryHonestResumes(t *testing.T) {
 			want := "continued"
 			for i := 1; i <= n; i++ {
 				if i == compactAt {
-					e.api.Append(modelapi.Text(compactSummary(fmt.Sprintf("turn %d", i))))
-					code, out, errb, res := e.resumeRun(agent, args(session, "/compact")...)
-					assert.Equal(t, code, 0, "compaction: %s %s\n%s", out, errb, e.api.Log())
+					e.API.Append(modelapi.Text(compactSummary(fmt.Sprintf("turn %d", i))))
+					code, out, errb, res := resumeRun(e, agent, args(session, "/compact")...)
+					assert.Equal(t, code, 0, "compaction: %s %s\n%s", out, errb, e.API.Log())
 					assert.Assert(t, len(res.History) == 1 && res.History[0].Verdict == "compacted", "compaction: %s", out)
 					want = "compacted"
 					continue
@@ -117,30 +118,30 @@ func TestHistoryHonestResumes(t *testing.T) {
 					// A tool call that blocks until the turn is stopped or
 					// killed: the script's next steps belong to the turn after.
 					marker := fmt.Sprintf(".inside-%d", i)
-					e.api.Append(tool(fmt.Sprintf("touch /work/%s; sleep 300", marker)))
-					e.interruptedTurn(agent, filepath.Join(wt, marker), i == n/3, args(session, fmt.Sprintf("prompt %d", i))...)
+					e.API.Append(tool(fmt.Sprintf("touch /work/%s; sleep 300", marker)))
+					interruptedTurn(e, agent, filepath.Join(wt, marker), i == n/3, args(session, fmt.Sprintf("prompt %d", i))...)
 					want = "continued" // it resumed after a compaction, if one
 					continue
 				}
-				e.api.Append(append(steps, modelapi.Text(fmt.Sprintf("done %d", i)))...)
+				e.API.Append(append(steps, modelapi.Text(fmt.Sprintf("done %d", i)))...)
 				turnStart := time.Now()
-				nreq := len(e.api.Requests())
-				code, out, errb, res := e.resumeRun(agent, args(session, fmt.Sprintf("prompt %d", i))...)
+				nreq := len(e.API.Requests())
+				code, out, errb, res := resumeRun(e, agent, args(session, fmt.Sprintf("prompt %d", i))...)
 				if code == 123 {
 					// The last turn's detached teardown still held the task
 					// (seen once under load): wait for it, run the turn again.
-					e.settled(agent)
-					code, out, errb, res = e.resumeRun(agent, args(session, fmt.Sprintf("prompt %d", i))...)
+					settled(e, agent)
+					code, out, errb, res = resumeRun(e, agent, args(session, fmt.Sprintf("prompt %d", i))...)
 				}
 				var at []string
-				for _, r := range e.api.Requests()[nreq:] {
+				for _, r := range e.API.Requests()[nreq:] {
 					at = append(at, fmt.Sprintf("%s+%.1fs", r.Path, r.At.Sub(turnStart).Seconds()))
 				}
 				t.Logf("turn %d: exit %d in %v (prepared %v, total %.0f ms: %v) requests %v", i, code, time.Since(turnStart).Round(100*time.Millisecond), res.Prepared, res.TotalMs, res.Phases, at)
 				if code == 119 || len(res.History) == 0 || res.History[0].Verdict != want {
 					refusals++
 				}
-				assert.Equal(t, code, 0, "turn %d: %s %s\n%s", i, out, errb, e.api.Log())
+				assert.Equal(t, code, 0, "turn %d: %s %s\n%s", i, out, errb, e.API.Log())
 				assert.Equal(t, res.History[0].Verdict, want, "turn %d: %s", i, out)
 				want = "continued"
 			}
@@ -152,7 +153,7 @@ func TestHistoryHonestResumes(t *testing.T) {
 			header := map[string]string{"claude": "X-Claude-Code-Session-Id", "opencode": "X-Session-Id"}[agent]
 			var prev []byte
 			var total, same, canon int
-			for _, r := range e.api.Requests()[first:] {
+			for _, r := range e.API.Requests()[first:] {
 				var body struct {
 					Tools    []json.RawMessage `json:"tools"`
 					Messages json.RawMessage   `json:"messages"`
@@ -180,14 +181,14 @@ func TestHistoryHonestResumes(t *testing.T) {
 // interruptedTurn runs a turn whose tool blocks, waits until the tool runs
 // (marker exists), then stops the turn (`shrooms stop`) or kills shrooms
 // with SIGKILL. The next turn resumes after it.
-func (e *env) interruptedTurn(agent, marker string, stop bool, args ...string) {
+func interruptedTurn(e *tbworld.World, agent, marker string, stop bool, args ...string) {
 	t := e.T
 	t.Helper()
 	// The last turn's detached teardown may hold the task lock for a while:
 	// the wait for the tool starts once the turn can start.
-	e.settled(agent)
-	cmd := exec.Command("nsenter", append([]string{"--net=" + e.tb.NSPath("host"), "--", e.shrooms, "--config", e.Config,
-		"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	settled(e, agent)
+	cmd := exec.Command("nsenter", append([]string{"--net=" + e.TB.NSPath("host"), "--", e.Binary, "--config", e.Config,
+		"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.Worktree, "--no-stdin", "--"}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	assert.NilError(t, cmd.Start())
 	defer func() {
@@ -202,7 +203,7 @@ func (e *env) interruptedTurn(agent, marker string, stop bool, args ...string) {
 		if _, err := os.Stat(marker); err == nil {
 			break
 		}
-		assert.Assert(t, time.Now().Before(deadline), "the blocking tool never ran\n%s", e.api.Log())
+		assert.Assert(t, time.Now().Before(deadline), "the blocking tool never ran\n%s", e.API.Log())
 		time.Sleep(200 * time.Millisecond)
 	}
 	if stop {

@@ -26,32 +26,32 @@ func TestHistoryOpencodeAutoCompact(t *testing.T) {
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
 	nonce := e.Prefix
 	for _, c := range []string{"echo tool-0-" + nonce, "echo tool-1-" + nonce, "echo tool-2-" + nonce} {
-		e.api.Append(ocBash(c))
+		e.API.Append(ocBash(c))
 	}
 	full := ocBash("echo tool-full-" + nonce)
 	full.InputTokens = 5_000_000 // 190,000 does not trigger it
 	summary := "summary of the work " + nonce
-	e.api.Append(full, modelapi.Text(summary), modelapi.Text("after auto-compact "+nonce))
-	code, out, errb, res := e.resumeRun("opencode", "--format", "json", "first prompt "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	e.API.Append(full, modelapi.Text(summary), modelapi.Text("after auto-compact "+nonce))
+	code, out, errb, res := resumeRun(e, "opencode", "--format", "json", "first prompt "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	ses := opencodeSession(t, out)
 	compacting := 0
-	for _, r := range e.api.Requests() {
+	for _, r := range e.API.Requests() {
 		if bytes.Contains(r.Body, []byte(`Here is the conversation so far:`)) {
 			compacting++
 		}
 	}
-	assert.Equal(t, compacting, 1, "opencode did not auto-compact:\n%s", e.api.Log())
+	assert.Equal(t, compacting, 1, "opencode did not auto-compact:\n%s", e.API.Log())
 	assert.Assert(t, len(res.History) == 1 && res.History[0].Verdict == "compacted", "the auto-compacted turn: %s", out)
 
-	e.api.Append(modelapi.Text("resumed " + nonce))
-	code, out, errb, res = e.resumeRun("opencode", "--format", "json", "--session", ses, "resume "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	e.API.Append(modelapi.Text("resumed " + nonce))
+	code, out, errb, res = resumeRun(e, "opencode", "--format", "json", "--session", ses, "resume "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	assert.Equal(t, res.History[0].Verdict, "continued", out)
 
 	dbPath := func() string {
-		e.settled("opencode")
-		return filepath.Join(e.home("opencode"), ".local", "share", "opencode", "opencode.db")
+		settled(e, "opencode")
+		return filepath.Join(homeDir(e, "opencode"), ".local", "share", "opencode", "opencode.db")
 	}
 	db, err := sql.Open("sqlite", "file:"+dbPath())
 	assert.NilError(t, err)
@@ -70,17 +70,17 @@ func TestHistoryOpencodeAutoCompact(t *testing.T) {
 		assert.Equal(t, n, int64(1), "the summary is not in opencode.db")
 	}
 	forgeSummary()
-	before := len(e.api.Requests())
-	code, out, errb, res = e.resumeRun("opencode", "--format", "json", "--session", ses, "continue "+nonce)
-	e.refusedForgery("forged summary after auto-compact", marker, before, code, out, errb, res)
+	before := len(e.API.Requests())
+	code, out, errb, res = resumeRun(e, "opencode", "--format", "json", "--session", ses, "continue "+nonce)
+	refusedForgery(e, "forged summary after auto-compact", marker, before, code, out, errb, res)
 
-	e.setHistory("off")
-	before = len(e.api.Requests())
-	e.api.Append(modelapi.Text("control " + nonce))
-	code, out, errb, _ = e.resumeRun("opencode", "--format", "json", "--session", ses, "control "+nonce)
+	setHistory(e, "off")
+	before = len(e.API.Requests())
+	e.API.Append(modelapi.Text("control " + nonce))
+	code, out, errb, _ = resumeRun(e, "opencode", "--format", "json", "--session", ses, "control "+nonce)
 	assert.Equal(t, code, 0, "%s %s", out, errb)
 	reached := false
-	for _, r := range e.api.Requests()[before:] {
+	for _, r := range e.API.Requests()[before:] {
 		reached = reached || bytes.Contains(r.Body, []byte(marker))
 	}
 	assert.Assert(t, reached, "positive control: the forged summary did not reach the model API without the pin")

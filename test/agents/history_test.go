@@ -15,6 +15,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 )
 
 // historyResult is the part of `run --json`'s result the history tests read.
@@ -43,9 +44,9 @@ var forgeries = []string{"inserted-user", "changed-user", "inserted-assistant", 
 
 // resumeRun runs a resumed turn of agent with --json and returns its exit
 // code, stdout, stderr and result.
-func (e *env) resumeRun(agent string, args ...string) (int, string, string, historyResult) {
+func resumeRun(e *tbworld.World, agent string, args ...string) (int, string, string, historyResult) {
 	e.T.Helper()
-	code, out, errb := e.CLI(append([]string{"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
+	code, out, errb := e.CLI(append([]string{"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.Worktree, "--no-stdin", "--"}, args...)...)
 	var res historyResult
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	assert.NilError(e.T, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "result: %s %s", out, errb)
@@ -53,7 +54,7 @@ func (e *env) resumeRun(agent string, args ...string) (int, string, string, hist
 }
 
 // setHistory rewrites the config's gateway.anthropic.history.
-func (e *env) setHistory(mode string) {
+func setHistory(e *tbworld.World, mode string) {
 	e.T.Helper()
 	b, err := os.ReadFile(e.Config)
 	assert.NilError(e.T, err)
@@ -69,10 +70,10 @@ func (e *env) setHistory(mode string) {
 // refusedForgery checks one refused resumed turn: exit 119, status
 // history-mismatch, a verdict naming an index and role, one line without
 // the forged text, and no request carrying it reached the model API.
-func (e *env) refusedForgery(kind, marker string, before int, code int, out, errb string, res historyResult) {
+func refusedForgery(e *tbworld.World, kind, marker string, before int, code int, out, errb string, res historyResult) {
 	t := e.T
 	t.Helper()
-	assert.Equal(t, code, 119, "%s: the forged turn was not refused: %s %s\n%s", kind, out, errb, e.api.Log())
+	assert.Equal(t, code, 119, "%s: the forged turn was not refused: %s %s\n%s", kind, out, errb, e.API.Log())
 	assert.Equal(t, res.Status, "history-mismatch", kind)
 	assert.Assert(t, len(res.History) >= 1, "%s: %s", kind, out)
 	h := res.History[0]
@@ -82,7 +83,7 @@ func (e *env) refusedForgery(kind, marker string, before int, code int, out, err
 		assert.Assert(t, !strings.Contains(res.Error, marker) && !strings.Contains(errb, marker), "%s: the forged text in the error", kind)
 	}
 	assert.Assert(t, is.Contains(res.Error, "session "+h.Session), kind)
-	for _, r := range e.api.Requests()[before:] {
+	for _, r := range e.API.Requests()[before:] {
 		if marker != "" {
 			assert.Assert(t, !bytes.Contains(r.Body, []byte(marker)), "%s: the forged text reached the model API", kind)
 		}
@@ -100,73 +101,73 @@ func TestHistoryForgedClaudeTranscriptRefused(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
 	nonce := e.Prefix
-	e.api.Append(bash("echo tool-"+nonce), modelapi.Text("answer one "+nonce))
-	code, out, errb, res := e.resumeRun("claude", "-p", "--output-format", "json", "first prompt "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	e.API.Append(bash("echo tool-"+nonce), modelapi.Text("answer one "+nonce))
+	code, out, errb, res := resumeRun(e, "claude", "-p", "--output-format", "json", "first prompt "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	sid := parseClaude(t, out).SessionID
 	assert.Equal(t, len(res.History), 1, out)
 	assert.Equal(t, res.History[0].Session, "claude:"+sid)
 	assert.Equal(t, res.History[0].Verdict, "new")
 
-	// HOME is mounted for the test only between turns: e.home mounts it.
+	// HOME is mounted for the test only between turns: homeDir mounts it.
 	transcriptPath := func() string {
-		e.settled("claude")
-		return filepath.Join(e.home("claude"), ".claude", "projects", "-work", sid+".jsonl")
+		settled(e, "claude")
+		return filepath.Join(homeDir(e, "claude"), ".claude", "projects", "-work", sid+".jsonl")
 	}
 	orig, err := os.ReadFile(transcriptPath())
 	assert.NilError(t, err)
 	for _, kind := range forgeries {
 		marker := "FORGED-" + kind + "-" + nonce
 		assert.NilError(t, os.WriteFile(transcriptPath(), forgeClaude(t, orig, kind, marker, nonce), 0o600))
-		before := len(e.api.Requests())
-		code, out, errb, res := e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "continue "+nonce)
+		before := len(e.API.Requests())
+		code, out, errb, res := resumeRun(e, "claude", "-p", "--output-format", "json", "--resume", sid, "continue "+nonce)
 		if kind == "deleted" {
 			marker = ""
 		}
-		e.refusedForgery(kind, marker, before, code, out, errb, res)
+		refusedForgery(e, kind, marker, before, code, out, errb, res)
 		assert.NilError(t, os.WriteFile(transcriptPath(), orig, 0o600))
 	}
 
 	// Positive control: with history = "off" the forged text reaches the API.
-	e.setHistory("off")
+	setHistory(e, "off")
 	marker := "FORGED-control-" + nonce
 	assert.NilError(t, os.WriteFile(transcriptPath(), forgeClaude(t, orig, "changed-user", marker, nonce), 0o600))
-	before := len(e.api.Requests())
-	e.api.Append(modelapi.Text("control " + nonce))
-	code, out, errb, _ = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "control "+nonce)
+	before := len(e.API.Requests())
+	e.API.Append(modelapi.Text("control " + nonce))
+	code, out, errb, _ = resumeRun(e, "claude", "-p", "--output-format", "json", "--resume", sid, "control "+nonce)
 	assert.Equal(t, code, 0, "%s %s", out, errb)
 	reached := false
-	for _, r := range e.api.Requests()[before:] {
+	for _, r := range e.API.Requests()[before:] {
 		reached = reached || bytes.Contains(r.Body, []byte(marker))
 	}
 	assert.Assert(t, reached, "positive control: the forged text did not reach the model API without the pin")
 
 	// The honest transcript resumes (the pin is still turn 1's: neither the
 	// refused turns nor the unpinned one changed it).
-	e.setHistory("refuse")
+	setHistory(e, "refuse")
 	assert.NilError(t, os.WriteFile(transcriptPath(), orig, 0o600))
-	e.api.Append(modelapi.Text("honest " + nonce))
-	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "honest "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	e.API.Append(modelapi.Text("honest " + nonce))
+	code, out, errb, res = resumeRun(e, "claude", "-p", "--output-format", "json", "--resume", sid, "honest "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	assert.Equal(t, res.History[0].Verdict, "continued", out)
 
 	// Crash safety: shrooms is killed (-9) while a tool runs; the pin is the
 	// history forwarded last (with the tool call). A forged transcript is
 	// refused, the one the killed turn left is accepted.
-	e.api.Append(bash("touch /work/.inside-kill; sleep 300"))
-	e.interruptedTurn("claude", filepath.Join(e.worktree, ".inside-kill"), false, "-p", "--output-format", "json", "--resume", sid, "killed "+nonce)
+	e.API.Append(bash("touch /work/.inside-kill; sleep 300"))
+	interruptedTurn(e, "claude", filepath.Join(e.Worktree, ".inside-kill"), false, "-p", "--output-format", "json", "--resume", sid, "killed "+nonce)
 	left, err := os.ReadFile(transcriptPath())
 	assert.NilError(t, err)
 	assert.Assert(t, bytes.Contains(left, []byte("killed "+nonce)), "the killed turn's prompt is in the transcript")
 	marker = "FORGED-after-kill-" + nonce
 	assert.NilError(t, os.WriteFile(transcriptPath(), forgeClaude(t, left, "changed-tool-result", marker, nonce), 0o600))
-	before = len(e.api.Requests())
-	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "after kill "+nonce)
-	e.refusedForgery("after kill", marker, before, code, out, errb, res)
+	before = len(e.API.Requests())
+	code, out, errb, res = resumeRun(e, "claude", "-p", "--output-format", "json", "--resume", sid, "after kill "+nonce)
+	refusedForgery(e, "after kill", marker, before, code, out, errb, res)
 	assert.NilError(t, os.WriteFile(transcriptPath(), left, 0o600))
-	e.api.Append(modelapi.Text("after kill " + nonce))
-	code, out, errb, res = e.resumeRun("claude", "-p", "--output-format", "json", "--resume", sid, "after kill "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	e.API.Append(modelapi.Text("after kill " + nonce))
+	code, out, errb, res = resumeRun(e, "claude", "-p", "--output-format", "json", "--resume", sid, "after kill "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	assert.Equal(t, res.History[0].Verdict, "continued", out)
 }
 
@@ -283,17 +284,17 @@ func TestHistoryForgedOpencodeDBRefused(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, envOptions{gateway: true, policy: "none"})
 	nonce := e.Prefix
-	e.api.Append(ocBash("echo tool-"+nonce), modelapi.Text("answer one "+nonce))
-	code, out, errb, res := e.resumeRun("opencode", "--format", "json", "first prompt "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	e.API.Append(ocBash("echo tool-"+nonce), modelapi.Text("answer one "+nonce))
+	code, out, errb, res := resumeRun(e, "opencode", "--format", "json", "first prompt "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	ses := opencodeSession(t, out)
 	assert.Assert(t, len(res.History) >= 1, out)
 	assert.Equal(t, res.History[0].Verdict, "new")
 
-	// HOME is mounted for the test only between turns: e.home mounts it.
+	// HOME is mounted for the test only between turns: homeDir mounts it.
 	dbPath := func() string {
-		e.settled("opencode")
-		return filepath.Join(e.home("opencode"), ".local", "share", "opencode", "opencode.db")
+		settled(e, "opencode")
+		return filepath.Join(homeDir(e, "opencode"), ".local", "share", "opencode", "opencode.db")
 	}
 	// The session as one file: opencode left part of it in the WAL.
 	db, err := sql.Open("sqlite", "file:"+dbPath())
@@ -315,39 +316,39 @@ func TestHistoryForgedOpencodeDBRefused(t *testing.T) {
 	for _, kind := range forgeries {
 		marker := "FORGED-" + kind + "-" + nonce
 		forgeOpencode(t, dbPath(), kind, marker, nonce)
-		before := len(e.api.Requests())
-		code, out, errb, res := e.resumeRun("opencode", "--format", "json", "--session", ses, "continue "+nonce)
+		before := len(e.API.Requests())
+		code, out, errb, res := resumeRun(e, "opencode", "--format", "json", "--session", ses, "continue "+nonce)
 		if kind == "deleted" {
 			marker = ""
 		}
-		e.refusedForgery(kind, marker, before, code, out, errb, res)
+		refusedForgery(e, kind, marker, before, code, out, errb, res)
 		restore()
 	}
 
-	e.setHistory("off")
+	setHistory(e, "off")
 	marker := "FORGED-control-" + nonce
 	forgeOpencode(t, dbPath(), "changed-user", marker, nonce)
-	before := len(e.api.Requests())
-	e.api.Append(modelapi.Text("control " + nonce))
-	code, out, errb, _ = e.resumeRun("opencode", "--format", "json", "--session", ses, "control "+nonce)
+	before := len(e.API.Requests())
+	e.API.Append(modelapi.Text("control " + nonce))
+	code, out, errb, _ = resumeRun(e, "opencode", "--format", "json", "--session", ses, "control "+nonce)
 	assert.Equal(t, code, 0, "%s %s", out, errb)
 	reached := false
-	for _, r := range e.api.Requests()[before:] {
+	for _, r := range e.API.Requests()[before:] {
 		reached = reached || bytes.Contains(r.Body, []byte(marker))
 	}
 	assert.Assert(t, reached, "positive control: the forged text did not reach the model API without the pin")
 
-	e.setHistory("refuse")
+	setHistory(e, "refuse")
 	restore()
-	e.api.Append(modelapi.Text("honest " + nonce))
-	code, out, errb, res = e.resumeRun("opencode", "--format", "json", "--session", ses, "honest "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	e.API.Append(modelapi.Text("honest " + nonce))
+	code, out, errb, res = resumeRun(e, "opencode", "--format", "json", "--session", ses, "honest "+nonce)
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	assert.Equal(t, res.History[0].Verdict, "continued", out)
 }
 
 // settled waits until the task's last turn has let go of HOME (its
 // detached teardown holds the task lock).
-func (e *env) settled(agent string) {
+func settled(e *tbworld.World, agent string) {
 	e.T.Helper()
 	e.WaitIdle(e.Task(agent))
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
@@ -40,10 +41,10 @@ type importsResult struct {
 	} `json:"worktree_changes"`
 }
 
-func (e *env) turnImports(agent string, args ...string) (string, importsResult) {
+func turnImports(e *tbworld.World, agent string, args ...string) (string, importsResult) {
 	e.T.Helper()
-	code, out, errb := e.CLI(append([]string{"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, args...)...)
-	assert.Equal(e.T, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.api.Log())
+	code, out, errb := e.CLI(append([]string{"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.Worktree, "--no-stdin", "--"}, args...)...)
+	assert.Equal(e.T, code, 0, "turn of %s failed\nstdout: %s\nstderr: %s\nmodel API log:\n%s", agent, out, errb, e.API.Log())
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	var res importsResult
 	assert.NilError(e.T, json.Unmarshal([]byte(lines[len(lines)-1]), &res), "last stdout line: %s", lines[len(lines)-1])
@@ -52,15 +53,15 @@ func (e *env) turnImports(agent string, args ...string) (string, importsResult) 
 
 // ownerFiles writes the owner's files into the worktree before the first
 // turn (which records them as trusted) and commits them.
-func (e *env) ownerFiles(files map[string]string) {
+func ownerFiles(e *tbworld.World, files map[string]string) {
 	e.T.Helper()
 	for rel, content := range files {
-		p := filepath.Join(e.worktree, rel)
+		p := filepath.Join(e.Worktree, rel)
 		assert.NilError(e.T, os.MkdirAll(filepath.Dir(p), 0o755))
 		assert.NilError(e.T, os.WriteFile(p, []byte(content), 0o644))
 	}
-	git(e.T, e.worktree, "add", "-A")
-	git(e.T, e.worktree, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "owner's config")
+	git(e.T, e.Worktree, "add", "-A")
+	git(e.T, e.Worktree, "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "owner's config")
 }
 
 func requestBodies(reqs []modelapi.Request) string {
@@ -97,24 +98,24 @@ func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 	nonce := e.Prefix
 	owner := "OWNERNOTES-" + nonce
 	word := "IMPORTWORD-42-" + nonce
-	e.ownerFiles(map[string]string{
+	ownerFiles(e, map[string]string{
 		"CLAUDE.md":      "Project rules. Read the notes: @guide/notes.md\n",
 		"guide/notes.md": "Owner's notes " + owner + "\n",
 		".envrc":         "source_env scripts/env.sh\n",
 		"scripts/env.sh": "export OWNER=1\n",
 	})
-	e.api.Append(
+	e.API.Append(
 		// The code word exists only once the shell expands it.
 		bash(`echo "Code word IMPORTWORD-$((6*7))-`+nonce+`" > /work/guide/notes.md`),
 		// A script the trusted .envrc sources (run by direnv on the host).
 		bash(`echo 'touch /tmp/owned' >> /work/scripts/env.sh`),
 		modelapi.Text("edited "+nonce),
 	)
-	out, r1 := e.turnImports("claude", "-p", "--output-format", "json", "edit the notes "+nonce)
+	out, r1 := turnImports(e, "claude", "-p", "--output-format", "json", "edit the notes "+nonce)
 	assert.Assert(t, !parseClaude(t, out).IsError, out)
-	assert.Equal(t, e.api.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.api.Log())
+	assert.Equal(t, e.API.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.API.Log())
 	assert.Assert(t, r1.WorktreeGuard != nil && r1.WorktreeGuard.Recorded)
-	assert.Assert(t, is.Contains(requestBodies(e.api.Scripted()), owner), "turn 1 loaded the owner's import")
+	assert.Assert(t, is.Contains(requestBodies(e.API.Scripted()), owner), "turn 1 loaded the owner's import")
 	assert.Assert(t, r1.WorktreeChanges != nil)
 	whys := map[string]string{}
 	for _, c := range r1.WorktreeChanges.AgentConfig {
@@ -124,19 +125,19 @@ func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 	assert.Equal(t, whys["scripts/env.sh"], "run by the trusted .envrc (direnv, on entering the directory)", "turn 1's agent config: %+v", r1.WorktreeChanges)
 
 	// Positive control: a fresh claude session without shrooms.
-	before := len(e.api.Scripted())
-	e.api.Append(modelapi.Text("control " + nonce))
-	e.control("claude", []string{"ANTHROPIC_BASE_URL=" + e.apiURL, "ANTHROPIC_API_KEY=" + apiKey},
+	before := len(e.API.Scripted())
+	e.API.Append(modelapi.Text("control " + nonce))
+	control(e, "claude", []string{"ANTHROPIC_BASE_URL=" + e.APIURL, "ANTHROPIC_API_KEY=" + apiKey},
 		"claude", "--dangerously-skip-permissions", "-p", "--output-format", "json", "hello "+nonce)
-	ctl := requestBodies(requestsSince(e.api, before))
+	ctl := requestBodies(requestsSince(e.API, before))
 	assert.Assert(t, is.Contains(ctl, word), "positive control: the edited import reaches the model without shrooms")
 
 	// Turn 2 through shrooms: a fresh session.
-	before = len(e.api.Scripted())
-	e.api.Append(modelapi.Text("fresh " + nonce))
-	out, r2 := e.turnImports("claude", "-p", "--output-format", "json", "hello again "+nonce)
+	before = len(e.API.Scripted())
+	e.API.Append(modelapi.Text("fresh " + nonce))
+	out, r2 := turnImports(e, "claude", "-p", "--output-format", "json", "hello again "+nonce)
 	assert.Equal(t, parseClaude(t, out).Result, "fresh "+nonce)
-	got := requestBodies(requestsSince(e.api, before))
+	got := requestBodies(requestsSince(e.API, before))
 	assert.Assert(t, got != "")
 	assert.Assert(t, !strings.Contains(got, word), "the turn's edit of the imported file reached the next session")
 	assert.Assert(t, is.Contains(got, owner), "the trusted copy of the import is what the session loads")
@@ -146,7 +147,7 @@ func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 		ok = ok || (c.Path == "guide/notes.md" && c.Change == "modified" && strings.Contains(c.Why, "CLAUDE.md"))
 	}
 	assert.Assert(t, ok, "changes: %+v", r2.WorktreeGuard.Changes)
-	data, err := os.ReadFile(filepath.Join(e.worktree, "guide/notes.md"))
+	data, err := os.ReadFile(filepath.Join(e.Worktree, "guide/notes.md"))
 	assert.NilError(t, err)
 	assert.Assert(t, is.Contains(string(data), word), "the worktree keeps the turn's edit (masked, not reverted)")
 
@@ -156,7 +157,7 @@ func TestClaudeImportedFileEditDoesNotReachNextSession(t *testing.T) {
 	assert.Assert(t, is.Contains(stderr, "guide/notes.md (modified: imported by the trusted CLAUDE.md"))
 	code, stdout, stderr = e.CLI("commit", "--task", e.Task("claude"), "-m", "notes", "--allow-agent-config", "guide/notes.md")
 	assert.Equal(t, code, 0, "%s %s", stdout, stderr)
-	code, stdout, stderr = e.CLI("spec", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin")
+	code, stdout, stderr = e.CLI("spec", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.Worktree, "--no-stdin")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, !strings.Contains(stdout, `"/work/guide/notes.md"`), "the accepted import is still masked")
 }
@@ -175,36 +176,36 @@ func TestOpencodeInstructionsGlobEditDoesNotReachNextSession(t *testing.T) {
 	owner := "OWNERSTYLE-" + nonce
 	edited := "GLOBEDIT-42-" + nonce
 	planted := "GLOBNEW-42-" + nonce
-	e.ownerFiles(map[string]string{
+	ownerFiles(e, map[string]string{
 		"opencode.json":  `{"$schema": "https://opencode.ai/config.json", "instructions": ["guide/*.md"]}` + "\n",
 		"guide/style.md": "Owner's style " + owner + "\n",
 	})
-	e.api.Append(
+	e.API.Append(
 		ocBash(`echo "Code word GLOBEDIT-$((6*7))-`+nonce+`" > /work/guide/style.md; echo "Code word GLOBNEW-$((6*7))-`+nonce+`" > /work/guide/planted.md`),
 		modelapi.Text("edited "+nonce),
 	)
-	_, r1 := e.turnImports("opencode", "--format", "json", "edit the style "+nonce)
-	assert.Equal(t, e.api.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.api.Log())
+	_, r1 := turnImports(e, "opencode", "--format", "json", "edit the style "+nonce)
+	assert.Equal(t, e.API.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.API.Log())
 	assert.Assert(t, r1.WorktreeGuard != nil && r1.WorktreeGuard.Recorded)
-	assert.Assert(t, is.Contains(requestBodies(e.api.Scripted()), owner), "turn 1 loaded the owner's instructions")
+	assert.Assert(t, is.Contains(requestBodies(e.API.Scripted()), owner), "turn 1 loaded the owner's instructions")
 	var agentConfig []string
 	for _, c := range r1.WorktreeChanges.AgentConfig {
 		agentConfig = append(agentConfig, c.Path)
 	}
 	assert.Assert(t, listed(agentConfig, "guide/planted.md", "guide/style.md"), "turn 1's agent config: %v", agentConfig)
 
-	before := len(e.api.Scripted())
-	e.api.Append(modelapi.Text("control " + nonce))
-	e.control("opencode", []string{"ANTHROPIC_API_KEY=" + apiKey, "npm_config_offline=true"},
+	before := len(e.API.Scripted())
+	e.API.Append(modelapi.Text("control " + nonce))
+	control(e, "opencode", []string{"ANTHROPIC_API_KEY=" + apiKey, "npm_config_offline=true"},
 		"opencode", "run", "--format", "json", "hello "+nonce)
-	ctl := requestBodies(requestsSince(e.api, before))
+	ctl := requestBodies(requestsSince(e.API, before))
 	assert.Assert(t, is.Contains(ctl, edited), "positive control: the edited instructions file reaches the model")
 	assert.Assert(t, is.Contains(ctl, planted), "positive control: the new glob match reaches the model")
 
-	before = len(e.api.Scripted())
-	e.api.Append(modelapi.Text("fresh " + nonce))
-	_, r2 := e.turnImports("opencode", "--format", "json", "hello again "+nonce)
-	got := requestBodies(requestsSince(e.api, before))
+	before = len(e.API.Scripted())
+	e.API.Append(modelapi.Text("fresh " + nonce))
+	_, r2 := turnImports(e, "opencode", "--format", "json", "hello again "+nonce)
+	got := requestBodies(requestsSince(e.API, before))
 	assert.Assert(t, got != "")
 	assert.Assert(t, !strings.Contains(got, edited), "the edited instructions file reached the next session")
 	assert.Assert(t, !strings.Contains(got, planted), "the planted glob match reached the next session")
@@ -252,7 +253,7 @@ func TestImportRulesMatchTheAgents(t *testing.T) {
 		}
 		files[fmt.Sprintf("guide/c%d.md", i)] = word(fmt.Sprintf("c%d", i)) + next + "\n"
 	}
-	e.ownerFiles(files)
+	ownerFiles(e, files)
 	file := map[string]string{"oc-glob": "rules/main.md", "cycle-a": "guide/cycle-a.md", "cycle-b": "guide/cycle-b.md", "space": "guide/my file.md"}
 	for _, id := range ids {
 		file[id] = "guide/" + id + ".md"
@@ -263,7 +264,7 @@ func TestImportRulesMatchTheAgents(t *testing.T) {
 
 	// What the guard trusts by digest.
 	store := guard.Store{Dir: filepath.Join(e.Dir, "rules-trust")}
-	res, err := store.Trust(context.Background(), e.worktree, nil)
+	res, err := store.Trust(context.Background(), e.Worktree, nil)
 	assert.NilError(t, err)
 	guarded := map[string]bool{"AGENTS.md": true, "CLAUDE.md": true, "opencode.json": true}
 	for _, l := range res.Loads {
@@ -273,15 +274,15 @@ func TestImportRulesMatchTheAgents(t *testing.T) {
 	loaded := func(agent string, envs []string, args ...string) []string {
 		home := filepath.Join(e.Dir, agent+"-rules-home")
 		work := filepath.Join(e.Dir, agent+"-rules-work")
-		for _, c := range [][]string{{"mkdir", "-p", home + "/.config/opencode", work}, {"cp", "-a", e.worktree + "/.", work + "/"},
+		for _, c := range [][]string{{"mkdir", "-p", home + "/.config/opencode", work}, {"cp", "-a", e.Worktree + "/.", work + "/"},
 			{"cp", filepath.Join(e.Dir, "opencode.json"), home + "/.config/opencode/opencode.json"}, {"chown", "-R", "1000:1000", home, work}} {
 			out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
 			assert.NilError(t, err, "%v: %s", c, out)
 		}
-		before := len(e.api.Scripted())
-		e.api.Append(modelapi.Text("rules " + nonce))
-		e.bare(home, work, envs, args...)
-		body := requestBodies(requestsSince(e.api, before))
+		before := len(e.API.Scripted())
+		e.API.Append(modelapi.Text("rules " + nonce))
+		bare(e, home, work, envs, args...)
+		body := requestBodies(requestsSince(e.API, before))
 		assert.Assert(t, body != "", "%s sent no request", agent)
 		var got []string
 		for id := range file {
@@ -296,7 +297,7 @@ func TestImportRulesMatchTheAgents(t *testing.T) {
 		}
 		return got
 	}
-	claude := loaded("claude", []string{"ANTHROPIC_BASE_URL=" + e.apiURL, "ANTHROPIC_API_KEY=" + apiKey},
+	claude := loaded("claude", []string{"ANTHROPIC_BASE_URL=" + e.APIURL, "ANTHROPIC_API_KEY=" + apiKey},
 		"claude", "--dangerously-skip-permissions", "-p", "--output-format", "json", "rules "+nonce)
 	// Claude Code 2.1.332: code spans, fenced blocks and HTML comments are
 	// not read; a trailing dot is part of the path; four hops are read.
@@ -324,30 +325,30 @@ func TestOpencodeTrustedMCPScriptEditDoesNotRun(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
 	nonce := e.Prefix
-	e.ownerFiles(map[string]string{
+	ownerFiles(e, map[string]string{
 		// With $schema: opencode adds it to a project config that lacks it,
 		// which would be a change (masked, project config off).
 		"opencode.json":  `{"$schema": "https://opencode.ai/config.json", "mcp": {"tools": {"type": "local", "command": ["sh", "scripts/mcp.sh"]}}}` + "\n",
 		"scripts/mcp.sh": "mkdir -p /work/.m; touch /work/.m/owner-mcp\n",
 	})
-	e.api.Append(
+	e.API.Append(
 		ocBash(`echo 'touch /work/.m/evil-mcp' >> /work/scripts/mcp.sh`),
 		modelapi.Text("edited "+nonce),
 	)
-	_, r1 := e.turnImports("opencode", "--format", "json", "edit the server "+nonce)
-	assert.Equal(t, e.api.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.api.Log())
+	_, r1 := turnImports(e, "opencode", "--format", "json", "edit the server "+nonce)
+	assert.Equal(t, e.API.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.API.Log())
 	assert.Assert(t, r1.WorktreeGuard != nil && r1.WorktreeGuard.Recorded)
-	assert.Assert(t, slices.Contains(markers(t, e.worktree), "owner-mcp"), "turn 1 ran the owner's trusted server")
-	assert.NilError(t, os.RemoveAll(filepath.Join(e.worktree, ".m")))
+	assert.Assert(t, slices.Contains(markers(t, e.Worktree), "owner-mcp"), "turn 1 ran the owner's trusted server")
+	assert.NilError(t, os.RemoveAll(filepath.Join(e.Worktree, ".m")))
 
-	e.api.Append(modelapi.Text("control " + nonce))
-	ctlWork, _ := e.control("opencode", []string{"ANTHROPIC_API_KEY=" + apiKey, "npm_config_offline=true"},
+	e.API.Append(modelapi.Text("control " + nonce))
+	ctlWork, _ := control(e, "opencode", []string{"ANTHROPIC_API_KEY=" + apiKey, "npm_config_offline=true"},
 		"opencode", "run", "--format", "json", "hello "+nonce)
 	assert.Assert(t, slices.Contains(markers(t, ctlWork), "evil-mcp"), "positive control: the edited server script runs without shrooms: %v", markers(t, ctlWork))
 
-	e.api.Append(modelapi.Text("fresh " + nonce))
-	_, r2 := e.turnImports("opencode", "--format", "json", "hello again "+nonce)
-	got := markers(t, e.worktree)
+	e.API.Append(modelapi.Text("fresh " + nonce))
+	_, r2 := turnImports(e, "opencode", "--format", "json", "hello again "+nonce)
+	got := markers(t, e.Worktree)
 	assert.Assert(t, !slices.Contains(got, "evil-mcp"), "the edited server script ran through shrooms: %v", got)
 	assert.Assert(t, slices.Contains(got, "owner-mcp"), "the trusted copy of the server script ran: %v", got)
 	assert.DeepEqual(t, r2.WorktreeGuard.Masked, []string{"scripts/mcp.sh"})

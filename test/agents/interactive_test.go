@@ -77,10 +77,10 @@ func TestInteractiveClaudeAsksNothing(t *testing.T) {
 	for turn := 1; turn <= 2; turn++ {
 		tm := itest.NewTmux(t)
 		answer := "interactive answer " + nonce + " " + string(rune('0'+turn))
-		e.api.Append(modelapi.Text(answer))
+		e.API.Append(modelapi.Text(answer))
 		result := filepath.Join(e.Dir, "result.json")
-		tm.Start(120, 40, nil, "nsenter", "--net="+e.tb.NSPath("host"), "--", e.shrooms, "--config", e.Config,
-			"run", "--tty", "--task", task, "--agent", "claude", "--worktree", e.worktree, "--result-file", result)
+		tm.Start(120, 40, nil, "nsenter", "--net="+e.TB.NSPath("host"), "--", e.Binary, "--config", e.Config,
+			"run", "--tty", "--task", task, "--agent", "claude", "--worktree", e.Worktree, "--result-file", result)
 		var sc screens
 		stop := make(chan struct{})
 		go sc.watch(tm, stop)
@@ -118,7 +118,7 @@ func TestInteractiveClaudeAsksNothing(t *testing.T) {
 	}
 	// Every model request went through the gateway with the placeholder
 	// swapped for the key.
-	for _, r := range e.api.Requests() {
+	for _, r := range e.API.Requests() {
 		assert.Equal(t, r.Header.Get("X-Api-Key"), apiKey)
 	}
 
@@ -127,9 +127,9 @@ func TestInteractiveClaudeAsksNothing(t *testing.T) {
 	home := filepath.Join(e.Dir, "control-home")
 	assert.NilError(t, os.MkdirAll(home, 0o755))
 	assert.NilError(t, os.Chown(home, 1000, 1000))
-	tm.Start(120, 40, nil, "podman", "--url", e.tb.PodmanURL, "run", "--rm", "-it", "--network", "host", "--user", "1000:1000",
-		"--label", e.tb.Label(), "-v", home+":/home/agent", "-e", "HOME=/home/agent", "-w", "/tmp",
-		"-e", "ANTHROPIC_BASE_URL="+e.apiURL, "-e", "ANTHROPIC_API_KEY=sk-ant-shrooms-placeholder-0123456789abcdef0123456789abcdef",
+	tm.Start(120, 40, nil, "podman", "--url", e.TB.PodmanURL, "run", "--rm", "-it", "--network", "host", "--user", "1000:1000",
+		"--label", e.TB.Label(), "-v", home+":/home/agent", "-e", "HOME=/home/agent", "-w", "/tmp",
+		"-e", "ANTHROPIC_BASE_URL="+e.APIURL, "-e", "ANTHROPIC_API_KEY=sk-ant-shrooms-placeholder-0123456789abcdef0123456789abcdef",
 		agentImage, "claude", "--dangerously-skip-permissions")
 	var sc screens
 	stop := make(chan struct{})

@@ -55,13 +55,13 @@ a["` + canary + wk + `"] = {"type": "wellknown", "key": "WK_TOKEN", "token": "t"
 json.dump(a, open(p, "w"))
 EOF
 echo planted`
-	e.checkSealed("opencode")
-	e.api.Append(ocBash(plant), modelapi.Text("planted "+nonce))
-	out, took1 := e.turn("opencode", "--format", "json", "plant things "+nonce)
+	checkSealed(e, "opencode")
+	e.API.Append(ocBash(plant), modelapi.Text("planted "+nonce))
+	out, took1 := runTurn(e, "opencode", "--format", "json", "plant things "+nonce)
 	session := opencodeSession(t, out)
-	assert.Equal(t, e.api.Remaining(), 0, "turn 1 did not run the whole script:\n%s\n%s", e.api.Log(), out)
+	assert.Equal(t, e.API.Remaining(), 0, "turn 1 did not run the whole script:\n%s\n%s", e.API.Log(), out)
 	t.Logf("opencode turn 1 (1 tool call): %v", took1)
-	auth, err := os.ReadFile(filepath.Join(e.home("opencode"), ".local/share/opencode/auth.json"))
+	auth, err := os.ReadFile(filepath.Join(homeDir(e, "opencode"), ".local/share/opencode/auth.json"))
 	assert.NilError(t, err)
 	assert.Assert(t, is.Contains(string(auth), ent), "turn 1 did not plant enterpriseUrl")
 
@@ -70,10 +70,10 @@ echo planted`
 	// <url>/.well-known/opencode and, served garbage, gives up.
 	envs := []string{"ANTHROPIC_API_KEY=" + apiKey, "npm_config_offline=true"}
 	ocArgs := []string{"opencode", "run", "--format", "json", "--session", session, "control " + nonce}
-	home, work := e.controlCopy("opencode", "control-wk")
-	e.bareRun(true, home, work, envs, ocArgs...)
+	home, work := controlCopy(e, "opencode", "control-wk")
+	bareRun(e, true, home, work, envs, ocArgs...)
 	// Then, with that entry taken out of the copy, the other two.
-	home, work = e.controlCopy("opencode", "control")
+	home, work = controlCopy(e, "opencode", "control")
 	authPath := filepath.Join(home, ".local/share/opencode/auth.json")
 	var authJSON map[string]any
 	data, err := os.ReadFile(authPath)
@@ -82,29 +82,29 @@ echo planted`
 	delete(authJSON, canary+wk)
 	data, _ = json.Marshal(authJSON)
 	assert.NilError(t, os.WriteFile(authPath, data, 0o600))
-	e.api.Append(modelapi.Text("control " + nonce))
-	tookCtl := e.bare(home, work, envs, ocArgs...)
+	e.API.Append(modelapi.Text("control " + nonce))
+	tookCtl := bare(e, home, work, envs, ocArgs...)
 	t.Logf("bare podman run, continued: %v", tookCtl)
 	time.Sleep(500 * time.Millisecond) // canaries log asynchronously
-	assert.Assert(t, len(e.tb.Hits(wk+"/.well-known/opencode")) > 0, "positive control: opencode did not fetch the planted wellknown URL")
-	assert.Assert(t, len(e.tb.Hits(acct+"/api/config")) > 0, "positive control: opencode did not fetch the planted account's /api/config")
-	assert.Assert(t, len(e.tb.Hits(ent+"/oauth/token")) > 0, "positive control: opencode did not refresh its token at the planted enterpriseUrl")
-	before := map[string]int{acct: len(e.tb.Hits(acct)), ent: len(e.tb.Hits(ent)), wk: len(e.tb.Hits(wk)), "ctl-" + nonce: len(e.tb.Hits("ctl-" + nonce))}
+	assert.Assert(t, len(e.TB.Hits(wk+"/.well-known/opencode")) > 0, "positive control: opencode did not fetch the planted wellknown URL")
+	assert.Assert(t, len(e.TB.Hits(acct+"/api/config")) > 0, "positive control: opencode did not fetch the planted account's /api/config")
+	assert.Assert(t, len(e.TB.Hits(ent+"/oauth/token")) > 0, "positive control: opencode did not refresh its token at the planted enterpriseUrl")
+	before := map[string]int{acct: len(e.TB.Hits(acct)), ent: len(e.TB.Hits(ent)), wk: len(e.TB.Hits(wk)), "ctl-" + nonce: len(e.TB.Hits("ctl-" + nonce))}
 
 	// Turn 2 under shrooms.
-	n := len(e.api.Scripted())
-	e.api.Append(modelapi.Text("resumed " + nonce))
-	out, rep, took2 := e.turnReset("opencode", "--format", "json", "--session", session, "continue "+nonce)
+	n := len(e.API.Scripted())
+	e.API.Append(modelapi.Text("resumed " + nonce))
+	out, rep, took2 := turnReset(e, "opencode", "--format", "json", "--session", session, "continue "+nonce)
 	assert.Equal(t, opencodeSession(t, out), session)
 	t.Logf("shrooms opencode turn 2: %v", took2)
-	reqs := requestsSince(e.api, n)
+	reqs := requestsSince(e.API, n)
 	assert.Assert(t, len(reqs) > 0)
 	first := string(reqs[0].Body)
 	assert.Assert(t, is.Contains(first, "plant things "+nonce), "the session continued with turn 1's messages")
 	assert.Assert(t, is.Contains(first, "continue "+nonce))
 	time.Sleep(500 * time.Millisecond)
 	for marker, n := range before {
-		assert.Equal(t, len(e.tb.Hits(marker)), n, "turn 2 contacted the planted address %s", marker)
+		assert.Equal(t, len(e.TB.Hits(marker)), n, "turn 2 contacted the planted address %s", marker)
 	}
 	const ocdb = ".local/share/opencode/opencode.db"
 	assert.Assert(t, rep.has(ocdb, "table account", 1), "%+v", rep.Dropped)
@@ -120,15 +120,15 @@ echo planted`
 	// A database of a schema version shrooms does not know (here: a
 	// migration row from the future) stops the next turn before any cage
 	// starts, with one line naming it.
-	db, err := sql.Open("sqlite", "file:"+filepath.Join(e.home("opencode"), ".local/share/opencode/opencode.db"))
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(homeDir(e, "opencode"), ".local/share/opencode/opencode.db"))
 	assert.NilError(t, err)
 	_, err = db.Exec(`INSERT INTO migration VALUES ('20990101000000_from_the_future', 1)`)
 	assert.NilError(t, err)
 	assert.NilError(t, db.Close())
-	n = len(e.api.Requests())
-	code, stdout, stderr := e.CLI("run", "--task", e.Task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
+	n = len(e.API.Requests())
+	code, stdout, stderr := e.CLI("run", "--task", e.Task("opencode"), "--agent", "opencode", "--worktree", e.Worktree, "--no-stdin", "--",
 		"--format", "json", "--session", session, "turn 3 "+nonce)
 	assert.Assert(t, code != 0, "turn 3 ran on an unknown opencode.db schema: %s", stdout)
 	assert.Assert(t, is.Contains(stderr, `migration "20990101000000_from_the_future"`), stderr)
-	assert.Equal(t, len(e.api.Requests()), n, "the model API was called although the reset failed")
+	assert.Equal(t, len(e.API.Requests()), n, "the model API was called although the reset failed")
 }

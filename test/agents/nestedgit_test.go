@@ -20,6 +20,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 )
 
 // Class 4 of issue 24: a nested repository handed to the owner's git. The
@@ -79,15 +80,15 @@ func hostGitVectors(t *testing.T, dir, markers string) []string {
 // sub/.git as agent config; the owner's git in sub runs none of the five;
 // turn 2 resumes the session; positive control: sub/.git chowned to the
 // owner (what the give-back did before) runs all five.
-func nestedRepoCorpus(t *testing.T, e *env, agent string, tool func(string) modelapi.Step, turn1, turn2 []string, session func(string) string) {
+func nestedRepoCorpus(t *testing.T, e *tbworld.World, agent string, tool func(string) modelapi.Step, turn1, turn2 []string, session func(string) string) {
 	nonce := e.Prefix
 	markers := filepath.Join(e.Dir, "host-markers")
 	assert.NilError(t, os.Mkdir(markers, 0o755))
-	e.api.Append(tool(nestedPlant(markers)), modelapi.Text("planted "+nonce))
-	code, out, errb := e.CLI(append([]string{"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, append(turn1, "plant things "+nonce)...)...)
-	assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.api.Log())
-	assert.Equal(t, e.api.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.api.Log())
-	for _, r := range e.api.Scripted() {
+	e.API.Append(tool(nestedPlant(markers)), modelapi.Text("planted "+nonce))
+	code, out, errb := e.CLI(append([]string{"--json", "run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.Worktree, "--no-stdin", "--"}, append(turn1, "plant things "+nonce)...)...)
+	assert.Equal(t, code, 0, "turn 1: %s %s\n%s", out, errb, e.API.Log())
+	assert.Equal(t, e.API.Remaining(), 0, "turn 1 did not run the whole script:\n%s", e.API.Log())
+	for _, r := range e.API.Scripted() {
 		assert.Assert(t, !strings.Contains(string(r.Body), "Exit code"), "the plant failed: %.2000s", r.Body)
 	}
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
@@ -108,14 +109,14 @@ func nestedRepoCorpus(t *testing.T, e *env, agent string, tool func(string) mode
 	assert.DeepEqual(t, res.Worktree.Kept, []string{"sub/.git"})
 	sid := session(strings.Join(lines[:len(lines)-1], "\n"))
 
-	sub := filepath.Join(e.worktree, "sub")
+	sub := filepath.Join(e.Worktree, "sub")
 	assert.DeepEqual(t, hostGitVectors(t, sub, markers), []string(nil))
 
-	n := len(e.api.Scripted())
-	e.api.Append(modelapi.Text("resumed " + nonce))
-	code, out, errb = e.CLI(append([]string{"run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.worktree, "--no-stdin", "--"}, append(turn2, sid, "continue "+nonce)...)...)
-	assert.Equal(t, code, 0, "turn 2: %s %s\n%s", out, errb, e.api.Log())
-	reqs := requestsSince(e.api, n)
+	n := len(e.API.Scripted())
+	e.API.Append(modelapi.Text("resumed " + nonce))
+	code, out, errb = e.CLI(append([]string{"run", "--task", e.Task(agent), "--agent", agent, "--worktree", e.Worktree, "--no-stdin", "--"}, append(turn2, sid, "continue "+nonce)...)...)
+	assert.Equal(t, code, 0, "turn 2: %s %s\n%s", out, errb, e.API.Log())
+	reqs := requestsSince(e.API, n)
 	assert.Assert(t, len(reqs) > 0 && strings.Contains(string(reqs[0].Body), "plant things "+nonce), "the session continued with turn 1's messages")
 	assert.DeepEqual(t, hostGitVectors(t, sub, markers), []string(nil))
 

@@ -15,6 +15,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 )
 
 // refPlugin is a project plugin that leaves a marker in the worktree when
@@ -120,9 +121,9 @@ func workingDirectory(t *testing.T, body []byte) string {
 // another directory than its own (it waits for the session's idle event in
 // its own), so a shell in the container stops it once the test, when done
 // reports true (or after two minutes), drops /work/.ctl-done.
-func (e *env) bareOutbox(home, work, outbox string, envs []string, done func() bool, agentArgs ...string) {
+func bareOutbox(e *tbworld.World, home, work, outbox string, envs []string, done func() bool, agentArgs ...string) {
 	e.T.Helper()
-	args := []string{"run", "--rm", "--network", "host", "--user", "1000:1000", "--label", e.tb.Label(),
+	args := []string{"run", "--rm", "--network", "host", "--user", "1000:1000", "--label", e.TB.Label(),
 		"-v", home + ":/home/agent", "-v", work + ":/work", "-v", outbox + ":/outbox", "-w", "/work", "-e", "HOME=/home/agent",
 		"--add-host", "registry.npmjs.org:127.0.0.1"}
 	for _, kv := range envs {
@@ -136,13 +137,13 @@ func (e *env) bareOutbox(home, work, outbox string, envs []string, done func() b
 	}
 	ch := make(chan result, 1)
 	go func() {
-		out, err := e.tb.Podman(args...)
+		out, err := e.TB.Podman(args...)
 		ch <- result{out, err}
 	}()
 	for deadline := time.Now().Add(2 * time.Minute); !done() && time.Now().Before(deadline); {
 		select {
 		case r := <-ch:
-			e.T.Fatalf("bare podman run ended before the control was done: %v\n%s\nmodel API log:\n%s", r.err, r.out, e.api.Log())
+			e.T.Fatalf("bare podman run ended before the control was done: %v\n%s\nmodel API log:\n%s", r.err, r.out, e.API.Log())
 		case <-time.After(time.Second):
 		}
 	}
@@ -150,7 +151,7 @@ func (e *env) bareOutbox(home, work, outbox string, envs []string, done func() b
 	r := <-ch
 	assert.NilError(e.T, r.err, "bare podman run: %s", r.out)
 	if !done() {
-		e.T.Logf("bare podman run, not done after two minutes:\n%s\nmodel API log:\n%s", r.out, e.api.Log())
+		e.T.Logf("bare podman run, not done after two minutes:\n%s\nmodel API log:\n%s", r.out, e.API.Log())
 	}
 }
 
@@ -167,15 +168,15 @@ func TestOpencodeKeptPointersPinned(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnv(t)
 	nonce := e.Prefix
-	e.checkSealed("opencode")
-	e.api.Append(ocBash(opencodeRefPlant()), modelapi.Text("planted "+nonce))
-	out, took1 := e.turn("opencode", "--format", "json", "plant things "+nonce)
+	checkSealed(e, "opencode")
+	e.API.Append(ocBash(opencodeRefPlant()), modelapi.Text("planted "+nonce))
+	out, took1 := runTurn(e, "opencode", "--format", "json", "plant things "+nonce)
 	session := opencodeSession(t, out)
-	assert.Equal(t, e.api.Remaining(), 0, "turn 1 did not run the whole script:\n%s\n%s", e.api.Log(), out)
+	assert.Equal(t, e.API.Remaining(), 0, "turn 1 did not run the whole script:\n%s\n%s", e.API.Log(), out)
 	assert.Assert(t, is.Contains(out, "planted "+session), "the plant script did not finish:\n%s", out)
 	t.Logf("opencode turn 1 (1 tool call): %v", took1)
-	assert.NilError(t, os.RemoveAll(filepath.Join(e.worktree, ".m")))
-	_, err := os.Stat(filepath.Join(e.worktree, "deep/.opencode/plugin/x.js"))
+	assert.NilError(t, os.RemoveAll(filepath.Join(e.Worktree, ".m")))
+	_, err := os.Stat(filepath.Join(e.Worktree, "deep/.opencode/plugin/x.js"))
 	assert.NilError(t, err, "turn 1 did not plant /work/deep")
 	// The outbox plant lands only where the cage's /outbox is writable
 	// (not where podman's service sees the bare outbox directory instead
@@ -187,7 +188,7 @@ func TestOpencodeKeptPointersPinned(t *testing.T) {
 		// Positive control, without shrooms. The outbox copy holds what
 		// turn 1 put there (planted afresh: a one-way outbox does not keep
 		// it, and the control is about the pointer).
-		home, work := e.controlCopy("opencode", "control-"+en.tag)
+		home, work := controlCopy(e, "opencode", "control-"+en.tag)
 		outbox := filepath.Join(e.Dir, "control-"+en.tag+"-outbox")
 		if rel, ok := strings.CutPrefix(en.dir, "/outbox/"); ok {
 			p := filepath.Join(outbox, rel, ".opencode/plugin")
@@ -196,15 +197,15 @@ func TestOpencodeKeptPointersPinned(t *testing.T) {
 		}
 		assert.NilError(t, os.MkdirAll(outbox, 0o755))
 		chown(t, outbox)
-		n := len(e.api.Scripted())
-		e.api.Append(modelapi.Text("control " + en.tag))
+		n := len(e.API.Scripted())
+		e.API.Append(modelapi.Text("control " + en.tag))
 		start := time.Now()
 		done := func() bool {
-			return len(requestsSince(e.api, n)) > 0 && slices.Contains(markers(t, work), "plugin-"+en.tag)
+			return len(requestsSince(e.API, n)) > 0 && slices.Contains(markers(t, work), "plugin-"+en.tag)
 		}
-		e.bareOutbox(home, work, outbox, envs, done, "opencode", "run", "--format", "json", "--session", session+en.suffix, "control "+nonce)
+		bareOutbox(e, home, work, outbox, envs, done, "opencode", "run", "--format", "json", "--session", session+en.suffix, "control "+nonce)
 		t.Logf("bare podman run, %s continued: %v", en.tag, time.Since(start))
-		reqs := requestsSince(e.api, n)
+		reqs := requestsSince(e.API, n)
 		assert.Assert(t, len(reqs) > 0)
 		assert.Equal(t, workingDirectory(t, reqs[0].Body), en.dir, "positive control: the planted directory is not opencode's working directory")
 		assert.Assert(t, is.Contains(string(reqs[0].Body), "plant things "+nonce))
@@ -212,18 +213,18 @@ func TestOpencodeKeptPointersPinned(t *testing.T) {
 	}
 
 	for i, en := range refEntries {
-		n := len(e.api.Scripted())
-		e.api.Append(modelapi.Text("resumed " + en.tag))
-		out, rep, took := e.turnReset("opencode", "--format", "json", "--session", session+en.suffix, "continue "+en.tag+" "+nonce)
+		n := len(e.API.Scripted())
+		e.API.Append(modelapi.Text("resumed " + en.tag))
+		out, rep, took := turnReset(e, "opencode", "--format", "json", "--session", session+en.suffix, "continue "+en.tag+" "+nonce)
 		t.Logf("shrooms opencode turn %d (%s): %v", i+2, en.tag, took)
 		assert.Equal(t, opencodeSession(t, out), session+en.suffix)
-		reqs := requestsSince(e.api, n)
-		assert.Assert(t, len(reqs) > 0, "turn %d sent no model request:\n%s", i+2, e.api.Log())
+		reqs := requestsSince(e.API, n)
+		assert.Assert(t, len(reqs) > 0, "turn %d sent no model request:\n%s", i+2, e.API.Log())
 		body := string(reqs[0].Body)
 		assert.Assert(t, is.Contains(body, "plant things "+nonce), "the session did not resume with turn 1's messages")
 		assert.Assert(t, is.Contains(body, "continue "+en.tag+" "+nonce))
 		assert.Equal(t, workingDirectory(t, reqs[0].Body), "/work")
-		assert.Equal(t, len(markers(t, e.worktree)), 0, "a planted plugin loaded: %v", markers(t, e.worktree))
+		assert.Equal(t, len(markers(t, e.Worktree)), 0, "a planted plugin loaded: %v", markers(t, e.Worktree))
 		if i > 0 {
 			continue
 		}

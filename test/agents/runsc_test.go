@@ -38,17 +38,17 @@ func TestRunscClaudeThroughGateway(t *testing.T) {
 	// gateway sets the netns's lo up, which podman leaves down for runsc).
 	e := newEnvWith(t, runscOptions(t, envOptions{gateway: true, policy: "none"}))
 	nonce := e.Prefix
-	e.api.Append(bash(`echo "$(uname -r) $(echo $ANTHROPIC_API_KEY | cut -c1-27)" > /work/.runsc`), modelapi.Text("ran "+nonce))
-	code, out, errb := e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.worktree, "--no-stdin", "--",
+	e.API.Append(bash(`echo "$(uname -r) $(echo $ANTHROPIC_API_KEY | cut -c1-27)" > /work/.runsc`), modelapi.Text("ran "+nonce))
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("claude"), "--agent", "claude", "--worktree", e.Worktree, "--no-stdin", "--",
 		"-p", "--output-format", "json", "hello "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
 	r := parseClaude(t, out)
 	assert.Assert(t, !r.IsError, out)
 	assert.Equal(t, r.Result, "ran "+nonce)
-	b, err := os.ReadFile(e.worktree + "/.runsc")
+	b, err := os.ReadFile(e.Worktree + "/.runsc")
 	assert.NilError(t, err)
 	assert.Assert(t, strings.Contains(string(b), "gvisor") && strings.HasSuffix(string(b), " sk-ant-shrooms-placeholder-\n"), "%q", b)
-	for _, req := range e.api.Requests() {
+	for _, req := range e.API.Requests() {
 		assert.Equal(t, req.Header.Get("X-Api-Key"), apiKey)
 	}
 	var prov struct {
@@ -67,15 +67,15 @@ func TestRunscOpencodeThroughGateway(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	e := newEnvWith(t, runscOptions(t, envOptions{gateway: true, policy: "internet"}))
 	nonce := e.Prefix
-	e.api.Append(ocBash(`echo "$(uname -r) $(echo $ANTHROPIC_API_KEY | cut -c1-27)" > /work/.ocrunsc`), modelapi.Text("done "+nonce))
-	code, out, errb := e.CLI("--json", "run", "--task", e.Task("opencode"), "--agent", "opencode", "--worktree", e.worktree, "--no-stdin", "--",
+	e.API.Append(ocBash(`echo "$(uname -r) $(echo $ANTHROPIC_API_KEY | cut -c1-27)" > /work/.ocrunsc`), modelapi.Text("done "+nonce))
+	code, out, errb := e.CLI("--json", "run", "--task", e.Task("opencode"), "--agent", "opencode", "--worktree", e.Worktree, "--no-stdin", "--",
 		"--format", "json", "hello "+nonce)
-	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.api.Log())
-	assert.Equal(t, e.api.Remaining(), 0, e.api.Log())
-	b, err := os.ReadFile(e.worktree + "/.ocrunsc")
+	assert.Equal(t, code, 0, "%s %s\n%s", out, errb, e.API.Log())
+	assert.Equal(t, e.API.Remaining(), 0, e.API.Log())
+	b, err := os.ReadFile(e.Worktree + "/.ocrunsc")
 	assert.NilError(t, err)
 	assert.Assert(t, strings.Contains(string(b), "gvisor") && strings.HasSuffix(string(b), " sk-ant-shrooms-placeholder-\n"), "%q", b)
-	for _, r := range e.api.Scripted() {
+	for _, r := range e.API.Scripted() {
 		assert.Equal(t, r.Header.Get("X-Api-Key"), apiKey)
 	}
 }

@@ -22,14 +22,14 @@ func TestAgentSwitchKeepsClaudeState(t *testing.T) {
 	nonce := e.Prefix
 	task := e.Task("claude")
 
-	e.api.Append(modelapi.Text("first " + nonce))
-	out, _ := e.turn("claude", "-p", "--output-format", "json", "remember "+nonce)
+	e.API.Append(modelapi.Text("first " + nonce))
+	out, _ := runTurn(e, "claude", "-p", "--output-format", "json", "remember "+nonce)
 	r1 := parseClaude(t, out)
 	assert.Assert(t, !r1.IsError, out)
 
 	shell := func(script string) (string, resetReport) {
 		t.Helper()
-		code, out, errb := e.CLI("--json", "run", "--task", task, "--agent", "sh", "--worktree", e.worktree, "--no-stdin", "--", "-c", script)
+		code, out, errb := e.CLI("--json", "run", "--task", task, "--agent", "sh", "--worktree", e.Worktree, "--no-stdin", "--", "-c", script)
 		assert.Equal(t, code, 0, "shell turn: %s %s", out, errb)
 		lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 		var res struct {
@@ -58,13 +58,13 @@ func TestAgentSwitchKeepsClaudeState(t *testing.T) {
 	assert.Check(t, rep.has(".claude.json", "mcpServers", 0), "%+v", rep.Dropped)
 
 	// Claude resumes the session.
-	before := len(e.api.Scripted())
-	e.api.Append(modelapi.Text("second " + nonce))
-	out, _ = e.turn("claude", "-p", "--output-format", "json", "--resume", r1.SessionID, "again "+nonce)
+	before := len(e.API.Scripted())
+	e.API.Append(modelapi.Text("second " + nonce))
+	out, _ = runTurn(e, "claude", "-p", "--output-format", "json", "--resume", r1.SessionID, "again "+nonce)
 	r2 := parseClaude(t, out)
 	assert.Assert(t, !r2.IsError, out)
 	assert.Equal(t, r2.Result, "second "+nonce)
-	reqs := requestsSince(e.api, before)
+	reqs := requestsSince(e.API, before)
 	assert.Assert(t, len(reqs) >= 1)
 	body := string(reqs[len(reqs)-1].Body)
 	assert.Check(t, is.Contains(body, "remember "+nonce), "the resumed request carries turn 1's prompt")

@@ -25,7 +25,7 @@ func BenchmarkBackToBack(b *testing.B) {
 	if n, err := strconv.Atoi(os.Getenv("SHROOMS_PERF_TURNS")); err == nil && n > 0 {
 		turns = n
 	}
-	be := newBench(b, "")
+	be := newBench(b)
 	task := be.Task("b2b")
 	wt := b.TempDir()
 	if err := os.WriteFile(filepath.Join(wt, "README"), []byte("x\n"), 0o644); err != nil {
@@ -35,16 +35,16 @@ func BenchmarkBackToBack(b *testing.B) {
 		b.Fatalf("git init: %v: %s", err, out)
 	}
 	args := func() []string {
-		return []string{be.bin, "--config", be.Config, "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "echo x"}
+		return []string{be.Binary, "--config", be.Config, "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", "echo x"}
 	}
-	if out, err := be.inHost(args()...).CombinedOutput(); err != nil {
+	if out, err := inHost(be, args()...).CombinedOutput(); err != nil {
 		b.Fatalf("first turn: %v: %s", err, out)
 	}
 	busy, failed := 0, 0
 	var walls []time.Duration
 	start := time.Now()
 	for i := 0; i < turns; i++ {
-		t, err := timed(be.inHost(args()...))
+		t, err := timed(inHost(be, args()...))
 		switch {
 		case err != nil && strings.Contains(err.Error(), ": exit status 123:"): // timed's message
 			busy++

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 )
 
 // BenchmarkBurstAB measures the burst of 8 (Goals/burst8) for two builds in
@@ -18,7 +19,7 @@ import (
 // SHROOMS_PERF_BINARY_B (this tree's build when unset). -benchtime Nx runs N
 // rounds of each, A first in even rounds, B first in odd ones.
 func BenchmarkBurstAB(b *testing.B) {
-	be := newBench(b, "")
+	be := newBench(b)
 	binB := os.Getenv("SHROOMS_PERF_BINARY_B")
 	if binB == "" {
 		binB = itest.ShroomsBinary(b)
@@ -28,12 +29,12 @@ func BenchmarkBurstAB(b *testing.B) {
 			return
 		}
 		const n = 8
-		bins := []string{be.bin, binB}
+		bins := []string{be.Binary, binB}
 		tasks := [2][]string{}
 		for k := range bins {
 			for i := 0; i < n; i++ {
 				task := be.Task(fmt.Sprintf("ab%d-%d", k, i))
-				if _, _, err := be.runWith(bins[k], task, "shell", "echo x"); err != nil {
+				if _, _, err := runWith(be, bins[k], task, "shell", "echo x"); err != nil {
 					b.Fatal(err)
 				}
 				tasks[k] = append(tasks[k], task)
@@ -57,7 +58,7 @@ func BenchmarkBurstAB(b *testing.B) {
 					wg.Add(1)
 					go func(task string) {
 						defer wg.Done()
-						t, res, err := be.runWith(bins[k], task, "shell", "echo x")
+						t, res, err := runWith(be, bins[k], task, "shell", "echo x")
 						if err != nil {
 							errs <- err
 							return
@@ -89,19 +90,20 @@ func BenchmarkBurstAB(b *testing.B) {
 	})
 }
 
-// runWith is run with another build of shrooms in place of the bench's.
-func (b *bench) runWith(bin, task, agent, script string) (*timing, *result, error) {
-	if bin == b.bin {
-		return b.run(task, agent, script)
+// runWith is runTurn with another build of shrooms in place of the
+// world's.
+func runWith(be *tbworld.World, bin, task, agent, script string) (*timing, *result, error) {
+	if bin == be.Binary {
+		return runTurn(be, task, agent, script)
 	}
-	cmd := b.Command("--json", "run", "--prepare-next", "--task", task, "--agent", agent, "--", "-c", script)
+	cmd := be.Command("--json", "run", "--prepare-next", "--task", task, "--agent", agent, "--", "-c", script)
 	for i, a := range cmd.Args {
-		if a == b.bin {
+		if a == be.Binary {
 			cmd.Args[i] = bin
 		}
 	}
-	if cmd.Path == b.bin {
+	if cmd.Path == be.Binary {
 		cmd.Path = bin
 	}
-	return b.runCmd(cmd)
+	return runCmd(cmd)
 }

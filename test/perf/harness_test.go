@@ -8,7 +8,6 @@ package perf
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -20,10 +19,7 @@ import (
 	"time"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
-	"github.com/shrooms-cage/shrooms/internal/testbed"
-	"github.com/shrooms-cage/shrooms/internal/testcfg"
-	"github.com/shrooms-cage/shrooms/pkg/config"
-	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -33,94 +29,35 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// bench is one testbed with a podman service, a sealed cage network and a
-// config file for the shrooms binary, in a world of its own (itest.Env on
-// the testbed's service, the CLI in its host namespace).
-type bench struct {
-	*itest.Env
-	tb     *testbed.Testbed
-	bin    string
-	cfg    *config.Config
-	client *podman.Client
-}
-
-// newBench sets up the testbed, the config (sealed network, policy
-// internet) and applies the seal in the testbed's host namespace.
-func newBench(t testing.TB, extra string) *bench {
-	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
-	tb := testbed.New(t)
-	tb.StartPodman()
-	b := &bench{tb: tb}
+// newBench is the perf world: the testbed with a podman service, a
+// config for the shrooms binary (cage network policy internet, one shell
+// agent "cl" with Claude Code's HOME rules) and the seal applied by the
+// binary (`net apply`) in the testbed's host namespace, where its CLI runs.
+func newBench(t testing.TB, opts ...tbworld.Option) *tbworld.World {
+	t.Helper()
 	// SHROOMS_PERF_BINARY measures another build (an older one, for the
-	// figures before a change) with the same benchmarks.
-	if b.bin = os.Getenv("SHROOMS_PERF_BINARY"); b.bin == "" {
-		b.bin = itest.ShroomsBinary(t)
-	}
-	// Made after the testbed, so that its cleanup runs before the
-	// testbed's. Prepared next cages are left by design (--prepare-next).
-	b.Env = itest.New(t, "pf", itest.WithSocket(tb.PodmanURL), itest.WithBinary(b.bin), itest.WithNetNS(tb.NSPath("host")), itest.WithPrepared())
-	name := b.Prefix
-	pid := os.Getpid()
-	b.WriteConfig(fmt.Sprintf(`
-[podman]
-socket = %q
-[state]
-dir = %q
-[cage]
-image = %q
-memory = "256m"
-pids = 128
-nofile = 512
-nproc = 256
-timeout = "120s"
-stop_grace = "1s"
-[network]
-policy = "internet"
-name = %q
-bridge = %q
-subnet4 = "10.%d.%d.0/24"
-subnet6 = "fd8c:5eed:%x::/64"
-dns_upstream = ["203.0.113.10"]
-[worktree]
-uncapped = "allow"
-[home]
-volume_prefix = "shrooms-home-%s-"
-max_session_file = "2g"
-max_keep_size = "4g"
-[outbox]
-root = %q
-[agents.cl]
-command = ["/bin/sh"]
-home = ["claude", "shell"]
-%s`, tb.PodmanURL, b.State, itest.TestImage, name, name, 30+pid%30, pid%250, pid%65000, name, b.Outbox, extra))
-	cfg, err := config.Load(b.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.cfg = cfg
-	if b.client, err = podman.Connect(context.Background(), tb.PodmanURL); err != nil {
-		t.Fatal(err)
-	}
-	b.Release = testcfg.Release(cfg, b.client)
-	b.Finally(func() {
-		_, _ = tb.Podman("network", "rm", "-f", name)
-		for _, fam := range []string{"inet", "bridge"} {
-			_ = exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "nft", "delete", "table", fam, "shrooms_"+name).Run()
-		}
-	})
-	if out, err := b.shrooms("net", "apply"); err != nil {
+	// figures before a change) with the same benchmarks. Prepared next
+	// cages are left by design (--prepare-next).
+	be := tbworld.New(t, "pf", append([]tbworld.Option{tbworld.WithCLI(os.Getenv("SHROOMS_PERF_BINARY")), tbworld.WithEnv(itest.WithPrepared()),
+		// The figures are the default runtime's (runtime: nil drops the
+		// suites' SHROOMS_TEST_RUNTIME).
+		tbworld.WithCage(map[string]any{"memory": "256m", "pids": 128, "nofile": 512, "nproc": 256, "timeout": "120s", "stop_grace": "1s", "runtime": nil}),
+		tbworld.WithExtra(func(*tbworld.World) string {
+			return "[home]\nmax_session_file = \"2g\"\nmax_keep_size = \"4g\"\n[agents.cl]\ncommand = [\"/bin/sh\"]\nhome = [\"claude\", \"shell\"]\n"
+		})}, opts...)...)
+	if out, err := shrooms(be, "net", "apply"); err != nil {
 		t.Fatalf("net apply: %v: %s", err, out)
 	}
-	return b
+	return be
 }
 
 // inHost runs a command in the testbed's host network namespace.
-func (b *bench) inHost(args ...string) *exec.Cmd {
-	return exec.Command("nsenter", append([]string{"--net=" + b.tb.NSPath("host"), "--"}, args...)...)
+func inHost(b *tbworld.World, args ...string) *exec.Cmd {
+	return exec.Command("nsenter", append([]string{"--net=" + b.TB.NSPath("host"), "--"}, args...)...)
 }
 
 // shrooms runs the binary with the bench config and returns its output.
-func (b *bench) shrooms(args ...string) ([]byte, error) {
+func shrooms(b *tbworld.World, args ...string) ([]byte, error) {
 	return b.Command(args...).CombinedOutput()
 }
 
@@ -182,12 +119,12 @@ type result struct {
 }
 
 // run runs one turn with the shrooms binary (--json, --prepare-next).
-func (b *bench) run(task, agent, script string) (*timing, *result, error) {
-	return b.runCmd(b.Command("--json", "run", "--prepare-next", "--task", task, "--agent", agent, "--", "-c", script))
+func runTurn(b *tbworld.World, task, agent, script string) (*timing, *result, error) {
+	return runCmd(b.Command("--json", "run", "--prepare-next", "--task", task, "--agent", agent, "--", "-c", script))
 }
 
 // runCmd runs one `run --json` command and reads its result.
-func (b *bench) runCmd(cmd *exec.Cmd) (*timing, *result, error) {
+func runCmd(cmd *exec.Cmd) (*timing, *result, error) {
 	t, err := timed(cmd)
 	if err != nil {
 		return t, nil, err
@@ -202,11 +139,17 @@ func (b *bench) runCmd(cmd *exec.Cmd) (*timing, *result, error) {
 
 // bare is `podman run --rm` of the same image and command on the named
 // network, with the same limits a cage has.
-func (b *bench) bare(network, script string) (*timing, error) {
-	return timed(b.inHost("podman", "--url", b.tb.PodmanURL, "run", "--rm", "--network", network,
+func bareRun(b *tbworld.World, network, script string) (*timing, error) {
+	return timed(bareCommand(b, network, script))
+}
+
+// bareCommand is bareRun's process, with podman run's flags extra added.
+func bareCommand(b *tbworld.World, network, script string, extra ...string) *exec.Cmd {
+	args := []string{"podman", "--url", b.TB.PodmanURL, "run", "--rm", "--network", network,
 		"--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges", "--user", "1000:1000",
-		"--memory", "256m", "--pids-limit", "128", "--ulimit", "nofile=512:512", "--ulimit", "nproc=256:256",
-		itest.TestImage, "/bin/sh", "-c", script))
+		"--memory", "256m", "--pids-limit", "128", "--ulimit", "nofile=512:512", "--ulimit", "nproc=256:256"}
+	args = append(append(args, extra...), itest.TestImage, "/bin/sh", "-c", script)
+	return inHost(b, args...)
 }
 
 func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -13,6 +13,7 @@ import (
 	"github.com/containers/podman/v5/pkg/specgen"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
@@ -29,14 +30,14 @@ func BenchmarkCageNetworkParts(b *testing.B) {
 	if b.N == 1 { // the testing package's probing run (see BenchmarkGoals)
 		return
 	}
-	be := newBench(b, "")
+	be := newBench(b)
 	ctx := context.Background()
 	task := be.Task("net")
-	if _, _, err := be.run(task, "shell", "true"); err != nil {
+	if _, _, err := runTurn(be, task, "shell", "true"); err != nil {
 		b.Fatal(err)
 	}
 	be.WaitIdle(task)
-	out, err := be.shrooms("spec", "--task", task, "--agent", "shell", "--", "-c", "true")
+	out, err := shrooms(be, "spec", "--task", task, "--agent", "shell", "--", "-c", "true")
 	if err != nil {
 		b.Fatalf("spec: %v: %s", err, out)
 	}
@@ -59,12 +60,12 @@ func BenchmarkCageNetworkParts(b *testing.B) {
 	}
 	for _, v := range variants {
 		if v.args != nil {
-			be.tb.MustPodman(append([]string{"network", "create", "--label", be.tb.Label()}, append(v.args, v.net)...)...)
+			be.TB.MustPodman(append([]string{"network", "create", "--label", be.TB.Label()}, append(v.args, v.net)...)...)
 			name := v.net
-			b.Cleanup(func() { _, _ = be.tb.Podman("network", "rm", "-f", name) })
+			b.Cleanup(func() { _, _ = be.TB.Podman("network", "rm", "-f", name) })
 		}
 	}
-	if _, err := be.bare("podman", "true"); err != nil { // the default network's bridge exists
+	if _, err := bareRun(be, "podman", "true"); err != nil { // the default network's bridge exists
 		b.Fatal(err)
 	}
 	type times struct{ create, init, remove []time.Duration }
@@ -73,7 +74,7 @@ func BenchmarkCageNetworkParts(b *testing.B) {
 		for _, v := range variants {
 			s := base
 			s.Name = itest.UniqueName("pfnet-")
-			s.Labels = map[string]string{"shrooms-tb": be.tb.ID}
+			s.Labels = map[string]string{"shrooms-tb": be.TB.ID}
 			if v.net == "" {
 				s.NetNS = specgen.Namespace{NSMode: specgen.NoNetwork}
 				s.Networks = nil
@@ -83,19 +84,19 @@ func BenchmarkCageNetworkParts(b *testing.B) {
 				s.Networks = map[string]nettypes.PerNetworkOptions{v.net: {}}
 			}
 			t0 := time.Now()
-			id, err := be.client.Create(ctx, &s)
+			id, err := be.Client.Create(ctx, &s)
 			if err != nil {
 				b.Fatalf("%s: %v", v.name, err)
 			}
 			t1 := time.Now()
-			if err := be.client.Init(ctx, id); err != nil {
+			if err := be.Client.Init(ctx, id); err != nil {
 				b.Fatalf("%s: %v", v.name, err)
 			}
 			t2 := time.Now()
 			if v.name == "cage-net" && i == 0 {
 				b.Logf("IPv6 addresses in an initialised cage (if_inet6 flags: 0x40 tentative = DAD running, 0x02 nodad): %s", inet6Flags(ctx, be, id))
 			}
-			if err := be.client.Remove(ctx, id); err != nil {
+			if err := be.Client.Remove(ctx, id); err != nil {
 				b.Fatalf("%s: %v", v.name, err)
 			}
 			t3 := time.Now()
@@ -117,7 +118,7 @@ func BenchmarkCageNetworkParts(b *testing.B) {
 	}
 
 	// The host-side checks of a networked turn, alone.
-	opts := firewall.Options{NetNS: be.tb.NSPath("host")}
+	opts := firewall.Options{NetNS: be.TB.NSPath("host")}
 	part := func(name string, fn func() error) {
 		var d []time.Duration
 		for i := 0; i < 20; i++ {
@@ -131,33 +132,33 @@ func BenchmarkCageNetworkParts(b *testing.B) {
 		b.Logf("%-20s %6.2f ms (median of 20)", name, msOf(median(d)))
 	}
 	part("seal-verify", func() error {
-		st, err := firewall.Verify(ctx, be.cfg.Network, opts)
+		st, err := firewall.Verify(ctx, be.Cfg.Network, opts)
 		if err == nil && !st.OK {
 			err = fmt.Errorf("%s", st.Reason)
 		}
 		return err
 	})
 	part("seal-refresh", func() error {
-		st, err := firewall.Refresh(ctx, be.cfg.Network, opts)
+		st, err := firewall.Refresh(ctx, be.Cfg.Network, opts)
 		if err == nil && !st.OK {
 			err = fmt.Errorf("%s", st.Reason)
 		}
 		return err
 	})
-	part("mac-pin", func() error { return firewall.PinBridgeMAC(be.cfg.Network.Bridge, opts) })
-	part("network-check", func() error { return cagenet.CheckNetwork(ctx, be.cfg, be.client) })
-	part("image-exists", func() error { _, err := be.client.ImageExists(ctx, itest.TestImage); return err })
-	part("list-task-cages", func() error { _, err := be.client.ListByLabel(ctx, "io.shrooms.task", task); return err })
-	part("inspect-volume", func() error { _, err := be.client.InspectVolume(ctx, be.cfg.Home.VolumePrefix+task); return err })
-	part("podman-connect", func() error { _, err := podman.Connect(ctx, be.tb.PodmanURL); return err })
-	part("shrooms-version", func() error { _, err := be.shrooms("version"); return err })
+	part("mac-pin", func() error { return firewall.PinBridgeMAC(be.Cfg.Network.Bridge, opts) })
+	part("network-check", func() error { return cagenet.CheckNetwork(ctx, be.Cfg, be.Client) })
+	part("image-exists", func() error { _, err := be.Client.ImageExists(ctx, itest.TestImage); return err })
+	part("list-task-cages", func() error { _, err := be.Client.ListByLabel(ctx, "io.shrooms.task", task); return err })
+	part("inspect-volume", func() error { _, err := be.Client.InspectVolume(ctx, be.Cfg.Home.VolumePrefix+task); return err })
+	part("podman-connect", func() error { _, err := podman.Connect(ctx, be.TB.PodmanURL); return err })
+	part("shrooms-version", func() error { _, err := shrooms(be, "version"); return err })
 	b.ReportMetric(0, "ns/op")
 }
 
 // inet6Flags lists the cage's IPv6 addresses with their flags, read from its
 // network namespace right after netavark configured it.
-func inet6Flags(ctx context.Context, be *bench, id string) string {
-	pid, err := be.client.Pid(ctx, id)
+func inet6Flags(ctx context.Context, be *tbworld.World, id string) string {
+	pid, err := be.Client.Pid(ctx, id)
 	if err != nil {
 		return err.Error()
 	}

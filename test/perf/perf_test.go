@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 )
 
 // BenchmarkGoals measures the round-2 performance goals (README) in one
@@ -30,7 +32,7 @@ import (
 // Run it with -benchtime 10x: the sizes scale with b.N, and the probing
 // run with b.N == 1 that the testing package makes first measures nothing.
 func BenchmarkGoals(b *testing.B) {
-	be := newBench(b, "")
+	be := newBench(b)
 	b.Run("whole", func(b *testing.B) { benchWhole(b, be) })
 	b.Run("first-output", func(b *testing.B) { benchFirstOutput(b, be) })
 	b.Run("burst8", func(b *testing.B) { benchBurst(b, be, 8) })
@@ -38,15 +40,15 @@ func BenchmarkGoals(b *testing.B) {
 	b.Run("start-flat", func(b *testing.B) { benchStartFlat(b, be) })
 }
 
-func benchWhole(b *testing.B, be *bench) {
+func benchWhole(b *testing.B, be *tbworld.World) {
 	if b.N == 1 {
 		return
 	}
 	task := be.Task("whole")
-	if _, _, err := be.run(task, "shell", "true"); err != nil { // bootstrap, network, first preparation
+	if _, _, err := runTurn(be, task, "shell", "true"); err != nil { // bootstrap, network, first preparation
 		b.Fatal(err)
 	}
-	if _, err := be.bare("podman", "true"); err != nil { // podman's default network exists
+	if _, err := bareRun(be, "podman", "true"); err != nil { // podman's default network exists
 		b.Fatal(err)
 	}
 	var shrooms, bare, bareOwn []time.Duration
@@ -54,7 +56,7 @@ func benchWhole(b *testing.B, be *bench) {
 	prepared := 0
 	for i := 0; i < b.N; i++ {
 		be.WaitIdle(task)
-		t, res, err := be.run(task, "shell", "true")
+		t, res, err := runTurn(be, task, "shell", "true")
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -64,11 +66,11 @@ func benchWhole(b *testing.B, be *bench) {
 			prepared++
 		}
 		be.WaitIdle(task) // podman runs alone, not beside shrooms' teardown
-		if t, err = be.bare("podman", "true"); err != nil {
+		if t, err = bareRun(be, "podman", "true"); err != nil {
 			b.Fatal(err)
 		}
 		bare = append(bare, t.wall)
-		if t, err = be.bare(be.Prefix, "true"); err != nil {
+		if t, err = bareRun(be, be.Prefix, "true"); err != nil {
 			b.Fatal(err)
 		}
 		bareOwn = append(bareOwn, t.wall)
@@ -83,19 +85,19 @@ func benchWhole(b *testing.B, be *bench) {
 		msOf(median(shrooms)), msOf(median(bare)), msOf(median(bareOwn)), prepared, len(results), phaseString(phaseMedians(results)))
 }
 
-func benchFirstOutput(b *testing.B, be *bench) {
+func benchFirstOutput(b *testing.B, be *tbworld.World) {
 	if b.N == 1 {
 		return
 	}
 	task := be.Task("fo")
-	if _, _, err := be.run(task, "shell", "echo x"); err != nil {
+	if _, _, err := runTurn(be, task, "shell", "echo x"); err != nil {
 		b.Fatal(err)
 	}
 	var firsts, bare []time.Duration
 	var results []*result
 	for i := 0; i < 5*b.N; i++ {
 		be.WaitIdle(task) // the next cage is prepared
-		t, res, err := be.run(task, "shell", "echo x")
+		t, res, err := runTurn(be, task, "shell", "echo x")
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -106,7 +108,7 @@ func benchFirstOutput(b *testing.B, be *bench) {
 		results = append(results, res)
 		if i%2 == 0 {
 			be.WaitIdle(task)
-			if t, err = be.bare("podman", "echo x"); err != nil {
+			if t, err = bareRun(be, "podman", "echo x"); err != nil {
 				b.Fatal(err)
 			}
 			bare = append(bare, t.first)
@@ -120,14 +122,14 @@ func benchFirstOutput(b *testing.B, be *bench) {
 		msOf(quantile(firsts, 0.5)), msOf(quantile(firsts, 0.99)), len(firsts), msOf(median(bare)), phaseString(phaseMedians(results)))
 }
 
-func benchBurst(b *testing.B, be *bench, n int) {
+func benchBurst(b *testing.B, be *tbworld.World, n int) {
 	if b.N == 1 {
 		return
 	}
 	tasks := make([]string, n)
 	for i := range tasks {
 		tasks[i] = be.Task(fmt.Sprintf("burst%d", i))
-		if _, _, err := be.run(tasks[i], "shell", "echo x"); err != nil {
+		if _, _, err := runTurn(be, tasks[i], "shell", "echo x"); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -146,7 +148,7 @@ func benchBurst(b *testing.B, be *bench, n int) {
 			wg.Add(1)
 			go func(task string) {
 				defer wg.Done()
-				t, res, err := be.run(task, "shell", "echo x")
+				t, res, err := runTurn(be, task, "shell", "echo x")
 				if err != nil {
 					errs <- err
 					return
@@ -194,7 +196,7 @@ func benchBurst(b *testing.B, be *bench, n int) {
 // idle prepared cage holds: the proportional set size of its conmon and of
 // the runtime's process waiting in it, its cgroup's charge, and the change
 // of the host's used memory, slab and shmem per cage.
-func benchIdleMemory(b *testing.B, be *bench) {
+func benchIdleMemory(b *testing.B, be *tbworld.World) {
 	if b.N == 1 {
 		return
 	}
@@ -204,26 +206,26 @@ func benchIdleMemory(b *testing.B, be *bench) {
 		tasks[i] = be.Task(fmt.Sprintf("mem%d", i))
 		// A first turn bootstraps HOME; the cage it prepares is removed so
 		// the measurement starts from none.
-		if _, _, err := be.run(tasks[i], "shell", "true"); err != nil {
+		if _, _, err := runTurn(be, tasks[i], "shell", "true"); err != nil {
 			b.Fatal(err)
 		}
 		be.WaitIdle(tasks[i])
-		be.removeCages(b, tasks[i])
+		removeCages(be, b, tasks[i])
 	}
 	before := meminfo(b)
 	for _, task := range tasks {
-		if out, err := be.shrooms("prepare", "--task", task, "--agent", "shell"); err != nil {
+		if out, err := shrooms(be, "prepare", "--task", task, "--agent", "shell"); err != nil {
 			b.Fatalf("prepare: %v: %s", err, out)
 		}
 	}
 	after := meminfo(b)
 	var conmon, initPss, cg float64
 	for _, task := range tasks {
-		cages, err := be.client.ListByLabel(context.Background(), "io.shrooms.task", task)
+		cages, err := be.Client.ListByLabel(context.Background(), "io.shrooms.task", task)
 		if err != nil || len(cages) != 1 {
 			b.Fatalf("prepared cages of %s: %v %v", task, cages, err)
 		}
-		out, err := be.tb.Podman("inspect", "--format", "{{.State.ConmonPid}} {{.State.Pid}}", cages[0].ID)
+		out, err := be.TB.Podman("inspect", "--format", "{{.State.ConmonPid}} {{.State.Pid}}", cages[0].ID)
 		if err != nil {
 			b.Fatalf("inspect: %v: %s", err, out)
 		}
@@ -249,34 +251,34 @@ func benchIdleMemory(b *testing.B, be *bench) {
 	b.Logf("idle prepared cage (mean of %d): conmon PSS %.2f MiB, runtime init PSS %.2f MiB, cgroup charge %.2f MiB; host: MemAvailable -%.2f MiB, Slab +%.2f MiB, Shmem +%.2f MiB per cage (other engineers' load makes the host figures noisy)",
 		n, conmon/n/1024, initPss/n/1024, cg/n/1024/1024, used, perCage("Slab"), perCage("Shmem"))
 	for _, task := range tasks {
-		be.removeCages(b, task)
+		removeCages(be, b, task)
 	}
 }
 
 // benchStartFlat measures first output of a prepared turn after a turn
 // that left 100 000 junk files in HOME, and with a 1 GiB transcript kept,
 // against the same turn with an empty HOME, interleaved.
-func benchStartFlat(b *testing.B, be *bench) {
+func benchStartFlat(b *testing.B, be *tbworld.World) {
 	if b.N == 1 {
 		return
 	}
 	empty, junk, big := be.Task("flat-empty"), be.Task("flat-junk"), be.Task("flat-big")
 	for _, task := range []string{empty, junk, big} {
-		if _, _, err := be.run(task, "cl", "echo x"); err != nil {
+		if _, _, err := runTurn(be, task, "cl", "echo x"); err != nil {
 			b.Fatal(err)
 		}
 		be.WaitIdle(task)
 	}
 	// The transcript is planted once and stays: it is on the keep-list.
-	be.removeCages(b, big)
-	home := be.homeDir(b, big)
+	removeCages(be, b, big)
+	home := homeDir(be, b, big)
 	transcript := filepath.Join(home, ".claude/projects/-work/0b9c5e3a-2f4d-4c1e-9a7b-5d6e7f8a9b0c.jsonl")
 	writeBig(b, transcript, 1<<30)
 	chownLike(b, transcript, home)
 	chownLike(b, filepath.Dir(transcript), home)
 	chownLike(b, filepath.Dir(filepath.Dir(transcript)), home)
 	syscall.Sync() // the test's own writes are not the turn's cost
-	if out, err := be.shrooms("prepare", "--task", big, "--agent", "cl"); err != nil {
+	if out, err := shrooms(be, "prepare", "--task", big, "--agent", "cl"); err != nil {
 		b.Fatalf("prepare: %v: %s", err, out)
 	}
 	got := map[string][]time.Duration{}
@@ -285,9 +287,9 @@ func benchStartFlat(b *testing.B, be *bench) {
 		// The junk is what a hostile turn leaves; the next cage is prepared
 		// after it (as --prepare-next does once the turn ended).
 		be.WaitIdle(junk)
-		be.removeCages(b, junk)
-		plantJunk(b, be.homeDir(b, junk), 100000)
-		if out, err := be.shrooms("prepare", "--task", junk, "--agent", "cl"); err != nil {
+		removeCages(be, b, junk)
+		plantJunk(b, homeDir(be, b, junk), 100000)
+		if out, err := shrooms(be, "prepare", "--task", junk, "--agent", "cl"); err != nil {
 			b.Fatalf("prepare: %v: %s", err, out)
 		}
 		syscall.Sync()
@@ -297,7 +299,7 @@ func benchStartFlat(b *testing.B, be *bench) {
 			for _, t := range []string{empty, junk, big} {
 				be.WaitIdle(t)
 			}
-			t, res, err := be.run(task, "cl", "echo x")
+			t, res, err := runTurn(be, task, "cl", "echo x")
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -320,21 +322,21 @@ func benchStartFlat(b *testing.B, be *bench) {
 
 // removeCages removes every cage of the task (a prepared one, before the
 // test changes HOME behind shrooms' back).
-func (be *bench) removeCages(b *testing.B, task string) {
-	cages, err := be.client.ListByLabel(context.Background(), "io.shrooms.task", task)
+func removeCages(be *tbworld.World, b *testing.B, task string) {
+	cages, err := be.Client.ListByLabel(context.Background(), "io.shrooms.task", task)
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, c := range cages {
-		if err := be.client.Remove(context.Background(), c.ID); err != nil {
+		if err := be.Client.Remove(context.Background(), c.ID); err != nil {
 			b.Fatal(err)
 		}
 	}
 }
 
 // homeDir is the task HOME's directory on the host.
-func (be *bench) homeDir(b *testing.B, task string) string {
-	v, err := be.client.InspectVolume(context.Background(), be.cfg.Home.VolumePrefix+task)
+func homeDir(be *tbworld.World, b *testing.B, task string) string {
+	v, err := be.Client.InspectVolume(context.Background(), be.Cfg.Home.VolumePrefix+task)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
 )
 
 // BenchmarkWorktreeSize runs the same turn — a prepared cage that prints a
@@ -24,8 +26,8 @@ func BenchmarkWorktreeSize(b *testing.B) {
 	if b.N == 1 {
 		return
 	}
-	be := newBench(b, "")
-	bins := []string{be.bin}
+	be := newBench(b)
+	bins := []string{be.Binary}
 	if base := os.Getenv("SHROOMS_PERF_BASELINE_BINARY"); base != "" {
 		bins = append(bins, base)
 	}
@@ -34,6 +36,7 @@ func BenchmarkWorktreeSize(b *testing.B) {
 		bin, task, wt, name string
 		firsts, walls       []time.Duration
 		results             []*result
+		scans               map[string]int // how the scan after read the tree
 	}
 	var arms []*arm
 	for bi, bin := range bins {
@@ -48,14 +51,14 @@ func BenchmarkWorktreeSize(b *testing.B) {
 	// Print first, then change ≤ 100 files (the turn's own work).
 	const script = `echo x; for f in /work/d0000/*; do echo y >> "$f"; done`
 	for _, a := range arms { // bootstrap HOME, claim the worktree, prepare the next cage
-		if _, _, err := be.runWorktree(a.bin, a.task, a.wt, script); err != nil {
+		if _, _, err := runWorktree(be, a.bin, a.task, a.wt, script); err != nil {
 			b.Fatal(err)
 		}
 	}
 	for round := 0; round < b.N; round++ {
 		for _, a := range arms {
 			be.WaitIdle(a.task)
-			t, res, err := be.runWorktree(a.bin, a.task, a.wt, script)
+			t, res, err := runWorktree(be, a.bin, a.task, a.wt, script)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -68,13 +71,17 @@ func BenchmarkWorktreeSize(b *testing.B) {
 			a.firsts = append(a.firsts, t.first)
 			a.walls = append(a.walls, t.wall)
 			a.results = append(a.results, &res.result)
+			if a.scans == nil {
+				a.scans = map[string]int{}
+			}
+			a.scans[res.Changes.ScanAfter]++
 		}
 	}
 	for _, a := range arms {
 		b.ReportMetric(msOf(median(a.firsts)), "first-"+a.name+"-ms")
 		b.ReportMetric(msOf(median(a.walls)), "whole-"+a.name+"-ms")
-		b.Logf("%s entries: first output p50 %.0f ms, whole run p50 %.0f ms; phases (median ms): %s",
-			a.name, msOf(median(a.firsts)), msOf(median(a.walls)), phaseString(phaseMedians(a.results)))
+		b.Logf("%s entries: first output p50 %.0f ms, whole run p50 %.0f ms; phases (median ms): %s; scan after: %v",
+			a.name, msOf(median(a.firsts)), msOf(median(a.walls)), phaseString(phaseMedians(a.results)), a.scans)
 	}
 	for i := 0; i+1 < len(arms); i += 2 {
 		small, big := arms[i], arms[i+1]
@@ -91,10 +98,19 @@ func BenchmarkWorktreeSize(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 }
 
+// worktreeOwner owns the benchmark's worktrees, as a developer's checkout
+// is owned by its developer (a worktree owned by root never gets the
+// idmapped mount).
+const worktreeOwner = 4242
+
 // makeWorktree makes a git work tree of n entries: directories d0000… of
-// 99 files each (100 entries with the directory).
+// 99 files each (100 entries with the directory), owned by worktreeOwner,
+// in a directory only root may enter.
 func makeWorktree(b *testing.B, n int) string {
-	wt := b.TempDir()
+	wt := filepath.Join(b.TempDir(), "wt")
+	if err := os.Mkdir(wt, 0o755); err != nil {
+		b.Fatal(err)
+	}
 	for d := 0; d*100 < n; d++ {
 		sub := filepath.Join(wt, fmt.Sprintf("d%04d", d))
 		if err := os.Mkdir(sub, 0o755); err != nil {
@@ -109,6 +125,14 @@ func makeWorktree(b *testing.B, n int) string {
 	if out, err := exec.Command("git", "init", "-q", wt).CombinedOutput(); err != nil {
 		b.Fatalf("git init: %v: %s", err, out)
 	}
+	if err := filepath.WalkDir(wt, func(p string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, worktreeOwner, worktreeOwner)
+	}); err != nil {
+		b.Fatal(err)
+	}
 	return wt
 }
 
@@ -118,11 +142,13 @@ type worktreeResult struct {
 		Added    int `json:"added"`
 		Modified int `json:"modified"`
 		Deleted  int `json:"deleted"`
+		// ScanAfter: "events" or "walk: why" (builds before it: "").
+		ScanAfter string `json:"scan_after"`
 	} `json:"worktree_changes"`
 }
 
-func (b *bench) runWorktree(bin, task, wt, script string) (*timing, *worktreeResult, error) {
-	t, err := timed(b.inHost(bin, "--config", b.Config, "--json", "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", script))
+func runWorktree(b *tbworld.World, bin, task, wt, script string) (*timing, *worktreeResult, error) {
+	t, err := timed(inHost(b, bin, "--config", b.Config, "--json", "run", "--prepare-next", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c", script))
 	if err != nil {
 		return t, nil, err
 	}

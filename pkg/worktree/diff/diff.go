@@ -51,7 +51,10 @@ type entry struct {
 type Snapshot struct {
 	entries   map[string]entry
 	truncated bool
-	took      time.Duration
+	// linked are the non-directories with more than one link: a change
+	// through one link shows at every other (Watcher.After re-reads them).
+	linked []string
+	took   time.Duration
 }
 
 // Scan takes a snapshot of the worktree at root.
@@ -93,6 +96,9 @@ func scanHook(ctx context.Context, root string, hook Hook, after bool) (*Snapsho
 	defer dir.Close()
 	s := &Snapshot{entries: map[string]entry{}}
 	w := walker{after: after}
+	if hook != nil {
+		w.links = map[[2]uint64][]string{}
+	}
 	if err := w.walk(ctx, s, dir, "", 0, hook); err != nil {
 		return nil, err
 	}
@@ -101,8 +107,13 @@ func scanHook(ctx context.Context, root string, hook Hook, after bool) (*Snapsho
 }
 
 // walker is a scan's walk: with a hook, after says whether entries are
-// recorded as the hook left them.
-type walker struct{ after bool }
+// recorded as the hook left them. links are the paths recorded so far of
+// each inode with more than one link: the hook's change through one link
+// (a chown sets the inode's ctime) shows at all of them.
+type walker struct {
+	after bool
+	links map[[2]uint64][]string // by device and inode
+}
 
 func (w walker) walk(ctx context.Context, s *Snapshot, dir *os.File, rel string, depth int, hook Hook) error {
 	if depth > maxDepth {
@@ -153,10 +164,16 @@ func (w walker) walk(ctx context.Context, s *Snapshot, dir *os.File, rel string,
 				}
 			}
 		}
-		s.entries[child] = entry{mode: st.Mode, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), ino: st.Ino}
+		e := entry{mode: st.Mode, size: st.Size, mtime: st.Mtim.Nano(), ctime: st.Ctim.Nano(), ino: st.Ino}
 		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			if st.Nlink > 1 {
+				s.linked = append(s.linked, child)
+				e = w.link(s, child, e, st.Dev)
+			}
+			s.entries[child] = e
 			continue
 		}
+		s.entries[child] = e
 		fd, err := unix.Openat(int(dir.Fd()), name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
 			continue // replaced since the stat: not a directory to walk now
@@ -180,6 +197,30 @@ func (w walker) walk(ctx context.Context, s *Snapshot, dir *os.File, rel string,
 		}
 	}
 	return nil
+}
+
+// link records rel, one of an inode's links, and returns its entry as the
+// snapshot keeps it. With a hook, every link of an inode is to read the
+// same: as the first link was found before the hook's changes (a snapshot
+// after a turn), or as the last one was left by them (before a turn, where
+// the earlier links are brought up to date).
+func (w walker) link(s *Snapshot, rel string, e entry, dev uint64) entry {
+	if w.links == nil {
+		return e
+	}
+	id := [2]uint64{dev, e.ino}
+	prev := w.links[id]
+	w.links[id] = append(prev, rel)
+	if len(prev) == 0 {
+		return e
+	}
+	if !w.after {
+		return s.entries[prev[0]]
+	}
+	for _, p := range prev {
+		s.entries[p] = e
+	}
+	return e
 }
 
 // Entries is how many entries the snapshot holds.
@@ -211,6 +252,9 @@ type Summary struct {
 	// Truncated: a scan stopped at its bounds, so counts are lower bounds.
 	Truncated bool    `json:"truncated,omitempty"`
 	ScanMS    float64 `json:"scan_ms"`
+	// ScanAfter is how the worktree after the turn was read: "events"
+	// (the turn's fanotify events, Watcher.After) or "walk: why".
+	ScanAfter string `json:"scan_after,omitempty"`
 }
 
 // Diff compares the worktree before a turn with the one after it.

@@ -1,0 +1,137 @@
+package turn
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
+)
+
+// eventsTree lays out the same worktree, owned by 4242, at each of dirs:
+// files, directories to move and remove, a hard-linked pair, a nested
+// repository and agent config.
+func eventsTree(t *testing.T, dirs ...string) {
+	t.Helper()
+	for _, wt := range dirs {
+		files := map[string]string{
+			"src/main.go": "package main\n", "src/util/u.go": "package util\n",
+			"docs/a.md": "a", "docs/old/b.md": "b", "docs/old/deep/c.md": "c",
+			"gone/x/y.txt": "y", "gone/z.txt": "z", "stamp.txt": "12345",
+			"vendor/lib/.git/HEAD": "ref: refs/heads/main\n", "AGENTS.md": "be nice\n",
+			"linked.txt": "one inode",
+		}
+		for rel, data := range files {
+			p := filepath.Join(wt, rel)
+			assert.NilError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+			assert.NilError(t, os.WriteFile(p, []byte(data), 0o644))
+		}
+		assert.NilError(t, os.Link(filepath.Join(wt, "linked.txt"), filepath.Join(wt, "docs", "linked-too.txt")))
+		assert.NilError(t, filepath.Walk(wt, func(p string, _ os.FileInfo, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(p, 4242, 4242)
+		}))
+	}
+}
+
+// changed is a report without its timing and how it was read.
+func changed(t *testing.T, res *Result) diff.Summary {
+	t.Helper()
+	assert.Assert(t, res.WorktreeChanges != nil && res.WorktreeChanges.Summary != nil, "%+v", res.WorktreeChanges)
+	s := *res.WorktreeChanges.Summary
+	s.ScanMS, s.ScanAfter = 0, ""
+	return s
+}
+
+// TestWorktreeChangesFromEventsAreTheWalks: the same turns in two copies
+// of one worktree, one task reading the turn's fanotify events after it,
+// the other walking the whole tree: the reports are equal, for a turn
+// that exits, one past its deadline, and one after the owner changed the
+// worktree between turns (not the turn's); a moved directory changed
+// inside, a removed tree, a rewrite with size and mtime put back, hard
+// links, a link swap and a new nested repository are all in them. (The
+// owner's nested repository stays the owner's: read-only in the cage.)
+func TestWorktreeChangesFromEventsAreTheWalks(t *testing.T) {
+	e, runner := newHarness(t, "")
+	base := t.TempDir()
+	runner.Cfg.Worktree.Roots = []string{base}
+	ev, walk := filepath.Join(base, "ev"), filepath.Join(base, "walk")
+	eventsTree(t, ev, walk)
+	type turnOf func(wt string, walkAfter bool) *Result
+	run := func(timeout time.Duration, script string) turnOf {
+		return func(wt string, walkAfter bool) *Result {
+			runner.walkAfter = walkAfter
+			defer func() { runner.walkAfter = false }()
+			var out, errb bytes.Buffer
+			res, err := runner.Run(context.Background(), Request{
+				Task: taskid.Must(e.Task(fmt.Sprint("ev", walkAfter))), Agent: "shell", Worktree: wt,
+				Args: []string{"-c", script}, Timeout: timeout,
+				Streams: podman.Streams{Stdout: &out, Stderr: &errb},
+			})
+			if timeout > 0 {
+				assert.Assert(t, errors.Is(err, ErrDeadline), "%v %s", err, errb.String())
+			} else {
+				assert.NilError(t, err, errb.String())
+				assert.Equal(t, res.ExitCode, 0, out.String()+errb.String())
+			}
+			return res
+		}
+	}
+	both := func(name string, turn turnOf) diff.Summary {
+		t.Helper()
+		evd := turn(ev, false)
+		assert.Equal(t, evd.WorktreeChanges.ScanAfter, "events", name)
+		walked := turn(walk, true)
+		assert.Equal(t, walked.WorktreeChanges.ScanAfter, "walk: asked for", name)
+		got, want := changed(t, evd), changed(t, walked)
+		assert.DeepEqual(t, got, want)
+		return got
+	}
+
+	s := both("battery", run(0, `set -e
+cd /work
+echo new > new.txt
+mkdir -p n/a/b && echo d > n/a/b/d.txt
+echo edited >> src/main.go
+touch -r stamp.txt /tmp/stamp && printf 54321 > stamp.txt && touch -r /tmp/stamp stamp.txt
+chmod 700 src/util/u.go
+rm -rf gone
+mv docs/old docs/moved && echo more >> docs/moved/deep/c.md
+echo through-one-link >> linked.txt
+ln src/main.go src/main-link.go
+rm docs/a.md && ln -s ../AGENTS.md docs/a.md
+echo upload > AGENTS.md
+mkdir -p sub/.git && echo x > sub/.git/HEAD
+`))
+	// The control: the battery is in the report.
+	assert.Assert(t, s.Added >= 10 && s.Modified >= 6 && s.Deleted >= 8, "%+v", s)
+	var roots []string
+	for _, c := range s.AgentConfig {
+		roots = append(roots, c.Path)
+	}
+	assert.Equal(t, strings.Join(roots, " "), "AGENTS.md sub/.git")
+
+	both("deadline", run(3*time.Second, `mkdir -p /work/dl/x && echo z > /work/dl/x/f && mv /work/src /work/src2 && echo up && sleep 600`))
+
+	// The owner, between turns: none of it is the next turn's.
+	for _, wt := range []string{ev, walk} {
+		assert.NilError(t, os.WriteFile(filepath.Join(wt, "AGENTS.md"), []byte("owner\n"), 0o644))
+		assert.NilError(t, os.WriteFile(filepath.Join(wt, "host.txt"), []byte("mine\n"), 0o644))
+		assert.NilError(t, os.RemoveAll(filepath.Join(wt, "n")))
+		assert.NilError(t, os.Rename(filepath.Join(wt, "docs"), filepath.Join(wt, "docs2")))
+	}
+	s = both("after the owner", run(0, `echo turn > /work/turn.txt`))
+	assert.DeepEqual(t, []int{s.Added, s.Modified, s.Deleted}, []int{1, 0, 0})
+}

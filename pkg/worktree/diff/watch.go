@@ -1,0 +1,350 @@
+package diff
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// A Watcher records, through fanotify, what changes on the worktree's
+// filesystem while a turn runs, so that the scan after the turn visits
+// only what changed (After). It marks the whole filesystem
+// (FAN_MARK_FILESYSTEM, root only) and reports every event by its
+// directory's file handle and name (FAN_REPORT_DFID_NAME) and, for a
+// non-directory, its own handle (FAN_REPORT_FID); events outside the
+// worktree are dropped when After resolves the handles. Every doubt —
+// a lost event (queue overflow), more distinct events than maxDirty, an
+// event with no handle, a read error — makes After return nil: the caller
+// takes the full scan then.
+type Watcher struct {
+	fd     int
+	rootFd int // the worktree root: mount fd for open_by_handle_at
+	root   string
+	fsid   [8]byte
+	stop   chan struct{}
+	done   chan struct{}
+
+	mu    sync.Mutex
+	dirty map[dirName]uint64 // (directory handle, name) → event mask seen
+	inos  map[uint64]bool    // inodes of non-directory events with no name
+	doubt string             // why After must fall back ("" none)
+	// fdClosed: the reader closed fd at a doubt (read after done only).
+	fdClosed bool
+	maxDirty int // maxDirty but in tests
+}
+
+// dirName is one event's directory handle (type and bytes) and entry name
+// ("" or "." for the directory itself).
+type dirName struct {
+	handle string
+	name   string
+}
+
+// maxDirty bounds the distinct (directory, name) pairs a watcher keeps;
+// past it After falls back to the full scan.
+const maxDirty = 200_000
+
+// watchMask is every event that changes an entry's name, data or
+// attributes (ctime): creation, deletion, renames both ways, writes,
+// attribute and link-count changes, on files and directories.
+const watchMask = unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO |
+	unix.FAN_MODIFY | unix.FAN_CLOSE_WRITE | unix.FAN_ATTRIB | unix.FAN_DELETE_SELF |
+	unix.FAN_MOVE_SELF | unix.FAN_ONDIR
+
+// Watch starts recording changes on root's filesystem. Call it before
+// anything that may change the worktree for the turn can run (the cage's
+// start) and, to match a full scan taken after it, before the scan before
+// the turn. Close it on every path.
+func Watch(root string) (*Watcher, error) { return watch(root, nil, maxDirty) }
+
+// watch is Watch whose reader waits for hold to close first, with the
+// default bounded queue, and keeps at most limit changes (tests: a queue
+// that overflows, a turn that changes too much).
+func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
+	rootFd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("worktree watch: open %s: %w", root, err)
+	}
+	fail := func(err error) (*Watcher, error) {
+		unix.Close(rootFd)
+		return nil, err
+	}
+	real, err := fdPath(rootFd)
+	if err != nil {
+		return fail(err)
+	}
+	// A mount below the worktree now would be in the snapshot before and
+	// out of the mark's sight (After checks again at the end).
+	if m, err := mountBelow(real); err != nil || m != "" {
+		return fail(fmt.Errorf("worktree watch: a mount below the worktree (%s, %v)", m, err))
+	}
+	var sfs unix.Statfs_t
+	if err := unix.Fstatfs(rootFd, &sfs); err != nil {
+		return fail(fmt.Errorf("worktree watch: statfs %s: %w", root, err))
+	}
+	// The queue is unbounded (the default 16 384 events overflowed in a
+	// burst from the rest of the filesystem, a cage's teardown, with the
+	// reader waiting for a CPU); what bounds it is the reader, which
+	// drains it as events come and closes the group at its first doubt.
+	flags := uint(unix.FAN_CLASS_NOTIF | unix.FAN_CLOEXEC | unix.FAN_NONBLOCK | unix.FAN_REPORT_DFID_NAME | unix.FAN_REPORT_FID)
+	if hold == nil {
+		flags |= unix.FAN_UNLIMITED_QUEUE
+	}
+	fd, err := unix.FanotifyInit(flags, unix.O_RDONLY|unix.O_CLOEXEC)
+	if err != nil {
+		return fail(fmt.Errorf("worktree watch: fanotify_init: %w", err))
+	}
+	if err := unix.FanotifyMark(fd, unix.FAN_MARK_ADD|unix.FAN_MARK_FILESYSTEM, watchMask, rootFd, ""); err != nil {
+		unix.Close(fd)
+		return fail(fmt.Errorf("worktree watch: fanotify_mark %s: %w", root, err))
+	}
+	w := &Watcher{fd: fd, rootFd: rootFd, root: real, stop: make(chan struct{}), done: make(chan struct{}),
+		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, maxDirty: limit}
+	binary.NativeEndian.PutUint32(w.fsid[0:4], uint32(sfs.Fsid.Val[0]))
+	binary.NativeEndian.PutUint32(w.fsid[4:8], uint32(sfs.Fsid.Val[1]))
+	go w.read(hold)
+	return w, nil
+}
+
+// read drains the queue until stop, then once more: every event a change
+// made before Stop is queued by then (fsnotify queues in the syscall).
+func (w *Watcher) read(hold <-chan struct{}) {
+	defer close(w.done)
+	if hold != nil {
+		<-hold
+	}
+	buf := make([]byte, 256<<10)
+	for {
+		stopping := false
+		select {
+		case <-w.stop:
+			stopping = true
+		default:
+		}
+		for {
+			n, err := unix.Read(w.fd, buf)
+			if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EINTR) {
+				break
+			}
+			if err != nil || n <= 0 {
+				w.fail(fmt.Sprintf("read: %v", err))
+				return
+			}
+			w.parse(buf[:n])
+			if w.doubted() {
+				// Nothing more can help: free the queue now.
+				unix.Close(w.fd)
+				w.fdClosed = true
+				return
+			}
+		}
+		if stopping {
+			return
+		}
+		fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
+		_, _ = unix.Poll(fds, 20)
+	}
+}
+
+func (w *Watcher) doubted() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.doubt != ""
+}
+
+func (w *Watcher) fail(why string) {
+	w.mu.Lock()
+	if w.doubt == "" {
+		w.doubt = why
+	}
+	w.mu.Unlock()
+}
+
+const metaLen = 24 // struct fanotify_event_metadata
+
+// parse records one read's events.
+func (w *Watcher) parse(b []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for len(b) >= metaLen {
+		evLen := int(binary.NativeEndian.Uint32(b[0:4]))
+		hdr := int(binary.NativeEndian.Uint16(b[6:8]))
+		mask := binary.NativeEndian.Uint64(b[8:16])
+		fd := int32(binary.NativeEndian.Uint32(b[16:20]))
+		if evLen < metaLen || evLen > len(b) || hdr < metaLen || hdr > evLen {
+			w.setDoubt("malformed event")
+			return
+		}
+		if fd >= 0 {
+			unix.Close(int(fd)) // not asked for; never expected with FID reporting
+		}
+		w.event(mask, b[hdr:evLen])
+		b = b[evLen:]
+	}
+}
+
+func (w *Watcher) setDoubt(why string) {
+	if w.doubt == "" {
+		w.doubt = why
+	}
+}
+
+// event records one event's info records (w.mu held).
+func (w *Watcher) event(mask uint64, info []byte) {
+	if mask&unix.FAN_Q_OVERFLOW != 0 {
+		w.setDoubt("event queue overflowed")
+		return
+	}
+	var dir *dirName
+	var child []byte // the object's own handle record
+	for len(info) >= 4 {
+		typ := info[0]
+		l := int(binary.NativeEndian.Uint16(info[2:4]))
+		if l < 4 || l > len(info) {
+			w.setDoubt("malformed info record")
+			return
+		}
+		rec := info[4:l]
+		info = info[l:]
+		switch typ {
+		case unix.FAN_EVENT_INFO_TYPE_DFID_NAME, unix.FAN_EVENT_INFO_TYPE_DFID:
+			h, name, ok := w.handle(rec, typ == unix.FAN_EVENT_INFO_TYPE_DFID_NAME)
+			if !ok {
+				return // another filesystem's, or malformed (doubt set)
+			}
+			dir = &dirName{handle: h, name: name}
+		case unix.FAN_EVENT_INFO_TYPE_FID:
+			child = rec
+		}
+	}
+	switch {
+	case dir != nil:
+		if _, seen := w.dirty[*dir]; !seen && len(w.dirty) >= w.maxDirty {
+			w.setDoubt(fmt.Sprintf("more than %d changed entries", w.maxDirty))
+			return
+		}
+		w.dirty[*dir] |= mask
+	case child != nil:
+		// A non-directory's event with no directory (a link count changed
+		// through a link elsewhere): After re-stats the worktree's
+		// entries with its inode.
+		h, _, ok := w.handle(child, false)
+		if !ok {
+			return
+		}
+		if mask&unix.FAN_DELETE_SELF != 0 {
+			return // its last link went: that unlink had a directory event
+		}
+		ino, ok := w.inode(h)
+		if !ok {
+			return // gone: every link's removal had a directory event
+		}
+		if len(w.inos) >= w.maxDirty {
+			w.setDoubt("too many inode events")
+			return
+		}
+		w.inos[ino] = true
+	default:
+		w.setDoubt("an event with no file handle")
+	}
+}
+
+// handle reads a FID record: fsid, struct file_handle, then (withName) a
+// NUL-terminated name. Records of another filesystem are dropped (ok
+// false, no doubt: only one filesystem is marked).
+func (w *Watcher) handle(rec []byte, withName bool) (h, name string, ok bool) {
+	if len(rec) < 16 {
+		w.setDoubt("short file handle record")
+		return "", "", false
+	}
+	if string(rec[0:8]) != string(w.fsid[:]) {
+		return "", "", false
+	}
+	hb := int(binary.NativeEndian.Uint32(rec[8:12]))
+	if 16+hb > len(rec) {
+		w.setDoubt("short file handle")
+		return "", "", false
+	}
+	h = string(rec[12 : 16+hb]) // type and bytes
+	if withName {
+		rest := rec[16+hb:]
+		for i, c := range rest {
+			if c == 0 {
+				rest = rest[:i]
+				break
+			}
+		}
+		name = string(rest)
+	}
+	return h, name, true
+}
+
+// open opens a handle (type and bytes, as handle stores it) with O_PATH.
+func (w *Watcher) open(h string) (int, error) {
+	typ := int32(binary.NativeEndian.Uint32([]byte(h[0:4])))
+	return unix.OpenByHandleAt(w.rootFd, unix.NewFileHandle(typ, []byte(h[4:])), unix.O_PATH|unix.O_CLOEXEC|unix.O_NOFOLLOW)
+}
+
+// inode is a handle's inode number (ok false: it no longer exists).
+func (w *Watcher) inode(h string) (uint64, bool) {
+	fd, err := w.open(h)
+	if err != nil {
+		return 0, false
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return 0, false
+	}
+	return st.Ino, true
+}
+
+// Stop ends the recording: call it once nothing of the turn runs. What
+// changes later is not recorded.
+func (w *Watcher) Stop() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+// Close stops the watcher and releases it (nil-safe).
+func (w *Watcher) Close() {
+	if w == nil || w.fd < 0 {
+		return
+	}
+	w.Stop()
+	if !w.fdClosed {
+		unix.Close(w.fd)
+	}
+	unix.Close(w.rootFd)
+	w.fd, w.rootFd = -1, -1
+}
+
+// fdPath is where an open file is now, in this mount namespace.
+func fdPath(fd int) (string, error) {
+	p, err := readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+	if err != nil {
+		return "", fmt.Errorf("worktree watch: %w", err)
+	}
+	return p, nil
+}
+
+func readlink(p string) (string, error) {
+	buf := make([]byte, 512)
+	for {
+		n, err := unix.Readlink(p, buf)
+		if err != nil {
+			return "", fmt.Errorf("readlink %s: %w", p, err)
+		}
+		if n < len(buf) {
+			return string(buf[:n]), nil
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}

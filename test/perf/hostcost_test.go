@@ -1,0 +1,289 @@
+package perf
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/tbworld"
+	"github.com/shrooms-cage/shrooms/internal/testbed"
+)
+
+// burnScript burns about 200 ms of CPU in the image's busybox sh (the
+// positive control: it must show up alike in both columns).
+const burnScript = `i=0; while [ $i -lt 170000 ]; do i=$((i+1)); done`
+
+// BenchmarkHostCost measures the CPU time (user+system) the host spends on
+// one whole turn: the `shrooms run` process, its detached child (removing
+// the old cage, the HOME reset, creating and starting the next prepared
+// cage), the podman service's work, conmon, runc, the exit commands conmon
+// runs and the cage's processes, against the same for a bare `podman run
+// --rm` (its client included) of the same image and command, side by side
+// in one testbed. Everything runs below a cpuacct cgroup of the
+// benchmark's own (testbed.CPUAccount); a turn's window closes when its
+// detached teardown has ended and no transient process is left, and the
+// cgroup's usage (which keeps that of removed children) is read before
+// and after. The burn rows are the positive control: the same turns with
+// a command burning ~200 ms of CPU.
+func BenchmarkHostCost(b *testing.B) {
+	if b.N == 1 {
+		return
+	}
+	acct := newCPUAcct(b)
+	be := newBench(b, tbworld.WithTestbed(testbed.CPUAccount(acct.dir)))
+	acct.service = acct.pids("svc")
+	if len(acct.service) != 1 {
+		b.Fatalf("the podman service's cgroup holds %v, want one process", acct.service)
+	}
+	task := be.Task("cost")
+	type column struct {
+		name string
+		turn func(script string) (float64, error) // the CLI process's own CPU ms
+	}
+	shrooms := func(script string) (float64, error) {
+		cmd := acct.inCLI(be.Command("--json", "run", "--prepare-next", "--task", task, "--agent", "shell", "--", "-c", script))
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Run(); err != nil {
+			return 0, fmt.Errorf("shrooms run: %v: %s %s", err, out.String(), errb.String())
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		var res result
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil || !res.Prepared {
+			return 0, fmt.Errorf("shrooms run: not a prepared turn (%v): %s", err, out.String())
+		}
+		be.WaitIdle(task)
+		return rusageMs(cmd), nil
+	}
+	bare := func(network string) func(string) (float64, error) {
+		return func(script string) (float64, error) {
+			// A private cgroup namespace, as a cage has: with the host's,
+			// runc bind-mounts the container's cgroups from the host's
+			// mount table, which CPUAccount's bind mount misleads.
+			cmd := acct.inCLI(bareCommand(be, network, script, "--cgroupns", "private"))
+			if out, err := cmd.CombinedOutput(); err != nil {
+				return 0, fmt.Errorf("podman run: %v: %s", err, out)
+			}
+			return rusageMs(cmd), nil
+		}
+	}
+	cols := []column{{"shrooms", shrooms}, {"podman-run", bare("podman")}, {"podman-run-cage-net", bare(be.Net)}}
+	// Warm-up: bootstrap, network, the first prepared cage, podman's
+	// default network; not measured.
+	if _, _, err := runTurn(be, task, "shell", "true"); err != nil {
+		b.Fatal(err)
+	}
+	be.WaitIdle(task)
+	for _, c := range cols {
+		if _, err := c.turn("true"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	scripts := []string{"true", burnScript}
+	sum := map[string]*cost{}
+	for i := 0; i < b.N; i++ {
+		for _, script := range scripts {
+			for _, c := range cols {
+				key := c.name
+				if script != "true" {
+					key += "+burn"
+				}
+				if sum[key] == nil {
+					sum[key] = &cost{}
+				}
+				acct.settle(b)
+				before := acct.read()
+				cli, err := c.turn(script)
+				if err != nil {
+					b.Fatal(err)
+				}
+				acct.settle(b)
+				d := acct.read().minus(before)
+				d.run = cli
+				sum[key].add(d)
+			}
+		}
+	}
+	n := float64(b.N)
+	per := func(k string) cost { return sum[k].div(n) }
+	s, p, pc := per("shrooms"), per("podman-run"), per("podman-run-cage-net")
+	sb, pb := per("shrooms+burn"), per("podman-run+burn")
+	b.ReportMetric(s.total, "shrooms-cpu-ms")
+	b.ReportMetric(p.total, "podman-run-cpu-ms")
+	b.ReportMetric(pc.total, "podman-run-cage-net-cpu-ms")
+	b.ReportMetric(s.total/p.total, "ratio")
+	b.ReportMetric(sb.total-s.total, "burn-shrooms-ms")
+	b.ReportMetric(pb.total-p.total, "burn-podman-run-ms")
+	b.ReportMetric(0, "ns/op")
+	b.Logf("host CPU per turn (mean of %d, ms), load %s:", b.N, loadAvg())
+	b.Logf("%-22s %8s %8s %8s %8s %8s %8s %8s", "", "total", "run/cli", "child", "service", "conmon", "cage", "other")
+	for _, k := range []string{"shrooms", "podman-run", "podman-run-cage-net", "shrooms+burn", "podman-run+burn", "podman-run-cage-net+burn"} {
+		c := per(k)
+		child := c.cli - c.run
+		b.Logf("%-22s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f", k, c.total, c.run, child, c.svc, c.conmon, c.cages(), c.other())
+	}
+	b.Logf("ratio shrooms / podman run --rm: %.2f× (on the cage network: %.2f×); burn control: +%.0f ms shrooms, +%.0f ms podman run",
+		s.total/p.total, s.total/pc.total, sb.total-s.total, pb.total-p.total)
+}
+
+// cost is CPU time in ms: the whole cgroup, its parts, and the CLI
+// process's own rusage (run).
+type cost struct {
+	total, svc, cli, parent, conmon, run float64
+}
+
+func (c cost) minus(o cost) cost {
+	return cost{c.total - o.total, c.svc - o.svc, c.cli - o.cli, c.parent - o.parent, c.conmon - o.conmon, c.run - o.run}
+}
+
+func (c *cost) add(o cost) {
+	c.total, c.svc, c.cli, c.parent, c.conmon, c.run = c.total+o.total, c.svc+o.svc, c.cli+o.cli, c.parent+o.parent, c.conmon+o.conmon, c.run+o.run
+}
+
+func (c cost) div(n float64) cost {
+	return cost{c.total / n, c.svc / n, c.cli / n, c.parent / n, c.conmon / n, c.run / n}
+}
+
+// cages is the containers' own cgroups (runc init and the command).
+func (c cost) cages() float64 { return c.parent - c.conmon }
+
+// other is what ran in the cgroup outside its known parts (0 expected).
+func (c cost) other() float64 { return c.total - c.svc - c.cli - c.parent }
+
+// cpuAcct is the benchmark's cpuacct cgroup: svc (the podman service and
+// what it spawns), cli (the measured CLI and its detached child),
+// libpod_parent (podman's cgroupfs parent: conmon/ and the containers).
+type cpuAcct struct {
+	dir     string
+	service []int
+}
+
+const cpuacctRoot = "/sys/fs/cgroup/cpuacct"
+
+// newCPUAcct makes the cgroup, removed when the test ends (after the
+// testbed's teardown, which is registered later).
+func newCPUAcct(t testing.TB) *cpuAcct {
+	if _, err := os.Stat(filepath.Join(cpuacctRoot, "cpuacct.usage")); err != nil {
+		t.Fatalf("host cost needs cgroup v1's cpuacct at %s (podman's cgroupfs manager): %v", cpuacctRoot, err)
+	}
+	a := &cpuAcct{dir: filepath.Join(cpuacctRoot, itest.UniqueName("shrooms-hostcost"))}
+	for _, d := range []string{"", "cli"} {
+		if err := os.Mkdir(filepath.Join(a.dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { a.remove(t) })
+	return a
+}
+
+// remove removes the cgroups deepest first; the processes are gone by
+// then, but a cgroup empties a moment after its last process exits.
+func (a *cpuAcct) remove(t testing.TB) {
+	var dirs []string
+	_ = filepath.WalkDir(a.dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		var err error
+		for try := 0; try < 100; try++ {
+			if err = os.Remove(dirs[i]); err == nil || errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("remove cgroup %s: %v (processes: %v)", dirs[i], err, a.pids(strings.TrimPrefix(dirs[i], a.dir+"/")))
+		}
+	}
+}
+
+// inCLI runs cmd in the cli cgroup, joined before exec.
+func (a *cpuAcct) inCLI(cmd *exec.Cmd) *exec.Cmd {
+	procs := filepath.Join(a.dir, "cli", "cgroup.procs")
+	w := exec.Command("sh", append([]string{"-c", `echo $$ > "$0" && exec "$@"`, procs}, cmd.Args...)...)
+	w.Env, w.Dir = cmd.Env, cmd.Dir
+	return w
+}
+
+func (a *cpuAcct) usage(sub string) float64 {
+	b, err := os.ReadFile(filepath.Join(a.dir, sub, "cpuacct.usage"))
+	if err != nil {
+		return 0 // not made yet (conmon's before the first container)
+	}
+	ns, _ := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+	return ns / 1e6
+}
+
+func (a *cpuAcct) read() cost {
+	return cost{total: a.usage(""), svc: a.usage("svc"), cli: a.usage("cli"),
+		parent: a.usage("libpod_parent"), conmon: a.usage("libpod_parent/conmon")}
+}
+
+func (a *cpuAcct) pids(sub string) []int {
+	b, _ := os.ReadFile(filepath.Join(a.dir, sub, "cgroup.procs"))
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// transient lists the processes that belong to a turn's work and are
+// still there: any in cli (the CLI, the detached child), any in svc but
+// the service, any in conmon/ but conmon (runc, the exit commands).
+func (a *cpuAcct) transient() []string {
+	var out []string
+	note := func(sub string, pid int) {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		out = append(out, fmt.Sprintf("%s:%d(%s)", sub, pid, strings.TrimSpace(string(comm))))
+	}
+	for _, pid := range a.pids("cli") {
+		note("cli", pid)
+	}
+	for _, pid := range a.pids("svc") {
+		if pid != a.service[0] {
+			note("svc", pid)
+		}
+	}
+	for _, pid := range a.pids("libpod_parent/conmon") {
+		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != "conmon" {
+			note("conmon", pid)
+		}
+	}
+	return out
+}
+
+// settle waits until no transient process is left, twice in a row.
+func (a *cpuAcct) settle(t testing.TB) {
+	deadline := time.Now().Add(30 * time.Second)
+	for quiet := 0; quiet < 2; time.Sleep(20 * time.Millisecond) {
+		if left := a.transient(); len(left) > 0 {
+			quiet = 0
+			if time.Now().After(deadline) {
+				t.Fatalf("the turn's processes are still there after 30 s: %v", left)
+			}
+			continue
+		}
+		quiet++
+	}
+}
+
+// rusageMs is the CPU time of a process that ran, with the children it
+// waited for.
+func rusageMs(cmd *exec.Cmd) float64 {
+	return msOf(cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime())
+}
