@@ -67,7 +67,9 @@ type timing struct {
 	wall, first time.Duration
 	// cpu is the process's own user and system time (not its detached
 	// child's, which it never waits for).
-	cpu    time.Duration
+	cpu time.Duration
+	// at is when the process was started.
+	at     time.Time
 	stdout bytes.Buffer
 }
 
@@ -95,6 +97,7 @@ func timed(cmd *exec.Cmd) (*timing, error) {
 	fb := &firstByte{buf: &t.stdout}
 	cmd.Stdout, cmd.Stderr = fb, &errb
 	fb.start = time.Now()
+	t.at = fb.start
 	err := cmd.Run()
 	t.wall = time.Since(fb.start)
 	t.first = fb.at
@@ -109,13 +112,14 @@ func timed(cmd *exec.Cmd) (*timing, error) {
 
 // result is the part of `run --json`'s result the benchmarks read.
 type result struct {
-	Status   string       `json:"status"`
-	Prepared bool         `json:"prepared"`
-	Removed  bool         `json:"removed"`
-	Cage     string       `json:"cage"`
-	Phases   []turn.Phase `json:"phases"`
-	TotalMs  float64      `json:"totalMs"`
-	Error    string       `json:"error"`
+	Status    string       `json:"status"`
+	StartedAt string       `json:"startedAt"`
+	Prepared  bool         `json:"prepared"`
+	Removed   bool         `json:"removed"`
+	Cage      string       `json:"cage"`
+	Phases    []turn.Phase `json:"phases"`
+	TotalMs   float64      `json:"totalMs"`
+	Error     string       `json:"error"`
 }
 
 // run runs one turn with the shrooms binary (--json, --prepare-next).
