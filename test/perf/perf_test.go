@@ -186,8 +186,12 @@ func benchBurst(b *testing.B, be *tbworld.World, n int) {
 			before = append(before, at.Sub(starts[i]))
 		}
 	}
-	b.Logf("burst of %d: before the turn (process start, config, connect): median %.0f ms, p95 %.0f ms; CPU of a run process (user+sys, median) %.0f ms",
-		n, msOf(median(before)), msOf(quantile(before, 0.95)), msOf(median(cpus)))
+	if len(before) == len(results) {
+		b.Logf("burst of %d: before the turn (process start, config, connect): median %.0f ms, p95 %.0f ms; CPU of a run process (user+sys, median) %.0f ms",
+			n, msOf(median(before)), msOf(quantile(before, 0.95)), msOf(median(cpus)))
+	} else {
+		b.Errorf("%d of %d results had no started_at", len(results)-len(before), len(results))
+	}
 }
 
 // benchIdleMemory prepares cages for several tasks and reports what one
