@@ -113,7 +113,7 @@ func timed(cmd *exec.Cmd) (*timing, error) {
 // result is the part of `run --json`'s result the benchmarks read.
 type result struct {
 	Status    string       `json:"status"`
-	StartedAt string       `json:"startedAt"`
+	StartedAt string       `json:"started_at"`
 	Prepared  bool         `json:"prepared"`
 	Removed   bool         `json:"removed"`
 	Cage      string       `json:"cage"`
