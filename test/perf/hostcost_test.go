@@ -303,7 +303,8 @@ func (a *cpuAcct) pids(sub string) []int {
 
 // transient lists the processes that belong to a turn's work and are
 // still there: any in cli (the CLI, the detached child), any in svc but
-// the service, any in conmon/ but conmon (runc, the exit commands).
+// the service and conmon, any in conmon/ but conmon (runc, the exit
+// commands).
 func (a *cpuAcct) transient() []string {
 	var out []string
 	note := func(sub string, pid int) {
@@ -313,13 +314,19 @@ func (a *cpuAcct) transient() []string {
 	for _, pid := range a.pids("cli") {
 		note("cli", pid)
 	}
+	conmon := func(pid int) bool {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		return strings.TrimSpace(string(comm)) == "conmon"
+	}
 	for _, pid := range a.pids("svc") {
-		if pid != a.service[0] {
+		// conmon stays in svc where podman cannot make conmon/ (a v2
+		// cgroup without controllers to enable); it lives with its cage.
+		if pid != a.service[0] && !conmon(pid) {
 			note("svc", pid)
 		}
 	}
 	for _, pid := range a.pids("libpod_parent/conmon") {
-		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != "conmon" {
+		if !conmon(pid) {
 			note("conmon", pid)
 		}
 	}
@@ -406,4 +413,52 @@ func TestCgroupV2Accounting(t *testing.T) {
 		t.Fatalf("libpod_parent still read after removal: %.1f ms", end.parent)
 	}
 	near("total after removing libpod_parent", end.total-before.total-(after.cli-mid.cli), placedMs)
+}
+
+// TestCgroupV2Service runs testbed.CPUAccount's v2 placement with the real
+// podman service and runc: the service's mount namespace sees a cgroup2
+// cgroup as /sys/fs/cgroup, so podman runs in v2 mode, and a container's
+// burn lands in that cgroup's libpod_parent and is kept there once --rm
+// has removed the container's cgroup. --pids-limit -1: a hybrid host's
+// unified mount has no pids, memory or cpu controller to set limits with.
+func TestCgroupV2Service(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman)
+	root := cgroup2Root
+	if !isCgroup2(root) {
+		root = filepath.Join(cgroup2Root, "unified")
+	}
+	if !isCgroup2(root) {
+		t.Fatalf("no cgroup2 mount at %s or %s/unified", cgroup2Root, cgroup2Root)
+	}
+	a := newCPUAcctIn(t, root, true)
+	tb := testbed.New(t, testbed.CPUAccount(a.dir))
+	tb.StartPodman()
+	run := func(script string) (cost, float64) {
+		before := a.read()
+		cmd := a.inCLI(exec.Command("podman", "--url", tb.PodmanURL, "run", "--rm", "--pids-limit", "-1", "--network", "none",
+			"--cgroupns", "private", itest.TestImage, "/bin/sh", "-c", script))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("podman run: %v: %s", err, out)
+		}
+		time.Sleep(time.Second) // conmon's exit command (podman container cleanup)
+		return a.read().minus(before), rusageMs(cmd)
+	}
+	run("true") // warm-up: the image's layers, podman's first container
+	idle, _ := run("true")
+	burnt, _ := run(burnScript)
+	t.Logf("per run, ms: idle total %.1f (cli %.1f, svc %.1f, libpod_parent %.1f); burn total %.1f (cli %.1f, svc %.1f, libpod_parent %.1f)",
+		idle.total, idle.cli, idle.svc, idle.parent, burnt.total, burnt.cli, burnt.svc, burnt.parent)
+	if idle.parent <= 0 {
+		t.Errorf("no usage in libpod_parent: the container was not placed below the accounting cgroup")
+	}
+	if d := burnt.parent - idle.parent; d < 150 {
+		t.Errorf("the ~200 ms burn added %.1f ms to libpod_parent", d)
+	}
+	if other := burnt.total - burnt.cli - burnt.svc - burnt.parent; other < -1 || other > 1 {
+		t.Errorf("%.1f ms outside cli, svc and libpod_parent", other)
+	}
+	left, _ := filepath.Glob(filepath.Join(a.dir, "libpod_parent", "libpod-*"))
+	if len(left) > 0 {
+		t.Errorf("containers' cgroups left after --rm: %v", left)
+	}
 }
