@@ -448,8 +448,8 @@ func TestCgroupV2Service(t *testing.T) {
 	burnt, _ := run(burnScript)
 	t.Logf("per run, ms: idle total %.1f (cli %.1f, svc %.1f, libpod_parent %.1f); burn total %.1f (cli %.1f, svc %.1f, libpod_parent %.1f)",
 		idle.total, idle.cli, idle.svc, idle.parent, burnt.total, burnt.cli, burnt.svc, burnt.parent)
-	if idle.parent <= 0 {
-		t.Errorf("no usage in libpod_parent: the container was not placed below the accounting cgroup")
+	if idle.parent < 5 { // runc init and the container's sh: ~20 ms
+		t.Errorf("%.1f ms in libpod_parent: the container was not placed below the accounting cgroup", idle.parent)
 	}
 	if d := burnt.parent - idle.parent; d < 150 {
 		t.Errorf("the ~200 ms burn added %.1f ms to libpod_parent", d)
