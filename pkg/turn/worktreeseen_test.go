@@ -1,0 +1,66 @@
+package turn
+
+import (
+	"bytes"
+	"context"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containers/podman/v5/pkg/specgen"
+	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
+)
+
+// TestIdmapUnseenWorktreeIsRefused: the staging mount made where the
+// runtime does not see it (detached before the cage is created, as behind
+// a socket relay) leaves the cage's /work the empty root-only staging
+// directory; the turn is refused before the agent runs and its cage
+// removed, for a fresh cage and for one prepared ahead. The positive
+// control: the same check passes on a normal idmapped turn.
+func TestIdmapUnseenWorktreeIsRefused(t *testing.T) {
+	e, runner := newHarness(t, "")
+	wt := idmapTree(t, e, runner)
+	task := e.Task("unseen")
+	ctx := context.Background()
+	const script = "echo AGENT-RAN"
+	req := func(out *bytes.Buffer) Request {
+		return Request{Task: taskid.Must(task), Agent: "shell", Worktree: wt, Args: []string{"-c", script}, Streams: podman.Streams{Stdout: out, Stderr: out}}
+	}
+	seen := func(res *Result) bool {
+		return slices.ContainsFunc(res.Phases, func(p Phase) bool { return p.Name == "worktree-seen" })
+	}
+
+	var out bytes.Buffer
+	res, err := runner.Run(ctx, req(&out))
+	assert.NilError(t, err, out.String())
+	assert.Assert(t, res.Worktree.Idmapped && seen(res), "positive control: the check passed on a normal turn: %+v", res.Phases)
+	assert.Equal(t, out.String(), "AGENT-RAN\n")
+
+	unstage := func(*specgen.SpecGenerator) { assert.NilError(t, runner.claims().Unstage(taskid.Must(task))) }
+	runner.OnSpec = unstage
+	out.Reset()
+	res, err = runner.Run(ctx, req(&out))
+	assert.ErrorContains(t, err, "the cage does not see the worktree "+wt+" at /work")
+	assert.Assert(t, strings.Contains(res.Error, "refusing the turn"), res.Error)
+	assert.Assert(t, !strings.Contains(out.String(), "AGENT-RAN"), "the agent ran: %s", out.String())
+	assert.Assert(t, res.Cage != "", "the cage was created")
+	cg, err := runner.Podman.CageNamed(ctx, res.Cage)
+	assert.NilError(t, err)
+	assert.Assert(t, cg == nil, "the refused cage is removed: %+v", cg)
+
+	// A cage prepared ahead on a staging mount it does not see is refused
+	// at its preparation.
+	runner.Binary = itest.ShroomsBinary(t)
+	_, err = runner.PrepareNext(ctx, req(nil))
+	assert.ErrorContains(t, err, "the cage does not see the worktree")
+	runner.OnSpec = nil
+	out.Reset()
+	res, err = runner.Run(ctx, req(&out))
+	assert.NilError(t, err, out.String())
+	assert.Assert(t, !res.Prepared && seen(res))
+	assert.Equal(t, out.String(), "AGENT-RAN\n")
+}
