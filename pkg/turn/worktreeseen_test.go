@@ -3,6 +3,7 @@ package turn
 import (
 	"bytes"
 	"context"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -40,21 +41,43 @@ func TestIdmapUnseenWorktreeIsRefused(t *testing.T) {
 	assert.Assert(t, res.Worktree.Idmapped && seen(res), "positive control: the check passed on a normal turn: %+v", res.Phases)
 	assert.Equal(t, out.String(), "AGENT-RAN\n")
 
-	unstage := func(*specgen.SpecGenerator) { assert.NilError(t, runner.claims().Unstage(taskid.Must(task))) }
-	runner.OnSpec = unstage
-	out.Reset()
-	res, err = runner.Run(ctx, req(&out))
-	assert.ErrorContains(t, err, "the cage does not see the worktree "+wt+" at /work")
-	assert.Assert(t, strings.Contains(res.Error, "refusing the turn"), res.Error)
-	assert.Assert(t, !strings.Contains(out.String(), "AGENT-RAN"), "the agent ran: %s", out.String())
-	assert.Assert(t, res.Cage != "", "the cage was created")
-	cg, err := runner.Podman.CageNamed(ctx, res.Cage)
-	assert.NilError(t, err)
-	assert.Assert(t, cg == nil, "the refused cage is removed: %+v", cg)
+	refused := func(why string) {
+		t.Helper()
+		out.Reset()
+		res, err := runner.Run(ctx, req(&out))
+		assert.ErrorContains(t, err, why)
+		assert.Assert(t, !strings.Contains(out.String(), "AGENT-RAN"), "the agent ran: %s", out.String())
+		assert.Assert(t, res.Cage != "", "the cage was created")
+		cg, err := runner.Podman.CageNamed(ctx, res.Cage)
+		assert.NilError(t, err)
+		assert.Assert(t, cg == nil, "the refused cage is removed: %+v", cg)
+		assert.Assert(t, !staged(t, runner, task))
+	}
+	// The staging mount detached before the cage is created (as if made
+	// in a mount namespace the runtime does not use): /work is the empty
+	// directory of mode 0, which runc itself refuses to enter.
+	runner.OnSpec = func(*specgen.SpecGenerator) { assert.NilError(t, runner.claims().Unstage(taskid.Must(task))) }
+	refused("permission denied")
+	// The staging pointed at another, enterable, directory: the check.
+	other := t.TempDir()
+	assert.NilError(t, os.Chmod(other, 0o777))
+	elsewhere := func(s *specgen.SpecGenerator) {
+		for i, m := range s.Mounts {
+			if m.Destination == "/work" {
+				s.Mounts[i].Source = other
+			}
+		}
+	}
+	runner.OnSpec = elsewhere
+	refused("the cage does not see the worktree " + wt + " at /work (its /work is device")
+	// The worktree itself bound plainly: the right inode, not idmapped.
+	other = wt
+	refused("the cage does not see the worktree " + wt + " at /work (its mount is not idmapped")
 
 	// A cage prepared ahead on a staging mount it does not see is refused
 	// at its preparation.
 	runner.Binary = itest.ShroomsBinary(t)
+	runner.OnSpec = elsewhere
 	_, err = runner.PrepareNext(ctx, req(nil))
 	assert.ErrorContains(t, err, "the cage does not see the worktree")
 	runner.OnSpec = nil
