@@ -40,6 +40,7 @@ func TestIdmapUnseenWorktreeIsRefused(t *testing.T) {
 	assert.NilError(t, err, out.String())
 	assert.Assert(t, res.Worktree.Idmapped && seen(res), "positive control: the check passed on a normal turn: %+v", res.Phases)
 	assert.Equal(t, out.String(), "AGENT-RAN\n")
+	t.Logf("phases of the positive control: %+v", res.Phases)
 
 	refused := func(why string) {
 		t.Helper()
