@@ -334,8 +334,11 @@ func idmapUserns(uid, gid, auid, agid uint32) (int, error) {
 }
 
 // idmappedTree returns a detached clone of the worktree's mount (with the
-// mounts below it when recursive), idmapped uid:gid → auid:agid, nosuid,
-// nodev and private.
+// mounts below it when recursive), the worktree's own mount idmapped
+// uid:gid → auid:agid, all of it nosuid, nodev and private. The mounts
+// below are not idmapped: their owner's files stay out of the cage's
+// reach, as with the chown walks, which (like the give-back's setuid strip
+// and the change scans) stop at the worktree's filesystem.
 func idmappedTree(worktree string, uid, gid, auid, agid uint32, recursive bool) (int, error) {
 	return idmappedTreeAt(unix.AT_FDCWD, worktree, uid, gid, auid, agid, recursive)
 }
@@ -348,10 +351,8 @@ func idmappedTreeAt(dirfd int, worktree string, uid, gid, auid, agid uint32, rec
 	}
 	defer unix.Close(ns)
 	flags := unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC | unix.AT_SYMLINK_NOFOLLOW
-	setFlags := unix.AT_EMPTY_PATH
 	if recursive {
 		flags |= unix.AT_RECURSIVE
-		setFlags |= unix.AT_RECURSIVE
 	}
 	if worktree == "" {
 		flags |= unix.AT_EMPTY_PATH
@@ -360,12 +361,13 @@ func idmappedTreeAt(dirfd int, worktree string, uid, gid, auid, agid uint32, rec
 	if err != nil {
 		return -1, fmt.Errorf("open_tree %s: %w", worktree, err)
 	}
-	attr := &unix.MountAttr{
-		Attr_set:    unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
-		Userns_fd:   uint64(ns),
-		Propagation: unix.MS_PRIVATE,
+	all := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Propagation: unix.MS_PRIVATE}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, all); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("mount_setattr nosuid %s: %w", worktree, err)
 	}
-	if err := unix.MountSetattr(fd, "", uint(setFlags), attr); err != nil {
+	top := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns)}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, top); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("mount_setattr idmap %s: %w", worktree, err)
 	}

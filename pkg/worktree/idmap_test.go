@@ -286,3 +286,30 @@ func TestIdmapStageChecksTheGate(t *testing.T) {
 	assert.Assert(t, mounted(), "positive control: the gated worktree is staged")
 	assert.NilError(t, c.Unstage(task))
 }
+
+// TestIdmapSubmountIsNotIdmapped: a filesystem mounted inside the worktree
+// comes along in the staging (as the chown walks' rbind shows it) but is
+// not idmapped: the agent writes the worktree's own files (the positive
+// control) and not the owner's files on the submount, whose setuid bits
+// and changes no give-back or scan would see (they stop at the worktree's
+// filesystem).
+func TestIdmapSubmountIsNotIdmapped(t *testing.T) {
+	c, task, wt := idmapFixture(t)
+	sub := filepath.Join(wt, "mnt")
+	assert.NilError(t, os.Mkdir(sub, 0o755))
+	assert.NilError(t, syscall.Mount("tmpfs", sub, "tmpfs", 0, "size=1m,mode=0755"))
+	t.Cleanup(func() { _ = syscall.Unmount(sub, syscall.MNT_DETACH) })
+	assert.NilError(t, os.Lchown(sub, idOwner, idOwner))
+	assert.NilError(t, os.WriteFile(filepath.Join(sub, "g"), nil, 0o644))
+	assert.NilError(t, os.Lchown(filepath.Join(sub, "g"), idOwner, idOwner))
+	st := stageFixture(t, c, task, wt)
+
+	out, err := asAgent(t, "cd "+st+" && echo b >> f && ls mnt/g")
+	assert.NilError(t, err, "positive control: the worktree is the agent's and the submount is there: %s", out)
+	out, err = asAgent(t, "cd "+st+"/mnt && { echo b >> g || exit 1; } && echo x > new && chmod 4755 new")
+	assert.Assert(t, err != nil, "the agent wrote the owner's submount: %s", out)
+	assert.Assert(t, strings.Contains(out, "Permission denied"), out)
+	_, err = os.Lstat(filepath.Join(sub, "new"))
+	assert.Assert(t, os.IsNotExist(err), "%v", err)
+	assert.NilError(t, c.Unstage(task))
+}
