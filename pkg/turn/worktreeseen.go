@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/resolve"
 )
 
 // checkWorktreeSeen verifies, before any process of the initialised cage
@@ -44,7 +45,7 @@ func worktreeSeen(pid int, worktree string, idmap bool) error {
 	// Resolved as the cage resolves it: its own root, its own links.
 	work, err := unix.Openat2(root, strings.TrimPrefix(mounts.WorkDir, "/"), &unix.OpenHow{
 		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+		Resolve: resolve.InRoot,
 	})
 	if err != nil {
 		return fail("%v", err)
