@@ -101,19 +101,19 @@ func (r *Runner) execute(ctx context.Context, p *prepared, streams podman.Stream
 		res.CageWall = wall
 		c.lap("wall")
 	}
-	// The cage must see the worktree before anything of it runs: an
-	// idmapped one always (its staging mount is made where the runtime
-	// should see it), a chown-walked one when the cage is initialised
-	// anyway. gVisor's process root is the sandbox's, not the cage's.
-	if p.worktree != "" && p.idmap && !initialised {
-		if err := r.Podman.Init(ctx, id); err != nil {
-			res.Error = err.Error()
-			return res, r.interrupted(ctx, err)
+	// The cage must see the worktree before anything of it runs (an
+	// idmapped one's staging mount is made where the runtime should see
+	// it; a relay's would not). gVisor's process root is the sandbox's,
+	// not the cage's.
+	if p.worktree != "" && !gvisor(r.Cfg.Cage.Runtime) && !gvisor(p.runtime) {
+		if !initialised {
+			if err := r.Podman.Init(ctx, id); err != nil {
+				res.Error = err.Error()
+				return res, r.interrupted(ctx, err)
+			}
+			c.lap("init")
+			initialised = true
 		}
-		c.lap("init")
-		initialised = true
-	}
-	if p.worktree != "" && initialised && !gvisor(r.Cfg.Cage.Runtime) && !gvisor(p.runtime) {
 		if err := r.checkWorktreeSeen(ctx, id, p.Plan); err != nil {
 			res.Error = err.Error()
 			return res, r.interrupted(ctx, err)

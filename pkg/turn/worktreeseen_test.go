@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -20,8 +21,9 @@ import (
 // runtime does not see it (detached before the cage is created, as behind
 // a socket relay) leaves the cage's /work the empty root-only staging
 // directory; the turn is refused before the agent runs and its cage
-// removed, for a fresh cage and for one prepared ahead. The positive
-// control: the same check passes on a normal idmapped turn.
+// removed, for a fresh cage and for one prepared ahead; with the chown
+// walks a /work that is not the worktree is refused too. The positive
+// controls: the same check passes on normal turns of both modes.
 func TestIdmapUnseenWorktreeIsRefused(t *testing.T) {
 	e, runner := newHarness(t, "")
 	wt := idmapTree(t, e, runner)
@@ -53,6 +55,7 @@ func TestIdmapUnseenWorktreeIsRefused(t *testing.T) {
 		assert.NilError(t, err)
 		assert.Assert(t, cg == nil, "the refused cage is removed: %+v", cg)
 		assert.Assert(t, !staged(t, runner, task))
+		assert.Equal(t, uidOf(t, filepath.Join(wt, "src", "main.go")), uint32(4242), "the worktree is given back")
 	}
 	// The staging mount detached before the cage is created (as if made
 	// in a mount namespace the runtime does not use): /work is the empty
@@ -80,6 +83,22 @@ func TestIdmapUnseenWorktreeIsRefused(t *testing.T) {
 	// The worktree itself bound plainly: the right inode, not idmapped.
 	other = wt
 	refused("the cage does not see the worktree " + wt + " at /work (its mount is not idmapped")
+
+	// The chown walks get the same check: a normal turn passes it (the
+	// positive control), one whose /work is another directory is refused.
+	runner.OnSpec = nil
+	mode := runner.Cfg.Worktree.Idmap
+	runner.Cfg.Worktree.Idmap = "off"
+	out.Reset()
+	res, err = runner.Run(ctx, req(&out))
+	assert.NilError(t, err, out.String())
+	assert.Assert(t, !res.Worktree.Idmapped && seen(res), "%+v", res.Phases)
+	assert.Equal(t, out.String(), "AGENT-RAN\n")
+	other = t.TempDir()
+	assert.NilError(t, os.Chmod(other, 0o777))
+	runner.OnSpec = elsewhere
+	refused("the cage does not see the worktree " + wt + " at /work (its /work is device")
+	runner.Cfg.Worktree.Idmap = mode
 
 	// A cage prepared ahead on a staging mount it does not see is refused
 	// at its preparation.
