@@ -101,6 +101,25 @@ func (r *Runner) execute(ctx context.Context, p *prepared, streams podman.Stream
 		res.CageWall = wall
 		c.lap("wall")
 	}
+	// The cage must see the worktree before anything of it runs (an
+	// idmapped one's staging mount is made where the runtime should see
+	// it; a relay's would not). gVisor's process root is the sandbox's,
+	// not the cage's.
+	if p.worktree != "" && !gvisor(r.Cfg.Cage.Runtime) && !gvisor(p.runtime) {
+		if !initialised {
+			if err := r.Podman.Init(ctx, id); err != nil {
+				res.Error = err.Error()
+				return res, r.interrupted(ctx, err)
+			}
+			c.lap("init")
+			initialised = true
+		}
+		if err := r.checkWorktreeSeen(ctx, id, p.Plan); err != nil {
+			res.Error = err.Error()
+			return res, r.interrupted(ctx, err)
+		}
+		c.lap("worktree-seen")
+	}
 	if p.gateway != nil {
 		gw, err := r.startGateway(ctx, id, p, initialised, p.gateway, func(reason string) { cancelWait(&limitError{reason}) },
 			func(reason string) { cancelWait(&historyError{reason}) })

@@ -126,6 +126,14 @@ func (r *Runner) prepareNextLocked(ctx context.Context, task taskid.ID, in *chec
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
+	// Its idmapped worktree bound at init (the turn checks it again).
+	if p.idmap {
+		if err := r.checkWorktreeSeen(ctx, id, p.Plan); err != nil {
+			_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
+			r.removeSecrets(p.secrets)
+			return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		}
+	}
 	// The reset's report belongs to the turn that takes this cage: it is
 	// what that turn's HOME was cleaned of. The HOME's fingerprint, taken
 	// now that the cage is initialised, is what the turn checks it by.
