@@ -24,6 +24,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/worktree"
 	"github.com/shrooms-cage/shrooms/pkg/wtcap"
 )
 
@@ -98,8 +99,33 @@ func diagnose(ctx context.Context, cfg *config.Config) []finding {
 	doctorBridge(cfg, add)
 	doctorSeal(ctx, cfg, add)
 	doctorWorktreeCap(cfg, add)
+	doctorWorktreeMode(cfg, add)
 	doctorGateways(ctx, cfg, add)
 	return fs
+}
+
+// doctorWorktreeMode says, in one line, how cages get worktrees on this
+// host: an idmapped mount (no chown walks) or the chown walks, and why.
+func doctorWorktreeMode(cfg *config.Config, add func(string, string, string, string)) {
+	if cfg.Worktree.Idmap == "off" {
+		add("worktree mode", "ok", "chown walks before and after every turn (worktree.idmap = \"off\")", "")
+		return
+	}
+	if gvisorRuntime(cfg.Cage.Runtime) {
+		add("worktree mode", "ok", "chown walks before and after every turn (gVisor cages keep them)", "")
+		return
+	}
+	dirs := append([]string{cfg.State.Dir}, cfg.Worktree.Roots...)
+	for _, d := range dirs {
+		for _, err := os.Stat(d); os.IsNotExist(err) && d != "/"; _, err = os.Stat(d) {
+			d = filepath.Dir(d) // its filesystem, before it exists
+		}
+		if err := worktree.IdmapProbe(d); err != nil {
+			add("worktree mode", "warn", fmt.Sprintf("chown walks before and after every turn: the kernel or filesystem of %s refuses an idmapped mount (%v)", d, err), "a kernel ≥ 5.12 and a filesystem with idmapped mounts (ext4, xfs, btrfs, tmpfs ≥ 6.3) remove the walks")
+			return
+		}
+	}
+	add("worktree mode", "ok", "idmapped mounts (no chown walks) for worktrees not owned by root whose parent directories other users cannot enter; chown walks for the others", "")
 }
 
 // doctorWorktreeCap says how worktrees are capped (worktree.max_size and
@@ -390,3 +416,5 @@ func doctorRuntime(ctx context.Context, cfg *config.Config, info *podman.HostInf
 		add("oci-runtime", "warn", "untested OCI runtime "+got, "use runc or crun")
 	}
 }
+
+func gvisorRuntime(runtime string) bool { return filepath.Base(runtime) == "runsc" }

@@ -23,7 +23,7 @@ import (
 // say "interrupted". The positive control: while the turn runs, the cage is
 // there and the worktree's new files belong to the task's user.
 func TestHangupEndsTheTurn(t *testing.T) {
-	e, client := integration(t, "")
+	e, client := integration(t, chownWalks)
 	tm := itest.NewTmux(t)
 	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))

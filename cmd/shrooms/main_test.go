@@ -325,7 +325,13 @@ func TestDoctor(t *testing.T) {
 	for _, check := range []string{"config", "loop", "mkfs.ext4", "git", "tiocsti"} {
 		assert.Check(t, is.Regexp("(?m)^ok +"+regexp.QuoteMeta(check)+" ", stdout))
 	}
+	// This host (kernel 6.x, ext4) makes idmapped mounts; forced off, the
+	// chown walks.
+	assert.Check(t, is.Regexp(`(?m)^ok +worktree mode +idmapped mounts \(no chown walks\)`, stdout))
 	assert.Equal(t, code, 0, stdout+stderr)
+	off := newEnv(t, "[worktree]\nidmap = \"off\"\n")
+	_, offOut, _ := off.Shrooms("doctor")
+	assert.Check(t, is.Regexp(`(?m)^ok +worktree mode +chown walks before and after every turn \(worktree.idmap = "off"\)`, offOut))
 
 	// The gateway's upstream: DNS and TCP, against loopback only.
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -109,7 +109,7 @@ func cgroupV2() bool {
 // after a turn that writes nested files, and after a turn killed by its
 // deadline; a second task on it is refused with 121.
 func TestWorktreeOwnerThroughTheCLI(t *testing.T) {
-	e, _ := integration(t, "")
+	e, _ := integration(t, chownWalks)
 	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	git(t, wt, "init", "-q", "-b", "main")
@@ -180,7 +180,7 @@ func TestWorktreeGivenBackOnSignal(t *testing.T) {
 // TestWorktreeGivenBackAfterKill: kill -9 of shrooms mid-turn leaves the
 // worktree with the task's user; gc gives it back (and removes the cage).
 func TestWorktreeGivenBackAfterKill(t *testing.T) {
-	e, client := integration(t, "")
+	e, client := integration(t, chownWalks)
 	wt := filepath.Join(e.Dir, "repo")
 	assert.NilError(t, os.Mkdir(wt, 0o755))
 	git(t, wt, "init", "-q", "-b", "main")
@@ -208,3 +208,61 @@ func TestWorktreeGivenBackAfterKill(t *testing.T) {
 	}
 	assert.Equal(t, cagesOf(e, client, task), 0)
 }
+
+// TestIdmappedWorktreeAfterKill: a turn with an idmapped worktree killed
+// with -9 leaves what it made owned by the owner — a setuid file, a nested
+// repository — and no staging mount (detached at the start); gc takes the
+// setuid bit and gives the nested repository to the task's user.
+func TestIdmappedWorktreeAfterKill(t *testing.T) {
+	e, client := integration(t, "")
+	wt := filepath.Join(e.Dir, "repo")
+	assert.NilError(t, os.Mkdir(wt, 0o755))
+	git(t, wt, "init", "-q", "-b", "main")
+	assert.NilError(t, filepath.WalkDir(wt, func(p string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, 4242, 4242)
+	}))
+	task := e.Task("idkill")
+	cmd := e.Command("run", "--task", task, "--agent", "shell", "--worktree", wt, "--", "-c",
+		"echo s > /work/s && chmod 4755 /work/s && mkdir -p /work/n/.git/objects /work/n/.git/refs && echo r > /work/n/.git/HEAD && echo up; sleep 600")
+	out, err := cmd.StdoutPipe()
+	assert.NilError(t, err)
+	assert.NilError(t, cmd.Start())
+	_, err = out.Read(make([]byte, 3))
+	assert.NilError(t, err)
+	assert.NilError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	st := func(p string) *syscall.Stat_t {
+		fi, err := os.Lstat(p)
+		assert.NilError(t, err)
+		return fi.Sys().(*syscall.Stat_t)
+	}
+	// Positive controls: the idmap left the turn's files the owner's.
+	assert.Equal(t, st(filepath.Join(wt, "s")).Uid, uint32(4242))
+	assert.Assert(t, st(filepath.Join(wt, "s")).Mode&syscall.S_ISUID != 0, "the setuid file, after kill -9")
+	assert.Equal(t, st(filepath.Join(wt, "n", ".git", "HEAD")).Uid, uint32(4242))
+
+	// gc: a staging mount the kill left (it goes right after the start,
+	// which the kill may beat) is detached, what the turn made given back.
+	code, stdout, stderr := e.Shrooms("gc")
+	assert.Equal(t, code, 0, stderr)
+	assert.Assert(t, is.Contains(stdout, "gave back worktree "+wt), stdout)
+	assert.Equal(t, st(filepath.Join(wt, "s")).Mode&(syscall.S_ISUID|syscall.S_ISGID), uint32(0))
+	for _, p := range []string{"n/.git", "n/.git/HEAD"} {
+		assert.Assert(t, st(filepath.Join(wt, p)).Uid != 4242, p)
+	}
+	assert.Equal(t, st(filepath.Join(wt, "n", ".git")).Mode&0o007, uint32(0))
+	assert.Equal(t, st(wt).Uid, uint32(4242))
+	assert.Equal(t, cagesOf(e, client, task), 0)
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	assert.NilError(t, err)
+	for _, l := range strings.Split(string(mounts), "\n") {
+		assert.Assert(t, !strings.Contains(l, "/shrooms-idmap/") || !strings.Contains(l, task), "no staging mount of the task after gc: %s", l)
+	}
+}
+
+// chownWalks is the config of tests of the chown walks (the fallback of the
+// idmapped worktree, which pkg/turn's idmap_test.go tests).
+const chownWalks = "[worktree]\nidmap = \"off\"\n"

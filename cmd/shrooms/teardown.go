@@ -63,9 +63,12 @@ func teardownCommand() *cli.Command {
 			if err := r.FinishTeardown(ctx, lock, td, next); err != nil {
 				return fail(codeFor(err), err)
 			}
-			// Off every caller's path: prepared cages that waited too long.
-			if _, err := task.New(r.Cfg, r.Podman).ExpirePrepared(ctx, false); err != nil {
-				return fail(codeFor(err), err)
+			// Off every caller's path: prepared cages that waited too long,
+			// looked for once per task.ExpireEvery, not at every turn.
+			if tc := task.New(r.Cfg, r.Podman); tc.ExpireDue(time.Now()) {
+				if _, err := tc.ExpirePrepared(ctx, false); err != nil {
+					return fail(codeFor(err), err)
+				}
 			}
 			return nil
 		},

@@ -25,6 +25,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -93,6 +94,7 @@ type Testbed struct {
 	svc        *exec.Cmd
 	svcArgs    []string
 	holder     *exec.Cmd // holds the service's mount namespace
+	cpuacct    string    // CPUAccount's cgroup, or ""
 }
 
 // NSPath is the bind-mount path of role's namespace (for nsenter, setns).
@@ -109,6 +111,34 @@ func IPv4OnlyInternet() Option { return func(tb *Testbed) { tb.v4Internet = true
 // PodmanFlags are podman's global flags for the testbed's service (e.g.
 // --runtime for the gVisor suites).
 func PodmanFlags(args ...string) Option { return func(tb *Testbed) { tb.svcArgs = args } }
+
+// CPUAccount charges the service's CPU time to dir, a cgroup the caller
+// made and removes: a cpuacct (cgroup v1) cgroup, or a cgroup v2 one. The
+// service runs in dir/svc, and its mount namespace sees dir as the
+// cpuacct root (v1) or as the whole /sys/fs/cgroup (v2, so podman and
+// runc see a unified host rooted there), so podman's cgroupfs parent
+// (/libpod_parent: conmon, the exit commands conmon runs, the containers)
+// lands in dir/libpod_parent. A parent keeps the usage of its removed
+// children (v1's cpuacct.usage, v2's cpu.stat usage_usec), so dir's usage
+// is all the service's work.
+func CPUAccount(dir string) Option { return func(tb *Testbed) { tb.cpuacct = dir } }
+
+// cgroup2Magic is statfs's f_type of a cgroup v2 mount (CGROUP2_SUPER_MAGIC).
+const cgroup2Magic = 0x63677270
+
+// cpuAccountMount is where CPUAccount's dir is bind-mounted in the
+// service's mount namespace: over the cpuacct root for a v1 cgroup, over
+// /sys/fs/cgroup for a v2 one.
+func cpuAccountMount(dir string) (string, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return "", fmt.Errorf("CPUAccount's cgroup: %w", err)
+	}
+	if st.Type == cgroup2Magic {
+		return "/sys/fs/cgroup", nil
+	}
+	return "/sys/fs/cgroup/cpuacct", nil
+}
 
 // New builds a testbed, or fails t. Everything is removed in t.Cleanup.
 func New(t testing.TB, opts ...Option) *Testbed {
@@ -419,6 +449,13 @@ func (tb *Testbed) StartPodmanWith(args ...string) {
 		// than any cage lives (cages are --rm and end on their own).
 		ready := filepath.Join(tb.Dir, "ready")
 		script := fmt.Sprintf("mount -t tmpfs tmpfs /run/containers/networks && mount --bind %s /etc/resolv.conf && touch %s && exec sleep 1800", resolv, ready)
+		if tb.cpuacct != "" {
+			target, err := cpuAccountMount(tb.cpuacct)
+			if err != nil {
+				tb.t.Fatal(err)
+			}
+			script = fmt.Sprintf("mount --bind %s %s && %s", tb.cpuacct, target, script)
+		}
 		h := exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "unshare", "--mount", "--propagation", "private", "sh", "-c", script)
 		h.Stdout, h.Stderr = logf, logf
 		if err := h.Start(); err != nil {
@@ -439,8 +476,21 @@ func (tb *Testbed) StartPodmanWith(args ...string) {
 	if err != nil {
 		tb.t.Fatal(err)
 	}
-	cmd := exec.Command("nsenter", "-t", fmt.Sprint(tb.holder.Process.Pid), "-m", "-n", "--", "podman")
-	cmd.Args = append(append(append(cmd.Args, storage...), tb.svcArgs...), "system", "service", "--time=0", "unix://"+sock)
+	podman := append(append([]string{"podman"}, storage...), tb.svcArgs...)
+	if tb.cpuacct != "" {
+		podman = append(podman, "--cgroup-manager", "cgroupfs") // what the bind mount above steers
+	}
+	nsenter := append([]string{"nsenter", "-t", fmt.Sprint(tb.holder.Process.Pid), "-m", "-n", "--"}, podman...)
+	nsenter = append(nsenter, "system", "service", "--time=0", "unix://"+sock)
+	cmd := exec.Command(nsenter[0], nsenter[1:]...)
+	if tb.cpuacct != "" {
+		// Joined before exec, so none of the service's work escapes.
+		procs := filepath.Join(tb.cpuacct, "svc", "cgroup.procs")
+		if err := os.MkdirAll(filepath.Dir(procs), 0o755); err != nil {
+			tb.t.Fatal(err)
+		}
+		cmd = exec.Command("sh", append([]string{"-c", `echo $$ > "$0" && exec "$@"`, procs}, nsenter...)...)
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		tb.t.Fatalf("start podman service: %v", err)

@@ -49,7 +49,8 @@ type Cage struct {
 	PrepareNext bool `toml:"prepare_next"`
 	// PreparedTTL is how long a prepared cage waits for its turn: an older
 	// one (its conmon, loop device and HOME mount) is removed by `gc` and
-	// by the detached teardown of any task's next turn.
+	// by the detached teardown of a later turn of any task (those look at
+	// most every tenth of the TTL, at most every 5 minutes).
 	PreparedTTL Duration `toml:"prepared_ttl"`
 }
 

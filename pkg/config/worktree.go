@@ -22,12 +22,17 @@ type Worktree struct {
 	// starts, saying why) or "allow" (it runs uncapped: a cage can fill
 	// that filesystem, see docs/residual-risks.md).
 	Uncapped string `toml:"uncapped"`
+	// Idmap says how the cage gets the worktree: "auto" (the default: an
+	// idmapped mount where the kernel, the filesystem and the worktree
+	// allow it, no chown walks; otherwise the chown walks) or "off" (always
+	// the chown walks). doctor says which one this host gets.
+	Idmap string `toml:"idmap"`
 }
 
 func defaultWorktree() Worktree {
 	// 20 GiB and a million files: a large monorepo with its build output
 	// fits; a turn cannot take the host's disk or inodes.
-	return Worktree{Roots: []string{}, MaxSize: 20 << 30, MaxFiles: 1_000_000, Uncapped: "refuse"}
+	return Worktree{Roots: []string{}, MaxSize: 20 << 30, MaxFiles: 1_000_000, Uncapped: "refuse", Idmap: "auto"}
 }
 
 func (w *Worktree) validate() error {
@@ -41,6 +46,11 @@ func (w *Worktree) validate() error {
 	case "refuse", "allow":
 	default:
 		return &Error{Key: "worktree.uncapped", Msg: fmt.Sprintf("%q is neither \"refuse\" nor \"allow\"", w.Uncapped)}
+	}
+	switch w.Idmap {
+	case "auto", "off":
+	default:
+		return &Error{Key: "worktree.idmap", Msg: fmt.Sprintf("%q is neither \"auto\" nor \"off\"", w.Idmap)}
 	}
 	for i, r := range w.Roots {
 		if !filepath.IsAbs(r) || filepath.Clean(r) == "/" {

@@ -51,6 +51,9 @@ func truncate(s string, n int) string {
 // derived by the caller), never the task id.
 type Input struct {
 	Worktree string // host path; "" means no worktree (an empty tmpfs /work)
+	// Staging, when set, is the /work bind's source instead of Worktree:
+	// the worktree's idmapped mount (pkg/worktree's idmap.go).
+	Staging string
 	// HomeDir is the host directory of the task's live HOME (inside its
 	// volume, laid out by the HOME reset); OutboxDir the task's outbox ("" for
 	// none). shrooms computes and prepares both itself, refusing planted
@@ -81,6 +84,12 @@ func Build(in Input) (*Plan, error) {
 		wt, err := CheckHostDir(in.Worktree, "worktree", nil)
 		if err != nil {
 			return nil, err
+		}
+		if in.Staging != "" {
+			if !filepath.IsAbs(in.Staging) {
+				return nil, fmt.Errorf("worktree staging %q is not an absolute host path", in.Staging)
+			}
+			wt = filepath.Clean(in.Staging)
 		}
 		p.Mounts = append(p.Mounts, Mount{Kind: Bind, Source: wt, Dest: WorkDir, Options: []string{"rbind", "nosuid", "nodev"}})
 	} else {

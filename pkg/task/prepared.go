@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sort"
+	"syscall"
 	"time"
 
 	"github.com/shrooms-cage/shrooms/pkg/fault"
@@ -50,6 +52,32 @@ func (r *Commands) PreparedCages(cages []podman.Cage, now time.Time) []PreparedC
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Task < out[j].Task })
 	return out
+}
+
+// ExpireEvery is how often the turns' teardowns sweep for expired prepared
+// cages: a tenth of the TTL, at most every 5 minutes.
+func ExpireEvery(ttl time.Duration) time.Duration { return min(ttl/10, 5*time.Minute) }
+
+// ExpireDue reports whether a teardown should sweep for expired prepared
+// cages now (ExpirePrepared), and marks the sweep when it should. The
+// sweep lists every container on the engine, which costs the podman
+// service CPU in proportion to all of them (other users' too), so the
+// teardowns of this state directory sweep at most once per ExpireEvery: a
+// prepared cage goes at most that long after its TTL. `gc` always sweeps.
+// A stamp that cannot be read or written means a sweep, as before.
+func (r *Commands) ExpireDue(now time.Time) bool {
+	path := taskstate.Layout{Dir: r.Cfg.State.Dir}.ExpireStamp()
+	if st, err := os.Lstat(path); err == nil && st.Mode().IsRegular() {
+		if age := now.Sub(st.ModTime()); age >= 0 && age < ExpireEvery(r.Cfg.Cage.PreparedTTL.Std()) {
+			return false
+		}
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err == nil {
+		f.Close()
+		_ = os.Chtimes(path, now, now)
+	}
+	return true
 }
 
 // ExpirePrepared removes the prepared cages older than cage.prepared_ttl

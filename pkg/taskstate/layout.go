@@ -55,6 +55,10 @@ func (l Layout) GatewayChatGPT(gateway string) string {
 // SeccompProfile is an installed seccomp profile, by file name.
 func (l Layout) SeccompProfile(name string) string { return filepath.Join(l.Dir, "seccomp", name) }
 
+// ExpireStamp's time is the last sweep for expired prepared cages by a
+// teardown (task.ExpireDue).
+func (l Layout) ExpireStamp() string { return filepath.Join(l.Dir, "expire.stamp") }
+
 // GitsealConfig is the cages' system git configuration (/etc/gitconfig).
 func (l Layout) GitsealConfig() string { return filepath.Join(l.Dir, "gitseal", "gitconfig") }
 

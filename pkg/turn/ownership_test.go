@@ -67,6 +67,7 @@ echo edited >> /work/src/main.go
 func TestWorktreeKeepsItsOwner(t *testing.T) {
 	e, runner := newHarness(t, "")
 	wt := ownedTree(t, e, runner)
+	runner.Cfg.Worktree.Idmap = "off" // the chown walks (the fallback); idmap_test.go has the idmapped mount
 
 	res, out, errOut, err := sh(runner, e.Task("own"), wt, nested+"stat -c '%u' /work/new.txt")
 	assert.NilError(t, err, errOut)
@@ -83,6 +84,7 @@ func TestWorktreeKeepsItsOwner(t *testing.T) {
 	assertOwned(t, wt, 10+fifo)
 	assert.Assert(t, res.Worktree != nil)
 	assert.Equal(t, res.Worktree.OwnerUID, uint32(4242))
+	assert.Assert(t, !res.Worktree.Idmapped)
 	assert.Assert(t, res.Worktree.GivenBack >= 10+fifo, "%+v", res.Worktree)
 	b, err := os.ReadFile(filepath.Join(wt, "src", "main.go"))
 	assert.NilError(t, err)

@@ -104,6 +104,11 @@ type Plan struct {
 	timeout  time.Duration
 	ids      taskstate.IDs
 	worktree string // cleaned; "" for none
+	// idmap says the cage gets the worktree through an idmapped mount
+	// (pkg/worktree's idmap.go: no chown walks); idmapOff says why not.
+	idmap    bool
+	idmapOff string
+	staging  string // the idmapped worktree's staging mount
 	// root is the HOME volume's host directory; home is it for the reset.
 	root string
 	home home.Task
@@ -145,6 +150,9 @@ type prepared struct {
 	image string
 	// runtime is the OCI runtime podman runs the cage with (its inspect).
 	runtime string
+	// pid is the host pid of the initialised cage's process once known
+	// (a prepared cage's inspection, or cagePid): 0 until then.
+	pid int
 	// before is the worktree as the hand-over left it (nil: scan it).
 	before *diff.Snapshot
 	// detach is set once the turn's exit code is known and Runner.Detach
@@ -245,6 +253,12 @@ func (r *Runner) plan(task taskid.ID, in *checked, f *facts, ahead bool) (*Plan,
 			return nil, fmt.Errorf("%w: git metadata: %w", ErrInput, err)
 		}
 	}
+	if in.worktree != "" {
+		p.idmapOff = r.idmapReason(task, in, p.ids)
+		if p.idmap = p.idmapOff == ""; p.idmap {
+			p.staging = r.claims().StagingDir(task)
+		}
+	}
 	mp, err := r.planMounts(in, p)
 	if err != nil {
 		return nil, err
@@ -297,6 +311,7 @@ func (r *Runner) planMounts(in *checked, p *Plan) (*mounts.Plan, error) {
 	mp, err := mounts.Build(mounts.Input{
 		Worktree:  in.worktree,
 		HomeDir:   home.Dir(p.root),
+		Staging:   p.staging,
 		OutboxDir: p.outbox,
 		TmpSize:   int64(cfg.Cage.TmpSize),
 		RunSize:   int64(cfg.Cage.RunSize),
@@ -419,11 +434,16 @@ func (r *Runner) apply(ctx context.Context, task taskid.ID, in *checked, p *Plan
 	// A cage prepared ahead takes the worktree when its turn runs, so the
 	// owner keeps it between turns.
 	if in.worktree != "" && s.takeWorktree {
-		before, err := r.claims().Take(ctx, task, in.worktree, p.ids)
+		before, err := r.takeWorktree(ctx, task, in, p, true)
 		if err != nil {
 			return nil, err
 		}
 		out.before = before
+	} else if in.worktree != "" && p.idmap {
+		// The cage prepared ahead binds the staging mount at its init.
+		if err := r.claims().PrepareIdmapped(ctx, task, in.worktree, p.ids); err != nil {
+			return nil, fmt.Errorf("%w: idmapped worktree: %w", ErrHostNotReady, err)
+		}
 	}
 	for name, value := range p.secrets {
 		if err := r.Podman.PutSecret(ctx, name, value, map[string]string{sealed.LabelTask: task.String()}); err != nil {

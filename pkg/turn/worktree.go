@@ -1,7 +1,11 @@
 package turn
 
 import (
+	"context"
 	"fmt"
+
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/worktree"
@@ -42,4 +46,24 @@ func (r *Runner) finishWorktree(task taskid.ID, wt string, given *worktree.Repor
 	}
 	res.Error = msg
 	return fmt.Errorf("%w: %s", ErrHostNotReady, msg)
+}
+
+// idmapReason says why the turn's worktree gets the chown walks rather
+// than an idmapped mount ("" for the idmapped mount).
+func (r *Runner) idmapReason(task taskid.ID, in *checked, ids taskstate.IDs) string {
+	if gvisor(r.Cfg.Cage.Runtime) {
+		return "gVisor cages keep the chown walks"
+	}
+	agent := uint32(r.Cfg.Cage.User)
+	return r.claims().IdmapReason(task, in.worktree, ids.UID+agent, ids.GID+agent)
+}
+
+// takeWorktree takes the worktree for the turn: the hand-over, or for an
+// idmapped one the staging mount (stage: a fresh cage; a prepared one has
+// bound its own at init).
+func (r *Runner) takeWorktree(ctx context.Context, task taskid.ID, in *checked, p *Plan, stage bool) (*diff.Snapshot, error) {
+	if p.idmap {
+		return r.claims().TakeIdmapped(ctx, task, in.worktree, p.ids, stage)
+	}
+	return r.claims().Take(ctx, task, in.worktree, p.ids)
 }

@@ -36,6 +36,9 @@ type Claims struct {
 	Cap config.Worktree
 	// User is the agent's uid (and gid) inside the cage.
 	User int64
+	// Socket is the podman service's API URL: an idmapped worktree's
+	// staging mount is made in the service's mount namespace (idmap.go).
+	Socket string
 }
 
 // NewClaims returns the worktree claims of cfg's state directory with the
@@ -47,6 +50,7 @@ func NewClaims(cfg *config.Config) Claims {
 		IDFiles: taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
 		Cap:     cfg.Worktree,
 		User:    cfg.Cage.User,
+		Socket:  cfg.Podman.Socket,
 	}
 }
 
@@ -194,7 +198,7 @@ func (c Claims) Release(task taskid.ID) error {
 			return fmt.Errorf("worktree claim: %w", err)
 		}
 	}
-	return nil
+	return c.releaseIdmap(task)
 }
 
 // GiveBackIdle gives back the worktrees of tasks with no turn running (a
@@ -220,7 +224,7 @@ func (c Claims) GiveBackIdle() ([]string, error) {
 		if err != nil {
 			return given, fmt.Errorf("give worktree %s back: %w", cl.Worktree, err)
 		}
-		if rep != nil && rep.GivenBack > 0 {
+		if rep != nil && (rep.GivenBack > 0 || rep.Idmapped) {
 			given = append(given, cl.Worktree)
 		}
 	}

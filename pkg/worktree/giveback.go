@@ -68,6 +68,11 @@ type Report struct {
 	// KeptNestedRepos lists the nested git repositories left with the
 	// task's user (nested.go): the owner's git refuses them.
 	KeptNestedRepos []string `json:"kept_nested_repos,omitempty"`
+	// Idmapped says the turn had the worktree through an idmapped mount
+	// (idmap.go): nothing was chowned but the nested repositories it made;
+	// Stripped counts the files whose setuid/setgid bits went.
+	Idmapped bool `json:"idmapped,omitempty"`
+	Stripped int  `json:"stripped,omitempty"`
 }
 
 func report(worktree string, cl *claim, gb GiveBackReport, start time.Time) *Report {
@@ -82,6 +87,13 @@ func (c Claims) GiveBack(task taskid.ID, worktree string) (*Report, error) {
 	cl, err := c.read(worktree)
 	if err != nil || cl == nil || cl.Task != task.String() {
 		return nil, err
+	}
+	// A staging mount a crash left (a turn's or a preparation's) goes first.
+	if err := c.Unstage(task); err != nil {
+		return nil, err
+	}
+	if rep, done, err := c.giveBackIdmapped(task, worktree); done || err != nil {
+		return rep, err
 	}
 	ids, err := c.Store.TaskIDs(task, c.IDFiles, false)
 	if err != nil {
@@ -105,6 +117,9 @@ func (c Claims) GiveBackScanning(ctx context.Context, task taskid.ID, worktree s
 	cl, err := c.read(worktree)
 	if err != nil || cl == nil || cl.Task != task.String() {
 		return nil, nil
+	}
+	if after, rep, done := c.giveBackIdmappedScanning(ctx, task, worktree); done {
+		return after, rep
 	}
 	ids, err := c.Store.TaskIDs(task, c.IDFiles, false)
 	if err != nil {

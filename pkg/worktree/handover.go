@@ -63,6 +63,34 @@ func newHandOverHook(dir string, uid, gid int) (*Hook, error) {
 // cap, the walk) is the host's to fix.
 func (c Claims) Take(ctx context.Context, task taskid.ID, worktree string, ids taskstate.IDs) (_ *diff.Snapshot, err error) {
 	defer fault.Phase(fault.HostNotReady, &err)
+	if _, err := c.claimAndCap(task, worktree, ids); err != nil {
+		return nil, err
+	}
+	agent := int(c.User)
+	h, err := newHandOverHook(worktree, int(ids.UID)+agent, int(ids.GID)+agent)
+	if err != nil || h == nil {
+		if err != nil {
+			return nil, err
+		}
+		return nil, nil
+	}
+	defer h.close()
+	before, err := diff.ScanHook(ctx, worktree, h)
+	if err != nil {
+		return nil, fmt.Errorf("worktree %s: give it to the task's user: %w", worktree, err)
+	}
+	return before, nil
+}
+
+// claimAndCap records the task's claim on the worktree (with its owner)
+// and puts it under the task's cap; it returns the claim.
+func (c Claims) claimAndCap(task taskid.ID, worktree string, ids taskstate.IDs) (*claim, error) {
+	// An idmapped turn that died before its give-back (its record is still
+	// there) is given back first: what it made setuid or a repository must
+	// not pass for the owner's in this turn's scan.
+	if _, _, err := c.giveBackIdmapped(task, worktree); err != nil {
+		return nil, err
+	}
 	var st unix.Stat_t
 	if err := unix.Lstat(worktree, &st); err != nil {
 		return nil, fmt.Errorf("%w: worktree %s: %w", fault.Input, worktree, err)
@@ -91,20 +119,7 @@ func (c Claims) Take(ctx context.Context, task taskid.ID, worktree string, ids t
 	if err := capWorktree(c.Cap, worktree, ids); err != nil {
 		return nil, err
 	}
-	agent := int(c.User)
-	h, err := newHandOverHook(worktree, int(ids.UID)+agent, int(ids.GID)+agent)
-	if err != nil || h == nil {
-		if err != nil {
-			return nil, err
-		}
-		return nil, nil
-	}
-	defer h.close()
-	before, err := diff.ScanHook(ctx, worktree, h)
-	if err != nil {
-		return nil, fmt.Errorf("worktree %s: give it to the task's user: %w", worktree, err)
-	}
-	return before, nil
+	return cl, nil
 }
 
 // capWorktree puts the worktree under the task's project quota (its id the

@@ -33,18 +33,18 @@ func TestMain(m *testing.M) {
 // config for the shrooms binary (cage network policy internet, one shell
 // agent "cl" with Claude Code's HOME rules) and the seal applied by the
 // binary (`net apply`) in the testbed's host namespace, where its CLI runs.
-func newBench(t testing.TB) *tbworld.World {
+func newBench(t testing.TB, opts ...tbworld.Option) *tbworld.World {
 	t.Helper()
 	// SHROOMS_PERF_BINARY measures another build (an older one, for the
 	// figures before a change) with the same benchmarks. Prepared next
 	// cages are left by design (--prepare-next).
-	be := tbworld.New(t, "pf", tbworld.WithCLI(os.Getenv("SHROOMS_PERF_BINARY")), tbworld.WithEnv(itest.WithPrepared()),
+	be := tbworld.New(t, "pf", append([]tbworld.Option{tbworld.WithCLI(os.Getenv("SHROOMS_PERF_BINARY")), tbworld.WithEnv(itest.WithPrepared()),
 		// The figures are the default runtime's (runtime: nil drops the
 		// suites' SHROOMS_TEST_RUNTIME).
 		tbworld.WithCage(map[string]any{"memory": "256m", "pids": 128, "nofile": 512, "nproc": 256, "timeout": "120s", "stop_grace": "1s", "runtime": nil}),
 		tbworld.WithExtra(func(*tbworld.World) string {
 			return "[home]\nmax_session_file = \"2g\"\nmax_keep_size = \"4g\"\n[agents.cl]\ncommand = [\"/bin/sh\"]\nhome = [\"claude\", \"shell\"]\n"
-		}))
+		})}, opts...)...)
 	if out, err := shrooms(be, "net", "apply"); err != nil {
 		t.Fatalf("net apply: %v: %s", err, out)
 	}
@@ -65,7 +65,12 @@ func shrooms(b *tbworld.World, args ...string) ([]byte, error) {
 // on stdout.
 type timing struct {
 	wall, first time.Duration
-	stdout      bytes.Buffer
+	// cpu is the process's own user and system time (not its detached
+	// child's, which it never waits for).
+	cpu time.Duration
+	// at is when the process was started.
+	at     time.Time
+	stdout bytes.Buffer
 }
 
 // firstByte records when the first byte of output arrives.
@@ -92,9 +97,13 @@ func timed(cmd *exec.Cmd) (*timing, error) {
 	fb := &firstByte{buf: &t.stdout}
 	cmd.Stdout, cmd.Stderr = fb, &errb
 	fb.start = time.Now()
+	t.at = fb.start
 	err := cmd.Run()
 	t.wall = time.Since(fb.start)
 	t.first = fb.at
+	if ps := cmd.ProcessState; ps != nil {
+		t.cpu = ps.UserTime() + ps.SystemTime()
+	}
 	if err != nil {
 		return t, fmt.Errorf("%s: %v: %s %s", strings.Join(cmd.Args, " "), err, t.stdout.String(), errb.String())
 	}
@@ -103,18 +112,24 @@ func timed(cmd *exec.Cmd) (*timing, error) {
 
 // result is the part of `run --json`'s result the benchmarks read.
 type result struct {
-	Status   string       `json:"status"`
-	Prepared bool         `json:"prepared"`
-	Removed  bool         `json:"removed"`
-	Cage     string       `json:"cage"`
-	Phases   []turn.Phase `json:"phases"`
-	TotalMs  float64      `json:"totalMs"`
-	Error    string       `json:"error"`
+	Status    string       `json:"status"`
+	StartedAt string       `json:"started_at"`
+	Prepared  bool         `json:"prepared"`
+	Removed   bool         `json:"removed"`
+	Cage      string       `json:"cage"`
+	Phases    []turn.Phase `json:"phases"`
+	TotalMs   float64      `json:"totalMs"`
+	Error     string       `json:"error"`
 }
 
 // run runs one turn with the shrooms binary (--json, --prepare-next).
 func runTurn(b *tbworld.World, task, agent, script string) (*timing, *result, error) {
-	t, err := timed(b.Command("--json", "run", "--prepare-next", "--task", task, "--agent", agent, "--", "-c", script))
+	return runCmd(b.Command("--json", "run", "--prepare-next", "--task", task, "--agent", agent, "--", "-c", script))
+}
+
+// runCmd runs one `run --json` command and reads its result.
+func runCmd(cmd *exec.Cmd) (*timing, *result, error) {
+	t, err := timed(cmd)
 	if err != nil {
 		return t, nil, err
 	}
@@ -129,10 +144,16 @@ func runTurn(b *tbworld.World, task, agent, script string) (*timing, *result, er
 // bare is `podman run --rm` of the same image and command on the named
 // network, with the same limits a cage has.
 func bareRun(b *tbworld.World, network, script string) (*timing, error) {
-	return timed(inHost(b, "podman", "--url", b.TB.PodmanURL, "run", "--rm", "--network", network,
+	return timed(bareCommand(b, network, script))
+}
+
+// bareCommand is bareRun's process, with podman run's flags extra added.
+func bareCommand(b *tbworld.World, network, script string, extra ...string) *exec.Cmd {
+	args := []string{"podman", "--url", b.TB.PodmanURL, "run", "--rm", "--network", network,
 		"--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges", "--user", "1000:1000",
-		"--memory", "256m", "--pids-limit", "128", "--ulimit", "nofile=512:512", "--ulimit", "nproc=256:256",
-		itest.TestImage, "/bin/sh", "-c", script))
+		"--memory", "256m", "--pids-limit", "128", "--ulimit", "nofile=512:512", "--ulimit", "nproc=256:256"}
+	args = append(append(args, extra...), itest.TestImage, "/bin/sh", "-c", script)
+	return inHost(b, args...)
 }
 
 func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -149,7 +170,11 @@ func median(d []time.Duration) time.Duration { return quantile(d, 0.5) }
 
 // phaseMedians returns each phase's median over the results, in the order
 // of the first result.
-func phaseMedians(rs []*result) []turn.Phase {
+func phaseMedians(rs []*result) []turn.Phase { return phaseQuantiles(rs, 0.5) }
+
+// phaseQuantiles returns each phase's quantile q over the results, in the
+// order of the first result.
+func phaseQuantiles(rs []*result, q float64) []turn.Phase {
 	by := map[string][]time.Duration{}
 	var order []string
 	for _, r := range rs {
@@ -162,7 +187,7 @@ func phaseMedians(rs []*result) []turn.Phase {
 	}
 	var out []turn.Phase
 	for _, n := range order {
-		out = append(out, turn.Phase{Name: n, Ms: msOf(median(by[n]))})
+		out = append(out, turn.Phase{Name: n, Ms: msOf(quantile(by[n], q))})
 	}
 	return out
 }
