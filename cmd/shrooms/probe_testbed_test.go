@@ -2,9 +2,9 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,8 +26,9 @@ func TestProbeWithoutTargetsInTestbed(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	tb := testbed.New(t)
 	tb.StartPodman()
+	sub4, sub6 := itest.Subnets(t)
 	e := testbedEnv(t, tb, "sq", testcfg.Config{Cage: map[string]any{"timeout": "90s", "stop_grace": "1s"},
-		Network: map[string]any{"policy": "internet", "subnet4": fmt.Sprintf("10.%d.%d.0/24", 60+os.Getpid()%30, os.Getpid()%250), "subnet6": fmt.Sprintf("fd8b:5eed:%x::/64", os.Getpid()%65000),
+		Network: map[string]any{"policy": "internet", "subnet4": sub4, "subnet6": sub6,
 			"dns_upstream": []string{"203.0.113.10"}}})
 	dir, configFile := e.Dir, e.Config
 	bin := itest.ShroomsBinary(t)
@@ -59,7 +60,7 @@ func TestProbeWithoutTargetsInTestbed(t *testing.T) {
 	t.Logf("without a targets file: %d errors %v (%v)", len(errs), errs, discovered.Round(time.Millisecond))
 
 	// The same battery with the testbed's targets file, for the wall time.
-	gw4 := fmt.Sprintf("10.%d.%d.1", 60+os.Getpid()%30, os.Getpid()%250)
+	gw4 := strings.TrimSuffix(sub4, "0/24") + "1"
 	targets, err := json.Marshal(probe.Params{
 		Internet: []string{testbed.InternetAddr4.String(), testbed.InternetAddr6.String()},
 		Gateway:  []string{gw4}, Host: []string{testbed.HostAddr4.String(), testbed.HostAddr6.String()},

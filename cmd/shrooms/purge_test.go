@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,8 +24,9 @@ func TestPurgeRemovesOnlyTheSkeleton(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	tb := testbed.New(t)
 	tb.StartPodman()
+	sub4, sub6 := itest.Subnets(t)
 	e := testbedEnv(t, tb, "sp", testcfg.Config{Cage: map[string]any{"stop_grace": "1s"},
-		Network: map[string]any{"policy": "internet", "subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, (os.Getpid()+7)%250), "subnet6": fmt.Sprintf("fd89:5eee:%x::/64", os.Getpid()%65000),
+		Network: map[string]any{"policy": "internet", "subnet4": sub4, "subnet6": sub6,
 			"dns_upstream": []string{"203.0.113.10"}}})
 	name, dir, configFile := e.Prefix, e.Dir, e.Config
 	state, box := filepath.Join(dir, "state"), filepath.Join(dir, "outbox")

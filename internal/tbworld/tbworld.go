@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -214,12 +213,11 @@ func New(t testing.TB, prefix string, opts ...Option) *World {
 // network.
 func (w *World) writeConfig(o options) {
 	w.T.Helper()
-	n, _ := strconv.Atoi(w.TB.ID)
+	sub4, sub6 := itest.Subnets(w.T)
 	network := merged(map[string]any{"policy": "internet", "name": w.Net, "bridge": w.Net,
-		// Subnets of its own (podman's network configs are the machine's),
-		// apart from the firewall tests' 10.200-249.
-		"subnet4":      fmt.Sprintf("10.%d.%d.0/24", 120+n%80, (n/80)%250),
-		"subnet6":      fmt.Sprintf("fd8a:%x:%x::/64", n%65536, (n/65536)%65536),
+		// Subnets of its own (podman's network configs are the machine's).
+		"subnet4":      sub4,
+		"subnet6":      sub6,
 		"dns_upstream": []string{testbed.InternetAddr4.String()}}, o.network)
 	c := testcfg.Config{Cage: o.cage, Network: network}
 	if o.extra != nil {

@@ -15,6 +15,7 @@ package testbed
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -414,7 +415,8 @@ func realAddrs() []netip.Addr {
 // runs in its own mount namespace where /run/containers/networks (netavark's
 // state and aardvark-dns) is private, so it never signals the machine's
 // aardvark, and /etc/resolv.conf names the internet DNS canary, so
-// aardvark forwards there. Storage is the machine's.
+// aardvark forwards there. Its storage is its own (StorageArgs), so its
+// cages never appear in the machine's container database.
 func (tb *Testbed) StartPodman() { tb.t.Helper(); tb.StartPodmanWith() }
 
 // StartPodmanWith is StartPodman with podman's global flags args (e.g.
@@ -470,7 +472,11 @@ func (tb *Testbed) StartPodmanWith(args ...string) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	podman := append([]string{"podman"}, tb.svcArgs...)
+	storage, err := tb.storage()
+	if err != nil {
+		tb.t.Fatal(err)
+	}
+	podman := append(append([]string{"podman"}, storage...), tb.svcArgs...)
 	if tb.cpuacct != "" {
 		podman = append(podman, "--cgroup-manager", "cgroupfs") // what the bind mount above steers
 	}
@@ -559,7 +565,9 @@ func (tb *Testbed) teardown() {
 		}
 	}
 	if tb.svc != nil {
-		if out, err := tb.Podman("ps", "-aq", "--filter", "label="+tb.Label()); err == nil {
+		// Every container of the service is this testbed's (its store is
+		// its own), labelled or not: none may outlive the store.
+		if out, err := tb.Podman("ps", "-aq"); err == nil {
 			for _, id := range strings.Fields(out) {
 				tb.Podman("rm", "-f", "-t", "0", id)
 			}
@@ -581,7 +589,30 @@ func (tb *Testbed) teardown() {
 	for _, ns := range tb.NS {
 		exec.Command("ip", "netns", "del", ns).Run()
 	}
+	// A removed cage's conmon runs `podman --root … container cleanup`
+	// after it, which would make the store anew behind the RemoveAll.
+	tb.waitStoreUsers(10 * time.Second)
 	os.RemoveAll(tb.Dir)
+}
+
+// waitStoreUsers waits until no process names Dir on its command line
+// (the service's conmons and their cleanup runs), or d passes.
+func (tb *Testbed) waitStoreUsers(d time.Duration) {
+	needle := []byte(tb.Dir + "/")
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+		busy := false
+		for _, p := range procs {
+			if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, needle) {
+				busy = true
+				break
+			}
+		}
+		if !busy {
+			return
+		}
+	}
+	tb.t.Logf("testbed: processes still use %s after the teardown", tb.Dir)
 }
 
 // BuildProbe compiles tbprobe (static) into the testbed dir and returns its
@@ -613,11 +644,45 @@ func (tb *Testbed) Route(p netip.Prefix) {
 }
 
 // PodmanLocal runs the local podman CLI inside the service's network and
-// mount namespaces, for commands the remote client lacks (network reload).
+// mount namespaces, on its storage, for commands the remote client lacks
+// (network reload).
 func (tb *Testbed) PodmanLocal(args ...string) (string, error) {
 	if tb.svc == nil || tb.svc.Process == nil {
 		return "", fmt.Errorf("podman service not running")
 	}
-	out, err := exec.Command("nsenter", append([]string{"-t", fmt.Sprint(tb.holder.Process.Pid), "-m", "-n", "--", "podman"}, args...)...).CombinedOutput()
+	storage, err := tb.storage()
+	if err != nil {
+		return "", err
+	}
+	argv := append([]string{"-t", fmt.Sprint(tb.holder.Process.Pid), "-m", "-n", "--", "podman"}, storage...)
+	out, err := exec.Command("nsenter", append(argv, args...)...).CombinedOutput()
 	return string(out), err
+}
+
+// SharedGraphRoot is the machine's (rootful) image store, which `make
+// setup` fills with the test images.
+const SharedGraphRoot = "/var/lib/containers/storage"
+
+// storage returns podman's global flags giving the testbed's service a
+// container store of its own under Dir, with the machine's images as a
+// read-only additional image store (nothing is copied). Podman 4.3 loads
+// the state of every container in its database on each listing and joins
+// each running one's network namespace (podman#16140); a testbed cage's
+// namespace is mounted only in the testbed's mount namespace, so with a
+// shared database every `podman ps`/`rm` on the machine's service failed
+// with "unknown FS magic" while any testbed cage ran. The lock and tmp
+// directories stay the machine's: a fresh tmpdir would make podman
+// "refresh" and free every container lock in the shared lock segment.
+func (tb *Testbed) storage() ([]string, error) {
+	root, run := filepath.Join(tb.Dir, "storage"), filepath.Join(tb.Dir, "runroot")
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return nil, fmt.Errorf("testbed storage: %w", err)
+	}
+	// Podman picks its network backend for a new store by what it finds;
+	// the testbed's networks are netavark's, as the machine's.
+	if err := os.WriteFile(filepath.Join(root, "defaultNetworkBackend"), []byte("netavark"), 0o600); err != nil {
+		return nil, fmt.Errorf("testbed storage: %w", err)
+	}
+	return []string{"--root", root, "--runroot", run, "--storage-driver", "overlay",
+		"--storage-opt", "overlay.imagestore=" + SharedGraphRoot}, nil
 }

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -31,15 +30,16 @@ func newEnv(t testing.TB) (*testbed.Testbed, config.Network) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	tb := testbed.New(t)
 	tb.StartPodman()
-	n, _ := strconv.Atoi(tb.ID)
 	// Unique subnets and names: podman's network configs are shared with
 	// the machine's podman, so they must not collide with anyone's.
+	sub4, sub6 := itest.Subnets(t)
+	other4, _ := itest.Subnets(t)
 	cfg := config.Network{
 		Policy:  "internet",
 		Name:    "stb" + tb.ID,
 		Bridge:  "stb" + tb.ID,
-		Subnet4: fmt.Sprintf("10.%d.%d.0/24", 200+n%50, (n/50)%250),
-		Subnet6: fmt.Sprintf("fd89:%x::/64", n%65536),
+		Subnet4: sub4,
+		Subnet6: sub6,
 		Allow:   []string{},
 	}
 	gw4, gw6 := cageGateways(t, cfg)
@@ -48,7 +48,6 @@ func newEnv(t testing.TB) (*testbed.Testbed, config.Network) {
 	// on, DNS (aardvark) on, not internal. podman 4.3's CLI cannot name
 	// the bridge, its API can.
 	createNetwork(t, tb, cfg.Name, cfg.Bridge, true, [2]string{cfg.Subnet4, gw4.String()}, [2]string{cfg.Subnet6, gw6.String()})
-	other4 := fmt.Sprintf("10.%d.%d.0/24", 200+n%50, (n/50)%250+1)
 	createNetwork(t, tb, cfg.Name+"o", "stbo"+tb.ID, false, [2]string{other4, ""})
 
 	cage(t, tb, "peer", cfg.Name, "timeout", "600", "/tbprobe", "listen")

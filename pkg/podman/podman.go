@@ -426,11 +426,12 @@ func (c *Client) ListByLabel(ctx context.Context, label, value string) ([]Cage, 
 	}
 	q := url.Values{"all": {"true"}, "filters": {jsonString(map[string][]string{"label": {filter}})}}
 	list, err := c.listContainers(ctx, q)
-	// Podman 4.3 fails a whole listing when any container (ours or not) is
+	// Podman 4.3 fails a whole listing when a container it lists is
 	// between netns teardown and removal (podman#16140: "unknown FS magic on
-	// /run/netns/…"). That window is milliseconds, and detached teardowns
-	// make it common, so the listing is asked again for ~10 s (on a loaded
-	// host one teardown was seen to outlast 5 s).
+	// /run/netns/…"); the label filter applies first, so only the cages it
+	// matches count (docs/reliability.md). That window is milliseconds, and detached
+	// teardowns make it common, so the listing is asked again for ~10 s (on
+	// a loaded host one teardown was seen to outlast 5 s).
 	for wait := 20 * time.Millisecond; err != nil && netnsTeardownRace(err) && wait < 6*time.Second; wait *= 2 {
 		if sleep(ctx, wait) != nil {
 			return nil, fmt.Errorf("list cages: %w", ctx.Err())

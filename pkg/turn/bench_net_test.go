@@ -3,8 +3,6 @@ package turn
 import (
 	"bytes"
 	"context"
-	"fmt"
-	"os"
 	"os/exec"
 	"testing"
 	"time"
@@ -32,10 +30,11 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 	// Made after the testbed, so that its cleanup runs before the testbed's.
 	world := itest.New(b, "bn", itest.WithSocket(tb.PodmanURL))
 	name := world.Prefix
+	sub4, sub6 := itest.Subnets(b)
 	cfg := testcfg.Config{
 		Cage: map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": nil, "stop_grace": nil},
 		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
-			"subnet4": fmt.Sprintf("10.%d.%d.0/24", 90+os.Getpid()%100, 1+os.Getpid()%250), "subnet6": fmt.Sprintf("fd89:5eed:%x::/64", 1+os.Getpid()%65000), "dns_upstream": []string{testbed.InternetAddr4.String()}}}.For(world).Parse(b, "bench.toml")
+			"subnet4": sub4, "subnet6": sub6, "dns_upstream": []string{testbed.InternetAddr4.String()}}}.For(world).Parse(b, "bench.toml")
 	ctx := context.Background()
 	opts := firewall.Options{NetNS: tb.NSPath("host")}
 	if err := firewall.Apply(ctx, cfg.Network, opts); err != nil {

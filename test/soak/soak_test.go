@@ -200,7 +200,9 @@ func newSoak(t *testing.T, seed uint64) *soak {
 	s.netName = s.Prefix
 	tokenFile := filepath.Join(dir, "token")
 	assert.NilError(t, os.WriteFile(tokenFile, []byte("soak-token-value\n"), 0o600))
-	pid := os.Getpid()
+	// A subnet no other test process on the machine has (podman's network
+	// configs are the machine's).
+	sub4, _ := itest.Subnets(t)
 	common := fmt.Sprintf(`
 [podman]
 socket = %q
@@ -245,9 +247,9 @@ policy = "allowlist"
 allow = []
 name = %q
 bridge = %q
-subnet4 = "10.%d.%d.0/24"
+subnet4 = %q
 subnet6 = ""
-`, s.netName, s.netName, 150+pid%50, pid%250)), 0o600))
+`, s.netName, s.netName, sub4)), 0o600))
 
 	cfg, err := config.Load(s.none)
 	assert.NilError(t, err)
