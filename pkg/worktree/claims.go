@@ -221,7 +221,7 @@ func (c Claims) GiveBackIdle() ([]string, error) {
 		}
 		holder, err := c.Holder(task)
 		if err != nil {
-			continue
+			continue // the zero id, which Parse never returns
 		}
 		lock, err := c.Store.LockTask(task)
 		if err != nil {
