@@ -11,6 +11,7 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -165,4 +166,25 @@ func mustHolder(t testing.TB, c Claims, task taskid.ID) Holder {
 	h, err := c.Holder(task)
 	assert.NilError(t, err)
 	return h
+}
+
+// TestZeroHolderIsRefused: no claim is written for the zero Holder (the
+// zero id has none); a real one claims the same worktree (root: the
+// hand-over chowns).
+func TestZeroHolderIsRefused(t *testing.T) {
+	itest.Require(t, itest.Root) // the positive control's hand-over chowns
+	dir := t.TempDir()
+	wt := filepath.Join(dir, "wt")
+	assert.NilError(t, os.Mkdir(wt, 0o755))
+	c := Claims{Layout: taskstate.Layout{Dir: filepath.Join(dir, "state")}, Cap: config.Worktree{Uncapped: "allow"}}
+	_, err := c.Holder(taskid.ID{})
+	assert.ErrorContains(t, err, "no task id")
+	_, err = c.Take(context.Background(), Holder{}, wt, taskstate.IDs{UID: 1 << 30, GID: 1 << 30})
+	assert.ErrorContains(t, err, "no task id")
+	_, err = os.Stat(c.Layout.Worktrees())
+	assert.Assert(t, os.IsNotExist(err), "a claim was written: %v", err)
+	_, err = c.Take(context.Background(), mustHolder(t, c, taskid.Must("one")), wt, taskstate.IDs{UID: 1 << 30, GID: 1 << 30})
+	assert.NilError(t, err, "positive control: a real holder")
+	files := c.Files(taskid.Must("one"))
+	assert.Equal(t, len(files), 1, "positive control: its claim: %v", files)
 }
