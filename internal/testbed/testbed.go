@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -110,13 +111,33 @@ func IPv4OnlyInternet() Option { return func(tb *Testbed) { tb.v4Internet = true
 // --runtime for the gVisor suites).
 func PodmanFlags(args ...string) Option { return func(tb *Testbed) { tb.svcArgs = args } }
 
-// CPUAccount charges the service's CPU time to dir, a cpuacct (cgroup v1)
-// cgroup the caller made and removes: the service runs in dir/svc, and its
-// mount namespace sees dir as the cpuacct root, so podman's cgroupfs
-// parent (/libpod_parent: conmon, the exit commands conmon runs, the
-// containers) lands in dir/libpod_parent. A parent keeps the usage of its
-// removed children, so dir's cpuacct.usage is all the service's work.
+// CPUAccount charges the service's CPU time to dir, a cgroup the caller
+// made and removes: a cpuacct (cgroup v1) cgroup, or a cgroup v2 one. The
+// service runs in dir/svc, and its mount namespace sees dir as the
+// cpuacct root (v1) or as the whole /sys/fs/cgroup (v2, so podman and
+// runc see a unified host rooted there), so podman's cgroupfs parent
+// (/libpod_parent: conmon, the exit commands conmon runs, the containers)
+// lands in dir/libpod_parent. A parent keeps the usage of its removed
+// children (v1's cpuacct.usage, v2's cpu.stat usage_usec), so dir's usage
+// is all the service's work.
 func CPUAccount(dir string) Option { return func(tb *Testbed) { tb.cpuacct = dir } }
+
+// cgroup2Magic is statfs's f_type of a cgroup v2 mount (CGROUP2_SUPER_MAGIC).
+const cgroup2Magic = 0x63677270
+
+// cpuAccountMount is where CPUAccount's dir is bind-mounted in the
+// service's mount namespace: over the cpuacct root for a v1 cgroup, over
+// /sys/fs/cgroup for a v2 one.
+func cpuAccountMount(dir string) (string, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return "", fmt.Errorf("CPUAccount's cgroup: %w", err)
+	}
+	if st.Type == cgroup2Magic {
+		return "/sys/fs/cgroup", nil
+	}
+	return "/sys/fs/cgroup/cpuacct", nil
+}
 
 // New builds a testbed, or fails t. Everything is removed in t.Cleanup.
 func New(t testing.TB, opts ...Option) *Testbed {
@@ -427,7 +448,11 @@ func (tb *Testbed) StartPodmanWith(args ...string) {
 		ready := filepath.Join(tb.Dir, "ready")
 		script := fmt.Sprintf("mount -t tmpfs tmpfs /run/containers/networks && mount --bind %s /etc/resolv.conf && touch %s && exec sleep 1800", resolv, ready)
 		if tb.cpuacct != "" {
-			script = fmt.Sprintf("mount --bind %s /sys/fs/cgroup/cpuacct && %s", tb.cpuacct, script)
+			target, err := cpuAccountMount(tb.cpuacct)
+			if err != nil {
+				tb.t.Fatal(err)
+			}
+			script = fmt.Sprintf("mount --bind %s %s && %s", tb.cpuacct, target, script)
 		}
 		h := exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "unshare", "--mount", "--propagation", "private", "sh", "-c", script)
 		h.Stdout, h.Stderr = logf, logf

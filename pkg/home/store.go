@@ -218,16 +218,21 @@ func (s *Store) Remove(ctx context.Context, task taskid.ID) error {
 // created (for `spec`, which creates nothing).
 func (s *Store) Root(ctx context.Context, v Volume) (string, error) {
 	name := v.Name
-	exists, err := s.Engine.VolumeExists(ctx, name)
-	if err != nil {
-		return "", fault.Wrap(fault.HostNotReady, err)
+	// An existing volume (every turn but a task's first) in one round trip
+	// to podman; whether it exists is asked only when that fails.
+	vol, err := s.Engine.InspectVolume(ctx, name)
+	if err == nil && vol != nil {
+		return vol.Mountpoint, nil
+	}
+	exists, xerr := s.Engine.VolumeExists(ctx, name)
+	if xerr != nil {
+		return "", fault.Wrap(fault.HostNotReady, xerr)
+	}
+	if exists && err == nil {
+		return "", fault.Wrapf(fault.HostNotReady, "inspect volume %s: podman says nothing of it", name)
 	}
 	if exists {
-		vol, err := s.Engine.InspectVolume(ctx, name)
-		if err != nil {
-			return "", fault.Wrap(fault.HostNotReady, err)
-		}
-		return vol.Mountpoint, nil
+		return "", fault.Wrap(fault.HostNotReady, err)
 	}
 	info, err := s.Engine.Info(ctx)
 	if err != nil {

@@ -28,6 +28,10 @@ type Streams struct {
 	// window size changes are passed on, and it is restored afterwards.
 	// The cage's output then comes as one stream.
 	Terminal bool
+	// TTY, when set, is whether the cage was created with a terminal (the
+	// spec it was created from says so): attach then needs no inspection
+	// to learn whether podman frames the stream.
+	TTY *bool
 }
 
 // Start attaches the streams to a created container, then starts it. It
@@ -57,11 +61,16 @@ func (c *Client) Start(ctx context.Context, id string, st Streams) (<-chan error
 // isNotFound).
 func (c *Client) attach(ctx context.Context, id string, st Streams) (<-chan error, error) {
 	// Whether podman frames the stream depends on the cage's terminal.
-	info, err := c.inspect(ctx, id)
-	if err != nil {
-		return nil, err
+	var tty bool
+	if st.TTY != nil {
+		tty = *st.TTY
+	} else {
+		info, err := c.inspect(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		tty = info.Config != nil && info.Config.Tty
 	}
-	tty := info.Config != nil && info.Config.Tty
 	q := url.Values{"stream": {"true"}}
 	if st.Stdin != nil {
 		q.Set("stdin", "true")

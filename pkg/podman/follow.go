@@ -35,7 +35,7 @@ const (
 // conmon drops output that has no attached reader. A cage that disappeared
 // returns ErrCageGone.
 func (c *Client) Follow(ctx context.Context, id string, st Streams, attached <-chan error) (int32, error) {
-	reattached := Streams{Stdout: st.Stdout, Stderr: st.Stderr}
+	reattached := Streams{Stdout: st.Stdout, Stderr: st.Stderr, TTY: st.TTY}
 	for {
 		select {
 		case <-attached:

@@ -18,7 +18,7 @@ func (c *Client) CageNamed(ctx context.Context, name string) (*Cage, error) {
 	}
 	cg := &Cage{ID: data.ID, Name: data.Name, Image: data.Image, Runtime: data.OCIRuntime}
 	if data.State != nil {
-		cg.State = data.State.Status
+		cg.State, cg.Pid = data.State.Status, data.State.Pid
 	}
 	if data.Config != nil {
 		cg.Labels = data.Config.Labels

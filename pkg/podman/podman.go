@@ -29,6 +29,33 @@ type Client struct {
 	uri  string
 	// first, for a Lazy client, is its connect, made on its first call.
 	first *firstUse
+	// exited is the last cage ExitCode saw exited (OOMKilled reads it
+	// instead of asking again: an exited cage's state is final).
+	exited *exitSeen
+}
+
+// exitSeen is an exited cage's id and whether the OOM killer ended it.
+type exitSeen struct {
+	mu  sync.Mutex
+	id  string
+	oom bool
+}
+
+func (e *exitSeen) set(id string, oom bool) {
+	if e != nil {
+		e.mu.Lock()
+		e.id, e.oom = id, oom
+		e.mu.Unlock()
+	}
+}
+
+func (e *exitSeen) get(id string) (oom, ok bool) {
+	if e == nil {
+		return false, false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.oom, e.id == id && id != ""
 }
 
 // firstUse is the connect a Lazy client makes once, and how it went.
@@ -74,7 +101,7 @@ func newClient(uri string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnreachable, err)
 	}
-	return &Client{http: &http.Client{Transport: unixTransport(path)}, path: path, uri: uri}, nil
+	return &Client{http: &http.Client{Transport: unixTransport(path)}, path: path, uri: uri, exited: &exitSeen{}}, nil
 }
 
 // ping checks the service answers within ctx's deadline (10 s by default).
@@ -386,6 +413,9 @@ type Cage struct {
 	// containers.conf or, for a service started with --runtime PATH, that
 	// path (CageNamed only).
 	Runtime string
+	// Pid is the host pid of an initialised or running cage's process, 0
+	// when it has none (CageNamed only).
+	Pid int
 }
 
 // ListByLabel lists all containers (running or not) carrying label=value.
@@ -531,6 +561,7 @@ func (c *Client) ExitCode(ctx context.Context, id string) (code int32, ok bool, 
 	}
 	switch data.State.Status {
 	case "exited", "stopped":
+		c.exited.set(data.ID, data.State.OOMKilled)
 		return data.State.ExitCode, true, nil
 	}
 	return -1, false, nil

@@ -17,4 +17,8 @@ const (
 	// NoLinks follows no symlink or magic link anywhere along a path that
 	// is not below a directory fd (an absolute host path shrooms chose).
 	NoLinks = unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS
+	// InRoot resolves a path as a process whose root is the directory fd
+	// would (a cage's, through /proc/PID/root): its links, absolute ones
+	// included, stay inside it; no /proc magic link.
+	InRoot = unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS
 )

@@ -33,3 +33,22 @@ func TestPolicies(t *testing.T) {
 		assert.ErrorIs(t, open("../"+filepath.Base(dir)+"/f", res), unix.EXDEV)
 	}
 }
+
+// TestInRoot: an absolute link and ".." stay inside the directory, as they
+// would for a process whose root it is.
+func TestInRoot(t *testing.T) {
+	dir := t.TempDir()
+	assert.NilError(t, os.WriteFile(filepath.Join(dir, "f"), []byte("in"), 0o600))
+	assert.NilError(t, os.Symlink("/f", filepath.Join(dir, "abs")))
+	d, err := os.Open(dir)
+	assert.NilError(t, err)
+	defer d.Close()
+	for _, name := range []string{"abs", "../../f"} {
+		fd, err := unix.Openat2(int(d.Fd()), name, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC, Resolve: InRoot})
+		assert.NilError(t, err, name)
+		b := make([]byte, 8)
+		n, _ := unix.Read(fd, b)
+		unix.Close(fd)
+		assert.Equal(t, string(b[:n]), "in", name)
+	}
+}

@@ -224,6 +224,24 @@ func (s Store) Starting() (*Lock, error) {
 	return &Lock{f: f}, nil
 }
 
+// StartingEarly is Starting for a turn whose input is not checked yet: it
+// creates nothing (bad input leaves no state behind), so it is nil, nil on
+// a host where no turn ever marked itself starting.
+func (s Store) StartingEarly() (*Lock, error) {
+	f, err := os.OpenFile(filepath.Join(s.Dir, "starting.lock"), os.O_RDWR|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("starting lock: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("starting lock: %w", err)
+	}
+	return &Lock{f: f}, nil
+}
+
 // WaitStarts waits until no turn is starting on the host, for at most max:
 // a steady stream of starts delays a teardown, never stops it.
 func (s Store) WaitStarts(ctx context.Context, max time.Duration) {

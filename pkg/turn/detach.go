@@ -71,15 +71,16 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		// same names.
 		if in, err := r.check(ctx, *next, aheadSteps()); err == nil {
 			if _, err := r.prepareNextLocked(ctx, next.Task, in, td.Cage); err == nil {
-				var errs []error
-				if err := r.releaseHome(ctx, td.Task); err != nil {
-					errs = append(errs, fmt.Errorf("release HOME: %w", err))
-				}
+				// HOME stays mounted: the cage just prepared on it holds it.
 				lock.Release()
+				// Turns that started meanwhile go first again: the removal
+				// is podman's work (netns, mounts, its database) and the
+				// exited cage holds nothing a turn needs.
+				r.Store.WaitStarts(ctx, 2*time.Second)
 				if err := r.removeTaskCage(ctx, td.Task, td.Cage); err != nil {
-					errs = append(errs, fmt.Errorf("remove cage: %w", err))
+					return fmt.Errorf("remove cage: %w", err)
 				}
-				return errors.Join(errs...)
+				return nil
 			}
 		}
 		// The next cage could not be prepared: the usual order says why.
@@ -121,16 +122,15 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 }
 
 // removeTaskCage removes the task's cage id (and no other: without the
-// task lock, another turn of the task may be running), if it is there.
+// task lock, another turn of the task may be running), if it is there:
+// one inspection of it, not a listing of every container.
 func (r *Runner) removeTaskCage(ctx context.Context, task taskid.ID, id string) error {
-	cages, err := r.Podman.ListByLabel(ctx, sealed.LabelTask, task.String())
-	if err != nil {
+	c, err := r.Podman.CageNamed(ctx, id)
+	if err != nil || c == nil {
 		return err
 	}
-	for _, c := range cages {
-		if c.ID == id && r.ours(c) {
-			return r.Podman.Remove(ctx, c.ID)
-		}
+	if c.ID == id && c.Labels[sealed.LabelTask] == task.String() && r.ours(*c) {
+		return r.Podman.Remove(ctx, c.ID)
 	}
 	return nil
 }

@@ -92,7 +92,7 @@ func (r *Runner) execute(ctx context.Context, p *prepared, streams podman.Stream
 		c.lap("init")
 		initialised = true
 	}
-	wall, err := r.wallCage(ctx, id, p.Plan, preparedID != "")
+	wall, err := r.wallCage(ctx, id, p, preparedID != "")
 	if err != nil {
 		res.Error = err.Error()
 		return res, r.interrupted(ctx, err)
@@ -101,8 +101,27 @@ func (r *Runner) execute(ctx context.Context, p *prepared, streams podman.Stream
 		res.CageWall = wall
 		c.lap("wall")
 	}
+	// The cage must see the worktree before anything of it runs (an
+	// idmapped one's staging mount is made where the runtime should see
+	// it; a relay's would not). gVisor's process root is the sandbox's,
+	// not the cage's.
+	if p.worktree != "" && !gvisor(r.Cfg.Cage.Runtime) && !gvisor(p.runtime) {
+		if !initialised {
+			if err := r.Podman.Init(ctx, id); err != nil {
+				res.Error = err.Error()
+				return res, r.interrupted(ctx, err)
+			}
+			c.lap("init")
+			initialised = true
+		}
+		if err := r.checkWorktreeSeen(ctx, id, p.Plan); err != nil {
+			res.Error = err.Error()
+			return res, r.interrupted(ctx, err)
+		}
+		c.lap("worktree-seen")
+	}
 	if p.gateway != nil {
-		gw, err := r.startGateway(ctx, id, initialised, p.gateway, func(reason string) { cancelWait(&limitError{reason}) },
+		gw, err := r.startGateway(ctx, id, p, initialised, p.gateway, func(reason string) { cancelWait(&limitError{reason}) },
 			func(reason string) { cancelWait(&historyError{reason}) })
 		if err != nil {
 			res.Error = err.Error()
@@ -119,7 +138,7 @@ func (r *Runner) execute(ctx context.Context, p *prepared, streams podman.Stream
 	if r.Cfg.Network.Networked() {
 		// The cage is initialised (above): no process of it runs yet, and
 		// none will before the resolver listens.
-		stop, err := r.startResolver(ctx, id, initialised)
+		stop, err := r.startResolver(ctx, id, p, initialised)
 		if err != nil {
 			res.Error = err.Error()
 			return res, r.interrupted(ctx, err)
@@ -130,6 +149,8 @@ func (r *Runner) execute(ctx context.Context, p *prepared, streams podman.Stream
 		}()
 		c.lap("resolver")
 	}
+	// The spec says whether the cage has a terminal: attach need not ask.
+	streams.TTY = p.spec.Terminal
 	attachEnded, err := r.Podman.Start(waitCtx, id, streams)
 	if err != nil {
 		return res, r.stopped(ctx, waitCtx, id, res, err, deadline)
@@ -244,13 +265,13 @@ func (e *limitError) Error() string { return e.reason }
 // the cage is initialised first (a prepared one already is), so its network
 // namespace exists and no process of it runs yet. The listener is this
 // process's: it goes when the turn ends, or with shrooms if it is killed.
-func (r *Runner) startGateway(ctx context.Context, id string, initialised bool, cfg *gateway.Config, onLimit, onHistory func(string)) (*gateway.Gateway, error) {
+func (r *Runner) startGateway(ctx context.Context, id string, p *prepared, initialised bool, cfg *gateway.Config, onLimit, onHistory func(string)) (*gateway.Gateway, error) {
 	if !initialised {
 		if err := r.Podman.Init(ctx, id); err != nil {
 			return nil, err
 		}
 	}
-	pid, err := r.Podman.Pid(ctx, id)
+	pid, err := r.cagePid(ctx, id, p)
 	if err != nil {
 		return nil, err
 	}
@@ -271,7 +292,7 @@ func (r *Runner) startGateway(ctx context.Context, id string, initialised bool, 
 
 // startResolver opens the cage's resolver on its own loopback (cagenet),
 // initialising the cage first unless it is already: no resolver, no turn.
-func (r *Runner) startResolver(ctx context.Context, id string, initialised bool) (func() dnsseal.Stats, error) {
+func (r *Runner) startResolver(ctx context.Context, id string, p *prepared, initialised bool) (func() dnsseal.Stats, error) {
 	if r.Resolver == nil {
 		return nil, fmt.Errorf("network policy %q needs the cage's resolver", r.Cfg.Network.Policy)
 	}
@@ -280,7 +301,7 @@ func (r *Runner) startResolver(ctx context.Context, id string, initialised bool)
 			return nil, err
 		}
 	}
-	pid, err := r.Podman.Pid(ctx, id)
+	pid, err := r.cagePid(ctx, id, p)
 	if err != nil {
 		return nil, err
 	}

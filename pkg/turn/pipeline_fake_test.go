@@ -3,6 +3,7 @@ package turn
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,6 +79,10 @@ func (f *pipeEngine) InspectImage(_ context.Context, ref string) (podman.Image, 
 }
 
 func (f *pipeEngine) VolumeExists(context.Context, string) (bool, error) { return false, nil }
+
+func (f *pipeEngine) InspectVolume(_ context.Context, name string) (*podman.Volume, error) {
+	return nil, fmt.Errorf("inspect volume %s: no such volume", name)
+}
 
 func (f *pipeEngine) Info(context.Context) (*podman.HostInfo, error) {
 	return &podman.HostInfo{GraphRoot: "/var/lib/containers/storage"}, nil

@@ -150,6 +150,9 @@ type prepared struct {
 	image string
 	// runtime is the OCI runtime podman runs the cage with (its inspect).
 	runtime string
+	// pid is the host pid of the initialised cage's process once known
+	// (a prepared cage's inspection, or cagePid): 0 until then.
+	pid int
 	// before is the worktree as the hand-over left it (nil: scan it).
 	before *diff.Snapshot
 	// detach is set once the turn's exit code is known and Runner.Detach

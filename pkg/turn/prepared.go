@@ -121,10 +121,18 @@ func (r *Runner) prepareNextLocked(ctx context.Context, task taskid.ID, in *chec
 	}
 	// Its in-cage wall now, off the path of the turn that takes it (which
 	// only verifies it).
-	if _, err := r.wallCage(ctx, id, p.Plan, false); err != nil {
+	if _, err := r.wallCage(ctx, id, p, false); err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
 		r.removeSecrets(p.secrets)
 		return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
+	// Its idmapped worktree bound at init (the turn checks it again).
+	if p.idmap {
+		if err := r.checkWorktreeSeen(ctx, id, p.Plan); err != nil {
+			_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
+			r.removeSecrets(p.secrets)
+			return "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		}
 	}
 	// The reset's report belongs to the turn that takes this cage: it is
 	// what that turn's HOME was cleaned of. The HOME's fingerprint, taken
@@ -225,6 +233,9 @@ func (r *Runner) takePrepared(ctx context.Context, task taskid.ID, in *checked) 
 		p, err := r.matchPrepared(ctx, task, in, c)
 		if err != nil || p == nil {
 			return "", nil, err
+		}
+		if c.State == "initialized" {
+			p.pid = c.Pid // its wall and resolver need it: no second inspection
 		}
 		if err := writeArgvFile(in.dir+"/argv", p.argv); err != nil {
 			return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)

@@ -9,6 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
 
+	"github.com/shrooms-cage/shrooms/pkg/engine"
+	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
@@ -64,4 +66,48 @@ func dupFile(t *testing.T, f *os.File) *os.File {
 	fd, err := unix.Dup(int(f.Fd()))
 	assert.NilError(t, err)
 	return os.NewFile(uintptr(fd), f.Name())
+}
+
+// TestCheckingIsStarting: a turn counts as starting from its checks on,
+// before it takes its task's lock: a burst's turns are mostly in their
+// checks (the seal, the image) when the first of them ends and its
+// detached teardown begins, and that teardown's podman work went in front
+// of them. The turn is held in its check by the image's inspection; the
+// control: once it ran, nothing holds a teardown back.
+func TestCheckingIsStarting(t *testing.T) {
+	e, runner := newHarness(t, "")
+	task := e.Task("checkmark")
+	_, _, _, err := sh(runner, task, "", "true")
+	assert.NilError(t, err)
+
+	gated := &gatedImage{Engine: runner.Podman, entered: make(chan struct{}, 1), gate: make(chan struct{})}
+	runner.Podman = gated
+	done := make(chan error, 1)
+	go func() { _, _, _, err := sh(runner, task, "", "true"); done <- err }()
+	<-gated.entered // the turn is in its check
+	start := time.Now()
+	runner.Store.WaitStarts(context.Background(), time.Second)
+	waited := time.Since(start)
+	close(gated.gate)
+	assert.NilError(t, <-done)
+	assert.Assert(t, waited >= time.Second, "a turn in its check did not hold a teardown back (waited %v)", waited)
+
+	start = time.Now()
+	runner.Store.WaitStarts(context.Background(), time.Second)
+	assert.Assert(t, time.Since(start) < 500*time.Millisecond, "a teardown waited %v with no turn starting", time.Since(start))
+}
+
+// gatedImage holds the image's inspection until gate closes.
+type gatedImage struct {
+	engine.Engine
+	entered, gate chan struct{}
+}
+
+func (g *gatedImage) InspectImage(ctx context.Context, ref string) (podman.Image, error) {
+	select {
+	case g.entered <- struct{}{}:
+	default:
+	}
+	<-g.gate
+	return g.Engine.InspectImage(ctx, ref)
 }

@@ -249,6 +249,10 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	c := &clock{start: time.Now(), last: time.Now(), res: res}
 	defer func() { res.TotalMs, res.EndedAt = ms(time.Since(c.start)), taskstate.Now() }()
 	defer c.started()
+	// Detached teardowns wait while this turn starts, its checks included
+	// (a burst's turns are mostly in them when the first teardowns begin).
+	// Nothing is created before the input is checked.
+	c.starting, _ = r.Store.StartingEarly()
 
 	steps := runSteps() // a prepared cage it takes is matched in matchSteps
 	in, err := r.check(ctx, req, steps)
@@ -261,15 +265,15 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	}
 	c.lap("check")
 
+	// Not marked while it waits for the task's lock: a turn waiting for it
+	// marked as starting made the teardown that holds it wait its full 2 s
+	// for the turn that waits for it. Marked again once the lock is ours.
+	c.started()
 	lock, err := in.state.LockWait(req.Wait)
 	if err != nil {
 		return res, Classify(err)
 	}
 	defer lock.Release()
-	// Detached teardowns wait while this turn starts; marked only once the
-	// task's lock is ours: a turn waiting for it marked as starting made
-	// the teardown that holds it wait its full 2 s for the turn that waits
-	// for it.
 	c.starting, _ = r.Store.Starting()
 	// Last before the lock goes: HOME is unmounted until the next turn (a
 	// failure only leaves it mounted; the next turn or gc releases it).
@@ -524,6 +528,18 @@ func (r *Runner) check(ctx context.Context, req Request, s steps) (*checked, err
 	if in.gateway, err = r.checkGateway(ctx, in.agent, s.acquire); err != nil {
 		return nil, err
 	}
+	// The image's inspection, a round trip to podman, runs beside the seal
+	// check (netlink, and the network's inspection); read after it.
+	image := cfg.ImageFor(in.agent)
+	type imageFound struct {
+		img podman.Image
+		err error
+	}
+	found := make(chan imageFound, 1)
+	go func() {
+		img, err := r.Podman.InspectImage(ctx, image)
+		found <- imageFound{img, err}
+	}()
 	if cfg.Network.Networked() {
 		if r.Seal == nil {
 			return nil, fmt.Errorf("%w: network policy %q needs the nftables seal and this runner cannot verify one; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
@@ -537,8 +553,8 @@ func (r *Runner) check(ctx context.Context, req Request, s steps) (*checked, err
 		}
 		in.sealDigest, in.seal = st.Digest, st
 	}
-	image := cfg.ImageFor(in.agent)
-	if in.image, err = r.Podman.InspectImage(ctx, image); err != nil {
+	f := <-found
+	if in.image, err = f.img, f.err; err != nil {
 		// Only on this path: is it missing, or is podman failing?
 		if ok, xerr := r.Podman.ImageExists(ctx, image); xerr == nil && !ok {
 			return nil, fmt.Errorf("%w: image %s is not in podman's store (nothing is pulled; build or load it first)", ErrHostNotReady, image)

@@ -29,14 +29,14 @@ func InstallCageWall(ctx context.Context, seal SealState, pid int, prepared bool
 // place; check says it is a prepared cage whose wall went in at its
 // preparation. Under policy none there is no interface but loopback and
 // nothing to wall.
-func (r *Runner) wallCage(ctx context.Context, id string, p *Plan, check bool) (*firewall.WallStatus, error) {
+func (r *Runner) wallCage(ctx context.Context, id string, p *prepared, check bool) (*firewall.WallStatus, error) {
 	if !r.Cfg.Network.Networked() {
 		return nil, nil
 	}
 	if r.CageWall == nil {
 		return nil, fmt.Errorf("network policy %q needs the in-cage wall and this runner cannot install one", r.Cfg.Network.Policy)
 	}
-	pid, err := r.Podman.Pid(ctx, id)
+	pid, err := r.cagePid(ctx, id, p)
 	if err != nil {
 		return nil, err
 	}
@@ -45,4 +45,20 @@ func (r *Runner) wallCage(ctx context.Context, id string, p *Plan, check bool) (
 		return nil, fmt.Errorf("in-cage wall not in place, refusing to start the cage: %w", err)
 	}
 	return &st, nil
+}
+
+// cagePid is the host pid of the turn's initialised cage: the one the
+// prepared cage's inspection read, else inspected once and kept. The wall,
+// the gateway and the resolver all need it, and an initialised cage's
+// process keeps its pid until it runs (each inspection is a round trip to
+// the podman service in front of the turn).
+func (r *Runner) cagePid(ctx context.Context, id string, p *prepared) (int, error) {
+	if p.pid <= 0 {
+		pid, err := r.Podman.Pid(ctx, id)
+		if err != nil {
+			return 0, err
+		}
+		p.pid = pid
+	}
+	return p.pid, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -134,4 +135,45 @@ mkdir -p sub/.git && echo x > sub/.git/HEAD
 	}
 	s = both("after the owner", run(0, `echo turn > /work/turn.txt`))
 	assert.DeepEqual(t, []int{s.Added, s.Modified, s.Deleted}, []int{1, 0, 0})
+}
+
+// TestWorktreeChangesSeeMappedWrites: a turn that rewrites a worktree file
+// through a shared mapping, and leaves the file in flight in a unix socket
+// so that its last close (the only event such a write makes) comes only
+// at some later unix garbage collection, has that file in its report read
+// from events (diff.Watcher reads every file the turn opened again).
+func TestWorktreeChangesSeeMappedWrites(t *testing.T) {
+	e, runner := newHarness(t, "")
+	base := t.TempDir()
+	runner.Cfg.Worktree.Roots = []string{base}
+	wt := filepath.Join(base, "wt")
+	eventsTree(t, wt)
+	bin := filepath.Join(wt, "mmapwrite")
+	build := exec.Command("go", "build", "-o", bin, "./testdata/mmapwrite")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	b, err := build.CombinedOutput()
+	assert.NilError(t, err, string(b))
+	assert.NilError(t, os.Lchown(bin, 4242, 4242))
+	// A coarse mtime tick apart from the tree's writes.
+	time.Sleep(20 * time.Millisecond)
+	task := taskid.Must(e.Task("mm"))
+	for _, mode := range []string{"plain", "inflight"} {
+		var out, errb bytes.Buffer
+		res, err := runner.Run(context.Background(), Request{
+			Task: task, Agent: "shell", Worktree: wt,
+			Args:    []string{"-c", "/work/mmapwrite /work/stamp.txt " + mode},
+			Streams: podman.Streams{Stdout: &out, Stderr: &errb},
+		})
+		assert.NilError(t, err, errb.String())
+		assert.Equal(t, res.ExitCode, 0, out.String()+errb.String())
+		// The control: the byte was written.
+		data, err := os.ReadFile(filepath.Join(wt, "stamp.txt"))
+		assert.NilError(t, err)
+		assert.Equal(t, string(data[:1]), "Z", mode)
+		assert.Equal(t, res.WorktreeChanges.ScanAfter, "events", mode)
+		s := changed(t, res)
+		assert.DeepEqual(t, []int{s.Added, s.Modified, s.Deleted}, []int{0, 1, 0})
+		assert.NilError(t, os.WriteFile(filepath.Join(wt, "stamp.txt"), []byte("12345"), 0o644))
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -37,7 +37,8 @@ import (
 //     chown walks run), so the cage cannot make a setuid-root file; during the
 //     turn the worktree must be unreachable for other users on the host (a
 //     strict ancestor owned by the owner or root that neither its group nor
-//     others may search, and no ACL on it: idmapGate), so nobody but the
+//     others may search, and no ACL on it: idmapGate at the plan, again by
+//     descriptor on the directory staged: openGated), so nobody but the
 //     owner (and root) can run a setuid file the cage makes while it runs
 //     (the owner gains nothing by it); after the turn the setuid and setgid
 //     bits of every regular file the turn changed (ctime from the turn's
@@ -272,6 +273,63 @@ func idmapGate(worktree string, owner uint32) error {
 	}
 }
 
+// openGated opens the worktree, following no link anywhere on its path
+// (the turn's checks refused any), and checks the gate by descriptor on the
+// directory it opened: the tree staged is the one the gate closes, whatever
+// was renamed or swapped for a link since the turn's plan checked the path.
+func openGated(worktree string, owner uint32) (int, error) {
+	fd, err := unix.Openat2(unix.AT_FDCWD, worktree, &unix.OpenHow{
+		Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: resolve.NoLinks,
+	})
+	if err != nil {
+		return -1, fmt.Errorf("idmap staging: worktree %s: %w", worktree, err)
+	}
+	if err := gatedAt(fd, owner); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("idmap staging: worktree %s: %w", worktree, err)
+	}
+	return fd, nil
+}
+
+// gatedAt is idmapGate for the open directory fd, walking its real
+// parents ("..", across mounts) by descriptor.
+func gatedAt(fd int, owner uint32) error {
+	var cur unix.Stat_t
+	if err := unix.Fstat(fd, &cur); err != nil {
+		return err
+	}
+	dir := fd
+	defer func() {
+		if dir != fd {
+			unix.Close(dir)
+		}
+	}()
+	for {
+		parent, err := unix.Openat(dir, "..", unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		if dir != fd {
+			unix.Close(dir)
+		}
+		dir = parent
+		var st unix.Stat_t
+		if err := unix.Fstat(dir, &st); err != nil {
+			return err
+		}
+		// getxattr, not lgetxattr: through the descriptor's magic link.
+		n, aerr := unix.Getxattr(fmt.Sprintf("/proc/self/fd/%d", dir), "system.posix_acl_access", nil)
+		if (st.Uid == 0 || st.Uid == owner) && st.Mode&0o011 == 0 && (aerr != nil || n == 0) {
+			return nil
+		}
+		if st.Dev == cur.Dev && st.Ino == cur.Ino { // the root: its ".." is itself
+			return errors.New("other users can reach the worktree (no parent directory of it is closed to its group and others)")
+		}
+		cur = st
+	}
+}
+
 func hasACL(path string) bool {
 	n, err := unix.Lgetxattr(path, "system.posix_acl_access", nil)
 	return err == nil && n > 0
@@ -305,30 +363,40 @@ func idmapUserns(uid, gid, auid, agid uint32) (int, error) {
 }
 
 // idmappedTree returns a detached clone of the worktree's mount (with the
-// mounts below it when recursive), idmapped uid:gid → auid:agid, nosuid,
-// nodev and private.
+// mounts below it when recursive), the worktree's own mount idmapped
+// uid:gid → auid:agid, all of it nosuid, nodev and private. The mounts
+// below are not idmapped: their owner's files stay out of the cage's
+// reach, as with the chown walks, which (like the give-back's setuid strip
+// and the change scans) stop at the worktree's filesystem.
 func idmappedTree(worktree string, uid, gid, auid, agid uint32, recursive bool) (int, error) {
+	return idmappedTreeAt(unix.AT_FDCWD, worktree, uid, gid, auid, agid, recursive)
+}
+
+// idmappedTreeAt is idmappedTree of path below dirfd ("": dirfd itself).
+func idmappedTreeAt(dirfd int, worktree string, uid, gid, auid, agid uint32, recursive bool) (int, error) {
 	ns, err := idmapUserns(uid, gid, auid, agid)
 	if err != nil {
 		return -1, err
 	}
 	defer unix.Close(ns)
 	flags := unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC | unix.AT_SYMLINK_NOFOLLOW
-	setFlags := unix.AT_EMPTY_PATH
 	if recursive {
 		flags |= unix.AT_RECURSIVE
-		setFlags |= unix.AT_RECURSIVE
 	}
-	fd, err := unix.OpenTree(unix.AT_FDCWD, worktree, uint(flags))
+	if worktree == "" {
+		flags |= unix.AT_EMPTY_PATH
+	}
+	fd, err := unix.OpenTree(dirfd, worktree, uint(flags))
 	if err != nil {
 		return -1, fmt.Errorf("open_tree %s: %w", worktree, err)
 	}
-	attr := &unix.MountAttr{
-		Attr_set:    unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV,
-		Userns_fd:   uint64(ns),
-		Propagation: unix.MS_PRIVATE,
+	all := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV, Propagation: unix.MS_PRIVATE}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, all); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("mount_setattr nosuid %s: %w", worktree, err)
 	}
-	if err := unix.MountSetattr(fd, "", uint(setFlags), attr); err != nil {
+	top := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns)}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, top); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("mount_setattr idmap %s: %w", worktree, err)
 	}
@@ -463,7 +531,13 @@ func (c Claims) stage(holder Holder, worktree string, rec *idmapRecord) error {
 	if err := holder.check(); err != nil {
 		return err
 	}
-	tree, err := idmappedTree(worktree, rec.Owner[0], rec.Owner[1], rec.Agent[0], rec.Agent[1], true)
+	// The gate again, on what is staged: the plan checked the path.
+	wt, err := openGated(worktree, rec.Owner[0])
+	if err != nil {
+		return err
+	}
+	defer unix.Close(wt)
+	tree, err := idmappedTreeAt(wt, "", rec.Owner[0], rec.Owner[1], rec.Agent[0], rec.Agent[1], true)
 	if err != nil {
 		return err
 	}

@@ -239,3 +239,78 @@ func TestIdmapHostReason(t *testing.T) {
 	assert.NilError(t, os.Chmod(filepath.Dir(wt), 0o755)) // the gate opened
 	assert.Assert(t, strings.Contains(IdmapHostReason(wt, idOwner, idOwner, idAgent, idAgent), "other users can reach"))
 }
+
+// TestIdmapStageChecksTheGate: the gate is checked again on the directory
+// staged, by descriptor: opened after the plan checked it, or the path
+// swapped for a link to an open directory of the owner, the staging is
+// refused and nothing is mounted; restored, the same staging succeeds (the
+// positive control).
+func TestIdmapStageChecksTheGate(t *testing.T) {
+	c, task, wt := idmapFixture(t)
+	gate := filepath.Dir(wt)
+	assert.Equal(t, IdmapHostReason(wt, idOwner, idOwner, idAgent, idAgent), "", "the plan's check passes")
+	rec := &idmapRecord{Worktree: wt, Owner: [2]uint32{idOwner, idOwner}, Agent: [2]uint32{idAgent, idAgent}, Nested: map[string]uint64{}}
+	mounted := func() bool {
+		_, err := os.Lstat(filepath.Join(task.StagingDir(), "f"))
+		return err == nil
+	}
+
+	// Opened after the check.
+	assert.NilError(t, os.Chmod(gate, 0o755))
+	assert.ErrorContains(t, c.stage(task, wt, rec), "other users can reach the worktree")
+	assert.Assert(t, !mounted())
+	assert.NilError(t, os.Chmod(gate, 0o700))
+
+	// The gated directory moved away and a link to an open tree of the
+	// owner's put in its place.
+	open := filepath.Join(filepath.Dir(gate), "open")
+	assert.NilError(t, os.Mkdir(open, 0o755))
+	assert.NilError(t, os.Mkdir(filepath.Join(open, "wt"), 0o755))
+	assert.NilError(t, os.WriteFile(filepath.Join(open, "wt", "f"), nil, 0o644))
+	for _, p := range []string{open, filepath.Join(open, "wt"), filepath.Join(open, "wt", "f")} {
+		assert.NilError(t, os.Lchown(p, idOwner, idOwner))
+	}
+	moved := gate + ".moved"
+	assert.NilError(t, os.Rename(gate, moved))
+	assert.NilError(t, os.Symlink(open, gate))
+	err := c.stage(task, wt, rec)
+	assert.Assert(t, err != nil, "staged through a swapped link")
+	assert.ErrorContains(t, err, "idmap staging: worktree "+wt)
+	assert.Assert(t, !mounted())
+	// The link's target alone (no link on the path) is open: refused too.
+	assert.ErrorContains(t, c.stage(task, filepath.Join(open, "wt"), rec), "other users can reach the worktree")
+	assert.Assert(t, !mounted())
+
+	assert.NilError(t, os.Remove(gate))
+	assert.NilError(t, os.Rename(moved, gate))
+	assert.NilError(t, c.stage(task, wt, rec))
+	assert.Assert(t, mounted(), "positive control: the gated worktree is staged")
+	assert.NilError(t, c.Unstage(task))
+}
+
+// TestIdmapSubmountIsNotIdmapped: a filesystem mounted inside the worktree
+// comes along in the staging (as the chown walks' rbind shows it) but is
+// not idmapped: the agent writes the worktree's own files (the positive
+// control) and not the owner's files on the submount, whose setuid bits
+// and changes no give-back or scan would see (they stop at the worktree's
+// filesystem).
+func TestIdmapSubmountIsNotIdmapped(t *testing.T) {
+	c, task, wt := idmapFixture(t)
+	sub := filepath.Join(wt, "mnt")
+	assert.NilError(t, os.Mkdir(sub, 0o755))
+	assert.NilError(t, syscall.Mount("tmpfs", sub, "tmpfs", 0, "size=1m,mode=0755"))
+	t.Cleanup(func() { _ = syscall.Unmount(sub, syscall.MNT_DETACH) })
+	assert.NilError(t, os.Lchown(sub, idOwner, idOwner))
+	assert.NilError(t, os.WriteFile(filepath.Join(sub, "g"), nil, 0o644))
+	assert.NilError(t, os.Lchown(filepath.Join(sub, "g"), idOwner, idOwner))
+	st := stageFixture(t, c, task, wt)
+
+	out, err := asAgent(t, "cd "+st+" && echo b >> f && ls mnt/g")
+	assert.NilError(t, err, "positive control: the worktree is the agent's and the submount is there: %s", out)
+	out, err = asAgent(t, "cd "+st+"/mnt && { echo b >> g || exit 1; } && echo x > new && chmod 4755 new")
+	assert.Assert(t, err != nil, "the agent wrote the owner's submount: %s", out)
+	assert.Assert(t, strings.Contains(out, "Permission denied"), out)
+	_, err = os.Lstat(filepath.Join(sub, "new"))
+	assert.Assert(t, os.IsNotExist(err), "%v", err)
+	assert.NilError(t, c.Unstage(task))
+}

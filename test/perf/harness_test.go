@@ -65,7 +65,12 @@ func shrooms(b *tbworld.World, args ...string) ([]byte, error) {
 // on stdout.
 type timing struct {
 	wall, first time.Duration
-	stdout      bytes.Buffer
+	// cpu is the process's own user and system time (not its detached
+	// child's, which it never waits for).
+	cpu time.Duration
+	// at is when the process was started.
+	at     time.Time
+	stdout bytes.Buffer
 }
 
 // firstByte records when the first byte of output arrives.
@@ -92,9 +97,13 @@ func timed(cmd *exec.Cmd) (*timing, error) {
 	fb := &firstByte{buf: &t.stdout}
 	cmd.Stdout, cmd.Stderr = fb, &errb
 	fb.start = time.Now()
+	t.at = fb.start
 	err := cmd.Run()
 	t.wall = time.Since(fb.start)
 	t.first = fb.at
+	if ps := cmd.ProcessState; ps != nil {
+		t.cpu = ps.UserTime() + ps.SystemTime()
+	}
 	if err != nil {
 		return t, fmt.Errorf("%s: %v: %s %s", strings.Join(cmd.Args, " "), err, t.stdout.String(), errb.String())
 	}
@@ -103,18 +112,24 @@ func timed(cmd *exec.Cmd) (*timing, error) {
 
 // result is the part of `run --json`'s result the benchmarks read.
 type result struct {
-	Status   string       `json:"status"`
-	Prepared bool         `json:"prepared"`
-	Removed  bool         `json:"removed"`
-	Cage     string       `json:"cage"`
-	Phases   []turn.Phase `json:"phases"`
-	TotalMs  float64      `json:"totalMs"`
-	Error    string       `json:"error"`
+	Status    string       `json:"status"`
+	StartedAt string       `json:"started_at"`
+	Prepared  bool         `json:"prepared"`
+	Removed   bool         `json:"removed"`
+	Cage      string       `json:"cage"`
+	Phases    []turn.Phase `json:"phases"`
+	TotalMs   float64      `json:"totalMs"`
+	Error     string       `json:"error"`
 }
 
 // run runs one turn with the shrooms binary (--json, --prepare-next).
 func runTurn(b *tbworld.World, task, agent, script string) (*timing, *result, error) {
-	t, err := timed(b.Command("--json", "run", "--prepare-next", "--task", task, "--agent", agent, "--", "-c", script))
+	return runCmd(b.Command("--json", "run", "--prepare-next", "--task", task, "--agent", agent, "--", "-c", script))
+}
+
+// runCmd runs one `run --json` command and reads its result.
+func runCmd(cmd *exec.Cmd) (*timing, *result, error) {
+	t, err := timed(cmd)
 	if err != nil {
 		return t, nil, err
 	}
@@ -155,7 +170,11 @@ func median(d []time.Duration) time.Duration { return quantile(d, 0.5) }
 
 // phaseMedians returns each phase's median over the results, in the order
 // of the first result.
-func phaseMedians(rs []*result) []turn.Phase {
+func phaseMedians(rs []*result) []turn.Phase { return phaseQuantiles(rs, 0.5) }
+
+// phaseQuantiles returns each phase's quantile q over the results, in the
+// order of the first result.
+func phaseQuantiles(rs []*result, q float64) []turn.Phase {
 	by := map[string][]time.Duration{}
 	var order []string
 	for _, r := range rs {
@@ -168,7 +187,7 @@ func phaseMedians(rs []*result) []turn.Phase {
 	}
 	var out []turn.Phase
 	for _, n := range order {
-		out = append(out, turn.Phase{Name: n, Ms: msOf(median(by[n]))})
+		out = append(out, turn.Phase{Name: n, Ms: msOf(quantile(by[n], q))})
 	}
 	return out
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,8 +29,9 @@ const burnScript = `i=0; while [ $i -lt 170000 ]; do i=$((i+1)); done`
 // cage), the podman service's work, conmon, runc, the exit commands conmon
 // runs and the cage's processes, against the same for a bare `podman run
 // --rm` (its client included) of the same image and command, side by side
-// in one testbed. Everything runs below a cpuacct cgroup of the
-// benchmark's own (testbed.CPUAccount); a turn's window closes when its
+// in one testbed. Everything runs below a cpuacct or v2 cgroup of the
+// benchmark's own (testbed.CPUAccount; v2 where /sys/fs/cgroup is
+// cgroup2); a turn's window closes when its
 // detached teardown has ended and no transient process is left, and the
 // cgroup's usage (which keeps that of removed children) is read before
 // and after. The burn rows are the positive control: the same turns with
@@ -159,23 +161,59 @@ func (c cost) cages() float64 { return c.parent - c.conmon }
 // other is what ran in the cgroup outside its known parts (0 expected).
 func (c cost) other() float64 { return c.total - c.svc - c.cli - c.parent }
 
-// cpuAcct is the benchmark's cpuacct cgroup: svc (the podman service and
-// what it spawns), cli (the measured CLI and its detached child),
-// libpod_parent (podman's cgroupfs parent: conmon/ and the containers).
+// cpuAcct is the benchmark's accounting cgroup (v1 cpuacct, or v2): svc
+// (the podman service and what it spawns), cli (the measured CLI and its
+// detached child), libpod_parent (podman's cgroupfs parent: conmon/ and
+// the containers).
 type cpuAcct struct {
 	dir     string
+	v2      bool
 	service []int
 }
 
-const cpuacctRoot = "/sys/fs/cgroup/cpuacct"
+const (
+	cpuacctRoot  = "/sys/fs/cgroup/cpuacct"
+	cgroup2Root  = "/sys/fs/cgroup"
+	cgroup2Magic = 0x63677270 // statfs's f_type of cgroup2 (CGROUP2_SUPER_MAGIC)
+)
+
+// cgroupRoot detects the host's cgroup mode: v2 unified at /sys/fs/cgroup,
+// else v1 with cpuacct at /sys/fs/cgroup/cpuacct. SHROOMS_PERF_CGROUP2
+// names another cgroup2 mount to account in (e.g. a hybrid host's
+// /sys/fs/cgroup/unified, to run the v2 path there).
+func cgroupRoot() (root string, v2 bool, err error) {
+	if r := os.Getenv("SHROOMS_PERF_CGROUP2"); r != "" {
+		if !isCgroup2(r) {
+			return "", false, fmt.Errorf("SHROOMS_PERF_CGROUP2=%s is not a cgroup2 mount", r)
+		}
+		return r, true, nil
+	}
+	if isCgroup2(cgroup2Root) {
+		return cgroup2Root, true, nil
+	}
+	if _, err := os.Stat(filepath.Join(cpuacctRoot, "cpuacct.usage")); err != nil {
+		return "", false, fmt.Errorf("host cost needs cgroup v2 at %s or cgroup v1's cpuacct at %s: %w", cgroup2Root, cpuacctRoot, err)
+	}
+	return cpuacctRoot, false, nil
+}
+
+func isCgroup2(dir string) bool {
+	var st syscall.Statfs_t
+	return syscall.Statfs(dir, &st) == nil && st.Type == cgroup2Magic
+}
 
 // newCPUAcct makes the cgroup, removed when the test ends (after the
 // testbed's teardown, which is registered later).
 func newCPUAcct(t testing.TB) *cpuAcct {
-	if _, err := os.Stat(filepath.Join(cpuacctRoot, "cpuacct.usage")); err != nil {
-		t.Fatalf("host cost needs cgroup v1's cpuacct at %s (podman's cgroupfs manager): %v", cpuacctRoot, err)
+	root, v2, err := cgroupRoot()
+	if err != nil {
+		t.Fatal(err)
 	}
-	a := &cpuAcct{dir: filepath.Join(cpuacctRoot, itest.UniqueName("shrooms-hostcost"))}
+	return newCPUAcctIn(t, root, v2)
+}
+
+func newCPUAcctIn(t testing.TB, root string, v2 bool) *cpuAcct {
+	a := &cpuAcct{dir: filepath.Join(root, itest.UniqueName("shrooms-hostcost")), v2: v2}
 	for _, d := range []string{"", "cli"} {
 		if err := os.Mkdir(filepath.Join(a.dir, d), 0o755); err != nil {
 			t.Fatal(err)
@@ -217,13 +255,34 @@ func (a *cpuAcct) inCLI(cmd *exec.Cmd) *exec.Cmd {
 	return w
 }
 
+// usage is sub's CPU time in ms, its removed children's included: v1's
+// cpuacct.usage (ns), v2's cpu.stat usage_usec (the core rstat, there
+// without the cpu controller).
 func (a *cpuAcct) usage(sub string) float64 {
-	b, err := os.ReadFile(filepath.Join(a.dir, sub, "cpuacct.usage"))
-	if err != nil {
-		return 0 // not made yet (conmon's before the first container)
+	if !a.v2 {
+		b, err := os.ReadFile(filepath.Join(a.dir, sub, "cpuacct.usage"))
+		if err != nil {
+			return 0 // not made yet (conmon's before the first container)
+		}
+		ns, _ := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+		return ns / 1e6
 	}
-	ns, _ := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
-	return ns / 1e6
+	b, err := os.ReadFile(filepath.Join(a.dir, sub, "cpu.stat"))
+	if err != nil {
+		return 0
+	}
+	us, _ := cpuStatUsage(string(b))
+	return us / 1e3
+}
+
+// cpuStatUsage is a v2 cpu.stat's usage_usec.
+func cpuStatUsage(stat string) (float64, error) {
+	for _, line := range strings.Split(stat, "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "usage_usec" {
+			return strconv.ParseFloat(f[1], 64)
+		}
+	}
+	return 0, errors.New("cpu.stat has no usage_usec")
 }
 
 func (a *cpuAcct) read() cost {
@@ -244,7 +303,8 @@ func (a *cpuAcct) pids(sub string) []int {
 
 // transient lists the processes that belong to a turn's work and are
 // still there: any in cli (the CLI, the detached child), any in svc but
-// the service, any in conmon/ but conmon (runc, the exit commands).
+// the service and conmon, any in conmon/ but conmon (runc, the exit
+// commands).
 func (a *cpuAcct) transient() []string {
 	var out []string
 	note := func(sub string, pid int) {
@@ -254,13 +314,19 @@ func (a *cpuAcct) transient() []string {
 	for _, pid := range a.pids("cli") {
 		note("cli", pid)
 	}
+	conmon := func(pid int) bool {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		return strings.TrimSpace(string(comm)) == "conmon"
+	}
 	for _, pid := range a.pids("svc") {
-		if pid != a.service[0] {
+		// conmon stays in svc where podman cannot make conmon/ (a v2
+		// cgroup without controllers to enable); it lives with its cage.
+		if pid != a.service[0] && !conmon(pid) {
 			note("svc", pid)
 		}
 	}
 	for _, pid := range a.pids("libpod_parent/conmon") {
-		if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) != "conmon" {
+		if !conmon(pid) {
 			note("conmon", pid)
 		}
 	}
@@ -286,4 +352,113 @@ func (a *cpuAcct) settle(t testing.TB) {
 // waited for.
 func rusageMs(cmd *exec.Cmd) float64 {
 	return msOf(cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime())
+}
+
+// TestCgroupV2Accounting checks the v2 accounting against a real cgroup2
+// mount (/sys/fs/cgroup on a v2 host, /sys/fs/cgroup/unified on a hybrid
+// one): a process placed as testbed.CPUAccount places the service's (its
+// mount namespace sees the cgroup as /sys/fs/cgroup) lands in
+// libpod_parent/conmon, its burn is counted there and in cli alike, and the
+// parent keeps the usage once the child cgroup is removed.
+func TestCgroupV2Accounting(t *testing.T) {
+	itest.Require(t, itest.Root)
+	if _, err := cpuStatUsage("user_usec 1\nsystem_usec 2\n"); err == nil {
+		t.Fatal("cpu.stat without usage_usec parsed")
+	}
+	root := cgroup2Root
+	if !isCgroup2(root) {
+		root = filepath.Join(cgroup2Root, "unified")
+	}
+	if !isCgroup2(root) {
+		t.Fatalf("no cgroup2 mount at %s or %s/unified", cgroup2Root, cgroup2Root)
+	}
+	a := newCPUAcctIn(t, root, true)
+	burn := func(cmd *exec.Cmd) float64 {
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%v: %v: %s", cmd.Args, err, out)
+		}
+		return rusageMs(cmd)
+	}
+	near := func(what string, got, want float64) {
+		t.Logf("%s: cgroup %.1f ms, the process's rusage %.1f ms", what, got, want)
+		if want < 100 || got < 0.8*want || got > want+5 {
+			t.Errorf("%s: cgroup counted %.1f ms of a %.1f ms burn", what, got, want)
+		}
+	}
+	before := a.read()
+	placed := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mount --bind "$0" /sys/fs/cgroup && mkdir -p /sys/fs/cgroup/libpod_parent/conmon && echo $$ > /sys/fs/cgroup/libpod_parent/conmon/cgroup.procs && `+burnScript, a.dir)
+	placedMs := burn(placed)
+	mid := a.read()
+	near("libpod_parent/conmon (placed through the bind mount)", mid.conmon, placedMs)
+	near("libpod_parent", mid.parent, placedMs)
+	cliMs := burn(a.inCLI(exec.Command("sh", "-c", burnScript)))
+	after := a.read()
+	near("cli", after.cli-mid.cli, cliMs)
+	// Remove the placed child cgroups: the total keeps their usage.
+	for _, d := range []string{"libpod_parent/conmon", "libpod_parent"} {
+		var err error
+		for try := 0; try < 100; try++ {
+			if err = os.Remove(filepath.Join(a.dir, d)); err == nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	end := a.read()
+	if end.parent != 0 {
+		t.Fatalf("libpod_parent still read after removal: %.1f ms", end.parent)
+	}
+	near("total after removing libpod_parent", end.total-before.total-(after.cli-mid.cli), placedMs)
+}
+
+// TestCgroupV2Service runs testbed.CPUAccount's v2 placement with the real
+// podman service and runc: the service's mount namespace sees a cgroup2
+// cgroup as /sys/fs/cgroup, so podman runs in v2 mode, and a container's
+// burn lands in that cgroup's libpod_parent and is kept there once --rm
+// has removed the container's cgroup. --pids-limit -1: a hybrid host's
+// unified mount has no pids, memory or cpu controller to set limits with.
+func TestCgroupV2Service(t *testing.T) {
+	itest.Require(t, itest.Root, itest.Podman)
+	root := cgroup2Root
+	if !isCgroup2(root) {
+		root = filepath.Join(cgroup2Root, "unified")
+	}
+	if !isCgroup2(root) {
+		t.Fatalf("no cgroup2 mount at %s or %s/unified", cgroup2Root, cgroup2Root)
+	}
+	a := newCPUAcctIn(t, root, true)
+	tb := testbed.New(t, testbed.CPUAccount(a.dir))
+	tb.StartPodman()
+	run := func(script string) (cost, float64) {
+		before := a.read()
+		cmd := a.inCLI(exec.Command("podman", "--url", tb.PodmanURL, "run", "--rm", "--pids-limit", "-1", "--network", "none",
+			"--cgroupns", "private", itest.TestImage, "/bin/sh", "-c", script))
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("podman run: %v: %s", err, out)
+		}
+		time.Sleep(time.Second) // conmon's exit command (podman container cleanup)
+		return a.read().minus(before), rusageMs(cmd)
+	}
+	run("true") // warm-up: the image's layers, podman's first container
+	idle, _ := run("true")
+	burnt, _ := run(burnScript)
+	t.Logf("per run, ms: idle total %.1f (cli %.1f, svc %.1f, libpod_parent %.1f); burn total %.1f (cli %.1f, svc %.1f, libpod_parent %.1f)",
+		idle.total, idle.cli, idle.svc, idle.parent, burnt.total, burnt.cli, burnt.svc, burnt.parent)
+	if idle.parent < 5 { // runc init and the container's sh: ~20 ms
+		t.Errorf("%.1f ms in libpod_parent: the container was not placed below the accounting cgroup", idle.parent)
+	}
+	if d := burnt.parent - idle.parent; d < 150 {
+		t.Errorf("the ~200 ms burn added %.1f ms to libpod_parent", d)
+	}
+	if other := burnt.total - burnt.cli - burnt.svc - burnt.parent; other < -1 || other > 1 {
+		t.Errorf("%.1f ms outside cli, svc and libpod_parent", other)
+	}
+	left, _ := filepath.Glob(filepath.Join(a.dir, "libpod_parent", "libpod-*"))
+	if len(left) > 0 {
+		t.Errorf("containers' cgroups left after --rm: %v", left)
+	}
 }

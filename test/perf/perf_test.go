@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/shrooms-cage/shrooms/internal/tbworld"
+	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
 // BenchmarkGoals measures the round-2 performance goals (README) in one
@@ -133,7 +134,8 @@ func benchBurst(b *testing.B, be *tbworld.World, n int) {
 			b.Fatal(err)
 		}
 	}
-	var firsts []time.Duration
+	var firsts, cpus []time.Duration
+	var starts []time.Time
 	var results []*result
 	prepared := 0
 	rounds := max(b.N/3, 1)
@@ -156,6 +158,8 @@ func benchBurst(b *testing.B, be *tbworld.World, n int) {
 				mu.Lock()
 				results = append(results, res)
 				firsts = append(firsts, t.first)
+				cpus = append(cpus, t.cpu)
+				starts = append(starts, t.at)
 				if res.Prepared {
 					prepared++
 				}
@@ -172,8 +176,22 @@ func benchBurst(b *testing.B, be *tbworld.World, n int) {
 	b.ReportMetric(msOf(quantile(firsts, 0.95)), "p95-ms")
 	b.ReportMetric(float64(prepared), "prepared-turns")
 	b.ReportMetric(0, "ns/op")
-	b.Logf("burst of %d tasks, first output: p50 %.0f ms, p95 %.0f ms (%d turns, %d prepared); phases (median ms): %s",
-		n, msOf(quantile(firsts, 0.5)), msOf(quantile(firsts, 0.95)), len(firsts), prepared, phaseString(phaseMedians(results)))
+	b.Logf("burst of %d tasks, first output: p50 %.0f ms, p95 %.0f ms (%d turns, %d prepared); phases (median ms): %s; p95: %s",
+		n, msOf(quantile(firsts, 0.5)), msOf(quantile(firsts, 0.95)), len(firsts), prepared, phaseString(phaseMedians(results)), phaseString(phaseQuantiles(results, 0.95)))
+	// Before Run: the process's start, its config and its connection to
+	// podman (from the call to the turn's startedAt, millisecond stamps).
+	var before []time.Duration
+	for i, r := range results {
+		if at, err := time.Parse(taskstate.TimeFormat, r.StartedAt); err == nil {
+			before = append(before, at.Sub(starts[i]))
+		}
+	}
+	if len(before) == len(results) {
+		b.Logf("burst of %d: before the turn (process start, config, connect): median %.0f ms, p95 %.0f ms; CPU of a run process (user+sys, median) %.0f ms",
+			n, msOf(median(before)), msOf(quantile(before, 0.95)), msOf(median(cpus)))
+	} else {
+		b.Errorf("%d of %d results had no started_at", len(results)-len(before), len(results))
+	}
 }
 
 // benchIdleMemory prepares cages for several tasks and reports what one

@@ -37,6 +37,7 @@ func BenchmarkWorktreeSize(b *testing.B) {
 		firsts, walls       []time.Duration
 		results             []*result
 		scans               map[string]int // how the scan after read the tree
+		guardCached         []int          // directories the guard took from its cache
 	}
 	var arms []*arm
 	for bi, bin := range bins {
@@ -75,13 +76,16 @@ func BenchmarkWorktreeSize(b *testing.B) {
 				a.scans = map[string]int{}
 			}
 			a.scans[res.Changes.ScanAfter]++
+			if res.Guard != nil {
+				a.guardCached = append(a.guardCached, res.Guard.DirsCached)
+			}
 		}
 	}
 	for _, a := range arms {
 		b.ReportMetric(msOf(median(a.firsts)), "first-"+a.name+"-ms")
 		b.ReportMetric(msOf(median(a.walls)), "whole-"+a.name+"-ms")
-		b.Logf("%s entries: first output p50 %.0f ms, whole run p50 %.0f ms; phases (median ms): %s; scan after: %v",
-			a.name, msOf(median(a.firsts)), msOf(median(a.walls)), phaseString(phaseMedians(a.results)), a.scans)
+		b.Logf("%s entries: first output p50 %.0f ms, whole run p50 %.0f ms; phases (median ms): %s; scan after: %v; guard's directories from its cache, by round: %v",
+			a.name, msOf(median(a.firsts)), msOf(median(a.walls)), phaseString(phaseMedians(a.results)), a.scans, a.guardCached)
 	}
 	for i := 0; i+1 < len(arms); i += 2 {
 		small, big := arms[i], arms[i+1]
@@ -145,6 +149,11 @@ type worktreeResult struct {
 		// ScanAfter: "events" or "walk: why" (builds before it: "").
 		ScanAfter string `json:"scan_after"`
 	} `json:"worktree_changes"`
+	// Guard: the guard's directory cache (builds before it: 0, 0).
+	Guard *struct {
+		DirsCached int `json:"dirs_cached"`
+		DirsRead   int `json:"dirs_read"`
+	} `json:"worktree_guard"`
 }
 
 func runWorktree(b *tbworld.World, bin, task, wt, script string) (*timing, *worktreeResult, error) {

@@ -51,6 +51,12 @@ func (w *Watcher) After(ctx context.Context, before *Snapshot) (*Snapshot, strin
 	if before == nil || before.truncated {
 		return nil, "the scan before the turn stopped at its bounds"
 	}
+	// Events are placed by their directory's path under w.root: were the
+	// worktree (or a parent) moved since Watch, every one would seem
+	// outside it and be dropped.
+	if now, err := fdPath(w.rootFd); err != nil || now != w.root {
+		return nil, fmt.Sprintf("the worktree moved (%s, %v)", now, err)
+	}
 	if m, err := mountBelow(w.root); err != nil || m != "" {
 		return nil, fmt.Sprintf("a mount below the worktree (%s, %v)", m, err)
 	}

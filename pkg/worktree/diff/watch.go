@@ -15,10 +15,10 @@ import (
 // (FAN_MARK_FILESYSTEM, root only) and reports every event by its
 // directory's file handle and name (FAN_REPORT_DFID_NAME) and, for a
 // non-directory, its own handle (FAN_REPORT_FID); events outside the
-// worktree are dropped when After resolves the handles. Every doubt —
-// a lost event (queue overflow), more distinct events than maxDirty, an
-// event with no handle, a read error — makes After return nil: the caller
-// takes the full scan then.
+// worktree are dropped as they are read (inWorktree). Every doubt — a
+// lost event (queue overflow), more distinct events than maxDirty, an
+// event with no handle or of another fsid, a read error — makes After
+// return nil: the caller takes the full scan then.
 type Watcher struct {
 	fd     int
 	rootFd int // the worktree root: mount fd for open_by_handle_at
@@ -30,7 +30,9 @@ type Watcher struct {
 	mu    sync.Mutex
 	dirty map[dirName]uint64 // (directory handle, name) → event mask seen
 	inos  map[uint64]bool    // inodes of non-directory events with no name
-	doubt string             // why After must fall back ("" none)
+	// places: directory handle → in the worktree as first read (inWorktree)
+	places map[string]bool
+	doubt  string // why After must fall back ("" none)
 	// fdClosed: the reader closed fd at a doubt (read after done only).
 	fdClosed bool
 	maxDirty int // maxDirty but in tests
@@ -47,12 +49,20 @@ type dirName struct {
 // past it After falls back to the full scan.
 const maxDirty = 200_000
 
+// maxPlaces bounds the directories, the filesystem's, a watcher places as
+// their events come (inWorktree); past it After falls back.
+const maxPlaces = 200_000
+
 // watchMask is every event that changes an entry's name, data or
 // attributes (ctime): creation, deletion, renames both ways, writes,
-// attribute and link-count changes, on files and directories.
+// attribute and link-count changes, on files and directories. And every
+// open of a file: a write through a shared mapping sets its mtime with no
+// event, and the close that reports it can come after Stop (the file kept
+// open in flight in a unix socket, released by a later garbage
+// collection), so every file opened during the turn is read again.
 const watchMask = unix.FAN_CREATE | unix.FAN_DELETE | unix.FAN_MOVED_FROM | unix.FAN_MOVED_TO |
 	unix.FAN_MODIFY | unix.FAN_CLOSE_WRITE | unix.FAN_ATTRIB | unix.FAN_DELETE_SELF |
-	unix.FAN_MOVE_SELF | unix.FAN_ONDIR
+	unix.FAN_MOVE_SELF | unix.FAN_OPEN | unix.FAN_ONDIR
 
 // Watch starts recording changes on root's filesystem. Call it before
 // anything that may change the worktree for the turn can run (the cage's
@@ -102,7 +112,7 @@ func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
 		return fail(fmt.Errorf("worktree watch: fanotify_mark %s: %w", root, err))
 	}
 	w := &Watcher{fd: fd, rootFd: rootFd, root: real, stop: make(chan struct{}), done: make(chan struct{}),
-		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, maxDirty: limit}
+		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, places: map[string]bool{}, maxDirty: limit}
 	binary.NativeEndian.PutUint32(w.fsid[0:4], uint32(sfs.Fsid.Val[0]))
 	binary.NativeEndian.PutUint32(w.fsid[4:8], uint32(sfs.Fsid.Val[1]))
 	go w.read(hold)
@@ -198,6 +208,9 @@ func (w *Watcher) event(mask uint64, info []byte) {
 		w.setDoubt("event queue overflowed")
 		return
 	}
+	if mask&^uint64(unix.FAN_OPEN|unix.FAN_ONDIR) == 0 && mask&unix.FAN_ONDIR != 0 {
+		return // a directory opened (read, or a scan's): no change through it
+	}
 	var dir *dirName
 	var child []byte // the object's own handle record
 	for len(info) >= 4 {
@@ -213,7 +226,7 @@ func (w *Watcher) event(mask uint64, info []byte) {
 		case unix.FAN_EVENT_INFO_TYPE_DFID_NAME, unix.FAN_EVENT_INFO_TYPE_DFID:
 			h, name, ok := w.handle(rec, typ == unix.FAN_EVENT_INFO_TYPE_DFID_NAME)
 			if !ok {
-				return // another filesystem's, or malformed (doubt set)
+				return // doubt set
 			}
 			dir = &dirName{handle: h, name: name}
 		case unix.FAN_EVENT_INFO_TYPE_FID:
@@ -222,6 +235,9 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	}
 	switch {
 	case dir != nil:
+		if !w.inWorktree(dir.handle) {
+			return // the host's, elsewhere on the filesystem
+		}
 		if _, seen := w.dirty[*dir]; !seen && len(w.dirty) >= w.maxDirty {
 			w.setDoubt(fmt.Sprintf("more than %d changed entries", w.maxDirty))
 			return
@@ -252,15 +268,39 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	}
 }
 
+// inWorktree says whether an event in the directory h may be the
+// worktree's, placing h as it is read (once): the rest of the
+// filesystem's events, most of them on a busy host, are dropped here,
+// neither kept nor counted against maxDirty. A directory outside now
+// comes in only by a move, an event in the worktree whose subtree After
+// walks again; one that cannot be placed now (moving) is kept. After
+// places every kept one again.
+func (w *Watcher) inWorktree(h string) bool {
+	if in, ok := w.places[h]; ok {
+		return in
+	}
+	if len(w.places) >= maxPlaces {
+		w.setDoubt(fmt.Sprintf("more than %d changed directories", maxPlaces))
+		return true
+	}
+	pl, why := w.place(h)
+	if why != "" {
+		return true // moving as it was placed: kept, for After to place
+	}
+	w.places[h] = pl.in
+	return pl.in
+}
+
 // handle reads a FID record: fsid, struct file_handle, then (withName) a
-// NUL-terminated name. Records of another filesystem are dropped (ok
-// false, no doubt: only one filesystem is marked).
+// NUL-terminated name. Only one filesystem is marked: a record of another
+// fsid is a doubt, never a dropped event.
 func (w *Watcher) handle(rec []byte, withName bool) (h, name string, ok bool) {
 	if len(rec) < 16 {
 		w.setDoubt("short file handle record")
 		return "", "", false
 	}
 	if string(rec[0:8]) != string(w.fsid[:]) {
+		w.setDoubt("an event of another filesystem id")
 		return "", "", false
 	}
 	hb := int(binary.NativeEndian.Uint32(rec[8:12]))

@@ -268,6 +268,25 @@ func TestWatcherFallsBack(t *testing.T) {
 		assert.Assert(t, got == nil)
 		assert.Assert(t, strings.HasPrefix(why, "a mount below the worktree"), why)
 	})
+	t.Run("the worktree moved", func(t *testing.T) {
+		// Moved on the host during the turn: every event's directory now
+		// lies outside the path the watcher knew, and would be dropped.
+		root := tree(t)
+		w, before := watched(t, root)
+		write(t, root, "main.go", "package main // the turn's\n")
+		moved := root + "-moved"
+		must(t, os.Rename(root, moved))
+		t.Cleanup(func() { _ = os.Rename(moved, root) })
+		got, why := w.After(context.Background(), before)
+		assert.Assert(t, got == nil)
+		assert.Assert(t, strings.HasPrefix(why, "the worktree moved"), why)
+		// The control: moved back, the same watcher's events place the change.
+		must(t, os.Rename(moved, root))
+		w, before = watched(t, root)
+		write(t, root, "main.go", "package main // again\n")
+		s := sameAsScan(t, root, w, before)
+		assert.Equal(t, s.Modified, 1)
+	})
 	t.Run("a truncated scan before", func(t *testing.T) {
 		root := tree(t)
 		w, before := watched(t, root)

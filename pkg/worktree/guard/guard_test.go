@@ -305,21 +305,36 @@ func TestDiffAndExecutable(t *testing.T) {
 // BenchmarkGuard100kFiles: the guard's scan of a worktree with 100 000
 // ordinary files (and a handful of guarded ones), the cost added to every
 // turn with a worktree.
-func BenchmarkGuard100kFiles(b *testing.B) { benchGuard(b, false) }
+func BenchmarkGuard100kFiles(b *testing.B) { benchGuard(b, false, false) }
+
+// BenchmarkGuard100kFilesCached: the same worktree unchanged since the
+// last scan, every directory's listing from the guard's directory cache.
+func BenchmarkGuard100kFilesCached(b *testing.B) { benchGuard(b, false, true) }
+
+// BenchmarkGuard100kIn1000Dirs: BenchmarkWorktreeSize's shape (1 000
+// directories of 100 entries), a full scan and one from the cache.
+func BenchmarkGuard100kIn1000Dirs(b *testing.B) {
+	for _, cached := range []bool{false, true} {
+		b.Run(fmt.Sprintf("cached=%t", cached), func(b *testing.B) { benchGuardIn(b, 1000, false, cached) })
+	}
+}
 
 // BenchmarkGuard100kFilesWithImportsAndGlob: the same, with a CLAUDE.md
 // importing a file and an opencode.json instructions glob (matched
 // against every entry).
-func BenchmarkGuard100kFilesWithImportsAndGlob(b *testing.B) { benchGuard(b, true) }
+func BenchmarkGuard100kFilesWithImportsAndGlob(b *testing.B) { benchGuard(b, true, false) }
 
-func benchGuard(b *testing.B, refs bool) {
+func benchGuard(b *testing.B, refs, cached bool) { benchGuardIn(b, 100, refs, cached) }
+
+// benchGuardIn scans 100 000 files in dirs directories.
+func benchGuardIn(b *testing.B, dirs int, refs, cached bool) {
 	wt := b.TempDir()
-	for d := 0; d < 100; d++ {
+	for d := 0; d < dirs; d++ {
 		dir := filepath.Join(wt, fmt.Sprintf("pkg%03d", d))
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			b.Fatal(err)
 		}
-		for f := 0; f < 1000; f++ {
+		for f := 0; f < 100_000/dirs; f++ {
 			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%04d.go", f)), nil, 0o644); err != nil {
 				b.Fatal(err)
 			}
@@ -339,11 +354,25 @@ func benchGuard(b *testing.B, refs bool) {
 		b.Fatal(err)
 	}
 	m, _ := store.Load()
+	if cached {
+		time.Sleep(racyWindow) // the tree old enough to be recorded
+		if c, err := store.Guard(ctx, wt, m); err != nil || c.DirsRead == 0 {
+			b.Fatal(err, c)
+		}
+	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
+		if !cached {
+			b.StopTimer()
+			_ = os.Remove(filepath.Join(store.Dir, cacheFile))
+			b.StartTimer()
+		}
 		c, err := store.Guard(ctx, wt, m)
 		if err != nil || c.Visited < 100_000 {
 			b.Fatal(err, c)
+		}
+		if cached && c.DirsRead != 0 {
+			b.Fatalf("%d directories read, want all from the cache", c.DirsRead)
 		}
 	}
 }

@@ -53,6 +53,10 @@ type Snapshot struct {
 	Entries map[string]Entry `json:"entries"`
 	// Visited counts the worktree entries the scan looked at.
 	Visited int `json:"visited"`
+	// DirsCached and DirsRead count the directories whose listing came
+	// from the directory cache and those read (both 0 without one).
+	DirsCached int `json:"-"`
+	DirsRead   int `json:"-"`
 	// matches are the files and links the scan's patterns matched (or
 	// could lead on below a link), with the pattern's why.
 	matches map[string]string
@@ -76,6 +80,9 @@ type scanner struct {
 	patterns []compiledPattern
 	snap     *Snapshot
 	visited  int
+	// cache, when set, stands in for the listing of directories unchanged
+	// since the last scan (cache.go).
+	cache *dirCache
 }
 
 // Scan finds and hashes every guarded root of worktree.
@@ -90,6 +97,12 @@ func scan(ctx context.Context, worktree string, copyTo *os.File, only map[string
 // scanWith is scan that also collects what patterns match outside the
 // guarded roots.
 func scanWith(ctx context.Context, worktree string, copyTo *os.File, only map[string]bool, patterns []Pattern) (*Snapshot, error) {
+	return scanCached(ctx, worktree, copyTo, only, patterns, "")
+}
+
+// scanCached is scanWith with the directory cache kept in cacheDir ("":
+// none).
+func scanCached(ctx context.Context, worktree string, copyTo *os.File, only map[string]bool, patterns []Pattern, cacheDir string) (*Snapshot, error) {
 	fd, err := unix.Open(worktree, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("worktree guard: open %s: %w", worktree, err)
@@ -98,10 +111,20 @@ func scanWith(ctx context.Context, worktree string, copyTo *os.File, only map[st
 	defer root.Close()
 	s := &scanner{ctx: ctx, rootFd: int(root.Fd()), copyTo: copyTo, only: only, patterns: compilePatterns(patterns),
 		snap: &Snapshot{Entries: map[string]Entry{}, matches: map[string]string{}}}
+	if cacheDir != "" {
+		s.cache = openCache(cacheDir, worktree, s.rootFd, patterns)
+	}
 	if err := s.walk(root, "", 0); err != nil {
 		return nil, err
 	}
 	s.snap.Visited = s.visited
+	if s.cache != nil {
+		s.snap.DirsCached, s.snap.DirsRead = s.cache.hits, s.cache.reads
+		// A cache not written costs the next scan its reads, nothing
+		// else: any file left is checked record by record against the
+		// directories' stat.
+		_ = s.cache.save()
+	}
 	return s.snap, nil
 }
 
@@ -109,11 +132,27 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 	if depth > maxWalkDepth {
 		return fmt.Errorf("worktree guard: %s is nested more than %d directories deep (refusing to start the turn; flatten or remove it)", rel, maxWalkDepth)
 	}
+	// The stat is taken before the listing, so a change during it leaves
+	// a ctime the record does not have.
+	var st unix.Stat_t
+	var rec *dirRecord
+	if s.cache != nil {
+		if err := unix.Fstat(int(dir.Fd()), &st); err != nil {
+			return fmt.Errorf("worktree guard: stat %s: %w", displayRel(rel), err)
+		}
+		if r, ok := s.cache.lookup(rel, &st); ok {
+			return s.walkCached(dir, rel, depth, r)
+		}
+		rec = &dirRecord{Matches: map[string]string{}}
+	}
 	// Directory entry types come from getdents (no stat per entry): the
 	// walk's cost on a large worktree is one syscall batch per directory.
 	ents, err := dir.ReadDir(-1)
 	if err != nil {
 		return fmt.Errorf("worktree guard: read %s: %w", displayRel(rel), err)
+	}
+	if rec != nil {
+		rec.Entries = len(ents)
 	}
 	for _, ent := range ents {
 		name := ent.Name()
@@ -139,10 +178,18 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 				return err
 			}
 			s.snap.Entries[childRel] = e
+			if rec != nil {
+				rec.Guarded = append(rec.Guarded, name)
+			}
 			continue
 		}
-		s.match(childRel, ent.Type())
+		if by := s.match(childRel, ent.Type()); by != "" && rec != nil {
+			rec.Matches[name] = by
+		}
 		if ent.Type()&fs.ModeSymlink != 0 {
+			if rec != nil {
+				rec.Links = append(rec.Links, name)
+			}
 			if err := s.link(dir, name, childRel); err != nil {
 				return err
 			}
@@ -153,16 +200,67 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 			// config an agent loads.
 			continue
 		}
-		sub, err := openDirAt(dir, name)
-		if errors.Is(err, unix.ENOENT) {
-			continue
+		if rec != nil {
+			rec.Subdirs = append(rec.Subdirs, name)
 		}
-		if err != nil {
-			return fmt.Errorf("worktree guard: open %s: %w", childRel, err)
+		if err := s.walkSub(dir, name, childRel, depth); err != nil {
+			return err
 		}
-		err = s.walk(sub, childRel, depth+1)
-		sub.Close()
+	}
+	if rec != nil {
+		s.cache.store(rel, &st, *rec)
+	}
+	return nil
+}
+
+func (s *scanner) walkSub(dir *os.File, name, childRel string, depth int) error {
+	sub, err := openDirAt(dir, name)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("worktree guard: open %s: %w", childRel, err)
+	}
+	defer sub.Close()
+	return s.walk(sub, childRel, depth+1)
+}
+
+// walkCached is walk over the record of an unchanged directory: the
+// same steps as the listing would give, the guarded roots hashed and the
+// links resolved again (their content is not in the directory's ctime).
+func (s *scanner) walkCached(dir *os.File, rel string, depth int, r dirRecord) error {
+	s.visited += r.Entries
+	if err := s.ctx.Err(); err != nil {
+		return err
+	}
+	if s.visited > maxWalkVisits {
+		return fmt.Errorf("worktree guard: the worktree has more than %d entries (refusing to start the turn)", maxWalkVisits)
+	}
+	for _, name := range r.Guarded {
+		childRel := join(rel, name)
+		if err := checkName(childRel); err != nil {
+			return err
+		}
+		dst := s.copyTo
+		if s.only != nil && !s.only[childRel] {
+			dst = nil
+		}
+		e, err := s.capture(dir, name, childRel, dst)
 		if err != nil {
+			return err
+		}
+		s.snap.Entries[childRel] = e
+	}
+	for name, by := range r.Matches {
+		s.snap.matches[join(rel, name)] = by
+	}
+	for _, name := range r.Links {
+		if err := s.link(dir, name, join(rel, name)); err != nil {
+			return err
+		}
+	}
+	for _, name := range r.Subdirs {
+		if err := s.walkSub(dir, name, join(rel, name), depth); err != nil {
 			return err
 		}
 	}
@@ -171,20 +269,21 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 
 // match records a file the scan's patterns match, and a link (or an entry
 // of another type) where one matches or could lead on below.
-func (s *scanner) match(rel string, typ fs.FileMode) {
+func (s *scanner) match(rel string, typ fs.FileMode) string {
 	if path.Base(rel) == ".git" {
-		return
+		return ""
 	}
 	if len(s.patterns) == 0 || typ.IsDir() {
-		return
+		return ""
 	}
 	segs := strings.Split(rel, "/")
 	for _, p := range s.patterns {
 		if p.match(segs) || (typ&fs.ModeSymlink != 0 && p.below(segs)) {
 			s.snap.matches[rel] = p.by
-			return
+			return p.by
 		}
 	}
+	return ""
 }
 
 // link records a link whose target is outside the worktree: what it points

@@ -357,6 +357,11 @@ type Check struct {
 	Digest string `json:"digest"`
 	// Visited is the number of worktree entries scanned.
 	Visited int `json:"visited"`
+	// DirsCached counts the directories whose listing came from the
+	// guard's directory cache (unchanged since the last turn), DirsRead
+	// those read.
+	DirsCached int `json:"dirsCached,omitempty"`
+	DirsRead   int `json:"dirsRead,omitempty"`
 	// OpencodeProjectConfig is false when opencode must ignore project
 	// config (OPENCODE_DISABLE_PROJECT_CONFIG=1): something of it is
 	// untrusted, or the owner trusted none.
@@ -379,11 +384,11 @@ func (s Store) Guard(ctx context.Context, worktree string, m *Manifest) (*Check,
 	if m != nil {
 		patterns = m.Patterns
 	}
-	now, err := scanWith(ctx, worktree, nil, nil, patterns)
+	now, err := scanCached(ctx, worktree, nil, nil, patterns, s.Dir)
 	if err != nil {
 		return nil, err
 	}
-	c := &Check{Trusted: m != nil, Changes: []Change{}, Masked: []string{}, Visited: now.Visited}
+	c := &Check{Trusted: m != nil, Changes: []Change{}, Masked: []string{}, Visited: now.Visited, DirsCached: now.DirsCached, DirsRead: now.DirsRead}
 	if m == nil {
 		c.Digest = snapshotDigest(now, nil)
 		c.OpencodeProjectConfig = hasOpencode(now)

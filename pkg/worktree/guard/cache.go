@@ -1,0 +1,231 @@
+package guard
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+)
+
+// The directory cache lets the guard's scan skip the readdir of worktree
+// directories unchanged since the task's last turn, as git's untracked
+// cache does. What the walk learns from a directory's listing — how many
+// entries, which are guarded roots, links, subdirectories to descend into,
+// pattern matches — depends only on the directory's path and its entries'
+// names and types; those change only with an entry added, removed or
+// renamed in it, which sets the directory's ctime (the kernel's clock;
+// touch -d sets mtime but moves ctime to now). So a record is reused only
+// for the same path, device, inode, mtime and ctime. Everything else the
+// guard decides on is read again on every scan: guarded roots are hashed,
+// links read and resolved, loads (imports, instructions) read by
+// guardLoads. The cache lives in the task's trust store (the task state
+// directory, which the cage cannot write).
+//
+// It fails closed: a cache file that is missing, unreadable, corrupt, not
+// the caller's own with mode 0600, of another worktree root (path, device
+// or inode), another pattern set or version, or a worktree on a filesystem
+// not known to keep ctime from the local clock is ignored, and the scan
+// reads every directory. A directory changed within racyWindow of the
+// scan (its ctime could still be equal after a later change in the same
+// clock tick) or on another device than the root is never recorded; a
+// ctime ahead of the clock discards the whole cache.
+
+const (
+	cacheFile    = "guard-cache.json"
+	cacheVersion = 1
+	racyWindow   = time.Second
+	maxCacheSize = 256 << 20
+)
+
+// dirRecord is what the walk took from one directory's listing.
+type dirRecord struct {
+	Dev     uint64            `json:"dev"`
+	Ino     uint64            `json:"ino"`
+	Mtime   int64             `json:"mtime"`
+	Ctime   int64             `json:"ctime"`
+	Entries int               `json:"entries"`
+	Guarded []string          `json:"guarded,omitempty"`
+	Links   []string          `json:"links,omitempty"`
+	Subdirs []string          `json:"subdirs,omitempty"`
+	Matches map[string]string `json:"matches,omitempty"`
+}
+
+type cacheData struct {
+	Version  int                  `json:"version"`
+	Worktree string               `json:"worktree"`
+	RootDev  uint64               `json:"rootDev"`
+	RootIno  uint64               `json:"rootIno"`
+	Patterns string               `json:"patterns"`
+	Dirs     map[string]dirRecord `json:"dirs"`
+}
+
+// dirCache is one scan's view of the cache: old records to reuse, the
+// records to save for the next scan.
+type dirCache struct {
+	path    string
+	head    cacheData
+	old     map[string]dirRecord
+	next    map[string]dirRecord
+	now     int64 // scan start, ns since the epoch
+	doubt   bool  // a ctime ahead of the clock: save nothing
+	hits    int
+	reads   int
+	rootDev uint64
+}
+
+// localTimeFS reports whether a filesystem's timestamps come from this
+// kernel's clock (not a server's) with ctime kept on every entry change.
+func localTimeFS(magic int64) bool {
+	switch magic {
+	case unix.EXT4_SUPER_MAGIC, unix.XFS_SUPER_MAGIC, unix.BTRFS_SUPER_MAGIC, unix.TMPFS_MAGIC:
+		return true
+	}
+	return false
+}
+
+func patternsDigest(patterns []Pattern) string {
+	b, _ := json.Marshal(patterns)
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// openCache loads the cache for the worktree open at rootFd from dir
+// (the trust store). It returns nil (no caching) when the worktree's
+// filesystem cannot be trusted for it; an unusable file gives an empty
+// cache that the scan fills.
+func openCache(dir, worktree string, rootFd int, patterns []Pattern) *dirCache {
+	var sfs unix.Statfs_t
+	var st unix.Stat_t
+	if dir == "" || unix.Fstatfs(rootFd, &sfs) != nil || !localTimeFS(int64(sfs.Type)) || unix.Fstat(rootFd, &st) != nil {
+		return nil
+	}
+	c := &dirCache{
+		path: filepath.Join(dir, cacheFile),
+		head: cacheData{Version: cacheVersion, Worktree: worktree, RootDev: st.Dev, RootIno: st.Ino, Patterns: patternsDigest(patterns)},
+		next: map[string]dirRecord{}, now: time.Now().UnixNano(), rootDev: st.Dev,
+	}
+	if d, err := readCache(c.path); err == nil && d.Version == c.head.Version && d.Worktree == c.head.Worktree &&
+		d.RootDev == c.head.RootDev && d.RootIno == c.head.RootIno && d.Patterns == c.head.Patterns {
+		c.old = d.Dirs
+	}
+	return c
+}
+
+// readCache reads the cache file only if it is a regular file of the
+// caller's uid that nobody else can write or read.
+func readCache(p string) (*cacheData, error) {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) || st.Mode&0o077 != 0 || st.Size > maxCacheSize {
+		return nil, errors.New("guard cache: not a private regular file of this user")
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxCacheSize+1))
+	if err != nil {
+		return nil, err
+	}
+	var d cacheData
+	if err := json.Unmarshal(data, &d); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+func statNs(ts unix.Timespec) int64 { return ts.Sec*1e9 + ts.Nsec }
+
+// lookup returns the record for the directory rel with stat st, if it is
+// still exact.
+func (c *dirCache) lookup(rel string, st *unix.Stat_t) (dirRecord, bool) {
+	r, ok := c.old[rel]
+	if !ok || r.Dev != st.Dev || r.Ino != st.Ino || r.Mtime != statNs(st.Mtim) || r.Ctime != statNs(st.Ctim) {
+		c.reads++
+		return dirRecord{}, false
+	}
+	c.hits++
+	c.next[rel] = r
+	return r, true
+}
+
+// store keeps the record of a directory just read, with st its stat taken
+// before the read, unless the directory changed too recently to tell a
+// later change from this one.
+func (c *dirCache) store(rel string, st *unix.Stat_t, r dirRecord) {
+	ct, mt := statNs(st.Ctim), statNs(st.Mtim)
+	if ct > c.now+int64(racyWindow) {
+		c.doubt = true
+	}
+	if st.Dev != c.rootDev || ct > c.now-int64(racyWindow) || mt > c.now-int64(racyWindow) || !jsonExact(rel, r) {
+		return
+	}
+	r.Dev, r.Ino, r.Mtime, r.Ctime = st.Dev, st.Ino, mt, ct
+	c.next[rel] = r
+}
+
+// jsonExact reports whether a record's path and names survive JSON as
+// they are (invalid UTF-8 would come back as U+FFFD: another name).
+func jsonExact(rel string, r dirRecord) bool {
+	if !utf8.ValidString(rel) {
+		return false
+	}
+	for _, names := range [][]string{r.Guarded, r.Links, r.Subdirs} {
+		for _, n := range names {
+			if !utf8.ValidString(n) {
+				return false
+			}
+		}
+	}
+	for n := range r.Matches {
+		if !utf8.ValidString(n) {
+			return false
+		}
+	}
+	return true
+}
+
+// save writes the records for the next scan (atomically, mode 0600), or
+// removes the file when the clock is in doubt.
+func (c *dirCache) save() error {
+	if c.doubt {
+		if err := os.Remove(c.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("worktree guard: remove cache: %w", err)
+		}
+		return nil
+	}
+	if c.reads == 0 && len(c.next) == len(c.old) {
+		return nil // nothing new: every directory came from the cache
+	}
+	d := c.head
+	d.Dirs = c.next
+	data, err := json.Marshal(d)
+	if err != nil {
+		return fmt.Errorf("worktree guard: cache: %w", err)
+	}
+	tmp := c.path + "." + randHex()
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		os.Remove(tmp)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil // no trust store yet: nothing to keep it in
+		}
+		return fmt.Errorf("worktree guard: write cache: %w", err)
+	}
+	if err := os.Rename(tmp, c.path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("worktree guard: write cache: %w", err)
+	}
+	return nil
+}
