@@ -86,7 +86,7 @@ func (r *Runner) prepareNextLocked(ctx context.Context, task taskid.ID, in *chec
 	if p.idmap {
 		// runc has bound the staging mount once the cage is initialised
 		// (or it never will): it goes on every path out.
-		defer func() { _ = r.claims().Unstage(task) }()
+		defer func() { _ = r.claims().Unstage(in.holder) }()
 	}
 	hash, err := specHash(p.spec)
 	if err != nil {

@@ -27,7 +27,7 @@ func eventsTree(t *testing.T, dirs ...string) {
 	for _, wt := range dirs {
 		files := map[string]string{
 			"src/main.go": "package main\n", "src/util/u.go": "package util\n",
-			"docs/a.md": "a", "docs/old/b.md": "b", "docs/old/deep/c.md": "c",
+			"notes/a.md": "a", "notes/old/b.md": "b", "notes/old/deep/c.md": "c",
 			"gone/x/y.txt": "y", "gone/z.txt": "z", "stamp.txt": "12345",
 			"vendor/lib/.git/HEAD": "ref: refs/heads/main\n", "AGENTS.md": "be nice\n",
 			"linked.txt": "one inode",
@@ -37,7 +37,7 @@ func eventsTree(t *testing.T, dirs ...string) {
 			assert.NilError(t, os.MkdirAll(filepath.Dir(p), 0o755))
 			assert.NilError(t, os.WriteFile(p, []byte(data), 0o644))
 		}
-		assert.NilError(t, os.Link(filepath.Join(wt, "linked.txt"), filepath.Join(wt, "docs", "linked-too.txt")))
+		assert.NilError(t, os.Link(filepath.Join(wt, "linked.txt"), filepath.Join(wt, "notes", "linked-too.txt")))
 		assert.NilError(t, filepath.Walk(wt, func(p string, _ os.FileInfo, err error) error {
 			if err != nil {
 				return err
@@ -109,10 +109,10 @@ echo edited >> src/main.go
 touch -r stamp.txt /tmp/stamp && printf 54321 > stamp.txt && touch -r /tmp/stamp stamp.txt
 chmod 700 src/util/u.go
 rm -rf gone
-mv docs/old docs/moved && echo more >> docs/moved/deep/c.md
+mv notes/old notes/moved && echo more >> notes/moved/deep/c.md
 echo through-one-link >> linked.txt
 ln src/main.go src/main-link.go
-rm docs/a.md && ln -s ../AGENTS.md docs/a.md
+rm notes/a.md && ln -s ../AGENTS.md notes/a.md
 echo upload > AGENTS.md
 mkdir -p sub/.git && echo x > sub/.git/HEAD
 `))
@@ -131,7 +131,7 @@ mkdir -p sub/.git && echo x > sub/.git/HEAD
 		assert.NilError(t, os.WriteFile(filepath.Join(wt, "AGENTS.md"), []byte("owner\n"), 0o644))
 		assert.NilError(t, os.WriteFile(filepath.Join(wt, "host.txt"), []byte("mine\n"), 0o644))
 		assert.NilError(t, os.RemoveAll(filepath.Join(wt, "n")))
-		assert.NilError(t, os.Rename(filepath.Join(wt, "docs"), filepath.Join(wt, "docs2")))
+		assert.NilError(t, os.Rename(filepath.Join(wt, "notes"), filepath.Join(wt, "notes2")))
 	}
 	s = both("after the owner", run(0, `echo turn > /work/turn.txt`))
 	assert.DeepEqual(t, []int{s.Added, s.Modified, s.Deleted}, []int{1, 0, 0})
