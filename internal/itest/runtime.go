@@ -159,6 +159,8 @@ func runscSkips() map[string]string {
 		"TestIdmapPreparedCage":             idmapUnderRunsc,
 		"TestIdmapGitWorkTree":              idmapUnderRunsc,
 		"TestIdmapGateOpenedFallsBack":      idmapUnderRunsc,
+		"TestIdmapUnseenWorktreeIsRefused":  idmapUnderRunsc,
+		"TestIdmapWorktreeSeenInTestbed":    idmapUnderRunsc,
 		// cmd/shrooms
 		"TestRuntimeDoctorAndRunJSON": "it sets cage.runtime itself and asserts doctor's runc line; the config it builds then names cage.runtime twice",
 		"TestRuntimeRefusals":         "it sets cage.runtime itself (crun, /etc/passwd) against a runc service; the config it builds then names cage.runtime twice",
