@@ -24,9 +24,6 @@ import (
 func idmapTree(t *testing.T, e *itest.Env, runner *Runner) string {
 	t.Helper()
 	itest.Require(t, itest.Root)
-	if itest.Runtime() == "runsc" {
-		t.Skip("gVisor cages keep the chown walks (TestWorktreeKeepsItsOwner)")
-	}
 	wt := ownedTree(t, e, runner)
 	for _, d := range []string{"sub", "sub/.git", "sub/.git/objects", "sub/.git/refs"} {
 		assert.NilError(t, os.Mkdir(filepath.Join(wt, d), 0o755))

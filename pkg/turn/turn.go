@@ -339,7 +339,15 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	handoff = prep
 	res, err = r.execute(ctx, prep, in.streams, c, preparedID)
 	if before != nil {
-		after, why := watch.After(context.WithoutCancel(ctx), before)
+		// The events tell all the turn did only once no process of its
+		// cage can run: else the old paths, the walk and the full give-back.
+		after, why := (*diff.Snapshot)(nil), cageMayRun(res, err)
+		switch {
+		case watch == nil:
+			why = unwatched
+		case why == "":
+			after, why = watch.After(context.WithoutCancel(ctx), before)
+		}
 		watch.Close() // before the give-back: its chowns are not the turn's
 		if after != nil && err == nil && prep.idmap {
 			// An idmapped worktree's give-back needs only what the turn
@@ -348,9 +356,6 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		}
 		scanAfter := "events"
 		if after == nil {
-			if watch == nil {
-				why = unwatched
-			}
 			scanAfter = "walk: " + why
 			// After a turn that ended cleanly the scan also gives the
 			// worktree back; on any other path the give-back stays the

@@ -101,7 +101,7 @@ func (c Claims) Check(holder Holder, worktree string) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
-	if cl != nil && cl.Task != holder.name {
+	if cl != nil && cl.Task != holder.task.String() {
 		return fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree; `shrooms forget --task %s` releases it)", fault.Input, worktree, cl.Task, cl.Task)
 	}
 	return nil
@@ -192,7 +192,7 @@ func (c Claims) Release(task taskid.ID) error {
 		return err
 	}
 	for i, cl := range claims {
-		if cl.Task != holder.name {
+		if cl.Task != holder.task.String() {
 			continue
 		}
 		if _, err := c.GiveBack(holder, cl.Worktree); err != nil {

@@ -84,7 +84,7 @@ func report(worktree string, cl *claim, gb GiveBackReport, start time.Time) *Rep
 // claim on it). Call it with the task lock held, after the cage is gone.
 func (c Claims) GiveBack(holder Holder, worktree string) (*Report, error) {
 	cl, err := c.read(worktree)
-	if err != nil || cl == nil || cl.Task != holder.name {
+	if err != nil || cl == nil || cl.Task != holder.task.String() {
 		return nil, err
 	}
 	// A staging mount a crash left (a turn's or a preparation's) goes first.
@@ -114,7 +114,7 @@ func (c Claims) GiveBack(holder Holder, worktree string) (*Report, error) {
 // walk.
 func (c Claims) GiveBackScanning(ctx context.Context, holder Holder, worktree string) (*diff.Snapshot, *Report) {
 	cl, err := c.read(worktree)
-	if err != nil || cl == nil || cl.Task != holder.name {
+	if err != nil || cl == nil || cl.Task != holder.task.String() {
 		return nil, nil
 	}
 	if after, rep, done := c.giveBackIdmappedScanning(ctx, holder, worktree); done {

@@ -103,12 +103,12 @@ func (c Claims) claimAndCap(holder Holder, worktree string, ids taskstate.IDs) (
 	}
 	inRange := st.Uid >= ids.UID && st.Uid < ids.UID+taskstate.SlotSize
 	switch {
-	case cl != nil && cl.Task != holder.name:
+	case cl != nil && cl.Task != holder.task.String():
 		return nil, fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree)", fault.Input, worktree, cl.Task)
 	case cl == nil && inRange:
-		return nil, fmt.Errorf("%w: worktree %q is owned by task %s's user namespace and shrooms has no record of its owner; chown -R it to its owner and retry", fault.Input, worktree, holder.name)
+		return nil, fmt.Errorf("%w: worktree %q is owned by task %s's user namespace and shrooms has no record of its owner; chown -R it to its owner and retry", fault.Input, worktree, holder.task.String())
 	case cl == nil:
-		cl = &claim{Worktree: worktree, Task: holder.name}
+		cl = &claim{Worktree: worktree, Task: holder.task.String()}
 	}
 	if !inRange {
 		cl.UID, cl.GID = st.Uid, st.Gid // the owner now (who may have changed)

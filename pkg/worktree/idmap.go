@@ -78,7 +78,7 @@ func (c Claims) recordDir() string { return filepath.Join(c.Layout.Dir, "idmap")
 // worktree's staging mount and records. The worktree's steps of a turn take
 // it, not the id. The zero Holder is refused as "no task id".
 type Holder struct {
-	name     string
+	task     taskid.ID // typed, so that tools/walk -carriers counts a Holder as the task
 	state    taskstate.Dir
 	staging  string
 	turn     string // the idmapped turn's record
@@ -93,7 +93,7 @@ func (c Claims) Holder(task taskid.ID) (Holder, error) {
 	}
 	name := task.String()
 	return Holder{
-		name:     name,
+		task:     task,
 		state:    state,
 		staging:  filepath.Join(c.idmapDir(), name),
 		turn:     filepath.Join(c.recordDir(), name+".turn.json"),
@@ -103,7 +103,7 @@ func (c Claims) Holder(task taskid.ID) (Holder, error) {
 
 // check refuses the zero Holder.
 func (h Holder) check() error {
-	if h.name == "" {
+	if h.task.IsZero() {
 		return errors.New("no task id")
 	}
 	return nil
@@ -220,7 +220,7 @@ func (c Claims) owner(holder Holder, worktree string, lo uint32) (uint32, uint32
 	if err != nil {
 		return 0, 0, err
 	}
-	if cl == nil || cl.Task != holder.name {
+	if cl == nil || cl.Task != holder.task.String() {
 		return 0, 0, fmt.Errorf("worktree %s is owned by the task's user namespace and shrooms has no record of its owner", worktree)
 	}
 	return cl.UID, cl.GID, nil
