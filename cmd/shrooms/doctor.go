@@ -40,6 +40,14 @@ func doctorCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "doctor",
 		Usage: "check that this host can run sealed turns, and say how to fix what is missing",
+		Description: `Loads what a turn loads (as "shrooms config check") and checks the host:
+podman (rootful, reachable), the OCI runtime (and runsc's flags under gVisor),
+the images, the subuid/subgid ranges, the state directory, the token files'
+owner and mode, loop devices, mkfs.ext4, git, TIOCSTI; the worktree cap (a
+project quota on the roots' filesystems) and the worktree mode (an idmapped
+mount or the chown walks, and why); under a networked policy br_netfilter,
+the bridge sysctls, iptables for netavark and the seal; each gateway
+upstream's DNS and TCP. Each finding is ok, warn or fail, with its fix.`,
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c)
 			if err != nil {

@@ -101,7 +101,11 @@ func runCommand() *cli.Command {
 		ArgsUsage: "[-- ARGS...]",
 		Description: `Runs the agent's command (plus ARGS) in a new cage, streams its output,
 waits for it with a deadline and removes the cage on every path out; then
-gives the worktree's files back to the worktree's owner.
+gives the worktree back to its owner (worktree.idmap: with an idmapped mount
+what the cage wrote is the owner's already, so only the setuid/setgid bits of
+the files the turn changed are taken and the nested git repositories it made
+go to the task's user; with the chown walks every entry the task's uid range
+owns is chowned back; "shrooms doctor" says which).
 Once the agent has exited, shrooms prints the result and exits at once: the
 cage's removal and the preparation of the task's next cage (cage.prepare_next,
 on by default; --prepare-next=false skips it) go on in a detached child that

@@ -139,6 +139,10 @@ func runtimeSkip(rt, name string) (string, bool) {
 	return reason, ok
 }
 
+// idmapUnderRunsc is why the idmapped worktree's tests cannot pass under runsc.
+const idmapUnderRunsc = "gVisor cages keep the chown walks (no idmapped worktree: res.Worktree.Idmapped is false, " +
+	"and the take hands every file to the task, root's too); TestWorktreeKeepsItsOwner is their runsc test"
+
 // runscSkips are the tests that cannot pass under runsc, by name, with
 // the measured reason.
 func runscSkips() map[string]string {
@@ -148,6 +152,15 @@ func runscSkips() map[string]string {
 			"TestRuntimeRunscSandboxRunsAsTheTaskRange checks the range on the host side",
 		"TestRuntimeExplicitPathRuns": "it asks for /usr/bin/runc on the shared service, which runs runsc here " +
 			"(refused: exit 122, as TestRuntimeTheServiceDoesNotRunIsRefused asserts)",
+		// Each asserts the idmapped worktree, which gVisor cages do not get
+		// (turn.idmapReason): they keep the chown walks, TestWorktreeKeepsItsOwner's.
+		"TestIdmappedWorktree":              idmapUnderRunsc,
+		"TestIdmapLeftoverStagingIsCleared": idmapUnderRunsc,
+		"TestIdmapPreparedCage":             idmapUnderRunsc,
+		"TestIdmapGitWorkTree":              idmapUnderRunsc,
+		"TestIdmapGateOpenedFallsBack":      idmapUnderRunsc,
+		"TestIdmapUnseenWorktreeIsRefused":  idmapUnderRunsc,
+		"TestIdmapWorktreeSeenInTestbed":    idmapUnderRunsc,
 		// cmd/shrooms
 		"TestRuntimeDoctorAndRunJSON": "it sets cage.runtime itself and asserts doctor's runc line; the config it builds then names cage.runtime twice",
 		"TestRuntimeRefusals":         "it sets cage.runtime itself (crun, /etc/passwd) against a runc service; the config it builds then names cage.runtime twice",

@@ -329,6 +329,18 @@ func (r *Runner) removeSecrets(names []string) {
 	}
 }
 
+// cageMayRun says why processes of the turn's cage may still run once
+// execute returned, "" when none can: on an error path its stop and
+// removal are best effort, and only a removal that succeeded (forced, no
+// grace) ends them. On the agent's own exit its PID namespace ended with
+// it, whoever removes the cage (a detached child, or a removal that fails).
+func cageMayRun(res *Result, err error) string {
+	if err == nil || res.Removed {
+		return ""
+	}
+	return "the cage may still run (not removed)"
+}
+
 // remove removes the cage; a failure is recorded, never silent.
 func (r *Runner) remove(ctx context.Context, id string, res *Result) {
 	rctx, cancel := context.WithTimeout(ctx, CleanupTimeout)

@@ -15,6 +15,7 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
+	"github.com/shrooms-cage/shrooms/pkg/worktree"
 )
 
 // idmapTree is ownedTree (uid 4242, below the test's root-only temp
@@ -23,9 +24,6 @@ import (
 func idmapTree(t *testing.T, e *itest.Env, runner *Runner) string {
 	t.Helper()
 	itest.Require(t, itest.Root)
-	if itest.Runtime() == "runsc" {
-		t.Skip("gVisor cages keep the chown walks (TestWorktreeKeepsItsOwner)")
-	}
 	wt := ownedTree(t, e, runner)
 	for _, d := range []string{"sub", "sub/.git", "sub/.git/objects", "sub/.git/refs"} {
 		assert.NilError(t, os.Mkdir(filepath.Join(wt, d), 0o755))
@@ -44,7 +42,7 @@ func idmapTree(t *testing.T, e *itest.Env, runner *Runner) string {
 // worktree's files show through it).
 func staged(t *testing.T, runner *Runner, task string) bool {
 	t.Helper()
-	_, err := os.Lstat(filepath.Join(runner.claims().StagingDir(taskid.Must(task)), "src"))
+	_, err := os.Lstat(filepath.Join(mustHolder(t, runner, task).StagingDir(), "src"))
 	return err == nil
 }
 
@@ -205,7 +203,7 @@ func TestIdmapLeftoverStagingIsCleared(t *testing.T) {
 		lock, err := runner.Store.LockTask(taskid.Must(task))
 		assert.NilError(t, err)
 		defer lock.Release()
-		_, err = runner.claims().TakeIdmapped(context.Background(), taskid.Must(task), wt, ids, true)
+		_, err = runner.claims().TakeIdmapped(context.Background(), mustHolder(t, runner, task), wt, ids, true)
 		assert.NilError(t, err)
 	}
 	take()
@@ -337,4 +335,12 @@ func TestIdmapGateOpenedFallsBack(t *testing.T) {
 	assert.Assert(t, !res.Prepared, "the cage prepared on the idmapped mount is not used")
 	assert.Assert(t, !res.Worktree.Idmapped && res.Worktree.GivenBack > 0, "%+v", res.Worktree)
 	assert.Equal(t, uidOf(t, filepath.Join(wt, "opened")), uint32(4242))
+}
+
+// mustHolder is the worktree claims' Holder of task.
+func mustHolder(t *testing.T, runner *Runner, task string) worktree.Holder {
+	t.Helper()
+	h, err := runner.claims().Holder(taskid.Must(task))
+	assert.NilError(t, err)
+	return h
 }

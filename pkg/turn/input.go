@@ -40,8 +40,12 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInput, err)
 	}
+	holder, err := worktree.NewClaims(cfg).Holder(task)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInput, err)
+	}
 	in := &checked{
-		state: state, home: home.NewStore(nil, cfg).Volume(task), dir: cfg.State.Dir + "/tasks/" + task.String(),
+		state: state, holder: holder, home: home.NewStore(nil, cfg).Volume(task), dir: cfg.State.Dir + "/tasks/" + task.String(),
 		agentName: req.Agent, agent: agent, tokens: tokens,
 		command: req.Command, args: req.Args, extraMounts: req.ExtraMounts,
 		streams: req.Streams, terminal: req.Terminal, timeout: req.Timeout,
@@ -68,7 +72,7 @@ func checkInput(cfg *config.Config, req Request) (*checked, error) {
 		if in.worktree, err = worktree.CheckPath(cfg, wt); err != nil {
 			return nil, err
 		}
-		if err := worktree.NewClaims(cfg).Check(req.Task, in.worktree); err != nil {
+		if err := worktree.NewClaims(cfg).Check(in.holder, in.worktree); err != nil {
 			return nil, err
 		}
 	}

@@ -254,9 +254,9 @@ func (r *Runner) plan(task taskid.ID, in *checked, f *facts, ahead bool) (*Plan,
 		}
 	}
 	if in.worktree != "" {
-		p.idmapOff = r.idmapReason(task, in, p.ids)
+		p.idmapOff = r.idmapReason(in, p.ids)
 		if p.idmap = p.idmapOff == ""; p.idmap {
-			p.staging = r.claims().StagingDir(task)
+			p.staging = in.holder.StagingDir()
 		}
 	}
 	mp, err := r.planMounts(in, p)
@@ -434,14 +434,14 @@ func (r *Runner) apply(ctx context.Context, task taskid.ID, in *checked, p *Plan
 	// A cage prepared ahead takes the worktree when its turn runs, so the
 	// owner keeps it between turns.
 	if in.worktree != "" && s.takeWorktree {
-		before, err := r.takeWorktree(ctx, task, in, p, true)
+		before, err := r.takeWorktree(ctx, in, p, true)
 		if err != nil {
 			return nil, err
 		}
 		out.before = before
 	} else if in.worktree != "" && p.idmap {
 		// The cage prepared ahead binds the staging mount at its init.
-		if err := r.claims().PrepareIdmapped(ctx, task, in.worktree, p.ids); err != nil {
+		if err := r.claims().PrepareIdmapped(ctx, in.holder, in.worktree, p.ids); err != nil {
 			return nil, fmt.Errorf("%w: idmapped worktree: %w", ErrHostNotReady, err)
 		}
 	}

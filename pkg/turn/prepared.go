@@ -100,7 +100,7 @@ func (r *Runner) prepareNextClean(ctx context.Context, task taskid.ID, in *check
 	if p.idmap {
 		// runc has bound the staging mount once the cage is initialised
 		// (or it never will): it goes on every path out.
-		defer func() { _ = r.claims().Unstage(task) }()
+		defer func() { _ = r.claims().Unstage(in.holder) }()
 	}
 	hash, err := specHash(p.spec)
 	if err != nil {

@@ -299,7 +299,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	var given *worktree.Report // the give-back, when the change scan's walk did it
 	if in.worktree != "" {
 		// Last before the lock goes: the cage is gone, no turn can start.
-		defer func() { err = r.finishWorktree(req.Task, in.worktree, given, res, err) }()
+		defer func() { err = r.finishWorktree(in.holder, in.worktree, given, res, err) }()
 	}
 	// First once the turn ends (no process of its cage runs): what it put
 	// in /outbox leaves the cages' reach.
@@ -339,24 +339,29 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	handoff = prep
 	res, err = r.execute(ctx, prep, in.streams, c, preparedID)
 	if before != nil {
-		after, why := watch.After(context.WithoutCancel(ctx), before)
+		// The events tell all the turn did only once no process of its
+		// cage can run: else the old paths, the walk and the full give-back.
+		after, why := (*diff.Snapshot)(nil), cageMayRun(res, err)
+		switch {
+		case watch == nil:
+			why = unwatched
+		case why == "":
+			after, why = watch.After(context.WithoutCancel(ctx), before)
+		}
 		watch.Close() // before the give-back: its chowns are not the turn's
 		if after != nil && err == nil && prep.idmap {
 			// An idmapped worktree's give-back needs only what the turn
 			// changed; on any doubt finishWorktree's full walk does it.
-			given, _ = r.claims().GiveBackChanged(req.Task, in.worktree, diff.Changed(before, after))
+			given, _ = r.claims().GiveBackChanged(in.holder, in.worktree, diff.Changed(before, after))
 		}
 		scanAfter := "events"
 		if after == nil {
-			if watch == nil {
-				why = unwatched
-			}
 			scanAfter = "walk: " + why
 			// After a turn that ended cleanly the scan also gives the
 			// worktree back; on any other path the give-back stays the
 			// last step.
 			if err == nil {
-				after, given = r.claims().GiveBackScanning(context.WithoutCancel(ctx), req.Task, in.worktree)
+				after, given = r.claims().GiveBackScanning(context.WithoutCancel(ctx), in.holder, in.worktree)
 			}
 		}
 		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, after, in.worktree, prep.guard)
@@ -387,7 +392,7 @@ func (r *Runner) turnCage(ctx context.Context, task taskid.ID, in *checked, s st
 		return "", prep, err
 	}
 	if in.worktree != "" {
-		if prep.before, err = r.takeWorktree(ctx, task, in, prep.Plan, false); err != nil {
+		if prep.before, err = r.takeWorktree(ctx, in, prep.Plan, false); err != nil {
 			return "", nil, err
 		}
 	}
@@ -473,6 +478,9 @@ type checked struct {
 	dir   string
 	// home names the task's HOME volume and image, derived once.
 	home home.Volume
+	// holder is the task as the worktree claims know it (its claims' name,
+	// its idmap staging and record paths), derived once.
+	holder worktree.Holder
 	// agentName is the agent as the request names it, agent its config.
 	agentName string
 	agent     config.Agent

@@ -7,7 +7,6 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/worktree"
 )
 
@@ -23,13 +22,13 @@ func (r *Runner) claims() worktree.Claims {
 // out of Run (agent exit, deadline, interruption, errors), unless the change
 // scan's walk did (given). A failure is the turn's error unless it already
 // has one.
-func (r *Runner) finishWorktree(task taskid.ID, wt string, given *worktree.Report, res *Result, err error) error {
+func (r *Runner) finishWorktree(holder worktree.Holder, wt string, given *worktree.Report, res *Result, err error) error {
 	if given != nil {
 		res.Worktree = given
 		res.Phases = append(res.Phases, Phase{Name: "give-back", Ms: given.GiveBackMs})
 		return err
 	}
-	rep, gerr := r.claims().GiveBack(task, wt)
+	rep, gerr := r.claims().GiveBack(holder, wt)
 	if rep != nil {
 		res.Worktree = rep
 		res.Phases = append(res.Phases, Phase{Name: "give-back", Ms: rep.GiveBackMs})
@@ -50,20 +49,20 @@ func (r *Runner) finishWorktree(task taskid.ID, wt string, given *worktree.Repor
 
 // idmapReason says why the turn's worktree gets the chown walks rather
 // than an idmapped mount ("" for the idmapped mount).
-func (r *Runner) idmapReason(task taskid.ID, in *checked, ids taskstate.IDs) string {
+func (r *Runner) idmapReason(in *checked, ids taskstate.IDs) string {
 	if gvisor(r.Cfg.Cage.Runtime) {
 		return "gVisor cages keep the chown walks"
 	}
 	agent := uint32(r.Cfg.Cage.User)
-	return r.claims().IdmapReason(task, in.worktree, ids.UID+agent, ids.GID+agent)
+	return r.claims().IdmapReason(in.holder, in.worktree, ids.UID+agent, ids.GID+agent)
 }
 
 // takeWorktree takes the worktree for the turn: the hand-over, or for an
 // idmapped one the staging mount (stage: a fresh cage; a prepared one has
 // bound its own at init).
-func (r *Runner) takeWorktree(ctx context.Context, task taskid.ID, in *checked, p *Plan, stage bool) (*diff.Snapshot, error) {
+func (r *Runner) takeWorktree(ctx context.Context, in *checked, p *Plan, stage bool) (*diff.Snapshot, error) {
 	if p.idmap {
-		return r.claims().TakeIdmapped(ctx, task, in.worktree, p.ids, stage)
+		return r.claims().TakeIdmapped(ctx, in.holder, in.worktree, p.ids, stage)
 	}
-	return r.claims().Take(ctx, task, in.worktree, p.ids)
+	return r.claims().Take(ctx, in.holder, in.worktree, p.ids)
 }

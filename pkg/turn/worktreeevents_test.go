@@ -9,11 +9,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"gotest.tools/v3/assert"
 
+	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
@@ -27,7 +29,7 @@ func eventsTree(t *testing.T, dirs ...string) {
 	for _, wt := range dirs {
 		files := map[string]string{
 			"src/main.go": "package main\n", "src/util/u.go": "package util\n",
-			"docs/a.md": "a", "docs/old/b.md": "b", "docs/old/deep/c.md": "c",
+			"notes/a.md": "a", "notes/old/b.md": "b", "notes/old/deep/c.md": "c",
 			"gone/x/y.txt": "y", "gone/z.txt": "z", "stamp.txt": "12345",
 			"vendor/lib/.git/HEAD": "ref: refs/heads/main\n", "AGENTS.md": "be nice\n",
 			"linked.txt": "one inode",
@@ -37,7 +39,7 @@ func eventsTree(t *testing.T, dirs ...string) {
 			assert.NilError(t, os.MkdirAll(filepath.Dir(p), 0o755))
 			assert.NilError(t, os.WriteFile(p, []byte(data), 0o644))
 		}
-		assert.NilError(t, os.Link(filepath.Join(wt, "linked.txt"), filepath.Join(wt, "docs", "linked-too.txt")))
+		assert.NilError(t, os.Link(filepath.Join(wt, "linked.txt"), filepath.Join(wt, "notes", "linked-too.txt")))
 		assert.NilError(t, filepath.Walk(wt, func(p string, _ os.FileInfo, err error) error {
 			if err != nil {
 				return err
@@ -109,10 +111,10 @@ echo edited >> src/main.go
 touch -r stamp.txt /tmp/stamp && printf 54321 > stamp.txt && touch -r /tmp/stamp stamp.txt
 chmod 700 src/util/u.go
 rm -rf gone
-mv docs/old docs/moved && echo more >> docs/moved/deep/c.md
+mv notes/old notes/moved && echo more >> notes/moved/deep/c.md
 echo through-one-link >> linked.txt
 ln src/main.go src/main-link.go
-rm docs/a.md && ln -s ../AGENTS.md docs/a.md
+rm notes/a.md && ln -s ../AGENTS.md notes/a.md
 echo upload > AGENTS.md
 mkdir -p sub/.git && echo x > sub/.git/HEAD
 `))
@@ -131,7 +133,7 @@ mkdir -p sub/.git && echo x > sub/.git/HEAD
 		assert.NilError(t, os.WriteFile(filepath.Join(wt, "AGENTS.md"), []byte("owner\n"), 0o644))
 		assert.NilError(t, os.WriteFile(filepath.Join(wt, "host.txt"), []byte("mine\n"), 0o644))
 		assert.NilError(t, os.RemoveAll(filepath.Join(wt, "n")))
-		assert.NilError(t, os.Rename(filepath.Join(wt, "docs"), filepath.Join(wt, "docs2")))
+		assert.NilError(t, os.Rename(filepath.Join(wt, "notes"), filepath.Join(wt, "notes2")))
 	}
 	s = both("after the owner", run(0, `echo turn > /work/turn.txt`))
 	assert.DeepEqual(t, []int{s.Added, s.Modified, s.Deleted}, []int{1, 0, 0})
@@ -176,4 +178,89 @@ func TestWorktreeChangesSeeMappedWrites(t *testing.T) {
 		assert.NilError(t, os.WriteFile(filepath.Join(wt, "stamp.txt"), []byte("12345"), 0o644))
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// refusingEngine is the real podman client whose stop and removal of a
+// cage fail while it is armed (the cage then really keeps running);
+// beforeRefusal runs first, with the cage still running.
+type refusingEngine struct {
+	engine.Engine
+	armed         atomic.Bool
+	beforeRefusal func()
+}
+
+func (e *refusingEngine) Stop(ctx context.Context, id string, grace time.Duration) error {
+	if e.armed.Load() {
+		return errors.New("test: stop refused")
+	}
+	return e.Engine.Stop(ctx, id, grace)
+}
+
+func (e *refusingEngine) Remove(ctx context.Context, id string) error {
+	if e.armed.Load() {
+		e.beforeRefusal()
+		return errors.New("test: removal refused")
+	}
+	return e.Engine.Remove(ctx, id)
+}
+
+// TestWorktreeChangesWalkedWhileTheCageMayRun: a turn past its deadline
+// whose cage podman fails to stop and to remove still runs and writes the
+// worktree after the turn ended: its events are not trusted, the report
+// is the walk's (with that late write) and the give-back the full one,
+// which gives the late file back too. The positive control: the same turn
+// whose cage is removed reads its events.
+func TestWorktreeChangesWalkedWhileTheCageMayRun(t *testing.T) {
+	e, runner := newHarness(t, "")
+	base := t.TempDir()
+	runner.Cfg.Worktree.Roots = []string{base}
+	wt := filepath.Join(base, "wt")
+	eventsTree(t, wt)
+	refusing := &refusingEngine{Engine: runner.Podman}
+	runner.Podman = refusing
+	task := taskid.Must(e.Task("mayrun"))
+	turn := func(script string) (*Result, error) {
+		var out, errb bytes.Buffer
+		return runner.Run(context.Background(), Request{
+			Task: task, Agent: "shell", Worktree: wt, Args: []string{"-c", script},
+			Timeout: 3 * time.Second, Streams: podman.Streams{Stdout: &out, Stderr: &errb},
+		})
+	}
+
+	res, err := turn(`echo one > /work/one.txt && echo up && sleep 600`)
+	assert.Assert(t, errors.Is(err, ErrDeadline), "%v", err)
+	assert.Assert(t, res.Removed, res.Error)
+	assert.Equal(t, res.WorktreeChanges.ScanAfter, "events")
+	assert.Equal(t, changed(t, res).Added, 1)
+
+	// The cage writes late.txt only once its removal is under way: after
+	// the turn's deadline, its stop (refused) and its last event.
+	late := filepath.Join(wt, "late.txt")
+	refusing.beforeRefusal = func() {
+		assert.Check(t, os.WriteFile(filepath.Join(wt, "go"), nil, 0o644))
+		for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			if _, err := os.Lstat(late); err == nil {
+				return
+			}
+		}
+		t.Error("the cage did not write late.txt after its stop was refused")
+	}
+	refusing.armed.Store(true)
+	res, err = turn(`echo two > /work/two.txt && echo up
+while [ ! -e /work/go ]; do sleep 0.05; done
+echo late > /work/late.txt
+sleep 600`)
+	refusing.armed.Store(false)
+	assert.Assert(t, res.Cage != "")
+	t.Cleanup(func() { _ = refusing.Remove(context.Background(), res.Cage) })
+	assert.Assert(t, errors.Is(err, ErrDeadline), "%v", err)
+	assert.Assert(t, !res.Removed)
+	cage, cerr := refusing.CageNamed(context.Background(), res.Cage)
+	assert.NilError(t, cerr)
+	assert.Assert(t, cage != nil && cage.State == "running", "%+v", cage)
+	assert.Equal(t, res.WorktreeChanges.ScanAfter, "walk: the cage may still run (not removed)")
+	// two.txt, go and late.txt: the write after the turn's events is in it.
+	assert.Equal(t, changed(t, res).Added, 3)
+	assert.Assert(t, res.Worktree != nil, "no give-back: %s", res.Error)
+	assert.Equal(t, uidOf(t, late), uint32(4242), "the full give-back did not reach the late write")
 }

@@ -25,9 +25,6 @@ import (
 // differs from the test's: the staging could not work without the join.
 func TestIdmapWorktreeSeenInTestbed(t *testing.T) {
 	itest.Require(t, itest.Root)
-	if itest.Runtime() == "runsc" {
-		t.Skip("gVisor cages keep the chown walks")
-	}
 	e, r := newResolverEnv(t, "allowlist", []string{"example.test"}, nil)
 	wt := idmapTree(t, e.Env, r)
 	var out, errb bytes.Buffer

@@ -96,12 +96,12 @@ func (c Claims) read(worktree string) (*claim, error) {
 
 // Check refuses a worktree that another task holds (read-only):
 // fault.Input, or fault.HostNotReady when the claim cannot be read.
-func (c Claims) Check(task taskid.ID, worktree string) error {
+func (c Claims) Check(holder Holder, worktree string) error {
 	cl, err := c.read(worktree)
 	if err != nil {
 		return fmt.Errorf("%w: %w", fault.HostNotReady, err)
 	}
-	if cl != nil && cl.Task != task.String() {
+	if cl != nil && cl.Task != holder.task.String() {
 		return fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree; `shrooms forget --task %s` releases it)", fault.Input, worktree, cl.Task, cl.Task)
 	}
 	return nil
@@ -183,22 +183,26 @@ func (c Claims) Files(task taskid.ID) []string {
 // Release gives back and unclaims every worktree of the task (for forget,
 // under the task lock).
 func (c Claims) Release(task taskid.ID) error {
+	holder, err := c.Holder(task)
+	if err != nil {
+		return err
+	}
 	claims, files, err := c.all()
 	if err != nil {
 		return err
 	}
 	for i, cl := range claims {
-		if cl.Task != task.String() {
+		if cl.Task != holder.task.String() {
 			continue
 		}
-		if _, err := c.GiveBack(task, cl.Worktree); err != nil {
+		if _, err := c.GiveBack(holder, cl.Worktree); err != nil {
 			return fmt.Errorf("give worktree %s back: %w", cl.Worktree, err)
 		}
 		if err := os.Remove(files[i]); err != nil {
 			return fmt.Errorf("worktree claim: %w", err)
 		}
 	}
-	return c.releaseIdmap(task)
+	return c.releaseIdmap(holder)
 }
 
 // GiveBackIdle gives back the worktrees of tasks with no turn running (a
@@ -215,11 +219,15 @@ func (c Claims) GiveBackIdle() ([]string, error) {
 		if err != nil {
 			continue // not ours to trust
 		}
+		holder, err := c.Holder(task)
+		if err != nil {
+			continue // the zero id, which Parse never returns
+		}
 		lock, err := c.Store.LockTask(task)
 		if err != nil {
 			continue // busy (or not ours to trust): its own turn gives it back
 		}
-		rep, err := c.GiveBack(task, cl.Worktree)
+		rep, err := c.GiveBack(holder, cl.Worktree)
 		lock.Release()
 		if err != nil {
 			return given, fmt.Errorf("give worktree %s back: %w", cl.Worktree, err)

@@ -11,6 +11,7 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -28,12 +29,12 @@ func TestClaimFollowsTheDirectoryNotThePath(t *testing.T) {
 	t.Cleanup(func() { _ = syscall.Unmount(b, syscall.MNT_DETACH) })
 	claims := Claims{Layout: taskstate.Layout{Dir: state}}
 	assert.NilError(t, claims.write(&claim{Worktree: a, Task: "one", UID: 4242, GID: 4242}))
-	assert.NilError(t, claims.Check(taskid.Must("one"), a))
-	assert.NilError(t, claims.Check(taskid.Must("one"), b), "the same task through another path")
-	assert.ErrorContains(t, claims.Check(taskid.Must("two"), b), `belongs to task "one"`)
+	assert.NilError(t, claims.Check(mustHolder(t, claims, taskid.Must("one")), a))
+	assert.NilError(t, claims.Check(mustHolder(t, claims, taskid.Must("one")), b), "the same task through another path")
+	assert.ErrorContains(t, claims.Check(mustHolder(t, claims, taskid.Must("two")), b), `belongs to task "one"`)
 	c := filepath.Join(dir, "c")
 	assert.NilError(t, os.Mkdir(c, 0o755))
-	assert.NilError(t, claims.Check(taskid.Must("two"), c), "positive control: another directory is free")
+	assert.NilError(t, claims.Check(mustHolder(t, claims, taskid.Must("two")), c), "positive control: another directory is free")
 }
 
 // TestClaimsThroughTheDoor: a worktree's life through Claims alone — taken
@@ -71,8 +72,8 @@ func TestClaimsThroughTheDoor(t *testing.T) {
 	got, err := c.Store.TaskIDs(one, c.IDFiles, true)
 	assert.NilError(t, err)
 
-	assert.NilError(t, c.Check(two, wt), "positive control: an unclaimed worktree is free")
-	snap, err := c.Take(context.Background(), one, wt, got)
+	assert.NilError(t, c.Check(mustHolder(t, c, two), wt), "positive control: an unclaimed worktree is free")
+	snap, err := c.Take(context.Background(), mustHolder(t, c, one), wt, got)
 	assert.NilError(t, err)
 	assert.Assert(t, snap != nil && snap.Entries() == 2, "the hand-over's walk is the scan")
 	agent := got.UID + 1000
@@ -83,10 +84,10 @@ func TestClaimsThroughTheDoor(t *testing.T) {
 	assert.Equal(t, u, uint32(0), ".git stays root's")
 	assert.Equal(t, len(c.Files(one)), 1)
 	assert.Equal(t, len(c.Files(two)), 0)
-	assert.ErrorContains(t, c.Check(two, wt), `belongs to task "one"`)
-	assert.NilError(t, c.Check(one, wt))
+	assert.ErrorContains(t, c.Check(mustHolder(t, c, two), wt), `belongs to task "one"`)
+	assert.NilError(t, c.Check(mustHolder(t, c, one), wt))
 
-	rep, err := c.GiveBack(one, wt)
+	rep, err := c.GiveBack(mustHolder(t, c, one), wt)
 	assert.NilError(t, err)
 	assert.Equal(t, rep.GivenBack, 3)
 	for _, p := range []string{wt, filepath.Join(wt, "src"), filepath.Join(wt, "src", "f")} {
@@ -94,7 +95,7 @@ func TestClaimsThroughTheDoor(t *testing.T) {
 		assert.Equal(t, u, uint32(4242), p)
 		assert.Equal(t, g, uint32(4343), p)
 	}
-	rep, err = c.GiveBack(two, wt)
+	rep, err = c.GiveBack(mustHolder(t, c, two), wt)
 	assert.NilError(t, err)
 	assert.Assert(t, rep == nil, "another task's give-back touches nothing")
 
@@ -119,7 +120,7 @@ func TestClaimsThroughTheDoor(t *testing.T) {
 	u, _ = owner(filepath.Join(wt, "src", "new"))
 	assert.Equal(t, u, uint32(4242), "released worktrees are given back first")
 	assert.Equal(t, len(c.Files(one)), 0)
-	assert.NilError(t, c.Check(two, wt), "a released worktree is free")
+	assert.NilError(t, c.Check(mustHolder(t, c, two), wt), "a released worktree is free")
 }
 
 // TestTakeKinds: Take kinds once what fails in it without a kind (a damaged
@@ -138,23 +139,52 @@ func TestTakeKinds(t *testing.T) {
 		assert.Equal(t, strings.Count(err.Error(), "host not ready"), strings.Count(prefix, "host not ready"), "%v", err)
 	}
 
-	_, err := c.Take(ctx, taskid.Must("one"), filepath.Join(dir, "nosuch"), ids)
+	_, err := c.Take(ctx, mustHolder(t, c, taskid.Must("one")), filepath.Join(dir, "nosuch"), ids)
 	assert.Equal(t, fault.Of(err), fault.Input, "%v", err)
 
 	assert.NilError(t, c.write(&claim{Worktree: wt, Task: "one", UID: 4242, GID: 4242}))
-	_, err = c.Take(ctx, taskid.Must("two"), wt, ids)
+	_, err = c.Take(ctx, mustHolder(t, c, taskid.Must("two")), wt, ids)
 	assert.Equal(t, fault.Of(err), fault.Input, "%v", err)
 	once(err, `bad input: worktree "`+wt+`" belongs to task "one"`)
 
 	assert.NilError(t, os.WriteFile(c.path(wt), []byte("{"), 0o600))
-	_, err = c.Take(ctx, taskid.Must("one"), wt, ids)
+	_, err = c.Take(ctx, mustHolder(t, c, taskid.Must("one")), wt, ids)
 	assert.Equal(t, fault.Of(err), fault.HostNotReady, "%v", err)
 	once(err, "host not ready: worktree claim ")
 
 	// The cap refusal (the test's temporary directory has no project
 	// quotas, as TestUncappedWorktreeIsRefusedByDefault checks).
 	assert.NilError(t, os.Remove(c.path(wt)))
-	_, err = c.Take(ctx, taskid.Must("one"), wt, ids)
+	_, err = c.Take(ctx, mustHolder(t, c, taskid.Must("one")), wt, ids)
 	assert.Equal(t, fault.Of(err), fault.HostNotReady, "%v", err)
 	once(err, "host not ready: worktree cap: ")
+}
+
+// mustHolder is the claims' Holder of task.
+func mustHolder(t testing.TB, c Claims, task taskid.ID) Holder {
+	t.Helper()
+	h, err := c.Holder(task)
+	assert.NilError(t, err)
+	return h
+}
+
+// TestZeroHolderIsRefused: no claim is written for the zero Holder (the
+// zero id has none); a real one claims the same worktree (root: the
+// hand-over chowns).
+func TestZeroHolderIsRefused(t *testing.T) {
+	itest.Require(t, itest.Root) // the positive control's hand-over chowns
+	dir := t.TempDir()
+	wt := filepath.Join(dir, "wt")
+	assert.NilError(t, os.Mkdir(wt, 0o755))
+	c := Claims{Layout: taskstate.Layout{Dir: filepath.Join(dir, "state")}, Cap: config.Worktree{Uncapped: "allow"}}
+	_, err := c.Holder(taskid.ID{})
+	assert.ErrorContains(t, err, "no task id")
+	_, err = c.Take(context.Background(), Holder{}, wt, taskstate.IDs{UID: 1 << 30, GID: 1 << 30})
+	assert.ErrorContains(t, err, "no task id")
+	_, err = os.Stat(c.Layout.Worktrees())
+	assert.Assert(t, os.IsNotExist(err), "a claim was written: %v", err)
+	_, err = c.Take(context.Background(), mustHolder(t, c, taskid.Must("one")), wt, taskstate.IDs{UID: 1 << 30, GID: 1 << 30})
+	assert.NilError(t, err, "positive control: a real holder")
+	files := c.Files(taskid.Must("one"))
+	assert.Equal(t, len(files), 1, "positive control: its claim: %v", files)
 }

@@ -7,7 +7,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 )
@@ -83,19 +82,19 @@ func report(worktree string, cl *claim, gb GiveBackReport, start time.Time) *Rep
 // GiveBack gives every file of the worktree that the task's uid range owns
 // back to the worktree's recorded owner (nil, nil when the task holds no
 // claim on it). Call it with the task lock held, after the cage is gone.
-func (c Claims) GiveBack(task taskid.ID, worktree string) (*Report, error) {
+func (c Claims) GiveBack(holder Holder, worktree string) (*Report, error) {
 	cl, err := c.read(worktree)
-	if err != nil || cl == nil || cl.Task != task.String() {
+	if err != nil || cl == nil || cl.Task != holder.task.String() {
 		return nil, err
 	}
 	// A staging mount a crash left (a turn's or a preparation's) goes first.
-	if err := c.Unstage(task); err != nil {
+	if err := c.Unstage(holder); err != nil {
 		return nil, err
 	}
-	if rep, done, err := c.giveBackIdmapped(task, worktree); done || err != nil {
+	if rep, done, err := c.giveBackIdmapped(holder, worktree); done || err != nil {
 		return rep, err
 	}
-	ids, err := c.Store.TaskIDs(task, c.IDFiles, false)
+	ids, err := c.Store.IDsOf(holder.state, c.IDFiles, false)
 	if err != nil {
 		return nil, err
 	}
@@ -113,15 +112,15 @@ func (c Claims) GiveBack(task taskid.ID, worktree string) (*Report, error) {
 // the scan and the give-back's report; a nil report (an error, or a scan
 // that stopped at its bounds) leaves the give-back to GiveBack's full
 // walk.
-func (c Claims) GiveBackScanning(ctx context.Context, task taskid.ID, worktree string) (*diff.Snapshot, *Report) {
+func (c Claims) GiveBackScanning(ctx context.Context, holder Holder, worktree string) (*diff.Snapshot, *Report) {
 	cl, err := c.read(worktree)
-	if err != nil || cl == nil || cl.Task != task.String() {
+	if err != nil || cl == nil || cl.Task != holder.task.String() {
 		return nil, nil
 	}
-	if after, rep, done := c.giveBackIdmappedScanning(ctx, task, worktree); done {
+	if after, rep, done := c.giveBackIdmappedScanning(ctx, holder, worktree); done {
 		return after, rep
 	}
-	ids, err := c.Store.TaskIDs(task, c.IDFiles, false)
+	ids, err := c.Store.IDsOf(holder.state, c.IDFiles, false)
 	if err != nil {
 		return nil, nil
 	}

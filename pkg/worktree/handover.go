@@ -8,7 +8,6 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 	"github.com/shrooms-cage/shrooms/pkg/wtcap"
@@ -61,9 +60,9 @@ func newHandOverHook(dir string, uid, gid int) (*Hook, error) {
 // that snapshot (nil when there was nothing to hand over; the turn then
 // scans on its own). What fails in it without a kind (the claim file, the
 // cap, the walk) is the host's to fix.
-func (c Claims) Take(ctx context.Context, task taskid.ID, worktree string, ids taskstate.IDs) (_ *diff.Snapshot, err error) {
+func (c Claims) Take(ctx context.Context, holder Holder, worktree string, ids taskstate.IDs) (_ *diff.Snapshot, err error) {
 	defer fault.Phase(fault.HostNotReady, &err)
-	if _, err := c.claimAndCap(task, worktree, ids); err != nil {
+	if _, err := c.claimAndCap(holder, worktree, ids); err != nil {
 		return nil, err
 	}
 	agent := int(c.User)
@@ -84,11 +83,14 @@ func (c Claims) Take(ctx context.Context, task taskid.ID, worktree string, ids t
 
 // claimAndCap records the task's claim on the worktree (with its owner)
 // and puts it under the task's cap; it returns the claim.
-func (c Claims) claimAndCap(task taskid.ID, worktree string, ids taskstate.IDs) (*claim, error) {
+func (c Claims) claimAndCap(holder Holder, worktree string, ids taskstate.IDs) (*claim, error) {
+	if err := holder.check(); err != nil {
+		return nil, err
+	}
 	// An idmapped turn that died before its give-back (its record is still
 	// there) is given back first: what it made setuid or a repository must
 	// not pass for the owner's in this turn's scan.
-	if _, _, err := c.giveBackIdmapped(task, worktree); err != nil {
+	if _, _, err := c.giveBackIdmapped(holder, worktree); err != nil {
 		return nil, err
 	}
 	var st unix.Stat_t
@@ -101,12 +103,12 @@ func (c Claims) claimAndCap(task taskid.ID, worktree string, ids taskstate.IDs) 
 	}
 	inRange := st.Uid >= ids.UID && st.Uid < ids.UID+taskstate.SlotSize
 	switch {
-	case cl != nil && cl.Task != task.String():
+	case cl != nil && cl.Task != holder.task.String():
 		return nil, fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree)", fault.Input, worktree, cl.Task)
 	case cl == nil && inRange:
-		return nil, fmt.Errorf("%w: worktree %q is owned by task %s's user namespace and shrooms has no record of its owner; chown -R it to its owner and retry", fault.Input, worktree, task)
+		return nil, fmt.Errorf("%w: worktree %q is owned by task %s's user namespace and shrooms has no record of its owner; chown -R it to its owner and retry", fault.Input, worktree, holder.task.String())
 	case cl == nil:
-		cl = &claim{Worktree: worktree, Task: task.String()}
+		cl = &claim{Worktree: worktree, Task: holder.task.String()}
 	}
 	if !inRange {
 		cl.UID, cl.GID = st.Uid, st.Gid // the owner now (who may have changed)

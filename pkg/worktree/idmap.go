@@ -72,17 +72,46 @@ func (c Claims) idmapDir() string {
 // turn's must outlive a reboot: its give-back strips setuid bits).
 func (c Claims) recordDir() string { return filepath.Join(c.Layout.Dir, "idmap") }
 
-// StagingDir is where a task's idmapped worktree is staged for its cage's
-// bind (the /work mount's source in idmap mode).
-func (c Claims) StagingDir(task taskid.ID) string { return filepath.Join(c.idmapDir(), task.String()) }
-
-func (c Claims) turnRecord(task taskid.ID) string {
-	return filepath.Join(c.recordDir(), task.String()+".turn.json")
+// A Holder is a task as the claims know it, derived once from its id
+// (Claims.Holder): the name its claim files record (the id's string form),
+// its state directory (for its id range) and the paths of its idmapped
+// worktree's staging mount and records. The worktree's steps of a turn take
+// it, not the id. The zero Holder is refused as "no task id".
+type Holder struct {
+	task     taskid.ID // typed, so that tools/walk -carriers counts a Holder as the task
+	state    taskstate.Dir
+	staging  string
+	turn     string // the idmapped turn's record
+	prepared string // the record of a cage prepared ahead on an idmapped mount
 }
 
-func (c Claims) preparedRecord(task taskid.ID) string {
-	return filepath.Join(c.recordDir(), task.String()+".prepared.json")
+// Holder derives what the claims need of the task.
+func (c Claims) Holder(task taskid.ID) (Holder, error) {
+	state, err := c.Store.Task(task)
+	if err != nil {
+		return Holder{}, err
+	}
+	name := task.String()
+	return Holder{
+		task:     task,
+		state:    state,
+		staging:  filepath.Join(c.idmapDir(), name),
+		turn:     filepath.Join(c.recordDir(), name+".turn.json"),
+		prepared: filepath.Join(c.recordDir(), name+".prepared.json"),
+	}, nil
 }
+
+// check refuses the zero Holder.
+func (h Holder) check() error {
+	if h.task.IsZero() {
+		return errors.New("no task id")
+	}
+	return nil
+}
+
+// StagingDir is where the task's idmapped worktree is staged for its
+// cage's bind (the /work mount's source in idmap mode).
+func (h Holder) StagingDir() string { return h.staging }
 
 // idmapRecord is what an idmapped turn's give-back needs: who the worktree
 // was mapped from and to, when the turn began (ctimes from then on are the
@@ -146,18 +175,18 @@ func readRecord(path string) (*idmapRecord, error) {
 // worktree owned by root, one other users can reach, or a kernel or
 // filesystem that refuses MOUNT_ATTR_IDMAP. agentUID and agentGID are the
 // task agent's host ids.
-func (c Claims) IdmapReason(task taskid.ID, worktree string, agentUID, agentGID uint32) string {
+func (c Claims) IdmapReason(holder Holder, worktree string, agentUID, agentGID uint32) string {
 	if c.Cap.Idmap == "off" {
 		return `worktree.idmap = "off"`
 	}
-	uid, gid, err := c.owner(task, worktree, agentUID-uint32(c.User))
+	uid, gid, err := c.owner(holder, worktree, agentUID-uint32(c.User))
 	if err != nil {
 		return err.Error()
 	}
 	// A cage prepared ahead for this worktree and owner in this boot was
 	// staged on an idmapped mount: the trial mount (a child process, slow
 	// under load) is not needed to know the kernel makes one.
-	if rec, _ := readRecord(c.preparedRecord(task)); rec != nil && rec.Boot != "" && rec.Boot == bootID() &&
+	if rec, _ := readRecord(holder.prepared); rec != nil && rec.Boot != "" && rec.Boot == bootID() &&
 		rec.Worktree == worktree && rec.Owner == [2]uint32{uid, gid} && rec.Agent == [2]uint32{agentUID, agentGID} {
 		return idmapOwnerReason(worktree, uid, gid)
 	}
@@ -179,7 +208,7 @@ func idmapOwnerReason(worktree string, uid, gid uint32) string {
 // owner is the worktree's owner, as Take records it: its root's owner now,
 // or, when that is the task's user namespace (lo its first host uid), the
 // claim's.
-func (c Claims) owner(task taskid.ID, worktree string, lo uint32) (uint32, uint32, error) {
+func (c Claims) owner(holder Holder, worktree string, lo uint32) (uint32, uint32, error) {
 	var st unix.Stat_t
 	if err := unix.Lstat(worktree, &st); err != nil {
 		return 0, 0, fmt.Errorf("worktree %s: %w", worktree, err)
@@ -191,7 +220,7 @@ func (c Claims) owner(task taskid.ID, worktree string, lo uint32) (uint32, uint3
 	if err != nil {
 		return 0, 0, err
 	}
-	if cl == nil || cl.Task != task.String() {
+	if cl == nil || cl.Task != holder.task.String() {
 		return 0, 0, fmt.Errorf("worktree %s is owned by the task's user namespace and shrooms has no record of its owner", worktree)
 	}
 	return cl.UID, cl.GID, nil
@@ -405,7 +434,7 @@ func (c Claims) privateIdmapDir() error {
 
 // Unstage detaches the task's staging mount (all of them, should a crash
 // have left one below another); nothing when there is none.
-func (c Claims) Unstage(task taskid.ID) error { return c.UnstageDir(c.StagingDir(task)) }
+func (c Claims) Unstage(holder Holder) error { return c.UnstageDir(holder.staging) }
 
 // UnstageDir is Unstage of the staging directory dir (StagingDir's).
 func (c Claims) UnstageDir(dir string) error {
@@ -498,7 +527,10 @@ func serviceMountNS(socket string) (int, error) {
 // stage mounts the worktree idmapped at the task's staging directory, with
 // read-only binds over the nested repositories (worktree-relative paths).
 // On any failure nothing stays mounted.
-func (c Claims) stage(task taskid.ID, worktree string, rec *idmapRecord) error {
+func (c Claims) stage(holder Holder, worktree string, rec *idmapRecord) error {
+	if err := holder.check(); err != nil {
+		return err
+	}
 	// The gate again, on what is staged: the plan checked the path.
 	wt, err := openGated(worktree, rec.Owner[0])
 	if err != nil {
@@ -514,7 +546,7 @@ func (c Claims) stage(task taskid.ID, worktree string, rec *idmapRecord) error {
 		if err := c.privateIdmapDir(); err != nil {
 			return err
 		}
-		dir := c.StagingDir(task)
+		dir := holder.staging
 		if err := unstage(dir); err != nil {
 			return err
 		}
@@ -596,13 +628,13 @@ func moveTo(tree int, dir string) error {
 
 // releaseIdmap removes what an idmapped worktree left of a task that is
 // forgotten: its staging mount and directory and its prepared record.
-func (c Claims) releaseIdmap(task taskid.ID) error {
-	if err := c.Unstage(task); err != nil {
+func (c Claims) releaseIdmap(holder Holder) error {
+	if err := c.Unstage(holder); err != nil {
 		return err
 	}
 	// The directory itself, in the namespace shrooms sees (the same
 	// filesystem as the service's).
-	for _, p := range []string{c.StagingDir(task), c.preparedRecord(task)} {
+	for _, p := range []string{holder.staging, holder.prepared} {
 		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("idmap staging: %w", err)
 		}

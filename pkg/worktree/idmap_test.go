@@ -36,7 +36,7 @@ func asAgent(t *testing.T, script string) (string, error) {
 // idmapFixture is a worktree owned by idOwner in a directory only root may
 // enter (the gate), with a file of the owner, one of root, and a nested
 // repository of the owner; and claims whose state directory is a temp dir.
-func idmapFixture(t *testing.T) (Claims, taskid.ID, string) {
+func idmapFixture(t *testing.T) (Claims, Holder, string) {
 	t.Helper()
 	itest.Require(t, itest.Root)
 	dir := t.TempDir()
@@ -69,14 +69,15 @@ func idmapFixture(t *testing.T) (Claims, taskid.ID, string) {
 	state := filepath.Join(dir, "state")
 	assert.NilError(t, os.Mkdir(state, 0o711))
 	c := Claims{Layout: taskstate.Layout{Dir: state}, Store: taskstate.Store{Dir: state}}
-	t.Cleanup(func() { _ = c.releaseIdmap(task); _ = os.Remove(c.idmapDir()) })
-	return c, task, wt
+	holder := mustHolder(t, c, task)
+	t.Cleanup(func() { _ = c.releaseIdmap(holder); _ = os.Remove(c.idmapDir()) })
+	return c, holder, wt
 }
 
 // stageFixture stages the fixture's worktree as a turn does and returns
 // the staging directory, reachable by the agent's uid for the test (a
 // turn's is root's only: the cage binds it).
-func stageFixture(t *testing.T, c Claims, task taskid.ID, wt string) string {
+func stageFixture(t *testing.T, c Claims, task Holder, wt string) string {
 	t.Helper()
 	_, nested, err := scanNested(context.Background(), wt)
 	assert.NilError(t, err)
@@ -88,11 +89,11 @@ func stageFixture(t *testing.T, c Claims, task taskid.ID, wt string) string {
 	assert.NilError(t, err)
 	rec := &idmapRecord{Worktree: wt, Owner: [2]uint32{idOwner, idOwner}, Agent: [2]uint32{idAgent, idAgent}, Nested: nested, Start: start}
 	assert.NilError(t, c.stage(task, wt, rec))
-	assert.NilError(t, writeRecord(c.turnRecord(task), rec))
+	assert.NilError(t, writeRecord(task.turn, rec))
 	assert.NilError(t, os.Chmod(idmapRoot, 0o711))
 	assert.NilError(t, os.Chmod(c.idmapDir(), 0o711))
 	t.Cleanup(func() { _ = os.Chmod(idmapRoot, 0o700) })
-	return c.StagingDir(task)
+	return task.StagingDir()
 }
 
 func mapKeys(m map[string]uint64) []string {
@@ -142,7 +143,7 @@ func TestIdmapStagedWorktree(t *testing.T) {
 	assert.NilError(t, c.Unstage(task))
 	_, err = os.Stat(st + "/f")
 	assert.Assert(t, os.IsNotExist(err), err)
-	rec, err := readRecord(c.turnRecord(task))
+	rec, err := readRecord(task.turn)
 	assert.NilError(t, err)
 	assert.NilError(t, c.stage(task, wt, rec))
 	assert.NilError(t, unixMoveAgain(c, task, wt, rec))
@@ -153,13 +154,13 @@ func TestIdmapStagedWorktree(t *testing.T) {
 
 // unixMoveAgain mounts a second idmapped tree over the staged one, as a
 // crashed turn followed by a stage that skipped the detach would.
-func unixMoveAgain(c Claims, task taskid.ID, wt string, rec *idmapRecord) error {
+func unixMoveAgain(c Claims, task Holder, wt string, rec *idmapRecord) error {
 	fd, err := idmappedTree(wt, rec.Owner[0], rec.Owner[1], rec.Agent[0], rec.Agent[1], true)
 	if err != nil {
 		return err
 	}
 	defer syscall.Close(fd)
-	return moveTo(fd, c.StagingDir(task))
+	return moveTo(fd, task.StagingDir())
 }
 
 // TestIdmapGiveBack: after an idmapped turn, a setuid/setgid file the turn
@@ -224,7 +225,7 @@ func idmapGiveBack(t *testing.T, mode string) {
 	// The staging mount went with the give-back, and so did the record.
 	_, err = os.Stat(st + "/f")
 	assert.Assert(t, os.IsNotExist(err), err)
-	_, err = os.Stat(c.turnRecord(task))
+	_, err = os.Stat(task.turn)
 	assert.Assert(t, os.IsNotExist(err), err)
 }
 
@@ -250,7 +251,7 @@ func TestIdmapStageChecksTheGate(t *testing.T) {
 	assert.Equal(t, IdmapHostReason(wt, idOwner, idOwner, idAgent, idAgent), "", "the plan's check passes")
 	rec := &idmapRecord{Worktree: wt, Owner: [2]uint32{idOwner, idOwner}, Agent: [2]uint32{idAgent, idAgent}, Nested: map[string]uint64{}}
 	mounted := func() bool {
-		_, err := os.Lstat(filepath.Join(c.StagingDir(task), "f"))
+		_, err := os.Lstat(filepath.Join(task.StagingDir(), "f"))
 		return err == nil
 	}
 

@@ -15,7 +15,6 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/fault"
 	"github.com/shrooms-cage/shrooms/pkg/resolve"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 )
@@ -34,9 +33,9 @@ func (c Claims) agentIDs(ids taskstate.IDs) [2]uint32 {
 // prepared ahead (PrepareIdmapped) was made on one whose nested
 // repositories and owner must still be the worktree's, or the turn is
 // refused.
-func (c Claims) TakeIdmapped(ctx context.Context, task taskid.ID, worktree string, ids taskstate.IDs, stage bool) (_ *diff.Snapshot, err error) {
+func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string, ids taskstate.IDs, stage bool) (_ *diff.Snapshot, err error) {
 	defer fault.Phase(fault.HostNotReady, &err)
-	cl, err := c.claimAndCap(task, worktree, ids)
+	cl, err := c.claimAndCap(holder, worktree, ids)
 	if err != nil {
 		return nil, err
 	}
@@ -53,21 +52,21 @@ func (c Claims) TakeIdmapped(ctx context.Context, task taskid.ID, worktree strin
 		return nil, err
 	}
 	if stage {
-		if err := c.stage(task, worktree, rec); err != nil {
+		if err := c.stage(holder, worktree, rec); err != nil {
 			return nil, err
 		}
 	} else {
-		prep, err := readRecord(c.preparedRecord(task))
+		prep, err := readRecord(holder.prepared)
 		if err != nil {
 			return nil, err
 		}
 		if prep == nil || prep.Worktree != worktree || prep.Owner != rec.Owner || prep.Agent != rec.Agent || !maps.Equal(prep.Nested, rec.Nested) {
 			return nil, fmt.Errorf("%w: worktree %s: its owner or nested git repositories changed since its cage was prepared; run the turn again (it gets a fresh cage)", fault.Input, worktree)
 		}
-		_ = os.Remove(c.preparedRecord(task))
+		_ = os.Remove(holder.prepared)
 	}
-	if err := writeRecord(c.turnRecord(task), rec); err != nil {
-		_ = c.Unstage(task)
+	if err := writeRecord(holder.turn, rec); err != nil {
+		_ = c.Unstage(holder)
 		return nil, err
 	}
 	return before, nil
@@ -76,8 +75,8 @@ func (c Claims) TakeIdmapped(ctx context.Context, task taskid.ID, worktree strin
 // PrepareIdmapped stages the worktree for a cage prepared ahead (its turn
 // takes the worktree with TakeIdmapped); call Unstage once the cage is
 // initialised.
-func (c Claims) PrepareIdmapped(ctx context.Context, task taskid.ID, worktree string, ids taskstate.IDs) error {
-	uid, gid, err := c.owner(task, worktree, ids.UID)
+func (c Claims) PrepareIdmapped(ctx context.Context, holder Holder, worktree string, ids taskstate.IDs) error {
+	uid, gid, err := c.owner(holder, worktree, ids.UID)
 	if err != nil {
 		return err
 	}
@@ -89,11 +88,11 @@ func (c Claims) PrepareIdmapped(ctx context.Context, task taskid.ID, worktree st
 		return err
 	}
 	rec := &idmapRecord{Worktree: worktree, Owner: [2]uint32{uid, gid}, Agent: c.agentIDs(ids), Nested: nested, Boot: bootID()}
-	if err := c.stage(task, worktree, rec); err != nil {
+	if err := c.stage(holder, worktree, rec); err != nil {
 		return err
 	}
-	if err := writeRecord(c.preparedRecord(task), rec); err != nil {
-		_ = c.Unstage(task)
+	if err := writeRecord(holder.prepared, rec); err != nil {
+		_ = c.Unstage(holder)
 		return err
 	}
 	return nil
@@ -333,18 +332,18 @@ func idmapReport(worktree string, rec *idmapRecord, h *idmapHook, start time.Tim
 // idmapped (nil, false when it was not): its staging mount detached, then
 // the idmap hook over the whole worktree; the turn's record goes once it is
 // done.
-func (c Claims) giveBackIdmapped(task taskid.ID, worktree string) (*Report, bool, error) {
-	rec, err := readRecord(c.turnRecord(task))
+func (c Claims) giveBackIdmapped(holder Holder, worktree string) (*Report, bool, error) {
+	rec, err := readRecord(holder.turn)
 	if err != nil || rec == nil || rec.Worktree != worktree {
 		return nil, err != nil, err
 	}
-	if err := c.Unstage(task); err != nil {
+	if err := c.Unstage(holder); err != nil {
 		return nil, true, err
 	}
 	start := time.Now()
 	fd, st, err := openRoot(worktree)
 	if errors.Is(err, unix.ENOENT) {
-		return nil, true, os.Remove(c.turnRecord(task))
+		return nil, true, os.Remove(holder.turn)
 	}
 	if err != nil {
 		return nil, true, fmt.Errorf("give worktree %s back: %w", worktree, err)
@@ -354,7 +353,7 @@ func (c Claims) giveBackIdmapped(task taskid.ID, worktree string) (*Report, bool
 	if err := walkHook(fd, "", 0, h); err != nil {
 		return nil, true, fmt.Errorf("give worktree %s back: %w", worktree, err)
 	}
-	if err := os.Remove(c.turnRecord(task)); err != nil {
+	if err := os.Remove(holder.turn); err != nil {
 		return nil, true, fmt.Errorf("give worktree %s back: %w", worktree, err)
 	}
 	return idmapReport(worktree, rec, h, start), true, nil
@@ -363,12 +362,12 @@ func (c Claims) giveBackIdmapped(task taskid.ID, worktree string) (*Report, bool
 // giveBackIdmappedScanning is giveBackIdmapped in the change scan's walk
 // after the turn (nil, nil when the task's last turn was not idmapped, or
 // the scan did not see everything: GiveBack's full walk then does it).
-func (c Claims) giveBackIdmappedScanning(ctx context.Context, task taskid.ID, worktree string) (*diff.Snapshot, *Report, bool) {
-	rec, err := readRecord(c.turnRecord(task))
+func (c Claims) giveBackIdmappedScanning(ctx context.Context, holder Holder, worktree string) (*diff.Snapshot, *Report, bool) {
+	rec, err := readRecord(holder.turn)
 	if err != nil || rec == nil || rec.Worktree != worktree {
 		return nil, nil, err != nil
 	}
-	if err := c.Unstage(task); err != nil {
+	if err := c.Unstage(holder); err != nil {
 		return nil, nil, true
 	}
 	var st unix.Stat_t
@@ -381,7 +380,7 @@ func (c Claims) giveBackIdmappedScanning(ctx context.Context, task taskid.ID, wo
 	if err != nil || after.Truncated() {
 		return nil, nil, true
 	}
-	if err := os.Remove(c.turnRecord(task)); err != nil {
+	if err := os.Remove(holder.turn); err != nil {
 		return nil, nil, true
 	}
 	return after, idmapReport(worktree, rec, h, start), true
@@ -404,12 +403,12 @@ func coarseNow() (int64, error) {
 // the turn made a git directory of by adding to it); nil, nil when the
 // task's last turn was not idmapped. On an error the full give-back
 // (GiveBack) is still to run.
-func (c Claims) GiveBackChanged(task taskid.ID, worktree string, changed []string) (*Report, error) {
-	rec, err := readRecord(c.turnRecord(task))
+func (c Claims) GiveBackChanged(holder Holder, worktree string, changed []string) (*Report, error) {
+	rec, err := readRecord(holder.turn)
 	if err != nil || rec == nil || rec.Worktree != worktree {
 		return nil, err
 	}
-	if err := c.Unstage(task); err != nil {
+	if err := c.Unstage(holder); err != nil {
 		return nil, err
 	}
 	start := time.Now()
@@ -425,7 +424,7 @@ func (c Claims) GiveBackChanged(task taskid.ID, worktree string, changed []strin
 			return nil, fmt.Errorf("give worktree %s back: %s: %w", worktree, rel, err)
 		}
 	}
-	if err := os.Remove(c.turnRecord(task)); err != nil {
+	if err := os.Remove(holder.turn); err != nil {
 		return nil, fmt.Errorf("give worktree %s back: %w", worktree, err)
 	}
 	return idmapReport(worktree, rec, h, start), nil
