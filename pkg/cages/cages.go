@@ -47,19 +47,31 @@ func (s Cages) InUse(ctx context.Context, task taskid.ID) (bool, error) {
 // removed. Call it with the task lock held: no turn of the task can be
 // running.
 func (s Cages) RemoveLeftovers(ctx context.Context, task taskid.ID, keep ...string) ([]string, error) {
+	removed, _, err := s.RemoveLeftoversKeeping(ctx, task, keep...)
+	return removed, err
+}
+
+// RemoveLeftoversKeeping is RemoveLeftovers that also returns the cages in
+// keep its listing saw as task's and ours: a caller that removes one of
+// them later needs no inspection of it (a cage's id and labels never
+// change).
+func (s Cages) RemoveLeftoversKeeping(ctx context.Context, task taskid.ID, keep ...string) (removed []string, kept []podman.Cage, err error) {
 	cages, err := s.Engine.ListByLabel(ctx, sealed.LabelTask, task.String())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var removed []string
 	for _, c := range cages {
-		if !s.Ours(c) || slices.Contains(keep, c.ID) {
+		if !s.Ours(c) || c.Labels[sealed.LabelTask] != task.String() {
+			continue
+		}
+		if slices.Contains(keep, c.ID) {
+			kept = append(kept, c)
 			continue
 		}
 		if err := s.Engine.Remove(ctx, c.ID); err != nil {
-			return removed, err
+			return removed, kept, err
 		}
 		removed = append(removed, c.Name)
 	}
-	return removed, nil
+	return removed, kept, nil
 }

@@ -3,6 +3,7 @@ package home
 import (
 	"context"
 	"errors"
+	"fmt"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"path/filepath"
@@ -93,9 +94,21 @@ func (s *Store) Open(ctx context.Context, task taskid.ID, kept bool) (*Home, err
 	v := s.Volume(task)
 	root := ""
 	name := v.Name
-	exists, err := s.Engine.VolumeExists(ctx, name)
-	if err != nil {
-		return nil, fault.Wrap(fault.HostNotReady, err)
+	// An existing volume (every turn but a task's first) in one round trip
+	// to podman, as in Root; whether it exists is asked only when that fails.
+	vol, ierr := s.Engine.InspectVolume(ctx, name)
+	exists := ierr == nil && vol != nil
+	if !exists {
+		there, err := s.Engine.VolumeExists(ctx, name)
+		if err != nil {
+			return nil, fault.Wrap(fault.HostNotReady, err)
+		}
+		if there {
+			if ierr == nil {
+				ierr = fmt.Errorf("inspect volume %s: podman says nothing of it", name)
+			}
+			return nil, fault.Wrap(fault.HostNotReady, ierr)
+		}
 	}
 	peers, err := s.serviceNamespace()
 	if err != nil {
@@ -110,10 +123,6 @@ func (s *Store) Open(ctx context.Context, task taskid.ID, kept bool) (*Home, err
 		return nil, fault.Wrapf(fault.HostNotReady, "task %s's HOME image %s is gone (deleted behind shrooms' back, its credentials and sessions with it): `shrooms forget --task %s` starts the task over", task, image, task)
 	}
 	if exists {
-		vol, err := s.Engine.InspectVolume(ctx, name)
-		if err != nil {
-			return nil, fault.Wrap(fault.HostNotReady, err)
-		}
 		if vol.Labels[sealed.LabelTask] != task.String() {
 			return nil, fault.Wrapf(fault.HostNotReady, "volume %s exists but is not task %s's HOME (label %s=%q); remove or rename it", name, task, sealed.LabelTask, vol.Labels[sealed.LabelTask])
 		}

@@ -4,12 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"os"
 	"strings"
 	"time"
 
+	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
 
@@ -70,14 +71,14 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 		// secrets keeps the old order: its next cage's secrets have the
 		// same names.
 		if in, err := r.check(ctx, *next, aheadSteps()); err == nil {
-			if _, err := r.prepareNextLocked(ctx, next.Task, in, td.Cage); err == nil {
+			if _, seen, err := r.prepareNextKeeping(ctx, next.Task, in, td.Cage); err == nil {
 				// HOME stays mounted: the cage just prepared on it holds it.
 				lock.Release()
 				// Turns that started meanwhile go first again: the removal
 				// is podman's work (netns, mounts, its database) and the
 				// exited cage holds nothing a turn needs.
 				r.Store.WaitStarts(ctx, 2*time.Second)
-				if err := r.removeTaskCage(ctx, td.Task, td.Cage); err != nil {
+				if err := r.removeTaskCage(ctx, td.Task, td.Cage, seen); err != nil {
 					return fmt.Errorf("remove cage: %w", err)
 				}
 				return nil
@@ -122,15 +123,15 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 }
 
 // removeTaskCage removes the task's cage id (and no other: without the
-// task lock, another turn of the task may be running), if it is there:
-// one inspection of it, not a listing of every container.
-func (r *Runner) removeTaskCage(ctx context.Context, task taskid.ID, id string) error {
-	c, err := r.Podman.CageNamed(ctx, id)
-	if err != nil || c == nil {
-		return err
-	}
-	if c.ID == id && c.Labels[sealed.LabelTask] == task.String() && r.ours(*c) {
-		return r.Podman.Remove(ctx, c.ID)
+// task lock, another turn of the task may be running) if the task's
+// listing, seen, showed it as the task's own: no inspection of it, as a
+// cage's id and labels never change (a cage removed meanwhile is no
+// error to remove).
+func (r *Runner) removeTaskCage(ctx context.Context, task taskid.ID, id string, seen []podman.Cage) error {
+	for _, c := range seen {
+		if c.ID == id && c.Labels[sealed.LabelTask] == task.String() && r.ours(c) {
+			return r.Podman.Remove(ctx, c.ID)
+		}
 	}
 	return nil
 }

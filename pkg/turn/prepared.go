@@ -73,12 +73,26 @@ func (r *Runner) PrepareNext(ctx context.Context, req Request) (string, error) {
 	return r.prepareNextLocked(ctx, req.Task, in)
 }
 
-// prepareNextLocked is PrepareNext with the task lock held; the cages in
-// keep (an exited one the caller removes itself) are left alone.
-func (r *Runner) prepareNextLocked(ctx context.Context, task taskid.ID, in *checked, keep ...string) (string, error) {
-	if _, err := r.cages().RemoveLeftovers(ctx, task, keep...); err != nil {
-		return "", fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
+// prepareNextLocked is PrepareNext with the task lock held.
+func (r *Runner) prepareNextLocked(ctx context.Context, task taskid.ID, in *checked) (string, error) {
+	id, _, err := r.prepareNextKeeping(ctx, task, in)
+	return id, err
+}
+
+// prepareNextKeeping is prepareNextLocked leaving the cages in keep (an
+// exited one the caller removes itself) alone; it returns those of them
+// the leftover listing saw as the task's own.
+func (r *Runner) prepareNextKeeping(ctx context.Context, task taskid.ID, in *checked, keep ...string) (string, []podman.Cage, error) {
+	_, kept, err := r.cages().RemoveLeftoversKeeping(ctx, task, keep...)
+	if err != nil {
+		return "", nil, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
+	id, err := r.prepareNextClean(ctx, task, in)
+	return id, kept, err
+}
+
+// prepareNextClean prepares task's next cage once its leftovers are gone.
+func (r *Runner) prepareNextClean(ctx context.Context, task taskid.ID, in *checked) (string, error) {
 	p, err := r.prepare(ctx, task, in, aheadSteps())
 	if err != nil {
 		return "", err

@@ -15,11 +15,12 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 )
 
-// The detached child removes the turn's cage by one inspection of its id:
-// only a cage of this state directory and of this task goes, as when it
-// listed the task's cages (negative controls: another task's cage, a cage
-// of another state directory, a container shrooms did not make; positive
-// control: the task's own cage, then its id again once gone).
+// The detached child removes the turn's cage from what the listing of the
+// task's cages before the next cage's preparation saw, without inspecting
+// it again: only a cage of this state directory and of this task goes
+// (negative controls: another task's cage, a cage of another state
+// directory, a container shrooms did not make, all in what it is given;
+// positive control: the task's own cage, then its id again once gone).
 func TestRemoveTaskCageOnlyOurs(t *testing.T) {
 	itest.Require(t, itest.Podman)
 	ctx := context.Background()
@@ -49,12 +50,19 @@ func TestRemoveTaskCageOnlyOurs(t *testing.T) {
 	otherState := create(ours(task, t.TempDir())...)
 	foreign := create("--label", sealed.LabelTask+"="+task.String())
 	r := &Runner{Cfg: &config.Config{State: config.State{Dir: state}}, Podman: client}
+	var seen []podman.Cage
+	for _, tk := range []taskid.ID{task, other} {
+		cs, err := client.ListByLabel(ctx, sealed.LabelTask, tk.String())
+		assert.NilError(t, err)
+		seen = append(seen, cs...)
+	}
+	assert.Equal(t, len(seen), 4, "the listings show the four containers")
 
 	for _, id := range []string{otherTask, otherState, foreign} {
-		assert.NilError(t, r.removeTaskCage(ctx, task, id))
+		assert.NilError(t, r.removeTaskCage(ctx, task, id, seen))
 		assert.Assert(t, exists(id), "removed a cage that is not the task's own: %s", id)
 	}
-	assert.NilError(t, r.removeTaskCage(ctx, task, mine))
+	assert.NilError(t, r.removeTaskCage(ctx, task, mine, seen))
 	assert.Assert(t, !exists(mine), "the task's own cage is still there")
-	assert.NilError(t, r.removeTaskCage(ctx, task, mine), "a removed cage is no error")
+	assert.NilError(t, r.removeTaskCage(ctx, task, mine, seen), "a removed cage is no error")
 }
