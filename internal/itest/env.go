@@ -285,12 +285,23 @@ func (e *Env) Cages(tasks ...string) ([]string, error) {
 	return ids, nil
 }
 
+// RemoveCage force-removes a container as `podman rm -f -t 0` does,
+// riding out podman 4.3's transient refusals (podmanRetried): a cage's shm
+// mount can stay busy for a moment after it died while a copy of it lives
+// in another mount namespace (a conmon's), and pkg/podman's Remove retries
+// the same way.
+func (e *Env) RemoveCage(id string) (string, error) {
+	return e.podmanRetried("rm", "-f", "-t", "0", id)
+}
+
 // podmanRetried is Podman, asked again for up to 30 s while it fails on
-// podman#16140 ("unknown FS magic"), as pkg/podman does.
+// podman#16140 ("unknown FS magic") or on a mount still busy ("device or
+// resource busy"), as pkg/podman does.
 func (e *Env) podmanRetried(args ...string) (out string, err error) {
 	for wait, start := 50*time.Millisecond, time.Now(); ; wait = min(2*wait, 2*time.Second) {
 		out, err = e.Podman(args...)
-		if err == nil || !strings.Contains(out, "unknown FS magic") || time.Since(start) > 30*time.Second {
+		transient := strings.Contains(out, "unknown FS magic") || strings.Contains(out, "device or resource busy")
+		if err == nil || !transient || time.Since(start) > 30*time.Second {
 			return out, err
 		}
 		time.Sleep(wait)

@@ -161,7 +161,7 @@ func TestRebootSimulated(t *testing.T) {
 	out, err := e.Podman("ps", "-aq", "--filter", "label=io.shrooms.task="+task)
 	assert.NilError(t, err, out)
 	for _, id := range strings.Fields(out) {
-		out, err := e.Podman("rm", "-f", "-t", "0", id)
+		out, err := e.RemoveCage(id)
 		assert.NilError(t, err, out)
 	}
 	atts := attachments(e)
