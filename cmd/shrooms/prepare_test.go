@@ -15,6 +15,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // requireStatic: a prepared cage runs this test binary as shrooms inside a
@@ -34,6 +35,7 @@ type runResult struct {
 	Turn     int    `json:"turn"`
 	ExitCode int    `json:"exit_code"`
 	Prepared bool   `json:"prepared"`
+	Skipped  string `json:"prepared_skipped"`
 	Status   string `json:"status"`
 }
 
@@ -137,6 +139,7 @@ func TestPreparedCageHomeRewritten(t *testing.T) {
 	assert.Equal(t, code, 0, stderr)
 	r := lastJSON(t, stdout)
 	assert.Assert(t, !r.Prepared, "a prepared cage ran on a HOME file rewritten after its reset")
+	assert.Equal(t, r.Skipped, turn.SkipFingerprint, stdout)
 	assert.Assert(t, !strings.Contains(stdout, "PWNED"), stdout)
 	assert.Assert(t, strings.Contains(stdout, "OWNER_PROFILE"), "the reset laid the owner's file down again: %s", stdout)
 
@@ -145,6 +148,8 @@ func TestPreparedCageHomeRewritten(t *testing.T) {
 	assert.Equal(t, code, 0, stderr)
 	code, stdout, stderr = e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "true")
 	assert.Equal(t, code, 0, stderr)
-	assert.Assert(t, lastJSON(t, stdout).Prepared, "an untouched HOME's prepared cage was not used: %s", stdout)
+	r = lastJSON(t, stdout)
+	assert.Assert(t, r.Prepared, "an untouched HOME's prepared cage was not used (%s): %s", r.Skipped, stdout)
+	assert.Equal(t, r.Skipped, "")
 	assert.Equal(t, len(cageStates(t, client, task)), 0)
 }
