@@ -153,3 +153,29 @@ func TestPreparedCageHomeRewritten(t *testing.T) {
 	assert.Equal(t, r.Skipped, "")
 	assert.Equal(t, len(cageStates(t, client, task)), 0)
 }
+
+// TestPreparedCageAfterLateTeardown: the previous turn's detached teardown
+// prepared the next cage and dropped the task lock; an explicit `prepare`
+// replaced that cage; the teardown removes the previous turn's exited cage
+// only then. The turn after takes the explicit preparation's cage.
+func TestPreparedCageAfterLateTeardown(t *testing.T) {
+	requireStatic(t)
+	e, client := integration(t, "")
+	task := e.Task("late")
+	gate := filepath.Join(t.TempDir(), "gate")
+	cmd := e.Command("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--prepare-next", "--", "-c", "true")
+	cmd.Env = append(cmd.Env, "SHROOMS_TEARDOWN_REMOVE_GATE="+gate)
+	out, err := cmd.Output()
+	assert.NilError(t, err, string(out))
+	// Waits for the teardown's preparation (the task lock).
+	code, _, stderr := e.Shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
+	assert.Equal(t, code, 0, stderr)
+	assert.NilError(t, os.WriteFile(gate, nil, 0o600))
+	e.WaitIdle(task)
+	code, stdout, stderr := e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "true")
+	assert.Equal(t, code, 0, stderr)
+	r := lastJSON(t, stdout)
+	assert.Assert(t, r.Prepared, "the explicitly prepared cage was not used (%s): %s", r.Skipped, stdout)
+	e.WaitIdle(task)
+	assert.Equal(t, len(cageStates(t, client, task)), 0)
+}

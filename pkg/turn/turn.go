@@ -107,6 +107,10 @@ type Runner struct {
 	// OnSpec, when set, sees the exact spec sent to podman. Tests use it to
 	// record the spec, and to weaken a cage on purpose for negative controls.
 	OnSpec func(*specgen.SpecGenerator)
+	// BeforeLateRemove, when set, runs in a detached teardown that prepared
+	// the next cage, after it dropped the task lock and before it removes
+	// the exited cage. Tests hold it there to run turns meanwhile.
+	BeforeLateRemove func()
 	// CageWall installs the in-cage wall into a networked cage's network
 	// namespace before it starts (wall.go; NewRunner sets the real one,
 	// InstallCageWall). Required when the policy is networked: without it
