@@ -151,7 +151,7 @@ func (r *Runner) prepareNextClean(ctx context.Context, task taskid.ID, in *check
 	// The reset's report belongs to the turn that takes this cage: it is
 	// what that turn's HOME was cleaned of. The HOME's fingerprint, taken
 	// now that the cage is initialised, is what the turn checks it by.
-	fp, err := r.host().HomeFingerprint(ctx, p.home)
+	fp, err := r.stableFingerprint(ctx, p.home)
 	if err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
 		r.removeSecrets(p.secrets)
@@ -165,6 +165,33 @@ func (r *Runner) prepareNextClean(ctx context.Context, task taskid.ID, in *check
 	// The tree the reset swapped out goes now, not while the turn starts.
 	_ = r.host().Cleanup(ctx, p.root)
 	return id, nil
+}
+
+// fingerprintTries bounds the fingerprints a preparation takes while one
+// comes out racy ("": an entry changed within homereset's 50 ms window),
+// fingerprintPause apart. Without a fingerprint the turn falls back to a
+// dry-run reset, which counts every file the baseline lays down as one to
+// remove and so passes over a HOME that only holds the reset's output.
+const (
+	fingerprintTries = 4
+	fingerprintPause = 60 * time.Millisecond
+)
+
+// stableFingerprint is HOME's fingerprint once no entry is newer than the
+// racy window (off the turn's path: the turn only compares it), "" when
+// HOME keeps changing.
+func (r *Runner) stableFingerprint(ctx context.Context, t home.Task) (string, error) {
+	for try := 1; ; try++ {
+		fp, err := r.host().HomeFingerprint(ctx, t)
+		if err != nil || fp != "" || try == fingerprintTries {
+			return fp, err
+		}
+		select {
+		case <-ctx.Done():
+			return "", nil
+		case <-time.After(fingerprintPause):
+		}
+	}
 }
 
 // preparedResetFile holds the reset report of the task's prepared cage.
