@@ -95,7 +95,9 @@ func TestPreparedCages(t *testing.T) {
 	assert.Equal(t, code, 0, stderr)
 	code, stdout, stderr = e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--stdin", "--", "-c", "true")
 	assert.Equal(t, code, 0, stderr)
-	assert.Assert(t, !lastJSON(t, stdout).Prepared)
+	r = lastJSON(t, stdout)
+	assert.Assert(t, !r.Prepared)
+	assert.Equal(t, r.Skipped, turn.SkipSpec, "why the prepared cage was passed over")
 	assert.Equal(t, len(cageStates(t, client, task)), 0, "the discarded cage was left")
 
 	// HOME touched after preparing: the prepared cage is discarded and the
@@ -109,6 +111,7 @@ func TestPreparedCages(t *testing.T) {
 	assert.Equal(t, code, 0, stderr)
 	r = lastJSON(t, stdout)
 	assert.Assert(t, !r.Prepared, "a prepared cage ran on a HOME changed after its reset")
+	assert.Equal(t, r.Skipped, turn.SkipFingerprint, stdout)
 	assert.Assert(t, !strings.Contains(stdout, "PWNED"), stdout)
 	assert.Equal(t, len(cageStates(t, client, task)), 0)
 }
