@@ -11,6 +11,7 @@ import (
 	is "gotest.tools/v3/assert/cmp"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // outboxListing is `outbox list --json`.
@@ -177,10 +178,12 @@ func TestPreparedCageNeedsItsOutbox(t *testing.T) {
 	code, stdout, stderr := e.Shrooms("--json", "run", "--prepare-next=false", "--task", task, "--agent", "shell", "--", "-c", `echo "FS=$(stat -f -c %T /outbox)"`)
 	assert.Equal(t, code, 0, stderr)
 	var r struct {
-		Prepared bool `json:"prepared"`
+		Prepared bool   `json:"prepared"`
+		Skipped  string `json:"prepared_skipped"`
 	}
 	resultOf(t, stdout, &r)
 	assert.Assert(t, !r.Prepared, "the prepared cage ran without its outbox")
+	assert.Equal(t, r.Skipped, turn.SkipOutbox)
 	// Under gVisor every host mount is the gofer's filesystem (v9fs, which
 	// busybox's stat calls UNKNOWN; measured), the capped tmpfs its host side.
 	fs := "FS=tmpfs"

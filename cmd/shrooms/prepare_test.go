@@ -15,6 +15,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // requireStatic: a prepared cage runs this test binary as shrooms inside a
@@ -34,6 +35,7 @@ type runResult struct {
 	Turn     int    `json:"turn"`
 	ExitCode int    `json:"exit_code"`
 	Prepared bool   `json:"prepared"`
+	Skipped  string `json:"prepared_skipped"`
 	Status   string `json:"status"`
 }
 
@@ -93,7 +95,9 @@ func TestPreparedCages(t *testing.T) {
 	assert.Equal(t, code, 0, stderr)
 	code, stdout, stderr = e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--stdin", "--", "-c", "true")
 	assert.Equal(t, code, 0, stderr)
-	assert.Assert(t, !lastJSON(t, stdout).Prepared)
+	r = lastJSON(t, stdout)
+	assert.Assert(t, !r.Prepared)
+	assert.Equal(t, r.Skipped, turn.SkipSpec, "why the prepared cage was passed over")
 	assert.Equal(t, len(cageStates(t, client, task)), 0, "the discarded cage was left")
 
 	// HOME touched after preparing: the prepared cage is discarded and the
@@ -107,6 +111,7 @@ func TestPreparedCages(t *testing.T) {
 	assert.Equal(t, code, 0, stderr)
 	r = lastJSON(t, stdout)
 	assert.Assert(t, !r.Prepared, "a prepared cage ran on a HOME changed after its reset")
+	assert.Equal(t, r.Skipped, turn.SkipFingerprint, stdout)
 	assert.Assert(t, !strings.Contains(stdout, "PWNED"), stdout)
 	assert.Equal(t, len(cageStates(t, client, task)), 0)
 }
@@ -137,6 +142,7 @@ func TestPreparedCageHomeRewritten(t *testing.T) {
 	assert.Equal(t, code, 0, stderr)
 	r := lastJSON(t, stdout)
 	assert.Assert(t, !r.Prepared, "a prepared cage ran on a HOME file rewritten after its reset")
+	assert.Equal(t, r.Skipped, turn.SkipFingerprint, stdout)
 	assert.Assert(t, !strings.Contains(stdout, "PWNED"), stdout)
 	assert.Assert(t, strings.Contains(stdout, "OWNER_PROFILE"), "the reset laid the owner's file down again: %s", stdout)
 
@@ -145,6 +151,34 @@ func TestPreparedCageHomeRewritten(t *testing.T) {
 	assert.Equal(t, code, 0, stderr)
 	code, stdout, stderr = e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "true")
 	assert.Equal(t, code, 0, stderr)
-	assert.Assert(t, lastJSON(t, stdout).Prepared, "an untouched HOME's prepared cage was not used: %s", stdout)
+	r = lastJSON(t, stdout)
+	assert.Assert(t, r.Prepared, "an untouched HOME's prepared cage was not used (%s): %s", r.Skipped, stdout)
+	assert.Equal(t, r.Skipped, "")
+	assert.Equal(t, len(cageStates(t, client, task)), 0)
+}
+
+// TestPreparedCageAfterLateTeardown: the previous turn's detached teardown
+// prepared the next cage and dropped the task lock; an explicit `prepare`
+// replaced that cage; the teardown removes the previous turn's exited cage
+// only then. The turn after takes the explicit preparation's cage.
+func TestPreparedCageAfterLateTeardown(t *testing.T) {
+	requireStatic(t)
+	e, client := integration(t, "")
+	task := e.Task("late")
+	gate := filepath.Join(t.TempDir(), "gate")
+	cmd := e.Command("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--prepare-next", "--", "-c", "true")
+	cmd.Env = append(cmd.Env, "SHROOMS_TEARDOWN_REMOVE_GATE="+gate)
+	out, err := cmd.Output()
+	assert.NilError(t, err, string(out))
+	// Waits for the teardown's preparation (the task lock).
+	code, _, stderr := e.Shrooms("prepare", "--task", task, "--agent", "shell", "--no-stdin")
+	assert.Equal(t, code, 0, stderr)
+	assert.NilError(t, os.WriteFile(gate, nil, 0o600))
+	e.WaitIdle(task)
+	code, stdout, stderr := e.Shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", "true")
+	assert.Equal(t, code, 0, stderr)
+	r := lastJSON(t, stdout)
+	assert.Assert(t, r.Prepared, "the explicitly prepared cage was not used (%s): %s", r.Skipped, stdout)
+	e.WaitIdle(task)
 	assert.Equal(t, len(cageStates(t, client, task)), 0)
 }

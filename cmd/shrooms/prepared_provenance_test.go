@@ -16,6 +16,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
+	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
 // podmanCLI runs the podman CLI against the test service.
@@ -113,6 +114,7 @@ type provTurn struct {
 	out      string
 	cage     string
 	prepared bool
+	skipped  string
 	imageID  string
 }
 
@@ -122,6 +124,7 @@ func provRun(t *testing.T, e *itest.Env, task, script string) provTurn {
 	assert.Equal(t, code, 0, "%s %s", stdout, stderr)
 	m := lastObject(t, stdout)
 	r := provTurn{out: stdout, cage: m["cage"].(string), prepared: m["prepared"].(bool)}
+	r.skipped, _ = m["prepared_skipped"].(string)
 	if img, ok := m["image"].(map[string]any); ok {
 		r.imageID, _ = img["id"].(string)
 	}
@@ -191,6 +194,7 @@ func TestPreparedCageRunsTheImageOfNow(t *testing.T) {
 
 	r = provRun(t, e, task, "cat /marker")
 	assert.Assert(t, !r.prepared, "the prepared cage of the old image was taken")
+	assert.Equal(t, r.skipped, turn.SkipProvenance)
 	assert.Assert(t, r.cage != p2)
 	assert.Assert(t, cageGone(t, p2), "the discarded prepared cage %s was left", p2)
 	assert.Assert(t, is.Contains(r.out, "image-B"))
@@ -218,6 +222,7 @@ func TestPreparedCageRunsTheSeccompProfileOfNow(t *testing.T) {
 	assert.NilError(t, os.WriteFile(profile, withoutSyscalls(t, seccomp.Profile(), "mkdir", "mkdirat"), 0o644))
 	r = provRun(t, e, task, probe)
 	assert.Assert(t, !r.prepared, "the prepared cage of the old profile was taken")
+	assert.Equal(t, r.skipped, turn.SkipProvenance)
 	assert.Assert(t, r.cage != p2)
 	assert.Assert(t, cageGone(t, p2), "the discarded prepared cage %s was left", p2)
 	assert.Assert(t, is.Contains(r.out, "mkdir-refused"), "the turn ran under the old profile: %s", r.out)
@@ -274,6 +279,7 @@ func TestPreparedCageGetsTheTokenOfNow(t *testing.T) {
 	assert.NilError(t, os.WriteFile(token, []byte("token-two"), 0o600))
 	r = provRun(t, e, task, `echo "tok=$TOK"`)
 	assert.Assert(t, !r.prepared, "the prepared cage of the old token was taken")
+	assert.Equal(t, r.skipped, turn.SkipProvenance)
 	assert.Assert(t, r.cage != p2)
 	assert.Assert(t, cageGone(t, p2), "the discarded prepared cage %s was left", p2)
 	assert.Assert(t, is.Contains(r.out, "tok=token-two"), r.out)

@@ -40,11 +40,7 @@ func teardownCommand() *cli.Command {
 			// Tests hold the child here to see the cage before it goes and
 			// to kill the child half-way.
 			if gate := os.Getenv("SHROOMS_TEARDOWN_GATE"); gate != "" {
-				for deadline := time.Now().Add(taskstate.TeardownWait); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-					if _, err := os.Lstat(gate); err == nil {
-						break
-					}
-				}
+				waitGate(gate)
 			}
 			var id taskid.ID
 			r, ctx, stop, err := pipelineFor(c, checkTurn(c, &id))
@@ -53,6 +49,11 @@ func teardownCommand() *cli.Command {
 				return err
 			}
 			defer stop()
+			// Tests hold the child here, the task lock dropped and the next
+			// cage prepared, to run turns before the exited cage goes.
+			if gate := os.Getenv("SHROOMS_TEARDOWN_REMOVE_GATE"); gate != "" {
+				r.BeforeLateRemove = func() { waitGate(gate) }
+			}
 			var next *turn.Request
 			if c.Bool("prepare-next") {
 				req := turnRequest(c, id)
@@ -125,5 +126,15 @@ func detacher(c *cli.Context, r *turn.Runner, prepareNext bool) turn.Detacher {
 		pid := cmd.Process.Pid
 		_ = cmd.Process.Release()
 		return pid, nil
+	}
+}
+
+// waitGate waits, at most taskstate.TeardownWait, for the file gate a test
+// creates to let a detached teardown go on.
+func waitGate(gate string) {
+	for deadline := time.Now().Add(taskstate.TeardownWait); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Lstat(gate); err == nil {
+			return
+		}
 	}
 }

@@ -78,6 +78,9 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 				// is podman's work (netns, mounts, its database) and the
 				// exited cage holds nothing a turn needs.
 				r.Store.WaitStarts(ctx, 2*time.Second)
+				if r.BeforeLateRemove != nil {
+					r.BeforeLateRemove()
+				}
 				if err := r.removeTaskCage(ctx, td.Task, td.Cage, seen); err != nil {
 					return fmt.Errorf("remove cage: %w", err)
 				}

@@ -151,7 +151,7 @@ func (r *Runner) prepareNextClean(ctx context.Context, task taskid.ID, in *check
 	// The reset's report belongs to the turn that takes this cage: it is
 	// what that turn's HOME was cleaned of. The HOME's fingerprint, taken
 	// now that the cage is initialised, is what the turn checks it by.
-	fp, err := r.host().HomeFingerprint(ctx, p.home)
+	fp, err := r.stableFingerprint(ctx, p.home)
 	if err != nil {
 		_ = r.Podman.Remove(context.WithoutCancel(ctx), id)
 		r.removeSecrets(p.secrets)
@@ -165,6 +165,33 @@ func (r *Runner) prepareNextClean(ctx context.Context, task taskid.ID, in *check
 	// The tree the reset swapped out goes now, not while the turn starts.
 	_ = r.host().Cleanup(ctx, p.root)
 	return id, nil
+}
+
+// fingerprintTries bounds the fingerprints a preparation takes while one
+// comes out racy ("": an entry changed within homereset's 50 ms window),
+// fingerprintPause apart. Without a fingerprint the turn falls back to a
+// dry-run reset, which counts every file the baseline lays down as one to
+// remove and so passes over a HOME that only holds the reset's output.
+const (
+	fingerprintTries = 4
+	fingerprintPause = 60 * time.Millisecond
+)
+
+// stableFingerprint is HOME's fingerprint once no entry is newer than the
+// racy window (off the turn's path: the turn only compares it), "" when
+// HOME keeps changing.
+func (r *Runner) stableFingerprint(ctx context.Context, t home.Task) (string, error) {
+	for try := 1; ; try++ {
+		fp, err := r.host().HomeFingerprint(ctx, t)
+		if err != nil || fp != "" || try == fingerprintTries {
+			return fp, err
+		}
+		select {
+		case <-ctx.Done():
+			return "", nil
+		case <-time.After(fingerprintPause):
+		}
+	}
 }
 
 // preparedResetFile holds the reset report of the task's prepared cage.
@@ -219,68 +246,84 @@ func loadResetReport(taskDir, cage string) *preparedReset {
 
 // takePrepared returns the id of a prepared cage that runs req exactly as a
 // fresh one would, with its argv handed over, or "" when there is none. A
-// prepared cage that does not match is left for the leftover sweep.
-func (r *Runner) takePrepared(ctx context.Context, task taskid.ID, in *checked) (string, *prepared, error) {
+// prepared cage that does not match is left for the leftover sweep; skipped
+// then says why (the turn's result reports it).
+func (r *Runner) takePrepared(ctx context.Context, task taskid.ID, in *checked) (id string, p *prepared, skipped string, err error) {
 	if r.Binary == "" {
-		return "", nil, nil
+		return "", nil, "", nil
 	}
 	last, err := in.state.LastTurn()
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		return "", nil, "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	// The prepared cage has the next turn's name: one inspection, not a
 	// listing of every container.
 	cage, err := r.Podman.CageNamed(ctx, sealed.Name(task, last+1))
 	if err != nil {
-		return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		return "", nil, "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if cage == nil {
-		return "", nil, nil
+		return "", nil, "", nil
 	}
-	for _, c := range []podman.Cage{*cage} {
-		if !r.ours(c) || c.Labels[LabelPrepared] != "1" || c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1) {
-			continue
-		}
-		if c.State != "initialized" && c.State != "created" {
-			continue
-		}
-		p, err := r.matchPrepared(ctx, task, in, c)
-		if err != nil || p == nil {
-			return "", nil, err
-		}
-		if c.State == "initialized" {
-			p.pid = c.Pid // its wall and resolver need it: no second inspection
-		}
-		if err := writeArgvFile(in.dir+"/argv", p.argv); err != nil {
-			return "", nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
-		}
-		if err := r.countTurn(in); err != nil {
-			return "", nil, err
-		}
-		return c.ID, p, nil
+	c := *cage
+	switch {
+	case !r.ours(c) || c.Labels[LabelPrepared] != "1":
+		// A leftover of a crashed turn, not a prepared cage.
+		return "", nil, "", nil
+	case c.Labels[sealed.LabelTurn] != strconv.Itoa(last+1):
+		return "", nil, "prepared for turn " + c.Labels[sealed.LabelTurn] + ", not " + strconv.Itoa(last+1), nil
+	case c.State != "initialized" && c.State != "created":
+		return "", nil, "not waiting (state " + c.State + ")", nil
 	}
-	return "", nil, nil
+	p, skipped, err = r.matchPrepared(ctx, task, in, c)
+	if err != nil || p == nil {
+		return "", nil, skipped, err
+	}
+	if c.State == "initialized" {
+		p.pid = c.Pid // its wall and resolver need it: no second inspection
+	}
+	if err := writeArgvFile(in.dir+"/argv", p.argv); err != nil {
+		return "", nil, "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
+	if err := r.countTurn(in); err != nil {
+		return "", nil, "", err
+	}
+	return c.ID, p, "", nil
 }
 
+// Why a waiting prepared cage was not taken (Result.PreparedSkipped).
+const (
+	SkipSpec        = "spec differs"
+	SkipHomeMount   = "HOME not mounted"
+	SkipOutbox      = "outbox not ready"
+	SkipFingerprint = "HOME fingerprint differs"
+	SkipBaseline    = "baseline differs"
+	SkipDryRun      = "HOME changed since its reset"
+	SkipProvenance  = "image, seccomp profile or tokens differ"
+)
+
 // matchPrepared returns the turn's plan when the prepared cage c runs req
-// exactly as a fresh one would, and nil when it does not.
-func (r *Runner) matchPrepared(ctx context.Context, task taskid.ID, in *checked, c podman.Cage) (*prepared, error) {
+// exactly as a fresh one would, and nil with the reason when it does not.
+func (r *Runner) matchPrepared(ctx context.Context, task taskid.ID, in *checked, c podman.Cage) (*prepared, string, error) {
 	p, err := r.prepare(ctx, task, in, matchSteps())
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	hash, err := specHash(p.spec)
-	if err != nil || hash != c.Labels[labelSpec] {
-		return nil, err
+	if err != nil {
+		return nil, "", err
+	}
+	if hash != c.Labels[labelSpec] {
+		return nil, SkipSpec, nil
 	}
 	// Its HOME must still be the capped filesystem it was reset on (a
 	// dry-run reset of the bare volume directory would write there).
 	if !r.host().HomeMounted(in.home, p.home.Root) {
-		return nil, nil
+		return nil, SkipHomeMount, nil
 	}
 	// And its outbox the empty capped tmpfs it was given (outbox.go).
 	if !r.preparedOutboxReady(task, in.dir, p.Plan) {
-		return nil, nil
+		return nil, SkipOutbox, nil
 	}
 	// Nothing may have changed HOME since it was reset for this cage: its
 	// fingerprint is still the one taken then (metadata only; a dry-run
@@ -289,27 +332,41 @@ func (r *Runner) matchPrepared(ctx context.Context, task taskid.ID, in *checked,
 	saved := loadResetReport(in.dir, c.ID)
 	if saved != nil && saved.Home != "" {
 		fp, err := r.host().HomeFingerprint(ctx, p.home)
-		if err != nil || fp != saved.Home || saved.Reset.BaselineDigest != c.Labels[labelBaseline] {
-			return nil, nil
+		switch {
+		case err != nil:
+			return nil, SkipFingerprint + " (" + err.Error() + ")", nil
+		case fp != saved.Home:
+			return nil, SkipFingerprint, nil
+		case saved.Reset.BaselineDigest != c.Labels[labelBaseline]:
+			return nil, SkipBaseline, nil
 		}
 	} else {
+		why := "no fingerprint"
+		if saved == nil {
+			why = "no reset report for the cage"
+		}
 		rep, err := r.host().Reset(ctx, home.ResetInput{Task: p.home, DryRun: true})
-		if err != nil || rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0 || rep.BaselineDigest != c.Labels[labelBaseline] {
-			return nil, nil
+		switch {
+		case err != nil:
+			return nil, fmt.Sprintf("%s (%s; dry run: %v)", SkipDryRun, why, err), nil
+		case rep.RemovedCount != 0 || rep.Recovered != "" || len(rep.Warnings) != 0:
+			return nil, fmt.Sprintf("%s (%s; dry run: %d to remove, %d warnings, recovered %q)", SkipDryRun, why, rep.RemovedCount, len(rep.Warnings), rep.Recovered), nil
+		case rep.BaselineDigest != c.Labels[labelBaseline]:
+			return nil, SkipBaseline + " (" + why + ")", nil
 		}
 		saved = &preparedReset{Reset: rep}
 	}
 	// The cage must run what a fresh one would: the image, seccomp profile
 	// and tokens as they are now, not as they were when it was created.
 	if !r.sameProvenance(in.dir, in.image.ID, p, c) {
-		return nil, nil
+		return nil, SkipProvenance, nil
 	}
 	p.image, p.runtime = c.Image, c.Runtime
 	// The turn reports what the preparation's reset removed.
 	p.reset = saved.Reset
 	// The secrets were put when the cage was prepared; they go with it.
 	p.secrets = slices.Sorted(maps.Keys(p.Plan.secrets))
-	return p, nil
+	return p, "", nil
 }
 
 // preparedLabels are the labels a prepared cage gets beyond its spec's.

@@ -107,6 +107,10 @@ type Runner struct {
 	// OnSpec, when set, sees the exact spec sent to podman. Tests use it to
 	// record the spec, and to weaken a cage on purpose for negative controls.
 	OnSpec func(*specgen.SpecGenerator)
+	// BeforeLateRemove, when set, runs in a detached teardown that prepared
+	// the next cage, after it dropped the task lock and before it removes
+	// the exited cage. Tests hold it there to run turns meanwhile.
+	BeforeLateRemove func()
 	// CageWall installs the in-cage wall into a networked cage's network
 	// namespace before it starts (wall.go; NewRunner sets the real one,
 	// InstallCageWall). Required when the policy is networked: without it
@@ -178,6 +182,9 @@ type Result struct {
 	SealLosses []SealLoss `json:"sealLosses,omitempty"`
 	// Prepared is true when the turn ran in a cage prepared ahead.
 	Prepared bool `json:"prepared"`
+	// PreparedSkipped says why a prepared cage waiting for this turn was
+	// not taken (Skip…: it was removed and the turn ran in a fresh cage).
+	PreparedSkipped string `json:"preparedSkipped,omitempty"`
 	// Reset is the HOME reset's report for this turn.
 	Reset *home.Report `json:"reset,omitempty"`
 	// WorktreeGuard says which agent config in the worktree differed from
@@ -306,7 +313,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	defer r.settleOutbox(context.WithoutCancel(ctx), req.Task, in.state, res)
 	c.lap("lock")
 
-	preparedID, prep, err := r.turnCage(ctx, req.Task, in, steps)
+	preparedID, prep, err := r.turnCage(ctx, req.Task, in, steps, &res.PreparedSkipped)
 	if err != nil {
 		return res, err
 	}
@@ -375,8 +382,8 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 // turnCage returns the turn's cage plan: a cage prepared ahead for exactly
 // this turn (its id; it only needs its argv and the worktree), or a fresh
 // preparation in steps after removing any leftover cage of the task.
-func (r *Runner) turnCage(ctx context.Context, task taskid.ID, in *checked, s steps) (preparedID string, prep *prepared, err error) {
-	if preparedID, prep, err = r.takePrepared(ctx, task, in); err != nil {
+func (r *Runner) turnCage(ctx context.Context, task taskid.ID, in *checked, s steps, skipped *string) (preparedID string, prep *prepared, err error) {
+	if preparedID, prep, *skipped, err = r.takePrepared(ctx, task, in); err != nil {
 		return "", nil, err
 	}
 	if preparedID == "" {
