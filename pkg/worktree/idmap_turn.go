@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"slices"
@@ -268,33 +267,16 @@ func chownSubtree(dirFd int, name string, st *unix.Stat_t, uid, gid int, dev uin
 // eachEntry calls fn with every entry of the open directory fd and its
 // lstat (entries gone meanwhile skipped).
 func eachEntry(fd int, fn func(name string, st *unix.Stat_t) error) error {
-	rfd, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	f := os.NewFile(uintptr(rfd), ".")
-	defer f.Close()
-	for {
-		names, err := f.Readdirnames(1024)
-		for _, name := range names {
-			var st unix.Stat_t
-			if serr := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); serr != nil {
-				if errors.Is(serr, unix.ENOENT) {
-					continue
-				}
-				return fmt.Errorf("stat %s: %w", name, serr)
+	return eachName(fd, func(name string) error {
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return nil
 			}
-			if ferr := fn(name, &st); ferr != nil {
-				return ferr
-			}
+			return fmt.Errorf("stat %s: %w", name, err)
 		}
-		if errors.Is(err, io.EOF) || (err == nil && len(names) == 0) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-	}
+		return fn(name, &st)
+	})
 }
 
 // walkHook runs hook over every entry below the open directory fd (rel

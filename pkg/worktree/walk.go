@@ -61,7 +61,12 @@ func (w *walker) walk(fd int, rel string, depth int) error {
 	if depth > maxDepth {
 		return fmt.Errorf("directories nested deeper than %d levels", maxDepth)
 	}
-	// A second descriptor for reading entries, so fd stays usable for *at calls.
+	return eachName(fd, func(name string) error { return w.visit(fd, name, rel, depth) })
+}
+
+// eachName calls fn with every entry name of the open directory fd, read
+// through a second descriptor so that fd stays usable for *at calls.
+func eachName(fd int, fn func(name string) error) error {
 	rfd, err := unix.Openat(fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
@@ -71,7 +76,7 @@ func (w *walker) walk(fd int, rel string, depth int) error {
 	for {
 		names, err := f.Readdirnames(1024)
 		for _, name := range names {
-			if err := w.visit(fd, name, rel, depth); err != nil {
+			if err := fn(name); err != nil {
 				return err
 			}
 		}
