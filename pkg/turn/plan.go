@@ -259,12 +259,12 @@ func (r *Runner) plan(task taskid.ID, in *checked, f *facts, ahead bool) (*Plan,
 			p.staging = in.holder.StagingDir()
 		}
 	}
-	mp, err := r.planMounts(in, p)
+	mp, err := r.planMounts(in.worktree, in.extraMounts, p)
 	if err != nil {
 		return nil, err
 	}
-	env := r.planGateway(in, p, f.placeholder)
-	command, args, err := r.planCommand(in, p, mp, ahead)
+	env := r.planGateway(in.gateway, in.agent.Home, in.state, p, f.placeholder)
+	command, args, err := r.planCommand(in.agent.Command, in.command, in.args, filepath.Join(in.dir, "argv"), p, mp, ahead)
 	if err != nil {
 		return nil, err
 	}
@@ -305,11 +305,11 @@ func (r *Runner) plan(task taskid.ID, in *checked, f *facts, ahead bool) (*Plan,
 
 // planMounts is the cage's mount plan: /work, HOME, the outbox and the
 // tmpfs mounts, then the managed policy, the git metadata, the worktree
-// guard's masks and the request's extra mounts.
-func (r *Runner) planMounts(in *checked, p *Plan) (*mounts.Plan, error) {
+// guard's masks and the request's extra mounts (extra).
+func (r *Runner) planMounts(worktree string, extra []mounts.Mount, p *Plan) (*mounts.Plan, error) {
 	cfg := r.Cfg
 	mp, err := mounts.Build(mounts.Input{
-		Worktree:  in.worktree,
+		Worktree:  worktree,
 		HomeDir:   home.Dir(p.root),
 		Staging:   p.staging,
 		OutboxDir: p.outbox,
@@ -328,15 +328,16 @@ func (r *Runner) planMounts(in *checked, p *Plan) (*mounts.Plan, error) {
 	if p.guard != nil {
 		mp.Mounts = append(mp.Mounts, p.guard.Mounts...)
 	}
-	mp.Mounts = append(mp.Mounts, in.extraMounts...)
+	mp.Mounts = append(mp.Mounts, extra...)
 	return mp, nil
 }
 
-// planGateway plans the turn's model gateway and returns the environment
-// shrooms sets in the cage.
-func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[string]string {
+// planGateway plans the turn's model gateway g (nil: none) for an agent
+// whose HOME profiles are profiles and returns the environment shrooms sets
+// in the cage; the history pins are in the task's state st.
+func (r *Runner) planGateway(g *gatewayPlan, profiles []string, st taskstate.Dir, p *Plan, placeholder string) map[string]string {
 	env := map[string]string{}
-	if g := in.gateway; g != nil {
+	if g != nil {
 		p.gateway = &gateway.Config{
 			API: g.cfg.API, Upstream: g.upstream, Key: g.key, OAuth: g.oauth, ChatGPT: g.chatgpt, Placeholder: placeholder,
 			MaxRequests: g.cfg.MaxRequests, MaxOutputTokens: g.cfg.MaxOutputTokens,
@@ -345,7 +346,7 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 		if mode := history.Mode(g.cfg.History); mode != history.Off {
 			// The pins live in the task's state, never in a cage; the
 			// tracker reads them when the turn's first request comes.
-			p.gateway.History = history.NewTracker(in.state.History(), mode)
+			p.gateway.History = history.NewTracker(st.History(), mode)
 		}
 		// The agent talks to the gateway on its own loopback, with a
 		// placeholder that is worthless anywhere else.
@@ -373,7 +374,7 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 			// placeholder in HOME.
 			env["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
 			p.oauth = g.oauth
-			p.signIn = profile.SignInPath(in.agent.Home)
+			p.signIn = profile.SignInPath(profiles)
 		}
 	}
 	if p.guard == nil || !p.guard.OpencodeProjectConfig {
@@ -385,24 +386,25 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 	return env
 }
 
-// planCommand returns the cage's command and arguments. A cage prepared
-// ahead runs shrooms' own binary, which reads the argv handed over at the
-// run from a mounted file.
-func (r *Runner) planCommand(in *checked, p *Plan, mp *mounts.Plan, ahead bool) ([]string, []string, error) {
+// planCommand returns the cage's command and arguments: the request's
+// command (the agent's, agentCmd, when it names none) and args. A cage
+// prepared ahead runs shrooms' own binary, which reads the argv handed
+// over at the run from a mounted file (argvFile, in the task's directory).
+func (r *Runner) planCommand(agentCmd, command, args []string, argvFile string, p *Plan, mp *mounts.Plan, ahead bool) ([]string, []string, error) {
 	if !ahead {
-		return in.command, in.args, nil
+		return command, args, nil
 	}
 	if r.Binary == "" {
 		return nil, nil, fmt.Errorf("%w: prepared cages need shrooms' own binary (Runner.Binary)", ErrHostNotReady)
 	}
 	mp.Mounts = append(mp.Mounts,
 		mounts.Mount{Kind: mounts.Bind, Source: r.Binary, Dest: CageBinary, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev"}},
-		mounts.Mount{Kind: mounts.Bind, Source: filepath.Join(in.dir, "argv"), Dest: CageArgv, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
-	full := in.agent.Command
-	if len(in.command) > 0 {
-		full = in.command
+		mounts.Mount{Kind: mounts.Bind, Source: argvFile, Dest: CageArgv, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
+	full := agentCmd
+	if len(command) > 0 {
+		full = command
 	}
-	p.argv = append(append([]string{}, full...), in.args...)
+	p.argv = append(append([]string{}, full...), args...)
 	return []string{CageBinary, "cage-exec", CageArgv}, nil, nil
 }
 
@@ -459,7 +461,7 @@ func (r *Runner) apply(ctx context.Context, task taskid.ID, in *checked, p *Plan
 		}
 		return out, nil
 	}
-	if err := r.countTurn(in); err != nil {
+	if err := countTurn(in.state, in.agentName, in.worktree); err != nil {
 		r.removeSecrets(out.secrets)
 		return nil, err
 	}

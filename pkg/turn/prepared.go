@@ -285,7 +285,7 @@ func (r *Runner) takePrepared(ctx context.Context, task taskid.ID, in *checked) 
 	if err := writeArgvFile(in.dir+"/argv", p.argv); err != nil {
 		return "", nil, "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if err := r.countTurn(in); err != nil {
+	if err := countTurn(in.state, in.agentName, in.worktree); err != nil {
 		return "", nil, "", err
 	}
 	return c.ID, p, "", nil

@@ -662,16 +662,17 @@ func guardWorktree(ctx context.Context, taskDir, worktree string, commit bool) (
 	return c, nil
 }
 
-// countTurn records that the task's next turn starts now.
-func (r *Runner) countTurn(in *checked) error {
-	if _, err := in.state.NextTurn(); err != nil {
+// countTurn records in the task's state st that its next turn starts now,
+// with agent on worktree ("" for none).
+func countTurn(st taskstate.Dir, agent, worktree string) error {
+	if _, err := st.NextTurn(); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if err := in.state.Remember(taskstate.FactAgent, in.agentName); err != nil {
+	if err := st.Remember(taskstate.FactAgent, agent); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if in.worktree != "" {
-		if err := in.state.Remember(taskstate.FactWorktree, in.worktree); err != nil {
+	if worktree != "" {
+		if err := st.Remember(taskstate.FactWorktree, worktree); err != nil {
 			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}
