@@ -83,7 +83,7 @@ func (r *Runner) prepareNextLocked(ctx context.Context, task taskid.ID, in *chec
 // exited one the caller removes itself) alone; it returns those of them
 // the leftover listing saw as the task's own.
 func (r *Runner) prepareNextKeeping(ctx context.Context, task taskid.ID, in *checked, keep ...string) (string, []podman.Cage, error) {
-	_, kept, err := r.cages().RemoveLeftoversKeeping(ctx, task, keep...)
+	_, kept, err := r.cages().RemoveLeftovers(ctx, task, keep...)
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}

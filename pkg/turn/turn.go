@@ -392,7 +392,7 @@ func (r *Runner) turnCage(ctx context.Context, task taskid.ID, in *checked, s st
 		// leftover. A waiting prepared cage was created right after such a
 		// sweep under the same lock, and every turn since would have taken
 		// or discarded it: when one is taken there is nothing to sweep.
-		if _, err := r.cages().RemoveLeftovers(ctx, task); err != nil {
+		if _, _, err := r.cages().RemoveLeftovers(ctx, task); err != nil {
 			return "", nil, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 		}
 		prep, err = r.prepare(ctx, task, in, s)
