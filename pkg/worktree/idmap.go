@@ -101,13 +101,8 @@ func (c Claims) Holder(task taskid.ID) (Holder, error) {
 	}, nil
 }
 
-// check refuses the zero Holder.
-func (h Holder) check() error {
-	if h.task.IsZero() {
-		return errors.New("no task id")
-	}
-	return nil
-}
+// errNoTask refuses the zero Holder (its staging directory is "").
+var errNoTask = errors.New("no task id")
 
 // StagingDir is where the task's idmapped worktree is staged for its
 // cage's bind (the /work mount's source in idmap mode).
@@ -524,12 +519,12 @@ func serviceMountNS(socket string) (int, error) {
 	return fd, nil
 }
 
-// stage mounts the worktree idmapped at the task's staging directory, with
-// read-only binds over the nested repositories (worktree-relative paths).
-// On any failure nothing stays mounted.
-func (c Claims) stage(holder Holder, worktree string, rec *idmapRecord) error {
-	if err := holder.check(); err != nil {
-		return err
+// stage mounts the worktree idmapped at the task's staging directory
+// (dir, the Holder's), with read-only binds over the nested repositories
+// (worktree-relative paths). On any failure nothing stays mounted.
+func (c Claims) stage(dir, worktree string, rec *idmapRecord) error {
+	if dir == "" {
+		return errNoTask
 	}
 	// The gate again, on what is staged: the plan checked the path.
 	wt, err := openGated(worktree, rec.Owner[0])
@@ -546,7 +541,6 @@ func (c Claims) stage(holder Holder, worktree string, rec *idmapRecord) error {
 		if err := c.privateIdmapDir(); err != nil {
 			return err
 		}
-		dir := holder.staging
 		if err := unstage(dir); err != nil {
 			return err
 		}

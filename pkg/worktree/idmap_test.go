@@ -88,7 +88,7 @@ func stageFixture(t *testing.T, c Claims, task Holder, wt string) string {
 	start, err := coarseNow()
 	assert.NilError(t, err)
 	rec := &idmapRecord{Worktree: wt, Owner: [2]uint32{idOwner, idOwner}, Agent: [2]uint32{idAgent, idAgent}, Nested: nested, Start: start}
-	assert.NilError(t, c.stage(task, wt, rec))
+	assert.NilError(t, c.stage(task.staging, wt, rec))
 	assert.NilError(t, writeRecord(task.turn, rec))
 	assert.NilError(t, os.Chmod(idmapRoot, 0o711))
 	assert.NilError(t, os.Chmod(c.idmapDir(), 0o711))
@@ -145,7 +145,7 @@ func TestIdmapStagedWorktree(t *testing.T) {
 	assert.Assert(t, os.IsNotExist(err), err)
 	rec, err := readRecord(task.turn)
 	assert.NilError(t, err)
-	assert.NilError(t, c.stage(task, wt, rec))
+	assert.NilError(t, c.stage(task.staging, wt, rec))
 	assert.NilError(t, unixMoveAgain(c, task, wt, rec))
 	assert.NilError(t, c.Unstage(task))
 	_, err = os.Stat(st + "/f")
@@ -195,7 +195,7 @@ func idmapGiveBack(t *testing.T, mode string) {
 	var rep *Report
 	if mode == "walk" {
 		var done bool
-		rep, done, err = c.giveBackIdmapped(task, wt)
+		rep, done, err = c.giveBackIdmapped(task.staging, task.turn, wt)
 		assert.Assert(t, done)
 	} else {
 		after, serr := diff.Scan(context.Background(), wt)
@@ -257,7 +257,7 @@ func TestIdmapStageChecksTheGate(t *testing.T) {
 
 	// Opened after the check.
 	assert.NilError(t, os.Chmod(gate, 0o755))
-	assert.ErrorContains(t, c.stage(task, wt, rec), "other users can reach the worktree")
+	assert.ErrorContains(t, c.stage(task.staging, wt, rec), "other users can reach the worktree")
 	assert.Assert(t, !mounted())
 	assert.NilError(t, os.Chmod(gate, 0o700))
 
@@ -273,17 +273,17 @@ func TestIdmapStageChecksTheGate(t *testing.T) {
 	moved := gate + ".moved"
 	assert.NilError(t, os.Rename(gate, moved))
 	assert.NilError(t, os.Symlink(open, gate))
-	err := c.stage(task, wt, rec)
+	err := c.stage(task.staging, wt, rec)
 	assert.Assert(t, err != nil, "staged through a swapped link")
 	assert.ErrorContains(t, err, "idmap staging: worktree "+wt)
 	assert.Assert(t, !mounted())
 	// The link's target alone (no link on the path) is open: refused too.
-	assert.ErrorContains(t, c.stage(task, filepath.Join(open, "wt"), rec), "other users can reach the worktree")
+	assert.ErrorContains(t, c.stage(task.staging, filepath.Join(open, "wt"), rec), "other users can reach the worktree")
 	assert.Assert(t, !mounted())
 
 	assert.NilError(t, os.Remove(gate))
 	assert.NilError(t, os.Rename(moved, gate))
-	assert.NilError(t, c.stage(task, wt, rec))
+	assert.NilError(t, c.stage(task.staging, wt, rec))
 	assert.Assert(t, mounted(), "positive control: the gated worktree is staged")
 	assert.NilError(t, c.Unstage(task))
 }
