@@ -39,6 +39,9 @@ type Claims struct {
 	// Socket is the podman service's API URL: an idmapped worktree's
 	// staging mount is made in the service's mount namespace (idmap.go).
 	Socket string
+	// GVisor says cage.runtime is gVisor's runsc, whose cages keep the
+	// chown walks (IdmapReason).
+	GVisor bool
 }
 
 // NewClaims returns the worktree claims of cfg's state directory with the
@@ -51,6 +54,7 @@ func NewClaims(cfg *config.Config) Claims {
 		Cap:     cfg.Worktree,
 		User:    cfg.Cage.User,
 		Socket:  cfg.Podman.Socket,
+		GVisor:  filepath.Base(cfg.Cage.Runtime) == "runsc",
 	}
 }
 

@@ -166,15 +166,20 @@ func readRecord(path string) (*idmapRecord, error) {
 }
 
 // IdmapReason says why the task's worktree gets the chown walks rather than
-// an idmapped mount ("" for an idmapped mount): worktree.idmap = "off", a
-// worktree owned by root, one other users can reach, or a kernel or
-// filesystem that refuses MOUNT_ATTR_IDMAP. agentUID and agentGID are the
-// task agent's host ids.
-func (c Claims) IdmapReason(holder Holder, worktree string, agentUID, agentGID uint32) string {
+// an idmapped mount ("" for an idmapped mount): gVisor cages,
+// worktree.idmap = "off", a worktree owned by root, one other users can
+// reach, or a kernel or filesystem that refuses MOUNT_ATTR_IDMAP. ids are
+// the task's host id range (its agent's ids are these plus User).
+func (c Claims) IdmapReason(holder Holder, worktree string, ids taskstate.IDs) string {
+	if c.GVisor {
+		return "gVisor cages keep the chown walks"
+	}
 	if c.Cap.Idmap == "off" {
 		return `worktree.idmap = "off"`
 	}
-	uid, gid, err := c.owner(holder, worktree, agentUID-uint32(c.User))
+	agent := c.agentIDs(ids)
+	agentUID, agentGID := agent[0], agent[1]
+	uid, gid, err := c.owner(holder, worktree, ids.UID)
 	if err != nil {
 		return err.Error()
 	}
