@@ -256,7 +256,7 @@ func (r *Runner) plan(task taskid.ID, in *checked, f *facts, ahead bool) (*Plan,
 	if in.worktree != "" {
 		p.idmapOff = r.claims().IdmapReason(in.holder, in.worktree, p.ids)
 		if p.idmap = p.idmapOff == ""; p.idmap {
-			p.staging = in.holder.StagingDir()
+			p.staging = in.holder.Idmap.StagingDir()
 		}
 	}
 	mp, err := r.planMounts(in.worktree, in.extraMounts, p)

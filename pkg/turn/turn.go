@@ -359,7 +359,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		if after != nil && err == nil && prep.idmap {
 			// An idmapped worktree's give-back needs only what the turn
 			// changed; on any doubt finishWorktree's full walk does it.
-			given, _ = r.claims().GiveBackChanged(in.holder, in.worktree, diff.Changed(before, after))
+			given, _ = r.claims().GiveBackChanged(in.holder.Idmap, in.worktree, diff.Changed(before, after))
 		}
 		scanAfter := "events"
 		if after == nil {

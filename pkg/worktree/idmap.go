@@ -75,11 +75,18 @@ func (c Claims) recordDir() string { return filepath.Join(c.Layout.Dir, "idmap")
 // A Holder is a task as the claims know it, derived once from its id
 // (Claims.Holder): the name its claim files record (the id's string form),
 // its state directory (for its id range) and the paths of its idmapped
-// worktree's staging mount and records. The worktree's steps of a turn take
-// it, not the id. The zero Holder is refused as "no task id".
+// worktree's staging mount and records (Idmap). The worktree's steps of a
+// turn take it, not the id. The zero Holder is refused as "no task id".
 type Holder struct {
-	task     taskid.ID // typed, so that tools/walk -carriers counts a Holder as the task
-	state    taskstate.Dir
+	task  taskid.ID // typed, so that tools/walk -carriers counts a Holder as the task
+	state taskstate.Dir
+	Idmap
+}
+
+// Idmap is where a task's idmapped worktree is staged and recorded, derived
+// with its Holder: what the idmap steps that neither write nor compare a
+// claim take (tools/walk -derived counts it as the task).
+type Idmap struct {
 	staging  string
 	turn     string // the idmapped turn's record
 	prepared string // the record of a cage prepared ahead on an idmapped mount
@@ -92,13 +99,11 @@ func (c Claims) Holder(task taskid.ID) (Holder, error) {
 		return Holder{}, err
 	}
 	name := task.String()
-	return Holder{
-		task:     task,
-		state:    state,
+	return Holder{task: task, state: state, Idmap: Idmap{
 		staging:  filepath.Join(c.idmapDir(), name),
 		turn:     filepath.Join(c.recordDir(), name+".turn.json"),
 		prepared: filepath.Join(c.recordDir(), name+".prepared.json"),
-	}, nil
+	}}, nil
 }
 
 // errNoTask refuses the zero Holder (its staging directory is "").
@@ -106,7 +111,7 @@ var errNoTask = errors.New("no task id")
 
 // StagingDir is where the task's idmapped worktree is staged for its
 // cage's bind (the /work mount's source in idmap mode).
-func (h Holder) StagingDir() string { return h.staging }
+func (m Idmap) StagingDir() string { return m.staging }
 
 // idmapRecord is what an idmapped turn's give-back needs: who the worktree
 // was mapped from and to, when the turn began (ctimes from then on are the

@@ -200,7 +200,7 @@ func idmapGiveBack(t *testing.T, mode string) {
 	} else {
 		after, serr := diff.Scan(context.Background(), wt)
 		assert.NilError(t, serr)
-		rep, err = c.GiveBackChanged(task, wt, diff.Changed(before, after))
+		rep, err = c.GiveBackChanged(task.Idmap, wt, diff.Changed(before, after))
 	}
 	assert.NilError(t, err)
 	assert.Equal(t, rep.Stripped, 2)

@@ -385,13 +385,13 @@ func coarseNow() (int64, error) {
 // lists, from the turn's events) and at the directories above them (one
 // the turn made a git directory of by adding to it); nil, nil when the
 // task's last turn was not idmapped. On an error the full give-back
-// (GiveBack) is still to run.
-func (c Claims) GiveBackChanged(holder Holder, worktree string, changed []string) (*Report, error) {
-	rec, err := readRecord(holder.turn)
+// (GiveBack) is still to run. m is the task's (Holder.Idmap).
+func (c Claims) GiveBackChanged(m Idmap, worktree string, changed []string) (*Report, error) {
+	rec, err := readRecord(m.turn)
 	if err != nil || rec == nil || rec.Worktree != worktree {
 		return nil, err
 	}
-	if err := c.UnstageDir(holder.staging); err != nil {
+	if err := c.UnstageDir(m.staging); err != nil {
 		return nil, err
 	}
 	start := time.Now()
@@ -407,7 +407,7 @@ func (c Claims) GiveBackChanged(holder Holder, worktree string, changed []string
 			return nil, fmt.Errorf("give worktree %s back: %s: %w", worktree, rel, err)
 		}
 	}
-	if err := os.Remove(holder.turn); err != nil {
+	if err := os.Remove(m.turn); err != nil {
 		return nil, fmt.Errorf("give worktree %s back: %w", worktree, err)
 	}
 	return idmapReport(worktree, rec, h, start), nil

@@ -22,8 +22,9 @@
 // stay, and the walk does not go below it; the second figure shows how far
 // the task reaches when it travels that way. -derived (implying
 // -carriers) also counts the handles that hold only values derived from
-// the task, taskstate.Dir (its state directory) and home.Volume (its HOME's
-// names): the strictest figure, not printed by make shape.
+// the task, taskstate.Dir (its state directory), home.Volume (its HOME's
+// names) and worktree.Idmap (its idmapped worktree's staging and record
+// paths): the strictest figure, not printed by make shape.
 //
 // It is its own module (tools/walk) so that golang.org/x/tools stays out
 // of shrooms' go.mod and nix vendor hash. Run from the repository root:
@@ -58,7 +59,7 @@ func main() {
 	dir := flag.String("root", ".", "the shrooms repository (its root)")
 	tags := flag.String("tags", "remote exclude_graphdriver_btrfs containers_image_openpgp exclude_graphdriver_devicemapper", "build tags, as go build takes them (default: the Makefile's)")
 	verbose := flag.Bool("v", false, "list the stays, in walk order")
-	derived := flag.Bool("derived", false, "with -carriers, also count the handles that hold only values derived from the task (taskstate.Dir, home.Volume): the strictest figure")
+	derived := flag.Bool("derived", false, "with -carriers, also count the handles that hold only values derived from the task (taskstate.Dir, home.Volume, worktree.Idmap): the strictest figure")
 	carriers := flag.Bool("carriers", false, "also count as stays the functions that take a struct carrying the request or the task in a field (not the rule make shape counts: a second figure, so that bundling the id into a struct cannot pass for unpacking it)")
 	flag.Parse()
 	if err := run(*dir, *tags, *verbose, *carriers, *derived); err != nil {
@@ -111,7 +112,7 @@ func run(dir, tags string, verbose, carriers, derived bool) error {
 		rule = ", structs carrying it counted"
 	}
 	if derived {
-		rule += ", and handles derived from it (taskstate.Dir, home.Volume)"
+		rule += ", and handles derived from it (taskstate.Dir, home.Volume, worktree.Idmap)"
 	}
 	fmt.Printf("walk of turn.Runner.Run's request (SSA + CHA, tools/walk%s): %d stays in %d files, turn entered %d times, taskid.Parse %d\n",
 		rule, len(w.stays), len(w.files), w.entered, w.parses)
@@ -250,7 +251,7 @@ func carries(t types.Type, fields, derived bool, seen map[types.Type]bool) bool 
 		if (path == turnPk && name == "Request") || (path == taskPk && name == "ID") {
 			return true
 		}
-		if derived && ((path == module+"pkg/taskstate" && name == "Dir") || (path == module+"pkg/home" && name == "Volume")) {
+		if derived && ((path == module+"pkg/taskstate" && name == "Dir") || (path == module+"pkg/home" && name == "Volume") || (path == module+"pkg/worktree" && name == "Idmap")) {
 			return true
 		}
 	}
