@@ -425,12 +425,19 @@ func (r *Runner) planSeccomp(p *Plan) string {
 	return r.Cfg.Cage.Seccomp
 }
 
-// apply does what the plan says, in the order a turn needs it: HOME, the
-// host files and mounts the cage sees, the worktree, the secrets, and last
-// the argv file (ahead) or the turn's count.
+// apply does what the plan says, in the order a turn needs it: HOME and
+// the managed policy, the outbox, the other host files the cage sees, the
+// worktree, the secrets, and last the argv file (ahead) or the turn's
+// count.
 func (r *Runner) apply(ctx context.Context, task taskid.ID, in *checked, p *Plan, s steps) (*prepared, error) {
 	out := &prepared{Plan: p}
-	if err := r.applyHost(ctx, task, in, out, s); err != nil {
+	if err := r.applyHome(ctx, out); err != nil {
+		return nil, err
+	}
+	if err := r.prepareOutbox(ctx, task, in.dir, p, s.record); err != nil {
+		return nil, err
+	}
+	if err := r.applyFiles(ctx, in.dir, out, s); err != nil {
 		return nil, err
 	}
 	// A cage prepared ahead takes the worktree when its turn runs, so the
@@ -468,11 +475,11 @@ func (r *Runner) apply(ctx context.Context, task taskid.ID, in *checked, p *Plan
 	return out, nil
 }
 
-// applyHost resets HOME and lays out the host side of the cage's mounts.
-func (r *Runner) applyHost(ctx context.Context, task taskid.ID, in *checked, out *prepared, s steps) error {
-	p, cfg, host := out.Plan, r.Cfg, r.host()
+// applyHome resets HOME and writes the managed policy.
+func (r *Runner) applyHome(ctx context.Context, out *prepared) error {
+	p := out.Plan
 	var err error
-	if out.reset, err = host.Reset(ctx, home.ResetInput{Task: p.home}); err != nil {
+	if out.reset, err = r.host().Reset(ctx, home.ResetInput{Task: p.home}); err != nil {
 		return fmt.Errorf("%w: HOME reset failed, the turn does not start: %w%s", ErrHostNotReady, err, r.noSpaceHint(err))
 	}
 	if err := p.policy.Write(); err != nil {
@@ -482,9 +489,14 @@ func (r *Runner) applyHost(ctx context.Context, task taskid.ID, in *checked, out
 	if err := p.policy.OwnRoot(int(p.ids.UID), int(p.ids.GID)); err != nil {
 		return fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
 	}
-	if err := r.prepareOutbox(ctx, task, in.dir, p, s.record); err != nil {
-		return err
-	}
+	return nil
+}
+
+// applyFiles lays out the rest of the host side of the cage's mounts: the
+// git metadata, the gateway placeholder of a cage prepared ahead (in the
+// task's directory, dir), the sign-in file and the seccomp profile.
+func (r *Runner) applyFiles(ctx context.Context, dir string, out *prepared, s steps) error {
+	p, cfg := out.Plan, r.Cfg
 	if err := p.git.Write(); err != nil {
 		return fmt.Errorf("%w: git metadata: %w", ErrInput, err)
 	}
@@ -492,7 +504,7 @@ func (r *Runner) applyHost(ctx context.Context, task taskid.ID, in *checked, out
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if p.gateway != nil && s.record {
-		if err := os.WriteFile(filepath.Join(in.dir, placeholderFile), []byte(p.gateway.Placeholder), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, placeholderFile), []byte(p.gateway.Placeholder), 0o600); err != nil {
 			return fmt.Errorf("%w: gateway placeholder: %w", ErrHostNotReady, err)
 		}
 	}
@@ -506,7 +518,7 @@ func (r *Runner) applyHost(ctx context.Context, task taskid.ID, in *checked, out
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrInput, err)
 		}
-		if err := host.PlaceFile(p.root, p.signIn, creds, 0o600, p.home.UID, p.home.GID); err != nil {
+		if err := r.host().PlaceFile(p.root, p.signIn, creds, 0o600, p.home.UID, p.home.GID); err != nil {
 			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}
