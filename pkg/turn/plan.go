@@ -14,6 +14,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/history"
 	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
@@ -434,8 +435,15 @@ func (r *Runner) apply(ctx context.Context, task taskid.ID, in *checked, p *Plan
 	if err := r.applyHome(ctx, out); err != nil {
 		return nil, err
 	}
-	if err := r.prepareOutbox(ctx, task, in.dir, p, s.record); err != nil {
-		return nil, err
+	// The turn's empty outbox (what the task's last turn left in it, a
+	// killed turn's say, goes to its pending delivery first); a cage
+	// prepared ahead records which tmpfs it was given.
+	dev, err := r.host().PrepareOutbox(ctx, r.Cfg.Outbox.Root, task, p.turn-1, p.home.UID, p.home.GID, outbox.LimitsFrom(r.Cfg.Outbox))
+	if err == nil && s.record {
+		err = recordOutbox(in.dir, dev)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
 	}
 	if err := r.applyFiles(ctx, in.dir, out, s); err != nil {
 		return nil, err

@@ -24,6 +24,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/home"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
@@ -322,7 +323,7 @@ func (r *Runner) matchPrepared(ctx context.Context, task taskid.ID, in *checked,
 		return nil, SkipHomeMount, nil
 	}
 	// And its outbox the empty capped tmpfs it was given (outbox.go).
-	if !r.preparedOutboxReady(task, in.dir, p.Plan) {
+	if dev, ok := recordedOutbox(in.dir); !ok || r.host().OutboxReady(r.Cfg.Outbox.Root, task, p.home.UID, p.home.GID, outbox.LimitsFrom(r.Cfg.Outbox), dev) != nil {
 		return nil, SkipOutbox, nil
 	}
 	// Nothing may have changed HOME since it was reset for this cage: its
