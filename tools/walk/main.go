@@ -24,7 +24,7 @@
 // -carriers) also counts the handles that hold only values derived from
 // the task, taskstate.Dir (its state directory), home.Volume (its HOME's
 // names) and worktree.Idmap (its idmapped worktree's staging and record
-// paths): the strictest figure, not printed by make shape.
+// paths): the strictest figure, make shape's third walk line.
 //
 // It is its own module (tools/walk) so that golang.org/x/tools stays out
 // of shrooms' go.mod and nix vendor hash. Run from the repository root:
