@@ -13,6 +13,7 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
@@ -238,6 +239,28 @@ func TestIdmapHostReason(t *testing.T) {
 	assert.Assert(t, strings.Contains(IdmapHostReason(wt, idOwner, 0, idAgent, idAgent), "group root"))
 	assert.NilError(t, os.Chmod(filepath.Dir(wt), 0o755)) // the gate opened
 	assert.Assert(t, strings.Contains(IdmapHostReason(wt, idOwner, idOwner, idAgent, idAgent), "other users can reach"))
+}
+
+// TestIdmapReasonDecidesEveryReason: the plan's one question. On a
+// worktree the host can idmap the answer is "" (the positive control);
+// the same worktree under gVisor, or with worktree.idmap = "off", keeps
+// the chown walks, saying why; NewClaims tells gVisor by cage.runtime.
+func TestIdmapReasonDecidesEveryReason(t *testing.T) {
+	c, task, wt := idmapFixture(t)
+	ids := taskstate.IDs{UID: idAgent, GID: idAgent} // User 0: the agent's ids are these
+	assert.Equal(t, c.IdmapReason(task, wt, ids), "", "positive control: this host idmaps the fixture")
+	g := c
+	g.GVisor = true
+	assert.Equal(t, g.IdmapReason(task, wt, ids), "gVisor cages keep the chown walks")
+	off := c
+	off.Cap.Idmap = "off"
+	assert.Equal(t, off.IdmapReason(task, wt, ids), `worktree.idmap = "off"`)
+
+	cfg := config.Default()
+	cfg.Cage.Runtime = "/usr/local/bin/runsc"
+	assert.Assert(t, NewClaims(cfg).GVisor)
+	cfg.Cage.Runtime = "runc"
+	assert.Assert(t, !NewClaims(cfg).GVisor)
 }
 
 // TestIdmapStageChecksTheGate: the gate is checked again on the directory
