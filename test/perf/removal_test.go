@@ -1,6 +1,9 @@
 package perf
 
 import (
+	"context"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -9,6 +12,8 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/tbworld"
+	"github.com/shrooms-cage/shrooms/pkg/sealed"
+	"golang.org/x/sys/unix"
 )
 
 // TestPreparedTurnsRemoveOnFirstTry runs prepared turns of one task back
@@ -79,4 +84,87 @@ func cageIn(line string, cages map[string]bool) string {
 		}
 	}
 	return ""
+}
+
+// TestCageShmIsItsOwn checks what makes the removals above succeed on the
+// first try: a prepared cage (created and initialised) has no mount at its
+// host-side userdata/shm in the podman service's mount namespace, as
+// podman made and bound in before, and the turn's /dev/shm is a tmpfs in
+// the cage (64 MiB, mode 1777, the agent's user can write it). Positive
+// control: the same mount table shows the cage's own root filesystem
+// (podman's overlay at its MergedDir), so it is the service's table and
+// holds the cage's host-side mounts.
+func TestCageShmIsItsOwn(t *testing.T) {
+	be := newBench(t)
+	task := be.Task("shm")
+	script := `grep " /dev/shm " /proc/self/mountinfo; stat -c 'mode=%a' /dev/shm; df -k /dev/shm | tail -1; echo x > /dev/shm/w && echo wrote`
+	tm, res, err := runTurn(be, task, "shell", script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := tm.stdout.String()
+	t.Logf("cage %.12s: %s", res.Cage, out)
+	for _, want := range []string{" /dev/shm rw,nosuid,nodev,noexec,", " - tmpfs ", "mode=1777", " 65536 ", "wrote"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the cage's /dev/shm: %q not in %q", want, out)
+		}
+	}
+	be.WaitIdle(task)
+	ctx := context.Background()
+	prepared, err := be.Client.ListByLabel(ctx, sealed.LabelTask, task)
+	if err != nil || len(prepared) != 1 {
+		t.Fatalf("the task's prepared cage: %v, %v", prepared, err)
+	}
+	id := prepared[0].ID
+	merged, err := be.TB.Podman("inspect", "-f", "{{.GraphDriver.Data.MergedDir}}", id)
+	if err != nil {
+		t.Fatalf("inspect %s: %v: %s", id, err, merged)
+	}
+	merged = strings.TrimSpace(merged)
+	pid := servicePid(t, be.TB.PodmanURL)
+	table, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rootfs, shm []string
+	for _, line := range strings.Split(string(table), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		switch {
+		case f[4] == merged:
+			rootfs = append(rootfs, line)
+		case strings.Contains(f[4], id+"/userdata/shm"):
+			shm = append(shm, line)
+		}
+	}
+	t.Logf("service pid %d, prepared cage %.12s (%s): rootfs %q, shm %q", pid, id, prepared[0].State, rootfs, shm)
+	if len(rootfs) == 0 {
+		t.Fatalf("the service's mount table (pid %d) does not show the prepared cage's root filesystem at %s", pid, merged)
+	}
+	if len(shm) > 0 {
+		t.Fatalf("the prepared cage has a host-side shm mount: %q", shm)
+	}
+}
+
+// servicePid is the pid of the podman service listening at uri (the
+// socket's peer).
+func servicePid(t *testing.T, uri string) int {
+	t.Helper()
+	conn, err := net.Dial("unix", strings.TrimPrefix(uri, "unix://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	raw, err := conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) { cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || credErr != nil {
+		t.Fatalf("the service's pid: %v %v", err, credErr)
+	}
+	return int(cred.Pid)
 }
