@@ -102,7 +102,9 @@ func TestCageShmIsItsOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := tm.stdout.String()
+	// The cage's output; the last line is run's --json result.
+	out := strings.TrimSpace(tm.stdout.String())
+	out = out[:max(strings.LastIndex(out, "\n"), 0)]
 	t.Logf("cage %.12s: %s", res.Cage, out)
 	for _, want := range []string{" /dev/shm rw,nosuid,nodev,noexec,", " - tmpfs ", "mode=1777", " 65536 ", "wrote"} {
 		if !strings.Contains(out, want) {
