@@ -346,6 +346,11 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	handoff = prep
 	res, err = r.execute(ctx, prep, in.streams, c, preparedID)
 	if before != nil {
+		defer before.Close()
+		// The namespace revalidated before the turn, kept for the next
+		// one: written now, off the first output's path (a cache: a
+		// turn without it lists every directory).
+		_ = before.Keep()
 		// The events tell all the turn did only once no process of its
 		// cage can run: else the old paths, the walk and the full give-back.
 		after, why := (*diff.Snapshot)(nil), cageMayRun(res, err)

@@ -64,5 +64,9 @@ func (r *Runner) takeWorktree(ctx context.Context, in *checked, p *Plan, stage b
 	if p.idmap {
 		return r.claims().TakeIdmapped(ctx, in.holder, in.worktree, p.ids, stage)
 	}
-	return r.claims().Take(ctx, in.holder, in.worktree, p.ids)
+	before, err := r.claims().Take(ctx, in.holder, in.worktree, p.ids)
+	if before != nil {
+		before.SetWalkWhy("not idmapped (the hand-over's chown walk takes it)")
+	}
+	return before, err
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -42,7 +43,7 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 	if rec.Owner[0] == 0 || rec.Owner[1] == 0 {
 		return nil, errors.New("worktree owned by root: never idmapped") // plan decided otherwise: fail closed
 	}
-	before, nested, err := scanNested(ctx, worktree)
+	before, nested, err := scanBefore(ctx, holder, worktree)
 	if err != nil {
 		return nil, err
 	}
@@ -68,6 +69,11 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 		_ = c.Unstage(holder)
 		return nil, err
 	}
+	// Ts, after the revalidation, before anything of the cage runs.
+	if err := before.Settle(); err != nil {
+		before.Close()
+		return nil, err
+	}
 	return before, nil
 }
 
@@ -82,10 +88,11 @@ func (c Claims) PrepareIdmapped(ctx context.Context, holder Holder, worktree str
 	if uid == 0 || gid == 0 {
 		return errors.New("worktree owned by root: never idmapped")
 	}
-	_, nested, err := scanNested(ctx, worktree)
+	snap, nested, err := scanBefore(ctx, holder, worktree)
 	if err != nil {
 		return err
 	}
+	_ = snap.Keep() // a cache: the turn's scan before lists what it lacks
 	rec := &idmapRecord{Worktree: worktree, Owner: [2]uint32{uid, gid}, Agent: c.agentIDs(ids), Nested: nested, Boot: bootID()}
 	if err := c.stage(holder, worktree, rec); err != nil {
 		return err
@@ -95,6 +102,24 @@ func (c Claims) PrepareIdmapped(ctx context.Context, holder Holder, worktree str
 		return err
 	}
 	return nil
+}
+
+// scanBefore is the snapshot before an idmapped turn and the owner's
+// nested repositories: from the worktree's namespace, revalidated against
+// its cache in the task's trust store (diff.ScanNamespace), or where that
+// cannot be trusted the full walk, which says why.
+func scanBefore(ctx context.Context, holder Holder, worktree string) (*diff.Snapshot, map[string]uint64, error) {
+	cache := filepath.Join(holder.state.Path(), "trust", diff.NamespaceCacheFile)
+	snap, why := diff.ScanNamespace(ctx, worktree, cache)
+	if snap != nil {
+		return snap, snap.Namespace().Nested(), nil
+	}
+	snap, nested, err := scanNested(ctx, worktree)
+	if err != nil {
+		return nil, nil, err
+	}
+	snap.SetWalkWhy(why)
+	return snap, nested, nil
 }
 
 // scanNested is the change scan, which also finds the nested repositories.
