@@ -133,6 +133,9 @@ type Runner struct {
 	// walkAfter makes the scan after a turn a full walk (tests: the
 	// report the events give, compared with the walk's).
 	walkAfter bool
+	// walkBefore makes the scan before an idmapped turn a full walk
+	// (tests: the reference for the namespace's).
+	walkBefore bool
 }
 
 // NewRunner returns a runner for cfg with the system's state and id files.
@@ -377,8 +380,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 			}
 		}
 		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, after, in.worktree, prep.guard)
-		if res.WorktreeChanges.Summary != nil {
-			res.WorktreeChanges.ScanAfter = scanAfter
+		if sum := res.WorktreeChanges.Summary; sum != nil {
+			sum.ScanAfter = scanAfter
+			sum.ScanBefore, sum.DirsRevalidated, sum.DirsRelisted = before.ScanBefore()
 		}
 	}
 	return res, err

@@ -14,7 +14,7 @@ import (
 // files.
 func (r *Runner) claims() worktree.Claims {
 	c := worktree.NewClaims(r.Cfg)
-	c.Store, c.IDFiles = r.Store, r.IDFiles
+	c.Store, c.IDFiles, c.WalkBefore = r.Store, r.IDFiles, r.walkBefore
 	return c
 }
 

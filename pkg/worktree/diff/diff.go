@@ -307,7 +307,6 @@ func Diff(before, after *Snapshot) Summary { return DiffRefs(before, after, nil)
 func DiffRefs(before, after *Snapshot, referenced func(rel string) string) Summary {
 	sum := Summary{AgentConfig: []Change{}, Truncated: before.truncated || after.truncated,
 		ScanMS: float64(before.took+after.took) / float64(time.Millisecond)}
-	sum.ScanBefore, sum.DirsRevalidated, sum.DirsRelisted = scanBefore(before)
 	before, after = pair(before, after)
 	roots := map[string]string{}
 	whys := map[string]string{}

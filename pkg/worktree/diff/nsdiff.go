@@ -28,12 +28,13 @@ func (r *region) covers(p string) bool {
 	return false
 }
 
-// scanBefore is the report's scan_before and directory counts.
-func scanBefore(before *Snapshot) (string, int, int) {
-	ns := before.ns
+// ScanBefore is, for a snapshot before a turn, the report's scan_before
+// and directory counts (Summary).
+func (s *Snapshot) ScanBefore() (string, int, int) {
+	ns := s.ns
 	if ns == nil {
-		if before.walkWhy != "" {
-			return "walk: " + before.walkWhy, 0, 0
+		if s.walkWhy != "" {
+			return "walk: " + s.walkWhy, 0, 0
 		}
 		return "walk", 0, 0
 	}
