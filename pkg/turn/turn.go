@@ -346,6 +346,11 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if before == nil {
 		before = scanWorktree(ctx, in.worktree, res)
 	}
+	// Nothing of the cage runs before the coarse clock reached the scan
+	// before's start (its ctime rule); mostly passed by now.
+	if err := before.Ready(); err != nil {
+		return res, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
 	handoff = prep
 	res, err = r.execute(ctx, prep, in.streams, c, preparedID)
 	if before != nil {

@@ -46,11 +46,13 @@ type Namespace struct {
 	cachePath        string
 	// changed: a directory was listed again or dropped (Keep writes).
 	changed bool
-	// precise is CLOCK_REALTIME once the revalidation was done; ts the
-	// coarse clock past it (Settle): every ctime set later is ≥ ts.
+	// precise is CLOCK_REALTIME once the revalidation was done, ts the
+	// turn's start for the ctime rule (Settle: precise), and once Ready
+	// saw the coarse clock past it every ctime set later is ≥ ts.
 	precise, ts int64
 	stepped     int  // timerfd armed at Settle: a clock step cancels it
 	wasStepped  bool // it was cancelled
+	ready       bool // Ready saw the coarse clock at ts
 	Relisted    int // directories listed again
 	Dirs        int // directories in the namespace
 	// Cache says why the cache file was not used ("" when it was).
@@ -303,28 +305,18 @@ func localTimeFS(magic int64) bool {
 	return false
 }
 
-// Settle takes Ts, the turn's start for the ctime rule: a coarse-clock
-// reading once the coarse clock passed the precise reading taken after the
-// revalidation (so that every change the namespace saw has a ctime below
-// it), and arms a timer that a step of CLOCK_REALTIME cancels (After then
-// cannot trust the rule). Call it after the scan before, before anything
-// of the turn can run; a no-op for a walked snapshot.
+// Settle takes Ts, the turn's start for the ctime rule: the precise
+// clock once the revalidation was done (every change the namespace saw
+// has a ctime at or below it), and arms a timer that a step of
+// CLOCK_REALTIME cancels (After then cannot trust the rule). Call it
+// after the scan before; then Ready before anything of the turn can run.
+// A no-op for a walked snapshot.
 func (s *Snapshot) Settle() error {
 	if s == nil || s.ns == nil {
 		return nil
 	}
 	ns := s.ns
-	for {
-		c, err := coarse()
-		if err != nil {
-			return err
-		}
-		if c >= ns.precise {
-			ns.ts = c
-			break
-		}
-		time.Sleep(100 * time.Microsecond)
-	}
+	ns.ts = ns.precise
 	fd, err := unix.TimerfdCreate(unix.CLOCK_REALTIME, unix.TFD_CLOEXEC|unix.TFD_NONBLOCK)
 	if err != nil {
 		return fmt.Errorf("worktree changes: timerfd: %w", err)
@@ -338,11 +330,33 @@ func (s *Snapshot) Settle() error {
 	return nil
 }
 
+// Ready waits until the coarse clock, which ctimes are stamped from, is
+// at Ts: every ctime set from now on is at or after Ts. Call it right
+// before the turn can change anything (the cage's start); by then the
+// clock has mostly passed Ts (it lags the precise one by a tick at most).
+// Without it After trusts no ctime.
+func (s *Snapshot) Ready() error {
+	if s == nil || s.ns == nil || s.ns.ts == 0 {
+		return nil
+	}
+	for {
+		c, err := coarse()
+		if err != nil {
+			return err
+		}
+		if c >= s.ns.ts {
+			s.ns.ready = true
+			return nil
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
 // clockStepped says whether CLOCK_REALTIME was set since Settle (or Settle
 // was not called: no Ts to trust). A cancelled timer reads ECANCELED once:
 // what it said is kept.
 func (ns *Namespace) clockStepped() bool {
-	if ns.ts == 0 {
+	if ns.ts == 0 || !ns.ready {
 		return true
 	}
 	if ns.stepped > 0 {

@@ -37,6 +37,7 @@ func nsTurn(t *testing.T, root, cache string, host, turn func()) (Summary, *Name
 	assert.Equal(t, why, "")
 	must(t, before.Settle())
 	defer before.Close()
+	must(t, before.Ready())
 	ref := scan(t, root) // the full walk at Ts
 	w, err := Watch(root)
 	must(t, err)
@@ -430,4 +431,90 @@ func TestNamespaceRacyListing(t *testing.T) {
 		_, ok := next.ns.lookup("d0/top.txt")
 		assert.Equal(t, ok, !old, "old %v", old)
 	}
+}
+
+// BenchmarkNamespace100k: the scan before a turn of a 100 000-entry
+// worktree (1 000 directories of 100 entries), the full walk against the
+// namespace's revalidation from its cache (every directory unchanged),
+// alternating in one run; and the snapshot after a 99-file turn from the
+// events with that namespace.
+func BenchmarkNamespace100k(b *testing.B) {
+	root := b.TempDir()
+	for d := range 1000 {
+		dir := filepath.Join(root, fmt.Sprintf("d%04d", d))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		for f := range 99 {
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%02d", f)), []byte("x\n"), 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	cache := filepath.Join(b.TempDir(), NamespaceCacheFile)
+	ctx := context.Background()
+	aged()
+	s, why := ScanNamespace(ctx, root, cache)
+	if s == nil {
+		b.Fatal(why)
+	}
+	start := time.Now()
+	if err := s.Keep(); err != nil {
+		b.Fatal(err)
+	}
+	keep := time.Since(start)
+	var walks, revals, settles, afters []time.Duration
+	for i := range b.N {
+		start := time.Now()
+		if _, err := Scan(ctx, root); err != nil {
+			b.Fatal(err)
+		}
+		walks = append(walks, time.Since(start))
+		start = time.Now()
+		before, why := ScanNamespace(ctx, root, cache)
+		if before == nil || before.ns.Relisted != 0 || before.ns.Cache != "" {
+			b.Fatalf("not from the cache: %s", why)
+		}
+		revals = append(revals, time.Since(start))
+		start = time.Now()
+		if err := before.Settle(); err != nil {
+			b.Fatal(err)
+		}
+		settles = append(settles, time.Since(start))
+		if err := before.Ready(); err != nil {
+			b.Fatal(err)
+		}
+		w, err := Watch(root)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for f := range 99 {
+			p := filepath.Join(root, "d0000", fmt.Sprintf("f%02d", f))
+			if err := os.WriteFile(p, []byte(fmt.Sprint(i)), 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
+		start = time.Now()
+		got, why := w.After(ctx, before)
+		if got == nil {
+			b.Fatalf("fell back: %s", why)
+		}
+		sum := DiffRefs(before, got, nil)
+		afters = append(afters, time.Since(start))
+		w.Close()
+		before.Close()
+		if sum.Modified != 99 || sum.Added+sum.Deleted != 0 {
+			b.Fatalf("%+v", sum)
+		}
+	}
+	med := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2]) / float64(time.Millisecond)
+	}
+	b.ReportMetric(med(walks), "walk-ms")
+	b.ReportMetric(med(revals), "namespace-ms")
+	b.ReportMetric(med(settles), "settle-ms")
+	b.ReportMetric(med(afters), "after+diff-ms")
+	b.ReportMetric(float64(keep)/float64(time.Millisecond), "keep-ms")
+	b.ReportMetric(0, "ns/op")
 }
