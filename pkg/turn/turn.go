@@ -369,7 +369,15 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 			after, why = watch.After(context.WithoutCancel(ctx), before)
 		}
 		watch.Close() // before the give-back: its chowns are not the turn's
-		if after != nil && err == nil && prep.idmap {
+		stepped := prep.idmap && before.ClockStepped()
+		if stepped {
+			// The setuid strip's "ctime from the turn's start" cannot
+			// hold: every setuid file goes, by the full give-back.
+			if serr := r.claims().ClockStepped(in.holder); serr != nil && err == nil {
+				err = fmt.Errorf("%w: %w", ErrHostNotReady, serr)
+			}
+		}
+		if after != nil && err == nil && prep.idmap && !stepped {
 			// An idmapped worktree's give-back needs only what the turn
 			// changed; on any doubt finishWorktree's full walk does it.
 			given, _ = r.claims().GiveBackChanged(in.holder, in.worktree, diff.Changed(before, after))

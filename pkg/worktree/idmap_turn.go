@@ -396,6 +396,21 @@ func (c Claims) giveBackIdmappedScanning(ctx context.Context, holder Holder, wor
 	return after, idmapReport(worktree, rec, h, start), true
 }
 
+// ClockStepped makes the give-back of the task's idmapped turn strip the
+// setuid and setgid bits of every regular file of the worktree, not only
+// those with a ctime from the turn's start on: CLOCK_REALTIME was set
+// during the turn, so a file the turn made may carry an older ctime (the
+// owner's own setuid files lose their bits too: fail closed). Call the
+// full give-back (GiveBack) after it, not GiveBackChanged.
+func (c Claims) ClockStepped(holder Holder) error {
+	rec, err := readRecord(holder.turn)
+	if err != nil || rec == nil {
+		return err
+	}
+	rec.Start = 0
+	return writeRecord(holder.turn, rec)
+}
+
 // coarseNow is the time the kernel stamps ctimes from (the coarse clock,
 // up to a tick behind the precise one): every ctime set after it is at or
 // after it.

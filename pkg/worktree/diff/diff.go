@@ -67,6 +67,8 @@ type Snapshot struct {
 	base   map[string]entry
 	// walkWhy: why a snapshot before is a full walk ("" unsaid).
 	walkWhy string
+	// clock: a snapshot before's clock-step timer (Settle).
+	clock *stepTimer
 }
 
 // SetWalkWhy records why the snapshot before a turn was a full walk (the

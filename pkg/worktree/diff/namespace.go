@@ -50,11 +50,10 @@ type Namespace struct {
 	// turn's start for the ctime rule (Settle: precise), and once Ready
 	// saw the coarse clock past it every ctime set later is ≥ ts.
 	precise, ts int64
-	stepped     int  // timerfd armed at Settle: a clock step cancels it
-	wasStepped  bool // it was cancelled
-	ready       bool // Ready saw the coarse clock at ts
-	Relisted    int // directories listed again
-	Dirs        int // directories in the namespace
+	clock       *stepTimer // armed at Settle
+	ready       bool       // Ready saw the coarse clock at ts
+	Relisted    int        // directories listed again
+	Dirs        int        // directories in the namespace
 	// Cache says why the cache file was not used ("" when it was).
 	Cache string
 }
@@ -308,15 +307,13 @@ func localTimeFS(magic int64) bool {
 // Settle takes Ts, the turn's start for the ctime rule: the precise
 // clock once the revalidation was done (every change the namespace saw
 // has a ctime at or below it), and arms a timer that a step of
-// CLOCK_REALTIME cancels (After then cannot trust the rule). Call it
-// after the scan before; then Ready before anything of the turn can run.
-// A no-op for a walked snapshot.
+// CLOCK_REALTIME cancels (ClockStepped; After then trusts no ctime).
+// Call it after the scan before (a walked one gets the timer only); then
+// Ready before anything of the turn can run.
 func (s *Snapshot) Settle() error {
-	if s == nil || s.ns == nil {
+	if s == nil {
 		return nil
 	}
-	ns := s.ns
-	ns.ts = ns.precise
 	fd, err := unix.TimerfdCreate(unix.CLOCK_REALTIME, unix.TFD_CLOEXEC|unix.TFD_NONBLOCK)
 	if err != nil {
 		return fmt.Errorf("worktree changes: timerfd: %w", err)
@@ -326,9 +323,35 @@ func (s *Snapshot) Settle() error {
 		unix.Close(fd)
 		return fmt.Errorf("worktree changes: timerfd: %w", err)
 	}
-	ns.stepped = fd
+	s.clock = &stepTimer{fd: fd}
+	if s.ns != nil {
+		s.ns.ts, s.ns.clock = s.ns.precise, s.clock
+	}
 	return nil
 }
+
+// stepTimer is a timerfd on CLOCK_REALTIME armed with
+// TFD_TIMER_CANCEL_ON_SET: a read fails with ECANCELED once the clock was
+// set. The first such read is kept.
+type stepTimer struct {
+	fd      int
+	stepped bool
+}
+
+func (t *stepTimer) check() bool {
+	if t.fd > 0 && !t.stepped {
+		var b [8]byte
+		if _, err := unix.Read(t.fd, b[:]); errors.Is(err, unix.ECANCELED) {
+			t.stepped = true
+		}
+	}
+	return t.stepped
+}
+
+// ClockStepped says whether CLOCK_REALTIME was set since Settle (false
+// without Settle): then no "ctime from the turn's start on" rule holds —
+// the namespace's, or the idmapped give-back's setuid strip.
+func (s *Snapshot) ClockStepped() bool { return s != nil && s.clock != nil && s.clock.check() }
 
 // Ready waits until the coarse clock, which ctimes are stamped from, is
 // at Ts: every ctime set from now on is at or after Ts. Call it right
@@ -352,27 +375,17 @@ func (s *Snapshot) Ready() error {
 	}
 }
 
-// clockStepped says whether CLOCK_REALTIME was set since Settle (or Settle
-// was not called: no Ts to trust). A cancelled timer reads ECANCELED once:
-// what it said is kept.
+// clockStepped says whether the ctime rule cannot be trusted: the clock
+// was set since Settle, or Settle or Ready was not called.
 func (ns *Namespace) clockStepped() bool {
-	if ns.ts == 0 || !ns.ready {
-		return true
-	}
-	if ns.stepped > 0 {
-		var b [8]byte
-		if _, err := unix.Read(ns.stepped, b[:]); errors.Is(err, unix.ECANCELED) {
-			ns.wasStepped = true
-		}
-	}
-	return ns.wasStepped
+	return ns.ts == 0 || !ns.ready || ns.clock == nil || ns.clock.check()
 }
 
 // Close releases the snapshot's clock timer (nil-safe).
 func (s *Snapshot) Close() {
-	if s != nil && s.ns != nil && s.ns.stepped > 0 {
-		unix.Close(s.ns.stepped)
-		s.ns.stepped = -1
+	if s != nil && s.clock != nil && s.clock.fd > 0 {
+		unix.Close(s.clock.fd)
+		s.clock.fd = -1
 	}
 }
 

@@ -518,3 +518,39 @@ func BenchmarkNamespace100k(b *testing.B) {
 	b.ReportMetric(float64(keep)/float64(time.Millisecond), "keep-ms")
 	b.ReportMetric(0, "ns/op")
 }
+
+// Without Ts known to hold (Ready not called, as after a clock step), the
+// ctime rule is off: a file the turn only read counts as changed (fail
+// closed: more, never less). The control, with Ready, counts nothing.
+func TestNamespaceUntrustedClockCountsReadsAsChanges(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("fanotify's filesystem mark needs root")
+	}
+	ctx := context.Background()
+	for _, ready := range []bool{true, false} {
+		root := tree(t)
+		before, why := ScanNamespace(ctx, root, "")
+		assert.Equal(t, why, "")
+		must(t, before.Settle())
+		if ready {
+			must(t, before.Ready())
+		}
+		w, err := Watch(root)
+		must(t, err)
+		_, err = os.ReadFile(filepath.Join(root, "d0/top.txt"))
+		must(t, err)
+		got, why := w.After(ctx, before)
+		assert.Equal(t, why, "")
+		s := DiffRefs(before, got, nil)
+		how, _, _ := before.ScanBefore()
+		if ready {
+			assert.Equal(t, s.Modified, 0)
+			assert.Equal(t, how, "namespace, cache not used: no cache file")
+		} else {
+			assert.Equal(t, s.Modified, 1)
+			assert.Assert(t, strings.Contains(how, "the clock was set"), how)
+		}
+		w.Close()
+		before.Close()
+	}
+}
