@@ -436,14 +436,14 @@ func (ns *Namespace) Nested() map[string]uint64 {
 			return
 		}
 		for _, n := range d.names {
-			p := join(rel, n.name)
 			if n.name == ".git" {
-				nested[p] = n.ino
+				nested[join(rel, n.name)] = n.ino
 				continue
 			}
 			if n.typ != unix.DT_DIR {
 				continue
 			}
+			p := join(rel, n.name)
 			if ns.gitDir(p) {
 				nested[p] = n.ino
 				continue

@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -52,10 +53,14 @@ func readNamespace(p, root string, dev, ino uint64) (map[string]*nsDir, string) 
 	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) || st.Mode&0o077 != 0 || st.Size > maxNSCache {
 		return nil, "not a private regular file of this user"
 	}
-	data, err := io.ReadAll(io.LimitReader(f, maxNSCache+1))
-	if err != nil {
-		return nil, fmt.Sprintf("read: %v", err)
+	// One read of the size the stat gave (a file that grew since is
+	// corrupt by its checksum, or by the byte past it).
+	data := make([]byte, st.Size+1)
+	n, err := io.ReadFull(f, data)
+	if !errors.Is(err, io.ErrUnexpectedEOF) || int64(n) != st.Size {
+		return nil, fmt.Sprintf("read: %d of %d bytes, %v", n, st.Size, err)
 	}
+	data = data[:n]
 	dirs, err := decodeNamespace(data, root, dev, ino)
 	if err != nil {
 		return nil, err.Error()
@@ -66,7 +71,7 @@ func readNamespace(p, root string, dev, ino uint64) (map[string]*nsDir, string) 
 var errCorrupt = errors.New("corrupt")
 
 // nsReader reads the cache's fields: numbers from b, names as substrings
-// of s (the same bytes, copied once).
+// of s (the same bytes).
 type nsReader struct {
 	b   []byte
 	s   string
@@ -126,7 +131,8 @@ func decodeNamespace(data []byte, root string, dev, ino uint64) (map[string]*nsD
 	if crc32.Checksum(body, castagnoli) != binary.NativeEndian.Uint32(data[len(data)-4:]) {
 		return nil, fmt.Errorf("%w (checksum)", errCorrupt)
 	}
-	r := &nsReader{b: body, s: string(body)}
+	// The names are substrings of body, never written again: no copy.
+	r := &nsReader{b: body, s: unsafe.String(unsafe.SliceData(body), len(body))}
 	if r.take(len(nsMagic)) != nsMagic || r.u32() != nsVersion {
 		return nil, errors.New("another format or version")
 	}
