@@ -239,7 +239,7 @@ func TestNamespaceRandomTurns(t *testing.T) {
 		t.Run(fmt.Sprint("round", round), func(t *testing.T) {
 			_, ns := nsTurn(t, root, cache, ops("h"), ops("t"))
 			relisted += ns.Relisted
-			assert.Assert(t, ns.Relisted < ns.Dirs || ns.Dirs < 3, "%d of %d", ns.Relisted, ns.Dirs)
+			assert.Equal(t, ns.Cache, "") // the last round's file, used
 		})
 	}
 	t.Logf("directories listed again: %d", relisted)
