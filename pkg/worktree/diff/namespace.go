@@ -59,13 +59,57 @@ type Namespace struct {
 }
 
 // nsDir is one directory: its stat (taken before its listing) and the
-// listing, sorted by name.
+// listing, sorted by name: names, or until first needed raw, the listing
+// as the cache file holds it (count names), so that revalidating a
+// 100 000-entry worktree allocates nothing per file.
 type nsDir struct {
 	ino          uint64
 	mode         uint32
 	mtime, ctime int64
 	listed       int64 // coarse clock before the stat that preceded the listing
 	names        []nsName
+	raw          string
+	count        int
+}
+
+// list is the directory's listing, decoded from raw once.
+func (d *nsDir) list() []nsName {
+	if d.names == nil && d.count > 0 {
+		d.names = make([]nsName, 0, d.count)
+		eachRaw(d.raw, func(n nsName) bool { d.names = append(d.names, n); return true })
+	}
+	return d.names
+}
+
+// each calls fn with each entry of the listing in order, until fn says
+// stop, without decoding raw into names.
+func (d *nsDir) each(fn func(nsName) bool) {
+	if d.names != nil || d.count == 0 {
+		for _, n := range d.names {
+			if !fn(n) {
+				return
+			}
+		}
+		return
+	}
+	eachRaw(d.raw, fn)
+}
+
+// has says whether the listing names name.
+func (d *nsDir) has(name string) bool {
+	found := false
+	d.each(func(n nsName) bool {
+		found = n.name == name
+		return !found && n.name < name
+	})
+	return found
+}
+
+func (d *nsDir) len() int {
+	if d.names != nil {
+		return len(d.names)
+	}
+	return d.count
 }
 
 type nsName struct {
@@ -168,17 +212,20 @@ func revalidate(ctx context.Context, root, cachePath string) (*Namespace, string
 			ns.changed = true
 		}
 		ns.dirs[it.rel] = d
-		entries += len(d.names)
+		entries += d.len()
 		if entries >= maxEntries {
 			return nil, "the worktree is past the scan's bounds"
 		}
-		for _, n := range d.names {
-			if n.typ == unix.DT_UNKNOWN {
-				return nil, "the filesystem gives no entry types"
-			}
+		unknown := false
+		d.each(func(n nsName) bool {
+			unknown = n.typ == unix.DT_UNKNOWN
 			if n.typ == unix.DT_DIR {
 				stack = append(stack, item{rel: join(it.rel, n.name), ino: n.ino, depth: it.depth + 1})
 			}
+			return !unknown
+		})
+		if unknown {
+			return nil, "the filesystem gives no entry types"
 		}
 	}
 	if len(ns.dirs) != len(old) {
@@ -400,11 +447,12 @@ func (ns *Namespace) lookup(rel string) (nsName, bool) {
 	if d == nil {
 		return nsName{}, false
 	}
-	i, ok := slices.BinarySearchFunc(d.names, name, func(n nsName, name string) int { return strings.Compare(n.name, name) })
+	names := d.list()
+	i, ok := slices.BinarySearchFunc(names, name, func(n nsName, name string) int { return strings.Compare(n.name, name) })
 	if !ok {
 		return nsName{}, false
 	}
-	return d.names[i], true
+	return names[i], true
 }
 
 // each calls fn with every path below the directory rel ("" the root).
@@ -413,13 +461,14 @@ func (ns *Namespace) each(rel string, fn func(p string, n nsName)) {
 	if d == nil {
 		return
 	}
-	for _, n := range d.names {
+	d.each(func(n nsName) bool {
 		p := join(rel, n.name)
 		fn(p, n)
 		if n.typ == unix.DT_DIR {
 			ns.each(p, fn)
 		}
-	}
+		return true
+	})
 }
 
 // Nested is the nested git repositories the namespace names, by path and
@@ -435,29 +484,33 @@ func (ns *Namespace) Nested() map[string]uint64 {
 		if d == nil {
 			return
 		}
-		for _, n := range d.names {
+		d.each(func(n nsName) bool {
 			if n.name == ".git" {
 				nested[join(rel, n.name)] = n.ino
-				continue
+				return true
 			}
 			if n.typ != unix.DT_DIR {
-				continue
+				return true
 			}
 			p := join(rel, n.name)
 			if ns.gitDir(p) {
 				nested[p] = n.ino
-				continue
+				return true
 			}
 			walk(p)
-		}
+			return true
+		})
 	}
 	walk("")
 	return nested
 }
 
 func (ns *Namespace) gitDir(rel string) bool {
-	has := func(name string) bool { _, ok := ns.lookup(join(rel, name)); return ok }
-	return has("HEAD") && ((has("objects") && has("refs")) || has("commondir"))
+	d := ns.dirs[rel]
+	if d == nil {
+		return false
+	}
+	return d.has("HEAD") && ((d.has("objects") && d.has("refs")) || d.has("commondir"))
 }
 
 // typeOf is a DT_* type as S_IFMT bits.

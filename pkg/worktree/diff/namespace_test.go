@@ -373,7 +373,7 @@ func TestNamespaceCacheFailsClosed(t *testing.T) {
 }
 
 func appendCRC(b []byte) []byte {
-	return binary.NativeEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
 // Where the namespace cannot be trusted the scan says why and the full
@@ -423,7 +423,7 @@ func TestNamespaceRacyListing(t *testing.T) {
 		s, why := ScanNamespace(ctx, root, cache)
 		assert.Equal(t, why, "")
 		d := s.ns.dirs["d0"]
-		d.names = slices.DeleteFunc(d.names, func(n nsName) bool { return n.name == "top.txt" })
+		d.names = slices.DeleteFunc(d.list(), func(n nsName) bool { return n.name == "top.txt" })
 		s.ns.changed = true
 		must(t, s.Keep())
 		next, why := ScanNamespace(ctx, root, cache)
