@@ -112,7 +112,7 @@ func (c Claims) scanBefore(ctx context.Context, holder Holder, worktree string) 
 	why := "asked for"
 	if !c.WalkBefore {
 		var snap *diff.Snapshot
-		cache := filepath.Join(holder.state.Path(), "trust", diff.NamespaceCacheFile)
+		cache := filepath.Join(holder.state.File("trust"), diff.NamespaceCacheFile)
 		if snap, why = diff.ScanNamespace(ctx, worktree, cache); snap != nil {
 			return snap, snap.Namespace().Nested(), nil
 		}

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/resolve"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // The scan before a turn from the worktree's namespace, without a stat of
@@ -151,7 +152,7 @@ func revalidate(ctx context.Context, root, cachePath string) (*Namespace, string
 	if err := unix.Fstatfs(rootFd, &sfs); err != nil {
 		return nil, fmt.Sprintf("statfs: %v", err)
 	}
-	if !localTimeFS(int64(sfs.Type)) {
+	if !guard.LocalTimeFS(int64(sfs.Type)) {
 		return nil, fmt.Sprintf("a filesystem (0x%x) outside ext4, xfs, btrfs and tmpfs", sfs.Type)
 	}
 	if err := unix.Fstat(rootFd, &rst); err != nil {
@@ -339,16 +340,6 @@ func coarse() (int64, error) {
 		return 0, fmt.Errorf("worktree changes: clock: %w", err)
 	}
 	return ts.Nano(), nil
-}
-
-// localTimeFS reports whether a filesystem's timestamps come from this
-// kernel's clock (not a server's) with ctime kept on every entry change.
-func localTimeFS(magic int64) bool {
-	switch magic {
-	case unix.EXT4_SUPER_MAGIC, unix.XFS_SUPER_MAGIC, unix.BTRFS_SUPER_MAGIC, unix.TMPFS_MAGIC:
-		return true
-	}
-	return false
 }
 
 // Settle takes Ts, the turn's start for the ctime rule: the precise

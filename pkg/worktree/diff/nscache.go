@@ -7,11 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"os"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // The namespace cache file: in the task's trust store (which the cage
@@ -38,30 +39,13 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // readNamespace reads the cache for the worktree root (device, inode);
 // nil with why when it cannot be used.
 func readNamespace(p, root string, dev, ino uint64) (map[string]*nsDir, string) {
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	data, err := guard.ReadPrivate(p, maxNSCache)
 	if errors.Is(err, unix.ENOENT) {
 		return nil, "no cache yet"
 	}
 	if err != nil {
-		return nil, fmt.Sprintf("open: %v", err)
+		return nil, err.Error()
 	}
-	f := os.NewFile(uintptr(fd), p)
-	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Sprintf("stat: %v", err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) || st.Mode&0o077 != 0 || st.Size > maxNSCache {
-		return nil, "not a private regular file of this user"
-	}
-	// One read of the size the stat gave (a file that grew since is
-	// corrupt by its checksum, or by the byte past it).
-	data := make([]byte, st.Size+1)
-	n, err := io.ReadFull(f, data)
-	if !errors.Is(err, io.ErrUnexpectedEOF) || int64(n) != st.Size {
-		return nil, fmt.Sprintf("read: %d of %d bytes, %v", n, st.Size, err)
-	}
-	data = data[:n]
 	dirs, err := decodeNamespace(data, root, dev, ino)
 	if err != nil {
 		return nil, err.Error()
