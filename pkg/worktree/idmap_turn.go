@@ -43,7 +43,7 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 	if rec.Owner[0] == 0 || rec.Owner[1] == 0 {
 		return nil, errors.New("worktree owned by root: never idmapped") // plan decided otherwise: fail closed
 	}
-	before, nested, err := c.scanBefore(ctx, holder, worktree)
+	before, nested, err := c.scanBefore(ctx, holder.state.File("trust"), worktree)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +88,7 @@ func (c Claims) PrepareIdmapped(ctx context.Context, holder Holder, worktree str
 	if uid == 0 || gid == 0 {
 		return errors.New("worktree owned by root: never idmapped")
 	}
-	snap, nested, err := c.scanBefore(ctx, holder, worktree)
+	snap, nested, err := c.scanBefore(ctx, holder.state.File("trust"), worktree)
 	if err != nil {
 		return err
 	}
@@ -106,13 +106,14 @@ func (c Claims) PrepareIdmapped(ctx context.Context, holder Holder, worktree str
 
 // scanBefore is the snapshot before an idmapped turn and the owner's
 // nested repositories: from the worktree's namespace, revalidated against
-// its cache in the task's trust store (diff.ScanNamespace), or where that
+// its cache in the task's trust store (the directory trust;
+// diff.ScanNamespace), or where that
 // cannot be trusted the full walk, which says why.
-func (c Claims) scanBefore(ctx context.Context, holder Holder, worktree string) (*diff.Snapshot, map[string]uint64, error) {
+func (c Claims) scanBefore(ctx context.Context, trust, worktree string) (*diff.Snapshot, map[string]uint64, error) {
 	why := "asked for"
 	if !c.WalkBefore {
 		var snap *diff.Snapshot
-		cache := filepath.Join(holder.state.File("trust"), diff.NamespaceCacheFile)
+		cache := filepath.Join(trust, diff.NamespaceCacheFile)
 		if snap, why = diff.ScanNamespace(ctx, worktree, cache); snap != nil {
 			return snap, snap.Namespace().Nested(), nil
 		}
