@@ -397,9 +397,10 @@ func (s *Snapshot) ClockStepped() bool { return s != nil && s.clock != nil && s.
 // clock has mostly passed Ts (it lags the precise one by a tick at most).
 // Without it After trusts no ctime.
 func (s *Snapshot) Ready() error {
-	if s == nil || s.ns == nil || s.ns.ts == 0 {
+	if s == nil || s.ns == nil || s.ns.ts == 0 || s.clock == nil {
 		return nil
 	}
+	deadline := time.Now().Add(maxReadyWait)
 	for {
 		c, err := coarse()
 		if err != nil {
@@ -409,9 +410,18 @@ func (s *Snapshot) Ready() error {
 			s.ns.ready = true
 			return nil
 		}
+		// The coarse clock lags by a tick at most: a longer wait is a
+		// clock set back (the timer says so), and then no ctime is
+		// trusted (not ready) rather than the turn held up.
+		if s.clock.check() || time.Now().After(deadline) {
+			return nil
+		}
 		time.Sleep(200 * time.Microsecond)
 	}
 }
+
+// maxReadyWait bounds Ready's wait (a coarse tick is 1–10 ms).
+const maxReadyWait = 100 * time.Millisecond
 
 // clockStepped says whether the ctime rule cannot be trusted: the clock
 // was set since Settle, or Settle or Ready was not called.
