@@ -241,7 +241,10 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	switch {
 	case dir != nil:
 		if !w.inWorktree(dir.handle) {
-			if child != nil && !w.outsideLost && mask&(unix.FAN_DELETE_SELF|unix.FAN_ONDIR) == 0 {
+			// A file changed outside (not only opened: a write through
+			// a shared mapping by a host process is not seen, as below)
+			// may be another link of a worktree file.
+			if child != nil && !w.outsideLost && mask&(unix.FAN_DELETE_SELF|unix.FAN_ONDIR) == 0 && mask&^uint64(unix.FAN_OPEN) != 0 {
 				w.keepOutside(child)
 			}
 			return // the host's, elsewhere on the filesystem
@@ -281,8 +284,8 @@ func (w *Watcher) event(mask uint64, info []byte) {
 // links (the walk after).
 const maxOutside = 50_000
 
-// keepOutside keeps the handle of a file changed or opened outside the
-// worktree (w.mu held).
+// keepOutside keeps the handle of a file changed outside the worktree
+// (w.mu held).
 func (w *Watcher) keepOutside(rec []byte) {
 	if len(rec) < 16 || string(rec[0:8]) != string(w.fsid[:]) {
 		return // not this filesystem's: no link into the worktree
