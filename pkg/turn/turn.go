@@ -133,6 +133,9 @@ type Runner struct {
 	// walkAfter makes the scan after a turn a full walk (tests: the
 	// report the events give, compared with the walk's).
 	walkAfter bool
+	// walkBefore makes the scan before an idmapped turn a full walk
+	// (tests: the reference for the namespace's).
+	walkBefore bool
 }
 
 // NewRunner returns a runner for cfg with the system's state and id files.
@@ -343,9 +346,19 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if before == nil {
 		before = scanWorktree(ctx, in.worktree, res)
 	}
+	// Nothing of the cage runs before the coarse clock reached the scan
+	// before's start (its ctime rule); mostly passed by now.
+	if err := before.Ready(); err != nil {
+		return res, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
 	handoff = prep
 	res, err = r.execute(ctx, prep, in.streams, c, preparedID)
 	if before != nil {
+		defer before.Close()
+		// The namespace revalidated before the turn, kept for the next
+		// one: written now, off the first output's path (a cache: a
+		// turn without it lists every directory).
+		_ = before.Keep()
 		// The events tell all the turn did only once no process of its
 		// cage can run: else the old paths, the walk and the full give-back.
 		after, why := (*diff.Snapshot)(nil), cageMayRun(res, err)
@@ -356,7 +369,15 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 			after, why = watch.After(context.WithoutCancel(ctx), before)
 		}
 		watch.Close() // before the give-back: its chowns are not the turn's
-		if after != nil && err == nil && prep.idmap {
+		stepped := prep.idmap && before.ClockStepped()
+		if stepped {
+			// The setuid strip's "ctime from the turn's start" cannot
+			// hold: every setuid file goes, by the full give-back.
+			if serr := r.claims().ClockStepped(in.holder); serr != nil && err == nil {
+				err = fmt.Errorf("%w: %w", ErrHostNotReady, serr)
+			}
+		}
+		if after != nil && err == nil && prep.idmap && !stepped {
 			// An idmapped worktree's give-back needs only what the turn
 			// changed; on any doubt finishWorktree's full walk does it.
 			given, _ = r.claims().GiveBackChanged(in.holder.Idmap, in.worktree, diff.Changed(before, after))
@@ -372,8 +393,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 			}
 		}
 		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, after, in.worktree, prep.guard)
-		if res.WorktreeChanges.Summary != nil {
-			res.WorktreeChanges.ScanAfter = scanAfter
+		if sum := res.WorktreeChanges.Summary; sum != nil {
+			sum.ScanAfter = scanAfter
+			sum.ScanBefore, sum.DirsRevalidated, sum.DirsRelisted = before.ScanBefore()
 		}
 	}
 	return res, err

@@ -13,7 +13,7 @@ import (
 // files.
 func (r *Runner) claims() worktree.Claims {
 	c := worktree.NewClaims(r.Cfg)
-	c.Store, c.IDFiles = r.Store, r.IDFiles
+	c.Store, c.IDFiles, c.WalkBefore = r.Store, r.IDFiles, r.walkBefore
 	return c
 }
 
@@ -53,5 +53,9 @@ func (r *Runner) takeWorktree(ctx context.Context, in *checked, p *Plan, stage b
 	if p.idmap {
 		return r.claims().TakeIdmapped(ctx, in.holder, in.worktree, p.ids, stage)
 	}
-	return r.claims().Take(ctx, in.holder, in.worktree, p.ids)
+	before, err := r.claims().Take(ctx, in.holder, in.worktree, p.ids)
+	if before != nil {
+		before.SetWalkWhy("not idmapped (the hand-over's chown walk takes it)")
+	}
+	return before, err
 }

@@ -42,6 +42,9 @@ type Claims struct {
 	// Socket is the podman service's API URL: an idmapped worktree's
 	// staging mount is made in the service's mount namespace (idmap.go).
 	Socket string
+	// WalkBefore makes the scan before an idmapped turn the full walk
+	// rather than the namespace's revalidation (tests: the reference).
+	WalkBefore bool
 }
 
 // NewClaims returns the worktree claims of cfg's state directory with the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -42,7 +43,7 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 	if rec.Owner[0] == 0 || rec.Owner[1] == 0 {
 		return nil, errors.New("worktree owned by root: never idmapped") // plan decided otherwise: fail closed
 	}
-	before, nested, err := scanNested(ctx, worktree)
+	before, nested, err := c.scanBefore(ctx, holder.state.File("trust"), worktree)
 	if err != nil {
 		return nil, err
 	}
@@ -68,6 +69,11 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 		_ = c.UnstageDir(holder.staging)
 		return nil, err
 	}
+	// Ts, after the revalidation, before anything of the cage runs.
+	if err := before.Settle(); err != nil {
+		before.Close()
+		return nil, err
+	}
 	return before, nil
 }
 
@@ -82,10 +88,11 @@ func (c Claims) PrepareIdmapped(ctx context.Context, holder Holder, worktree str
 	if uid == 0 || gid == 0 {
 		return errors.New("worktree owned by root: never idmapped")
 	}
-	_, nested, err := scanNested(ctx, worktree)
+	snap, nested, err := c.scanBefore(ctx, holder.state.File("trust"), worktree)
 	if err != nil {
 		return err
 	}
+	_ = snap.Keep() // a cache: the turn's scan before lists what it lacks
 	rec := &idmapRecord{Worktree: worktree, Owner: [2]uint32{uid, gid}, Agent: c.agentIDs(ids), Nested: nested, Boot: bootID()}
 	if err := c.stage(holder.staging, worktree, rec); err != nil {
 		return err
@@ -95,6 +102,28 @@ func (c Claims) PrepareIdmapped(ctx context.Context, holder Holder, worktree str
 		return err
 	}
 	return nil
+}
+
+// scanBefore is the snapshot before an idmapped turn and the owner's
+// nested repositories: from the worktree's namespace, revalidated against
+// its cache in the task's trust store (the directory trust;
+// diff.ScanNamespace), or where that
+// cannot be trusted the full walk, which says why.
+func (c Claims) scanBefore(ctx context.Context, trust, worktree string) (*diff.Snapshot, map[string]uint64, error) {
+	why := "asked for"
+	if !c.WalkBefore {
+		var snap *diff.Snapshot
+		cache := filepath.Join(trust, diff.NamespaceCacheFile)
+		if snap, why = diff.ScanNamespace(ctx, worktree, cache); snap != nil {
+			return snap, snap.Namespace().Nested(), nil
+		}
+	}
+	snap, nested, err := scanNested(ctx, worktree)
+	if err != nil {
+		return nil, nil, err
+	}
+	snap.SetWalkWhy(why)
+	return snap, nested, nil
 }
 
 // scanNested is the change scan, which also finds the nested repositories.
@@ -367,6 +396,21 @@ func (c Claims) giveBackIdmappedScanning(ctx context.Context, staging, record, w
 		return nil, nil, true
 	}
 	return after, idmapReport(worktree, rec, h, start), true
+}
+
+// ClockStepped makes the give-back of the task's idmapped turn strip the
+// setuid and setgid bits of every regular file of the worktree, not only
+// those with a ctime from the turn's start on: CLOCK_REALTIME was set
+// during the turn, so a file the turn made may carry an older ctime (the
+// owner's own setuid files lose their bits too: fail closed). Call the
+// full give-back (GiveBack) after it, not GiveBackChanged.
+func (c Claims) ClockStepped(holder Holder) error {
+	rec, err := readRecord(holder.turn)
+	if err != nil || rec == nil {
+		return err
+	}
+	rec.Start = 0
+	return writeRecord(holder.turn, rec)
 }
 
 // coarseNow is the time the kernel stamps ctimes from (the coarse clock,

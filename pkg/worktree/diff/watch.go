@@ -30,6 +30,11 @@ type Watcher struct {
 	mu    sync.Mutex
 	dirty map[dirName]uint64 // (directory handle, name) → event mask seen
 	inos  map[uint64]bool    // inodes of non-directory events with no name
+	// outside: handles of the files of events outside the worktree (a
+	// worktree file may be another link of one: afterNamespace reads
+	// its links); outsideLost: more than maxOutside of them.
+	outside     map[string]bool
+	outsideLost bool
 	// places: directory handle → in the worktree as first read (inWorktree)
 	places map[string]bool
 	doubt  string // why After must fall back ("" none)
@@ -112,7 +117,7 @@ func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
 		return fail(fmt.Errorf("worktree watch: fanotify_mark %s: %w", root, err))
 	}
 	w := &Watcher{fd: fd, rootFd: rootFd, root: real, stop: make(chan struct{}), done: make(chan struct{}),
-		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, places: map[string]bool{}, maxDirty: limit}
+		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, outside: map[string]bool{}, places: map[string]bool{}, maxDirty: limit}
 	binary.NativeEndian.PutUint32(w.fsid[0:4], uint32(sfs.Fsid.Val[0]))
 	binary.NativeEndian.PutUint32(w.fsid[4:8], uint32(sfs.Fsid.Val[1]))
 	go w.read(hold)
@@ -236,6 +241,12 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	switch {
 	case dir != nil:
 		if !w.inWorktree(dir.handle) {
+			// A file changed outside (not only opened: a write through
+			// a shared mapping by a host process is not seen, as below)
+			// may be another link of a worktree file.
+			if child != nil && !w.outsideLost && mask&(unix.FAN_DELETE_SELF|unix.FAN_ONDIR) == 0 && mask&^uint64(unix.FAN_OPEN) != 0 {
+				w.keepOutside(child)
+			}
 			return // the host's, elsewhere on the filesystem
 		}
 		if _, seen := w.dirty[*dir]; !seen && len(w.dirty) >= w.maxDirty {
@@ -266,6 +277,29 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	default:
 		w.setDoubt("an event with no file handle")
 	}
+}
+
+// maxOutside bounds the distinct files outside the worktree a watcher
+// keeps; past it a snapshot before from the namespace cannot place their
+// links (the walk after).
+const maxOutside = 50_000
+
+// keepOutside keeps the handle of a file changed outside the worktree
+// (w.mu held).
+func (w *Watcher) keepOutside(rec []byte) {
+	if len(rec) < 16 || string(rec[0:8]) != string(w.fsid[:]) {
+		return // not this filesystem's: no link into the worktree
+	}
+	hb := int(binary.NativeEndian.Uint32(rec[8:12]))
+	if 16+hb > len(rec) {
+		return
+	}
+	if len(w.outside) >= maxOutside {
+		w.outsideLost = true
+		w.outside = nil
+		return
+	}
+	w.outside[string(rec[12:16+hb])] = true
 }
 
 // inWorktree says whether an event in the directory h may be the
