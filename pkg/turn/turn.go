@@ -373,7 +373,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		if stepped {
 			// The setuid strip's "ctime from the turn's start" cannot
 			// hold: every setuid file goes, by the full give-back.
-			if serr := r.claims().ClockStepped(in.holder); serr != nil && err == nil {
+			if serr := r.claims().ClockStepped(in.holder.Idmap); serr != nil && err == nil {
 				err = fmt.Errorf("%w: %w", ErrHostNotReady, serr)
 			}
 		}

@@ -80,6 +80,7 @@ func (c Claims) recordDir() string { return filepath.Join(c.Layout.Dir, "idmap")
 type Holder struct {
 	task  taskid.ID // typed, so that tools/walk -carriers counts a Holder as the task
 	state taskstate.Dir
+	trust string // the task's trust store: the namespace cache's directory
 	Idmap
 }
 
@@ -99,7 +100,7 @@ func (c Claims) Holder(task taskid.ID) (Holder, error) {
 		return Holder{}, err
 	}
 	name := task.String()
-	return Holder{task: task, state: state, Idmap: Idmap{
+	return Holder{task: task, state: state, trust: state.Trust(), Idmap: Idmap{
 		staging:  filepath.Join(c.idmapDir(), name),
 		turn:     filepath.Join(c.recordDir(), name+".turn.json"),
 		prepared: filepath.Join(c.recordDir(), name+".prepared.json"),

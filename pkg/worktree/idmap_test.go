@@ -197,7 +197,7 @@ func idmapGiveBack(t *testing.T, mode string) {
 	if mode == "clock stepped" {
 		// The turn's clock was set: every setuid file goes, the owner's
 		// own too (its ctime says nothing then).
-		assert.NilError(t, c.ClockStepped(task))
+		assert.NilError(t, c.ClockStepped(task.Idmap))
 	}
 	if mode != "changed" {
 		var done bool

@@ -43,7 +43,7 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 	if rec.Owner[0] == 0 || rec.Owner[1] == 0 {
 		return nil, errors.New("worktree owned by root: never idmapped") // plan decided otherwise: fail closed
 	}
-	before, nested, err := c.scanBefore(ctx, holder.state.File("trust"), worktree)
+	before, nested, err := c.scanBefore(ctx, holder.trust, worktree)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +88,7 @@ func (c Claims) PrepareIdmapped(ctx context.Context, holder Holder, worktree str
 	if uid == 0 || gid == 0 {
 		return errors.New("worktree owned by root: never idmapped")
 	}
-	snap, nested, err := c.scanBefore(ctx, holder.state.File("trust"), worktree)
+	snap, nested, err := c.scanBefore(ctx, holder.trust, worktree)
 	if err != nil {
 		return err
 	}
@@ -404,13 +404,13 @@ func (c Claims) giveBackIdmappedScanning(ctx context.Context, staging, record, w
 // during the turn, so a file the turn made may carry an older ctime (the
 // owner's own setuid files lose their bits too: fail closed). Call the
 // full give-back (GiveBack) after it, not GiveBackChanged.
-func (c Claims) ClockStepped(holder Holder) error {
-	rec, err := readRecord(holder.turn)
+func (c Claims) ClockStepped(m Idmap) error {
+	rec, err := readRecord(m.turn)
 	if err != nil || rec == nil {
 		return err
 	}
 	rec.Start = 0
-	return writeRecord(holder.turn, rec)
+	return writeRecord(m.turn, rec)
 }
 
 // coarseNow is the time the kernel stamps ctimes from (the coarse clock,
