@@ -365,17 +365,23 @@ func commandName(args []string) string {
 
 // loadConfig resolves and loads the configuration.
 func loadConfig(c *cli.Context) (*config.Config, error) {
+	cfg, err := config.Load(resolvedConfigPath(c))
+	if err != nil {
+		return nil, fail(ExitUsage, err)
+	}
+	return cfg, nil
+}
+
+// resolvedConfigPath is the config file loadConfig reads, "" for the
+// built-in defaults.
+func resolvedConfigPath(c *cli.Context) string {
 	path := configPath(c)
 	if path == "" {
 		if _, err := os.Stat(defaultConfigPath); err == nil {
 			path = defaultConfigPath
 		}
 	}
-	cfg, err := config.Load(path)
-	if err != nil {
-		return nil, fail(ExitUsage, err)
-	}
-	return cfg, nil
+	return path
 }
 
 // connect opens the podman connection the config names.

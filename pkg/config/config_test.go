@@ -99,7 +99,7 @@ func TestExampleConfigIsValidAndComplete(t *testing.T) {
 	assert.NilError(t, err)
 	// Every key of the schema is documented in the example (commented out or set).
 	for _, key := range []string{"socket", "dir", "image", "memory", "pids", "cpus", "nofile", "nproc", "timeout",
-		"stop_grace", "tmp_size", "run_size", "tmp_exec", "subid_user", "user", "seccomp", "hostname_format", "prepare_next",
+		"stop_grace", "tmp_size", "run_size", "tmp_exec", "subid_user", "user", "seccomp", "hostname_format", "prepare_next", "teardown_linger",
 		"policy", "name", "bridge", "subnet4", "subnet6", "allow", "volume_prefix", "root", "command", "env", "home", "token_env", "gateway", "api", "upstream", "token",
 		"max_requests", "max_output_tokens", "auth", "token_url", "client_id", "allow_betas", "allow_server_tools"} {
 		assert.Assert(t, strings.Contains(string(data), key+" ="), "config.example.toml does not document %q", key)

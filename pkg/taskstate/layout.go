@@ -66,3 +66,11 @@ func (l Layout) GitsealConfig() string { return filepath.Join(l.Dir, "gitseal", 
 func (l Layout) GitsealDotgit(key string) string {
 	return filepath.Join(l.Dir, "gitseal", key, "dotgit")
 }
+
+// TeardownSocket is where a lingering teardown worker listens
+// (pkg/teardownd); TeardownWorker is the file it holds locked while it
+// does, with its pid.
+func (l Layout) TeardownSocket() string { return filepath.Join(l.Dir, "teardownd.sock") }
+
+// TeardownWorker: see TeardownSocket.
+func (l Layout) TeardownWorker() string { return filepath.Join(l.Dir, "teardownd.lock") }
