@@ -21,9 +21,9 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/task"
-	"github.com/shrooms-cage/shrooms/pkg/teardownd"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/teardownd"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
