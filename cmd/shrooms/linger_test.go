@@ -69,6 +69,10 @@ func TestTeardownWorker(t *testing.T) {
 	assert.Assert(t, alive(worker), "turn 1's teardown did not linger")
 	_, err := os.Lstat(layout.TeardownSocket())
 	assert.NilError(t, err)
+	// doctor names it, and how to stop it.
+	_, stdout, _ := e.Shrooms("--json", "doctor")
+	assert.Assert(t, is.Contains(stdout, fmt.Sprintf("teardown worker pid %d lingers", worker)), stdout)
+	assert.Assert(t, is.Contains(stdout, fmt.Sprintf("kill %d", worker)), stdout)
 	r2 := pidRun(t, e, task, "echo two")
 	assert.Assert(t, r2.Prepared, "turn 2 did not get the cage turn 1's teardown prepared")
 	assert.Equal(t, r2.TeardownPID, worker, "turn 2's teardown was not handed to the worker")

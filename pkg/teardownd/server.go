@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -183,4 +184,21 @@ func (s *Server) serve(conn *net.UnixConn, key string, run func(Job, []*os.File)
 	}
 	conn.Close()
 	run(job, files)
+}
+
+// Running returns the pid of the worker that holds lock (a state
+// directory's TeardownWorker), 0 when none does.
+func Running(lock string) int {
+	f, err := os.Open(lock)
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err == nil {
+		return 0 // released with the file
+	}
+	b := make([]byte, 32)
+	n, _ := f.ReadAt(b, 0)
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b[:n])))
+	return pid
 }
