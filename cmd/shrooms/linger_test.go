@@ -213,3 +213,35 @@ func lingerPeer(socket string) {
 	}
 	fmt.Printf("uid %d answer: %s\n", os.Getuid(), b[:n])
 }
+
+// TestTeardownWorkerRunsJobsSideBySide: the worker runs the teardowns of
+// different tasks at once: one held at its gate does not hold back
+// another task's, which ends meanwhile; both are the worker's.
+func TestTeardownWorkerRunsJobsSideBySide(t *testing.T) {
+	requireStatic(t)
+	e, client := integration(t, "")
+	lingerConfig(e, "1m", "side")
+	a, b := e.Task("side-a"), e.Task("side-b")
+	worker := pidRun(t, e, a, "true").TeardownPID
+	defer func() {
+		_ = syscall.Kill(worker, syscall.SIGTERM)
+		waitGone(t, worker)
+	}()
+	gate := filepath.Join(e.Dir, "gate-a")
+	t.Cleanup(func() { _ = os.WriteFile(gate, nil, 0o600) })
+	ra := gatedRun(t, e, gate, "--prepare-next", "--task", a, "--agent", "shell", "--", "-c", "echo a")
+	assert.Equal(t, ra.TeardownPID, worker)
+	rb := pidRun(t, e, b, "echo b") // waits for b's teardown
+	assert.Equal(t, rb.TeardownPID, worker)
+	assert.Assert(t, lockHeld(t, e, a), "a's teardown ended before its gate opened")
+	_, left := cageIDs(t, client, a)[ra.Cage]
+	assert.Assert(t, left, "a's cage went before its gate opened")
+	assert.NilError(t, os.WriteFile(gate, nil, 0o600))
+	e.WaitIdle(a)
+	_, left = cageIDs(t, client, a)[ra.Cage]
+	assert.Assert(t, !left, "a's cage is still there")
+	for _, task := range []string{a, b} {
+		code, _, stderr := e.Shrooms("forget", "--task", task)
+		assert.Equal(t, code, 0, stderr)
+	}
+}

@@ -69,8 +69,13 @@ func (l Layout) GitsealDotgit(key string) string {
 
 // TeardownSocket is where a lingering teardown worker listens
 // (pkg/teardownd); TeardownWorker is the file it holds locked while it
-// does, with its pid.
-func (l Layout) TeardownSocket() string { return filepath.Join(l.Dir, "teardownd.sock") }
+// does, with its pid. A worker whose socket is removed ends.
+func (l Layout) TeardownSocket() string { return filepath.Join(l.Dir, teardownSocket) }
 
 // TeardownWorker: see TeardownSocket.
-func (l Layout) TeardownWorker() string { return filepath.Join(l.Dir, "teardownd.lock") }
+func (l Layout) TeardownWorker() string { return filepath.Join(l.Dir, teardownWorker) }
+
+const (
+	teardownSocket = "teardownd.sock"
+	teardownWorker = "teardownd.lock"
+)
