@@ -359,7 +359,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		if after != nil && err == nil && prep.idmap {
 			// An idmapped worktree's give-back needs only what the turn
 			// changed; on any doubt finishWorktree's full walk does it.
-			given, _ = r.claims().GiveBackChanged(in.holder, in.worktree, diff.Changed(before, after))
+			given, _ = r.claims().GiveBackChanged(in.holder.Idmap, in.worktree, diff.Changed(before, after))
 		}
 		scanAfter := "events"
 		if after == nil {
@@ -392,7 +392,7 @@ func (r *Runner) turnCage(ctx context.Context, task taskid.ID, in *checked, s st
 		// leftover. A waiting prepared cage was created right after such a
 		// sweep under the same lock, and every turn since would have taken
 		// or discarded it: when one is taken there is nothing to sweep.
-		if _, err := r.cages().RemoveLeftovers(ctx, task); err != nil {
+		if _, _, err := r.cages().RemoveLeftovers(ctx, task); err != nil {
 			return "", nil, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 		}
 		prep, err = r.prepare(ctx, task, in, s)
@@ -662,16 +662,17 @@ func guardWorktree(ctx context.Context, taskDir, worktree string, commit bool) (
 	return c, nil
 }
 
-// countTurn records that the task's next turn starts now.
-func (r *Runner) countTurn(in *checked) error {
-	if _, err := in.state.NextTurn(); err != nil {
+// countTurn records in the task's state st that its next turn starts now,
+// with agent on worktree ("" for none).
+func countTurn(st taskstate.Dir, agent, worktree string) error {
+	if _, err := st.NextTurn(); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if err := in.state.Remember(taskstate.FactAgent, in.agentName); err != nil {
+	if err := st.Remember(taskstate.FactAgent, agent); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if in.worktree != "" {
-		if err := in.state.Remember(taskstate.FactWorktree, in.worktree); err != nil {
+	if worktree != "" {
+		if err := st.Remember(taskstate.FactWorktree, worktree); err != nil {
 			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}

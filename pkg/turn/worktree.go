@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 
 	"github.com/shrooms-cage/shrooms/pkg/worktree"
@@ -45,16 +44,6 @@ func (r *Runner) finishWorktree(holder worktree.Holder, wt string, given *worktr
 	}
 	res.Error = msg
 	return fmt.Errorf("%w: %s", ErrHostNotReady, msg)
-}
-
-// idmapReason says why the turn's worktree gets the chown walks rather
-// than an idmapped mount ("" for the idmapped mount).
-func (r *Runner) idmapReason(in *checked, ids taskstate.IDs) string {
-	if gvisor(r.Cfg.Cage.Runtime) {
-		return "gVisor cages keep the chown walks"
-	}
-	agent := uint32(r.Cfg.Cage.User)
-	return r.claims().IdmapReason(in.holder, in.worktree, ids.UID+agent, ids.GID+agent)
 }
 
 // takeWorktree takes the worktree for the turn: the hand-over, or for an

@@ -34,6 +34,9 @@ type Claims struct {
 	// Cap is the worktree section of the config (its size and file cap,
 	// and whether an uncapped filesystem is allowed).
 	Cap config.Worktree
+	// GVisor says cage.runtime is gVisor's runsc, whose cages keep the
+	// chown walks (IdmapReason).
+	GVisor bool
 	// User is the agent's uid (and gid) inside the cage.
 	User int64
 	// Socket is the podman service's API URL: an idmapped worktree's
@@ -49,6 +52,7 @@ func NewClaims(cfg *config.Config) Claims {
 		Store:   taskstate.Store{Dir: cfg.State.Dir},
 		IDFiles: taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
 		Cap:     cfg.Worktree,
+		GVisor:  filepath.Base(cfg.Cage.Runtime) == "runsc",
 		User:    cfg.Cage.User,
 		Socket:  cfg.Podman.Socket,
 	}

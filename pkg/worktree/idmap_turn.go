@@ -51,7 +51,7 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 		return nil, err
 	}
 	if stage {
-		if err := c.stage(holder, worktree, rec); err != nil {
+		if err := c.stage(holder.staging, worktree, rec); err != nil {
 			return nil, err
 		}
 	} else {
@@ -65,7 +65,7 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 		_ = os.Remove(holder.prepared)
 	}
 	if err := writeRecord(holder.turn, rec); err != nil {
-		_ = c.Unstage(holder)
+		_ = c.UnstageDir(holder.staging)
 		return nil, err
 	}
 	return before, nil
@@ -87,11 +87,11 @@ func (c Claims) PrepareIdmapped(ctx context.Context, holder Holder, worktree str
 		return err
 	}
 	rec := &idmapRecord{Worktree: worktree, Owner: [2]uint32{uid, gid}, Agent: c.agentIDs(ids), Nested: nested, Boot: bootID()}
-	if err := c.stage(holder, worktree, rec); err != nil {
+	if err := c.stage(holder.staging, worktree, rec); err != nil {
 		return err
 	}
 	if err := writeRecord(holder.prepared, rec); err != nil {
-		_ = c.Unstage(holder)
+		_ = c.UnstageDir(holder.staging)
 		return err
 	}
 	return nil
@@ -313,19 +313,20 @@ func idmapReport(worktree string, rec *idmapRecord, h *idmapHook, start time.Tim
 // giveBackIdmapped is the give-back of a task whose last turn was
 // idmapped (nil, false when it was not): its staging mount detached, then
 // the idmap hook over the whole worktree; the turn's record goes once it is
-// done.
-func (c Claims) giveBackIdmapped(holder Holder, worktree string) (*Report, bool, error) {
-	rec, err := readRecord(holder.turn)
+// done. staging and record are the task's staging directory and turn
+// record (its Holder's).
+func (c Claims) giveBackIdmapped(staging, record, worktree string) (*Report, bool, error) {
+	rec, err := readRecord(record)
 	if err != nil || rec == nil || rec.Worktree != worktree {
 		return nil, err != nil, err
 	}
-	if err := c.Unstage(holder); err != nil {
+	if err := c.UnstageDir(staging); err != nil {
 		return nil, true, err
 	}
 	start := time.Now()
 	fd, st, err := openRoot(worktree)
 	if errors.Is(err, unix.ENOENT) {
-		return nil, true, os.Remove(holder.turn)
+		return nil, true, os.Remove(record)
 	}
 	if err != nil {
 		return nil, true, fmt.Errorf("give worktree %s back: %w", worktree, err)
@@ -335,7 +336,7 @@ func (c Claims) giveBackIdmapped(holder Holder, worktree string) (*Report, bool,
 	if err := walkHook(fd, "", 0, h); err != nil {
 		return nil, true, fmt.Errorf("give worktree %s back: %w", worktree, err)
 	}
-	if err := os.Remove(holder.turn); err != nil {
+	if err := os.Remove(record); err != nil {
 		return nil, true, fmt.Errorf("give worktree %s back: %w", worktree, err)
 	}
 	return idmapReport(worktree, rec, h, start), true, nil
@@ -344,12 +345,12 @@ func (c Claims) giveBackIdmapped(holder Holder, worktree string) (*Report, bool,
 // giveBackIdmappedScanning is giveBackIdmapped in the change scan's walk
 // after the turn (nil, nil when the task's last turn was not idmapped, or
 // the scan did not see everything: GiveBack's full walk then does it).
-func (c Claims) giveBackIdmappedScanning(ctx context.Context, holder Holder, worktree string) (*diff.Snapshot, *Report, bool) {
-	rec, err := readRecord(holder.turn)
+func (c Claims) giveBackIdmappedScanning(ctx context.Context, staging, record, worktree string) (*diff.Snapshot, *Report, bool) {
+	rec, err := readRecord(record)
 	if err != nil || rec == nil || rec.Worktree != worktree {
 		return nil, nil, err != nil
 	}
-	if err := c.Unstage(holder); err != nil {
+	if err := c.UnstageDir(staging); err != nil {
 		return nil, nil, true
 	}
 	var st unix.Stat_t
@@ -362,7 +363,7 @@ func (c Claims) giveBackIdmappedScanning(ctx context.Context, holder Holder, wor
 	if err != nil || after.Truncated() {
 		return nil, nil, true
 	}
-	if err := os.Remove(holder.turn); err != nil {
+	if err := os.Remove(record); err != nil {
 		return nil, nil, true
 	}
 	return after, idmapReport(worktree, rec, h, start), true
@@ -384,13 +385,13 @@ func coarseNow() (int64, error) {
 // lists, from the turn's events) and at the directories above them (one
 // the turn made a git directory of by adding to it); nil, nil when the
 // task's last turn was not idmapped. On an error the full give-back
-// (GiveBack) is still to run.
-func (c Claims) GiveBackChanged(holder Holder, worktree string, changed []string) (*Report, error) {
-	rec, err := readRecord(holder.turn)
+// (GiveBack) is still to run. m is the task's (Holder.Idmap).
+func (c Claims) GiveBackChanged(m Idmap, worktree string, changed []string) (*Report, error) {
+	rec, err := readRecord(m.turn)
 	if err != nil || rec == nil || rec.Worktree != worktree {
 		return nil, err
 	}
-	if err := c.Unstage(holder); err != nil {
+	if err := c.UnstageDir(m.staging); err != nil {
 		return nil, err
 	}
 	start := time.Now()
@@ -406,7 +407,7 @@ func (c Claims) GiveBackChanged(holder Holder, worktree string, changed []string
 			return nil, fmt.Errorf("give worktree %s back: %s: %w", worktree, rel, err)
 		}
 	}
-	if err := os.Remove(holder.turn); err != nil {
+	if err := os.Remove(m.turn); err != nil {
 		return nil, fmt.Errorf("give worktree %s back: %w", worktree, err)
 	}
 	return idmapReport(worktree, rec, h, start), nil
