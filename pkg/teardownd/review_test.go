@@ -152,3 +152,26 @@ func TestImpostorWorker(t *testing.T) {
 	}
 	fmt.Printf("job %s files %d\n", job.Task, len(fs))
 }
+
+// TestKeyFollowsTheBinaryReplaced: a new build installed at the binary's
+// path (written beside it and renamed over it, as go build and install
+// do), even byte for byte the same, is another key: a worker running the
+// old file takes no job of the new one. The positive control: the file
+// untouched gives the same key again.
+func TestKeyFollowsTheBinaryReplaced(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "shrooms")
+	b, err := os.ReadFile(os.Args[0])
+	assert.NilError(t, err)
+	assert.NilError(t, os.WriteFile(bin, b, 0o755))
+	k1, err := Key(bin, bin, "/c.toml", "sha256:a", "/s")
+	assert.NilError(t, err)
+	again, err := Key(bin, bin, "/c.toml", "sha256:a", "/s")
+	assert.NilError(t, err)
+	assert.Equal(t, again, k1, "positive control: the same file, the same key")
+	assert.NilError(t, os.WriteFile(bin+".new", b, 0o755))
+	assert.NilError(t, os.Rename(bin+".new", bin))
+	k2, err := Key(bin, bin, "/c.toml", "sha256:a", "/s")
+	assert.NilError(t, err)
+	assert.Assert(t, k2 != k1, "a binary replaced kept the key")
+}
