@@ -67,6 +67,26 @@ func TestNamespaceHostileTurns(t *testing.T) {
 			appendTo(t, p(root, "d3/m"), "// evil\n")
 			must(t, os.Rename(p(root, "d3/m"), p(root, "main.go")))
 		}, check: func(t *testing.T, s Summary) { assert.Equal(t, s.Modified, 1) }},
+		{name: "setuid set through a transient hard link", turn: func(t *testing.T, root string) {
+			must(t, os.Link(p(root, "d2/top.txt"), p(root, "d4/tmp")))
+			must(t, os.Chmod(p(root, "d4/tmp"), 0o4755))
+			must(t, os.Remove(p(root, "d4/tmp")))
+		}, check: func(t *testing.T, s Summary) { assert.Equal(t, s.Modified, 1) }},
+		{name: "truncated through a transient hard link", turn: func(t *testing.T, root string) {
+			must(t, os.Link(p(root, "d2/sub/f4.txt"), p(root, "tmp")))
+			must(t, os.Truncate(p(root, "tmp"), 0))
+			must(t, os.Remove(p(root, "tmp")))
+		}, check: func(t *testing.T, s Summary) { assert.Equal(t, s.Modified, 1) }},
+		{name: "two directories swapped by three renames", turn: func(t *testing.T, root string) {
+			must(t, os.Rename(p(root, "d0"), p(root, "x")))
+			must(t, os.Rename(p(root, "d1"), p(root, "d0")))
+			must(t, os.Rename(p(root, "x"), p(root, "d1")))
+		}, check: func(t *testing.T, s Summary) { assert.Assert(t, s.Modified > 0) }},
+		{name: "two files swapped by three renames", turn: func(t *testing.T, root string) {
+			must(t, os.Rename(p(root, "d0/sub/f0.txt"), p(root, "x")))
+			must(t, os.Rename(p(root, "d0/sub/f1.txt"), p(root, "d0/sub/f0.txt")))
+			must(t, os.Rename(p(root, "x"), p(root, "d0/sub/f1.txt")))
+		}, check: func(t *testing.T, s Summary) { assert.Equal(t, s.Modified, 2) }},
 		{name: "a directory replaced by a symbolic link to another in the tree", turn: func(t *testing.T, root string) {
 			must(t, os.RemoveAll(p(root, "d3")))
 			must(t, os.Symlink("d4", p(root, "d3")))
