@@ -47,10 +47,19 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 	if err != nil {
 		return nil, err
 	}
-	rec.Nested = nested
-	if rec.Start, err = coarseNow(); err != nil {
+	// Ts, after the revalidation, before anything of the cage runs; the
+	// step timer armed before the record's start is read, so that a step
+	// of the clock after that reading is seen (ClockStepped) and the
+	// setuid strip's "ctime from the start on" never rests on one unseen.
+	if err := before.Settle(); err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			before.Close()
+		}
+	}()
+	rec.Nested, rec.Start = nested, before.ClockArmed()
 	if stage {
 		if err := c.stage(holder.staging, worktree, rec); err != nil {
 			return nil, err
@@ -67,11 +76,6 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 	}
 	if err := writeRecord(holder.turn, rec); err != nil {
 		_ = c.UnstageDir(holder.staging)
-		return nil, err
-	}
-	// Ts, after the revalidation, before anything of the cage runs.
-	if err := before.Settle(); err != nil {
-		before.Close()
 		return nil, err
 	}
 	return before, nil

@@ -361,7 +361,12 @@ func (s *Snapshot) Settle() error {
 		unix.Close(fd)
 		return fmt.Errorf("worktree changes: timerfd: %w", err)
 	}
-	s.clock = &stepTimer{fd: fd}
+	armed, err := coarse()
+	if err != nil {
+		unix.Close(fd)
+		return err
+	}
+	s.clock = &stepTimer{fd: fd, armed: armed}
 	if s.ns != nil {
 		s.ns.ts, s.ns.clock = s.ns.precise, s.clock
 	}
@@ -373,7 +378,20 @@ func (s *Snapshot) Settle() error {
 // set. The first such read is kept.
 type stepTimer struct {
 	fd      int
+	armed   int64 // the coarse clock read once it was armed
 	stepped bool
+}
+
+// ClockArmed is the coarse clock read right after Settle armed the step
+// timer (0 without Settle): every ctime set later is at or after it, or
+// ClockStepped says the clock was set. A rule "ctime from the turn's
+// start on" must take its start from here, not before: a step between an
+// earlier reading and the arming would go unseen.
+func (s *Snapshot) ClockArmed() int64 {
+	if s == nil || s.clock == nil {
+		return 0
+	}
+	return s.clock.armed
 }
 
 func (t *stepTimer) check() bool {
