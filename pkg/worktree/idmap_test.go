@@ -1,6 +1,7 @@
 package worktree
 
 import (
+	"fmt"
 	"context"
 	"os"
 	"os/exec"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
@@ -345,4 +347,15 @@ func TestIdmapSubmountIsNotIdmapped(t *testing.T) {
 	_, err = os.Lstat(filepath.Join(sub, "new"))
 	assert.Assert(t, os.IsNotExist(err), "%v", err)
 	assert.NilError(t, c.Unstage(task))
+}
+
+// coarseNow is the time the kernel stamps ctimes from (the coarse clock,
+// up to a tick behind the precise one): every ctime set after it is at or
+// after it.
+func coarseNow() (int64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &ts); err != nil {
+		return 0, fmt.Errorf("idmap record: clock: %w", err)
+	}
+	return ts.Nano(), nil
 }

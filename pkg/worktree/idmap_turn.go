@@ -417,17 +417,6 @@ func (c Claims) ClockStepped(m Idmap) error {
 	return writeRecord(m.turn, rec)
 }
 
-// coarseNow is the time the kernel stamps ctimes from (the coarse clock,
-// up to a tick behind the precise one): every ctime set after it is at or
-// after it.
-func coarseNow() (int64, error) {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &ts); err != nil {
-		return 0, fmt.Errorf("idmap record: clock: %w", err)
-	}
-	return ts.Nano(), nil
-}
-
 // GiveBackChanged is the give-back of an idmapped turn that looks only at
 // what the turn changed (changed: the worktree-relative paths diff.Changed
 // lists, from the turn's events) and at the directories above them (one
