@@ -36,6 +36,9 @@ type Watcher struct {
 	// fdClosed: the reader closed fd at a doubt (read after done only).
 	fdClosed bool
 	maxDirty int // maxDirty but in tests
+	// events read and, of them, dropped as the rest of the filesystem's
+	// (what the reader's cost grows with; BenchmarkWatchBusyFilesystem).
+	nEvents, nOutside int
 }
 
 // dirName is one event's directory handle (type and bytes) and entry name
@@ -191,6 +194,7 @@ func (w *Watcher) parse(b []byte) {
 		if fd >= 0 {
 			unix.Close(int(fd)) // not asked for; never expected with FID reporting
 		}
+		w.nEvents++
 		w.event(mask, b[hdr:evLen])
 		b = b[evLen:]
 	}
@@ -236,6 +240,7 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	switch {
 	case dir != nil:
 		if !w.inWorktree(dir.handle) {
+			w.nOutside++
 			return // the host's, elsewhere on the filesystem
 		}
 		if _, seen := w.dirty[*dir]; !seen && len(w.dirty) >= w.maxDirty {

@@ -1,0 +1,317 @@
+package diff
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// busyWriterEnv asks this test binary (TestMain) to be busyWrite's child:
+// the rest of the filesystem, busy while a turn runs.
+const busyWriterEnv = "SHROOMS_DIFF_BUSY_WRITE"
+
+// The filesystem's other users: busyDirs directories of busyFiles files.
+const (
+	busyDirs  = 1000
+	busyFiles = 10
+)
+
+// busyWriteMain is the child's side: "out rate seconds" in busyWriterEnv.
+func busyWriteMain(arg string) error {
+	f := strings.Fields(arg)
+	if len(f) != 3 {
+		return fmt.Errorf("busy writer: want \"out rate seconds\", got %q", arg)
+	}
+	rate, err := strconv.Atoi(f[1])
+	if err != nil {
+		return fmt.Errorf("busy writer rate: %w", err)
+	}
+	secs, err := strconv.ParseFloat(f[2], 64)
+	if err != nil {
+		return fmt.Errorf("busy writer duration: %w", err)
+	}
+	n, err := busyWrite(f[0], rate, time.Duration(secs*float64(time.Second)))
+	if err != nil {
+		return err
+	}
+	fmt.Println(n)
+	return nil
+}
+
+// busyWrite works on out's directories for dur at rate operations a
+// second (flat out when it cannot keep up), round robin over them: an
+// even operation creates, writes, closes and unlinks a file, an odd one
+// opens, reads and closes an existing one. It returns the operations done.
+func busyWrite(out string, rate int, dur time.Duration) (int, error) {
+	dirs := make([]string, busyDirs)
+	for d := range dirs {
+		dirs[d] = fmt.Sprintf("%s/o%04d/", out, d)
+	}
+	buf := make([]byte, 64)
+	start := time.Now()
+	n := 0
+	for {
+		el := time.Since(start)
+		if el >= dur {
+			return n, nil
+		}
+		if rate == 0 {
+			time.Sleep(dur - el)
+			continue
+		}
+		target := int(float64(rate) * el.Seconds())
+		for i := 0; n < target && i < 256; i++ {
+			dir := dirs[(n/2)%busyDirs]
+			if n%2 == 0 {
+				p := dir + "t" + strconv.Itoa(n)
+				fd, err := unix.Open(p, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+				if err != nil {
+					return n, fmt.Errorf("busy writer: %w", err)
+				}
+				_, err = unix.Write(fd, buf)
+				unix.Close(fd)
+				if err != nil {
+					return n, fmt.Errorf("busy writer: %w", err)
+				}
+				if err := unix.Unlink(p); err != nil {
+					return n, fmt.Errorf("busy writer: %w", err)
+				}
+			} else {
+				fd, err := unix.Open(dir+"f"+strconv.Itoa(n%busyFiles), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+				if err != nil {
+					return n, fmt.Errorf("busy writer: %w", err)
+				}
+				_, _ = unix.Read(fd, buf)
+				unix.Close(fd)
+			}
+			n++
+		}
+		if n >= target {
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
+// busyFilesystem is a fresh ext4 filesystem (a loop-mounted image, the
+// kind of filesystem a worktree lies on here) under /run, unmounted and
+// removed at the end: the watch's filesystem mark sees only the test's
+// own work there.
+func busyFilesystem(b *testing.B) string {
+	img := filepath.Join(b.TempDir(), "busy.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.Truncate(img, 512<<20); err != nil {
+		b.Fatal(err)
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-N", "131072", img).CombinedOutput(); err != nil {
+		b.Fatalf("mkfs.ext4: %v: %s", err, out)
+	}
+	mnt := fmt.Sprintf("/run/shrooms-bench-fanwatch-%d-%d", os.Getpid(), time.Now().UnixNano())
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+		os.Remove(mnt)
+		b.Fatalf("mount %s: %v: %s", img, err, out)
+	}
+	b.Cleanup(func() {
+		if err := unix.Unmount(mnt, 0); err != nil {
+			b.Errorf("unmount %s: %v", mnt, err)
+			return
+		}
+		os.Remove(mnt)
+	})
+	return mnt
+}
+
+// busyTurn is one turn's figures at one rate of the rest of the
+// filesystem: with no watch (off) and with it (on).
+type busyTurn struct {
+	cpuOff, cpuOn     time.Duration // this process's CPU over the turn
+	wallOff, wallOn   time.Duration // the turn's length
+	after             time.Duration // After's latency (on)
+	events, outside   int           // events read, of them dropped (on)
+	places            int           // directory handles placed (on)
+	fellBack          string        // why After fell back ("" it did not)
+	opsOff, opsOn     int           // the writer's operations
+	wCPUOff, wCPUOn   time.Duration // the writer's CPU (its events are made in its syscalls)
+	wWallOff, wWallOn time.Duration
+}
+
+func cpuSelf() time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		panic(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// busyRun runs the writer at rate for dur, changing the turn's 99 files
+// in the worktree halfway, and returns the writer's operations, CPU and
+// wall time.
+func busyRun(b *testing.B, out, root string, rate int, dur time.Duration, round int) (int, time.Duration, time.Duration) {
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %g", busyWriterEnv, out, rate, dur.Seconds()))
+	cmd.Stderr = os.Stderr
+	var stdout strings.Builder
+	cmd.Stdout = &stdout
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	time.Sleep(dur / 2)
+	for f := range 99 {
+		p := filepath.Join(root, "d000", fmt.Sprintf("f%02d", f))
+		if err := os.WriteFile(p, []byte(fmt.Sprint("round ", round)), 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		b.Fatalf("busy writer: %v", err)
+	}
+	wall := time.Since(start)
+	n, err := strconv.Atoi(strings.TrimSpace(stdout.String()))
+	if err != nil {
+		b.Fatalf("busy writer's count %q: %v", stdout.String(), err)
+	}
+	return n, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), wall
+}
+
+// BenchmarkWatchBusyFilesystem: what the worktree's watch costs when the
+// rest of its filesystem is busy. On a fresh ext4 filesystem, a worktree
+// of 10 000 files (100 directories of 100) and, outside it, 1 000
+// directories of 10 files that a child process works on for a second at
+// 0, 1 000, 10 000 and 50 000 operations a second (create, write, close
+// and unlink a file; open, read and close an existing one); halfway the
+// "turn" changes 99 files of the worktree. Each round runs every rate
+// twice, with no watch and with one (Watch, the scan before, After),
+// interleaved. Reported per rate (medians): this process's CPU per second
+// of turn with and without the watch, After's latency, the events read
+// and dropped as outside, directory handles placed, how many rounds fell
+// back, and the writer's CPU per operation with and without the mark.
+func BenchmarkWatchBusyFilesystem(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Fatal("fanotify's filesystem mark and the loop mount need root")
+	}
+	mnt := busyFilesystem(b)
+	root, out := filepath.Join(mnt, "wt"), filepath.Join(mnt, "out")
+	for d := range 100 {
+		for f := range 100 {
+			write(b, root, fmt.Sprintf("d%03d/f%02d", d, f), "x\n")
+		}
+	}
+	for d := range busyDirs {
+		for f := range busyFiles {
+			write(b, out, fmt.Sprintf("o%04d/f%d", d, f), "y\n")
+		}
+	}
+	ctx := context.Background()
+	const dur = time.Second
+	rates := []int{0, 1_000, 10_000, 50_000}
+	turns := make([][]busyTurn, len(rates))
+	b.ResetTimer()
+	for i := range b.N {
+		for ri, rate := range rates {
+			var t busyTurn
+			// Off: the same turn, no watch.
+			if _, err := Scan(ctx, root); err != nil {
+				b.Fatal(err)
+			}
+			c0, w0 := cpuSelf(), time.Now()
+			t.opsOff, t.wCPUOff, t.wWallOff = busyRun(b, out, root, rate, dur, 2*i)
+			t.cpuOff, t.wallOff = cpuSelf()-c0, time.Since(w0)
+			// On: the watch from before the scan before to After.
+			w, err := Watch(root)
+			if err != nil {
+				b.Fatal(err)
+			}
+			before, err := Scan(ctx, root)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c0, w0 = cpuSelf(), time.Now()
+			t.opsOn, t.wCPUOn, t.wWallOn = busyRun(b, out, root, rate, dur, 2*i+1)
+			a0 := time.Now()
+			got, why := w.After(ctx, before)
+			t.after = time.Since(a0)
+			t.cpuOn, t.wallOn = cpuSelf()-c0, time.Since(w0)
+			w.mu.Lock()
+			t.events, t.outside, t.places = w.nEvents, w.nOutside, len(w.places)
+			w.mu.Unlock()
+			w.Close()
+			t.fellBack = why
+			if got != nil {
+				want, err := Scan(ctx, root)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if s := Diff(before, got); s.Modified != 99 || !maps.Equal(got.entries, want.entries) {
+					b.Fatalf("at %d ops/s the events' snapshot differs from the walk's: %+v", rate, s)
+				}
+			}
+			turns[ri] = append(turns[ri], t)
+		}
+	}
+	b.StopTimer()
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	med := func(ts []busyTurn, f func(busyTurn) float64) float64 {
+		v := make([]float64, len(ts))
+		for i, t := range ts {
+			v[i] = f(t)
+		}
+		slices.Sort(v)
+		return v[len(v)/2]
+	}
+	b.Logf("%8s %10s %10s %10s %9s %9s %9s %7s %6s %10s %10s %9s %9s",
+		"ops/s", "cpu off", "cpu on", "watch", "after", "events", "dropped", "placed", "fell", "writer/s", "writer/s", "µs/op", "µs/op")
+	b.Logf("%8s %10s %10s %10s %9s %9s %9s %7s %6s %10s %10s %9s %9s",
+		"asked", "ms/s", "ms/s", "ms/s", "ms", "", "", "", "back", "off", "on", "off", "on")
+	for ri, rate := range rates {
+		ts := turns[ri]
+		off := med(ts, func(t busyTurn) float64 { return ms(t.cpuOff) / t.wallOff.Seconds() })
+		on := med(ts, func(t busyTurn) float64 { return ms(t.cpuOn) / t.wallOn.Seconds() })
+		watch := med(ts, func(t busyTurn) float64 {
+			return ms(t.cpuOn)/t.wallOn.Seconds() - ms(t.cpuOff)/t.wallOff.Seconds()
+		})
+		after := med(ts, func(t busyTurn) float64 { return ms(t.after) })
+		events := med(ts, func(t busyTurn) float64 { return float64(t.events) })
+		outside := med(ts, func(t busyTurn) float64 { return float64(t.outside) })
+		places := med(ts, func(t busyTurn) float64 { return float64(t.places) })
+		fell := 0
+		for _, t := range ts {
+			if t.fellBack != "" {
+				fell++
+				b.Logf("at %d ops/s After fell back: %s", rate, t.fellBack)
+			}
+		}
+		rateOff := med(ts, func(t busyTurn) float64 { return float64(t.opsOff) / t.wWallOff.Seconds() })
+		rateOn := med(ts, func(t busyTurn) float64 { return float64(t.opsOn) / t.wWallOn.Seconds() })
+		perOp := func(cpu time.Duration, n int) float64 {
+			if n == 0 {
+				return 0
+			}
+			return float64(cpu) / float64(time.Microsecond) / float64(n)
+		}
+		usOff := med(ts, func(t busyTurn) float64 { return perOp(t.wCPUOff, t.opsOff) })
+		usOn := med(ts, func(t busyTurn) float64 { return perOp(t.wCPUOn, t.opsOn) })
+		b.Logf("%8d %10.1f %10.1f %10.1f %9.2f %9.0f %9.0f %7.0f %6d %10.0f %10.0f %9.2f %9.2f",
+			rate, off, on, watch, after, events, outside, places, fell, rateOff, rateOn, usOff, usOn)
+		k := fmt.Sprintf("r%d:", rate)
+		b.ReportMetric(watch, k+"watch-cpu-ms/s")
+		b.ReportMetric(after, k+"after-ms")
+		b.ReportMetric(events, k+"events")
+		b.ReportMetric(float64(fell), k+"fell-back")
+	}
+	b.ReportMetric(0, "ns/op")
+}
