@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,6 +25,7 @@ type Watcher struct {
 	rootFd int // the worktree root: mount fd for open_by_handle_at
 	root   string
 	fsid   [8]byte
+	wake   int // an eventfd Stop writes: ends the reader's wait at once
 	stop   chan struct{}
 	done   chan struct{}
 
@@ -51,6 +53,12 @@ type dirName struct {
 // maxDirty bounds the distinct (directory, name) pairs a watcher keeps;
 // past it After falls back to the full scan.
 const maxDirty = 200_000
+
+// gather is how long the reader lets events gather once one is queued,
+// so that one read takes many: reading each as it came cost a poll and a
+// read per event, most of the watch's CPU when the rest of the filesystem
+// is busy (BenchmarkWatchBusyFilesystem). Stop ends the wait at once.
+const gather = 10 * time.Millisecond
 
 // maxPlaces bounds the directories, the filesystem's, a watcher places as
 // their events come (inWorktree); past it After falls back.
@@ -114,7 +122,12 @@ func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
 		unix.Close(fd)
 		return fail(fmt.Errorf("worktree watch: fanotify_mark %s: %w", root, err))
 	}
-	w := &Watcher{fd: fd, rootFd: rootFd, root: real, stop: make(chan struct{}), done: make(chan struct{}),
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(fd)
+		return fail(fmt.Errorf("worktree watch: eventfd: %w", err))
+	}
+	w := &Watcher{fd: fd, rootFd: rootFd, root: real, wake: wake, stop: make(chan struct{}), done: make(chan struct{}),
 		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, places: map[string]bool{}, maxDirty: limit}
 	binary.NativeEndian.PutUint32(w.fsid[0:4], uint32(sfs.Fsid.Val[0]))
 	binary.NativeEndian.PutUint32(w.fsid[4:8], uint32(sfs.Fsid.Val[1]))
@@ -124,12 +137,15 @@ func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
 
 // read drains the queue until stop, then once more: every event a change
 // made before Stop is queued by then (fsnotify queues in the syscall).
+// Between drains it waits for an event or Stop, then lets events gather.
 func (w *Watcher) read(hold <-chan struct{}) {
 	defer close(w.done)
 	if hold != nil {
 		<-hold
 	}
 	buf := make([]byte, 256<<10)
+	t := time.NewTimer(gather)
+	defer t.Stop()
 	for {
 		stopping := false
 		select {
@@ -157,8 +173,18 @@ func (w *Watcher) read(hold <-chan struct{}) {
 		if stopping {
 			return
 		}
-		fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
-		_, _ = unix.Poll(fds, 20)
+		fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}, {Fd: int32(w.wake), Events: unix.POLLIN}}
+		if _, err := unix.Poll(fds, -1); err != nil && !errors.Is(err, unix.EINTR) {
+			w.fail(fmt.Sprintf("poll: %v", err))
+			return
+		}
+		if fds[1].Revents == 0 {
+			t.Reset(gather)
+			select {
+			case <-w.stop:
+			case <-t.C:
+			}
+		}
 	}
 }
 
@@ -215,8 +241,8 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	if mask&^uint64(unix.FAN_OPEN|unix.FAN_ONDIR) == 0 && mask&unix.FAN_ONDIR != 0 {
 		return // a directory opened (read, or a scan's): no change through it
 	}
-	var dir *dirName
-	var child []byte // the object's own handle record
+	var dirH, dirN []byte // the directory's handle and the entry's name
+	var child []byte      // the object's own handle record
 	for len(info) >= 4 {
 		typ := info[0]
 		l := int(binary.NativeEndian.Uint16(info[2:4]))
@@ -232,22 +258,23 @@ func (w *Watcher) event(mask uint64, info []byte) {
 			if !ok {
 				return // doubt set
 			}
-			dir = &dirName{handle: h, name: name}
+			dirH, dirN = h, name
 		case unix.FAN_EVENT_INFO_TYPE_FID:
 			child = rec
 		}
 	}
 	switch {
-	case dir != nil:
-		if !w.inWorktree(dir.handle) {
+	case dirH != nil:
+		if !w.inWorktree(dirH) {
 			w.nOutside++
 			return // the host's, elsewhere on the filesystem
 		}
-		if _, seen := w.dirty[*dir]; !seen && len(w.dirty) >= w.maxDirty {
+		dir := dirName{handle: string(dirH), name: string(dirN)}
+		if _, seen := w.dirty[dir]; !seen && len(w.dirty) >= w.maxDirty {
 			w.setDoubt(fmt.Sprintf("more than %d changed entries", w.maxDirty))
 			return
 		}
-		w.dirty[*dir] |= mask
+		w.dirty[dir] |= mask
 	case child != nil:
 		// A non-directory's event with no directory (a link count changed
 		// through a link elsewhere): After re-stats the worktree's
@@ -259,7 +286,7 @@ func (w *Watcher) event(mask uint64, info []byte) {
 		if mask&unix.FAN_DELETE_SELF != 0 {
 			return // its last link went: that unlink had a directory event
 		}
-		ino, ok := w.inode(h)
+		ino, ok := w.inode(string(h))
 		if !ok {
 			return // gone: every link's removal had a directory event
 		}
@@ -279,41 +306,42 @@ func (w *Watcher) event(mask uint64, info []byte) {
 // neither kept nor counted against maxDirty. A directory outside now
 // comes in only by a move, an event in the worktree whose subtree After
 // walks again; one that cannot be placed now (moving) is kept. After
-// places every kept one again.
-func (w *Watcher) inWorktree(h string) bool {
-	if in, ok := w.places[h]; ok {
+// places every kept one again. A handle placed before costs a map lookup
+// and no allocation (most of a busy filesystem's events).
+func (w *Watcher) inWorktree(h []byte) bool {
+	if in, ok := w.places[string(h)]; ok {
 		return in
 	}
 	if len(w.places) >= maxPlaces {
 		w.setDoubt(fmt.Sprintf("more than %d changed directories", maxPlaces))
 		return true
 	}
-	pl, why := w.place(h)
+	pl, why := w.place(string(h))
 	if why != "" {
 		return true // moving as it was placed: kept, for After to place
 	}
-	w.places[h] = pl.in
+	w.places[string(h)] = pl.in
 	return pl.in
 }
 
 // handle reads a FID record: fsid, struct file_handle, then (withName) a
 // NUL-terminated name. Only one filesystem is marked: a record of another
 // fsid is a doubt, never a dropped event.
-func (w *Watcher) handle(rec []byte, withName bool) (h, name string, ok bool) {
+func (w *Watcher) handle(rec []byte, withName bool) (h, name []byte, ok bool) {
 	if len(rec) < 16 {
 		w.setDoubt("short file handle record")
-		return "", "", false
+		return nil, nil, false
 	}
 	if string(rec[0:8]) != string(w.fsid[:]) {
 		w.setDoubt("an event of another filesystem id")
-		return "", "", false
+		return nil, nil, false
 	}
 	hb := int(binary.NativeEndian.Uint32(rec[8:12]))
 	if 16+hb > len(rec) {
 		w.setDoubt("short file handle")
-		return "", "", false
+		return nil, nil, false
 	}
-	h = string(rec[12 : 16+hb]) // type and bytes
+	h = rec[12 : 16+hb] // type and bytes
 	if withName {
 		rest := rec[16+hb:]
 		for i, c := range rest {
@@ -322,7 +350,7 @@ func (w *Watcher) handle(rec []byte, withName bool) (h, name string, ok bool) {
 				break
 			}
 		}
-		name = string(rest)
+		name = rest
 	}
 	return h, name, true
 }
@@ -354,6 +382,9 @@ func (w *Watcher) Stop() {
 	case <-w.stop:
 	default:
 		close(w.stop)
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1)
+		_, _ = unix.Write(w.wake, one[:]) // ends a wait in poll
 	}
 	<-w.done
 }
@@ -368,7 +399,8 @@ func (w *Watcher) Close() {
 		unix.Close(w.fd)
 	}
 	unix.Close(w.rootFd)
-	w.fd, w.rootFd = -1, -1
+	unix.Close(w.wake)
+	w.fd, w.rootFd, w.wake = -1, -1, -1
 }
 
 // fdPath is where an open file is now, in this mount namespace.
