@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+	"gotest.tools/v3/assert"
 )
 
 // busyWriterEnv asks this test binary (TestMain) to be busyWrite's child:
@@ -106,7 +107,7 @@ func busyWrite(out string, rate int, dur time.Duration) (int, error) {
 // kind of filesystem a worktree lies on here) under /run, unmounted and
 // removed at the end: the watch's filesystem mark sees only the test's
 // own work there.
-func busyFilesystem(b *testing.B) string {
+func busyFilesystem(b testing.TB) string {
 	img := filepath.Join(b.TempDir(), "busy.img")
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
 		b.Fatal(err)
@@ -314,4 +315,85 @@ func BenchmarkWatchBusyFilesystem(b *testing.B) {
 		b.ReportMetric(float64(fell), k+"fell-back")
 	}
 	b.ReportMetric(0, "ns/op")
+}
+
+// The rest of the filesystem busy while a turn runs: the watcher reads its
+// events in batches and drops them, and still sees every change of the
+// turn (the control: the report equals the full walk's, with the turn's
+// changes in it).
+func TestWatcherDropsTheBusyRestOfTheFilesystem(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("fanotify's filesystem mark and the loop mount need root")
+	}
+	mnt := busyFilesystem(t)
+	root, out := filepath.Join(mnt, "wt"), filepath.Join(mnt, "out")
+	write(t, root, "keep.txt", "keep")
+	for f := range 20 {
+		write(t, root, fmt.Sprintf("d/f%02d", f), "x")
+	}
+	for d := range busyDirs {
+		for f := range busyFiles {
+			write(t, out, fmt.Sprintf("o%04d/f%d", d, f), "y")
+		}
+	}
+	w, before := watched(t, root)
+	done := make(chan error, 1)
+	go func() {
+		_, err := busyWrite(out, 20_000, 600*time.Millisecond)
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	for f := range 10 {
+		write(t, root, fmt.Sprintf("d/f%02d", f), "changed")
+	}
+	write(t, root, "d/new/added.txt", "added")
+	must(t, os.Remove(filepath.Join(root, "keep.txt")))
+	must(t, <-done)
+	s := sameAsScan(t, root, w, before)
+	assert.Equal(t, s.Modified, 10)
+	assert.Equal(t, s.Added, 2)
+	assert.Equal(t, s.Deleted, 1)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t.Logf("%d events in %d reads, %d dropped as outside, %d directories placed, %d kept",
+		w.nEvents, w.nReads, w.nOutside, len(w.places), len(w.dirty))
+	assert.Assert(t, w.nOutside > 5_000, "the writer's events were read and dropped")
+	// Kept: the turn's entries and their directories, none of the writer's.
+	for dn := range w.dirty {
+		pl, why := w.place(dn.handle)
+		assert.Equal(t, why, "")
+		assert.Assert(t, pl.in, "an event outside the worktree was kept: %q", dn.name)
+	}
+	// Gathered: one read takes many events (each read as it came was a
+	// poll and a read per event).
+	assert.Assert(t, w.nReads*10 < w.nEvents, "%d reads for %d events", w.nReads, w.nEvents)
+}
+
+// Stop wakes a reader waiting for events on an idle filesystem (it waits
+// with no timeout), and the change made just before is in the report.
+func TestWatcherStopWakesAnIdleReader(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("fanotify's filesystem mark and the loop mount need root")
+	}
+	root := filepath.Join(busyFilesystem(t), "wt")
+	write(t, root, "a.txt", "a")
+	w, before := watched(t, root)
+	time.Sleep(100 * time.Millisecond) // the reader is waiting in poll
+	write(t, root, "a.txt", "changed")
+	time.Sleep(100 * time.Millisecond) // read, and waiting again
+	stopped := make(chan struct{})
+	go func() {
+		w.Stop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		// An event ends the wait, so that the failure is not a hang.
+		write(t, root, "wake.txt", "wake")
+		<-stopped
+		t.Fatal("Stop did not end the reader's wait")
+	}
+	s := sameAsScan(t, root, w, before)
+	assert.Equal(t, s.Modified, 1)
 }

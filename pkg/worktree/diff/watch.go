@@ -38,9 +38,10 @@ type Watcher struct {
 	// fdClosed: the reader closed fd at a doubt (read after done only).
 	fdClosed bool
 	maxDirty int // maxDirty but in tests
-	// events read and, of them, dropped as the rest of the filesystem's
-	// (what the reader's cost grows with; BenchmarkWatchBusyFilesystem).
-	nEvents, nOutside int
+	// reads of the queue, events read and, of them, dropped as the rest of
+	// the filesystem's (what the reader's cost grows with;
+	// BenchmarkWatchBusyFilesystem).
+	nReads, nEvents, nOutside int
 }
 
 // dirName is one event's directory handle (type and bytes) and entry name
@@ -208,6 +209,7 @@ const metaLen = 24 // struct fanotify_event_metadata
 func (w *Watcher) parse(b []byte) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.nReads++
 	for len(b) >= metaLen {
 		evLen := int(binary.NativeEndian.Uint32(b[0:4]))
 		hdr := int(binary.NativeEndian.Uint16(b[6:8]))
