@@ -142,6 +142,7 @@ type busyTurn struct {
 	cpuOff, cpuOn     time.Duration // this process's CPU over the turn
 	wallOff, wallOn   time.Duration // the turn's length
 	after             time.Duration // After's latency (on)
+	reader            time.Duration // the reader's own thread's CPU (on)
 	events, outside   int           // events read, of them dropped (on)
 	places            int           // directory handles placed (on)
 	fellBack          string        // why After fell back ("" it did not)
@@ -248,7 +249,7 @@ func BenchmarkWatchBusyFilesystem(b *testing.B) {
 			t.after = time.Since(a0)
 			t.cpuOn, t.wallOn = cpuSelf()-c0, time.Since(w0)
 			w.mu.Lock()
-			t.events, t.outside, t.places = w.nEvents, w.nOutside, len(w.places)
+			t.events, t.outside, t.places, t.reader = w.nEvents, w.nOutside, len(w.places), w.readerCPU
 			w.mu.Unlock()
 			w.Close()
 			t.fellBack = why
@@ -274,10 +275,10 @@ func BenchmarkWatchBusyFilesystem(b *testing.B) {
 		slices.Sort(v)
 		return v[len(v)/2]
 	}
-	b.Logf("%8s %10s %10s %10s %9s %9s %9s %7s %6s %10s %10s %9s %9s",
-		"ops/s", "cpu off", "cpu on", "watch", "after", "events", "dropped", "placed", "fell", "writer/s", "writer/s", "µs/op", "µs/op")
-	b.Logf("%8s %10s %10s %10s %9s %9s %9s %7s %6s %10s %10s %9s %9s",
-		"asked", "ms/s", "ms/s", "ms/s", "ms", "", "", "", "back", "off", "on", "off", "on")
+	b.Logf("%8s %8s %8s %8s %8s %7s %8s %8s %7s %5s %9s %9s %7s %7s",
+		"ops/s", "cpu off", "cpu on", "watch", "reader", "after", "events", "dropped", "placed", "fell", "writer/s", "writer/s", "µs/op", "µs/op")
+	b.Logf("%8s %8s %8s %8s %8s %7s %8s %8s %7s %5s %9s %9s %7s %7s",
+		"asked", "ms/s", "ms/s", "ms/s", "ms/s", "ms", "", "", "", "back", "off", "on", "off", "on")
 	for ri, rate := range rates {
 		ts := turns[ri]
 		off := med(ts, func(t busyTurn) float64 { return ms(t.cpuOff) / t.wallOff.Seconds() })
@@ -285,6 +286,7 @@ func BenchmarkWatchBusyFilesystem(b *testing.B) {
 		watch := med(ts, func(t busyTurn) float64 {
 			return ms(t.cpuOn)/t.wallOn.Seconds() - ms(t.cpuOff)/t.wallOff.Seconds()
 		})
+		reader := med(ts, func(t busyTurn) float64 { return ms(t.reader) / t.wallOn.Seconds() })
 		after := med(ts, func(t busyTurn) float64 { return ms(t.after) })
 		events := med(ts, func(t busyTurn) float64 { return float64(t.events) })
 		outside := med(ts, func(t busyTurn) float64 { return float64(t.outside) })
@@ -306,10 +308,11 @@ func BenchmarkWatchBusyFilesystem(b *testing.B) {
 		}
 		usOff := med(ts, func(t busyTurn) float64 { return perOp(t.wCPUOff, t.opsOff) })
 		usOn := med(ts, func(t busyTurn) float64 { return perOp(t.wCPUOn, t.opsOn) })
-		b.Logf("%8d %10.1f %10.1f %10.1f %9.2f %9.0f %9.0f %7.0f %6d %10.0f %10.0f %9.2f %9.2f",
-			rate, off, on, watch, after, events, outside, places, fell, rateOff, rateOn, usOff, usOn)
+		b.Logf("%8d %8.1f %8.1f %8.1f %8.1f %7.2f %8.0f %8.0f %7.0f %5d %9.0f %9.0f %7.2f %7.2f",
+			rate, off, on, watch, reader, after, events, outside, places, fell, rateOff, rateOn, usOff, usOn)
 		k := fmt.Sprintf("r%d:", rate)
 		b.ReportMetric(watch, k+"watch-cpu-ms/s")
+		b.ReportMetric(reader, k+"reader-cpu-ms/s")
 		b.ReportMetric(after, k+"after-ms")
 		b.ReportMetric(events, k+"events")
 		b.ReportMetric(float64(fell), k+"fell-back")
