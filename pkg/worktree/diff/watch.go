@@ -43,6 +43,8 @@ type Watcher struct {
 	// the filesystem's (what the reader's cost grows with;
 	// BenchmarkWatchBusyFilesystem).
 	nReads, nEvents, nOutside int
+	nIgnored                  int           // directories outside the kernel filters (ignore)
+	noIgnore                  bool          // an ignore mark was refused: none more
 	readerCPU                 time.Duration // the reader's thread's CPU, set as it ends
 }
 
@@ -336,7 +338,44 @@ func (w *Watcher) inWorktree(h []byte) bool {
 		return true // moving as it was placed: kept, for After to place
 	}
 	w.places[string(h)] = pl.in
+	if !pl.in {
+		w.ignore(string(h))
+	}
 	return pl.in
+}
+
+// maxIgnored bounds the ignore marks a watcher adds (they count against
+// the user's fanotify marks, fs.fanotify.max_user_marks).
+const maxIgnored = 20_000
+
+// ignore asks the kernel to drop the events of a directory placed outside
+// the worktree, and of its entries, before they are queued: an ignore
+// mark on it (FAN_MARK_IGNORE, Linux 6.0) that does not pin its inode
+// (FAN_MARK_EVICTABLE: evicted, its events come back and are dropped as
+// read). It drops no more than inWorktree does: an event there names this
+// directory, or it is an event on the directory itself seen from its
+// parent, and a directory placed outside comes into the worktree only by
+// a move whose event (in the worktree, or in a directory that came in the
+// same way) makes After walk its subtree whole. Best effort: a refusal
+// (an older kernel, the marks' limit) leaves the events to inWorktree.
+func (w *Watcher) ignore(h string) {
+	if w.noIgnore || w.nIgnored >= maxIgnored {
+		return
+	}
+	fd, err := w.open(h)
+	if err != nil {
+		return // gone: nothing more comes from it
+	}
+	defer unix.Close(fd)
+	// "." beneath the O_PATH descriptor: fanotify_mark takes no O_PATH
+	// descriptor as the object itself.
+	err = unix.FanotifyMark(w.fd, unix.FAN_MARK_ADD|unix.FAN_MARK_IGNORE|unix.FAN_MARK_IGNORED_SURV_MODIFY|unix.FAN_MARK_EVICTABLE,
+		watchMask|unix.FAN_EVENT_ON_CHILD, fd, ".")
+	if err != nil {
+		w.noIgnore = true
+		return
+	}
+	w.nIgnored++
 }
 
 // handle reads a FID record: fsid, struct file_handle, then (withName) a
