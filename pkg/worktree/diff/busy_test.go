@@ -445,3 +445,45 @@ func TestWatcherIgnoredDirectoriesComingIn(t *testing.T) {
 	s := sameAsScan(t, root, w, before)
 	assert.Equal(t, s.Added, 4) // came, came/x.txt, came/sub, came/sub/y.txt
 }
+
+// Past maxPlaces the directories placed outside are forgotten, not a
+// doubt: a host that makes directories all the time no longer makes a
+// long turn fall back. The worktree's own directories past it still do.
+func TestWatcherForgetsDirectoriesOutside(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("fanotify's filesystem mark needs root")
+	}
+	root := tree(t)
+	outside := t.TempDir() // the same filesystem
+	w, before := watched(t, root)
+	w.mu.Lock()
+	w.maxPlaces = 50
+	w.mu.Unlock()
+	for d := range 300 {
+		write(t, outside, fmt.Sprintf("o%03d/f", d), "x")
+	}
+	write(t, root, "d0/top.txt", "changed")
+	write(t, root, "n/a/b.txt", "new")
+	s := sameAsScan(t, root, w, before)
+	assert.Equal(t, s.Modified, 1)
+	assert.Equal(t, s.Added, 3)
+	w.mu.Lock()
+	forgets, places := w.nForgets, len(w.places)
+	w.mu.Unlock()
+	t.Logf("forgotten %d times, %d placed at the end", forgets, places)
+	assert.Assert(t, forgets > 0, "the bound was reached")
+	assert.Assert(t, places <= 50)
+
+	// The control: more of the worktree's own directories than the bound.
+	w, before = watched(t, root)
+	w.mu.Lock()
+	w.maxPlaces = 5
+	w.mu.Unlock()
+	for d := range 5 {
+		write(t, root, fmt.Sprintf("d%d/top.txt", d), "changed")
+		write(t, root, fmt.Sprintf("d%d/sub/f0.txt", d), "changed")
+	}
+	got, why := w.After(context.Background(), before)
+	assert.Assert(t, got == nil)
+	assert.Equal(t, why, "more than 5 changed directories")
+}

@@ -37,13 +37,15 @@ type Watcher struct {
 	places map[string]bool
 	doubt  string // why After must fall back ("" none)
 	// fdClosed: the reader closed fd at a doubt (read after done only).
-	fdClosed bool
-	maxDirty int // maxDirty but in tests
+	fdClosed  bool
+	maxDirty  int // maxDirty but in tests
+	maxPlaces int // maxPlaces but in tests
 	// reads of the queue, events read and, of them, dropped as the rest of
 	// the filesystem's (what the reader's cost grows with;
 	// BenchmarkWatchBusyFilesystem).
 	nReads, nEvents, nOutside int
 	nIgnored                  int           // directories outside the kernel filters (ignore)
+	nForgets                  int           // times the directories placed outside were forgotten
 	noIgnore                  bool          // an ignore mark was refused: none more
 	readerCPU                 time.Duration // the reader's thread's CPU, set as it ends
 }
@@ -67,8 +69,9 @@ const maxDirty = 200_000
 // drains. Stop ends the wait at once.
 const gather = 50 * time.Millisecond
 
-// maxPlaces bounds the directories, the filesystem's, a watcher places as
-// their events come (inWorktree); past it After falls back.
+// maxPlaces bounds the directories, the filesystem's, a watcher keeps
+// placed (inWorktree): at it, those placed outside are forgotten; past it
+// with the worktree's alone After falls back.
 const maxPlaces = 200_000
 
 // watchMask is every event that changes an entry's name, data or
@@ -135,7 +138,7 @@ func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
 		return fail(fmt.Errorf("worktree watch: eventfd: %w", err))
 	}
 	w := &Watcher{fd: fd, rootFd: rootFd, root: real, wake: wake, stop: make(chan struct{}), done: make(chan struct{}),
-		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, places: map[string]bool{}, maxDirty: limit}
+		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, places: map[string]bool{}, maxDirty: limit, maxPlaces: maxPlaces}
 	binary.NativeEndian.PutUint32(w.fsid[0:4], uint32(sfs.Fsid.Val[0]))
 	binary.NativeEndian.PutUint32(w.fsid[4:8], uint32(sfs.Fsid.Val[1]))
 	go w.read(hold)
@@ -329,9 +332,21 @@ func (w *Watcher) inWorktree(h []byte) bool {
 	if in, ok := w.places[string(h)]; ok {
 		return in
 	}
-	if len(w.places) >= maxPlaces {
-		w.setDoubt(fmt.Sprintf("more than %d changed directories", maxPlaces))
-		return true
+	if len(w.places) >= w.maxPlaces {
+		// Forget the directories placed outside: placed again as their
+		// next event comes, one is outside again or, moved in since, in
+		// (read again: wider, never narrower). A host that makes and
+		// removes directories all the time reached the bound in minutes.
+		for k, in := range w.places {
+			if !in {
+				delete(w.places, k)
+			}
+		}
+		w.nForgets++
+		if len(w.places) >= w.maxPlaces {
+			w.setDoubt(fmt.Sprintf("more than %d changed directories", w.maxPlaces))
+			return true
+		}
 	}
 	pl, why := w.place(string(h))
 	if why != "" {
