@@ -27,11 +27,12 @@ const (
 	busyFiles = 10
 )
 
-// busyWriteMain is the child's side: "out rate seconds" in busyWriterEnv.
+// busyWriteMain is the child's side: "out rate seconds files|dirs" in
+// busyWriterEnv.
 func busyWriteMain(arg string) error {
 	f := strings.Fields(arg)
-	if len(f) != 3 {
-		return fmt.Errorf("busy writer: want \"out rate seconds\", got %q", arg)
+	if len(f) != 4 {
+		return fmt.Errorf("busy writer: want \"out rate seconds files|dirs\", got %q", arg)
 	}
 	rate, err := strconv.Atoi(f[1])
 	if err != nil {
@@ -41,7 +42,7 @@ func busyWriteMain(arg string) error {
 	if err != nil {
 		return fmt.Errorf("busy writer duration: %w", err)
 	}
-	n, err := busyWrite(f[0], rate, time.Duration(secs*float64(time.Second)))
+	n, err := busyWrite(f[0], rate, time.Duration(secs*float64(time.Second)), f[3] == "dirs")
 	if err != nil {
 		return err
 	}
@@ -52,8 +53,10 @@ func busyWriteMain(arg string) error {
 // busyWrite works on out's directories for dur at rate operations a
 // second (flat out when it cannot keep up), round robin over them: an
 // even operation creates, writes, closes and unlinks a file, an odd one
-// opens, reads and closes an existing one. It returns the operations done.
-func busyWrite(out string, rate int, dur time.Duration) (int, error) {
+// opens, reads and closes an existing one. With newDirs every operation
+// makes a new directory, a file in it, and removes both. It returns the
+// operations done.
+func busyWrite(out string, rate int, dur time.Duration, newDirs bool) (int, error) {
 	dirs := make([]string, busyDirs)
 	for d := range dirs {
 		dirs[d] = fmt.Sprintf("%s/o%04d/", out, d)
@@ -73,7 +76,11 @@ func busyWrite(out string, rate int, dur time.Duration) (int, error) {
 		target := int(float64(rate) * el.Seconds())
 		for i := 0; n < target && i < 256; i++ {
 			dir := dirs[(n/2)%busyDirs]
-			if n%2 == 0 {
+			if newDirs {
+				if err := busyNewDir(dir+"n"+strconv.Itoa(n), buf); err != nil {
+					return n, err
+				}
+			} else if n%2 == 0 {
 				p := dir + "t" + strconv.Itoa(n)
 				fd, err := unix.Open(p, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
 				if err != nil {
@@ -101,6 +108,44 @@ func busyWrite(out string, rate int, dur time.Duration) (int, error) {
 			time.Sleep(time.Millisecond)
 		}
 	}
+}
+
+// busyNewDir makes dir, a file in it, and removes both.
+func busyNewDir(dir string, buf []byte) error {
+	if err := unix.Mkdir(dir, 0o755); err != nil {
+		return fmt.Errorf("busy writer: %w", err)
+	}
+	p := dir + "/f"
+	fd, err := unix.Open(p, unix.O_CREAT|unix.O_WRONLY|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return fmt.Errorf("busy writer: %w", err)
+	}
+	_, err = unix.Write(fd, buf)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("busy writer: %w", err)
+	}
+	if err := unix.Unlink(p); err != nil {
+		return fmt.Errorf("busy writer: %w", err)
+	}
+	if err := unix.Rmdir(dir); err != nil {
+		return fmt.Errorf("busy writer: %w", err)
+	}
+	return nil
+}
+
+// busyLoad is what the rest of the filesystem does: rate operations a
+// second on files, or making and removing directories (newDirs).
+type busyLoad struct {
+	rate    int
+	newDirs bool
+}
+
+func (l busyLoad) String() string {
+	if l.newDirs {
+		return fmt.Sprintf("%dd", l.rate)
+	}
+	return fmt.Sprint(l.rate)
 }
 
 // busyFilesystem is a fresh ext4 filesystem (a loop-mounted image, the
@@ -162,9 +207,13 @@ func cpuSelf() time.Duration {
 // busyRun runs the writer at rate for dur, changing the turn's 99 files
 // in the worktree halfway, and returns the writer's operations, CPU and
 // wall time.
-func busyRun(b *testing.B, out, root string, rate int, dur time.Duration, round int) (int, time.Duration, time.Duration) {
+func busyRun(b *testing.B, out, root string, load busyLoad, dur time.Duration, round int) (int, time.Duration, time.Duration) {
+	mode := "files"
+	if load.newDirs {
+		mode = "dirs"
+	}
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %g", busyWriterEnv, out, rate, dur.Seconds()))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s %d %g %s", busyWriterEnv, out, load.rate, dur.Seconds(), mode))
 	cmd.Stderr = os.Stderr
 	var stdout strings.Builder
 	cmd.Stdout = &stdout
@@ -195,13 +244,15 @@ func busyRun(b *testing.B, out, root string, rate int, dur time.Duration, round 
 // of 10 000 files (100 directories of 100) and, outside it, 1 000
 // directories of 10 files that a child process works on for a second at
 // 0, 1 000, 10 000 and 50 000 operations a second (create, write, close
-// and unlink a file; open, read and close an existing one); halfway the
-// "turn" changes 99 files of the worktree. Each round runs every rate
-// twice, with no watch and with one (Watch, the scan before, After),
-// interleaved. Reported per rate (medians): this process's CPU per second
-// of turn with and without the watch, After's latency, the events read
-// and dropped as outside, directory handles placed, how many rounds fell
-// back, and the writer's CPU per operation with and without the mark.
+// and unlink a file; open, read and close an existing one), and at 5 000
+// a second making a new directory, a file in it, and removing both
+// ("5000d"); halfway the "turn" changes 99 files of the worktree. Each
+// round runs every rate twice, with no watch and with one (Watch, the
+// scan before, After), interleaved. Reported per rate (medians): this
+// process's CPU per second of turn with and without the watch, the
+// reader's own thread's, After's latency, the events read and dropped as
+// outside, directory handles placed, how many rounds fell back, and the
+// writer's CPU per operation with and without the mark.
 func BenchmarkWatchBusyFilesystem(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Fatal("fanotify's filesystem mark and the loop mount need root")
@@ -220,7 +271,7 @@ func BenchmarkWatchBusyFilesystem(b *testing.B) {
 	}
 	ctx := context.Background()
 	const dur = time.Second
-	rates := []int{0, 1_000, 10_000, 50_000}
+	rates := []busyLoad{{0, false}, {1_000, false}, {10_000, false}, {50_000, false}, {5_000, true}}
 	turns := make([][]busyTurn, len(rates))
 	b.ResetTimer()
 	for i := range b.N {
@@ -259,7 +310,7 @@ func BenchmarkWatchBusyFilesystem(b *testing.B) {
 					b.Fatal(err)
 				}
 				if s := Diff(before, got); s.Modified != 99 || !maps.Equal(got.entries, want.entries) {
-					b.Fatalf("at %d ops/s the events' snapshot differs from the walk's: %+v", rate, s)
+					b.Fatalf("at %v ops/s the events' snapshot differs from the walk's: %+v", rate, s)
 				}
 			}
 			turns[ri] = append(turns[ri], t)
@@ -295,7 +346,7 @@ func BenchmarkWatchBusyFilesystem(b *testing.B) {
 		for _, t := range ts {
 			if t.fellBack != "" {
 				fell++
-				b.Logf("at %d ops/s After fell back: %s", rate, t.fellBack)
+				b.Logf("at %v ops/s After fell back: %s", rate, t.fellBack)
 			}
 		}
 		rateOff := med(ts, func(t busyTurn) float64 { return float64(t.opsOff) / t.wWallOff.Seconds() })
@@ -308,9 +359,9 @@ func BenchmarkWatchBusyFilesystem(b *testing.B) {
 		}
 		usOff := med(ts, func(t busyTurn) float64 { return perOp(t.wCPUOff, t.opsOff) })
 		usOn := med(ts, func(t busyTurn) float64 { return perOp(t.wCPUOn, t.opsOn) })
-		b.Logf("%8d %8.1f %8.1f %8.1f %8.1f %7.2f %8.0f %8.0f %7.0f %5d %9.0f %9.0f %7.2f %7.2f",
+		b.Logf("%8v %8.1f %8.1f %8.1f %8.1f %7.2f %8.0f %8.0f %7.0f %5d %9.0f %9.0f %7.2f %7.2f",
 			rate, off, on, watch, reader, after, events, outside, places, fell, rateOff, rateOn, usOff, usOn)
-		k := fmt.Sprintf("r%d:", rate)
+		k := fmt.Sprintf("r%v:", rate)
 		b.ReportMetric(watch, k+"watch-cpu-ms/s")
 		b.ReportMetric(reader, k+"reader-cpu-ms/s")
 		b.ReportMetric(after, k+"after-ms")
@@ -342,7 +393,7 @@ func TestWatcherDropsTheBusyRestOfTheFilesystem(t *testing.T) {
 	w, before := watched(t, root)
 	done := make(chan error, 1)
 	go func() {
-		_, err := busyWrite(out, 20_000, 600*time.Millisecond)
+		_, err := busyWrite(out, 20_000, 600*time.Millisecond, false)
 		done <- err
 	}()
 	time.Sleep(200 * time.Millisecond)
