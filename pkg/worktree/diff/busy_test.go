@@ -464,12 +464,12 @@ func TestWatcherIgnoredDirectoriesComingIn(t *testing.T) {
 	root := tree(t)
 	outside := t.TempDir()
 	w, before := watched(t, root)
-	write(t, outside, "a/x.txt", "x")
-	write(t, outside, "a/sub/y.txt", "y")
-	write(t, outside, "b/z.txt", "z")
-	// Each of them placed outside and ignored.
+	// Each of them placed outside and, busy a read later, ignored.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
+		write(t, outside, "a/x.txt", "x")
+		write(t, outside, "a/sub/y.txt", "y")
+		write(t, outside, "b/z.txt", "z")
 		w.mu.Lock()
 		n := w.nIgnored
 		w.mu.Unlock()

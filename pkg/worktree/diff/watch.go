@@ -34,7 +34,7 @@ type Watcher struct {
 	dirty map[dirName]uint64 // (directory handle, name) → event mask seen
 	inos  map[uint64]bool    // inodes of non-directory events with no name
 	// places: directory handle → in the worktree as first read (inWorktree)
-	places map[string]bool
+	places map[string]placed
 	doubt  string // why After must fall back ("" none)
 	// fdClosed: the reader closed fd at a doubt (read after done only).
 	fdClosed  bool
@@ -138,7 +138,7 @@ func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
 		return fail(fmt.Errorf("worktree watch: eventfd: %w", err))
 	}
 	w := &Watcher{fd: fd, rootFd: rootFd, root: real, wake: wake, stop: make(chan struct{}), done: make(chan struct{}),
-		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, places: map[string]bool{}, maxDirty: limit, maxPlaces: maxPlaces}
+		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, places: map[string]placed{}, maxDirty: limit, maxPlaces: maxPlaces}
 	binary.NativeEndian.PutUint32(w.fsid[0:4], uint32(sfs.Fsid.Val[0]))
 	binary.NativeEndian.PutUint32(w.fsid[4:8], uint32(sfs.Fsid.Val[1]))
 	go w.read(hold)
@@ -327,18 +327,24 @@ func (w *Watcher) event(mask uint64, info []byte) {
 // comes in only by a move, an event in the worktree whose subtree After
 // walks again; one that cannot be placed now (moving) is kept. After
 // places every kept one again. A handle placed before costs a map lookup
-// and no allocation (most of a busy filesystem's events).
+// and no allocation (most of a busy filesystem's events); one outside
+// still busy in a later read is left to the kernel to drop (ignore).
 func (w *Watcher) inWorktree(h []byte) bool {
-	if in, ok := w.places[string(h)]; ok {
-		return in
+	if pl, ok := w.places[string(h)]; ok {
+		if !pl.in && !pl.ignored && pl.read != w.nReads {
+			pl.ignored = true
+			w.places[string(h)] = pl
+			w.ignore(string(h))
+		}
+		return pl.in
 	}
 	if len(w.places) >= w.maxPlaces {
 		// Forget the directories placed outside: placed again as their
 		// next event comes, one is outside again or, moved in since, in
 		// (read again: wider, never narrower). A host that makes and
 		// removes directories all the time reached the bound in minutes.
-		for k, in := range w.places {
-			if !in {
+		for k, pl := range w.places {
+			if !pl.in {
 				delete(w.places, k)
 			}
 		}
@@ -352,11 +358,15 @@ func (w *Watcher) inWorktree(h []byte) bool {
 	if why != "" {
 		return true // moving as it was placed: kept, for After to place
 	}
-	w.places[string(h)] = pl.in
-	if !pl.in {
-		w.ignore(string(h))
-	}
+	w.places[string(h)] = placed{in: pl.in, read: w.nReads}
 	return pl.in
+}
+
+// placed is what the reader knows of a directory handle.
+type placed struct {
+	in      bool // in the worktree when placed
+	read    int  // the read (nReads) that placed it
+	ignored bool // outside and still busy a read later: an ignore mark asked
 }
 
 // maxIgnored bounds the ignore marks a watcher adds (they count against
@@ -364,7 +374,10 @@ func (w *Watcher) inWorktree(h []byte) bool {
 const maxIgnored = 20_000
 
 // ignore asks the kernel to drop the events of a directory placed outside
-// the worktree, and of its entries, before they are queued: an ignore
+// the worktree, and of its entries, before they are queued (asked when
+// it is still busy a read after it was placed: a mark costs about what
+// 30–50 events read do, and most directories of a build or an install
+// are busy for one burst only): an ignore
 // mark on it (FAN_MARK_IGNORE, Linux 6.0) that does not pin its inode
 // (FAN_MARK_EVICTABLE: evicted, its events come back and are dropped as
 // read). It drops no more than inWorktree does: an event there names this
