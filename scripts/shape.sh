@@ -28,6 +28,7 @@ echo "fault-kind wrapping sites (lines with fmt.Errorf(… fault.X …)): $(nont
 echo "fault-kind decisions (those, plus fault.Wrap/Wrapf/Default/Phase calls outside pkg/fault): $(nontest pkg cmd | grep -v '^pkg/fault/' | xargs grep -hE 'Errorf\(.*fault\.[A-Z]|fault\.(Wrap|Wrapf|Default|Phase)\(' | wc -l)"
 # The walk of a turn's request (tools/walk, its own module: golang.org/x/tools
 # stays out of go.mod; `make setup` puts it in the module cache). The second
-# line counts structs that carry the task too (docs/code-shape.md).
-echo "$(go run -C tools/walk . -root "$PWD" -tags "$TAGS")"; echo "$(go run -C tools/walk . -root "$PWD" -tags "$TAGS" -carriers)"
+# line counts structs that carry the task too, the third also the handles
+# holding only values derived from it (docs/code-shape.md).
+echo "$(go run -C tools/walk . -root "$PWD" -tags "$TAGS")"; echo "$(go run -C tools/walk . -root "$PWD" -tags "$TAGS" -carriers)"; echo "$(go run -C tools/walk . -root "$PWD" -tags "$TAGS" -derived)"
 echo "openat2 resolve policies spelled outside pkg/resolve (lines with unix.RESOLVE_): $(nontest pkg cmd internal | grep -v '^pkg/resolve/' | xargs grep -h 'unix\.RESOLVE_' | wc -l)"

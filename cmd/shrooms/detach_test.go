@@ -16,6 +16,7 @@ import (
 	is "gotest.tools/v3/assert/cmp"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
@@ -86,7 +87,16 @@ func waitGone(t *testing.T, pid int) {
 // clean.
 func TestDetachedTeardown(t *testing.T) {
 	requireStatic(t)
+	// Both paths: a child per turn, and a worker that lingers and takes
+	// the later turns' teardowns (killed below as a child is).
+	for _, linger := range []string{"0s", "1m"} {
+		t.Run("linger="+linger, func(t *testing.T) { detachedTeardown(t, linger) })
+	}
+}
+
+func detachedTeardown(t *testing.T, linger string) {
 	e, client := integration(t, "")
+	e.WriteConfig(testcfg.Config{Cage: map[string]any{"prepare_next": false, "teardown_linger": linger}}.For(e).TOML())
 	task := e.Task("detach")
 	gate := filepath.Join(e.Dir, "gate1")
 	// Before the env's cleanup, which waits for the teardown.
@@ -140,8 +150,13 @@ func TestDetachedTeardown(t *testing.T) {
 	assert.Equal(t, len(cageIDs(t, client, task)), 0)
 
 	// SIGKILL of the child, then gc: nothing is left.
+	first := r.TeardownPID
 	r = gatedRun(t, e, filepath.Join(e.Dir, "gate-never"), "--task", task, "--agent", "shell", "--", "-c", "echo three")
 	assert.Equal(t, r.Teardown, "detached")
+	// With a linger, turn 1's teardown took turn 3's (turn 2 ran in this
+	// process, whose environment differs: a child of its own); without,
+	// each is a child.
+	assert.Equal(t, r.TeardownPID == first, linger != "0s", "turn 1's teardown pid %d, turn 3's %d", first, r.TeardownPID)
 	st = cageIDs(t, client, task)[r.Cage]
 	assert.Assert(t, st == "exited" || st == "stopped", st)
 	assert.NilError(t, syscall.Kill(r.TeardownPID, syscall.SIGKILL))

@@ -24,6 +24,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
+	"github.com/shrooms-cage/shrooms/pkg/teardownd"
 	"github.com/shrooms-cage/shrooms/pkg/worktree"
 	"github.com/shrooms-cage/shrooms/pkg/wtcap"
 )
@@ -102,6 +103,7 @@ func diagnose(ctx context.Context, cfg *config.Config) []finding {
 	}
 	doctorSubIDs(cfg, add)
 	doctorState(cfg, add)
+	doctorTeardownWorker(cfg, add)
 	doctorTokens(cfg, add)
 	doctorTools(cfg, add)
 	doctorBridge(cfg, add)
@@ -251,6 +253,28 @@ func doctorState(cfg *config.Config, add func(string, string, string, string)) {
 	default:
 		add("state-dir", "ok", cfg.State.Dir, "")
 	}
+}
+
+// doctorTeardownWorker says whether a turn's teardown lingers to take the
+// next turns' (cage.teardown_linger) and names the one that does.
+func doctorTeardownWorker(cfg *config.Config, add func(string, string, string, string)) {
+	linger := cfg.Cage.TeardownLinger.Std()
+	if linger <= 0 {
+		add("teardown", "ok", "each turn's teardown is a process of its own (cage.teardown_linger = 0)", "")
+		return
+	}
+	layout := taskstate.Layout{Dir: cfg.State.Dir}
+	if pid := teardownd.Running(layout.TeardownWorker()); pid > 0 {
+		add("teardown", "ok", fmt.Sprintf("teardown worker pid %d lingers (up to %s idle; it holds a podman connection, no cage or turn file when idle)", pid, linger),
+			fmt.Sprintf("to stop it: kill %d", pid))
+		return
+	}
+	if fi, err := os.Lstat(cfg.State.Dir); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		add("teardown", "warn", fmt.Sprintf("teardowns cannot linger: %s is open to others (%v)", cfg.State.Dir, fi.Mode().Perm()),
+			"chmod 700 "+cfg.State.Dir)
+		return
+	}
+	add("teardown", "ok", fmt.Sprintf("a turn's teardown lingers %s to take the next turns' (none now)", linger), "")
 }
 
 func doctorTokens(cfg *config.Config, add func(string, string, string, string)) {

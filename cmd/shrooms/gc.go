@@ -7,7 +7,7 @@ import (
 func gcCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "gc",
-		Usage: "remove cages a crashed shrooms left behind and prepared cages older than cage.prepared_ttl, give their worktrees back (an idmapped worktree's staging mount detached), move their outboxes to the pending deliveries and release idle HOME mounts (running turns are kept)",
+		Usage: "remove cages a crashed shrooms left behind and prepared cages older than cage.prepared_ttl, give their worktrees back (an idmapped worktree's staging mount detached), move their outboxes to the pending deliveries and release idle HOME mounts (running turns are kept; a teardown lingering for the next turns, cage.teardown_linger, holds no cage and is left: shrooms doctor names it)",
 		Flags: []cli.Flag{&cli.BoolFlag{Name: "dry-run", Usage: "list the leftover cages gc would remove and the prepared cages it would expire; change nothing"}},
 		Action: func(c *cli.Context) error {
 			r, ctx, stop, err := runner(c)

@@ -30,6 +30,10 @@ import (
 func TestMain(m *testing.M) {
 	// Inside a prepared cage the test binary is mounted as shrooms itself.
 	// `run` starts it again as its detached teardown.
+	if socket := os.Getenv("SHROOMS_TEST_LINGER_PEER"); socket != "" {
+		lingerPeer(socket)
+		return
+	}
 	if os.Getenv("SHROOMS_TEST_MAIN") == "1" || (len(os.Args) > 1 && (os.Args[1] == "cage-exec" || os.Args[1] == "teardown-detached")) {
 		main()
 		return

@@ -109,7 +109,9 @@ owns is chowned back; "shrooms doctor" says which).
 Once the agent has exited, shrooms prints the result and exits at once: the
 cage's removal and the preparation of the task's next cage (cage.prepare_next,
 on by default; --prepare-next=false skips it) go on in a detached child that
-holds the task lock, so the task's next turn waits at most for it.
+holds the task lock, so the task's next turn waits at most for it. That
+child lingers for cage.teardown_linger (1m; 0 turns it off) and takes the
+next turns' teardowns ("shrooms doctor" names it).
 The exit status is the agent's. With --json the last line of stdout is one
 JSON object (docs/json.md): task, turn, cage id, exit code, status, OOM
 flag, phase durations, the HOME reset report, the worktree guard's report

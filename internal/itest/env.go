@@ -205,16 +205,20 @@ func (e *Env) Podman(args ...string) (string, error) {
 
 // WaitIdle waits until no detached teardown holds the task (the removal
 // of a turn's cage and the release of its HOME go on after `run`
-// returned), and until the teardown's process is gone: with the next cage
+// returned), and until the teardown's job is over: with the next cage
 // prepared, it drops the task lock before it removes the exited cage. A
-// turn holding the task is not waited for. This is the one wait for a
-// teardown of the integration tests.
+// teardown holds the task's teardown.log (a shared flock) until its job is
+// over: a child until it exits, a lingering worker (cage.teardown_linger)
+// until the job ends, the worker staying. A turn holding the task is not
+// waited for. This is the one wait for a teardown of the integration
+// tests.
 func (e *Env) WaitIdle(task string) {
 	id, err := taskid.Parse(task)
 	if err != nil {
 		return
 	}
-	f, err := os.OpenFile(filepath.Join(taskstate.Layout{Dir: e.State}.Task(id), "lock"), os.O_RDWR|unix.O_CLOEXEC, 0)
+	layout := taskstate.Layout{Dir: e.State}
+	f, err := os.OpenFile(layout.TaskFile(id, "lock"), os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return
 	}
@@ -242,13 +246,20 @@ func (e *Env) WaitIdle(task string) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	for ; time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-		if err != nil || strings.Contains(string(b), ") Z ") {
+	log, err := os.OpenFile(layout.TaskFile(id, "teardown.log"), os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer log.Close()
+	for unix.Flock(int(log.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		if time.Now().After(deadline) {
+			e.T.Errorf("the teardown of %s (pid %d) still runs after %s", task, pid, taskstate.TeardownWait)
 			return
 		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	e.T.Errorf("the teardown of %s (pid %d) still runs after %s", task, pid, taskstate.TeardownWait)
+	// Dropped at once: a later turn's teardown takes it shared.
+	_ = unix.Flock(int(log.Fd()), unix.LOCK_UN)
 }
 
 // Tasks are the tasks the state directory knows.

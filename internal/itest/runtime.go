@@ -153,7 +153,7 @@ func runscSkips() map[string]string {
 		"TestRuntimeExplicitPathRuns": "it asks for /usr/bin/runc on the shared service, which runs runsc here " +
 			"(refused: exit 122, as TestRuntimeTheServiceDoesNotRunIsRefused asserts)",
 		// Each asserts the idmapped worktree, which gVisor cages do not get
-		// (turn.idmapReason): they keep the chown walks, TestWorktreeKeepsItsOwner's.
+		// (worktree.Claims.IdmapReason): they keep the chown walks, TestWorktreeKeepsItsOwner's.
 		"TestIdmappedWorktree":              idmapUnderRunsc,
 		"TestIdmapLeftoverStagingIsCleared": idmapUnderRunsc,
 		"TestIdmapPreparedCage":             idmapUnderRunsc,

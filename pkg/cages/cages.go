@@ -44,18 +44,11 @@ func (s Cages) InUse(ctx context.Context, task taskid.ID) (bool, error) {
 
 // RemoveLeftovers removes the cages of task that a crashed shrooms left
 // behind, but those whose ids keep names; it returns the names of those it
-// removed. Call it with the task lock held: no turn of the task can be
-// running.
-func (s Cages) RemoveLeftovers(ctx context.Context, task taskid.ID, keep ...string) ([]string, error) {
-	removed, _, err := s.RemoveLeftoversKeeping(ctx, task, keep...)
-	return removed, err
-}
-
-// RemoveLeftoversKeeping is RemoveLeftovers that also returns the cages in
-// keep its listing saw as task's and ours: a caller that removes one of
-// them later needs no inspection of it (a cage's id and labels never
-// change).
-func (s Cages) RemoveLeftoversKeeping(ctx context.Context, task taskid.ID, keep ...string) (removed []string, kept []podman.Cage, err error) {
+// removed and the cages in keep its listing saw as task's and ours (a
+// caller that removes one of them later needs no inspection of it: a
+// cage's id and labels never change). Call it with the task lock held: no
+// turn of the task can be running.
+func (s Cages) RemoveLeftovers(ctx context.Context, task taskid.ID, keep ...string) (removed []string, kept []podman.Cage, err error) {
 	cages, err := s.Engine.ListByLabel(ctx, sealed.LabelTask, task.String())
 	if err != nil {
 		return nil, nil, err

@@ -58,14 +58,14 @@ func TestRemoveLeftoversOnAFakeEngine(t *testing.T) {
 		cage("c", "t2", ours),                              // another task's
 		cage("d", "t1", ours),
 	}
-	removed, err := s.RemoveLeftovers(context.Background(), taskid.Must("t1"), "d")
+	removed, _, err := s.RemoveLeftovers(context.Background(), taskid.Must("t1"), "d")
 	assert.NilError(t, err)
 	assert.DeepEqual(t, removed, []string{"cage-a"})
 	assert.DeepEqual(t, e.removed, []string{"a"})
 
 	e.removed = nil
 	e.removeErr = map[string]error{"a": errors.New("device busy")}
-	removed, err = s.RemoveLeftovers(context.Background(), taskid.Must("t1"))
+	removed, _, err = s.RemoveLeftovers(context.Background(), taskid.Must("t1"))
 	assert.ErrorContains(t, err, "device busy")
 	assert.Equal(t, len(removed), 0)
 	assert.Equal(t, len(e.removed), 0, "stops at the first failure")

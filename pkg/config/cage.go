@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // Cage is the container every turn runs in.
@@ -52,6 +53,11 @@ type Cage struct {
 	// by the detached teardown of a later turn of any task (those look at
 	// most every tenth of the TTL, at most every 5 minutes).
 	PreparedTTL Duration `toml:"prepared_ttl"`
+	// TeardownLinger is how long a detached teardown stays once its work
+	// is done, idle, to take the next turns' teardowns (pkg/teardownd):
+	// no process start and no new podman connection per turn. 0: every
+	// teardown is a process of its own that exits when done.
+	TeardownLinger Duration `toml:"teardown_linger"`
 }
 
 func (c *Cage) validate() error {
@@ -74,6 +80,8 @@ func (c *Cage) validate() error {
 		return &Error{Key: "cage.stop_grace", Msg: "must not be negative"}
 	case c.PreparedTTL.Std() <= 0:
 		return &Error{Key: "cage.prepared_ttl", Msg: "must be positive (prepare_next = false prepares none)"}
+	case c.TeardownLinger.Std() < 0 || c.TeardownLinger.Std() > time.Hour:
+		return &Error{Key: "cage.teardown_linger", Msg: "must be in 0..1h (0: no teardown lingers)"}
 	case c.TmpSize < 1<<20:
 		return &Error{Key: "cage.tmp_size", Msg: "must be at least 1m"}
 	case c.RunSize < 1<<20:

@@ -59,6 +59,8 @@ func TestErrorsNameKeyAndLine(t *testing.T) {
 		{"wrong type", "[cage]\npids = \"many\"\n", "config t.toml:2: cage.pids: incompatible types"},
 		{"bad size", "[cage]\n\nmemory = \"4x\"\n", "config t.toml:3: cage.memory"},
 		{"bad value", "[cage]\npids = 1\n", "config t.toml:2: cage.pids: 1 is out of range 16..4194304"},
+		{"linger too long", "[cage]\nteardown_linger = \"2h\"\n", "config t.toml:2: cage.teardown_linger: must be in 0..1h"},
+		{"negative linger", "[cage]\nteardown_linger = \"-1s\"\n", "config t.toml:2: cage.teardown_linger: must be in 0..1h"},
 		{"bad policy", "[network]\npolicy = \"open\"\n", "config t.toml:2: network.policy: unknown policy \"open\""},
 		{"bad cidr", "[network]\nsubnet4 = \"10.89.0.0/33\"\n", "config t.toml:2: network.subnet4"},
 		{"bad allow", "[network]\nallow = [\"1.2.3.0/24\", \"bad name!\"]\n", "config t.toml:2: network.allow[1]"},
@@ -99,7 +101,7 @@ func TestExampleConfigIsValidAndComplete(t *testing.T) {
 	assert.NilError(t, err)
 	// Every key of the schema is documented in the example (commented out or set).
 	for _, key := range []string{"socket", "dir", "image", "memory", "pids", "cpus", "nofile", "nproc", "timeout",
-		"stop_grace", "tmp_size", "run_size", "tmp_exec", "subid_user", "user", "seccomp", "hostname_format", "prepare_next",
+		"stop_grace", "tmp_size", "run_size", "tmp_exec", "subid_user", "user", "seccomp", "hostname_format", "prepare_next", "teardown_linger",
 		"policy", "name", "bridge", "subnet4", "subnet6", "allow", "volume_prefix", "root", "command", "env", "home", "token_env", "gateway", "api", "upstream", "token",
 		"max_requests", "max_output_tokens", "auth", "token_url", "client_id", "allow_betas", "allow_server_tools"} {
 		assert.Assert(t, strings.Contains(string(data), key+" ="), "config.example.toml does not document %q", key)

@@ -40,7 +40,7 @@ type Store struct {
 }
 
 // Name is the task HOME volume's name.
-func (s *Store) Name(task taskid.ID) string { return s.Prefix + task.String() }
+func (s *Store) Name(task taskid.ID) string { return s.Volume(task).Name }
 
 // Image is the path of the task HOME's filesystem image.
 func (s *Store) Image(task taskid.ID) string { return s.Volume(task).Image }
@@ -54,9 +54,10 @@ type Volume struct {
 	Name, Image string
 }
 
-// Volume is task's HOME volume and image names.
+// Volume is task's HOME volume and image names: the one place they are
+// derived from the id (Name and Image are its fields).
 func (s *Store) Volume(task taskid.ID) Volume {
-	n := s.Name(task)
+	n := s.Prefix + task.String()
 	return Volume{Name: n, Image: homestore.ImagePath(s.StateDir, n)}
 }
 

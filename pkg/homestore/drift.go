@@ -359,6 +359,21 @@ func namesImage(backing []byte, image string) bool {
 	return strings.TrimSuffix(p, " (deleted)") == image
 }
 
+// heldDeleted reports whether a loop device's backing file is image,
+// deleted.
+func heldDeleted(image string) (bool, error) {
+	files, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	if err != nil {
+		return false, fmt.Errorf("list loop devices: %w", err)
+	}
+	for _, f := range files {
+		if b, err := os.ReadFile(f); err == nil && strings.TrimSuffix(string(b), "\n") == image+" (deleted)" {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // loopClearWait bounds how long detach waits for a loop device to clear.
 const loopClearWait = time.Second
 
@@ -371,6 +386,12 @@ const loopClearWait = time.Second
 // which of the two to keep is the owner's call.
 func Salvage(ctx context.Context, image string, peers ...string) (bool, error) {
 	if err := checkPaths(image, "/none"); err != nil {
+		return false, err
+	}
+	// Every turn's HOME opens here: the scan of every mount namespace on
+	// the host (Attachments) only when a loop device holds this image
+	// deleted, the one case to act on.
+	if held, err := heldDeleted(image); err != nil || !held {
 		return false, err
 	}
 	atts, err := Attachments(filepath.Dir(image), peers...)

@@ -45,6 +45,9 @@ const (
 	LabelWorktreeGuard = "io.shrooms.worktree-guard"
 )
 
+// ShmSize is the size of a cage's /dev/shm (a tmpfs of its own).
+const ShmSize = 64 << 20
+
 // StateLabel is the value of LabelState for a state directory.
 func StateLabel(stateDir string) string {
 	sum := sha256.Sum256([]byte(filepath.Clean(stateDir)))
@@ -228,8 +231,6 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 	s.SeccompProfilePath = t.SeccompPath
 	s.ReadOnlyFilesystem = &yes
 	s.ReadWriteTmpfs = &no // only the tmpfs mounts of the plan, size-capped
-	shm := int64(64 << 20)
-	s.ShmSize = &shm
 
 	// Limits.
 	mem := int64(cfg.Cage.Memory)
@@ -252,7 +253,15 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 		{Type: "core", Soft: 0, Hard: 0},
 	}
 
-	// Mounts.
+	// Mounts. /dev/shm is a tmpfs of the cage's own, which runc mounts in
+	// the cage's mount namespace: with podman's default (ShmSize), podman
+	// mounts a tmpfs at the host's …/userdata/shm and binds it in, and
+	// podman 4.3 starts conmon of a cage whose user namespace does not map
+	// root in a mount namespace of its own, so where / is not shared the
+	// exit cleanup unmounts only its copy and the first removal of the
+	// exited cage fails busy (docs/performance.md, "The busy delete").
+	s.Mounts = append(s.Mounts, spec.Mount{Destination: "/dev/shm", Type: "tmpfs", Source: "shm",
+		Options: []string{"rw", "nosuid", "nodev", "noexec", fmt.Sprintf("size=%d", ShmSize), "mode=1777"}})
 	for _, m := range t.Plan.Mounts {
 		switch m.Kind {
 		case mounts.Tmpfs:

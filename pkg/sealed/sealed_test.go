@@ -95,7 +95,12 @@ func TestSpecIsSealed(t *testing.T) {
 			assert.Assert(t, is.Contains(m.Options, "nodev"))
 		}
 	}
-	assert.DeepEqual(t, dests, []string{"/tmp", "/run", "/home/agent", "/work", "/outbox"})
+	// /dev/shm: a tmpfs of the cage's own, not podman's host-side shm mount.
+	assert.DeepEqual(t, dests, []string{"/dev/shm", "/tmp", "/run", "/home/agent", "/work", "/outbox"})
+	assert.Equal(t, s.Mounts[0].Type, "tmpfs")
+	assert.Assert(t, is.Contains(s.Mounts[0].Options, "size=67108864"))
+	assert.Assert(t, is.Contains(s.Mounts[0].Options, "noexec"))
+	assert.Assert(t, s.ShmSize == nil, "podman would mount a /dev/shm of its own on the host and bind it in")
 	assert.Assert(t, *s.UseImageHosts, "the host's /etc/hosts stays out")
 	assert.Equal(t, s.DNSServers[0].String(), "127.0.0.1", "the cage's own resolver only (pkg/dnsseal)")
 }

@@ -106,7 +106,7 @@ func (r *Commands) gc(ctx context.Context, dryRun bool) (rep *GCReport, err erro
 			// A label that is no valid task id is not ours to trust: leave it.
 			continue
 		}
-		removed, err := r.cages().RemoveLeftovers(ctx, id, r.waitingPrepared(cages, id)...)
+		removed, _, err := r.cages().RemoveLeftovers(ctx, id, r.waitingPrepared(cages, id)...)
 		lock.Release()
 		rep.Removed = append(rep.Removed, removed...)
 		if err != nil {

@@ -110,7 +110,7 @@ func (r *Commands) ExpirePrepared(ctx context.Context, dryRun bool) (_ []string,
 		if err != nil {
 			return expired, turn.Classify(err)
 		}
-		removed, err := r.cages().RemoveLeftovers(ctx, id)
+		removed, _, err := r.cages().RemoveLeftovers(ctx, id)
 		lock.Release()
 		expired = append(expired, removed...)
 		if err != nil {

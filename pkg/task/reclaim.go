@@ -117,7 +117,7 @@ func (r *Commands) Forget(ctx context.Context, task taskid.ID) error {
 				errs = append(errs, what+": "+oneLine(err))
 			}
 		}
-		_, err := r.cages().RemoveLeftovers(ctx, task)
+		_, _, err := r.cages().RemoveLeftovers(ctx, task)
 		step("cages", err)
 		step("worktree", r.Worktrees.Release(id))
 		step("HOME", r.Homes.Remove(ctx, task))

@@ -66,3 +66,16 @@ func (l Layout) GitsealConfig() string { return filepath.Join(l.Dir, "gitseal", 
 func (l Layout) GitsealDotgit(key string) string {
 	return filepath.Join(l.Dir, "gitseal", key, "dotgit")
 }
+
+// TeardownSocket is where a lingering teardown worker listens
+// (pkg/teardownd); TeardownWorker is the file it holds locked while it
+// does, with its pid. A worker whose socket is removed ends.
+func (l Layout) TeardownSocket() string { return filepath.Join(l.Dir, teardownSocket) }
+
+// TeardownWorker: see TeardownSocket.
+func (l Layout) TeardownWorker() string { return filepath.Join(l.Dir, teardownWorker) }
+
+const (
+	teardownSocket = "teardownd.sock"
+	teardownWorker = "teardownd.lock"
+)

@@ -12,14 +12,15 @@ import (
 
 // skeleton is what shrooms itself makes under the state directory and
 // makes again when it is gone: empty directories, lock files, the
-// generated seccomp profiles, the cages' system git config and the
-// teardowns' expiry stamp. Anything
+// generated seccomp profiles, the cages' system git config, the
+// teardowns' expiry stamp and a lingering teardown's lock file and socket
+// (removing the socket ends that worker). Anything
 // else (a task, a HOME image, a worktree claim, a delivery, a gateway's
 // refreshed sign-in, a file shrooms does not know) is the owner's, and
 // `shrooms purge` refuses while it is there.
 var skeletonDirs = []string{"tasks", "homes", "worktrees", "deliveries", "seccomp", "gitseal", "gateway"}
 
-var skeletonFiles = []string{"idslots.lock", "starting.lock", "expire.stamp", filepath.Join("gitseal", "gitconfig")}
+var skeletonFiles = []string{"idslots.lock", "starting.lock", "expire.stamp", teardownWorker, teardownSocket, filepath.Join("gitseal", "gitconfig")}
 
 // Leftovers lists, relative to the state directory, every entry under it
 // that is not the skeleton, at most max of them (sorted). A missing state
@@ -71,6 +72,9 @@ func (l Layout) inSkeleton(rel string, d fs.DirEntry) bool {
 			}
 		}
 		return false
+	}
+	if typ.Type() == fs.ModeSocket {
+		return rel == teardownSocket
 	}
 	if !typ.IsRegular() {
 		return false // a symlink or a device is never shrooms'

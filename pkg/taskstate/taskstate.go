@@ -66,6 +66,10 @@ func (d Dir) File(name string) string { return filepath.Join(d.path, name) }
 // History is the path of the task's model-request history.
 func (d Dir) History() string { return d.File("history") }
 
+// Trust is the path of the task's trust store (guard records and caches
+// the cage cannot write).
+func (d Dir) Trust() string { return d.File("trust") }
+
 // Name is the directory's name, the task id's string form, for messages.
 func (d Dir) Name() string { return filepath.Base(d.path) }
 

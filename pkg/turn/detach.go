@@ -92,7 +92,7 @@ func (r *Runner) FinishTeardown(ctx context.Context, lock *taskstate.Lock, td Te
 	var errs []error
 	// The turn's cage is the task's only one: a prepared cage was taken by
 	// the turn, or swept before it.
-	if _, err := r.cages().RemoveLeftovers(ctx, td.Task); err != nil {
+	if _, _, err := r.cages().RemoveLeftovers(ctx, td.Task); err != nil {
 		errs = append(errs, fmt.Errorf("remove cage: %w", err))
 	}
 	var secrets []string

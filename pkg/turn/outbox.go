@@ -2,7 +2,6 @@ package turn
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -22,38 +21,24 @@ import (
 // given, so the turn that takes the cage can check it still is that one.
 const outboxDevFile = "outbox-dev"
 
-// prepareOutbox moves what the task's last turn left in its outbox (a
-// killed turn's, say) to its pending delivery and mounts the turn's empty
-// outbox. A cage prepared ahead records which tmpfs it was given (record,
-// in the task's directory, taskDir).
-func (r *Runner) prepareOutbox(ctx context.Context, task taskid.ID, taskDir string, p *Plan, record bool) error {
-	dev, err := r.host().PrepareOutbox(ctx, r.Cfg.Outbox.Root, task, p.turn-1, p.home.UID, p.home.GID, outbox.LimitsFrom(r.Cfg.Outbox))
-	if err != nil {
-		return fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
-	}
-	if !record {
-		return nil
-	}
-	if err := os.WriteFile(filepath.Join(taskDir, outboxDevFile), []byte(strconv.FormatUint(dev, 10)), 0o600); err != nil {
-		return fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
-	}
-	return nil
+// recordOutbox records, in the task's directory (taskDir), the device of
+// the outbox tmpfs a cage prepared ahead was given (Host.PrepareOutbox's).
+func recordOutbox(taskDir string, dev uint64) error {
+	return os.WriteFile(filepath.Join(taskDir, outboxDevFile), []byte(strconv.FormatUint(dev, 10)), 0o600)
 }
 
-// preparedOutboxReady reports whether the outbox a prepared cage of task
-// was given (its device recorded in the task's directory, taskDir) is still
-// mounted, capped and empty: a cage whose outbox went (a reboot, `outbox
+// recordedOutbox is the device recordOutbox recorded in taskDir (false:
+// none that can be read). The turn that takes the prepared cage checks its
+// outbox still is that tmpfs, mounted, capped and empty
+// (Host.OutboxReady): a cage whose outbox went (a reboot, `outbox
 // release`) would get the bare directory when started.
-func (r *Runner) preparedOutboxReady(task taskid.ID, taskDir string, p *Plan) bool {
+func recordedOutbox(taskDir string) (uint64, bool) {
 	b, err := os.ReadFile(filepath.Join(taskDir, outboxDevFile))
 	if err != nil {
-		return false
+		return 0, false
 	}
 	dev, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
-	if err != nil {
-		return false
-	}
-	return r.host().OutboxReady(r.Cfg.Outbox.Root, task, p.home.UID, p.home.GID, outbox.LimitsFrom(r.Cfg.Outbox), dev) == nil
+	return dev, err == nil
 }
 
 // settleOutbox moves what the task's last turn put in /outbox to its

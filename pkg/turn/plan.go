@@ -14,6 +14,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/history"
 	"github.com/shrooms-cage/shrooms/pkg/home"
 	"github.com/shrooms-cage/shrooms/pkg/mounts"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/profile"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
@@ -254,17 +255,17 @@ func (r *Runner) plan(task taskid.ID, in *checked, f *facts, ahead bool) (*Plan,
 		}
 	}
 	if in.worktree != "" {
-		p.idmapOff = r.idmapReason(in, p.ids)
+		p.idmapOff = r.claims().IdmapReason(in.holder, in.worktree, p.ids)
 		if p.idmap = p.idmapOff == ""; p.idmap {
-			p.staging = in.holder.StagingDir()
+			p.staging = in.holder.Idmap.StagingDir()
 		}
 	}
-	mp, err := r.planMounts(in, p)
+	mp, err := r.planMounts(in.worktree, in.extraMounts, p)
 	if err != nil {
 		return nil, err
 	}
-	env := r.planGateway(in, p, f.placeholder)
-	command, args, err := r.planCommand(in, p, mp, ahead)
+	env := r.planGateway(in.gateway, in.agent.Home, in.state, p, f.placeholder)
+	command, args, err := r.planCommand(in.agent.Command, in.command, in.args, filepath.Join(in.dir, "argv"), p, mp, ahead)
 	if err != nil {
 		return nil, err
 	}
@@ -305,11 +306,11 @@ func (r *Runner) plan(task taskid.ID, in *checked, f *facts, ahead bool) (*Plan,
 
 // planMounts is the cage's mount plan: /work, HOME, the outbox and the
 // tmpfs mounts, then the managed policy, the git metadata, the worktree
-// guard's masks and the request's extra mounts.
-func (r *Runner) planMounts(in *checked, p *Plan) (*mounts.Plan, error) {
+// guard's masks and the request's extra mounts (extra).
+func (r *Runner) planMounts(worktree string, extra []mounts.Mount, p *Plan) (*mounts.Plan, error) {
 	cfg := r.Cfg
 	mp, err := mounts.Build(mounts.Input{
-		Worktree:  in.worktree,
+		Worktree:  worktree,
 		HomeDir:   home.Dir(p.root),
 		Staging:   p.staging,
 		OutboxDir: p.outbox,
@@ -328,15 +329,16 @@ func (r *Runner) planMounts(in *checked, p *Plan) (*mounts.Plan, error) {
 	if p.guard != nil {
 		mp.Mounts = append(mp.Mounts, p.guard.Mounts...)
 	}
-	mp.Mounts = append(mp.Mounts, in.extraMounts...)
+	mp.Mounts = append(mp.Mounts, extra...)
 	return mp, nil
 }
 
-// planGateway plans the turn's model gateway and returns the environment
-// shrooms sets in the cage.
-func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[string]string {
+// planGateway plans the turn's model gateway g (nil: none) for an agent
+// whose HOME profiles are profiles and returns the environment shrooms sets
+// in the cage; the history pins are in the task's state st.
+func (r *Runner) planGateway(g *gatewayPlan, profiles []string, st taskstate.Dir, p *Plan, placeholder string) map[string]string {
 	env := map[string]string{}
-	if g := in.gateway; g != nil {
+	if g != nil {
 		p.gateway = &gateway.Config{
 			API: g.cfg.API, Upstream: g.upstream, Key: g.key, OAuth: g.oauth, ChatGPT: g.chatgpt, Placeholder: placeholder,
 			MaxRequests: g.cfg.MaxRequests, MaxOutputTokens: g.cfg.MaxOutputTokens,
@@ -345,7 +347,7 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 		if mode := history.Mode(g.cfg.History); mode != history.Off {
 			// The pins live in the task's state, never in a cage; the
 			// tracker reads them when the turn's first request comes.
-			p.gateway.History = history.NewTracker(in.state.History(), mode)
+			p.gateway.History = history.NewTracker(st.History(), mode)
 		}
 		// The agent talks to the gateway on its own loopback, with a
 		// placeholder that is worthless anywhere else.
@@ -373,7 +375,7 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 			// placeholder in HOME.
 			env["ANTHROPIC_BASE_URL"] = gateway.BaseURL()
 			p.oauth = g.oauth
-			p.signIn = profile.SignInPath(in.agent.Home)
+			p.signIn = profile.SignInPath(profiles)
 		}
 	}
 	if p.guard == nil || !p.guard.OpencodeProjectConfig {
@@ -385,24 +387,25 @@ func (r *Runner) planGateway(in *checked, p *Plan, placeholder string) map[strin
 	return env
 }
 
-// planCommand returns the cage's command and arguments. A cage prepared
-// ahead runs shrooms' own binary, which reads the argv handed over at the
-// run from a mounted file.
-func (r *Runner) planCommand(in *checked, p *Plan, mp *mounts.Plan, ahead bool) ([]string, []string, error) {
+// planCommand returns the cage's command and arguments: the request's
+// command (the agent's, agentCmd, when it names none) and args. A cage
+// prepared ahead runs shrooms' own binary, which reads the argv handed
+// over at the run from a mounted file (argvFile, in the task's directory).
+func (r *Runner) planCommand(agentCmd, command, args []string, argvFile string, p *Plan, mp *mounts.Plan, ahead bool) ([]string, []string, error) {
 	if !ahead {
-		return in.command, in.args, nil
+		return command, args, nil
 	}
 	if r.Binary == "" {
 		return nil, nil, fmt.Errorf("%w: prepared cages need shrooms' own binary (Runner.Binary)", ErrHostNotReady)
 	}
 	mp.Mounts = append(mp.Mounts,
 		mounts.Mount{Kind: mounts.Bind, Source: r.Binary, Dest: CageBinary, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev"}},
-		mounts.Mount{Kind: mounts.Bind, Source: filepath.Join(in.dir, "argv"), Dest: CageArgv, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
-	full := in.agent.Command
-	if len(in.command) > 0 {
-		full = in.command
+		mounts.Mount{Kind: mounts.Bind, Source: argvFile, Dest: CageArgv, ReadOnly: true, Options: []string{"rbind", "nosuid", "nodev", "noexec"}})
+	full := agentCmd
+	if len(command) > 0 {
+		full = command
 	}
-	p.argv = append(append([]string{}, full...), in.args...)
+	p.argv = append(append([]string{}, full...), args...)
 	return []string{CageBinary, "cage-exec", CageArgv}, nil, nil
 }
 
@@ -423,12 +426,26 @@ func (r *Runner) planSeccomp(p *Plan) string {
 	return r.Cfg.Cage.Seccomp
 }
 
-// apply does what the plan says, in the order a turn needs it: HOME, the
-// host files and mounts the cage sees, the worktree, the secrets, and last
-// the argv file (ahead) or the turn's count.
+// apply does what the plan says, in the order a turn needs it: HOME and
+// the managed policy, the outbox, the other host files the cage sees, the
+// worktree, the secrets, and last the argv file (ahead) or the turn's
+// count.
 func (r *Runner) apply(ctx context.Context, task taskid.ID, in *checked, p *Plan, s steps) (*prepared, error) {
 	out := &prepared{Plan: p}
-	if err := r.applyHost(ctx, task, in, out, s); err != nil {
+	if err := r.applyHome(ctx, out); err != nil {
+		return nil, err
+	}
+	// The turn's empty outbox (what the task's last turn left in it, a
+	// killed turn's say, goes to its pending delivery first); a cage
+	// prepared ahead records which tmpfs it was given.
+	dev, err := r.host().PrepareOutbox(ctx, r.Cfg.Outbox.Root, task, p.turn-1, p.home.UID, p.home.GID, outbox.LimitsFrom(r.Cfg.Outbox))
+	if err == nil && s.record {
+		err = recordOutbox(in.dir, dev)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: outbox: %w", ErrHostNotReady, err)
+	}
+	if err := r.applyFiles(ctx, in.dir, out, s); err != nil {
 		return nil, err
 	}
 	// A cage prepared ahead takes the worktree when its turn runs, so the
@@ -459,18 +476,18 @@ func (r *Runner) apply(ctx context.Context, task taskid.ID, in *checked, p *Plan
 		}
 		return out, nil
 	}
-	if err := r.countTurn(in); err != nil {
+	if err := countTurn(in.state, in.agentName, in.worktree); err != nil {
 		r.removeSecrets(out.secrets)
 		return nil, err
 	}
 	return out, nil
 }
 
-// applyHost resets HOME and lays out the host side of the cage's mounts.
-func (r *Runner) applyHost(ctx context.Context, task taskid.ID, in *checked, out *prepared, s steps) error {
-	p, cfg, host := out.Plan, r.Cfg, r.host()
+// applyHome resets HOME and writes the managed policy.
+func (r *Runner) applyHome(ctx context.Context, out *prepared) error {
+	p := out.Plan
 	var err error
-	if out.reset, err = host.Reset(ctx, home.ResetInput{Task: p.home}); err != nil {
+	if out.reset, err = r.host().Reset(ctx, home.ResetInput{Task: p.home}); err != nil {
 		return fmt.Errorf("%w: HOME reset failed, the turn does not start: %w%s", ErrHostNotReady, err, r.noSpaceHint(err))
 	}
 	if err := p.policy.Write(); err != nil {
@@ -480,9 +497,14 @@ func (r *Runner) applyHost(ctx context.Context, task taskid.ID, in *checked, out
 	if err := p.policy.OwnRoot(int(p.ids.UID), int(p.ids.GID)); err != nil {
 		return fmt.Errorf("%w: managed policy: %w", ErrHostNotReady, err)
 	}
-	if err := r.prepareOutbox(ctx, task, in.dir, p, s.record); err != nil {
-		return err
-	}
+	return nil
+}
+
+// applyFiles lays out the rest of the host side of the cage's mounts: the
+// git metadata, the gateway placeholder of a cage prepared ahead (in the
+// task's directory, dir), the sign-in file and the seccomp profile.
+func (r *Runner) applyFiles(ctx context.Context, dir string, out *prepared, s steps) error {
+	p, cfg := out.Plan, r.Cfg
 	if err := p.git.Write(); err != nil {
 		return fmt.Errorf("%w: git metadata: %w", ErrInput, err)
 	}
@@ -490,7 +512,7 @@ func (r *Runner) applyHost(ctx context.Context, task taskid.ID, in *checked, out
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
 	if p.gateway != nil && s.record {
-		if err := os.WriteFile(filepath.Join(in.dir, placeholderFile), []byte(p.gateway.Placeholder), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, placeholderFile), []byte(p.gateway.Placeholder), 0o600); err != nil {
 			return fmt.Errorf("%w: gateway placeholder: %w", ErrHostNotReady, err)
 		}
 	}
@@ -504,7 +526,7 @@ func (r *Runner) applyHost(ctx context.Context, task taskid.ID, in *checked, out
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrInput, err)
 		}
-		if err := host.PlaceFile(p.root, p.signIn, creds, 0o600, p.home.UID, p.home.GID); err != nil {
+		if err := r.host().PlaceFile(p.root, p.signIn, creds, 0o600, p.home.UID, p.home.GID); err != nil {
 			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}

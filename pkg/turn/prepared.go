@@ -24,6 +24,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/home"
+	"github.com/shrooms-cage/shrooms/pkg/outbox"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 	"github.com/shrooms-cage/shrooms/pkg/seccomp"
@@ -83,7 +84,7 @@ func (r *Runner) prepareNextLocked(ctx context.Context, task taskid.ID, in *chec
 // exited one the caller removes itself) alone; it returns those of them
 // the leftover listing saw as the task's own.
 func (r *Runner) prepareNextKeeping(ctx context.Context, task taskid.ID, in *checked, keep ...string) (string, []podman.Cage, error) {
-	_, kept, err := r.cages().RemoveLeftoversKeeping(ctx, task, keep...)
+	_, kept, err := r.cages().RemoveLeftovers(ctx, task, keep...)
 	if err != nil {
 		return "", nil, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 	}
@@ -285,7 +286,7 @@ func (r *Runner) takePrepared(ctx context.Context, task taskid.ID, in *checked) 
 	if err := writeArgvFile(in.dir+"/argv", p.argv); err != nil {
 		return "", nil, "", fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if err := r.countTurn(in); err != nil {
+	if err := countTurn(in.state, in.agentName, in.worktree); err != nil {
 		return "", nil, "", err
 	}
 	return c.ID, p, "", nil
@@ -322,7 +323,7 @@ func (r *Runner) matchPrepared(ctx context.Context, task taskid.ID, in *checked,
 		return nil, SkipHomeMount, nil
 	}
 	// And its outbox the empty capped tmpfs it was given (outbox.go).
-	if !r.preparedOutboxReady(task, in.dir, p.Plan) {
+	if dev, ok := recordedOutbox(in.dir); !ok || r.host().OutboxReady(r.Cfg.Outbox.Root, task, p.home.UID, p.home.GID, outbox.LimitsFrom(r.Cfg.Outbox), dev) != nil {
 		return nil, SkipOutbox, nil
 	}
 	// Nothing may have changed HOME since it was reset for this cage: its

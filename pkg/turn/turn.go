@@ -133,6 +133,9 @@ type Runner struct {
 	// walkAfter makes the scan after a turn a full walk (tests: the
 	// report the events give, compared with the walk's).
 	walkAfter bool
+	// walkBefore makes the scan before an idmapped turn a full walk
+	// (tests: the reference for the namespace's).
+	walkBefore bool
 }
 
 // NewRunner returns a runner for cfg with the system's state and id files.
@@ -343,9 +346,19 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 	if before == nil {
 		before = scanWorktree(ctx, in.worktree, res)
 	}
+	// Nothing of the cage runs before the coarse clock reached the scan
+	// before's start (its ctime rule); mostly passed by now.
+	if err := before.Ready(); err != nil {
+		return res, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+	}
 	handoff = prep
 	res, err = r.execute(ctx, prep, in.streams, c, preparedID)
 	if before != nil {
+		defer before.Close()
+		// The namespace revalidated before the turn, kept for the next
+		// one: written now, off the first output's path (a cache: a
+		// turn without it lists every directory).
+		_ = before.Keep()
 		// The events tell all the turn did only once no process of its
 		// cage can run: else the old paths, the walk and the full give-back.
 		after, why := (*diff.Snapshot)(nil), cageMayRun(res, err)
@@ -356,10 +369,18 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 			after, why = watch.After(context.WithoutCancel(ctx), before)
 		}
 		watch.Close() // before the give-back: its chowns are not the turn's
-		if after != nil && err == nil && prep.idmap {
+		stepped := prep.idmap && before.ClockStepped()
+		if stepped {
+			// The setuid strip's "ctime from the turn's start" cannot
+			// hold: every setuid file goes, by the full give-back.
+			if serr := r.claims().ClockStepped(in.holder.Idmap); serr != nil && err == nil {
+				err = fmt.Errorf("%w: %w", ErrHostNotReady, serr)
+			}
+		}
+		if after != nil && err == nil && prep.idmap && !stepped {
 			// An idmapped worktree's give-back needs only what the turn
 			// changed; on any doubt finishWorktree's full walk does it.
-			given, _ = r.claims().GiveBackChanged(in.holder, in.worktree, diff.Changed(before, after))
+			given, _ = r.claims().GiveBackChanged(in.holder.Idmap, in.worktree, diff.Changed(before, after))
 		}
 		scanAfter := "events"
 		if after == nil {
@@ -372,8 +393,9 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 			}
 		}
 		res.WorktreeChanges = worktreeChanges(context.WithoutCancel(ctx), before, after, in.worktree, prep.guard)
-		if res.WorktreeChanges.Summary != nil {
-			res.WorktreeChanges.ScanAfter = scanAfter
+		if sum := res.WorktreeChanges.Summary; sum != nil {
+			sum.ScanAfter = scanAfter
+			sum.ScanBefore, sum.DirsRevalidated, sum.DirsRelisted = before.ScanBefore()
 		}
 	}
 	return res, err
@@ -392,7 +414,7 @@ func (r *Runner) turnCage(ctx context.Context, task taskid.ID, in *checked, s st
 		// leftover. A waiting prepared cage was created right after such a
 		// sweep under the same lock, and every turn since would have taken
 		// or discarded it: when one is taken there is nothing to sweep.
-		if _, err := r.cages().RemoveLeftovers(ctx, task); err != nil {
+		if _, _, err := r.cages().RemoveLeftovers(ctx, task); err != nil {
 			return "", nil, fmt.Errorf("%w: remove leftover cages: %w", ErrHostNotReady, err)
 		}
 		prep, err = r.prepare(ctx, task, in, s)
@@ -662,16 +684,17 @@ func guardWorktree(ctx context.Context, taskDir, worktree string, commit bool) (
 	return c, nil
 }
 
-// countTurn records that the task's next turn starts now.
-func (r *Runner) countTurn(in *checked) error {
-	if _, err := in.state.NextTurn(); err != nil {
+// countTurn records in the task's state st that its next turn starts now,
+// with agent on worktree ("" for none).
+func countTurn(st taskstate.Dir, agent, worktree string) error {
+	if _, err := st.NextTurn(); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if err := in.state.Remember(taskstate.FactAgent, in.agentName); err != nil {
+	if err := st.Remember(taskstate.FactAgent, agent); err != nil {
 		return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 	}
-	if in.worktree != "" {
-		if err := in.state.Remember(taskstate.FactWorktree, in.worktree); err != nil {
+	if worktree != "" {
+		if err := st.Remember(taskstate.FactWorktree, worktree); err != nil {
 			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 
 	"github.com/shrooms-cage/shrooms/pkg/worktree"
@@ -14,7 +13,7 @@ import (
 // files.
 func (r *Runner) claims() worktree.Claims {
 	c := worktree.NewClaims(r.Cfg)
-	c.Store, c.IDFiles = r.Store, r.IDFiles
+	c.Store, c.IDFiles, c.WalkBefore = r.Store, r.IDFiles, r.walkBefore
 	return c
 }
 
@@ -47,16 +46,6 @@ func (r *Runner) finishWorktree(holder worktree.Holder, wt string, given *worktr
 	return fmt.Errorf("%w: %s", ErrHostNotReady, msg)
 }
 
-// idmapReason says why the turn's worktree gets the chown walks rather
-// than an idmapped mount ("" for the idmapped mount).
-func (r *Runner) idmapReason(in *checked, ids taskstate.IDs) string {
-	if gvisor(r.Cfg.Cage.Runtime) {
-		return "gVisor cages keep the chown walks"
-	}
-	agent := uint32(r.Cfg.Cage.User)
-	return r.claims().IdmapReason(in.holder, in.worktree, ids.UID+agent, ids.GID+agent)
-}
-
 // takeWorktree takes the worktree for the turn: the hand-over, or for an
 // idmapped one the staging mount (stage: a fresh cage; a prepared one has
 // bound its own at init).
@@ -64,5 +53,9 @@ func (r *Runner) takeWorktree(ctx context.Context, in *checked, p *Plan, stage b
 	if p.idmap {
 		return r.claims().TakeIdmapped(ctx, in.holder, in.worktree, p.ids, stage)
 	}
-	return r.claims().Take(ctx, in.holder, in.worktree, p.ids)
+	before, err := r.claims().Take(ctx, in.holder, in.worktree, p.ids)
+	if before != nil {
+		before.SetWalkWhy("not idmapped (the hand-over's chown walk takes it)")
+	}
+	return before, err
 }

@@ -54,7 +54,7 @@ func changed(t *testing.T, res *Result) diff.Summary {
 	t.Helper()
 	assert.Assert(t, res.WorktreeChanges != nil && res.WorktreeChanges.Summary != nil, "%+v", res.WorktreeChanges)
 	s := *res.WorktreeChanges.Summary
-	s.ScanMS, s.ScanAfter = 0, ""
+	s.ScanMS, s.ScanAfter, s.ScanBefore, s.DirsRevalidated, s.DirsRelisted = 0, "", "", 0, 0
 	return s
 }
 
@@ -75,8 +75,8 @@ func TestWorktreeChangesFromEventsAreTheWalks(t *testing.T) {
 	type turnOf func(wt string, walkAfter bool) *Result
 	run := func(timeout time.Duration, script string) turnOf {
 		return func(wt string, walkAfter bool) *Result {
-			runner.walkAfter = walkAfter
-			defer func() { runner.walkAfter = false }()
+			runner.walkAfter, runner.walkBefore = walkAfter, walkAfter
+			defer func() { runner.walkAfter, runner.walkBefore = false, false }()
 			var out, errb bytes.Buffer
 			res, err := runner.Run(context.Background(), Request{
 				Task: taskid.Must(e.Task(fmt.Sprint("ev", walkAfter))), Agent: "shell", Worktree: wt,
@@ -98,6 +98,16 @@ func TestWorktreeChangesFromEventsAreTheWalks(t *testing.T) {
 		assert.Equal(t, evd.WorktreeChanges.ScanAfter, "events", name)
 		walked := turn(walk, true)
 		assert.Equal(t, walked.WorktreeChanges.ScanAfter, "walk: asked for", name)
+		// The one read from events took its scan before from the
+		// namespace, the other walked: the reference, a full walk
+		// before and after.
+		// (Under runsc both keep the chown walks, whose hand-over walks.)
+		if evd.Worktree != nil && evd.Worktree.Idmapped {
+			assert.Assert(t, strings.HasPrefix(evd.WorktreeChanges.ScanBefore, "namespace"), name)
+			assert.Equal(t, walked.WorktreeChanges.ScanBefore, "walk: asked for", name)
+		} else {
+			assert.Assert(t, strings.HasPrefix(evd.WorktreeChanges.ScanBefore, "walk: not idmapped"), name)
+		}
 		got, want := changed(t, evd), changed(t, walked)
 		assert.DeepEqual(t, got, want)
 		return got

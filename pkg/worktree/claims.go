@@ -34,11 +34,17 @@ type Claims struct {
 	// Cap is the worktree section of the config (its size and file cap,
 	// and whether an uncapped filesystem is allowed).
 	Cap config.Worktree
+	// GVisor says cage.runtime is gVisor's runsc, whose cages keep the
+	// chown walks (IdmapReason).
+	GVisor bool
 	// User is the agent's uid (and gid) inside the cage.
 	User int64
 	// Socket is the podman service's API URL: an idmapped worktree's
 	// staging mount is made in the service's mount namespace (idmap.go).
 	Socket string
+	// WalkBefore makes the scan before an idmapped turn the full walk
+	// rather than the namespace's revalidation (tests: the reference).
+	WalkBefore bool
 }
 
 // NewClaims returns the worktree claims of cfg's state directory with the
@@ -49,6 +55,7 @@ func NewClaims(cfg *config.Config) Claims {
 		Store:   taskstate.Store{Dir: cfg.State.Dir},
 		IDFiles: taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
 		Cap:     cfg.Worktree,
+		GVisor:  filepath.Base(cfg.Cage.Runtime) == "runsc",
 		User:    cfg.Cage.User,
 		Socket:  cfg.Podman.Socket,
 	}

@@ -88,10 +88,10 @@ func (c Claims) GiveBack(holder Holder, worktree string) (*Report, error) {
 		return nil, err
 	}
 	// A staging mount a crash left (a turn's or a preparation's) goes first.
-	if err := c.Unstage(holder); err != nil {
+	if err := c.UnstageDir(holder.staging); err != nil {
 		return nil, err
 	}
-	if rep, done, err := c.giveBackIdmapped(holder, worktree); done || err != nil {
+	if rep, done, err := c.giveBackIdmapped(holder.staging, holder.turn, worktree); done || err != nil {
 		return rep, err
 	}
 	ids, err := c.Store.IDsOf(holder.state, c.IDFiles, false)
@@ -117,7 +117,7 @@ func (c Claims) GiveBackScanning(ctx context.Context, holder Holder, worktree st
 	if err != nil || cl == nil || cl.Task != holder.task.String() {
 		return nil, nil
 	}
-	if after, rep, done := c.giveBackIdmappedScanning(ctx, holder, worktree); done {
+	if after, rep, done := c.giveBackIdmappedScanning(ctx, holder.staging, holder.turn, worktree); done {
 		return after, rep
 	}
 	ids, err := c.Store.IDsOf(holder.state, c.IDFiles, false)

@@ -84,13 +84,13 @@ func (c Claims) Take(ctx context.Context, holder Holder, worktree string, ids ta
 // claimAndCap records the task's claim on the worktree (with its owner)
 // and puts it under the task's cap; it returns the claim.
 func (c Claims) claimAndCap(holder Holder, worktree string, ids taskstate.IDs) (*claim, error) {
-	if err := holder.check(); err != nil {
-		return nil, err
+	if holder.task.IsZero() {
+		return nil, errNoTask
 	}
 	// An idmapped turn that died before its give-back (its record is still
 	// there) is given back first: what it made setuid or a repository must
 	// not pass for the owner's in this turn's scan.
-	if _, _, err := c.giveBackIdmapped(holder, worktree); err != nil {
+	if _, _, err := c.giveBackIdmapped(holder.staging, holder.turn, worktree); err != nil {
 		return nil, err
 	}
 	var st unix.Stat_t

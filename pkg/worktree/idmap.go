@@ -75,11 +75,19 @@ func (c Claims) recordDir() string { return filepath.Join(c.Layout.Dir, "idmap")
 // A Holder is a task as the claims know it, derived once from its id
 // (Claims.Holder): the name its claim files record (the id's string form),
 // its state directory (for its id range) and the paths of its idmapped
-// worktree's staging mount and records. The worktree's steps of a turn take
-// it, not the id. The zero Holder is refused as "no task id".
+// worktree's staging mount and records (Idmap). The worktree's steps of a
+// turn take it, not the id. The zero Holder is refused as "no task id".
 type Holder struct {
-	task     taskid.ID // typed, so that tools/walk -carriers counts a Holder as the task
-	state    taskstate.Dir
+	task  taskid.ID // typed, so that tools/walk -carriers counts a Holder as the task
+	state taskstate.Dir
+	trust string // the task's trust store: the namespace cache's directory
+	Idmap
+}
+
+// Idmap is where a task's idmapped worktree is staged and recorded, derived
+// with its Holder: what the idmap steps that neither write nor compare a
+// claim take (tools/walk -derived counts it as the task).
+type Idmap struct {
 	staging  string
 	turn     string // the idmapped turn's record
 	prepared string // the record of a cage prepared ahead on an idmapped mount
@@ -92,26 +100,19 @@ func (c Claims) Holder(task taskid.ID) (Holder, error) {
 		return Holder{}, err
 	}
 	name := task.String()
-	return Holder{
-		task:     task,
-		state:    state,
+	return Holder{task: task, state: state, trust: state.Trust(), Idmap: Idmap{
 		staging:  filepath.Join(c.idmapDir(), name),
 		turn:     filepath.Join(c.recordDir(), name+".turn.json"),
 		prepared: filepath.Join(c.recordDir(), name+".prepared.json"),
-	}, nil
+	}}, nil
 }
 
-// check refuses the zero Holder.
-func (h Holder) check() error {
-	if h.task.IsZero() {
-		return errors.New("no task id")
-	}
-	return nil
-}
+// errNoTask refuses the zero Holder (its staging directory is "").
+var errNoTask = errors.New("no task id")
 
 // StagingDir is where the task's idmapped worktree is staged for its
 // cage's bind (the /work mount's source in idmap mode).
-func (h Holder) StagingDir() string { return h.staging }
+func (m Idmap) StagingDir() string { return m.staging }
 
 // idmapRecord is what an idmapped turn's give-back needs: who the worktree
 // was mapped from and to, when the turn began (ctimes from then on are the
@@ -171,15 +172,20 @@ func readRecord(path string) (*idmapRecord, error) {
 }
 
 // IdmapReason says why the task's worktree gets the chown walks rather than
-// an idmapped mount ("" for an idmapped mount): worktree.idmap = "off", a
-// worktree owned by root, one other users can reach, or a kernel or
-// filesystem that refuses MOUNT_ATTR_IDMAP. agentUID and agentGID are the
-// task agent's host ids.
-func (c Claims) IdmapReason(holder Holder, worktree string, agentUID, agentGID uint32) string {
+// an idmapped mount ("" for an idmapped mount): gVisor cages,
+// worktree.idmap = "off", a worktree owned by root, one other users can
+// reach, or a kernel or filesystem that refuses MOUNT_ATTR_IDMAP. ids are
+// the task's host id range (its agent's ids are these plus User).
+func (c Claims) IdmapReason(holder Holder, worktree string, ids taskstate.IDs) string {
+	if c.GVisor {
+		return "gVisor cages keep the chown walks"
+	}
 	if c.Cap.Idmap == "off" {
 		return `worktree.idmap = "off"`
 	}
-	uid, gid, err := c.owner(holder, worktree, agentUID-uint32(c.User))
+	agent := c.agentIDs(ids)
+	agentUID, agentGID := agent[0], agent[1]
+	uid, gid, err := c.owner(holder, worktree, ids.UID)
 	if err != nil {
 		return err.Error()
 	}
@@ -524,12 +530,12 @@ func serviceMountNS(socket string) (int, error) {
 	return fd, nil
 }
 
-// stage mounts the worktree idmapped at the task's staging directory, with
-// read-only binds over the nested repositories (worktree-relative paths).
-// On any failure nothing stays mounted.
-func (c Claims) stage(holder Holder, worktree string, rec *idmapRecord) error {
-	if err := holder.check(); err != nil {
-		return err
+// stage mounts the worktree idmapped at the task's staging directory
+// (dir, the Holder's), with read-only binds over the nested repositories
+// (worktree-relative paths). On any failure nothing stays mounted.
+func (c Claims) stage(dir, worktree string, rec *idmapRecord) error {
+	if dir == "" {
+		return errNoTask
 	}
 	// The gate again, on what is staged: the plan checked the path.
 	wt, err := openGated(worktree, rec.Owner[0])
@@ -546,7 +552,6 @@ func (c Claims) stage(holder Holder, worktree string, rec *idmapRecord) error {
 		if err := c.privateIdmapDir(); err != nil {
 			return err
 		}
-		dir := holder.staging
 		if err := unstage(dir); err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
@@ -88,7 +89,7 @@ func stageFixture(t *testing.T, c Claims, task Holder, wt string) string {
 	start, err := coarseNow()
 	assert.NilError(t, err)
 	rec := &idmapRecord{Worktree: wt, Owner: [2]uint32{idOwner, idOwner}, Agent: [2]uint32{idAgent, idAgent}, Nested: nested, Start: start}
-	assert.NilError(t, c.stage(task, wt, rec))
+	assert.NilError(t, c.stage(task.staging, wt, rec))
 	assert.NilError(t, writeRecord(task.turn, rec))
 	assert.NilError(t, os.Chmod(idmapRoot, 0o711))
 	assert.NilError(t, os.Chmod(c.idmapDir(), 0o711))
@@ -145,7 +146,7 @@ func TestIdmapStagedWorktree(t *testing.T) {
 	assert.Assert(t, os.IsNotExist(err), err)
 	rec, err := readRecord(task.turn)
 	assert.NilError(t, err)
-	assert.NilError(t, c.stage(task, wt, rec))
+	assert.NilError(t, c.stage(task.staging, wt, rec))
 	assert.NilError(t, unixMoveAgain(c, task, wt, rec))
 	assert.NilError(t, c.Unstage(task))
 	_, err = os.Stat(st + "/f")
@@ -171,7 +172,7 @@ func unixMoveAgain(c Claims, task Holder, wt string, rec *idmapRecord) error {
 // owner's. Both give-backs: the whole walk (GiveBack's, after a crash) and
 // the one over the turn's changes (from its events).
 func TestIdmapGiveBack(t *testing.T) {
-	for _, mode := range []string{"walk", "changed"} {
+	for _, mode := range []string{"walk", "changed", "clock stepped"} {
 		t.Run(mode, func(t *testing.T) { idmapGiveBack(t, mode) })
 	}
 }
@@ -193,17 +194,26 @@ func idmapGiveBack(t *testing.T, mode string) {
 	assert.Equal(t, u, uint32(idOwner))
 
 	var rep *Report
-	if mode == "walk" {
+	if mode == "clock stepped" {
+		// The turn's clock was set: every setuid file goes, the owner's
+		// own too (its ctime says nothing then).
+		assert.NilError(t, c.ClockStepped(task.Idmap))
+	}
+	if mode != "changed" {
 		var done bool
-		rep, done, err = c.giveBackIdmapped(task, wt)
+		rep, done, err = c.giveBackIdmapped(task.staging, task.turn, wt)
 		assert.Assert(t, done)
 	} else {
 		after, serr := diff.Scan(context.Background(), wt)
 		assert.NilError(t, serr)
-		rep, err = c.GiveBackChanged(task, wt, diff.Changed(before, after))
+		rep, err = c.GiveBackChanged(task.Idmap, wt, diff.Changed(before, after))
 	}
 	assert.NilError(t, err)
-	assert.Equal(t, rep.Stripped, 2)
+	stripped := 2
+	if mode == "clock stepped" {
+		stripped = 3
+	}
+	assert.Equal(t, rep.Stripped, stripped)
 	assert.DeepEqual(t, rep.KeptNestedRepos, []string{"bare", "n/.git", "p/.git", "x"})
 	for _, p := range []string{"s", "g"} {
 		fi, err := os.Stat(filepath.Join(wt, p))
@@ -212,7 +222,7 @@ func idmapGiveBack(t *testing.T, mode string) {
 	}
 	fi, err = os.Stat(wt + "/ownsuid")
 	assert.NilError(t, err)
-	assert.Assert(t, fi.Mode()&os.ModeSetuid != 0)
+	assert.Equal(t, fi.Mode()&os.ModeSetuid != 0, mode != "clock stepped")
 	for _, p := range []string{"n/.git", "n/.git/HEAD", "n/.git/objects", "bare", "bare/HEAD", "p/.git", "x", "x/HEAD"} {
 		u, _ := owner(t, filepath.Join(wt, p))
 		assert.Equal(t, u, uint32(idAgent), p)
@@ -240,6 +250,28 @@ func TestIdmapHostReason(t *testing.T) {
 	assert.Assert(t, strings.Contains(IdmapHostReason(wt, idOwner, idOwner, idAgent, idAgent), "other users can reach"))
 }
 
+// TestIdmapReasonDecidesEveryReason: the plan's one question. On a
+// worktree the host can idmap the answer is "" (the positive control);
+// the same worktree under gVisor, or with worktree.idmap = "off", keeps
+// the chown walks, saying why; NewClaims tells gVisor by cage.runtime.
+func TestIdmapReasonDecidesEveryReason(t *testing.T) {
+	c, task, wt := idmapFixture(t)
+	ids := taskstate.IDs{UID: idAgent, GID: idAgent} // User 0: the agent's ids are these
+	assert.Equal(t, c.IdmapReason(task, wt, ids), "", "positive control: this host idmaps the fixture")
+	g := c
+	g.GVisor = true
+	assert.Equal(t, g.IdmapReason(task, wt, ids), "gVisor cages keep the chown walks")
+	off := c
+	off.Cap.Idmap = "off"
+	assert.Equal(t, off.IdmapReason(task, wt, ids), `worktree.idmap = "off"`)
+
+	cfg := config.Default()
+	cfg.Cage.Runtime = "/usr/local/bin/runsc"
+	assert.Assert(t, NewClaims(cfg).GVisor)
+	cfg.Cage.Runtime = "runc"
+	assert.Assert(t, !NewClaims(cfg).GVisor)
+}
+
 // TestIdmapStageChecksTheGate: the gate is checked again on the directory
 // staged, by descriptor: opened after the plan checked it, or the path
 // swapped for a link to an open directory of the owner, the staging is
@@ -257,7 +289,7 @@ func TestIdmapStageChecksTheGate(t *testing.T) {
 
 	// Opened after the check.
 	assert.NilError(t, os.Chmod(gate, 0o755))
-	assert.ErrorContains(t, c.stage(task, wt, rec), "other users can reach the worktree")
+	assert.ErrorContains(t, c.stage(task.staging, wt, rec), "other users can reach the worktree")
 	assert.Assert(t, !mounted())
 	assert.NilError(t, os.Chmod(gate, 0o700))
 
@@ -273,17 +305,17 @@ func TestIdmapStageChecksTheGate(t *testing.T) {
 	moved := gate + ".moved"
 	assert.NilError(t, os.Rename(gate, moved))
 	assert.NilError(t, os.Symlink(open, gate))
-	err := c.stage(task, wt, rec)
+	err := c.stage(task.staging, wt, rec)
 	assert.Assert(t, err != nil, "staged through a swapped link")
 	assert.ErrorContains(t, err, "idmap staging: worktree "+wt)
 	assert.Assert(t, !mounted())
 	// The link's target alone (no link on the path) is open: refused too.
-	assert.ErrorContains(t, c.stage(task, filepath.Join(open, "wt"), rec), "other users can reach the worktree")
+	assert.ErrorContains(t, c.stage(task.staging, filepath.Join(open, "wt"), rec), "other users can reach the worktree")
 	assert.Assert(t, !mounted())
 
 	assert.NilError(t, os.Remove(gate))
 	assert.NilError(t, os.Rename(moved, gate))
-	assert.NilError(t, c.stage(task, wt, rec))
+	assert.NilError(t, c.stage(task.staging, wt, rec))
 	assert.Assert(t, mounted(), "positive control: the gated worktree is staged")
 	assert.NilError(t, c.Unstage(task))
 }

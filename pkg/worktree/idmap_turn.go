@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -42,7 +43,7 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 	if rec.Owner[0] == 0 || rec.Owner[1] == 0 {
 		return nil, errors.New("worktree owned by root: never idmapped") // plan decided otherwise: fail closed
 	}
-	before, nested, err := scanNested(ctx, worktree)
+	before, nested, err := c.scanBefore(ctx, holder.trust, worktree)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +52,7 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 		return nil, err
 	}
 	if stage {
-		if err := c.stage(holder, worktree, rec); err != nil {
+		if err := c.stage(holder.staging, worktree, rec); err != nil {
 			return nil, err
 		}
 	} else {
@@ -65,7 +66,12 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 		_ = os.Remove(holder.prepared)
 	}
 	if err := writeRecord(holder.turn, rec); err != nil {
-		_ = c.Unstage(holder)
+		_ = c.UnstageDir(holder.staging)
+		return nil, err
+	}
+	// Ts, after the revalidation, before anything of the cage runs.
+	if err := before.Settle(); err != nil {
+		before.Close()
 		return nil, err
 	}
 	return before, nil
@@ -82,19 +88,42 @@ func (c Claims) PrepareIdmapped(ctx context.Context, holder Holder, worktree str
 	if uid == 0 || gid == 0 {
 		return errors.New("worktree owned by root: never idmapped")
 	}
-	_, nested, err := scanNested(ctx, worktree)
+	snap, nested, err := c.scanBefore(ctx, holder.trust, worktree)
 	if err != nil {
 		return err
 	}
+	_ = snap.Keep() // a cache: the turn's scan before lists what it lacks
 	rec := &idmapRecord{Worktree: worktree, Owner: [2]uint32{uid, gid}, Agent: c.agentIDs(ids), Nested: nested, Boot: bootID()}
-	if err := c.stage(holder, worktree, rec); err != nil {
+	if err := c.stage(holder.staging, worktree, rec); err != nil {
 		return err
 	}
 	if err := writeRecord(holder.prepared, rec); err != nil {
-		_ = c.Unstage(holder)
+		_ = c.UnstageDir(holder.staging)
 		return err
 	}
 	return nil
+}
+
+// scanBefore is the snapshot before an idmapped turn and the owner's
+// nested repositories: from the worktree's namespace, revalidated against
+// its cache in the task's trust store (the directory trust;
+// diff.ScanNamespace), or where that
+// cannot be trusted the full walk, which says why.
+func (c Claims) scanBefore(ctx context.Context, trust, worktree string) (*diff.Snapshot, map[string]uint64, error) {
+	why := "asked for"
+	if !c.WalkBefore {
+		var snap *diff.Snapshot
+		cache := filepath.Join(trust, diff.NamespaceCacheFile)
+		if snap, why = diff.ScanNamespace(ctx, worktree, cache); snap != nil {
+			return snap, snap.Namespace().Nested(), nil
+		}
+	}
+	snap, nested, err := scanNested(ctx, worktree)
+	if err != nil {
+		return nil, nil, err
+	}
+	snap.SetWalkWhy(why)
+	return snap, nested, nil
 }
 
 // scanNested is the change scan, which also finds the nested repositories.
@@ -313,19 +342,20 @@ func idmapReport(worktree string, rec *idmapRecord, h *idmapHook, start time.Tim
 // giveBackIdmapped is the give-back of a task whose last turn was
 // idmapped (nil, false when it was not): its staging mount detached, then
 // the idmap hook over the whole worktree; the turn's record goes once it is
-// done.
-func (c Claims) giveBackIdmapped(holder Holder, worktree string) (*Report, bool, error) {
-	rec, err := readRecord(holder.turn)
+// done. staging and record are the task's staging directory and turn
+// record (its Holder's).
+func (c Claims) giveBackIdmapped(staging, record, worktree string) (*Report, bool, error) {
+	rec, err := readRecord(record)
 	if err != nil || rec == nil || rec.Worktree != worktree {
 		return nil, err != nil, err
 	}
-	if err := c.Unstage(holder); err != nil {
+	if err := c.UnstageDir(staging); err != nil {
 		return nil, true, err
 	}
 	start := time.Now()
 	fd, st, err := openRoot(worktree)
 	if errors.Is(err, unix.ENOENT) {
-		return nil, true, os.Remove(holder.turn)
+		return nil, true, os.Remove(record)
 	}
 	if err != nil {
 		return nil, true, fmt.Errorf("give worktree %s back: %w", worktree, err)
@@ -335,7 +365,7 @@ func (c Claims) giveBackIdmapped(holder Holder, worktree string) (*Report, bool,
 	if err := walkHook(fd, "", 0, h); err != nil {
 		return nil, true, fmt.Errorf("give worktree %s back: %w", worktree, err)
 	}
-	if err := os.Remove(holder.turn); err != nil {
+	if err := os.Remove(record); err != nil {
 		return nil, true, fmt.Errorf("give worktree %s back: %w", worktree, err)
 	}
 	return idmapReport(worktree, rec, h, start), true, nil
@@ -344,12 +374,12 @@ func (c Claims) giveBackIdmapped(holder Holder, worktree string) (*Report, bool,
 // giveBackIdmappedScanning is giveBackIdmapped in the change scan's walk
 // after the turn (nil, nil when the task's last turn was not idmapped, or
 // the scan did not see everything: GiveBack's full walk then does it).
-func (c Claims) giveBackIdmappedScanning(ctx context.Context, holder Holder, worktree string) (*diff.Snapshot, *Report, bool) {
-	rec, err := readRecord(holder.turn)
+func (c Claims) giveBackIdmappedScanning(ctx context.Context, staging, record, worktree string) (*diff.Snapshot, *Report, bool) {
+	rec, err := readRecord(record)
 	if err != nil || rec == nil || rec.Worktree != worktree {
 		return nil, nil, err != nil
 	}
-	if err := c.Unstage(holder); err != nil {
+	if err := c.UnstageDir(staging); err != nil {
 		return nil, nil, true
 	}
 	var st unix.Stat_t
@@ -362,10 +392,25 @@ func (c Claims) giveBackIdmappedScanning(ctx context.Context, holder Holder, wor
 	if err != nil || after.Truncated() {
 		return nil, nil, true
 	}
-	if err := os.Remove(holder.turn); err != nil {
+	if err := os.Remove(record); err != nil {
 		return nil, nil, true
 	}
 	return after, idmapReport(worktree, rec, h, start), true
+}
+
+// ClockStepped makes the give-back of the task's idmapped turn strip the
+// setuid and setgid bits of every regular file of the worktree, not only
+// those with a ctime from the turn's start on: CLOCK_REALTIME was set
+// during the turn, so a file the turn made may carry an older ctime (the
+// owner's own setuid files lose their bits too: fail closed). Call the
+// full give-back (GiveBack) after it, not GiveBackChanged.
+func (c Claims) ClockStepped(m Idmap) error {
+	rec, err := readRecord(m.turn)
+	if err != nil || rec == nil {
+		return err
+	}
+	rec.Start = 0
+	return writeRecord(m.turn, rec)
 }
 
 // coarseNow is the time the kernel stamps ctimes from (the coarse clock,
@@ -384,13 +429,13 @@ func coarseNow() (int64, error) {
 // lists, from the turn's events) and at the directories above them (one
 // the turn made a git directory of by adding to it); nil, nil when the
 // task's last turn was not idmapped. On an error the full give-back
-// (GiveBack) is still to run.
-func (c Claims) GiveBackChanged(holder Holder, worktree string, changed []string) (*Report, error) {
-	rec, err := readRecord(holder.turn)
+// (GiveBack) is still to run. m is the task's (Holder.Idmap).
+func (c Claims) GiveBackChanged(m Idmap, worktree string, changed []string) (*Report, error) {
+	rec, err := readRecord(m.turn)
 	if err != nil || rec == nil || rec.Worktree != worktree {
 		return nil, err
 	}
-	if err := c.Unstage(holder); err != nil {
+	if err := c.UnstageDir(m.staging); err != nil {
 		return nil, err
 	}
 	start := time.Now()
@@ -406,7 +451,7 @@ func (c Claims) GiveBackChanged(holder Holder, worktree string, changed []string
 			return nil, fmt.Errorf("give worktree %s back: %s: %w", worktree, rel, err)
 		}
 	}
-	if err := os.Remove(holder.turn); err != nil {
+	if err := os.Remove(m.turn); err != nil {
 		return nil, fmt.Errorf("give worktree %s back: %w", worktree, err)
 	}
 	return idmapReport(worktree, rec, h, start), nil

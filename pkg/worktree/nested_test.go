@@ -1,6 +1,8 @@
 package worktree
 
 import (
+	"context"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +12,7 @@ import (
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
 )
 
 // TestNestedReposStayTheCages: the give-back leaves every git directory
@@ -126,4 +129,46 @@ func BenchmarkGiveBack(b *testing.B) {
 		assert.NilError(b, err)
 		assert.Assert(b, rep.Changed > 22000)
 	}
+}
+
+// TestNamespaceFindsTheNestedFindersRepositories: the owner's nested
+// repositories an idmapped turn binds read-only are the same, by path and
+// inode, from the namespace (diff.Namespace.Nested) as from the full
+// walk's nestedFinder: a .git directory, a gitdir pointer file and a
+// .git link, bare and commondir layouts, one inside another (not looked
+// into), the root's own .git left out, and look-alikes that are not one.
+func TestNamespaceFindsTheNestedFindersRepositories(t *testing.T) {
+	wt := t.TempDir()
+	mk := func(rel, data string) {
+		p := filepath.Join(wt, rel)
+		assert.NilError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		if data != "" {
+			assert.NilError(t, os.WriteFile(p, []byte(data), 0o644))
+		}
+	}
+	mk(".git/HEAD", "ref: refs/heads/main\n")
+	mk("a/.git/HEAD", "ref\n")
+	mk("a/.git/objects/x", "x")
+	mk("a/inner/.git/HEAD", "ref\n") // inside a's repository's work tree: found
+	mk("b/.git", "gitdir: /elsewhere\n")
+	assert.NilError(t, os.Symlink("/elsewhere", filepath.Join(wt, "c.git")))
+	assert.NilError(t, os.MkdirAll(filepath.Join(wt, "d"), 0o755))
+	assert.NilError(t, os.Symlink("/elsewhere", filepath.Join(wt, "d/.git")))
+	mk("bare/HEAD", "ref\n")
+	mk("bare/objects/o", "o")
+	mk("bare/refs/heads/main", "0")
+	mk("bare/sub/.git/HEAD", "ref\n") // inside a bare layout: not looked into
+	mk("wtgit/HEAD", "ref\n")
+	mk("wtgit/commondir", "../bare\n")
+	mk("notgit/HEAD", "just a file\n") // HEAD alone
+	mk("notgit/objects/o", "o")
+	mk("deep/e/f/.git/config", "[core]\n")
+	_, want, err := scanNested(context.Background(), wt)
+	assert.NilError(t, err)
+	snap, why := diff.ScanNamespace(context.Background(), wt, "")
+	assert.Equal(t, why, "")
+	got := snap.Namespace().Nested()
+	assert.DeepEqual(t, got, want)
+	// The control: the finder found what the layout says.
+	assert.DeepEqual(t, slices.Sorted(maps.Keys(want)), []string{"a/.git", "a/inner/.git", "b/.git", "bare", "d/.git", "deep/e/f/.git", "wtgit"})
 }

@@ -120,6 +120,9 @@ type result struct {
 	Phases    []turn.Phase `json:"phases"`
 	TotalMs   float64      `json:"totalMs"`
 	Error     string       `json:"error"`
+	// TeardownPID is the detached teardown's process: a child, or the
+	// lingering worker (cage.teardown_linger) the teardown was handed to.
+	TeardownPID int `json:"teardown_pid"`
 }
 
 // run runs one turn with the shrooms binary (--json, --prepare-next).

@@ -37,6 +37,8 @@ func BenchmarkWorktreeSize(b *testing.B) {
 		firsts, walls       []time.Duration
 		results             []*result
 		scans               map[string]int // how the scan after read the tree
+		befores             map[string]int // how the scan before read it
+		relisted            []int          // directories the namespace listed again
 		guardCached         []int          // directories the guard took from its cache
 	}
 	var arms []*arm
@@ -76,6 +78,11 @@ func BenchmarkWorktreeSize(b *testing.B) {
 				a.scans = map[string]int{}
 			}
 			a.scans[res.Changes.ScanAfter]++
+			if a.befores == nil {
+				a.befores = map[string]int{}
+			}
+			a.befores[res.Changes.ScanBefore]++
+			a.relisted = append(a.relisted, res.Changes.DirsRelisted)
 			if res.Guard != nil {
 				a.guardCached = append(a.guardCached, res.Guard.DirsCached)
 			}
@@ -84,8 +91,8 @@ func BenchmarkWorktreeSize(b *testing.B) {
 	for _, a := range arms {
 		b.ReportMetric(msOf(median(a.firsts)), "first-"+a.name+"-ms")
 		b.ReportMetric(msOf(median(a.walls)), "whole-"+a.name+"-ms")
-		b.Logf("%s entries: first output p50 %.0f ms, whole run p50 %.0f ms; phases (median ms): %s; scan after: %v; guard's directories from its cache, by round: %v",
-			a.name, msOf(median(a.firsts)), msOf(median(a.walls)), phaseString(phaseMedians(a.results)), a.scans, a.guardCached)
+		b.Logf("%s entries: first output p50 %.0f ms, whole run p50 %.0f ms; phases (median ms): %s; scan before: %v, directories listed again by round %v; scan after: %v; guard's directories from its cache, by round: %v",
+			a.name, msOf(median(a.firsts)), msOf(median(a.walls)), phaseString(phaseMedians(a.results)), a.befores, a.relisted, a.scans, a.guardCached)
 	}
 	for i := 0; i+1 < len(arms); i += 2 {
 		small, big := arms[i], arms[i+1]
@@ -148,6 +155,10 @@ type worktreeResult struct {
 		Deleted  int `json:"deleted"`
 		// ScanAfter: "events" or "walk: why" (builds before it: "").
 		ScanAfter string `json:"scan_after"`
+		// ScanBefore: "namespace…" or "walk…" (builds before it: "");
+		// DirsRelisted: directories the namespace listed again.
+		ScanBefore   string `json:"scan_before"`
+		DirsRelisted int    `json:"dirs_relisted"`
 	} `json:"worktree_changes"`
 	// Guard: the guard's directory cache (builds before it: 0, 0).
 	Guard *struct {

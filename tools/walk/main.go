@@ -20,7 +20,11 @@
 // or through a pointer) counts too. The first rule does not look into
 // structs, so a function handed a bundle that carries the task id is not a
 // stay, and the walk does not go below it; the second figure shows how far
-// the task reaches when it travels that way.
+// the task reaches when it travels that way. -derived (implying
+// -carriers) also counts the handles that hold only values derived from
+// the task, taskstate.Dir (its state directory), home.Volume (its HOME's
+// names) and worktree.Idmap (its idmapped worktree's staging and record
+// paths): the strictest figure, make shape's third walk line.
 //
 // It is its own module (tools/walk) so that golang.org/x/tools stays out
 // of shrooms' go.mod and nix vendor hash. Run from the repository root:
@@ -55,15 +59,16 @@ func main() {
 	dir := flag.String("root", ".", "the shrooms repository (its root)")
 	tags := flag.String("tags", "remote exclude_graphdriver_btrfs containers_image_openpgp exclude_graphdriver_devicemapper", "build tags, as go build takes them (default: the Makefile's)")
 	verbose := flag.Bool("v", false, "list the stays, in walk order")
+	derived := flag.Bool("derived", false, "with -carriers, also count the handles that hold only values derived from the task (taskstate.Dir, home.Volume, worktree.Idmap): the strictest figure")
 	carriers := flag.Bool("carriers", false, "also count as stays the functions that take a struct carrying the request or the task in a field (not the rule make shape counts: a second figure, so that bundling the id into a struct cannot pass for unpacking it)")
 	flag.Parse()
-	if err := run(*dir, *tags, *verbose, *carriers); err != nil {
+	if err := run(*dir, *tags, *verbose, *carriers, *derived); err != nil {
 		fmt.Fprintln(os.Stderr, "walk:", err)
 		os.Exit(1)
 	}
 }
 
-func run(dir, tags string, verbose, carriers bool) error {
+func run(dir, tags string, verbose, carriers, derived bool) error {
 	root, err := filepath.Abs(dir)
 	if err != nil {
 		return err
@@ -95,7 +100,7 @@ func run(dir, tags string, verbose, carriers bool) error {
 	if start == nil {
 		return fmt.Errorf("(*turn.Runner).Run not found")
 	}
-	w := &walker{cg: cha.CallGraph(prog), seen: map[*ssa.Function]bool{}, files: map[string]bool{}, fset: prog.Fset, root: root, carriers: carriers}
+	w := &walker{cg: cha.CallGraph(prog), seen: map[*ssa.Function]bool{}, files: map[string]bool{}, fset: prog.Fset, root: root, carriers: carriers || derived, derived: derived}
 	w.walk(start)
 	if verbose {
 		for _, s := range w.stays {
@@ -103,8 +108,11 @@ func run(dir, tags string, verbose, carriers bool) error {
 		}
 	}
 	rule := ""
-	if carriers {
+	if carriers || derived {
 		rule = ", structs carrying it counted"
+	}
+	if derived {
+		rule += ", and handles derived from it (taskstate.Dir, home.Volume, worktree.Idmap)"
 	}
 	fmt.Printf("walk of turn.Runner.Run's request (SSA + CHA, tools/walk%s): %d stays in %d files, turn entered %d times, taskid.Parse %d\n",
 		rule, len(w.stays), len(w.files), w.entered, w.parses)
@@ -142,12 +150,15 @@ type walker struct {
 	// carriers counts a struct parameter with a field of the request or
 	// the task as taking it (-carriers).
 	carriers bool
+	// derived counts taskstate.Dir and home.Volume as the task too
+	// (-derived).
+	derived bool
 }
 
 // walk visits fn (once, when it is a stay or a wrapper of shrooms' own)
 // and then its callees in call order.
 func (w *walker) walk(fn *ssa.Function) {
-	if w.seen[fn] || !ours(fn) || (fn.Synthetic == "" && !stay(fn, w.carriers)) {
+	if w.seen[fn] || !ours(fn) || (fn.Synthetic == "" && !stay(fn, w.carriers, w.derived)) {
 		return
 	}
 	w.seen[fn] = true
@@ -211,10 +222,10 @@ func inTurn(fn *ssa.Function) bool {
 
 // stay reports whether fn takes the request or the task (with carriers,
 // also inside a struct's fields).
-func stay(fn *ssa.Function, carriers bool) bool {
+func stay(fn *ssa.Function, carriers, derived bool) bool {
 	for _, p := range fn.Params {
 		t := p.Type()
-		if carries(t, carriers, map[types.Type]bool{}) {
+		if carries(t, carriers, derived, map[types.Type]bool{}) {
 			return true
 		}
 		if b, ok := t.(*types.Basic); ok && b.Kind() == types.String && (p.Name() == "task" || p.Name() == "name") {
@@ -227,7 +238,7 @@ func stay(fn *ssa.Function, carriers bool) bool {
 // carries reports whether t (through a pointer) is turn.Request or
 // taskid.ID or, with fields, a struct holding one in a field (embedded
 // and nested structs and pointers to them included).
-func carries(t types.Type, fields bool, seen map[types.Type]bool) bool {
+func carries(t types.Type, fields, derived bool, seen map[types.Type]bool) bool {
 	if pt, ok := t.(*types.Pointer); ok {
 		t = pt.Elem()
 	}
@@ -240,6 +251,9 @@ func carries(t types.Type, fields bool, seen map[types.Type]bool) bool {
 		if (path == turnPk && name == "Request") || (path == taskPk && name == "ID") {
 			return true
 		}
+		if derived && ((path == module+"pkg/taskstate" && name == "Dir") || (path == module+"pkg/home" && name == "Volume") || (path == module+"pkg/worktree" && name == "Idmap")) {
+			return true
+		}
 	}
 	if !fields {
 		return false
@@ -249,7 +263,7 @@ func carries(t types.Type, fields bool, seen map[types.Type]bool) bool {
 		return false
 	}
 	for i := range st.NumFields() {
-		if carries(st.Field(i).Type(), true, seen) {
+		if carries(st.Field(i).Type(), true, derived, seen) {
 			return true
 		}
 	}

@@ -60,6 +60,9 @@ func (w *Watcher) After(ctx context.Context, before *Snapshot) (*Snapshot, strin
 	if m, err := mountBelow(w.root); err != nil || m != "" {
 		return nil, fmt.Sprintf("a mount below the worktree (%s, %v)", m, err)
 	}
+	if before.ns != nil {
+		return w.afterNamespace(ctx, before, start)
+	}
 	a := after{w: w, places: map[string]place{}, entries: map[string]bool{}, subtrees: map[string]bool{}}
 	for dn, mask := range w.dirty {
 		if why := a.file(dn, mask); why != "" {

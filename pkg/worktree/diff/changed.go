@@ -7,6 +7,7 @@ import "slices"
 // modified, directories whose entries alone changed left out), sorted: what
 // a give-back that looks only at the turn's changes visits.
 func Changed(before, after *Snapshot) []string {
+	before, after = pair(before, after)
 	var paths []string
 	for rel, a := range after.entries {
 		b, ok := before.entries[rel]

@@ -55,6 +55,36 @@ type Snapshot struct {
 	// through one link shows at every other (Watcher.After re-reads them).
 	linked []string
 	took   time.Duration
+	// ns: a snapshot before taken from the worktree's namespace
+	// (ScanNamespace), with no entries of its own.
+	ns *Namespace
+	// region and base: a snapshot after from the namespace and the turn's
+	// events (After) holds only the entries of region (the paths read
+	// again, the subtrees walked again); base is the state before of the
+	// same paths, from the namespace and the ctime rule. Elsewhere the
+	// worktree is as the namespace names it, before and after.
+	region *region
+	base   map[string]entry
+	// walkWhy: why a snapshot before is a full walk ("" unsaid).
+	walkWhy string
+	// clock: a snapshot before's clock-step timer (Settle).
+	clock *stepTimer
+}
+
+// SetWalkWhy records why the snapshot before a turn was a full walk (the
+// report's scan_before).
+func (s *Snapshot) SetWalkWhy(why string) { s.walkWhy = why }
+
+// has says whether the snapshot holds an entry at rel.
+func (s *Snapshot) has(rel string) bool {
+	if _, ok := s.entries[rel]; ok {
+		return true
+	}
+	if s.ns == nil || s.region == nil || s.region.covers(rel) {
+		return false
+	}
+	_, ok := s.ns.lookup(rel)
+	return ok
 }
 
 // Scan takes a snapshot of the worktree at root.
@@ -255,6 +285,16 @@ type Summary struct {
 	// ScanAfter is how the worktree after the turn was read: "events"
 	// (the turn's fanotify events, Watcher.After) or "walk: why".
 	ScanAfter string `json:"scan_after,omitempty"`
+	// ScanBefore is how the worktree before the turn was read:
+	// "namespace" (its directories' listings revalidated, ScanNamespace;
+	// with why after a comma when the cache was not used or the clock was
+	// set during the turn) or "walk" (a full walk; ": why" when one was
+	// tried instead).
+	ScanBefore string `json:"scan_before,omitempty"`
+	// DirsRevalidated and DirsRelisted count, for a "namespace" scan
+	// before, the worktree's directories and those listed again.
+	DirsRevalidated int `json:"dirs_revalidated,omitempty"`
+	DirsRelisted    int `json:"dirs_relisted,omitempty"`
 }
 
 // Diff compares the worktree before a turn with the one after it.
@@ -269,6 +309,7 @@ func Diff(before, after *Snapshot) Summary { return DiffRefs(before, after, nil)
 func DiffRefs(before, after *Snapshot, referenced func(rel string) string) Summary {
 	sum := Summary{AgentConfig: []Change{}, Truncated: before.truncated || after.truncated,
 		ScanMS: float64(before.took+after.took) / float64(time.Millisecond)}
+	before, after = pair(before, after)
 	roots := map[string]string{}
 	whys := map[string]string{}
 	touch := func(rel, change string) {
@@ -287,9 +328,9 @@ func DiffRefs(before, after *Snapshot, referenced func(rel string) string) Summa
 		}
 		if root != rel {
 			change = "modified" // something beneath the root
-			if _, was := before.entries[root]; !was {
+			if !before.has(root) {
 				change = "added"
-			} else if _, is := after.entries[root]; !is {
+			} else if !after.has(root) {
 				change = "deleted"
 			}
 		}

@@ -27,6 +27,6 @@ func nestedRepoRoot(rel string, snaps ...*Snapshot) string {
 }
 
 func (s *Snapshot) looksLikeGitDir(dir string) bool {
-	has := func(name string) bool { _, ok := s.entries[dir+"/"+name]; return ok }
+	has := func(name string) bool { return s.has(dir + "/" + name) }
 	return has("HEAD") && ((has("objects") && has("refs")) || has("commondir"))
 }

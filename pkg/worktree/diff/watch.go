@@ -33,6 +33,11 @@ type Watcher struct {
 	mu    sync.Mutex
 	dirty map[dirName]uint64 // (directory handle, name) → event mask seen
 	inos  map[uint64]bool    // inodes of non-directory events with no name
+	// outside: handles of the files of events outside the worktree (a
+	// worktree file may be another link of one: afterNamespace reads
+	// its links); outsideLost: more than maxOutside of them.
+	outside     map[string]bool
+	outsideLost bool
 	// places: directory handle → in the worktree as first read (inWorktree)
 	places map[string]placed
 	doubt  string // why After must fall back ("" none)
@@ -138,7 +143,8 @@ func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
 		return fail(fmt.Errorf("worktree watch: eventfd: %w", err))
 	}
 	w := &Watcher{fd: fd, rootFd: rootFd, root: real, wake: wake, stop: make(chan struct{}), done: make(chan struct{}),
-		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, places: map[string]placed{}, maxDirty: limit, maxPlaces: maxPlaces}
+		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, outside: map[string]bool{}, places: map[string]placed{},
+		maxDirty: limit, maxPlaces: maxPlaces}
 	binary.NativeEndian.PutUint32(w.fsid[0:4], uint32(sfs.Fsid.Val[0]))
 	binary.NativeEndian.PutUint32(w.fsid[4:8], uint32(sfs.Fsid.Val[1]))
 	go w.read(hold)
@@ -287,6 +293,12 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	case dirH != nil:
 		if !w.inWorktree(dirH) {
 			w.nOutside++
+			// A file changed outside (not only opened: a write through
+			// a shared mapping by a host process is not seen, as below)
+			// may be another link of a worktree file.
+			if child != nil && !w.outsideLost && mask&(unix.FAN_DELETE_SELF|unix.FAN_ONDIR) == 0 && mask&^uint64(unix.FAN_OPEN) != 0 {
+				w.keepOutside(child)
+			}
 			return // the host's, elsewhere on the filesystem
 		}
 		dir := dirName{handle: string(dirH), name: string(dirN)}
@@ -318,6 +330,29 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	default:
 		w.setDoubt("an event with no file handle")
 	}
+}
+
+// maxOutside bounds the distinct files outside the worktree a watcher
+// keeps; past it a snapshot before from the namespace cannot place their
+// links (the walk after).
+const maxOutside = 50_000
+
+// keepOutside keeps the handle of a file changed outside the worktree
+// (w.mu held).
+func (w *Watcher) keepOutside(rec []byte) {
+	if len(rec) < 16 || string(rec[0:8]) != string(w.fsid[:]) {
+		return // not this filesystem's: no link into the worktree
+	}
+	hb := int(binary.NativeEndian.Uint32(rec[8:12]))
+	if 16+hb > len(rec) {
+		return
+	}
+	if len(w.outside) >= maxOutside {
+		w.outsideLost = true
+		w.outside = nil
+		return
+	}
+	w.outside[string(rec[12:16+hb])] = true
 }
 
 // inWorktree says whether an event in the directory h may be the
@@ -373,19 +408,21 @@ type placed struct {
 // the user's fanotify marks, fs.fanotify.max_user_marks).
 const maxIgnored = 20_000
 
-// ignore asks the kernel to drop the events of a directory placed outside
+// ignore asks the kernel to drop the opens of a directory placed outside
 // the worktree, and of its entries, before they are queued (asked when
 // it is still busy a read after it was placed: a mark costs about what
 // 30–50 events read do, and most directories of a build or an install
-// are busy for one burst only): an ignore
-// mark on it (FAN_MARK_IGNORE, Linux 6.0) that does not pin its inode
-// (FAN_MARK_EVICTABLE: evicted, its events come back and are dropped as
-// read). It drops no more than inWorktree does: an event there names this
-// directory, or it is an event on the directory itself seen from its
-// parent, and a directory placed outside comes into the worktree only by
-// a move whose event (in the worktree, or in a directory that came in the
-// same way) makes After walk its subtree whole. Best effort: a refusal
-// (an older kernel, the marks' limit) leaves the events to inWorktree.
+// are busy for one burst only): an ignore mark on it (FAN_MARK_IGNORE,
+// Linux 6.0) that does not pin its inode (FAN_MARK_EVICTABLE: evicted,
+// its events come back and are dropped as read). Opens only: a change
+// outside may be one through another link of a worktree file, which
+// afterNamespace reads (keepOutside). It drops no more than inWorktree
+// does: an open there names this directory, or is an open of the
+// directory itself seen from its parent, and a directory placed outside
+// comes into the worktree only by a move whose event (in the worktree, or
+// in a directory that came in the same way) makes After walk its subtree
+// whole. Best effort: a refusal (an older kernel, the marks' limit)
+// leaves the events to inWorktree.
 func (w *Watcher) ignore(h string) {
 	if w.noIgnore || w.nIgnored >= maxIgnored {
 		return
@@ -398,7 +435,7 @@ func (w *Watcher) ignore(h string) {
 	// "." beneath the O_PATH descriptor: fanotify_mark takes no O_PATH
 	// descriptor as the object itself.
 	err = unix.FanotifyMark(w.fd, unix.FAN_MARK_ADD|unix.FAN_MARK_IGNORE|unix.FAN_MARK_IGNORED_SURV_MODIFY|unix.FAN_MARK_EVICTABLE,
-		watchMask|unix.FAN_EVENT_ON_CHILD, fd, ".")
+		unix.FAN_OPEN|unix.FAN_ONDIR|unix.FAN_EVENT_ON_CHILD, fd, ".")
 	if err != nil {
 		w.noIgnore = true
 		return

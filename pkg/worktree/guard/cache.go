@@ -81,9 +81,11 @@ type dirCache struct {
 	rootDev uint64
 }
 
-// localTimeFS reports whether a filesystem's timestamps come from this
-// kernel's clock (not a server's) with ctime kept on every entry change.
-func localTimeFS(magic int64) bool {
+// LocalTimeFS reports whether a filesystem's timestamps come from this
+// kernel's clock (not a server's) with ctime kept on every entry change:
+// the filesystems a cache keyed by ctime may trust (this one, and the
+// worktree change scan's namespace cache).
+func LocalTimeFS(magic int64) bool {
 	switch magic {
 	case unix.EXT4_SUPER_MAGIC, unix.XFS_SUPER_MAGIC, unix.BTRFS_SUPER_MAGIC, unix.TMPFS_MAGIC:
 		return true
@@ -104,7 +106,7 @@ func patternsDigest(patterns []Pattern) string {
 func openCache(dir, worktree string, rootFd int, patterns []Pattern) *dirCache {
 	var sfs unix.Statfs_t
 	var st unix.Stat_t
-	if dir == "" || unix.Fstatfs(rootFd, &sfs) != nil || !localTimeFS(int64(sfs.Type)) || unix.Fstat(rootFd, &st) != nil {
+	if dir == "" || unix.Fstatfs(rootFd, &sfs) != nil || !LocalTimeFS(int64(sfs.Type)) || unix.Fstat(rootFd, &st) != nil {
 		return nil
 	}
 	c := &dirCache{
@@ -122,6 +124,21 @@ func openCache(dir, worktree string, rootFd int, patterns []Pattern) *dirCache {
 // readCache reads the cache file only if it is a regular file of the
 // caller's uid that nobody else can write or read.
 func readCache(p string) (*cacheData, error) {
+	data, err := ReadPrivate(p, maxCacheSize)
+	if err != nil {
+		return nil, err
+	}
+	var d cacheData
+	if err := json.Unmarshal(data, &d); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+// ReadPrivate reads the file p, never through a link, only if it is a
+// regular file of the caller's uid that nobody else can read or write,
+// of at most max bytes: a cache the caller keeps in a task's trust store.
+func ReadPrivate(p string, max int64) ([]byte, error) {
 	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, err
@@ -132,18 +149,19 @@ func readCache(p string) (*cacheData, error) {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, err
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) || st.Mode&0o077 != 0 || st.Size > maxCacheSize {
-		return nil, errors.New("guard cache: not a private regular file of this user")
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) || st.Mode&0o077 != 0 || st.Size > max {
+		return nil, errors.New("not a private regular file of this user")
 	}
-	data, err := io.ReadAll(io.LimitReader(f, maxCacheSize+1))
-	if err != nil {
-		return nil, err
+	// One read of the size the stat gave (a file that grew since fails).
+	data := make([]byte, st.Size+1)
+	n, err := io.ReadFull(f, data)
+	if !errors.Is(err, io.ErrUnexpectedEOF) && !(err == io.EOF && st.Size == 0) {
+		return nil, fmt.Errorf("read %s: %d of %d bytes, %v", p, n, st.Size, err)
 	}
-	var d cacheData
-	if err := json.Unmarshal(data, &d); err != nil {
-		return nil, err
+	if int64(n) != st.Size {
+		return nil, fmt.Errorf("read %s: %d of %d bytes", p, n, st.Size)
 	}
-	return &d, nil
+	return data[:n], nil
 }
 
 func statNs(ts unix.Timespec) int64 { return ts.Sec*1e9 + ts.Nsec }
