@@ -541,3 +541,72 @@ func TestWatcherForgetsDirectoriesOutside(t *testing.T) {
 	assert.Assert(t, got == nil)
 	assert.Equal(t, why, "more than 5 changed directories")
 }
+
+// At its bound the watcher drops the outside files After would not read
+// (gone, or with one link) and keeps the others: a host writing new files
+// all the time no longer makes the snapshot after from the namespace fall
+// back, and a write outside through another link of a worktree file is
+// still in the report. The control: as many files with two links as the
+// bound falls back.
+func TestWatcherPrunesOutsideFiles(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("fanotify's filesystem mark needs root")
+	}
+	ctx := context.Background()
+	outside := t.TempDir()
+	root := tree(t)
+	write(t, outside, "shared.txt", "shared")
+	must(t, os.Link(filepath.Join(outside, "shared.txt"), filepath.Join(root, "shared.txt")))
+	aged()
+	before, why := ScanNamespace(ctx, root, filepath.Join(t.TempDir(), NamespaceCacheFile))
+	assert.Equal(t, why, "")
+	must(t, before.Settle())
+	defer before.Close()
+	must(t, before.Ready())
+	ref := scan(t, root)
+	w, err := Watch(root)
+	must(t, err)
+	defer w.Close()
+	w.mu.Lock()
+	w.maxOutside = 100
+	w.mu.Unlock()
+	must(t, os.WriteFile(filepath.Join(outside, "shared.txt"), []byte("changed outside"), 0o644))
+	for i := range 300 {
+		p := filepath.Join(outside, fmt.Sprint("new-", i))
+		write(t, outside, fmt.Sprint("new-", i), "x")
+		if i%2 == 0 {
+			must(t, os.Remove(p))
+		}
+	}
+	write(t, root, "d0/top.txt", "the turn's")
+	got, why := w.After(ctx, before)
+	assert.Equal(t, why, "")
+	full := scan(t, root)
+	assert.DeepEqual(t, norm(DiffRefs(before, got, nil)), norm(DiffRefs(ref, full, nil)))
+	assert.Equal(t, norm(DiffRefs(before, got, nil)).Modified, 2) // d0/top.txt, shared.txt
+	w.mu.Lock()
+	prunes := w.nPrunes
+	w.mu.Unlock()
+	assert.Assert(t, prunes > 0, "the bound was reached")
+
+	// The control: more files with two links outside than half the bound.
+	w, err = Watch(root)
+	must(t, err)
+	defer w.Close()
+	w.mu.Lock()
+	w.maxOutside = 20
+	w.mu.Unlock()
+	links := t.TempDir()
+	for i := range 30 {
+		p := filepath.Join(outside, fmt.Sprint("linked-", i))
+		must(t, os.WriteFile(p, []byte("x"), 0o644))
+		must(t, os.Link(p, filepath.Join(links, fmt.Sprint(i))))
+		must(t, os.WriteFile(p, []byte("y"), 0o644))
+	}
+	before2, why := ScanNamespace(ctx, root, filepath.Join(t.TempDir(), NamespaceCacheFile))
+	assert.Equal(t, why, "")
+	defer before2.Close()
+	must(t, before2.Ready())
+	_, why = w.After(ctx, before2)
+	assert.Equal(t, why, "too many files changed outside the worktree to place their links")
+}

@@ -45,6 +45,8 @@ type Watcher struct {
 	fdClosed  bool
 	maxDirty  int // maxDirty but in tests
 	maxPlaces int // maxPlaces but in tests
+	// maxOutside but in tests; nPrunes: times outside was pruned to it.
+	maxOutside, nPrunes int
 	// reads of the queue, events read and, of them, dropped as the rest of
 	// the filesystem's (what the reader's cost grows with;
 	// BenchmarkWatchBusyFilesystem).
@@ -144,7 +146,7 @@ func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
 	}
 	w := &Watcher{fd: fd, rootFd: rootFd, root: real, wake: wake, stop: make(chan struct{}), done: make(chan struct{}),
 		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, outside: map[string]bool{}, places: map[string]placed{},
-		maxDirty: limit, maxPlaces: maxPlaces}
+		maxDirty: limit, maxPlaces: maxPlaces, maxOutside: maxOutside}
 	binary.NativeEndian.PutUint32(w.fsid[0:4], uint32(sfs.Fsid.Val[0]))
 	binary.NativeEndian.PutUint32(w.fsid[4:8], uint32(sfs.Fsid.Val[1]))
 	go w.read(hold)
@@ -333,8 +335,9 @@ func (w *Watcher) event(mask uint64, info []byte) {
 }
 
 // maxOutside bounds the distinct files outside the worktree a watcher
-// keeps; past it a snapshot before from the namespace cannot place their
-// links (the walk after).
+// keeps: at it, those After would not read are dropped (keepOutside);
+// past half of it after that a snapshot before from the namespace cannot
+// place their links (the walk after).
 const maxOutside = 50_000
 
 // keepOutside keeps the handle of a file changed outside the worktree
@@ -347,10 +350,23 @@ func (w *Watcher) keepOutside(rec []byte) {
 	if 16+hb > len(rec) {
 		return
 	}
-	if len(w.outside) >= maxOutside {
-		w.outsideLost = true
-		w.outside = nil
-		return
+	if len(w.outside) >= w.maxOutside {
+		// Keep what afterNamespace would read: files that exist with
+		// more than one link now. One gone never comes back; one with a
+		// single link that gains another makes a link-count event
+		// (w.inos). A host that writes new files all the time (5 000 a
+		// second) reached the bound in 10 s (BenchmarkWatchBusyFilesystem).
+		for h := range w.outside {
+			if _, nlink, ok := w.inodeLinks(h); !ok || nlink <= 1 {
+				delete(w.outside, h)
+			}
+		}
+		w.nPrunes++
+		if len(w.outside) >= w.maxOutside/2 {
+			w.outsideLost = true
+			w.outside = nil
+			return
+		}
 	}
 	w.outside[string(rec[12:16+hb])] = true
 }
