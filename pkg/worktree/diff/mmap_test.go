@@ -12,10 +12,18 @@ import (
 	"gotest.tools/v3/assert"
 )
 
-// TestMain runs this test binary as mmapWriter's child when asked.
+// TestMain runs this test binary as mmapWriter's or busyWrite's child when
+// asked.
 func TestMain(m *testing.M) {
 	if p := os.Getenv(mmapWriterEnv); p != "" {
 		if err := mmapWrite(p, os.Getenv(mmapWriterEnv+"_INFLIGHT") != ""); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	if a := os.Getenv(busyWriterEnv); a != "" {
+		if err := busyWriteMain(a); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}

@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -24,6 +26,7 @@ type Watcher struct {
 	rootFd int // the worktree root: mount fd for open_by_handle_at
 	root   string
 	fsid   [8]byte
+	wake   int // an eventfd Stop writes: ends the reader's wait at once
 	stop   chan struct{}
 	done   chan struct{}
 
@@ -36,11 +39,22 @@ type Watcher struct {
 	outside     map[string]bool
 	outsideLost bool
 	// places: directory handle → in the worktree as first read (inWorktree)
-	places map[string]bool
+	places map[string]placed
 	doubt  string // why After must fall back ("" none)
 	// fdClosed: the reader closed fd at a doubt (read after done only).
-	fdClosed bool
-	maxDirty int // maxDirty but in tests
+	fdClosed  bool
+	maxDirty  int // maxDirty but in tests
+	maxPlaces int // maxPlaces but in tests
+	// maxOutside but in tests; nPrunes: times outside was pruned to it.
+	maxOutside, nPrunes int
+	// reads of the queue, events read and, of them, dropped as the rest of
+	// the filesystem's (what the reader's cost grows with;
+	// BenchmarkWatchBusyFilesystem).
+	nReads, nEvents, nOutside int
+	nIgnored                  int           // directories outside the kernel filters (ignore)
+	nForgets                  int           // times the directories placed outside were forgotten
+	noIgnore                  bool          // an ignore mark was refused: none more
+	readerCPU                 time.Duration // the reader's thread's CPU, set as it ends
 }
 
 // dirName is one event's directory handle (type and bytes) and entry name
@@ -54,8 +68,17 @@ type dirName struct {
 // past it After falls back to the full scan.
 const maxDirty = 200_000
 
-// maxPlaces bounds the directories, the filesystem's, a watcher places as
-// their events come (inWorktree); past it After falls back.
+// gather is how long the reader lets events gather between drains, so
+// that one read takes many: reading each as it came cost a poll, a read
+// and the Go scheduler's wakeups per event, most of the watch's CPU when
+// the rest of the filesystem is busy (BenchmarkWatchBusyFilesystem). The
+// queue is unbounded: at 100 000 events a second it holds 5 000 between
+// drains. Stop ends the wait at once.
+const gather = 50 * time.Millisecond
+
+// maxPlaces bounds the directories, the filesystem's, a watcher keeps
+// placed (inWorktree): at it, those placed outside are forgotten; past it
+// with the worktree's alone After falls back.
 const maxPlaces = 200_000
 
 // watchMask is every event that changes an entry's name, data or
@@ -116,8 +139,14 @@ func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
 		unix.Close(fd)
 		return fail(fmt.Errorf("worktree watch: fanotify_mark %s: %w", root, err))
 	}
-	w := &Watcher{fd: fd, rootFd: rootFd, root: real, stop: make(chan struct{}), done: make(chan struct{}),
-		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, outside: map[string]bool{}, places: map[string]bool{}, maxDirty: limit}
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(fd)
+		return fail(fmt.Errorf("worktree watch: eventfd: %w", err))
+	}
+	w := &Watcher{fd: fd, rootFd: rootFd, root: real, wake: wake, stop: make(chan struct{}), done: make(chan struct{}),
+		dirty: map[dirName]uint64{}, inos: map[uint64]bool{}, outside: map[string]bool{}, places: map[string]placed{},
+		maxDirty: limit, maxPlaces: maxPlaces, maxOutside: maxOutside}
 	binary.NativeEndian.PutUint32(w.fsid[0:4], uint32(sfs.Fsid.Val[0]))
 	binary.NativeEndian.PutUint32(w.fsid[4:8], uint32(sfs.Fsid.Val[1]))
 	go w.read(hold)
@@ -126,8 +155,18 @@ func watch(root string, hold <-chan struct{}, limit int) (*Watcher, error) {
 
 // read drains the queue until stop, then once more: every event a change
 // made before Stop is queued by then (fsnotify queues in the syscall).
+// Between drains it sleeps gather, in poll on the eventfd Stop writes.
 func (w *Watcher) read(hold <-chan struct{}) {
 	defer close(w.done)
+	// One thread of its own, so that its CPU is its own to measure.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	cpu0 := threadCPU()
+	defer func() {
+		w.mu.Lock()
+		w.readerCPU = threadCPU() - cpu0
+		w.mu.Unlock()
+	}()
 	if hold != nil {
 		<-hold
 	}
@@ -159,9 +198,21 @@ func (w *Watcher) read(hold <-chan struct{}) {
 		if stopping {
 			return
 		}
-		fds := []unix.PollFd{{Fd: int32(w.fd), Events: unix.POLLIN}}
-		_, _ = unix.Poll(fds, 20)
+		fds := []unix.PollFd{{Fd: int32(w.wake), Events: unix.POLLIN}}
+		if _, err := unix.Poll(fds, int(gather/time.Millisecond)); err != nil && !errors.Is(err, unix.EINTR) {
+			w.fail(fmt.Sprintf("poll: %v", err))
+			return
+		}
 	}
+}
+
+// threadCPU is the calling thread's CPU time (0 when the clock fails).
+func threadCPU() time.Duration {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts) != nil {
+		return 0
+	}
+	return time.Duration(ts.Nano())
 }
 
 func (w *Watcher) doubted() bool {
@@ -184,6 +235,7 @@ const metaLen = 24 // struct fanotify_event_metadata
 func (w *Watcher) parse(b []byte) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.nReads++
 	for len(b) >= metaLen {
 		evLen := int(binary.NativeEndian.Uint32(b[0:4]))
 		hdr := int(binary.NativeEndian.Uint16(b[6:8]))
@@ -196,6 +248,7 @@ func (w *Watcher) parse(b []byte) {
 		if fd >= 0 {
 			unix.Close(int(fd)) // not asked for; never expected with FID reporting
 		}
+		w.nEvents++
 		w.event(mask, b[hdr:evLen])
 		b = b[evLen:]
 	}
@@ -216,8 +269,8 @@ func (w *Watcher) event(mask uint64, info []byte) {
 	if mask&^uint64(unix.FAN_OPEN|unix.FAN_ONDIR) == 0 && mask&unix.FAN_ONDIR != 0 {
 		return // a directory opened (read, or a scan's): no change through it
 	}
-	var dir *dirName
-	var child []byte // the object's own handle record
+	var dirH, dirN []byte // the directory's handle and the entry's name
+	var child []byte      // the object's own handle record
 	for len(info) >= 4 {
 		typ := info[0]
 		l := int(binary.NativeEndian.Uint16(info[2:4]))
@@ -233,14 +286,15 @@ func (w *Watcher) event(mask uint64, info []byte) {
 			if !ok {
 				return // doubt set
 			}
-			dir = &dirName{handle: h, name: name}
+			dirH, dirN = h, name
 		case unix.FAN_EVENT_INFO_TYPE_FID:
 			child = rec
 		}
 	}
 	switch {
-	case dir != nil:
-		if !w.inWorktree(dir.handle) {
+	case dirH != nil:
+		if !w.inWorktree(dirH) {
+			w.nOutside++
 			// A file changed outside (not only opened: a write through
 			// a shared mapping by a host process is not seen, as below)
 			// may be another link of a worktree file.
@@ -249,11 +303,12 @@ func (w *Watcher) event(mask uint64, info []byte) {
 			}
 			return // the host's, elsewhere on the filesystem
 		}
-		if _, seen := w.dirty[*dir]; !seen && len(w.dirty) >= w.maxDirty {
+		dir := dirName{handle: string(dirH), name: string(dirN)}
+		if _, seen := w.dirty[dir]; !seen && len(w.dirty) >= w.maxDirty {
 			w.setDoubt(fmt.Sprintf("more than %d changed entries", w.maxDirty))
 			return
 		}
-		w.dirty[*dir] |= mask
+		w.dirty[dir] |= mask
 	case child != nil:
 		// A non-directory's event with no directory (a link count changed
 		// through a link elsewhere): After re-stats the worktree's
@@ -265,7 +320,7 @@ func (w *Watcher) event(mask uint64, info []byte) {
 		if mask&unix.FAN_DELETE_SELF != 0 {
 			return // its last link went: that unlink had a directory event
 		}
-		ino, ok := w.inode(h)
+		ino, ok := w.inode(string(h))
 		if !ok {
 			return // gone: every link's removal had a directory event
 		}
@@ -280,8 +335,9 @@ func (w *Watcher) event(mask uint64, info []byte) {
 }
 
 // maxOutside bounds the distinct files outside the worktree a watcher
-// keeps; past it a snapshot before from the namespace cannot place their
-// links (the walk after).
+// keeps: at it, those After would not read are dropped (keepOutside);
+// past half of it after that a snapshot before from the namespace cannot
+// place their links (the walk after).
 const maxOutside = 50_000
 
 // keepOutside keeps the handle of a file changed outside the worktree
@@ -294,10 +350,23 @@ func (w *Watcher) keepOutside(rec []byte) {
 	if 16+hb > len(rec) {
 		return
 	}
-	if len(w.outside) >= maxOutside {
-		w.outsideLost = true
-		w.outside = nil
-		return
+	if len(w.outside) >= w.maxOutside {
+		// Keep what afterNamespace would read: files that exist with
+		// more than one link now. One gone never comes back; one with a
+		// single link that gains another makes a link-count event
+		// (w.inos). A host that writes new files all the time (5 000 a
+		// second) reached the bound in 10 s (BenchmarkWatchBusyFilesystem).
+		for h := range w.outside {
+			if _, nlink, ok := w.inodeLinks(h); !ok || nlink <= 1 {
+				delete(w.outside, h)
+			}
+		}
+		w.nPrunes++
+		if len(w.outside) >= w.maxOutside/2 {
+			w.outsideLost = true
+			w.outside = nil
+			return
+		}
 	}
 	w.outside[string(rec[12:16+hb])] = true
 }
@@ -308,41 +377,106 @@ func (w *Watcher) keepOutside(rec []byte) {
 // neither kept nor counted against maxDirty. A directory outside now
 // comes in only by a move, an event in the worktree whose subtree After
 // walks again; one that cannot be placed now (moving) is kept. After
-// places every kept one again.
-func (w *Watcher) inWorktree(h string) bool {
-	if in, ok := w.places[h]; ok {
-		return in
+// places every kept one again. A handle placed before costs a map lookup
+// and no allocation (most of a busy filesystem's events); one outside
+// still busy in a later read is left to the kernel to drop (ignore).
+func (w *Watcher) inWorktree(h []byte) bool {
+	if pl, ok := w.places[string(h)]; ok {
+		if !pl.in && !pl.ignored && pl.read != w.nReads {
+			pl.ignored = true
+			w.places[string(h)] = pl
+			w.ignore(string(h))
+		}
+		return pl.in
 	}
-	if len(w.places) >= maxPlaces {
-		w.setDoubt(fmt.Sprintf("more than %d changed directories", maxPlaces))
-		return true
+	if len(w.places) >= w.maxPlaces {
+		// Forget the directories placed outside: placed again as their
+		// next event comes, one is outside again or, moved in since, in
+		// (read again: wider, never narrower). A host that makes and
+		// removes directories all the time reached the bound in minutes.
+		for k, pl := range w.places {
+			if !pl.in {
+				delete(w.places, k)
+			}
+		}
+		w.nForgets++
+		if len(w.places) >= w.maxPlaces {
+			w.setDoubt(fmt.Sprintf("more than %d changed directories", w.maxPlaces))
+			return true
+		}
 	}
-	pl, why := w.place(h)
+	pl, why := w.place(string(h))
 	if why != "" {
 		return true // moving as it was placed: kept, for After to place
 	}
-	w.places[h] = pl.in
+	w.places[string(h)] = placed{in: pl.in, read: w.nReads}
 	return pl.in
+}
+
+// placed is what the reader knows of a directory handle.
+type placed struct {
+	in      bool // in the worktree when placed
+	read    int  // the read (nReads) that placed it
+	ignored bool // outside and still busy a read later: an ignore mark asked
+}
+
+// maxIgnored bounds the ignore marks a watcher adds (they count against
+// the user's fanotify marks, fs.fanotify.max_user_marks).
+const maxIgnored = 20_000
+
+// ignore asks the kernel to drop the opens of a directory placed outside
+// the worktree, and of its entries, before they are queued (asked when
+// it is still busy a read after it was placed: a mark costs about what
+// 30–50 events read do, and most directories of a build or an install
+// are busy for one burst only): an ignore mark on it (FAN_MARK_IGNORE,
+// Linux 6.0) that does not pin its inode (FAN_MARK_EVICTABLE: evicted,
+// its events come back and are dropped as read). Opens only: a change
+// outside may be one through another link of a worktree file, which
+// afterNamespace reads (keepOutside). It drops no more than inWorktree
+// does: an open there names this directory, or is an open of the
+// directory itself seen from its parent, and a directory placed outside
+// comes into the worktree only by a move whose event (in the worktree, or
+// in a directory that came in the same way) makes After walk its subtree
+// whole. Best effort: a refusal (an older kernel, the marks' limit)
+// leaves the events to inWorktree.
+func (w *Watcher) ignore(h string) {
+	if w.noIgnore || w.nIgnored >= maxIgnored {
+		return
+	}
+	fd, err := w.open(h)
+	if err != nil {
+		return // gone: nothing more comes from it
+	}
+	defer unix.Close(fd)
+	// "." beneath the O_PATH descriptor: fanotify_mark takes no O_PATH
+	// descriptor as the object itself.
+	err = unix.FanotifyMark(w.fd, unix.FAN_MARK_ADD|unix.FAN_MARK_IGNORE|unix.FAN_MARK_IGNORED_SURV_MODIFY|unix.FAN_MARK_EVICTABLE,
+		unix.FAN_OPEN|unix.FAN_ONDIR|unix.FAN_EVENT_ON_CHILD, fd, ".")
+	if err != nil {
+		w.noIgnore = true
+		return
+	}
+	w.nIgnored++
 }
 
 // handle reads a FID record: fsid, struct file_handle, then (withName) a
 // NUL-terminated name. Only one filesystem is marked: a record of another
 // fsid is a doubt, never a dropped event.
-func (w *Watcher) handle(rec []byte, withName bool) (h, name string, ok bool) {
+func (w *Watcher) handle(rec []byte, withName bool) (h, name []byte, ok bool) {
 	if len(rec) < 16 {
 		w.setDoubt("short file handle record")
-		return "", "", false
+		return nil, nil, false
 	}
 	if string(rec[0:8]) != string(w.fsid[:]) {
 		w.setDoubt("an event of another filesystem id")
-		return "", "", false
+		return nil, nil, false
 	}
 	hb := int(binary.NativeEndian.Uint32(rec[8:12]))
 	if 16+hb > len(rec) {
 		w.setDoubt("short file handle")
-		return "", "", false
+		return nil, nil, false
 	}
-	h = string(rec[12 : 16+hb]) // type and bytes
+	h = rec[12 : 16+hb] // type and bytes
 	if withName {
 		rest := rec[16+hb:]
 		for i, c := range rest {
@@ -351,7 +485,7 @@ func (w *Watcher) handle(rec []byte, withName bool) (h, name string, ok bool) {
 				break
 			}
 		}
-		name = string(rest)
+		name = rest
 	}
 	return h, name, true
 }
@@ -383,6 +517,9 @@ func (w *Watcher) Stop() {
 	case <-w.stop:
 	default:
 		close(w.stop)
+		var one [8]byte
+		binary.NativeEndian.PutUint64(one[:], 1)
+		_, _ = unix.Write(w.wake, one[:]) // ends a wait in poll
 	}
 	<-w.done
 }
@@ -397,7 +534,8 @@ func (w *Watcher) Close() {
 		unix.Close(w.fd)
 	}
 	unix.Close(w.rootFd)
-	w.fd, w.rootFd = -1, -1
+	unix.Close(w.wake)
+	w.fd, w.rootFd, w.wake = -1, -1, -1
 }
 
 // fdPath is where an open file is now, in this mount namespace.
