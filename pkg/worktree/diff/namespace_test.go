@@ -554,3 +554,16 @@ func TestNamespaceUntrustedClockCountsReadsAsChanges(t *testing.T) {
 		before.Close()
 	}
 }
+
+// TestInoSet: the filter in front of the link pass's map never drops an
+// inode of the set, and answers as the map does for any other.
+func TestInoSet(t *testing.T) {
+	inos := map[uint64]bool{}
+	for i := range uint64(40) {
+		inos[i*7919+12345] = true
+	}
+	s := newInoSet(inos)
+	for ino := range uint64(400_000) {
+		assert.Equal(t, s.has(ino), inos[ino], "inode %d", ino)
+	}
+}

@@ -146,13 +146,10 @@ func (w *Watcher) afterNamespace(ctx context.Context, before *Snapshot, start ti
 		}
 	}
 	if len(inos) > 0 {
-		var more []string
-		ns.each("", func(p string, n nsName) {
-			if n.typ != unix.DT_DIR && inos[n.ino] && !a.entries[p] {
-				more = append(more, p)
+		for _, p := range ns.linksOf("", newInoSet(inos), nil) {
+			if a.entries[p] {
+				continue
 			}
-		})
-		for _, p := range more {
 			a.entries[p] = true
 			if why := read(p); why != "" {
 				return nil, why
@@ -198,4 +195,49 @@ func (w *Watcher) inodeLinks(h string) (uint64, uint64, bool) {
 		return 0, 0, false
 	}
 	return st.Ino, st.Nlink, true
+}
+
+// inoSet is a set of inode numbers with a 1 024-bit filter in front of
+// the map: the link pass asks it for every name of the namespace (100 000
+// map lookups cost more than the pass's few matches).
+type inoSet struct {
+	filter [16]uint64
+	inos   map[uint64]bool
+}
+
+func newInoSet(inos map[uint64]bool) *inoSet {
+	s := &inoSet{inos: inos}
+	for ino := range inos {
+		h := inoHash(ino)
+		s.filter[h>>6] |= 1 << (h & 63)
+	}
+	return s
+}
+
+func inoHash(ino uint64) uint64 { return (ino * 0x9e3779b97f4a7c15) >> 54 }
+
+func (s *inoSet) has(ino uint64) bool {
+	h := inoHash(ino)
+	return s.filter[h>>6]&(1<<(h&63)) != 0 && s.inos[ino]
+}
+
+// linksOf appends to out the paths below rel of the non-directories whose
+// inode is in inos, in the order each would give them; a path is built
+// only for a match and for a directory to descend into (each builds one
+// for every name: 100 000 allocations at 100 000 entries).
+func (ns *Namespace) linksOf(rel string, inos *inoSet, out []string) []string {
+	d := ns.dirs[rel]
+	if d == nil {
+		return out
+	}
+	d.each(func(n nsName) bool {
+		switch {
+		case n.typ == unix.DT_DIR:
+			out = ns.linksOf(join(rel, n.name), inos, out)
+		case inos.has(n.ino):
+			out = append(out, join(rel, n.name))
+		}
+		return true
+	})
+	return out
 }

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"time"
-	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 )
@@ -39,32 +38,36 @@ import (
 // ctime ahead of the clock discards the whole cache.
 
 const (
-	cacheFile    = "guard-cache.json"
-	cacheVersion = 1
-	racyWindow   = time.Second
-	maxCacheSize = 256 << 20
+	cacheFile    = "guard-cache"
+	cacheVersion = 2
+	// legacyCacheFile is version 1's JSON cache, removed when a new one is
+	// written (decoding its JSON was half the cached scan's time).
+	legacyCacheFile = "guard-cache.json"
+	racyWindow      = time.Second
+	maxCacheSize    = 256 << 20
 )
 
 // dirRecord is what the walk took from one directory's listing.
 type dirRecord struct {
-	Dev     uint64            `json:"dev"`
-	Ino     uint64            `json:"ino"`
-	Mtime   int64             `json:"mtime"`
-	Ctime   int64             `json:"ctime"`
-	Entries int               `json:"entries"`
-	Guarded []string          `json:"guarded,omitempty"`
-	Links   []string          `json:"links,omitempty"`
-	Subdirs []string          `json:"subdirs,omitempty"`
-	Matches map[string]string `json:"matches,omitempty"`
+	Dev, Ino       uint64
+	Mtime, Ctime   int64
+	Entries        int
+	Guarded, Links []string
+	Subdirs        []string
+	Matches        map[string]string
 }
 
+// work reports whether the walk needs the directory open for its record:
+// a guarded root to hash, a link to read, a directory to descend into.
+func (r *dirRecord) work() bool { return len(r.Guarded)+len(r.Links)+len(r.Subdirs) > 0 }
+
 type cacheData struct {
-	Version  int                  `json:"version"`
-	Worktree string               `json:"worktree"`
-	RootDev  uint64               `json:"rootDev"`
-	RootIno  uint64               `json:"rootIno"`
-	Patterns string               `json:"patterns"`
-	Dirs     map[string]dirRecord `json:"dirs"`
+	Version  int
+	Worktree string
+	RootDev  uint64
+	RootIno  uint64
+	Patterns string
+	Dirs     map[string]dirRecord
 }
 
 // dirCache is one scan's view of the cache: old records to reuse, the
@@ -128,11 +131,7 @@ func readCache(p string) (*cacheData, error) {
 	if err != nil {
 		return nil, err
 	}
-	var d cacheData
-	if err := json.Unmarshal(data, &d); err != nil {
-		return nil, err
-	}
-	return &d, nil
+	return decodeCache(data)
 }
 
 // ReadPrivate reads the file p, never through a link, only if it is a
@@ -169,14 +168,28 @@ func statNs(ts unix.Timespec) int64 { return ts.Sec*1e9 + ts.Nsec }
 // lookup returns the record for the directory rel with stat st, if it is
 // still exact.
 func (c *dirCache) lookup(rel string, st *unix.Stat_t) (dirRecord, bool) {
-	r, ok := c.old[rel]
-	if !ok || r.Dev != st.Dev || r.Ino != st.Ino || r.Mtime != statNs(st.Mtim) || r.Ctime != statNs(st.Ctim) {
+	r, ok := c.peek(rel, st)
+	if !ok {
 		c.reads++
 		return dirRecord{}, false
 	}
+	c.hit(rel, r)
+	return r, true
+}
+
+// peek is lookup without counting or keeping the record.
+func (c *dirCache) peek(rel string, st *unix.Stat_t) (dirRecord, bool) {
+	r, ok := c.old[rel]
+	if !ok || st.Mode&unix.S_IFMT != unix.S_IFDIR || r.Dev != st.Dev || r.Ino != st.Ino || r.Mtime != statNs(st.Mtim) || r.Ctime != statNs(st.Ctim) {
+		return dirRecord{}, false
+	}
+	return r, true
+}
+
+// hit counts a record used and keeps it for the next scan.
+func (c *dirCache) hit(rel string, r dirRecord) {
 	c.hits++
 	c.next[rel] = r
-	return r, true
 }
 
 // store keeps the record of a directory just read, with st its stat taken
@@ -187,32 +200,11 @@ func (c *dirCache) store(rel string, st *unix.Stat_t, r dirRecord) {
 	if ct > c.now+int64(racyWindow) {
 		c.doubt = true
 	}
-	if st.Dev != c.rootDev || ct > c.now-int64(racyWindow) || mt > c.now-int64(racyWindow) || !jsonExact(rel, r) {
+	if st.Dev != c.rootDev || ct > c.now-int64(racyWindow) || mt > c.now-int64(racyWindow) {
 		return
 	}
 	r.Dev, r.Ino, r.Mtime, r.Ctime = st.Dev, st.Ino, mt, ct
 	c.next[rel] = r
-}
-
-// jsonExact reports whether a record's path and names survive JSON as
-// they are (invalid UTF-8 would come back as U+FFFD: another name).
-func jsonExact(rel string, r dirRecord) bool {
-	if !utf8.ValidString(rel) {
-		return false
-	}
-	for _, names := range [][]string{r.Guarded, r.Links, r.Subdirs} {
-		for _, n := range names {
-			if !utf8.ValidString(n) {
-				return false
-			}
-		}
-	}
-	for n := range r.Matches {
-		if !utf8.ValidString(n) {
-			return false
-		}
-	}
-	return true
 }
 
 // save writes the records for the next scan (atomically, mode 0600), or
@@ -229,10 +221,8 @@ func (c *dirCache) save() error {
 	}
 	d := c.head
 	d.Dirs = c.next
-	data, err := json.Marshal(d)
-	if err != nil {
-		return fmt.Errorf("worktree guard: cache: %w", err)
-	}
+	data := encodeCache(&d)
+	_ = os.Remove(filepath.Join(filepath.Dir(c.path), legacyCacheFile))
 	tmp := c.path + "." + randHex()
 	if err := os.WriteFile(tmp, data, 0o600); err != nil {
 		os.Remove(tmp)

@@ -2,7 +2,6 @@ package guard
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -175,14 +174,14 @@ func TestGuardCacheIsUsedAndFailsClosed(t *testing.T) {
 	p := filepath.Join(cacheDir, cacheFile)
 	data, err := os.ReadFile(p)
 	assert.NilError(t, err)
-	var d cacheData
-	assert.NilError(t, json.Unmarshal(data, &d))
+	dp, err := decodeCache(data)
+	assert.NilError(t, err)
+	d := *dp
 	r := d.Dirs["pkg01"]
 	r.Guarded = nil // forge: pkg01/AGENTS.md left out
 	d.Dirs["pkg01"] = r
 	write := func(d cacheData, mode os.FileMode) {
-		b, err := json.Marshal(d)
-		assert.NilError(t, err)
+		b := encodeCache(&d)
 		os.Remove(p)
 		assert.NilError(t, os.WriteFile(p, b, mode))
 		assert.NilError(t, os.Chmod(p, mode))
@@ -198,6 +197,11 @@ func TestGuardCacheIsUsedAndFailsClosed(t *testing.T) {
 	for name, bad := range map[string]func(){
 		"group-readable": func() { write(d, 0o640) },
 		"corrupt":        func() { assert.NilError(t, os.WriteFile(p, []byte("{"), 0o600)) },
+		"a byte flipped": func() {
+			b := encodeCache(&d)
+			b[len(b)/2] ^= 1
+			assert.NilError(t, os.WriteFile(p, b, 0o600))
+		},
 		"other patterns": func() { e := d; e.Patterns = "x"; write(e, 0o600) },
 		"other root inode": func() {
 			e := d
@@ -221,8 +225,8 @@ func TestGuardCacheIsUsedAndFailsClosed(t *testing.T) {
 }
 
 // TestGuardCacheNamesNotUTF8: a directory whose name is not valid UTF-8
-// (JSON would bring it back as another name) is never recorded, in its
-// parent's record or its own: the cached scan still walks into it.
+// is recorded as it is (the cache is binary: the name comes back the
+// same bytes), and a change below it is still seen.
 func TestGuardCacheNamesNotUTF8(t *testing.T) {
 	wt := cacheTree(t)
 	bad := filepath.Join(wt, "pkg03", "bad\xff")
@@ -232,7 +236,7 @@ func TestGuardCacheNamesNotUTF8(t *testing.T) {
 	time.Sleep(racyWindow + 100*time.Millisecond)
 	scanBoth(t, wt, cacheDir)
 	s := scanBoth(t, wt, cacheDir)
-	assert.Equal(t, s.DirsRead, 3, "pkg03 and the two below it read again")
+	assert.Equal(t, s.DirsRead, 0, "every directory from the cache, pkg03's two below it too")
 	assert.Assert(t, s.DirsCached > 40)
 	// What a cached scan would have missed: a link out of the tree below,
 	// which the full scan refuses (its path is not UTF-8).

@@ -214,6 +214,19 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 }
 
 func (s *scanner) walkSub(dir *os.File, name, childRel string, depth int) error {
+	// A cached directory with nothing to open for (no guarded root, link
+	// or subdirectory: most of a large tree's leaves) is revalidated by
+	// an fstatat of its name, not an open: without following a link, and
+	// a mount on it shows another device than the record's (the root's).
+	if s.cache != nil && depth < maxWalkDepth {
+		var st unix.Stat_t
+		if unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			if r, ok := s.cache.peek(childRel, &st); ok && !r.work() {
+				s.cache.hit(childRel, r)
+				return s.walkCached(nil, childRel, depth+1, r)
+			}
+		}
+	}
 	sub, err := openDirAt(dir, name)
 	if errors.Is(err, unix.ENOENT) {
 		return nil
