@@ -1,6 +1,9 @@
 package guard
 
 import (
+	"encoding/binary"
+	"hash/crc32"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -190,4 +193,37 @@ func bindMounted(t *testing.T, wt, leaf string, fn func()) {
 		fn()
 	}()
 	<-done
+}
+
+// TestGuardCacheDecodeForged: the decoder of a file whose checksum is
+// right (written by someone who computed it) never panics and refuses
+// every truncation; a file cut short without its checksum recomputed is
+// refused by it. The control: the whole file decodes.
+func TestGuardCacheDecodeForged(t *testing.T) {
+	wt := cacheTree(t)
+	cacheDir := t.TempDir()
+	time.Sleep(racyWindow + 100*time.Millisecond)
+	scanBoth(t, wt, cacheDir)
+	data, err := os.ReadFile(filepath.Join(cacheDir, cacheFile))
+	assert.NilError(t, err)
+	_, err = decodeCache(data)
+	assert.NilError(t, err, "the control")
+	withCRC := func(body []byte) []byte {
+		return binary.LittleEndian.AppendUint32(append([]byte(nil), body...), crc32.Checksum(body, cacheCRC))
+	}
+	body := data[:len(data)-4]
+	for n := 0; n < len(body); n++ {
+		_, err := decodeCache(withCRC(body[:n]))
+		assert.Assert(t, err != nil, "cut at %d of %d", n, len(body))
+		_, err = decodeCache(data[:n])
+		assert.Assert(t, err != nil, "cut at %d, no checksum", n)
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for range 20000 {
+		b := append([]byte(nil), body...)
+		for range 1 + rnd.IntN(4) {
+			b[len(cacheMagic)+rnd.IntN(len(b)-len(cacheMagic))] = byte(rnd.Uint32())
+		}
+		_, _ = decodeCache(withCRC(b)) // no panic
+	}
 }
