@@ -1,6 +1,7 @@
 package diff
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,4 +58,39 @@ func TestWatcherIgnoredDirectoryBackThenMapped(t *testing.T) {
 	assert.Assert(t, s.Modified >= 1, "%+v", s)
 	got := Diff(before, scan(t, root))
 	assert.Equal(t, s.Modified, got.Modified)
+}
+
+// TestWatcherForgottenDirectoryMovedIn: directories placed outside,
+// forgotten at maxPlaces, then moved into the worktree and changed there
+// (a file written, one made, a mode changed): After equals a full walk.
+// The control: the bound was reached and they were forgotten.
+func TestWatcherForgottenDirectoryMovedIn(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("fanotify's filesystem mark needs root")
+	}
+	root := tree(t)
+	outside := t.TempDir()
+	w, before := watched(t, root)
+	w.mu.Lock()
+	w.maxPlaces = 50
+	w.mu.Unlock()
+	for d := range 300 {
+		write(t, outside, fmt.Sprintf("o%03d/f", d), "x")
+		if d%50 == 0 {
+			time.Sleep(60 * time.Millisecond) // several reads: some ignored too
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	w.mu.Lock()
+	forgets := w.nForgets
+	w.mu.Unlock()
+	assert.Assert(t, forgets > 0, "the control: the bound was reached")
+	for _, d := range []string{"o000", "o150", "o299"} {
+		must(t, os.Rename(filepath.Join(outside, d), filepath.Join(root, d)))
+		write(t, root, d+"/f", "changed in the worktree")
+		write(t, root, d+"/new", "new")
+		must(t, os.Chmod(filepath.Join(root, d), 0o700))
+	}
+	s := sameAsScan(t, root, w, before)
+	assert.Equal(t, s.Added, 9)
 }
