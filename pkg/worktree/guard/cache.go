@@ -30,7 +30,7 @@ import (
 //
 // It fails closed: a cache file that is missing, unreadable, corrupt, not
 // the caller's own with mode 0600, of another worktree root (path, device
-// or inode), another pattern set or version, or a worktree on a filesystem
+// or inode), another pattern set, guarded-name table or version, or a worktree on a filesystem
 // not known to keep ctime from the local clock is ignored, and the scan
 // reads every directory. A directory changed within racyWindow of the
 // scan (its ctime could still be equal after a later change in the same
@@ -96,10 +96,19 @@ func LocalTimeFS(magic int64) bool {
 	return false
 }
 
-func patternsDigest(patterns []Pattern) string {
+// rulesDigest keys the cache to what the walk decides by besides the
+// directory's entries: the owner's patterns and this binary's guarded
+// names (a record says which of its names were guarded; one written by a
+// shrooms with fewer names would hide a newly guarded file in every
+// directory unchanged since).
+func rulesDigest(patterns []Pattern, names []guarded) string {
+	h := sha256.New()
 	b, _ := json.Marshal(patterns)
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:])
+	h.Write(b)
+	for _, g := range names {
+		fmt.Fprintf(h, "\x00%q %q", g.parent, g.name)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // openCache loads the cache for the worktree open at rootFd from dir
@@ -114,7 +123,7 @@ func openCache(dir, worktree string, rootFd int, patterns []Pattern) *dirCache {
 	}
 	c := &dirCache{
 		path: filepath.Join(dir, cacheFile),
-		head: cacheData{Version: cacheVersion, Worktree: worktree, RootDev: st.Dev, RootIno: st.Ino, Patterns: patternsDigest(patterns)},
+		head: cacheData{Version: cacheVersion, Worktree: worktree, RootDev: st.Dev, RootIno: st.Ino, Patterns: rulesDigest(patterns, guardedNames())},
 		next: map[string]dirRecord{}, now: time.Now().UnixNano(), rootDev: st.Dev,
 	}
 	if d, err := readCache(c.path); err == nil && d.Version == c.head.Version && d.Worktree == c.head.Worktree &&

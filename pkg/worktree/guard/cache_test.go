@@ -246,3 +246,50 @@ func TestGuardCacheNamesNotUTF8(t *testing.T) {
 	_, err = scanCached(context.Background(), wt, nil, nil, cachePatterns, cacheDir)
 	assert.ErrorContains(t, err, "invalid UTF-8")
 }
+
+// TestGuardCacheKeyCoversGuardedNames: a cache written by a shrooms whose
+// guarded-name table lacked a name (its records list no such guarded
+// entry) is not used by one that guards it: the file is found although
+// its directory did not change. The control: the same cache keyed to
+// this table is used, and then misses the file.
+func TestGuardCacheKeyCoversGuardedNames(t *testing.T) {
+	wt := cacheTree(t)
+	cacheDir := t.TempDir()
+	time.Sleep(racyWindow + 100*time.Millisecond)
+	first := scanBoth(t, wt, cacheDir)
+	p := filepath.Join(cacheDir, cacheFile)
+	data, err := os.ReadFile(p)
+	assert.NilError(t, err)
+	d, err := decodeCache(data)
+	assert.NilError(t, err)
+	// What the older binary, without AGENTS.md in its table, recorded.
+	var older []guarded
+	for _, g := range guardedNames() {
+		if g.name != "AGENTS.md" {
+			older = append(older, g)
+		}
+	}
+	r := d.Dirs["pkg01"]
+	assert.DeepEqual(t, r.Guarded, []string{"AGENTS.md"})
+	r.Guarded = nil
+	d.Dirs["pkg01"] = r
+	ctx := context.Background()
+	for _, c := range []struct {
+		names []guarded
+		used  bool
+	}{{guardedNames(), true}, {older, false}} {
+		d.Patterns = rulesDigest(cachePatterns, c.names)
+		os.Remove(p)
+		assert.NilError(t, os.WriteFile(p, encodeCache(d), 0o600))
+		s, err := scanCached(ctx, wt, nil, nil, cachePatterns, cacheDir)
+		assert.NilError(t, err)
+		_, found := s.Entries["pkg01/AGENTS.md"]
+		if c.used {
+			assert.Equal(t, s.DirsCached, first.DirsRead, "the control: a cache of this table is used")
+			assert.Assert(t, !found, "the control: the forged record hides the file")
+		} else {
+			assert.Equal(t, s.DirsCached, 0, "a cache of another table is ignored")
+			assert.Assert(t, found)
+		}
+	}
+}
