@@ -1,6 +1,7 @@
 package agents_test
 
 import (
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -90,6 +91,16 @@ func TestClaudeTranscriptStateIsDropped(t *testing.T) {
 	bare(e, home, work, ctlEnv, resume(s1, "control "+nonce)...)
 	reqs := requestsSince(e.API, before)
 	assert.Assert(t, len(reqs) > 0, e.API.Log())
+	if !word(reqs, vectors[0]) {
+		// Say why the control did not fire (seen once in ~40 runs).
+		b := string(reqs[0].Body)
+		i := strings.Index(b, "Primary working directory")
+		if i >= 0 {
+			t.Logf("the bare resume's request: %.120s", b[i:])
+		}
+		o, _ := exec.Command("bash", "-c", "ls -la "+work+" "+work+"/deep; tail -c 3000 $(ls -t "+home+"/.claude/projects/-work/*.jsonl | head -1)").CombinedOutput()
+		t.Logf("the control's copies: %s", o)
+	}
 	assert.Assert(t, word(reqs, vectors[0]), "positive control: /work/deep's CLAUDE.md did not reach the model on a bare resume")
 	assert.Assert(t, is.Contains(string(reqs[0].Body), "Primary working directory: /work/deep (was /work)"), "positive control: the bare resume did not start in /work/deep")
 
