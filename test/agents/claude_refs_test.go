@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
@@ -205,4 +206,28 @@ func treeDigest(t *testing.T, dirs ...string) string {
 		assert.NilError(t, err)
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// TestTreeDigest: the digest the control's retry compares sees a changed
+// byte, an added file and a changed mode, and not a copy's times.
+func TestTreeDigest(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	assert.NilError(t, os.MkdirAll(filepath.Join(a, "deep"), 0o755))
+	assert.NilError(t, os.WriteFile(filepath.Join(a, "deep", "CLAUDE.md"), []byte("word"), 0o644))
+	assert.NilError(t, os.Symlink("deep", filepath.Join(a, "link")))
+	out, err := exec.Command("cp", "-a", a, b).CombinedOutput()
+	assert.NilError(t, err, "%s", out)
+	f := filepath.Join(b, "deep", "CLAUDE.md")
+	assert.NilError(t, os.Chtimes(f, time.Unix(1, 0), time.Unix(1, 0)))
+	assert.Equal(t, treeDigest(t, a), treeDigest(t, b), "a copy with other times")
+	assert.NilError(t, os.WriteFile(f, []byte("wore"), 0o644))
+	assert.Assert(t, treeDigest(t, a) != treeDigest(t, b), "a changed byte")
+	assert.NilError(t, os.WriteFile(f, []byte("word"), 0o644))
+	assert.Equal(t, treeDigest(t, a), treeDigest(t, b), "put back")
+	assert.NilError(t, os.Chmod(f, 0o600))
+	assert.Assert(t, treeDigest(t, a) != treeDigest(t, b), "a changed mode")
+	assert.NilError(t, os.Chmod(f, 0o644))
+	assert.NilError(t, os.WriteFile(filepath.Join(b, "new"), nil, 0o644))
+	assert.Assert(t, treeDigest(t, a) != treeDigest(t, b), "an added file")
 }
