@@ -231,7 +231,7 @@ func TestNamespaceRandomTurns(t *testing.T) {
 	relisted := 0
 	for round := range 30 {
 		ops := func(who string) func() {
-			return func() { randomOps(t, rng, root, outside, fmt.Sprint(who, round)) }
+			return func() { randomOps(t, rng, root, outside, fmt.Sprint(who, round), 8) }
 		}
 		if round%10 == 5 {
 			aged() // the listings of the last rounds become trusted
@@ -245,7 +245,11 @@ func TestNamespaceRandomTurns(t *testing.T) {
 	t.Logf("directories listed again: %d", relisted)
 }
 
-func randomOps(t *testing.T, rng *rand.Rand, root, outside, tag string) {
+// randomOps makes 1 to maxOps random changes to the tree at root (writes,
+// creations, removals, renames within and across directories and in from
+// and out to outside, chmods, hard and symbolic links, appends); names it
+// makes carry tag.
+func randomOps(t *testing.T, rng *rand.Rand, root, outside, tag string, maxOps int) {
 	var all []string
 	must(t, filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
@@ -265,7 +269,7 @@ func randomOps(t *testing.T, rng *rand.Rand, root, outside, tag string) {
 		return
 	}
 	pick := func() string { return filepath.Join(root, all[rng.IntN(len(all))]) }
-	for range 1 + rng.IntN(8) {
+	for range 1 + rng.IntN(maxOps) {
 		a, b := pick(), pick()
 		n := fmt.Sprintf("%s-%d", tag, rng.IntN(1000))
 		switch rng.IntN(12) {

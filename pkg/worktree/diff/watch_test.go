@@ -307,56 +307,7 @@ func TestWatcherRandomChanges(t *testing.T) {
 	outside := t.TempDir()
 	for round := range 40 {
 		w, before := watched(t, root)
-		var all []string
-		must(t, filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			rel, _ := filepath.Rel(root, p)
-			if rel == ".git" {
-				return filepath.SkipDir
-			}
-			if rel != "." {
-				all = append(all, rel)
-			}
-			return nil
-		}))
-		pick := func() string { return filepath.Join(root, all[rng.IntN(len(all))]) }
-		for range 1 + rng.IntN(12) {
-			if len(all) == 0 {
-				write(t, root, "seed.txt", "x")
-				break
-			}
-			a, b := pick(), pick()
-			n := fmt.Sprintf("r%d-%d", round, rng.IntN(1000))
-			switch rng.IntN(11) {
-			case 0:
-				_ = os.WriteFile(a, []byte(n), 0o644)
-			case 1:
-				_ = os.WriteFile(filepath.Join(filepath.Dir(a), n), []byte(n), 0o644)
-			case 2:
-				_ = os.RemoveAll(a)
-			case 3:
-				_ = os.Rename(a, filepath.Join(filepath.Dir(b), n))
-			case 4:
-				_ = os.Rename(a, b)
-			case 5:
-				_ = os.MkdirAll(filepath.Join(filepath.Dir(a), n, "x", "y"), 0o755)
-				_ = os.WriteFile(filepath.Join(filepath.Dir(a), n, "x", "y", "z"), nil, 0o644)
-			case 6:
-				_ = os.Chmod(a, os.FileMode(0o600+rng.IntN(0o177)))
-			case 7:
-				_ = os.Link(a, filepath.Join(filepath.Dir(b), n))
-			case 8:
-				_ = os.Symlink(b, filepath.Join(filepath.Dir(a), n))
-			case 9:
-				_ = os.Rename(a, filepath.Join(outside, n))
-			case 10:
-				o := filepath.Join(outside, n)
-				_ = os.MkdirAll(filepath.Join(o, "in"), 0o755)
-				_ = os.Rename(o, filepath.Join(filepath.Dir(a), n))
-			}
-		}
+		randomOps(t, rng, root, outside, fmt.Sprintf("r%d", round), 12)
 		t.Run(fmt.Sprint("round", round), func(t *testing.T) { sameAsScan(t, root, w, before) })
 		w.Close()
 	}
