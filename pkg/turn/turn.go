@@ -586,6 +586,13 @@ func (r *Runner) check(ctx context.Context, req Request, s steps) (*checked, err
 			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %w", ErrHostNotReady, err)
 		}
 		in.sealDigest, in.seal = st.Digest, st
+		if s.acquire {
+			// Before any networked cage is created: else podman never
+			// tears its network down (cagenet.NetnsShared).
+			if err := cagenet.ShareNetns(cfg.Podman.Socket); err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+			}
+		}
 	}
 	f := <-found
 	if in.image, err = f.img, f.err; err != nil {
