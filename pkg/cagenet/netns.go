@@ -78,7 +78,7 @@ func ShareNetns(socket string) error {
 func netnsRefusal(pid int, err error) error {
 	fix := NetnsFix
 	if pid > 0 {
-		fix = strings.Replace(fix, "-t PID", fmt.Sprintf("-t %d", pid), 1)
+		fix = strings.Replace(strings.Replace(fix, " (PID: the podman service's)", "", 1), "-t PID", fmt.Sprintf("-t %d", pid), 1)
 	}
 	return fmt.Errorf("%s in the podman service's mount namespace is not a shared mount and cannot be made one (%w): podman would never tear down the cage's network (its address pool runs out after ~250 turns); fix: %s", NetnsDir, err, fix)
 }

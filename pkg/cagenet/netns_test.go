@@ -117,3 +117,14 @@ func TestShareNetns(t *testing.T) {
 	assert.Assert(t, is.Contains(err.Error(), fmt.Sprintf("nsenter -t %d -m", pid)))
 	assert.Assert(t, !strings.Contains(err.Error(), "\n"), "one line: %q", err)
 }
+
+// BenchmarkNetnsShared is what every networked turn pays when /run/netns is
+// shared already: one connection for the service's pid, one mountinfo read.
+func BenchmarkNetnsShared(b *testing.B) {
+	itest.Require(b, itest.Root, itest.Podman)
+	for i := 0; i < b.N; i++ {
+		if _, err := NetnsShared(itest.Socket()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
