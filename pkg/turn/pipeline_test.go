@@ -308,6 +308,19 @@ func TestNetworkedTurnNeedsItsResolver(t *testing.T) {
 	assert.ErrorContains(t, err, "needs the cage's resolver")
 	assert.Equal(t, e.called("create"), 0)
 
+	// Nor without /run/netns shared in the service's namespace (the
+	// runner's check of it, cagenet.ShareNetns outside fakes).
+	r.Resolver = func(context.Context, *config.Config, string) (func() dnsseal.Stats, error) { return nil, errBoom }
+	_, err = r.Run(context.Background(), claudeReq())
+	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
+	assert.ErrorContains(t, err, "needs /run/netns shared")
+	r.ShareNetns = func(string) error { return errors.New("/run/netns cannot be made shared") }
+	_, err = r.Run(context.Background(), claudeReq())
+	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
+	assert.ErrorContains(t, err, "/run/netns cannot be made shared")
+	assert.Equal(t, e.called("create"), 0)
+	r.ShareNetns = func(string) error { return nil }
+
 	r.CageWall = func(context.Context, SealState, int, bool) (firewall.WallStatus, error) {
 		return firewall.WallStatus{OK: true}, nil
 	}

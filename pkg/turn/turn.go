@@ -101,6 +101,10 @@ type Runner struct {
 	IDFiles taskstate.IDFiles
 	// Seal verifies the nftables seal; required when the policy is networked.
 	Seal SealChecker
+	// ShareNetns makes /run/netns shared in the podman service's mount
+	// namespace before a networked cage is created (cagenet.ShareNetns, the
+	// socket's); required when the policy is networked.
+	ShareNetns func(socket string) error
 	// Binary is shrooms' own static executable, mounted read-only into
 	// prepared cages to hand them their argv (PrepareNext); "" disables them.
 	Binary string
@@ -141,12 +145,13 @@ type Runner struct {
 // NewRunner returns a runner for cfg with the system's state and id files.
 func NewRunner(cfg *config.Config, client engine.Engine, seal SealChecker) *Runner {
 	return &Runner{
-		Cfg:      cfg,
-		Podman:   client,
-		Store:    taskstate.Store{Dir: cfg.State.Dir},
-		IDFiles:  taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
-		Seal:     seal,
-		CageWall: InstallCageWall,
+		Cfg:        cfg,
+		Podman:     client,
+		Store:      taskstate.Store{Dir: cfg.State.Dir},
+		IDFiles:    taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
+		Seal:       seal,
+		ShareNetns: cagenet.ShareNetns,
+		CageWall:   InstallCageWall,
 	}
 }
 
@@ -589,7 +594,10 @@ func (r *Runner) check(ctx context.Context, req Request, s steps) (*checked, err
 		if s.acquire {
 			// Before any networked cage is created: else podman never
 			// tears its network down (cagenet.NetnsShared).
-			if err := cagenet.ShareNetns(cfg.Podman.Socket); err != nil {
+			if r.ShareNetns == nil {
+				return nil, fmt.Errorf("%w: network policy %q needs /run/netns shared in the podman service's mount namespace and this runner cannot check it; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
+			}
+			if err := r.ShareNetns(cfg.Podman.Socket); err != nil {
 				return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 			}
 		}
