@@ -48,6 +48,12 @@ func NetnsShared(socket string) (Netns, error) {
 	return Netns{Pid: pid, Shared: shared}, nil
 }
 
+// ServiceNetns is ShareNetns as a turn's step (turn.NetnsSharer).
+type ServiceNetns struct{}
+
+// Share is ShareNetns(socket).
+func (ServiceNetns) Share(socket string) error { return ShareNetns(socket) }
+
 // ShareNetns makes sure NetnsDir is a shared mount in the podman service's
 // mount namespace before a networked cage is created, as podman's
 // netns.NewNS does (mkdir 0755, make-rshared; on EINVAL, not a mount point,

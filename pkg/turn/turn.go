@@ -101,10 +101,10 @@ type Runner struct {
 	IDFiles taskstate.IDFiles
 	// Seal verifies the nftables seal; required when the policy is networked.
 	Seal SealChecker
-	// ShareNetns makes /run/netns shared in the podman service's mount
-	// namespace before a networked cage is created (cagenet.ShareNetns, the
-	// socket's); required when the policy is networked.
-	ShareNetns func(socket string) error
+	// Netns makes /run/netns shared in the podman service's mount
+	// namespace before a networked cage is created (cagenet.ServiceNetns);
+	// required when the policy is networked.
+	Netns NetnsSharer
 	// Binary is shrooms' own static executable, mounted read-only into
 	// prepared cages to hand them their argv (PrepareNext); "" disables them.
 	Binary string
@@ -142,16 +142,23 @@ type Runner struct {
 	walkBefore bool
 }
 
+// NetnsSharer makes /run/netns shared in the mount namespace of the podman
+// service at socket (an interface, not a func: the walk's call graph
+// resolves a func value to every function of its signature).
+type NetnsSharer interface {
+	Share(socket string) error
+}
+
 // NewRunner returns a runner for cfg with the system's state and id files.
 func NewRunner(cfg *config.Config, client engine.Engine, seal SealChecker) *Runner {
 	return &Runner{
-		Cfg:        cfg,
-		Podman:     client,
-		Store:      taskstate.Store{Dir: cfg.State.Dir},
-		IDFiles:    taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
-		Seal:       seal,
-		ShareNetns: cagenet.ShareNetns,
-		CageWall:   InstallCageWall,
+		Cfg:      cfg,
+		Podman:   client,
+		Store:    taskstate.Store{Dir: cfg.State.Dir},
+		IDFiles:  taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
+		Seal:     seal,
+		Netns:    cagenet.ServiceNetns{},
+		CageWall: InstallCageWall,
 	}
 }
 
@@ -594,10 +601,10 @@ func (r *Runner) check(ctx context.Context, req Request, s steps) (*checked, err
 		if s.acquire {
 			// Before any networked cage is created: else podman never
 			// tears its network down (cagenet.NetnsShared).
-			if r.ShareNetns == nil {
+			if r.Netns == nil {
 				return nil, fmt.Errorf("%w: network policy %q needs /run/netns shared in the podman service's mount namespace and this runner cannot check it; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
 			}
-			if err := r.ShareNetns(cfg.Podman.Socket); err != nil {
+			if err := r.Netns.Share(cfg.Podman.Socket); err != nil {
 				return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
 			}
 		}
