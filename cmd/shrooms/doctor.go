@@ -16,6 +16,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
@@ -108,6 +109,7 @@ func diagnose(ctx context.Context, cfg *config.Config) []finding {
 	doctorTools(cfg, add)
 	doctorBridge(cfg, add)
 	doctorSeal(ctx, cfg, add)
+	doctorNetns(cfg, add)
 	doctorWorktreeCap(cfg, add)
 	doctorWorktreeMode(cfg, add)
 	doctorGateways(ctx, cfg, add)
@@ -405,6 +407,24 @@ func doctorGateways(ctx context.Context, cfg *config.Config, add func(string, st
 			continue
 		}
 		add("gateway", "ok", fmt.Sprintf("gateway %s: %s resolves (%s) and accepts TCP", name, u.Redacted(), strings.Join(addrs, ", ")), "")
+	}
+}
+
+// doctorNetns reads whether /run/netns is a shared mount in the podman
+// service's mount namespace (cagenet.NetnsShared); doctor changes nothing,
+// the next networked turn makes it shared.
+func doctorNetns(cfg *config.Config, add func(string, string, string, string)) {
+	if !cfg.Network.Networked() {
+		return
+	}
+	st, err := cagenet.NetnsShared(cfg.Podman.Socket)
+	switch {
+	case err != nil:
+		add("netns", "fail", err.Error()+": every networked turn would be refused", "run shrooms on the podman service's host")
+	case st.Shared:
+		add("netns", "ok", fmt.Sprintf("%s in the podman service's mount namespace is shared (pid %d): podman tears each cage's network down", cagenet.NetnsDir, st.Pid), "")
+	default:
+		add("netns", "ok", fmt.Sprintf("%s in the podman service's mount namespace is not shared (pid %d, no systemd?): the next networked turn makes it shared before its cage is created (else podman would never tear a cage's network down), and refuses the cage if it cannot", cagenet.NetnsDir, st.Pid), "")
 	}
 }
 

@@ -9,12 +9,9 @@ package podmanpeer
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // Service is the podman service as this host sees it.
@@ -39,24 +36,11 @@ func Identify(url string) (Service, error) {
 	if !ok {
 		return Service{Why: url + " is not a unix socket"}, nil
 	}
-	conn, err := net.Dial("unix", path)
+	pid, err := Pid(url)
 	if err != nil {
-		return Service{}, fmt.Errorf("podman service: %w", err)
+		return Service{}, err
 	}
-	defer conn.Close()
-	raw, err := conn.(*net.UnixConn).SyscallConn()
-	if err != nil {
-		return Service{}, fmt.Errorf("podman service: %w", err)
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
-		return Service{}, fmt.Errorf("podman service: %w", err)
-	}
-	if cerr != nil {
-		return Service{}, fmt.Errorf("podman service: SO_PEERCRED: %w", cerr)
-	}
-	s := Service{Pid: int(cred.Pid)}
+	s := Service{Pid: pid}
 	if s.Pid == 0 {
 		s.Why = path + " is served from outside this pid namespace"
 		return s, nil

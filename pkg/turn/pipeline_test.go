@@ -308,6 +308,19 @@ func TestNetworkedTurnNeedsItsResolver(t *testing.T) {
 	assert.ErrorContains(t, err, "needs the cage's resolver")
 	assert.Equal(t, e.called("create"), 0)
 
+	// Nor without /run/netns shared in the service's namespace (the
+	// runner's check of it, cagenet.ShareNetns outside fakes).
+	r.Resolver = func(context.Context, *config.Config, string) (func() dnsseal.Stats, error) { return nil, errBoom }
+	_, err = r.Run(context.Background(), claudeReq())
+	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
+	assert.ErrorContains(t, err, "needs /run/netns shared")
+	r.Netns = netnsFunc(func(string) error { return errors.New("/run/netns cannot be made shared") })
+	_, err = r.Run(context.Background(), claudeReq())
+	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
+	assert.ErrorContains(t, err, "/run/netns cannot be made shared")
+	assert.Equal(t, e.called("create"), 0)
+	r.Netns = netnsFunc(func(string) error { return nil })
+
 	r.CageWall = func(context.Context, SealState, int, bool) (firewall.WallStatus, error) {
 		return firewall.WallStatus{OK: true}, nil
 	}
@@ -328,3 +341,8 @@ func TestNetworkedTurnNeedsItsResolver(t *testing.T) {
 	assert.Equal(t, res.Status, "exited")
 	assert.Assert(t, res.DNS != nil && res.DNS.Queries == 7)
 }
+
+// netnsFunc is a NetnsSharer on fakes.
+type netnsFunc func(string) error
+
+func (f netnsFunc) Share(socket string) error { return f(socket) }

@@ -101,6 +101,10 @@ type Runner struct {
 	IDFiles taskstate.IDFiles
 	// Seal verifies the nftables seal; required when the policy is networked.
 	Seal SealChecker
+	// Netns makes /run/netns shared in the podman service's mount
+	// namespace before a networked cage is created (cagenet.ServiceNetns);
+	// required when the policy is networked.
+	Netns NetnsSharer
 	// Binary is shrooms' own static executable, mounted read-only into
 	// prepared cages to hand them their argv (PrepareNext); "" disables them.
 	Binary string
@@ -138,6 +142,13 @@ type Runner struct {
 	walkBefore bool
 }
 
+// NetnsSharer makes /run/netns shared in the mount namespace of the podman
+// service at socket (an interface, not a func: the walk's call graph
+// resolves a func value to every function of its signature).
+type NetnsSharer interface {
+	Share(socket string) error
+}
+
 // NewRunner returns a runner for cfg with the system's state and id files.
 func NewRunner(cfg *config.Config, client engine.Engine, seal SealChecker) *Runner {
 	return &Runner{
@@ -146,6 +157,7 @@ func NewRunner(cfg *config.Config, client engine.Engine, seal SealChecker) *Runn
 		Store:    taskstate.Store{Dir: cfg.State.Dir},
 		IDFiles:  taskstate.DefaultIDFiles(cfg.Cage.SubIDUser),
 		Seal:     seal,
+		Netns:    cagenet.ServiceNetns{},
 		CageWall: InstallCageWall,
 	}
 }
@@ -586,6 +598,16 @@ func (r *Runner) check(ctx context.Context, req Request, s steps) (*checked, err
 			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %w", ErrHostNotReady, err)
 		}
 		in.sealDigest, in.seal = st.Digest, st
+		if s.acquire {
+			// Before any networked cage is created: else podman never
+			// tears its network down (cagenet.NetnsShared).
+			if r.Netns == nil {
+				return nil, fmt.Errorf("%w: network policy %q needs /run/netns shared in the podman service's mount namespace and this runner cannot check it; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
+			}
+			if err := r.Netns.Share(cfg.Podman.Socket); err != nil {
+				return nil, fmt.Errorf("%w: %w", ErrHostNotReady, err)
+			}
+		}
 	}
 	f := <-found
 	if in.image, err = f.img, f.err; err != nil {

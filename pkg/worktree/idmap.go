@@ -6,17 +6,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/shrooms-cage/shrooms/pkg/podmanpeer"
 	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
@@ -464,70 +463,20 @@ func unstage(dir string) error {
 }
 
 // inServiceNS runs fn in the podman service's mount namespace, where the
-// runtime resolves the cage's bind sources: on this thread when it is
-// shrooms' own, else on a thread of its own that joins it (a thread with its
-// own filesystem context may; it is never used again).
+// runtime resolves the cage's bind sources (podmanpeer.InMountNS; here
+// when no unix socket is configured).
 func (c Claims) inServiceNS(fn func() error) error {
-	ns, err := serviceMountNS(c.Socket)
-	if err != nil {
-		return err
-	}
-	if ns < 0 {
+	if path, ok := strings.CutPrefix(c.Socket, "unix://"); !ok || path == "" {
 		return fn()
 	}
-	done := make(chan error, 1)
-	go func() {
-		defer unix.Close(ns)
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			done <- fmt.Errorf("idmap staging: unshare: %w", err)
-			return
-		}
-		if err := unix.Setns(ns, unix.CLONE_NEWNS); err != nil {
-			done <- fmt.Errorf("idmap staging: join the podman service's mount namespace: %w", err)
-			return
-		}
-		done <- fn()
-	}()
-	return <-done
-}
-
-// serviceMountNS returns a descriptor of the mount namespace of the podman
-// service listening on socket (unix://PATH; its listener's pid, from the
-// socket's peer credentials), or -1 when it is shrooms' own (or no socket
-// is configured).
-func serviceMountNS(socket string) (int, error) {
-	path, ok := strings.CutPrefix(socket, "unix://")
-	if !ok || path == "" {
-		return -1, nil
-	}
-	conn, err := net.DialTimeout("unix", path, 5*time.Second)
+	pid, err := podmanpeer.Pid(c.Socket)
 	if err != nil {
-		return -1, fmt.Errorf("idmap staging: podman service: %w", err)
+		return fmt.Errorf("idmap staging: %w", err)
 	}
-	defer conn.Close()
-	raw, err := conn.(*net.UnixConn).SyscallConn()
-	if err != nil {
-		return -1, fmt.Errorf("idmap staging: podman service: %w", err)
+	if pid == 0 {
+		return fmt.Errorf("idmap staging: the podman service at %s is not a process of this pid namespace", c.Socket)
 	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || cerr != nil {
-		return -1, fmt.Errorf("idmap staging: podman service's credentials: %w", errors.Join(err, cerr))
-	}
-	var ours, theirs unix.Stat_t
-	if err := unix.Stat("/proc/self/ns/mnt", &ours); err != nil {
-		return -1, fmt.Errorf("idmap staging: %w", err)
-	}
-	fd, err := unix.Open(fmt.Sprintf("/proc/%d/ns/mnt", cred.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, fmt.Errorf("idmap staging: podman service's mount namespace: %w", err)
-	}
-	if err := unix.Fstat(fd, &theirs); err != nil || (theirs.Dev == ours.Dev && theirs.Ino == ours.Ino) {
-		unix.Close(fd)
-		return -1, err
-	}
-	return fd, nil
+	return podmanpeer.InMountNS(pid, fn)
 }
 
 // stage mounts the worktree idmapped at the task's staging directory
