@@ -212,6 +212,9 @@ func revalidate(ctx context.Context, root, cachePath string) (*Namespace, string
 		}
 	}
 	ns.changed = len(old) == 0
+	if len(old) > 0 {
+		ns.dirs = make(map[string]*nsDir, len(old)) // no growth over every directory
+	}
 	now, err := coarse()
 	if err != nil {
 		return nil, err.Error()
