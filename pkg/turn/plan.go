@@ -209,7 +209,12 @@ func (r *Runner) gather(ctx context.Context, task taskid.ID, in *checked, s step
 	if err != nil {
 		return nil, err
 	}
-	if f.guard, err = guardWorktree(ctx, in.dir, in.worktree, s.acquire); err != nil {
+	if in.guardAhead != nil && !s.acquire {
+		f.guard, err = in.guardAhead.wait()
+	} else {
+		f.guard, err = guardWorktree(ctx, in.dir, in.worktree, s.acquire)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if in.gateway != nil {
