@@ -209,12 +209,7 @@ func (r *Runner) gather(ctx context.Context, task taskid.ID, in *checked, s step
 	if err != nil {
 		return nil, err
 	}
-	if in.guardAhead != nil && !s.acquire {
-		f.guard, err = in.guardAhead.wait()
-	} else {
-		f.guard, err = guardWorktree(ctx, in.dir, in.worktree, s.acquire)
-	}
-	if err != nil {
+	if f.guard, err = guardWorktree(ctx, in.dir, in.worktree, s.acquire); err != nil {
 		return nil, err
 	}
 	if in.gateway != nil {

@@ -253,19 +253,6 @@ func (r *Runner) takePrepared(ctx context.Context, task taskid.ID, in *checked) 
 	if r.Binary == "" {
 		return "", nil, "", nil
 	}
-	if in.worktree != "" {
-		// The guard's scan of the worktree (milliseconds on a large one)
-		// runs beside the prepared cage's inspection, a round trip to
-		// podman; the match takes its check. Waited for on every way out:
-		// nothing of it outlives this, and a fresh preparation after it
-		// runs its own (which may record).
-		g := startGuard(ctx, in.dir, in.worktree)
-		in.guardAhead = g
-		defer func() {
-			_, _ = g.wait()
-			in.guardAhead = nil
-		}()
-	}
 	last, err := in.state.LastTurn()
 	if err != nil {
 		return "", nil, "", fmt.Errorf("%w: %w", ErrHostNotReady, err)

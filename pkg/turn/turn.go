@@ -532,32 +532,6 @@ type checked struct {
 	image podman.Image
 	// gateway is the agent's model gateway, nil when it has none.
 	gateway *gatewayPlan
-	// guardAhead is the guard's check of the worktree started beside the
-	// prepared cage's inspection (takePrepared), for the match to take.
-	guardAhead *guardAhead
-}
-
-// guardAhead is a guard check (guardWorktree, never recording) running
-// in its own goroutine.
-type guardAhead struct {
-	done  chan struct{}
-	check *guard.Check
-	err   error
-}
-
-func startGuard(ctx context.Context, taskDir, worktree string) *guardAhead {
-	g := &guardAhead{done: make(chan struct{})}
-	go func() {
-		defer close(g.done)
-		g.check, g.err = guardWorktree(ctx, taskDir, worktree, false)
-	}()
-	return g
-}
-
-// wait is the check once it is done.
-func (g *guardAhead) wait() (*guard.Check, error) {
-	<-g.done
-	return g.check, g.err
 }
 
 // gatewayPlan is what check learnt about an agent's gateway.
