@@ -116,6 +116,20 @@ func (x *indexer) done() {
 	x.d.layout = x.head && ((x.objects && x.refs) || x.commondir)
 }
 
+// indexedName says whether the index (indexer.add) looks at an entry of
+// this name whatever its type.
+func indexedName(name string) bool {
+	switch len(name) {
+	case 4:
+		return name == ".git" || name == "HEAD" || name == "refs"
+	case 7:
+		return name == "objects"
+	case 9:
+		return name == "commondir"
+	}
+	return false
+}
+
 // index takes the nsDir's index from its decoded names.
 func (d *nsDir) index() {
 	x := indexer{d: d}

@@ -150,7 +150,9 @@ func decodeNamespace(data []byte, root string, dev, ino uint64) (map[string]*nsD
 				return nil, fmt.Errorf("%w (listing out of order)", errCorrupt)
 			}
 			prev = n.name
-			x.add(n)
+			if n.typ == unix.DT_DIR || n.typ == unix.DT_UNKNOWN || indexedName(n.name) {
+				x.add(n) // a call per name cost 0.3–0.8 ms over 100 000
+			}
 		}
 		x.done()
 		d.raw, d.count = r.s[start:r.off], k
