@@ -182,3 +182,40 @@ func TestPreparedCageAfterLateTeardown(t *testing.T) {
 	e.WaitIdle(task)
 	assert.Equal(t, len(cageStates(t, client, task)), 0)
 }
+
+// TestPreparedTurnGuardsAgentConfigPlantedAfterPreparing: the guard's
+// check of a prepared turn (taken beside the prepared cage's inspection)
+// is the worktree's at the turn, not at the preparation: agent config
+// planted after the cage was prepared makes the turn's masks differ from
+// the cage's, so the cage is passed over and the planted file is masked.
+// The control: with nothing planted the prepared cage is taken.
+func TestPreparedTurnGuardsAgentConfigPlantedAfterPreparing(t *testing.T) {
+	requireStatic(t)
+	e, _ := integration(t, "")
+	wt := filepath.Join(e.Dir, "repo")
+	assert.NilError(t, os.Mkdir(wt, 0o755))
+	git(t, wt, "init", "-q", "-b", "main")
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "README"), []byte("hi\n"), 0o644))
+	task := e.Task("guardahead")
+	run := func(script string, next ...string) (runResult, string) {
+		args := append(append([]string{"--json", "run", "--task", task, "--agent", "shell", "--worktree", wt, "--no-stdin"}, next...), "--", "-c", script)
+		code, stdout, stderr := e.Shrooms(args...)
+		assert.Equal(t, code, 0, stderr)
+		return lastJSON(t, stdout), stdout
+	}
+	run("true", "--prepare-next")
+	r, _ := run("true", "--prepare-next")
+	assert.Assert(t, r.Prepared, "the control: an unchanged worktree's prepared cage is taken (%s)", r.Skipped)
+
+	assert.NilError(t, os.WriteFile(filepath.Join(wt, "CLAUDE.md"), []byte("PLANTED\n"), 0o644))
+	r, stdout := run("cat /work/CLAUDE.md 2>/dev/null; echo; cat /work/README")
+	assert.Assert(t, is.Contains(stdout, "hi"), "the cage reads the worktree")
+	assert.Assert(t, !strings.Contains(stdout, "PLANTED"), "agent config planted after the preparation reached the cage:\n%s", stdout)
+	assert.Assert(t, !r.Prepared, "the cage prepared before the plant was taken")
+	assert.Equal(t, r.Skipped, turn.SkipSpec)
+	var masked []string
+	for _, m := range lastObject(t, stdout)["worktree_guard"].(map[string]any)["masked"].([]any) {
+		masked = append(masked, m.(string))
+	}
+	assert.DeepEqual(t, masked, []string{"CLAUDE.md"})
+}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"gotest.tools/v3/assert"
 
@@ -171,4 +172,19 @@ func TestNamespaceFindsTheNestedFindersRepositories(t *testing.T) {
 	assert.DeepEqual(t, got, want)
 	// The control: the finder found what the layout says.
 	assert.DeepEqual(t, slices.Sorted(maps.Keys(want)), []string{"a/.git", "a/inner/.git", "b/.git", "bare", "d/.git", "deep/e/f/.git", "wtgit"})
+
+	// The same from the cache: listings kept by one scan and taken back,
+	// unlisted, by the next (their index comes from the cache's decoding,
+	// not a listing). Past the racy window first, or every directory is
+	// listed again.
+	time.Sleep(1100 * time.Millisecond)
+	cache := filepath.Join(t.TempDir(), diff.NamespaceCacheFile)
+	first, why := diff.ScanNamespace(context.Background(), wt, cache)
+	assert.Equal(t, why, "")
+	assert.NilError(t, first.Keep())
+	again, why := diff.ScanNamespace(context.Background(), wt, cache)
+	assert.Equal(t, why, "")
+	assert.Equal(t, again.Namespace().Cache, "")
+	assert.Equal(t, again.Namespace().Relisted, 0) // the control: nothing listed again
+	assert.DeepEqual(t, again.Namespace().Nested(), want)
 }

@@ -115,6 +115,7 @@ type result struct {
 	Status    string       `json:"status"`
 	StartedAt string       `json:"started_at"`
 	Prepared  bool         `json:"prepared"`
+	Skipped   string       `json:"prepared_skipped"` // why a prepared cage was passed over
 	Removed   bool         `json:"removed"`
 	Cage      string       `json:"cage"`
 	Phases    []turn.Phase `json:"phases"`

@@ -66,7 +66,7 @@ func BenchmarkWorktreeSize(b *testing.B) {
 				b.Fatal(err)
 			}
 			if !res.Prepared {
-				b.Fatalf("%s, round %d: the turn did not run in a prepared cage", a.name, round)
+				b.Fatalf("%s, round %d: the turn did not run in a prepared cage (passed over: %q)", a.name, round, res.Skipped)
 			}
 			if res.Changes == nil || res.Changes.Modified != 99 || res.Changes.Added != 0 || res.Changes.Deleted != 0 {
 				b.Fatalf("%s, round %d: worktree changes %+v, want 99 modified", a.name, round, res.Changes)

@@ -71,6 +71,72 @@ type nsDir struct {
 	names        []nsName
 	raw          string
 	count        int
+	// What the revalidation and Nested need of the listing, taken in the
+	// one pass that checks it (decodeNamespace) or lists it (list), so
+	// that neither walks the 100 000 names of an unchanged worktree again:
+	// its subdirectories (DT_DIR entries, .git ones included), an entry
+	// of unknown type, the inode of an entry named .git, and whether it
+	// is laid out as a git directory (gitDir).
+	subs    []nsName
+	unknown bool
+	dotGit  bool
+	gitIno  uint64
+	layout  bool
+}
+
+// indexer takes the nsDir's index from its entries, given in order.
+type indexer struct {
+	d                                      *nsDir
+	head, objects, refs, commondir, dotGit bool
+}
+
+func (x *indexer) add(n nsName) {
+	d := x.d
+	switch n.name {
+	case ".git":
+		d.dotGit, d.gitIno = true, n.ino
+	case "HEAD":
+		x.head = true
+	case "objects":
+		x.objects = true
+	case "refs":
+		x.refs = true
+	case "commondir":
+		x.commondir = true
+	}
+	switch n.typ {
+	case unix.DT_DIR:
+		d.subs = append(d.subs, n)
+	case unix.DT_UNKNOWN:
+		d.unknown = true
+	}
+}
+
+func (x *indexer) done() {
+	x.d.layout = x.head && ((x.objects && x.refs) || x.commondir)
+}
+
+// indexedName says whether the index (indexer.add) looks at an entry of
+// this name whatever its type.
+func indexedName(name string) bool {
+	switch len(name) {
+	case 4:
+		return name == ".git" || name == "HEAD" || name == "refs"
+	case 7:
+		return name == "objects"
+	case 9:
+		return name == "commondir"
+	}
+	return false
+}
+
+// index takes the nsDir's index from its decoded names.
+func (d *nsDir) index() {
+	x := indexer{d: d}
+	for _, n := range d.names {
+		x.add(n)
+	}
+	x.done()
 }
 
 // list is the directory's listing, decoded from raw once.
@@ -94,16 +160,6 @@ func (d *nsDir) each(fn func(nsName) bool) {
 		return
 	}
 	eachRaw(d.raw, fn)
-}
-
-// has says whether the listing names name.
-func (d *nsDir) has(name string) bool {
-	found := false
-	d.each(func(n nsName) bool {
-		found = n.name == name
-		return !found && n.name < name
-	})
-	return found
 }
 
 func (d *nsDir) len() int {
@@ -170,6 +226,9 @@ func revalidate(ctx context.Context, root, cachePath string) (*Namespace, string
 		}
 	}
 	ns.changed = len(old) == 0
+	if len(old) > 0 {
+		ns.dirs = make(map[string]*nsDir, len(old)) // no growth over every directory
+	}
 	now, err := coarse()
 	if err != nil {
 		return nil, err.Error()
@@ -217,16 +276,11 @@ func revalidate(ctx context.Context, root, cachePath string) (*Namespace, string
 		if entries >= maxEntries {
 			return nil, "the worktree is past the scan's bounds"
 		}
-		unknown := false
-		d.each(func(n nsName) bool {
-			unknown = n.typ == unix.DT_UNKNOWN
-			if n.typ == unix.DT_DIR {
-				stack = append(stack, item{rel: join(it.rel, n.name), ino: n.ino, depth: it.depth + 1})
-			}
-			return !unknown
-		})
-		if unknown {
+		if d.unknown {
 			return nil, "the filesystem gives no entry types"
+		}
+		for _, n := range d.subs {
+			stack = append(stack, item{rel: join(it.rel, n.name), ino: n.ino, depth: it.depth + 1})
 		}
 	}
 	if len(ns.dirs) != len(old) {
@@ -299,6 +353,7 @@ func (ns *Namespace) list(rootFd int, rel string, ino uint64) (*nsDir, string) {
 		}
 	}
 	slices.SortFunc(d.names, func(a, b nsName) int { return strings.Compare(a.name, b.name) })
+	d.index()
 	return d, ""
 }
 
@@ -503,22 +558,20 @@ func (ns *Namespace) Nested() map[string]uint64 {
 		if d == nil {
 			return
 		}
-		d.each(func(n nsName) bool {
+		if d.dotGit {
+			nested[join(rel, ".git")] = d.gitIno
+		}
+		for _, n := range d.subs {
 			if n.name == ".git" {
-				nested[join(rel, n.name)] = n.ino
-				return true
-			}
-			if n.typ != unix.DT_DIR {
-				return true
+				continue // the entry above
 			}
 			p := join(rel, n.name)
 			if ns.gitDir(p) {
 				nested[p] = n.ino
-				return true
+				continue
 			}
 			walk(p)
-			return true
-		})
+		}
 	}
 	walk("")
 	return nested
@@ -526,10 +579,7 @@ func (ns *Namespace) Nested() map[string]uint64 {
 
 func (ns *Namespace) gitDir(rel string) bool {
 	d := ns.dirs[rel]
-	if d == nil {
-		return false
-	}
-	return d.has("HEAD") && ((d.has("objects") && d.has("refs")) || d.has("commondir"))
+	return d != nil && d.layout
 }
 
 // typeOf is a DT_* type as S_IFMT bits.

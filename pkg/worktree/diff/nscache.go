@@ -136,21 +136,25 @@ func decodeNamespace(data []byte, root string, dev, ino uint64) (map[string]*nsD
 		if r.bad || k > len(body) {
 			return nil, errCorrupt
 		}
-		// The names are checked now (bounds, order) and decoded when
-		// first needed (nsDir.list).
+		// The names are checked now (bounds, order) and indexed in the
+		// same pass (nsDir.subs…), and decoded when first needed
+		// (nsDir.list).
 		start, prev := r.off, ""
+		x := indexer{d: d}
 		for i := range k {
-			name := r.str()
-			r.u64()
-			r.u8()
+			n := nsName{name: r.str(), ino: r.u64(), typ: r.u8()}
 			if r.bad {
 				return nil, errCorrupt
 			}
-			if i > 0 && prev >= name {
+			if i > 0 && prev >= n.name {
 				return nil, fmt.Errorf("%w (listing out of order)", errCorrupt)
 			}
-			prev = name
+			prev = n.name
+			if n.typ == unix.DT_DIR || n.typ == unix.DT_UNKNOWN || indexedName(n.name) {
+				x.add(n) // a call per name cost 0.3–0.8 ms over 100 000
+			}
 		}
+		x.done()
 		d.raw, d.count = r.s[start:r.off], k
 		dirs[rel] = d
 	}

@@ -129,6 +129,7 @@ func openCache(dir, worktree string, rootFd int, patterns []Pattern) *dirCache {
 	if d, err := readCache(c.path); err == nil && d.Version == c.head.Version && d.Worktree == c.head.Worktree &&
 		d.RootDev == c.head.RootDev && d.RootIno == c.head.RootIno && d.Patterns == c.head.Patterns {
 		c.old = d.Dirs
+		c.next = make(map[string]dirRecord, len(d.Dirs)) // no growth over 1 000 hits
 	}
 	return c
 }
