@@ -1,12 +1,12 @@
 package cagenet
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/shrooms-cage/shrooms/pkg/podmanpeer"
@@ -110,52 +110,26 @@ func shareNetnsHere() error {
 
 // mountShared says whether the topmost mount at dir in the mountinfo file
 // is shared (a "shared:N" optional field); false when dir is no mount point.
-func mountShared(mountinfo, dir string) (bool, error) {
-	f, err := os.Open(mountinfo)
+func mountShared(mountinfoPath, dir string) (bool, error) {
+	f, err := os.Open(mountinfoPath)
 	if err != nil {
 		return false, fmt.Errorf("podman service's mounts: %w", err)
 	}
 	defer f.Close()
-	shared := false
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 7 || unescapeMountinfo(fields[4]) != dir {
-			continue
-		}
-		shared = false // a later mount on the same point covers an earlier one
-		for _, opt := range fields[6:] {
-			if opt == "-" {
-				break
-			}
-			if strings.HasPrefix(opt, "shared:") {
-				shared = true
-			}
-		}
-	}
-	if err := sc.Err(); err != nil {
+	at, err := mountinfo.GetMountsFromReader(f, func(m *mountinfo.Info) (skip, stop bool) {
+		return m.Mountpoint != dir, false
+	})
+	if err != nil {
 		return false, fmt.Errorf("podman service's mounts: %w", err)
 	}
-	return shared, nil
-}
-
-// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space…).
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
+	if len(at) == 0 {
+		return false, nil
 	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			var v int
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
+	// A later mount on the same point covers an earlier one.
+	for _, opt := range strings.Fields(at[len(at)-1].Optional) {
+		if strings.HasPrefix(opt, "shared:") {
+			return true, nil
 		}
-		b.WriteByte(s[i])
 	}
-	return b.String()
+	return false, nil
 }
