@@ -13,6 +13,8 @@ require (
 	github.com/opencontainers/runtime-spec v1.2.1
 	github.com/tailscale/hujson v0.0.0-20260727124030-b80ff77dac4f
 	github.com/urfave/cli/v2 v2.27.7
+	github.com/vishvananda/netlink v1.3.1
+	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sys v0.47.0
 	gotest.tools/v3 v3.5.2
 	k8s.io/api v0.37.2
