@@ -93,15 +93,24 @@ func natDiff(c *nftables.Conn, n Net) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read NAT table %s: %w", NATTable(n.Name), err)
 	}
-	if t.Use != 1 {
-		return fmt.Sprintf("%d chains, not 1", t.Use), nil
-	}
-	ch, err := c.ListChain(t, natChain)
+	// Not t.Use: google/nftables reads that counter in host byte order
+	// (1 chain reads 16777216 here).
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
-		// The library flattens the errno; a table with one chain that is
-		// not this one is the likely cause, and rewriting it is right
-		// either way.
-		return fmt.Sprintf("no chain %s (%v)", natChain, err), nil
+		return "", fmt.Errorf("read NAT table %s: %w", NATTable(n.Name), err)
+	}
+	var ch *nftables.Chain
+	count := 0
+	for _, c := range chains {
+		if c.Table.Name == t.Name {
+			count++
+			if c.Name == natChain {
+				ch = c
+			}
+		}
+	}
+	if count != 1 || ch == nil {
+		return fmt.Sprintf("%d chains, not one named %s", count, natChain), nil
 	}
 	if ch.Type != nftables.ChainTypeNAT || ch.Hooknum == nil || *ch.Hooknum != *nftables.ChainHookPostrouting ||
 		ch.Priority == nil || *ch.Priority != *nftables.ChainPriorityNATSource ||
