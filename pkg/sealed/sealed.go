@@ -207,6 +207,7 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 		s.UseImageHosts = &no
 		s.HostAdd = append([]string{}, t.HostEntries...)
 	}
+	var resolv *spec.Mount // the cage's resolv.conf, after the plan's mounts
 	switch {
 	case cfg.Network.Networked() && cfg.Network.Driver == config.DriverPodman:
 		s.NetNS = specgen.Namespace{NSMode: specgen.Bridge}
@@ -232,8 +233,8 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 			return nil, fmt.Errorf("sealed spec: network.driver %q needs the cage's resolv.conf", cfg.Network.Driver)
 		}
 		s.NetNS = specgen.Namespace{NSMode: specgen.NoNetwork}
-		s.Mounts = append(s.Mounts, spec.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: t.ResolvConf,
-			Options: []string{"ro", "nosuid", "nodev", "noexec"}})
+		resolv = &spec.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: t.ResolvConf,
+			Options: []string{"ro", "nosuid", "nodev", "noexec"}}
 	default:
 		s.NetNS = specgen.Namespace{NSMode: specgen.NoNetwork}
 		s.UseImageResolvConf = &yes
@@ -303,6 +304,9 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 		default:
 			return nil, fmt.Errorf("sealed spec: mount %s has unknown kind %q", m.Dest, m.Kind)
 		}
+	}
+	if resolv != nil {
+		s.Mounts = append(s.Mounts, *resolv)
 	}
 	return s, nil
 }
