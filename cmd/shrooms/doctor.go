@@ -49,7 +49,9 @@ the images, the subuid/subgid ranges, the state directory, the token files'
 owner and mode, loop devices, mkfs.ext4, git, TIOCSTI; the worktree cap (a
 project quota on the roots' filesystems) and the worktree mode (an idmapped
 mount or the chown walks, and why); under a networked policy br_netfilter,
-the bridge sysctls, iptables for netavark and the seal; each gateway
+the bridge sysctls, the seal, and the cage network (network.driver
+"shrooms": its bridge and any other firewall that drops forwarded packets
+by default; "podman": iptables for netavark and /run/netns); each gateway
 upstream's DNS and TCP. Each finding is ok, warn or fail, with its fix.`,
 		Action: func(c *cli.Context) error {
 			cfg, err := loadConfig(c)
@@ -362,8 +364,8 @@ func lookTool(name string) (string, error) {
 
 // doctorBridge checks what the seal needs under a networked policy: the
 // br_netfilter module with both bridge sysctls on (so bridged cage traffic
-// passes the seal's forward hook), and iptables for netavark, podman's
-// network backend, which sets up the cage network with it.
+// passes the seal's forward hook), and, under network.driver "podman",
+// iptables for netavark, which sets up the podman network with it.
 func doctorBridge(cfg *config.Config, add func(string, string, string, string)) {
 	if !cfg.Network.Networked() {
 		return
@@ -380,6 +382,9 @@ func doctorBridge(cfg *config.Config, add func(string, string, string, string)) 
 		}
 	}
 	add("br_netfilter", "ok", "loaded, net.bridge.bridge-nf-call-ip{,6}tables = 1", "")
+	if cfg.Network.Driver != config.DriverPodman {
+		return // the shrooms driver runs no iptables
+	}
 	if p, err := lookTool("iptables"); err != nil {
 		add("iptables", "fail", "iptables not found: netavark sets up the cage network with it", "install iptables (nft backend is fine)")
 	} else {

@@ -30,10 +30,10 @@ type purgeReport struct {
 func purgeCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "purge",
-		Usage: "remove what shrooms made on this host once no task is left: its podman network, the seal, the outbox root and the state directory (`make uninstall PURGE=1` runs it); refuses, changing nothing, while a task, HOME, delivery, worktree claim or cage remains (exit 123)",
+		Usage: "remove what shrooms made on this host once no task is left: its cage network (the bridge and NAT table, or the podman network), the seal, the outbox root and the state directory (`make uninstall PURGE=1` runs it); refuses, changing nothing, while a task, HOME, delivery, worktree claim or cage remains (exit 123)",
 		Description: `Everything is checked before anything is removed: the state directory may
 hold only what shrooms makes again by itself (empty directories, lock files,
-the generated seccomp profiles, the cages' git config), the outbox root only
+the generated seccomp profiles and resolv.conf, the cages' git config), the outbox root only
 an empty .pending, and podman no container or volume shrooms made. Only
 those known names are removed, never a whole tree, so whatever appears
 meanwhile stays and makes purge fail. A podman network of the configured

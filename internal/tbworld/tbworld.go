@@ -259,6 +259,22 @@ func (w *World) EnsureCageNetwork(ctx context.Context, cfg *config.Config) (*cag
 	return &n, err
 }
 
+// RestoreAfterFlush puts back what `nft flush ruleset` in the host
+// namespace took besides the seal (which the test puts back itself): the
+// cage network's NAT (the shrooms driver's table, or netavark's rules,
+// reloaded through the peer cage).
+func (w *World) RestoreAfterFlush(ctx context.Context) error {
+	if w.Cfg.Network.Driver == config.DriverPodman {
+		out, err := w.TB.PodmanLocal("network", "reload", w.Net+"-peer")
+		if err != nil {
+			return fmt.Errorf("podman network reload: %w: %s", err, out)
+		}
+		return nil
+	}
+	_, err := w.EnsureCageNetwork(ctx, w.Cfg)
+	return err
+}
+
 // startPeer runs the peer cage and the discovery responders and routes
 // the cage subnets into the testbed. The peer is on the cage network as
 // the driver links cages: under driver shrooms a --network none

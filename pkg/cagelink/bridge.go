@@ -246,7 +246,17 @@ func nlAddr(a netip.Addr, bits int) *netlink.Addr {
 	ad := &netlink.Addr{IPNet: &net.IPNet{IP: net.IP(a.AsSlice()), Mask: net.CIDRMask(bits, a.BitLen())}}
 	if a.Is6() {
 		ad.Flags = unix.IFA_F_NODAD
+		return ad
 	}
+	// The subnet's broadcast address, as netavark (and `ip addr add …
+	// brd +`) sets it: without it a datagram to it is unicast to an
+	// address nobody answers ARP for.
+	b := ad.IPNet.IP.To4()
+	bcast := make(net.IP, 4)
+	for i := range bcast {
+		bcast[i] = b[i] | ^ad.IPNet.Mask[i]
+	}
+	ad.Broadcast = bcast
 	return ad
 }
 

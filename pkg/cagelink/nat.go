@@ -40,35 +40,45 @@ func nftConn(path string) (*nftables.Conn, func(), error) {
 // natRules are the chain's rules: from the subnet to anything outside it,
 // masquerade; one per family.
 func natRules(n Net) [][]expr.Any {
-	rules := [][]expr.Any{masqRule(n.Subnet4, unix.NFPROTO_IPV4, 12, 16)}
+	rules := [][]expr.Any{masqRule(n.Subnet4, multicast4, unix.NFPROTO_IPV4, 12, 16)}
 	if n.Subnet6.IsValid() {
-		rules = append(rules, masqRule(n.Subnet6, unix.NFPROTO_IPV6, 8, 24))
+		rules = append(rules, masqRule(n.Subnet6, multicast6, unix.NFPROTO_IPV6, 8, 24))
 	}
 	return rules
 }
 
-// masqRule is `meta nfproto P saddr in p daddr not in p masquerade`, with
-// the address offsets of the family's header.
-func masqRule(p netip.Prefix, proto byte, srcOff, dstOff uint32) []expr.Any {
+// Multicast is never masqueraded (as netavark's rules): with br_netfilter
+// a group datagram a cage sends is also bridged and passes postrouting,
+// and a masquerade there rewrites the flow the host's answer belongs to —
+// the answer never reaches the cage (found by the probe battery's
+// multicast rows with the seal flushed).
+var (
+	multicast4 = netip.MustParsePrefix("224.0.0.0/4")
+	multicast6 = netip.MustParsePrefix("ff00::/8")
+)
+
+// masqRule is `meta nfproto P saddr in p daddr not in p daddr not in mc
+// masquerade`, with the address offsets of the family's header.
+func masqRule(p, mc netip.Prefix, proto byte, srcOff, dstOff uint32) []expr.Any {
 	l := uint32(p.Addr().BitLen() / 8)
-	mask := make([]byte, l)
-	for i := 0; i < p.Bits(); i++ {
-		mask[i/8] |= 0x80 >> (i % 8)
-	}
-	net := p.Addr().AsSlice()
-	in := func(off uint32, op expr.CmpOp) []expr.Any {
+	in := func(off uint32, op expr.CmpOp, p netip.Prefix) []expr.Any {
+		mask := make([]byte, l)
+		for i := 0; i < p.Bits(); i++ {
+			mask[i/8] |= 0x80 >> (i % 8)
+		}
 		return []expr.Any{
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: l},
 			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: l, Mask: mask, Xor: make([]byte, l)},
-			&expr.Cmp{Op: op, Register: 1, Data: net},
+			&expr.Cmp{Op: op, Register: 1, Data: p.Masked().Addr().AsSlice()},
 		}
 	}
 	r := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
 	}
-	r = append(r, in(srcOff, expr.CmpOpEq)...)
-	r = append(r, in(dstOff, expr.CmpOpNeq)...)
+	r = append(r, in(srcOff, expr.CmpOpEq, p)...)
+	r = append(r, in(dstOff, expr.CmpOpNeq, p)...)
+	r = append(r, in(dstOff, expr.CmpOpNeq, mc)...)
 	return append(r, &expr.Masq{})
 }
 

@@ -33,7 +33,8 @@ func BenchmarkNetworkedTurnVsBarePodman(b *testing.B) {
 	sub4, sub6 := itest.Subnets(b)
 	cfg := testcfg.Config{
 		Cage: map[string]any{"pids": 128, "nofile": 512, "nproc": 256, "timeout": nil, "stop_grace": nil},
-		Network: map[string]any{"policy": "internet", "name": name, "bridge": name,
+		// driver podman: the bare runs below join the same podman network.
+		Network: map[string]any{"policy": "internet", "driver": "podman", "name": name, "bridge": name,
 			"subnet4": sub4, "subnet6": sub6, "dns_upstream": []string{testbed.InternetAddr4.String()}}}.For(world).Parse(b, "bench.toml")
 	ctx := context.Background()
 	opts := firewall.Options{NetNS: tb.NSPath("host")}

@@ -8,6 +8,7 @@ package perf
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -20,6 +21,8 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/tbworld"
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
 )
 
@@ -202,4 +205,24 @@ func phaseString(ps []turn.Phase) string {
 		parts = append(parts, fmt.Sprintf("%s %.1f", p.Name, p.Ms))
 	}
 	return strings.Join(parts, ", ")
+}
+
+// podmanCageNet makes (once; again is a no-op) a podman network like the
+// cage network — dual-stack, no DNS server, a bridge and subnets of its
+// own — for the bare `podman run` columns: under network.driver "shrooms"
+// the cage network is no podman network.
+func podmanCageNet(t testing.TB, be *tbworld.World) string {
+	t.Helper()
+	name := be.Net + "p"
+	sub4, sub6 := itest.Subnets(t)
+	cfg := *be.Cfg
+	cfg.Network.Driver, cfg.Network.Name, cfg.Network.Bridge, cfg.Network.Subnet4, cfg.Network.Subnet6 = config.DriverPodman, name, name, sub4, sub6
+	if n, err := be.Client.InspectNetwork(context.Background(), name); err == nil && n != nil {
+		return name
+	}
+	if _, err := cagenet.EnsureNetwork(context.Background(), &cfg, be.Client); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = be.TB.Podman("network", "rm", "-f", name) })
+	return name
 }

@@ -53,7 +53,7 @@ func BenchmarkCageNetworkParts(b *testing.B) {
 	}{
 		{name: "none"},
 		{name: "podman-default", net: "podman"},
-		{name: "cage-net", net: be.Prefix},
+		{name: "cage-net", net: podmanCageNet(b, be)}, // a podman network like the cage network
 		{name: "v4-dns", net: be.Prefix + "-4d", args: []string{"--subnet", fmt.Sprintf("10.%d.%d.0/24", 30+(pid+1)%30, pid%250)}},
 		{name: "v4-nodns", net: be.Prefix + "-4", args: []string{"--disable-dns", "--subnet", fmt.Sprintf("10.%d.%d.0/24", 30+(pid+2)%30, pid%250)}},
 		{name: "dual-nodns", net: be.Prefix + "-6", args: []string{"--disable-dns", "--subnet", fmt.Sprintf("10.%d.%d.0/24", 30+(pid+3)%30, pid%250), "--ipv6", "--subnet", fmt.Sprintf("fd8d:5eed:%x::/64", pid%65000)}},

@@ -71,7 +71,7 @@ func benchWhole(b *testing.B, be *tbworld.World) {
 			b.Fatal(err)
 		}
 		bare = append(bare, t.wall)
-		if t, err = bareRun(be, be.Prefix, "true"); err != nil {
+		if t, err = bareRun(be, podmanCageNet(b, be), "true"); err != nil {
 			b.Fatal(err)
 		}
 		bareOwn = append(bareOwn, t.wall)
