@@ -93,16 +93,21 @@ func natDiff(c *nftables.Conn, n Net) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read NAT table %s: %w", NATTable(n.Name), err)
 	}
-	if t.Use != 1 {
-		return fmt.Sprintf("%d chains, not 1", t.Use), nil
-	}
-	ch, err := c.ListChain(t, natChain)
+	// Table.Use is misread by the library (byte order): list the chains.
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
-		// The library flattens the errno; a table with one chain that is
-		// not this one is the likely cause, and rewriting it is right
-		// either way.
-		return fmt.Sprintf("no chain %s (%v)", natChain, err), nil
+		return "", fmt.Errorf("read NAT chains: %w", err)
 	}
+	var mine []*nftables.Chain
+	for _, ch := range chains {
+		if ch.Table != nil && ch.Table.Name == t.Name {
+			mine = append(mine, ch)
+		}
+	}
+	if len(mine) != 1 || mine[0].Name != natChain {
+		return fmt.Sprintf("%d chains, not just %s", len(mine), natChain), nil
+	}
+	ch := mine[0]
 	if ch.Type != nftables.ChainTypeNAT || ch.Hooknum == nil || *ch.Hooknum != *nftables.ChainHookPostrouting ||
 		ch.Priority == nil || *ch.Priority != *nftables.ChainPriorityNATSource ||
 		(ch.Policy != nil && *ch.Policy != nftables.ChainPolicyAccept) {
