@@ -430,3 +430,47 @@ func ipIn(t *testing.T, path string, args ...string) string {
 func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
+
+func TestEnsureBridgeConcurrentFromNothing(t *testing.T) {
+	w := newWorld(t, sub4, sub6)
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = EnsureBridge(context.Background(), w.n)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		assert.NilError(t, err)
+	}
+	exists, err := CheckBridge(w.n)
+	assert.NilError(t, err)
+	assert.Assert(t, exists)
+	assert.Assert(t, is.Len(w.ensureWrites(), 0))
+}
+
+// A bridge whose address was never set takes the lowest MAC of its ports,
+// changing the gateway's address under running cages; the one EnsureBridge
+// makes keeps its own.
+func TestBridgeMACStaysWhenALowerPortJoins(t *testing.T) {
+	w := newWorld(t, sub4, sub6)
+	w.ensure()
+	h := w.handle(w.host)
+	br, err := h.LinkByName(w.n.Bridge)
+	assert.NilError(t, err)
+	assert.Equal(t, br.Attrs().HardwareAddr.String(), bridgeMAC(w.n.Bridge).String())
+	l := w.attach(w.newNS("cage"))
+	host, err := h.LinkByName(l.Host)
+	assert.NilError(t, err)
+	low := net.HardwareAddr{0, 0, 0, 0, 0, 1}
+	assert.NilError(t, h.LinkSetHardwareAddr(host, low))
+	host, err = h.LinkByName(l.Host)
+	assert.NilError(t, err)
+	assert.Equal(t, host.Attrs().HardwareAddr.String(), low.String())
+	br, err = h.LinkByName(w.n.Bridge)
+	assert.NilError(t, err)
+	assert.Equal(t, br.Attrs().HardwareAddr.String(), bridgeMAC(w.n.Bridge).String())
+}
