@@ -285,7 +285,8 @@ func TestAttachExhaustionV4OnlyAndRemove(t *testing.T) {
 }
 
 func TestAttachConcurrent(t *testing.T) {
-	w := newWorld(t, sub4, sub6)
+	// A /28 (13 indexes) for 8 cages: most of them meet a taken name.
+	w := newWorld(t, "10.77.0.0/28", sub6)
 	w.ensure()
 	const k = 8
 	cages := make([]string, k)
@@ -473,4 +474,25 @@ func TestBridgeMACStaysWhenALowerPortJoins(t *testing.T) {
 	br, err = h.LinkByName(w.n.Bridge)
 	assert.NilError(t, err)
 	assert.Equal(t, br.Attrs().HardwareAddr.String(), bridgeMAC(w.n.Bridge).String())
+}
+
+func TestAttachFailureLeavesNothing(t *testing.T) {
+	w := newWorld(t, sub4, sub6)
+	w.ensure()
+	// A cage whose namespace refuses IPv6 addresses: the veth exists by
+	// then, and must go.
+	cage := w.newNS("cage")
+	w.in(cage, func() error { return os.WriteFile("/proc/sys/net/ipv6/conf/default/disable_ipv6", []byte("1"), 0o644) })
+	_, err := Attach(context.Background(), w.n, cage)
+	assert.ErrorContains(t, err, "cage address fd77:1::")
+	assert.Assert(t, !strings.Contains(err.Error(), "\n"), err.Error())
+	assert.Assert(t, is.Len(w.veths(), 0))
+	assert.DeepEqual(t, w.linkNames(cage), []string{"lo"})
+
+	// Control: the same cage with a v4-only network is attached.
+	v4 := w.n
+	v4.Subnet6 = netip.Prefix{}
+	l, err := Attach(context.Background(), v4, cage)
+	assert.NilError(t, err)
+	assert.DeepEqual(t, w.veths(), []string{l.Host})
 }
