@@ -2,6 +2,7 @@ package cagelink
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -35,6 +36,8 @@ func TestAttachAPodmanCage(t *testing.T) {
 	pid, err := strconv.Atoi(out)
 	assert.NilError(t, err, out)
 	cage := fmt.Sprintf("/proc/%d/ns/net", pid)
+	rt, _ := podman("inspect", "-f", "{{.OCIRuntime}}", name)
+	t.Logf("cage %s: runtime %s, network namespace %s", name, rt, cage)
 
 	ln := w.listen(w.host, w.n.Gateway4())
 	nc := func() (string, error) {
@@ -72,3 +75,7 @@ func TestAttachAPodmanCage(t *testing.T) {
 	assert.NilError(t, err, out)
 	w.waitGone(l.Host)
 }
+
+// TestMain runs TestAttachAPodmanCage under runsc too when
+// SHROOMS_TEST_RUNTIME=runsc (itest.Main starts that service).
+func TestMain(m *testing.M) { os.Exit(itest.Main(m)) }
