@@ -427,6 +427,21 @@ in
               `addr:port`); empty is the host's /etc/resolv.conf.
             '';
           };
+          network.driver = mkOption {
+            type = types.enum [
+              "shrooms"
+              "podman"
+            ];
+            default = netDefaults.driver;
+            description = ''
+              Who links a cage to the bridge: `shrooms` (shrooms itself over
+              netlink before the cage starts; no netavark or iptables, the NAT
+              is shrooms' own nftables table) or `podman` (a podman network,
+              netavark). With `shrooms` and an nftables firewall that drops
+              forwarded packets by default, this module's forward rules let the
+              cage subnet through.
+            '';
+          };
           network.bridge = mkOption {
             type = types.str;
             default = netDefaults.bridge;

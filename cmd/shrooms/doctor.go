@@ -16,6 +16,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/shrooms-cage/shrooms/pkg/cagelink"
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
@@ -417,6 +418,10 @@ func doctorNetns(cfg *config.Config, add func(string, string, string, string)) {
 	if !cfg.Network.Networked() {
 		return
 	}
+	if cfg.Network.Driver == config.DriverShrooms {
+		doctorLink(cfg, add)
+		return
+	}
 	st, err := cagenet.NetnsShared(cfg.Podman.Socket)
 	switch {
 	case err != nil:
@@ -470,3 +475,30 @@ func doctorRuntime(ctx context.Context, cfg *config.Config, info *podman.HostInf
 }
 
 func gvisorRuntime(runtime string) bool { return filepath.Base(runtime) == "runsc" }
+
+// doctorLink reports the shrooms driver's bridge and any other firewall
+// that drops forwarded traffic by default (cages would reach nothing).
+func doctorLink(cfg *config.Config, add func(string, string, string, string)) {
+	n, err := cagelink.FromConfig(cfg.Network, "")
+	if err != nil {
+		add("network", "fail", err.Error(), "fix [network]")
+		return
+	}
+	switch exists, err := cagelink.CheckBridge(n); {
+	case err != nil:
+		add("network", "fail", err.Error(), "remove the interface or set network.bridge to another name")
+	case exists:
+		add("network", "ok", fmt.Sprintf("driver shrooms: bridge %s carries %s; shrooms links each cage to it before the cage starts (no netavark)", n.Bridge, n.Gateway4()), "")
+	default:
+		add("network", "ok", fmt.Sprintf("driver shrooms: bridge %s does not exist yet; the next networked turn (or `shrooms net apply`) makes it", n.Bridge), "")
+	}
+	drops, err := firewall.ForwardDrops(firewall.Options{}, cfg.Network.Name)
+	switch {
+	case err != nil:
+		add("forward", "fail", err.Error(), "run doctor as root")
+	case len(drops) > 0:
+		add("forward", "warn", fmt.Sprintf("%s drop(s) forwarded packets by default: cages reach nothing unless it accepts %s from %s", strings.Join(drops, ", "), cfg.Network.Subnet4, n.Bridge), "accept the cage subnet from the bridge there, or set network.driver = \"podman\" (netavark adds its rules to iptables' FORWARD)")
+	default:
+		add("forward", "ok", "no other nftables base chain drops forwarded packets by default (iptables-legacy chains are not seen)", "")
+	}
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
+	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
@@ -24,8 +25,10 @@ func netCommand() *cli.Command {
 				Usage: "install the seal (atomic, idempotent) and create the cage network if missing",
 				Description: `Run as root at boot before podman starts cages (the NixOS module's
 shrooms-seal unit does, with --seal-only, before podman is up), and after
-changing [network]. The seal matches the bridge by name, so it can be in
-place before the network exists; a networked turn creates a missing network
+changing [network]. It makes the cage network too (network.driver
+"shrooms": the bridge, its addresses and the NAT table; "podman": the
+podman network). The seal matches the bridge by name, so it can be in place
+before the network exists; a networked turn creates a missing network
 itself once it has verified the seal. Under the allowlist policy each turn
 re-applies the seal to refresh resolved host names. The seal also blocks
 every prefix the host routes other than by its default route (read now) and
@@ -35,11 +38,15 @@ seal before it starts, and a running turn within a quarter second.`,
 				Action: func(c *cli.Context) error {
 					return withNet(c, func(ctx context.Context, cfg *config.Config) error {
 						if cfg.Network.Networked() && !c.Bool("seal-only") {
-							client, err := connect(ctx, cfg)
-							if err != nil {
-								return err
+							var client engine.Networks // the shrooms driver needs no podman
+							if cfg.Network.Driver == config.DriverPodman {
+								pc, err := connect(ctx, cfg)
+								if err != nil {
+									return err
+								}
+								client = pc
 							}
-							if _, err := cagenet.EnsureNetwork(ctx, cfg, client); err != nil {
+							if err := cagenet.Ensure(ctx, cfg, client, firewall.Options{}); err != nil {
 								return fail(codeFor(err), err)
 							}
 						}

@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
+	"github.com/shrooms-cage/shrooms/pkg/cagelink"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 )
@@ -50,8 +53,8 @@ func TestNetworkedTurnInTestbed(t *testing.T) {
 	code, stdout, stderr := shrooms("net", "apply", "--seal-only")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, "sealed: policy internet"))
-	out, err := tb.Podman("network", "exists", name)
-	assert.Assert(t, err != nil, "--seal-only created the network: %s", out)
+	out, err := tb.Exec("host", "ip", "link", "show", "dev", name)
+	assert.Assert(t, err != nil, "--seal-only created the bridge: %s", out)
 	code, stdout, stderr = shrooms("--json", "net", "status")
 	assert.Equal(t, code, 0, stderr)
 	assert.Assert(t, is.Contains(stdout, `"ok":true`))
@@ -84,12 +87,20 @@ func TestNetworkedTurnInTestbed(t *testing.T) {
 	assert.Assert(t, len(tb.Hits(net1)) > 0, "positive control: the internet canary was not reached")
 	assert.Equal(t, len(tb.Hits(lan1)), 0, "the LAN router was reached through the seal: %+v", tb.Hits(lan1))
 
-	// Applying again (now with the network) is idempotent and keeps it.
+	// Applying again (now with the network) is idempotent and keeps it:
+	// the shrooms driver's bridge with its gateway, its NAT table, and no
+	// podman network (netavark has no part in it).
 	code, _, stderr = shrooms("net", "apply")
 	assert.Equal(t, code, 0, stderr)
-	out, err = tb.Podman("network", "inspect", "--format", "{{.NetworkInterface}}", name)
+	out, err = tb.Exec("host", "ip", "-br", "addr", "show", "dev", name)
 	assert.NilError(t, err, out)
-	assert.Equal(t, strings.TrimSpace(out), name, "the cage network uses the sealed bridge")
+	sub := netip.MustParsePrefix(sub4)
+	assert.Assert(t, is.Contains(string(out), sub.Addr().Next().String()+"/"+strconv.Itoa(sub.Bits())), "the bridge's gateway: %s", out)
+	out, err = tb.Exec("host", "nft", "list", "table", "inet", cagelink.NATTable(name))
+	assert.NilError(t, err, out)
+	assert.Assert(t, is.Contains(string(out), "masquerade"), "%s", out)
+	podOut, err := tb.Podman("network", "exists", name)
+	assert.Assert(t, err != nil, "the shrooms driver made a podman network: %s", podOut)
 
 	code, _, stderr = shrooms("net", "flush")
 	assert.Equal(t, code, 0, stderr)
@@ -143,6 +154,8 @@ func testbedEnv(t *testing.T, tb *testbed.Testbed, prefix string, c testcfg.Conf
 // from the testbed (cleanup: errors mean they are gone already).
 func removeTestbedNetwork(tb *testbed.Testbed, name string) {
 	_, _ = tb.Podman("network", "rm", "-f", name)
+	_, _ = tb.Exec("host", "ip", "link", "delete", "dev", name, "type", "bridge")
+	_, _ = tb.Exec("host", "nft", "delete", "table", "inet", cagelink.NATTable(name))
 	for _, fam := range []string{"inet", "bridge"} {
 		_ = exec.Command("nsenter", "--net="+tb.NSPath("host"), "--", "nft", "delete", "table", fam, "shrooms_"+name).Run()
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -15,14 +16,15 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/podmanpeer"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
 
-// TestCageNetworkTornDownOnPrivateNetns: the testbed's podman service runs
-// in a private mount namespace (no systemd), where /run/netns is not
-// shared. A bare user-namespaced container on the cage network leaves its
+// TestCageNetworkTornDownOnPrivateNetns (network.driver "podman"): the
+// testbed's podman service runs in a private mount namespace (no
+// systemd), where /run/netns is not shared. A bare user-namespaced container on the cage network leaves its
 // netns mount and veth behind there (positive control: podman 4.3's
 // setupNetNS); shrooms' networked turns (fresh and prepared) make
 // /run/netns shared first and leave nothing beyond the live cages.
@@ -33,7 +35,7 @@ func TestCageNetworkTornDownOnPrivateNetns(t *testing.T) {
 	tb.StartPodman()
 	sub4, sub6 := itest.Subnets(t)
 	e := testbedEnv(t, tb, "nn", testcfg.Config{Cage: map[string]any{"stop_grace": "1s"},
-		Network: map[string]any{"policy": "internet", "subnet4": sub4, "subnet6": sub6,
+		Network: map[string]any{"policy": "internet", "driver": "podman", "subnet4": sub4, "subnet6": sub6,
 			"dns_upstream": []string{"203.0.113.10"}}})
 	name := e.Prefix
 	task := name + "-t"
@@ -121,4 +123,96 @@ func TestCageNetworkTornDownOnPrivateNetns(t *testing.T) {
 	base = [2]int{netnsMounts(), veths()}
 	tb.MustPodman("run", "--rm", "--label", tb.Label(), "--network", name, "--uidmap", "0:300000:65536", "--gidmap", "0:300000:65536", itest.TestImage, "true")
 	settled("after a bare container on the shared /run/netns", base, func() int { return 0 })
+}
+
+// TestShroomsDriverLeavesNoNetwork: under network.driver "shrooms" (the
+// default) a turn's cage has no podman network: nothing under /run/netns,
+// no netavark chains in iptables, no podman network; each cage's veth goes
+// with its cage, so after fresh and prepared turns the bridge holds only
+// the prepared cage's; and the turns reach the testbed's internet through
+// shrooms' own NAT. Control: one container on a podman network in the same
+// host namespace shows both probes see netavark's work.
+func TestShroomsDriverLeavesNoNetwork(t *testing.T) {
+	requireStatic(t)
+	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
+	tb := testbed.New(t)
+	tb.StartPodman()
+	sub4, sub6 := itest.Subnets(t)
+	e := testbedEnv(t, tb, "nd", testcfg.Config{Cage: map[string]any{"stop_grace": "1s"},
+		Network: map[string]any{"policy": "internet", "subnet4": sub4, "subnet6": sub6,
+			"dns_upstream": []string{"203.0.113.10"}}})
+	name := e.Prefix
+	task := name + "-t"
+	shrooms := inTestbedHost(tb, os.Args[0], e.Config, "SHROOMS_TEST_MAIN=1")
+	client, err := podman.Connect(context.Background(), tb.PodmanURL)
+	assert.NilError(t, err)
+	pid, err := podmanpeer.Pid(tb.PodmanURL)
+	assert.NilError(t, err)
+	netnsMounts := func() int {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+		assert.NilError(t, err)
+		return strings.Count(string(b), " "+cagenet.NetnsDir+"/netns-")
+	}
+	ports := func(bridge string) int {
+		out, err := tb.Exec("host", "sh", "-c", "ip -o link show master "+bridge+" 2>/dev/null")
+		assert.NilError(t, err, "%s", out)
+		return strings.Count(string(out), "\n")
+	}
+	netavark := func() int {
+		out, err := tb.Exec("host", "iptables-save")
+		assert.NilError(t, err, "%s", out)
+		return strings.Count(string(out), "NETAVARK")
+	}
+	live := func() int {
+		cages, err := client.ListByLabel(context.Background(), sealed.LabelTask, task)
+		assert.NilError(t, err)
+		return len(cages)
+	}
+
+	code, stdout, stderr := shrooms("net", "apply")
+	assert.Equal(t, code, 0, stderr)
+	code, stdout, stderr = shrooms("doctor")
+	assert.Assert(t, is.Contains(stdout+stderr, "driver shrooms: bridge "+name+" carries"), "doctor (exit %d): %s%s", code, stdout, stderr)
+	mounts0 := netnsMounts()
+	for i := 0; i < 4; i++ {
+		nonce := fmt.Sprintf("nd%d%s", i, name)
+		code, stdout, stderr = shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--prepare-next", "--",
+			"-c", fmt.Sprintf("echo %s | nc -w 3 %s 80; true", nonce, testbed.InternetAddr4))
+		assert.Equal(t, code, 0, stderr)
+		assert.Equal(t, lastJSON(t, stdout).Prepared, i > 0, stdout)
+		time.Sleep(300 * time.Millisecond) // canaries log asynchronously
+		hits := tb.Hits(nonce)
+		assert.Assert(t, len(hits) > 0, "turn %d: the internet canary was not reached", i)
+		// Masqueraded: the internet sees the testbed host's address, never a cage's.
+		for _, h := range hits {
+			assert.Assert(t, h.Proto == "tcp" && h.Remote.IsValid() && !netip.MustParsePrefix(sub4).Contains(h.Remote.Addr()), "turn %d: not masqueraded: %+v", i, h)
+		}
+	}
+	var p int
+	for i := 0; i < 50; i++ { // the last cage's netns goes with its last process
+		if p = ports(name); p == live() {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	assert.Equal(t, live(), 1, "the prepared cage")
+	assert.Equal(t, p, 1, "the bridge's ports: the prepared cage's only")
+	assert.Equal(t, netnsMounts(), mounts0, "a cage's network namespace was bound under /run/netns")
+	assert.Equal(t, netavark(), 0, "netavark chains in the host's iptables")
+	out, err := tb.Podman("network", "exists", name)
+	assert.Assert(t, err != nil, "a podman network exists: %s", out)
+
+	// Control: the same probes see a podman network's container.
+	ctl := name + "c"
+	c4, c6 := itest.Subnets(t)
+	cfg, err := config.Load(e.Config)
+	assert.NilError(t, err)
+	cfg.Network.Driver, cfg.Network.Name, cfg.Network.Bridge, cfg.Network.Subnet4, cfg.Network.Subnet6 = config.DriverPodman, ctl, ctl, c4, c6
+	_, err = cagenet.EnsureNetwork(context.Background(), cfg, client)
+	assert.NilError(t, err)
+	t.Cleanup(func() { _, _ = tb.Podman("network", "rm", "-f", ctl) })
+	tb.MustPodman("run", "-d", "--rm", "--label", tb.Label(), "--name", ctl, "--network", ctl, itest.TestImage, "sleep", "30")
+	t.Cleanup(func() { _, _ = tb.Podman("rm", "-f", "-t", "0", ctl) })
+	assert.Equal(t, ports(ctl), 1, "control: the podman network's container has no veth on its bridge")
+	assert.Assert(t, netavark() > 0, "control: no netavark chain seen with a container on a podman network")
 }

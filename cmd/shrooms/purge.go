@@ -8,6 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/shrooms-cage/shrooms/pkg/cagelink"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/outbox"
@@ -20,6 +21,7 @@ type purgeReport struct {
 	DryRun     bool   `json:"dry_run"`
 	Network    string `json:"network,omitempty"`      // the podman network removed
 	NetworkNot string `json:"network_kept,omitempty"` // why a network of that name was left
+	Bridge     string `json:"bridge,omitempty"`       // the shrooms driver's bridge and NAT table removed
 	Seal       bool   `json:"seal"`                   // the seal's tables removed
 	Outbox     string `json:"outbox,omitempty"`
 	StateDir   string `json:"state_dir,omitempty"`
@@ -57,6 +59,9 @@ name that shrooms did not make is left alone. The config file stays.`,
 			}
 			if rep.Network != "" {
 				textf(c.App.Writer, "%s podman network %s\n", verb, rep.Network)
+			}
+			if rep.Bridge != "" {
+				textf(c.App.Writer, "%s bridge %s and its NAT table\n", verb, rep.Bridge)
 			}
 			if rep.NetworkNot != "" {
 				textln(c.App.Writer, "kept "+rep.NetworkNot)
@@ -130,8 +135,24 @@ func purge(ctx context.Context, cfg *config.Config, dryRun bool) (*purgeReport, 
 	default:
 		rep.NetworkNot = fmt.Sprintf("podman network %s: shrooms did not make it (no %s label)", n.Name, sealed.LabelManaged)
 	}
+	link, err := cagelink.FromConfig(cfg.Network, "")
+	if err != nil {
+		return nil, fail(ExitUsage, err)
+	}
+	if cfg.Network.Driver == config.DriverShrooms {
+		if exists, err := cagelink.CheckBridge(link); err != nil && exists {
+			return nil, fail(ExitHostNotReady, fmt.Errorf("purge: %w; nothing removed", err))
+		} else if exists {
+			rep.Bridge = link.Bridge
+		}
+	}
 	if dryRun {
 		return rep, nil
+	}
+	if rep.Bridge != "" {
+		if err := cagelink.Remove(link); err != nil {
+			return nil, fail(ExitHostNotReady, err)
+		}
 	}
 	if rep.Network != "" {
 		if err := client.RemoveNetwork(ctx, rep.Network); err != nil {

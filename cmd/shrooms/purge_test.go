@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"gotest.tools/v3/assert"
@@ -12,14 +13,15 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/itest"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
+	"github.com/shrooms-cage/shrooms/pkg/cagelink"
 )
 
 // TestPurgeRemovesOnlyTheSkeleton is `make uninstall PURGE=1`'s step in
 // the testbed's host namespace: after a real networked turn, purge refuses
 // (changing nothing) while the task is known and while a file shrooms does
 // not know is in the state directory; once the task is forgotten it removes
-// the podman network, the seal, the outbox root and the state directory,
-// and nothing else. A network of the same name shrooms did not make stays.
+// the cage network (the shrooms driver's bridge and NAT table), the seal,
+// the outbox root and the state directory, and nothing else. A network of the same name shrooms did not make stays.
 func TestPurgeRemovesOnlyTheSkeleton(t *testing.T) {
 	itest.Require(t, itest.Root, itest.Podman, itest.Nftables, itest.Netns)
 	tb := testbed.New(t)
@@ -36,6 +38,8 @@ func TestPurgeRemovesOnlyTheSkeleton(t *testing.T) {
 	}
 	shrooms := inTestbedHost(tb, os.Args[0], configFile, "SHROOMS_TEST_MAIN=1")
 	networkExists := func() bool { _, err := tb.Podman("network", "exists", name); return err == nil }
+	// The shrooms driver's (the default) network: its bridge.
+	bridgeExists := func() bool { _, err := tb.Exec("host", "ip", "link", "show", "dev", name); return err == nil }
 
 	code, _, stderr := shrooms("net", "apply")
 	assert.Equal(t, code, 0, stderr)
@@ -47,7 +51,7 @@ func TestPurgeRemovesOnlyTheSkeleton(t *testing.T) {
 	assert.Equal(t, code, ExitBusy, stderr)
 	assert.Check(t, is.Contains(stderr, "tasks/"+task))
 	assert.Check(t, is.Contains(stderr, "nothing removed"))
-	assert.Check(t, networkExists(), "a refused purge removed the network")
+	assert.Check(t, bridgeExists(), "a refused purge removed the bridge")
 	assert.Check(t, nft("list", "table", "inet", "shrooms_"+name) == nil, "a refused purge removed the seal")
 	_, err := os.Stat(filepath.Join(state, "tasks", task))
 	assert.Check(t, err, "a refused purge removed the task")
@@ -63,19 +67,21 @@ func TestPurgeRemovesOnlyTheSkeleton(t *testing.T) {
 	assert.Check(t, is.Contains(stderr, "owner-notes.txt"))
 	_, err = os.Stat(stray)
 	assert.Check(t, err)
-	assert.Check(t, networkExists())
+	assert.Check(t, bridgeExists())
 	assert.NilError(t, os.Remove(stray))
 
 	code, stdout, stderr := shrooms("purge", "--dry-run")
 	assert.Equal(t, code, 0, stderr)
-	assert.Check(t, is.Contains(stdout, "would remove podman network "+name))
+	assert.Check(t, is.Contains(stdout, "would remove bridge "+name+" and its NAT table"))
+	assert.Check(t, !strings.Contains(stdout, "podman network"), "the shrooms driver made no podman network: %s", stdout)
 	assert.Check(t, is.Contains(stdout, "would remove state directory "+state))
-	assert.Check(t, networkExists(), "--dry-run removed the network")
+	assert.Check(t, bridgeExists(), "--dry-run removed the bridge")
 
 	code, stdout, stderr = shrooms("purge")
 	assert.Equal(t, code, 0, stderr)
-	assert.Check(t, is.Contains(stdout, "removed podman network "+name))
-	assert.Check(t, !networkExists(), "the network is still there")
+	assert.Check(t, is.Contains(stdout, "removed bridge "+name+" and its NAT table"))
+	assert.Check(t, !bridgeExists(), "the bridge is still there")
+	assert.Check(t, nft("list", "table", "inet", cagelink.NATTable(name)) != nil, "the NAT table is still there")
 	assert.Check(t, nft("list", "table", "inet", "shrooms_"+name) != nil, "the inet seal table is still there")
 	assert.Check(t, nft("list", "table", "bridge", "shrooms_"+name) != nil, "the bridge seal table is still there")
 	for _, p := range []string{state, box} {

@@ -196,7 +196,7 @@ func TestSealOrdering(t *testing.T) {
 // evaluation time are pkg/config's.
 func TestNetworkDefaults(t *testing.T) {
 	requireNix(t)
-	var d struct{ Policy, Bridge, Subnet4, Subnet6 string }
+	var d struct{ Policy, Driver, Bridge, Subnet4, Subnet6 string }
 	evalJSON(t, "nix/network-defaults.nix", &d)
 	def := config.Default().Network
 	// One network default everywhere: the built-in config, the module's
@@ -209,6 +209,9 @@ func TestNetworkDefaults(t *testing.T) {
 	example, err := config.Load(filepath.Join(repo, "config.example.toml"))
 	assert.NilError(t, err)
 	assert.Check(t, is.Equal(example.Network.Policy, def.Policy))
+	assert.Check(t, is.Equal(d.Driver, def.Driver))
+	assert.Check(t, is.Contains(string(module), "default = netDefaults.driver;"))
+	assert.Check(t, is.Equal(example.Network.Driver, def.Driver))
 	assert.Check(t, is.Equal(d.Bridge, def.Bridge))
 	assert.Check(t, is.Equal(d.Subnet4, def.Subnet4))
 	assert.Check(t, is.Equal(d.Subnet6, def.Subnet6))

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/shrooms-cage/shrooms/internal/modelapi"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
 	"github.com/shrooms-cage/shrooms/internal/testcfg"
+	"github.com/shrooms-cage/shrooms/pkg/cagelink"
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
@@ -188,13 +190,16 @@ func New(t testing.TB, prefix string, opts ...Option) *World {
 	w.Release = testcfg.Release(w.Cfg, client)
 	w.Finally(func() {
 		_, _ = w.TB.Podman("network", "rm", "-f", w.Net)
+		if n, err := cagelink.FromConfig(w.Cfg.Network, w.FW.NetNS); err == nil {
+			_ = cagelink.Remove(n)
+		}
 		_ = firewall.Flush(context.Background(), w.Cfg.Network, w.FW)
 	})
 	if o.seal {
 		w.must(firewall.Apply(ctx, w.Cfg.Network, w.FW), "seal")
 	}
 	if o.cageNet {
-		_, err := cagenet.EnsureNetwork(ctx, w.Cfg, client)
+		_, err := w.EnsureCageNetwork(ctx, w.Cfg)
 		w.must(err, "cage network")
 	}
 	if o.probe {
@@ -240,18 +245,48 @@ func (w *World) startAPI() {
 	w.APIURL = "http://" + ln.Addr().String()
 }
 
+// EnsureCageNetwork makes the cage network as cfg's network.driver says
+// (cagenet.Ensure, in the testbed's host namespace) and returns the
+// shrooms driver's network (nil under driver podman) for a seal state.
+func (w *World) EnsureCageNetwork(ctx context.Context, cfg *config.Config) (*cagelink.Net, error) {
+	if err := cagenet.Ensure(ctx, cfg, w.Client, w.FW); err != nil {
+		return nil, err
+	}
+	if cfg.Network.Driver != config.DriverShrooms {
+		return nil, nil
+	}
+	n, err := cagelink.FromConfig(cfg.Network, w.FW.NetNS)
+	return &n, err
+}
+
 // startPeer runs the peer cage and the discovery responders and routes
-// the cage subnets into the testbed.
+// the cage subnets into the testbed. The peer is on the cage network as
+// the driver links cages: under driver shrooms a --network none
+// container given its link before it starts.
 func (w *World) startPeer() {
 	w.T.Helper()
 	peer := w.Net + "-peer"
-	w.TB.MustPodman("run", "-d", "--rm", "--name", peer, "--label", w.TB.Label(), "--network", w.Net,
-		"--cap-drop", "ALL", "--security-opt", "no-new-privileges", "-v", w.Probe+":/tbprobe:ro",
-		itest.TestImage, "timeout", "600", "/tbprobe", "listen")
-	out := w.TB.MustPodman("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{.GlobalIPv6Address}}{{end}}", peer)
-	w.Peer = strings.Fields(out)
+	args := []string{"--name", peer, "--label", w.TB.Label(),
+		"--cap-drop", "ALL", "--security-opt", "no-new-privileges", "-v", w.Probe + ":/tbprobe:ro",
+		itest.TestImage, "timeout", "600", "/tbprobe", "listen"}
+	if w.Cfg.Network.Driver == config.DriverPodman {
+		w.TB.MustPodman(append([]string{"run", "-d", "--rm", "--network", w.Net}, args...)...)
+		out := w.TB.MustPodman("inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{.GlobalIPv6Address}}{{end}}", peer)
+		w.Peer = strings.Fields(out)
+	} else {
+		w.TB.MustPodman(append([]string{"create", "--rm", "--network", "none"}, args...)...)
+		w.TB.MustPodman("init", peer)
+		pid, err := strconv.Atoi(strings.TrimSpace(w.TB.MustPodman("inspect", "-f", "{{.State.Pid}}", peer)))
+		w.must(err, "peer cage pid")
+		n, err := cagelink.FromConfig(w.Cfg.Network, w.FW.NetNS)
+		w.must(err, "cage network")
+		l, err := cagelink.Attach(context.Background(), n, cagenet.CageNetNS(pid))
+		w.must(err, "peer cage link")
+		w.TB.MustPodman("start", peer)
+		w.Peer = []string{l.Addr4.String(), l.Addr6.String()}
+	}
 	if len(w.Peer) != 2 {
-		w.T.Fatalf("peer cage addresses: %q", out)
+		w.T.Fatalf("peer cage addresses: %q", w.Peer)
 	}
 	// The bridge exists now. netavark 1.4 lets its MAC follow the lowest
 	// port MAC (see pkg/firewall's pinBridgeMAC): pin it, so a cage

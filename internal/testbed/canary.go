@@ -20,6 +20,7 @@ type Hit struct {
 	NS      string         // testbed namespace role: host, router, internet
 	Proto   string         // tcp, udp, icmp, dns
 	Local   netip.AddrPort // the address and port that was hit
+	Remote  netip.AddrPort // where it came from (tcp only; zero elsewhere)
 	Payload string         // what was sent (the nonce, or the DNS name)
 	At      time.Time      // when the canary logged it
 }
@@ -204,7 +205,7 @@ func (c *canaries) serveTCP(ln net.Listener, dns bool) {
 			}
 			b := make([]byte, 256)
 			n, _ := conn.Read(b)
-			c.log.add(Hit{NS: c.role, Proto: "tcp", Local: local(conn.LocalAddr()), Payload: string(b[:n])})
+			c.log.add(Hit{NS: c.role, Proto: "tcp", Local: local(conn.LocalAddr()), Remote: local(conn.RemoteAddr()), Payload: string(b[:n])})
 			fmt.Fprintf(conn, "canary %s\n", c.role)
 		}()
 	}

@@ -93,21 +93,25 @@ func natDiff(c *nftables.Conn, n Net) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("read NAT table %s: %w", NATTable(n.Name), err)
 	}
-	// Table.Use is misread by the library (byte order): list the chains.
+	// Not t.Use: google/nftables reads that counter in host byte order
+	// (1 chain reads 16777216 here).
 	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
-		return "", fmt.Errorf("read NAT chains: %w", err)
+		return "", fmt.Errorf("read NAT table %s: %w", NATTable(n.Name), err)
 	}
-	var mine []*nftables.Chain
-	for _, ch := range chains {
-		if ch.Table != nil && ch.Table.Name == t.Name {
-			mine = append(mine, ch)
+	var ch *nftables.Chain
+	count := 0
+	for _, c := range chains {
+		if c.Table.Name == t.Name {
+			count++
+			if c.Name == natChain {
+				ch = c
+			}
 		}
 	}
-	if len(mine) != 1 || mine[0].Name != natChain {
-		return fmt.Sprintf("%d chains, not just %s", len(mine), natChain), nil
+	if count != 1 || ch == nil {
+		return fmt.Sprintf("%d chains, not one named %s", count, natChain), nil
 	}
-	ch := mine[0]
 	if ch.Type != nftables.ChainTypeNAT || ch.Hooknum == nil || *ch.Hooknum != *nftables.ChainHookPostrouting ||
 		ch.Priority == nil || *ch.Priority != *nftables.ChainPriorityNATSource ||
 		(ch.Policy != nil && *ch.Policy != nftables.ChainPolicyAccept) {

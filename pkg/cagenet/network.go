@@ -12,9 +12,11 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/shrooms-cage/shrooms/pkg/cagelink"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/fault"
+	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/podman"
 	"github.com/shrooms-cage/shrooms/pkg/sealed"
 )
@@ -107,4 +109,44 @@ func networkDrift(cfg *config.Config, have *podman.Network) error {
 		return fmt.Errorf("podman network %q is internal; shrooms' seal expects a routed bridge", have.Name)
 	}
 	return nil
+}
+
+// linkNet is the cage network as the shrooms driver makes it, its bridge in
+// the network namespace opts names.
+func linkNet(cfg *config.Config, opts firewall.Options) (*cagelink.Net, error) {
+	n, err := cagelink.FromConfig(cfg.Network, opts.NetNS)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", fault.Input, err)
+	}
+	return &n, nil
+}
+
+// ensureBridge makes the shrooms driver's bridge, its addresses, forwarding
+// and NAT right (only checks, when dry: a missing bridge is made by the
+// turn itself). One that differs and cannot be mended is the host's to fix.
+func ensureBridge(ctx context.Context, n cagelink.Net, dry bool) (err error) {
+	defer fault.Phase(fault.HostNotReady, &err)
+	if dry {
+		_, err := cagelink.CheckBridge(n)
+		return err
+	}
+	return cagelink.EnsureBridge(ctx, n)
+}
+
+// Ensure makes the cage network as network.driver says (`shrooms net
+// apply`): the podman network, or the shrooms driver's bridge in the
+// network namespace opts names.
+func Ensure(ctx context.Context, cfg *config.Config, client engine.Networks, opts firewall.Options) error {
+	if !cfg.Network.Networked() {
+		return nil
+	}
+	if cfg.Network.Driver == config.DriverPodman {
+		_, err := EnsureNetwork(ctx, cfg, client)
+		return err
+	}
+	n, err := linkNet(cfg, opts)
+	if err != nil {
+		return err
+	}
+	return ensureBridge(ctx, *n, false)
 }

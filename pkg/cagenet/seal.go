@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/shrooms-cage/shrooms/pkg/cagelink"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/engine"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
@@ -21,6 +22,9 @@ type State struct {
 	// Rules is the rule set the seal was checked against; the in-cage
 	// wall of the turn's cage is built from the same (InstallWall).
 	Rules *firewall.Rules
+	// Link is the cage network under network.driver "shrooms": InstallWall
+	// links the cage to its bridge first (nil under driver podman).
+	Link *cagelink.Net
 }
 
 // CheckSeal verifies the nftables seal in the network namespace opts names
@@ -60,6 +64,15 @@ func CheckSeal(ctx context.Context, cfg *config.Config, client engine.Networks, 
 		return State{}, err
 	}
 	state := State{Hosts: hosts, Digest: st.Installed, Rules: rules}
+	if cfg.Network.Driver == config.DriverShrooms {
+		if state.Link, err = linkNet(cfg, opts); err != nil {
+			return State{}, err
+		}
+		if err := ensureBridge(ctx, *state.Link, dry); err != nil || dry {
+			return state, err
+		}
+		return state, firewall.PinBridgeMAC(cfg.Network.Bridge, opts)
+	}
 	if dry {
 		if n, err := client.InspectNetwork(ctx, cfg.Network.Name); err != nil || n == nil {
 			return state, err // a missing network is created by the turn itself
@@ -109,6 +122,33 @@ func CheckWall(ctx context.Context, seal State, pid int) (firewall.WallStatus, e
 		return st, nil
 	}
 	return InstallWall(ctx, seal, pid)
+}
+
+// LinkCage gives the initialised cage whose process is pid its link to the
+// cage bridge under network.driver "shrooms" (seal.Link; nothing under
+// driver podman, whose cages podman links). prepared says the cage was
+// linked at its preparation: then the link is only checked, and one that
+// is gone or differs (the bridge made again meanwhile) is not mended.
+// Every error keeps the cage from starting.
+func LinkCage(ctx context.Context, seal State, pid int, prepared bool) (*cagelink.Link, error) {
+	if seal.Link == nil {
+		return nil, nil
+	}
+	if pid <= 0 {
+		return nil, fmt.Errorf("cage link: cage has no process")
+	}
+	if prepared {
+		l, err := cagelink.Check(*seal.Link, CageNetNS(pid))
+		if err != nil {
+			return nil, fmt.Errorf("prepared cage's link: %w", err)
+		}
+		return &l, nil
+	}
+	l, err := cagelink.Attach(ctx, *seal.Link, CageNetNS(pid))
+	if err != nil {
+		return nil, fmt.Errorf("cage link: %w", err)
+	}
+	return &l, nil
 }
 
 // CageNetNS is the network namespace of a cage's process. podman's own

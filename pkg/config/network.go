@@ -11,7 +11,13 @@ type Network struct {
 	// Policy is "internet" (egress to public addresses only), "allowlist"
 	// (only Allow), or "none" (no network at all).
 	Policy string `toml:"policy"`
-	// Name is the podman network the cages join; Bridge its interface.
+	// Driver is who links a cage to the bridge: "shrooms" (shrooms
+	// itself over netlink, before the cage starts: no netavark, no
+	// iptables) or "podman" (a podman network, netavark).
+	Driver string `toml:"driver"`
+	// Name is the cage network's name (the podman network under driver
+	// podman; it names the seal's and the NAT's tables); Bridge its
+	// interface.
 	Name   string `toml:"name"`
 	Bridge string `toml:"bridge"`
 	// Subnet4 and Subnet6 are the cage network's subnets ("" disables v6).
@@ -37,6 +43,7 @@ type Network struct {
 func defaultNetwork() Network {
 	return Network{
 		Policy:  "none",
+		Driver:  DriverShrooms,
 		Name:    "shrooms",
 		Bridge:  "shrooms0",
 		Subnet4: "10.89.0.0/24",
@@ -51,6 +58,12 @@ func defaultNetwork() Network {
 	}
 }
 
+// The network drivers (Network.Driver).
+const (
+	DriverShrooms = "shrooms"
+	DriverPodman  = "podman"
+)
+
 // Networked reports whether cages get a network interface at all.
 func (n *Network) Networked() bool { return n.Policy != "none" }
 
@@ -59,6 +72,11 @@ func (n *Network) validate() error {
 	case "internet", "allowlist", "none":
 	default:
 		return &Error{Key: "network.policy", Msg: fmt.Sprintf("unknown policy %q (use internet, allowlist or none)", n.Policy)}
+	}
+	switch n.Driver {
+	case DriverShrooms, DriverPodman:
+	default:
+		return &Error{Key: "network.driver", Msg: fmt.Sprintf("unknown driver %q (use shrooms or podman)", n.Driver)}
 	}
 	if !validIfName(n.Bridge) {
 		return &Error{Key: "network.bridge", Msg: fmt.Sprintf("%q is not an interface name (1-15 of a-z 0-9 _ -)", n.Bridge)}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/tbworld"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
-	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 	"github.com/shrooms-cage/shrooms/pkg/turn"
@@ -118,9 +117,6 @@ func verifiedSeal(e *tbworld.World) turn.SealChecker {
 		}
 		if !st.OK {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
-		}
-		if _, err := cagenet.EnsureNetwork(ctx, cfg, e.Client); err != nil {
-			return turn.SealState{}, err
 		}
 		return sealState(e, cfg, st)
 	}

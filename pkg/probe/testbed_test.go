@@ -35,7 +35,13 @@ func sealState(e *tbworld.World, cfg *config.Config, st firewall.Status) (turn.S
 	if err != nil {
 		return turn.SealState{}, err
 	}
-	return turn.SealState{Digest: st.Installed, Rules: rules}, nil
+	// The cage network as the driver makes it (the shrooms driver's link
+	// rides on the seal state).
+	link, err := e.EnsureCageNetwork(context.Background(), cfg)
+	if err != nil {
+		return turn.SealState{}, err
+	}
+	return turn.SealState{Digest: st.Installed, Rules: rules, Link: link}, nil
 }
 
 // noWall is a CageWaller that installs nothing: with it a cage runs behind
@@ -215,10 +221,6 @@ func TestBatteryInTestbed(t *testing.T) {
 		if !st.OK {
 			return turn.SealState{}, fmt.Errorf("%s", st.Reason)
 		}
-		_, err = cagenet.EnsureNetwork(ctx, cfg, e.Client)
-		if err != nil {
-			return turn.SealState{}, err
-		}
 		return sealState(e, cfg, st)
 	}
 
@@ -246,7 +248,10 @@ func TestBatteryInTestbed(t *testing.T) {
 		// A seal checker that lets the turn start without a seal: only for
 		// this negative control. shrooms itself refuses here (the seal is
 		// missing), which TestNetworkedTurnInTestbed in cmd/shrooms covers.
-		permissive := func(context.Context, *config.Config, bool) (turn.SealState, error) { return turn.SealState{}, nil }
+		permissive := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
+			link, err := e.EnsureCageNetwork(ctx, cfg) // the cage is linked all the same
+			return turn.SealState{Link: link}, err
+		}
 		_, err := verified(ctx, e.Cfg, false)
 		assert.ErrorContains(t, err, "missing", "the real checker refuses a flushed seal")
 		// And the in-cage wall off: with it the flushed host seal lets
@@ -341,7 +346,10 @@ func TestBatteryWithDiscoveredTargets(t *testing.T) {
 
 	assert.NilError(t, firewall.Flush(ctx, e.Cfg.Network, e.FW))
 	defer func() { assert.NilError(t, firewall.Apply(ctx, e.Cfg.Network, e.FW)) }()
-	permissive := func(context.Context, *config.Config, bool) (turn.SealState, error) { return turn.SealState{}, nil }
+	permissive := func(ctx context.Context, cfg *config.Config, _ bool) (turn.SealState, error) {
+		link, err := e.EnsureCageNetwork(ctx, cfg) // the cage is linked all the same
+		return turn.SealState{Link: link}, err
+	}
 	rep, _, _ = runBattery(t, e, permissive, battery{discover: true, noWall: true})
 	escaped := rep.IDs(Escaped)
 	for _, id := range []string{"D4", "D6", "D7", "D8"} {

@@ -94,6 +94,9 @@ type Turn struct {
 	HostEntries []string
 	// SeccompPath is the profile file ("" for podman's default profile).
 	SeccompPath string
+	// ResolvConf is the cage's resolv.conf (cagenet.InstallResolvConf),
+	// bound over podman's under network.driver "shrooms".
+	ResolvConf string
 	// DeadlineSeconds bounds the cage's life even if shrooms dies: podman
 	// kills it after this long.
 	DeadlineSeconds uint
@@ -204,7 +207,9 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 		s.UseImageHosts = &no
 		s.HostAdd = append([]string{}, t.HostEntries...)
 	}
-	if cfg.Network.Networked() {
+	var resolv *spec.Mount // the cage's resolv.conf, after the plan's mounts
+	switch {
+	case cfg.Network.Networked() && cfg.Network.Driver == config.DriverPodman:
 		s.NetNS = specgen.Namespace{NSMode: specgen.Bridge}
 		s.Networks = map[string]nettypes.PerNetworkOptions{cfg.Network.Name: {}}
 		if _, err := Gateway4(cfg.Network); err != nil {
@@ -214,7 +219,23 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 		// (pkg/dnsseal, opened by the turn before the agent starts); the
 		// seal drops DNS to the gateway and everywhere else.
 		s.DNSServers = []net.IP{net.IPv4(127, 0, 0, 1)}
-	} else {
+	case cfg.Network.Networked():
+		// The shrooms driver: podman gives the cage an empty network
+		// namespace (no netavark, nothing under /run/netns) and the turn
+		// links it to the bridge before it starts (pkg/cagelink). podman
+		// writes an empty resolv.conf for such a cage and refuses DNS
+		// servers, so the cage's own (nameserver 127.0.0.1, the resolver
+		// above) is bound over it.
+		if _, err := Gateway4(cfg.Network); err != nil {
+			return nil, err
+		}
+		if t.ResolvConf == "" {
+			return nil, fmt.Errorf("sealed spec: network.driver %q needs the cage's resolv.conf", cfg.Network.Driver)
+		}
+		s.NetNS = specgen.Namespace{NSMode: specgen.NoNetwork}
+		resolv = &spec.Mount{Destination: "/etc/resolv.conf", Type: "bind", Source: t.ResolvConf,
+			Options: []string{"ro", "nosuid", "nodev", "noexec"}}
+	default:
 		s.NetNS = specgen.Namespace{NSMode: specgen.NoNetwork}
 		s.UseImageResolvConf = &yes
 	}
@@ -283,6 +304,9 @@ func Spec(cfg *config.Config, t Turn) (*specgen.SpecGenerator, error) {
 		default:
 			return nil, fmt.Errorf("sealed spec: mount %s has unknown kind %q", m.Dest, m.Kind)
 		}
+	}
+	if resolv != nil {
+		s.Mounts = append(s.Mounts, *resolv)
 	}
 	return s, nil
 }

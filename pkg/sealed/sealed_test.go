@@ -2,6 +2,7 @@ package sealed
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	spec "github.com/opencontainers/runtime-spec/specs-go"
@@ -26,21 +27,25 @@ func testTurn(t *testing.T, cfg *config.Config) Turn {
 		IDs: IDRange{UID: 1879048192, GID: 1879048192, Size: 65536}, Plan: plan,
 		SecretEnv: map[string]string{"ANTHROPIC_API_KEY": "shrooms-golden-anthropic"}, DeadlineSeconds: 7235,
 		SeccompPath: "/var/lib/shrooms/seccomp/shrooms-0123456789ab.json",
+		ResolvConf:  "/var/lib/shrooms/cagenet/resolv.conf",
 	}
 }
 
 // TestSpecGolden pins the whole spec: any change to what a cage gets must
 // show up in testdata/ (go test ./pkg/sealed -update accepts it).
 func TestSpecGolden(t *testing.T) {
-	for _, policy := range []string{"internet", "none"} {
-		t.Run(policy, func(t *testing.T) {
+	for _, name := range []string{"internet", "internet-podman", "none"} {
+		t.Run(name, func(t *testing.T) {
 			cfg := config.Default()
-			cfg.Network.Policy = policy
+			cfg.Network.Policy, _, _ = strings.Cut(name, "-")
+			if strings.HasSuffix(name, "-podman") {
+				cfg.Network.Driver = config.DriverPodman
+			}
 			s, err := Spec(cfg, testTurn(t, cfg))
 			assert.NilError(t, err)
 			got, err := json.MarshalIndent(s, "", "  ")
 			assert.NilError(t, err)
-			golden.Assert(t, string(got), "spec-"+policy+".json")
+			golden.Assert(t, string(got), "spec-"+name+".json")
 		})
 	}
 }
@@ -67,7 +72,31 @@ func TestSpecIsSealed(t *testing.T) {
 	for _, ns := range []string{string(s.PidNS.NSMode), string(s.IpcNS.NSMode), string(s.UtsNS.NSMode), string(s.CgroupNS.NSMode)} {
 		assert.Equal(t, ns, "private")
 	}
-	assert.Equal(t, string(s.NetNS.NSMode), "bridge")
+	// The shrooms driver: an empty network namespace shrooms links before
+	// the cage starts, and the cage's own resolv.conf over podman's.
+	assert.Equal(t, string(s.NetNS.NSMode), "none")
+	assert.Equal(t, len(s.Networks), 0)
+	assert.Equal(t, len(s.DNSServers), 0)
+	var resolv []spec.Mount
+	for _, m := range s.Mounts {
+		if m.Destination == "/etc/resolv.conf" {
+			resolv = append(resolv, m)
+		}
+	}
+	assert.DeepEqual(t, resolv, []spec.Mount{{Destination: "/etc/resolv.conf", Type: "bind", Source: "/var/lib/shrooms/cagenet/resolv.conf",
+		Options: []string{"ro", "nosuid", "nodev", "noexec"}}})
+	noResolv := testTurn(t, cfg)
+	noResolv.ResolvConf = ""
+	_, err = Spec(cfg, noResolv)
+	assert.ErrorContains(t, err, "needs the cage's resolv.conf")
+	// Under driver podman: its bridge network, our resolver named.
+	cfg.Network.Driver = config.DriverPodman
+	ps, err := Spec(cfg, testTurn(t, cfg))
+	assert.NilError(t, err)
+	assert.Equal(t, string(ps.NetNS.NSMode), "bridge")
+	assert.Equal(t, len(ps.Networks), 1)
+	assert.Equal(t, ps.DNSServers[0].String(), "127.0.0.1")
+	cfg.Network.Driver = config.DriverShrooms
 	assert.Equal(t, len(s.Devices), 0)
 	assert.Equal(t, *s.ResourceLimits.Memory.Limit, int64(4<<30))
 	assert.Equal(t, *s.ResourceLimits.Memory.Swap, int64(4<<30), "no swap on top of memory")
@@ -96,13 +125,13 @@ func TestSpecIsSealed(t *testing.T) {
 		}
 	}
 	// /dev/shm: a tmpfs of the cage's own, not podman's host-side shm mount.
-	assert.DeepEqual(t, dests, []string{"/dev/shm", "/tmp", "/run", "/home/agent", "/work", "/outbox"})
+	assert.DeepEqual(t, dests, []string{"/dev/shm", "/tmp", "/run", "/home/agent", "/work", "/outbox", "/etc/resolv.conf"})
 	assert.Equal(t, s.Mounts[0].Type, "tmpfs")
 	assert.Assert(t, is.Contains(s.Mounts[0].Options, "size=67108864"))
 	assert.Assert(t, is.Contains(s.Mounts[0].Options, "noexec"))
 	assert.Assert(t, s.ShmSize == nil, "podman would mount a /dev/shm of its own on the host and bind it in")
 	assert.Assert(t, *s.UseImageHosts, "the host's /etc/hosts stays out")
-	assert.Equal(t, s.DNSServers[0].String(), "127.0.0.1", "the cage's own resolver only (pkg/dnsseal)")
+	assert.Equal(t, s.Mounts[len(s.Mounts)-1].Source, "/var/lib/shrooms/cagenet/resolv.conf", "the cage's own resolver only (pkg/dnsseal)")
 }
 
 func TestSpecRefusesUnsafeIDs(t *testing.T) {

@@ -14,14 +14,11 @@
 package seccomp
 
 import (
-	"bytes"
 	"crypto/sha256"
 	_ "embed"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 )
@@ -78,30 +75,8 @@ func Install(stateDir string) (string, error) { return InstallFor(stateDir, fals
 
 // InstallFor is Install of ProfileFor(gvisor).
 func InstallFor(stateDir string, gvisor bool) (string, error) {
-	profile := ProfileFor(gvisor)
 	path := PathFor(stateDir, gvisor)
-	if b, err := os.ReadFile(path); err == nil && bytes.Equal(b, profile) {
-		return path, nil
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return "", fmt.Errorf("seccomp profile: %w", err)
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".profile-*")
-	if err != nil {
-		return "", fmt.Errorf("seccomp profile: %w", err)
-	}
-	_, err = tmp.Write(profile)
-	if err == nil {
-		err = tmp.Chmod(0o644)
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
+	if err := taskstate.InstallFile(path, ProfileFor(gvisor)); err != nil {
 		return "", fmt.Errorf("seccomp profile: %w", err)
 	}
 	return path, nil

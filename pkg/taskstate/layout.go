@@ -1,6 +1,8 @@
 package taskstate
 
 import (
+	"bytes"
+	"os"
 	"path/filepath"
 
 	"github.com/shrooms-cage/shrooms/pkg/taskid"
@@ -55,6 +57,10 @@ func (l Layout) GatewayChatGPT(gateway string) string {
 // SeccompProfile is an installed seccomp profile, by file name.
 func (l Layout) SeccompProfile(name string) string { return filepath.Join(l.Dir, "seccomp", name) }
 
+// CageResolvConf is the resolv.conf bound into cages under network.driver
+// "shrooms" (cagenet.InstallResolvConf).
+func (l Layout) CageResolvConf() string { return filepath.Join(l.Dir, "cagenet", "resolv.conf") }
+
 // ExpireStamp's time is the last sweep for expired prepared cages by a
 // teardown (task.ExpireDue).
 func (l Layout) ExpireStamp() string { return filepath.Join(l.Dir, "expire.stamp") }
@@ -79,3 +85,34 @@ const (
 	teardownSocket = "teardownd.sock"
 	teardownWorker = "teardownd.lock"
 )
+
+// InstallFile writes content to path (mode 0644, its directory made 0755)
+// unless it is already there with that content: a file the podman service
+// reads at a cage's create (a seccomp profile, the cage's resolv.conf).
+// The new content is renamed into place, so a reader never sees half.
+func InstallFile(path string, content []byte) error {
+	if b, err := os.ReadFile(path); err == nil && bytes.Equal(b, content) {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".install-*")
+	if err != nil {
+		return err
+	}
+	_, err = tmp.Write(content)
+	if err == nil {
+		err = tmp.Chmod(0o644)
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+	}
+	return err
+}

@@ -18,9 +18,9 @@ import (
 // else (a task, a HOME image, a worktree claim, a delivery, a gateway's
 // refreshed sign-in, a file shrooms does not know) is the owner's, and
 // `shrooms purge` refuses while it is there.
-var skeletonDirs = []string{"tasks", "homes", "worktrees", "deliveries", "seccomp", "gitseal", "gateway"}
+var skeletonDirs = []string{"tasks", "homes", "worktrees", "deliveries", "seccomp", "gitseal", "gateway", "cagenet"}
 
-var skeletonFiles = []string{"idslots.lock", "starting.lock", "expire.stamp", teardownWorker, teardownSocket, filepath.Join("gitseal", "gitconfig")}
+var skeletonFiles = []string{"idslots.lock", "starting.lock", "expire.stamp", teardownWorker, teardownSocket, filepath.Join("gitseal", "gitconfig"), filepath.Join("cagenet", "resolv.conf")}
 
 // Leftovers lists, relative to the state directory, every entry under it
 // that is not the skeleton, at most max of them (sorted). A missing state

@@ -308,8 +308,10 @@ func TestNetworkedTurnNeedsItsResolver(t *testing.T) {
 	assert.ErrorContains(t, err, "needs the cage's resolver")
 	assert.Equal(t, e.called("create"), 0)
 
-	// Nor without /run/netns shared in the service's namespace (the
-	// runner's check of it, cagenet.ShareNetns outside fakes).
+	// Nor, under driver podman, without /run/netns shared in the
+	// service's namespace (the runner's check of it, cagenet.ShareNetns
+	// outside fakes).
+	r.Cfg.Network.Driver = config.DriverPodman
 	r.Resolver = func(context.Context, *config.Config, string) (func() dnsseal.Stats, error) { return nil, errBoom }
 	_, err = r.Run(context.Background(), claudeReq())
 	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
@@ -319,7 +321,8 @@ func TestNetworkedTurnNeedsItsResolver(t *testing.T) {
 	assert.Assert(t, errors.Is(err, fault.HostNotReady), "%v", err)
 	assert.ErrorContains(t, err, "/run/netns cannot be made shared")
 	assert.Equal(t, e.called("create"), 0)
-	r.Netns = netnsFunc(func(string) error { return nil })
+	// The shrooms driver's cages have no netns of podman's: no check.
+	r.Cfg.Network.Driver, r.Netns = config.DriverShrooms, nil
 
 	r.CageWall = func(context.Context, SealState, int, bool) (firewall.WallStatus, error) {
 		return firewall.WallStatus{OK: true}, nil

@@ -9,6 +9,8 @@ import (
 
 	"github.com/containers/podman/v5/pkg/specgen"
 
+	"github.com/shrooms-cage/shrooms/pkg/cagenet"
+	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/gateway"
 	"github.com/shrooms-cage/shrooms/pkg/gitseal"
 	"github.com/shrooms-cage/shrooms/pkg/history"
@@ -122,7 +124,10 @@ type Plan struct {
 	outbox string
 	// seccomp says whether shrooms' seccomp profile is installed.
 	seccomp bool
-	guard   *guard.Check
+	// resolvConf is the cage's resolv.conf to install (network.driver
+	// "shrooms"; "" for none).
+	resolvConf string
+	guard      *guard.Check
 	// gateway is the turn's model gateway configuration, its placeholder
 	// included (nil without one); execute starts it in the cage's netns.
 	gateway *gateway.Config
@@ -270,6 +275,9 @@ func (r *Runner) plan(task taskid.ID, in *checked, f *facts, ahead bool) (*Plan,
 		return nil, err
 	}
 	seccompPath := r.planSeccomp(p)
+	if cfg.Network.Networked() && cfg.Network.Driver == config.DriverShrooms {
+		p.resolvConf = cagenet.ResolvConfPath(cfg.State.Dir)
+	}
 	secretEnv := map[string]string{}
 	p.secrets = map[string][]byte{}
 	for env, tok := range in.agent.TokenEnv {
@@ -293,6 +301,7 @@ func (r *Runner) plan(task taskid.ID, in *checked, f *facts, ahead bool) (*Plan,
 		Plan:            mp,
 		SecretEnv:       secretEnv,
 		SeccompPath:     seccompPath,
+		ResolvConf:      p.resolvConf,
 		DeadlineSeconds: uint(p.timeout.Seconds()) + uint(cfg.Cage.StopGrace.Std().Seconds()) + 30,
 		Env:             env,
 		WorktreeGuard:   guardDigest,
@@ -532,6 +541,11 @@ func (r *Runner) applyFiles(ctx context.Context, dir string, out *prepared, s st
 	}
 	if p.seccomp {
 		if _, err := seccomp.InstallFor(cfg.State.Dir, gvisor(cfg.Cage.Runtime)); err != nil {
+			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
+		}
+	}
+	if p.resolvConf != "" {
+		if err := cagenet.InstallResolvConf(p.resolvConf); err != nil {
 			return fmt.Errorf("%w: %w", ErrHostNotReady, err)
 		}
 	}

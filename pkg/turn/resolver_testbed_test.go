@@ -50,7 +50,8 @@ func newResolverEnvOn(t *testing.T, rt string, svc []string, policy string, allo
 		if err != nil || !st.OK {
 			return SealState{}, fmt.Errorf("seal: %v %s", err, st.Reason)
 		}
-		if _, err := cagenet.EnsureNetwork(ctx, cfg, e.Client); err != nil {
+		link, err := e.EnsureCageNetwork(ctx, cfg)
+		if err != nil {
 			return SealState{}, err
 		}
 		// The in-cage wall's rules, without the names resolved at apply:
@@ -59,7 +60,7 @@ func newResolverEnvOn(t *testing.T, rt string, svc []string, policy string, allo
 		if err != nil {
 			return SealState{}, err
 		}
-		return SealState{Digest: st.Installed, Rules: rules}, firewall.PinBridgeMAC(cfg.Network.Bridge, e.FW)
+		return SealState{Digest: st.Installed, Rules: rules, Link: link}, firewall.PinBridgeMAC(cfg.Network.Bridge, e.FW)
 	})
 	r.Resolver = cagenet.Resolver(e.FW, e.TB.DialContext("host"))
 	return e, r

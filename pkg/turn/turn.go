@@ -598,9 +598,10 @@ func (r *Runner) check(ctx context.Context, req Request, s steps) (*checked, err
 			return nil, fmt.Errorf("%w: network seal not verified, refusing to start a networked cage: %w", ErrHostNotReady, err)
 		}
 		in.sealDigest, in.seal = st.Digest, st
-		if s.acquire {
-			// Before any networked cage is created: else podman never
-			// tears its network down (cagenet.NetnsShared).
+		if s.acquire && cfg.Network.Driver == config.DriverPodman {
+			// Before any cage on a podman network is created: else podman
+			// never tears its network down (cagenet.NetnsShared). Under
+			// the shrooms driver podman binds no network namespace.
 			if r.Netns == nil {
 				return nil, fmt.Errorf("%w: network policy %q needs /run/netns shared in the podman service's mount namespace and this runner cannot check it; set network.policy = \"none\"", ErrHostNotReady, cfg.Network.Policy)
 			}

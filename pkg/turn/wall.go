@@ -25,8 +25,8 @@ func InstallCageWall(ctx context.Context, seal SealState, pid int, prepared bool
 	return cagenet.InstallWall(ctx, seal, pid)
 }
 
-// wallCage puts the in-cage wall of an initialised networked cage in
-// place; check says it is a prepared cage whose wall went in at its
+// wallCage links an initialised networked cage to the cage network (the
+// shrooms driver) and puts its in-cage wall in place; check says it is a prepared cage whose wall went in at its
 // preparation. Under policy none there is no interface but loopback and
 // nothing to wall.
 func (r *Runner) wallCage(ctx context.Context, id string, p *prepared, check bool) (*firewall.WallStatus, error) {
@@ -39,6 +39,11 @@ func (r *Runner) wallCage(ctx context.Context, id string, p *prepared, check boo
 	pid, err := r.cagePid(ctx, id, p)
 	if err != nil {
 		return nil, err
+	}
+	// The link first (network.driver "shrooms"): the wall guards an
+	// interface that exists.
+	if _, err := cagenet.LinkCage(ctx, p.seal, pid, check); err != nil {
+		return nil, fmt.Errorf("cage not linked to the cage network, refusing to start it: %w", err)
 	}
 	st, err := r.CageWall(ctx, p.seal, pid, check)
 	if err != nil {
