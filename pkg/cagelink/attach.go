@@ -39,10 +39,12 @@ func Attach(ctx context.Context, n Net, cageNS string) (Link, error) {
 	if err != nil {
 		return Link{}, fmt.Errorf("cage link: interfaces of %s: %w", cageNS, err)
 	}
+	var lo netlink.Link
 	for _, l := range links {
 		if l.Attrs().Name != "lo" {
 			return Link{}, fmt.Errorf("cage link: %s already has interface %s: refused", cageNS, l.Attrs().Name)
 		}
+		lo = l
 	}
 	hh, err := handleAt(n.HostNetNS)
 	if err != nil {
@@ -89,9 +91,13 @@ func Attach(ctx context.Context, n Net, cageNS string) (Link, error) {
 		if err != nil {
 			return Link{}, fmt.Errorf("cage link: create veth %s: %w", l.Host, err)
 		}
-		if err := configure(hh, ch, n, br, l); err != nil {
-			if host, lerr := hh.LinkByName(l.Host); lerr == nil {
-				_ = hh.LinkDel(host) // takes the peer with it
+		if err := configure(hh, ch, n, br, lo, veth, l); err != nil {
+			// By index when LinkAdd found it, else by name (ours: it
+			// exists, so nobody else could create it).
+			if veth.Index != 0 {
+				_ = hh.LinkDel(veth) // takes the peer with it
+			} else if host, lerr := hh.LinkByName(l.Host); lerr == nil {
+				_ = hh.LinkDel(host)
 			}
 			return Link{}, fmt.Errorf("cage link %s (%s): %w", l.Host, l.Addr4, err)
 		}
@@ -100,21 +106,24 @@ func Attach(ctx context.Context, n Net, cageNS string) (Link, error) {
 	return Link{}, fmt.Errorf("cage network %s is full: %d cages", n.Subnet4, count)
 }
 
-// configure enslaves the new veth's host end and sets up the cage end.
-func configure(hh, ch *netlink.Handle, n Net, br netlink.Link, l Link) error {
-	host, err := hh.LinkByName(l.Host)
-	if err != nil {
-		return fmt.Errorf("find host end: %w", err)
+// configure enslaves the new veth's host end (its index filled in by
+// LinkAdd) and sets up the cage end; lo is the cage's loopback as listed
+// (nil if the namespace had none).
+func configure(hh, ch *netlink.Handle, n Net, br, lo netlink.Link, host *netlink.Veth, l Link) error {
+	if host.Index == 0 {
+		return fmt.Errorf("host end %s not found after creation", l.Host)
 	}
 	if err := hh.LinkSetMasterByIndex(host, br.Attrs().Index); err != nil {
 		return fmt.Errorf("join bridge %s: %w", n.Bridge, err)
 	}
-	lo, err := ch.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("cage lo: %w", err)
+	if lo == nil {
+		return fmt.Errorf("cage has no lo")
 	}
-	if err := ch.LinkSetUp(lo); err != nil {
-		return fmt.Errorf("cage lo up: %w", err)
+	// runc brings lo up already; a namespace made otherwise may not.
+	if lo.Attrs().Flags&net.FlagUp == 0 {
+		if err := ch.LinkSetUp(lo); err != nil {
+			return fmt.Errorf("cage lo up: %w", err)
+		}
 	}
 	eth, err := ch.LinkByName(cageIf)
 	if err != nil {

@@ -62,6 +62,13 @@ func ensureBridge(ctx context.Context, n Net, w *writes) error {
 	if br.Type() != "bridge" {
 		return fmt.Errorf("cage bridge %s exists but is a %s, not a bridge: left alone", n.Bridge, br.Type())
 	}
+	if br.Attrs().Flags&net.FlagUp == 0 {
+		if err := h.LinkSetUp(br); err != nil {
+			return fmt.Errorf("cage bridge %s: up: %w", n.Bridge, err)
+		}
+		w.add("up")
+	}
+	// After up: a bridge taken down lost its IPv6 addresses.
 	for _, gw := range n.gateways() {
 		ok, err := hasAddr(h, br, gw, n.bits(gw))
 		if err != nil {
@@ -74,12 +81,6 @@ func ensureBridge(ctx context.Context, n Net, w *writes) error {
 			return fmt.Errorf("cage bridge %s: add %s: %w", n.Bridge, gw, err)
 		}
 		w.add("address " + gw.String())
-	}
-	if br.Attrs().Flags&net.FlagUp == 0 {
-		if err := h.LinkSetUp(br); err != nil {
-			return fmt.Errorf("cage bridge %s: up: %w", n.Bridge, err)
-		}
-		w.add("up")
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -124,6 +125,9 @@ func CheckBridge(n Net) (exists bool, err error) {
 	if br.Type() != "bridge" {
 		return true, fmt.Errorf("cage bridge %s is a %s, not a bridge", n.Bridge, br.Type())
 	}
+	if br.Attrs().Flags&net.FlagUp == 0 {
+		return true, fmt.Errorf("cage bridge %s is down", n.Bridge)
+	}
 	for _, gw := range n.gateways() {
 		ok, err := hasAddr(h, br, gw, n.bits(gw))
 		if err != nil {
@@ -132,9 +136,6 @@ func CheckBridge(n Net) (exists bool, err error) {
 		if !ok {
 			return true, fmt.Errorf("cage bridge %s does not carry gateway %s/%d", n.Bridge, gw, n.bits(gw))
 		}
-	}
-	if br.Attrs().Flags&net.FlagUp == 0 {
-		return true, fmt.Errorf("cage bridge %s is down", n.Bridge)
 	}
 	if err := inNetNS(n.HostNetNS, func() error {
 		for _, s := range n.forwarding() {
