@@ -140,13 +140,13 @@ func LinkCage(ctx context.Context, seal State, pid int, prepared bool) (*cagelin
 	if prepared {
 		l, err := cagelink.Check(*seal.Link, CageNetNS(pid))
 		if err != nil {
-			return nil, fmt.Errorf("prepared cage's link: %w", err)
+			return nil, fmt.Errorf("prepared cage: %w", err) // "cage link: …" follows
 		}
 		return &l, nil
 	}
 	l, err := cagelink.Attach(ctx, *seal.Link, CageNetNS(pid))
 	if err != nil {
-		return nil, fmt.Errorf("cage link: %w", err)
+		return nil, err // "cage link: …"
 	}
 	return &l, nil
 }

@@ -63,6 +63,8 @@ func TestErrorsNameKeyAndLine(t *testing.T) {
 		{"negative linger", "[cage]\nteardown_linger = \"-1s\"\n", "config t.toml:2: cage.teardown_linger: must be in 0..1h"},
 		{"bad policy", "[network]\npolicy = \"open\"\n", "config t.toml:2: network.policy: unknown policy \"open\""},
 		{"bad cidr", "[network]\nsubnet4 = \"10.89.0.0/33\"\n", "config t.toml:2: network.subnet4"},
+		{"bad driver", "[network]\ndriver = \"cni\"\n", "config t.toml:2: network.driver: unknown driver \"cni\" (use shrooms or podman)"},
+		{"subnet too large for the driver", "[network]\nsubnet4 = \"10.0.0.0/7\"\n", "network.subnet4: \"10.0.0.0/7\" is larger than the shrooms driver allows (/8 at most)"},
 		{"bad allow", "[network]\nallow = [\"1.2.3.0/24\", \"bad name!\"]\n", "config t.toml:2: network.allow[1]"},
 		{"lan with host bits", "[network]\nlan = [\"198.51.100.0/24\", \"198.51.100.1/24\"]\n", "network.lan[1]: \"198.51.100.1/24\" has host bits set (did you mean 198.51.100.0/24?)"},
 		{"lan default route", "[network]\nlan = [\"::/0\"]\n", "network.lan[0]: \"::/0\" covers every address"},
@@ -102,7 +104,7 @@ func TestExampleConfigIsValidAndComplete(t *testing.T) {
 	// Every key of the schema is documented in the example (commented out or set).
 	for _, key := range []string{"socket", "dir", "image", "memory", "pids", "cpus", "nofile", "nproc", "timeout",
 		"stop_grace", "tmp_size", "run_size", "tmp_exec", "subid_user", "user", "seccomp", "hostname_format", "prepare_next", "teardown_linger",
-		"policy", "name", "bridge", "subnet4", "subnet6", "allow", "volume_prefix", "root", "command", "env", "home", "token_env", "gateway", "api", "upstream", "token",
+		"policy", "driver", "name", "bridge", "subnet4", "subnet6", "allow", "volume_prefix", "root", "command", "env", "home", "token_env", "gateway", "api", "upstream", "token",
 		"max_requests", "max_output_tokens", "auth", "token_url", "client_id", "allow_betas", "allow_server_tools"} {
 		assert.Assert(t, strings.Contains(string(data), key+" ="), "config.example.toml does not document %q", key)
 	}

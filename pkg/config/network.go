@@ -88,6 +88,10 @@ func (n *Network) validate() error {
 	if err != nil || !p.Addr().Is4() || p.Bits() > 29 || p.Masked() != p {
 		return &Error{Key: "network.subnet4", Msg: fmt.Sprintf("%q is not an IPv4 network CIDR of /29 or larger", n.Subnet4)}
 	}
+	if n.Driver == DriverShrooms && p.Bits() < 8 {
+		// A cage's host-side veth is named after its address's index.
+		return &Error{Key: "network.subnet4", Msg: fmt.Sprintf("%q is larger than the shrooms driver allows (/8 at most)", n.Subnet4)}
+	}
 	if n.Subnet6 != "" {
 		p, err := netip.ParsePrefix(n.Subnet6)
 		if err != nil || !p.Addr().Is6() || p.Addr().Is4In6() || p.Bits() > 120 || p.Masked() != p {
