@@ -45,7 +45,7 @@ buildGoModule {
 
   # The NAR hash of `go mod vendor` (vendor/ with modules.txt). Recompute
   # with nix/update-vendor-hash.sh; internal/nixcheck fails when it is stale.
-  vendorHash = "sha256-okh1ebBSFtGKCix7zJTLdbO5snnWfgkDPJ+H1K0ya9s=";
+  vendorHash = "sha256-55JOqSdrnCjotGP6cU4ZlnRiWtaUm721HuFiNSloBE4=";
 
   env.CGO_ENABLED = 0;
   subPackages = [ "cmd/shrooms" ];
