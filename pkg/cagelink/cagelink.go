@@ -31,10 +31,10 @@ type Net struct {
 
 // FromConfig validates the network section and fills a Net.
 func FromConfig(n config.Network, hostNetNS string) (Net, error) {
-	if !validIfName(n.Name) {
+	if !config.ValidIfName(n.Name) {
 		return Net{}, fmt.Errorf("network.name: %q is not a network name (1-15 of a-z 0-9 _ -)", n.Name)
 	}
-	if !validIfName(n.Bridge) {
+	if !config.ValidIfName(n.Bridge) {
 		return Net{}, fmt.Errorf("network.bridge: %q is not an interface name (1-15 of a-z 0-9 _ -)", n.Bridge)
 	}
 	p4, err := netip.ParsePrefix(n.Subnet4)
@@ -109,16 +109,4 @@ func indexOf(p netip.Prefix, a netip.Addr) int {
 		return -1
 	}
 	return int(v.Int64())
-}
-
-func validIfName(s string) bool {
-	if s == "" || len(s) > 15 {
-		return false
-	}
-	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_' || r == '-') {
-			return false
-		}
-	}
-	return true
 }

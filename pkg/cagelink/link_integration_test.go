@@ -17,6 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
 	is "gotest.tools/v3/assert/cmp"
+
+	"github.com/shrooms-cage/shrooms/pkg/config"
 )
 
 const (
@@ -74,8 +76,8 @@ func TestEnsureBridgeFromNothingThenNoWrites(t *testing.T) {
 	assert.Assert(t, is.Contains(before, "up"))
 	ruleset := nft(t, w.host, "list", "table", "inet", NATTable(w.n.Name))
 	assert.Assert(t, is.Contains(ruleset, "type nat hook postrouting priority srcnat; policy accept;"), ruleset)
-	assert.Assert(t, is.Contains(ruleset, "ip saddr 10.77.0.0/24 ip daddr != 10.77.0.0/24 masquerade"), ruleset)
-	assert.Assert(t, is.Contains(ruleset, "ip6 saddr fd77:1::/64 ip6 daddr != fd77:1::/64 masquerade"), ruleset)
+	assert.Assert(t, is.Contains(ruleset, "ip saddr 10.77.0.0/24 ip daddr != 10.77.0.0/24 ip daddr != 224.0.0.0/4 masquerade"), ruleset)
+	assert.Assert(t, is.Contains(ruleset, "ip6 saddr fd77:1::/64 ip6 daddr != fd77:1::/64 ip6 daddr != ff00::/8 masquerade"), ruleset)
 
 	// Already right: nothing written, nothing in the kernel changed.
 	assert.Assert(t, is.Len(w.ensureWrites(), 0))
@@ -410,7 +412,7 @@ func TestVethName(t *testing.T) {
 	for _, br := range []string{"shrooms", "shrooms0", "a", "abcdefghijklmno"} {
 		for _, idx := range []int{2, 255, 1<<24 - 2} {
 			name := VethName(br, idx)
-			assert.Assert(t, len(name) <= 15 && validIfName(name), name)
+			assert.Assert(t, len(name) <= 15 && config.ValidIfName(name), name)
 			assert.Assert(t, !seen[name], name)
 			seen[name] = true
 		}

@@ -78,10 +78,10 @@ func (n *Network) validate() error {
 	default:
 		return &Error{Key: "network.driver", Msg: fmt.Sprintf("unknown driver %q (use shrooms or podman)", n.Driver)}
 	}
-	if !validIfName(n.Bridge) {
+	if !ValidIfName(n.Bridge) {
 		return &Error{Key: "network.bridge", Msg: fmt.Sprintf("%q is not an interface name (1-15 of a-z 0-9 _ -)", n.Bridge)}
 	}
-	if !validIfName(n.Name) {
+	if !ValidIfName(n.Name) {
 		return &Error{Key: "network.name", Msg: fmt.Sprintf("%q is not a network name (1-15 of a-z 0-9 _ -)", n.Name)}
 	}
 	p, err := netip.ParsePrefix(n.Subnet4)
@@ -195,7 +195,9 @@ func LANPrefix(s string) (netip.Prefix, error) {
 	return p, nil
 }
 
-func validIfName(s string) bool {
+// ValidIfName reports whether s is an interface name shrooms accepts: 1–15
+// of a-z 0-9 _ -.
+func ValidIfName(s string) bool {
 	if s == "" || len(s) > 15 {
 		return false
 	}

@@ -1,47 +1,6 @@
 package firewall
 
-import (
-	"fmt"
-	"os"
-	"runtime"
+import "github.com/shrooms-cage/shrooms/pkg/innetns"
 
-	"golang.org/x/sys/unix"
-)
-
-// inNetNS runs fn on a thread switched into the network namespace at path
-// ("" runs fn where we are). If the thread cannot be switched back it stays
-// locked, so the runtime discards it instead of reusing it elsewhere.
-func inNetNS(path string, fn func() error) error {
-	if path == "" {
-		return fn()
-	}
-	target, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("open network namespace: %w", err)
-	}
-	defer target.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open own network namespace: %w", err)
-			return
-		}
-		defer self.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter network namespace %s: %w", path, err)
-			return
-		}
-		ferr := fn()
-		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("leave network namespace %s: %w", path, err) // thread stays locked: discarded
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
+// inNetNS runs fn in the network namespace at path ("" where we are).
+func inNetNS(path string, fn func() error) error { return innetns.Run(path, fn) }

@@ -281,29 +281,7 @@ func (c SystemConfig) Write() error {
 }
 
 // writeGenerated writes a generated file the cage mounts read-only: world-
-// readable, replaced atomically.
+// readable, replaced atomically (unless it already holds content).
 func writeGenerated(path, content string) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	_, err = tmp.WriteString(content)
-	if err == nil {
-		err = tmp.Chmod(0o644)
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		os.Remove(tmp.Name())
-		return err
-	}
-	return nil
+	return taskstate.InstallFile(path, []byte(content))
 }
