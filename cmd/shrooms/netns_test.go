@@ -111,8 +111,12 @@ func TestCageNetworkTornDownOnPrivateNetns(t *testing.T) {
 		assert.Equal(t, code, 0, stderr)
 		assert.Equal(t, lastJSON(t, stdout).Prepared, i > 0, stdout)
 	}
-	settled("after 3 turns", base, live)
+	// The last turn's cage is removed by its teardown, after the turn.
+	for i := 0; i < 100 && live() != 1; i++ {
+		time.Sleep(100 * time.Millisecond)
+	}
 	assert.Equal(t, live(), 1, "the prepared cage")
+	settled("after 3 turns", base, live)
 	st, err = cagenet.NetnsShared(tb.PodmanURL)
 	assert.NilError(t, err)
 	assert.Assert(t, st.Shared, "no turn made /run/netns shared")
@@ -189,8 +193,8 @@ func TestShroomsDriverLeavesNoNetwork(t *testing.T) {
 		}
 	}
 	var p int
-	for i := 0; i < 50; i++ { // the last cage's netns goes with its last process
-		if p = ports(name); p == live() {
+	for i := 0; i < 100; i++ { // the last cage goes after the turn (its teardown), its veth with its netns
+		if p = ports(name); p == 1 && live() == 1 {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
