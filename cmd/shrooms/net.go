@@ -37,6 +37,10 @@ seal before it starts, and a running turn within a quarter second.`,
 				Flags: []cli.Flag{&cli.BoolFlag{Name: "seal-only", Usage: "install the seal only; do not contact podman"}},
 				Action: func(c *cli.Context) error {
 					return withNet(c, func(ctx context.Context, cfg *config.Config) error {
+						// The seal first: the bridge and its NAT never exist unguarded.
+						if err := firewall.Apply(ctx, cfg.Network, firewall.Options{}); err != nil {
+							return fail(ExitHostNotReady, err)
+						}
 						if cfg.Network.Networked() && !c.Bool("seal-only") {
 							var client engine.Networks // the shrooms driver needs no podman
 							if cfg.Network.Driver == config.DriverPodman {
@@ -49,9 +53,6 @@ seal before it starts, and a running turn within a quarter second.`,
 							if err := cagenet.Ensure(ctx, cfg, client, firewall.Options{}); err != nil {
 								return fail(codeFor(err), err)
 							}
-						}
-						if err := firewall.Apply(ctx, cfg.Network, firewall.Options{}); err != nil {
-							return fail(ExitHostNotReady, err)
 						}
 						return printStatus(c, ctx, cfg)
 					})
