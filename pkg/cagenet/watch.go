@@ -3,6 +3,7 @@ package cagenet
 import (
 	"context"
 
+	"github.com/shrooms-cage/shrooms/pkg/cagelink"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
 )
@@ -26,7 +27,26 @@ func Watcher(opts firewall.Options) func(ctx context.Context, cfg *config.Config
 			if l.Err != nil {
 				sl.Error = l.Err.Error()
 			}
+			if l.Reapplied && cfg.Network.Driver == config.DriverShrooms {
+				// What took the seal (a ruleset flush, a firewall reload)
+				// took the cage network's NAT too: put it back behind the
+				// seal, or the running cage has no way out until the next
+				// turn. The seal holds either way.
+				if err := ensureNAT(ctx, cfg, opts); err != nil {
+					sl.Error = "seal reapplied; cage network not restored: " + err.Error()
+				}
+			}
 			onLoss(sl)
 		})
 	}
+}
+
+// ensureNAT makes the shrooms driver's bridge, forwarding and NAT right
+// again (cagelink.EnsureBridge: read first, write what differs).
+func ensureNAT(ctx context.Context, cfg *config.Config, opts firewall.Options) error {
+	n, err := linkNet(cfg, opts)
+	if err != nil {
+		return err
+	}
+	return cagelink.EnsureBridge(ctx, *n)
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/shrooms-cage/shrooms/internal/tbworld"
 	"github.com/shrooms-cage/shrooms/internal/testbed"
+	"github.com/shrooms-cage/shrooms/pkg/cagelink"
 	"github.com/shrooms-cage/shrooms/pkg/cagenet"
 	"github.com/shrooms-cage/shrooms/pkg/config"
 	"github.com/shrooms-cage/shrooms/pkg/firewall"
@@ -376,6 +377,13 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 		}
 		return sealState(e, cfg, st)
 	}
+	natAfter := map[string]bool{}
+	// natBack: the cage network's NAT was in place when the turn ended
+	// (before the test puts it back).
+	natBack := func() bool {
+		_, err := e.TB.Exec("host", "nft", "list", "table", "inet", cagelink.NATTable(e.Net))
+		return err == nil
+	}
 	turnWithFlush := func(t *testing.T, watch turn.SealWatcher, breakSeal ...string) (*turn.Result, error, []time.Duration) {
 		t.Helper()
 		assert.NilError(t, firewall.Apply(ctx, e.Cfg.Network, e.FW))
@@ -410,6 +418,9 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 		out, err := e.TB.Exec("host", breakSeal...)
 		assert.NilError(t, err, string(out))
 		got := <-done
+		if len(breakSeal) == 3 && breakSeal[1] == "flush" {
+			natAfter[t.Name()] = natBack()
+		}
 		var since []time.Duration
 		for _, h := range e.TB.Hits(nonce) {
 			since = append(since, h.At.Sub(at))
@@ -421,6 +432,7 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 
 	t.Run("positive control: no watcher, the flush opens the seal until the turn ends", func(t *testing.T) {
 		res, err, since := turnWithFlush(t, nil)
+		assert.Check(t, !natAfter[t.Name()], "positive control: the flush did not take the NAT table")
 		assert.NilError(t, err, "%+v", res)
 		late := 0
 		for _, d := range since {
@@ -437,6 +449,8 @@ func TestSealWatchedDuringTurn(t *testing.T) {
 		res, err, since := turnWithFlush(t, cagenet.Watcher(e.FW))
 		assert.NilError(t, err, "%+v", res)
 		assert.Equal(t, res.Status, "exited")
+		// The watcher put the cage network's NAT back with the seal.
+		assert.Check(t, natAfter[t.Name()], "the NAT table was not restored during the turn")
 		var last time.Duration
 		for _, d := range since {
 			assert.Check(t, d >= 0, "the sealed stream reached the router %v before the flush", -d)
