@@ -497,7 +497,7 @@ func doctorLink(cfg *config.Config, add func(string, string, string, string)) {
 	default:
 		add("network", "ok", fmt.Sprintf("driver shrooms: bridge %s does not exist yet; the next networked turn (or `shrooms net apply`) makes it", n.Bridge), "")
 	}
-	drops, err := firewall.ForwardDrops(firewall.Options{}, cfg.Network.Name)
+	drops, err := firewall.ForwardDrops(firewall.Options{}, cfg.Network.Name, cfg.Network.Bridge)
 	switch {
 	case err != nil:
 		add("forward", "fail", err.Error(), "run doctor as root")

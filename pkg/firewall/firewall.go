@@ -361,6 +361,10 @@ func familyName(f nftables.TableFamily) string {
 		return "inet"
 	case nftables.TableFamilyBridge:
 		return "bridge"
+	case nftables.TableFamilyIPv4:
+		return "ip"
+	case nftables.TableFamilyIPv6:
+		return "ip6"
 	}
 	return fmt.Sprintf("family%d", f)
 }
