@@ -206,6 +206,23 @@ func TestShroomsDriverLeavesNoNetwork(t *testing.T) {
 	out, err := tb.Podman("network", "exists", name)
 	assert.Assert(t, err != nil, "a podman network exists: %s", out)
 
+	// A prepared cage whose link was changed under it (its veth pulled off
+	// the bridge) is refused, not mended; the next turn works.
+	out2, err := tb.Exec("host", "sh", "-c", "ip -o link show master "+name+" 2>/dev/null | cut -d: -f2 | cut -d@ -f1")
+	assert.NilError(t, err, "%s", out2)
+	veth := strings.TrimSpace(string(out2))
+	assert.Assert(t, strings.HasPrefix(veth, "sc"), "the prepared cage's veth: %q", veth)
+	out2, err = tb.Exec("host", "ip", "link", "set", "dev", veth, "nomaster")
+	assert.NilError(t, err, "%s", out2)
+	code, _, stderr = shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--prepare-next", "--", "-c", "true")
+	assert.Equal(t, code, ExitHostNotReady, stderr)
+	assert.Assert(t, is.Contains(stderr, "is not a port of bridge "+name), stderr)
+	nonce := "nd-after-" + name
+	code, stdout, stderr = shrooms("--json", "run", "--task", task, "--agent", "shell", "--no-stdin", "--", "-c", fmt.Sprintf("echo %s | nc -w 3 %s 80; true", nonce, testbed.InternetAddr4))
+	assert.Equal(t, code, 0, stderr)
+	time.Sleep(300 * time.Millisecond)
+	assert.Assert(t, len(tb.Hits(nonce)) > 0, "the turn after the refused one did not reach the internet")
+
 	// Control: the same probes see a podman network's container.
 	ctl := name + "c"
 	c4, c6 := itest.Subnets(t)
