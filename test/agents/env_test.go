@@ -280,6 +280,13 @@ func checkSealed(e *tbworld.World, agent string) {
 		CapDrop  []string       `json:"cap_drop"`
 		Image    string         `json:"image"`
 		Networks map[string]any `json:"Networks"`
+		NetNS    struct {
+			Mode string `json:"nsmode"`
+		} `json:"netns"`
+		Mounts []struct {
+			Destination string `json:"destination"`
+			Source      string `json:"source"`
+		} `json:"mounts"`
 	}
 	assert.NilError(e.T, json.Unmarshal([]byte(out), &spec))
 	assert.Assert(e.T, spec.ReadOnly)
@@ -289,8 +296,19 @@ func checkSealed(e *tbworld.World, agent string) {
 	assert.Assert(e.T, spec.NoNewPr)
 	assert.DeepEqual(e.T, spec.CapDrop, []string{"ALL"})
 	assert.Equal(e.T, spec.Image, agentImage)
-	_, ok := spec.Networks[e.Prefix]
-	assert.Assert(e.T, ok, "the cage joins the sealed network %s: %s", e.Prefix, out)
+	// The shrooms driver (the default): an empty network namespace that
+	// the turn links to the sealed bridge before the cage starts, with
+	// the cage's own resolv.conf; no podman network.
+	assert.Equal(e.T, e.Cfg.Network.Driver, "shrooms")
+	assert.Equal(e.T, spec.NetNS.Mode, "none", "the cage's network namespace: %s", out)
+	assert.Equal(e.T, len(spec.Networks), 0, "a podman network in the spec: %s", out)
+	resolv := ""
+	for _, m := range spec.Mounts {
+		if m.Destination == "/etc/resolv.conf" {
+			resolv = m.Source
+		}
+	}
+	assert.Equal(e.T, resolv, filepath.Join(e.Dir, "state", "cagenet", "resolv.conf"), "the cage's resolv.conf: %s", out)
 }
 
 // homeDir is the host directory of the task's HOME, mounted: shrooms mounts
