@@ -46,17 +46,7 @@ func TestCageNetworkTornDownOnPrivateNetns(t *testing.T) {
 	assert.NilError(t, err)
 	// What a cage's network leaves: its netns bind mount in the service's
 	// namespace and its veth on the cage bridge.
-	netnsMounts := func() int {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
-		assert.NilError(t, err)
-		n := 0
-		for _, l := range strings.Split(string(b), "\n") {
-			if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], cagenet.NetnsDir+"/netns-") {
-				n++
-			}
-		}
-		return n
-	}
+	netnsMounts := func() int { return serviceNetnsMounts(t, pid) }
 	veths := func() int {
 		// iproute2 complains of each veth's peer netns (not ours) on stderr.
 		out, err := tb.Exec("host", "sh", "-c", "ip -o link show master "+name+" 2>&1 >/dev/null | grep -v 'Peer netns' >&2; ip -o link show master "+name+" 2>/dev/null")
@@ -152,11 +142,7 @@ func TestShroomsDriverLeavesNoNetwork(t *testing.T) {
 	assert.NilError(t, err)
 	pid, err := podmanpeer.Pid(tb.PodmanURL)
 	assert.NilError(t, err)
-	netnsMounts := func() int {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
-		assert.NilError(t, err)
-		return strings.Count(string(b), " "+cagenet.NetnsDir+"/netns-")
-	}
+	netnsMounts := func() int { return serviceNetnsMounts(t, pid) }
 	ports := func(bridge string) int {
 		out, err := tb.Exec("host", "sh", "-c", "ip -o link show master "+bridge+" 2>/dev/null")
 		assert.NilError(t, err, "%s", out)
@@ -236,4 +222,20 @@ func TestShroomsDriverLeavesNoNetwork(t *testing.T) {
 	t.Cleanup(func() { _, _ = tb.Podman("rm", "-f", "-t", "0", ctl) })
 	assert.Equal(t, ports(ctl), 1, "control: the podman network's container has no veth on its bridge")
 	assert.Assert(t, netavark() > 0, "control: no netavark chain seen with a container on a podman network")
+}
+
+// serviceNetnsMounts counts the netns bind mounts under /run/netns in the
+// mount namespace of the podman service (pid): one per cage whose network
+// podman made and has not torn down.
+func serviceNetnsMounts(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	assert.NilError(t, err)
+	n := 0
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], cagenet.NetnsDir+"/netns-") {
+			n++
+		}
+	}
+	return n
 }

@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/innetns"
 )
 
 // Hit is one packet a canary received.
@@ -75,37 +75,7 @@ func (tb *Testbed) Hits(nonce string) []Hit {
 
 // inNS runs fn on a thread inside the namespace at path; sockets created
 // there stay in that namespace after the thread leaves it.
-func inNS(path string, fn func() error) error {
-	target, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer target.Close()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer self.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		ferr := fn()
-		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- err // thread stays locked and is discarded
-			return
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
-}
+func inNS(path string, fn func() error) error { return innetns.Run(path, fn) }
 
 // canaries listens in one namespace on tcp and udp ports (all addresses,
 // both families) and optionally ICMP echo and DNS, logging every hit.
