@@ -22,8 +22,9 @@ type State struct {
 	// Rules is the rule set the seal was checked against; the in-cage
 	// wall of the turn's cage is built from the same (InstallWall).
 	Rules *firewall.Rules
-	// Link is the cage network under network.driver "shrooms": InstallWall
-	// links the cage to its bridge first (nil under driver podman).
+	// Link is the cage network under network.driver "shrooms": LinkCage
+	// links the cage to its bridge before its wall goes in (nil under
+	// driver podman).
 	Link *cagelink.Net
 }
 

@@ -102,8 +102,9 @@ type Runner struct {
 	// Seal verifies the nftables seal; required when the policy is networked.
 	Seal SealChecker
 	// Netns makes /run/netns shared in the podman service's mount
-	// namespace before a networked cage is created (cagenet.ServiceNetns);
-	// required when the policy is networked.
+	// namespace before a cage on a podman network is created
+	// (cagenet.ServiceNetns); required when the policy is networked and
+	// network.driver is "podman".
 	Netns NetnsSharer
 	// Binary is shrooms' own static executable, mounted read-only into
 	// prepared cages to hand them their argv (PrepareNext); "" disables them.

@@ -26,8 +26,8 @@ func InstallCageWall(ctx context.Context, seal SealState, pid int, prepared bool
 }
 
 // wallCage links an initialised networked cage to the cage network (the
-// shrooms driver) and puts its in-cage wall in place; check says it is a prepared cage whose wall went in at its
-// preparation. Under policy none there is no interface but loopback and
+// shrooms driver) and puts its in-cage wall in place; check says it is a
+// prepared cage whose link and wall went in at its preparation. Under policy none there is no interface but loopback and
 // nothing to wall.
 func (r *Runner) wallCage(ctx context.Context, id string, p *prepared, check bool) (*firewall.WallStatus, error) {
 	if !r.Cfg.Network.Networked() {
