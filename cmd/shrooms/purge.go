@@ -140,7 +140,7 @@ func purge(ctx context.Context, cfg *config.Config, dryRun bool) (*purgeReport, 
 		return nil, fail(ExitUsage, err)
 	}
 	if cfg.Network.Driver == config.DriverShrooms {
-		if exists, err := cagelink.CheckBridge(link); err != nil && exists {
+		if exists, err := cagelink.Identify(link); err != nil && exists {
 			return nil, fail(ExitHostNotReady, fmt.Errorf("purge: %w; nothing removed", err))
 		} else if exists {
 			rep.Bridge = link.Bridge

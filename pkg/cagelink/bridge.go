@@ -106,6 +106,43 @@ func ensureBridge(ctx context.Context, n Net, w *writes) error {
 	return ensureNAT(ctx, n, w)
 }
 
+// Identify says whether the cage network's bridge exists (false, nil when
+// there is no such interface) and whether it is the cage network's: a
+// bridge carrying the IPv4 gateway (an error says what it is instead). Purge
+// removes only such a bridge, whatever else of it differs.
+func Identify(n Net) (exists bool, err error) {
+	h, err := handleAt(n.HostNetNS)
+	if err != nil {
+		return false, err
+	}
+	defer h.Close()
+	_, exists, err = identify(h, n)
+	return exists, err
+}
+
+// identify is Identify on an open handle, returning the bridge.
+func identify(h *netlink.Handle, n Net) (netlink.Link, bool, error) {
+	br, err := h.LinkByName(n.Bridge)
+	if isNotFound(err) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("cage bridge %s: %w", n.Bridge, err)
+	}
+	if br.Type() != "bridge" {
+		return br, true, fmt.Errorf("cage bridge %s is a %s, not a bridge", n.Bridge, br.Type())
+	}
+	// IPv4's gateway only: a bridge that is down has lost its IPv6
+	// addresses (the kernel drops them), and is still ours.
+	gw := n.Gateway4()
+	if ok, err := hasAddr(h, br, gw, n.bits(gw)); err != nil {
+		return br, true, err
+	} else if !ok {
+		return br, true, fmt.Errorf("cage bridge %s does not carry gateway %s/%d", n.Bridge, gw, n.bits(gw))
+	}
+	return br, true, nil
+}
+
 // CheckBridge is EnsureBridge's read-only half: exists is false (nil
 // error) when there is no such interface; an error says what differs when
 // it exists but is not right.
@@ -115,15 +152,9 @@ func CheckBridge(n Net) (exists bool, err error) {
 		return false, err
 	}
 	defer h.Close()
-	br, err := h.LinkByName(n.Bridge)
-	if isNotFound(err) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("cage bridge %s: %w", n.Bridge, err)
-	}
-	if br.Type() != "bridge" {
-		return true, fmt.Errorf("cage bridge %s is a %s, not a bridge", n.Bridge, br.Type())
+	br, exists, err := identify(h, n)
+	if !exists || err != nil {
+		return exists, err
 	}
 	if br.Attrs().Flags&net.FlagUp == 0 {
 		return true, fmt.Errorf("cage bridge %s is down", n.Bridge)
