@@ -46,18 +46,11 @@ func Attach(ctx context.Context, n Net, cageNS string) (Link, error) {
 		}
 		lo = l
 	}
-	hh, err := handleAt(n.HostNetNS)
+	hh, br, err := hostBridge(n)
 	if err != nil {
-		return Link{}, fmt.Errorf("cage link: %w", err)
+		return Link{}, err
 	}
 	defer hh.Close()
-	br, err := hh.LinkByName(n.Bridge)
-	if err != nil {
-		return Link{}, fmt.Errorf("cage link: bridge %s: %w", n.Bridge, err)
-	}
-	if br.Type() != "bridge" {
-		return Link{}, fmt.Errorf("cage link: %s is a %s, not a bridge", n.Bridge, br.Type())
-	}
 	nsf, err := os.Open(cageNS)
 	if err != nil {
 		return Link{}, fmt.Errorf("cage link: open %s: %w", cageNS, err)
@@ -209,15 +202,11 @@ func Check(n Net, cageNS string) (Link, error) {
 			return Link{}, fmt.Errorf("cage link: %w", err)
 		}
 	}
-	hh, err := handleAt(n.HostNetNS)
+	hh, br, err := hostBridge(n)
 	if err != nil {
-		return Link{}, fmt.Errorf("cage link: %w", err)
+		return Link{}, err
 	}
 	defer hh.Close()
-	br, err := hh.LinkByName(n.Bridge)
-	if err != nil {
-		return Link{}, fmt.Errorf("cage link: bridge %s: %w", n.Bridge, err)
-	}
 	host, err := hh.LinkByName(l.Host)
 	if err != nil {
 		return Link{}, fmt.Errorf("cage link: host end %s of %s: %w", l.Host, l.Addr4, err)
@@ -253,4 +242,22 @@ func hasDefault(h *netlink.Handle, index int, gw netip.Addr) error {
 		}
 	}
 	return fmt.Errorf("no default route via %s on %s", gw, cageIf)
+}
+
+// hostBridge opens a handle in HostNetNS and finds the bridge there; the
+// caller closes the handle.
+func hostBridge(n Net) (*netlink.Handle, netlink.Link, error) {
+	hh, err := handleAt(n.HostNetNS)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cage link: %w", err)
+	}
+	br, err := hh.LinkByName(n.Bridge)
+	if err == nil && br.Type() != "bridge" {
+		err = fmt.Errorf("%s is a %s, not a bridge", n.Bridge, br.Type())
+	}
+	if err != nil {
+		hh.Close()
+		return nil, nil, fmt.Errorf("cage link: bridge %s: %w", n.Bridge, err)
+	}
+	return hh, br, nil
 }

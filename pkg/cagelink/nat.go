@@ -5,37 +5,20 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/shrooms-cage/shrooms/pkg/firewall"
 )
 
 const natChain = "postrouting"
 
 // nftConn opens an nftables connection in the namespace at path ("" is
 // the caller's).
-func nftConn(path string) (*nftables.Conn, func(), error) {
-	if path == "" {
-		c, err := nftables.New()
-		if err != nil {
-			return nil, nil, fmt.Errorf("nftables: %w", err)
-		}
-		return c, func() {}, nil
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, nil, fmt.Errorf("open network namespace: %w", err)
-	}
-	c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting())
-	if err != nil {
-		f.Close()
-		return nil, nil, fmt.Errorf("nftables in %s: %w", path, err)
-	}
-	return c, func() { _ = c.CloseLasting(); f.Close() }, nil
-}
+func nftConn(path string) (*nftables.Conn, func(), error) { return firewall.Conn(path) }
 
 // natRules are the chain's rules: from the subnet to anything outside it,
 // masquerade; one per family.

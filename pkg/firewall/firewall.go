@@ -273,6 +273,10 @@ func firstDiff(want, got string) string {
 	return "no difference"
 }
 
+// Conn opens an nftables connection in the network namespace at netns
+// ("" is the caller's); the caller calls the returned func when done.
+func Conn(netns string) (*nftables.Conn, func(), error) { return conn(Options{NetNS: netns}) }
+
 // conn opens a netlink connection in opts.NetNS (or the current namespace).
 func conn(opts Options) (*nftables.Conn, func(), error) {
 	if opts.NetNS == "" {
