@@ -2,10 +2,13 @@ package diff
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
+	"time"
 
 	"gotest.tools/v3/assert"
 
@@ -189,4 +192,73 @@ func TestNamespaceIgnoresAnotherRootsDirStats(t *testing.T) {
 	assert.Equal(t, why, "")
 	assert.Equal(t, s.ns.Shared, 0)
 	assert.Equal(t, s.ns.Statted, s.ns.Dirs-1)
+}
+
+// BenchmarkGuardThenNamespace100k: a turn's guard scan (cached) and then
+// its namespace revalidation of BenchmarkNamespace100k's worktree (1 000
+// directories of 100 entries, none changed), with each directory stat-ed
+// by both (shared=false, as before) and with the guard's stats taken by
+// the namespace (shared=true), alternating in one run; medians.
+func BenchmarkGuardThenNamespace100k(b *testing.B) {
+	root := b.TempDir()
+	for d := range 1000 {
+		dir := filepath.Join(root, fmt.Sprintf("d%04d", d))
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			b.Fatal(err)
+		}
+		for f := range 99 {
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%02d", f)), []byte("x\n"), 0o644); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	ctx := context.Background()
+	cache := filepath.Join(b.TempDir(), NamespaceCacheFile)
+	store := guard.Store{Dir: filepath.Join(b.TempDir(), "trust")}
+	aged()
+	if _, err := store.Trust(ctx, root, nil); err != nil {
+		b.Fatal(err)
+	}
+	m, err := store.Load()
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, why := ScanNamespace(ctx, root, cache, nil)
+	if s == nil {
+		b.Fatal(why)
+	}
+	if err := s.Keep(); err != nil {
+		b.Fatal(err)
+	}
+	pass := func(shared bool) time.Duration {
+		start := time.Now()
+		c, err := store.Guard(ctx, root, m)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var stats *guard.DirStats
+		if shared {
+			stats = c.DirStats()
+		}
+		before, why := ScanNamespace(ctx, root, cache, stats)
+		took := time.Since(start)
+		if before == nil || before.ns.Relisted != 0 || (shared && before.ns.Statted != 0) || (!shared && before.ns.Shared != 0) {
+			b.Fatalf("shared %t: %s %+v", shared, why, before)
+		}
+		return took
+	}
+	pass(true) // the guard's cache written
+	var plain, shared []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		plain = append(plain, pass(false))
+		shared = append(shared, pass(true))
+	}
+	med := func(d []time.Duration) float64 {
+		slices.Sort(d)
+		return float64(d[len(d)/2].Microseconds()) / 1000
+	}
+	b.ReportMetric(med(plain), "plain-ms")
+	b.ReportMetric(med(shared), "shared-ms")
+	b.ReportMetric(0, "ns/op")
 }
