@@ -117,8 +117,8 @@ func scanCached(ctx context.Context, worktree string, copyTo *os.File, only map[
 		snap: &Snapshot{Entries: map[string]Entry{}, matches: map[string]string{}}}
 	if cacheDir != "" {
 		s.cache = openCache(cacheDir, worktree, s.rootFd, patterns)
-		if stats != nil {
-			s.stats = map[string]unix.Stat_t{}
+		if s.cache != nil && stats != nil {
+			s.stats = make(map[string]unix.Stat_t, len(s.cache.old)+1) // no growth over an unchanged tree
 		}
 	}
 	if err := s.walk(root, "", 0); err != nil {
