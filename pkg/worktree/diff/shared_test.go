@@ -262,3 +262,27 @@ func BenchmarkGuardThenNamespace100k(b *testing.B) {
 	b.ReportMetric(med(shared), "shared-ms")
 	b.ReportMetric(0, "ns/op")
 }
+
+// A directory the host replaced after the guard's stat (another inode at
+// its name): the guard's stat is not the one the parent's listing names,
+// and the scan before refuses (the full walk), as for a directory replaced
+// while read. The control: the same tree without the table is read.
+func TestNamespaceSharedStatOfAReplacedDirectoryRefuses(t *testing.T) {
+	ctx := context.Background()
+	root := sharedTree(t)
+	cache := filepath.Join(t.TempDir(), NamespaceCacheFile)
+	store := guard.Store{Dir: filepath.Join(t.TempDir(), "trust")}
+	aged()
+	first, why := ScanNamespace(ctx, root, cache, nil)
+	assert.Equal(t, why, "")
+	must(t, first.Keep())
+	stats := guardStats(t, store, root)
+	must(t, os.Rename(filepath.Join(root, "d0"), filepath.Join(root, "d0-old")))
+	must(t, os.Mkdir(filepath.Join(root, "d0"), 0o755))
+	s, why := ScanNamespace(ctx, root, cache, stats)
+	assert.Assert(t, s == nil)
+	assert.Equal(t, why, "d0 changed while the worktree was read")
+	s, why = ScanNamespace(ctx, root, cache, nil)
+	assert.Equal(t, why, "")
+	assert.Assert(t, s != nil)
+}
