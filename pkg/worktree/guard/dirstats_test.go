@@ -41,7 +41,8 @@ func TestScanDirStats(t *testing.T) {
 		assert.Equal(t, stats.Len(), 0, "taken")
 	}
 	time.Sleep(racyWindow) // old enough to be recorded
-	for i := range 2 {     // the first scan reads, the second uses the cache
+	// The first scan reads every directory, the second uses the cache.
+	for i := range 2 {
 		stats := &DirStats{}
 		snap, err := scanCached(ctx, wt, nil, nil, nil, cacheDir, stats)
 		assert.NilError(t, err)
