@@ -66,11 +66,15 @@ func TestNamespaceEqualsFullWalk(t *testing.T) {
 	p := func(root, rel string) string { return filepath.Join(root, rel) }
 	outside := t.TempDir()
 	write(t, outside, "shared.txt", "shared")
+	late := p(outside, "late.txt")
+	write(t, outside, "late.txt", "late")
 	cases := []struct {
 		name       string
 		setup      func(t *testing.T, root string) // before the cache is written
 		host, turn func(t *testing.T, root string)
 		check      func(t *testing.T, s Summary)
+		// linkPass: how the link pass must have searched ("": any).
+		linkPass string
 	}{
 		{name: "files", turn: func(t *testing.T, root string) {
 			write(t, root, "new.txt", "new")
@@ -183,7 +187,14 @@ func TestNamespaceEqualsFullWalk(t *testing.T) {
 			must(t, os.Link(p(outside, "shared.txt"), p(root, "shared.txt")))
 		}, turn: func(t *testing.T, root string) {
 			must(t, os.WriteFile(p(outside, "shared.txt"), []byte(fmt.Sprint("changed outside ", time.Now().UnixNano())), 0o644))
-		}, check: func(t *testing.T, s Summary) { assert.Equal(t, s.Modified, 1) }},
+		}, check: func(t *testing.T, s Summary) { assert.Equal(t, s.Modified, 1) }, linkPass: "full"},
+		{name: "a file linked from outside since the cache was written, changed there", host: func(t *testing.T, root string) {
+			// Its inode is in no listing of the cache file: the inode
+			// filter rules it out, the directory listed again has it.
+			must(t, os.Link(late, p(root, "d1/sub/late.txt")))
+		}, turn: func(t *testing.T, root string) {
+			must(t, os.WriteFile(late, []byte(fmt.Sprint("changed outside ", time.Now().UnixNano())), 0o644))
+		}, check: func(t *testing.T, s Summary) { assert.Equal(t, s.Modified, 1) }, linkPass: "filtered"},
 		{name: "a file that gains a link outside", turn: func(t *testing.T, root string) {
 			must(t, os.Link(p(root, "d4/top.txt"), p(outside, fmt.Sprint("out-link-", time.Now().UnixNano()))))
 		}, check: func(t *testing.T, s Summary) { assert.Equal(t, s.Modified, 1) }},
@@ -212,6 +223,9 @@ func TestNamespaceEqualsFullWalk(t *testing.T) {
 			}
 			if c.check != nil {
 				c.check(t, s)
+			}
+			if c.linkPass != "" {
+				assert.Equal(t, ns.linkPass, c.linkPass)
 			}
 		})
 	}

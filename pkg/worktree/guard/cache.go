@@ -148,29 +148,42 @@ func readCache(p string) (*cacheData, error) {
 // regular file of the caller's uid that nobody else can read or write,
 // of at most max bytes: a cache the caller keeps in a task's trust store.
 func ReadPrivate(p string, max int64) ([]byte, error) {
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	f, size, err := OpenPrivate(p, max)
 	if err != nil {
 		return nil, err
 	}
-	f := os.NewFile(uintptr(fd), p)
 	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) || st.Mode&0o077 != 0 || st.Size > max {
-		return nil, errors.New("not a private regular file of this user")
-	}
 	// One read of the size the stat gave (a file that grew since fails).
-	data := make([]byte, st.Size+1)
+	data := make([]byte, size+1)
 	n, err := io.ReadFull(f, data)
-	if !errors.Is(err, io.ErrUnexpectedEOF) && !(err == io.EOF && st.Size == 0) {
-		return nil, fmt.Errorf("read %s: %d of %d bytes, %v", p, n, st.Size, err)
+	if !errors.Is(err, io.ErrUnexpectedEOF) && !(err == io.EOF && size == 0) {
+		return nil, fmt.Errorf("read %s: %d of %d bytes, %v", p, n, size, err)
 	}
-	if int64(n) != st.Size {
-		return nil, fmt.Errorf("read %s: %d of %d bytes", p, n, st.Size)
+	if int64(n) != size {
+		return nil, fmt.Errorf("read %s: %d of %d bytes", p, n, size)
 	}
 	return data[:n], nil
+}
+
+// OpenPrivate opens p for reading as ReadPrivate reads it (never through
+// a link, a private regular file of the caller's uid, at most max bytes)
+// and returns its size.
+func OpenPrivate(p string, max int64) (*os.File, int64, error) {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, 0, err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) || st.Mode&0o077 != 0 || st.Size > max {
+		f.Close()
+		return nil, 0, errors.New("not a private regular file of this user")
+	}
+	return f, st.Size, nil
 }
 
 func statNs(ts unix.Timespec) int64 { return ts.Sec*1e9 + ts.Nsec }
