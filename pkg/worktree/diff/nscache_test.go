@@ -54,7 +54,7 @@ func TestNamespaceReadsListingsWhenNeeded(t *testing.T) {
 	assert.Equal(t, ns.Cache, "")
 	assert.Equal(t, ns.Relisted, 0)
 	assert.Equal(t, lazyDirs(ns), ns.Dirs) // no listing read
-	nested := ns.Nested()                   // from the index
+	nested := ns.Nested()                  // from the index
 	assert.Equal(t, nested["vendor/lib/.git"] != 0, true)
 	assert.Equal(t, lazyDirs(ns), ns.Dirs)
 	must(t, before.Settle())
