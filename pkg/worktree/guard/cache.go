@@ -76,7 +76,11 @@ type dirCache struct {
 	path    string
 	head    cacheData
 	old     map[string]dirRecord
-	next    map[string]dirRecord
+	next    map[string]dirRecord // the records read again by this scan
+	// hitRels are the directories whose old record this scan used: with
+	// next, the records saved (a map of them built only when there is
+	// something to save).
+	hitRels []string
 	now     int64 // scan start, ns since the epoch
 	doubt   bool  // a ctime ahead of the clock: save nothing
 	hits    int
@@ -129,7 +133,7 @@ func openCache(dir, worktree string, rootFd int, patterns []Pattern) *dirCache {
 	if d, err := readCache(c.path); err == nil && d.Version == c.head.Version && d.Worktree == c.head.Worktree &&
 		d.RootDev == c.head.RootDev && d.RootIno == c.head.RootIno && d.Patterns == c.head.Patterns {
 		c.old = d.Dirs
-		c.next = make(map[string]dirRecord, len(d.Dirs)) // no growth over 1 000 hits
+		c.hitRels = make([]string, 0, len(d.Dirs))
 	}
 	return c
 }
@@ -196,7 +200,7 @@ func (c *dirCache) lookup(rel string, st *unix.Stat_t) (dirRecord, bool) {
 		c.reads++
 		return dirRecord{}, false
 	}
-	c.hit(rel, r)
+	c.hit(rel)
 	return r, true
 }
 
@@ -210,9 +214,9 @@ func (c *dirCache) peek(rel string, st *unix.Stat_t) (dirRecord, bool) {
 }
 
 // hit counts a record used and keeps it for the next scan.
-func (c *dirCache) hit(rel string, r dirRecord) {
+func (c *dirCache) hit(rel string) {
 	c.hits++
-	c.next[rel] = r
+	c.hitRels = append(c.hitRels, rel)
 }
 
 // store keeps the record of a directory just read, with st its stat taken
@@ -239,8 +243,11 @@ func (c *dirCache) save() error {
 		}
 		return nil
 	}
-	if c.reads == 0 && len(c.next) == len(c.old) {
+	if c.reads == 0 && c.hits == len(c.old) {
 		return nil // nothing new: every directory came from the cache
+	}
+	for _, rel := range c.hitRels {
+		c.next[rel] = c.old[rel]
 	}
 	d := c.head
 	d.Dirs = c.next

@@ -222,7 +222,7 @@ func (s *scanner) walkSub(dir *os.File, name, childRel string, depth int) error 
 		var st unix.Stat_t
 		if unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
 			if r, ok := s.cache.peek(childRel, &st); ok && !r.work() {
-				s.cache.hit(childRel, r)
+				s.cache.hit(childRel)
 				return s.walkCached(nil, childRel, depth+1, r)
 			}
 		}
