@@ -73,10 +73,10 @@ type cacheData struct {
 // dirCache is one scan's view of the cache: old records to reuse, the
 // records to save for the next scan.
 type dirCache struct {
-	path    string
-	head    cacheData
-	old     map[string]dirRecord
-	next    map[string]dirRecord // the records read again by this scan
+	path string
+	head cacheData
+	old  map[string]dirRecord
+	next map[string]dirRecord // the records read again by this scan
 	// hitRels are the directories whose old record this scan used: with
 	// next, the records saved (a map of them built only when there is
 	// something to save).
