@@ -490,6 +490,11 @@ func worktreeChanges(ctx context.Context, before, after *diff.Snapshot, worktree
 		}
 	}
 	sum := diff.DiffRefs(before, after, check.Referenced)
+	if err := before.Err(); err != nil {
+		// The namespace's listings, read when first needed, failed: what
+		// was there before is unknown, so is what changed.
+		return &WorktreeChanges{Error: err.Error()}
+	}
 	return &WorktreeChanges{Summary: &sum}
 }
 

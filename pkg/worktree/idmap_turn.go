@@ -103,6 +103,7 @@ func (c Claims) PrepareIdmapped(ctx context.Context, holder Holder, worktree str
 	if err != nil {
 		return err
 	}
+	defer snap.Close()
 	_ = snap.Keep() // a cache: the turn's scan before lists what it lacks
 	rec := &idmapRecord{Worktree: worktree, Owner: [2]uint32{uid, gid}, Agent: c.agentIDs(ids), Nested: nested, Boot: bootID()}
 	if err := c.stage(holder.staging, worktree, rec); err != nil {

@@ -45,6 +45,12 @@ type Namespace struct {
 	rootDev, rootIno uint64
 	dirs             map[string]*nsDir
 	cachePath        string
+	// linkPass: how the last link pass searched ("full", "filtered":
+	// only the directories listed again; "" none), for the tests.
+	linkPass string
+	// src is the cache file the listings of the directories unchanged
+	// since it was written are read from (nil: none was used).
+	src *nsSource
 	// changed: a directory was listed again or dropped (Keep writes).
 	changed bool
 	// precise is CLOCK_REALTIME once the revalidation was done, ts the
@@ -63,8 +69,9 @@ type Namespace struct {
 
 // nsDir is one directory: its stat (taken before its listing) and the
 // listing, sorted by name: names, or until first needed raw, the listing
-// as the cache file holds it (count names), so that revalidating a
-// 100 000-entry worktree allocates nothing per file.
+// as the cache file holds it (count names), itself read from the file
+// only when first needed (lazy), so that revalidating a 100 000-entry
+// worktree reads nothing per file.
 type nsDir struct {
 	ino          uint64
 	mode         uint32
@@ -73,6 +80,8 @@ type nsDir struct {
 	names        []nsName
 	raw          string
 	count        int
+	lazy         *nsLazy // the listing, still in the cache file
+	cached       bool    // the listing is the cache file's (its inode filter covers it)
 	// What the revalidation and Nested need of the listing, taken in the
 	// one pass that checks it (decodeNamespace) or lists it (list), so
 	// that neither walks the 100 000 names of an unchanged worktree again:
@@ -141,8 +150,12 @@ func (d *nsDir) index() {
 	x.done()
 }
 
-// list is the directory's listing, decoded from raw once.
+// list is the directory's listing, decoded from raw once (empty when the
+// cache file failed: Snapshot.Err).
 func (d *nsDir) list() []nsName {
+	if !d.load() {
+		return nil
+	}
 	if d.names == nil && d.count > 0 {
 		d.names = make([]nsName, 0, d.count)
 		eachRaw(d.raw, func(n nsName) bool { d.names = append(d.names, n); return true })
@@ -153,6 +166,9 @@ func (d *nsDir) list() []nsName {
 // each calls fn with each entry of the listing in order, until fn says
 // stop, without decoding raw into names.
 func (d *nsDir) each(fn func(nsName) bool) {
+	if !d.load() {
+		return
+	}
 	if d.names != nil || d.count == 0 {
 		for _, n := range d.names {
 			if !fn(n) {
@@ -237,10 +253,16 @@ func revalidate(ctx context.Context, root, cachePath string, shared map[string]u
 		ns.Cache = "no cache file"
 	default:
 		var why string
-		if old, why = readNamespace(cachePath, root, rst.Dev, rst.Ino); old == nil {
+		if old, ns.src, why = readNamespace(cachePath, root, rst.Dev, rst.Ino); old == nil {
 			ns.Cache = why
 		}
 	}
+	done := false
+	defer func() {
+		if !done {
+			ns.src.close()
+		}
+	}()
 	ns.changed = len(old) == 0
 	if len(old) > 0 {
 		ns.dirs = make(map[string]*nsDir, len(old)) // no growth over every directory
@@ -314,6 +336,7 @@ func revalidate(ctx context.Context, root, cachePath string, shared map[string]u
 		return nil, fmt.Sprintf("clock: %v", err)
 	}
 	ns.precise = ts.Nano()
+	done = true
 	return ns, ""
 }
 
@@ -524,12 +547,28 @@ func (ns *Namespace) clockStepped() bool {
 	return ns.ts == 0 || !ns.ready || ns.clock == nil || ns.clock.check()
 }
 
-// Close releases the snapshot's clock timer (nil-safe).
+// Close releases the snapshot's clock timer and its cache file (nil-safe);
+// a listing first needed later fails (Err).
 func (s *Snapshot) Close() {
 	if s != nil && s.clock != nil && s.clock.fd > 0 {
 		unix.Close(s.clock.fd)
 		s.clock.fd = -1
 	}
+	if s != nil && s.ns != nil {
+		s.ns.src.close()
+	}
+}
+
+// Err is why a snapshot from the namespace cannot say what was there
+// before: a listing of its cache file, read when first needed, could not
+// be read or failed its checksum. Whatever was computed from the snapshot
+// is then unknown (fail closed: the turn reports the worktree's changes
+// as unknown and gives the worktree back in full). Nil for any other.
+func (s *Snapshot) Err() error {
+	if s == nil || s.ns == nil || s.ns.src == nil {
+		return nil
+	}
+	return s.ns.src.err
 }
 
 // DirsStatted is, for a snapshot before from the namespace, the

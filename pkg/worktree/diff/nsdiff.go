@@ -146,7 +146,7 @@ func (w *Watcher) afterNamespace(ctx context.Context, before *Snapshot, start ti
 		}
 	}
 	if len(inos) > 0 {
-		for _, p := range ns.linksOf("", newInoSet(inos), nil) {
+		for _, p := range ns.linked(inos) {
 			if a.entries[p] {
 				continue
 			}
@@ -178,6 +178,9 @@ func (w *Watcher) afterNamespace(ctx context.Context, before *Snapshot, start ti
 		if n, ok := ns.lookup(p); ok && n.typ == unix.DT_DIR && !a.below(p) {
 			ns.each(p, add)
 		}
+	}
+	if err := before.Err(); err != nil {
+		return nil, err.Error() // what was there before is unknown
 	}
 	s.took = time.Since(start)
 	return s, ""

@@ -73,10 +73,14 @@ type cacheData struct {
 // dirCache is one scan's view of the cache: old records to reuse, the
 // records to save for the next scan.
 type dirCache struct {
-	path    string
-	head    cacheData
-	old     map[string]dirRecord
-	next    map[string]dirRecord
+	path string
+	head cacheData
+	old  map[string]dirRecord
+	next map[string]dirRecord // the records read again by this scan
+	// hitRels are the directories whose old record this scan used: with
+	// next, the records saved (a map of them built only when there is
+	// something to save).
+	hitRels []string
 	now     int64 // scan start, ns since the epoch
 	doubt   bool  // a ctime ahead of the clock: save nothing
 	hits    int
@@ -129,7 +133,7 @@ func openCache(dir, worktree string, rootFd int, patterns []Pattern) *dirCache {
 	if d, err := readCache(c.path); err == nil && d.Version == c.head.Version && d.Worktree == c.head.Worktree &&
 		d.RootDev == c.head.RootDev && d.RootIno == c.head.RootIno && d.Patterns == c.head.Patterns {
 		c.old = d.Dirs
-		c.next = make(map[string]dirRecord, len(d.Dirs)) // no growth over 1 000 hits
+		c.hitRels = make([]string, 0, len(d.Dirs))
 	}
 	return c
 }
@@ -148,29 +152,42 @@ func readCache(p string) (*cacheData, error) {
 // regular file of the caller's uid that nobody else can read or write,
 // of at most max bytes: a cache the caller keeps in a task's trust store.
 func ReadPrivate(p string, max int64) ([]byte, error) {
-	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	f, size, err := OpenPrivate(p, max)
 	if err != nil {
 		return nil, err
 	}
-	f := os.NewFile(uintptr(fd), p)
 	defer f.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, err
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) || st.Mode&0o077 != 0 || st.Size > max {
-		return nil, errors.New("not a private regular file of this user")
-	}
 	// One read of the size the stat gave (a file that grew since fails).
-	data := make([]byte, st.Size+1)
+	data := make([]byte, size+1)
 	n, err := io.ReadFull(f, data)
-	if !errors.Is(err, io.ErrUnexpectedEOF) && !(err == io.EOF && st.Size == 0) {
-		return nil, fmt.Errorf("read %s: %d of %d bytes, %v", p, n, st.Size, err)
+	if !errors.Is(err, io.ErrUnexpectedEOF) && !(err == io.EOF && size == 0) {
+		return nil, fmt.Errorf("read %s: %d of %d bytes, %v", p, n, size, err)
 	}
-	if int64(n) != st.Size {
-		return nil, fmt.Errorf("read %s: %d of %d bytes", p, n, st.Size)
+	if int64(n) != size {
+		return nil, fmt.Errorf("read %s: %d of %d bytes", p, n, size)
 	}
 	return data[:n], nil
+}
+
+// OpenPrivate opens p for reading as ReadPrivate reads it (never through
+// a link, a private regular file of the caller's uid, at most max bytes)
+// and returns its size.
+func OpenPrivate(p string, max int64) (*os.File, int64, error) {
+	fd, err := unix.Open(p, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, 0, err
+	}
+	f := os.NewFile(uintptr(fd), p)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Uid != uint32(os.Geteuid()) || st.Mode&0o077 != 0 || st.Size > max {
+		f.Close()
+		return nil, 0, errors.New("not a private regular file of this user")
+	}
+	return f, st.Size, nil
 }
 
 func statNs(ts unix.Timespec) int64 { return ts.Sec*1e9 + ts.Nsec }
@@ -183,7 +200,7 @@ func (c *dirCache) lookup(rel string, st *unix.Stat_t) (dirRecord, bool) {
 		c.reads++
 		return dirRecord{}, false
 	}
-	c.hit(rel, r)
+	c.hit(rel)
 	return r, true
 }
 
@@ -197,9 +214,9 @@ func (c *dirCache) peek(rel string, st *unix.Stat_t) (dirRecord, bool) {
 }
 
 // hit counts a record used and keeps it for the next scan.
-func (c *dirCache) hit(rel string, r dirRecord) {
+func (c *dirCache) hit(rel string) {
 	c.hits++
-	c.next[rel] = r
+	c.hitRels = append(c.hitRels, rel)
 }
 
 // store keeps the record of a directory just read, with st its stat taken
@@ -226,8 +243,11 @@ func (c *dirCache) save() error {
 		}
 		return nil
 	}
-	if c.reads == 0 && len(c.next) == len(c.old) {
+	if c.reads == 0 && c.hits == len(c.old) {
 		return nil // nothing new: every directory came from the cache
+	}
+	for _, rel := range c.hitRels {
+		c.next[rel] = c.old[rel]
 	}
 	d := c.head
 	d.Dirs = c.next

@@ -238,7 +238,7 @@ func (s *scanner) walkSub(dir *os.File, name, childRel string, depth int) error 
 				s.stats[childRel] = st
 			}
 			if r, ok := s.cache.peek(childRel, &st); ok && !r.work() {
-				s.cache.hit(childRel, r)
+				s.cache.hit(childRel)
 				return s.walkCached(nil, childRel, depth+1, r)
 			}
 		}
