@@ -213,10 +213,12 @@ const racyWindow = int64(time.Second)
 // is exact: the guard's stat was taken earlier under the same task lock
 // with nothing of the cage running, so it only widens, by those
 // milliseconds, the window that already lies between this stat and the
-// watch's start (Watch). A host change to a directory in it is not the
-// turn's, and it left a ctime the record does not have, so the next
-// turn lists the directory again. The caller passes no table when
-// anything of its own changed the worktree after the guard's scan.
+// watch's start (Watch). A host change to a directory in it is not in
+// the namespace: the report from the turn's events does not count it (a
+// walk after does, as for a change right after this stat), and it left a
+// ctime the record does not have, so the next turn lists the directory
+// again. The caller passes no table when anything of its own changed the
+// worktree after the guard's scan.
 func ScanNamespace(ctx context.Context, root, cachePath string, shared *guard.DirStats) (*Snapshot, string) {
 	start := time.Now()
 	ns, why := revalidate(ctx, root, cachePath, shared.Take())

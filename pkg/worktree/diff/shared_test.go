@@ -83,7 +83,17 @@ func TestNamespaceTakesTheGuardsDirStats(t *testing.T) {
 	assert.Equal(t, plain.Statted, plain.Dirs-1)
 	assert.Equal(t, ns.Relisted, 0)
 	assert.Equal(t, plain.Relisted, 0)
-	assert.Assert(t, reflect.DeepEqual(ns.dirs, plain.dirs), "the namespace differs with the guard's stats")
+	assert.Equal(t, len(ns.dirs), len(plain.dirs))
+	for rel, d := range ns.dirs {
+		p := plain.dirs[rel]
+		assert.Assert(t, p != nil, rel)
+		assert.Equal(t, [5]int64{int64(d.ino), int64(d.mode), d.mtime, d.ctime, d.listed}, [5]int64{int64(p.ino), int64(p.mode), p.mtime, p.ctime, p.listed}, rel)
+		assert.Assert(t, reflect.DeepEqual(d.list(), p.list()), "the listing of %q differs with the guard's stats", rel)
+		assert.Assert(t, reflect.DeepEqual(d.subs, p.subs), rel)
+	}
+	assert.Equal(t, len(ns.dirs["d0"].list()), 2) // sub, top.txt: the listings were read
+	must(t, with.Err())
+	must(t, without.Err())
 	assert.DeepEqual(t, ns.Nested(), plain.Nested())
 	// The same table again (taken): every directory stat-ed here.
 	again, why := ScanNamespace(ctx, root, cache, stats)
