@@ -96,6 +96,8 @@ func TestIdmappedWorktreeChangesFromTheNamespace(t *testing.T) {
 		before   string
 		dirs     float64
 		relisted float64
+		statted  float64 // by the namespace itself
+		shared   float64 // taken from the turn's guard scan
 	}
 	run := func(script string) turn {
 		t.Helper()
@@ -106,13 +108,17 @@ func TestIdmappedWorktreeChangesFromTheNamespace(t *testing.T) {
 		ch := obj["worktree_changes"].(map[string]any)
 		assert.Equal(t, ch["scan_after"], "events")
 		n := func(k string) float64 { v, _ := ch[k].(float64); return v }
-		return turn{[]any{ch["added"], ch["modified"], ch["deleted"]}, ch["scan_before"].(string), n("dirs_revalidated"), n("dirs_relisted")}
+		return turn{[]any{ch["added"], ch["modified"], ch["deleted"]}, ch["scan_before"].(string), n("dirs_revalidated"), n("dirs_relisted"), n("dirs_statted"), n("dirs_stat_shared")}
 	}
 	first := run("true")
 	assert.DeepEqual(t, first.changes, []any{0.0, 0.0, 0.0})
 	assert.Assert(t, strings.HasPrefix(first.before, "namespace, cache not used: "), first.before)
 	assert.Equal(t, first.dirs, 4.0) // the root, sub, deep, deep/x (the root's .git left out)
 	assert.Equal(t, first.relisted, first.dirs)
+	// Every directory below the root has its stat from the turn's guard
+	// scan, none stat-ed again.
+	assert.Equal(t, first.shared, first.dirs-1)
+	assert.Equal(t, first.statted, 0.0)
 
 	// The owner, between turns: a directory renamed, a hard link made.
 	assert.NilError(t, os.Rename(filepath.Join(wt, "sub"), filepath.Join(wt, "sub2")))
@@ -122,6 +128,7 @@ func TestIdmappedWorktreeChangesFromTheNamespace(t *testing.T) {
 	assert.Equal(t, second.before, "namespace")
 	assert.DeepEqual(t, second.changes, []any{0.0, 2.0, 0.0}) // b.txt and its link
 	assert.Assert(t, second.relisted >= 2 && second.relisted < second.dirs, "%+v", second)
+	assert.Equal(t, second.shared, second.dirs-1, "%+v", second)
 
 	// The turn renames a directory and rewrites a file in place, size and
 	// mtime put back.

@@ -29,7 +29,7 @@ func TestIdmapStartAfterTheStepTimer(t *testing.T) {
 	assert.NilError(t, err)
 	lock, err := runner.Store.LockTask(taskid.Must(task))
 	assert.NilError(t, err)
-	before, err := runner.claims().TakeIdmapped(context.Background(), mustHolder(t, runner, task), wt, ids, true)
+	before, err := runner.claims().TakeIdmapped(context.Background(), mustHolder(t, runner, task), wt, ids, true, nil)
 	lock.Release()
 	assert.NilError(t, err)
 	defer before.Close()

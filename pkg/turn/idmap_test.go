@@ -203,7 +203,7 @@ func TestIdmapLeftoverStagingIsCleared(t *testing.T) {
 		lock, err := runner.Store.LockTask(taskid.Must(task))
 		assert.NilError(t, err)
 		defer lock.Release()
-		_, err = runner.claims().TakeIdmapped(context.Background(), mustHolder(t, runner, task), wt, ids, true)
+		_, err = runner.claims().TakeIdmapped(context.Background(), mustHolder(t, runner, task), wt, ids, true, nil)
 		assert.NilError(t, err)
 	}
 	take()

@@ -409,6 +409,7 @@ func (r *Runner) Run(ctx context.Context, req Request) (_ *Result, err error) {
 		if sum := res.WorktreeChanges.Summary; sum != nil {
 			sum.ScanAfter = scanAfter
 			sum.ScanBefore, sum.DirsRevalidated, sum.DirsRelisted = before.ScanBefore()
+			sum.DirsStatted, sum.DirsStatShared = before.DirsStatted()
 		}
 	}
 	return res, err

@@ -51,7 +51,10 @@ func (r *Runner) finishWorktree(holder worktree.Holder, wt string, given *worktr
 // bound its own at init).
 func (r *Runner) takeWorktree(ctx context.Context, in *checked, p *Plan, stage bool) (*diff.Snapshot, error) {
 	if p.idmap {
-		return r.claims().TakeIdmapped(ctx, in.holder, in.worktree, p.ids, stage)
+		// The guard's directory stats of this turn (its plan's check, taken
+		// under the same lock, nothing of the cage run since): the scan
+		// before stats only the directories the guard did not.
+		return r.claims().TakeIdmapped(ctx, in.holder, in.worktree, p.ids, stage, p.guard.DirStats())
 	}
 	before, err := r.claims().Take(ctx, in.holder, in.worktree, p.ids)
 	if before != nil {

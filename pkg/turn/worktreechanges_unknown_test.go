@@ -28,13 +28,13 @@ func TestWorktreeChangesUnknownWhenTheNamespaceFails(t *testing.T) {
 	cache := filepath.Join(t.TempDir(), diff.NamespaceCacheFile)
 	aged := func() { time.Sleep(1100 * time.Millisecond) } // past the racy window
 	aged()
-	first, why := diff.ScanNamespace(ctx, wt, cache)
+	first, why := diff.ScanNamespace(ctx, wt, cache, nil)
 	assert.Equal(t, why, "")
 	assert.NilError(t, first.Keep())
 	first.Close()
 	aged()
 	for _, broken := range []bool{false, true} {
-		before, why := diff.ScanNamespace(ctx, wt, cache)
+		before, why := diff.ScanNamespace(ctx, wt, cache, nil)
 		assert.Equal(t, why, "")
 		assert.NilError(t, before.Settle())
 		assert.NilError(t, before.Ready())

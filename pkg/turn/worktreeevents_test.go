@@ -54,7 +54,7 @@ func changed(t *testing.T, res *Result) diff.Summary {
 	t.Helper()
 	assert.Assert(t, res.WorktreeChanges != nil && res.WorktreeChanges.Summary != nil, "%+v", res.WorktreeChanges)
 	s := *res.WorktreeChanges.Summary
-	s.ScanMS, s.ScanAfter, s.ScanBefore, s.DirsRevalidated, s.DirsRelisted = 0, "", "", 0, 0
+	s.ScanMS, s.ScanAfter, s.ScanBefore, s.DirsRevalidated, s.DirsRelisted, s.DirsStatted, s.DirsStatShared = 0, "", "", 0, 0, 0, 0
 	return s
 }
 

@@ -62,7 +62,7 @@ func newHandOverHook(dir string, uid, gid int) (*Hook, error) {
 // cap, the walk) is the host's to fix.
 func (c Claims) Take(ctx context.Context, holder Holder, worktree string, ids taskstate.IDs) (_ *diff.Snapshot, err error) {
 	defer fault.Phase(fault.HostNotReady, &err)
-	if _, err := c.claimAndCap(holder, worktree, ids); err != nil {
+	if _, _, err := c.claimAndCap(holder, worktree, ids); err != nil {
 		return nil, err
 	}
 	agent := int(c.User)
@@ -83,30 +83,31 @@ func (c Claims) Take(ctx context.Context, holder Holder, worktree string, ids ta
 
 // claimAndCap records the task's claim on the worktree (with its owner)
 // and puts it under the task's cap; it returns the claim.
-func (c Claims) claimAndCap(holder Holder, worktree string, ids taskstate.IDs) (*claim, error) {
+func (c Claims) claimAndCap(holder Holder, worktree string, ids taskstate.IDs) (_ *claim, gaveBack bool, _ error) {
 	if holder.task.IsZero() {
-		return nil, errNoTask
+		return nil, false, errNoTask
 	}
 	// An idmapped turn that died before its give-back (its record is still
 	// there) is given back first: what it made setuid or a repository must
 	// not pass for the owner's in this turn's scan.
-	if _, _, err := c.giveBackIdmapped(holder.staging, holder.turn, worktree); err != nil {
-		return nil, err
+	_, gaveBack, err := c.giveBackIdmapped(holder.staging, holder.turn, worktree)
+	if err != nil {
+		return nil, gaveBack, err
 	}
 	var st unix.Stat_t
 	if err := unix.Lstat(worktree, &st); err != nil {
-		return nil, fmt.Errorf("%w: worktree %s: %w", fault.Input, worktree, err)
+		return nil, gaveBack, fmt.Errorf("%w: worktree %s: %w", fault.Input, worktree, err)
 	}
 	cl, err := c.read(worktree)
 	if err != nil {
-		return nil, err
+		return nil, gaveBack, err
 	}
 	inRange := st.Uid >= ids.UID && st.Uid < ids.UID+taskstate.SlotSize
 	switch {
 	case cl != nil && cl.Task != holder.task.String():
-		return nil, fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree)", fault.Input, worktree, cl.Task)
+		return nil, gaveBack, fmt.Errorf("%w: worktree %q belongs to task %q (one task per worktree)", fault.Input, worktree, cl.Task)
 	case cl == nil && inRange:
-		return nil, fmt.Errorf("%w: worktree %q is owned by task %s's user namespace and shrooms has no record of its owner; chown -R it to its owner and retry", fault.Input, worktree, holder.task.String())
+		return nil, gaveBack, fmt.Errorf("%w: worktree %q is owned by task %s's user namespace and shrooms has no record of its owner; chown -R it to its owner and retry", fault.Input, worktree, holder.task.String())
 	case cl == nil:
 		cl = &claim{Worktree: worktree, Task: holder.task.String()}
 	}
@@ -114,14 +115,14 @@ func (c Claims) claimAndCap(holder Holder, worktree string, ids taskstate.IDs) (
 		cl.UID, cl.GID = st.Uid, st.Gid // the owner now (who may have changed)
 	}
 	if err := c.write(cl); err != nil {
-		return nil, err
+		return nil, gaveBack, err
 	}
 	// The cap first: setting project ids changes ctimes, which the
 	// snapshot below must already see.
 	if err := capWorktree(c.Cap, worktree, ids); err != nil {
-		return nil, err
+		return nil, gaveBack, err
 	}
-	return cl, nil
+	return cl, gaveBack, nil
 }
 
 // capWorktree puts the worktree under the task's project quota (its id the

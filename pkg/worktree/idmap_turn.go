@@ -17,6 +17,7 @@ import (
 	"github.com/shrooms-cage/shrooms/pkg/resolve"
 	"github.com/shrooms-cage/shrooms/pkg/taskstate"
 	"github.com/shrooms-cage/shrooms/pkg/worktree/diff"
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // The idmapped worktree's turn (idmap.go): taken without a hand-over,
@@ -32,18 +33,24 @@ func (c Claims) agentIDs(ids taskstate.IDs) [2]uint32 {
 // repositories. A fresh cage (stage) gets the staging mount now; a cage
 // prepared ahead (PrepareIdmapped) was made on one whose nested
 // repositories and owner must still be the worktree's, or the turn is
-// refused.
-func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string, ids taskstate.IDs, stage bool) (_ *diff.Snapshot, err error) {
+// refused. shared (nil: none) is the directory stats of this turn's guard
+// scan, taken just before under the same lock (diff.ScanNamespace).
+func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string, ids taskstate.IDs, stage bool, shared *guard.DirStats) (_ *diff.Snapshot, err error) {
 	defer fault.Phase(fault.HostNotReady, &err)
-	cl, err := c.claimAndCap(holder, worktree, ids)
+	cl, gaveBack, err := c.claimAndCap(holder, worktree, ids)
 	if err != nil {
 		return nil, err
+	}
+	if gaveBack {
+		// A dead turn's give-back just changed owners and modes: the
+		// guard's stats predate it.
+		shared.Take()
 	}
 	rec := &idmapRecord{Worktree: worktree, Owner: [2]uint32{cl.UID, cl.GID}, Agent: c.agentIDs(ids)}
 	if rec.Owner[0] == 0 || rec.Owner[1] == 0 {
 		return nil, errors.New("worktree owned by root: never idmapped") // plan decided otherwise: fail closed
 	}
-	before, nested, err := c.scanBefore(ctx, holder.trust, worktree)
+	before, nested, err := c.scanBefore(ctx, holder.trust, worktree, shared)
 	if err != nil {
 		return nil, err
 	}
@@ -92,7 +99,7 @@ func (c Claims) PrepareIdmapped(ctx context.Context, holder Holder, worktree str
 	if uid == 0 || gid == 0 {
 		return errors.New("worktree owned by root: never idmapped")
 	}
-	snap, nested, err := c.scanBefore(ctx, holder.trust, worktree)
+	snap, nested, err := c.scanBefore(ctx, holder.trust, worktree, nil)
 	if err != nil {
 		return err
 	}
@@ -112,14 +119,14 @@ func (c Claims) PrepareIdmapped(ctx context.Context, holder Holder, worktree str
 // scanBefore is the snapshot before an idmapped turn and the owner's
 // nested repositories: from the worktree's namespace, revalidated against
 // its cache in the task's trust store (the directory trust;
-// diff.ScanNamespace), or where that
-// cannot be trusted the full walk, which says why.
-func (c Claims) scanBefore(ctx context.Context, trust, worktree string) (*diff.Snapshot, map[string]uint64, error) {
+// diff.ScanNamespace, given the guard's directory stats shared, nil for
+// none), or where that cannot be trusted the full walk, which says why.
+func (c Claims) scanBefore(ctx context.Context, trust, worktree string, shared *guard.DirStats) (*diff.Snapshot, map[string]uint64, error) {
 	why := "asked for"
 	if !c.WalkBefore {
 		var snap *diff.Snapshot
 		cache := filepath.Join(trust, diff.NamespaceCacheFile)
-		if snap, why = diff.ScanNamespace(ctx, worktree, cache); snap != nil {
+		if snap, why = diff.ScanNamespace(ctx, worktree, cache, shared); snap != nil {
 			return snap, snap.Namespace().Nested(), nil
 		}
 	}

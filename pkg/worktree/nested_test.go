@@ -166,7 +166,7 @@ func TestNamespaceFindsTheNestedFindersRepositories(t *testing.T) {
 	mk("deep/e/f/.git/config", "[core]\n")
 	_, want, err := scanNested(context.Background(), wt)
 	assert.NilError(t, err)
-	snap, why := diff.ScanNamespace(context.Background(), wt, "")
+	snap, why := diff.ScanNamespace(context.Background(), wt, "", nil)
 	assert.Equal(t, why, "")
 	got := snap.Namespace().Nested()
 	assert.DeepEqual(t, got, want)
@@ -179,10 +179,10 @@ func TestNamespaceFindsTheNestedFindersRepositories(t *testing.T) {
 	// listed again.
 	time.Sleep(1100 * time.Millisecond)
 	cache := filepath.Join(t.TempDir(), diff.NamespaceCacheFile)
-	first, why := diff.ScanNamespace(context.Background(), wt, cache)
+	first, why := diff.ScanNamespace(context.Background(), wt, cache, nil)
 	assert.Equal(t, why, "")
 	assert.NilError(t, first.Keep())
-	again, why := diff.ScanNamespace(context.Background(), wt, cache)
+	again, why := diff.ScanNamespace(context.Background(), wt, cache, nil)
 	assert.Equal(t, why, "")
 	assert.Equal(t, again.Namespace().Cache, "")
 	assert.Equal(t, again.Namespace().Relisted, 0) // the control: nothing listed again

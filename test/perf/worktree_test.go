@@ -39,6 +39,7 @@ func BenchmarkWorktreeSize(b *testing.B) {
 		scans               map[string]int // how the scan after read the tree
 		befores             map[string]int // how the scan before read it
 		relisted            []int          // directories the namespace listed again
+		statted, shared     []int          // directories the namespace stat-ed itself, and took from the guard's scan
 		guardCached         []int          // directories the guard took from its cache
 	}
 	var arms []*arm
@@ -92,6 +93,8 @@ func BenchmarkWorktreeSize(b *testing.B) {
 			}
 			a.befores[res.Changes.ScanBefore]++
 			a.relisted = append(a.relisted, res.Changes.DirsRelisted)
+			a.statted = append(a.statted, res.Changes.DirsStatted)
+			a.shared = append(a.shared, res.Changes.DirsStatShared)
 			if res.Guard != nil {
 				a.guardCached = append(a.guardCached, res.Guard.DirsCached)
 			}
@@ -101,8 +104,8 @@ func BenchmarkWorktreeSize(b *testing.B) {
 		b.ReportMetric(msOf(median(a.firsts)), "first-"+a.name+"-ms")
 		b.ReportMetric(msOf(median(a.walls)), "whole-"+a.name+"-ms")
 		b.ReportMetric(msOf(median(a.cpus)), "cpu-"+a.name+"-ms")
-		b.Logf("%s entries: first output p50 %.0f ms, whole run p50 %.0f ms, the run process's CPU p50 %.1f ms; phases (median ms): %s; scan before: %v, directories listed again by round %v; scan after: %v; guard's directories from its cache, by round: %v",
-			a.name, msOf(median(a.firsts)), msOf(median(a.walls)), msOf(median(a.cpus)), phaseString(phaseMedians(a.results)), a.befores, a.relisted, a.scans, a.guardCached)
+		b.Logf("%s entries: first output p50 %.0f ms, whole run p50 %.0f ms, the run process's CPU p50 %.1f ms; phases (median ms): %s; scan before: %v, directories listed again by round %v, stat-ed by the namespace itself by round %v, their stat from the guard's scan by round %v; scan after: %v; guard's directories from its cache, by round: %v",
+			a.name, msOf(median(a.firsts)), msOf(median(a.walls)), msOf(median(a.cpus)), phaseString(phaseMedians(a.results)), a.befores, a.relisted, a.statted, a.shared, a.scans, a.guardCached)
 	}
 	for i := 0; i+1 < len(arms); i += 2 {
 		small, big := arms[i], arms[i+1]
@@ -169,6 +172,11 @@ type worktreeResult struct {
 		// DirsRelisted: directories the namespace listed again.
 		ScanBefore   string `json:"scan_before"`
 		DirsRelisted int    `json:"dirs_relisted"`
+		// DirsStatted, DirsStatShared: directories the namespace stat-ed
+		// itself, and those whose stat it took from the guard's scan
+		// (builds before it: absent, 0 both).
+		DirsStatted    int `json:"dirs_statted"`
+		DirsStatShared int `json:"dirs_stat_shared"`
 	} `json:"worktree_changes"`
 	// Guard: the guard's directory cache (builds before it: 0, 0).
 	Guard *struct {

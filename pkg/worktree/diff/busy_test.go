@@ -558,7 +558,7 @@ func TestWatcherPrunesOutsideFiles(t *testing.T) {
 	write(t, outside, "shared.txt", "shared")
 	must(t, os.Link(filepath.Join(outside, "shared.txt"), filepath.Join(root, "shared.txt")))
 	aged()
-	before, why := ScanNamespace(ctx, root, filepath.Join(t.TempDir(), NamespaceCacheFile))
+	before, why := ScanNamespace(ctx, root, filepath.Join(t.TempDir(), NamespaceCacheFile), nil)
 	assert.Equal(t, why, "")
 	must(t, before.Settle())
 	defer before.Close()
@@ -603,7 +603,7 @@ func TestWatcherPrunesOutsideFiles(t *testing.T) {
 		must(t, os.Link(p, filepath.Join(links, fmt.Sprint(i))))
 		must(t, os.WriteFile(p, []byte("y"), 0o644))
 	}
-	before2, why := ScanNamespace(ctx, root, filepath.Join(t.TempDir(), NamespaceCacheFile))
+	before2, why := ScanNamespace(ctx, root, filepath.Join(t.TempDir(), NamespaceCacheFile), nil)
 	assert.Equal(t, why, "")
 	defer before2.Close()
 	must(t, before2.Ready())

@@ -295,6 +295,11 @@ type Summary struct {
 	// before, the worktree's directories and those listed again.
 	DirsRevalidated int `json:"dirs_revalidated,omitempty"`
 	DirsRelisted    int `json:"dirs_relisted,omitempty"`
+	// DirsStatted and DirsStatShared split the directories below the root
+	// of a "namespace" scan before: stat-ed by it, or by the turn's guard
+	// scan just before (Snapshot.DirsStatted).
+	DirsStatted    int `json:"dirs_statted,omitempty"`
+	DirsStatShared int `json:"dirs_stat_shared,omitempty"`
 }
 
 // Diff compares the worktree before a turn with the one after it.

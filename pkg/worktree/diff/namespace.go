@@ -61,6 +61,8 @@ type Namespace struct {
 	ready       bool       // Ready saw the coarse clock at ts
 	Relisted    int        // directories listed again
 	Dirs        int        // directories in the namespace
+	Statted     int        // directories below the root stat-ed here
+	Shared      int        // directories whose stat came from the guard's scan (DirStats)
 	// Cache says why the cache file was not used ("" when it was).
 	Cache string
 }
@@ -204,16 +206,29 @@ const racyWindow = int64(time.Second)
 // btrfs, tmpfs) or that gives no entry types, a mount below the worktree,
 // a directory that changed while read, a ctime ahead of the clock, a
 // worktree past the scan's bounds.
-func ScanNamespace(ctx context.Context, root, cachePath string) (*Snapshot, string) {
+//
+// shared (nil: none) is the guard's directory stats from the same turn
+// (guard.DirStats, taken here): a directory it has is not stat-ed again,
+// every check below runs on the guard's stat as on one taken here. That
+// is exact: the guard's stat was taken earlier under the same task lock
+// with nothing of the cage running, so it only widens, by those
+// milliseconds, the window that already lies between this stat and the
+// watch's start (Watch). A host change to a directory in it is not in
+// the namespace: the report from the turn's events does not count it (a
+// walk after does, as for a change right after this stat), and it left a
+// ctime the record does not have, so the next turn lists the directory
+// again. The caller passes no table when anything of its own changed the
+// worktree after the guard's scan.
+func ScanNamespace(ctx context.Context, root, cachePath string, shared *guard.DirStats) (*Snapshot, string) {
 	start := time.Now()
-	ns, why := revalidate(ctx, root, cachePath)
+	ns, why := revalidate(ctx, root, cachePath, shared.Take())
 	if ns == nil {
 		return nil, why
 	}
 	return &Snapshot{ns: ns, took: time.Since(start)}, ""
 }
 
-func revalidate(ctx context.Context, root, cachePath string) (*Namespace, string) {
+func revalidate(ctx context.Context, root, cachePath string, shared map[string]unix.Stat_t) (*Namespace, string) {
 	rootFd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Sprintf("open %s: %v", root, err)
@@ -229,6 +244,9 @@ func revalidate(ctx context.Context, root, cachePath string) (*Namespace, string
 	}
 	if err := unix.Fstat(rootFd, &rst); err != nil {
 		return nil, fmt.Sprintf("stat: %v", err)
+	}
+	if r, ok := shared[""]; !ok || r.Dev != rst.Dev || r.Ino != rst.Ino {
+		shared = nil // another directory's stats (or none)
 	}
 	ns := &Namespace{root: root, rootDev: rst.Dev, rootIno: rst.Ino, dirs: map[string]*nsDir{}, cachePath: cachePath}
 	var old map[string]*nsDir
@@ -272,10 +290,16 @@ func revalidate(ctx context.Context, root, cachePath string) (*Namespace, string
 			return nil, ctx.Err().Error()
 		}
 		var st unix.Stat_t
+		var ok bool
 		if it.rel == "" {
 			st = rst
-		} else if err := unix.Fstatat(rootFd, it.rel, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return nil, fmt.Sprintf("stat %s: %v", it.rel, err)
+		} else if st, ok = shared[it.rel]; ok {
+			ns.Shared++
+		} else {
+			if err := unix.Fstatat(rootFd, it.rel, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return nil, fmt.Sprintf("stat %s: %v", it.rel, err)
+			}
+			ns.Statted++
 		}
 		if why := ns.sameDir(it.rel, &st, it.ino); why != "" {
 			return nil, why
@@ -547,6 +571,16 @@ func (s *Snapshot) Err() error {
 		return nil
 	}
 	return s.ns.src.err
+}
+
+// DirsStatted is, for a snapshot before from the namespace, the
+// directories below the root it stat-ed itself and those whose stat it
+// took from the guard's scan (0, 0 for a walk).
+func (s *Snapshot) DirsStatted() (statted, shared int) {
+	if s == nil || s.ns == nil {
+		return 0, 0
+	}
+	return s.ns.Statted, s.ns.Shared
 }
 
 // Namespace is the namespace a snapshot before was taken from (nil: a full

@@ -13,6 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
+
+	"github.com/shrooms-cage/shrooms/pkg/worktree/guard"
 )
 
 // aged waits until every directory just made is older than the racy
@@ -27,11 +29,17 @@ func aged() { time.Sleep(time.Duration(racyWindow) + 100*time.Millisecond) }
 // report and the namespace.
 func nsTurn(t *testing.T, root, cache string, host, turn func()) (Summary, *Namespace) {
 	t.Helper()
+	return nsTurnWith(t, root, cache, nil, host, turn)
+}
+
+// nsTurnWith is nsTurn with the guard's directory stats shared.
+func nsTurnWith(t *testing.T, root, cache string, shared *guard.DirStats, host, turn func()) (Summary, *Namespace) {
+	t.Helper()
 	ctx := context.Background()
 	if host != nil {
 		host()
 	}
-	before, why := ScanNamespace(ctx, root, cache)
+	before, why := ScanNamespace(ctx, root, cache, shared)
 	assert.Equal(t, why, "")
 	must(t, before.Settle())
 	defer before.Close()
@@ -328,7 +336,7 @@ func TestNamespaceCacheFailsClosed(t *testing.T) {
 	root := tree(t)
 	cache := filepath.Join(t.TempDir(), NamespaceCacheFile)
 	aged()
-	first, why := ScanNamespace(ctx, root, cache)
+	first, why := ScanNamespace(ctx, root, cache, nil)
 	assert.Equal(t, why, "")
 	assert.Equal(t, first.ns.Cache, "no cache yet")
 	must(t, first.Keep())
@@ -336,7 +344,7 @@ func TestNamespaceCacheFailsClosed(t *testing.T) {
 	must(t, err)
 	used := func() *Namespace {
 		t.Helper()
-		s, why := ScanNamespace(ctx, root, cache)
+		s, why := ScanNamespace(ctx, root, cache, nil)
 		assert.Equal(t, why, "")
 		return s.ns
 	}
@@ -374,7 +382,7 @@ func TestNamespaceCacheFailsClosed(t *testing.T) {
 	ignored("truncated", "corrupt")
 	// Another worktree's (a copy of the tree: another root inode).
 	copyRoot := tree(t)
-	s, why := ScanNamespace(ctx, copyRoot, cache)
+	s, why := ScanNamespace(ctx, copyRoot, cache, nil)
 	assert.Equal(t, why, "")
 	must(t, s.Keep())
 	ignored("another worktree", "another worktree")
@@ -396,21 +404,21 @@ func TestNamespaceFallsBack(t *testing.T) {
 	m := filepath.Join(root, "d0")
 	must(t, unix.Mount(t.TempDir(), m, "", unix.MS_BIND, ""))
 	t.Cleanup(func() { _ = unix.Unmount(m, unix.MNT_DETACH) })
-	s, why := ScanNamespace(ctx, root, "")
+	s, why := ScanNamespace(ctx, root, "", nil)
 	assert.Assert(t, s == nil)
 	assert.Assert(t, strings.Contains(why, "changed while the worktree was read") || strings.Contains(why, "a mount below"), why)
 	other := t.TempDir()
 	must(t, unix.Mount("none", other, "ramfs", 0, ""))
 	t.Cleanup(func() { _ = unix.Unmount(other, unix.MNT_DETACH) })
 	write(t, other, "a/b", "x")
-	s, why = ScanNamespace(ctx, other, "")
+	s, why = ScanNamespace(ctx, other, "", nil)
 	assert.Assert(t, s == nil)
 	assert.Assert(t, strings.Contains(why, "outside ext4, xfs, btrfs and tmpfs"), why)
 	tmp := t.TempDir()
 	must(t, unix.Mount("none", tmp, "tmpfs", 0, ""))
 	t.Cleanup(func() { _ = unix.Unmount(tmp, unix.MNT_DETACH) })
 	write(t, tmp, "a/b", "x")
-	s, why = ScanNamespace(ctx, tmp, "")
+	s, why = ScanNamespace(ctx, tmp, "", nil)
 	assert.Equal(t, why, "")
 	assert.Equal(t, s.ns.Dirs, 2)
 }
@@ -431,13 +439,13 @@ func TestNamespaceRacyListing(t *testing.T) {
 		if old {
 			aged()
 		}
-		s, why := ScanNamespace(ctx, root, cache)
+		s, why := ScanNamespace(ctx, root, cache, nil)
 		assert.Equal(t, why, "")
 		d := s.ns.dirs["d0"]
 		d.names = slices.DeleteFunc(d.list(), func(n nsName) bool { return n.name == "top.txt" })
 		s.ns.changed = true
 		must(t, s.Keep())
-		next, why := ScanNamespace(ctx, root, cache)
+		next, why := ScanNamespace(ctx, root, cache, nil)
 		assert.Equal(t, why, "")
 		_, ok := next.ns.lookup("d0/top.txt")
 		assert.Equal(t, ok, !old, "old %v", old)
@@ -465,7 +473,7 @@ func BenchmarkNamespace100k(b *testing.B) {
 	cache := filepath.Join(b.TempDir(), NamespaceCacheFile)
 	ctx := context.Background()
 	aged()
-	s, why := ScanNamespace(ctx, root, cache)
+	s, why := ScanNamespace(ctx, root, cache, nil)
 	if s == nil {
 		b.Fatal(why)
 	}
@@ -482,7 +490,7 @@ func BenchmarkNamespace100k(b *testing.B) {
 		}
 		walks = append(walks, time.Since(start))
 		start = time.Now()
-		before, why := ScanNamespace(ctx, root, cache)
+		before, why := ScanNamespace(ctx, root, cache, nil)
 		if before == nil || before.ns.Relisted != 0 || before.ns.Cache != "" {
 			b.Fatalf("not from the cache: %s", why)
 		}
@@ -540,7 +548,7 @@ func TestNamespaceUntrustedClockCountsReadsAsChanges(t *testing.T) {
 	ctx := context.Background()
 	for _, ready := range []bool{true, false} {
 		root := tree(t)
-		before, why := ScanNamespace(ctx, root, "")
+		before, why := ScanNamespace(ctx, root, "", nil)
 		assert.Equal(t, why, "")
 		must(t, before.Settle())
 		if ready {

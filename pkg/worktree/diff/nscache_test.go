@@ -29,7 +29,7 @@ func cachedTree(t *testing.T) (root, cache string) {
 	root = tree(t)
 	cache = filepath.Join(t.TempDir(), NamespaceCacheFile)
 	aged()
-	first, why := ScanNamespace(context.Background(), root, cache)
+	first, why := ScanNamespace(context.Background(), root, cache, nil)
 	assert.Equal(t, why, "")
 	must(t, first.Keep())
 	first.Close()
@@ -47,7 +47,7 @@ func TestNamespaceReadsListingsWhenNeeded(t *testing.T) {
 	}
 	ctx := context.Background()
 	root, cache := cachedTree(t)
-	before, why := ScanNamespace(ctx, root, cache)
+	before, why := ScanNamespace(ctx, root, cache, nil)
 	assert.Equal(t, why, "")
 	defer before.Close()
 	ns := before.ns
@@ -99,7 +99,7 @@ func TestNamespaceCacheListingFailsClosed(t *testing.T) {
 				b[listings+4] ^= 0x20 // the root's first name (the root's listing is first)
 				must(t, os.WriteFile(cache, b, 0o600))
 			}
-			before, why := ScanNamespace(ctx, root, cache)
+			before, why := ScanNamespace(ctx, root, cache, nil)
 			assert.Equal(t, why, "")
 			assert.Equal(t, before.ns.Cache, "") // the index is sound
 			assert.Equal(t, before.ns.Relisted, 0)
@@ -133,7 +133,7 @@ func TestNamespaceCacheListingFailsClosed(t *testing.T) {
 			assert.ErrorContains(t, before.Keep(), want)
 			_, err = os.Stat(cache)
 			assert.Assert(t, os.IsNotExist(err), "the cache file stayed: %v", err)
-			next, why := ScanNamespace(ctx, root, cache)
+			next, why := ScanNamespace(ctx, root, cache, nil)
 			assert.Equal(t, why, "")
 			defer next.Close()
 			assert.Equal(t, next.ns.Cache, "no cache yet")

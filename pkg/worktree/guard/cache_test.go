@@ -41,7 +41,7 @@ func cacheTree(t *testing.T) string {
 func scanBoth(t *testing.T, wt, cacheDir string) *Snapshot {
 	t.Helper()
 	ctx := context.Background()
-	cached, err := scanCached(ctx, wt, nil, nil, cachePatterns, cacheDir)
+	cached, err := scanCached(ctx, wt, nil, nil, cachePatterns, cacheDir, nil)
 	assert.NilError(t, err)
 	full, err := scanWith(ctx, wt, nil, nil, cachePatterns)
 	assert.NilError(t, err)
@@ -188,7 +188,7 @@ func TestGuardCacheIsUsedAndFailsClosed(t *testing.T) {
 	}
 	ctx := context.Background()
 	write(d, 0o600)
-	s, err := scanCached(ctx, wt, nil, nil, cachePatterns, cacheDir)
+	s, err := scanCached(ctx, wt, nil, nil, cachePatterns, cacheDir, nil)
 	assert.NilError(t, err)
 	_, ok := s.Entries["pkg01/AGENTS.md"]
 	assert.Assert(t, !ok, "the forged record was used: the directory was not read")
@@ -215,7 +215,7 @@ func TestGuardCacheIsUsedAndFailsClosed(t *testing.T) {
 		},
 	} {
 		bad()
-		s, err := scanCached(ctx, wt, nil, nil, cachePatterns, cacheDir)
+		s, err := scanCached(ctx, wt, nil, nil, cachePatterns, cacheDir, nil)
 		assert.NilError(t, err, name)
 		assert.Equal(t, s.DirsCached, 0, name)
 		_, ok := s.Entries["pkg01/AGENTS.md"]
@@ -243,7 +243,7 @@ func TestGuardCacheNamesNotUTF8(t *testing.T) {
 	assert.NilError(t, os.Symlink("/outbox", filepath.Join(bad, "sub", "l")))
 	_, err := scanWith(context.Background(), wt, nil, nil, cachePatterns)
 	assert.ErrorContains(t, err, "invalid UTF-8")
-	_, err = scanCached(context.Background(), wt, nil, nil, cachePatterns, cacheDir)
+	_, err = scanCached(context.Background(), wt, nil, nil, cachePatterns, cacheDir, nil)
 	assert.ErrorContains(t, err, "invalid UTF-8")
 }
 
@@ -281,7 +281,7 @@ func TestGuardCacheKeyCoversGuardedNames(t *testing.T) {
 		d.Patterns = rulesDigest(cachePatterns, c.names)
 		os.Remove(p)
 		assert.NilError(t, os.WriteFile(p, encodeCache(d), 0o600))
-		s, err := scanCached(ctx, wt, nil, nil, cachePatterns, cacheDir)
+		s, err := scanCached(ctx, wt, nil, nil, cachePatterns, cacheDir, nil)
 		assert.NilError(t, err)
 		_, found := s.Entries["pkg01/AGENTS.md"]
 		if c.used {

@@ -83,6 +83,9 @@ type scanner struct {
 	// cache, when set, stands in for the listing of directories unchanged
 	// since the last scan (cache.go).
 	cache *dirCache
+	// stats, when set (with cache), gets every directory stat the scan
+	// takes (DirStats); a later stat of the same directory replaces one.
+	stats map[string]unix.Stat_t
 }
 
 // Scan finds and hashes every guarded root of worktree.
@@ -97,12 +100,13 @@ func scan(ctx context.Context, worktree string, copyTo *os.File, only map[string
 // scanWith is scan that also collects what patterns match outside the
 // guarded roots.
 func scanWith(ctx context.Context, worktree string, copyTo *os.File, only map[string]bool, patterns []Pattern) (*Snapshot, error) {
-	return scanCached(ctx, worktree, copyTo, only, patterns, "")
+	return scanCached(ctx, worktree, copyTo, only, patterns, "", nil)
 }
 
 // scanCached is scanWith with the directory cache kept in cacheDir ("":
-// none).
-func scanCached(ctx context.Context, worktree string, copyTo *os.File, only map[string]bool, patterns []Pattern, cacheDir string) (*Snapshot, error) {
+// none). With stats set and a cache, the scan's directory stats are put in
+// it once the scan succeeded (it is left as it was otherwise).
+func scanCached(ctx context.Context, worktree string, copyTo *os.File, only map[string]bool, patterns []Pattern, cacheDir string, stats *DirStats) (*Snapshot, error) {
 	fd, err := unix.Open(worktree, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("worktree guard: open %s: %w", worktree, err)
@@ -113,9 +117,15 @@ func scanCached(ctx context.Context, worktree string, copyTo *os.File, only map[
 		snap: &Snapshot{Entries: map[string]Entry{}, matches: map[string]string{}}}
 	if cacheDir != "" {
 		s.cache = openCache(cacheDir, worktree, s.rootFd, patterns)
+		if s.cache != nil && stats != nil {
+			s.stats = make(map[string]unix.Stat_t, len(s.cache.old)+1) // no growth over an unchanged tree
+		}
 	}
 	if err := s.walk(root, "", 0); err != nil {
 		return nil, err
+	}
+	if s.stats != nil {
+		stats.dirs = s.stats
 	}
 	s.snap.Visited = s.visited
 	if s.cache != nil {
@@ -139,6 +149,9 @@ func (s *scanner) walk(dir *os.File, rel string, depth int) error {
 	if s.cache != nil {
 		if err := unix.Fstat(int(dir.Fd()), &st); err != nil {
 			return fmt.Errorf("worktree guard: stat %s: %w", displayRel(rel), err)
+		}
+		if s.stats != nil {
+			s.stats[rel] = st
 		}
 		if r, ok := s.cache.lookup(rel, &st); ok {
 			return s.walkCached(dir, rel, depth, r)
@@ -221,6 +234,9 @@ func (s *scanner) walkSub(dir *os.File, name, childRel string, depth int) error 
 	if s.cache != nil && depth < maxWalkDepth {
 		var st unix.Stat_t
 		if unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil {
+			if s.stats != nil {
+				s.stats[childRel] = st
+			}
 			if r, ok := s.cache.peek(childRel, &st); ok && !r.work() {
 				s.cache.hit(childRel)
 				return s.walkCached(nil, childRel, depth+1, r)

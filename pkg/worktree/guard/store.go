@@ -373,6 +373,17 @@ type Check struct {
 	loadState []string
 	refs      map[string]string
 	patterns  []Pattern
+	// dirStats are the directory stats the guard's scan took (DirStats).
+	dirStats *DirStats
+}
+
+// DirStats is the table of the directory stats this check's scan took, for
+// the change scan before the same turn (nil-safe; empty once taken).
+func (c *Check) DirStats() *DirStats {
+	if c == nil {
+		return nil
+	}
+	return c.dirStats
 }
 
 // Guard compares worktree with the trusted manifest m (nil: none yet, so
@@ -384,11 +395,12 @@ func (s Store) Guard(ctx context.Context, worktree string, m *Manifest) (*Check,
 	if m != nil {
 		patterns = m.Patterns
 	}
-	now, err := scanCached(ctx, worktree, nil, nil, patterns, s.Dir)
+	stats := &DirStats{}
+	now, err := scanCached(ctx, worktree, nil, nil, patterns, s.Dir, stats)
 	if err != nil {
 		return nil, err
 	}
-	c := &Check{Trusted: m != nil, Changes: []Change{}, Masked: []string{}, Visited: now.Visited, DirsCached: now.DirsCached, DirsRead: now.DirsRead}
+	c := &Check{Trusted: m != nil, Changes: []Change{}, Masked: []string{}, Visited: now.Visited, DirsCached: now.DirsCached, DirsRead: now.DirsRead, dirStats: stats}
 	if m == nil {
 		c.Digest = snapshotDigest(now, nil)
 		c.OpencodeProjectConfig = hasOpencode(now)
