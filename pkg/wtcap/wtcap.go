@@ -174,10 +174,18 @@ func setProject(p string, dir bool, projID uint32) error {
 	if err := ioctlPtr(fd, fsIocFsgetxattr, unsafe.Pointer(&x)); err != nil {
 		return fmt.Errorf("read project of %s: %w", p, err)
 	}
-	x.projid = projID
+	want := x
+	want.projid = projID
 	if dir {
-		x.xflags |= fsXflagProjinheri
+		want.xflags |= fsXflagProjinheri
 	}
+	if want == x {
+		// Already in the project: a set would move the entry's ctime on
+		// every turn, and with it send every directory of the worktree to
+		// a new listing by the guard's and the change scan's caches.
+		return nil
+	}
+	x = want
 	if err := ioctlPtr(fd, fsIocFssetxattr, unsafe.Pointer(&x)); err != nil {
 		return fmt.Errorf("set project of %s: %w", p, err)
 	}

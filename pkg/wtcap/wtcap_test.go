@@ -6,7 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"golang.org/x/sys/unix"
 	"gotest.tools/v3/assert"
 
 	"github.com/shrooms-cage/shrooms/internal/itest"
@@ -55,29 +57,36 @@ func asNobody(script string) (string, error) {
 	return string(out), err
 }
 
+// quotaKernel says whether this kernel enforces project quotas; when it
+// does not (Firecracker CI kernels lack CONFIG_QFMT_V2) it checks the
+// kernel's word — a prjquota mount of a quota-formatted image must fail,
+// else the detection is wrong and the test fails — and says loudly that
+// the test's enforcement part is not exercised here. What shrooms does on
+// such a kernel is refuse, which TestNoQuotaIsRefusedWithTheReason checks.
+func quotaKernel(t *testing.T) bool {
+	t.Helper()
+	if kernelQuota(t) {
+		return true
+	}
+	itest.Require(t, itest.Root)
+	dir := t.TempDir()
+	img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")
+	assert.NilError(t, os.Mkdir(mnt, 0o755))
+	for _, c := range [][]string{{"truncate", "-s", "64M", img}, {"mkfs.ext4", "-q", "-O", "quota,project", "-E", "quotatype=prjquota", img}} {
+		out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
+		assert.NilError(t, err, "%v: %s", c, out)
+	}
+	out, err := exec.Command("mount", "-o", "loop,prjquota", img, mnt).CombinedOutput()
+	if err == nil {
+		_ = exec.Command("umount", mnt).Run()
+		t.Fatalf("the kernel config says no quota support, yet a prjquota mount worked: fix kernelQuota")
+	}
+	t.Logf("KERNEL WITHOUT QUOTA SUPPORT (CONFIG_QFMT_V2; prjquota mount refused: %s): project ids and ENOSPC not exercised here; the refusal is TestNoQuotaIsRefusedWithTheReason", strings.TrimSpace(string(out)))
+	return false
+}
+
 func TestProjectQuotaCapsTheWorktree(t *testing.T) {
-	if !kernelQuota(t) {
-		// This kernel cannot enforce quotas at all (Firecracker CI
-		// kernels lack CONFIG_QFMT_V2): what shrooms does then is refuse,
-		// which TestNoQuotaIsRefusedWithTheReason checks. The enforcement
-		// below needs a kernel that has it; say so loudly.
-		// The kernel's word is checked, not assumed: a prjquota mount of
-		// a quota-formatted image must fail here. If it mounts, the
-		// detection is wrong and this test must run the enforcement.
-		itest.Require(t, itest.Root)
-		dir := t.TempDir()
-		img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")
-		assert.NilError(t, os.Mkdir(mnt, 0o755))
-		for _, c := range [][]string{{"truncate", "-s", "64M", img}, {"mkfs.ext4", "-q", "-O", "quota,project", "-E", "quotatype=prjquota", img}} {
-			out, err := exec.Command(c[0], c[1:]...).CombinedOutput()
-			assert.NilError(t, err, "%v: %s", c, out)
-		}
-		out, err := exec.Command("mount", "-o", "loop,prjquota", img, mnt).CombinedOutput()
-		if err == nil {
-			_ = exec.Command("umount", mnt).Run()
-			t.Fatalf("the kernel config says no quota support, yet a prjquota mount worked: fix kernelQuota")
-		}
-		t.Logf("KERNEL WITHOUT QUOTA SUPPORT (CONFIG_QFMT_V2; prjquota mount refused: %s): ENOSPC enforcement not exercised here; the refusal is TestNoQuotaIsRefusedWithTheReason", strings.TrimSpace(string(out)))
+	if !quotaKernel(t) {
 		return
 	}
 	mnt := quotaFS(t, "96M", true)
@@ -141,4 +150,49 @@ func TestNoQuotaIsRefusedWithTheReason(t *testing.T) {
 	assert.Equal(t, s.FSType, "ext4")
 	assert.Assert(t, strings.Contains(s.Reason, "not mounted with prjquota"), s.Reason)
 	assert.ErrorContains(t, Apply(s, mnt, 7, 1<<20, 16), "prjquota")
+}
+
+// TestApplyLeavesEntriesAlreadyInTheProject: a turn's Apply on a worktree
+// already in its project sets nothing, so no entry's ctime moves (a moved
+// ctime would send every directory to a new listing by the guard's and the
+// change scan's caches, every turn). The control: the first Apply of a
+// tree moves the ctimes the probe reads.
+func TestApplyLeavesEntriesAlreadyInTheProject(t *testing.T) {
+	if !quotaKernel(t) {
+		return
+	}
+	mnt := quotaFS(t, "64M", true)
+	s, err := Probe(mnt)
+	assert.NilError(t, err)
+	assert.Assert(t, s.OK, s.Reason)
+	wt := filepath.Join(mnt, "wt")
+	for _, p := range []string{"a/b", "c"} {
+		assert.NilError(t, os.MkdirAll(filepath.Join(wt, p), 0o755))
+		assert.NilError(t, os.WriteFile(filepath.Join(wt, p, "f"), []byte("x"), 0o644))
+	}
+	ctimes := func() map[string]unix.Timespec {
+		m := map[string]unix.Timespec{}
+		assert.NilError(t, filepath.WalkDir(wt, func(p string, _ os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			var st unix.Stat_t
+			if err := unix.Lstat(p, &st); err != nil {
+				return err
+			}
+			m[p] = st.Ctim
+			return nil
+		}))
+		return m
+	}
+	before := ctimes()
+	time.Sleep(20 * time.Millisecond) // past a tick of the clock ctimes come from
+	assert.NilError(t, Apply(s, wt, 4343, 8<<20, 100))
+	first := ctimes()
+	for p, c := range first {
+		assert.Assert(t, c != before[p], "control: the first Apply left %s's ctime", p)
+	}
+	time.Sleep(20 * time.Millisecond)
+	assert.NilError(t, Apply(s, wt, 4343, 8<<20, 100))
+	assert.DeepEqual(t, ctimes(), first)
 }
