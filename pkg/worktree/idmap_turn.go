@@ -59,6 +59,7 @@ func (c Claims) TakeIdmapped(ctx context.Context, holder Holder, worktree string
 	// of the clock after that reading is seen (ClockStepped) and the
 	// setuid strip's "ctime from the start on" never rests on one unseen.
 	if err := before.Settle(); err != nil {
+		before.Close() // its cache file
 		return nil, err
 	}
 	defer func() {
