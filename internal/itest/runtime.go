@@ -154,13 +154,14 @@ func runscSkips() map[string]string {
 			"(refused: exit 122, as TestRuntimeTheServiceDoesNotRunIsRefused asserts)",
 		// Each asserts the idmapped worktree, which gVisor cages do not get
 		// (worktree.Claims.IdmapReason): they keep the chown walks, TestWorktreeKeepsItsOwner's.
-		"TestIdmappedWorktree":              idmapUnderRunsc,
-		"TestIdmapLeftoverStagingIsCleared": idmapUnderRunsc,
-		"TestIdmapPreparedCage":             idmapUnderRunsc,
-		"TestIdmapGitWorkTree":              idmapUnderRunsc,
-		"TestIdmapGateOpenedFallsBack":      idmapUnderRunsc,
-		"TestIdmapUnseenWorktreeIsRefused":  idmapUnderRunsc,
-		"TestIdmapWorktreeSeenInTestbed":    idmapUnderRunsc,
+		"TestIdmappedWorktree":                   idmapUnderRunsc,
+		"TestIdmapScanBeforeTakesTheGuardsStats": idmapUnderRunsc,
+		"TestIdmapLeftoverStagingIsCleared":      idmapUnderRunsc,
+		"TestIdmapPreparedCage":                  idmapUnderRunsc,
+		"TestIdmapGitWorkTree":                   idmapUnderRunsc,
+		"TestIdmapGateOpenedFallsBack":           idmapUnderRunsc,
+		"TestIdmapUnseenWorktreeIsRefused":       idmapUnderRunsc,
+		"TestIdmapWorktreeSeenInTestbed":         idmapUnderRunsc,
 		// cmd/shrooms
 		"TestRuntimeDoctorAndRunJSON": "it sets cage.runtime itself and asserts doctor's runc line; the config it builds then names cage.runtime twice",
 		"TestRuntimeRefusals":         "it sets cage.runtime itself (crun, /etc/passwd) against a runc service; the config it builds then names cage.runtime twice",
