@@ -23,16 +23,24 @@ func lazyDirs(ns *Namespace) int {
 	return n
 }
 
-// cachedTree is a tree and its namespace cache file, written and aged.
-func cachedTree(t *testing.T) (root, cache string) {
+// keptCache is root's namespace cache file as a first scan of the aged
+// tree writes it.
+func keptCache(t *testing.T, root string) string {
 	t.Helper()
-	root = tree(t)
-	cache = filepath.Join(t.TempDir(), NamespaceCacheFile)
+	cache := filepath.Join(t.TempDir(), NamespaceCacheFile)
 	aged()
 	first, why := ScanNamespace(context.Background(), root, cache, nil)
 	assert.Equal(t, why, "")
 	must(t, first.Keep())
 	first.Close()
+	return cache
+}
+
+// cachedTree is a tree and its namespace cache file, written and aged.
+func cachedTree(t *testing.T) (root, cache string) {
+	t.Helper()
+	root = tree(t)
+	cache = keptCache(t, root)
 	aged()
 	return root, cache
 }

@@ -2,7 +2,6 @@ package diff
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -56,12 +55,8 @@ func guardStats(t *testing.T, store guard.Store, root string) *guard.DirStats {
 func TestNamespaceTakesTheGuardsDirStats(t *testing.T) {
 	ctx := context.Background()
 	root := sharedTree(t)
-	cache := filepath.Join(t.TempDir(), NamespaceCacheFile)
+	cache := keptCache(t, root)
 	store := guard.Store{Dir: filepath.Join(t.TempDir(), "trust")}
-	aged()
-	first, why := ScanNamespace(ctx, root, cache, nil)
-	assert.Equal(t, why, "")
-	must(t, first.Keep())
 
 	stats := guardStats(t, store, root)
 	walked := stats.Len() // the root and the directories the guard walked
@@ -129,12 +124,8 @@ func TestNamespaceHostChangeAfterTheGuard(t *testing.T) {
 	for _, withTable := range []bool{true, false} {
 		ctx := context.Background()
 		root := sharedTree(t)
-		cache := filepath.Join(t.TempDir(), NamespaceCacheFile)
+		cache := keptCache(t, root)
 		store := guard.Store{Dir: filepath.Join(t.TempDir(), "trust")}
-		aged()
-		first, why := ScanNamespace(ctx, root, cache, nil)
-		assert.Equal(t, why, "")
-		must(t, first.Keep())
 		var stats *guard.DirStats
 		if withTable {
 			stats = guardStats(t, store, root)
@@ -210,18 +201,7 @@ func TestNamespaceIgnoresAnotherRootsDirStats(t *testing.T) {
 // by both (shared=false, as before) and with the guard's stats taken by
 // the namespace (shared=true), alternating in one run; medians.
 func BenchmarkGuardThenNamespace100k(b *testing.B) {
-	root := b.TempDir()
-	for d := range 1000 {
-		dir := filepath.Join(root, fmt.Sprintf("d%04d", d))
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			b.Fatal(err)
-		}
-		for f := range 99 {
-			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%02d", f)), []byte("x\n"), 0o644); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
+	root := tree100k(b)
 	ctx := context.Background()
 	cache := filepath.Join(b.TempDir(), NamespaceCacheFile)
 	store := guard.Store{Dir: filepath.Join(b.TempDir(), "trust")}
@@ -280,12 +260,8 @@ func BenchmarkGuardThenNamespace100k(b *testing.B) {
 func TestNamespaceSharedStatOfAReplacedDirectoryRefuses(t *testing.T) {
 	ctx := context.Background()
 	root := sharedTree(t)
-	cache := filepath.Join(t.TempDir(), NamespaceCacheFile)
+	cache := keptCache(t, root)
 	store := guard.Store{Dir: filepath.Join(t.TempDir(), "trust")}
-	aged()
-	first, why := ScanNamespace(ctx, root, cache, nil)
-	assert.Equal(t, why, "")
-	must(t, first.Keep())
 	stats := guardStats(t, store, root)
 	must(t, os.Rename(filepath.Join(root, "d0"), filepath.Join(root, "d0-old")))
 	must(t, os.Mkdir(filepath.Join(root, "d0"), 0o755))
